@@ -1,0 +1,53 @@
+# ledgerd: the two commands the README promises.
+#   make run   installs what is missing, then runs a local cluster (ZooKeeper + bookies)
+#   make test  installs what is missing, then runs the whole suite
+# Both are idempotent: a second run installs nothing new.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ledgerd-installed
+ZK_JAR := /usr/share/java/zookeeper.jar
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+BOOKIES ?= 3
+
+.PHONY: run test setup system-deps lint typecheck clean
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@missing=""; \
+	if [ ! -f $(ZK_JAR) ]; then missing="$$missing zookeeper"; fi; \
+	if ! command -v java >/dev/null 2>&1; then missing="$$missing default-jre-headless"; fi; \
+	if ! $(PYTHON) -c 'import venv, ensurepip' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing \
+			</dev/null || exit 1; \
+	fi
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(VENV)/bin/python pyproject.toml setup.py native/_build.py
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark]'
+	$(PY) -c 'import native._native' || { echo "native helper failed to build" >&2; exit 1; }
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/ledgerd local --bookies $(BOOKIES)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+typecheck: setup
+	$(VENV)/bin/mypy --no-error-summary wire native ledgerd/config.py ledgerd/logs.py appliance/config.py
+
+test: setup lint typecheck
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c

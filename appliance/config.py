@@ -1,0 +1,213 @@
+"""Bookie configuration: one frozen dataclass, keys one-to-one with BookKeeper's.
+
+Loaded with :func:`ledgerd.config.load_config` (TOML file, then ``LEDGERD_<KEY>``, then
+CLI flags). Defaults come from the seed documents and BookKeeper's
+``ServerConfiguration``; where ledgerd differs on purpose the description says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ledgerd.config import LOG_LEVELS, ConfigError, setting
+
+__all__ = ["BookieConfig"]
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookieConfig:
+    """Settings of one bookie process (``ledgerd bookie --conf FILE``)."""
+
+    # -- server ---------------------------------------------------------------------
+    bookie_port: int = setting(
+        3181, bk="bookiePort", minimum=0, maximum=65535,
+        doc="TCP port the bookie serves the protocol on (0 = pick a free port).")
+    listen_address: str = setting(
+        "127.0.0.1", bk="listeningInterface",
+        doc="Address the bookie binds; set the host's address to serve other machines.")
+    bookie_id: str = setting(
+        "", bk="bookieId",
+        doc="Identity registered in ZooKeeper; empty means advertised host:port.")
+    advertised_address: str = setting(
+        "", bk="advertisedAddress",
+        doc="Host other machines use to reach this bookie; empty means listen_address.")
+    max_frame_bytes: int = setting(
+        8 * MiB, bk="nettyMaxFrameSizeBytes", minimum=1024, maximum=GiB,
+        doc="Largest frame accepted; larger ones get BAD_REQUEST and the connection closes.")
+    max_inflight_per_connection: int = setting(
+        1024, bk="maxPendingAddRequestsPerThread", minimum=1,
+        doc="Requests in flight per connection before the bookie stops reading it.")
+    server_tcp_no_delay: bool = setting(
+        True, bk="serverTcpNoDelay", doc="Disable Nagle's algorithm on bookie sockets.")
+    # -- directories ---------------------------------------------------------------
+    journal_directory: str = setting(
+        "/tmp/bk-txn", bk="journalDirectory",
+        doc="Write-ahead journal directory, ideally on a dedicated device.")
+    ledger_directories: tuple[str, ...] = setting(
+        ("/tmp/bk-data",), bk="ledgerDirectories",
+        doc="Directories for entry logs; new logs go to the least full writable one.")
+    index_directories: tuple[str, ...] = setting(
+        (), bk="indexDirectories", doc="Directories for index files; empty means the ledger dirs.")
+    # -- metadata ------------------------------------------------------------------
+    zk_servers: str = setting(
+        "127.0.0.1:2181", bk="zkServers",
+        doc="ZooKeeper connection string, host:port[,host:port...][/chroot].")
+    zk_timeout_ms: int = setting(
+        10000, bk="zkTimeout", minimum=1000, maximum=600000,
+        doc="ZooKeeper session timeout in milliseconds.")
+    zk_ledgers_root_path: str = setting(
+        "/ledgers", bk="zkLedgersRootPath", doc="Root znode of the cluster's metadata.")
+    ledger_manager_type: str = setting(
+        "hierarchical", bk="ledgerManagerType", choices=("flat", "hierarchical"),
+        doc="Ledger metadata layout used when this bookie initialises a new cluster.")
+    # -- journal -------------------------------------------------------------------
+    journal_max_size_mb: int = setting(
+        2048, bk="journalMaxSizeMB", minimum=1, maximum=1 << 20,
+        doc="A journal file rolls over when it reaches this size.")
+    journal_max_backups: int = setting(
+        5, bk="journalMaxBackups", minimum=0,
+        doc="Journal files older than the last mark kept after a checkpoint.")
+    journal_prealloc_mb: int = setting(
+        16, bk="journalPreAllocSizeMB", minimum=1, maximum=1024,
+        doc="Journal space pre-zeroed ahead of the write position, per step.")
+    journal_write_buffer_size_kb: int = setting(
+        64, bk="journalWriteBufferSizeKB", minimum=4, maximum=1 << 20,
+        doc="Initial size of the journal's aligned write buffer.")
+    journal_alignment_size: int = setting(
+        4096, bk="journalAlignmentSize", choices=None, minimum=512, maximum=65536,
+        doc="Group writes are padded to this size; 4096 matches the physical block (BK: 512).")
+    journal_remove_from_page_cache: bool = setting(
+        True, bk="journalRemoveFromPageCache",
+        doc="Drop written journal pages from the page cache (buffered fallback only).")
+    journal_max_group_wait_ms: float = setting(
+        2.0, bk="journalMaxGroupWaitMSec", minimum=0, maximum=1000,
+        doc="Longest an add waits for its group to fill before the group is written.")
+    journal_buffered_writes_threshold: int = setting(
+        512 * 1024, bk="journalBufferedWritesThreshold", minimum=0,
+        doc="Write the group once this many bytes are waiting.")
+    journal_buffered_entries_threshold: int = setting(
+        0, bk="journalBufferedEntriesThreshold", minimum=0,
+        doc="Write the group once this many entries are waiting (0 = off).")
+    journal_flush_when_queue_empty: bool = setting(
+        False, bk="journalFlushWhenQueueEmpty",
+        doc="Write the group as soon as the queue is empty.")
+    journal_reuse_files: bool = setting(
+        False, bk="journalReuseFiles",
+        doc="Recycle old journal files (already zeroed) instead of creating new ones.")
+    journal_skip_invalid_records: bool = setting(
+        False, bk="skipReplayJournalInvalidRecord",
+        doc="Skip a corrupt journal record at replay instead of refusing to start.")
+    journal_max_memory_mb: int = setting(
+        256, bk="journalMaxMemorySizeMb", minimum=1,
+        doc="Bytes waiting in the journal beyond which adds get TOO_MANY_REQUESTS.")
+    journal_sync_data: bool = setting(
+        True, bk="journalSyncData",
+        doc="fdatasync each group before replying (false risks acknowledged data).")
+    # -- entry logs and index ------------------------------------------------------
+    log_size_limit: int = setting(
+        GiB, bk="logSizeLimit", minimum=64 * 1024, maximum=GiB,
+        doc="An entry log rolls over at this size (at most 1 GiB).")
+    entry_log_file_preallocation_enabled: bool = setting(
+        True, bk="entryLogFilePreallocationEnabled",
+        doc="Create the next entry log before the current one is full.")
+    write_buffer_size_bytes: int = setting(
+        64 * 1024, bk="writeBufferSizeBytes", minimum=512,
+        doc="Entry log write buffer; entries still in it are readable.")
+    read_buffer_size_bytes: int = setting(
+        512, bk="readBufferSizeBytes", minimum=64, doc="Entry log read buffer.")
+    flush_interval_ms: int = setting(
+        10000, bk="flushInterval", minimum=10,
+        doc="Checkpoint period: flush entry logs and index, then persist the last mark.")
+    page_size: int = setting(
+        8192, bk="pageSize", minimum=512, maximum=1 << 20,
+        doc="Index page size in bytes (page_size / 8 entries per page).")
+    page_limit: int = setting(
+        -1, bk="pageLimit", minimum=-1,
+        doc="Index pages held in memory; -1 means 64 MiB worth of pages.")
+    open_file_limit: int = setting(
+        20000, bk="openFileLimit", minimum=1, doc="Index files kept open at once.")
+    # -- garbage collection and compaction ----------------------------------------
+    gc_wait_time_ms: int = setting(
+        600000, bk="gcWaitTime", minimum=1000,
+        doc="Period of the garbage collector.")
+    minor_compaction_interval_s: int = setting(
+        3600, bk="minorCompactionInterval", minimum=0,
+        doc="Minor compaction period (0 = off).")
+    minor_compaction_threshold: float = setting(
+        0.2, bk="minorCompactionThreshold", minimum=0.0, maximum=1.0,
+        doc="Entry logs with less live data than this fraction are minor-compacted.")
+    major_compaction_interval_s: int = setting(
+        86400, bk="majorCompactionInterval", minimum=0,
+        doc="Major compaction period (0 = off).")
+    major_compaction_threshold: float = setting(
+        0.8, bk="majorCompactionThreshold", minimum=0.0, maximum=1.0,
+        doc="Entry logs with less live data than this fraction are major-compacted.")
+    compaction_rate: int = setting(
+        1000, bk="compactionRate", minimum=1, doc="Entries re-added per second by compaction.")
+    compaction_max_outstanding_requests: int = setting(
+        100000, bk="compactionMaxOutstandingRequests", minimum=1,
+        doc="Entries compacted before the entry log is flushed and the index updated.")
+    # -- disks and read-only mode --------------------------------------------------
+    read_only_mode_enabled: bool = setting(
+        True, bk="readOnlyModeEnabled",
+        doc="Go read-only on a full disk or storage failure; false means shut down.")
+    disk_usage_threshold: float = setting(
+        0.95, bk="diskUsageThreshold", minimum=0.0, maximum=1.0,
+        doc="Disk use fraction at which a directory counts as full.")
+    disk_usage_lwm_threshold: float = setting(
+        0.90, bk="diskUsageLwmThreshold", minimum=0.0, maximum=1.0,
+        doc="Disk use fraction below which a full directory is writable again.")
+    disk_check_interval_ms: int = setting(
+        10000, bk="diskCheckInterval", minimum=10, doc="Period of the disk checker.")
+    allow_storage_expansion: bool = setting(
+        False, bk="allowStorageExpansion",
+        doc="Accept new empty directories added to the configured set.")
+    # -- autorecovery --------------------------------------------------------------
+    auto_recovery_daemon_enabled: bool = setting(
+        False, bk="autoRecoveryDaemonEnabled",
+        doc="Run the auditor and replication worker inside the bookie.")
+    open_ledger_rereplication_grace_period_ms: int = setting(
+        30000, bk="openLedgerRereplicationGracePeriod", minimum=0,
+        doc="Wait before fencing an open ledger's last fragment to re-replicate it.")
+    lost_bookie_recovery_delay_s: int = setting(
+        0, bk="lostBookieRecoveryDelay", minimum=0,
+        doc="Wait before the auditor marks a lost bookie's ledgers underreplicated.")
+    # -- admin and metrics ---------------------------------------------------------
+    admin_address: str = setting(
+        "127.0.0.1", bk="httpServerHost", doc="Address of the metrics/admin HTTP endpoint.")
+    admin_port: int = setting(
+        8000, bk="httpServerPort", minimum=0, maximum=65535,
+        doc="Port of the metrics/admin HTTP endpoint (0 = pick a free port).")
+    metrics_enabled: bool = setting(
+        True, bk="enableStatistics", doc="Serve Prometheus metrics on the admin endpoint.")
+    admin_secret: str = setting(
+        "", bk="(ledgerd)",
+        doc="Secret that admin requests from other hosts must carry; empty = loopback only.")
+    log_level: str = setting(
+        "INFO", bk="(log4j level)", choices=LOG_LEVELS, doc="Logging level.")
+
+    def __post_init__(self) -> None:
+        if not self.ledger_directories:
+            raise ConfigError("ledger_directories", self.ledger_directories,
+                              "at least one directory")
+        if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
+            raise ConfigError(
+                "disk_usage_lwm_threshold", self.disk_usage_lwm_threshold,
+                f"a value <= disk_usage_threshold ({self.disk_usage_threshold})")
+        if self.journal_alignment_size & (self.journal_alignment_size - 1):
+            raise ConfigError("journal_alignment_size", self.journal_alignment_size,
+                              "a power of two between 512 and 65536")
+        if self.page_size % 8:
+            raise ConfigError("page_size", self.page_size, "a multiple of 8")
+        if 0 < self.minor_compaction_interval_s and 0 < self.major_compaction_interval_s \
+                and self.minor_compaction_interval_s >= self.major_compaction_interval_s:
+            raise ConfigError(
+                "minor_compaction_interval_s", self.minor_compaction_interval_s,
+                f"less than major_compaction_interval_s ({self.major_compaction_interval_s})")
+
+    @property
+    def effective_index_directories(self) -> tuple[str, ...]:
+        return self.index_directories or self.ledger_directories

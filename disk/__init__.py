@@ -1,0 +1,1 @@
+"""Bookie storage: journal, entry logs, index files, checkpoint, replay, cookies."""

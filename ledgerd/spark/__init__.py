@@ -1,0 +1,1 @@
+"""PySpark data sources for ledgers and logs (imported only when used)."""

@@ -1,0 +1,1 @@
+"""Cluster metadata: the MetadataStore protocol, ZooKeeper and in-memory stores, ledger metadata."""

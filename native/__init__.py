@@ -1,0 +1,240 @@
+"""Native I/O helper: aligned buffers, O_DIRECT, pwrite(v), fdatasync, fallocate, fadvise.
+
+The C side lives in ``native/_build.py`` and is compiled by cffi at install time into
+``native._native``. Every call releases the GIL while the kernel works, so a journal
+fdatasync in a worker thread never stalls the trio thread. Failures raise ``OSError``
+carrying errno and the path of the file involved; nothing here retries or hides an error.
+
+This is the only module in ledgerd that touches these syscalls (STYLE rule 5).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from native._native import ffi, lib
+
+__all__ = [
+    "FALLOC_FL_KEEP_SIZE",
+    "SYNC_FILE_RANGE_WAIT_AFTER",
+    "SYNC_FILE_RANGE_WAIT_BEFORE",
+    "SYNC_FILE_RANGE_WRITE",
+    "AlignedBuffer",
+    "NativeFile",
+    "alloc_aligned",
+    "logical_block_size",
+    "open_file",
+]
+
+SYNC_FILE_RANGE_WAIT_BEFORE: int = lib.LDN_SYNC_FILE_RANGE_WAIT_BEFORE
+SYNC_FILE_RANGE_WRITE: int = lib.LDN_SYNC_FILE_RANGE_WRITE
+SYNC_FILE_RANGE_WAIT_AFTER: int = lib.LDN_SYNC_FILE_RANGE_WAIT_AFTER
+FALLOC_FL_KEEP_SIZE: int = lib.LDN_FALLOC_FL_KEEP_SIZE
+IOV_MAX: int = lib.LDN_IOV_MAX
+
+BytesLike = bytes | bytearray | memoryview
+
+
+def _raise(rc: int, path: str | os.PathLike[str], op: str) -> None:
+    err = -rc
+    raise OSError(err, f"{op}: {os.strerror(err)}", os.fspath(path))
+
+
+class AlignedBuffer:
+    """A zero-filled block of memory aligned for O_DIRECT, freed when collected.
+
+    ``view`` is a writable memoryview over the whole block; slices of it keep the
+    alignment of their start offset, so ``buf.view[:4096]`` is a valid O_DIRECT source.
+    """
+
+    __slots__ = ("_cdata", "alignment", "size", "view")
+
+    def __init__(self, size: int, alignment: int = 4096) -> None:
+        if size < 0:
+            raise ValueError(f"buffer size must be >= 0, got {size}")
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment}")
+        ptr = lib.ldn_alloc_aligned(size, alignment)
+        if ptr == ffi.NULL:
+            raise MemoryError(f"could not allocate {size} bytes aligned to {alignment}")
+        self._cdata = ffi.gc(ptr, lib.ldn_free, size=size)
+        self.size = size
+        self.alignment = alignment
+        self.view = memoryview(ffi.buffer(self._cdata, size))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def address(self) -> int:
+        """The buffer's start address, for alignment checks in tests."""
+        return int(ffi.cast("uintptr_t", self._cdata))
+
+
+def alloc_aligned(size: int, alignment: int = 4096) -> AlignedBuffer:
+    """Allocate a zeroed buffer of ``size`` bytes aligned to ``alignment``."""
+    return AlignedBuffer(size, alignment)
+
+
+def _cbuf(data: BytesLike, *, writable: bool = False) -> Any:
+    return ffi.from_buffer("char[]", data, require_writable=writable)
+
+
+class NativeFile:
+    """A file descriptor opened through the helper, with positioned I/O only.
+
+    There is no file position: every read and write names its offset, which is what a
+    journal with a pre-zeroed tail and concurrent readers needs.
+    """
+
+    __slots__ = ("direct", "fd", "path")
+
+    def __init__(self, path: str | os.PathLike[str], fd: int, direct: bool) -> None:
+        self.path = os.fspath(path)
+        self.fd = fd
+        self.direct = direct
+
+    def __repr__(self) -> str:
+        return f"NativeFile(path={self.path!r}, fd={self.fd}, direct={self.direct})"
+
+    def __enter__(self) -> NativeFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self.fd < 0:
+            raise ValueError(f"file {self.path!r} is closed")
+
+    def pwrite(self, data: BytesLike, offset: int) -> int:
+        """Write all of ``data`` at ``offset``; with O_DIRECT both must be block aligned."""
+        self._check_open()
+        rc = lib.ldn_pwrite(self.fd, _cbuf(data), len(data), offset)
+        if rc < 0:
+            _raise(rc, self.path, f"pwrite({len(data)} bytes at {offset})")
+        return int(rc)
+
+    def pwritev(self, parts: Sequence[BytesLike], offset: int) -> int:
+        """Write several buffers back to back starting at ``offset`` in one syscall."""
+        self._check_open()
+        if len(parts) > IOV_MAX:
+            raise ValueError(f"pwritev takes at most {IOV_MAX} buffers, got {len(parts)}")
+        iov = ffi.new("struct ldn_iovec[]", len(parts))
+        keep = []
+        for i, part in enumerate(parts):
+            cb = _cbuf(part)
+            keep.append(cb)
+            iov[i].base = cb
+            iov[i].len = len(part)
+        rc = lib.ldn_pwritev(self.fd, iov, len(parts), offset)
+        if rc < 0:
+            _raise(rc, self.path, f"pwritev({len(parts)} buffers at {offset})")
+        return int(rc)
+
+    def pread_into(self, buf: BytesLike, offset: int) -> int:
+        """Fill ``buf`` from ``offset``; returns the bytes read (short only at end of file)."""
+        self._check_open()
+        rc = lib.ldn_pread(self.fd, _cbuf(buf, writable=True), len(buf), offset)
+        if rc < 0:
+            _raise(rc, self.path, f"pread({len(buf)} bytes at {offset})")
+        return int(rc)
+
+    def pread(self, length: int, offset: int) -> bytes:
+        """Read up to ``length`` bytes at ``offset`` (buffered files only)."""
+        buf = bytearray(length)
+        n = self.pread_into(buf, offset)
+        return bytes(buf[:n])
+
+    def fdatasync(self) -> None:
+        """Flush the file's data (and the metadata needed to read it) to stable storage."""
+        self._check_open()
+        rc = lib.ldn_fdatasync(self.fd)
+        if rc < 0:
+            _raise(rc, self.path, "fdatasync")
+
+    def fallocate(self, offset: int, length: int, *, keep_size: bool = False) -> None:
+        """Reserve blocks for ``[offset, offset + length)``."""
+        self._check_open()
+        mode = FALLOC_FL_KEEP_SIZE if keep_size else 0
+        rc = lib.ldn_fallocate(self.fd, mode, offset, length)
+        if rc < 0:
+            _raise(rc, self.path, f"fallocate({offset}, {length})")
+
+    def fadvise_dontneed(self, offset: int, length: int) -> None:
+        """Tell the kernel the range will not be read again (drop it from the page cache)."""
+        self._check_open()
+        rc = lib.ldn_fadvise_dontneed(self.fd, offset, length)
+        if rc < 0:
+            _raise(rc, self.path, f"posix_fadvise(DONTNEED, {offset}, {length})")
+
+    def sync_file_range(self, offset: int, length: int, flags: int) -> None:
+        """Start or wait for write-out of a range; not a durability barrier on its own."""
+        self._check_open()
+        rc = lib.ldn_sync_file_range(self.fd, offset, length, flags)
+        if rc < 0:
+            _raise(rc, self.path, f"sync_file_range({offset}, {length}, {flags})")
+
+    def logical_block_size(self) -> int:
+        """Logical block size of the device under this file (the O_DIRECT unit)."""
+        self._check_open()
+        return _fd_logical_block_size(self.fd, self.path)
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        fd, self.fd = self.fd, -1
+        rc = lib.ldn_close(fd)
+        if rc < 0:
+            _raise(rc, self.path, "close")
+
+
+def open_file(
+    path: str | os.PathLike[str], flags: int, mode: int = 0o644, *, direct: bool = False
+) -> NativeFile:
+    """Open ``path`` with ``os.O_*`` ``flags`` (plus O_DIRECT when ``direct``)."""
+    rc = lib.ldn_open(os.fsencode(path), flags, mode, 1 if direct else 0)
+    if rc < 0:
+        _raise(rc, path, "open(O_DIRECT)" if direct else "open")
+    return NativeFile(path, int(rc), direct)
+
+
+def _sysfs_block_size(major: int, minor: int) -> int | None:
+    base = Path(f"/sys/dev/block/{major}:{minor}")
+    # A partition keeps its queue settings in the parent device's directory.
+    for candidate in (base / "queue" / "logical_block_size",
+                      base / ".." / "queue" / "logical_block_size"):
+        try:
+            return int(candidate.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _fd_logical_block_size(fd: int, path: str) -> int:
+    major = ffi.new("unsigned int *")
+    minor = ffi.new("unsigned int *")
+    is_blk = ffi.new("int *")
+    rc = lib.ldn_fstat_dev(fd, major, minor, is_blk)
+    if rc < 0:
+        _raise(rc, path, "fstat")
+    if is_blk[0]:
+        size = lib.ldn_block_device_logical_size(fd)
+        if size < 0:
+            _raise(size, path, "ioctl(BLKSSZGET)")
+        return int(size)
+    size_or_none = _sysfs_block_size(int(major[0]), int(minor[0]))
+    # Filesystems with no block device behind them (tmpfs, overlay) have no sysfs
+    # queue; 512 bytes is the smallest unit O_DIRECT ever accepts there.
+    return size_or_none if size_or_none is not None else 512
+
+
+def logical_block_size(path: str | os.PathLike[str]) -> int:
+    """Logical block size of the device holding ``path`` (a file, directory or device)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _fd_logical_block_size(fd, os.fspath(path))
+    finally:
+        os.close(fd)

@@ -1,0 +1,55 @@
+"""Shared fixtures: trio mode (see pyproject), a real ZooKeeper, a chroot per test.
+
+The ZooKeeper server comes from the Debian ``zookeeper`` package that ``make test``
+installs. It is started once per session on a free loopback port and stopped by its
+PID at the end. Tests never skip when it is missing: a missing dependency is a failure.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from tools.zkserver import ZooKeeperServer
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """One real ZooKeeper for the whole test session."""
+    server = ZooKeeperServer(data_dir=tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zk_chroot(zookeeper: ZooKeeperServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh chroot for this test; yields ``host:port/chroot`` for clients to use.
+
+    The chroot node is created before the test and deleted with everything under it
+    afterwards, so tests cannot see each other's nodes.
+    """
+    name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
+    chroot = f"/t_{name}_{uuid.uuid4().hex[:8]}"
+    admin = KazooClient(hosts=zookeeper.connect_string, timeout=10)
+    admin.start(timeout=30)
+    try:
+        admin.create(chroot)
+        yield zookeeper.connect_string + chroot
+        admin.delete(chroot, recursive=True)
+    finally:
+        admin.stop()
+        admin.close()
+
+
+@pytest.fixture
+def scratch_dir(tmp_path: Path) -> Path:
+    """A directory on the work disk (ext4), never tmpfs, for O_DIRECT tests."""
+    return tmp_path

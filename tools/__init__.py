@@ -1,0 +1,1 @@
+"""The `ledgerd` command line: bookie, local cluster, shell, inspection, benchmarks."""

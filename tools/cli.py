@@ -1,0 +1,118 @@
+"""The ``ledgerd`` console script.
+
+Each command parses its arguments, builds a configuration, and runs; errors that a user
+can fix print one line and exit non-zero (a traceback only with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from appliance.config import BookieConfig
+from ledgerd import __version__
+from ledgerd.config import ClientConfig, ConfigError, defaults_toml
+from ledgerd.logs import configure_logging
+
+__all__ = ["main"]
+
+
+class CliError(click.ClickException):
+    """A user-facing error: printed as one line, exit status 1."""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.version_option(__version__, prog_name="ledgerd")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """ledgerd: a replicated journal appliance after Apache BookKeeper."""
+    ctx.obj = {"debug": debug}
+    configure_logging("DEBUG" if debug else "INFO")
+
+
+@cli.command("config")
+@click.option("--defaults", is_flag=True, required=True,
+              help="Print a commented TOML file with every key and its default.")
+@click.option("--client", is_flag=True, help="Client settings instead of bookie settings.")
+def config_cmd(defaults: bool, client: bool) -> None:
+    """Print configuration defaults."""
+    click.echo(defaults_toml(ClientConfig if client else BookieConfig), nl=False)
+
+
+@cli.command("local")
+@click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 64),
+              help="Number of bookie processes to start.")
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep ZooKeeper and bookie data here (survives restarts).")
+@click.option("--zk", default=None, help="Use this ZooKeeper instead of starting one.")
+def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
+    """Run a local cluster in the foreground until Ctrl-C."""
+    from tools.zkserver import ZooKeeperError, ZooKeeperServer
+
+    base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
+    server: ZooKeeperServer | None = None
+    if zk is None:
+        server = ZooKeeperServer(data_dir=base / "zookeeper", port=0)
+        try:
+            server.start()
+        except ZooKeeperError as exc:
+            raise CliError(str(exc)) from exc
+        zk = server.connect_string
+    click.echo(f"ZooKeeper: {zk}")
+    if bookies:
+        click.echo(
+            f"note: bookie processes are not part of this build yet; "
+            f"{bookies} requested, 0 started (only ZooKeeper runs).")
+    click.echo("Running; press Ctrl-C to stop.")
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    try:
+        while not stop.wait(0.5):
+            if server is not None and server.process is not None \
+                    and server.process.poll() is not None:
+                raise CliError(f"ZooKeeper (pid {server.pid}) exited unexpectedly")
+    finally:
+        if server is not None:
+            server.stop()
+        click.echo("stopped.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="ledgerd", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ConfigError as exc:
+        if debug:
+            raise
+        click.echo(f"ledgerd: error: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        if debug:
+            raise
+        click.echo(f"ledgerd: error: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        logging.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The wire protocol: frames declared with construct, status codes, digests, sans-IO connections."""
