@@ -1,0 +1,337 @@
+"""Sans-IO connections: bytes in, events out; messages in, bytes out.
+
+Neither class does any I/O. The trio layer feeds whatever it read to ``receive_data``
+(``b""`` at end of stream), then calls ``next_event()`` until it returns ``NEED_DATA``,
+and writes whatever ``send`` returns.
+
+Client side: correlation ids are allocated here, in order; ``next_correlation_id`` tells
+the caller the id its next ``send`` will use. At most ``max_inflight`` requests may be
+outstanding; ``send`` past the cap raises (the caller should wait for ``can_send``).
+An ApiVersions response records the peer's ranges; later sends use the highest common
+version and refuse an api the peer does not serve.
+
+Server side: each complete frame becomes a :class:`RequestReceived`, or a
+:class:`RequestRejected` that says which status to answer and whether to close.
+Unknown api keys and versions get UNSUPPORTED_VERSION and the connection carries on;
+a frame over ``max_frame_bytes`` or a malformed body gets BAD_REQUEST and the
+connection closes, as does a size that cannot even hold a header (no answer possible).
+``is_at_capacity`` tells the trio layer to stop reading until responses go out.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Final
+
+from wire.errors import (
+    ConnectionClosedError,
+    FrameSizeError,
+    FrameTooLargeError,
+    TooManyInflightError,
+    UnexpectedResponseError,
+    UnknownApiKeyError,
+    UnsupportedVersionError,
+    WireError,
+)
+from wire.frames import (
+    DecodedRequest,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    request_header,
+)
+from wire.messages import SUPPORTED_VERSIONS, ApiKey, ApiVersionsResponse, Message
+from wire.status import Status
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "NEED_DATA",
+    "ClientConnection",
+    "ConnectionEnded",
+    "RequestReceived",
+    "RequestRejected",
+    "ResponseReceived",
+    "ServerConnection",
+]
+
+DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
+_SIZE = struct.Struct(">i")
+_INT32_MAX = (1 << 31) - 1
+
+
+class _NeedData:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+# A request event is the decoded frame itself (a NamedTuple: correlation_id, api_key,
+# api_version, message), so the hot path builds one object per request, not two.
+RequestReceived = DecodedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRejected:
+    """A request that gets an error response without reaching a handler."""
+
+    correlation_id: int
+    status: Status
+    reason: str
+    close: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReceived:
+    correlation_id: int
+    api_key: ApiKey
+    status: int
+    response: Message | None
+    request: Message
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionEnded:
+    """The peer closed the stream; ``pending`` lists requests that will never be answered."""
+
+    pending: tuple[tuple[int, Message], ...] = ()
+    partial_frame: bool = False
+
+
+class _FrameBuffer:
+    """Accumulates bytes and cuts out size-prefixed frames without quadratic copying."""
+
+    __slots__ = ("_buf", "_pos", "eof", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self.eof = False
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            self.eof = True
+            return
+        if self._pos and self._pos > len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def peek_size(self) -> int | None:
+        if self.buffered < 4:
+            return None
+        size: int = _SIZE.unpack_from(self._buf, self._pos)[0]
+        return size
+
+    def peek(self, n: int) -> bytes:
+        return bytes(self._buf[self._pos + 4 : self._pos + 4 + n])
+
+    def take(self, size: int) -> bytes | None:
+        if self.buffered < 4 + size:
+            return None
+        start = self._pos + 4
+        frame = bytes(self._buf[start : start + size])
+        self._pos = start + size
+        return frame
+
+    def discard_all(self) -> None:
+        self._buf.clear()
+        self._pos = 0
+
+
+class ServerConnection:
+    """The bookie's side of one connection."""
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_inflight: int = 1024) -> None:
+        if max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {max_inflight}")
+        self._frames = _FrameBuffer(max_frame_bytes)
+        self.max_inflight = max_inflight
+        self.inflight: set[int] = set()
+        self.closed = False
+
+    @property
+    def is_at_capacity(self) -> bool:
+        return len(self.inflight) >= self.max_inflight
+
+    def receive_data(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionClosedError("connection is closed")
+        self._frames.feed(data)
+
+    def next_event(self) -> RequestReceived | RequestRejected | ConnectionEnded | _NeedData:
+        """The next complete request, a rejection, the end of the stream, or NEED_DATA.
+
+        Raises FrameSizeError for a size that cannot hold a header: close the connection
+        without answering (there is no correlation id to answer to).
+        """
+        if self.closed:
+            raise ConnectionClosedError("connection is closed")
+        size = self._frames.peek_size()
+        if size is None:
+            return self._end_or_need(self._frames.buffered > 0)
+        if size < 8:
+            self.closed = True
+            raise FrameSizeError(size)
+        if size > self._frames.max_frame_bytes:
+            if self._frames.buffered < 12:
+                return self._end_or_need(True)
+            _api_key, _version, cid = request_header(self._frames.peek(8))
+            self.closed = True
+            self._frames.discard_all()
+            err = FrameTooLargeError(size, self._frames.max_frame_bytes)
+            return RequestRejected(cid, Status.BAD_REQUEST, str(err), close=True)
+        frame = self._frames.take(size)
+        if frame is None:
+            return self._end_or_need(True)
+        try:
+            decoded = decode_request(frame)
+        except (UnknownApiKeyError, UnsupportedVersionError) as exc:
+            cid = request_header(frame)[2]
+            return RequestRejected(cid, Status.UNSUPPORTED_VERSION, str(exc), close=False)
+        except WireError as exc:
+            self.closed = True
+            cid = request_header(frame)[2]
+            return RequestRejected(cid, Status.BAD_REQUEST, str(exc), close=True)
+        self.inflight.add(decoded.correlation_id)
+        return decoded
+
+    def _end_or_need(self, partial: bool) -> ConnectionEnded | _NeedData:
+        if self._frames.eof:
+            self.closed = True
+            return ConnectionEnded(partial_frame=partial)
+        return NEED_DATA
+
+    def send(self, correlation_id: int, status: int, response: Message | None = None) -> bytes:
+        """Bytes of the response to request ``correlation_id``."""
+        self.inflight.discard(correlation_id)
+        return encode_response(correlation_id, status, response)
+
+
+@dataclass
+class _Pending:
+    api_key: ApiKey
+    request: Message
+
+
+@dataclass
+class ClientConnection:
+    """The client's side of one connection to a bookie."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_inflight: int = 1024
+    next_correlation_id: int = 0
+    peer_versions: dict[ApiKey, tuple[int, int]] | None = None
+    closed: bool = False
+    _pending: dict[int, _Pending] = field(default_factory=dict)
+    _frames: _FrameBuffer = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        self._frames = _FrameBuffer(self.max_frame_bytes)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def can_send(self) -> bool:
+        return not self.closed and len(self._pending) < self.max_inflight
+
+    def version_for(self, api_key: ApiKey) -> int:
+        """Highest version both sides speak; raises UnsupportedVersionError if none."""
+        low, high = SUPPORTED_VERSIONS[api_key]
+        if self.peer_versions is None:
+            return low
+        peer = self.peer_versions.get(api_key)
+        if peer is None or peer[1] < low or peer[0] > high:
+            raise UnsupportedVersionError(api_key, low, *(peer or (-1, -1)))
+        return min(high, peer[1])
+
+    def send(self, message: Message) -> bytes:
+        """Bytes of a request; its correlation id is the ``next_correlation_id`` before the call."""
+        if self.closed:
+            raise ConnectionClosedError("connection is closed")
+        if len(self._pending) >= self.max_inflight:
+            raise TooManyInflightError(self.max_inflight)
+        cid = self.next_correlation_id
+        data = encode_request(message, cid, self.version_for(message.API_KEY))
+        if len(data) - 4 > self.max_frame_bytes:
+            raise FrameTooLargeError(len(data) - 4, self.max_frame_bytes)
+        self.next_correlation_id = 0 if cid == _INT32_MAX else cid + 1
+        self._pending[cid] = _Pending(message.API_KEY, message)
+        return data
+
+    def receive_data(self, data: bytes) -> None:
+        if self.closed:
+            raise ConnectionClosedError("connection is closed")
+        self._frames.feed(data)
+
+    def next_event(self) -> ResponseReceived | ConnectionEnded | _NeedData:
+        """The next response, the end of the stream, or NEED_DATA.
+
+        Raises a WireError if the bookie broke the protocol; the connection is then
+        closed and every pending request should be failed.
+        """
+        if self.closed:
+            raise ConnectionClosedError("connection is closed")
+        size = self._frames.peek_size()
+        if size is None:
+            return self._end_or_need()
+        try:
+            if size < 6:
+                raise FrameSizeError(size)
+            if size > self.max_frame_bytes:
+                raise FrameTooLargeError(size, self.max_frame_bytes)
+            frame = self._frames.take(size)
+            if frame is None:
+                return self._end_or_need()
+            cid = struct.unpack_from(">i", frame, 0)[0]
+            pending = self._pending.pop(cid, None)
+            if pending is None:
+                raise UnexpectedResponseError(cid)
+            decoded = decode_response(frame, pending.api_key)
+        except WireError:
+            self.closed = True
+            raise
+        if isinstance(decoded.message, ApiVersionsResponse) and decoded.status == Status.OK:
+            self.peer_versions = {}
+            for r in decoded.message.versions:
+                try:
+                    self.peer_versions[ApiKey(r.api_key)] = (r.min_version, r.max_version)
+                except ValueError:
+                    continue  # an api this build does not know; never used
+        return ResponseReceived(cid, pending.api_key, decoded.status, decoded.message,
+                                pending.request)
+
+    def _end_or_need(self) -> ConnectionEnded | _NeedData:
+        if self._frames.eof:
+            self.closed = True
+            pending = tuple((cid, p.request) for cid, p in self._pending.items())
+            self._pending.clear()
+            return ConnectionEnded(pending=pending, partial_frame=self._frames.buffered > 0)
+        return NEED_DATA
+
+    def pending_requests(self) -> list[tuple[int, Message]]:
+        return [(cid, p.request) for cid, p in self._pending.items()]
+
+
+def api_versions_response() -> ApiVersionsResponse:
+    """What a server answers to ApiVersions: every key this build serves."""
+    from wire.messages import ApiVersionRange
+
+    return ApiVersionsResponse(versions=tuple(
+        ApiVersionRange(api_key=int(k), min_version=lo, max_version=hi)
+        for k, (lo, hi) in SUPPORTED_VERSIONS.items()))

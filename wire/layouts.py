@@ -1,0 +1,296 @@
+"""Every byte layout of the protocol, declared once with construct.
+
+These declarations are the specification: :mod:`wire.codec` derives the fast
+``struct.Struct`` codecs from them, :mod:`wire.docs` renders docs/protocol.md from them,
+and the inspection tools parse with them. All integers are big-endian. Byte strings are
+length-prefixed; arrays are count-prefixed. Every body ends with ``Terminated`` so a
+frame with bytes left over is malformed rather than silently accepted.
+
+Field names are the attribute names of the message dataclasses in :mod:`wire.messages`.
+"""
+
+from __future__ import annotations
+
+from construct import (
+    Bytes,
+    GreedyBytes,
+    Int8ub,
+    Int16sb,
+    Int16ub,
+    Int32sb,
+    Int32ub,
+    Int64sb,
+    Prefixed,
+    PrefixedArray,
+    Struct,
+    Terminated,
+)
+
+__all__ = [
+    "ADD_REQUEST", "ADD_RESPONSE", "ADMIN_STATUS_REQUEST", "ADMIN_STATUS_RESPONSE",
+    "ADMIN_TRIGGER_REQUEST", "ADMIN_TRIGGER_RESPONSE", "API_VERSIONS_REQUEST",
+    "API_VERSIONS_RESPONSE", "ENTRY_HEADER", "FORCE_LEDGER_REQUEST", "FORCE_LEDGER_RESPONSE",
+    "GET_BOOKIE_INFO_REQUEST", "GET_BOOKIE_INFO_RESPONSE", "MASTER_KEY_SIZE",
+    "READ_LAC_REQUEST", "READ_LAC_RESPONSE", "READ_RANGE_REQUEST", "READ_RANGE_RESPONSE",
+    "READ_REQUEST", "READ_RESPONSE", "REQUEST_HEADER", "RESPONSE_HEADER",
+    "WRITE_LAC_REQUEST", "WRITE_LAC_RESPONSE",
+]
+
+MASTER_KEY_SIZE = 20
+
+# A byte string: int32 length, then that many bytes.
+Blob = Prefixed(Int32ub, GreedyBytes)
+# A short byte string: int16 length, then that many bytes (names, secrets, versions).
+ShortBlob = Prefixed(Int16ub, GreedyBytes)
+# A list of byte strings: int32 count, then each as a Blob.
+BlobArray = PrefixedArray(Int32ub, Blob)
+
+# ---------------------------------------------------------------------------------------
+# Frame headers. `size` counts the bytes after itself.
+#
+#  request   0        4          6              8                 12
+#            +--------+----------+--------------+-----------------+------ ...
+#            | size   | api_key  | api_version  | correlation_id  | body
+#            | int32  | int16    | int16        | int32           |
+#
+#  response  0        4                  8          10
+#            +--------+------------------+----------+------ ...
+#            | size   | correlation_id   | status   | body
+#            | int32  | int32            | int16    |
+REQUEST_HEADER = Struct(
+    "size" / Int32sb,
+    "api_key" / Int16sb,
+    "api_version" / Int16sb,
+    "correlation_id" / Int32sb,
+)
+RESPONSE_HEADER = Struct(
+    "size" / Int32sb,
+    "correlation_id" / Int32sb,
+    "status" / Int16sb,
+)
+assert REQUEST_HEADER.sizeof() == 12
+assert RESPONSE_HEADER.sizeof() == 10
+
+# ---------------------------------------------------------------------------------------
+# Entry bytes, as stored by bookies and carried in Add and Read bodies:
+#
+#  0            8            16           24           32
+#  +------------+------------+------------+------------+-----------+---------- ...
+#  | ledger_id  | entry_id   | lac        | length     | digest    | payload
+#  | int64      | int64      | int64      | int64      | 0/4/8/20  |
+#
+# `lac` is the writer's last add confirmed when it sent the entry; `length` is the
+# ledger's cumulative length including this entry. The digest (CRC32C 4 bytes, CRC32 8,
+# HMAC-SHA1 20, DUMMY 0) covers the 32 header bytes followed by the payload.
+ENTRY_HEADER = Struct(
+    "ledger_id" / Int64sb,
+    "entry_id" / Int64sb,
+    "lac" / Int64sb,
+    "length" / Int64sb,
+)
+assert ENTRY_HEADER.sizeof() == 32
+
+# ---------------------------------------------------------------------------------------
+# ApiVersions (key 0). Request body is empty.
+#
+#  response  0        4          6          8          10
+#            +--------+----------+----------+----------+ ... repeated `count` times
+#            | count  | api_key  | min_ver  | max_ver  |
+#            | int32  | int16    | int16    | int16    |
+API_VERSIONS_REQUEST = Struct(Terminated)
+API_VERSIONS_RESPONSE = Struct(
+    "versions" / PrefixedArray(
+        Int32ub,
+        Struct("api_key" / Int16sb, "min_version" / Int16sb, "max_version" / Int16sb),
+    ),
+    Terminated,
+)
+
+# ---------------------------------------------------------------------------------------
+# Add (key 1): one or more consecutive entries of one ledger.
+#
+#  request   0           8                16      18            38      46
+#            +-----------+----------------+-------+-------------+-------+-------+-----------------
+#            | ledger_id | first_entry_id | flags | master_key  | term  | count | (len int32 | entry
+#            | int64     | int64          | int16 | 20 bytes    | int64 | int32 |  bytes) * count
+#
+#  flags: RECOVERY_ADD=1, HIGH_PRIORITY=2, TRUNCATE=4 (unbounded-ledger no-op entry).
+#  Entry i has entry id first_entry_id + i; each is the full entry bytes (see ENTRY_HEADER).
+#
+#  response  0           8                16
+#            +-----------+----------------+--------+
+#            | ledger_id | first_entry_id | count  |
+#            | int64     | int64          | int32  |
+ADD_REQUEST = Struct(
+    "ledger_id" / Int64sb,
+    "first_entry_id" / Int64sb,
+    "flags" / Int16ub,
+    "master_key" / Bytes(MASTER_KEY_SIZE),
+    "term" / Int64sb,
+    "entries" / BlobArray,
+    Terminated,
+)
+ADD_RESPONSE = Struct(
+    "ledger_id" / Int64sb,
+    "first_entry_id" / Int64sb,
+    "count" / Int32sb,
+    Terminated,
+)
+
+# ---------------------------------------------------------------------------------------
+# Read (key 2): one entry; entry_id -1 asks for the last entry the bookie holds.
+#
+#  request   0           8          16      18           38      46             54
+#            +-----------+----------+-------+------------+-------+--------------+------------+
+#            | ledger_id | entry_id | flags | master_key | term  | previous_lac | timeout_ms |
+#            | int64     | int64    | int16 | 20 bytes   | int64 | int64        | int32      |
+#
+#  flags: FENCE=1 (master_key required), PIGGYBACK=2, HIGH_PRIORITY=4. A timeout_ms > 0
+#  makes it a long poll: answer once the bookie's LAC passes previous_lac or on timeout.
+#
+#  response  0           8          16        24      28
+#            +-----------+----------+---------+-------+-------------
+#            | ledger_id | entry_id | max_lac | len   | entry bytes (len may be 0)
+#            | int64     | int64    | int64   | int32 |
+READ_REQUEST = Struct(
+    "ledger_id" / Int64sb,
+    "entry_id" / Int64sb,
+    "flags" / Int16ub,
+    "master_key" / Bytes(MASTER_KEY_SIZE),
+    "term" / Int64sb,
+    "previous_lac" / Int64sb,
+    "timeout_ms" / Int32sb,
+    Terminated,
+)
+READ_RESPONSE = Struct(
+    "ledger_id" / Int64sb,
+    "entry_id" / Int64sb,
+    "max_lac" / Int64sb,
+    "entry" / Blob,
+    Terminated,
+)
+
+# ---------------------------------------------------------------------------------------
+# ReadRange (key 3): consecutive entries from first_entry_id, stopping at max_count
+# entries, at max_bytes of entry bytes (at least one entry is always returned), or at
+# the first entry the bookie does not hold.
+#
+#  request   0           8                16          20          24      26           46
+#            +-----------+----------------+-----------+-----------+-------+------------+-------+
+#            | ledger_id | first_entry_id | max_count | max_bytes | flags | master_key | term  |
+#            | int64     | int64          | int32     | int32     | int16 | 20 bytes   | int64 |
+#
+#  response  0           8                16        24      28
+#            +-----------+----------------+---------+-------+---------------------------
+#            | ledger_id | first_entry_id | max_lac | count | (len int32 | entry) * count
+READ_RANGE_REQUEST = Struct(
+    "ledger_id" / Int64sb,
+    "first_entry_id" / Int64sb,
+    "max_count" / Int32sb,
+    "max_bytes" / Int32sb,
+    "flags" / Int16ub,
+    "master_key" / Bytes(MASTER_KEY_SIZE),
+    "term" / Int64sb,
+    Terminated,
+)
+READ_RANGE_RESPONSE = Struct(
+    "ledger_id" / Int64sb,
+    "first_entry_id" / Int64sb,
+    "max_lac" / Int64sb,
+    "entries" / BlobArray,
+    Terminated,
+)
+
+# ---------------------------------------------------------------------------------------
+# ReadLac (key 4).
+#
+#  request   0           8
+#            +-----------+
+#            | ledger_id |
+#
+#  response  0           8       12
+#            +-----------+-------+--------------+-------+------------
+#            | ledger_id | len   | explicit_lac | len   | last_entry
+#            | int64     | int32 | bytes        | int32 | bytes
+#  explicit_lac is the last WriteLac body (ledger_id int64 | lac int64 | digest), or empty.
+READ_LAC_REQUEST = Struct("ledger_id" / Int64sb, Terminated)
+READ_LAC_RESPONSE = Struct(
+    "ledger_id" / Int64sb,
+    "explicit_lac" / Blob,
+    "last_entry" / Blob,
+    Terminated,
+)
+
+# ---------------------------------------------------------------------------------------
+# WriteLac (key 5): an explicit LAC, written by an idle writer.
+#
+#  request   0           8       16           36      44
+#            +-----------+-------+------------+-------+-------+----------
+#            | ledger_id | lac   | master_key | term  | len   | lac_body
+#            | int64     | int64 | 20 bytes   | int64 | int32 | bytes
+#
+#  response  0           8
+#            +-----------+
+#            | ledger_id |
+WRITE_LAC_REQUEST = Struct(
+    "ledger_id" / Int64sb,
+    "lac" / Int64sb,
+    "master_key" / Bytes(MASTER_KEY_SIZE),
+    "term" / Int64sb,
+    "lac_body" / Blob,
+    Terminated,
+)
+WRITE_LAC_RESPONSE = Struct("ledger_id" / Int64sb, Terminated)
+
+# ---------------------------------------------------------------------------------------
+# ForceLedger (key 6): a journal barrier; answers once everything before it is durable.
+#
+#  request   0           8
+#            +-----------+------------+
+#            | ledger_id | master_key |
+#            | int64     | 20 bytes   |
+#  response  | ledger_id int64 |
+FORCE_LEDGER_REQUEST = Struct(
+    "ledger_id" / Int64sb,
+    "master_key" / Bytes(MASTER_KEY_SIZE),
+    Terminated,
+)
+FORCE_LEDGER_RESPONSE = Struct("ledger_id" / Int64sb, Terminated)
+
+# ---------------------------------------------------------------------------------------
+# GetBookieInfo (key 7). Request body is empty.
+#
+#  response  0             8            16      17      19
+#            +-------------+------------+-------+-------+---------
+#            | total_bytes | free_bytes | state | len   | version
+#            | int64       | int64      | int8  | int16 | utf-8
+#  state: 0 writable, 1 read-only.
+GET_BOOKIE_INFO_REQUEST = Struct(Terminated)
+GET_BOOKIE_INFO_RESPONSE = Struct(
+    "total_bytes" / Int64sb,
+    "free_bytes" / Int64sb,
+    "state" / Int8ub,
+    "version" / ShortBlob,
+    Terminated,
+)
+
+# ---------------------------------------------------------------------------------------
+# AdminTrigger (key 8): start garbage collection or compaction now.
+# Accepted only from loopback or with the configured admin secret.
+#
+#  request   0      1       3
+#            +------+-------+--------
+#            | kind | len   | secret
+#            | int8 | int16 | bytes
+#  kind: 0 GC, 1 minor compaction, 2 major compaction.
+#  response  | started int8 |
+ADMIN_TRIGGER_REQUEST = Struct("kind" / Int8ub, "secret" / ShortBlob, Terminated)
+ADMIN_TRIGGER_RESPONSE = Struct("started" / Int8ub, Terminated)
+
+# ---------------------------------------------------------------------------------------
+# AdminStatus (key 9): the bookie's status as a JSON document.
+#
+#  request   | len int16 | secret bytes |
+#  response  | len int32 | status_json bytes (utf-8 JSON object) |
+ADMIN_STATUS_REQUEST = Struct("secret" / ShortBlob, Terminated)
+ADMIN_STATUS_RESPONSE = Struct("status_json" / Blob, Terminated)
