@@ -1,0 +1,81 @@
+"""Errors of the metadata package: one root, leaves named for what happened."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadVersionError",
+    "BookieIdInUseError",
+    "ChangeRejectedError",
+    "CorruptMetadataError",
+    "LayoutMismatchError",
+    "MetadataError",
+    "MetadataUnavailableError",
+    "NoNodeError",
+    "NodeExistsError",
+    "NotEmptyError",
+    "SessionExpiredError",
+]
+
+
+class MetadataError(Exception):
+    """Root of every metadata failure."""
+
+
+class NoNodeError(MetadataError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"no node at {path}")
+
+
+class NodeExistsError(MetadataError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"node already exists at {path}")
+
+
+class NotEmptyError(MetadataError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"node {path} has children")
+
+
+class BadVersionError(MetadataError):
+    """A compare-and-set lost: the node changed since it was read."""
+
+    def __init__(self, path: str, expected: int) -> None:
+        self.path = path
+        self.expected = expected
+        super().__init__(f"version conflict at {path}: expected version {expected}")
+
+
+class SessionExpiredError(MetadataError):
+    """The session that owned ephemeral nodes ended; they are gone."""
+
+
+class MetadataUnavailableError(MetadataError):
+    """The metadata service could not be reached after bounded retries."""
+
+    def __init__(self, servers: str, reason: str) -> None:
+        self.servers = servers
+        super().__init__(f"metadata service unavailable (tried {servers}): {reason}")
+
+
+class CorruptMetadataError(MetadataError):
+    """A node holds data that is not what ledgerd wrote there."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"corrupt or foreign data at {path}: {reason}")
+
+
+class LayoutMismatchError(MetadataError):
+    """The cluster root was initialised with another layout than the one configured."""
+
+
+class ChangeRejectedError(MetadataError):
+    """A CAS change function found that its change no longer applies (e.g. ledger CLOSED)."""
+
+
+class BookieIdInUseError(MetadataError):
+    """Another live process is registered under this bookie id."""

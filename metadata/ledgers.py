@@ -1,0 +1,148 @@
+"""The ledger manager: id generation, create, read, CAS update, delete, listing, watch.
+
+Ids come from ephemeral-sequential nodes under ``<root>/idgen/ID-`` (the counter is the
+id; the node is deleted at once). When that 31-bit counter runs out, ids come from
+``<root>/idgen-long/HOB-<high 32 bits>/ID-``, giving ids of 2^31 and above, as
+BookKeeper's LongZkLedgerIdGenerator does. Listing walks the hierarchy one directory at a
+time, so memory stays bounded by one directory's children, not the whole ledger set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from metadata.cas import cas_update
+from metadata.errors import NodeExistsError, NoNodeError
+from metadata.ledger import LedgerMetadata
+from metadata.paths import LEGACY_LIMIT, LedgerLayout, ledger_id_from_path, ledger_path
+from metadata.store import MetadataStore, WatchEvent, WatchKind
+
+__all__ = ["LedgerManager"]
+
+
+class LedgerManager:
+    def __init__(self, store: MetadataStore, root: str = "/ledgers",
+                 layout: str = LedgerLayout.HIERARCHICAL) -> None:
+        self.store = store
+        self.root = root
+        self.layout = layout
+
+    def path(self, ledger_id: int) -> str:
+        return ledger_path(self.root, self.layout, ledger_id)
+
+    async def next_id(self, *, long_ids: bool = False) -> int:
+        """A cluster-unique ledger id (``long_ids`` forces the >= 2^31 generator)."""
+        if not long_ids:
+            node = await self.store.create(f"{self.root}/idgen/ID-", ephemeral=True,
+                                           sequential=True)
+            await self.store.delete(node)
+            seq = int(node.rsplit("-", 1)[1])
+            if 0 <= seq < LEGACY_LIMIT:
+                return seq
+        return await self._next_long_id()
+
+    async def _next_long_id(self) -> int:
+        base = f"{self.root}/idgen-long"
+        if await self.store.exists(base) is None:
+            try:
+                await self.store.create(base)
+            except NodeExistsError:
+                pass
+        hobs = sorted(c for c in await self.store.children(base) if c.startswith("HOB-"))
+        high = int(hobs[-1][4:]) if hobs else 1
+        while True:
+            hob = f"{base}/HOB-{high:010d}"
+            try:
+                await self.store.create(hob)
+            except NodeExistsError:
+                pass
+            node = await self.store.create(f"{hob}/ID-", ephemeral=True, sequential=True)
+            await self.store.delete(node)
+            low = int(node.rsplit("-", 1)[1])
+            if 0 <= low < (1 << 31):
+                return (high << 32) | low
+            high += 1  # this high word's counter ran out; move to the next one
+
+    async def create(self, metadata: LedgerMetadata, *, ledger_id: int | None = None,
+                     long_ids: bool = False) -> tuple[int, int]:
+        """Store new metadata; returns ``(ledger_id, version)``.
+
+        With ``ledger_id`` given, raises NodeExistsError if that ledger exists.
+        """
+        lid = ledger_id if ledger_id is not None else await self.next_id(long_ids=long_ids)
+        await self.store.create(self.path(lid), metadata.to_json(), make_parents=True)
+        return lid, 0
+
+    async def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        """Metadata and its version; NoNodeError if the ledger does not exist."""
+        path = self.path(ledger_id)
+        raw, stat = await self.store.get(path)
+        return LedgerMetadata.from_json(raw, path), stat.version
+
+    async def write(self, ledger_id: int, metadata: LedgerMetadata, version: int) -> int:
+        """Compare-and-set write; BadVersionError if the version moved. Returns the new one."""
+        stat = await self.store.set(self.path(ledger_id), metadata.to_json(), version)
+        return stat.version
+
+    async def update(self, ledger_id: int,
+                     change: Callable[[LedgerMetadata], LedgerMetadata]) -> tuple[LedgerMetadata, int]:
+        """CAS loop: apply ``change`` until it lands or raises ChangeRejectedError."""
+        return await cas_update(self.store, self.path(ledger_id), change,
+                                decode=LedgerMetadata.from_json,
+                                encode=LedgerMetadata.to_json)
+
+    async def delete(self, ledger_id: int, version: int = -1) -> None:
+        """Delete (CAS when ``version >= 0``); NoNodeError if already gone."""
+        await self.store.delete(self.path(ledger_id), version)
+
+    async def exists(self, ledger_id: int) -> bool:
+        return await self.store.exists(self.path(ledger_id)) is not None
+
+    async def iter_ledger_ids(self, start: int = 0, end: int | None = None) -> AsyncIterator[int]:
+        """Ledger ids in ``[start, end)`` in increasing order, one directory at a time."""
+        if self.layout == LedgerLayout.FLAT:
+            ids = []
+            for name in await self.store.children(self.root):
+                try:
+                    ids.append(ledger_id_from_path(self.root, self.layout, f"{self.root}/{name}"))
+                except ValueError:
+                    continue
+            for lid in sorted(ids):
+                if lid >= start and (end is None or lid < end):
+                    yield lid
+            return
+        top = await self.store.children(self.root)
+        legacy = sorted(n for n in top if len(n) == 2 and n.isdigit())
+        long_ = sorted(n for n in top if len(n) == 3 and n.isdigit())
+        for prefix_names, depth in ((legacy, 2), (long_, 4)):
+            for name in prefix_names:
+                async for lid in self._walk(f"{self.root}/{name}", depth - 1, start, end):
+                    yield lid
+
+    async def _walk(self, path: str, depth: int, start: int, end: int | None) -> AsyncIterator[int]:
+        try:
+            names = await self.store.children(path)
+        except NoNodeError:
+            return  # deleted while we walked
+        if depth == 0:
+            ids = []
+            for name in names:
+                try:
+                    ids.append(ledger_id_from_path(self.root, self.layout, f"{path}/{name}"))
+                except ValueError:
+                    continue
+            for lid in sorted(ids):
+                if lid >= start and (end is None or lid < end):
+                    yield lid
+            return
+        for name in sorted(names):
+            if name.isdigit():
+                async for lid in self._walk(f"{path}/{name}", depth - 1, start, end):
+                    yield lid
+
+    @asynccontextmanager
+    async def watch(self, ledger_id: int) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        """Notifications that one ledger's metadata may have changed (re-read on each)."""
+        async with self.store.watch(self.path(ledger_id), WatchKind.DATA) as events:
+            yield events

@@ -1,0 +1,82 @@
+"""ZooKeeper path layouts: where each ledger's metadata node lives, and the fixed nodes.
+
+- flat: ``<root>/L%010d``;
+- hierarchical: ids below 2^31 - 1 split ``%010d`` 2-4-4 (``<root>/00/0000/L0001``),
+  larger ids split ``%019d`` 3-4-4-4-4 (``<root>/000/0000/0000/0000/L0001``), as
+  BookKeeper's HierarchicalLedgerManager (legacy + long) does.
+
+The two-digit and three-digit top-level directories never collide with the fixed nodes
+(LAYOUT, INSTANCEID, available, idgen, idgen-long, cookies, underreplication).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "LEGACY_LIMIT",
+    "LedgerLayout",
+    "ledger_id_from_path",
+    "ledger_path",
+    "underreplicated_path",
+]
+
+LEGACY_LIMIT = (1 << 31) - 1
+MAX_LEDGER_ID = (1 << 63) - 1
+RESERVED = frozenset({"LAYOUT", "INSTANCEID", "available", "idgen", "idgen-long", "cookies",
+                      "underreplication"})
+_FLAT_NAME = re.compile(r"^L(\d{10})$")
+
+
+class LedgerLayout:
+    FLAT = "flat"
+    HIERARCHICAL = "hierarchical"
+    ALL = (FLAT, HIERARCHICAL)
+
+
+def _check_id(ledger_id: int) -> None:
+    if not 0 <= ledger_id <= MAX_LEDGER_ID:
+        raise ValueError(f"ledger id {ledger_id} outside 0..2^63-1")
+
+
+def ledger_path(root: str, layout: str, ledger_id: int) -> str:
+    _check_id(ledger_id)
+    if layout == LedgerLayout.FLAT:
+        if ledger_id > 9_999_999_999:
+            raise ValueError(f"ledger id {ledger_id} does not fit the flat layout (10 digits)")
+        return f"{root}/L{ledger_id:010d}"
+    if layout != LedgerLayout.HIERARCHICAL:
+        raise ValueError(f"unknown ledger layout {layout!r}")
+    if ledger_id < LEGACY_LIMIT:
+        s = f"{ledger_id:010d}"
+        return f"{root}/{s[0:2]}/{s[2:6]}/L{s[6:10]}"
+    s = f"{ledger_id:019d}"
+    return f"{root}/{s[0:3]}/{s[3:7]}/{s[7:11]}/{s[11:15]}/L{s[15:19]}"
+
+
+def ledger_id_from_path(root: str, layout: str, path: str) -> int:
+    """Inverse of :func:`ledger_path`; raises ValueError for anything else."""
+    if not path.startswith(root + "/"):
+        raise ValueError(f"{path} is not under {root}")
+    parts = path[len(root) + 1:].split("/")
+    if layout == LedgerLayout.FLAT:
+        m = _FLAT_NAME.match(parts[0]) if len(parts) == 1 else None
+        if m is None:
+            raise ValueError(f"{path} is not a flat ledger path")
+        return int(m.group(1))
+    widths = [len(p) for p in parts]
+    if widths == [2, 4, 5] or widths == [3, 4, 4, 4, 5]:
+        if not parts[-1].startswith("L"):
+            raise ValueError(f"{path} is not a hierarchical ledger path")
+        digits = "".join(parts[:-1]) + parts[-1][1:]
+        if digits.isdigit():
+            return int(digits)
+    raise ValueError(f"{path} is not a hierarchical ledger path")
+
+
+def underreplicated_path(root: str, ledger_id: int) -> str:
+    """``<root>/underreplication/ledgers/<4 x %04x>/urL%010d`` as BookKeeper lays it out."""
+    _check_id(ledger_id)
+    h = f"{ledger_id:016x}"
+    return (f"{root}/underreplication/ledgers/{h[0:4]}/{h[4:8]}/{h[8:12]}/{h[12:16]}/"
+            f"urL{ledger_id:010d}")

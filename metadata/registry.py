@@ -1,0 +1,162 @@
+"""Bookie registry: ephemeral nodes under ``<root>/available`` and ``available/readonly``.
+
+A bookie registers after replay and its first checkpoint, moves between writable and
+read-only, and deregisters on shutdown. ``keep_registered`` is the bookie's service: it
+re-creates the node after a session expiry (the old node vanished with the session).
+After a kill -9 the previous process's node lingers until its session times out; a
+restart waits for it to vanish rather than failing, up to ``stale_wait``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ledgerd.logs import fields
+from metadata.errors import BookieIdInUseError, NodeExistsError, NoNodeError
+from metadata.ledger import check_bookie_id
+from metadata.store import MetadataStore, SessionEvent, WatchKind
+
+__all__ = ["BookieRegistry", "BookieSet"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BookieSet:
+    writable: frozenset[str]
+    read_only: frozenset[str]
+
+
+class BookieRegistry:
+    def __init__(self, store: MetadataStore, root: str = "/ledgers") -> None:
+        self.store = store
+        self.root = root
+        self.available = f"{root}/available"
+        self.readonly = f"{root}/available/readonly"
+
+    def _path(self, bookie_id: str, read_only: bool) -> str:
+        check_bookie_id(bookie_id)
+        return f"{self.readonly if read_only else self.available}/{bookie_id}"
+
+    async def register(self, bookie_id: str, info: dict[str, Any], *, read_only: bool = False,
+                       stale_wait: float = 30.0) -> None:
+        """Create this bookie's ephemeral node (and remove it from the other list).
+
+        Raises BookieIdInUseError if another live session holds the id for longer than
+        ``stale_wait`` seconds.
+        """
+        path = self._path(bookie_id, read_only)
+        other = self._path(bookie_id, not read_only)
+        data = json.dumps(info, sort_keys=True).encode()
+        with trio.move_on_after(stale_wait) as scope:
+            while True:
+                try:
+                    await self.store.create(path, data, ephemeral=True)
+                    break
+                except NodeExistsError:
+                    try:
+                        _, stat = await self.store.get(path)
+                    except NoNodeError:
+                        continue
+                    if stat.ephemeral_owner == self.store.session_id:
+                        await self.store.set(path, data)
+                        break
+                    log.warning("bookie_id_registered_elsewhere", extra=fields(
+                        bookie_id=bookie_id, owner=hex(stat.ephemeral_owner)))
+                    await trio.sleep(0.5)
+        if scope.cancelled_caught:
+            raise BookieIdInUseError(
+                f"bookie id {bookie_id} is registered by another live session at {path}; "
+                "is another bookie running with the same id?")
+        await self._remove_own(other)
+
+    async def _remove_own(self, path: str) -> None:
+        try:
+            _, stat = await self.store.get(path)
+        except NoNodeError:
+            return
+        if stat.ephemeral_owner == self.store.session_id:
+            try:
+                await self.store.delete(path)
+            except NoNodeError:
+                pass
+
+    async def unregister(self, bookie_id: str) -> None:
+        for ro in (False, True):
+            await self._remove_own(self._path(bookie_id, ro))
+
+    async def list_bookies(self) -> BookieSet:
+        writable = frozenset(c for c in await self.store.children(self.available)
+                             if c != "readonly")
+        read_only = frozenset(await self.store.children(self.readonly))
+        return BookieSet(writable, read_only)
+
+    async def bookie_info(self, bookie_id: str) -> dict[str, Any]:
+        for ro in (False, True):
+            try:
+                raw, _ = await self.store.get(self._path(bookie_id, ro))
+                info: dict[str, Any] = json.loads(raw or b"{}")
+                return info
+            except NoNodeError:
+                continue
+        raise NoNodeError(self._path(bookie_id, False))
+
+    @asynccontextmanager
+    async def watch_bookies(self) -> AsyncIterator[AsyncIterator[BookieSet]]:
+        """Membership snapshots: one now, then one after every change."""
+        send, recv = trio.open_memory_channel[BookieSet](1)
+
+        async def pump(kind_path: str, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            async with self.store.watch(kind_path, WatchKind.CHILDREN) as events:
+                task_status.started()
+                async for _ in events:
+                    snapshot = await self.list_bookies()
+                    try:
+                        send.send_nowait(snapshot)
+                    except trio.WouldBlock:
+                        # Replace the stale pending snapshot with the fresh one.
+                        recv.receive_nowait()
+                        send.send_nowait(snapshot)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pump, self.available)
+            await nursery.start(pump, self.readonly)
+            try:
+                yield recv
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def keep_registered(self, bookie_id: str, info: Callable[[], dict[str, Any]],
+                              is_read_only: Callable[[], bool], *,
+                              task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Service: register now and again after every session loss, until cancelled.
+
+        If cancelled, the registration is removed (shielded) before returning.
+        """
+        async with self.store.session_events() as events:
+            await self.register(bookie_id, info(), read_only=is_read_only())
+            task_status.started()
+            try:
+                lost = False
+                async for event in events:
+                    if event is SessionEvent.LOST:
+                        lost = True
+                        log.warning("registration_lost", extra=fields(bookie_id=bookie_id))
+                    elif event is SessionEvent.CONNECTED and lost:
+                        lost = False
+                        await self.register(bookie_id, info(), read_only=is_read_only())
+                        log.info("re_registered", extra=fields(bookie_id=bookie_id))
+            finally:
+                with trio.move_on_after(5, shield=True):
+                    try:
+                        await self.unregister(bookie_id)
+                    except Exception as exc:  # the session may be gone already
+                        log.warning("unregister_failed", extra=fields(
+                            bookie_id=bookie_id, error=repr(exc)))

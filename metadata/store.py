@@ -1,0 +1,99 @@
+"""The MetadataStore protocol: a versioned tree with ephemeral nodes, sessions and watches.
+
+Two implementations share these semantics exactly: :class:`metadata.zookeeper.ZooKeeperStore`
+(the product and every integration test) and :class:`metadata.memory.InMemoryStore` (unit
+tests and the simulator). The behavioural tests in ``tests/metadata/test_store.py`` run
+against both so the twin cannot drift.
+
+Semantics, as ZooKeeper's:
+
+- every node has data and a version that starts at 0 and increases by one per write;
+  ``set``/``delete`` with ``version >= 0`` are compare-and-set and raise BadVersionError;
+- ephemeral nodes belong to the store's session and vanish when it ends;
+- sequential creates append a 10-digit counter kept per parent;
+- watches are *change notifications*: a ``WatchEvent`` says a node or its children may
+  have changed, and the consumer re-reads. Channels are bounded; when a consumer lags,
+  notifications coalesce instead of queuing without bound;
+- session events: ``LOST`` when the session expired (ephemerals are gone), ``CONNECTED``
+  when a session is (re-)established, ``SUSPENDED`` when the connection dropped but the
+  session may still live.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["MetadataStore", "NodeStat", "SessionEvent", "WatchEvent", "WatchKind"]
+
+
+class SessionEvent(enum.Enum):
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    LOST = "lost"
+
+
+class WatchKind(enum.Enum):
+    DATA = "data"
+    CHILDREN = "children"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    path: str
+    kind: WatchKind
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStat:
+    version: int
+    ephemeral_owner: int  # session id, 0 for persistent nodes
+    ctime_ms: int
+    num_children: int
+
+
+class MetadataStore(Protocol):
+    """One session against the metadata tree. All paths are absolute."""
+
+    @property
+    def session_id(self) -> int: ...
+
+    @property
+    def servers(self) -> str: ...
+
+    async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
+                     sequential: bool = False, make_parents: bool = False) -> str:
+        """Create a node; returns its path (with the counter when sequential)."""
+        ...
+
+    async def get(self, path: str) -> tuple[bytes, NodeStat]: ...
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> NodeStat:
+        """Write data; ``version >= 0`` makes it a compare-and-set."""
+        ...
+
+    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None: ...
+
+    async def exists(self, path: str) -> NodeStat | None: ...
+
+    async def children(self, path: str) -> list[str]: ...
+
+    def watch(self, path: str, kind: WatchKind) -> AbstractAsyncContextManager[
+            AsyncIterator[WatchEvent]]:
+        """Notifications that ``path`` (DATA) or its children (CHILDREN) may have changed.
+
+        The first notification arrives at once, so a consumer can read the initial
+        state in the same loop it handles changes in.
+        """
+        ...
+
+    def session_events(self) -> AbstractAsyncContextManager[AsyncIterator[SessionEvent]]:
+        """Session state changes from now on, for owners of ephemeral nodes."""
+        ...
+
+    async def close(self) -> None:
+        """End the session (its ephemeral nodes vanish)."""
+        ...

@@ -1,0 +1,323 @@
+"""The ZooKeeper MetadataStore, over kazoo: the only module that imports kazoo.
+
+kazoo is blocking, so every call runs in a worker thread through
+``trio.to_thread.run_sync`` under a capacity limiter, with ``abandon_on_cancel=False``: a
+cancelled caller waits for the call it started, so no thread, lock or node is leaked
+behind its back. Each call is bounded by ``operation_timeout`` (kazoo's sync calls can
+otherwise wait forever while disconnected). A lost connection is retried with backoff a
+bounded number of times, then raises MetadataUnavailableError naming the servers.
+
+Watch and state callbacks run on kazoo's own thread; they never block it: each one hands
+an event to trio with ``TrioToken.run_sync_soon`` into a bounded memory channel, where a
+full channel means a notification is already pending (watches coalesce).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import trio
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KazooState
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+
+from ledgerd.logs import fields
+from metadata.errors import (
+    BadVersionError,
+    MetadataError,
+    MetadataUnavailableError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from metadata.store import NodeStat, SessionEvent, WatchEvent, WatchKind
+
+__all__ = ["ZooKeeperStore"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_RETRYABLE = (kz.ConnectionLoss, kz.OperationTimeoutError, KazooTimeoutError)
+_STATES = {KazooState.CONNECTED: SessionEvent.CONNECTED,
+           KazooState.SUSPENDED: SessionEvent.SUSPENDED,
+           KazooState.LOST: SessionEvent.LOST}
+
+
+def _stat(zstat: Any) -> NodeStat:
+    return NodeStat(zstat.version, zstat.ephemeralOwner, zstat.ctime, zstat.numChildren)
+
+
+class ZooKeeperStore:
+    """One kazoo session. Open with :meth:`connect`; end with :meth:`close`."""
+
+    def __init__(self, client: KazooClient, servers: str, token: trio.lowlevel.TrioToken, *,
+                 operation_timeout: float, retries: int) -> None:
+        self._client = client
+        self._servers = servers
+        self._token = token
+        self._op_timeout = operation_timeout
+        self._retries = retries
+        self._limiter = trio.CapacityLimiter(16)
+        self._session_subscribers: set[trio.MemorySendChannel[SessionEvent]] = set()
+        self._closed = False
+        self._rng = random.Random()
+        client.add_listener(self._on_state)
+
+    @classmethod
+    async def connect(cls, servers: str, *, session_timeout: float = 10.0,
+                      connect_timeout: float = 15.0, operation_timeout: float = 10.0,
+                      retries: int = 5) -> ZooKeeperStore:
+        """Open a session to ``servers`` (``host:port,...[/chroot]``).
+
+        Raises MetadataUnavailableError naming the servers if no session is established
+        within ``connect_timeout``. If cancelled, the half-started client is stopped.
+        """
+        client = KazooClient(hosts=servers, timeout=session_timeout,
+                             logger=logging.getLogger("kazoo.client"))
+        try:
+            await trio.to_thread.run_sync(client.start, connect_timeout, abandon_on_cancel=False)
+        except (KazooTimeoutError, kz.KazooException, OSError) as exc:
+            await trio.to_thread.run_sync(_stop_client, client)
+            raise MetadataUnavailableError(servers, f"no session within {connect_timeout}s "
+                                           f"({type(exc).__name__})") from exc
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_stop_client, client)
+            raise
+        return cls(client, servers, trio.lowlevel.current_trio_token(),
+                   operation_timeout=operation_timeout, retries=retries)
+
+    @property
+    def session_id(self) -> int:
+        cid = self._client.client_id
+        return int(cid[0]) if cid else 0
+
+    @property
+    def session_password(self) -> bytes:
+        cid = self._client.client_id
+        return bytes(cid[1]) if cid else b""
+
+    @property
+    def servers(self) -> str:
+        return self._servers
+
+    # -- the bridge -------------------------------------------------------------------
+
+    async def _call(self, what: str, path: str, fn: Callable[[], T], *,
+                    retry: bool = True) -> T:
+        if self._closed:
+            raise SessionExpiredError("store closed")
+        delay = 0.05
+        attempts = self._retries if retry else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return await trio.to_thread.run_sync(fn, abandon_on_cancel=False,
+                                                     limiter=self._limiter)
+            except kz.NoNodeError:
+                raise NoNodeError(path) from None
+            except kz.NodeExistsError:
+                raise NodeExistsError(path) from None
+            except kz.BadVersionError:
+                raise BadVersionError(path, -1) from None
+            except kz.NotEmptyError:
+                raise NotEmptyError(path) from None
+            except kz.SessionExpiredError as exc:
+                raise SessionExpiredError(f"{what} {path}: session expired") from exc
+            except kz.NoChildrenForEphemeralsError as exc:
+                raise MetadataError(f"ephemeral node cannot have children: {path}") from exc
+            except _RETRYABLE as exc:
+                if attempt == attempts:
+                    raise MetadataUnavailableError(
+                        self._servers, f"{what} {path} failed {attempts} times: "
+                        f"{type(exc).__name__}") from exc
+                log.warning("zookeeper_retry", extra=fields(
+                    op=what, path=path, attempt=attempt, error=type(exc).__name__))
+                await trio.sleep(delay * (0.5 + self._rng.random()))
+                delay = min(delay * 2, 2.0)
+            except kz.ConnectionClosedError as exc:
+                raise SessionExpiredError(f"{what} {path}: client closed") from exc
+        raise AssertionError("unreachable")
+
+    # -- operations ---------------------------------------------------------------------
+
+    async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
+                     sequential: bool = False, make_parents: bool = False) -> str:
+        """Create a node. A create retried after a lost reply that finds its own node
+        (same data, persistent) counts as success."""
+        c, t = self._client, self._op_timeout
+        retried = False
+
+        def run() -> str:
+            nonlocal retried
+            try:
+                result = c.create_async(path, data, ephemeral=ephemeral, sequence=sequential,
+                                        makepath=make_parents).get(timeout=t)
+            except kz.NodeExistsError:
+                if retried and not ephemeral and not sequential:
+                    existing, _ = c.get_async(path).get(timeout=t)
+                    if existing == data:
+                        return path
+                raise
+            except _RETRYABLE:
+                retried = True
+                raise
+            return str(result)
+
+        # Sequential creates are not retried: a lost reply may have made a node already.
+        return await self._call("create", path, run, retry=not sequential)
+
+    async def get(self, path: str) -> tuple[bytes, NodeStat]:
+        c, t = self._client, self._op_timeout
+
+        def run() -> tuple[bytes, NodeStat]:
+            data, zstat = c.get_async(path).get(timeout=t)
+            return bytes(data or b""), _stat(zstat)
+
+        return await self._call("get", path, run)
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> NodeStat:
+        """Write data. If an attempt's reply was lost and the retry then conflicts, the
+        node is re-read: holding our data at ``version + 1`` means our write landed."""
+        c, t = self._client, self._op_timeout
+        retried = False
+
+        def run() -> NodeStat:
+            nonlocal retried
+            try:
+                return _stat(c.set_async(path, data, version).get(timeout=t))
+            except kz.BadVersionError:
+                if retried and version >= 0:
+                    current, zstat = c.get_async(path).get(timeout=t)
+                    if current == data and zstat.version == version + 1:
+                        return _stat(zstat)
+                raise
+            except _RETRYABLE:
+                retried = True
+                raise
+
+        try:
+            return await self._call("set", path, run)
+        except BadVersionError:
+            raise BadVersionError(path, version) from None
+
+    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
+        c, t = self._client, self._op_timeout
+        if recursive:
+            for child in await self.children(path):
+                await self.delete(f"{path.rstrip('/')}/{child}", recursive=True)
+        try:
+            await self._call("delete", path, lambda: c.delete_async(path, version).get(timeout=t))
+        except BadVersionError:
+            raise BadVersionError(path, version) from None
+
+    async def exists(self, path: str) -> NodeStat | None:
+        c, t = self._client, self._op_timeout
+
+        def run() -> NodeStat | None:
+            zstat = c.exists_async(path).get(timeout=t)
+            return None if zstat is None else _stat(zstat)
+
+        return await self._call("exists", path, run)
+
+    async def children(self, path: str) -> list[str]:
+        c, t = self._client, self._op_timeout
+        return await self._call("children", path,
+                                lambda: sorted(c.get_children_async(path).get(timeout=t)))
+
+    # -- watches and session events ------------------------------------------------------
+
+    def _hand_to_trio(self, fn: Callable[[], None]) -> None:
+        """Runs on kazoo's thread: schedule ``fn`` in trio and return at once."""
+        try:
+            self._token.run_sync_soon(fn)
+        except trio.RunFinishedError:
+            pass
+
+    @asynccontextmanager
+    async def watch(self, path: str, kind: WatchKind) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        send, recv = trio.open_memory_channel[WatchEvent](1)
+        active = True
+
+        def deliver() -> None:
+            if not active:
+                return
+            try:
+                send.send_nowait(WatchEvent(path, kind))
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                pass
+
+        def on_change(*_args: Any) -> bool:
+            # Returning False tells the kazoo recipe to stop watching.
+            if not active:
+                return False
+            self._hand_to_trio(deliver)
+            return True
+
+        c = self._client
+
+        def arm() -> None:
+            if kind is WatchKind.DATA:
+                DataWatch(c, path, func=on_change)
+            else:
+                if c.exists(path) is None:
+                    raise kz.NoNodeError(path)
+                ChildrenWatch(c, path, func=on_change)
+
+        await self._call("watch", path, arm)
+        try:
+            async with recv:
+                yield recv
+        finally:
+            active = False
+            send.close()
+
+    def _on_state(self, state: Any) -> None:
+        """kazoo state listener (kazoo's thread): fan the event out in trio."""
+        event = _STATES.get(state)
+        if event is None:
+            return
+
+        def deliver() -> None:
+            log.info("zookeeper_session", extra=fields(event=event.value, servers=self._servers))
+            for send in list(self._session_subscribers):
+                try:
+                    send.send_nowait(event)
+                except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                    pass
+
+        self._hand_to_trio(deliver)
+
+    @asynccontextmanager
+    async def session_events(self) -> AsyncIterator[AsyncIterator[SessionEvent]]:
+        send, recv = trio.open_memory_channel[SessionEvent](16)
+        self._session_subscribers.add(send)
+        try:
+            async with recv:
+                yield recv
+        finally:
+            self._session_subscribers.discard(send)
+            send.close()
+
+    async def close(self) -> None:
+        """End the session; ephemeral nodes vanish. Safe to call twice; shielded."""
+        if self._closed:
+            return
+        self._closed = True
+        for send in list(self._session_subscribers):
+            send.close()
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(_stop_client, self._client)
+
+
+def _stop_client(client: KazooClient) -> None:
+    try:
+        client.stop()
+    finally:
+        client.close()
