@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import pytest
 import trio
 
 from metadata.errors import MetadataUnavailableError
 from metadata.zookeeper import ZooKeeperStore
-from tools.zkserver import find_free_port
+from tools.zkserver import ZooKeeperServer, find_free_port
 
 
 async def test_unreachable_servers_are_named() -> None:
@@ -16,3 +19,42 @@ async def test_unreachable_servers_are_named() -> None:
         with pytest.raises(MetadataUnavailableError) as info:
             await ZooKeeperStore.connect(servers, connect_timeout=2.0)
     assert servers in str(info.value)
+
+
+async def test_outage_mid_session_retries_then_names_servers(tmp_path: Path) -> None:
+    """A dedicated server (not the shared fixture) is stopped under a live session."""
+    server = ZooKeeperServer(data_dir=tmp_path / "zk")
+    server.start()
+    try:
+        store = await ZooKeeperStore.connect(server.connect_string, session_timeout=10.0,
+                                             operation_timeout=1.0, retries=3)
+        await store.create("/x", b"1")
+        server.stop()
+        with trio.fail_after(60):
+            with pytest.raises(MetadataUnavailableError) as info:
+                await store.get("/x")
+        assert server.connect_string in str(info.value)
+        assert "3 times" in str(info.value)
+        await store.close()
+    finally:
+        server.stop()
+
+
+async def test_cancelled_calls_leak_no_threads(zk_chroot: str) -> None:
+    store = await ZooKeeperStore.connect(zk_chroot)
+    try:
+        await store.create("/c", b"")
+        before = threading.active_count()
+        for i in range(20):
+            with trio.move_on_after(0):
+                await store.create(f"/c/n{i}", b"")
+            with trio.move_on_after(0.001):
+                await store.get("/c")
+        # Every cancelled call waited for its thread; nodes that were created are whole.
+        names = await store.children("/c")
+        for name in names:
+            assert (await store.get(f"/c/{name}"))[0] == b""
+        assert threading.active_count() <= before + 16  # at most the limiter's workers
+        assert await store.exists("/c") is not None
+    finally:
+        await store.close()
