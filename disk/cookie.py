@@ -1,0 +1,145 @@
+"""Cookies: ``current/VERSION`` in every journal, ledger and index directory.
+
+A cookie records the layout version, the bookie id, the directory set and the cluster's
+instance id. At start-up every directory's cookie must equal the one built from the
+configuration, and (when the cluster has one) the cookie stored in ZooKeeper. What can
+go wrong, and what the error says to do:
+
+- a directory was added or removed: the sets differ ("update the cookie with
+  `ledgerd shell cookie update` if intended, or restore the directory");
+- a directory was wiped (no cookie, while the others or ZooKeeper have one): refuse;
+- a cookie from another cluster (foreign instance id) or another bookie: refuse;
+- a non-empty directory with no cookie: refuse (someone else's data).
+
+A brand-new bookie (all directories empty, no cookie in ZooKeeper) gets cookies stamped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import google_crc32c
+
+from disk.errors import CookieMismatchError
+
+__all__ = ["LAYOUT_VERSION", "Cookie", "CookieCheck", "check_cookies", "stamp_cookies"]
+
+LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cookie:
+    layout_version: int = LAYOUT_VERSION
+    bookie_id: str
+    journal_dir: str
+    ledger_dirs: tuple[str, ...]
+    index_dirs: tuple[str, ...]
+    instance_id: str
+
+    def to_bytes(self) -> bytes:
+        doc = asdict(self)
+        doc["ledger_dirs"] = list(self.ledger_dirs)
+        doc["index_dirs"] = list(self.index_dirs)
+        body = json.dumps(doc, sort_keys=True)
+        return json.dumps({"cookie": doc, "crc32c": google_crc32c.value(body.encode())},
+                          sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Cookie:
+        try:
+            outer = json.loads(data)
+            doc = outer["cookie"]
+            body = json.dumps(doc, sort_keys=True)
+            if google_crc32c.value(body.encode()) != outer["crc32c"]:
+                raise ValueError("checksum mismatch")
+            return cls(layout_version=int(doc["layout_version"]), bookie_id=doc["bookie_id"],
+                       journal_dir=doc["journal_dir"], ledger_dirs=tuple(doc["ledger_dirs"]),
+                       index_dirs=tuple(doc["index_dirs"]), instance_id=doc["instance_id"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CookieMismatchError(f"cookie at {where} is unreadable ({exc}); "
+                                      "if the directory is new, remove the file") from exc
+
+    def differences(self, other: Cookie) -> list[str]:
+        out = []
+        for name in ("layout_version", "bookie_id", "journal_dir", "ledger_dirs", "index_dirs",
+                     "instance_id"):
+            a, b = getattr(self, name), getattr(other, name)
+            if a != b:
+                out.append(f"{name}: expected {a!r}, found {b!r}")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CookieCheck:
+    """What start-up must do: stamp these directories, and create the ZooKeeper cookie."""
+
+    stamp: tuple[Path, ...]
+    create_remote: bool
+
+
+def _is_empty(current: Path) -> bool:
+    if not current.exists():
+        return True
+    return not any(p.name not in ("VERSION",) for p in current.iterdir())
+
+
+def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None) -> CookieCheck:
+    """Validate every directory's cookie; raise CookieMismatchError saying what differs."""
+    remote_cookie = Cookie.from_bytes(remote, "ZooKeeper") if remote is not None else None
+    if remote_cookie is not None:
+        diff = expected.differences(remote_cookie)
+        if diff:
+            raise CookieMismatchError(
+                "the cookie in ZooKeeper does not match this configuration: " + "; ".join(diff)
+                + ". If the change is intended, run `ledgerd shell cookie update`; if this "
+                "bookie belongs to another cluster, fix zk_servers.")
+    missing: list[Path] = []
+    found_any = False
+    for d in dirs:
+        version = Path(d) / "current" / "VERSION"
+        if version.exists():
+            found_any = True
+            cookie = Cookie.from_bytes(version.read_bytes(), str(version))
+            diff = expected.differences(cookie)
+            if diff:
+                raise CookieMismatchError(
+                    f"cookie in {d} does not match the configuration: " + "; ".join(diff)
+                    + ". A directory was added, removed or swapped: restore it, or run "
+                    "`ledgerd shell cookie update` if the change is intended.")
+        else:
+            if not _is_empty(Path(d) / "current"):
+                raise CookieMismatchError(
+                    f"{d} holds data but no cookie (current/VERSION); it is not this "
+                    "bookie's directory, or its cookie was deleted")
+            missing.append(Path(d))
+    if missing and (found_any or remote_cookie is not None):
+        raise CookieMismatchError(
+            "directories without a cookie while this bookie already has one: "
+            + ", ".join(str(m) for m in missing)
+            + ". A directory was wiped or replaced; its data is gone from this bookie. "
+            "Run `ledgerd shell bookieformat` to start this bookie afresh (autorecovery "
+            "re-replicates its ledgers), or restore the directory.")
+    if not missing and remote_cookie is None and found_any:
+        raise CookieMismatchError(
+            "every directory has a cookie but ZooKeeper has none for "
+            f"{expected.bookie_id}: this bookie was formatted against another cluster "
+            "or its ZooKeeper cookie was deleted; run `ledgerd shell cookie update`")
+    return CookieCheck(tuple(missing), remote_cookie is None)
+
+
+def stamp_cookies(cookie: Cookie, dirs: list[Path]) -> None:
+    data = cookie.to_bytes()
+    for d in dirs:
+        cur = Path(d) / "current"
+        cur.mkdir(parents=True, exist_ok=True)
+        tmp = cur / "VERSION.tmp"
+        tmp.write_bytes(data)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, cur / "VERSION")

@@ -1,0 +1,263 @@
+"""Entry logs: interleaved entries of all ledgers, in ``<ledger_dir>/current/<hex id>.log``.
+
+Layout::
+
+    header, 1024 bytes:
+      0      4        6       8        16                    24              28
+      +------+--------+-------+--------+---------------------+---------------+--------+
+      | LDEL | version| flags | log_id | ledgers_map_offset  | ledgers_count | crc32c |
+      | 4 B  | uint16 | uint16| uint64 | uint64 (0: none yet)| uint32        | of 0..28
+    records:
+      +--------+----------+---------------------------------------------
+      | size   | crc32c   | entry bytes (ledger_id int64 | entry_id int64 | ...)
+      | uint32 | of entry |
+    ledgers map (written when the log rolls), one record whose entry bytes are
+      ledger_id = -1 | entry_id = -2 | count uint32 | (ledger_id int64, bytes int64) * count
+
+An entry's location is ``log_id << 32 | offset of its record``. Writes go to a buffer of
+``write_buffer_size`` bytes; entries still in the buffer are readable. ``flush()`` writes
+the buffer and fdatasyncs every log written since the last flush (the checkpoint's first
+step). A log rolls when the next record would pass ``log_size_limit``; the next log goes
+to the least-full writable ledger directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import google_crc32c
+
+from disk.errors import CorruptRecordError, StorageError
+
+__all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log"]
+
+ENTRY_LOG_HEADER_SIZE = 1024
+_MAGIC = b"LDEL"
+_HEAD = struct.Struct(">4sHHQQI")
+_REC = struct.Struct(">II")
+_IDS = struct.Struct(">qq")
+_MAP_ITEM = struct.Struct(">qq")
+MAX_ENTRY = 64 * 1024 * 1024
+
+
+def _header(log_id: int, map_offset: int = 0, count: int = 0) -> bytes:
+    head = _HEAD.pack(_MAGIC, 1, 0, log_id, map_offset, count)
+    return head + struct.pack(">I", google_crc32c.value(head)) + bytes(
+        ENTRY_LOG_HEADER_SIZE - _HEAD.size - 4)
+
+
+def _parse_header(data: bytes, path: str) -> tuple[int, int, int]:
+    if len(data) < _HEAD.size + 4:
+        raise CorruptRecordError(path, 0, "file too short for an entry log header")
+    magic, version, _flags, log_id, map_offset, count = _HEAD.unpack_from(data, 0)
+    if magic != _MAGIC:
+        raise CorruptRecordError(path, 0, f"bad magic {magic!r} (not a ledgerd entry log)")
+    (crc,) = struct.unpack_from(">I", data, _HEAD.size)
+    if crc != google_crc32c.value(data[: _HEAD.size]) or version != 1:
+        raise CorruptRecordError(path, 0, "entry log header checksum or version mismatch")
+    return log_id, map_offset, count
+
+
+@dataclass
+class _Log:
+    log_id: int
+    path: Path
+    fd: int
+    size: int  # bytes on disk (header + flushed records)
+    buffer: bytearray
+    ledgers: dict[int, int]  # ledger id -> bytes, for the ledgers map
+    dirty: bool = False
+
+
+class EntryLogger:
+    def __init__(self, ledger_dirs: list[Path], *, log_size_limit: int,
+                 write_buffer_size: int) -> None:
+        self.dirs = [Path(d) / "current" for d in ledger_dirs]
+        self.limit = log_size_limit
+        self.buffer_size = write_buffer_size
+        self.paths: dict[int, Path] = {}
+        self._readers: dict[int, int] = {}
+        self._current: _Log | None = None
+        self._unsynced: list[_Log] = []
+        self.full_dirs: set[Path] = set()
+
+    def open(self) -> None:
+        for d in self.dirs:
+            d.mkdir(parents=True, exist_ok=True)
+            for p in d.glob("*.log"):
+                try:
+                    self.paths[int(p.stem, 16)] = p
+                except ValueError:
+                    continue
+        last = max(self.paths, default=0)
+        for d in self.dirs:
+            try:
+                last = max(last, int((d / "lastId").read_text().strip() or "0", 16))
+            except (OSError, ValueError):
+                pass
+        self._current = self._create(last + 1)
+
+    def _pick_dir(self) -> Path:
+        writable = [d for d in self.dirs if d not in self.full_dirs] or self.dirs
+        return max(writable, key=lambda d: shutil.disk_usage(d).free)
+
+    def _create(self, log_id: int) -> _Log:
+        d = self._pick_dir()
+        path = d / f"{log_id:x}.log"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        os.pwrite(fd, _header(log_id), 0)
+        (d / "lastId").write_text(f"{log_id:x}\n")
+        self.paths[log_id] = path
+        return _Log(log_id, path, fd, ENTRY_LOG_HEADER_SIZE, bytearray(), defaultdict(int),
+                    dirty=True)
+
+    @property
+    def current_log_id(self) -> int:
+        assert self._current is not None
+        return self._current.log_id
+
+    def add(self, ledger_id: int, entry: bytes | memoryview) -> int:
+        """Append an entry; returns its location. Raises StorageError on I/O failure."""
+        log = self._current
+        assert log is not None
+        n = len(entry)
+        if n > MAX_ENTRY:
+            raise StorageError(f"entry of {n} bytes exceeds the {MAX_ENTRY}-byte maximum")
+        if log.size + len(log.buffer) + 8 + n > self.limit and log.size + len(log.buffer) > \
+                ENTRY_LOG_HEADER_SIZE:
+            log = self._roll()
+        offset = log.size + len(log.buffer)
+        log.buffer += _REC.pack(n, google_crc32c.value(bytes(entry)))
+        log.buffer += entry
+        log.ledgers[ledger_id] += n + 8
+        log.dirty = True
+        if len(log.buffer) >= self.buffer_size:
+            self._write_buffer(log)
+        return (log.log_id << 32) | offset
+
+    def _write_buffer(self, log: _Log) -> None:
+        if log.buffer:
+            try:
+                os.pwrite(log.fd, log.buffer, log.size)
+            except OSError as exc:
+                raise StorageError(f"writing {log.path}: {exc}") from exc
+            log.size += len(log.buffer)
+            log.buffer = bytearray()
+
+    def _roll(self) -> _Log:
+        old = self._current
+        assert old is not None
+        self._write_buffer(old)
+        body = _IDS.pack(-1, -2) + struct.pack(">I", len(old.ledgers)) + b"".join(
+            _MAP_ITEM.pack(lid, nbytes) for lid, nbytes in sorted(old.ledgers.items()))
+        map_offset = old.size
+        os.pwrite(old.fd, _REC.pack(len(body), google_crc32c.value(body)) + body, map_offset)
+        old.size += 8 + len(body)
+        os.pwrite(old.fd, _header(old.log_id, map_offset, len(old.ledgers)), 0)
+        self._unsynced.append(old)
+        self._current = self._create(old.log_id + 1)
+        return self._current
+
+    def read(self, location: int) -> bytes:
+        """The entry bytes at ``location``; raises CorruptRecordError if they fail checks."""
+        log_id, offset = location >> 32, location & 0xFFFFFFFF
+        cur = self._current
+        if cur is not None and log_id == cur.log_id and offset >= cur.size:
+            start = offset - cur.size
+            n, crc = _REC.unpack_from(cur.buffer, start)
+            return bytes(cur.buffer[start + 8: start + 8 + n])
+        fd = self._reader(log_id)
+        path = str(self.paths[log_id])
+        head = os.pread(fd, 8, offset)
+        if len(head) < 8:
+            raise CorruptRecordError(path, offset, "entry record header past end of log")
+        n, crc = _REC.unpack(head)
+        if n > MAX_ENTRY:
+            raise CorruptRecordError(path, offset, f"junk entry size {n}")
+        data = os.pread(fd, n, offset + 8)
+        if len(data) < n or google_crc32c.value(data) != crc:
+            raise CorruptRecordError(path, offset, "entry checksum mismatch")
+        return data
+
+    def _reader(self, log_id: int) -> int:
+        cur = self._current
+        if cur is not None and log_id == cur.log_id:
+            return cur.fd
+        for log in self._unsynced:
+            if log.log_id == log_id:
+                return log.fd
+        fd = self._readers.get(log_id)
+        if fd is None:
+            path = self.paths.get(log_id)
+            if path is None:
+                raise StorageError(f"entry log {log_id:x} is missing")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._readers[log_id] = fd
+        return fd
+
+    def flush(self) -> None:
+        """Write the buffer and fdatasync every log written since the last flush."""
+        cur = self._current
+        assert cur is not None
+        self._write_buffer(cur)
+        for log in [*self._unsynced, cur]:
+            if log.dirty:
+                os.fdatasync(log.fd)
+                log.dirty = False
+        for log in self._unsynced:
+            os.close(log.fd)
+        self._unsynced.clear()
+
+    def close(self) -> None:
+        if self._current is not None:
+            self.flush()
+            os.close(self._current.fd)
+            self._current = None
+        for fd in self._readers.values():
+            os.close(fd)
+        self._readers.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecordInfo:
+    offset: int
+    size: int
+    ledger_id: int
+    entry_id: int
+    crc_ok: bool
+    problem: str = ""
+
+
+def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, Iterator[LogRecordInfo]]:
+    """The ledgers map (None if the log never rolled) and every record, for tools."""
+    data = path.read_bytes()
+    _log_id, map_offset, _count = _parse_header(data, str(path))
+    ledgers: dict[int, int] | None = None
+    if map_offset:
+        n, _crc = _REC.unpack_from(data, map_offset)
+        body = data[map_offset + 8: map_offset + 8 + n]
+        (count,) = struct.unpack_from(">I", body, 16)
+        ledgers = dict(_MAP_ITEM.unpack_from(body, 20 + 16 * i) for i in range(count))
+
+    def records() -> Iterator[LogRecordInfo]:
+        pos = ENTRY_LOG_HEADER_SIZE
+        while pos + 8 <= len(data):
+            n, crc = _REC.unpack_from(data, pos)
+            if n == 0:
+                return
+            if pos + 8 + n > len(data):
+                yield LogRecordInfo(pos, n, -1, -1, False, "truncated: record runs past the end")
+                return
+            body = data[pos + 8: pos + 8 + n]
+            lid, eid = _IDS.unpack_from(body, 0) if n >= 16 else (-1, -1)
+            ok = google_crc32c.value(body) == crc
+            yield LogRecordInfo(pos, n, lid, eid, ok, "" if ok else "crc mismatch")
+            pos += 8 + n
+
+    return ledgers, records()

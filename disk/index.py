@@ -1,0 +1,224 @@
+"""Index files and the ledger cache.
+
+One file per ledger, ``<index_dir>/current/<hh>/<hh>/<hex id>.idx`` (hh: bits 8-15 and
+0-7 of the id)::
+
+    header, 1024 bytes:
+      0      4        6       8          16     24     25       45     47
+      +------+--------+-------+----------+------+------+--------+------+----------+-------+
+      | LDIX | version| state | ledger_id| term | klen | key[20]| llen | lac[64]  | crc32c|
+      | 4 B  | uint16 | uint16| int64    | int64| uint8|        |uint16|          |of 0..111
+    state bit 0: fenced.
+    body: entry e's location (int64, log_id << 32 | offset) at 1024 + 8 * e; 0 = absent.
+
+The header's fence bit and key are only as durable as the last checkpoint; the journal's
+FENCE and MASTER_KEY records cover the gap (replay re-applies them).
+
+The ledger cache keeps index pages (``page_size`` bytes, ``page_size / 8`` entries each)
+in memory, loads them on a miss, writes dirty pages at checkpoint, and evicts clean pages
+least-recently-used beyond ``page_limit``; a dirty page picked for eviction is written
+first (and its file synced at the next checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import google_crc32c
+
+from disk.errors import CorruptRecordError
+
+__all__ = ["INDEX_HEADER_SIZE", "LedgerCache", "LedgerIndex", "index_path", "read_index_file"]
+
+INDEX_HEADER_SIZE = 1024
+_MAGIC = b"LDIX"
+_HEAD = struct.Struct(">4sHHqqB20sH64s")
+assert _HEAD.size == 111
+FENCED = 1
+
+
+def index_path(index_dir: Path, ledger_id: int) -> Path:
+    return (index_dir / "current" / f"{(ledger_id >> 8) & 0xFF:02x}" / f"{ledger_id & 0xFF:02x}"
+            / f"{ledger_id:x}.idx")
+
+
+@dataclass
+class LedgerIndex:
+    """One ledger's state as the bookie keeps it."""
+
+    ledger_id: int
+    path: Path
+    master_key: bytes = b""
+    fenced: bool = False
+    term: int = 0
+    explicit_lac: bytes = b""
+    last_entry_id: int = -1
+    lac: int = -1
+    header_dirty: bool = True
+    pages: dict[int, bytearray] = field(default_factory=dict)
+    dirty_pages: set[int] = field(default_factory=set)
+    needs_sync: bool = False
+
+    def header_bytes(self) -> bytes:
+        head = _HEAD.pack(_MAGIC, 1, FENCED if self.fenced else 0, self.ledger_id, self.term,
+                          len(self.master_key), self.master_key.ljust(20, b"\0"),
+                          len(self.explicit_lac), self.explicit_lac.ljust(64, b"\0"))
+        return head + struct.pack(">I", google_crc32c.value(head)) + bytes(
+            INDEX_HEADER_SIZE - _HEAD.size - 4)
+
+
+def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
+    """Parse an index file: its header state and raw location bytes."""
+    data = path.read_bytes()
+    if len(data) < INDEX_HEADER_SIZE:
+        raise CorruptRecordError(str(path), 0, "index file shorter than its header")
+    magic, version, state, lid, term, klen, key, llen, lac = _HEAD.unpack_from(data, 0)
+    (crc,) = struct.unpack_from(">I", data, _HEAD.size)
+    if magic != _MAGIC or version != 1 or crc != google_crc32c.value(data[: _HEAD.size]):
+        raise CorruptRecordError(str(path), 0, "bad index header (magic, version or checksum)")
+    idx = LedgerIndex(lid, path, key[:klen], bool(state & FENCED), term, lac[:llen],
+                      header_dirty=False)
+    return idx, data[INDEX_HEADER_SIZE:]
+
+
+class LedgerCache:
+    def __init__(self, index_dirs: list[Path], *, page_size: int, page_limit: int) -> None:
+        self.index_dirs = [Path(d) for d in index_dirs]
+        self.page_size = page_size
+        self.per_page = page_size // 8
+        self.page_limit = page_limit if page_limit > 0 else max(16, (64 << 20) // page_size)
+        self.ledgers: dict[int, LedgerIndex] = {}
+        self._lru: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def _dir_for(self, ledger_id: int) -> Path:
+        return self.index_dirs[ledger_id % len(self.index_dirs)]
+
+    def load_all(self) -> None:
+        """Read every index file's header (start-up)."""
+        for d in self.index_dirs:
+            for path in sorted((d / "current").glob("*/*/*.idx")):
+                idx, body = read_index_file(path)
+                for e in range(len(body) // 8 - 1, -1, -1):
+                    if body[8 * e: 8 * e + 8] != bytes(8):
+                        idx.last_entry_id = e
+                        break
+                self.ledgers[idx.ledger_id] = idx
+
+    def get(self, ledger_id: int) -> LedgerIndex | None:
+        return self.ledgers.get(ledger_id)
+
+    def get_or_create(self, ledger_id: int) -> LedgerIndex:
+        idx = self.ledgers.get(ledger_id)
+        if idx is None:
+            idx = LedgerIndex(ledger_id, index_path(self._dir_for(ledger_id), ledger_id))
+            self.ledgers[ledger_id] = idx
+        return idx
+
+    def _page(self, idx: LedgerIndex, page_no: int, create: bool) -> bytearray | None:
+        page = idx.pages.get(page_no)
+        key = (idx.ledger_id, page_no)
+        if page is not None:
+            self.hits += 1
+            self._lru.move_to_end(key)
+            return page
+        self.misses += 1
+        data = b""
+        if idx.path.exists():
+            with open(idx.path, "rb") as f:
+                f.seek(INDEX_HEADER_SIZE + page_no * self.page_size)
+                data = f.read(self.page_size)
+        if not data and not create:
+            return None
+        page = bytearray(data.ljust(self.page_size, b"\0"))
+        idx.pages[page_no] = page
+        self._lru[key] = None
+        self._evict()
+        return page
+
+    def _evict(self) -> None:
+        while len(self._lru) > self.page_limit:
+            (lid, page_no), _ = self._lru.popitem(last=False)
+            idx = self.ledgers.get(lid)
+            if idx is None:
+                continue
+            if page_no in idx.dirty_pages:
+                self._write_pages(idx, [page_no])
+                idx.needs_sync = True
+            idx.pages.pop(page_no, None)
+
+    def set_location(self, ledger_id: int, entry_id: int, location: int) -> None:
+        idx = self.get_or_create(ledger_id)
+        page_no, slot = divmod(entry_id, self.per_page)
+        page = self._page(idx, page_no, create=True)
+        assert page is not None
+        struct.pack_into(">q", page, slot * 8, location)
+        idx.dirty_pages.add(page_no)
+        if entry_id > idx.last_entry_id:
+            idx.last_entry_id = entry_id
+
+    def location(self, ledger_id: int, entry_id: int) -> int:
+        """The entry's location, 0 if absent."""
+        idx = self.ledgers.get(ledger_id)
+        if idx is None or entry_id < 0 or entry_id > idx.last_entry_id:
+            return 0
+        page_no, slot = divmod(entry_id, self.per_page)
+        page = self._page(idx, page_no, create=False)
+        if page is None:
+            return 0
+        return int(struct.unpack_from(">q", page, slot * 8)[0])
+
+    def truncate_after(self, ledger_id: int, last_kept: int) -> None:
+        """Forget every entry after ``last_kept`` (unbounded-ledger truncation)."""
+        idx = self.ledgers.get(ledger_id)
+        if idx is None:
+            return
+        for e in range(last_kept + 1, idx.last_entry_id + 1):
+            page_no, slot = divmod(e, self.per_page)
+            page = self._page(idx, page_no, create=True)
+            assert page is not None
+            struct.pack_into(">q", page, slot * 8, 0)
+            idx.dirty_pages.add(page_no)
+        idx.last_entry_id = min(idx.last_entry_id, last_kept)
+
+    def _write_pages(self, idx: LedgerIndex, page_nos: list[int]) -> None:
+        idx.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(idx.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if idx.header_dirty or os.fstat(fd).st_size < INDEX_HEADER_SIZE:
+                os.pwrite(fd, idx.header_bytes(), 0)
+                idx.header_dirty = False
+            for p in page_nos:
+                os.pwrite(fd, idx.pages[p], INDEX_HEADER_SIZE + p * self.page_size)
+                idx.dirty_pages.discard(p)
+        finally:
+            os.close(fd)
+
+    def flush(self) -> None:
+        """Write every dirty page and header, then fsync those files (checkpoint step 2)."""
+        for idx in list(self.ledgers.values()):
+            if not (idx.dirty_pages or idx.header_dirty or idx.needs_sync):
+                continue
+            self._write_pages(idx, sorted(idx.dirty_pages))
+            fd = os.open(idx.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            idx.needs_sync = False
+
+    def delete(self, ledger_id: int) -> None:
+        idx = self.ledgers.pop(ledger_id, None)
+        if idx is None:
+            return
+        for p in list(idx.pages):
+            self._lru.pop((ledger_id, p), None)
+        try:
+            idx.path.unlink()
+        except FileNotFoundError:
+            pass

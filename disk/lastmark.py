@@ -1,0 +1,58 @@
+"""The last log mark: the journal position up to which ledger storage is flushed.
+
+``<ledger_dir>/current/lastMark``: ``LDLM | file_id uint64 | offset uint64 | crc32c``
+(24 bytes), written atomically (temp file, fsync, rename, fsync of the directory) into
+every ledger directory. Start-up replays the journal from the highest valid mark found.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import google_crc32c
+
+__all__ = ["read_last_mark", "write_last_mark"]
+
+_MARK = struct.Struct(">4sQQ")
+_MAGIC = b"LDLM"
+
+
+def write_last_mark(ledger_dirs: list[Path], file_id: int, offset: int) -> None:
+    body = _MARK.pack(_MAGIC, file_id, offset)
+    data = body + struct.pack(">I", google_crc32c.value(body))
+    for d in ledger_dirs:
+        cur = Path(d) / "current"
+        tmp = cur / "lastMark.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, cur / "lastMark")
+        dfd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def read_last_mark(ledger_dirs: list[Path]) -> tuple[int, int] | None:
+    """The highest valid mark over all ledger dirs, or None if there is none."""
+    best: tuple[int, int] | None = None
+    for d in ledger_dirs:
+        try:
+            data = (Path(d) / "current" / "lastMark").read_bytes()
+        except FileNotFoundError:
+            continue
+        if len(data) != _MARK.size + 4:
+            continue
+        magic, file_id, offset = _MARK.unpack_from(data, 0)
+        if magic != _MAGIC or struct.unpack_from(">I", data, _MARK.size)[0] != \
+                google_crc32c.value(data[: _MARK.size]):
+            continue
+        if best is None or (file_id, offset) > best:
+            best = (file_id, offset)
+    return best

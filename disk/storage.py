@@ -1,0 +1,391 @@
+"""LedgerStorage: the bookie's storage engine (journal + entry logs + index + checkpoint).
+
+Add path, as BookKeeper's: the entries go into the entry log buffer and the index cache
+first (so they are readable at once), then into the journal; the call returns after the
+journal group holding them is durable. The first add of a ledger binds its master key
+(journaled as a MASTER_KEY record); a plain add to a fenced ledger is refused; a
+recovery add is not.
+
+Checkpoint (every ``flush_interval_ms`` and at close): capture the journal's durable mark,
+flush and fsync the entry logs, flush and fsync the index, then write ``lastMark`` in
+every ledger directory, then drop journal files older than the mark beyond the backups.
+Everything journaled before the mark was inserted into storage before it was journaled,
+so after the flush it is on disk twice over; the journal can go.
+
+Start-up (``open``): check cookies, load index headers, replay the journal from the mark
+(entries, keys, fences, explicit LACs, terms, truncates), checkpoint, then serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from disk.entrylog import EntryLogger
+from disk.errors import (
+    EntryNotFoundError,
+    LedgerFencedStorageError,
+    LedgerNotFoundError,
+    MasterKeyMismatchError,
+    StorageError,
+    TermTooLowError,
+)
+from disk.index import LedgerCache, LedgerIndex
+from disk.journal import Journal, JournalOptions, JournalPosition
+from disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
+from disk.journal_scan import journal_file_ids, scan_journal_file
+from disk.lastmark import read_last_mark, write_last_mark
+from ledgerd.logs import fields
+
+__all__ = ["DirUsage", "LedgerStorage", "StorageOptions"]
+
+log = logging.getLogger(__name__)
+_LAC_AT = struct.Struct(">q")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageOptions:
+    journal_dir: Path
+    ledger_dirs: tuple[Path, ...]
+    index_dirs: tuple[Path, ...] = ()
+    journal: JournalOptions = JournalOptions()
+    log_size_limit: int = 1 << 30
+    write_buffer_size: int = 64 * 1024
+    page_size: int = 8192
+    page_limit: int = -1
+    flush_interval_ms: int = 10000
+    skip_invalid_journal_records: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> StorageOptions:
+        return cls(
+            journal_dir=Path(cfg.journal_directory),
+            ledger_dirs=tuple(Path(d) for d in cfg.ledger_directories),
+            index_dirs=tuple(Path(d) for d in cfg.effective_index_directories),
+            journal=JournalOptions.from_config(cfg),
+            log_size_limit=cfg.log_size_limit,
+            write_buffer_size=cfg.write_buffer_size_bytes,
+            page_size=cfg.page_size,
+            page_limit=cfg.page_limit,
+            flush_interval_ms=cfg.flush_interval_ms,
+            skip_invalid_journal_records=cfg.journal_skip_invalid_records,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DirUsage:
+    path: Path
+    total: int
+    used: int
+    free: int
+
+    @property
+    def fraction(self) -> float:
+        return self.used / self.total if self.total else 1.0
+
+
+class LedgerStorage:
+    def __init__(self, options: StorageOptions) -> None:
+        self.options = options
+        self.journal = Journal(options.journal_dir, options.journal)
+        self.entry_logger = EntryLogger(list(options.ledger_dirs),
+                                        log_size_limit=options.log_size_limit,
+                                        write_buffer_size=options.write_buffer_size)
+        self.cache = LedgerCache(list(options.index_dirs or options.ledger_dirs),
+                                 page_size=options.page_size, page_limit=options.page_limit)
+        self._checkpoint_lock = trio.Lock()
+        self.replayed_records = 0
+        self.last_checkpoint: JournalPosition | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def all_dirs(self) -> list[Path]:
+        dirs = [self.options.journal_dir, *self.options.ledger_dirs, *self.options.index_dirs]
+        out: list[Path] = []
+        for d in dirs:
+            if d not in out:
+                out.append(d)
+        return out
+
+    async def open(self) -> None:
+        """Load index headers, replay the journal from the last mark, checkpoint.
+
+        Raises CorruptRecordError (naming file and offset) for a corrupt journal unless
+        skipping is configured. Cookies are checked by the caller before this.
+        """
+        await trio.to_thread.run_sync(self._open_sync)
+        await self.journal.open()
+        await self.checkpoint()
+
+    def _open_sync(self) -> None:
+        for d in self.all_dirs():
+            (d / "current").mkdir(parents=True, exist_ok=True)
+        self.cache.load_all()
+        self.entry_logger.open()
+        mark = read_last_mark(list(self.options.ledger_dirs))
+        jdir = self.options.journal_dir / "current"
+        ids = journal_file_ids(jdir)
+        if mark is not None and ids and mark[0] not in ids and mark[0] < ids[-1] \
+                and any(i > mark[0] for i in ids) and min(ids) > mark[0]:
+            log.warning("journal_mark_file_missing", extra=fields(mark=mark[0]))
+        start_id, start_off = mark if mark is not None else (0, HEADER_SIZE)
+        for fid in ids:
+            if fid < start_id:
+                continue
+            path = jdir / f"{fid:x}.txn"
+            offset = start_off if fid == start_id else 0
+            for rec in scan_journal_file(path, offset, alignment=self.options.journal.alignment,
+                                         skip_invalid=self.options.skip_invalid_journal_records,
+                                         is_newest=fid == ids[-1]):
+                self._apply(rec)
+                self.replayed_records += 1
+        if self.replayed_records:
+            log.info("journal_replayed", extra=fields(records=self.replayed_records,
+                                                      from_file=f"{start_id:x}"))
+
+    def _apply(self, rec: Any) -> None:
+        t = rec.type
+        if t is RecordType.ENTRY:
+            idx = self.cache.get_or_create(rec.ledger_id)
+            self._insert(idx, rec.value, rec.payload)
+        elif t is RecordType.MASTER_KEY:
+            idx = self.cache.get_or_create(rec.ledger_id)
+            if not idx.master_key:
+                idx.master_key = rec.payload
+                idx.header_dirty = True
+        elif t is RecordType.FENCE:
+            idx = self.cache.get_or_create(rec.ledger_id)
+            idx.fenced = True
+            idx.header_dirty = True
+        elif t is RecordType.EXPLICIT_LAC:
+            idx = self.cache.get_or_create(rec.ledger_id)
+            idx.explicit_lac = rec.payload[:64]
+            idx.header_dirty = True
+        elif t is RecordType.TERM:
+            idx = self.cache.get_or_create(rec.ledger_id)
+            idx.term = max(idx.term, rec.value)
+            idx.header_dirty = True
+        elif t is RecordType.TRUNCATE:
+            self.cache.truncate_after(rec.ledger_id, rec.value)
+
+    def _insert(self, idx: LedgerIndex, entry_id: int, entry: bytes) -> None:
+        location = self.entry_logger.add(idx.ledger_id, entry)
+        self.cache.set_location(idx.ledger_id, entry_id, location)
+        if len(entry) >= 24:
+            (lac,) = _LAC_AT.unpack_from(entry, 16)
+            if lac > idx.lac:
+                idx.lac = lac
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The storage services: the journal writer and the periodic checkpoint."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.journal.run)
+            nursery.start_soon(self._checkpoint_loop)
+            task_status.started()
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await trio.sleep(self.options.flush_interval_ms / 1000.0)
+            await self.checkpoint()
+
+    async def checkpoint(self) -> JournalPosition:
+        """Flush entry logs and index, persist the mark, drop old journal files."""
+        async with self._checkpoint_lock:
+            mark = self.journal.durable
+            await trio.to_thread.run_sync(self._flush_sync, mark)
+            self.last_checkpoint = mark
+            return mark
+
+    def _flush_sync(self, mark: JournalPosition) -> None:
+        self.entry_logger.flush()
+        self.cache.flush()
+        if mark.file_id:
+            write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset)
+            self.journal.remove_old(mark)
+
+    async def close(self) -> None:
+        """Write what the journal holds, checkpoint, close files (shielded)."""
+        with trio.CancelScope(shield=True):
+            await self.journal.close()
+            await self.checkpoint()
+            await trio.to_thread.run_sync(self.entry_logger.close)
+
+    # -- writes ------------------------------------------------------------------------
+
+    def _check_key(self, idx: LedgerIndex, master_key: bytes) -> None:
+        if idx.master_key and idx.master_key != master_key:
+            raise MasterKeyMismatchError(idx.ledger_id)
+
+    def _check_term(self, idx: LedgerIndex, term: int | None) -> list[tuple[int, bytes]]:
+        if term is None or term == idx.term:
+            return []
+        if term < idx.term:
+            raise TermTooLowError(idx.ledger_id, term, idx.term)
+        idx.term = term
+        idx.header_dirty = True
+        return [(RecordType.TERM, ledger_body(idx.ledger_id, struct.pack(">q", term)))]
+
+    async def add_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
+                          master_key: bytes, *, recovery: bool = False,
+                          term: int | None = None) -> JournalPosition:
+        """Store consecutive entries; returns once they are durable.
+
+        Raises MasterKeyMismatchError, LedgerFencedStorageError (plain adds to a fenced
+        ledger), TermTooLowError, StorageError on I/O failure. If cancelled, the entries
+        may be durable or not; replay decides.
+        """
+        idx = self.cache.get(ledger_id)
+        records: list[tuple[int, bytes]] = []
+        if idx is None or not idx.master_key:
+            idx = self.cache.get_or_create(ledger_id)
+            idx.master_key = master_key
+            idx.header_dirty = True
+            records.append((RecordType.MASTER_KEY, ledger_body(ledger_id, master_key)))
+        else:
+            self._check_key(idx, master_key)
+        if idx.fenced and not recovery:
+            raise LedgerFencedStorageError(ledger_id)
+        records += self._check_term(idx, term)
+        for i, entry in enumerate(entries):
+            self._insert(idx, first_entry_id + i, entry)
+            records.append((RecordType.ENTRY, entry_body(ledger_id, first_entry_id + i, entry)))
+        return await self.journal.append(records)
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> None:
+        """Set the fence bit; returns once the FENCE record is durable.
+
+        A fence on a ledger this bookie has never seen binds the key (BookKeeper does
+        the same: the recovering client's key is the ledger's key).
+        """
+        idx = self.cache.get(ledger_id)
+        records: list[tuple[int, bytes]] = []
+        if idx is None or not idx.master_key:
+            idx = self.cache.get_or_create(ledger_id)
+            idx.master_key = master_key
+            idx.header_dirty = True
+            records.append((RecordType.MASTER_KEY, ledger_body(ledger_id, master_key)))
+        else:
+            self._check_key(idx, master_key)
+        idx.fenced = True
+        idx.header_dirty = True
+        records.append((RecordType.FENCE, ledger_body(ledger_id)))
+        await self.journal.append(records)
+
+    async def set_explicit_lac(self, ledger_id: int, master_key: bytes, lac_body: bytes) -> None:
+        idx = self._require(ledger_id)
+        self._check_key(idx, master_key)
+        idx.explicit_lac = lac_body[:64]
+        idx.header_dirty = True
+        await self.journal.append([(RecordType.EXPLICIT_LAC, ledger_body(ledger_id, lac_body))])
+
+    async def set_term(self, ledger_id: int, term: int) -> None:
+        idx = self.cache.get_or_create(ledger_id)
+        records = self._check_term(idx, term)
+        if records:
+            await self.journal.append(records)
+
+    async def truncate(self, ledger_id: int, last_kept_entry_id: int) -> None:
+        """Drop every entry after ``last_kept_entry_id`` (unbounded ledgers' no-op end)."""
+        self.cache.truncate_after(ledger_id, last_kept_entry_id)
+        await self.journal.append([(RecordType.TRUNCATE, ledger_body(
+            ledger_id, struct.pack(">q", last_kept_entry_id)))])
+
+    async def force(self) -> JournalPosition:
+        """A journal barrier: returns once everything journaled before it is durable."""
+        await self.journal.append([(RecordType.PADDING, b"")])
+        return self.journal.durable
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Forget a ledger (its index file goes now; entry log space at GC)."""
+        await trio.to_thread.run_sync(self.cache.delete, ledger_id)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def _require(self, ledger_id: int) -> LedgerIndex:
+        idx = self.cache.get(ledger_id)
+        if idx is None:
+            raise LedgerNotFoundError(ledger_id)
+        return idx
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        return self.cache.get(ledger_id) is not None
+
+    def list_ledgers(self) -> list[int]:
+        return sorted(self.cache.ledgers)
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        return self._require(ledger_id).fenced
+
+    def master_key(self, ledger_id: int) -> bytes:
+        return self._require(ledger_id).master_key
+
+    def term(self, ledger_id: int) -> int:
+        return self._require(ledger_id).term
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        return self._require(ledger_id).last_entry_id
+
+    def lac(self, ledger_id: int) -> int:
+        """The highest LAC carried by any entry stored here (-1 if none)."""
+        return self._require(ledger_id).lac
+
+    def explicit_lac(self, ledger_id: int) -> bytes:
+        return self._require(ledger_id).explicit_lac
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """Entry bytes; ``entry_id == -1`` reads the last entry stored here."""
+        idx = self._require(ledger_id)
+        if entry_id == -1:
+            entry_id = idx.last_entry_id
+        location = self.cache.location(ledger_id, entry_id)
+        if not location:
+            raise EntryNotFoundError(ledger_id, entry_id)
+        return self.entry_logger.read(location)
+
+    def read_range(self, ledger_id: int, first_entry_id: int, max_count: int,
+                   max_bytes: int) -> list[bytes]:
+        """Consecutive entries from ``first_entry_id``; at least one if the first exists."""
+        out: list[bytes] = []
+        total = 0
+        for e in range(first_entry_id, first_entry_id + max(1, max_count)):
+            try:
+                data = self.read_entry(ledger_id, e)
+            except EntryNotFoundError:
+                break
+            if out and total + len(data) > max_bytes:
+                break
+            out.append(data)
+            total += len(data)
+        if not out:
+            self._require(ledger_id)
+            raise EntryNotFoundError(ledger_id, first_entry_id)
+        return out
+
+    # -- disks -------------------------------------------------------------------------
+
+    def usage(self) -> list[DirUsage]:
+        """Disk usage of every directory, for the disk checker."""
+        out = []
+        for d in self.all_dirs():
+            u = shutil.disk_usage(d)
+            out.append(DirUsage(d, u.total, u.total - u.free, u.free))
+        return out
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_ = StorageError
