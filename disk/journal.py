@@ -225,7 +225,7 @@ class Journal:
         ``max_backups`` (with reuse on, they are kept for recycling instead)."""
         older = [i for i in journal_file_ids(self.dir) if i < mark.file_id]
         doomed = older[: max(0, len(older) - self.options.max_backups)]
-        removed = []
+        removed: list[Path] = []
         if self.options.reuse_files:
             return removed
         for i in doomed:

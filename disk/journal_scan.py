@@ -70,7 +70,7 @@ def _valid_at(m: mmap.mmap | bytes, pos: int, size: int, file_id: int) -> bool:
     length, crc, rtype = _PREFIX.unpack_from(m, pos)
     if length == 0 or length > MAX_RECORD or rtype not in _TYPES or pos + 8 + length > size:
         return False
-    return record_crc(file_id, length, rtype, m[pos + 9: pos + 8 + length]) == crc
+    return bool(record_crc(file_id, length, rtype, m[pos + 9: pos + 8 + length]) == crc)
 
 
 def _next_valid(m: mmap.mmap | bytes, pos: int, size: int, file_id: int,
@@ -103,13 +103,16 @@ def _iterate(path: Path, start: int, alignment: int) -> Iterator[tuple[int, int,
                 length, crc, rtype = _PREFIX.unpack_from(m, pos)
                 if length == 0:
                     return  # the pre-zeroed tail
-                junk = length > MAX_RECORD or rtype not in _TYPES
+                # Only an impossible length is junk. An unknown type with a sane length is a
+                # CRC failure (the CRC covers the type), which a torn write can produce.
+                junk = length > MAX_RECORD
                 if not junk and pos + 8 + length > size:
                     yield (file_id, pos, length, rtype, False, b"",
                            "torn: record runs past the end of the file", -1)
                     return
                 body = b"" if junk else bytes(m[pos + 9: pos + 8 + length])
-                if not junk and record_crc(file_id, length, rtype, body) == crc:
+                if not junk and rtype in _TYPES and \
+                        record_crc(file_id, length, rtype, body) == crc:
                     yield file_id, pos, length, rtype, True, body, "", -1
                     pos += 8 + length
                     continue
@@ -124,7 +127,7 @@ def _iterate(path: Path, start: int, alignment: int) -> Iterator[tuple[int, int,
 def scan_journal_file(path: Path, start: int = 0, *, alignment: int = 4096,
                       skip_invalid: bool = False, is_newest: bool = True) -> Iterator[Record]:
     """Records of one file from ``start`` (replay). See the module rules for errors."""
-    for file_id, pos, length, rtype, ok, body, problem, nxt in _iterate(path, start, alignment):
+    for file_id, pos, _length, rtype, ok, body, problem, nxt in _iterate(path, start, alignment):
         if ok:
             if rtype == RecordType.PADDING:
                 continue

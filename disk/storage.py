@@ -23,7 +23,7 @@ import os
 import shutil
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ class StorageOptions:
     journal_dir: Path
     ledger_dirs: tuple[Path, ...]
     index_dirs: tuple[Path, ...] = ()
-    journal: JournalOptions = JournalOptions()
+    journal: JournalOptions = field(default_factory=JournalOptions)
     log_size_limit: int = 1 << 30
     write_buffer_size: int = 64 * 1024
     page_size: int = 8192

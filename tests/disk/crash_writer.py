@@ -1,0 +1,61 @@
+"""A storage writer for the crash-safety test; killed with SIGKILL at random moments.
+
+Usage: ``python -m tests.disk.crash_writer BASE ROUND SIDEFILE``. It fences a ledger of the
+previous round, then adds entries to four ledgers of this round from 16 concurrent tasks.
+Only after an add (or fence) completes does it append a line to SIDEFILE, so every line
+there is a promise the storage must keep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import trio
+
+from disk.storage import LedgerStorage, StorageOptions
+from wire.entry import Digester, DigestType, encode_entry
+
+KEY = b"c" * 20
+
+
+def options(base: Path) -> StorageOptions:
+    from disk.journal import JournalOptions
+
+    return StorageOptions(journal_dir=base / "journal", ledger_dirs=(base / "ledgers",),
+                          index_dirs=(base / "index",), flush_interval_ms=200,
+                          log_size_limit=256 * 1024,
+                          journal=JournalOptions(max_size_mb=1, prealloc_mb=1, max_backups=1))
+
+
+async def main(base: Path, round_no: int, side: Path) -> None:
+    storage = LedgerStorage(options(base))
+    await storage.open()
+    out = open(side, "a", buffering=1)
+    digester = Digester(DigestType.CRC32C)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(storage.run)
+        if round_no > 0:
+            victim = (round_no - 1) * 10
+            await storage.fence(victim, KEY)
+            out.write(f"F {victim}\n")
+        print("READY", flush=True)
+
+        async def writer(task: int) -> None:
+            ledger = round_no * 10 + task % 4
+            entry = task // 4
+            while True:
+                payload = os.urandom(200 + (entry * 37) % 900)
+                data = encode_entry(digester, ledger, entry, entry - 1, 0, payload)
+                await storage.add_entries(ledger, entry, [data], KEY)
+                out.write(f"E {ledger} {entry} {hashlib.sha256(data).hexdigest()}\n")
+                entry += 4  # 16 tasks, 4 ledgers: each task owns every 4th entry
+
+        for task in range(16):
+            nursery.start_soon(writer, task)
+
+
+if __name__ == "__main__":
+    trio.run(main, Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))

@@ -1,0 +1,167 @@
+"""LedgerStorage semantics, replay, entry-log rolling, index eviction and cookies."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import trio
+
+from disk.cookie import Cookie, check_cookies, stamp_cookies
+from disk.entrylog import inspect_entry_log
+from disk.errors import (
+    CookieMismatchError,
+    EntryNotFoundError,
+    LedgerFencedStorageError,
+    LedgerNotFoundError,
+    MasterKeyMismatchError,
+    TermTooLowError,
+)
+from disk.storage import LedgerStorage, StorageOptions
+from wire.entry import Digester, DigestType, decode_entry, encode_entry
+
+KEY = b"k" * 20
+D = Digester(DigestType.CRC32C)
+
+
+def _opts(base: Path, **kw: object) -> StorageOptions:
+    return StorageOptions(journal_dir=base / "journal", ledger_dirs=(base / "ledgers",),
+                          index_dirs=(base / "index",), **kw)  # type: ignore[arg-type]
+
+
+def _entry(ledger: int, entry: int, size: int = 10) -> bytes:
+    return encode_entry(D, ledger, entry, entry - 1, size * (entry + 1), bytes([entry % 251]) * size)
+
+
+async def _open(opts: StorageOptions) -> LedgerStorage:
+    s = LedgerStorage(opts)
+    await s.open()
+    return s
+
+
+async def test_add_read_fence_and_replay_after_crash(tmp_path: Path) -> None:
+    opts = _opts(tmp_path)
+    s = await _open(opts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        for e in range(20):
+            await s.add_entries(1, e, [_entry(1, e)], KEY)
+        await s.add_entries(2, 0, [_entry(2, i) for i in range(5)], KEY)
+        await s.fence(3, KEY)
+        with pytest.raises(MasterKeyMismatchError):
+            await s.add_entries(1, 20, [_entry(1, 20)], b"x" * 20)
+        await s.fence(1, KEY)
+        with pytest.raises(LedgerFencedStorageError):
+            await s.add_entries(1, 20, [_entry(1, 20)], KEY)
+        await s.add_entries(1, 20, [_entry(1, 20)], KEY, recovery=True)
+        assert decode_entry(D, s.read_entry(1, -1)).entry_id == 20
+        assert s.lac(1) == 19 and s.last_entry_id(1) == 20
+        nursery.cancel_scope.cancel()
+    # No close: the next open must replay the journal.
+    s2 = await _open(opts)
+    assert s2.replayed_records > 0
+    assert s2.is_fenced(1) and s2.is_fenced(3) and not s2.is_fenced(2)
+    assert [decode_entry(D, b).entry_id for b in s2.read_range(1, 0, 100, 1 << 20)] == \
+        list(range(21))
+    assert s2.read_entry(2, 4) == _entry(2, 4)
+    with pytest.raises(EntryNotFoundError):
+        s2.read_entry(2, 5)
+    with pytest.raises(LedgerNotFoundError):
+        s2.read_entry(9, 0)
+    await s2.close()
+    s3 = await _open(opts)
+    assert s3.replayed_records == 0  # the clean close checkpointed
+    assert s3.read_entry(1, 7) == _entry(1, 7) and s3.is_fenced(1)
+    assert s3.master_key(2) == KEY
+    await s3.close()
+
+
+async def test_read_range_limits(tmp_path: Path) -> None:
+    s = await _open(_opts(tmp_path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [_entry(1, i, 100) for i in range(10)], KEY)
+        assert len(s.read_range(1, 0, 3, 1 << 20)) == 3
+        one = len(_entry(1, 0, 100))
+        assert len(s.read_range(1, 2, 100, 2 * one)) == 2
+        assert len(s.read_range(1, 2, 100, 1)) == 1  # always at least one
+        assert len(s.read_range(1, 8, 100, 1 << 20)) == 2
+        nursery.cancel_scope.cancel()
+    await s.close()
+
+
+async def test_terms_and_truncate(tmp_path: Path) -> None:
+    opts = _opts(tmp_path)
+    s = await _open(opts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [_entry(1, i) for i in range(6)], KEY, term=2)
+        with pytest.raises(TermTooLowError):
+            await s.add_entries(1, 6, [_entry(1, 6)], KEY, term=1)
+        await s.set_term(1, 5)
+        await s.truncate(1, 3)
+        nursery.cancel_scope.cancel()
+    s2 = await _open(opts)
+    assert s2.term(1) == 5 and s2.last_entry_id(1) == 3
+    with pytest.raises(EntryNotFoundError):
+        s2.read_entry(1, 4)
+    await s2.close()
+
+
+async def test_entry_logs_roll_with_ledgers_map(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, log_size_limit=64 * 1024, write_buffer_size=4096, page_limit=2,
+                 page_size=512)
+    s = await _open(opts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        for e in range(300):
+            await s.add_entries(e % 3, e // 3, [_entry(e % 3, e // 3, 1000)], KEY)
+        # Entries still in the write buffer and in evicted index pages read back.
+        assert s.read_entry(2, 99) == _entry(2, 99, 1000)
+        assert s.read_entry(0, 0) == _entry(0, 0, 1000)
+        assert s.cache.misses > 0
+        nursery.cancel_scope.cancel()
+    await s.close()
+    logs = sorted((tmp_path / "ledgers" / "current").glob("*.log"))
+    assert len(logs) >= 4
+    ledgers_map, records = inspect_entry_log(logs[0])
+    assert ledgers_map is not None and set(ledgers_map) == {0, 1, 2}
+    assert all(r.crc_ok for r in records)
+    s2 = await _open(opts)
+    for e in range(300):
+        assert s2.read_entry(e % 3, e // 3) == _entry(e % 3, e // 3, 1000)
+    await s2.close()
+
+
+def _cookie(base: Path, **kw: str) -> Cookie:
+    fields: dict[str, object] = dict(bookie_id="127.0.0.1:3181", journal_dir=str(base / "j"),
+                                     ledger_dirs=(str(base / "l"),), index_dirs=(str(base / "l"),),
+                                     instance_id="iid-1")
+    fields.update(kw)
+    return Cookie(**fields)  # type: ignore[arg-type]
+
+
+def test_cookie_matrix(tmp_path: Path) -> None:
+    cookie = _cookie(tmp_path)
+    dirs = [tmp_path / "j", tmp_path / "l"]
+    check = check_cookies(cookie, dirs, None)  # brand new: stamp everything
+    assert set(check.stamp) == set(dirs) and check.create_remote
+    stamp_cookies(cookie, dirs)
+    remote = cookie.to_bytes()
+    assert check_cookies(cookie, dirs, remote).stamp == ()
+    with pytest.raises(CookieMismatchError, match="instance_id"):
+        check_cookies(_cookie(tmp_path, instance_id="other"), dirs, None)
+    with pytest.raises(CookieMismatchError, match="ZooKeeper has none"):
+        check_cookies(cookie, dirs, None)
+    (tmp_path / "l" / "current" / "1.log").write_bytes(b"data")
+    shutil.rmtree(tmp_path / "j")  # a wiped journal directory
+    with pytest.raises(CookieMismatchError, match="wiped") as info:
+        check_cookies(cookie, dirs, remote)
+    assert "bookieformat" in str(info.value)
+    (tmp_path / "l" / "current" / "VERSION").unlink()
+    with pytest.raises(CookieMismatchError, match="holds data but no cookie"):
+        check_cookies(cookie, dirs, remote)
+    (tmp_path / "l" / "current" / "VERSION").write_bytes(b"garbage")
+    with pytest.raises(CookieMismatchError, match="unreadable"):
+        check_cookies(cookie, dirs, remote)
