@@ -224,6 +224,19 @@ class LedgerStorage:
         if idx.master_key and idx.master_key != master_key:
             raise MasterKeyMismatchError(idx.ledger_id)
 
+    def _bind_key(self, ledger_id: int,
+                  master_key: bytes) -> tuple[LedgerIndex, list[tuple[int, bytes]]]:
+        """The ledger's index, binding ``master_key`` if it has none yet (the returned
+        records journal the binding), else checking it (MasterKeyMismatchError)."""
+        idx = self.cache.get(ledger_id)
+        if idx is not None and idx.master_key:
+            self._check_key(idx, master_key)
+            return idx, []
+        idx = self.cache.get_or_create(ledger_id)
+        idx.master_key = master_key
+        idx.header_dirty = True
+        return idx, [(RecordType.MASTER_KEY, ledger_body(ledger_id, master_key))]
+
     def _check_term(self, idx: LedgerIndex, term: int | None) -> list[tuple[int, bytes]]:
         if term is None or term == idx.term:
             return []
@@ -242,15 +255,7 @@ class LedgerStorage:
         ledger), TermTooLowError, StorageError on I/O failure. If cancelled, the entries
         may be durable or not; replay decides.
         """
-        idx = self.cache.get(ledger_id)
-        records: list[tuple[int, bytes]] = []
-        if idx is None or not idx.master_key:
-            idx = self.cache.get_or_create(ledger_id)
-            idx.master_key = master_key
-            idx.header_dirty = True
-            records.append((RecordType.MASTER_KEY, ledger_body(ledger_id, master_key)))
-        else:
-            self._check_key(idx, master_key)
+        idx, records = self._bind_key(ledger_id, master_key)
         if idx.fenced and not recovery:
             raise LedgerFencedStorageError(ledger_id)
         records += self._check_term(idx, term)
@@ -265,15 +270,7 @@ class LedgerStorage:
         A fence on a ledger this bookie has never seen binds the key (BookKeeper does
         the same: the recovering client's key is the ledger's key).
         """
-        idx = self.cache.get(ledger_id)
-        records: list[tuple[int, bytes]] = []
-        if idx is None or not idx.master_key:
-            idx = self.cache.get_or_create(ledger_id)
-            idx.master_key = master_key
-            idx.header_dirty = True
-            records.append((RecordType.MASTER_KEY, ledger_body(ledger_id, master_key)))
-        else:
-            self._check_key(idx, master_key)
+        idx, records = self._bind_key(ledger_id, master_key)
         idx.fenced = True
         idx.header_dirty = True
         records.append((RecordType.FENCE, ledger_body(ledger_id)))
