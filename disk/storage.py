@@ -29,6 +29,7 @@ from typing import Any
 
 import trio
 
+from disk.cookie import Cookie, check_cookies, stamp_cookies
 from disk.entrylog import EntryLogger
 from disk.errors import (
     EntryNotFoundError,
@@ -115,15 +116,26 @@ class LedgerStorage:
                 out.append(d)
         return out
 
-    async def open(self) -> None:
-        """Load index headers, replay the journal from the last mark, checkpoint.
+    async def open(self, cookie: Cookie | None = None, remote_cookie: bytes | None = None) -> bool:
+        """Check cookies, load index headers, replay the journal from the mark, checkpoint.
 
-        Raises CorruptRecordError (naming file and offset) for a corrupt journal unless
-        skipping is configured. Cookies are checked by the caller before this.
+        With ``cookie`` (built from the configuration and the cluster's instance id) every
+        directory's cookie is checked against it and ``remote_cookie`` (ZooKeeper's copy);
+        a mismatch raises CookieMismatchError saying what differs and how to fix it, and
+        a brand-new bookie gets its cookies stamped. Returns True when the caller must
+        create the ZooKeeper cookie. Raises CorruptRecordError (naming file and offset)
+        for a corrupt journal unless skipping is configured.
         """
+        create_remote = False
+        if cookie is not None:
+            check = check_cookies(cookie, self.all_dirs(), remote_cookie)
+            if check.stamp:
+                stamp_cookies(cookie, list(check.stamp))
+            create_remote = check.create_remote
         await trio.to_thread.run_sync(self._open_sync)
         await self.journal.open()
         await self.checkpoint()
+        return create_remote
 
     def _open_sync(self) -> None:
         for d in self.all_dirs():

@@ -165,3 +165,51 @@ def test_cookie_matrix(tmp_path: Path) -> None:
     (tmp_path / "l" / "current" / "VERSION").write_bytes(b"garbage")
     with pytest.raises(CookieMismatchError, match="unreadable"):
         check_cookies(cookie, dirs, remote)
+
+
+def test_layout_upgrade_rollback_finalize(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from disk.layout import finalize, rollback, upgrade
+
+    dirs = [tmp_path / "j", tmp_path / "l"]
+    v1 = _cookie(tmp_path)
+    stamp_cookies(v1, dirs)
+    (tmp_path / "l" / "current" / "1.log").write_bytes(b"old")
+    v2 = replace(v1, layout_version=2)
+    upgrade(dirs, v2)
+    assert check_cookies(v2, dirs, v2.to_bytes()).stamp == ()
+    with pytest.raises(CookieMismatchError, match="layout_version"):
+        check_cookies(v1, dirs, None)
+    with pytest.raises(CookieMismatchError, match="finalize or roll back"):
+        upgrade(dirs, v2)
+    (tmp_path / "l" / "current" / "1.log").write_bytes(b"new")
+    rollback(dirs)
+    assert (tmp_path / "l" / "current" / "1.log").read_bytes() == b"old"
+    assert check_cookies(v1, dirs, v1.to_bytes()).stamp == ()
+    upgrade(dirs, v2)
+    finalize(dirs)
+    assert not (tmp_path / "l" / "previous").exists()
+    with pytest.raises(CookieMismatchError, match="no previous layout"):
+        rollback(dirs)
+
+
+async def test_deleted_ledger_directory_refuses_start(tmp_path: Path) -> None:
+    opts = _opts(tmp_path)
+    cookie = Cookie(bookie_id="127.0.0.1:3181", journal_dir=str(opts.journal_dir),
+                    ledger_dirs=tuple(map(str, opts.ledger_dirs)),
+                    index_dirs=tuple(map(str, opts.index_dirs)), instance_id="iid")
+    s = LedgerStorage(opts)
+    assert await s.open(cookie, None) is True  # new bookie: stamp, create the remote copy
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [_entry(1, 0)], KEY)
+        nursery.cancel_scope.cancel()
+    await s.close()
+    remote = cookie.to_bytes()
+    s2 = LedgerStorage(opts)
+    assert await s2.open(cookie, remote) is False
+    await s2.close()
+    shutil.rmtree(tmp_path / "ledgers")
+    with pytest.raises(CookieMismatchError, match="wiped"):
+        await LedgerStorage(opts).open(cookie, remote)
