@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from metadata.cluster import check_layout, init_new_cluster, instance_id, metaformat
 from metadata.cookies import CookieStore
@@ -257,7 +258,7 @@ async def test_disable_switch_seen_by_watcher(stores: StoreFactory) -> None:
                 done.set()
 
             nursery.start_soon(wait_off)
-            await trio.sleep(0.05)
+            # No need to wait for the watcher: its first notification re-reads the state.
             await admin.set_enabled(False)
             await done.wait()
         assert not await worker.is_enabled()
@@ -284,8 +285,8 @@ async def test_election_hands_over_when_auditor_session_ends(stores: StoreFactor
 
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(wait_second)
-                    await trio.sleep(0.1)
-                    assert not elected.is_set()
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert not elected.is_set()  # b1 still holds the lowest node
                     await first.store.close()  # the auditor's session ends
                     await elected.wait()
                 assert await observer.current_auditor() == "b2:3181"
