@@ -32,7 +32,7 @@ import struct
 from dataclasses import dataclass
 
 import google_crc32c
-from construct import Bytes, Const, Int8ub, Int16ub, Int32ub, Int64ub, Padding, Struct
+from construct import Const, Int8ub, Int16ub, Int32ub, Int64ub, Padding, Struct
 
 __all__ = [
     "HEADER_SIZE",
@@ -72,7 +72,6 @@ _SALT = struct.Struct(">QIB").pack
 _Q = struct.Struct(">q")
 _QQ = struct.Struct(">qq")
 assert _PREFIX.size == RECORD_PREFIX.sizeof()
-_ = Bytes  # construct's Bytes is part of the declared vocabulary for inspection tools
 
 
 class RecordType(enum.IntEnum):

@@ -19,7 +19,6 @@ Start-up (``open``): check cookies, load index headers, replay the journal from 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import struct
 from collections.abc import Sequence
@@ -145,9 +144,14 @@ class LedgerStorage:
         mark = read_last_mark(list(self.options.ledger_dirs))
         jdir = self.options.journal_dir / "current"
         ids = journal_file_ids(jdir)
-        if mark is not None and ids and mark[0] not in ids and mark[0] < ids[-1] \
-                and any(i > mark[0] for i in ids) and min(ids) > mark[0]:
-            log.warning("journal_mark_file_missing", extra=fields(mark=mark[0]))
+        if mark is not None and mark[0] not in ids:
+            # Checkpoints never delete the marked file, so its absence means journal
+            # data after the mark is gone (as BookKeeper, refuse rather than guess).
+            raise StorageError(
+                f"journal file {mark[0]:x}.txn named by lastMark is missing from {jdir}; "
+                "entries journaled after the last checkpoint are lost. Restore the journal "
+                "directory, or run `ledgerd shell bookieformat` and let autorecovery "
+                "re-replicate this bookie")
         start_id, start_off = mark if mark is not None else (0, HEADER_SIZE)
         for fid in ids:
             if fid < start_id:
@@ -388,13 +392,3 @@ class LedgerStorage:
             out.append(DirUsage(d, u.total, u.total - u.free, u.free))
         return out
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_ = StorageError

@@ -102,15 +102,8 @@ class LedgerManager:
     async def iter_ledger_ids(self, start: int = 0, end: int | None = None) -> AsyncIterator[int]:
         """Ledger ids in ``[start, end)`` in increasing order, one directory at a time."""
         if self.layout == LedgerLayout.FLAT:
-            ids = []
-            for name in await self.store.children(self.root):
-                try:
-                    ids.append(ledger_id_from_path(self.root, self.layout, f"{self.root}/{name}"))
-                except ValueError:
-                    continue
-            for lid in sorted(ids):
-                if lid >= start and (end is None or lid < end):
-                    yield lid
+            for lid in self._leaf_ids(self.root, await self.store.children(self.root), start, end):
+                yield lid
             return
         top = await self.store.children(self.root)
         legacy = sorted(n for n in top if len(n) == 2 and n.isdigit())
@@ -120,21 +113,26 @@ class LedgerManager:
                 async for lid in self._walk(f"{self.root}/{name}", depth - 1, start, end):
                     yield lid
 
+    def _leaf_ids(self, path: str, names: list[str], start: int, end: int | None) -> list[int]:
+        """The ledger ids among ``path``'s children ``names`` that fall in [start, end)."""
+        ids = []
+        for name in names:
+            try:
+                lid = ledger_id_from_path(self.root, self.layout, f"{path}/{name}")
+            except ValueError:
+                continue  # a fixed node (LAYOUT, available, ...) or a foreign one
+            if lid >= start and (end is None or lid < end):
+                ids.append(lid)
+        return sorted(ids)
+
     async def _walk(self, path: str, depth: int, start: int, end: int | None) -> AsyncIterator[int]:
         try:
             names = await self.store.children(path)
         except NoNodeError:
             return  # deleted while we walked
         if depth == 0:
-            ids = []
-            for name in names:
-                try:
-                    ids.append(ledger_id_from_path(self.root, self.layout, f"{path}/{name}"))
-                except ValueError:
-                    continue
-            for lid in sorted(ids):
-                if lid >= start and (end is None or lid < end):
-                    yield lid
+            for lid in self._leaf_ids(path, names, start, end):
+                yield lid
             return
         for name in sorted(names):
             if name.isdigit():

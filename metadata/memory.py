@@ -12,7 +12,7 @@ import posixpath
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -25,7 +25,7 @@ from metadata.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from metadata.store import NodeStat, SessionEvent, WatchEvent, WatchKind
+from metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
 
 __all__ = ["InMemoryCluster", "InMemoryStore"]
 
@@ -92,7 +92,7 @@ class InMemoryStore:
         self.cluster = cluster
         self._session_id = cluster.new_session_id()
         self._closed = False
-        self._session_subscribers: set[trio.MemorySendChannel[SessionEvent]] = set()
+        self._sessions = SessionFanout()
 
     @property
     def session_id(self) -> int:
@@ -214,35 +214,19 @@ class InMemoryStore:
             self.cluster.watchers[(path, kind)].discard(send)
             send.close()
 
-    @asynccontextmanager
-    async def session_events(self) -> AsyncIterator[AsyncIterator[SessionEvent]]:
-        send, recv = trio.open_memory_channel[SessionEvent](16)
-        self._session_subscribers.add(send)
-        try:
-            async with recv:
-                yield recv
-        finally:
-            self._session_subscribers.discard(send)
-            send.close()
-
-    def _emit(self, event: SessionEvent) -> None:
-        for send in list(self._session_subscribers):
-            try:
-                send.send_nowait(event)
-            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                pass
+    def session_events(self) -> AbstractAsyncContextManager[AsyncIterator[SessionEvent]]:
+        return self._sessions.subscribe()
 
     def expire_session(self) -> None:
         """What a ZooKeeper session expiry does: ephemerals vanish, LOST, then a new session."""
         self.cluster.drop_ephemerals(self._session_id)
-        self._emit(SessionEvent.LOST)
+        self._sessions.emit(SessionEvent.LOST)
         self._session_id = self.cluster.new_session_id()
-        self._emit(SessionEvent.CONNECTED)
+        self._sessions.emit(SessionEvent.CONNECTED)
 
     async def close(self) -> None:
         if self._closed:
             return
         self.cluster.drop_ephemerals(self._session_id)
         self._closed = True
-        for send in list(self._session_subscribers):
-            send.close()
+        self._sessions.close()

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["MetadataStore", "NodeStat", "SessionEvent", "WatchEvent", "WatchKind"]
+import trio
+
+__all__ = ["MetadataStore", "NodeStat", "SessionEvent", "SessionFanout", "WatchEvent", "WatchKind"]
 
 
 class SessionEvent(enum.Enum):
@@ -55,31 +57,69 @@ class NodeStat:
     num_children: int
 
 
+class SessionFanout:
+    """Session events to every subscriber, through bounded channels (both stores use it).
+
+    ``emit`` never blocks: a subscriber 16 events behind loses the newest, which is
+    acceptable because owners re-check the session after LOST anyway.
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: set[trio.MemorySendChannel[SessionEvent]] = set()
+
+    @asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[AsyncIterator[SessionEvent]]:
+        send, recv = trio.open_memory_channel[SessionEvent](16)
+        self._subscribers.add(send)
+        try:
+            async with recv:
+                yield recv
+        finally:
+            self._subscribers.discard(send)
+            send.close()
+
+    def emit(self, event: SessionEvent) -> None:
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(event)
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                pass
+
+    def close(self) -> None:
+        """End every subscriber's iteration (the store closed)."""
+        for send in list(self._subscribers):
+            send.close()
+
+
 class MetadataStore(Protocol):
     """One session against the metadata tree. All paths are absolute."""
 
     @property
-    def session_id(self) -> int: ...
+    def session_id(self) -> int:
+        """The current session's id (it changes after an expiry)."""
 
     @property
-    def servers(self) -> str: ...
+    def servers(self) -> str:
+        """The servers this store talks to, for error messages."""
 
     async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
                      sequential: bool = False, make_parents: bool = False) -> str:
         """Create a node; returns its path (with the counter when sequential)."""
-        ...
 
-    async def get(self, path: str) -> tuple[bytes, NodeStat]: ...
+    async def get(self, path: str) -> tuple[bytes, NodeStat]:
+        """Data and stat of ``path``; NoNodeError if absent."""
 
     async def set(self, path: str, data: bytes, version: int = -1) -> NodeStat:
         """Write data; ``version >= 0`` makes it a compare-and-set."""
-        ...
 
-    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None: ...
+    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
+        """Delete ``path`` (CAS when ``version >= 0``); NotEmptyError unless ``recursive``."""
 
-    async def exists(self, path: str) -> NodeStat | None: ...
+    async def exists(self, path: str) -> NodeStat | None:
+        """The stat of ``path``, or None."""
 
-    async def children(self, path: str) -> list[str]: ...
+    async def children(self, path: str) -> list[str]:
+        """Child names of ``path``, sorted; NoNodeError if absent."""
 
     def watch(self, path: str, kind: WatchKind) -> AbstractAsyncContextManager[
             AsyncIterator[WatchEvent]]:
@@ -88,12 +128,9 @@ class MetadataStore(Protocol):
         The first notification arrives at once, so a consumer can read the initial
         state in the same loop it handles changes in.
         """
-        ...
 
     def session_events(self) -> AbstractAsyncContextManager[AsyncIterator[SessionEvent]]:
         """Session state changes from now on, for owners of ephemeral nodes."""
-        ...
 
     async def close(self) -> None:
         """End the session (its ephemeral nodes vanish)."""
-        ...

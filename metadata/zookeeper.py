@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
@@ -37,7 +37,7 @@ from metadata.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from metadata.store import NodeStat, SessionEvent, WatchEvent, WatchKind
+from metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
 
 __all__ = ["ZooKeeperStore"]
 
@@ -65,7 +65,7 @@ class ZooKeeperStore:
         self._op_timeout = operation_timeout
         self._retries = retries
         self._limiter = trio.CapacityLimiter(16)
-        self._session_subscribers: set[trio.MemorySendChannel[SessionEvent]] = set()
+        self._sessions = SessionFanout()
         self._closed = False
         self._rng = random.Random()
         client.add_listener(self._on_state)
@@ -286,32 +286,19 @@ class ZooKeeperStore:
 
         def deliver() -> None:
             log.info("zookeeper_session", extra=fields(event=event.value, servers=self._servers))
-            for send in list(self._session_subscribers):
-                try:
-                    send.send_nowait(event)
-                except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                    pass
+            self._sessions.emit(event)
 
         self._hand_to_trio(deliver)
 
-    @asynccontextmanager
-    async def session_events(self) -> AsyncIterator[AsyncIterator[SessionEvent]]:
-        send, recv = trio.open_memory_channel[SessionEvent](16)
-        self._session_subscribers.add(send)
-        try:
-            async with recv:
-                yield recv
-        finally:
-            self._session_subscribers.discard(send)
-            send.close()
+    def session_events(self) -> AbstractAsyncContextManager[AsyncIterator[SessionEvent]]:
+        return self._sessions.subscribe()
 
     async def close(self) -> None:
         """End the session; ephemeral nodes vanish. Safe to call twice; shielded."""
         if self._closed:
             return
         self._closed = True
-        for send in list(self._session_subscribers):
-            send.close()
+        self._sessions.close()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_stop_client, self._client)
 

@@ -3,7 +3,8 @@
 Usage: ``python -m tests.disk.crash_writer BASE ROUND SIDEFILE``. It fences a ledger of the
 previous round, then adds entries to four ledgers of this round from 16 concurrent tasks.
 Only after an add (or fence) completes does it append a line to SIDEFILE, so every line
-there is a promise the storage must keep.
+there is a promise the storage must keep. Every 8 acknowledged adds it prints ``ACK`` on
+stdout, which the test counts to pick its moment to kill.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ async def main(base: Path, round_no: int, side: Path) -> None:
             await storage.fence(victim, KEY)
             out.write(f"F {victim}\n")
         print("READY", flush=True)
+        acked = [0]
 
         async def writer(task: int) -> None:
             ledger = round_no * 10 + task % 4
@@ -51,6 +53,9 @@ async def main(base: Path, round_no: int, side: Path) -> None:
                 data = encode_entry(digester, ledger, entry, entry - 1, 0, payload)
                 await storage.add_entries(ledger, entry, [data], KEY)
                 out.write(f"E {ledger} {entry} {hashlib.sha256(data).hexdigest()}\n")
+                acked[0] += 1
+                if acked[0] % 8 == 0:
+                    print("ACK", flush=True)
                 entry += 4  # 16 tasks, 4 ledgers: each task owns every 4th entry
 
         for task in range(16):

@@ -213,3 +213,18 @@ async def test_deleted_ledger_directory_refuses_start(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "ledgers")
     with pytest.raises(CookieMismatchError, match="wiped"):
         await LedgerStorage(opts).open(cookie, remote)
+
+
+async def test_missing_marked_journal_file_refuses_start(tmp_path: Path) -> None:
+    opts = _opts(tmp_path)
+    s = await _open(opts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [_entry(1, 0)], KEY)
+        nursery.cancel_scope.cancel()
+    await s.close()
+    for f in (tmp_path / "journal" / "current").glob("*.txn"):
+        f.unlink()
+    from disk.errors import StorageError
+    with pytest.raises(StorageError, match="named by lastMark is missing"):
+        await LedgerStorage(opts).open()
