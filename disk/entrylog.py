@@ -35,7 +35,8 @@ import google_crc32c
 
 from disk.errors import CorruptRecordError, StorageError
 
-__all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log"]
+__all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log",
+           "read_ledgers_map"]
 
 ENTRY_LOG_HEADER_SIZE = 1024
 _MAGIC = b"LDEL"
@@ -72,7 +73,7 @@ class _Log:
     size: int  # bytes on disk (header + flushed records)
     buffer: bytearray
     ledgers: dict[int, int]  # ledger id -> bytes, for the ledgers map
-    dirty: bool = False
+    synced: int = 0  # bytes known to be on stable storage
 
 
 class EntryLogger:
@@ -114,8 +115,7 @@ class EntryLogger:
         os.pwrite(fd, _header(log_id), 0)
         (d / "lastId").write_text(f"{log_id:x}\n")
         self.paths[log_id] = path
-        return _Log(log_id, path, fd, ENTRY_LOG_HEADER_SIZE, bytearray(), defaultdict(int),
-                    dirty=True)
+        return _Log(log_id, path, fd, ENTRY_LOG_HEADER_SIZE, bytearray(), defaultdict(int))
 
     @property
     def current_log_id(self) -> int:
@@ -136,7 +136,6 @@ class EntryLogger:
         log.buffer += _REC.pack(n, google_crc32c.value(bytes(entry)))
         log.buffer += entry
         log.ledgers[ledger_id] += n + 8
-        log.dirty = True
         if len(log.buffer) >= self.buffer_size:
             self._write_buffer(log)
         return (log.log_id << 32) | offset
@@ -203,16 +202,56 @@ class EntryLogger:
 
     def flush(self) -> None:
         """Write the buffer and fdatasync every log written since the last flush."""
+        logs = self.write_out()
+        self.sync(logs)
+        self.release(logs)
+
+    def write_out(self) -> list[tuple[_Log, int]]:
+        """Checkpoint step 1, in the owner's thread: write the buffer to the file.
+
+        Returns what ``sync`` must make durable. Adds may go on while ``sync`` runs in a
+        worker thread; ``release`` (owner's thread again) records the result.
+        """
         cur = self._current
         assert cur is not None
         self._write_buffer(cur)
-        for log in [*self._unsynced, cur]:
-            if log.dirty:
+        return [(log, log.size) for log in [*self._unsynced, cur] if log.size > log.synced]
+
+    @staticmethod
+    def sync(logs: list[tuple[_Log, int]]) -> None:
+        """fdatasync each log (any thread)."""
+        for log, _size in logs:
+            try:
                 os.fdatasync(log.fd)
-                log.dirty = False
+            except OSError as exc:
+                raise StorageError(f"syncing {log.path}: {exc}") from exc
+
+    def release(self, logs: list[tuple[_Log, int]]) -> None:
+        """After ``sync``: note what is durable; close rolled logs that are fully synced."""
+        for log, size in logs:
+            log.synced = max(log.synced, size)
+        keep = []
         for log in self._unsynced:
-            os.close(log.fd)
-        self._unsynced.clear()
+            if log.synced >= log.size:
+                os.close(log.fd)
+            else:
+                keep.append(log)
+        self._unsynced = keep
+
+    def rolled_log_ids(self) -> list[int]:
+        """Logs that will not be written again and are durable (GC candidates)."""
+        cur = self._current
+        busy = {log.log_id for log in self._unsynced}
+        if cur is not None:
+            busy.add(cur.log_id)
+        return sorted(i for i in self.paths if i not in busy and (cur is None or i < cur.log_id))
+
+    def remove_log(self, log_id: int) -> Path | None:
+        """Forget a rolled log; returns its path for the caller to unlink."""
+        fd = self._readers.pop(log_id, None)
+        if fd is not None:
+            os.close(fd)
+        return self.paths.pop(log_id, None)
 
     def close(self) -> None:
         if self._current is not None:
@@ -234,16 +273,32 @@ class LogRecordInfo:
     problem: str = ""
 
 
+def read_ledgers_map(path: Path) -> dict[int, int] | None:
+    """The ledgers map of a rolled log (ledger id -> bytes), None if it never rolled."""
+    with open(path, "rb") as f:
+        head = f.read(ENTRY_LOG_HEADER_SIZE)
+        _log_id, map_offset, _count = _parse_header(head, str(path))
+        if not map_offset:
+            return None
+        f.seek(map_offset)
+        rec = f.read(8)
+        if len(rec) < 8:
+            raise CorruptRecordError(str(path), map_offset, "ledgers map past end of log")
+        n, crc = _REC.unpack(rec)
+        body = f.read(n)
+    if len(body) < n or google_crc32c.value(body) != crc or n < 20:
+        raise CorruptRecordError(str(path), map_offset, "ledgers map checksum mismatch")
+    (count,) = struct.unpack_from(">I", body, 16)
+    if 20 + 16 * count > n:
+        raise CorruptRecordError(str(path), map_offset, f"ledgers map count {count} too big")
+    return dict(_MAP_ITEM.unpack_from(body, 20 + 16 * i) for i in range(count))
+
+
 def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, Iterator[LogRecordInfo]]:
     """The ledgers map (None if the log never rolled) and every record, for tools."""
     data = path.read_bytes()
     _log_id, map_offset, _count = _parse_header(data, str(path))
-    ledgers: dict[int, int] | None = None
-    if map_offset:
-        n, _crc = _REC.unpack_from(data, map_offset)
-        body = data[map_offset + 8: map_offset + 8 + n]
-        (count,) = struct.unpack_from(">I", body, 16)
-        ledgers = dict(_MAP_ITEM.unpack_from(body, 20 + 16 * i) for i in range(count))
+    ledgers = read_ledgers_map(path) if map_offset else None
 
     def records() -> Iterator[LogRecordInfo]:
         pos = ENTRY_LOG_HEADER_SIZE

@@ -201,24 +201,37 @@ class LedgerCache:
 
     def flush(self) -> None:
         """Write every dirty page and header, then fsync those files (checkpoint step 2)."""
+        self.sync_paths(self.write_out())
+
+    def write_out(self) -> list[Path]:
+        """Write dirty pages and headers (owner's thread); returns the files to fsync."""
+        paths = []
         for idx in list(self.ledgers.values()):
             if not (idx.dirty_pages or idx.header_dirty or idx.needs_sync):
                 continue
             self._write_pages(idx, sorted(idx.dirty_pages))
-            fd = os.open(idx.path, os.O_RDONLY | os.O_CLOEXEC)
+            idx.needs_sync = False
+            paths.append(idx.path)
+        return paths
+
+    @staticmethod
+    def sync_paths(paths: list[Path]) -> None:
+        """fsync each file (any thread); a file deleted meanwhile is skipped."""
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            idx.needs_sync = False
 
-    def delete(self, ledger_id: int) -> None:
+    def delete(self, ledger_id: int) -> Path | None:
+        """Forget a ledger; returns its index file for the caller to unlink (or None)."""
         idx = self.ledgers.pop(ledger_id, None)
         if idx is None:
-            return
+            return None
         for p in list(idx.pages):
             self._lru.pop((ledger_id, p), None)
-        try:
-            idx.path.unlink()
-        except FileNotFoundError:
-            pass
+        return idx.path

@@ -27,7 +27,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from disk.journal_format import (
 from disk.journal_scan import journal_file_ids
 from ledgerd.logs import fields
 
-__all__ = ["Journal", "JournalOptions", "JournalPosition"]
+__all__ = ["Journal", "JournalGroup", "JournalOptions", "JournalPosition"]
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
@@ -95,13 +95,31 @@ class JournalOptions:
         )
 
 
-class _Group:
+class JournalGroup:
+    """The group commit a submission joined; ``wait()`` returns once it is durable."""
+
     __slots__ = ("done", "error", "position")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.position = JournalPosition(0, 0)
+
+    @property
+    def is_durable(self) -> bool:
+        return self.done.is_set() and self.error is None
+
+    def check(self) -> JournalPosition:
+        """The group's end position once done; raises StorageError if it failed."""
+        if self.error is not None:
+            if isinstance(self.error, StorageError):
+                raise self.error
+            raise StorageError(f"journal write failed: {self.error}") from self.error
+        return self.position
+
+    async def wait(self) -> JournalPosition:
+        await self.done.wait()
+        return self.check()
 
 
 class _File:
@@ -125,8 +143,9 @@ class Journal:
         self.options = options
         self._pending: list[tuple[int, bytes]] = []
         self._pending_bytes = 0
+        self._writing_bytes = 0
         self._oldest = 0.0
-        self._group = _Group()
+        self._group = JournalGroup()
         self._wakeup = trio.Event()
         self._threshold = trio.Event()
         self._file: _File | None = None
@@ -140,6 +159,8 @@ class Journal:
         self.records_written = 0
         self.bytes_written = 0
         self.last_sync_seconds = 0.0
+        # Called in the trio thread after each durable group: (records, bytes, sync seconds).
+        self.on_group: Callable[[int, int, float], None] | None = None
 
     # -- state ------------------------------------------------------------------------
 
@@ -158,7 +179,8 @@ class Journal:
 
     def has_capacity(self, nbytes: int) -> bool:
         """False when ``nbytes`` more would exceed ``max_memory_bytes`` waiting."""
-        return self._pending_bytes + nbytes <= self.options.max_memory_bytes
+        return (self._pending_bytes + self._writing_bytes + nbytes
+                <= self.options.max_memory_bytes)
 
     # -- opening and rolling ----------------------------------------------------------
 
@@ -246,6 +268,14 @@ class Journal:
         durable, StorageClosedError after close or an earlier failure. If cancelled, the
         records may still become durable; a caller that cares must replay to know.
         """
+        return await self.submit(records).wait()
+
+    def submit(self, records: Sequence[tuple[int, bytes]]) -> JournalGroup:
+        """Queue records without waiting: the returned group says when they are durable.
+
+        This is the network path's hand-off: a whole frame's records join the group in
+        one call, and the caller waits once per group rather than once per entry.
+        """
         if self._failed is not None:
             raise StorageClosedError(f"journal failed earlier: {self._failed}") from self._failed
         if self._closed:
@@ -253,20 +283,16 @@ class Journal:
         if not self._pending:
             self._oldest = trio.current_time()
         self._pending.extend(records)
+        n = self._pending_bytes
         for _, body in records:
-            self._pending_bytes += len(body) + 9
-        group = self._group
+            n += len(body) + 9
+        self._pending_bytes = n
         o = self.options
-        if self._pending_bytes >= o.buffered_writes_threshold or (
+        if n >= o.buffered_writes_threshold or (
                 o.buffered_entries_threshold and len(self._pending) >= o.buffered_entries_threshold):
             self._threshold.set()
         self._wakeup.set()
-        await group.done.wait()
-        if group.error is not None:
-            if isinstance(group.error, StorageError):
-                raise group.error
-            raise StorageError(f"journal write failed: {group.error}") from group.error
-        return group.position
+        return self._group
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The writer service. Runs until cancelled or closed; an I/O failure ends it
@@ -306,12 +332,13 @@ class Journal:
 
     async def _write_group(self) -> None:
         records, self._pending = self._pending, []
-        self._pending_bytes = 0
-        group, self._group = self._group, _Group()
+        self._writing_bytes, self._pending_bytes = self._pending_bytes, 0
+        group, self._group = self._group, JournalGroup()
         self._threshold = trio.Event()
         try:
             position = await trio.to_thread.run_sync(self._write_sync, records,
                                                      abandon_on_cancel=False)
+            self._writing_bytes = 0
         except BaseException as exc:
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 err: BaseException = DiskFullError(str(self._file.path if self._file else self.dir),
@@ -333,6 +360,9 @@ class Journal:
         self._durable = position
         group.position = position
         group.done.set()
+        if self.on_group is not None:
+            self.on_group(len(records), sum(len(b) + 9 for _, b in records),
+                          self.last_sync_seconds)
 
     def _write_sync(self, records: list[tuple[int, bytes]]) -> JournalPosition:
         """Worker thread: encode, pad, write, zero ahead, fdatasync. Returns the new mark."""

@@ -23,11 +23,13 @@ import shutil
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from disk.compaction import EntryLogMeta, read_entry_log_meta
 from disk.cookie import Cookie, check_cookies, stamp_cookies
 from disk.entrylog import EntryLogger
 from disk.errors import (
@@ -39,7 +41,7 @@ from disk.errors import (
     TermTooLowError,
 )
 from disk.index import LedgerCache, LedgerIndex
-from disk.journal import Journal, JournalOptions, JournalPosition
+from disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
 from disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
 from disk.journal_scan import journal_file_ids, scan_journal_file
 from disk.lastmark import read_last_mark, write_last_mark
@@ -104,6 +106,8 @@ class LedgerStorage:
         self._checkpoint_lock = trio.Lock()
         self.replayed_records = 0
         self.last_checkpoint: JournalPosition | None = None
+        self.checkpoints = 0
+        self._log_metas: dict[int, EntryLogMeta] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -213,19 +217,27 @@ class LedgerStorage:
             await self.checkpoint()
 
     async def checkpoint(self) -> JournalPosition:
-        """Flush entry logs and index, persist the mark, drop old journal files."""
+        """Flush entry logs and index, persist the mark, drop old journal files.
+
+        Buffers and index pages are written in the trio thread (adds keep mutating them,
+        so they may not be touched from another thread); only the syncs run in a worker.
+        """
         async with self._checkpoint_lock:
             mark = self.journal.durable
-            await trio.to_thread.run_sync(self._flush_sync, mark)
+            logs = self.entry_logger.write_out()
+            await trio.to_thread.run_sync(self.entry_logger.sync, logs)
+            self.entry_logger.release(logs)
+            paths = self.cache.write_out()
+            await trio.to_thread.run_sync(LedgerCache.sync_paths, paths)
+            if mark.file_id:
+                await trio.to_thread.run_sync(self._persist_mark, mark)
             self.last_checkpoint = mark
+            self.checkpoints += 1
             return mark
 
-    def _flush_sync(self, mark: JournalPosition) -> None:
-        self.entry_logger.flush()
-        self.cache.flush()
-        if mark.file_id:
-            write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset)
-            self.journal.remove_old(mark)
+    def _persist_mark(self, mark: JournalPosition) -> None:
+        write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset)
+        self.journal.remove_old(mark)
 
     async def close(self) -> None:
         """Write what the journal holds, checkpoint, close files (shielded)."""
@@ -264,21 +276,37 @@ class LedgerStorage:
 
     async def add_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
                           master_key: bytes, *, recovery: bool = False,
-                          term: int | None = None) -> JournalPosition:
+                          term: int | None = None, truncate: bool = False) -> JournalPosition:
         """Store consecutive entries; returns once they are durable.
 
         Raises MasterKeyMismatchError, LedgerFencedStorageError (plain adds to a fenced
         ledger), TermTooLowError, StorageError on I/O failure. If cancelled, the entries
         may be durable or not; replay decides.
         """
+        group = self.submit_entries(ledger_id, first_entry_id, entries, master_key,
+                                    recovery=recovery, term=term, truncate=truncate)
+        return await group.wait()
+
+    def submit_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
+                       master_key: bytes, *, recovery: bool = False, term: int | None = None,
+                       truncate: bool = False) -> JournalGroup:
+        """Store consecutive entries now (readable at once); the returned journal group
+        says when they are durable. Checks as ``add_entries``, raised before anything is
+        stored. With ``truncate`` every entry after the last one given is dropped (the
+        unbounded-ledger recovery's final no-op entry)."""
         idx, records = self._bind_key(ledger_id, master_key)
         if idx.fenced and not recovery:
             raise LedgerFencedStorageError(ledger_id)
         records += self._check_term(idx, term)
+        insert = self._insert
         for i, entry in enumerate(entries):
-            self._insert(idx, first_entry_id + i, entry)
+            insert(idx, first_entry_id + i, entry)
             records.append((RecordType.ENTRY, entry_body(ledger_id, first_entry_id + i, entry)))
-        return await self.journal.append(records)
+        if truncate and entries:
+            last = first_entry_id + len(entries) - 1
+            self.cache.truncate_after(ledger_id, last)
+            records.append((RecordType.TRUNCATE, ledger_body(ledger_id, struct.pack(">q", last))))
+        return self.journal.submit(records)
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
         """Set the fence bit; returns once the FENCE record is durable.
@@ -318,7 +346,30 @@ class LedgerStorage:
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Forget a ledger (its index file goes now; entry log space at GC)."""
-        await trio.to_thread.run_sync(self.cache.delete, ledger_id)
+        path = self.cache.delete(ledger_id)
+        if path is not None:
+            await trio.to_thread.run_sync(partial(path.unlink, missing_ok=True))
+
+    # -- garbage collection ------------------------------------------------------------
+
+    async def rolled_log_metas(self) -> list[EntryLogMeta]:
+        """Ledgers maps of every rolled, durable entry log (cached; logs never change)."""
+        out = []
+        for log_id in self.entry_logger.rolled_log_ids():
+            meta = self._log_metas.get(log_id)
+            if meta is None:
+                path = self.entry_logger.paths[log_id]
+                meta = await trio.to_thread.run_sync(read_entry_log_meta, path, log_id)
+                self._log_metas[log_id] = meta
+            out.append(meta)
+        return out
+
+    async def remove_entry_log(self, log_id: int) -> None:
+        self._log_metas.pop(log_id, None)
+        path = self.entry_logger.remove_log(log_id)
+        if path is not None:
+            await trio.to_thread.run_sync(partial(path.unlink, missing_ok=True))
+            log.info("entry_log_deleted", extra=fields(log=f"{log_id:x}", path=str(path)))
 
     # -- reads -------------------------------------------------------------------------
 
@@ -347,8 +398,19 @@ class LedgerStorage:
         return self._require(ledger_id).last_entry_id
 
     def lac(self, ledger_id: int) -> int:
-        """The highest LAC carried by any entry stored here (-1 if none)."""
-        return self._require(ledger_id).lac
+        """The highest LAC carried by any entry stored here (-1 if none).
+
+        After a restart the index does not hold it; the last stored entry's LAC field
+        stands in (a writer's LAC only grows with its entry ids).
+        """
+        idx = self._require(ledger_id)
+        if idx.lac < 0 and idx.last_entry_id >= 0:
+            location = self.cache.location(ledger_id, idx.last_entry_id)
+            if location:
+                entry = self.entry_logger.read(location)
+                if len(entry) >= 24:
+                    idx.lac = max(idx.lac, _LAC_AT.unpack_from(entry, 16)[0])
+        return idx.lac
 
     def explicit_lac(self, ledger_id: int) -> bytes:
         return self._require(ledger_id).explicit_lac
