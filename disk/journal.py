@@ -151,6 +151,8 @@ class Journal:
         self._file: _File | None = None
         self._failed: BaseException | None = None
         self._closed = False
+        self._running = False
+        self._run_done = trio.Event()
         self._durable = JournalPosition(0, 0)
         self._direct = True
         self._zero: native.AlignedBuffer | None = None
@@ -299,7 +301,16 @@ class Journal:
         with the error (the supervisor turns the bookie read-only)."""
         if self._file is None:
             await self.open()
-        task_status.started()
+        self._running = True
+        self._run_done = trio.Event()
+        try:
+            task_status.started()
+            await self._run_loop()
+        finally:
+            self._running = False
+            self._run_done.set()
+
+    async def _run_loop(self) -> None:
         wait = self.options.max_group_wait_ms / 1000.0
         while True:
             if not self._pending:
@@ -421,12 +432,20 @@ class Journal:
         f.zeroed_until = target
 
     async def close(self) -> None:
-        """Stop taking appends, write what is waiting, and close the file (shielded)."""
+        """Stop taking appends, write what is waiting, and close the file (shielded).
+
+        A running writer service drains the queue and returns; without one, the last
+        group is written here. Either way one writer at a time touches the file.
+        """
         self._closed = True
         with trio.CancelScope(shield=True):
-            if self._pending and self._failed is None:
-                await self._write_group()
             self._wakeup.set()
+            self._threshold.set()
+            if self._running:
+                await self._run_done.wait()
+            elif self._pending and self._failed is None:
+                await self._write_group()
             if self._file is not None:
                 handle = self._file.handle
+                self._file = None
                 await trio.to_thread.run_sync(handle.close)

@@ -107,6 +107,8 @@ class LedgerStorage:
         self.replayed_records = 0
         self.last_checkpoint: JournalPosition | None = None
         self.checkpoints = 0
+        self.closed = False
+        self._run_scope: trio.CancelScope | None = None
         self._log_metas: dict[int, EntryLogMeta] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -207,6 +209,7 @@ class LedgerStorage:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The storage services: the journal writer and the periodic checkpoint."""
         async with trio.open_nursery() as nursery:
+            self._run_scope = nursery.cancel_scope
             await nursery.start(self.journal.run)
             nursery.start_soon(self._checkpoint_loop)
             task_status.started()
@@ -241,8 +244,14 @@ class LedgerStorage:
 
     async def close(self) -> None:
         """Write what the journal holds, checkpoint, close files (shielded)."""
+        if self.closed:
+            return
+        self.closed = True
         with trio.CancelScope(shield=True):
             await self.journal.close()
+            async with self._checkpoint_lock:
+                if self._run_scope is not None:
+                    self._run_scope.cancel()  # no periodic checkpoint after this one
             await self.checkpoint()
             await trio.to_thread.run_sync(self.entry_logger.close)
 

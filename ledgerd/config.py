@@ -135,7 +135,7 @@ def _coerce(key: str, kind: str, value: object, source: str) -> object:
     if kind == "list[str]":
         if from_env and isinstance(value, str):
             return tuple(p.strip() for p in value.split(",") if p.strip())
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             return tuple(value)
         raise ConfigError(key, value, "a list of strings", source)
     raise AssertionError(kind)

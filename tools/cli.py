@@ -18,7 +18,7 @@ import click
 
 from appliance.config import BookieConfig
 from ledgerd import __version__
-from ledgerd.config import ClientConfig, ConfigError, defaults_toml
+from ledgerd.config import ClientConfig, ConfigError, defaults_toml, load_config
 from ledgerd.logs import configure_logging
 
 __all__ = ["main"]
@@ -45,6 +45,29 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def config_cmd(defaults: bool, client: bool) -> None:
     """Print configuration defaults."""
     click.echo(defaults_toml(ClientConfig if client else BookieConfig), nl=False)
+
+
+@cli.command("bookie")
+@click.option("--conf", "conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="TOML configuration file (LEDGERD_<KEY> variables override it).")
+@click.option("--port", type=int, default=None, help="Override bookie_port.")
+@click.pass_context
+def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
+    """Run a bookie in the foreground until SIGTERM or SIGINT."""
+    from appliance.main import run_bookie
+    from disk.errors import StorageError
+    from metadata.errors import MetadataError
+
+    overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
+    config = load_config(BookieConfig, path=conf, overrides=overrides)
+    configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level)
+    try:
+        code = run_bookie(config)
+    except (StorageError, MetadataError) as exc:
+        if ctx.obj["debug"]:
+            raise
+        raise CliError(f"bookie did not start: {exc}") from exc
+    sys.exit(code)
 
 
 @cli.command("local")

@@ -1,0 +1,318 @@
+"""The bookie: storage, listener and background services under one supervisor.
+
+Start-up: connect to ZooKeeper and check the cluster (layout, instance id); check the
+cookies of every directory against the configuration and ZooKeeper's copy; open
+storage (replay the journal from the last mark, then checkpoint); start the storage
+services, the listener, the admin endpoint, the disk checker and GC; register under
+``available/`` (or ``available/readonly/``); then READY=1 to systemd.
+
+Shutdown (``request_stop``, SIGTERM, SIGINT): STOPPING=1; stop accepting and stop reading
+requests; let in-flight adds reach the journal and their replies go out (bounded by the
+grace period); stop GC and the disk checker; close storage (last group, checkpoint);
+deregister; close the ZooKeeper session.
+
+A critical service failure (storage: journal or checkpoint I/O) makes the bookie
+read-only when ``read_only_mode_enabled``, or stops it with exit code 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from functools import partial
+from typing import Any
+
+import trio
+
+from appliance.config import BookieConfig
+from appliance.diskcheck import DiskChecker
+from appliance.gc import GarbageCollector, GcOptions
+from appliance.handlers import AdminHooks, RequestHandler, ServingState
+from appliance.http import AdminHttp
+from appliance.metrics import BookieMetrics
+from appliance.sdnotify import notify, watchdog_service
+from appliance.server import ConnectionOptions, serve_connection
+from appliance.supervisor import Supervisor
+from disk.cookie import Cookie
+from disk.errors import StorageError
+from disk.storage import LedgerStorage, StorageOptions
+from ledgerd.logs import fields
+from metadata.cluster import check_layout, instance_id
+from metadata.cookies import CookieStore
+from metadata.ledgers import LedgerManager
+from metadata.registry import BookieRegistry
+from metadata.zookeeper import ZooKeeperStore
+
+__all__ = ["VERSION", "Bookie"]
+
+log = logging.getLogger(__name__)
+VERSION = "ledgerd-bookie 0.1"
+DRAIN_GRACE_S = 10.0
+
+
+class Bookie:
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config
+        host = config.advertised_address or config.listen_address
+        self.bookie_id = config.bookie_id or f"{host}:{config.bookie_port}"
+        self.storage = LedgerStorage(StorageOptions.from_config(config))
+        self.state = ServingState()
+        self.metrics = BookieMetrics()
+        self.store: ZooKeeperStore | None = None
+        self.registry: BookieRegistry | None = None
+        self.gc = GarbageCollector(self.storage, None, GcOptions.from_config(config),
+                                   disk_full=lambda: self.disk_checker.full)
+        self.disk_checker = DiskChecker(
+            self.storage.usage, self._on_disk_change, threshold=config.disk_usage_threshold,
+            lwm=config.disk_usage_lwm_threshold, interval_s=config.disk_check_interval_ms / 1000)
+        self.admin = AdminHooks(trigger=self.gc.trigger, status=self.status,
+                                secret=config.admin_secret)
+        self.handler = RequestHandler(self.storage, self.state, self.metrics, admin=self.admin,
+                                      max_frame_bytes=config.max_frame_bytes,
+                                      version=VERSION.encode())
+        self.http = AdminHttp(self.metrics, self.state, self.admin, host=config.admin_address,
+                              port=config.admin_port, metrics_enabled=config.metrics_enabled)
+        self.conn_options = ConnectionOptions(max_frame_bytes=config.max_frame_bytes,
+                                              max_inflight=config.max_inflight_per_connection)
+        self.port = config.bookie_port
+        self.exit_code = 0
+        self.ready = trio.Event()
+        self._stop = trio.Event()
+        self._draining = False
+        self._readers: set[trio.CancelScope] = set()
+        self._accept_scope = trio.CancelScope()
+        self._connections_done = trio.Event()
+        self._register_metrics()
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def request_stop(self, exit_code: int = 0) -> None:
+        if exit_code and not self.exit_code:
+            self.exit_code = exit_code
+        self._stop.set()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> int:
+        """Run until asked to stop; returns the process exit code."""
+        try:
+            await self._connect_metadata()
+            create_cookie = await self.storage.open(*await self._cookies())
+            if create_cookie and self.store is not None:
+                await CookieStore(self.store, self.config.zk_ledgers_root_path).create(
+                    self.bookie_id, self._cookie_bytes)
+            async with trio.open_nursery() as root:
+                sup = Supervisor(root, on_critical=self._on_critical,
+                                 on_restart=self._count_restart)
+                await sup.start("storage", self.storage.run, critical=True)
+                await sup.start("listener", self._listener, critical=True)
+                await sup.start("admin-http", self.http.run)
+                await sup.start("disk-checker", self.disk_checker.run)
+                await sup.start("gc", self.gc.run)
+                if self.registry is not None:
+                    await sup.start("registration", self._registration)
+                await sup.start("watchdog", partial(watchdog_service, self._healthy))
+                notify("READY=1")
+                self.ready.set()
+                log.info("bookie_ready", extra=fields(
+                    bookie_id=self.bookie_id, port=self.port, admin_port=self.http.bound_port,
+                    replayed=self.storage.replayed_records, read_only=self.state.read_only))
+                task_status.started(self)
+                await self._stop.wait()
+                notify("STOPPING=1")
+                await self._shutdown(sup)
+                root.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                if not self.storage.closed:
+                    try:
+                        await self.storage.close()
+                    except (StorageError, OSError) as exc:
+                        log.error("storage_close_failed", extra=fields(error=repr(exc)))
+                if self.store is not None:
+                    await self.store.close()
+        log.info("bookie_stopped", extra=fields(bookie_id=self.bookie_id,
+                                                exit_code=self.exit_code))
+        return self.exit_code
+
+    async def _connect_metadata(self) -> None:
+        cfg = self.config
+        if not cfg.zk_servers:
+            log.warning("no_metadata_store", extra=fields(
+                note="zk_servers is empty: no registration, cookies only on disk, no ledger GC"))
+            return
+        self.store = await ZooKeeperStore.connect(cfg.zk_servers,
+                                                  session_timeout=cfg.zk_timeout_ms / 1000)
+        root = cfg.zk_ledgers_root_path
+        layout = await check_layout(self.store, root, cfg.ledger_manager_type)
+        self.registry = BookieRegistry(self.store, root)
+        self.gc.ledgers = LedgerManager(self.store, root, layout)
+
+    async def _cookies(self) -> tuple[Cookie | None, bytes | None]:
+        cfg = self.config
+        iid = ""
+        remote: bytes | None = None
+        if self.store is not None:
+            iid = await instance_id(self.store, cfg.zk_ledgers_root_path)
+            got = await CookieStore(self.store, cfg.zk_ledgers_root_path).get(self.bookie_id)
+            remote = got[0] if got else None
+        cookie = Cookie(bookie_id=self.bookie_id, journal_dir=cfg.journal_directory,
+                        ledger_dirs=tuple(cfg.ledger_directories),
+                        index_dirs=tuple(cfg.effective_index_directories), instance_id=iid)
+        self._cookie_bytes = cookie.to_bytes()
+        return cookie, remote
+
+    async def _shutdown(self, sup: Supervisor) -> None:
+        log.info("bookie_stopping", extra=fields(bookie_id=self.bookie_id))
+        # 1. No new connections, no new requests; replies still go out.
+        self._draining = True
+        self._accept_scope.cancel()
+        for scope in list(self._readers):
+            scope.cancel()
+        with trio.move_on_after(DRAIN_GRACE_S):
+            await self._connections_done.wait()
+        # 2. Background work that writes.
+        for name in ("gc", "disk-checker"):
+            await sup.stop(name)
+        # 3. Last journal group, checkpoint, close.
+        await self.storage.close()
+        await sup.stop("storage")
+        await sup.stop("listener")
+        # 4. Leave the cluster.
+        if "registration" in sup.services:
+            await sup.stop("registration")
+
+    def _on_critical(self, name: str, exc: BaseException) -> None:
+        if self.config.read_only_mode_enabled and name == "storage":
+            self.state.set(True, f"{name} failed: {exc}", storage_failed=True)
+            log.error("bookie_read_only", extra=fields(reason=self.state.reason))
+        else:
+            log.error("bookie_stopping_on_failure", extra=fields(service=name, error=repr(exc)))
+            self.request_stop(1)
+
+    def _count_restart(self, name: str) -> None:
+        self.metrics.service_restarts[name] = self.metrics.service_restarts.get(name, 0) + 1
+
+    def _on_disk_change(self, full: bool, reason: str) -> None:
+        if self.state.storage_failed:
+            return
+        if full and not self.config.read_only_mode_enabled:
+            log.error("disk_full_and_read_only_disabled", extra=fields(reason=reason))
+            self.request_stop(1)
+            return
+        self.state.set(full, reason if full else "")
+
+    def _healthy(self) -> bool:
+        return not self.state.storage_failed
+
+    # -- services ----------------------------------------------------------------------
+
+    async def _listener(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(self.config.bookie_port,
+                                                  host=self.config.listen_address)
+        self.port = listeners[0].socket.getsockname()[1]
+        if not self.config.bookie_id and self.config.bookie_port == 0:
+            host = self.config.advertised_address or self.config.listen_address
+            self.bookie_id = f"{host}:{self.port}"
+        log.info("listening", extra=fields(address=f"{self.config.listen_address}:{self.port}"))
+        open_connections = 0
+
+        async def on_connection(stream: trio.SocketStream) -> None:
+            nonlocal open_connections
+            open_connections += 1
+            self._connections_done = trio.Event() if open_connections == 1 else \
+                self._connections_done
+            try:
+                if self.config.server_tcp_no_delay:
+                    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                reader_scope = trio.CancelScope()
+                if self._draining:
+                    reader_scope.cancel()
+                self._readers.add(reader_scope)
+                try:
+                    await serve_connection(stream, self.handler, self.conn_options,
+                                           reader_scope=reader_scope)
+                finally:
+                    self._readers.discard(reader_scope)
+            except Exception as exc:  # one connection's bug must not stop the listener
+                log.exception("connection_failed", extra=fields(error=repr(exc)))
+            finally:
+                open_connections -= 1
+                if open_connections == 0:
+                    self._connections_done.set()
+
+        self._connections_done.set()
+        async with trio.open_nursery() as connections:
+            with self._accept_scope:
+                async with trio.open_nursery() as accept:
+                    await accept.start(partial(trio.serve_listeners, on_connection, listeners,
+                                               handler_nursery=connections))
+                    task_status.started()
+            for listener in listeners:
+                await listener.aclose()
+            await trio.sleep_forever()  # until stopped: connections drain meanwhile
+
+    async def _registration(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        registry = self.registry
+        assert registry is not None
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(registry.keep_registered, self.bookie_id,
+                                        self._registration_info, lambda: self.state.read_only))
+            task_status.started()
+            registered_ro = self.state.read_only
+            while True:
+                changed = self.state.changed
+                if self.state.read_only != registered_ro:
+                    registered_ro = self.state.read_only
+                    await registry.register(self.bookie_id, self._registration_info(),
+                                            read_only=registered_ro)
+                    log.info("registration_moved", extra=fields(
+                        bookie_id=self.bookie_id, read_only=registered_ro))
+                    continue
+                await changed.wait()
+
+    def _registration_info(self) -> dict[str, Any]:
+        return {"bookie_id": self.bookie_id, "port": self.port,
+                "host": self.config.advertised_address or self.config.listen_address,
+                "admin_port": self.http.bound_port, "version": VERSION, "pid": os.getpid()}
+
+    # -- status and metrics ------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        j = self.storage.journal
+        return {
+            "bookie_id": self.bookie_id,
+            "state": "read_only" if self.state.read_only else "writable",
+            "reason": self.state.reason,
+            "storage_failed": self.state.storage_failed,
+            "port": self.port,
+            "ledgers": len(self.storage.cache.ledgers),
+            "journal": {"groups": j.groups_written, "records": j.records_written,
+                        "bytes": j.bytes_written, "pending_bytes": j.pending_bytes,
+                        "durable": [j.durable.file_id, j.durable.offset]},
+            "checkpoints": self.storage.checkpoints,
+            "gc": {"running": self.gc.running, "passes": self.gc.passes,
+                   "ledgers_deleted": self.gc.ledgers_deleted,
+                   "logs_deleted": self.gc.logs_deleted,
+                   "logs_compacted": self.gc.logs_compacted},
+            "disk": {"full": self.disk_checker.full,
+                     "worst": (str(self.disk_checker.worst.path), self.disk_checker.worst.fraction)
+                     if self.disk_checker.worst else None},
+            "add_latency_p99_s": self.metrics.add_latency.quantile(0.99),
+        }
+
+    def _register_metrics(self) -> None:
+        m = self.metrics
+        j = self.storage.journal
+        j.on_group = m.on_journal_group
+        cache = self.storage.cache
+        m.gauge("ledgerd_journal_queue_bytes", "Journal bytes waiting for the next group.",
+                lambda: j.pending_bytes)
+        m.gauge("ledgerd_bookie_read_only", "1 while the bookie refuses writes.",
+                lambda: float(self.state.read_only))
+        m.gauge("ledgerd_bookie_ledgers", "Ledgers held.", lambda: len(cache.ledgers))
+        m.counter("ledgerd_ledger_cache_hits", "Index page hits.", lambda: cache.hits)
+        m.counter("ledgerd_ledger_cache_misses", "Index page misses.", lambda: cache.misses)
+        m.counter("ledgerd_gc_ledgers_deleted", "Ledgers garbage collected.",
+                  lambda: self.gc.ledgers_deleted)
+        m.counter("ledgerd_gc_entry_logs_compacted", "Entry logs compacted.",
+                  lambda: self.gc.logs_compacted)

@@ -1,0 +1,212 @@
+"""The listener: one task pair per connection, requests pipelined, replies by correlation id.
+
+Per connection, a reader task feeds bytes to the sans-IO ``ServerConnection`` and handles
+every complete frame of what it read before reading again. Adds are stored at once and
+their replies queued behind the journal group that makes them durable; plain reads are
+answered at once; anything that waits runs in a task of its own. A writer task sends
+what is queued in one ``send_all`` per pass, after waiting for the groups it needs, so
+a whole burst of pipelined adds costs one wake-up and one write.
+
+Backpressure: at ``max_inflight`` unanswered requests the reader stops reading the
+socket until replies go out, so a client that stops reading stalls only itself. The
+journal's memory cap answers TOO_MANY_REQUESTS. Nothing queues without bound.
+
+Bad input closes only its own connection: malformed frames get BAD_REQUEST and a close,
+unknown apis UNSUPPORTED_VERSION, and a size that cannot hold a header a plain close.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass
+
+import trio
+
+from appliance.handlers import RequestHandler
+from disk.journal import JournalGroup
+from ledgerd.logs import fields
+from wire.connection import (
+    NEED_DATA,
+    ConnectionEnded,
+    RequestRejected,
+    ServerConnection,
+)
+from wire.errors import FrameSizeError
+from wire.frames import DecodedRequest
+from wire.messages import AddRequest, ApiKey, Message
+from wire.status import Status
+
+__all__ = ["ConnectionOptions", "is_loopback", "serve_connection"]
+
+log = logging.getLogger(__name__)
+_RECEIVE = 256 * 1024
+_CLOSE_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionOptions:
+    max_frame_bytes: int = 8 << 20
+    max_inflight: int = 1024
+
+
+def is_loopback(stream: trio.abc.Stream) -> bool:
+    """True for a TCP peer on a loopback address (or a non-socket test stream)."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return True
+    try:
+        host = sock.getpeername()[0]
+        return ipaddress.ip_address(host).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+class _Outbox:
+    """Replies waiting to be written, with the journal groups they wait for."""
+
+    __slots__ = ("closing", "items", "more", "space")
+
+    def __init__(self) -> None:
+        # (correlation id, api key, status, response, group or None, started at)
+        self.items: list[tuple[int, int, int, Message | None, JournalGroup | None, float]] = []
+        self.more = trio.Event()
+        self.space = trio.Event()
+        self.closing = False
+
+    def put(self, cid: int, api: int, status: int, resp: Message | None,
+            group: JournalGroup | None, t0: float) -> None:
+        self.items.append((cid, api, status, resp, group, t0))
+        self.more.set()
+
+
+async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
+                           options: ConnectionOptions, *, trusted: bool | None = None,
+                           reader_scope: trio.CancelScope | None = None) -> None:
+    """Serve one connection until the peer closes it or breaks the protocol.
+
+    Cancelling ``reader_scope`` stops reading requests; replies to those already read
+    still go out (the bookie's drain on shutdown).
+    """
+    conn = ServerConnection(max_frame_bytes=options.max_frame_bytes,
+                            max_inflight=options.max_inflight)
+    if trusted is None:
+        trusted = is_loopback(stream)
+    outbox = _Outbox()
+    metrics = handler.metrics
+    metrics.connections_opened += 1
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_writer, stream, conn, outbox, handler, nursery.cancel_scope)
+            with reader_scope or trio.CancelScope():
+                await _reader(stream, conn, outbox, handler, nursery, trusted)
+            outbox.closing = True
+            outbox.more.set()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        with trio.move_on_after(1, shield=True):
+            await stream.aclose()
+
+
+async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outbox,
+                  handler: RequestHandler, nursery: trio.Nursery, trusted: bool) -> None:
+    add = handler.add
+    read_now = handler.read_now
+    put = outbox.put
+    while True:
+        while conn.is_at_capacity:
+            outbox.space = trio.Event()
+            await outbox.space.wait()
+        try:
+            data = await stream.receive_some(_RECEIVE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        conn.receive_data(data)
+        now = time.perf_counter()
+        while True:
+            try:
+                ev = conn.next_event()
+            except FrameSizeError as exc:
+                log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
+                return
+            if ev is NEED_DATA:
+                break
+            if type(ev) is DecodedRequest:
+                req: Message = ev.message
+                if type(req) is AddRequest:
+                    status, resp, group = add(req)
+                    put(ev.correlation_id, ApiKey.ADD, status, resp, group, now)
+                    continue
+                reply = read_now(req)
+                if reply is not None:
+                    put(ev.correlation_id, ev.api_key, reply[0], reply[1], None, now)
+                    continue
+                nursery.start_soon(_slow, handler, outbox, ev, trusted, now)
+            elif isinstance(ev, RequestRejected):
+                log.info("request_rejected", extra=fields(
+                    correlation_id=ev.correlation_id, status=ev.status.name, reason=ev.reason))
+                put(ev.correlation_id, -1, ev.status, None, None, now)
+                if ev.close:
+                    return
+            elif isinstance(ev, ConnectionEnded):
+                return
+
+
+async def _slow(handler: RequestHandler, outbox: _Outbox, ev: DecodedRequest, trusted: bool,
+                t0: float) -> None:
+    status, resp = await handler.handle(ev.message, trusted=trusted)
+    outbox.put(ev.correlation_id, ev.api_key, status, resp, None, 0.0)
+
+
+async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outbox,
+                  handler: RequestHandler, scope: trio.CancelScope) -> None:
+    metrics = handler.metrics
+    count = metrics.count
+    add_latency = metrics.add_latency
+    read_latency = metrics.read_latency
+    while True:
+        if not outbox.items:
+            if outbox.closing and not conn.inflight:
+                scope.cancel()
+                return
+            outbox.more = trio.Event()
+            # A closing connection waits a bounded time for its slow requests.
+            with trio.move_on_after(_CLOSE_GRACE_S if outbox.closing else float("inf")):
+                await outbox.more.wait()
+                continue
+            scope.cancel()
+            return
+        items, outbox.items = outbox.items, []
+        # Groups complete in order; wait for each distinct one (most are already done).
+        last: JournalGroup | None = None
+        for item in items:
+            group = item[4]
+            if group is not None and group is not last:
+                await group.done.wait()
+                last = group
+        chunks = []
+        now = time.perf_counter()
+        adds = 0
+        add_t0 = 0.0
+        for cid, api, status, resp, group, t0 in items:
+            if group is not None and group.error is not None:
+                status, resp = Status.IO_ERROR, None
+            chunks.append(conn.send(cid, status, resp))
+            count(api, status)
+            if api == ApiKey.ADD:
+                if adds and t0 != add_t0:
+                    add_latency.observe(now - add_t0, adds)
+                    adds = 0
+                add_t0 = t0
+                adds += 1
+            elif api == ApiKey.READ and t0:  # slow-path reads time themselves
+                read_latency.observe(now - t0)
+        if adds:
+            add_latency.observe(now - add_t0, adds)
+        await stream.send_all(b"".join(chunks))
+        outbox.space.set()
+        if outbox.closing and not outbox.items and not conn.inflight:
+            scope.cancel()
+            return
