@@ -1,0 +1,348 @@
+"""Bookie semantics over in-memory connections, one rule per test (autojump clock)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from appliance.server import ConnectionOptions
+from tests.appliance.harness import KEY, OTHER_KEY, D, entry, running_bookie, small_journal
+from wire.entry import decode_entry
+from wire.frames import encode_request
+from wire.messages import (
+    AddFlags,
+    AddRequest,
+    AdminKind,
+    AdminStatusRequest,
+    AdminTriggerRequest,
+    ApiVersionsRequest,
+    ForceLedgerRequest,
+    GetBookieInfoRequest,
+    ReadFlags,
+    ReadLacRequest,
+    ReadRangeRequest,
+    ReadRequest,
+    WriteLacRequest,
+)
+from wire.status import Status
+
+pytestmark = pytest.mark.usefixtures("autojump_clock")
+
+
+def add(ledger: int, first: int, n: int = 1, *, key: bytes = KEY, flags: int = 0,
+        term: int = 0, lac: int | None = None) -> AddRequest:
+    return AddRequest(ledger_id=ledger, first_entry_id=first, flags=flags, master_key=key,
+                      term=term, entries=tuple(entry(ledger, first + i, lac) for i in range(n)))
+
+
+async def test_add_then_read_entry_last_entry_and_lac(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        replies = await c.call_many([add(1, e) for e in range(5)] + [add(1, 5, 3)])
+        assert [s for s, _ in replies] == [Status.OK] * 6
+        status, resp = await c.call(ReadRequest(ledger_id=1, entry_id=3))
+        assert status == Status.OK and resp is not None
+        got = decode_entry(D, resp.entry, ledger_id=1, entry_id=3)  # type: ignore[attr-defined]
+        assert got.payload == b"entry 1/3"
+        # The bookie's LAC is the highest LAC field among stored entries (entry 7 carries 6).
+        assert resp.max_lac == 6  # type: ignore[attr-defined]
+        status, resp = await c.call(ReadRequest(ledger_id=1, entry_id=-1))
+        assert status == Status.OK and resp.entry_id == 7  # type: ignore[union-attr]
+        assert b.storage.journal.durable.offset > 0
+
+
+async def test_unknown_ledger_and_missing_entry(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        assert (await c.call(ReadRequest(ledger_id=9, entry_id=0)))[0] == Status.NO_SUCH_LEDGER
+        assert (await c.call(ReadLacRequest(ledger_id=9)))[0] == Status.NO_SUCH_LEDGER
+        assert (await c.call(add(1, 0)))[0] == Status.OK
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=1)))[0] == Status.NO_SUCH_ENTRY
+
+
+async def test_master_key_is_bound_at_first_add(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        assert (await c.call(add(1, 0)))[0] == Status.OK
+        assert (await c.call(add(1, 1, key=OTHER_KEY)))[0] == Status.UNAUTHORIZED
+        fence_other = ReadRequest(ledger_id=1, entry_id=-1, flags=ReadFlags.FENCE,
+                                  master_key=OTHER_KEY)
+        assert (await c.call(fence_other))[0] == Status.UNAUTHORIZED
+        assert not b.storage.is_fenced(1)
+
+
+async def test_fencing_read_is_durable_before_reply_and_blocks_plain_adds(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call_many([add(1, e) for e in range(3)])
+        before = b.storage.journal.durable
+        status, resp = await c.call(ReadRequest(ledger_id=1, entry_id=-1, flags=ReadFlags.FENCE,
+                                                master_key=KEY))
+        assert status == Status.OK and resp.entry_id == 2  # type: ignore[union-attr]
+        assert b.storage.is_fenced(1)
+        assert b.storage.journal.durable > before  # the FENCE record was synced first
+        assert (await c.call(add(1, 3)))[0] == Status.FENCED
+        assert (await c.call(add(1, 3, flags=AddFlags.RECOVERY_ADD)))[0] == Status.OK
+        # A fence without a key is refused.
+        nokey = ReadRequest(ledger_id=2, entry_id=-1, flags=ReadFlags.FENCE)
+        assert (await c.call(nokey))[0] == Status.UNAUTHORIZED
+        # Fencing a ledger this bookie never saw binds the key and finds nothing.
+        fresh = ReadRequest(ledger_id=3, entry_id=-1, flags=ReadFlags.FENCE, master_key=KEY)
+        assert (await c.call(fresh))[0] == Status.NO_SUCH_ENTRY
+        assert b.storage.is_fenced(3)
+
+
+async def test_long_poll_waits_for_lac_and_piggybacks_next_entry(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as reader, b.connect() as writer:
+        await writer.call_many([add(1, e) for e in range(3)])  # LAC here: 1
+        poll = ReadRequest(ledger_id=1, entry_id=2, flags=ReadFlags.PIGGYBACK, previous_lac=1,
+                           timeout_ms=10_000)
+        result: list[tuple[int, object]] = []
+
+        async def poller() -> None:
+            result.append(await reader.call(poll))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poller)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not result  # still waiting: LAC 1 is not past previous_lac 1
+            start = trio.current_time()
+            await writer.call(add(1, 3))  # carries LAC 2
+        status, resp = result[0]
+        assert status == Status.OK
+        assert resp.max_lac == 2  # type: ignore[attr-defined]
+        assert decode_entry(D, resp.entry).entry_id == 2  # type: ignore[attr-defined]
+        assert trio.current_time() - start < 1.0
+
+
+async def test_long_poll_times_out_with_current_lac_and_no_entry(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call_many([add(1, e) for e in range(3)])
+        start = trio.current_time()
+        status, resp = await c.call(ReadRequest(ledger_id=1, entry_id=2, previous_lac=5,
+                                                flags=ReadFlags.PIGGYBACK, timeout_ms=3000))
+        assert trio.current_time() - start == pytest.approx(3.0, abs=0.01)
+        assert status == Status.OK and resp.max_lac == 1 and resp.entry == b""  # type: ignore[union-attr]
+
+
+async def test_read_range_honours_count_and_bytes(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call(add(1, 0, 20))
+        size = len(entry(1, 0))
+        status, resp = await c.call(ReadRangeRequest(ledger_id=1, first_entry_id=5, max_count=4,
+                                                     max_bytes=1 << 20))
+        assert status == Status.OK
+        assert [decode_entry(D, e).entry_id for e in resp.entries] == [5, 6, 7, 8]  # type: ignore[union-attr]
+        status, resp = await c.call(ReadRangeRequest(ledger_id=1, first_entry_id=0, max_count=20,
+                                                     max_bytes=3 * (size + 4) + 1))
+        assert len(resp.entries) == 3  # type: ignore[union-attr]
+        status, resp = await c.call(ReadRangeRequest(ledger_id=1, first_entry_id=18, max_count=9,
+                                                     max_bytes=1 << 20))
+        assert len(resp.entries) == 2  # type: ignore[union-attr]
+        status, _ = await c.call(ReadRangeRequest(ledger_id=1, first_entry_id=30, max_count=9,
+                                                  max_bytes=1 << 20))
+        assert status == Status.NO_SUCH_ENTRY
+
+
+async def test_write_lac_read_lac_and_force_ledger(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call(add(1, 0, 3))
+        body = struct.pack(">qq", 1, 2) + b"digest"
+        status, _ = await c.call(WriteLacRequest(ledger_id=1, lac=2, master_key=KEY, lac_body=body))
+        assert status == Status.OK
+        status, resp = await c.call(ReadLacRequest(ledger_id=1))
+        assert status == Status.OK and resp.explicit_lac == body  # type: ignore[union-attr]
+        assert decode_entry(D, resp.last_entry).entry_id == 2  # type: ignore[union-attr]
+        bad = WriteLacRequest(ledger_id=1, lac=2, master_key=OTHER_KEY, lac_body=body)
+        assert (await c.call(bad))[0] == Status.UNAUTHORIZED
+        before = b.storage.journal.groups_written
+        status, _ = await c.call(ForceLedgerRequest(ledger_id=1, master_key=KEY))
+        assert status == Status.OK and b.storage.journal.groups_written > before
+        assert (await c.call(ForceLedgerRequest(ledger_id=1, master_key=OTHER_KEY)))[0] == \
+            Status.UNAUTHORIZED
+
+
+async def test_terms_reject_lower_and_raise_higher(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        assert (await c.call(add(1, 0, term=2)))[0] == Status.OK
+        assert (await c.call(add(1, 1, term=1)))[0] == Status.INVALID_TERM
+        # A recovery read with a higher term raises the stored term (journaled first).
+        status, _ = await c.call(ReadRequest(ledger_id=1, entry_id=0, term=3))
+        assert status == Status.OK and b.storage.term(1) == 3
+        assert (await c.call(add(1, 1, term=2)))[0] == Status.INVALID_TERM
+        assert (await c.call(add(1, 1, term=3)))[0] == Status.OK
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=0, term=2)))[0] == \
+            Status.INVALID_TERM
+        # Plain reads do not care about terms.
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=1)))[0] == Status.OK
+
+
+async def test_truncate_add_drops_every_higher_entry(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call(add(1, 0, 10))
+        flags = AddFlags.RECOVERY_ADD | AddFlags.TRUNCATE
+        assert (await c.call(add(1, 5, flags=flags, term=1)))[0] == Status.OK
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=6)))[0] == Status.NO_SUCH_ENTRY
+        status, resp = await c.call(ReadRequest(ledger_id=1, entry_id=-1))
+        assert status == Status.OK and resp.entry_id == 5  # type: ignore[union-attr]
+
+
+async def test_read_only_refuses_writes_but_serves_reads(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call(add(1, 0))
+        b.state.set(True, "disk full")
+        assert (await c.call(add(1, 1)))[0] == Status.READ_ONLY
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=0)))[0] == Status.OK
+        body = struct.pack(">qq", 1, 0)
+        wl = WriteLacRequest(ledger_id=1, lac=0, master_key=KEY, lac_body=body)
+        assert (await c.call(wl))[0] == Status.READ_ONLY
+        # Recovery writes are high priority and pass while only the disk is the reason.
+        hp = AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY
+        assert (await c.call(add(1, 1, flags=hp)))[0] == Status.OK
+        b.state.set(True, "journal failed", storage_failed=True)
+        assert (await c.call(add(1, 2, flags=hp)))[0] == Status.READ_ONLY
+        status, resp = await c.call(GetBookieInfoRequest())
+        assert status == Status.OK and resp.is_read_only  # type: ignore[union-attr]
+
+
+async def test_entries_must_match_the_request(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        wrong_id = AddRequest(ledger_id=1, first_entry_id=0, master_key=KEY,
+                              entries=(entry(1, 7),))
+        assert (await c.call(wrong_id))[0] == Status.BAD_REQUEST
+        short = AddRequest(ledger_id=1, first_entry_id=0, master_key=KEY, entries=(b"tiny",))
+        assert (await c.call(short))[0] == Status.BAD_REQUEST
+        assert not b.storage.ledger_exists(1)
+
+
+async def test_journal_memory_cap_answers_too_many_requests(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path, journal=small_journal(4096)) as b, b.connect() as c:
+        big = AddRequest(ledger_id=1, first_entry_id=0, master_key=KEY,
+                         entries=(entry(1, 0, payload=b"x" * 8192),))
+        assert (await c.call(big))[0] == Status.TOO_MANY_REQUESTS
+        assert (await c.call(add(1, 0)))[0] == Status.OK
+
+
+async def test_backpressure_stops_reading_a_connection_at_its_cap(tmp_path: Path) -> None:
+    options = ConnectionOptions(max_inflight=4)
+    async with running_bookie(tmp_path, options=options) as b:
+        client_end, server_end = trio.testing.lockstep_stream_pair()
+        b.serve_stream(server_end)
+        frames = [encode_request(add(1, e), e, 0) for e in range(6)]
+        for f in frames[:4]:
+            await client_end.send_all(f)
+        # The server holds 4 unanswered requests and cannot write (we do not read): it
+        # must not read the fifth.
+        sent = False
+
+        async def send_fifth() -> None:
+            nonlocal sent
+            await client_end.send_all(frames[4])
+            sent = True
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_fifth)
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.sleep(5)
+            assert not sent
+            assert b.storage.last_entry_id(1) == 3
+            # Reading the replies frees the connection; the fifth goes through.
+            got = b""
+            while not sent or _frames(got) < 5:
+                got += await client_end.receive_some(1 << 16)
+        assert b.storage.last_entry_id(1) == 4
+        await client_end.aclose()
+
+
+async def _read_to_eof(stream: trio.abc.ReceiveStream) -> bytes:
+    out = b""
+    while data := await stream.receive_some(1024):
+        out += data
+    return out
+
+
+def _frames(data: bytes) -> int:
+    n = pos = 0
+    while pos + 4 <= len(data):
+        pos += 4 + struct.unpack_from(">i", data, pos)[0]
+        if pos <= len(data):
+            n += 1
+    return n
+
+
+async def test_garbage_closes_only_that_connection(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as honest:
+        # A known api with a body that does not parse: BAD_REQUEST, then the close.
+        bad = b.raw_pair()
+        await bad.send_all(struct.pack(">ihhi", 16, 2, 0, 41) + b"\xff" * 8)
+        reply = await _read_to_eof(bad)
+        assert struct.unpack_from(">iih", reply) == (6, 41, Status.BAD_REQUEST)
+        assert (await honest.call(add(1, 0)))[0] == Status.OK
+
+        # A negative size: no header to answer, just the close.
+        negative = b.raw_pair()
+        await negative.send_all(b"\xff" * 64)
+        assert await _read_to_eof(negative) == b""
+
+        oversized = b.raw_pair()
+        await oversized.send_all(struct.pack(">ihhi", 64 << 20, 1, 0, 77))
+        data = await oversized.receive_some(1024)
+        assert struct.unpack_from(">iih", data) == (6, 77, Status.BAD_REQUEST)
+        assert await oversized.receive_some(1024) == b""
+
+        tiny = b.raw_pair()
+        await tiny.send_all(struct.pack(">i", 3) + b"abc")
+        assert await tiny.receive_some(1024) == b""
+
+        unknown = b.raw_pair()
+        await unknown.send_all(struct.pack(">ihhi", 8, 99, 0, 5))
+        data = await unknown.receive_some(1024)
+        assert struct.unpack_from(">iih", data) == (6, 5, Status.UNSUPPORTED_VERSION)
+        await unknown.send_all(encode_request(ApiVersionsRequest(), 6, 0))
+        data = await unknown.receive_some(1 << 16)
+        assert struct.unpack_from(">ih", data, 4) == (6, Status.OK)
+
+        midframe = b.raw_pair()
+        whole = encode_request(add(2, 0), 1, 0)
+        await midframe.send_all(whole[: len(whole) // 2])
+        await midframe.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert (await honest.call(add(1, 1)))[0] == Status.OK
+        assert not b.storage.ledger_exists(2)
+
+
+async def test_pipelined_adds_survive_a_client_that_disconnects(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b:
+        raw = b.raw_pair()
+        await raw.send_all(b"".join(encode_request(add(1, e), e, 0) for e in range(50)))
+        await raw.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        await b.storage.force()
+        assert b.storage.last_entry_id(1) == 49
+
+
+async def test_admin_needs_loopback_or_secret(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path, admin_secret="s3cret") as b:
+        async with b.connect(trusted=False) as remote:
+            trig = AdminTriggerRequest(kind=AdminKind.MAJOR_COMPACTION)
+            assert (await remote.call(trig))[0] == Status.UNAUTHORIZED
+            assert (await remote.call(AdminStatusRequest()))[0] == Status.UNAUTHORIZED
+            with_secret = AdminTriggerRequest(kind=AdminKind.GC, secret=b"s3cret")
+            status, resp = await remote.call(with_secret)
+            assert status == Status.OK and resp.started == 1  # type: ignore[union-attr]
+        async with b.connect(trusted=True) as local:
+            status, resp = await local.call(AdminStatusRequest())
+            assert status == Status.OK and json.loads(resp.status_json) == {"ok": True}  # type: ignore[union-attr]
+            assert (await local.call(AdminTriggerRequest(kind=42)))[0] == Status.BAD_REQUEST
+        assert b.triggered == [AdminKind.GC]
+
+
+async def test_metrics_count_requests_by_api_and_status(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call_many([add(1, e) for e in range(4)])
+        await c.call(ReadRequest(ledger_id=7, entry_id=0))
+        text = b.metrics.exposition().decode()
+        assert 'ledgerd_bookie_requests_total{api="ADD",status="OK"} 4.0' in text
+        assert 'ledgerd_bookie_requests_total{api="READ",status="NO_SUCH_LEDGER"} 1.0' in text
+        assert "ledgerd_bookie_add_latency_seconds_count 4.0" in text

@@ -1,0 +1,159 @@
+"""Supervisor, disk checker, sd_notify, admin HTTP: each on its own."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from appliance.diskcheck import DiskChecker, full_after
+from appliance.handlers import AdminHooks, ServingState
+from appliance.http import AdminHttp
+from appliance.metrics import BookieMetrics, FastHistogram
+from appliance.sdnotify import notify, watchdog_interval, watchdog_service
+from appliance.supervisor import Supervisor
+from disk.storage import DirUsage
+from wire.messages import AdminKind
+
+
+class Boom(Exception):
+    pass
+
+
+async def test_supervisor_restarts_non_critical_with_doubling_backoff(autojump_clock: Any) -> None:
+    starts: list[float] = []
+    restarts: list[str] = []
+
+    async def flaky(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        starts.append(trio.current_time())
+        task_status.started()
+        if len(starts) < 4:
+            raise Boom("flaky")
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        sup = Supervisor(nursery, on_critical=lambda *_: pytest.fail("not critical"),
+                         on_restart=restarts.append, min_backoff=1.0, max_backoff=8.0)
+        await sup.start("flaky", flaky)
+        await trio.sleep(100)
+        gaps = [round(b - a, 3) for a, b in zip(starts, starts[1:], strict=False)]
+        assert gaps == [1.0, 2.0, 4.0]
+        assert restarts == ["flaky"] * 3
+        await sup.stop("flaky")
+        nursery.cancel_scope.cancel()
+
+
+async def test_supervisor_critical_failure_calls_back_once(autojump_clock: Any) -> None:
+    calls: list[tuple[str, str]] = []
+
+    async def journal(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep(1)
+        raise Boom("disk gone")
+
+    async with trio.open_nursery() as nursery:
+        sup = Supervisor(nursery, on_critical=lambda n, e: calls.append((n, str(e))))
+        await sup.start("journal", journal, critical=True)
+        await trio.sleep(10)
+    assert calls == [("journal", "disk gone")]
+
+
+async def test_supervisor_start_failure_raises_to_the_caller() -> None:
+    async def broken(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        raise Boom("bad config")
+
+    async with trio.open_nursery() as nursery:
+        sup = Supervisor(nursery, on_critical=lambda *_: None)
+        with pytest.raises(Boom):
+            await sup.start("broken", broken)
+
+
+def _usage(fraction: float) -> list[DirUsage]:
+    return [DirUsage(Path("/d"), 1000, int(1000 * fraction), 1000 - int(1000 * fraction))]
+
+
+def test_disk_full_has_hysteresis() -> None:
+    assert not full_after(_usage(0.95), False, 0.95, 0.90)
+    assert full_after(_usage(0.951), False, 0.95, 0.90)
+    assert full_after(_usage(0.92), True, 0.95, 0.90)
+    assert not full_after(_usage(0.89), True, 0.95, 0.90)
+
+
+async def test_disk_checker_reports_changes_only(autojump_clock: Any) -> None:
+    levels = iter([0.5, 0.97, 0.96, 0.93, 0.85, 0.85])
+    changes: list[bool] = []
+    checker = DiskChecker(lambda: _usage(next(levels)), lambda full, _r: changes.append(full),
+                          threshold=0.95, lwm=0.90, interval_s=1.0)
+    for _ in range(6):
+        await checker.check()
+    assert changes == [True, False]
+
+
+def test_sd_notify_sends_datagrams(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        assert notify("READY=1", {"NOTIFY_SOCKET": path})
+        assert sock.recv(100) == b"READY=1"
+    assert not notify("READY=1", {})
+    assert watchdog_interval({"WATCHDOG_USEC": "4000000"}) == 2.0
+    assert watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}) is None
+    assert watchdog_interval({"WATCHDOG_USEC": "x"}) is None
+
+
+async def test_watchdog_pings_at_half_interval(tmp_path: Path, autojump_clock: Any) -> None:
+    path = str(tmp_path / "wd")
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": str(os.getpid())}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.setblocking(False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: watchdog_service(
+                lambda: True, env=env, task_status=task_status))
+            await trio.sleep(3.5)
+            nursery.cancel_scope.cancel()
+        pings = []
+        while True:
+            try:
+                pings.append(sock.recv(100))
+            except BlockingIOError:
+                break
+    assert pings == [b"WATCHDOG=1"] * 4  # t = 0, 1, 2, 3
+
+
+def test_admin_http_routes() -> None:
+    state = ServingState()
+    metrics = BookieMetrics()
+    metrics.count(1, 0, 3)
+    triggered: list[AdminKind] = []
+    admin = AdminHooks(trigger=lambda k: triggered.append(k) is None, status=lambda: {"a": 1},
+                       secret="pw")
+    http = AdminHttp(metrics, state, admin, host="127.0.0.1", port=0)
+    code, ctype, body = http.respond(b"GET /metrics HTTP/1.1\r\nHost: x", trusted=True)
+    assert code == 200 and b'ledgerd_bookie_requests_total{api="ADD",status="OK"} 3.0' in body
+    assert http.respond(b"GET /status HTTP/1.1", trusted=False)[2] == b'{"a": 1}\n'
+    assert http.respond(b"GET /health HTTP/1.1", trusted=False)[0] == 200
+    state.set(True, "disk full")
+    assert http.respond(b"GET /health HTTP/1.1", trusted=False)[:1] == (503,)
+    assert http.respond(b"POST /admin/gc HTTP/1.1", trusted=False)[0] == 403
+    assert http.respond(b"POST /admin/gc HTTP/1.1\r\nX-Ledgerd-Secret: pw", trusted=False)[0] == 202
+    assert http.respond(b"POST /admin/compaction/major HTTP/1.1", trusted=True)[0] == 202
+    assert http.respond(b"GET /admin/gc HTTP/1.1", trusted=True)[0] == 405
+    assert http.respond(b"GET /nope HTTP/1.1", trusted=True)[0] == 404
+    assert http.respond(b"garbage", trusted=True)[0] == 400
+    assert triggered == [AdminKind.GC, AdminKind.MAJOR_COMPACTION]
+
+
+def test_fast_histogram_buckets_and_quantiles() -> None:
+    h = FastHistogram((0.001, 0.01, 0.1))
+    h.observe(0.0005, 90)
+    h.observe(0.05, 10)
+    assert h.count == 100 and h.quantile(0.5) == 0.001 and h.quantile(0.99) == 0.1
+    fam = h.family("x_seconds", "doc")
+    values = {s.labels.get("le"): s.value for s in fam.samples if s.name == "x_seconds_bucket"}
+    assert values == {"0.001": 90, "0.01": 90, "0.1": 100, "+Inf": 100}
