@@ -294,7 +294,7 @@ class Bookie:
                    "ledgers_deleted": self.gc.ledgers_deleted,
                    "logs_deleted": self.gc.logs_deleted,
                    "logs_compacted": self.gc.logs_compacted},
-            "disk": {"full": self.disk_checker.full,
+            "disk": {"full": self.disk_checker.full, "checks": self.disk_checker.checks,
                      "worst": (str(self.disk_checker.worst.path), self.disk_checker.worst.fraction)
                      if self.disk_checker.worst else None},
             "add_latency_p99_s": self.metrics.add_latency.quantile(0.99),

@@ -36,9 +36,11 @@ class DiskChecker:
         self.interval_s = interval_s
         self.full = False
         self.worst: DirUsage | None = None
+        self.checks = 0
 
     async def check(self) -> bool:
         usage = await trio.to_thread.run_sync(self.usage)
+        self.checks += 1
         self.worst = max(usage, key=lambda u: u.fraction, default=None)
         full = full_after(usage, self.full, self.threshold, self.lwm)
         if full != self.full:

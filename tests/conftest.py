@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 
+from tools.bookieprocess import BookieProcess
 from tools.zkserver import ZooKeeperServer
 
 
@@ -53,3 +55,21 @@ def zk_chroot(zookeeper: ZooKeeperServer, request: pytest.FixtureRequest) -> Ite
 def scratch_dir(tmp_path: Path) -> Path:
     """A directory on the work disk (ext4), never tmpfs, for O_DIRECT tests."""
     return tmp_path
+
+
+@pytest.fixture
+def bookie_factory(zk_chroot: str, tmp_path: Path) -> Iterator[Callable[..., BookieProcess]]:
+    """Makes bookie processes on this test's ZooKeeper chroot; kills leftovers by PID."""
+    made: list[BookieProcess] = []
+
+    def make(**settings: Any) -> BookieProcess:
+        settings.setdefault("zk_timeout_ms", 4000)
+        settings.setdefault("journal_prealloc_mb", 4)
+        bookie = BookieProcess(tmp_path / f"bookie{len(made)}", zk_chroot, settings=settings)
+        made.append(bookie)
+        return bookie
+
+    yield make
+    for bookie in made:
+        if bookie.running:
+            bookie.kill9()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from pathlib import Path
@@ -41,7 +42,7 @@ async def test_supervisor_restarts_non_critical_with_doubling_backoff(autojump_c
                          on_restart=restarts.append, min_backoff=1.0, max_backoff=8.0)
         await sup.start("flaky", flaky)
         await trio.sleep(100)
-        gaps = [round(b - a, 3) for a, b in zip(starts, starts[1:], strict=False)]
+        gaps = [round(b - a, 3) for a, b in itertools.pairwise(starts)]
         assert gaps == [1.0, 2.0, 4.0]
         assert restarts == ["flaky"] * 3
         await sup.stop("flaky")
@@ -134,7 +135,7 @@ def test_admin_http_routes() -> None:
     admin = AdminHooks(trigger=lambda k: triggered.append(k) is None, status=lambda: {"a": 1},
                        secret="pw")
     http = AdminHttp(metrics, state, admin, host="127.0.0.1", port=0)
-    code, ctype, body = http.respond(b"GET /metrics HTTP/1.1\r\nHost: x", trusted=True)
+    code, _ctype, body = http.respond(b"GET /metrics HTTP/1.1\r\nHost: x", trusted=True)
     assert code == 200 and b'ledgerd_bookie_requests_total{api="ADD",status="OK"} 3.0' in body
     assert http.respond(b"GET /status HTTP/1.1", trusted=False)[2] == b'{"a": 1}\n'
     assert http.respond(b"GET /health HTTP/1.1", trusted=False)[0] == 200

@@ -1,0 +1,93 @@
+"""Helpers for tests with real bookie processes and the real ZooKeeper.
+
+``bookie_factory`` (a fixture in tests/conftest.py) makes ``BookieProcess`` objects bound
+to the test's ZooKeeper chroot and temp directory and kills any still running at the
+end. ``wait_registered`` waits on a ZooKeeper watch, never on the clock; it fails at
+once with the bookie's log if the process exits first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from metadata.cluster import init_new_cluster
+from metadata.errors import NoNodeError
+from metadata.registry import BookieRegistry
+from metadata.zookeeper import ZooKeeperStore
+from tools.bookieprocess import BookieProcess
+
+__all__ = ["BookieDied", "metadata_store", "wait_registered"]
+
+# A bound for waits that end on an event; reaching it means the test failed.
+EVENT_BOUND_S = 90
+
+
+class BookieDied(AssertionError):
+    pass
+
+
+@asynccontextmanager
+async def metadata_store(zk: str, *, init: bool = True) -> AsyncIterator[ZooKeeperStore]:
+    store = await ZooKeeperStore.connect(zk)
+    try:
+        if init:
+            await init_new_cluster(store, "/ledgers")
+        yield store
+    finally:
+        await store.close()
+
+
+async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
+                          read_only: bool | None = False, present: bool = True) -> None:
+    """Wait until ``bookie`` is (or, with ``present=False``, is not) registered.
+
+    ``read_only``: True = under available/readonly, False = writable, None = either.
+    """
+    registry = BookieRegistry(store, "/ledgers")
+
+    def ok(snapshot: object) -> bool:
+        w = bookie.bookie_id in snapshot.writable  # type: ignore[attr-defined]
+        r = bookie.bookie_id in snapshot.read_only  # type: ignore[attr-defined]
+        if not present:
+            return not w and not r
+        if read_only is None:
+            return w or r
+        return r if read_only else w
+
+    async def current(snapshot: object) -> bool:
+        if not ok(snapshot):
+            return False
+        if not present:
+            return True
+        # A node left by a killed process lingers until its session expires: only the
+        # node of the process we started counts.
+        try:
+            info = await registry.bookie_info(bookie.bookie_id)
+        except NoNodeError:
+            return False
+        return bool(info.get("pid") == bookie.pid)
+
+    async def watch(cancel: trio.CancelScope) -> None:
+        async with registry.watch_bookies() as snapshots:
+            if await current(await registry.list_bookies()):
+                cancel.cancel()
+                return
+            async for snap in snapshots:
+                if await current(snap):
+                    cancel.cancel()
+                    return
+
+    async def died() -> None:
+        if present and bookie.process is not None:
+            code = await trio.to_thread.run_sync(bookie.process.wait, abandon_on_cancel=True)
+            raise BookieDied(f"{bookie.name} exited with {code} before registering:\n"
+                             f"{bookie.log_tail()}")
+        await trio.sleep_forever()
+
+    with trio.fail_after(EVENT_BOUND_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(died)
+            await watch(nursery.cancel_scope)
