@@ -86,6 +86,10 @@ _RANGE_OVERHEAD = 64
 _MAX_LONG_POLL_S = 60.0
 
 Reply = tuple[int, Message | None]
+# Plain ints: an IntFlag operand would route every ``&`` through enum's Python code.
+_RECOVERY = int(AddFlags.RECOVERY_ADD)
+_HIGH_PRIORITY = int(AddFlags.HIGH_PRIORITY)
+_TRUNCATE = int(AddFlags.TRUNCATE)
 
 
 @dataclass
@@ -156,37 +160,42 @@ class RequestHandler:
 
     # -- adds (fast path) --------------------------------------------------------------
 
-    def add(self, req: AddRequest) -> tuple[int, AddResponse | None, JournalGroup | None]:
-        """Store an Add's entries now; reply once the returned group is durable."""
+    def add(self, req: AddRequest) -> tuple[int, JournalGroup | None]:
+        """Store an Add's entries now; reply once the returned group is durable.
+
+        On OK the reply is an AddResponse echoing the request's ledger, first entry and
+        count (the server encodes it straight from the request).
+        """
         state = self.state
         flags = req.flags
-        if state.read_only and (state.storage_failed or not flags & AddFlags.HIGH_PRIORITY):
-            return Status.READ_ONLY, None, None
+        if state.read_only and (state.storage_failed or not flags & _HIGH_PRIORITY):
+            return Status.READ_ONLY, None
         entries = req.entries
         lid, first = req.ledger_id, req.first_entry_id
+        if first < 0 or not entries:
+            return Status.BAD_REQUEST, None
         nbytes = 0
         unpack = _IDS.unpack_from
         for i, entry in enumerate(entries):
             n = len(entry)
             if n < _ENTRY_HEADER or unpack(entry) != (lid, first + i):
-                return Status.BAD_REQUEST, None, None
+                return Status.BAD_REQUEST, None
             nbytes += n
-        if first < 0 or not entries:
-            return Status.BAD_REQUEST, None, None
-        if not self.storage.journal.has_capacity(nbytes + 64 * len(entries)):
-            return Status.TOO_MANY_REQUESTS, None, None
+        storage = self.storage
+        if not storage.journal.has_capacity(nbytes + 64 * len(entries)):
+            return Status.TOO_MANY_REQUESTS, None
         try:
-            group = self.storage.submit_entries(
-                lid, first, entries, req.master_key, recovery=bool(flags & AddFlags.RECOVERY_ADD),
-                term=req.term or None, truncate=bool(flags & AddFlags.TRUNCATE))
+            group = storage.submit_entries(lid, first, entries, req.master_key,
+                                           flags & _RECOVERY != 0, req.term or None,
+                                           flags & _TRUNCATE != 0)
         except StorageError as exc:
-            return status_for_storage_error(exc), None, None
+            return status_for_storage_error(exc), None
         self.metrics.entries_added += len(entries)
-        waiter = self._lac_waiters.pop(lid, None)
-        if waiter is not None:
-            waiter.set()
-        return Status.OK, AddResponse(ledger_id=lid, first_entry_id=first,
-                                      count=len(entries)), group
+        if self._lac_waiters:
+            waiter = self._lac_waiters.pop(lid, None)
+            if waiter is not None:
+                waiter.set()
+        return Status.OK, group
 
     # -- reads that can be answered now ------------------------------------------------
 
@@ -231,13 +240,15 @@ class RequestHandler:
     async def handle(self, req: Message, *, trusted: bool = True) -> Reply:
         """Answer any request; ``trusted`` says the peer may make admin calls unasked."""
         if type(req) is AddRequest:
-            status, resp, group = self.add(req)
-            if group is not None:
-                try:
-                    await group.wait()
-                except StorageError as exc:
-                    return status_for_storage_error(exc), None
-            return status, resp
+            status, group = self.add(req)
+            if group is None:
+                return status, None
+            try:
+                await group.wait()
+            except StorageError as exc:
+                return status_for_storage_error(exc), None
+            return status, AddResponse(ledger_id=req.ledger_id, first_entry_id=req.first_entry_id,
+                                       count=len(req.entries))
         handler = self._slow.get(req.API_KEY)
         if handler is None:
             return Status.BAD_REQUEST, None

@@ -43,6 +43,8 @@ __all__ = ["ConnectionOptions", "is_loopback", "serve_connection"]
 log = logging.getLogger(__name__)
 _RECEIVE = 256 * 1024
 _CLOSE_GRACE_S = 5.0
+_ADD = int(ApiKey.ADD)
+_READ = int(ApiKey.READ)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +105,6 @@ async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
                 await _reader(stream, conn, outbox, handler, nursery, trusted)
             outbox.closing = True
             outbox.more.set()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
     finally:
         with trio.move_on_after(1, shield=True):
             await stream.aclose()
@@ -115,6 +115,7 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
     add = handler.add
     read_now = handler.read_now
     put = outbox.put
+    items = outbox.items
     while True:
         while conn.is_at_capacity:
             outbox.space = trio.Event()
@@ -125,6 +126,9 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
             return
         conn.receive_data(data)
         now = time.perf_counter()
+        if outbox.items is not items:
+            items = outbox.items
+        append = items.append
         while True:
             try:
                 ev = conn.next_event()
@@ -132,12 +136,14 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
                 log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
                 return
             if ev is NEED_DATA:
+                if items:
+                    outbox.more.set()
                 break
             if type(ev) is DecodedRequest:
                 req: Message = ev.message
                 if type(req) is AddRequest:
-                    status, resp, group = add(req)
-                    put(ev.correlation_id, ApiKey.ADD, status, resp, group, now)
+                    status, group = add(req)
+                    append((ev.correlation_id, _ADD, status, req, group, now))
                     continue
                 reply = read_now(req)
                 if reply is not None:
@@ -166,6 +172,7 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
     count = metrics.count
     add_latency = metrics.add_latency
     read_latency = metrics.read_latency
+    send_add_ok = conn.send_add_ok
     while True:
         if not outbox.items:
             if outbox.closing and not conn.inflight:
@@ -188,24 +195,39 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
                 last = group
         chunks = []
         now = time.perf_counter()
-        adds = 0
+        adds = ok_adds = 0
         add_t0 = 0.0
         for cid, api, status, resp, group, t0 in items:
-            if group is not None and group.error is not None:
-                status, resp = Status.IO_ERROR, None
-            chunks.append(conn.send(cid, status, resp))
-            count(api, status)
-            if api == ApiKey.ADD:
+            if api == _ADD:
+                if group is not None and group.error is not None:
+                    status = Status.IO_ERROR
+                if status == 0:
+                    req: AddRequest = resp  # type: ignore[assignment]
+                    chunks.append(send_add_ok(cid, req.ledger_id, req.first_entry_id,
+                                              len(req.entries)))
+                    ok_adds += 1
+                else:
+                    chunks.append(conn.send(cid, status, None))
+                    count(api, status)
                 if adds and t0 != add_t0:
                     add_latency.observe(now - add_t0, adds)
                     adds = 0
                 add_t0 = t0
                 adds += 1
-            elif api == ApiKey.READ and t0:  # slow-path reads time themselves
-                read_latency.observe(now - t0)
+            else:
+                chunks.append(conn.send(cid, status, resp))
+                count(api, status)
+                if api == _READ and t0:  # slow-path reads time themselves
+                    read_latency.observe(now - t0)
         if adds:
             add_latency.observe(now - add_t0, adds)
-        await stream.send_all(b"".join(chunks))
+        if ok_adds:
+            count(_ADD, 0, ok_adds)
+        try:
+            await stream.send_all(b"".join(chunks))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            scope.cancel()  # the peer is gone; what it sent is stored all the same
+            return
         outbox.space.set()
         if outbox.closing and not outbox.items and not conn.inflight:
             scope.cancel()

@@ -297,7 +297,7 @@ class LedgerStorage:
         return await group.wait()
 
     def submit_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
-                       master_key: bytes, *, recovery: bool = False, term: int | None = None,
+                       master_key: bytes, recovery: bool = False, term: int | None = None,
                        truncate: bool = False) -> JournalGroup:
         """Store consecutive entries now (readable at once); the returned journal group
         says when they are durable. Checks as ``add_entries``, raised before anything is

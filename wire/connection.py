@@ -38,6 +38,7 @@ from wire.frames import (
     DecodedRequest,
     decode_request,
     decode_response,
+    encode_add_response,
     encode_request,
     encode_response,
     request_header,
@@ -217,6 +218,12 @@ class ServerConnection:
         """Bytes of the response to request ``correlation_id``."""
         self.inflight.discard(correlation_id)
         return encode_response(correlation_id, status, response)
+
+    def send_add_ok(self, correlation_id: int, ledger_id: int, first_entry_id: int,
+                    count: int) -> bytes:
+        """``send`` of an OK AddResponse, without building the message."""
+        self.inflight.discard(correlation_id)
+        return encode_add_response(correlation_id, 0, ledger_id, first_entry_id, count)
 
 
 @dataclass

@@ -94,6 +94,17 @@ def encode_response(correlation_id: int, status: int, msg: Message | None) -> by
         raise MalformedBodyError(f"cannot encode {msg!r}: {exc}") from exc
 
 
+_ADD_OK = struct.Struct(">iihqqi")
+
+
+def encode_add_response(correlation_id: int, status: int, ledger_id: int, first_entry_id: int,
+                        count: int) -> bytes:
+    """An AddResponse frame without building the message (the bookie's hot path);
+    byte-identical to ``encode_response`` with an AddResponse (tested)."""
+    return _ADD_OK.pack(_ADD_OK.size - 4, correlation_id, status, ledger_id, first_entry_id,
+                        count)
+
+
 def request_header(frame: bytes) -> tuple[int, int, int]:
     """``(api_key, api_version, correlation_id)`` of a frame without its size prefix."""
     if len(frame) < _REQ_AFTER_SIZE.size:

@@ -54,10 +54,19 @@ class BookieHarness:
         self.triggered.append(kind)
         return True
 
-    def serve_stream(self, stream: trio.abc.Stream, *, trusted: bool = True) -> None:
+    def serve_stream(self, stream: trio.abc.Stream, *, trusted: bool = True) -> trio.Event:
+        """Serve ``stream``; the returned event fires when that connection is over."""
         assert self.nursery is not None
-        self.nursery.start_soon(lambda: serve_connection(stream, self.handler, self.options,
-                                                         trusted=trusted))
+        done = trio.Event()
+
+        async def serve() -> None:
+            try:
+                await serve_connection(stream, self.handler, self.options, trusted=trusted)
+            finally:
+                done.set()
+
+        self.nursery.start_soon(serve)
+        return done
 
     @asynccontextmanager
     async def connect(self, *, trusted: bool = True, lockstep: bool = False,
@@ -78,9 +87,12 @@ class BookieHarness:
 
     def raw_pair(self, *, trusted: bool = True) -> trio.abc.Stream:
         """The client end of a connection, for tests that write raw bytes."""
+        return self.raw_connection(trusted=trusted)[0]
+
+    def raw_connection(self, *, trusted: bool = True) -> tuple[trio.abc.Stream, trio.Event]:
+        """The client end of a connection and the event that fires when it is over."""
         client_end, server_end = trio.testing.memory_stream_pair()
-        self.serve_stream(server_end, trusted=trusted)
-        return client_end
+        return client_end, self.serve_stream(server_end, trusted=trusted)
 
 
 @asynccontextmanager

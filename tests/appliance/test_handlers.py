@@ -303,21 +303,21 @@ async def test_garbage_closes_only_that_connection(tmp_path: Path) -> None:
         data = await unknown.receive_some(1 << 16)
         assert struct.unpack_from(">ih", data, 4) == (6, Status.OK)
 
-        midframe = b.raw_pair()
+        midframe, over = b.raw_connection()
         whole = encode_request(add(2, 0), 1, 0)
         await midframe.send_all(whole[: len(whole) // 2])
         await midframe.aclose()
-        await trio.testing.wait_all_tasks_blocked()
+        await over.wait()
         assert (await honest.call(add(1, 1)))[0] == Status.OK
         assert not b.storage.ledger_exists(2)
 
 
 async def test_pipelined_adds_survive_a_client_that_disconnects(tmp_path: Path) -> None:
     async with running_bookie(tmp_path) as b:
-        raw = b.raw_pair()
+        raw, over = b.raw_connection()
         await raw.send_all(b"".join(encode_request(add(1, e), e, 0) for e in range(50)))
         await raw.aclose()
-        await trio.testing.wait_all_tasks_blocked()
+        await over.wait()
         await b.storage.force()
         assert b.storage.last_entry_id(1) == 49
 

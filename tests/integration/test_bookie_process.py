@@ -200,3 +200,5 @@ async def test_fifty_garbage_connections_do_not_disturb_an_honest_client(
             assert status == Status.OK and resp.entry_id == 1999  # type: ignore[union-attr]
         assert bookie.running
         assert await trio.to_thread.run_sync(bookie.terminate) == 0
+        log = bookie.log_path.read_text()
+        assert "connection_failed" not in log and "Traceback" not in log, bookie.log_tail()

@@ -110,3 +110,12 @@ def test_bad_values_refuse_to_encode() -> None:
     too_big = AddRequest(ledger_id=1 << 70, first_entry_id=0, master_key=bytes(20), entries=())
     with pytest.raises(MalformedBodyError):
         encode_request(too_big, 1)
+
+
+def test_fast_add_response_matches_the_codec() -> None:
+    from wire.frames import encode_add_response, encode_response
+    from wire.messages import AddResponse
+
+    for cid, lid, first, count in ((0, 1, 0, 1), (2**31 - 1, 2**63 - 1, 2**40, 64), (7, 0, -1, 0)):
+        msg = AddResponse(ledger_id=lid, first_entry_id=first, count=count)
+        assert encode_add_response(cid, 0, lid, first, count) == encode_response(cid, 0, msg)
