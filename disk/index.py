@@ -39,6 +39,7 @@ _MAGIC = b"LDIX"
 _HEAD = struct.Struct(">4sHHqqB20sH64s")
 assert _HEAD.size == 111
 FENCED = 1
+_LOC = struct.Struct(">q")
 
 
 def index_path(index_dir: Path, ledger_id: int) -> Path:
@@ -62,6 +63,10 @@ class LedgerIndex:
     pages: dict[int, bytearray] = field(default_factory=dict)
     dirty_pages: set[int] = field(default_factory=set)
     needs_sync: bool = False
+    # The page the last write went to (appends hit it again and again); it is dropped
+    # when that page is evicted.
+    hot_page_no: int = -1
+    hot_page: bytearray | None = None
 
     def header_bytes(self) -> bytes:
         head = _HEAD.pack(_MAGIC, 1, FENCED if self.fenced else 0, self.ledger_id, self.term,
@@ -151,14 +156,23 @@ class LedgerCache:
                 self._write_pages(idx, [page_no])
                 idx.needs_sync = True
             idx.pages.pop(page_no, None)
+            if idx.hot_page_no == page_no:
+                idx.hot_page_no, idx.hot_page = -1, None
 
     def set_location(self, ledger_id: int, entry_id: int, location: int) -> None:
-        idx = self.get_or_create(ledger_id)
+        idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
         page_no, slot = divmod(entry_id, self.per_page)
-        page = self._page(idx, page_no, create=True)
-        assert page is not None
-        struct.pack_into(">q", page, slot * 8, location)
-        idx.dirty_pages.add(page_no)
+        hot = idx.hot_page
+        if page_no == idx.hot_page_no and hot is not None:
+            page = hot
+            self.hits += 1
+        else:
+            loaded = self._page(idx, page_no, create=True)
+            assert loaded is not None
+            page = idx.hot_page = loaded
+            idx.hot_page_no = page_no
+            idx.dirty_pages.add(page_no)
+        _LOC.pack_into(page, slot * 8, location)
         if entry_id > idx.last_entry_id:
             idx.last_entry_id = entry_id
 
@@ -196,6 +210,8 @@ class LedgerCache:
             for p in page_nos:
                 os.pwrite(fd, idx.pages[p], INDEX_HEADER_SIZE + p * self.page_size)
                 idx.dirty_pages.discard(p)
+                if idx.hot_page_no == p:  # the next write must mark it dirty again
+                    idx.hot_page_no, idx.hot_page = -1, None
         finally:
             os.close(fd)
 

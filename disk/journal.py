@@ -41,7 +41,7 @@ from disk.journal_format import (
     RecordType,
     encode_header,
     encode_record,
-    record_prefix,
+    encode_records,
 )
 from disk.journal_scan import journal_file_ids
 from ledgerd.logs import fields
@@ -156,6 +156,7 @@ class Journal:
         self._durable = JournalPosition(0, 0)
         self._direct = True
         self._zero: native.AlignedBuffer | None = None
+        self._buf: native.AlignedBuffer | None = None
         # Counters for metrics.
         self.groups_written = 0
         self.records_written = 0
@@ -386,22 +387,22 @@ class Journal:
         if f.offset + size > o.max_size_mb * MiB and f.offset > HEADER_SIZE:
             f.handle.close()
             f = self._file = self._new_file(f.file_id + 1)
-        buf = native.alloc_aligned(size, align)
-        view = buf.view
-        pos = 0
+        buf = self._buf
+        if buf is None or buf.size < size:
+            # One buffer, reused group after group (only this thread writes groups).
+            buf = self._buf = native.alloc_aligned(max(size, 1 << 20), align)
+        view = buf.view[:size]
         fid = f.file_id
-        for rtype, body in records:
-            n = len(body)
-            view[pos: pos + 9] = record_prefix(fid, rtype, body)
-            view[pos + 9: pos + 9 + n] = body
-            pos += 9 + n
+        data = encode_records(fid, records)
+        pos = len(data)
+        view[:pos] = data
         if size - pos >= 9:
             pad = encode_record(fid, RecordType.PADDING, bytes(size - pos - 9))
             view[pos:size] = pad
         elif size > pos:
-            # Fewer than 9 bytes left: leave zeros, which read as the end of this group's
-            # block; the next group starts at the next aligned offset.
-            pass
+            # Fewer than 9 bytes left: zeros (the buffer is reused, so write them), which
+            # read as the end of this group's block; the next group starts aligned.
+            view[pos:size] = bytes(size - pos)
         end = f.offset + size
         if end > f.zeroed_until:
             self._zero_ahead(f, end)

@@ -116,6 +116,18 @@ def record_prefix(file_id: int, rtype: int, body: bytes) -> bytes:
     return _PREFIX.pack(length, google_crc32c.extend(crc, body), rtype)
 
 
+def encode_records(file_id: int, records: list[tuple[int, bytes]]) -> bytes:
+    """Many records back to back: one join instead of a slice assignment per record."""
+    parts: list[bytes] = []
+    append = parts.append
+    value, extend, salt, pack = google_crc32c.value, google_crc32c.extend, _SALT, _PREFIX.pack
+    for rtype, body in records:
+        length = len(body) + 1
+        append(pack(length, extend(value(salt(file_id, length, rtype)), body), rtype))
+        append(body)
+    return b"".join(parts)
+
+
 def encode_record(file_id: int, rtype: int, body: bytes) -> bytes:
     return record_prefix(file_id, rtype, body) + body
 
