@@ -62,7 +62,7 @@ class BookieConfig:
         "/ledgers", bk="zkLedgersRootPath", doc="Root znode of the cluster's metadata.")
     ledger_manager_type: str = setting(
         "hierarchical", bk="ledgerManagerType", choices=("flat", "hierarchical"),
-        doc="Ledger metadata layout used when this bookie initialises a new cluster.")
+        doc="Ledger metadata layout the cluster must use; the bookie refuses another.")
     # -- journal -------------------------------------------------------------------
     journal_max_size_mb: int = setting(
         2048, bk="journalMaxSizeMB", minimum=1, maximum=1 << 20,

@@ -77,24 +77,11 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
               help="Keep ZooKeeper and bookie data here (survives restarts).")
 @click.option("--zk", default=None, help="Use this ZooKeeper instead of starting one.")
 def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
-    """Run a local cluster in the foreground until Ctrl-C."""
-    from tools.zkserver import ZooKeeperError, ZooKeeperServer
+    """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C."""
+    from tools.localcluster import LocalCluster, LocalClusterError
 
     base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
-    server: ZooKeeperServer | None = None
-    if zk is None:
-        server = ZooKeeperServer(data_dir=base / "zookeeper", port=0)
-        try:
-            server.start()
-        except ZooKeeperError as exc:
-            raise CliError(str(exc)) from exc
-        zk = server.connect_string
-    click.echo(f"ZooKeeper: {zk}")
-    if bookies:
-        click.echo(
-            f"note: bookie processes are not part of this build yet; "
-            f"{bookies} requested, 0 started (only ZooKeeper runs).")
-    click.echo("Running; press Ctrl-C to stop.")
+    cluster = LocalCluster(base, bookies=bookies, zk=zk)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: Any) -> None:
@@ -103,13 +90,21 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     try:
+        cluster.start()
+        click.echo(f"ZooKeeper: {cluster.zk}")
+        for b in cluster.bookies:
+            click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"
+                       f"{b.admin_port}/metrics, log {b.log_path}")
+        click.echo(f"data: {base}")
+        click.echo("Running; press Ctrl-C to stop.")
         while not stop.wait(0.5):
-            if server is not None and server.process is not None \
-                    and server.process.poll() is not None:
-                raise CliError(f"ZooKeeper (pid {server.pid}) exited unexpectedly")
+            problem = cluster.check()
+            if problem:
+                raise CliError(problem)
+    except LocalClusterError as exc:
+        raise CliError(str(exc)) from exc
     finally:
-        if server is not None:
-            server.stop()
+        cluster.stop()
         click.echo("stopped.")
 
 

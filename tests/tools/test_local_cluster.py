@@ -1,0 +1,53 @@
+"""`ledgerd local`: ZooKeeper + bookies come up, register, take adds, and stop on SIGINT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from ledgerd.bookie_client import open_bookie_client
+from metadata.registry import BookieRegistry
+from metadata.zookeeper import ZooKeeperStore
+from tests.appliance.harness import KEY, entry
+from wire.messages import AddRequest
+from wire.status import Status
+
+
+async def test_local_cluster_runs_bookies_and_stops_cleanly(zk_chroot: str, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "2",
+                             "--data", str(tmp_path / "local"), "--zk", zk_chroot],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("Running"):
+            line = await trio.to_thread.run_sync(proc.stdout.readline)
+            assert line, "ledgerd local exited early:\n" + "".join(lines)
+            lines.append(line)
+        bookie_ids = [ln.split()[1].rstrip(":") for ln in lines if ln.startswith("bookie ")]
+        assert len(bookie_ids) == 2
+        store = await ZooKeeperStore.connect(zk_chroot)
+        try:
+            listed = await BookieRegistry(store).list_bookies()
+            assert set(bookie_ids) <= listed.writable
+            for bid in bookie_ids:
+                async with open_bookie_client(bid) as c:
+                    req = AddRequest(ledger_id=1, first_entry_id=0, master_key=KEY,
+                                     entries=(entry(1, 0),))
+                    assert (await c.call(req))[0] == Status.OK
+            os.kill(proc.pid, signal.SIGINT)
+            assert await trio.to_thread.run_sync(proc.wait, 120) == 0
+            listed = await BookieRegistry(store).list_bookies()
+            assert not set(bookie_ids) & (listed.writable | listed.read_only)
+        finally:
+            await store.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

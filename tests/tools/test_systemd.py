@@ -1,0 +1,27 @@
+"""The shipped unit and example configuration agree with the code."""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+from appliance.config import BookieConfig
+from ledgerd.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bookie_unit_runs_the_bookie_command_with_notify() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(ROOT / "systemd" / "ledgerd-bookie.service")
+    service = unit["Service"]
+    assert service["Type"] == "notify"
+    assert service["KillSignal"] == "SIGTERM"
+    argv = service["ExecStart"].split()
+    assert argv[0].endswith("/ledgerd") and argv[1:3] == ["bookie", "--conf"]
+    assert int(service["WatchdogSec"]) > 0
+
+
+def test_example_config_loads() -> None:
+    cfg = load_config(BookieConfig, path=ROOT / "systemd" / "bookie.toml")
+    assert len(cfg.ledger_directories) == 2 and cfg.admin_address == "127.0.0.1"

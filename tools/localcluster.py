@@ -1,0 +1,112 @@
+"""A local cluster: one ZooKeeper (or a given one) and N bookie processes on loopback.
+
+``ledgerd local`` runs it in the foreground; stops are by PID (SIGTERM to bookies, then
+ZooKeeper). With ``--data`` the directories survive, so a restart finds its ledgers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import trio
+
+from metadata.cluster import init_new_cluster
+from metadata.registry import BookieRegistry
+from metadata.zookeeper import ZooKeeperStore
+from tools.bookieprocess import BookieProcess
+from tools.zkserver import ZooKeeperError, ZooKeeperServer, find_free_port
+
+__all__ = ["LocalCluster", "LocalClusterError"]
+
+BASE_PORT = 3181
+
+
+class LocalClusterError(RuntimeError):
+    pass
+
+
+class LocalCluster:
+    def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
+                 register_timeout: float = 60.0) -> None:
+        self.base = Path(base)
+        self.count = bookies
+        self.zk = zk or ""
+        self.server: ZooKeeperServer | None = None
+        self.bookies: list[BookieProcess] = []
+        self.register_timeout = register_timeout
+
+    def start(self) -> None:
+        if not self.zk:
+            self.server = ZooKeeperServer(data_dir=self.base / "zookeeper", port=0)
+            try:
+                self.server.start()
+            except ZooKeeperError as exc:
+                raise LocalClusterError(str(exc)) from exc
+            self.zk = self.server.connect_string
+        trio.run(self._init)
+        for i in range(self.count):
+            bookie = BookieProcess(self.base / f"bookie{i}", self.zk, port=self._port(i),
+                                   name=f"bookie{i}")
+            self.bookies.append(bookie)
+            bookie.start()
+        trio.run(self._wait_registered)
+
+    def _port(self, i: int) -> int:
+        """A stable port per bookie when free (cookies name it), else any free one."""
+        settings = self.base / f"bookie{i}" / "bookie.toml"
+        if settings.exists():
+            for line in settings.read_text().splitlines():
+                if line.startswith("bookie_port"):
+                    return int(line.split("=")[1])
+        return find_free_port()
+
+    async def _init(self) -> None:
+        store = await ZooKeeperStore.connect(self.zk)
+        try:
+            await init_new_cluster(store, "/ledgers")
+        finally:
+            await store.close()
+
+    async def _wait_registered(self) -> None:
+        store = await ZooKeeperStore.connect(self.zk)
+        registry = BookieRegistry(store, "/ledgers")
+        deadline = time.monotonic() + self.register_timeout
+        try:
+            while True:
+                listed = await registry.list_bookies()
+                missing = [b for b in self.bookies
+                           if b.bookie_id not in listed.writable | listed.read_only]
+                if not missing:
+                    return
+                for b in missing:
+                    if not b.running:
+                        raise LocalClusterError(f"{b.name} exited:\n{b.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise LocalClusterError(
+                        f"bookies not registered after {self.register_timeout:.0f}s: "
+                        + ", ".join(b.name for b in missing))
+                await trio.sleep(0.2)
+        finally:
+            await store.close()
+
+    def check(self) -> str:
+        """A description of what died, or ""."""
+        if self.server is not None and self.server.process is not None \
+                and self.server.process.poll() is not None:
+            return f"ZooKeeper (pid {self.server.pid}) exited unexpectedly"
+        for b in self.bookies:
+            if not b.running:
+                return f"{b.name} (pid {b.pid}) exited:\n{b.log_tail()}"
+        return ""
+
+    def stop(self) -> None:
+        for b in self.bookies:
+            if b.running:
+                try:
+                    b.terminate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    b.kill9()
+        if self.server is not None:
+            self.server.stop()
