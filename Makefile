@@ -12,7 +12,7 @@ ZK_JAR := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BOOKIES ?= 3
 
-.PHONY: run test setup system-deps lint typecheck clean
+.PHONY: run test setup system-deps lint typecheck clean bench bench-deps
 
 setup: system-deps $(STAMP)
 
@@ -51,3 +51,17 @@ test: setup lint typecheck
 
 clean:
 	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c
+
+# Benchmarks (not part of `make test`): Redis is the side-by-side anchor for bench/bookie.py.
+bench-deps: setup
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1; then \
+		echo "installing system packages: redis-server redis-tools"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			redis-server redis-tools </dev/null || exit 1; \
+	fi
+
+bench: bench-deps
+	$(PY) bench/wire_codec.py
+	$(PY) bench/journal.py
+	$(PY) bench/metadata.py
+	$(PY) bench/bookie.py

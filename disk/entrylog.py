@@ -29,7 +29,7 @@ import shutil
 import struct
 import threading
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -204,6 +204,35 @@ class EntryLogger:
         if len(log.buffer) >= self.buffer_size:
             self._write_buffer(log)
         return (log.log_id << 32) | offset
+
+    def add_many(self, ledger_id: int, entries: Sequence[bytes]) -> list[int]:
+        """``add`` for a frame's entries: one buffer extend; their locations in order."""
+        log = self._current
+        assert log is not None
+        total = 0
+        for e in entries:
+            n = len(e)
+            if n > MAX_ENTRY:
+                raise StorageError(f"entry of {n} bytes exceeds the {MAX_ENTRY}-byte maximum")
+            total += n + 8
+        offset = log.size + len(log.buffer)
+        if offset + total > self.limit:
+            return [self.add(ledger_id, e) for e in entries]  # rolls on the way
+        parts: list[bytes] = []
+        append = parts.append
+        locations: list[int] = []
+        base = log.log_id << 32
+        pack, crc = _REC.pack, google_crc32c.value
+        for e in entries:
+            append(pack(len(e), crc(e)))
+            append(e)
+            locations.append(base | offset)
+            offset += 8 + len(e)
+        log.buffer += b"".join(parts)
+        log.ledgers[ledger_id] += total
+        if len(log.buffer) >= self.buffer_size:
+            self._write_buffer(log)
+        return locations
 
     def _write_buffer(self, log: _Log) -> None:
         """Hand the buffer to the writer thread (it stays readable until written)."""

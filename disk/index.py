@@ -22,6 +22,7 @@ first (and its file synced at the next checkpoint).
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections import OrderedDict
@@ -40,6 +41,11 @@ _HEAD = struct.Struct(">4sHHqqB20sH64s")
 assert _HEAD.size == 111
 FENCED = 1
 _LOC = struct.Struct(">q")
+
+
+@functools.lru_cache(maxsize=1024)
+def _locs(n: int) -> struct.Struct:
+    return struct.Struct(f">{n}q")
 
 
 def index_path(index_dir: Path, ledger_id: int) -> Path:
@@ -175,6 +181,31 @@ class LedgerCache:
         _LOC.pack_into(page, slot * 8, location)
         if entry_id > idx.last_entry_id:
             idx.last_entry_id = entry_id
+
+    def set_locations(self, ledger_id: int, first_entry_id: int, locations: list[int]) -> None:
+        """``set_location`` for consecutive entries: one pack per page they span."""
+        idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
+        n = len(locations)
+        i = 0
+        per_page = self.per_page
+        while i < n:
+            page_no, slot = divmod(first_entry_id + i, per_page)
+            take = min(n - i, per_page - slot)
+            hot = idx.hot_page
+            if page_no == idx.hot_page_no and hot is not None:
+                page = hot
+                self.hits += 1
+            else:
+                loaded = self._page(idx, page_no, create=True)
+                assert loaded is not None
+                page = idx.hot_page = loaded
+                idx.hot_page_no = page_no
+                idx.dirty_pages.add(page_no)
+            _locs(take).pack_into(page, slot * 8, *locations[i: i + take])
+            i += take
+        last = first_entry_id + n - 1
+        if last > idx.last_entry_id:
+            idx.last_entry_id = last
 
     def location(self, ledger_id: int, entry_id: int) -> int:
         """The entry's location, 0 if absent."""

@@ -206,6 +206,15 @@ class LedgerStorage:
             if lac > idx.lac:
                 idx.lac = lac
 
+    def _insert_many(self, idx: LedgerIndex, first_entry_id: int,
+                     entries: Sequence[bytes]) -> None:
+        locations = self.entry_logger.add_many(idx.ledger_id, entries)
+        self.cache.set_locations(idx.ledger_id, first_entry_id, locations)
+        unpack = _LAC_AT.unpack_from
+        lac = max(unpack(e, 16)[0] if len(e) >= 24 else -1 for e in entries)
+        if lac > idx.lac:
+            idx.lac = lac
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """The storage services: the journal writer and the periodic checkpoint."""
         async with trio.open_nursery() as nursery:
@@ -307,9 +316,11 @@ class LedgerStorage:
         if idx.fenced and not recovery:
             raise LedgerFencedStorageError(ledger_id)
         records += self._check_term(idx, term)
-        insert = self._insert
+        if len(entries) == 1:
+            self._insert(idx, first_entry_id, entries[0])
+        else:
+            self._insert_many(idx, first_entry_id, entries)
         for i, entry in enumerate(entries):
-            insert(idx, first_entry_id + i, entry)
             records.append((RecordType.ENTRY, entry_body(ledger_id, first_entry_id + i, entry)))
         if truncate and entries:
             last = first_entry_id + len(entries) - 1

@@ -108,6 +108,22 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
         click.echo("stopped.")
 
 
+BENCHES = ("wire_codec", "journal", "metadata", "bookie")
+
+
+@cli.command("bench", context_settings={"ignore_unknown_options": True})
+@click.argument("name", type=click.Choice(BENCHES))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_cmd(name: str, args: tuple[str, ...]) -> None:
+    """Run a benchmark from bench/ (a source checkout); extra arguments pass through."""
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    if not script.exists():
+        raise CliError(f"{script} not found: benchmarks run from a source checkout")
+    sys.exit(subprocess.call([sys.executable, str(script), *args]))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])

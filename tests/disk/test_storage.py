@@ -228,3 +228,25 @@ async def test_missing_marked_journal_file_refuses_start(tmp_path: Path) -> None
     from disk.errors import StorageError
     with pytest.raises(StorageError, match="named by lastMark is missing"):
         await LedgerStorage(opts).open()
+
+
+async def test_batched_adds_roll_logs_and_replay(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, log_size_limit=64 * 1024, write_buffer_size=8192)
+    s = await _open(opts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        for first in range(0, 640, 64):
+            await s.add_entries(5, first, [_entry(5, e, 300) for e in range(first, first + 64)],
+                                KEY)
+        assert len(s.entry_logger.paths) >= 3  # several rolls, some inside a batch
+        assert s.lac(5) == 638 and s.last_entry_id(5) == 639
+        for e in range(640):
+            assert decode_entry(D, s.read_entry(5, e)).entry_id == e
+        nursery.cancel_scope.cancel()
+    s.journal._closed = True  # as a crash: no close, no final checkpoint
+    s.entry_logger.close()
+    s2 = await _open(opts)
+    assert s2.last_entry_id(5) == 639 and s2.lac(5) == 638
+    for e in range(0, 640, 7):
+        assert decode_entry(D, s2.read_entry(5, e)).entry_id == e
+    await s2.close()
