@@ -168,19 +168,21 @@ class LedgerCache:
     def set_location(self, ledger_id: int, entry_id: int, location: int) -> None:
         idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
         page_no, slot = divmod(entry_id, self.per_page)
-        hot = idx.hot_page
-        if page_no == idx.hot_page_no and hot is not None:
-            page = hot
-            self.hits += 1
-        else:
-            loaded = self._page(idx, page_no, create=True)
-            assert loaded is not None
-            page = idx.hot_page = loaded
-            idx.hot_page_no = page_no
-            idx.dirty_pages.add(page_no)
-        _LOC.pack_into(page, slot * 8, location)
+        _LOC.pack_into(self._hot_page(idx, page_no), slot * 8, location)
         if entry_id > idx.last_entry_id:
             idx.last_entry_id = entry_id
+
+    def _hot_page(self, idx: LedgerIndex, page_no: int) -> bytearray:
+        """The page to write into (the ledger's hot page when it is that one), dirty."""
+        hot = idx.hot_page
+        if page_no == idx.hot_page_no and hot is not None:
+            self.hits += 1
+            return hot
+        page = self._page(idx, page_no, create=True)
+        assert page is not None
+        idx.hot_page, idx.hot_page_no = page, page_no
+        idx.dirty_pages.add(page_no)
+        return page
 
     def set_locations(self, ledger_id: int, first_entry_id: int, locations: list[int]) -> None:
         """``set_location`` for consecutive entries: one pack per page they span."""
@@ -191,17 +193,8 @@ class LedgerCache:
         while i < n:
             page_no, slot = divmod(first_entry_id + i, per_page)
             take = min(n - i, per_page - slot)
-            hot = idx.hot_page
-            if page_no == idx.hot_page_no and hot is not None:
-                page = hot
-                self.hits += 1
-            else:
-                loaded = self._page(idx, page_no, create=True)
-                assert loaded is not None
-                page = idx.hot_page = loaded
-                idx.hot_page_no = page_no
-                idx.dirty_pages.add(page_no)
-            _locs(take).pack_into(page, slot * 8, *locations[i: i + take])
+            _locs(take).pack_into(self._hot_page(idx, page_no), slot * 8,
+                                  *locations[i: i + take])
             i += take
         last = first_entry_id + n - 1
         if last > idx.last_entry_id:

@@ -229,15 +229,16 @@ def load_config(
         raise ConfigError("<combined>", values, str(exc)) from exc
 
 
-def _toml_value(value: object) -> str:
+def toml_value(value: object) -> str:
+    """``value`` as a TOML literal (bool, number, string, or a list of those)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(value)
 
 
@@ -247,7 +248,7 @@ def defaults_toml(cls: type[Any]) -> str:
     for name, (spec, kind, default) in _fields(cls).items():
         lines.append(f"# {spec.doc}")
         lines.append(f"# BookKeeper: {spec.bk}. Allowed: {spec.describe(kind)}.")
-        lines.append(f"{name} = {_toml_value(default)}")
+        lines.append(f"{name} = {toml_value(default)}")
         lines.append("")
     return "\n".join(lines)
 
@@ -257,7 +258,7 @@ def markdown_table(cls: type[Any]) -> str:
     rows = ["| key | BookKeeper | default | allowed | meaning |", "|---|---|---|---|---|"]
     for name, (spec, kind, default) in _fields(cls).items():
         rows.append(
-            f"| `{name}` | `{spec.bk}` | `{_toml_value(default)}` | "
+            f"| `{name}` | `{spec.bk}` | `{toml_value(default)}` | "
             f"{spec.describe(kind)} | {spec.doc} |"
         )
     return "\n".join(rows)

@@ -16,21 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ledgerd.config import toml_value
 from tools.zkserver import find_free_port
 
-__all__ = ["BookieProcess", "toml_value"]
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {value!r}")
+__all__ = ["BookieProcess"]
 
 
 class BookieProcess:

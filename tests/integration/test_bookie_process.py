@@ -11,6 +11,7 @@ import trio
 
 from ledgerd.bookie_client import BookieClient, open_bookie_client
 from metadata.registry import BookieRegistry
+from metadata.zookeeper import ZooKeeperStore
 from tests.appliance.harness import KEY, D, entry
 from tests.cluster import metadata_store, wait_registered
 from tools.bookieprocess import BookieProcess
@@ -42,12 +43,17 @@ async def _http_get(port: int, path: str) -> tuple[int, bytes]:
     return int(head.split(b" ")[1]), body
 
 
+async def _started(factory: Factory, store: ZooKeeperStore) -> BookieProcess:
+    bookie = factory()
+    bookie.start()
+    await wait_registered(store, bookie)
+    return bookie
+
+
 async def test_registers_serves_tcp_and_sigterm_deregisters(
         bookie_factory: Factory, zk_chroot: str) -> None:
     async with metadata_store(zk_chroot) as store:
-        bookie = bookie_factory()
-        bookie.start()
-        await wait_registered(store, bookie)
+        bookie = await _started(bookie_factory, store)
         info = await BookieRegistry(store).bookie_info(bookie.bookie_id)
         assert info["port"] == bookie.port and info["pid"] == bookie.pid
         async with open_bookie_client(bookie.address) as c:
@@ -186,9 +192,7 @@ def _frame(msg: Any) -> bytes:
 async def test_fifty_garbage_connections_do_not_disturb_an_honest_client(
         bookie_factory: Factory, zk_chroot: str) -> None:
     async with metadata_store(zk_chroot) as store:
-        bookie = bookie_factory()
-        bookie.start()
-        await wait_registered(store, bookie)
+        bookie = await _started(bookie_factory, store)
         async with open_bookie_client(bookie.address) as honest:
             async with trio.open_nursery() as nursery:
                 for i in range(50):
