@@ -1,0 +1,96 @@
+"""Placement of entries on an ensemble and the quorum rules, as pure functions.
+
+- The write set of entry ``e`` is bookie indexes ``(e + i) % E`` for ``i < Qw``.
+- Coverage (``QuorumCoverage.tla``): a property holds for a cohort once
+  ``len(cohort) - Qa + 1`` of its members satisfy it, so every ack quorum contains one.
+  Fencing covers the last ensemble when *each* of its E write-quorum windows has
+  ``Qw - Qa + 1`` definite answers; an entry is absent once ``Qw - Qa + 1`` of its
+  write set said NO_SUCH_ENTRY / NO_SUCH_LEDGER.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+__all__ = ["EnsembleCoverage", "ReadOutcome", "RecoveryRead", "check_quorums", "write_set"]
+
+
+def check_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
+    """Raise ValueError unless ``E >= Qw >= Qa >= 1``."""
+    if not ensemble_size >= write_quorum >= ack_quorum >= 1:
+        raise ValueError(f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+                         f"E={ensemble_size} Qw={write_quorum} Qa={ack_quorum}")
+
+
+def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
+    """Indexes of the ensemble's bookies that store ``entry_id``."""
+    return tuple((entry_id + i) % ensemble_size for i in range(write_quorum))
+
+
+class EnsembleCoverage:
+    """Which bookies of an ensemble gave a definite answer, and whether that covers it."""
+
+    def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
+        check_quorums(ensemble_size, write_quorum, ack_quorum)
+        self.e, self.qw, self.qa = ensemble_size, write_quorum, ack_quorum
+        self.definite: set[int] = set()
+        self.answered: set[int] = set()
+
+    def record(self, index: int, definite: bool) -> None:
+        self.answered.add(index)
+        if definite:
+            self.definite.add(index)
+
+    @property
+    def covered(self) -> bool:
+        need = self.qw - self.qa + 1
+        return all(sum(1 for i in write_set(start, self.e, self.qw) if i in self.definite) >= need
+                   for start in range(self.e))
+
+    @property
+    def all_answered(self) -> bool:
+        return len(self.answered) == self.e
+
+
+class ReadOutcome(enum.Enum):
+    PENDING = "pending"
+    FOUND = "found"
+    ABSENT = "absent"
+    UNKNOWN = "unknown"  # every replica answered, neither found nor provably absent
+
+
+class RecoveryRead:
+    """One entry's recovery read across its write set (``ReadStatus`` in the spec).
+
+    One positive answer (a digest-checked entry) is enough to recover it; absence needs
+    ``Qw - Qa + 1`` explicit negatives; anything else once all have answered is UNKNOWN
+    and recovery must stop.
+    """
+
+    def __init__(self, indexes: Iterable[int], write_quorum: int, ack_quorum: int) -> None:
+        self.indexes = tuple(indexes)
+        self.need_negative = write_quorum - ack_quorum + 1
+        self.negative: set[int] = set()
+        self.failed: set[int] = set()
+        self.found: bytes | None = None
+
+    def positive(self, index: int, entry: bytes) -> None:
+        if self.found is None:
+            self.found = entry
+
+    def negative_answer(self, index: int) -> None:
+        self.negative.add(index)
+
+    def failure(self, index: int) -> None:
+        self.failed.add(index)
+
+    @property
+    def outcome(self) -> ReadOutcome:
+        if self.found is not None:
+            return ReadOutcome.FOUND
+        if len(self.negative) >= self.need_negative:
+            return ReadOutcome.ABSENT
+        if len(self.negative | self.failed) >= len(self.indexes):
+            return ReadOutcome.UNKNOWN
+        return ReadOutcome.PENDING

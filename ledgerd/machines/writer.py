@@ -1,0 +1,247 @@
+"""The writer's side of a ledger as a pure state machine: no I/O, time passed in.
+
+The caller (the trio handle, or the simulator) asks the machine what to do and feeds back
+what happened; every method returns a list of effects to carry out:
+
+- ``SendAdd(entry_id, index, bookie)``: send entry ``entry_id`` to that bookie;
+- ``ChangeEnsemble(first_entry_id, failed)``: pick replacements for the failed indexes
+  and CAS the metadata (``with_ensemble``), then call ``ensemble_changed`` or
+  ``ensemble_change_failed``;
+- ``Completed(entry_ids, lac)``: these appends are durable, in entry order;
+- ``Failed(reason, error)``: the handle is dead; every pending append fails.
+
+Rules (seeds 000/004, bookkeeper-facts §8):
+- entry ``e`` goes to the write set ``(e + i) % E``, ``i < Qw``, of the last ensemble;
+- it is complete at Qa acks; completions are reported strictly in entry order, so the
+  LAC (last add confirmed) is the end of the completed prefix;
+- an error other than FENCED/UNAUTHORIZED, or no answer within ``add_timeout``, starts
+  an ensemble change from LAC + 1; no completion is reported while it runs; once the
+  metadata CAS succeeds, pending adds are re-sent to the replacement bookies (their
+  acks from the replaced bookie no longer count);
+- FENCED or UNAUTHORIZED fails the handle (another client is recovering the ledger, or
+  the password is wrong); a CAS that finds the ledger CLOSED or IN_RECOVERY fails it too.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ledgerd.machines.quorum import check_quorums, write_set
+from wire.status import Status
+
+__all__ = ["ChangeEnsemble", "Completed", "Effect", "Failed", "FailureKind", "LedgerWriter",
+           "SendAdd"]
+
+
+class FailureKind(enum.Enum):
+    FENCED = "fenced"            # another client fenced the ledger (recovery)
+    CLOSED = "closed"            # metadata says CLOSED
+    UNAUTHORIZED = "unauthorized"
+    NO_BOOKIES = "no_bookies"    # an ensemble change found no replacement
+    METADATA = "metadata"        # the metadata store failed
+
+
+@dataclass(frozen=True, slots=True)
+class SendAdd:
+    entry_id: int
+    index: int
+    bookie: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEnsemble:
+    first_entry_id: int
+    failed: dict[int, str]  # index -> bookie being replaced
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    entry_ids: tuple[int, ...]
+    lac: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    kind: FailureKind
+    reason: str
+    entry_ids: tuple[int, ...]  # pending appends that fail with the handle
+
+
+Effect = SendAdd | ChangeEnsemble | Completed | Failed
+
+
+@dataclass
+class _Pending:
+    entry_id: int
+    length: int
+    sent_at: float
+    acks: set[int] = field(default_factory=set)       # indexes that acknowledged
+    waiting: set[int] = field(default_factory=set)    # indexes sent to, not answered
+    sent: bool = False
+
+
+class LedgerWriter:
+    def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int,
+                 ensemble: Sequence[str], *, last_add_confirmed: int = -1, length: int = 0,
+                 add_timeout: float = 5.0) -> None:
+        check_quorums(ensemble_size, write_quorum, ack_quorum)
+        if len(ensemble) != ensemble_size:
+            raise ValueError(f"ensemble has {len(ensemble)} bookies, expected {ensemble_size}")
+        self.e, self.qw, self.qa = ensemble_size, write_quorum, ack_quorum
+        self.ensemble = list(ensemble)
+        self.lac = last_add_confirmed
+        self.last_pushed = last_add_confirmed
+        self.length = length
+        self.add_timeout = add_timeout
+        self.pending: dict[int, _Pending] = {}
+        self.changing: dict[int, str] | None = None  # failed indexes during a change
+        self.queued_failures: dict[int, str] = {}
+        self.failed: FailureKind | None = None
+        self.lengths: dict[int, int] = {}  # cumulative length per pending entry
+
+    # -- appends ---------------------------------------------------------------------
+
+    def append(self, length: int, now: float) -> tuple[int, list[Effect]]:
+        """Allocate the next entry id; returns it with the sends to make.
+
+        The caller encodes the entry (its LAC field is ``self.lac`` at this moment and
+        its cumulative length ``self.lengths[entry_id]``)."""
+        if self.failed is not None:
+            raise RuntimeError(f"ledger handle failed: {self.failed.value}")
+        self.last_pushed += 1
+        eid = self.last_pushed
+        previous = self.lengths.get(eid - 1, self.length)
+        self.lengths[eid] = previous + length
+        p = _Pending(eid, length, now)
+        self.pending[eid] = p
+        effects: list[Effect] = []
+        if self.changing is None:
+            effects = self._send(p)
+        return eid, effects
+
+    def _send(self, p: _Pending, only: set[int] | None = None) -> list[Effect]:
+        p.sent = True
+        out: list[Effect] = []
+        for index in write_set(p.entry_id, self.e, self.qw):
+            if only is not None and index not in only:
+                continue
+            p.waiting.add(index)
+            out.append(SendAdd(p.entry_id, index, self.ensemble[index]))
+        return out
+
+    # -- answers ---------------------------------------------------------------------
+
+    def on_ack(self, entry_id: int, bookie: str, now: float) -> list[Effect]:
+        p = self.pending.get(entry_id)
+        if p is None or self.failed is not None:
+            return []  # a late or duplicate ack of something already complete
+        index = self._index_of(bookie, entry_id)
+        if index is None:
+            return []  # from a bookie no longer in the write set
+        p.waiting.discard(index)
+        p.acks.add(index)
+        return self._complete_prefix()
+
+    def on_error(self, entry_id: int, bookie: str, status: int, now: float) -> list[Effect]:
+        if self.failed is not None or entry_id not in self.pending:
+            return []
+        if status == Status.FENCED:
+            return self._fail(FailureKind.FENCED, f"bookie {bookie} says the ledger is fenced")
+        if status == Status.UNAUTHORIZED:
+            return self._fail(FailureKind.UNAUTHORIZED,
+                              f"bookie {bookie} refused the master key (wrong password?)")
+        index = self._index_of(bookie, entry_id)
+        if index is None:
+            return []
+        self.pending[entry_id].waiting.discard(index)
+        return self._bookie_failed(index)
+
+    def tick(self, now: float) -> list[Effect]:
+        """Timeouts: a bookie that has not answered an add within ``add_timeout`` failed."""
+        if self.failed is not None:
+            return []
+        slow: set[int] = set()
+        for p in self.pending.values():
+            if p.waiting and now - p.sent_at >= self.add_timeout:
+                slow |= p.waiting
+        effects: list[Effect] = []
+        for index in sorted(slow):
+            effects += self._bookie_failed(index)
+        return effects
+
+    def _index_of(self, bookie: str, entry_id: int) -> int | None:
+        for index in write_set(entry_id, self.e, self.qw):
+            if self.ensemble[index] == bookie:
+                return index
+        return None
+
+    def _complete_prefix(self) -> list[Effect]:
+        if self.changing is not None:
+            return []  # no completions while the ensemble changes (BookKeeper's rule)
+        done: list[int] = []
+        nxt = self.lac + 1
+        while (p := self.pending.get(nxt)) is not None and len(p.acks) >= self.qa:
+            del self.pending[nxt]
+            self.length = self.lengths.pop(nxt)
+            done.append(nxt)
+            nxt += 1
+        if not done:
+            return []
+        self.lac = done[-1]
+        return [Completed(tuple(done), self.lac)]
+
+    # -- ensemble change ---------------------------------------------------------------
+
+    def _bookie_failed(self, index: int) -> list[Effect]:
+        if self.changing is not None:
+            if index not in self.changing:
+                self.queued_failures[index] = self.ensemble[index]
+            return []
+        self.changing = {index: self.ensemble[index]}
+        return [ChangeEnsemble(self.lac + 1, dict(self.changing))]
+
+    def ensemble_changed(self, first_entry_id: int, new_ensemble: Sequence[str],
+                         now: float) -> list[Effect]:
+        """The metadata CAS succeeded: adopt the ensemble, re-send to replaced bookies."""
+        assert self.changing is not None, "no ensemble change in progress"
+        replaced = {i for i in range(self.e) if new_ensemble[i] != self.ensemble[i]}
+        self.ensemble = list(new_ensemble)
+        self.changing = None
+        effects: list[Effect] = []
+        for p in sorted(self.pending.values(), key=lambda q: q.entry_id):
+            if not p.sent:  # appended during the change
+                p.sent_at = now
+                effects += self._send(p)
+                continue
+            targets = replaced & set(write_set(p.entry_id, self.e, self.qw))
+            if targets:
+                p.acks -= targets
+                p.waiting -= targets
+                p.sent_at = now
+                effects += self._send(p, targets)
+        effects += self._complete_prefix()
+        if self.queued_failures:
+            queued = {i: b for i, b in self.queued_failures.items() if self.ensemble[i] == b}
+            self.queued_failures = {}
+            for index in sorted(queued):
+                effects += self._bookie_failed(index)
+        return effects
+
+    def ensemble_change_failed(self, kind: FailureKind, reason: str) -> list[Effect]:
+        return self._fail(kind, reason)
+
+    def _fail(self, kind: FailureKind, reason: str) -> list[Effect]:
+        if self.failed is not None:
+            return []
+        self.failed = kind
+        ids = tuple(sorted(self.pending))
+        self.pending.clear()
+        return [Failed(kind, reason, ids)]
+
+    # -- close -------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and self.changing is None

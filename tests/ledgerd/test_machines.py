@@ -1,0 +1,186 @@
+"""The pure protocol machines: write sets, coverage, in-order acks, ensemble change, recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledgerd.machines.quorum import EnsembleCoverage, ReadOutcome, RecoveryRead, write_set
+from ledgerd.machines.recovery import (
+    Aborted,
+    Finished,
+    LedgerRecovery,
+    Phase,
+    Rewrite,
+    SendFenceRead,
+    SendRecoveryRead,
+)
+from ledgerd.machines.writer import (
+    ChangeEnsemble,
+    Completed,
+    Failed,
+    FailureKind,
+    LedgerWriter,
+    SendAdd,
+)
+from wire.status import Status
+
+B = ["b0", "b1", "b2", "b3", "b4"]
+
+
+def test_write_sets_stripe_round_robin() -> None:
+    assert [write_set(e, 3, 2) for e in range(4)] == [(0, 1), (1, 2), (2, 0), (0, 1)]
+    assert write_set(7, 5, 3) == (2, 3, 4)
+
+
+def test_ensemble_coverage_needs_every_window() -> None:
+    c = EnsembleCoverage(3, 2, 2)  # need 1 definite per window {0,1},{1,2},{2,0}
+    c.record(0, True)
+    assert not c.covered  # window {1,2} has nothing
+    c.record(1, False)
+    assert not c.covered
+    c.record(2, True)
+    assert c.covered
+    c5 = EnsembleCoverage(5, 3, 2)  # need 2 definite in each window of 3
+    for i in (0, 2, 4):
+        c5.record(i, True)
+    assert not c5.covered  # window {1,2,3} holds only index 2
+    c5.record(1, True)
+    assert c5.covered
+
+
+def test_recovery_read_rules() -> None:
+    r = RecoveryRead((0, 1, 2), 3, 2)  # absent needs 2 negatives
+    r.negative_answer(0)
+    assert r.outcome is ReadOutcome.PENDING
+    r.failure(1)
+    assert r.outcome is ReadOutcome.PENDING
+    r.negative_answer(2)
+    assert r.outcome is ReadOutcome.ABSENT
+    u = RecoveryRead((0, 1, 2), 3, 2)
+    u.negative_answer(0)
+    u.failure(1)
+    u.failure(2)
+    assert u.outcome is ReadOutcome.UNKNOWN
+    f = RecoveryRead((0, 1), 2, 2)
+    f.negative_answer(0)
+    f.positive(1, b"x")
+    assert f.outcome is ReadOutcome.FOUND
+
+
+def _sends(effects: list[object]) -> list[tuple[int, str]]:
+    return [(e.entry_id, e.bookie) for e in effects if isinstance(e, SendAdd)]
+
+
+def test_completion_is_in_entry_order_and_lac_follows() -> None:
+    w = LedgerWriter(3, 2, 2, B[:3])
+    e0, s0 = w.append(10, 0.0)
+    e1, s1 = w.append(10, 0.0)
+    assert (e0, e1) == (0, 1)
+    assert _sends(s0) == [(0, "b0"), (0, "b1")] and _sends(s1) == [(1, "b1"), (1, "b2")]
+    assert w.on_ack(1, "b1", 0.1) == [] and w.on_ack(1, "b2", 0.1) == []  # 1 waits for 0
+    assert w.on_ack(0, "b0", 0.2) == []
+    assert w.on_ack(0, "b1", 0.2) == [Completed((0, 1), 1)]
+    assert w.lac == 1 and w.length == 20 and w.idle
+    assert w.on_ack(0, "b1", 0.3) == []  # a duplicate is harmless
+
+
+def test_fenced_or_unauthorized_fails_the_handle_and_its_pending_appends() -> None:
+    w = LedgerWriter(3, 2, 2, B[:3])
+    for _ in range(3):
+        w.append(1, 0.0)
+    out = w.on_error(1, "b1", Status.FENCED, 0.1)
+    assert out == [Failed(FailureKind.FENCED, "bookie b1 says the ledger is fenced", (0, 1, 2))]
+    with pytest.raises(RuntimeError):
+        w.append(1, 0.2)
+    w2 = LedgerWriter(1, 1, 1, ["b0"])
+    w2.append(1, 0.0)
+    assert w2.on_error(0, "b0", Status.UNAUTHORIZED, 0.1)[0].kind is FailureKind.UNAUTHORIZED  # type: ignore[union-attr]
+
+
+def test_bookie_failure_changes_ensemble_from_lac_plus_one_and_resends() -> None:
+    w = LedgerWriter(3, 2, 2, B[:3])
+    for _ in range(4):
+        w.append(1, 0.0)
+    w.on_ack(0, "b0", 0.1)
+    w.on_ack(0, "b1", 0.1)  # LAC 0
+    w.on_ack(1, "b1", 0.1)  # entry 1 waits for b2
+    out = w.on_error(1, "b2", Status.IO_ERROR, 0.2)
+    assert out == [ChangeEnsemble(1, {2: "b2"})]
+    # During the change nothing completes, even with enough acks.
+    assert w.on_ack(3, "b0", 0.3) == [] and w.on_ack(3, "b1", 0.3) == []
+    e4, sent = w.append(1, 0.3)
+    assert e4 == 4
+    assert sent == []  # held until the change is done
+    out = w.ensemble_changed(1, ["b0", "b1", "b9"], 0.4)
+    sends = _sends(out)
+    # Entries 1 and 2 (write sets include index 2) go to b9; entry 4 is sent in full.
+    assert (1, "b9") in sends and (2, "b9") in sends and (4, "b1") in sends and (4, "b2") \
+        not in sends and (4, "b9") in sends
+    assert (3, "b9") not in sends  # entry 3's write set is {0, 1}
+    assert w.on_ack(1, "b9", 0.5) == [Completed((1,), 1)]
+    w.on_ack(2, "b9", 0.5)
+    assert w.on_ack(2, "b0", 0.5) == [Completed((2, 3), 3)]
+    assert w.on_ack(4, "b2", 0.5) == []  # the replaced bookie no longer counts
+
+
+def test_add_timeout_is_a_bookie_failure() -> None:
+    w = LedgerWriter(3, 2, 2, B[:3], add_timeout=5.0)
+    w.append(1, 0.0)
+    w.on_ack(0, "b0", 1.0)
+    assert w.tick(4.9) == []
+    assert w.tick(5.0) == [ChangeEnsemble(0, {1: "b1"})]
+    assert w.tick(9.0) == []  # already changing
+
+
+def _recovered(r: LedgerRecovery, effects: list[object]) -> list[object]:
+    return [e for e in effects if isinstance(e, (Rewrite, Finished, Aborted))]
+
+
+def test_recovery_fences_reads_forward_rewrites_and_finishes() -> None:
+    r = LedgerRecovery(3, 2, 2, B[:3], 0)
+    assert r.begin() == [SendFenceRead(0, "b0"), SendFenceRead(1, "b1"), SendFenceRead(2, "b2")]
+    assert r.on_fence_answer(0, Status.OK, lac=3, length=40) == []
+    out = r.on_fence_answer(2, Status.NO_SUCH_ENTRY)
+    assert r.phase is Phase.READING and r.start == 3
+    assert out == [SendRecoveryRead(4, 1, "b1"), SendRecoveryRead(4, 2, "b2")]
+    out = r.on_read_answer(4, 2, Status.OK, b"e4", 50)
+    assert out[0] == Rewrite(4, b"e4", 50)
+    assert [e for e in out if isinstance(e, SendRecoveryRead)] == [
+        SendRecoveryRead(5, 2, "b2"), SendRecoveryRead(5, 0, "b0")]
+    assert r.on_read_answer(5, 2, Status.NO_SUCH_ENTRY) == []  # needs Qw-Qa+1 = 1: done
+    assert r.phase is Phase.WRITING
+    assert r.on_rewritten([4]) == [Finished(4, 50)]
+
+
+def test_recovery_start_is_never_below_the_last_fragment() -> None:
+    r = LedgerRecovery(3, 2, 2, B[:3], 10)
+    r.begin()
+    r.on_fence_answer(0, Status.NO_SUCH_ENTRY)
+    r.on_fence_answer(1, Status.NO_SUCH_ENTRY)
+    assert r.start == 9
+    bad = LedgerRecovery(3, 2, 2, B[:3], 10, start_from_minus_one=True)
+    bad.begin()
+    bad.on_fence_answer(0, Status.NO_SUCH_ENTRY)
+    bad.on_fence_answer(1, Status.NO_SUCH_ENTRY)
+    assert bad.start == -1  # the mutation switch re-introduces #2615
+
+
+def test_recovery_aborts_without_coverage_or_on_unknown_entries() -> None:
+    r = LedgerRecovery(3, 3, 2, B[:3], 0)  # need 2 definite in the single window
+    r.begin()
+    r.on_fence_answer(0, Status.OK, lac=-1)
+    r.on_fence_timeout(1)
+    assert r.on_fence_answer(2, Status.IO_ERROR) == [
+        Aborted("fencing did not reach quorum coverage of the last ensemble")]
+    r2 = LedgerRecovery(3, 3, 2, B[:3], 0)
+    r2.begin()
+    r2.on_fence_answer(0, Status.NO_SUCH_LEDGER)
+    r2.on_fence_answer(1, Status.NO_SUCH_LEDGER)
+    assert r2.phase is Phase.READING
+    r2.on_read_answer(0, 0, Status.NO_SUCH_ENTRY)
+    r2.on_read_timeout(0, 1)
+    out = r2.on_read_answer(0, 2, Status.IO_ERROR)
+    assert isinstance(out[0], Aborted) and r2.phase is Phase.ABORTED
+    r3 = LedgerRecovery(1, 1, 1, ["b0"], 0)
+    r3.begin()
+    assert isinstance(r3.on_fence_answer(0, Status.UNAUTHORIZED)[0], Aborted)
