@@ -184,3 +184,25 @@ def test_recovery_aborts_without_coverage_or_on_unknown_entries() -> None:
     r3 = LedgerRecovery(1, 1, 1, ["b0"], 0)
     r3.begin()
     assert isinstance(r3.on_fence_answer(0, Status.UNAUTHORIZED)[0], Aborted)
+
+
+def test_placement_is_random_writable_only_and_excludes_the_ensemble() -> None:
+    import random
+
+    from ledgerd.machines.placement import (
+        NotEnoughBookiesError,
+        choose_ensemble,
+        choose_replacements,
+    )
+
+    rng = random.Random(7)
+    seen = {choose_ensemble({"a", "b", "c", "d"}, 3, rng) for _ in range(50)}
+    assert len(seen) > 5 and all(len(set(e)) == 3 for e in seen)
+    assert choose_ensemble({"a", "b", "c"}, 3, random.Random(1)) == \
+        choose_ensemble({"c", "b", "a"}, 3, random.Random(1))  # same seed, same pick
+    new = choose_replacements({"a", "b", "c", "d"}, ("a", "b", "c"), {1}, rng)
+    assert new == ("a", "d", "c")
+    with pytest.raises(NotEnoughBookiesError, match="needed 2, found 1"):
+        choose_replacements({"a", "b", "c", "d"}, ("a", "b", "c"), {0, 1}, rng)
+    with pytest.raises(NotEnoughBookiesError, match="needed 3, found 2"):
+        choose_ensemble({"a", "b"}, 3, rng)
