@@ -187,26 +187,13 @@ class EntryLogger:
         assert self._current is not None
         return self._current.log_id
 
-    def add(self, ledger_id: int, entry: bytes | memoryview) -> int:
+    def add(self, ledger_id: int, entry: bytes) -> int:
         """Append an entry; returns its location. Raises StorageError on I/O failure."""
-        log = self._current
-        assert log is not None
-        n = len(entry)
-        if n > MAX_ENTRY:
-            raise StorageError(f"entry of {n} bytes exceeds the {MAX_ENTRY}-byte maximum")
-        if log.size + len(log.buffer) + 8 + n > self.limit and log.size + len(log.buffer) > \
-                ENTRY_LOG_HEADER_SIZE:
-            log = self._roll()
-        offset = log.size + len(log.buffer)
-        log.buffer += _REC.pack(n, google_crc32c.value(bytes(entry)))
-        log.buffer += entry
-        log.ledgers[ledger_id] += n + 8
-        if len(log.buffer) >= self.buffer_size:
-            self._write_buffer(log)
-        return (log.log_id << 32) | offset
+        return self.add_many(ledger_id, (entry,))[0]
 
     def add_many(self, ledger_id: int, entries: Sequence[bytes]) -> list[int]:
-        """``add`` for a frame's entries: one buffer extend; their locations in order."""
+        """Append a frame's entries; their locations, in order. A batch that would pass
+        ``log_size_limit`` goes entry by entry so the log rolls between them."""
         log = self._current
         assert log is not None
         total = 0
@@ -216,21 +203,22 @@ class EntryLogger:
                 raise StorageError(f"entry of {n} bytes exceeds the {MAX_ENTRY}-byte maximum")
             total += n + 8
         offset = log.size + len(log.buffer)
-        if offset + total > self.limit:
-            return [self.add(ledger_id, e) for e in entries]  # rolls on the way
-        parts: list[bytes] = []
-        append = parts.append
+        if offset + total > self.limit and offset > ENTRY_LOG_HEADER_SIZE:
+            if len(entries) > 1:
+                return [loc for e in entries for loc in self.add_many(ledger_id, (e,))]
+            log = self._roll()
+            offset = log.size
+        buf = log.buffer
         locations: list[int] = []
         base = log.log_id << 32
         pack, crc = _REC.pack, google_crc32c.value
         for e in entries:
-            append(pack(len(e), crc(e)))
-            append(e)
+            buf += pack(len(e), crc(e))
+            buf += e
             locations.append(base | offset)
             offset += 8 + len(e)
-        log.buffer += b"".join(parts)
         log.ledgers[ledger_id] += total
-        if len(log.buffer) >= self.buffer_size:
+        if len(buf) >= self.buffer_size:
             self._write_buffer(log)
         return locations
 
