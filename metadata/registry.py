@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -132,6 +132,17 @@ class BookieRegistry:
                 yield recv
             finally:
                 nursery.cancel_scope.cancel()
+
+    async def wait_for(self, done: Callable[[BookieSet], Awaitable[bool]]) -> BookieSet:
+        """Wait, on a watch, until ``done(membership)`` holds; returns that membership."""
+        async with self.watch_bookies() as snapshots:
+            current = await self.list_bookies()  # the watch is armed: no change is missed
+            if await done(current):
+                return current
+            async for snapshot in snapshots:
+                if await done(snapshot):
+                    return snapshot
+        raise AssertionError("bookie watch ended")  # watch_bookies never ends on its own
 
     async def keep_registered(self, bookie_id: str, info: Callable[[], dict[str, Any]],
                               is_read_only: Callable[[], bool], *,

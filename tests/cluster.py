@@ -15,7 +15,7 @@ import trio
 
 from metadata.cluster import init_new_cluster
 from metadata.errors import NoNodeError
-from metadata.registry import BookieRegistry
+from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
 from tools.bookieprocess import BookieProcess
 
@@ -48,20 +48,13 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
     """
     registry = BookieRegistry(store, "/ledgers")
 
-    def ok(snapshot: object) -> bool:
-        w = bookie.bookie_id in snapshot.writable  # type: ignore[attr-defined]
-        r = bookie.bookie_id in snapshot.read_only  # type: ignore[attr-defined]
+    async def done(snapshot: BookieSet) -> bool:
+        w = bookie.bookie_id in snapshot.writable
+        r = bookie.bookie_id in snapshot.read_only
         if not present:
             return not w and not r
-        if read_only is None:
-            return w or r
-        return r if read_only else w
-
-    async def current(snapshot: object) -> bool:
-        if not ok(snapshot):
+        if not (w or r if read_only is None else (r if read_only else w)):
             return False
-        if not present:
-            return True
         # A node left by a killed process lingers until its session expires: only the
         # node of the process we started counts.
         try:
@@ -70,24 +63,14 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
             return False
         return bool(info.get("pid") == bookie.pid)
 
-    async def watch(cancel: trio.CancelScope) -> None:
-        async with registry.watch_bookies() as snapshots:
-            if await current(await registry.list_bookies()):
-                cancel.cancel()
-                return
-            async for snap in snapshots:
-                if await current(snap):
-                    cancel.cancel()
-                    return
-
     async def died() -> None:
         if present and bookie.process is not None:
-            code = await trio.to_thread.run_sync(bookie.process.wait, abandon_on_cancel=True)
+            code = await bookie.exited()
             raise BookieDied(f"{bookie.name} exited with {code} before registering:\n"
                              f"{bookie.log_tail()}")
-        await trio.sleep_forever()
 
     with trio.fail_after(EVENT_BOUND_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(died)
-            await watch(nursery.cancel_scope)
+            await registry.wait_for(done)
+            nursery.cancel_scope.cancel()

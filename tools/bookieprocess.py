@@ -84,6 +84,13 @@ class BookieProcess:
             self.terminate()
         self.start()
 
+    async def exited(self) -> int:
+        """Wait (in a thread, abandoned on cancel) for the process to exit; its status."""
+        import trio
+
+        assert self.process is not None
+        return await trio.to_thread.run_sync(self.process.wait, abandon_on_cancel=True)
+
     def wait(self, timeout: float | None = None) -> int:
         assert self.process is not None
         code = self.process.wait(timeout)

@@ -7,13 +7,12 @@ ZooKeeper). With ``--data`` the directories survive, so a restart finds its ledg
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import trio
 
 from metadata.cluster import init_new_cluster
-from metadata.registry import BookieRegistry
+from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
 from tools.bookieprocess import BookieProcess
 from tools.zkserver import ZooKeeperError, ZooKeeperServer, find_free_port
@@ -71,23 +70,32 @@ class LocalCluster:
 
     async def _wait_registered(self) -> None:
         store = await ZooKeeperStore.connect(self.zk)
-        registry = BookieRegistry(store, "/ledgers")
-        deadline = time.monotonic() + self.register_timeout
+        ids = {b.bookie_id for b in self.bookies}
+
+        async def all_registered(listed: BookieSet) -> bool:
+            return ids <= listed.writable | listed.read_only
+
+        async def died(bookie: BookieProcess) -> None:
+            await bookie.exited()
+            raise LocalClusterError(f"{bookie.name} exited:\n{bookie.log_tail()}")
+
         try:
-            while True:
-                listed = await registry.list_bookies()
-                missing = [b for b in self.bookies
-                           if b.bookie_id not in listed.writable | listed.read_only]
-                if not missing:
-                    return
-                for b in missing:
-                    if not b.running:
-                        raise LocalClusterError(f"{b.name} exited:\n{b.log_tail()}")
-                if time.monotonic() > deadline:
-                    raise LocalClusterError(
-                        f"bookies not registered after {self.register_timeout:.0f}s: "
-                        + ", ".join(b.name for b in missing))
-                await trio.sleep(0.2)
+            with trio.move_on_after(self.register_timeout) as scope:
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for bookie in self.bookies:
+                            nursery.start_soon(died, bookie)
+                        await BookieRegistry(store, "/ledgers").wait_for(all_registered)
+                        nursery.cancel_scope.cancel()
+                except ExceptionGroup as group:
+                    dead = group.subgroup(LocalClusterError)
+                    if dead is None:
+                        raise
+                    raise dead.exceptions[0] from None
+            if scope.cancelled_caught:
+                raise LocalClusterError(
+                    f"bookies not registered after {self.register_timeout:.0f}s; logs under "
+                    f"{self.base}")
         finally:
             await store.close()
 
