@@ -320,7 +320,10 @@ class RequestHandler:
             return Status.READ_ONLY, None
         if req.term:
             await self.storage.set_term(req.ledger_id, req.term)
-        await self.storage.set_explicit_lac(req.ledger_id, req.master_key, req.lac_body)
+        await self.storage.set_explicit_lac(req.ledger_id, req.master_key, req.lac_body, req.lac)
+        waiter = self._lac_waiters.pop(req.ledger_id, None)
+        if waiter is not None:
+            waiter.set()
         return Status.OK, WriteLacResponse(ledger_id=req.ledger_id)
 
     async def _force_ledger(self, req: ForceLedgerRequest, trusted: bool) -> Reply:

@@ -342,10 +342,15 @@ class LedgerStorage:
         records.append((RecordType.FENCE, ledger_body(ledger_id)))
         await self.journal.append(records)
 
-    async def set_explicit_lac(self, ledger_id: int, master_key: bytes, lac_body: bytes) -> None:
+    async def set_explicit_lac(self, ledger_id: int, master_key: bytes, lac_body: bytes,
+                               lac: int = -1) -> None:
+        """Store a writer's explicit LAC (the body is returned to ReadLac as is); ``lac``
+        raises the LAC this bookie reports, so long polls see an idle writer's last entry."""
         idx = self._require(ledger_id)
         self._check_key(idx, master_key)
         idx.explicit_lac = lac_body[:64]
+        if lac > idx.lac:
+            idx.lac = lac
         idx.header_dirty = True
         await self.journal.append([(RecordType.EXPLICIT_LAC, ledger_body(ledger_id, lac_body))])
 

@@ -1,21 +1,26 @@
 """One pipelined connection to a bookie, over trio.
 
-``call_many`` writes a whole batch of requests in one ``send_all`` and waits for all
-their replies (each reply wakes nothing but a counter; the batch wakes once), so a
-caller that has many requests pays one hand-off per batch rather than per request.
-``call`` is a batch of one. Replies come back as ``(status, response)``; turning a
-status into an exception is the caller's choice (``wire.status.error_for_status``).
+``send(message, callback)`` never blocks: it queues the request, and the connection's
+writer task encodes everything queued since it last woke into one ``send_all``. The
+reader task calls ``callback(status, response, None)`` for each reply, synchronously and
+in arrival order, or ``callback(-1, None, error)`` for every request still waiting when
+the connection fails. So a ledger handle with thousands of adds in flight pays one
+hand-off per batch of bytes, not per request, and needs no task per request.
 
-If the connection ends or the bookie breaks the protocol, every waiting call raises
-``BookieConnectionError`` and the client is closed.
+``call``/``call_many`` are the awaitable form (one event per batch). If the connection
+ends or the bookie breaks the protocol, they raise ``BookieConnectionError`` and the
+client is closed; ``ended`` fires.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
 
 import trio
 
@@ -29,10 +34,12 @@ from wire.connection import (
 from wire.errors import WireError
 from wire.messages import ApiVersionsRequest, Message
 
-__all__ = ["BookieClient", "BookieConnectionError", "open_bookie_client", "parse_address"]
+__all__ = ["BookieClient", "BookieConnectionError", "Callback", "open_bookie_client",
+           "parse_address"]
 
 log = logging.getLogger(__name__)
 Reply = tuple[int, Message | None]
+Callback = Callable[[int, "Message | None", "BookieConnectionError | None"], None]
 
 
 class BookieConnectionError(ConnectionError):
@@ -53,76 +60,110 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class _Batch:
-    __slots__ = ("done", "remaining", "replies")
+    __slots__ = ("done", "error", "remaining", "replies")
 
     def __init__(self, n: int) -> None:
         self.replies: list[Reply | None] = [None] * n
         self.remaining = n
+        self.error: BookieConnectionError | None = None
         self.done = trio.Event()
+
+    def deliver(self, i: int, status: int, response: Message | None,
+                error: BookieConnectionError | None) -> None:
+        if error is not None:
+            self.error = self.error or error
+        else:
+            self.replies[i] = (status, response)
+        self.remaining -= 1
+        if not self.remaining:
+            self.done.set()
 
 
 class BookieClient:
-    def __init__(self, address: str, stream: trio.SocketStream, conn: ClientConnection) -> None:
+    def __init__(self, address: str, stream: trio.abc.Stream, conn: ClientConnection) -> None:
         self.address = address
         self.stream = stream
         self.conn = conn
-        self._waiting: dict[int, tuple[_Batch, int]] = {}
-        self._send_lock = trio.Lock()
-        self._space = trio.Event()
+        self._queue: deque[tuple[Message, Callback]] = deque()
+        self._callbacks: dict[int, Callback] = {}
+        self._wake = trio.Event()
+        self.ended = trio.Event()
         self.error: BookieConnectionError | None = None
 
     @property
     def closed(self) -> bool:
         return self.error is not None
 
+    @property
+    def outstanding(self) -> int:
+        """Requests queued or waiting for a reply."""
+        return len(self._queue) + len(self._callbacks)
+
+    def send(self, message: Message, callback: Callback) -> None:
+        """Queue ``message``; ``callback`` gets its reply (or the connection's failure).
+
+        Raises BookieConnectionError at once if the connection has already failed.
+        """
+        if self.error is not None:
+            raise self.error
+        self._queue.append((message, callback))
+        if not self._wake.is_set():
+            self._wake.set()
+
     async def call(self, message: Message) -> Reply:
-        reply = (await self.call_many([message]))[0]
-        return reply
+        return (await self.call_many([message]))[0]
 
     async def call_many(self, messages: Sequence[Message]) -> list[Reply]:
         """Send every message pipelined; their replies in the same order."""
-        limit = self.conn.max_inflight
-        if len(messages) > limit:
-            out: list[Reply] = []
-            for i in range(0, len(messages), limit):
-                out += await self.call_many(messages[i: i + limit])
-            return out
-        while self.error is None and self.conn.inflight + len(messages) > limit:
-            self._space = trio.Event()
-            await self._space.wait()
-        if self.error is not None:
-            raise self.error
         batch = _Batch(len(messages))
-        cids = []
-        chunks = []
         for i, msg in enumerate(messages):
-            cid = self.conn.next_correlation_id
-            chunks.append(self.conn.send(msg))
-            self._waiting[cid] = (batch, i)
-            cids.append(cid)
-        try:
-            async with self._send_lock:
+            self.send(msg, partial(batch.deliver, i))
+        if messages:
+            await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        return [r for r in batch.replies if r is not None]
+
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The reader and writer tasks; returns when the connection has failed."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_loop)
+            nursery.start_soon(self._read_loop)
+            task_status.started()
+            await self.ended.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _write_loop(self) -> None:
+        conn = self.conn
+        queue = self._queue
+        callbacks = self._callbacks
+        while self.error is None:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            chunks = []
+            while queue and conn.can_send:
+                msg, cb = queue.popleft()
+                cid = conn.next_correlation_id
+                try:
+                    chunks.append(conn.send(msg))
+                except WireError as exc:  # this request cannot be sent (too large, ...)
+                    cb(-1, None, BookieConnectionError(self.address, f"cannot send: {exc}"))
+                    continue
+                callbacks[cid] = cb
+            if chunks:
                 try:
                     await self.stream.send_all(b"".join(chunks))
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._fail(f"send failed: {exc}")
-            await batch.done.wait()
-        finally:
-            for cid in cids:
-                self._waiting.pop(cid, None)
-        if self.error is not None and batch.remaining:
-            raise self.error
-        return [r for r in batch.replies if r is not None]
+                    self._fail(f"send failed: {exc!r}")
 
-    async def _read_loop(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
+    async def _read_loop(self) -> None:
         conn = self.conn
-        waiting = self._waiting
-        while True:
+        callbacks = self._callbacks
+        while self.error is None:
             try:
                 data = await self.stream.receive_some(256 * 1024)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._fail(f"receive failed: {exc}")
+                self._fail(f"receive failed: {exc!r}")
                 return
             try:
                 conn.receive_data(data)
@@ -131,13 +172,9 @@ class BookieClient:
                     if ev is NEED_DATA:
                         break
                     if isinstance(ev, ResponseReceived):
-                        slot = waiting.pop(ev.correlation_id, None)
-                        if slot is not None:
-                            batch, i = slot
-                            batch.replies[i] = (ev.status, ev.response)
-                            batch.remaining -= 1
-                            if not batch.remaining:
-                                batch.done.set()
+                        cb = callbacks.pop(ev.correlation_id, None)
+                        if cb is not None:
+                            cb(ev.status, ev.response, None)
                         continue
                     if isinstance(ev, ConnectionEnded):
                         self._fail("connection closed by the bookie")
@@ -145,17 +182,25 @@ class BookieClient:
             except WireError as exc:
                 self._fail(f"protocol error: {exc}")
                 return
-            if not self._space.is_set() and conn.inflight < conn.max_inflight:
-                self._space.set()
+            if self._queue and not self._wake.is_set():
+                self._wake.set()  # replies made room for queued requests
 
     def _fail(self, reason: str) -> None:
-        if self.error is None:
-            self.error = BookieConnectionError(self.address, reason)
-            log.info("bookie_connection_lost", extra=fields(bookie=self.address, reason=reason))
-        for batch, _i in list(self._waiting.values()):
-            batch.done.set()
-        self._waiting.clear()
-        self._space.set()
+        if self.error is not None:
+            return
+        error = self.error = BookieConnectionError(self.address, reason)
+        log.info("bookie_connection_lost", extra=fields(bookie=self.address, reason=reason))
+        waiting = list(self._callbacks.values()) + [cb for _m, cb in self._queue]
+        self._callbacks.clear()
+        self._queue.clear()
+        self._wake.set()
+        self.ended.set()
+        for cb in waiting:
+            cb(-1, None, error)
+
+    def close(self) -> None:
+        """Fail everything outstanding and stop (the tasks end)."""
+        self._fail("closed by the client")
 
 
 @asynccontextmanager
@@ -173,10 +218,15 @@ async def open_bookie_client(address: str, *, connect_timeout: float = 10.0,
     client = BookieClient(address, stream, ClientConnection(max_frame_bytes=max_frame_bytes,
                                                             max_inflight=max_inflight))
     async with stream, trio.open_nursery() as nursery:
-        await nursery.start(client._read_loop)
-        if negotiate:
-            await client.call(ApiVersionsRequest())
+        await nursery.start(client.run)
+        try:
+            if negotiate:
+                with trio.fail_after(connect_timeout):
+                    await client.call(ApiVersionsRequest())
+        except trio.TooSlowError:
+            raise BookieConnectionError(address, "no ApiVersions reply") from None
         try:
             yield client
         finally:
+            client.close()
             nursery.cancel_scope.cancel()

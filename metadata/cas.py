@@ -32,13 +32,16 @@ async def cas_update(
     """Apply ``change`` with compare-and-set; returns the new value and its version.
 
     Raises ChangeRejectedError from ``change``, NoNodeError if the node is gone, and
-    MetadataError after ``max_attempts`` conflicts. If cancelled, the change may or may
+    MetadataError after ``max_attempts`` conflicts. A change that returns its input
+    unchanged (the same object) writes nothing. If cancelled, the change may or may
     not have been written; re-read before trusting either.
     """
     for _ in range(max_attempts):
         raw, stat = await store.get(path)
         current = decode(raw, path)
         wanted = change(current)
+        if wanted is current:
+            return current, stat.version  # nothing to change (e.g. already closed so)
         data = encode(wanted)
         try:
             new_stat = await store.set(path, data, stat.version)

@@ -78,10 +78,11 @@ class BookieHarness:
         client = BookieClient("memory", client_end,  # type: ignore[arg-type]
                               ClientConnection(max_inflight=max_inflight))
         async with trio.open_nursery() as nursery:
-            await nursery.start(client._read_loop)
+            await nursery.start(client.run)
             try:
                 yield client
             finally:
+                client.close()
                 nursery.cancel_scope.cancel()
                 await client_end.aclose()
 

@@ -1,0 +1,227 @@
+"""The client: ``open_client`` connects to ZooKeeper and hands out ledger handles.
+
+::
+
+    async with ledgerd.open_client("127.0.0.1:2181") as client:
+        async with await client.create_ledger(3, 2, 2, password=b"pw") as lh:
+            await lh.append(b"hello")
+        async with await client.open_ledger(lh.ledger_id, password=b"pw") as rh:
+            async for entry in rh.read():
+                print(entry.entry_id, entry.payload)
+
+One client holds one ZooKeeper session, one connection per bookie (``BookiePool``), and
+a watch on bookie membership that placement reads. Handles run their background work
+(add timeouts, explicit LAC) in the client's nursery; closing the client ends them.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ledgerd.bookies import BookiePool, PoolOptions
+from ledgerd.config import ClientConfig, ConfigError, load_config
+from ledgerd.errors import BadPasswordError, NoSuchLedgerError
+from ledgerd.handles import ReadHandle, WriteHandle
+from ledgerd.logs import fields
+from ledgerd.machines.placement import NotEnoughBookiesError, choose_ensemble
+from ledgerd.machines.quorum import check_quorums
+from ledgerd.reads import LedgerView
+from ledgerd.recovery import recover_ledger
+from metadata.cluster import check_layout
+from metadata.errors import NoNodeError
+from metadata.ledger import LedgerMetadata, password_check
+from metadata.ledgers import LedgerManager
+from metadata.registry import BookieRegistry, BookieSet
+from metadata.store import MetadataStore
+from wire.entry import Digester, DigestType, master_key
+
+__all__ = ["Client", "open_client"]
+
+log = logging.getLogger(__name__)
+
+
+def _password_bytes(password: bytes | str) -> bytes:
+    return password.encode() if isinstance(password, str) else bytes(password)
+
+
+class Client:
+    def __init__(self, config: ClientConfig, store: MetadataStore, nursery: trio.Nursery,
+                 layout: str, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.nursery = nursery
+        root = config.zk_ledgers_root_path
+        self.ledgers = LedgerManager(store, root, layout)
+        self.registry = BookieRegistry(store, root)
+        self.rng = rng or random.Random()
+        self.pool = BookiePool(nursery, PoolOptions(
+            connect_timeout=config.connect_timeout_ms / 1000,
+            max_inflight=config.max_inflight_per_bookie,
+            max_frame_bytes=config.max_frame_bytes))
+        self._bookies: BookieSet | None = None
+        self._bookies_seen = trio.Event()
+
+    # -- membership --------------------------------------------------------------------
+
+    async def _watch_bookies(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with self.registry.watch_bookies() as snapshots:
+            task_status.started()
+            async for snapshot in snapshots:
+                self._bookies = snapshot
+                self._bookies_seen.set()
+
+    async def bookies(self) -> BookieSet:
+        """The current membership (writable and read-only), as the watch last saw it."""
+        await self._bookies_seen.wait()
+        assert self._bookies is not None
+        return self._bookies
+
+    async def writable_bookies(self) -> set[str]:
+        return set((await self.bookies()).writable)
+
+    # -- ledgers -----------------------------------------------------------------------
+
+    async def create_ledger(self, ensemble_size: int | None = None,
+                            write_quorum: int | None = None, ack_quorum: int | None = None, *,
+                            digest: str | None = None, password: bytes | str = b"",
+                            compression: str | None = None,
+                            custom_metadata: Mapping[str, str] | None = None) -> WriteHandle:
+        """Create a ledger on E random writable bookies and return its write handle.
+
+        Raises ValueError unless ``E >= Qw >= Qa >= 1``, and NotEnoughBookiesError
+        (naming how many were needed and found) when too few bookies are writable.
+        """
+        cfg = self.config
+        e = cfg.ensemble_size if ensemble_size is None else ensemble_size
+        qw = cfg.write_quorum_size if write_quorum is None else write_quorum
+        qa = cfg.ack_quorum_size if ack_quorum is None else ack_quorum
+        check_quorums(e, qw, qa)
+        digest_type = DigestType(digest or cfg.digest_type)
+        if compression not in (None, "zstd"):
+            raise ValueError(f"compression must be None or 'zstd', got {compression!r}")
+        key = master_key(_password_bytes(password))
+        ensemble = self._place(await self.writable_bookies(), e)
+        md = LedgerMetadata(
+            ensemble_size=e, write_quorum=qw, ack_quorum=qa, ensembles=((0, ensemble),),
+            digest_type=digest_type.value, password_check=password_check(key),
+            compression=compression, ctime_ms=int(time.time() * 1000),
+            custom_metadata=dict(custom_metadata or {}))
+        lid, version = await self.ledgers.create(md)
+        log.info("ledger_created", extra=fields(ledger=lid, ensemble=",".join(ensemble),
+                                                e=e, qw=qw, qa=qa))
+        view = self._view(lid, md, Digester(digest_type, _password_bytes(password)))
+        return WriteHandle(self, lid, md, version, view, key)
+
+    def _place(self, writable: set[str], size: int) -> tuple[str, ...]:
+        healthy = writable - self.pool.recent_failures()
+        try:
+            return choose_ensemble(healthy, size, self.rng)
+        except NotEnoughBookiesError:
+            return choose_ensemble(writable, size, self.rng)
+
+    def _view(self, lid: int, md: LedgerMetadata, digester: Digester) -> LedgerView:
+        cfg = self.config
+        return LedgerView(lid, md, digester, self.pool,
+                          read_timeout=cfg.read_timeout_ms / 1000,
+                          speculative_timeout=cfg.speculative_read_timeout_ms / 1000,
+                          max_entry_bytes=cfg.max_frame_bytes)
+
+    async def _read_metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        try:
+            return await self.ledgers.read(ledger_id)
+        except NoNodeError:
+            raise NoSuchLedgerError(ledger_id) from None
+
+    async def open_ledger(self, ledger_id: int, password: bytes | str = b"", *,
+                          recovery: bool = True) -> ReadHandle:
+        """Open for reading. With ``recovery`` (the default) an open ledger is fenced,
+        its end found and the ledger CLOSED first, so the old writer can add nothing
+        more; without it, the metadata is read as it is and ``read_lac`` /
+        ``wait_lac_beyond`` follow a ledger still being written."""
+        md, version = await self._read_metadata(ledger_id)
+        pw = _password_bytes(password)
+        key = master_key(pw)
+        if md.password_check and md.password_check != password_check(key):
+            raise BadPasswordError(ledger_id)
+        digester = Digester(DigestType(md.digest_type), pw)
+        if recovery and not md.is_closed:
+            cfg = self.config
+            md, version = await recover_ledger(
+                self.ledgers, self.pool, ledger_id, key, digester,
+                read_timeout=cfg.read_timeout_ms / 1000,
+                add_timeout=cfg.add_entry_timeout_ms / 1000,
+                writable=self.writable_bookies, rng=self.rng)
+        return ReadHandle(self, ledger_id, md, version, self._view(ledger_id, md, digester))
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger's metadata; bookies drop its data at their next GC."""
+        try:
+            await self.ledgers.delete(ledger_id)
+        except NoNodeError:
+            raise NoSuchLedgerError(ledger_id) from None
+        log.info("ledger_deleted", extra=fields(ledger=ledger_id))
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return (await self._read_metadata(ledger_id))[0]
+
+    async def list_ledgers(self) -> AsyncIterator[int]:
+        async for lid in self.ledgers.iter_ledger_ids():
+            yield lid
+
+    async def aclose(self) -> None:
+        self.pool.close()
+        self.nursery.cancel_scope.cancel()
+
+
+def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside nested single-member groups (the application's own
+    error, which the client's nursery wrapped), or the group itself."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+@asynccontextmanager
+async def open_client(zk_servers: str | None = None, *, config: ClientConfig | None = None,
+                      rng: random.Random | None = None, store: MetadataStore | None = None,
+                      **settings: Any) -> AsyncIterator[Client]:
+    """Connect to the cluster at ``zk_servers``; settings are ClientConfig keys (over
+    ``LEDGERD_*`` environment variables and the defaults).
+
+    ``store`` lets tests pass an in-memory metadata store instead of ZooKeeper.
+    """
+    if config is None:
+        if zk_servers is not None:
+            settings["zk_servers"] = zk_servers
+        config = load_config(ClientConfig, overrides=settings)
+    elif settings or zk_servers is not None:
+        raise ConfigError("open_client", None, "pass either config= or settings, not both")
+    own_store = store is None
+    if store is None:
+        from metadata.zookeeper import ZooKeeperStore
+        store = await ZooKeeperStore.connect(config.zk_servers,
+                                             session_timeout=config.zk_timeout_ms / 1000)
+    try:
+        layout = await check_layout(store, config.zk_ledgers_root_path)
+        try:
+            async with trio.open_nursery() as nursery:
+                client = Client(config, store, nursery, layout, rng)
+                await nursery.start(client._watch_bookies)
+                try:
+                    yield client
+                finally:
+                    await client.aclose()
+        except BaseExceptionGroup as group:
+            raise _single(group) from None
+    finally:
+        if own_store:
+            with trio.CancelScope(shield=True):
+                await store.close()

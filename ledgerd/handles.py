@@ -1,0 +1,406 @@
+"""Ledger handles: ``WriteHandle`` (create) and ``ReadHandle`` (open), over trio.
+
+A write handle runs a ``LedgerWriter`` through an ``AddPipeline``. ``append`` awaits
+durability (Qa bookies have journaled the entry and every earlier one completed);
+``submit`` only waits for room (the throttle and the outstanding-adds cap) and returns
+a ``PendingAppend`` to await later, so one task can keep thousands of appends in flight.
+Ensemble changes CAS the metadata (``change_ensemble``); a handle whose ledger was
+fenced or closed under it fails, and so does every pending and later append.
+
+Both handles read: ``read(first, last)`` is an async iterator of verified entries with
+failover across each entry's write set; ``read_lac`` asks the bookies;
+``wait_lac_beyond`` long-polls until the LAC passes an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Generator, Iterable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ledgerd.errors import (
+    BadPasswordError,
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerHandleError,
+    NotEnoughBookiesError,
+    ReadBeyondLacError,
+)
+from ledgerd.logs import fields
+from ledgerd.machines.changes import (
+    ClosedChange,
+    EnsembleConflict,
+    FencedChange,
+    change_ensemble,
+    close_as_writer,
+)
+from ledgerd.machines.placement import choose_replacements
+from ledgerd.machines.throttle import TokenBucket
+from ledgerd.machines.writer import FailureKind, LedgerWriter
+from ledgerd.pipeline import AddPipeline, EnsembleChangeError
+from ledgerd.reads import LedgerView, fetch_entries, long_poll, read_lac
+from metadata.errors import MetadataError
+from metadata.ledger import LedgerMetadata
+from wire.compression import compress_payload
+from wire.entry import Entry, encode_entry, encode_lac_body
+from wire.messages import AddFlags, WriteLacRequest
+
+if TYPE_CHECKING:
+    from ledgerd.client import Client
+
+__all__ = ["PendingAppend", "ReadHandle", "WriteHandle"]
+
+log = logging.getLogger(__name__)
+_READ_WINDOW = 64
+
+
+class PendingAppend:
+    """An append in flight: ``await p`` (or ``await p.wait()``) gives its entry id once
+    durable, or raises the handle's error."""
+
+    __slots__ = ("_error", "_event", "done", "entry_id")
+
+    def __init__(self, entry_id: int) -> None:
+        self.entry_id = entry_id
+        self.done = False
+        self._error: BaseException | None = None
+        self._event: trio.Event | None = None
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self.done = True
+        self._error = error
+        if self._event is not None:
+            self._event.set()
+
+    async def wait(self) -> int:
+        if not self.done:
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self.entry_id
+
+    def __await__(self) -> Generator[Any, None, int]:
+        return self.wait().__await__()
+
+
+class _HandleBase:
+    def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
+                 view: LedgerView) -> None:
+        self.client = client
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self.version = version
+        self._view = view
+        self._lac = metadata.last_entry_id if metadata.is_closed else -1
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """The last entry known to be confirmed (durable on an ack quorum)."""
+        return self._lac
+
+    @property
+    def ensemble_size(self) -> int:
+        return self.metadata.ensemble_size
+
+    @property
+    def is_closed(self) -> bool:
+        return self.metadata.is_closed
+
+    def _sync_view(self) -> LedgerView:
+        self._view.metadata = self.metadata
+        return self._view
+
+    def _bounds(self, first: int, last: int | None) -> int:
+        lac = self.last_add_confirmed
+        if last is None:
+            last = lac
+        if first < 0:
+            raise ValueError(f"first entry {first} is negative")
+        if last > lac:
+            raise ReadBeyondLacError(self.ledger_id, last, lac)
+        return last
+
+    async def read(self, first: int = 0, last: int | None = None) -> AsyncIterator[Entry]:
+        """Entries ``first..last`` (default: up to the last confirmed entry), verified,
+        fetched 64 at a time."""
+        last = self._bounds(first, last)
+        for start in range(first, last + 1, _READ_WINDOW):
+            for entry in await self.read_batch(start, min(last, start + _READ_WINDOW - 1)):
+                yield entry
+
+    async def read_batch(self, first: int, last: int) -> list[Entry]:
+        """Entries ``first..last`` at once (all requests in flight together)."""
+        last = self._bounds(first, last)
+        if first > last:
+            return []
+        return await fetch_entries(self._sync_view(), first, last)
+
+    async def read_entry(self, entry_id: int) -> bytes:
+        """One entry's payload."""
+        async for e in self.read(entry_id, entry_id):
+            return e.payload
+        raise AssertionError("read of one entry yielded nothing")
+
+
+class ReadHandle(_HandleBase):
+    """A ledger opened for reading (after recovery, or without it)."""
+
+    def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
+                 view: LedgerView) -> None:
+        super().__init__(client, ledger_id, metadata, version, view)
+        self._piggyback: Entry | None = None
+
+    @property
+    def length(self) -> int:
+        return self.metadata.length
+
+    async def refresh(self) -> LedgerMetadata:
+        """Re-read the metadata (a ledger opened without recovery may have closed since)."""
+        self.metadata, self.version = await self.client.ledgers.read(self.ledger_id)
+        if self.metadata.is_closed:
+            self._lac = self.metadata.last_entry_id
+        return self.metadata
+
+    async def read_lac(self) -> int:
+        """Ask the bookies for the last confirmed entry; never moves backwards."""
+        if self.metadata.is_closed:
+            return self._lac
+        self._lac = max(self._lac, await read_lac(self._sync_view()))
+        return self._lac
+
+    async def wait_lac_beyond(self, entry_id: int, timeout: float = 10.0) -> int:
+        """Wait (long polls) until the LAC passes ``entry_id`` or ``timeout`` ends; returns
+        the LAC then (``<= entry_id`` on timeout). A closed ledger returns at once."""
+        with trio.move_on_after(timeout):
+            while self._lac <= entry_id and not self.metadata.is_closed:
+                poll = min(timeout, 10.0)
+                lac, entry = await long_poll(self._sync_view(), max(self._lac, entry_id), poll)
+                if lac > self._lac:
+                    self._lac = lac
+                    self._piggyback = entry
+                    break
+                await self.refresh()  # nothing moved: has it been closed?
+        return self._lac
+
+    async def close(self) -> None:
+        """Nothing to release on the bookies; present for symmetry with WriteHandle."""
+
+    async def __aenter__(self) -> ReadHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class WriteHandle(_HandleBase):
+    """A ledger this client created and writes; one writer per ledger."""
+
+    def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
+                 view: LedgerView, key: bytes) -> None:
+        super().__init__(client, ledger_id, metadata, version, view)
+        cfg = client.config
+        self._key = key
+        self._compress = metadata.compression == "zstd"
+        self._digester = view.digester
+        ensemble = metadata.last_ensemble[1]
+        writer = LedgerWriter(metadata.ensemble_size, metadata.write_quorum,
+                              metadata.ack_quorum, ensemble,
+                              add_timeout=cfg.add_entry_timeout_ms / 1000)
+        self._scope = trio.CancelScope()
+        self._pipeline = AddPipeline(client.pool, client.nursery, ledger_id, key, writer,
+                                     flags=AddFlags.NONE, replace=self._replace,
+                                     on_completed=self._completed, on_failed=self._failed)
+        self._waiters: dict[int, PendingAppend] = {}
+        self._error: LedgerHandleError | BadPasswordError | None = None
+        self._closing = False
+        self._closed = False
+        self._progress = trio.Event()
+        self._throttle = TokenBucket(cfg.throttle, now=trio.current_time())
+        self.max_outstanding = max(1, cfg.max_inflight_per_bookie // 2)
+        self._lac_interval = cfg.explicit_lac_interval_ms / 1000
+        self._lac_written = -1
+        self._last_activity = trio.current_time()
+        client.nursery.start_soon(self._service)
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._pipeline.writer.lac
+
+    @property
+    def length(self) -> int:
+        return self._pipeline.writer.length
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        return tuple(self._pipeline.writer.ensemble)
+
+    @property
+    def ensemble_changes(self) -> int:
+        return self._pipeline.ensemble_changes
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closing or self._closed:
+            raise LedgerClosedError(self.ledger_id, "handle is closed")
+
+    # -- appends -----------------------------------------------------------------------
+
+    async def submit(self, data: bytes) -> PendingAppend:
+        """Send one entry; returns at once (after the throttle and the outstanding cap)
+        with a PendingAppend to await for durability."""
+        self._check_usable()
+        delay = self._throttle.take(trio.current_time())
+        if delay > 0:
+            await trio.sleep(delay)
+        while len(self._waiters) >= self.max_outstanding and self._error is None:
+            await self._wait_progress()
+        self._check_usable()
+        return self._submit_now(data)
+
+    def _submit_now(self, data: bytes) -> PendingAppend:
+        payload = compress_payload(data) if self._compress else bytes(data)
+        lid = self.ledger_id
+        digester = self._digester
+        eid = self._pipeline.append(len(payload), lambda e, lac, length: encode_entry(
+            digester, lid, e, lac, length, payload))
+        p = PendingAppend(eid)
+        if self._error is not None:  # failed while sending (a synchronous failure)
+            p._finish(self._error)
+        else:
+            self._waiters[eid] = p
+        self._last_activity = trio.current_time()
+        return p
+
+    async def append(self, data: bytes) -> int:
+        """Append one entry and wait until it is durable; returns its entry id."""
+        return await (await self.submit(data))
+
+    async def append_many(self, items: Iterable[bytes]) -> list[int]:
+        """Append entries in order, pipelined from this task; returns their ids once all
+        are durable (raises the first failure)."""
+        pending = [await self.submit(d) for d in items]
+        return [await p for p in pending]
+
+    async def _wait_progress(self) -> None:
+        self._progress = trio.Event() if self._progress.is_set() else self._progress
+        await self._progress.wait()
+
+    def _completed(self, entry_ids: tuple[int, ...], lac: int) -> None:
+        waiters = self._waiters
+        for eid in entry_ids:
+            p = waiters.pop(eid, None)
+            if p is not None:
+                p._finish()
+        self._progress.set()
+
+    def _failed(self, kind: FailureKind, reason: str, entry_ids: tuple[int, ...]) -> None:
+        error: LedgerHandleError | BadPasswordError
+        if kind is FailureKind.FENCED:
+            error = LedgerFencedError(self.ledger_id, reason)
+        elif kind is FailureKind.CLOSED:
+            error = LedgerClosedError(self.ledger_id, reason)
+        elif kind is FailureKind.UNAUTHORIZED:
+            error = BadPasswordError(self.ledger_id)
+        else:
+            error = LedgerHandleError(self.ledger_id, reason)
+        self._error = error
+        log.warning("ledger_handle_failed", extra=fields(ledger=self.ledger_id, kind=kind.value,
+                                                         reason=reason, pending=len(entry_ids)))
+        waiters, self._waiters = self._waiters, {}
+        for p in waiters.values():
+            p._finish(error)
+        self._progress.set()
+
+    # -- ensemble change ---------------------------------------------------------------
+
+    async def _replace(self, first: int, failed: dict[int, str],
+                       ensemble: tuple[str, ...]) -> tuple[str, ...]:
+        client = self.client
+        writable = await client.writable_bookies()
+        healthy = writable - client.pool.recent_failures()
+        try:
+            try:
+                new = choose_replacements(healthy, ensemble, failed, client.rng)
+            except NotEnoughBookiesError:
+                new = choose_replacements(writable, ensemble, failed, client.rng)
+        except NotEnoughBookiesError as exc:
+            raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
+        try:
+            self.metadata, self.version = await client.ledgers.update(
+                self.ledger_id, lambda md: change_ensemble(md, ensemble, first, new))
+        except ClosedChange as exc:
+            raise EnsembleChangeError(FailureKind.CLOSED, str(exc)) from exc
+        except FencedChange as exc:
+            raise EnsembleChangeError(FailureKind.FENCED, str(exc)) from exc
+        except (EnsembleConflict, MetadataError) as exc:
+            raise EnsembleChangeError(FailureKind.METADATA, str(exc)) from exc
+        return new
+
+    # -- background: add timeouts and explicit LAC -------------------------------------
+
+    async def _service(self) -> None:
+        timeout = self._pipeline.writer.add_timeout
+        interval = max(0.01, min(timeout / 4, self._lac_interval or timeout))
+        with self._scope:
+            while True:
+                await trio.sleep(interval)
+                self._pipeline.tick()
+                if self._lac_interval and self._error is None:
+                    self._maybe_write_lac()
+
+    def _maybe_write_lac(self) -> None:
+        w = self._pipeline.writer
+        now = trio.current_time()
+        if (w.lac > self._lac_written and not self._waiters
+                and now - self._last_activity >= self._lac_interval):
+            self._lac_written = w.lac
+            body = encode_lac_body(self._digester, self.ledger_id, w.lac)
+            req = WriteLacRequest(ledger_id=self.ledger_id, lac=w.lac, master_key=self._key,
+                                  lac_body=body)
+            for bookie in w.ensemble:
+                self.client.pool.send(bookie, req, lambda *_a: None)
+
+    # -- close -------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for pending appends, then CAS the metadata to CLOSED at the LAC.
+
+        Raises LedgerFencedError if another client is recovering the ledger, and
+        LedgerClosedError if it was closed at an end other than this writer's LAC.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            while self._waiters and self._error is None:
+                await self._wait_progress()
+            if self._error is not None and not isinstance(self._error, LedgerHandleError):
+                raise self._error
+            w = self._pipeline.writer
+            try:
+                self.metadata, self.version = await self.client.ledgers.update(
+                    self.ledger_id, lambda md: close_as_writer(md, w.lac, w.length))
+            except FencedChange as exc:
+                raise LedgerFencedError(self.ledger_id, str(exc)) from exc
+            except ClosedChange as exc:
+                raise LedgerClosedError(self.ledger_id, str(exc)) from exc
+        finally:
+            self._closed = True
+            self._scope.cancel()
+
+    async def __aenter__(self) -> WriteHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,186 @@
+"""The sending side of a ledger writer: carries out what ``LedgerWriter`` asks for.
+
+An ``AddPipeline`` owns one ``LedgerWriter`` and the encoded bytes of its pending
+entries. ``append`` asks the machine for an entry id and the sends to make; sends are
+grouped per bookie into AddRequests of consecutive entries and handed to the
+``BookiePool`` with a callback, so replies feed straight back into the machine from the
+connection's reader, and completions reach ``on_completed`` in entry order. No quorum
+logic lives here: this is I/O.
+
+Two policies are the owner's: ``replace`` picks and records a new ensemble (a metadata
+CAS for a write handle; a local choice for recovery), and ``on_completed`` /
+``on_failed`` say what completion means. A bookie that answers TOO_MANY_REQUESTS is
+asked again shortly, without telling the machine (it is alive, only busy); the add
+timeout still applies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import trio
+
+from ledgerd.bookie_client import BookieConnectionError
+from ledgerd.bookies import BookiePool
+from ledgerd.logs import fields
+from ledgerd.machines.writer import (
+    ChangeEnsemble,
+    Completed,
+    Effect,
+    Failed,
+    FailureKind,
+    LedgerWriter,
+    SendAdd,
+)
+from wire.messages import AddRequest, Message
+from wire.status import Status
+
+__all__ = ["AddPipeline", "EnsembleChangeError"]
+
+log = logging.getLogger(__name__)
+
+_MAX_RUN_ENTRIES = 256
+_MAX_RUN_BYTES = 2 << 20
+_BUSY_RETRY_S = 0.01
+
+
+class EnsembleChangeError(Exception):
+    def __init__(self, kind: FailureKind, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+Replace = Callable[[int, dict[int, str], tuple[str, ...]], Awaitable[tuple[str, ...]]]
+
+
+class AddPipeline:
+    def __init__(self, pool: BookiePool, nursery: trio.Nursery, ledger_id: int,
+                 master_key: bytes, writer: LedgerWriter, *, flags: int, term: int = 0,
+                 replace: Replace,
+                 on_completed: Callable[[tuple[int, ...], int], None],
+                 on_failed: Callable[[FailureKind, str, tuple[int, ...]], None]) -> None:
+        self.pool = pool
+        self.nursery = nursery
+        self.ledger_id = ledger_id
+        self.key = master_key
+        self.writer = writer
+        self.flags = flags
+        self.term = term
+        self.replace = replace
+        self.on_completed = on_completed
+        self.on_failed = on_failed
+        self.entries: dict[int, bytes] = {}
+        self._out: dict[str, list[int]] = {}
+        self.ensemble_changes = 0
+
+    def append(self, length: int, encode: Callable[[int, int, int], bytes]) -> int:
+        """Add one entry: ``encode(entry_id, lac, cumulative_length)`` gives its bytes."""
+        w = self.writer
+        eid, effects = w.append(length, trio.current_time())
+        self.entries[eid] = encode(eid, w.lac, w.lengths[eid])
+        self.apply(effects)
+        return eid
+
+    def tick(self) -> None:
+        effects = self.writer.tick(trio.current_time())
+        if effects:
+            self.apply(effects)
+
+    # -- effects -----------------------------------------------------------------------
+
+    def apply(self, effects: list[Effect]) -> None:
+        out = self._out
+        for eff in effects:
+            if type(eff) is SendAdd:
+                ids = out.get(eff.bookie)
+                if ids is None:
+                    out[eff.bookie] = [eff.entry_id]
+                else:
+                    ids.append(eff.entry_id)
+            elif type(eff) is Completed:
+                entries = self.entries
+                for eid in eff.entry_ids:
+                    entries.pop(eid, None)
+                self.on_completed(eff.entry_ids, eff.lac)
+            elif type(eff) is ChangeEnsemble:
+                self.nursery.start_soon(self._change, eff)
+            elif type(eff) is Failed:
+                for eid in eff.entry_ids:
+                    self.entries.pop(eid, None)
+                self.on_failed(eff.kind, eff.reason, eff.entry_ids)
+        if out:
+            self._flush()
+
+    def _flush(self) -> None:
+        out, self._out = self._out, {}
+        entries = self.entries
+        for bookie, ids in out.items():
+            ids.sort()
+            i = 0
+            while i < len(ids):
+                first = ids[i]
+                run = [entries[first]]
+                nbytes = len(run[0])
+                j = i + 1
+                while (j < len(ids) and ids[j] == first + (j - i) and j - i < _MAX_RUN_ENTRIES
+                       and nbytes + len(entries[ids[j]]) <= _MAX_RUN_BYTES):
+                    run.append(entries[ids[j]])
+                    nbytes += len(run[-1])
+                    j += 1
+                self._send(bookie, first, tuple(run))
+                i = j
+
+    def _send(self, bookie: str, first: int, run: tuple[bytes, ...]) -> None:
+        req = AddRequest(ledger_id=self.ledger_id, first_entry_id=first, flags=self.flags,
+                         master_key=self.key, term=self.term, entries=run)
+        self.pool.send(bookie, req, partial(self._on_reply, bookie, first, len(run), req))
+
+    def _on_reply(self, bookie: str, first: int, count: int, req: AddRequest, status: int,
+                  response: Message | None, error: BookieConnectionError | None) -> None:
+        w = self.writer
+        now = trio.current_time()
+        effects: list[Effect] = []
+        if error is None and status == Status.OK:
+            for eid in range(first, first + count):
+                effects += w.on_ack(eid, bookie, now)
+        elif error is None and status == Status.TOO_MANY_REQUESTS:
+            self.nursery.start_soon(self._retry_busy, bookie, req)
+            return
+        else:
+            if error is not None:
+                self.pool.note_failure(bookie)
+            code = Status.IO_ERROR if error is not None else status
+            log.info("add_failed", extra=fields(ledger=self.ledger_id, bookie=bookie,
+                                                first=first, count=count,
+                                                status=error.reason if error else code))
+            for eid in range(first, first + count):
+                effects += w.on_error(eid, bookie, code, now)
+        if effects:
+            self.apply(effects)
+
+    async def _retry_busy(self, bookie: str, req: AddRequest) -> None:
+        await trio.sleep(_BUSY_RETRY_S)
+        first = req.first_entry_id
+        # Only entries the machine still waits for from this bookie.
+        if self.writer.failed is None and bookie in self.writer.ensemble and all(
+                eid in self.writer.pending for eid in range(first, first + len(req.entries))):
+            self.pool.send(bookie, req, partial(self._on_reply, bookie, first,
+                                                len(req.entries), req))
+
+    async def _change(self, eff: ChangeEnsemble) -> None:
+        w = self.writer
+        try:
+            new = await self.replace(eff.first_entry_id, eff.failed, tuple(w.ensemble))
+        except EnsembleChangeError as exc:
+            log.warning("ensemble_change_failed", extra=fields(
+                ledger=self.ledger_id, first=eff.first_entry_id, reason=exc.reason))
+            self.apply(w.ensemble_change_failed(exc.kind, exc.reason))
+            return
+        self.ensemble_changes += 1
+        log.info("ensemble_changed", extra=fields(
+            ledger=self.ledger_id, first=eff.first_entry_id,
+            replaced=",".join(eff.failed.values()), ensemble=",".join(new)))
+        self.apply(w.ensemble_changed(eff.first_entry_id, new, trio.current_time()))
