@@ -1,0 +1,646 @@
+"""Simulated bookies and metadata, and the clients that drive the real machines.
+
+``SimWriter`` runs ``LedgerWriter``, ``SimRecoverer`` runs ``LedgerRecovery`` plus a
+recovery-mode ``LedgerWriter``, and every metadata change goes through the client's own
+pure change functions (``ledgerd.machines.changes``) in a compare-and-set loop. Only the
+transport differs from the trio client: here a message is an event in the world.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledgerd.machines.changes import (
+    ClosedChange,
+    EnsembleConflict,
+    FencedChange,
+    begin_recovery,
+    change_ensemble,
+    close_as_writer,
+    close_recovered,
+)
+from ledgerd.machines.placement import NotEnoughBookiesError, choose_ensemble, choose_replacements
+from ledgerd.machines.quorum import write_set
+from ledgerd.machines.recovery import (
+    Aborted,
+    Finished,
+    LedgerRecovery,
+    RecoveryEffect,
+    Rewrite,
+    SendFenceRead,
+    SendRecoveryRead,
+)
+from ledgerd.machines.writer import (
+    ChangeEnsemble,
+    Completed,
+    Effect,
+    Failed,
+    FailureKind,
+    LedgerWriter,
+    SendAdd,
+)
+from metadata.errors import ChangeRejectedError
+from metadata.ledger import LedgerMetadata, LedgerState
+from tests.sim.world import World
+from wire.entry import Digester, DigestType, decode_entry, encode_entry, peek_entry_header
+from wire.status import Status
+
+__all__ = ["SimBookie", "SimMetadata", "SimReader", "SimRecoverer", "SimWriter", "payload_for"]
+
+LEDGER = 7
+DIGEST = Digester(DigestType.CRC32C)
+ADD_TIMEOUT = 1.0
+READ_TIMEOUT = 1.0
+
+
+def payload_for(entry_id: int) -> bytes:
+    return b"entry-%d" % entry_id
+
+
+# -- bookies ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Ledger:
+    entries: dict[int, bytes] = field(default_factory=dict)   # readable (maybe unsynced)
+    durable: dict[int, bytes] = field(default_factory=dict)   # survived fdatasync
+    fenced: bool = False
+    fence_durable: bool = False
+
+
+class SimBookie:
+    """A bookie: entries readable at once, acknowledged after a journal sync; a fencing
+    read is answered once the fence is durable; crashes lose what was not synced (or,
+    with ``lose_unsynced=False``, nothing)."""
+
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+        self.up = True
+        self.incarnation = 0
+        self.ledger = _Ledger()
+        self.durable_changes = 0
+
+    def _sync(self, then: Callable[[], None], label: str) -> None:
+        inc = self.incarnation
+        def done() -> None:
+            if self.up and self.incarnation == inc:
+                then()
+        self.world.at(0.0002 + self.world.rng.random() * 0.003, done, f"{self.name} {label}")
+
+    def on_add(self, entry_id: int, entry: bytes, recovery: bool,
+               reply: Callable[[int], None]) -> None:
+        if not self.up:
+            return
+        led = self.ledger
+        if led.fenced and not recovery:
+            if not self.world.mutations.fenced_accepts_adds:
+                self.world.send(lambda: reply(Status.FENCED), f"{self.name} -> FENCED {entry_id}")
+                return
+            self.world.log(f"{self.name} accepts plain add {entry_id} on a fenced ledger")
+            self.fenced_add_accepted = True
+        led.entries[entry_id] = entry
+
+        def synced() -> None:
+            led.durable[entry_id] = led.entries.get(entry_id, entry)
+            self.durable_changes += 1
+            self.world.send(lambda: reply(Status.OK), f"{self.name} -> ack {entry_id}")
+        self._sync(synced, f"sync {entry_id}")
+
+    def on_read(self, entry_id: int, fence: bool,
+                reply: Callable[[int, bytes], None]) -> None:
+        if not self.up:
+            return
+        led = self.ledger
+
+        def answer() -> None:
+            if entry_id < 0:
+                if not led.entries:
+                    status, data = Status.NO_SUCH_LEDGER, b""
+                else:
+                    status, data = Status.OK, led.entries[max(led.entries)]
+            elif entry_id in led.entries:
+                status, data = Status.OK, led.entries[entry_id]
+            else:
+                status, data = Status.NO_SUCH_ENTRY, b""
+            self.world.send(lambda: reply(status, data),
+                            f"{self.name} -> read {entry_id} {Status(status).name}")
+
+        if fence:
+            led.fenced = True
+
+            def durable() -> None:
+                led.fence_durable = True
+                answer()
+            self._sync(durable, "sync fence")
+        else:
+            answer()
+
+    def crash(self, lose_unsynced: bool) -> None:
+        self.up = False
+        self.incarnation += 1
+        led = self.ledger
+        if lose_unsynced:
+            led.entries = dict(led.durable)
+            led.fenced = led.fence_durable
+        else:
+            led.durable = dict(led.entries)
+            led.fence_durable = led.fenced
+            self.durable_changes += 1
+
+    def restart(self) -> None:
+        self.up = True
+
+    fenced_add_accepted = False
+
+
+# -- metadata ----------------------------------------------------------------------------
+
+
+class SimMetadata:
+    """One ledger's metadata node: versioned, compare-and-set, delayed but reliable."""
+
+    def __init__(self, world: World, md: LedgerMetadata) -> None:
+        self.world = world
+        self.md = md
+        self.version = 0
+        self.history: list[LedgerMetadata] = [md]
+
+    def read(self, reply: Callable[[LedgerMetadata, int], None]) -> None:
+        md, v = self.md, self.version
+        self.world.at(self.world.metadata_delay(), lambda: reply(md, v), "md read")
+
+    def write(self, md: LedgerMetadata, version: int, reply: Callable[[bool, int], None]) -> None:
+        def apply() -> None:
+            if version != self.version:
+                self.world.at(self.world.metadata_delay(), lambda: reply(False, -1),
+                              "md conflict")
+                return
+            old = self.md
+            if old.state is LedgerState.CLOSED:
+                self.world.fail(f"metadata changed after CLOSED: {old} -> {md}")
+            self.md = md
+            self.version += 1
+            self.history.append(md)
+            v = self.version
+            self.world.log(f"md v{v} {md.state.value} last={md.last_entry_id} "
+                           f"ensembles={[(f, list(b)) for f, b in md.ensembles]}")
+            self.world.at(self.world.metadata_delay(), lambda: reply(True, v), "md written")
+        self.world.at(self.world.metadata_delay(), apply, "md write")
+
+
+def cas(meta: SimMetadata, alive: Callable[[], bool],
+        change: Callable[[LedgerMetadata], LedgerMetadata],
+        done: Callable[[LedgerMetadata | None, ChangeRejectedError | None], None]) -> None:
+    """The compare-and-set loop of ``metadata.cas.cas_update``, as events."""
+    def attempt() -> None:
+        meta.read(on_read)
+
+    def on_read(md: LedgerMetadata, version: int) -> None:
+        if not alive():
+            return
+        try:
+            new = change(md)
+        except ChangeRejectedError as exc:
+            done(None, exc)
+            return
+        if new is md:
+            done(md, None)
+            return
+        meta.write(new, version, lambda ok, _v: (done(new, None) if ok else attempt())
+                   if alive() else None)
+    attempt()
+
+
+# -- the writer --------------------------------------------------------------------------
+
+
+class SimWriter:
+    def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
+                 entries: int, observer: Any) -> None:
+        self.world = world
+        self.meta = meta
+        self.bookies = bookies
+        self.total = entries
+        self.observer = observer
+        md = meta.md
+        self.w = LedgerWriter(md.ensemble_size, md.write_quorum, md.ack_quorum,
+                              md.last_ensemble[1], add_timeout=ADD_TIMEOUT,
+                              complete_out_of_order=world.mutations.out_of_order_completion)
+        self.alive = True
+        self.entries: dict[int, bytes] = {}
+        self.acked: list[int] = []
+        self.appended = 0
+        self.failed: FailureKind | None = None
+        self.closed: str | None = None  # "ok" or the close error
+        self.max_lac = -1
+        self.die_after_change = False  # a crash right after an ensemble change (#2615)
+
+    def start(self) -> None:
+        self._schedule_append()
+        self._schedule_tick()
+
+    def _schedule_append(self) -> None:
+        r = self.world.rng
+        self.world.at(r.expovariate(1 / 0.02), self._append, "writer append")
+
+    def _schedule_tick(self) -> None:
+        self.world.at(ADD_TIMEOUT / 4, self._tick, "writer tick")
+
+    def _tick(self) -> None:
+        if not self.alive or self.failed is not None or self.closed is not None:
+            return
+        self.apply(self.w.tick(self.world.now))
+        self._schedule_tick()
+
+    def _append(self) -> None:
+        if not self.alive or self.failed is not None:
+            return
+        if self.appended >= self.total:
+            self._maybe_close()
+            return
+        payload = payload_for(self.appended)
+        eid, effects = self.w.append(len(payload), self.world.now)
+        assert eid == self.appended
+        self.appended += 1
+        self.entries[eid] = encode_entry(DIGEST, LEDGER, eid, self.w.lac, self.w.lengths[eid],
+                                         payload)
+        self.apply(effects)
+        self._schedule_append()
+
+    def apply(self, effects: list[Effect]) -> None:
+        for eff in effects:
+            if isinstance(eff, SendAdd):
+                self._send(eff)
+            elif isinstance(eff, Completed):
+                self.acked.extend(eff.entry_ids)
+                if eff.lac < self.max_lac:
+                    self.world.fail(f"writer LAC went back from {self.max_lac} to {eff.lac}")
+                self.max_lac = eff.lac
+                self.observer.on_acked(eff.entry_ids, eff.lac)
+            elif isinstance(eff, ChangeEnsemble):
+                self._change(eff)
+            elif isinstance(eff, Failed):
+                self.failed = eff.kind
+                self.world.log(f"writer failed: {eff.kind.value} {eff.reason}")
+
+    def _send(self, eff: SendAdd) -> None:
+        bookie = self.bookies[eff.bookie]
+        entry = self.entries[eff.entry_id]
+        eid, name = eff.entry_id, eff.bookie
+
+        def reply(status: int) -> None:
+            if self.alive:
+                if status == Status.OK:
+                    self.apply(self.w.on_ack(eid, name, self.world.now))
+                else:
+                    self.apply(self.w.on_error(eid, name, status, self.world.now))
+        self.world.send(lambda: bookie.on_add(eid, entry, False, reply), f"add {eid} -> {name}")
+
+    def _change(self, eff: ChangeEnsemble) -> None:
+        ensemble = tuple(self.w.ensemble)
+        try:
+            new = choose_replacements(self.bookies, ensemble, eff.failed, self.world.rng)
+        except NotEnoughBookiesError as exc:
+            self.apply(self.w.ensemble_change_failed(FailureKind.NO_BOOKIES, str(exc)))
+            return
+
+        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
+            if err is None:
+                if self.die_after_change and self.world.rng.random() < 0.5:
+                    self.die()  # the CAS landed; the writer died before acting on it
+                    return
+                self.apply(self.w.ensemble_changed(eff.first_entry_id, new, self.world.now))
+                if self.die_after_change:
+                    self.world.at(self.world.rng.uniform(0, 0.02), self.die,
+                                  "kill writer after its ensemble change")
+            elif isinstance(err, ClosedChange):
+                self.apply(self.w.ensemble_change_failed(FailureKind.CLOSED, str(err)))
+            elif isinstance(err, FencedChange):
+                self.apply(self.w.ensemble_change_failed(FailureKind.FENCED, str(err)))
+            else:
+                assert isinstance(err, EnsembleConflict | ChangeRejectedError)
+                self.apply(self.w.ensemble_change_failed(FailureKind.METADATA, str(err)))
+        cas(self.meta, lambda: self.alive,
+            lambda md: change_ensemble(md, ensemble, eff.first_entry_id, new), done)
+
+    def _maybe_close(self) -> None:
+        if self.closed is not None or self.failed is not None or not self.alive:
+            return
+        if not self.w.idle:
+            self.world.at(0.05, self._maybe_close, "writer close wait")
+            return
+        lac, length = self.w.lac, self.w.length
+
+        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
+            self.closed = "ok" if err is None else type(err).__name__
+            self.world.log(f"writer close: {self.closed}")
+            if err is None and md is not None and md.last_entry_id != lac:
+                self.world.fail(f"writer close succeeded at {md.last_entry_id}, LAC {lac}")
+        self.closed = "closing"
+        cas(self.meta, lambda: self.alive, lambda md: close_as_writer(md, lac, length), done)
+
+    def die(self) -> None:
+        self.alive = False
+        self.world.log("writer died")
+
+
+# -- recovery -----------------------------------------------------------------------------
+
+
+class SimRecoverer:
+    def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
+                 name: str, observer: Any) -> None:
+        self.world = world
+        self.meta = meta
+        self.bookies = bookies
+        self.name = name
+        self.observer = observer
+        self.alive = True
+        self.attempt = 0
+        self.result: LedgerMetadata | None = None
+
+    def start(self) -> None:
+        if not self.alive or self.result is not None:
+            return
+        self.attempt += 1
+        attempt = self.attempt
+        cas(self.meta, lambda: self.alive and self.attempt == attempt, begin_recovery,
+            lambda md, err: self._begun(attempt, md))
+
+    def _begun(self, attempt: int, md: LedgerMetadata | None) -> None:
+        assert md is not None
+        if md.is_closed:
+            self._finish(md)
+            return
+        self.md = md
+        first, ensemble = md.last_ensemble
+        self.rec = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
+                                  first,
+                                  start_from_minus_one=self.world.mutations.recovery_from_minus_one)
+        self.rw: LedgerWriter | None = None
+        self.rw_entries: dict[int, bytes] = {}
+        self.local_ensembles: dict[int, tuple[str, ...]] = {}
+        self.outstanding: set[tuple[int, int]] = set()
+        self.world.log(f"{self.name} recovery attempt {attempt} on {list(ensemble)}")
+        self.apply(self.rec.begin())
+        self._tick(attempt)
+
+    def _live(self, attempt: int) -> bool:
+        return self.alive and self.attempt == attempt and self.result is None
+
+    def _tick(self, attempt: int) -> None:
+        def tick() -> None:
+            if not self._live(attempt):
+                return
+            if self.rw is not None:
+                self.apply_writer(self.rw.tick(self.world.now))
+            self._tick(attempt)
+        self.world.at(ADD_TIMEOUT / 4, tick, f"{self.name} tick")
+
+    def apply(self, effects: list[RecoveryEffect]) -> None:
+        attempt = self.attempt
+        for eff in effects:
+            if not self._live(attempt):
+                return
+            if isinstance(eff, SendFenceRead):
+                self._read(-1, eff.index, eff.bookie)
+            elif isinstance(eff, SendRecoveryRead):
+                self._read(eff.entry_id, eff.index, eff.bookie)
+            elif isinstance(eff, Rewrite):
+                self._rewrite(eff)
+            elif isinstance(eff, Finished):
+                self._close(eff)
+            elif isinstance(eff, Aborted):
+                self.world.log(f"{self.name} aborted: {eff.reason}")
+                self.attempt += 1  # stale answers of this attempt are now ignored
+                self.world.at(0.2, self.start, f"{self.name} retry")
+
+    def _read(self, entry_id: int, index: int, name: str) -> None:
+        attempt = self.attempt
+        key = (entry_id, index)
+        self.outstanding.add(key)
+        bookie = self.bookies[name]
+        fence = not self.world.mutations.unfenced_recovery_reads
+
+        def reply(status: int, data: bytes) -> None:
+            if not self._live(attempt) or key not in self.outstanding:
+                return
+            self.outstanding.discard(key)
+            if entry_id < 0:
+                if status == Status.OK:
+                    h = peek_entry_header(data)
+                    self.observer.on_lac_seen(h.lac, f"{self.name} fence read")
+                    self.apply(self.rec.on_fence_answer(index, status, h.lac, h.length))
+                else:
+                    self.apply(self.rec.on_fence_answer(index, status))
+            elif status == Status.OK:
+                e = decode_entry(DIGEST, data, ledger_id=LEDGER, entry_id=entry_id)
+                self.observer.on_entry_read(entry_id, e.payload, self.name)
+                self.apply(self.rec.on_read_answer(entry_id, index, status, data, e.length))
+            else:
+                self.apply(self.rec.on_read_answer(entry_id, index, status))
+
+        def timeout() -> None:
+            if self._live(attempt) and key in self.outstanding:
+                self.outstanding.discard(key)
+                self.apply(self.rec.on_fence_timeout(index) if entry_id < 0
+                           else self.rec.on_read_timeout(entry_id, index))
+        self.world.send(lambda: bookie.on_read(entry_id, fence, reply),
+                        f"{self.name} read {entry_id} -> {name}")
+        self.world.at(READ_TIMEOUT, timeout, f"{self.name} read timeout {entry_id}@{index}")
+
+    # -- rewrites through a recovery-mode writer --
+
+    def _rewrite(self, eff: Rewrite) -> None:
+        md = self.md
+        if self.rw is None:
+            self.rw = LedgerWriter(md.ensemble_size, md.write_quorum, md.ack_quorum,
+                                   self.rec.ensemble, last_add_confirmed=self.rec.start,
+                                   add_timeout=ADD_TIMEOUT)
+        eid, effects = self.rw.append(0, self.world.now)
+        assert eid == eff.entry_id, (eid, eff.entry_id)
+        self.rw_entries[eid] = eff.entry
+        self.apply_writer(effects)
+
+    def apply_writer(self, effects: list[Effect]) -> None:
+        attempt = self.attempt
+        assert self.rw is not None
+        rw = self.rw
+        for eff in effects:
+            if not self._live(attempt):
+                return
+            if isinstance(eff, SendAdd):
+                self._send_rewrite(eff, attempt)
+            elif isinstance(eff, Completed):
+                self.apply(self.rec.on_rewritten(eff.entry_ids))
+            elif isinstance(eff, ChangeEnsemble):
+                self._local_change(eff, rw, attempt)
+            elif isinstance(eff, Failed):
+                self.apply([Aborted(f"rewrite failed: {eff.reason}")])
+
+    def _send_rewrite(self, eff: SendAdd, attempt: int) -> None:
+        assert self.rw is not None
+        rw = self.rw
+        bookie = self.bookies[eff.bookie]
+        eid, name = eff.entry_id, eff.bookie
+        entry = self.rw_entries[eid]
+
+        def reply(status: int) -> None:
+            if self._live(attempt):
+                self.apply_writer(rw.on_ack(eid, name, self.world.now) if status == Status.OK
+                                  else rw.on_error(eid, name, status, self.world.now))
+        self.world.send(lambda: bookie.on_add(eid, entry, True, reply),
+                        f"{self.name} rewrite {eid} -> {name}")
+
+    def _local_change(self, eff: ChangeEnsemble, rw: LedgerWriter, attempt: int) -> None:
+        ensemble = tuple(rw.ensemble)
+        try:
+            new = choose_replacements(self.bookies, ensemble, eff.failed, self.world.rng)
+        except NotEnoughBookiesError as exc:
+            self.apply_writer(rw.ensemble_change_failed(FailureKind.NO_BOOKIES, str(exc)))
+            return
+        if not self.world.mutations.early_recovery_ensemble_commit:
+            self.local_ensembles[eff.first_entry_id] = new
+            self.apply_writer(rw.ensemble_changed(eff.first_entry_id, new, self.world.now))
+            return
+
+        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
+            if not self._live(attempt):
+                return
+            if err is not None:
+                self.apply_writer(rw.ensemble_change_failed(FailureKind.METADATA, str(err)))
+            else:
+                self.apply_writer(rw.ensemble_changed(eff.first_entry_id, new, self.world.now))
+        cas(self.meta, lambda: self._live(attempt),
+            lambda md: md.with_ensemble(eff.first_entry_id, new), done)
+
+    def _close(self, fin: Finished) -> None:
+        attempt = self.attempt
+        ensembles = dict(self.local_ensembles)
+
+        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
+            if err is not None:
+                self.apply([Aborted(f"close failed: {err}")])
+                return
+            assert md is not None
+            self._finish(md)
+        cas(self.meta, lambda: self._live(attempt),
+            lambda md: close_recovered(md, ensembles, fin.last_entry_id, fin.length), done)
+
+    def _finish(self, md: LedgerMetadata) -> None:
+        self.result = md
+        self.world.log(f"{self.name} done: ledger closed at {md.last_entry_id}")
+
+    def die(self) -> None:
+        self.alive = False
+        self.world.log(f"{self.name} died")
+
+
+# -- readers ------------------------------------------------------------------------------
+
+
+class SimReader:
+    """Follows the ledger (non-fencing reads of each bookie's last entry for the LAC, then
+    the entries up to it); once the ledger is CLOSED, reads it whole, once."""
+
+    def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
+                 name: str, observer: Any, *, tail: bool) -> None:
+        self.world = world
+        self.meta = meta
+        self.bookies = bookies
+        self.name = name
+        self.observer = observer
+        self.tail = tail
+        self.lac = -1
+        self.next = 0
+        self.result: tuple[int, list[bytes]] | None = None
+        self._round = 0
+
+    def start(self) -> None:
+        self.world.at(0.05, self._poll, f"{self.name} poll")
+
+    def _poll(self) -> None:
+        if self.result is not None:
+            return
+        self.meta.read(self._on_metadata)
+
+    def _on_metadata(self, md: LedgerMetadata, _version: int) -> None:
+        if md.is_closed:
+            self._read_closed(md)
+            return
+        if self.tail:
+            self._round += 1
+            rnd = self._round
+            for name in md.last_ensemble[1]:
+                bookie = self.bookies[name]
+
+                def reply(status: int, data: bytes, rnd: int = rnd) -> None:
+                    if status == Status.OK and rnd == self._round and self.result is None:
+                        lac = peek_entry_header(data).lac
+                        self.observer.on_lac_seen(lac, self.name)
+                        if lac > self.lac:
+                            self.lac = lac
+                            self._read_confirmed(md)
+                self.world.send(lambda b=bookie, r=reply: b.on_read(-1, False, r),
+                                f"{self.name} lac? -> {name}")
+        self.world.at(0.1, self._poll, f"{self.name} poll")
+
+    def _read_confirmed(self, md: LedgerMetadata) -> None:
+        while self.next <= self.lac:
+            eid = self.next
+            self.next += 1
+            self._read_entry(md, eid, 0, lambda e, data: self.observer.on_entry_read(
+                e, data, self.name))
+
+    def _read_entry(self, md: LedgerMetadata, eid: int, attempt: int,
+                    got: Callable[[int, bytes], None]) -> None:
+        ensemble = md.ensemble_for(eid)
+        ws = write_set(eid, md.ensemble_size, md.write_quorum)
+        name = ensemble[ws[attempt % len(ws)]]
+        bookie = self.bookies[name]
+        answered = [False]
+
+        def reply(status: int, data: bytes) -> None:
+            if answered[0]:
+                return
+            answered[0] = True
+            if status == Status.OK:
+                got(eid, decode_entry(DIGEST, data, ledger_id=LEDGER, entry_id=eid).payload)
+            else:
+                self.world.at(0.05, lambda: self._read_entry(md, eid, attempt + 1, got),
+                              f"{self.name} retry {eid}")
+
+        def timeout() -> None:
+            if not answered[0]:
+                answered[0] = True
+                self._read_entry(md, eid, attempt + 1, got)
+        self.world.send(lambda: bookie.on_read(eid, False, reply), f"{self.name} read {eid}")
+        self.world.at(READ_TIMEOUT, timeout, f"{self.name} read timeout {eid}")
+
+    def _read_closed(self, md: LedgerMetadata) -> None:
+        if self.result is not None or getattr(self, "_closing_read", False):
+            return
+        self._closing_read = True
+        last = md.last_entry_id
+        got: dict[int, bytes] = {}
+
+        def one(eid: int, data: bytes) -> None:
+            got[eid] = data
+            self.observer.on_entry_read(eid, data, self.name)
+            if len(got) == last + 1:
+                self.result = (last, [got[i] for i in range(last + 1)])
+                self.observer.on_reader_done(self.name, self.result)
+        if last < 0:
+            self.result = (last, [])
+            self.observer.on_reader_done(self.name, self.result)
+        for eid in range(last + 1):
+            self._read_entry(md, eid, 0, one)
+
+
+def initial_metadata(world: World, bookies: list[str], e: int, qw: int, qa: int) -> LedgerMetadata:
+    ensemble = choose_ensemble(bookies, e, world.rng)
+    return LedgerMetadata(ensemble_size=e, write_quorum=qw, ack_quorum=qa,
+                          ensembles=((0, ensemble),))
