@@ -65,3 +65,4 @@ bench: bench-deps
 	$(PY) bench/journal.py
 	$(PY) bench/metadata.py
 	$(PY) bench/bookie.py
+	$(PY) bench/client.py

@@ -60,16 +60,19 @@ class PendingAppend:
     """An append in flight: ``await p`` (or ``await p.wait()``) gives its entry id once
     durable, or raises the handle's error."""
 
-    __slots__ = ("_error", "_event", "done", "entry_id")
+    __slots__ = ("_error", "_event", "completed_at", "done", "entry_id", "submitted_at")
 
-    def __init__(self, entry_id: int) -> None:
+    def __init__(self, entry_id: int, submitted_at: float) -> None:
         self.entry_id = entry_id
         self.done = False
+        self.submitted_at = submitted_at
+        self.completed_at = 0.0  # trio.current_time() when it became durable (or failed)
         self._error: BaseException | None = None
         self._event: trio.Event | None = None
 
     def _finish(self, error: BaseException | None = None) -> None:
         self.done = True
+        self.completed_at = trio.current_time()
         self._error = error
         if self._event is not None:
             self._event.set()
@@ -269,17 +272,18 @@ class WriteHandle(_HandleBase):
         return self._submit_now(data)
 
     def _submit_now(self, data: bytes) -> PendingAppend:
+        now = trio.current_time()
         payload = compress_payload(data) if self._compress else bytes(data)
         lid = self.ledger_id
         digester = self._digester
         eid = self._pipeline.append(len(payload), lambda e, lac, length: encode_entry(
             digester, lid, e, lac, length, payload))
-        p = PendingAppend(eid)
+        p = PendingAppend(eid, now)
         if self._error is not None:  # failed while sending (a synchronous failure)
             p._finish(self._error)
         else:
             self._waiters[eid] = p
-        self._last_activity = trio.current_time()
+        self._last_activity = now
         return p
 
     async def append(self, data: bytes) -> int:

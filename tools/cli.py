@@ -96,6 +96,13 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
             click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"
                        f"{b.admin_port}/metrics, log {b.log_path}")
         click.echo(f"data: {base}")
+        e = min(3, len(cluster.bookies))
+        q = min(2, e)
+        click.echo("\nTry it (Python, in another terminal):\n"
+                   "  import ledgerd\n"
+                   f"  c = ledgerd.SyncClient({cluster.zk!r}); lh = c.create_ledger({e}, {q}, {q})\n"
+                   "  lh.append(b'hello'); lh.close(); "
+                   "print([e.payload for e in c.open_ledger(lh.ledger_id).read()]); c.close()\n")
         click.echo("Running; press Ctrl-C to stop.")
         while not stop.wait(0.5):
             problem = cluster.check()

@@ -206,3 +206,83 @@ def test_placement_is_random_writable_only_and_excludes_the_ensemble() -> None:
         choose_replacements({"a", "b", "c", "d"}, ("a", "b", "c"), {0, 1}, rng)
     with pytest.raises(NotEnoughBookiesError, match="needed 3, found 2"):
         choose_ensemble({"a", "b"}, 3, rng)
+
+
+# -- metadata changes and the throttle ---------------------------------------------------
+
+from ledgerd.machines.changes import (  # noqa: E402
+    ClosedChange,
+    EnsembleConflict,
+    FencedChange,
+    begin_recovery,
+    change_ensemble,
+    close_as_writer,
+    close_recovered,
+)
+from ledgerd.machines.throttle import TokenBucket  # noqa: E402
+from metadata.errors import ChangeRejectedError  # noqa: E402
+from metadata.ledger import LedgerMetadata, LedgerState  # noqa: E402
+
+
+def _md(**kw: object) -> LedgerMetadata:
+    base: dict[str, object] = dict(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                                   ensembles=((0, ("b0", "b1", "b2")),))
+    base.update(kw)
+    return LedgerMetadata(**base)  # type: ignore[arg-type]
+
+
+def test_ensemble_change_rules() -> None:
+    md = _md()
+    new = change_ensemble(md, ("b0", "b1", "b2"), 5, ("b0", "b3", "b2"))
+    assert new.ensembles == ((0, ("b0", "b1", "b2")), (5, ("b0", "b3", "b2")))
+    with pytest.raises(EnsembleConflict):
+        change_ensemble(new, ("b0", "b1", "b2"), 7, ("b4", "b1", "b2"))
+    with pytest.raises(FencedChange):
+        change_ensemble(md.with_state(LedgerState.IN_RECOVERY), ("b0", "b1", "b2"), 5,
+                        ("b0", "b3", "b2"))
+    with pytest.raises(ClosedChange):
+        change_ensemble(md.closed(3, 30), ("b0", "b1", "b2"), 5, ("b0", "b3", "b2"))
+
+
+def test_writer_close_rules_follow_the_seed() -> None:
+    md = _md()
+    assert close_as_writer(md, 9, 90).state is LedgerState.CLOSED
+    closed = md.closed(9, 90)
+    assert close_as_writer(closed, 9, 90) is closed  # same end: success, nothing to write
+    with pytest.raises(ClosedChange, match="closed at entry 9"):
+        close_as_writer(closed, 12, 120)
+    with pytest.raises(FencedChange):
+        close_as_writer(md.with_state(LedgerState.IN_RECOVERY), 9, 90)
+    assert issubclass(ClosedChange, ChangeRejectedError)
+
+
+def test_recovery_begin_and_close() -> None:
+    md = _md()
+    rec = begin_recovery(md)
+    assert rec.state is LedgerState.IN_RECOVERY
+    assert begin_recovery(rec).state is LedgerState.IN_RECOVERY  # a second recoverer
+    closed = close_recovered(rec, {4: ("b0", "b1", "b3")}, 6, 60)
+    assert closed.ensembles[-1] == (4, ("b0", "b1", "b3")) and closed.last_entry_id == 6
+    assert close_recovered(closed, {}, 3, 30) is closed  # the first close wins
+    assert begin_recovery(closed) is closed
+
+
+def test_token_bucket() -> None:
+    t = TokenBucket(100, burst=2, now=0.0)
+    assert t.take(0.0) == 0 and t.take(0.0) == 0
+    assert t.take(0.0) == pytest.approx(0.01)  # third add waits one token's time
+    assert t.take(1.0) == 0
+    assert TokenBucket(0).take(0.0) == 0  # unlimited
+    with pytest.raises(ValueError):
+        TokenBucket(-1)
+
+
+def test_out_of_order_mutation_switch_breaks_ordering() -> None:
+    w = LedgerWriter(2, 2, 1, ["b0", "b1"], complete_out_of_order=True)
+    w.append(1, 0.0)
+    w.append(1, 0.0)
+    assert w.on_ack(1, "b0", 0.0) == [Completed((1,), 1)]  # entry 0 still pending
+    ok = LedgerWriter(2, 2, 1, ["b0", "b1"])
+    ok.append(1, 0.0)
+    ok.append(1, 0.0)
+    assert ok.on_ack(1, "b0", 0.0) == []

@@ -41,6 +41,13 @@ async def test_local_cluster_runs_bookies_and_stops_cleanly(zk_chroot: str, tmp_
                     req = AddRequest(ledger_id=1, first_entry_id=0, master_key=KEY,
                                      entries=(entry(1, 0),))
                     assert (await c.call(req))[0] == Status.OK
+            # The printed example works as printed.
+            start = next(i for i, ln in enumerate(lines) if ln.startswith("Try it"))
+            code = "".join(ln[2:] for ln in lines[start + 1:] if ln.startswith("  "))
+            ran = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, timeout=120))
+            assert ran.returncode == 0, ran.stderr
+            assert ran.stdout.strip() == "[b'hello']"
             os.kill(proc.pid, signal.SIGINT)
             assert await trio.to_thread.run_sync(proc.wait, 120) == 0
             listed = await BookieRegistry(store).list_bookies()

@@ -1,0 +1,183 @@
+"""Client throughput and latency: E=Qw=Qa=1 on one bookie vs E=3 Qw=2 Qa=2 on three.
+
+    python bench/client.py [--seconds 8] [--rounds 3] [--window 500]
+
+Starts a real ZooKeeper and three bookie processes (temp directories on the work disk),
+then, in this process, one client task appends 1 KiB entries through
+``WriteHandle.submit`` with ``--window`` appends in flight (pipelined from one task, no
+task per entry) for ``--seconds`` after a 1 s warm-up. An append counts when it is
+durable on its ack quorum (each bookie acknowledges after its journal fdatasync);
+latency is from ``submit`` to completion. Rounds alternate the two layouts; medians are
+reported.
+
+Then the tail-read latency: a writer appends one entry every 20 ms (explicit LAC after
+10 ms idle) while a reader in another client follows with ``wait_lac_beyond``; the
+latency is from the writer's completion to the reader's long poll returning with a LAC
+at or past the entry.
+
+The goal (issue #7): the 3-bookie figure at least half of the 1-bookie figure on this
+2-core machine, where the client and three bookies share the two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio
+
+import ledgerd
+from metadata.cluster import init_new_cluster
+from metadata.registry import BookieRegistry, BookieSet
+from metadata.zookeeper import ZooKeeperStore
+from tools.bookieprocess import BookieProcess
+from tools.zkserver import ZooKeeperServer
+
+ENTRY = 1024
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * q))]
+
+
+async def _appends(zk: str, e: int, qw: int, qa: int, seconds: float,
+                   window: int) -> dict[str, float]:
+    payload = os.urandom(ENTRY)
+    async with ledgerd.open_client(zk, throttle=0, max_inflight_per_bookie=4 * window) as client:
+        lh = await client.create_ledger(e, qw, qa)
+        inflight: list[ledgerd.PendingAppend] = []
+        done: list[ledgerd.PendingAppend] = []
+        start = trio.current_time()
+        measure_from = start + 1.0
+        end = measure_from + seconds
+        while trio.current_time() < end:
+            while len(inflight) < window:
+                inflight.append(await lh.submit(payload))
+            await inflight[0]
+            keep = []
+            for p in inflight:
+                if p.done:
+                    if p.submitted_at >= measure_from and p.completed_at < end:
+                        done.append(p)
+                else:
+                    keep.append(p)
+            inflight = keep
+        for p in inflight:
+            await p
+        await lh.close()
+        lat = [p.completed_at - p.submitted_at for p in done]
+        return {"appends_per_s": len(done) / seconds, "p50_ms": 1000 * _pct(lat, 0.5),
+                "p99_ms": 1000 * _pct(lat, 0.99), "ensemble_changes": lh.ensemble_changes}
+
+
+async def _tail(zk: str, entries: int) -> dict[str, float]:
+    async with ledgerd.open_client(zk, explicit_lac_interval_ms=10) as wc, \
+            ledgerd.open_client(zk) as rc:
+        lh = await wc.create_ledger(3, 2, 2)
+        rh = await rc.open_ledger(lh.ledger_id, recovery=False)
+        completed: dict[int, float] = {}
+        seen: dict[int, float] = {}
+
+        async def follow() -> None:
+            lac = -1
+            while lac < entries - 1:
+                lac = await rh.wait_lac_beyond(lac, timeout=5)
+                now = trio.current_time()
+                for eid in range(len(seen), lac + 1):
+                    seen[eid] = now
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            for _ in range(entries):
+                eid = await lh.append(b"x" * ENTRY)
+                completed[eid] = trio.current_time()
+                await trio.sleep(0.02)
+        await lh.close()
+        lat = [seen[e] - completed[e] for e in range(entries)]
+        return {"p50_ms": 1000 * _pct(lat, 0.5), "p99_ms": 1000 * _pct(lat, 0.99)}
+
+
+async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    zk_server = ZooKeeperServer(data_dir=base / "zk")
+    zk_server.start()
+    bookies: list[BookieProcess] = []
+    try:
+        zk = zk_server.connect_string + "/bench"
+        store = await ZooKeeperStore.connect(zk_server.connect_string)
+        await store.create("/bench")
+        await store.close()
+        store = await ZooKeeperStore.connect(zk)
+        await init_new_cluster(store, "/ledgers")
+        for i in range(3):
+            b = BookieProcess(base / f"bookie{i}", zk,
+                              settings={"log_level": "WARNING", "zk_timeout_ms": 4000})
+            b.start()
+            bookies.append(b)
+
+        async def all_up(s: BookieSet) -> bool:
+            return {b.bookie_id for b in bookies} <= s.writable
+        with trio.fail_after(120):
+            await BookieRegistry(store, "/ledgers").wait_for(all_up)
+        await store.close()
+        runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": []}
+        for rnd in range(args.rounds):
+            for key, quorums in (("e1", (1, 1, 1)), ("e3", (3, 2, 2))):
+                os.sync()
+                runs[key].append(await _appends(zk, *quorums, args.seconds, args.window))
+            print(f"round {rnd + 1}: E1 {runs['e1'][-1]['appends_per_s']:,.0f}/s, "
+                  f"E3/Qw2/Qa2 {runs['e3'][-1]['appends_per_s']:,.0f}/s", flush=True)
+        tail = await _tail(zk, args.tail_entries)
+        med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
+        return {"appends": med, "tail": tail}
+    finally:
+        for b in bookies:
+            if b.running:
+                b.terminate()
+        zk_server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window", type=int, default=500)
+    parser.add_argument("--tail-entries", type=int, default=300)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="ledgerd-client-bench-", dir=os.environ.get("BENCH_DIR")))
+    try:
+        result = trio.run(_bench, args, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result))
+        return
+    a, t = result["appends"], result["tail"]
+    ratio = a["e3"]["appends_per_s"] / a["e1"]["appends_per_s"]
+    print()
+    print("| run | durable appends/s | p50 ms | p99 ms |")
+    print("|---|---|---|---|")
+    print(f"| E=Qw=Qa=1, one bookie | {a['e1']['appends_per_s']:,.0f} | "
+          f"{a['e1']['p50_ms']:.2f} | {a['e1']['p99_ms']:.2f} |")
+    print(f"| E=3 Qw=2 Qa=2, three bookies | {a['e3']['appends_per_s']:,.0f} | "
+          f"{a['e3']['p50_ms']:.2f} | {a['e3']['p99_ms']:.2f} |")
+    print(f"| tail read (writer ack -> reader's long poll) | | {t['p50_ms']:.2f} | "
+          f"{t['p99_ms']:.2f} |")
+    print(f"\n3-bookie / 1-bookie: {ratio:.2f} (goal >= 0.5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The synchronous facade (its own trio thread) against real bookie processes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import trio
+
+import ledgerd
+from tests.cluster import metadata_store, wait_registered
+from tools.bookieprocess import BookieProcess
+
+
+def test_sync_client_round_trip(bookie_factory: Callable[..., BookieProcess],
+                                zk_chroot: str) -> None:
+    bookies = [bookie_factory() for _ in range(3)]
+
+    async def up() -> None:
+        async with metadata_store(zk_chroot) as store:
+            for b in bookies:
+                b.start()
+            for b in bookies:
+                await wait_registered(store, b)
+    trio.run(up)
+
+    with ledgerd.SyncClient(zk_chroot) as client:
+        with client.create_ledger(3, 2, 2, password=b"pw", compression="zstd") as lh:
+            assert lh.append(b"x") == 0
+            assert lh.append_many([b"y", b"z"]) == [1, 2]
+        ledger_id = lh.ledger_id
+        assert client.ledger_metadata(ledger_id).is_closed
+        assert ledger_id in client.list_ledgers()
+
+        results: list[list[bytes]] = []
+
+        def reader() -> None:  # calls from any thread go to the client's trio thread
+            rh = client.open_ledger(ledger_id, password=b"pw")
+            results.append([e.payload for e in rh.read()])
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [[b"x", b"y", b"z"]] * 3
+
+        with pytest.raises(ledgerd.BadPasswordError):
+            client.open_ledger(ledger_id, password=b"nope")
+        client.delete_ledger(ledger_id)
+        with pytest.raises(ledgerd.NoSuchLedgerError):
+            client.open_ledger(ledger_id)
+    with pytest.raises(RuntimeError, match="closed"):
+        client.list_ledgers()
