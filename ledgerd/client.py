@@ -30,7 +30,7 @@ from ledgerd.config import ClientConfig, ConfigError, load_config
 from ledgerd.errors import BadPasswordError, NoSuchLedgerError
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.logs import fields
-from ledgerd.machines.placement import NotEnoughBookiesError, choose_ensemble
+from ledgerd.machines.placement import choose_ensemble
 from ledgerd.machines.quorum import check_quorums
 from ledgerd.reads import LedgerView
 from ledgerd.recovery import recover_ledger
@@ -107,7 +107,8 @@ class Client:
         if compression not in (None, "zstd"):
             raise ValueError(f"compression must be None or 'zstd', got {compression!r}")
         key = master_key(_password_bytes(password))
-        ensemble = self._place(await self.writable_bookies(), e)
+        ensemble = choose_ensemble(await self.writable_bookies(), e, self.rng,
+                                   avoid=self.pool.recent_failures())
         md = LedgerMetadata(
             ensemble_size=e, write_quorum=qw, ack_quorum=qa, ensembles=((0, ensemble),),
             digest_type=digest_type.value, password_check=password_check(key),
@@ -118,13 +119,6 @@ class Client:
                                                 e=e, qw=qw, qa=qa))
         view = self._view(lid, md, Digester(digest_type, _password_bytes(password)))
         return WriteHandle(self, lid, md, version, view, key)
-
-    def _place(self, writable: set[str], size: int) -> tuple[str, ...]:
-        healthy = writable - self.pool.recent_failures()
-        try:
-            return choose_ensemble(healthy, size, self.rng)
-        except NotEnoughBookiesError:
-            return choose_ensemble(writable, size, self.rng)
 
     def _view(self, lid: int, md: LedgerMetadata, digester: Digester) -> LedgerView:
         cfg = self.config

@@ -331,13 +331,9 @@ class WriteHandle(_HandleBase):
     async def _replace(self, first: int, failed: dict[int, str],
                        ensemble: tuple[str, ...]) -> tuple[str, ...]:
         client = self.client
-        writable = await client.writable_bookies()
-        healthy = writable - client.pool.recent_failures()
         try:
-            try:
-                new = choose_replacements(healthy, ensemble, failed, client.rng)
-            except NotEnoughBookiesError:
-                new = choose_replacements(writable, ensemble, failed, client.rng)
+            new = choose_replacements(await client.writable_bookies(), ensemble, failed,
+                                      client.rng, avoid=client.pool.recent_failures())
         except NotEnoughBookiesError as exc:
             raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
         try:

@@ -123,13 +123,9 @@ class _Run:
 
     async def _replace(self, first: int, failed: dict[int, str],
                        ensemble: tuple[str, ...]) -> tuple[str, ...]:
-        writable = await self.writable()
-        healthy = writable - self.pool.recent_failures()
         try:
-            try:
-                new = choose_replacements(healthy, ensemble, failed, self.rng)
-            except NotEnoughBookiesError:
-                new = choose_replacements(writable, ensemble, failed, self.rng)
+            new = choose_replacements(await self.writable(), ensemble, failed, self.rng,
+                                      avoid=self.pool.recent_failures())
         except NotEnoughBookiesError as exc:
             raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
         self.ensembles[first] = new  # local until the closing CAS

@@ -21,8 +21,13 @@ class NotEnoughBookiesError(Exception):
         self.available = available
 
 
-def choose_ensemble(writable: Collection[str], size: int, rng: random.Random) -> tuple[str, ...]:
-    """``size`` distinct bookies picked at random from ``writable``."""
+def choose_ensemble(writable: Collection[str], size: int, rng: random.Random,
+                    avoid: Collection[str] = ()) -> tuple[str, ...]:
+    """``size`` distinct bookies picked at random from ``writable``, outside ``avoid``
+    (recently failed ones) while enough others exist."""
+    preferred = set(writable) - set(avoid)
+    if avoid and len(preferred) >= size:
+        writable = preferred
     pool = sorted(writable)
     if len(pool) < size:
         raise NotEnoughBookiesError(size, len(pool))
@@ -30,9 +35,14 @@ def choose_ensemble(writable: Collection[str], size: int, rng: random.Random) ->
 
 
 def choose_replacements(writable: Collection[str], ensemble: Sequence[str],
-                        failed: Collection[int], rng: random.Random) -> tuple[str, ...]:
-    """The ensemble with each failed index replaced by a writable bookie not in it."""
+                        failed: Collection[int], rng: random.Random,
+                        avoid: Collection[str] = ()) -> tuple[str, ...]:
+    """The ensemble with each failed index replaced by a writable bookie not in it,
+    outside ``avoid`` (recently failed ones) while enough others exist."""
     current = set(ensemble)
+    preferred = set(writable) - set(avoid)
+    if avoid and len(preferred - current) >= len(failed):
+        writable = preferred
     pool = sorted(set(writable) - current)
     if len(pool) < len(failed):
         raise NotEnoughBookiesError(len(failed), len(pool), len(current & set(writable)))

@@ -286,3 +286,18 @@ def test_out_of_order_mutation_switch_breaks_ordering() -> None:
     ok.append(1, 0.0)
     ok.append(1, 0.0)
     assert ok.on_ack(1, "b0", 0.0) == []
+
+
+def test_placement_avoids_recent_failures_while_it_can() -> None:
+    import random
+
+    from ledgerd.machines.placement import choose_ensemble, choose_replacements
+
+    rng = random.Random(1)
+    for _ in range(20):
+        assert "b4" not in choose_ensemble(B, 4, rng, avoid={"b4"})
+    assert len(choose_ensemble(B, 5, rng, avoid={"b4"})) == 5  # needs everyone: uses b4
+    new = choose_replacements(B, ["b0", "b1", "b2"], {1}, rng, avoid={"b3"})
+    assert new == ("b0", "b4", "b2")
+    new = choose_replacements(B, ["b0", "b1", "b2"], {0, 1}, rng, avoid={"b3"})
+    assert set(new) == {"b3", "b4", "b2"}
