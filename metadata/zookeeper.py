@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -38,6 +39,10 @@ from metadata.errors import (
     SessionExpiredError,
 )
 from metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
+
+# A chroot that does not exist yet is normal here (a new cluster's, created on init);
+# what matters is reported by check_layout, in one line.
+warnings.filterwarnings("ignore", message="No chroot path exists", category=UserWarning)
 
 __all__ = ["ZooKeeperStore"]
 

@@ -17,9 +17,15 @@ from typing import Any
 import click
 
 from appliance.config import BookieConfig
+from disk.errors import StorageError
 from ledgerd import __version__
+from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.config import ClientConfig, ConfigError, defaults_toml, load_config
+from ledgerd.errors import LedgerdError
 from ledgerd.logs import configure_logging
+from metadata.errors import MetadataError
+from wire.errors import WireError
+from wire.status import BookieError
 
 __all__ = ["main"]
 
@@ -115,20 +121,43 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
         click.echo("stopped.")
 
 
-BENCHES = ("wire_codec", "journal", "metadata", "bookie")
+BENCHES = ("wire_codec", "journal", "metadata", "bookie", "client")
 
 
-@cli.command("bench", context_settings={"ignore_unknown_options": True})
-@click.argument("name", type=click.Choice(BENCHES))
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench_cmd(name: str, args: tuple[str, ...]) -> None:
-    """Run a benchmark from bench/ (a source checkout); extra arguments pass through."""
-    import subprocess
+@cli.group("bench")
+def bench_group() -> None:
+    """Benchmarks: `writes`/`reads` against a running cluster, or a bench/ script."""
 
-    script = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
-    if not script.exists():
-        raise CliError(f"{script} not found: benchmarks run from a source checkout")
-    sys.exit(subprocess.call([sys.executable, str(script), *args]))
+
+def _script_command(name: str) -> click.Command:
+    @click.command(name, context_settings={"ignore_unknown_options": True,
+                                           "help_option_names": []})
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    def run(args: tuple[str, ...]) -> None:
+        import subprocess
+
+        script = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+        if not script.exists():
+            raise CliError(f"{script} not found: benchmarks run from a source checkout")
+        sys.exit(subprocess.call([sys.executable, str(script), *args]))
+    run.help = f"Run bench/{name}.py (arguments pass through; --help shows its own)."
+    return run
+
+
+for _name in BENCHES:
+    bench_group.add_command(_script_command(_name))
+
+
+def _register() -> None:
+    from tools.benchcmd import reads_cmd, writes_cmd
+    from tools.shell import shell
+
+    cli.add_command(shell)
+    bench_group.add_command(writes_cmd)
+    bench_group.add_command(reads_cmd)
+
+
+_register()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,6 +175,12 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"ledgerd: error: {exc}", err=True)
         sys.exit(2)
+    except (LedgerdError, MetadataError, StorageError, BookieError, BookieConnectionError,
+            WireError) as exc:
+        if debug:
+            raise
+        click.echo(f"ledgerd: error: {exc}", err=True)
+        sys.exit(1)
     except OSError as exc:
         if debug:
             raise

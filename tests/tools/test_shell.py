@@ -1,0 +1,181 @@
+"""`ledgerd shell` and `ledgerd bench` on a real cluster, and the inspection commands on
+real bookie files made torn and corrupt. Every command runs as a user would run it: a
+`python -m tools.cli` process, its output and exit status checked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+import ledgerd
+from tests.cluster import metadata_store, wait_registered
+from tools.bookieprocess import BookieProcess
+
+Factory = Callable[..., BookieProcess]
+
+
+def ledgerd_cli(*args: str, zk: str | None = None) -> subprocess.CompletedProcess[str]:
+    env_args = ["shell", "--zk", zk] if zk is not None else ["shell"]
+    return subprocess.run([sys.executable, "-m", "tools.cli", *env_args, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _ok(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+async def _cluster(factory: Factory, zk: str, n: int) -> list[BookieProcess]:
+    bookies = [factory() for _ in range(n)]
+    async with metadata_store(zk) as store:
+        for b in bookies:
+            b.start()
+        for b in bookies:
+            await wait_registered(store, b)
+    return bookies
+
+
+async def _run(*args: str, zk: str | None = None) -> subprocess.CompletedProcess[str]:
+    return await trio.to_thread.run_sync(lambda: ledgerd_cli(*args, zk=zk))
+
+
+async def test_shell_commands_on_a_real_cluster(bookie_factory: Factory, zk_chroot: str) -> None:
+    bookies = await _cluster(bookie_factory, zk_chroot, 3)
+    ids = sorted(b.bookie_id for b in bookies)
+    zk = zk_chroot
+
+    assert "already exists" in _ok(await _run("initnewcluster", zk=zk))
+    iid = _ok(await _run("whatisinstanceid", zk=zk)).strip()
+    assert len(iid) == 36
+    out = _ok(await _run("listbookies", zk=zk))
+    assert out.splitlines()[0].split() == ["BOOKIE", "STATE", "PID", "VERSION"]
+    assert "3 bookie(s)" in out
+    listed = json.loads(_ok(await _run("listbookies", "--json", zk=zk)))
+    assert sorted(r["bookie"] for r in listed) == ids
+    assert json.loads(_ok(await _run("listbookies", "--readonly", "--json", zk=zk))) == []
+    info = json.loads(_ok(await _run("bookieinfo", "--json", zk=zk)))
+    assert len(info) == 3 and all(r["total_bytes"] > r["free_bytes"] > 0 for r in info)
+    assert "wrote and read back 40 entries" in _ok(await _run("simpletest", "-n", "40", zk=zk))
+    assert "wrote and read back" in _ok(await _run("bookiesanity", "--bookie", ids[0], zk=zk))
+
+    async with ledgerd.open_client(zk) as client:
+        async with await client.create_ledger(3, 2, 2, password=b"pw") as lh:
+            await lh.append_many(b"payload %d" % i for i in range(12))
+    lid = lh.ledger_id
+    ledgers = json.loads(_ok(await _run("listledgers", "--meta", "--json", zk=zk)))
+    assert {"ledger_id": lid, "state": "CLOSED", "last_entry_id": 11,
+            "length": sum(len(b"payload %d" % i) for i in range(12)),
+            "ensemble": "3/2/2"} in ledgers
+    md = _ok(await _run("ledgermetadata", str(lid), zk=zk))
+    assert "state            CLOSED" in md and "from entry 0:" in md
+    entries = json.loads(_ok(await _run("readledger", str(lid), "--password", "pw",
+                                        "--from", "2", "--to", "4", "--json", zk=zk)))
+    assert [(e["entry_id"], e["payload"]) for e in entries] == [
+        (2, "payload 2"), (3, "payload 3"), (4, "payload 4")]
+    _one_line_error(await _run("readledger", str(lid), "--password", "nope", zk=zk),
+                    "wrong password")
+    _one_line_error(await _run("deleteledger", str(lid), zk=zk), "--force")
+    assert f"deleted ledger {lid}" in _ok(await _run("deleteledger", str(lid), "--force", zk=zk))
+    _one_line_error(await _run("ledgermetadata", str(lid), zk=zk), f"ledger {lid} does not exist")
+
+    cookie = _ok(await _run("cookie", "get", ids[0], zk=zk))
+    assert iid in cookie and ids[0] in cookie
+    _one_line_error(await _run("cookie", "get", "127.0.0.1:1", zk=zk), "no cookie")
+
+    # The bookie's own files: a checkpoint happens at SIGTERM.
+    b = bookies[0]
+    b.terminate()
+    conf = str(b.config_path)
+    assert "journal file" in _ok(await _run("lastmark", "--conf", conf, zk=zk))
+    held = json.loads(_ok(await _run("listledgers", "--json", zk=zk)))
+    assert held is not None
+    _one_line_error(await _run("readindex", "999999", "--conf", conf, zk=zk), "no index file")
+
+
+async def test_cluster_errors_are_one_line(zk_chroot: str, tmp_path: Path) -> None:
+    r = await _run("listbookies", zk="127.0.0.1:1")
+    _one_line_error(r, "127.0.0.1:1")
+    empty = zk_chroot + "/nothing_here"
+    _one_line_error(await _run("listledgers", zk=empty), "initnewcluster")
+    _one_line_error(await _run("lastmark", "--conf", str(tmp_path / "missing.toml")),
+                    "missing.toml")
+
+
+async def test_bench_writes_and_reads(bookie_factory: Factory, zk_chroot: str) -> None:
+    await _cluster(bookie_factory, zk_chroot, 3)
+    w = json.loads(_ok(await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "tools.cli", "bench", "writes", "--zk", zk_chroot,
+         "--duration", "2", "--outstanding", "100", "--ledgers", "2", "--json"],
+        capture_output=True, text=True, timeout=120))))
+    assert w["appends"] > 0 and w["p99_ms"] >= w["p50_ms"] > 0
+    r = json.loads(_ok(await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "tools.cli", "bench", "reads", "--zk", zk_chroot,
+         "--entries", "600", "--passes", "1", "--json"],
+        capture_output=True, text=True, timeout=120))))
+    assert r["entries_read"] == 600
+
+
+async def test_inspection_of_torn_and_corrupt_files(bookie_factory: Factory, zk_chroot: str,
+                                                    tmp_path: Path) -> None:
+    bookies = await _cluster(bookie_factory, zk_chroot, 1)
+    async with ledgerd.open_client(zk_chroot) as client:
+        async with await client.create_ledger(1, 1, 1) as lh:
+            await lh.append_many(b"x" * 100 for _ in range(50))
+    b = bookies[0]
+    b.terminate()  # checkpoint: index files and entry log written
+    journal = max((b.base / "journal" / "current").glob("*.txn"), key=lambda p: p.stat().st_size)
+    log = next((b.base / "ledgers" / "current").glob("*.log"))
+    conf = str(b.config_path)
+
+    good = json.loads(_ok(await _run("readjournal", str(journal), "--json")))
+    entries = [r for r in good["records"] if r["type"] == "ENTRY" and r["ledger"] == lh.ledger_id]
+    assert [r["entry"] for r in entries] == list(range(50))
+    assert all(r["crc"] == "ok" for r in good["records"]) and good["torn_tail_offset"] is None
+
+    data = journal.read_bytes()
+    last = entries[-1]
+    torn = tmp_path / "torn.txn"
+    torn.write_bytes(data[: last["offset"] + 20])  # the last record cut in half
+    out = json.loads(_ok(await _run("readjournal", str(torn), "--json")))
+    assert out["torn_tail_offset"] == last["offset"]
+    human = _ok(await _run("readjournal", str(torn)))
+    assert f"torn tail starts at offset {last['offset']}" in human
+
+    corrupt = tmp_path / "corrupt.txn"
+    flipped = bytearray(data)
+    flipped[entries[10]["offset"] + 30] ^= 0xFF
+    corrupt.write_bytes(bytes(flipped))
+    out = json.loads(_ok(await _run("readjournal", str(corrupt), "--json")))
+    bad = [r for r in out["records"] if r["crc"] == "BAD"]
+    assert bad and bad[0]["offset"] == entries[10]["offset"]
+
+    logged = json.loads(_ok(await _run("readlog", str(log), "--json")))
+    ours = [r for r in logged["records"] if r["ledger"] == lh.ledger_id]
+    assert [r["entry"] for r in ours] == list(range(50))
+    truncated = tmp_path / "trunc.log"
+    truncated.write_bytes(log.read_bytes()[: ours[-1]["offset"] + 30])
+    out = json.loads(_ok(await _run("readlog", str(truncated), "--json")))
+    assert out["records"][-1]["problem"].startswith("truncated")
+
+    index = json.loads(_ok(await _run("readindex", str(lh.ledger_id), "--conf", conf, "--json")))
+    assert index["entries"] == 50 and not index["fenced"]
+
+    junk = tmp_path / "junk.txn"
+    junk.write_bytes(b"this is not a journal" * 300)
+    _one_line_error(await _run("readjournal", str(junk)), "not a ledgerd journal", str(junk))
+    _one_line_error(await _run("readlog", str(junk)), "not a ledgerd entry log")
+    shutil.rmtree(tmp_path / "nothing", ignore_errors=True)

@@ -1,0 +1,578 @@
+"""``ledgerd shell``: cluster and file commands, after BookKeeper's BookieShell.
+
+Cluster commands talk to ZooKeeper (``--zk``, default ``$LEDGERD_ZK_SERVERS`` or
+127.0.0.1:2181) and to bookies; file commands read a bookie's directories with the
+storage layer's own decoders (``--conf`` names the bookie's TOML file). Listings take
+``--json``. Every failure is one line naming what and where, with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import trio
+
+from appliance.config import BookieConfig
+from ledgerd.config import load_config
+from tools.output import emit, progress, table
+
+__all__ = ["shell"]
+
+T = TypeVar("T")
+ROOT = "/ledgers"
+
+
+class ShellError(click.ClickException):
+    pass
+
+
+def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    return trio.run(fn, *args)
+
+
+async def _store(zk: str) -> Any:
+    from metadata.zookeeper import ZooKeeperStore
+
+    return await ZooKeeperStore.connect(zk, connect_timeout=5.0, retries=2)
+
+
+def _bookie_config(conf: Path | None) -> BookieConfig:
+    if conf is None:
+        raise ShellError("this command reads a bookie's directories: pass --conf FILE "
+                         "(the bookie's TOML configuration)")
+    return load_config(BookieConfig, path=conf)
+
+
+def _bookie_id(cfg: BookieConfig) -> str:
+    """The id a bookie registers under (as ``appliance.bookie.Bookie`` derives it)."""
+    return cfg.bookie_id or f"{cfg.advertised_address or cfg.listen_address}:{cfg.bookie_port}"
+
+
+@click.group("shell")
+@click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181", show_default=True,
+              help="ZooKeeper connection string (host:port[,...][/chroot]).")
+@click.pass_context
+def shell(ctx: click.Context, zk: str) -> None:
+    """Cluster administration and file inspection."""
+    ctx.obj = {**(ctx.obj or {}), "zk": zk}
+    if not ctx.obj.get("debug"):
+        logging.getLogger().setLevel(logging.WARNING)  # client events are noise here
+        logging.getLogger("kazoo.client").setLevel(logging.CRITICAL)  # the error line says it
+
+
+def _zk(ctx: click.Context) -> str:
+    return str(ctx.obj["zk"])
+
+
+# -- cluster ---------------------------------------------------------------------------
+
+
+@shell.command("initnewcluster")
+@click.pass_context
+def initnewcluster(ctx: click.Context) -> None:
+    """Create the cluster's nodes under /ledgers (no-op if they exist)."""
+    from metadata.cluster import init_new_cluster, instance_id
+
+    async def run() -> str:
+        store = await _store(_zk(ctx))
+        try:
+            iid = await init_new_cluster(store, ROOT)
+            return f"initialised a new cluster, instance id {iid}" if iid else \
+                f"a cluster already exists, instance id {await instance_id(store, ROOT)}"
+        finally:
+            await store.close()
+    click.echo(_run(run))
+
+
+@shell.command("metaformat")
+@click.option("--force", is_flag=True, help="Required: this deletes every ledger's metadata.")
+@click.pass_context
+def metaformat_cmd(ctx: click.Context, force: bool) -> None:
+    """Wipe the cluster metadata and initialise a new cluster."""
+    from metadata.cluster import metaformat
+
+    if not force:
+        raise ShellError("metaformat deletes all cluster metadata; pass --force to do it")
+
+    async def run() -> str:
+        store = await _store(_zk(ctx))
+        try:
+            return await metaformat(store, ROOT)
+        finally:
+            await store.close()
+    click.echo(f"formatted; new instance id {_run(run)}")
+
+
+@shell.command("whatisinstanceid")
+@click.pass_context
+def whatisinstanceid(ctx: click.Context) -> None:
+    """Print the cluster's instance id."""
+    from metadata.cluster import check_layout, instance_id
+
+    async def run() -> str:
+        store = await _store(_zk(ctx))
+        try:
+            await check_layout(store, ROOT)
+            return await instance_id(store, ROOT)
+        finally:
+            await store.close()
+    click.echo(_run(run))
+
+
+@shell.command("listbookies")
+@click.option("--readonly", is_flag=True, help="List read-only bookies instead of writable.")
+@click.option("--all", "all_", is_flag=True, help="List both.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def listbookies(ctx: click.Context, readonly: bool, all_: bool, as_json: bool) -> None:
+    """Bookies registered in ZooKeeper."""
+    from metadata.registry import BookieRegistry
+
+    async def run() -> list[dict[str, Any]]:
+        store = await _store(_zk(ctx))
+        try:
+            reg = BookieRegistry(store, ROOT)
+            s = await reg.list_bookies()
+            out = []
+            for state, ids in (("writable", s.writable), ("read-only", s.read_only)):
+                if all_ or (state == "read-only") == readonly:
+                    for bid in sorted(ids):
+                        try:
+                            info = await reg.bookie_info(bid)
+                        except Exception:
+                            info = {}
+                        out.append({"bookie": bid, "state": state, "pid": info.get("pid"),
+                                    "version": info.get("version", "")})
+            return out
+        finally:
+            await store.close()
+    rows = _run(run)
+    emit(as_json, rows, table(["BOOKIE", "STATE", "PID", "VERSION"],
+                              [[r["bookie"], r["state"], r["pid"], r["version"]] for r in rows])
+         + f"\n{len(rows)} bookie(s)")
+
+
+@shell.command("bookieinfo")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def bookieinfo(ctx: click.Context, as_json: bool) -> None:
+    """Disk use of every registered bookie (asked over the wire)."""
+    from ledgerd.bookie_client import BookieConnectionError, open_bookie_client
+    from metadata.registry import BookieRegistry
+    from wire.messages import GetBookieInfoRequest, GetBookieInfoResponse
+
+    async def run() -> list[dict[str, Any]]:
+        store = await _store(_zk(ctx))
+        try:
+            s = await BookieRegistry(store, ROOT).list_bookies()
+        finally:
+            await store.close()
+        out = []
+        for bid in sorted(s.writable | s.read_only):
+            row: dict[str, Any] = {"bookie": bid}
+            try:
+                async with open_bookie_client(bid, connect_timeout=5) as c:
+                    status, resp = await c.call(GetBookieInfoRequest())
+                assert isinstance(resp, GetBookieInfoResponse), status
+                row.update(total_bytes=resp.total_bytes, free_bytes=resp.free_bytes,
+                           used_pct=round(100 * (1 - resp.free_bytes / resp.total_bytes), 1)
+                           if resp.total_bytes else 0.0,
+                           state="read-only" if resp.is_read_only else "writable")
+            except (BookieConnectionError, AssertionError) as exc:
+                row.update(error=str(exc))
+            out.append(row)
+        return out
+    rows = _run(run)
+    gib = 1 << 30
+    emit(as_json, rows, table(
+        ["BOOKIE", "STATE", "TOTAL GiB", "FREE GiB", "USED %"],
+        [[r["bookie"], r.get("state", r.get("error", "")),
+          round(r["total_bytes"] / gib, 2) if "total_bytes" in r else None,
+          round(r["free_bytes"] / gib, 2) if "free_bytes" in r else None,
+          r.get("used_pct")] for r in rows]))
+
+
+# -- ledgers -------------------------------------------------------------------------------
+
+
+def _client_run(ctx: click.Context, fn: Callable[[Any], Awaitable[T]]) -> T:
+    import ledgerd
+
+    async def run() -> T:
+        async with ledgerd.open_client(_zk(ctx)) as client:
+            return await fn(client)
+    return _run(run)
+
+
+def _md_dict(lid: int, md: Any) -> dict[str, Any]:
+    d: dict[str, Any] = json.loads(md.to_json())
+    d.pop("password_check", None)
+    return {"ledger_id": lid, **d}
+
+
+@shell.command("listledgers")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--meta", is_flag=True, help="Also show each ledger's state and size.")
+@click.pass_context
+def listledgers(ctx: click.Context, as_json: bool, meta: bool) -> None:
+    """Every ledger id (with --meta: state, entries, length, ensemble)."""
+    async def run(client: Any) -> list[dict[str, Any]]:
+        out = []
+        async for lid in client.list_ledgers():
+            if meta:
+                md = await client.ledger_metadata(lid)
+                out.append({"ledger_id": lid, "state": md.state.value,
+                            "last_entry_id": md.last_entry_id, "length": md.length,
+                            "ensemble": f"{md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}"})
+            else:
+                out.append({"ledger_id": lid})
+        return out
+    rows = _client_run(ctx, run)
+    headers = ["LEDGER", "STATE", "LAST ENTRY", "LENGTH", "E/Qw/Qa"] if meta else ["LEDGER"]
+    emit(as_json, rows, table(headers, [list(r.values()) for r in rows])
+         + f"\n{len(rows)} ledger(s)")
+
+
+@shell.command("ledgermetadata")
+@click.argument("ledger_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def ledgermetadata(ctx: click.Context, ledger_id: int, as_json: bool) -> None:
+    """One ledger's metadata."""
+    async def run(client: Any) -> dict[str, Any]:
+        return _md_dict(ledger_id, await client.ledger_metadata(ledger_id))
+    d = _client_run(ctx, run)
+    if as_json:
+        emit(True, d, "")
+        return
+    lines = [f"{k:16} {d[k]}" for k in ("ledger_id", "state", "last_entry_id", "length",
+                                          "ensemble_size", "write_quorum", "ack_quorum",
+                                          "digest_type", "compression", "ctime_ms", "term")]
+    lines.append("ensembles:")
+    lines += [f"  from entry {first}: {', '.join(bookies)}" for first, bookies in d["ensembles"]]
+    if d["custom_metadata"]:
+        lines.append(f"custom_metadata  {d['custom_metadata']}")
+    click.echo("\n".join(lines))
+
+
+@shell.command("readledger")
+@click.argument("ledger_id", type=int)
+@click.option("--from", "first", type=int, default=0, show_default=True)
+@click.option("--to", "last", type=int, default=None, help="Last entry (default: the LAC).")
+@click.option("--password", default="", help="The ledger's password.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def readledger(ctx: click.Context, ledger_id: int, first: int, last: int | None, password: str,
+               as_json: bool) -> None:
+    """Entries of a ledger (read without recovery: a ledger being written stays open)."""
+    async def run(client: Any) -> list[dict[str, Any]]:
+        rh = await client.open_ledger(ledger_id, password, recovery=False)
+        if not rh.is_closed:
+            await rh.read_lac()
+        end = rh.last_add_confirmed if last is None else last
+        out = []
+        with progress(f"ledger {ledger_id}", max(0, end - first + 1)) as bar:
+            async for e in rh.read(first, end):
+                out.append({"entry_id": e.entry_id, "size": len(e.payload),
+                            "payload": e.payload.decode("utf-8", "backslashreplace")})
+                bar.advance()
+        return out
+    rows = _client_run(ctx, run)
+    emit(as_json, rows, table(["ENTRY", "SIZE", "PAYLOAD"],
+                              [[r["entry_id"], r["size"], r["payload"][:60]] for r in rows])
+         + f"\n{len(rows)} entries")
+
+
+@shell.command("deleteledger")
+@click.argument("ledger_id", type=int)
+@click.option("--force", is_flag=True, help="Required: the data is gone at the next GC.")
+@click.pass_context
+def deleteledger(ctx: click.Context, ledger_id: int, force: bool) -> None:
+    """Delete a ledger."""
+    if not force:
+        raise ShellError(f"deleting ledger {ledger_id} cannot be undone; pass --force")
+
+    async def run(client: Any) -> None:
+        await client.delete_ledger(ledger_id)
+    _client_run(ctx, run)
+    click.echo(f"deleted ledger {ledger_id}")
+
+
+@shell.command("simpletest")
+@click.option("--ensemble", "-e", default=3, show_default=True)
+@click.option("--write-quorum", "-w", default=2, show_default=True)
+@click.option("--ack-quorum", "-a", default=2, show_default=True)
+@click.option("--entries", "-n", default=100, show_default=True)
+@click.pass_context
+def simpletest(ctx: click.Context, ensemble: int, write_quorum: int, ack_quorum: int,
+               entries: int) -> None:
+    """Create a ledger, write N entries, read them back, delete it."""
+    async def run(client: Any) -> str:
+        lh = await client.create_ledger(ensemble, write_quorum, ack_quorum,
+                                        password=b"simpletest")
+        with progress("writing", entries) as bar:
+            pending = []
+            for i in range(entries):
+                pending.append(await lh.submit(b"simpletest entry %d" % i))
+            for p in pending:
+                await p
+                bar.advance()
+        await lh.close()
+        rh = await client.open_ledger(lh.ledger_id, b"simpletest")
+        n = 0
+        async for e in rh.read():
+            if e.payload != b"simpletest entry %d" % e.entry_id:
+                raise ShellError(f"entry {e.entry_id} read back different bytes")
+            n += 1
+        if n != entries:
+            raise ShellError(f"wrote {entries} entries, read back {n}")
+        await client.delete_ledger(lh.ledger_id)
+        return (f"ok: ledger {lh.ledger_id} on {', '.join(lh.ensemble)}: wrote and read back "
+                f"{entries} entries, deleted")
+    click.echo(_client_run(ctx, run))
+
+
+@shell.command("bookiesanity")
+@click.option("--bookie", default=None, help="host:port (default: from --conf).")
+@click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--entries", default=10, show_default=True)
+def bookiesanity(bookie: str | None, conf: Path | None, entries: int) -> None:
+    """Write and read back entries on one bookie, directly (no metadata)."""
+    import random
+
+    from ledgerd.bookie_client import open_bookie_client
+    from wire.entry import Digester, DigestType, decode_entry, encode_entry, master_key
+    from wire.messages import AddRequest, ReadRequest
+    from wire.status import Status
+
+    if bookie is None:
+        cfg = _bookie_config(conf)
+        bookie = _bookie_id(cfg)
+    address = bookie
+    d = Digester(DigestType.CRC32C)
+    key = master_key(b"bookiesanity")
+    lid = random.randrange(1 << 40, 1 << 50)  # a ledger id no client allocates soon
+
+    async def run() -> None:
+        async with open_bookie_client(address, connect_timeout=5) as c:
+            batch = tuple(encode_entry(d, lid, i, i - 1, 0, b"sanity %d" % i)
+                          for i in range(entries))
+            status, _ = await c.call(AddRequest(ledger_id=lid, first_entry_id=0,
+                                                master_key=key, entries=batch))
+            if status != Status.OK:
+                raise ShellError(f"bookie {address} refused the add: {Status(status).name}")
+            for i in range(entries):
+                status, resp = await c.call(ReadRequest(ledger_id=lid, entry_id=i))
+                if status != Status.OK:
+                    raise ShellError(f"bookie {address}: read of entry {i} answered "
+                                     f"{Status(status).name}")
+                e = decode_entry(d, resp.entry, ledger_id=lid, entry_id=i)  # type: ignore[union-attr]
+                if e.payload != b"sanity %d" % i:
+                    raise ShellError(f"bookie {address}: entry {i} came back different")
+    _run(run)
+    click.echo(f"ok: bookie {address} wrote and read back {entries} entries (ledger {lid}; "
+               "the bookie's GC removes it, no metadata names it)")
+
+
+# -- files -------------------------------------------------------------------------------
+
+
+@shell.command("lastmark")
+@click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def lastmark(conf: Path) -> None:
+    """The journal position the last checkpoint covers."""
+    from disk.lastmark import read_last_mark
+
+    cfg = _bookie_config(conf)
+    mark = read_last_mark([Path(d) for d in cfg.ledger_directories])
+    if mark is None:
+        click.echo("no checkpoint yet (no lastMark file)")
+    else:
+        click.echo(f"journal file {mark[0]:x}.txn, offset {mark[1]}")
+
+
+@shell.command("readjournal")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def readjournal(path: Path, as_json: bool) -> None:
+    """Every record of a journal file: offset, type, ledger, entry, size, CRC status."""
+    from disk.journal_format import RecordType
+    from disk.journal_scan import inspect_journal
+
+    rows = []
+    torn_at = None
+    for item in inspect_journal(path):
+        rec = item.record
+        try:
+            rtype = RecordType(item.type).name
+        except ValueError:
+            rtype = f"?{item.type}"
+        entry = rec.value if rec is not None and rec.type is RecordType.ENTRY else None
+        rows.append({"offset": item.offset, "type": rtype,
+                     "ledger": rec.ledger_id if rec is not None and rec.ledger_id >= 0 else None,
+                     "entry": entry, "size": item.length,
+                     "crc": "ok" if item.crc_ok else "BAD", "problem": item.problem})
+        if item.problem.startswith("torn tail") and torn_at is None:
+            torn_at = item.offset
+    summary = f"{len(rows)} record(s)" + (f"; torn tail starts at offset {torn_at}"
+                                          if torn_at is not None else "")
+    emit(as_json, {"records": rows, "torn_tail_offset": torn_at}, table(
+        ["OFFSET", "TYPE", "LEDGER", "ENTRY", "SIZE", "CRC", "PROBLEM"],
+        [list(r.values()) for r in rows]) + "\n" + summary)
+
+
+@shell.command("readlog")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def readlog(path: Path, as_json: bool) -> None:
+    """Every entry of an entry log and its ledgers map."""
+    from disk.entrylog import inspect_entry_log
+
+    ledgers, records = inspect_entry_log(path)
+    rows = [{"offset": r.offset, "ledger": r.ledger_id, "entry": r.entry_id, "size": r.size,
+             "crc": "ok" if r.crc_ok else "BAD", "problem": r.problem} for r in records]
+    lmap = None if ledgers is None else {str(k): v for k, v in sorted(ledgers.items())}
+    bad = sum(1 for r in rows if r["problem"])
+    human = table(["OFFSET", "LEDGER", "ENTRY", "SIZE", "CRC", "PROBLEM"],
+                  [list(r.values()) for r in rows])
+    human += f"\n{len(rows)} record(s), {bad} with problems\nledgers map: " + (
+        "none (the log was not rolled)" if lmap is None else
+        ", ".join(f"ledger {k}: {v} bytes" for k, v in lmap.items()) or "empty")
+    emit(as_json, {"records": rows, "ledgers_map": lmap}, human)
+
+
+@shell.command("readindex")
+@click.argument("ledger_id", type=int)
+@click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--json", "as_json", is_flag=True)
+def readindex(ledger_id: int, conf: Path, as_json: bool) -> None:
+    """A ledger's index file: state and the location of every entry."""
+    import struct
+
+    from disk.index import index_path, read_index_file
+
+    cfg = _bookie_config(conf)
+    found = [p for d in cfg.effective_index_directories
+             if (p := index_path(Path(d), ledger_id)).exists()]
+    if not found:
+        raise ShellError(f"no index file for ledger {ledger_id} under "
+                         f"{', '.join(cfg.effective_index_directories)} (a bookie writes "
+                         "index files at its checkpoints; newer entries are in its journal)")
+    idx, raw = read_index_file(found[0])
+    locs = []
+    for eid in range(len(raw) // 8):
+        (loc,) = struct.unpack_from(">q", raw, eid * 8)
+        if loc:
+            log_id, offset = loc >> 32, loc & 0xFFFFFFFF
+            locs.append({"entry": eid, "log": f"{log_id:x}.log", "offset": offset})
+    head = {"ledger_id": idx.ledger_id, "file": str(found[0]), "fenced": idx.fenced,
+            "term": idx.term, "has_master_key": bool(idx.master_key),
+            "explicit_lac_bytes": len(idx.explicit_lac), "entries": len(locs)}
+    human = "\n".join(f"{k:18} {v}" for k, v in head.items()) + "\n" + table(
+        ["ENTRY", "LOG", "OFFSET"], [list(r.values()) for r in locs])
+    emit(as_json, {**head, "locations": locs}, human)
+
+
+@shell.group("cookie")
+def cookie() -> None:
+    """A bookie's cookie in ZooKeeper."""
+
+
+@cookie.command("get")
+@click.argument("bookie_id")
+@click.pass_context
+def cookie_get(ctx: click.Context, bookie_id: str) -> None:
+    """Print the cookie ZooKeeper holds for BOOKIE_ID."""
+    from metadata.cookies import CookieStore
+
+    async def run() -> tuple[bytes, int] | None:
+        store = await _store(_zk(ctx))
+        try:
+            return await CookieStore(store, ROOT).get(bookie_id)
+        finally:
+            await store.close()
+    got = _run(run)
+    if got is None:
+        raise ShellError(f"no cookie for bookie {bookie_id} under {ROOT}/cookies")
+    click.echo(got[0].decode("utf-8", "replace"))
+    click.echo(f"(version {got[1]})")
+
+
+@cookie.command("update")
+@click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.pass_context
+def cookie_update(ctx: click.Context, conf: Path) -> None:
+    """Rewrite the bookie's cookie (ZooKeeper and every directory) from its configuration,
+    e.g. after moving a directory. The bookie must be stopped."""
+    from disk.cookie import Cookie, stamp_cookies
+    from metadata.cluster import instance_id
+    from metadata.cookies import CookieStore
+
+    cfg = _bookie_config(conf)
+    bookie_id = _bookie_id(cfg)
+
+    async def run() -> Cookie:
+        store = await _store(_zk(ctx))
+        try:
+            cookie = Cookie(bookie_id=bookie_id, journal_dir=cfg.journal_directory,
+                            ledger_dirs=tuple(cfg.ledger_directories),
+                            index_dirs=tuple(cfg.effective_index_directories),
+                            instance_id=await instance_id(store, ROOT))
+            cookies = CookieStore(store, ROOT)
+            got = await cookies.get(bookie_id)
+            if got is None:
+                await cookies.create(bookie_id, cookie.to_bytes())
+            else:
+                await cookies.update(bookie_id, cookie.to_bytes(), got[1])
+            return cookie
+        finally:
+            await store.close()
+    cookie = _run(run)
+    stamp_cookies(cookie, [Path(cfg.journal_directory), *map(Path, cfg.ledger_directories)])
+    click.echo(f"cookie of {bookie_id} updated in ZooKeeper and in "
+               f"{1 + len(cfg.ledger_directories)} directories")
+
+
+@shell.command("bookieformat")
+@click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--force", is_flag=True, help="Required: this deletes the bookie's data.")
+@click.pass_context
+def bookieformat(ctx: click.Context, conf: Path, force: bool) -> None:
+    """Delete a (stopped) bookie's journal, ledger and index data and its cookie, so it
+    starts empty."""
+    from metadata.cookies import CookieStore
+    from metadata.errors import NoNodeError
+
+    cfg = _bookie_config(conf)
+    dirs = [Path(cfg.journal_directory), *map(Path, cfg.ledger_directories),
+            *map(Path, cfg.index_directories)]
+    if not force:
+        raise ShellError(f"bookieformat deletes everything in {', '.join(map(str, dirs))}; "
+                         "pass --force")
+    bookie_id = _bookie_id(cfg)
+
+    async def run() -> None:
+        store = await _store(_zk(ctx))
+        try:
+            await CookieStore(store, ROOT).delete(bookie_id)
+        except NoNodeError:
+            pass
+        finally:
+            await store.close()
+    if cfg.zk_servers:
+        _run(run)
+    for d in dirs:
+        if d.is_dir():
+            for child in d.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    os.unlink(child)
+    click.echo(f"formatted bookie {bookie_id}: {len(dirs)} directories emptied, cookie removed")
