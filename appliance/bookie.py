@@ -207,8 +207,12 @@ class Bookie:
     # -- services ----------------------------------------------------------------------
 
     async def _listener(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self.config.bookie_port,
-                                                  host=self.config.listen_address)
+        address = f"{self.config.listen_address}:{self.config.bookie_port}"
+        try:
+            listeners = await trio.open_tcp_listeners(self.config.bookie_port,
+                                                      host=self.config.listen_address)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {address}: {exc.strerror}") from exc
         self.port = listeners[0].socket.getsockname()[1]
         if not self.config.bookie_id and self.config.bookie_port == 0:
             host = self.config.advertised_address or self.config.listen_address

@@ -69,11 +69,19 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level)
     try:
         code = run_bookie(config)
-    except (StorageError, MetadataError) as exc:
-        if ctx.obj["debug"]:
+    except BaseException as exc:
+        leaf = _leaf(exc)
+        if ctx.obj["debug"] or not isinstance(leaf, StorageError | MetadataError | OSError):
             raise
-        raise CliError(f"bookie did not start: {exc}") from exc
+        raise CliError(f"bookie did not start: {leaf}") from exc
     sys.exit(code)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 @cli.command("local")

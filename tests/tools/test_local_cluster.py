@@ -58,3 +58,64 @@ async def test_local_cluster_runs_bookies_and_stops_cleanly(zk_chroot: str, tmp_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes (its parent has not reaped it yet).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_new_user_flow_end_to_end(tmp_path: Path) -> None:
+    """What `make run` does, then a second terminal: the printed example, two shell
+    commands and a short write benchmark; Ctrl-C leaves no process behind."""
+    import json
+    import re
+
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "3",
+                             "--data", str(tmp_path / "local")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("Running"):
+            line = await trio.to_thread.run_sync(proc.stdout.readline)
+            assert line, "ledgerd local exited early:\n" + "".join(lines)
+            lines.append(line)
+        text = "".join(lines)
+        zk = next(ln.split()[1] for ln in lines if ln.startswith("ZooKeeper: "))
+        pids = [int(p) for p in re.findall(r"pid[ =](\d+)", text)]
+        assert len(pids) == 4, text  # ZooKeeper (from its log line) and three bookies
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "tools.cli", *args],
+                                  capture_output=True, text=True, timeout=120)
+
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Try it"))
+        code = "".join(ln[2:] for ln in lines[start + 1:] if ln.startswith("  "))
+        ran = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120))
+        assert ran.returncode == 0 and ran.stdout.strip() == "[b'hello']", ran.stderr
+        listed = await trio.to_thread.run_sync(cli, "shell", "--zk", zk, "listbookies")
+        assert "3 bookie(s)" in listed.stdout, listed.stderr
+        ledgers = await trio.to_thread.run_sync(cli, "shell", "--zk", zk, "listledgers")
+        assert "1 ledger(s)" in ledgers.stdout, ledgers.stderr
+        bench = await trio.to_thread.run_sync(cli, "bench", "writes", "--zk", zk,
+                                              "--duration", "2", "--json")
+        assert json.loads(bench.stdout)["appends"] > 0, bench.stderr
+
+        os.kill(proc.pid, signal.SIGINT)
+        assert await trio.to_thread.run_sync(proc.wait, 120) == 0
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

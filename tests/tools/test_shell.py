@@ -179,3 +179,24 @@ async def test_inspection_of_torn_and_corrupt_files(bookie_factory: Factory, zk_
     _one_line_error(await _run("readjournal", str(junk)), "not a ledgerd journal", str(junk))
     _one_line_error(await _run("readlog", str(junk)), "not a ledgerd entry log")
     shutil.rmtree(tmp_path / "nothing", ignore_errors=True)
+
+
+async def test_bookie_on_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        conf = tmp_path / "b.toml"
+        conf.write_text(f'bookie_port = {port}\nlisten_address = "127.0.0.1"\nzk_servers = ""\n'
+                        f'journal_directory = "{tmp_path}/j"\n'
+                        f'ledger_directories = ["{tmp_path}/l"]\nadmin_port = 0\n'
+                        "journal_prealloc_mb = 4\n")
+        r = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(conf)],
+            capture_output=True, text=True, timeout=120))
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"Error: bookie did not start: [Errno 98] cannot listen on 127.0.0.1:{port}: "
+        "Address already in use")
