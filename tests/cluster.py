@@ -8,7 +8,7 @@ once with the bookie's log if the process exits first.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import trio
@@ -19,7 +19,7 @@ from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
 from tools.bookieprocess import BookieProcess
 
-__all__ = ["BookieDied", "metadata_store", "wait_registered"]
+__all__ = ["BookieDied", "metadata_store", "start_bookies", "wait_registered"]
 
 # A bound for waits that end on an event; reaching it means the test failed.
 EVENT_BOUND_S = 90
@@ -74,3 +74,15 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
             nursery.start_soon(died)
             await registry.wait_for(done)
             nursery.cancel_scope.cancel()
+
+
+async def start_bookies(factory: Callable[[], BookieProcess], zk: str,
+                        n: int) -> list[BookieProcess]:
+    """Start ``n`` bookie processes from ``factory`` and wait until all are registered."""
+    bookies = [factory() for _ in range(n)]
+    async with metadata_store(zk) as store:
+        for b in bookies:
+            b.start()
+        for b in bookies:
+            await wait_registered(store, b)
+    return bookies

@@ -16,7 +16,7 @@ import trio
 
 import ledgerd
 from metadata.ledgers import LedgerManager
-from tests.cluster import EVENT_BOUND_S, metadata_store, wait_registered
+from tests.cluster import EVENT_BOUND_S, metadata_store, start_bookies
 from tests.integration.writer_proc import payload
 from tools.bookieprocess import BookieProcess
 
@@ -24,13 +24,7 @@ Factory = Callable[..., BookieProcess]
 
 
 async def _cluster(factory: Factory, zk: str, n: int) -> list[BookieProcess]:
-    bookies = [factory() for _ in range(n)]
-    async with metadata_store(zk) as store:
-        for b in bookies:
-            b.start()
-        for b in bookies:
-            await wait_registered(store, b)
-    return bookies
+    return await start_bookies(factory, zk, n)
 
 
 async def test_10k_entries_with_a_bookie_killed_mid_stream(bookie_factory: Factory,

@@ -18,18 +18,24 @@ from wire.messages import AddRequest
 from wire.status import Status
 
 
+async def _until_running(proc: subprocess.Popen[str]) -> list[str]:
+    """``ledgerd local``'s output up to its "Running" line."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("Running"):
+        line = await trio.to_thread.run_sync(proc.stdout.readline)
+        assert line, "ledgerd local exited early:\n" + "".join(lines)
+        lines.append(line)
+    return lines
+
+
 async def test_local_cluster_runs_bookies_and_stops_cleanly(zk_chroot: str, tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "2",
                              "--data", str(tmp_path / "local"), "--zk", zk_chroot],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        while not lines or not lines[-1].startswith("Running"):
-            line = await trio.to_thread.run_sync(proc.stdout.readline)
-            assert line, "ledgerd local exited early:\n" + "".join(lines)
-            lines.append(line)
+        lines = await _until_running(proc)
         bookie_ids = [ln.split()[1].rstrip(":") for ln in lines if ln.startswith("bookie ")]
         assert len(bookie_ids) == 2
         store = await ZooKeeperStore.connect(zk_chroot)
@@ -84,12 +90,7 @@ async def test_new_user_flow_end_to_end(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-        while not lines or not lines[-1].startswith("Running"):
-            line = await trio.to_thread.run_sync(proc.stdout.readline)
-            assert line, "ledgerd local exited early:\n" + "".join(lines)
-            lines.append(line)
+        lines = await _until_running(proc)
         text = "".join(lines)
         zk = next(ln.split()[1] for ln in lines if ln.startswith("ZooKeeper: "))
         pids = [int(p) for p in re.findall(r"pid[ =](\d+)", text)]

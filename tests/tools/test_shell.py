@@ -14,7 +14,7 @@ from pathlib import Path
 import trio
 
 import ledgerd
-from tests.cluster import metadata_store, wait_registered
+from tests.cluster import start_bookies
 from tools.bookieprocess import BookieProcess
 
 Factory = Callable[..., BookieProcess]
@@ -40,13 +40,7 @@ def _one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> None:
 
 
 async def _cluster(factory: Factory, zk: str, n: int) -> list[BookieProcess]:
-    bookies = [factory() for _ in range(n)]
-    async with metadata_store(zk) as store:
-        for b in bookies:
-            b.start()
-        for b in bookies:
-            await wait_registered(store, b)
-    return bookies
+    return await start_bookies(factory, zk, n)
 
 
 async def _run(*args: str, zk: str | None = None) -> subprocess.CompletedProcess[str]:
