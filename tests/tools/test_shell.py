@@ -14,7 +14,7 @@ from pathlib import Path
 import trio
 
 import ledgerd
-from tests.cluster import start_bookies
+from tests.cluster import metadata_store, start_bookies, wait_registered
 from tools.bookieprocess import BookieProcess
 
 Factory = Callable[..., BookieProcess]
@@ -194,3 +194,30 @@ async def test_bookie_on_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> No
     assert r.stderr.strip().splitlines()[-1] == (
         f"Error: bookie did not start: [Errno 98] cannot listen on 127.0.0.1:{port}: "
         "Address already in use")
+
+
+async def test_cookie_update_bookieformat_and_metaformat(bookie_factory: Factory,
+                                                         zk_chroot: str) -> None:
+    (b,) = await _cluster(bookie_factory, zk_chroot, 1)
+    zk = zk_chroot
+    old_iid = _ok(await _run("whatisinstanceid", zk=zk)).strip()
+    b.terminate()
+    conf = str(b.config_path)
+    out = _ok(await _run("cookie", "update", "--conf", conf, zk=zk))
+    assert f"cookie of {b.bookie_id} updated" in out
+    assert "(version 1)" in _ok(await _run("cookie", "get", b.bookie_id, zk=zk))
+
+    _one_line_error(await _run("bookieformat", "--conf", conf, zk=zk), "--force")
+    out = _ok(await _run("bookieformat", "--conf", conf, "--force", zk=zk))
+    assert f"formatted bookie {b.bookie_id}" in out
+    assert not any((b.base / "journal").iterdir()) and not any((b.base / "ledgers").iterdir())
+    _one_line_error(await _run("cookie", "get", b.bookie_id, zk=zk), "no cookie")
+
+    _one_line_error(await _run("metaformat", zk=zk), "--force")
+    assert "new instance id" in _ok(await _run("metaformat", "--force", zk=zk))
+    new_iid = _ok(await _run("whatisinstanceid", zk=zk)).strip()
+    assert new_iid != old_iid
+    # The formatted bookie joins the new cluster with fresh cookies.
+    async with metadata_store(zk, init=False) as store:
+        b.start()
+        await wait_registered(store, b)
