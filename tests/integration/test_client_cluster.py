@@ -138,17 +138,22 @@ async def test_tailing_reader_sees_each_entry_within_one_long_poll(bookie_factor
         lh = await client.create_ledger(3, 2, 2)
         rh = await tail_client.open_ledger(lh.ledger_id, recovery=False)
         got: list[bytes] = []
+        seen_send, seen_recv = trio.open_memory_channel[int](100)
 
         async def tail() -> None:
             while len(got) < 20:
                 with trio.fail_after(poll_s):  # one long-poll round, not a retry loop
                     lac = await rh.wait_lac_beyond(len(got) - 1, timeout=poll_s)
                 got.extend([e.payload async for e in rh.read(len(got), lac)])
+                await seen_send.send(len(got))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tail)
             for i in range(20):
+                # Lock-step: each entry is appended while the reader's long poll waits,
+                # and the writer goes on only once the reader has it.
                 await lh.append(b"tail %d" % i)
-                await trio.sleep(0.05)
+                while await seen_recv.receive() <= i:
+                    pass
         assert got == [b"tail %d" % i for i in range(20)]
         await lh.close()
