@@ -54,8 +54,7 @@ DRAIN_GRACE_S = 10.0
 class Bookie:
     def __init__(self, config: BookieConfig) -> None:
         self.config = config
-        host = config.advertised_address or config.listen_address
-        self.bookie_id = config.bookie_id or f"{host}:{config.bookie_port}"
+        self.bookie_id = config.effective_bookie_id
         self.storage = LedgerStorage(StorageOptions.from_config(config))
         self.state = ServingState()
         self.metrics = BookieMetrics()

@@ -209,5 +209,11 @@ class BookieConfig:
                 f"less than major_compaction_interval_s ({self.major_compaction_interval_s})")
 
     @property
+    def effective_bookie_id(self) -> str:
+        """The id the bookie registers under: ``bookie_id``, else advertised host:port."""
+        return self.bookie_id or \
+            f"{self.advertised_address or self.listen_address}:{self.bookie_port}"
+
+    @property
     def effective_index_directories(self) -> tuple[str, ...]:
         return self.index_directories or self.ledger_directories

@@ -40,47 +40,17 @@ import ledgerd
 from metadata.cluster import init_new_cluster
 from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
+from tools.benchcmd import percentile, run_writes
 from tools.bookieprocess import BookieProcess
 from tools.zkserver import ZooKeeperServer
 
 ENTRY = 1024
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, int(len(s) * q))]
-
-
 async def _appends(zk: str, e: int, qw: int, qa: int, seconds: float,
                    window: int) -> dict[str, float]:
-    payload = os.urandom(ENTRY)
-    async with ledgerd.open_client(zk, throttle=0, max_inflight_per_bookie=4 * window) as client:
-        lh = await client.create_ledger(e, qw, qa)
-        inflight: list[ledgerd.PendingAppend] = []
-        done: list[ledgerd.PendingAppend] = []
-        start = trio.current_time()
-        measure_from = start + 1.0
-        end = measure_from + seconds
-        while trio.current_time() < end:
-            while len(inflight) < window:
-                inflight.append(await lh.submit(payload))
-            await inflight[0]
-            keep = []
-            for p in inflight:
-                if p.done:
-                    if p.submitted_at >= measure_from and p.completed_at < end:
-                        done.append(p)
-                else:
-                    keep.append(p)
-            inflight = keep
-        for p in inflight:
-            await p
-        await lh.close()
-        lat = [p.completed_at - p.submitted_at for p in done]
-        return {"appends_per_s": len(done) / seconds, "p50_ms": 1000 * _pct(lat, 0.5),
-                "p99_ms": 1000 * _pct(lat, 0.99), "ensemble_changes": lh.ensemble_changes}
+    r = await run_writes(zk, e, qw, qa, ENTRY, 1, window, seconds, warmup=1.0)
+    return {k: r[k] for k in ("appends_per_s", "p50_ms", "p99_ms", "ensemble_changes")}
 
 
 async def _tail(zk: str, entries: int) -> dict[str, float]:
@@ -107,7 +77,7 @@ async def _tail(zk: str, entries: int) -> dict[str, float]:
                 await trio.sleep(0.02)
         await lh.close()
         lat = [seen[e] - completed[e] for e in range(entries)]
-        return {"p50_ms": 1000 * _pct(lat, 0.5), "p99_ms": 1000 * _pct(lat, 0.99)}
+        return {"p50_ms": 1000 * percentile(lat, 0.5), "p99_ms": 1000 * percentile(lat, 0.99)}
 
 
 async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:

@@ -94,11 +94,6 @@ class BookieClient:
     def closed(self) -> bool:
         return self.error is not None
 
-    @property
-    def outstanding(self) -> int:
-        """Requests queued or waiting for a reply."""
-        return len(self._queue) + len(self._callbacks)
-
     def send(self, message: Message, callback: Callback) -> None:
         """Queue ``message``; ``callback`` gets its reply (or the connection's failure).
 

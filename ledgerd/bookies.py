@@ -86,27 +86,6 @@ class BookiePool:
         slot.connecting = True
         self._nursery.start_soon(self._connection, address, slot)
 
-    async def call(self, address: str, message: Message, timeout: float) -> tuple[int, Message | None]:
-        """One request, awaited; raises BookieConnectionError (also on timeout)."""
-        done = trio.Event()
-        result: list[tuple[int, Message | None, BookieConnectionError | None]] = []
-
-        def on_reply(status: int, response: Message | None,
-                     error: BookieConnectionError | None) -> None:
-            result.append((status, response, error))
-            done.set()
-
-        self.send(address, message, on_reply)
-        with trio.move_on_after(timeout):
-            await done.wait()
-        if not result:
-            self.note_failure(address)
-            raise BookieConnectionError(address, f"no reply within {timeout:g}s")
-        status, response, error = result[0]
-        if error is not None:
-            raise error
-        return status, response
-
     def _fail_soon(self, callback: Callback, error: BookieConnectionError) -> None:
         async def fire() -> None:
             callback(-1, None, error)

@@ -27,7 +27,7 @@ import trio
 
 from ledgerd.bookies import BookiePool, PoolOptions
 from ledgerd.config import ClientConfig, ConfigError, load_config
-from ledgerd.errors import BadPasswordError, NoSuchLedgerError
+from ledgerd.errors import BadPasswordError, NoSuchLedgerError, single_exception
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.logs import fields
 from ledgerd.machines.placement import choose_ensemble
@@ -174,15 +174,6 @@ class Client:
         self.nursery.cancel_scope.cancel()
 
 
-def _single(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside nested single-member groups (the application's own
-    error, which the client's nursery wrapped), or the group itself."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
 @asynccontextmanager
 async def open_client(zk_servers: str | None = None, *, config: ClientConfig | None = None,
                       rng: random.Random | None = None, store: MetadataStore | None = None,
@@ -214,7 +205,7 @@ async def open_client(zk_servers: str | None = None, *, config: ClientConfig | N
                 finally:
                     await client.aclose()
         except BaseExceptionGroup as group:
-            raise _single(group) from None
+            raise single_exception(group) from None
     finally:
         if own_store:
             with trio.CancelScope(shield=True):

@@ -22,6 +22,7 @@ __all__ = [
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
     "ReadBeyondLacError",
+    "single_exception",
 ]
 
 
@@ -91,3 +92,11 @@ class LedgerRecoveryError(LedgerdError):
 
 class ClientClosedError(LedgerdError):
     """The client was closed; nothing more can be sent."""
+
+
+def single_exception(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (what a trio
+    nursery wraps an application's own error in), or ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -31,17 +31,17 @@ from ledgerd.errors import (
 from ledgerd.logs import fields
 from ledgerd.machines.changes import (
     ClosedChange,
-    EnsembleConflict,
     FencedChange,
     change_ensemble,
     close_as_writer,
+    failure_kind,
 )
 from ledgerd.machines.placement import choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
 from ledgerd.reads import LedgerView, fetch_entries, long_poll, read_lac
-from metadata.errors import MetadataError
+from metadata.errors import ChangeRejectedError, MetadataError
 from metadata.ledger import LedgerMetadata
 from wire.compression import compress_payload
 from wire.entry import Entry, encode_entry, encode_lac_body
@@ -70,9 +70,9 @@ class PendingAppend:
         self._error: BaseException | None = None
         self._event: trio.Event | None = None
 
-    def _finish(self, error: BaseException | None = None) -> None:
+    def _finish(self, at: float, error: BaseException | None = None) -> None:
         self.done = True
-        self.completed_at = trio.current_time()
+        self.completed_at = at
         self._error = error
         if self._event is not None:
             self._event.set()
@@ -155,7 +155,6 @@ class ReadHandle(_HandleBase):
     def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
                  view: LedgerView) -> None:
         super().__init__(client, ledger_id, metadata, version, view)
-        self._piggyback: Entry | None = None
 
     @property
     def length(self) -> int:
@@ -181,10 +180,9 @@ class ReadHandle(_HandleBase):
         with trio.move_on_after(timeout):
             while self._lac <= entry_id and not self.metadata.is_closed:
                 poll = min(timeout, 10.0)
-                lac, entry = await long_poll(self._sync_view(), max(self._lac, entry_id), poll)
+                lac = await long_poll(self._sync_view(), max(self._lac, entry_id), poll)
                 if lac > self._lac:
                     self._lac = lac
-                    self._piggyback = entry
                     break
                 await self.refresh()  # nothing moved: has it been closed?
         return self._lac
@@ -277,10 +275,10 @@ class WriteHandle(_HandleBase):
         lid = self.ledger_id
         digester = self._digester
         eid = self._pipeline.append(len(payload), lambda e, lac, length: encode_entry(
-            digester, lid, e, lac, length, payload))
+            digester, lid, e, lac, length, payload), now)
         p = PendingAppend(eid, now)
         if self._error is not None:  # failed while sending (a synchronous failure)
-            p._finish(self._error)
+            p._finish(now, self._error)
         else:
             self._waiters[eid] = p
         self._last_activity = now
@@ -302,10 +300,11 @@ class WriteHandle(_HandleBase):
 
     def _completed(self, entry_ids: tuple[int, ...], lac: int) -> None:
         waiters = self._waiters
+        now = trio.current_time()  # once per completed batch, not per entry
         for eid in entry_ids:
             p = waiters.pop(eid, None)
             if p is not None:
-                p._finish()
+                p._finish(now)
         self._progress.set()
 
     def _failed(self, kind: FailureKind, reason: str, entry_ids: tuple[int, ...]) -> None:
@@ -322,8 +321,9 @@ class WriteHandle(_HandleBase):
         log.warning("ledger_handle_failed", extra=fields(ledger=self.ledger_id, kind=kind.value,
                                                          reason=reason, pending=len(entry_ids)))
         waiters, self._waiters = self._waiters, {}
+        now = trio.current_time()
         for p in waiters.values():
-            p._finish(error)
+            p._finish(now, error)
         self._progress.set()
 
     # -- ensemble change ---------------------------------------------------------------
@@ -339,11 +339,9 @@ class WriteHandle(_HandleBase):
         try:
             self.metadata, self.version = await client.ledgers.update(
                 self.ledger_id, lambda md: change_ensemble(md, ensemble, first, new))
-        except ClosedChange as exc:
-            raise EnsembleChangeError(FailureKind.CLOSED, str(exc)) from exc
-        except FencedChange as exc:
-            raise EnsembleChangeError(FailureKind.FENCED, str(exc)) from exc
-        except (EnsembleConflict, MetadataError) as exc:
+        except ChangeRejectedError as exc:
+            raise EnsembleChangeError(failure_kind(exc), str(exc)) from exc
+        except MetadataError as exc:
             raise EnsembleChangeError(FailureKind.METADATA, str(exc)) from exc
         return new
 

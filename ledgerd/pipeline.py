@@ -76,10 +76,11 @@ class AddPipeline:
         self._out: dict[str, list[int]] = {}
         self.ensemble_changes = 0
 
-    def append(self, length: int, encode: Callable[[int, int, int], bytes]) -> int:
+    def append(self, length: int, encode: Callable[[int, int, int], bytes],
+               now: float) -> int:
         """Add one entry: ``encode(entry_id, lac, cumulative_length)`` gives its bytes."""
         w = self.writer
-        eid, effects = w.append(length, trio.current_time())
+        eid, effects = w.append(length, now)
         self.entries[eid] = encode(eid, w.lac, w.lengths[eid])
         self.apply(effects)
         return eid

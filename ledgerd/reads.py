@@ -10,7 +10,7 @@ every replica's failure.
 ``read_lac`` asks the last ensemble for its last entries (and explicit LACs) and takes
 the highest LAC once every write quorum has (Qw - Qa) + 1 definite answers. A long poll
 asks the whole last ensemble to wait for the LAC to pass a value; the first answer that
-does, with the next entry piggybacked, ends it.
+does ends it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from wire.entry import Digester, Entry, decode_entry, decode_lac_body
 from wire.errors import WireError
 from wire.messages import (
     Message,
-    ReadFlags,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -204,41 +203,28 @@ async def read_lac(view: LedgerView) -> int:
     return best
 
 
-async def long_poll(view: LedgerView, previous_lac: int,
-                    timeout: float) -> tuple[int, Entry | None]:
-    """Wait up to ``timeout`` for the LAC to pass ``previous_lac``.
-
-    Returns ``(lac, entry previous_lac + 1 or None)``; the LAC is ``previous_lac`` when
-    nothing changed (every bookie answered empty, or the time ran out).
-    """
-    md = view.metadata
-    ensemble = md.last_ensemble[1]
+async def long_poll(view: LedgerView, previous_lac: int, timeout: float) -> int:
+    """Wait up to ``timeout`` for the LAC to pass ``previous_lac``; returns the LAC then
+    (``previous_lac`` when nothing changed: every bookie answered empty, or time ran
+    out). The first bookie whose LAC passes the mark ends the wait."""
+    ensemble = view.metadata.last_ensemble[1]
     done = trio.Event()
     answered = 0
-    result: list[tuple[int, Entry | None]] = []
-    next_id = previous_lac + 1
-    req = ReadRequest(ledger_id=view.ledger_id, entry_id=next_id, flags=ReadFlags.PIGGYBACK,
+    best = previous_lac
+    req = ReadRequest(ledger_id=view.ledger_id, entry_id=previous_lac + 1,
                       previous_lac=previous_lac, timeout_ms=max(1, int(timeout * 1000)))
 
-    def on_reply(bookie: str, status: int, response: Message | None,
+    def on_reply(status: int, response: Message | None,
                  error: BookieConnectionError | None) -> None:
-        nonlocal answered
+        nonlocal answered, best
         answered += 1
-        if (not result and error is None and status == Status.OK
-                and isinstance(response, ReadResponse) and response.max_lac > previous_lac):
-            entry = None
-            if response.entry:
-                try:
-                    entry = view.decode(next_id, response.entry)
-                except WireError:
-                    entry = None  # a reader will fetch it from another replica
-            result.append((response.max_lac, entry))
-            done.set()
-        if answered == len(ensemble):
+        if error is None and status == Status.OK and isinstance(response, ReadResponse):
+            best = max(best, response.max_lac)
+        if best > previous_lac or answered == len(ensemble):
             done.set()
 
     for bookie in ensemble:
-        view.pool.send(bookie, req, partial(on_reply, bookie))
+        view.pool.send(bookie, req, on_reply)
     with trio.move_on_after(timeout + view.read_timeout):
         await done.wait()
-    return result[0] if result else (previous_lac, None)
+    return best

@@ -90,7 +90,7 @@ class _Run:
             elif isinstance(eff, Rewrite):
                 pipeline = self._pipeline()
                 entry = eff.entry
-                eid = pipeline.append(0, lambda *_a, entry=entry: entry)
+                eid = pipeline.append(0, lambda *_a, entry=entry: entry, trio.current_time())
                 assert eid == eff.entry_id, (eid, eff.entry_id)
             elif isinstance(eff, Finished):
                 self.finished = eff

@@ -19,18 +19,18 @@ import trio
 
 import ledgerd
 
-__all__ = ["reads_cmd", "writes_cmd"]
+__all__ = ["latency_summary", "percentile", "reads_cmd", "run_writes", "writes_cmd"]
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     s = sorted(values)
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-def _latency(lat: list[float]) -> dict[str, float]:
-    return {f"p{q}_ms": round(1000 * _pct(lat, q / 100), 3) for q in (50, 95, 99, 99.9)} | {
+def latency_summary(lat: list[float]) -> dict[str, float]:
+    return {f"p{q}_ms": round(1000 * percentile(lat, q / 100), 3) for q in (50, 95, 99, 99.9)} | {
         "max_ms": round(1000 * max(lat, default=0.0), 3)}
 
 
@@ -40,17 +40,19 @@ def _live(text: str) -> None:
         sys.stderr.flush()
 
 
-async def _writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int, outstanding: int,
-                  duration: float) -> dict[str, Any]:
+async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
+                     outstanding: int, duration: float, warmup: float = 0.0) -> dict[str, Any]:
+    """Keep ``outstanding`` appends in flight for ``warmup + duration`` seconds; counts
+    and latencies cover appends submitted after the warm-up and durable before the end."""
     payload = os.urandom(size)
     async with ledgerd.open_client(zk, throttle=0,
                                    max_inflight_per_bookie=max(1000, 4 * outstanding)) as client:
         handles = [await client.create_ledger(e, qw, qa) for _ in range(ledgers)]
         inflight: list[ledgerd.PendingAppend] = []
         lat: list[float] = []
-        start = trio.current_time()
+        start = trio.current_time() + warmup
         end = start + duration
-        last_report = start
+        last_report = trio.current_time()
         count = i = 0
         while trio.current_time() < end:
             while len(inflight) < outstanding:
@@ -59,27 +61,28 @@ async def _writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int, ou
             await inflight[0]
             keep = []
             for p in inflight:
-                if p.done:
+                if not p.done:
+                    keep.append(p)
+                elif p.submitted_at >= start and p.completed_at < end:
                     count += 1
                     lat.append(p.completed_at - p.submitted_at)
-                else:
-                    keep.append(p)
             inflight = keep
             now = trio.current_time()
-            if now - last_report >= 0.5:
+            if now - last_report >= 0.5 and now > start:
                 last_report = now
                 _live(f"{now - start:5.1f}s  {count:,} appends  {count / (now - start):,.0f}/s")
         for p in inflight:
             await p
-        elapsed = trio.current_time() - start
         for h in handles:
             await h.close()
+        changes = sum(h.ensemble_changes for h in handles)
     _live("")
     return {"kind": "writes", "ensemble": e, "write_quorum": qw, "ack_quorum": qa,
             "entry_size": size, "ledgers": ledgers, "outstanding": outstanding,
-            "seconds": round(elapsed, 3), "appends": count,
-            "appends_per_s": round(count / elapsed, 1),
-            "mb_per_s": round(count * size / elapsed / 1e6, 2), **_latency(lat)}
+            "seconds": duration, "appends": count,
+            "appends_per_s": round(count / duration, 1),
+            "mb_per_s": round(count * size / duration / 1e6, 2), **latency_summary(lat),
+            "ensemble_changes": changes}
 
 
 async def _reads(zk: str, e: int, qw: int, qa: int, size: int, entries: int,
@@ -107,7 +110,7 @@ async def _reads(zk: str, e: int, qw: int, qa: int, size: int, entries: int,
             "entry_size": size, "entries_read": n, "seconds": round(elapsed, 3),
             "entries_per_s": round(n / elapsed, 1),
             "mb_per_s": round(n * size / elapsed / 1e6, 2),
-            **{f"batch_{k}": v for k, v in _latency(lat).items()}}
+            **{f"batch_{k}": v for k, v in latency_summary(lat).items()}}
 
 
 def _quiet() -> None:
@@ -152,7 +155,7 @@ def writes_cmd(zk: str, ensemble: int, write_quorum: int, ack_quorum: int, entry
                as_json: bool, ledgers: int, outstanding: int, duration: float) -> None:
     """Write throughput and latency."""
     _quiet()
-    _show(trio.run(_writes, zk, ensemble, write_quorum, ack_quorum, entry_size, ledgers,
+    _show(trio.run(run_writes, zk, ensemble, write_quorum, ack_quorum, entry_size, ledgers,
                    outstanding, duration), as_json)
 
 

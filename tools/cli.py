@@ -21,7 +21,7 @@ from disk.errors import StorageError
 from ledgerd import __version__
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.config import ClientConfig, ConfigError, defaults_toml, load_config
-from ledgerd.errors import LedgerdError
+from ledgerd.errors import LedgerdError, single_exception
 from ledgerd.logs import configure_logging
 from metadata.errors import MetadataError
 from wire.errors import WireError
@@ -70,18 +70,12 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     try:
         code = run_bookie(config)
     except BaseException as exc:
-        leaf = _leaf(exc)
+        leaf = single_exception(exc)
         if ctx.obj["debug"] or not isinstance(leaf, StorageError | MetadataError | OSError):
             raise
         raise CliError(f"bookie did not start: {leaf}") from exc
     sys.exit(code)
 
-
-def _leaf(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-member exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 @cli.command("local")

@@ -50,11 +50,6 @@ def _bookie_config(conf: Path | None) -> BookieConfig:
     return load_config(BookieConfig, path=conf)
 
 
-def _bookie_id(cfg: BookieConfig) -> str:
-    """The id a bookie registers under (as ``appliance.bookie.Bookie`` derives it)."""
-    return cfg.bookie_id or f"{cfg.advertised_address or cfg.listen_address}:{cfg.bookie_port}"
-
-
 @click.group("shell")
 @click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181", show_default=True,
               help="ZooKeeper connection string (host:port[,...][/chroot]).")
@@ -354,7 +349,7 @@ def bookiesanity(bookie: str | None, conf: Path | None, entries: int) -> None:
 
     if bookie is None:
         cfg = _bookie_config(conf)
-        bookie = _bookie_id(cfg)
+        bookie = cfg.effective_bookie_id
     address = bookie
     d = Digester(DigestType.CRC32C)
     key = master_key(b"bookiesanity")
@@ -516,7 +511,7 @@ def cookie_update(ctx: click.Context, conf: Path) -> None:
     from metadata.cookies import CookieStore
 
     cfg = _bookie_config(conf)
-    bookie_id = _bookie_id(cfg)
+    bookie_id = cfg.effective_bookie_id
 
     async def run() -> Cookie:
         store = await _store(_zk(ctx))
@@ -556,7 +551,7 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool) -> None:
     if not force:
         raise ShellError(f"bookieformat deletes everything in {', '.join(map(str, dirs))}; "
                          "pass --force")
-    bookie_id = _bookie_id(cfg)
+    bookie_id = cfg.effective_bookie_id
 
     async def run() -> None:
         store = await _store(_zk(ctx))

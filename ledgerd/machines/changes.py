@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ledgerd.machines.writer import FailureKind
 from metadata.errors import ChangeRejectedError
 from metadata.ledger import LedgerMetadata, LedgerState
 
 __all__ = ["ClosedChange", "EnsembleConflict", "FencedChange", "begin_recovery", "change_ensemble",
-           "close_as_writer", "close_recovered"]
+           "close_as_writer", "close_recovered", "failure_kind"]
 
 
 class ClosedChange(ChangeRejectedError):
@@ -78,3 +79,12 @@ def close_recovered(md: LedgerMetadata, ensembles: Mapping[int, Sequence[str]],
     for first in sorted(ensembles):
         md = md.with_ensemble(first, tuple(ensembles[first]))
     return md.closed(last_entry_id, length)
+
+
+def failure_kind(rejected: ChangeRejectedError) -> FailureKind:
+    """What a writer's failed ensemble change means for its handle."""
+    if isinstance(rejected, ClosedChange):
+        return FailureKind.CLOSED
+    if isinstance(rejected, FencedChange):
+        return FailureKind.FENCED
+    return FailureKind.METADATA

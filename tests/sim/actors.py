@@ -13,13 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerd.machines.changes import (
-    ClosedChange,
-    EnsembleConflict,
-    FencedChange,
     begin_recovery,
     change_ensemble,
     close_as_writer,
     close_recovered,
+    failure_kind,
 )
 from ledgerd.machines.placement import NotEnoughBookiesError, choose_ensemble, choose_replacements
 from ledgerd.machines.quorum import write_set
@@ -316,13 +314,8 @@ class SimWriter:
                 if self.die_after_change:
                     self.world.at(self.world.rng.uniform(0, 0.02), self.die,
                                   "kill writer after its ensemble change")
-            elif isinstance(err, ClosedChange):
-                self.apply(self.w.ensemble_change_failed(FailureKind.CLOSED, str(err)))
-            elif isinstance(err, FencedChange):
-                self.apply(self.w.ensemble_change_failed(FailureKind.FENCED, str(err)))
             else:
-                assert isinstance(err, EnsembleConflict | ChangeRejectedError)
-                self.apply(self.w.ensemble_change_failed(FailureKind.METADATA, str(err)))
+                self.apply(self.w.ensemble_change_failed(failure_kind(err), str(err)))
         cas(self.meta, lambda: self.alive,
             lambda md: change_ensemble(md, ensemble, eff.first_entry_id, new), done)
 
