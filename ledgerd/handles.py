@@ -40,7 +40,7 @@ from ledgerd.machines.placement import choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
-from ledgerd.reads import LedgerView, fetch_entries, long_poll, read_lac
+from ledgerd.reads import LedgerView, fetch_range, long_poll, read_lac
 from metadata.errors import ChangeRejectedError, MetadataError
 from metadata.ledger import LedgerMetadata
 from wire.compression import compress_payload
@@ -136,11 +136,11 @@ class _HandleBase:
                 yield entry
 
     async def read_batch(self, first: int, last: int) -> list[Entry]:
-        """Entries ``first..last`` at once (all requests in flight together)."""
+        """Entries ``first..last`` at once: ReadRange per run, per-entry failover."""
         last = self._bounds(first, last)
         if first > last:
             return []
-        return await fetch_entries(self._sync_view(), first, last)
+        return await fetch_range(self._sync_view(), first, last)
 
     async def read_entry(self, entry_id: int) -> bytes:
         """One entry's payload."""

@@ -1,5 +1,10 @@
 """Reading a ledger from its bookies: entries with failover, the LAC, long polls.
 
+Ranges go out as ReadRange requests (``fetch_range``): each fragment is cut into runs
+that one bookie stores whole (``range_runs``), one request per run. Whatever a run does
+not deliver (an error, a short answer, a bad digest, no answer within the speculative
+timeout) is read entry by entry with ``fetch_entries``, the other replicas first.
+
 Every entry read goes to the entry's write set in the fragment that holds it, healthy
 replicas first (``BookiePool.order_replicas``). A replica that fails, answers anything
 but OK, or returns bytes whose digest does not verify is skipped for the next one; when
@@ -15,6 +20,7 @@ does ends it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -23,7 +29,7 @@ import trio
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
 from ledgerd.errors import EntryUnavailableError, LedgerdError
-from ledgerd.machines.quorum import EnsembleCoverage, write_set
+from ledgerd.machines.quorum import EnsembleCoverage, range_runs, write_set
 from metadata.ledger import LedgerMetadata
 from wire.compression import decompress_payload
 from wire.entry import Digester, Entry, decode_entry, decode_lac_body
@@ -32,12 +38,14 @@ from wire.messages import (
     Message,
     ReadLacRequest,
     ReadLacResponse,
+    ReadRangeRequest,
+    ReadRangeResponse,
     ReadRequest,
     ReadResponse,
 )
 from wire.status import Status
 
-__all__ = ["LedgerView", "fetch_entries", "long_poll", "read_lac"]
+__all__ = ["LedgerView", "fetch_entries", "fetch_range", "long_poll", "read_lac"]
 
 
 @dataclass
@@ -60,11 +68,13 @@ class LedgerView:
                       decompress_payload(e.payload, self.max_entry_bytes))
         return e
 
-    def replicas(self, entry_id: int) -> list[str]:
+    def replicas(self, entry_id: int, avoid: frozenset[str] = frozenset()) -> list[str]:
+        """The entry's write set, healthy replicas first and ``avoid`` last."""
         md = self.metadata
         ensemble = md.ensemble_for(entry_id)
-        return self.pool.order_replicas(
+        ordered = self.pool.order_replicas(
             ensemble[i] for i in write_set(entry_id, md.ensemble_size, md.write_quorum))
+        return sorted(ordered, key=lambda b: b in avoid)
 
 
 def _status_name(status: int) -> str:
@@ -86,9 +96,18 @@ class _EntryRead:
     failures: list[str] = field(default_factory=list)
 
 
-async def fetch_entries(view: LedgerView, first: int, last: int) -> list[Entry]:
-    """Entries ``first..last`` (inclusive), verified, in order."""
-    reads = [_EntryRead(eid, view.replicas(eid)) for eid in range(first, last + 1)]
+async def fetch_entries(view: LedgerView, first: int, last: int, *,
+                        avoid: frozenset[str] = frozenset()) -> list[Entry]:
+    """Entries ``first..last`` (inclusive), verified, in order; one request per entry,
+    replicas in ``avoid`` asked last."""
+    return await _fetch_each(view, range(first, last + 1), avoid)
+
+
+async def _fetch_each(view: LedgerView, entry_ids: Iterable[int],
+                      avoid: frozenset[str]) -> list[Entry]:
+    reads = [_EntryRead(eid, view.replicas(eid, avoid)) for eid in entry_ids]
+    if not reads:
+        return []
     remaining = len(reads)
     done = trio.Event()
     pool = view.pool
@@ -157,6 +176,89 @@ async def fetch_entries(view: LedgerView, first: int, last: int) -> list[Entry]:
             raise EntryUnavailableError(view.ledger_id, r.entry_id, r.failures)
         out.append(r.result)
     return out
+
+
+@dataclass
+class _RunRead:
+    bookie: str
+    next: int
+    last: int
+    sent_at: float = 0.0
+    over: bool = False
+
+
+async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int = 1024,
+                      max_bytes: int = 4 << 20) -> list[Entry]:
+    """Entries ``first..last`` (inclusive), verified, in order: one ReadRange per run a
+    bookie stores whole, then ``fetch_entries`` for anything a run did not deliver."""
+    if first > last:
+        return []
+    md = view.metadata
+    pool = view.pool
+    unhealthy = pool.recent_failures()
+    found: dict[int, Entry] = {}
+    avoid: set[str] = set()
+    runs: list[_RunRead] = []
+    for f_first, f_last, ensemble in md.fragments():
+        lo, hi = max(first, f_first), (last if f_last < 0 else min(last, f_last))
+        for index, a, b in range_runs(lo, hi, md.ensemble_size, md.write_quorum, run_limit):
+            if ensemble[index] not in unhealthy:  # left to the per-entry reads
+                runs.append(_RunRead(ensemble[index], a, b))
+    pending = len(runs)
+    done = trio.Event()
+    budget = max(1, min(max_bytes, view.max_entry_bytes // 2))
+
+    def end(run: _RunRead, failed: bool) -> None:
+        nonlocal pending
+        run.over = True
+        if failed:  # asked last for what this run did not deliver
+            avoid.add(run.bookie)
+        pending -= 1
+        if not pending:
+            done.set()
+
+    def send(run: _RunRead) -> None:
+        run.sent_at = trio.current_time()
+        pool.send(run.bookie, ReadRangeRequest(
+            ledger_id=view.ledger_id, first_entry_id=run.next,
+            max_count=run.last - run.next + 1, max_bytes=budget), partial(on_reply, run))
+
+    def on_reply(run: _RunRead, status: int, response: Message | None,
+                 error: BookieConnectionError | None) -> None:
+        if run.over:
+            return
+        if (error is not None or status != Status.OK
+                or not isinstance(response, ReadRangeResponse)
+                or response.first_entry_id != run.next or not response.entries):
+            end(run, failed=True)
+            return
+        for data in response.entries[: run.last - run.next + 1]:
+            try:
+                found[run.next] = view.decode(run.next, data)
+            except WireError:
+                end(run, failed=True)
+                return
+            run.next += 1
+        if run.next > run.last:
+            end(run, failed=False)
+        else:
+            send(run)  # the answer stopped at max_bytes, or before an entry it lacks
+
+    for run in runs:
+        send(run)
+    spec = view.speculative_timeout or view.read_timeout
+    while pending:
+        with trio.move_on_after(max(0.01, spec / 4)):
+            await done.wait()
+        now = trio.current_time()
+        for run in runs:
+            if not run.over and now - run.sent_at >= spec:
+                end(run, failed=True)  # slow: the rest goes to the other replicas
+    if len(found) < last - first + 1:
+        missing = [eid for eid in range(first, last + 1) if eid not in found]
+        for entry in await _fetch_each(view, missing, frozenset(avoid)):
+            found[entry.entry_id] = entry
+    return [found[eid] for eid in range(first, last + 1)]
 
 
 async def read_lac(view: LedgerView) -> int:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-__all__ = ["EnsembleCoverage", "ReadOutcome", "RecoveryRead", "check_quorums", "write_set"]
+__all__ = ["EnsembleCoverage", "ReadOutcome", "RecoveryRead", "check_quorums", "range_runs",
+           "write_set"]
 
 
 def check_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
@@ -26,6 +27,28 @@ def check_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> Non
 def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
     """Indexes of the ensemble's bookies that store ``entry_id``."""
     return tuple((entry_id + i) % ensemble_size for i in range(write_quorum))
+
+
+def range_runs(first: int, last: int, ensemble_size: int, write_quorum: int,
+               run_limit: int) -> list[tuple[int, int, int]]:
+    """Split entries ``first..last`` of one fragment into ``(bookie index, first, last)``
+    runs that the bookie stores whole, so each run is one ReadRange.
+
+    With Qw == E every bookie stores every entry: runs of ``run_limit`` entries rotate
+    over the ensemble. Otherwise the bookie at ``(e + Qw - 1) % E`` stores ``e .. e + Qw
+    - 1``, so runs are Qw long and rotate by themselves.
+    """
+    if run_limit < 1:
+        raise ValueError(f"run_limit must be at least 1, got {run_limit}")
+    span = run_limit if write_quorum == ensemble_size else min(write_quorum, run_limit)
+    out = []
+    e = first
+    while e <= last:
+        end = min(last, e + span - 1)
+        index = ((e // span) if write_quorum == ensemble_size else e + write_quorum - 1)
+        out.append((index % ensemble_size, e, end))
+        e = end + 1
+    return out
 
 
 class EnsembleCoverage:

@@ -145,3 +145,28 @@ async def test_tailing_reader_follows_the_writer(zk_chroot: str, tmp_path: Path)
         await lh.close()
         await rh.refresh()
         assert rh.is_closed and await rh.wait_lac_beyond(4, timeout=1) == 4
+
+
+@pytest.mark.parametrize(("e", "qw"), [(3, 3), (3, 2)])
+async def test_range_reads_fail_over_past_missing_and_wrong_entries(
+        zk_chroot: str, tmp_path: Path, e: int, qw: int) -> None:
+    async with inprocess_cluster(zk_chroot, tmp_path, 3) as cluster, \
+            ledgerd.open_client(zk_chroot) as client:
+        lh = await client.create_ledger(e, qw, 2, password=b"pw")
+        await lh.append_many(f"entry {i}".encode() for i in range(600))
+        await lh.close()
+        lid = lh.ledger_id
+        by_id = {b.bookie_id: b for b in cluster.bookies}
+        first, second = (by_id[a] for a in lh.ensemble[:2])
+        # The first bookie loses entries 100..149 it holds; the second answers entry
+        # 301 with the bytes of another entry (ids and digest do not match).
+        for eid in range(100, 150):
+            if first.storage.cache.location(lid, eid):
+                first.storage.cache.set_location(lid, eid, 0)
+        held = [eid for eid in range(290, 320) if second.storage.cache.location(lid, eid)]
+        second.storage.cache.set_location(lid, held[1], second.storage.cache.location(
+            lid, held[0]))
+        rh = await client.open_ledger(lid, password=b"pw")
+        got = await rh.read_batch(0, 599)
+        assert [x.payload for x in got] == [f"entry {i}".encode() for i in range(600)]
+        assert [x.entry_id async for x in rh.read(95, 160)] == list(range(95, 161))

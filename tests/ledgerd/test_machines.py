@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from ledgerd.machines.quorum import EnsembleCoverage, ReadOutcome, RecoveryRead, write_set
+from ledgerd.machines.quorum import (
+    EnsembleCoverage,
+    ReadOutcome,
+    RecoveryRead,
+    range_runs,
+    write_set,
+)
 from ledgerd.machines.recovery import (
     Aborted,
     Finished,
@@ -301,3 +307,17 @@ def test_placement_avoids_recent_failures_while_it_can() -> None:
     assert new == ("b0", "b4", "b2")
     new = choose_replacements(B, ["b0", "b1", "b2"], {0, 1}, rng, avoid={"b3"})
     assert set(new) == {"b3", "b4", "b2"}
+
+
+def test_range_runs_cover_the_range_once_on_bookies_that_hold_each_run() -> None:
+    for e, qw in [(1, 1), (3, 3), (3, 2), (5, 3), (5, 1), (4, 2)]:
+        for first, last, limit in [(0, 99, 7), (13, 200, 1000), (5, 5, 3), (9, 8, 4)]:
+            runs = range_runs(first, last, e, qw, limit)
+            covered = [x for _, a, b in runs for x in range(a, b + 1)]
+            assert covered == list(range(first, last + 1))
+            for index, a, b in runs:
+                assert b - a + 1 <= limit
+                assert all(index in write_set(x, e, qw) for x in range(a, b + 1))
+    assert {i for i, _, _ in range_runs(0, 299, 3, 3, 100)} == {0, 1, 2}
+    with pytest.raises(ValueError, match="run_limit"):
+        range_runs(0, 1, 3, 3, 0)
