@@ -30,14 +30,16 @@ from ledgerd.errors import (
     ReadBeyondLacError,
 )
 from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
-from ledgerd.sync import SyncClient, SyncReadHandle, SyncWriteHandle
+from ledgerd.ledgerlog import LogFencedError, LogPosition, LogWriter, NoSuchLogError
+from ledgerd.sync import SyncClient, SyncLogWriter, SyncReadHandle, SyncWriteHandle
 from wire.entry import Entry
 
 __all__ = [
     "BadPasswordError", "Client", "ClientClosedError", "ClientConfig", "ConfigError", "Entry",
     "EntryUnavailableError", "LedgerClosedError", "LedgerFencedError", "LedgerHandleError",
-    "LedgerRecoveryError", "LedgerdError", "NoSuchLedgerError", "NotEnoughBookiesError",
-    "PendingAppend", "ReadBeyondLacError", "ReadHandle", "SyncClient", "SyncReadHandle",
+    "LedgerRecoveryError", "LedgerdError", "LogFencedError", "LogPosition", "LogWriter",
+    "NoSuchLedgerError", "NoSuchLogError", "NotEnoughBookiesError", "PendingAppend",
+    "ReadBeyondLacError", "ReadHandle", "SyncClient", "SyncLogWriter", "SyncReadHandle",
     "SyncWriteHandle", "WriteHandle", "__version__", "open_client",
 ]
 

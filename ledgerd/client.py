@@ -25,10 +25,12 @@ from typing import Any
 
 import trio
 
+from ledgerd import ledgerlog
 from ledgerd.bookies import BookiePool, PoolOptions
 from ledgerd.config import ClientConfig, ConfigError, load_config
 from ledgerd.errors import BadPasswordError, NoSuchLedgerError, single_exception
 from ledgerd.handles import ReadHandle, WriteHandle
+from ledgerd.ledgerlog import LogPosition, LogWriter
 from ledgerd.logs import fields
 from ledgerd.machines.placement import choose_ensemble
 from ledgerd.machines.quorum import check_quorums
@@ -38,9 +40,10 @@ from metadata.cluster import check_layout
 from metadata.errors import NoNodeError
 from metadata.ledger import LedgerMetadata, password_check
 from metadata.ledgers import LedgerManager
+from metadata.logs import LogStore
 from metadata.registry import BookieRegistry, BookieSet
 from metadata.store import MetadataStore
-from wire.entry import Digester, DigestType, master_key
+from wire.entry import Digester, DigestType, Entry, master_key
 
 __all__ = ["Client", "open_client"]
 
@@ -60,6 +63,7 @@ class Client:
         root = config.zk_ledgers_root_path
         self.ledgers = LedgerManager(store, root, layout)
         self.registry = BookieRegistry(store, root)
+        self.logs = LogStore(store, "/logs")
         self.rng = rng or random.Random()
         self.pool = BookiePool(nursery, PoolOptions(
             connect_timeout=config.connect_timeout_ms / 1000,
@@ -168,6 +172,46 @@ class Client:
     async def list_ledgers(self) -> AsyncIterator[int]:
         async for lid in self.ledgers.iter_ledger_ids():
             yield lid
+
+    # -- logs of ledgers (ledgerd.ledgerlog) ----------------------------------------------
+
+    async def open_log_writer(self, name: str, ensemble_size: int | None = None,
+                              write_quorum: int | None = None, ack_quorum: int | None = None,
+                              **kwargs: Any) -> LogWriter:
+        """Become the writer of log ``name`` (created if missing): fences its last two
+        ledgers and appends to a new one. kwargs: password, roll_entries, roll_bytes,
+        create."""
+        return await ledgerlog.open_log_writer(self, name, ensemble_size, write_quorum,
+                                               ack_quorum, **kwargs)
+
+    async def log_ledgers(self, name: str) -> tuple[int, ...]:
+        return await ledgerlog.log_ledgers(self, name)
+
+    async def list_logs(self) -> list[str]:
+        return await self.logs.names()
+
+    async def append_ledgers_to_log(self, name: str, ledger_ids: list[int], *,
+                                    password: bytes | str = b"",
+                                    create: bool = True) -> tuple[int, ...]:
+        return await ledgerlog.append_ledgers(self, name, ledger_ids, password=password,
+                                              create=create)
+
+    async def truncate_log(self, name: str, before_ledger: int) -> list[int]:
+        return await ledgerlog.truncate_log(self, name, before_ledger)
+
+    async def delete_log(self, name: str, *, delete_ledgers: bool = True) -> None:
+        """Remove the log record (and, by default, its ledgers)."""
+        ledgers = await self.log_ledgers(name)
+        await self.logs.delete(name)
+        for lid in ledgers if delete_ledgers else ():
+            try:
+                await self.delete_ledger(lid)
+            except NoSuchLedgerError:
+                pass
+
+    def read_log(self, name: str, password: bytes | str = b"", *,
+                 start: LogPosition | None = None) -> AsyncIterator[Entry]:
+        return ledgerlog.read_log(self, name, password, start=start)
 
     async def aclose(self) -> None:
         self.pool.close()

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import trio
 
 from ledgerd.client import Client, open_client
+from ledgerd.errors import ClientClosedError, LedgerdError
 from ledgerd.handles import ReadHandle, WriteHandle
+from ledgerd.ledgerlog import LogPosition, LogWriter
 from metadata.ledger import LedgerMetadata
 from wire.entry import Entry
 
-__all__ = ["SyncClient", "SyncReadHandle", "SyncWriteHandle"]
+__all__ = ["SyncClient", "SyncLogWriter", "SyncReadHandle", "SyncWriteHandle"]
 
 T = TypeVar("T")
 _WINDOW = 256
@@ -72,6 +75,25 @@ class SyncClient:
 
         return trio.from_thread.run(call, trio_token=self._token)
 
+    def _submit(self, fn: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
+        """Start ``fn`` on the client's thread and return at once (read-ahead)."""
+        future: Future[T] = Future()
+
+        async def call() -> None:
+            try:
+                future.set_result(await fn(*args))
+            except Exception as exc:
+                future.set_exception(exc)
+            except BaseException:
+                future.set_exception(ClientClosedError("the client closed during the call"))
+                raise
+
+        self._run(self._spawn, call)
+        return future
+
+    async def _spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        self.client.nursery.start_soon(fn)
+
     @property
     def client(self) -> Client:
         assert self._client is not None
@@ -98,6 +120,48 @@ class SyncClient:
         async def collect() -> list[int]:
             return [lid async for lid in self.client.list_ledgers()]
         return self._run(collect)
+
+    # -- logs of ledgers ---------------------------------------------------------------
+
+    def open_log_writer(self, name: str, ensemble_size: int | None = None,
+                        write_quorum: int | None = None, ack_quorum: int | None = None,
+                        **kwargs: Any) -> SyncLogWriter:
+        writer = self._run(self.client.open_log_writer, name, ensemble_size, write_quorum,
+                           ack_quorum, **kwargs)
+        return SyncLogWriter(self, writer)
+
+    def log_ledgers(self, name: str) -> tuple[int, ...]:
+        return self._run(self.client.log_ledgers, name)
+
+    def list_logs(self) -> list[str]:
+        return self._run(self.client.list_logs)
+
+    def append_ledgers_to_log(self, name: str, ledger_ids: list[int], **kwargs: Any
+                              ) -> tuple[int, ...]:
+        return self._run(self.client.append_ledgers_to_log, name, ledger_ids, **kwargs)
+
+    def truncate_log(self, name: str, before_ledger: int) -> list[int]:
+        return self._run(self.client.truncate_log, name, before_ledger)
+
+    def delete_log(self, name: str, *, delete_ledgers: bool = True) -> None:
+        self._run(self.client.delete_log, name, delete_ledgers=delete_ledgers)
+
+    def read_log(self, name: str, password: bytes | str = b"", *,
+                 start: LogPosition | None = None) -> Iterator[Entry]:
+        """The log's entries in order (closed ledgers to their end, an open one to its
+        LAC), from ``start`` inclusive; nothing is fenced."""
+        ledgers = self.log_ledgers(name)
+        begin = 0
+        if start is not None:
+            if start.ledger_id not in ledgers:
+                raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id}")
+            begin = ledgers.index(start.ledger_id)
+        for lid in ledgers[begin:]:
+            rh = self.open_ledger(lid, password, recovery=False)
+            last = rh.last_add_confirmed if rh.metadata.is_closed else rh.read_lac()
+            first = start.entry_id if start is not None and lid == start.ledger_id else 0
+            if first <= last:
+                yield from rh.read(first, last)
 
     def close(self) -> None:
         if self._token is not None and self._stop is not None and not self._stop.is_set():
@@ -128,12 +192,22 @@ class _SyncHandle:
     def metadata(self) -> LedgerMetadata:
         return self._handle.metadata
 
-    def read(self, first: int = 0, last: int | None = None) -> Iterator[Entry]:
-        """Entries ``first..last`` (default: to the LAC), fetched 256 at a time."""
+    def read(self, first: int = 0, last: int | None = None, *,
+             window: int = _WINDOW) -> Iterator[Entry]:
+        """Entries ``first..last`` (default: to the LAC), ``window`` at a time, the next
+        window already being fetched while this one is consumed."""
         last = self._handle._bounds(first, last)
-        for start in range(first, last + 1, _WINDOW):
-            yield from self._client._run(self._handle.read_batch, start,
-                                         min(last, start + _WINDOW - 1))
+        starts = range(first, last + 1, max(1, window))
+        pending: Future[list[Entry]] | None = None
+        for i, start in enumerate(starts):
+            if pending is None:
+                pending = self._client._submit(self._handle.read_batch, start,
+                                               min(last, start + window - 1))
+            ahead = (self._client._submit(self._handle.read_batch, starts[i + 1],
+                                          min(last, starts[i + 1] + window - 1))
+                     if i + 1 < len(starts) else None)
+            yield from pending.result()
+            pending = ahead
 
     def close(self) -> None:
         self._client._run(self._handle.close)
@@ -153,6 +227,36 @@ class SyncWriteHandle(_SyncHandle):
 
     def append_many(self, items: Iterable[bytes]) -> list[int]:
         return self._client._run(self._handle.append_many, list(items))
+
+
+class SyncLogWriter:
+    """``LogWriter`` for threads: positions are ``LogPosition(ledger_id, entry_id)``."""
+
+    def __init__(self, client: SyncClient, writer: LogWriter) -> None:
+        self._client = client
+        self._writer = writer
+
+    @property
+    def ledger_id(self) -> int:
+        return self._writer.ledger_id
+
+    def append(self, data: bytes) -> LogPosition:
+        return self._client._run(self._writer.append, data)
+
+    def append_many(self, items: Iterable[bytes]) -> list[LogPosition]:
+        return self._client._run(self._writer.append_many, list(items))
+
+    def roll(self) -> None:
+        self._client._run(self._writer.roll)
+
+    def close(self) -> None:
+        self._client._run(self._writer.close)
+
+    def __enter__(self) -> SyncLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class SyncReadHandle(_SyncHandle):

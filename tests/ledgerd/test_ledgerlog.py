@@ -1,0 +1,82 @@
+"""Logs of ledgers against real bookies (in this process) and the real ZooKeeper."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import ledgerd
+from ledgerd import LedgerdError, LedgerFencedError, LogFencedError, LogPosition, NoSuchLogError
+from tests.ledgerd.inproc import inprocess_cluster
+
+
+async def test_writer_rolls_and_the_log_reads_back_in_order(zk_chroot: str,
+                                                            tmp_path: Path) -> None:
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot) as client:
+        with pytest.raises(NoSuchLogError, match="'events' does not exist"):
+            await client.log_ledgers("events")
+        async with await client.open_log_writer("events", 3, 2, 2, password=b"pw",
+                                                roll_entries=100) as writer:
+            positions = await writer.append_many(f"e{i}".encode() for i in range(250))
+        ledgers = await client.log_ledgers("events")
+        assert len(ledgers) == 3
+        assert [p.ledger_id for p in positions] == [lid for lid in ledgers
+                                                     for _ in range(100)][:250]
+        assert positions[100] == LogPosition(ledgers[1], 0)
+        for lid, last in zip(ledgers, (99, 99, 49), strict=True):
+            md = await client.ledger_metadata(lid)
+            assert md.is_closed and md.last_entry_id == last
+        got = [e.payload async for e in client.read_log("events", b"pw")]
+        assert got == [f"e{i}".encode() for i in range(250)]
+        tail = [e.payload async for e in client.read_log("events", b"pw",
+                                                         start=LogPosition(ledgers[1], 98))]
+        assert tail == [f"e{i}".encode() for i in range(198, 250)]
+
+
+async def test_a_new_writer_fences_the_old_one(zk_chroot: str, tmp_path: Path) -> None:
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot) as client:
+        old = await client.open_log_writer("orders", 3, 3, 2, password=b"pw")
+        await old.append_many([b"a", b"b"])
+        new = await client.open_log_writer("orders", 3, 3, 2, password=b"pw")
+        first, second = await client.log_ledgers("orders")
+        assert (first, second) == (old.ledger_id, new.ledger_id)
+        assert (await client.ledger_metadata(first)).last_entry_id == 1
+        with pytest.raises(LedgerFencedError):
+            await old.append(b"lost")
+        with pytest.raises(LogFencedError, match="another writer took over"):
+            await old.roll()
+        await new.append(b"c")
+        await new.close()
+        assert [e.payload async for e in client.read_log("orders", b"pw")] == [b"a", b"b", b"c"]
+
+
+async def test_append_closed_ledgers_fences_the_tail_then_truncate(zk_chroot: str,
+                                                                   tmp_path: Path) -> None:
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot) as client:
+        writer = await client.open_log_writer("batches", 3, 2, 2, password=b"pw")
+        await writer.append(b"live")
+        lh = await client.create_ledger(3, 2, 2, password=b"pw")
+        await lh.append(b"batch")
+        with pytest.raises(LedgerdError, match=f"ledger {lh.ledger_id} must be closed"):
+            await client.append_ledgers_to_log("batches", [lh.ledger_id], password=b"pw")
+        await lh.close()
+        with pytest.raises(NoSuchLogError):
+            await client.append_ledgers_to_log("nope", [lh.ledger_id], create=False)
+        ledgers = await client.append_ledgers_to_log("batches", [lh.ledger_id], password=b"pw")
+        assert ledgers == (writer.ledger_id, lh.ledger_id)
+        assert (await client.ledger_metadata(writer.ledger_id)).is_closed
+        with pytest.raises(LedgerFencedError):
+            await writer.append(b"behind the batch")
+        assert [e.payload async for e in client.read_log("batches", b"pw")] == [b"live",
+                                                                                 b"batch"]
+        assert await client.truncate_log("batches", lh.ledger_id) == [writer.ledger_id]
+        assert await client.log_ledgers("batches") == (lh.ledger_id,)
+        with pytest.raises(ledgerd.NoSuchLedgerError):
+            await client.ledger_metadata(writer.ledger_id)
+        assert await client.list_logs() == ["batches"]
+        await client.delete_log("batches")
+        assert await client.list_logs() == []
