@@ -14,25 +14,71 @@ This is the one name applications import::
 without pyspark installed.
 """
 
-from ledgerd.client import Client, open_client
-from ledgerd.config import ClientConfig, ConfigError
-from ledgerd.errors import (
-    BadPasswordError,
-    ClientClosedError,
-    EntryUnavailableError,
-    LedgerClosedError,
-    LedgerdError,
-    LedgerFencedError,
-    LedgerHandleError,
-    LedgerRecoveryError,
-    NoSuchLedgerError,
-    NotEnoughBookiesError,
-    ReadBeyondLacError,
-)
-from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
-from ledgerd.ledgerlog import LogFencedError, LogPosition, LogWriter, NoSuchLogError
-from ledgerd.sync import SyncClient, SyncLogWriter, SyncReadHandle, SyncWriteHandle
-from wire.entry import Entry
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ledgerd.client import Client, open_client
+    from ledgerd.config import ClientConfig, ConfigError
+    from ledgerd.errors import (
+        BadPasswordError,
+        ClientClosedError,
+        EntryUnavailableError,
+        LedgerClosedError,
+        LedgerdError,
+        LedgerFencedError,
+        LedgerHandleError,
+        LedgerRecoveryError,
+        NoSuchLedgerError,
+        NotEnoughBookiesError,
+        ReadBeyondLacError,
+    )
+    from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
+    from ledgerd.ledgerlog import LogFencedError, LogPosition, LogWriter, NoSuchLogError
+    from ledgerd.sync import SyncClient, SyncLogWriter, SyncReadHandle, SyncWriteHandle
+    from wire.entry import Entry
+
+# Imported on first use (PEP 562), so that ``import ledgerd.logs`` from the bookie's own
+# modules does not pull in the whole client (and its imports of those same modules).
+_EXPORTS = {
+    "BadPasswordError": "ledgerd.errors",
+    "Client": "ledgerd.client",
+    "ClientClosedError": "ledgerd.errors",
+    "ClientConfig": "ledgerd.config",
+    "ConfigError": "ledgerd.config",
+    "Entry": "wire.entry",
+    "EntryUnavailableError": "ledgerd.errors",
+    "LedgerClosedError": "ledgerd.errors",
+    "LedgerFencedError": "ledgerd.errors",
+    "LedgerHandleError": "ledgerd.errors",
+    "LedgerRecoveryError": "ledgerd.errors",
+    "LedgerdError": "ledgerd.errors",
+    "LogFencedError": "ledgerd.ledgerlog",
+    "LogPosition": "ledgerd.ledgerlog",
+    "LogWriter": "ledgerd.ledgerlog",
+    "NoSuchLedgerError": "ledgerd.errors",
+    "NoSuchLogError": "ledgerd.ledgerlog",
+    "NotEnoughBookiesError": "ledgerd.errors",
+    "PendingAppend": "ledgerd.handles",
+    "ReadBeyondLacError": "ledgerd.errors",
+    "ReadHandle": "ledgerd.handles",
+    "SyncClient": "ledgerd.sync",
+    "SyncLogWriter": "ledgerd.sync",
+    "SyncReadHandle": "ledgerd.sync",
+    "SyncWriteHandle": "ledgerd.sync",
+    "WriteHandle": "ledgerd.handles",
+    "open_client": "ledgerd.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ledgerd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BadPasswordError", "Client", "ClientClosedError", "ClientConfig", "ConfigError", "Entry",

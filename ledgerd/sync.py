@@ -95,6 +95,15 @@ class SyncClient:
         self.client.nursery.start_soon(fn)
 
     @property
+    def closed(self) -> bool:
+        return self._stop is None or self._stop.is_set() or not self._thread.is_alive()
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` on the client's trio thread (for tools that
+        use the async client's parts, e.g. the audit's per-bookie reads)."""
+        return self._run(fn, *args, **kwargs)
+
+    @property
     def client(self) -> Client:
         assert self._client is not None
         return self._client

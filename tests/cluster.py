@@ -8,18 +8,22 @@ once with the bookie's log if the process exits first.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import trio
+from kazoo.client import KazooClient
 
 from metadata.cluster import init_new_cluster
 from metadata.errors import NoNodeError
 from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
 from tools.bookieprocess import BookieProcess
+from tools.zkserver import ZooKeeperServer
 
-__all__ = ["BookieDied", "metadata_store", "start_bookies", "wait_registered"]
+__all__ = ["BookieDied", "fresh_chroot", "metadata_store", "start_bookies", "wait_registered"]
 
 # A bound for waits that end on an event; reaching it means the test failed.
 EVENT_BOUND_S = 90
@@ -86,3 +90,20 @@ async def start_bookies(factory: Callable[[], BookieProcess], zk: str,
         for b in bookies:
             await wait_registered(store, b)
     return bookies
+
+
+@contextmanager
+def fresh_chroot(zookeeper: ZooKeeperServer, name: str) -> Iterator[str]:
+    """Create a chroot node named after ``name``; yield ``host:port/chroot``; delete it
+    with everything under it afterwards, so tests cannot see each other's nodes."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name)[:60]
+    chroot = f"/t_{name}_{uuid.uuid4().hex[:8]}"
+    admin = KazooClient(hosts=zookeeper.connect_string, timeout=10)
+    admin.start(timeout=30)
+    try:
+        admin.create(chroot)
+        yield zookeeper.connect_string + chroot
+        admin.delete(chroot, recursive=True)
+    finally:
+        admin.stop()
+        admin.close()

@@ -7,15 +7,13 @@ PID at the end. Tests never skip when it is missing: a missing dependency is a f
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
 
+from tests.cluster import fresh_chroot
 from tools.bookieprocess import BookieProcess
 from tools.zkserver import ZooKeeperServer
 
@@ -33,22 +31,9 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
 
 @pytest.fixture
 def zk_chroot(zookeeper: ZooKeeperServer, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh chroot for this test; yields ``host:port/chroot`` for clients to use.
-
-    The chroot node is created before the test and deleted with everything under it
-    afterwards, so tests cannot see each other's nodes.
-    """
-    name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:60]
-    chroot = f"/t_{name}_{uuid.uuid4().hex[:8]}"
-    admin = KazooClient(hosts=zookeeper.connect_string, timeout=10)
-    admin.start(timeout=30)
-    try:
-        admin.create(chroot)
-        yield zookeeper.connect_string + chroot
-        admin.delete(chroot, recursive=True)
-    finally:
-        admin.stop()
-        admin.close()
+    """A fresh chroot for this test; yields ``host:port/chroot`` for clients to use."""
+    with fresh_chroot(zookeeper, request.node.name) as zk:
+        yield zk
 
 
 @pytest.fixture
