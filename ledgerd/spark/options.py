@@ -87,7 +87,7 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
-        opts = {k: str(v) for k, v in options.items()}
+        opts = {k.lower(): str(v) for k, v in options.items()}  # Spark's are case-blind
         ledgers: tuple[int, ...] = ()
         for key in ("ledger", "ledgers"):
             if key in opts:
@@ -110,11 +110,11 @@ class ReadOptions:
         decode = opts.get("decode", "binary").lower()
         if decode not in DECODES:
             raise SourceOptionError("decode", decode, ", ".join(DECODES))
-        starting = opts.get("startingOffsets", opts.get("starting_offsets", "earliest"))
+        starting = opts.get("startingoffsets", opts.get("starting_offsets", "earliest"))
         if starting not in ("earliest", "latest"):
             Offset.parse(starting, "startingOffsets")
-        max_rows = (_int(opts, "maxEntriesPerTrigger", 1, 1)
-                    if "maxEntriesPerTrigger" in opts else None)
+        max_rows = (_int(opts, "maxentriespertrigger", 1, 1)
+                    if "maxentriespertrigger" in opts else None)
         client_config(opts)  # check the client options now, on the driver
         return cls(ledgers=ledgers, log=log, first_entry=first, last_entry=last,
                    entries_per_partition=_int(opts, "entries_per_partition", 50_000, 1),
@@ -137,7 +137,7 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
-        opts = {k: str(v) for k, v in options.items()}
+        opts = {k.lower(): str(v) for k, v in options.items()}
         log = opts.get("log")
         if not log:
             raise SourceOptionError("log", log, "the name of the log to append to")
