@@ -237,7 +237,8 @@ async def open_client(zk_servers: str | None = None, *, config: ClientConfig | N
     if store is None:
         from metadata.zookeeper import ZooKeeperStore
         store = await ZooKeeperStore.connect(config.zk_servers,
-                                             session_timeout=config.zk_timeout_ms / 1000)
+                                             session_timeout=config.zk_timeout_ms / 1000,
+                                             connect_timeout=config.zk_timeout_ms / 1000)
     try:
         layout = await check_layout(store, config.zk_ledgers_root_path)
         try:

@@ -16,6 +16,7 @@ the ``with`` block) stops the thread and the client's connections.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -27,10 +28,13 @@ from ledgerd.client import Client, open_client
 from ledgerd.errors import ClientClosedError, LedgerdError
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogPosition, LogWriter
+from ledgerd.logs import fields
 from metadata.ledger import LedgerMetadata
 from wire.entry import Entry
 
 __all__ = ["SyncClient", "SyncLogWriter", "SyncReadHandle", "SyncWriteHandle"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _WINDOW = 256
@@ -60,15 +64,20 @@ class SyncClient:
                 self._ready.set()
                 await self._stop.wait()
         except BaseException as exc:
+            self._error = exc
             if not self._ready.is_set():
-                self._error = exc
                 self._ready.set()
                 return
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            # The client failed under a live facade (e.g. its ZooKeeper session or the
+            # cluster's nodes went away): later calls raise ClientClosedError naming it.
+            log.warning("sync_client_failed", extra=fields(error=f"{type(exc).__name__}: {exc}"))
 
     def _run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        if self._token is None or self._stop is None or self._stop.is_set():
-            raise RuntimeError("SyncClient is closed")
+        if self.closed:
+            cause = f": it failed with {self._error!r}" if self._error is not None else ""
+            raise ClientClosedError(f"the SyncClient is closed{cause}")
 
         async def call() -> T:
             return await fn(*args, **kwargs)

@@ -73,6 +73,9 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
             bookies = trio.run(start_bookies, make, zk, 3)
             yield SparkCluster(zk, bookies)
         finally:
+            from ledgerd.spark.worker import close_clients
+
+            close_clients()  # this process's cached clients, before their chroot goes
             for b in made:
                 if b.running:
                     b.kill9()

@@ -71,3 +71,65 @@ def test_json_decode_needs_a_schema(spark: Any, cluster: SparkCluster) -> None:
     with pytest.raises(Exception, match=r"decode.*json only with a schema"):
         (spark.read.format("ledgerd").option("zk", cluster.zk).option("log", "clicks")
          .option("decode", "json").load())
+
+
+def test_bad_input_fails_the_job_naming_the_ledger_and_the_cause(
+        spark: Any, cluster: SparkCluster) -> None:
+    from tools.zkserver import find_free_port
+
+    with ledgerd.SyncClient(cluster.zk) as client:
+        lh = client.create_ledger(3, 2, 2, password=b"pw")
+        lh.append_many([b"a", b"b"])
+        lh.close()
+
+    def load(**options: str) -> Any:
+        reader = spark.read.format("ledgerd").option("zk", cluster.zk)
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load().collect()
+
+    with pytest.raises(Exception, match="ledger 987654321 does not exist"):
+        load(ledger="987654321")
+    with pytest.raises(Exception, match="log 'no-such-log' does not exist"):
+        load(log="no-such-log")
+    with pytest.raises(Exception, match=f"ledger {lh.ledger_id}: wrong password"):
+        load(ledger=str(lh.ledger_id), password="guess")
+    with pytest.raises(Exception, match="exactly one of ledger, ledgers or log"):
+        load(ledger=str(lh.ledger_id), log="x")
+    with pytest.raises(Exception, match="'decode': got 'xml'"):
+        load(ledger=str(lh.ledger_id), decode="xml")
+    with pytest.raises(Exception, match="'entries_per_partition': got '0'"):
+        load(ledger=str(lh.ledger_id), entries_per_partition="0")
+    with pytest.raises(Exception, match="last_entry 5 is past its last entry 1"):
+        load(ledger=str(lh.ledger_id), password="pw", last_entry="5")
+    with pytest.raises(Exception, match=r"client\.no_such_key"):
+        load(ledger=str(lh.ledger_id), **{"client.no_such_key": "1"})
+    with pytest.raises(Exception, match="metadata service unavailable"):
+        (spark.read.format("ledgerd").option("zk", f"127.0.0.1:{find_free_port()}")
+         .option("client.zk_timeout_ms", "1500").option("ledger", "1").load().collect())
+
+
+def test_a_ledger_deleted_mid_read_fails_the_partition(cluster: SparkCluster) -> None:
+    from pyspark.sql.types import StructType
+
+    from ledgerd.spark.options import LedgerRange, ReadOptions
+    from ledgerd.spark.source import SCHEMA, read_partition
+
+    with ledgerd.SyncClient(cluster.zk) as client:
+        lh = client.create_ledger(3, 2, 2, password=b"pw")
+        lh.append_many(b"%d" % i for i in range(100))
+        lh.close()
+        opts = ReadOptions.parse({"zk": cluster.zk, "ledger": str(lh.ledger_id),
+                                  "password": "pw", "read_window": "10"})
+        batches = read_partition(opts, StructType.fromDDL(SCHEMA),
+                                 LedgerRange(lh.ledger_id, 0, 99, True))
+        first = next(batches)
+        assert first.num_rows == 10
+        client.delete_ledger(lh.ledger_id)
+        with pytest.raises(ledgerd.LedgerdError,
+                           match=f"ledger {lh.ledger_id} entries 0..99: the ledger was "
+                                 "deleted while it was read"):
+            list(batches)
+        with pytest.raises(ledgerd.LedgerdError, match="deleted before it was read"):
+            list(read_partition(opts, StructType.fromDDL(SCHEMA),
+                                LedgerRange(lh.ledger_id, 0, 99, True)))
