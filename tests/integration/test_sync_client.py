@@ -50,5 +50,5 @@ def test_sync_client_round_trip(bookie_factory: Callable[..., BookieProcess],
         client.delete_ledger(ledger_id)
         with pytest.raises(ledgerd.NoSuchLedgerError):
             client.open_ledger(ledger_id)
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ledgerd.ClientClosedError, match="closed"):
         client.list_ledgers()
