@@ -151,10 +151,12 @@ for _name in BENCHES:
 
 
 def _register() -> None:
+    from tools.audit import audit_cmd
     from tools.benchcmd import reads_cmd, writes_cmd
     from tools.shell import shell
 
     cli.add_command(shell)
+    cli.add_command(audit_cmd)
     bench_group.add_command(writes_cmd)
     bench_group.add_command(reads_cmd)
 

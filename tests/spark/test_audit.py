@@ -1,0 +1,114 @@
+"""``ledgerd audit`` on Spark: it finds exactly the entries removed from one bookie."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import ledgerd
+from disk.index import INDEX_HEADER_SIZE, index_path
+from metadata.ledger import LedgerMetadata, LedgerState
+from metadata.underreplication import UnderreplicationManager
+from tests.cluster import metadata_store, wait_registered
+from tests.spark.conftest import SparkCluster
+from tools.audit import AuditTask, bookie_runs, plan_ledger, run_audit
+from tools.cli import main
+
+
+def test_bookie_runs_and_plans() -> None:
+    assert bookie_runs(0, 9, 3, 3, 1) == [(0, 9)]
+    # E=3, Qw=2: bookie 0 holds entries 0, 2, 3, 5, 6, 8, 9 (write sets {e, e+1} mod 3).
+    assert bookie_runs(0, 9, 3, 2, 0) == [(0, 0), (2, 3), (5, 6), (8, 9)]
+    task = AuditTask(7, 0, 9, "b:1", 0, 3, 2)
+    assert task.expected == 7
+    md = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                        ensembles=((0, ("a:1", "b:1", "c:1")), (50, ("a:1", "d:1", "c:1"))),
+                        state=LedgerState.CLOSED, last_entry_id=119)
+    tasks = plan_ledger(7, md, 40)
+    assert sum(t.expected for t in tasks) == 120 * 2  # every entry on Qw bookies
+    assert {(t.first, t.last) for t in tasks} == {(0, 39), (40, 49), (50, 89), (90, 119)}
+    still_open = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                                ensembles=md.ensembles)
+    assert {t.last for t in plan_ledger(7, still_open, 1000)} == {49}  # not the last fragment
+
+
+def _drop_entries(bookie_dir: Path, ledger_id: int, entries: list[int]) -> None:
+    """Zero the entries' locations in the bookie's index file (the bookie is stopped)."""
+    path = index_path(bookie_dir / "ledgers", ledger_id)
+    with path.open("r+b") as f:
+        for e in entries:
+            f.seek(INDEX_HEADER_SIZE + 8 * e)
+            assert struct.unpack(">q", f.read(8))[0] != 0, f"entry {e} was not in {path}"
+            f.seek(INDEX_HEADER_SIZE + 8 * e)
+            f.write(bytes(8))
+
+
+def test_audit_finds_exactly_the_removed_entries(spark: Any, cluster: SparkCluster,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with ledgerd.SyncClient(cluster.zk) as client:
+        full = client.create_ledger(3, 3, 2, password=b"pw")
+        full.append_many(b"f%d" % i for i in range(500))
+        full.close()
+        striped = client.create_ledger(3, 2, 2, password=b"pw")
+        striped.append_many(b"s%d" % i for i in range(300))
+        striped.close()
+        victim = cluster.by_id(full.metadata.ensemble_for(0)[0])
+        index = striped.metadata.ensemble_for(0).index(victim.bookie_id)
+        held = [e for e in range(300) if index in ((e % 3), (e + 1) % 3)]
+
+    assert victim.terminate() == 0  # graceful: the index is written out at the checkpoint
+    _drop_entries(victim.base, full.ledger_id, [*range(100, 150), 300])
+    _drop_entries(victim.base, striped.ledger_id, held[10:14])
+
+    async def restart() -> None:
+        victim.start()
+        async with metadata_store(cluster.zk, init=False) as store:
+            await wait_registered(store, victim)
+    trio.run(restart)
+
+    report = run_audit(spark, {"zk": cluster.zk}, ledgers=[full.ledger_id, striped.ledger_id],
+                       entries_per_task=128)
+    b = victim.bookie_id
+    assert report.rows == sorted([
+        (full.ledger_id, 100, 149, b, 50, "absent"),
+        (full.ledger_id, 300, 300, b, 1, "absent"),
+        (striped.ledger_id, held[10], held[13], b, 4, "absent"),
+    ])
+    summary = {s["ledger_id"]: s for s in report.summary}
+    assert summary[full.ledger_id]["replicas_checked"] == 1500
+    assert summary[full.ledger_id]["missing"] == 51
+    assert summary[striped.ledger_id]["replicas_checked"] == 600
+    assert summary[striped.ledger_id]["status"] == "UNDERREPLICATED"
+    assert report.missing.count() == 3
+
+    # The command: same findings, exit 3, and --mark queues both ledgers.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", "--zk", cluster.zk, "--ledgers",
+              f"{full.ledger_id},{striped.ledger_id}", "--mark", "--json"])
+    assert exit_info.value.code == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["marked"] == sorted([full.ledger_id, striped.ledger_id])
+    assert [m["missing"] for m in out["missing"]] == [r[4] for r in report.rows]
+
+    async def queued() -> list[tuple[int, tuple[str, ...]]]:
+        async with metadata_store(cluster.zk, init=False) as store:
+            manager = UnderreplicationManager(store)
+            return [(u.ledger_id, u.missing_replicas)
+                    async for u in manager.list_underreplicated()]
+    assert sorted(trio.run(queued)) == sorted([(full.ledger_id, (b,)),
+                                               (striped.ledger_id, (b,))])
+
+
+def test_audit_of_a_healthy_cluster_reports_nothing(spark: Any, cluster: SparkCluster) -> None:
+    with ledgerd.SyncClient(cluster.zk) as client:
+        lh = client.create_ledger(3, 2, 2)
+        lh.append_many(b"%d" % i for i in range(200))
+        lh.close()
+    report = run_audit(spark, {"zk": cluster.zk}, ledgers=[lh.ledger_id])
+    assert report.rows == [] and report.summary[0]["status"] == "OK"
+    assert report.summary[0]["replicas_checked"] == 400

@@ -1,0 +1,377 @@
+"""``ledgerd audit``: check on Spark that every bookie holds every entry it should.
+
+For each ledger (or the ones asked for), every fragment's bookies are checked: bookie
+``i`` of a fragment's ensemble must hold each entry whose write set contains ``i``. The
+driver cuts that work into tasks of at most ``entries_per_task`` entries, one bookie
+each; a Spark task asks its bookie with ReadRange for the runs of entries it should
+hold and checks that each answer carries the right ledger and entry ids. A closed ledger
+is checked to its last entry; an open one up to the end of its second-to-last fragment
+(its last fragment is still being written), as BookKeeper's auditor does.
+
+The result is a DataFrame of ``(ledger_id, first_entry, last_entry, bookie, missing,
+reason)``, one row per run of missing entries in the bookie's own sequence (reason:
+``absent``, ``no such ledger``, ``wrong entry``, ``unreachable: ...``), and a summary per
+ledger. ``--mark`` puts every ledger found short into the underreplication queue with
+the bookies that lack entries.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import trio
+
+from ledgerd.bookie_client import BookieConnectionError
+from ledgerd.client import Client
+from ledgerd.errors import NoSuchLedgerError
+from ledgerd.machines.quorum import write_set
+from metadata.ledger import LedgerMetadata
+from metadata.underreplication import UnderreplicationManager
+from tools.output import emit, table
+from wire.messages import Message, ReadRangeRequest, ReadRangeResponse
+from wire.status import Status
+
+__all__ = ["AUDIT_SCHEMA", "AuditReport", "AuditTask", "audit_cmd", "bookie_runs",
+           "check_task", "plan_ledger", "run_audit"]
+
+AUDIT_SCHEMA = ("ledger_id long, first_entry long, last_entry long, bookie string, "
+                "missing long, reason string")
+_IDS = struct.Struct(">qq")
+MAX_IN_FLIGHT = 32
+READ_BYTES = 4 << 20
+
+Row = tuple[int, int, int, str, int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class AuditTask:
+    """Entries ``first..last`` of one fragment, as bookie ``index`` must hold them."""
+
+    ledger_id: int
+    first: int
+    last: int
+    bookie: str
+    index: int
+    ensemble_size: int
+    write_quorum: int
+
+    def runs(self) -> list[tuple[int, int]]:
+        return bookie_runs(self.first, self.last, self.ensemble_size, self.write_quorum,
+                           self.index)
+
+    @property
+    def expected(self) -> int:
+        return sum(b - a + 1 for a, b in self.runs())
+
+
+def bookie_runs(first: int, last: int, ensemble_size: int, write_quorum: int,
+                index: int) -> list[tuple[int, int]]:
+    """The runs of consecutive entries in ``first..last`` whose write set holds
+    ``index`` (all of them when Qw == E; Qw out of every E otherwise)."""
+    if write_quorum == ensemble_size:
+        return [(first, last)] if first <= last else []
+    runs: list[tuple[int, int]] = []
+    start = None
+    for e in range(first, last + 1):
+        held = index in write_set(e, ensemble_size, write_quorum)
+        if held and start is None:
+            start = e
+        elif not held and start is not None:
+            runs.append((start, e - 1))
+            start = None
+    if start is not None:
+        runs.append((start, last))
+    return runs
+
+
+def plan_ledger(ledger_id: int, md: LedgerMetadata, entries_per_task: int) -> list[AuditTask]:
+    """The tasks that check one ledger (nothing past a closed ledger's end, nothing in
+    an open ledger's last fragment)."""
+    tasks = []
+    fragments = md.fragments()
+    if not md.is_closed:
+        fragments = fragments[:-1]
+    for first, last, ensemble in fragments:
+        if last < first:
+            continue
+        for index, bookie in enumerate(ensemble):
+            for a in range(first, last + 1, entries_per_task):
+                tasks.append(AuditTask(ledger_id, a, min(last, a + entries_per_task - 1),
+                                       bookie, index, md.ensemble_size, md.write_quorum))
+    return tasks
+
+
+# -- the check on an executor ----------------------------------------------------------
+
+async def _ask(client: Client, bookie: str, req: Message,
+               timeout: float) -> tuple[int, Message | None, str | None]:
+    done = trio.Event()
+    box: list[tuple[int, Message | None, str | None]] = []
+
+    def on_reply(status: int, response: Message | None,
+                 error: BookieConnectionError | None) -> None:
+        box.append((status, response, error.reason if error else None))
+        done.set()
+
+    client.pool.send(bookie, req, on_reply)
+    with trio.move_on_after(timeout):
+        await done.wait()
+    return box[0] if box else (-1, None, f"no answer within {timeout:g}s")
+
+
+async def check_task(client: Client, task: AuditTask) -> list[Row]:
+    """The task's missing entries as rows, one per run of the same reason."""
+    timeout = client.config.read_timeout_ms / 1000
+    lid = task.ledger_id
+    missing: dict[int, str] = {}
+    unreachable: list[str] = []
+    limit = trio.Semaphore(MAX_IN_FLIGHT)
+
+    async def check_run(a: int, b: int) -> None:
+        async with limit:
+            e = a
+            while e <= b:
+                if unreachable:
+                    missing.update((x, unreachable[0]) for x in range(e, b + 1))
+                    return
+                status, resp, error = await _ask(client, task.bookie, ReadRangeRequest(
+                    ledger_id=lid, first_entry_id=e, max_count=b - e + 1,
+                    max_bytes=READ_BYTES), timeout)
+                if error is not None:
+                    unreachable.append(f"unreachable: {error}")
+                elif status == Status.NO_SUCH_LEDGER:
+                    missing.update((x, "no such ledger") for x in range(e, b + 1))
+                    return
+                elif (status != Status.OK or not isinstance(resp, ReadRangeResponse)
+                      or not resp.entries):
+                    missing[e] = "absent" if status == Status.NO_SUCH_ENTRY else _name(status)
+                    e += 1
+                else:
+                    for data in resp.entries[: b - e + 1]:
+                        if len(data) < _IDS.size or _IDS.unpack_from(data) != (lid, e):
+                            missing[e] = "wrong entry"
+                        e += 1
+
+    async with trio.open_nursery() as nursery:
+        for a, b in task.runs():
+            nursery.start_soon(check_run, a, b)
+    return _collapse(task, missing)
+
+
+def _name(status: int) -> str:
+    try:
+        return Status(status).name.lower().replace("_", " ")
+    except ValueError:
+        return f"status {status}"
+
+
+def _collapse(task: AuditTask, missing: Mapping[int, str]) -> list[Row]:
+    """Group missing entries that follow each other in the bookie's own sequence."""
+    spans: list[tuple[int, int, str]] = []  # (first, last, reason)
+    open_span = False
+    for a, b in task.runs():
+        for e in range(a, b + 1):
+            reason = missing.get(e)
+            if reason is None:
+                open_span = False
+            elif open_span and spans[-1][2] == reason:
+                spans[-1] = (spans[-1][0], e, reason)
+            else:
+                spans.append((e, e, reason))
+                open_span = True
+    return [(task.ledger_id, first, last, task.bookie,
+             _count(task, first, last), reason) for first, last, reason in spans]
+
+
+def _count(task: AuditTask, first: int, last: int) -> int:
+    """How many entries of ``first..last`` the task's bookie should hold."""
+    return sum(min(b, last) - max(a, first) + 1 for a, b in task.runs()
+               if a <= last and b >= first)
+
+
+def check_on_worker(client_options: Mapping[str, str], task: AuditTask) -> list[Row]:
+    from ledgerd.spark.worker import client_for
+
+    client = client_for(client_options)
+    return client.call(check_task, client.client, task)
+
+
+# -- the job ----------------------------------------------------------------------------
+
+@dataclass
+class AuditReport:
+    missing: Any  # DataFrame with AUDIT_SCHEMA
+    rows: list[Row]
+    summary: list[dict[str, Any]]
+    skipped: list[str]
+
+    @property
+    def short_ledgers(self) -> dict[int, set[str]]:
+        out: dict[int, set[str]] = {}
+        for lid, _, _, bookie, _, _ in self.rows:
+            out.setdefault(lid, set()).add(bookie)
+        return out
+
+
+def run_audit(spark: Any, client_options: Mapping[str, str], *,
+              ledgers: Iterable[int] | None = None, log: str | None = None,
+              entries_per_task: int = 100_000, mark: bool = False) -> AuditReport:
+    """Plan on the driver, check on the executors, summarise (and mark) on the driver."""
+    from ledgerd.spark.worker import client_for
+
+    client = client_for(client_options)
+    if log is not None:
+        wanted = list(client.log_ledgers(log))
+    elif ledgers is not None:
+        wanted = list(ledgers)
+    else:
+        wanted = client.list_ledgers()
+    tasks: list[AuditTask] = []
+    metas: dict[int, LedgerMetadata] = {}
+    skipped: list[str] = []
+    for lid in wanted:
+        try:
+            md = client.ledger_metadata(lid)
+        except NoSuchLedgerError:
+            if ledgers is not None or log is not None:
+                raise
+            skipped.append(f"ledger {lid}: deleted while the audit was planned")
+            continue
+        metas[lid] = md
+        tasks += plan_ledger(lid, md, entries_per_task)
+    slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 4))
+    rdd = spark.sparkContext.parallelize(tasks, slices).flatMap(
+        functools.partial(check_on_worker, dict(client_options)))
+    found = spark.createDataFrame(rdd, AUDIT_SCHEMA).collect() if tasks else []
+    rows = _merge([(r.ledger_id, r.first_entry, r.last_entry, r.bookie, r.missing, r.reason)
+                   for r in found], metas)
+    # The DataFrame holds the merged rows: it agrees with the summary and does not
+    # check the bookies again each time it is used.
+    report = AuditReport(spark.createDataFrame(rows, AUDIT_SCHEMA), rows,
+                         _summary(metas, tasks, rows), skipped)
+    if mark:
+        manager = UnderreplicationManager(client.client.store,
+                                          client.client.config.zk_ledgers_root_path)
+        for lid, bookies in report.short_ledgers.items():
+            client.call(manager.mark_underreplicated, lid, sorted(bookies))
+    return report
+
+
+def _merge(rows: list[Row], metas: Mapping[int, LedgerMetadata]) -> list[Row]:
+    """Join rows that tasks split: same ledger, bookie and reason, and no entry the
+    bookie should hold between them (in one fragment)."""
+    out: list[Row] = []
+    for row in sorted(rows, key=lambda r: (r[0], r[3], r[1])):
+        if out and _adjacent(out[-1], row, metas[row[0]]):
+            prev = out[-1]
+            out[-1] = (prev[0], prev[1], row[2], prev[3], prev[4] + row[4], prev[5])
+        else:
+            out.append(row)
+    return sorted(out)
+
+
+def _adjacent(prev: Row, row: Row, md: LedgerMetadata) -> bool:
+    if (prev[0], prev[3], prev[5]) != (row[0], row[3], row[5]):
+        return False
+    starts = [first for first, _ in md.ensembles]
+    fragment = max(i for i, s in enumerate(starts) if s <= prev[2])
+    if fragment != max(i for i, s in enumerate(starts) if s <= row[1]):
+        return False
+    index = md.ensembles[fragment][1].index(row[3])
+    return not bookie_runs(prev[2] + 1, row[1] - 1, md.ensemble_size, md.write_quorum, index)
+
+
+def _summary(metas: Mapping[int, LedgerMetadata], tasks: list[AuditTask],
+             rows: list[Row]) -> list[dict[str, Any]]:
+    expected: dict[int, int] = {}
+    for t in tasks:
+        expected[t.ledger_id] = expected.get(t.ledger_id, 0) + t.expected
+    lost: dict[int, int] = {}
+    short: dict[int, set[str]] = {}
+    for lid, _, _, bookie, count, _ in rows:
+        lost[lid] = lost.get(lid, 0) + count
+        short.setdefault(lid, set()).add(bookie)
+    out = []
+    for lid, md in sorted(metas.items()):
+        n = lost.get(lid, 0)
+        out.append({
+            "ledger_id": lid, "state": md.state.value,
+            "fragments": len(md.ensembles),
+            "replicas_checked": expected.get(lid, 0), "missing": n,
+            "bookies_short": ",".join(sorted(short.get(lid, ()))),
+            "status": "UNDERREPLICATED" if n else "OK",
+        })
+    return out
+
+
+def spark_session(master: str) -> Any:
+    """A session whose workers run this Python (ledgerd importable there too)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master(master).appName("ledgerd-audit")
+               .config("spark.ui.enabled", "false").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+@click.command("audit")
+@click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181", show_default=True,
+              help="ZooKeeper connection string (host:port[,...][/chroot]).")
+@click.option("--master", default="local[*]", show_default=True,
+              help="Spark master (local[N], spark://host:port, ...).")
+@click.option("--ledgers", default=None, help="Only these ledger ids (comma-separated).")
+@click.option("--log", "log_name", default=None, help="Only the ledgers of this log.")
+@click.option("--entries-per-task", default=100_000, show_default=True,
+              type=click.IntRange(1, None), help="Entries one Spark task checks on one bookie.")
+@click.option("--mark", is_flag=True,
+              help="Put the ledgers found short into the underreplication queue.")
+@click.option("--json", "as_json", is_flag=True)
+def audit_cmd(zk: str, master: str, ledgers: str | None, log_name: str | None,
+              entries_per_task: int, mark: bool, as_json: bool) -> None:
+    """Check on Spark that every bookie holds every entry of its fragments.
+
+    Exits 3 when entries are missing (after printing them)."""
+    ids = None
+    if ledgers is not None:
+        try:
+            ids = [int(x) for x in ledgers.split(",") if x.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{ledgers!r} is not a comma-separated list of ledger "
+                                     "ids", param_hint="--ledgers") from None
+    if ids is not None and log_name is not None:
+        raise click.BadParameter("pass --ledgers or --log, not both", param_hint="--log")
+    spark = spark_session(master)
+    import ledgerd.spark
+
+    ledgerd.spark.register(spark)
+    report = run_audit(spark, {"zk": zk}, ledgers=ids, log=log_name,
+                       entries_per_task=entries_per_task, mark=mark)
+    missing = [dict(zip(("ledger_id", "first_entry", "last_entry", "bookie", "missing",
+                         "reason"), r, strict=True)) for r in report.rows]
+    human = [table(["LEDGER", "STATE", "FRAGMENTS", "REPLICAS", "MISSING", "SHORT", "STATUS"],
+                   [[s["ledger_id"], s["state"], s["fragments"], s["replicas_checked"],
+                     s["missing"], s["bookies_short"] or "-", s["status"]]
+                    for s in report.summary]) if report.summary else "no ledgers to audit"]
+    if missing:
+        human.append("")
+        human.append(table(["LEDGER", "FIRST", "LAST", "BOOKIE", "MISSING", "REASON"],
+                           [list(m.values()) for m in missing]))
+    if mark and report.short_ledgers:
+        human.append(f"\nmarked underreplicated: "
+                     f"{', '.join(map(str, sorted(report.short_ledgers)))}")
+    human += report.skipped
+    emit(as_json, {"summary": report.summary, "missing": missing,
+                   "marked": sorted(report.short_ledgers) if mark else [],
+                   "skipped": report.skipped}, "\n".join(human))
+    if missing:
+        sys.exit(3)
+
