@@ -318,7 +318,8 @@ def spark_session(master: str) -> Any:
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master(master).appName("ledgerd-audit")
-               .config("spark.ui.enabled", "false").getOrCreate())
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     return session
 

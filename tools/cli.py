@@ -123,7 +123,7 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
         click.echo("stopped.")
 
 
-BENCHES = ("wire_codec", "journal", "metadata", "bookie", "client")
+BENCHES = ("wire_codec", "journal", "metadata", "bookie", "client", "pipeline")
 
 
 @cli.group("bench")

@@ -34,6 +34,7 @@ def spark() -> Iterator[Any]:
 
     session = (SparkSession.builder.master("local[2]").appName("ledgerd-tests")
                .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.shuffle.partitions", "2")
