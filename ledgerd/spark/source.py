@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -351,6 +352,7 @@ class LedgerdWriter(DataSourceWriter):
 
     def __init__(self, opts: WriteOptions, schema: StructType) -> None:
         self.opts = opts
+        self.write_id = uuid.uuid4().hex  # tags this job's ledgers (the driver's abort scan)
         names = [f.name for f in schema.fields]
         self.payload: int | None = names.index("payload") if "payload" in names else None
         if self.payload is not None:
@@ -404,7 +406,8 @@ class LedgerdWriter(DataSourceWriter):
         return client.create_ledger(o.ensemble_size, o.write_quorum, o.ack_quorum,
                                     password=o.password,
                                     custom_metadata={"log": o.log,
-                                                     "spark_partition": str(partition)})
+                                                     "spark_partition": str(partition),
+                                                     "spark_write": self.write_id})
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = sorted((m for m in messages if isinstance(m, LedgerdCommit)),
@@ -417,10 +420,19 @@ class LedgerdWriter(DataSourceWriter):
             client.call(client.client.logs.create, self.opts.log)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Delete the finished tasks' ledgers, then any other ledger tagged with this
+        write: a task Spark killed when the job failed never ran its own cleanup."""
         client = client_for(self.opts.client)
         for m in messages:
             if isinstance(m, LedgerdCommit) and m.ledger_id is not None:
                 _delete_quietly(client, m.ledger_id)
+        for lid in client.list_ledgers():
+            try:
+                tag = client.ledger_metadata(lid).custom_metadata.get("spark_write")
+            except NoSuchLedgerError:
+                continue
+            if tag == self.write_id:
+                _delete_quietly(client, lid)
 
 
 def _delete_quietly(client: SyncClient, ledger_id: int) -> None:
