@@ -6,6 +6,7 @@ workers run the driver's Python (``PYSPARK_PYTHON``), so they import this checko
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,9 @@ def spark() -> Iterator[Any]:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{path}" if path else str(ROOT)
+    # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit,
+    # after pytest has closed the stream its handler writes to.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
     import ledgerd.spark
