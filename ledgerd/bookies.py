@@ -86,6 +86,23 @@ class BookiePool:
         slot.connecting = True
         self._nursery.start_soon(self._connection, address, slot)
 
+    async def call(self, address: str, message: Message,
+                   timeout: float) -> tuple[int, Message | None, str | None]:
+        """``send`` awaited: ``(status, response, None)``, or ``(-1, None, reason)`` when
+        the connection failed or no answer came within ``timeout``."""
+        done = trio.Event()
+        box: list[tuple[int, Message | None, str | None]] = []
+
+        def on_reply(status: int, response: Message | None,
+                     error: BookieConnectionError | None) -> None:
+            box.append((status, response, error.reason if error else None))
+            done.set()
+
+        self.send(address, message, on_reply)
+        with trio.move_on_after(timeout):
+            await done.wait()
+        return box[0] if box else (-1, None, f"no answer within {timeout:g}s")
+
     def _fail_soon(self, callback: Callback, error: BookieConnectionError) -> None:
         async def fire() -> None:
             callback(-1, None, error)

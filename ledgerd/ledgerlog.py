@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ledgerd.handles import WriteHandle
 
 __all__ = ["LogFencedError", "LogPosition", "LogWriter", "NoSuchLogError", "append_ledgers",
-           "log_ledgers", "open_log_writer", "read_log", "truncate_log"]
+           "log_ledgers", "log_segments", "open_log_writer", "read_log", "truncate_log"]
 
 log = logging.getLogger(__name__)
 
@@ -148,19 +148,26 @@ async def truncate_log(client: Client, name: str, before_ledger: int) -> list[in
     return dropped
 
 
+def log_segments(name: str, ledgers: tuple[int, ...],
+                 start: LogPosition | None) -> list[tuple[int, int]]:
+    """``(ledger, first entry)`` for each ledger a read from ``start`` visits."""
+    if start is None:
+        return [(lid, 0) for lid in ledgers]
+    if start.ledger_id not in ledgers:
+        raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id} (truncated, or "
+                           "never in this log)")
+    begin = ledgers.index(start.ledger_id)
+    return [(lid, start.entry_id if i == begin else 0)
+            for i, lid in enumerate(ledgers) if i >= begin]
+
+
 async def read_log(client: Client, name: str, password: bytes | str = b"", *,
                    start: LogPosition | None = None) -> AsyncIterator[Entry]:
     """Every readable entry of the log in order, from ``start`` (inclusive); closed
     ledgers to their end, an open one to its LAC. Nothing is fenced."""
-    ledgers = await log_ledgers(client, name)
-    if start is not None and start.ledger_id not in ledgers:
-        raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id} (truncated, or "
-                           "never in this log)")
-    begin = ledgers.index(start.ledger_id) if start is not None else 0
-    for lid in ledgers[begin:]:
+    for lid, first in log_segments(name, await log_ledgers(client, name), start):
         rh = await client.open_ledger(lid, password, recovery=False)
         last = rh.last_add_confirmed if rh.is_closed else await rh.read_lac()
-        first = start.entry_id if start is not None and lid == start.ledger_id else 0
         if first <= last:
             async for entry in rh.read(first, last):
                 yield entry

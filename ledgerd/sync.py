@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 import trio
 
 from ledgerd.client import Client, open_client
-from ledgerd.errors import ClientClosedError, LedgerdError
+from ledgerd.errors import ClientClosedError
 from ledgerd.handles import ReadHandle, WriteHandle
-from ledgerd.ledgerlog import LogPosition, LogWriter
+from ledgerd.ledgerlog import LogPosition, LogWriter, log_segments
 from ledgerd.logs import fields
 from metadata.ledger import LedgerMetadata
 from wire.entry import Entry
@@ -168,16 +168,9 @@ class SyncClient:
                  start: LogPosition | None = None) -> Iterator[Entry]:
         """The log's entries in order (closed ledgers to their end, an open one to its
         LAC), from ``start`` inclusive; nothing is fenced."""
-        ledgers = self.log_ledgers(name)
-        begin = 0
-        if start is not None:
-            if start.ledger_id not in ledgers:
-                raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id}")
-            begin = ledgers.index(start.ledger_id)
-        for lid in ledgers[begin:]:
+        for lid, first in log_segments(name, self.log_ledgers(name), start):
             rh = self.open_ledger(lid, password, recovery=False)
             last = rh.last_add_confirmed if rh.metadata.is_closed else rh.read_lac()
-            first = start.entry_id if start is not None and lid == start.ledger_id else 0
             if first <= last:
                 yield from rh.read(first, last)
 

@@ -28,14 +28,12 @@ from typing import Any
 import click
 import trio
 
-from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.client import Client
 from ledgerd.errors import NoSuchLedgerError
-from ledgerd.machines.quorum import write_set
 from metadata.ledger import LedgerMetadata
 from metadata.underreplication import UnderreplicationManager
 from tools.output import emit, table
-from wire.messages import Message, ReadRangeRequest, ReadRangeResponse
+from wire.messages import ReadRangeRequest, ReadRangeResponse
 from wire.status import Status
 
 __all__ = ["AUDIT_SCHEMA", "AuditReport", "AuditTask", "audit_cmd", "bookie_runs",
@@ -50,7 +48,7 @@ READ_BYTES = 4 << 20
 Row = tuple[int, int, int, str, int, str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AuditTask:
     """Entries ``first..last`` of one fragment, as bookie ``index`` must hold them."""
 
@@ -62,32 +60,33 @@ class AuditTask:
     ensemble_size: int
     write_quorum: int
 
+    @functools.cached_property
     def runs(self) -> list[tuple[int, int]]:
         return bookie_runs(self.first, self.last, self.ensemble_size, self.write_quorum,
                            self.index)
 
     @property
     def expected(self) -> int:
-        return sum(b - a + 1 for a, b in self.runs())
+        return sum(b - a + 1 for a, b in self.runs)
 
 
 def bookie_runs(first: int, last: int, ensemble_size: int, write_quorum: int,
                 index: int) -> list[tuple[int, int]]:
     """The runs of consecutive entries in ``first..last`` whose write set holds
-    ``index`` (all of them when Qw == E; Qw out of every E otherwise)."""
+    ``index``: all of them when Qw == E; otherwise bookie ``i`` holds the Qw entries
+    starting at each ``e`` with ``e % E == (i - Qw + 1) % E``."""
+    if first > last:
+        return []
     if write_quorum == ensemble_size:
-        return [(first, last)] if first <= last else []
-    runs: list[tuple[int, int]] = []
-    start = None
-    for e in range(first, last + 1):
-        held = index in write_set(e, ensemble_size, write_quorum)
-        if held and start is None:
-            start = e
-        elif not held and start is not None:
-            runs.append((start, e - 1))
-            start = None
-    if start is not None:
-        runs.append((start, last))
+        return [(first, last)]
+    e, qw = ensemble_size, write_quorum
+    start = first - (first - (index - qw + 1)) % e  # the run start at or before first
+    runs = []
+    while start <= last:
+        a, b = max(first, start), min(last, start + qw - 1)
+        if a <= b:
+            runs.append((a, b))
+        start += e
     return runs
 
 
@@ -110,22 +109,6 @@ def plan_ledger(ledger_id: int, md: LedgerMetadata, entries_per_task: int) -> li
 
 # -- the check on an executor ----------------------------------------------------------
 
-async def _ask(client: Client, bookie: str, req: Message,
-               timeout: float) -> tuple[int, Message | None, str | None]:
-    done = trio.Event()
-    box: list[tuple[int, Message | None, str | None]] = []
-
-    def on_reply(status: int, response: Message | None,
-                 error: BookieConnectionError | None) -> None:
-        box.append((status, response, error.reason if error else None))
-        done.set()
-
-    client.pool.send(bookie, req, on_reply)
-    with trio.move_on_after(timeout):
-        await done.wait()
-    return box[0] if box else (-1, None, f"no answer within {timeout:g}s")
-
-
 async def check_task(client: Client, task: AuditTask) -> list[Row]:
     """The task's missing entries as rows, one per run of the same reason."""
     timeout = client.config.read_timeout_ms / 1000
@@ -141,7 +124,7 @@ async def check_task(client: Client, task: AuditTask) -> list[Row]:
                 if unreachable:
                     missing.update((x, unreachable[0]) for x in range(e, b + 1))
                     return
-                status, resp, error = await _ask(client, task.bookie, ReadRangeRequest(
+                status, resp, error = await client.pool.call(task.bookie, ReadRangeRequest(
                     ledger_id=lid, first_entry_id=e, max_count=b - e + 1,
                     max_bytes=READ_BYTES), timeout)
                 if error is not None:
@@ -160,7 +143,7 @@ async def check_task(client: Client, task: AuditTask) -> list[Row]:
                         e += 1
 
     async with trio.open_nursery() as nursery:
-        for a, b in task.runs():
+        for a, b in task.runs:
             nursery.start_soon(check_run, a, b)
     return _collapse(task, missing)
 
@@ -176,7 +159,7 @@ def _collapse(task: AuditTask, missing: Mapping[int, str]) -> list[Row]:
     """Group missing entries that follow each other in the bookie's own sequence."""
     spans: list[tuple[int, int, str]] = []  # (first, last, reason)
     open_span = False
-    for a, b in task.runs():
+    for a, b in task.runs:
         for e in range(a, b + 1):
             reason = missing.get(e)
             if reason is None:
@@ -192,7 +175,7 @@ def _collapse(task: AuditTask, missing: Mapping[int, str]) -> list[Row]:
 
 def _count(task: AuditTask, first: int, last: int) -> int:
     """How many entries of ``first..last`` the task's bookie should hold."""
-    return sum(min(b, last) - max(a, first) + 1 for a, b in task.runs()
+    return sum(min(b, last) - max(a, first) + 1 for a, b in task.runs
                if a <= last and b >= first)
 
 

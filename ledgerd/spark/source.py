@@ -228,6 +228,7 @@ class LedgerdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.schema = schema
         self.target: Offset | None = None
+        self.seen: Offset | None = None  # the furthest offset the last walk found
 
     @property
     def client(self) -> SyncClient:
@@ -292,7 +293,7 @@ class LedgerdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         begin = Offset.from_dict(start, "start offset")
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end = self._walk(begin, rows)
+        end = self.seen = self._walk(begin, rows)
         if self.target is not None and self.target.ledger != -1:
             ledgers = self._ledgers()
             if self._before(self.target, end, ledgers):
@@ -302,7 +303,8 @@ class LedgerdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end.to_dict()
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        return self._walk(Offset(-1, -1), None).to_dict()
+        """For the query's progress: what ``latestOffset`` last found (no extra reads)."""
+        return self.seen.to_dict() if self.seen is not None else None
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         s = Offset.from_dict(start, "start offset")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from pathlib import Path
@@ -12,6 +13,7 @@ import trio
 
 import ledgerd
 from disk.index import INDEX_HEADER_SIZE, index_path
+from ledgerd.machines.quorum import write_set
 from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.underreplication import UnderreplicationManager
 from tests.cluster import metadata_store, wait_registered
@@ -24,6 +26,13 @@ def test_bookie_runs_and_plans() -> None:
     assert bookie_runs(0, 9, 3, 3, 1) == [(0, 9)]
     # E=3, Qw=2: bookie 0 holds entries 0, 2, 3, 5, 6, 8, 9 (write sets {e, e+1} mod 3).
     assert bookie_runs(0, 9, 3, 2, 0) == [(0, 0), (2, 3), (5, 6), (8, 9)]
+    for e, qw in [(3, 2), (5, 3), (5, 1), (4, 3), (7, 2)]:
+        for index in range(e):
+            for first, last in [(0, 40), (3, 29), (11, 11), (6, 5)]:
+                held = [x for x in range(first, last + 1) if index in write_set(x, e, qw)]
+                runs = bookie_runs(first, last, e, qw, index)
+                assert [x for a, b in runs for x in range(a, b + 1)] == held
+                assert all(b1 + 1 < a2 for (_, b1), (a2, _) in itertools.pairwise(runs))
     task = AuditTask(7, 0, 9, "b:1", 0, 3, 2)
     assert task.expected == 7
     md = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,

@@ -55,6 +55,10 @@ def test_log_reads_in_order_across_rolled_ledgers(spark: Any, cluster: SparkClus
                                for i in range(1200))
         ledgers = client.log_ledgers("clicks")
         assert len(ledgers) == 3
+        tail = client.read_log("clicks", b"pw", start=ledgerd.LogPosition(ledgers[1], 498))
+        assert [json.loads(e.payload)["n"] for e in tail] == list(range(998, 1200))
+        with pytest.raises(ledgerd.LedgerdError, match="has no ledger 424242"):
+            list(client.read_log("clicks", b"pw", start=ledgerd.LogPosition(424242, 0)))
 
         df = (spark.read.format("ledgerd").option("zk", cluster.zk).option("log", "clicks")
               .option("password", "pw").option("decode", "json")
