@@ -18,6 +18,7 @@ the bookies that lack entries.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import struct
 import sys
@@ -319,11 +320,15 @@ def spark_session(master: str) -> Any:
 @click.option("--mark", is_flag=True,
               help="Put the ledgers found short into the underreplication queue.")
 @click.option("--json", "as_json", is_flag=True)
-def audit_cmd(zk: str, master: str, ledgers: str | None, log_name: str | None,
-              entries_per_task: int, mark: bool, as_json: bool) -> None:
+@click.pass_context
+def audit_cmd(ctx: click.Context, zk: str, master: str, ledgers: str | None,
+              log_name: str | None, entries_per_task: int, mark: bool, as_json: bool) -> None:
     """Check on Spark that every bookie holds every entry of its fragments.
 
     Exits 3 when entries are missing (after printing them)."""
+    if not (ctx.obj or {}).get("debug"):
+        logging.getLogger().setLevel(logging.WARNING)  # client and py4j events are noise
+        logging.getLogger("kazoo.client").setLevel(logging.CRITICAL)
     ids = None
     if ledgers is not None:
         try:
