@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,11 +33,38 @@ class ZooKeeperError(RuntimeError):
     """The ZooKeeper server could not be found, started or reached."""
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the caller must cope with a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free a moment ago and that this process has not handed out.
+
+    Ports come from below the kernel's ephemeral range, so the outgoing connections of
+    every client on the machine (which take ephemeral ports) cannot grab one between
+    this check and the server's bind; a port bound by someone else is skipped.
+    """
+    floor = _ephemeral_floor()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, floor) if floor > 10100 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        _handed_out.add(port)
+        return port
+    raise OSError(f"no free TCP port on {host} below {floor} after 200 tries")
 
 
 def ruok(host: str, port: int, timeout: float = 1.0) -> bool:
