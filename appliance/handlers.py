@@ -1,31 +1,20 @@
-"""Request handling: the bookie's semantics over LedgerStorage, with no sockets.
+"""Request handling: thin trio glue between connections, the bookie core and storage.
+
+Every rule lives in ``appliance.core`` (key binding, fencing, terms, truncate, read-only,
+header checks, LAC and long-poll rules); this module asks the core, performs what it
+decided on ``LedgerStorage``, and shapes the reply.
 
 Adds take the fast path: ``add`` runs synchronously in the connection's task, stores the
 frame's entries (readable at once), queues their journal records, and returns the
 journal group the reply must wait for. Plain reads that can be answered now take
 ``read_now``. Everything that waits (fencing and term reads, long polls, WriteLac,
 ForceLedger, admin) goes through ``handle`` in a task of its own.
-
-Semantics, as BookKeeper's bookie (``../shared/reference/bookkeeper-facts.md`` §1):
-- the first add binds the master key; a different key answers UNAUTHORIZED;
-- a plain add to a fenced ledger answers FENCED; RECOVERY_ADD bypasses the fence;
-- a fencing read sets the fence, journals it, and answers once that is durable;
-- entry -1 reads the last entry stored here; replies carry this bookie's LAC (the
-  highest LAC field of the entries it holds);
-- a long poll waits until the LAC passes ``previous_lac`` or the timeout ends (then
-  answers OK with no entry), and with PIGGYBACK carries entry ``previous_lac + 1``;
-- terms (unbounded ledgers): a request whose term is below the ledger's answers
-  INVALID_TERM, a higher one raises the stored term (journaled first); term 0 means
-  the request does not use terms;
-- a read-only bookie answers READ_ONLY to writes except HIGH_PRIORITY ones (recovery),
-  which pass unless storage itself has failed.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,24 +22,15 @@ from typing import Any
 
 import trio
 
+from appliance.core import ACCEPT, Accept, BookieCore
 from appliance.metrics import BookieMetrics
-from disk.errors import (
-    EntryNotFoundError,
-    LedgerFencedStorageError,
-    LedgerNotFoundError,
-    MasterKeyMismatchError,
-    StorageError,
-    TermTooLowError,
-)
+from disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
 from disk.journal import JournalGroup
 from disk.storage import LedgerStorage
 from ledgerd.logs import fields
 from wire.connection import api_versions_response
 from wire.messages import (
-    NO_MASTER_KEY,
-    AddFlags,
     AddRequest,
-    AddResponse,
     AdminKind,
     AdminStatusRequest,
     AdminStatusResponse,
@@ -64,7 +44,6 @@ from wire.messages import (
     GetBookieInfoRequest,
     GetBookieInfoResponse,
     Message,
-    ReadFlags,
     ReadLacRequest,
     ReadLacResponse,
     ReadRangeRequest,
@@ -79,17 +58,8 @@ from wire.status import Status
 __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_error"]
 
 log = logging.getLogger(__name__)
-_IDS = struct.Struct(">qq")
-_ENTRY_HEADER = 32
-# Room left in a response frame for everything but entry bytes.
-_RANGE_OVERHEAD = 64
-_MAX_LONG_POLL_S = 60.0
 
 Reply = tuple[int, Message | None]
-# Plain ints: an IntFlag operand would route every ``&`` through enum's Python code.
-_RECOVERY = int(AddFlags.RECOVERY_ADD)
-_HIGH_PRIORITY = int(AddFlags.HIGH_PRIORITY)
-_TRUNCATE = int(AddFlags.TRUNCATE)
 
 
 @dataclass
@@ -122,23 +92,21 @@ class AdminHooks:
 
 
 def status_for_storage_error(exc: BaseException) -> Status:
+    """What storage reports, as a status: a missing ledger or entry, else an I/O error."""
     if isinstance(exc, LedgerNotFoundError):
         return Status.NO_SUCH_LEDGER
     if isinstance(exc, EntryNotFoundError):
         return Status.NO_SUCH_ENTRY
-    if isinstance(exc, MasterKeyMismatchError):
-        return Status.UNAUTHORIZED
-    if isinstance(exc, LedgerFencedStorageError):
-        return Status.FENCED
-    if isinstance(exc, TermTooLowError):
-        return Status.INVALID_TERM
     return Status.IO_ERROR
 
 
 class RequestHandler:
+    """Carries requests to the core and its decisions to storage (one per bookie)."""
+
     def __init__(self, storage: LedgerStorage, state: ServingState, metrics: BookieMetrics, *,
                  admin: AdminHooks | None = None, max_frame_bytes: int = 8 << 20,
-                 version: bytes = b"ledgerd") -> None:
+                 version: bytes = b"ledgerd", core: BookieCore | None = None) -> None:
+        self.core = core or BookieCore()
         self.storage = storage
         self.state = state
         self.metrics = metrics
@@ -167,27 +135,24 @@ class RequestHandler:
         count (the server encodes it straight from the request).
         """
         state = self.state
-        flags = req.flags
-        if state.read_only and (state.storage_failed or not flags & _HIGH_PRIORITY):
-            return Status.READ_ONLY, None
-        entries = req.entries
-        lid, first = req.ledger_id, req.first_entry_id
-        if first < 0 or not entries:
-            return Status.BAD_REQUEST, None
-        nbytes = 0
-        unpack = _IDS.unpack_from
-        for i, entry in enumerate(entries):
-            n = len(entry)
-            if n < _ENTRY_HEADER or unpack(entry) != (lid, first + i):
-                return Status.BAD_REQUEST, None
-            nbytes += n
         storage = self.storage
-        if not storage.journal.has_capacity(nbytes + 64 * len(entries)):
+        lid = req.ledger_id
+        decision = self.core.on_add(req, storage.cache.ledgers.get(lid),
+                                    read_only=state.read_only,
+                                    storage_failed=state.storage_failed)
+        if decision is not ACCEPT and type(decision) is not Accept:
+            return decision, None  # type: ignore[return-value]
+        entries = req.entries
+        if not storage.journal.has_capacity(sum(map(len, entries)) + 64 * len(entries)):
             return Status.TOO_MANY_REQUESTS, None
         try:
-            group = storage.submit_entries(lid, first, entries, req.master_key,
-                                           flags & _RECOVERY != 0, req.term or None,
-                                           flags & _TRUNCATE != 0)
+            if decision is ACCEPT:
+                group = storage.submit_entries(lid, req.first_entry_id, entries)
+            else:
+                group = storage.submit_entries(lid, req.first_entry_id, entries,
+                                               decision.bind_key,
+                                               decision.new_term,
+                                               decision.truncate)
         except StorageError as exc:
             return status_for_storage_error(exc), None
         self.metrics.entries_added += len(entries)
@@ -201,33 +166,31 @@ class RequestHandler:
 
     def read_now(self, req: Message) -> Reply | None:
         """Answer a plain read at once, or None if it needs ``handle`` (it waits)."""
+        if not self.core.is_immediate(req):
+            return None
         if type(req) is ReadRequest:
-            if req.flags & ReadFlags.FENCE or req.term or req.timeout_ms > 0:
-                return None
             return self._read_entry(req.ledger_id, req.entry_id)
-        if type(req) is ReadRangeRequest:
-            if req.flags & ReadFlags.FENCE or req.term:
-                return None
-            return self._read_range_now(req)
-        return None
+        return self._read_range_now(req)  # type: ignore[arg-type]
 
     def _read_entry(self, ledger_id: int, entry_id: int) -> Reply:
         storage = self.storage
+        idx = storage.ledger(ledger_id)
+        if idx is None:
+            return Status.NO_SUCH_LEDGER, None
+        eid = self.core.entry_to_read(entry_id, idx.last_entry_id)
         try:
-            data = storage.read_entry(ledger_id, entry_id)
+            data = storage.read_entry(ledger_id, eid)
             lac = storage.lac(ledger_id)
         except StorageError as exc:
             return status_for_storage_error(exc), None
-        eid = entry_id if entry_id >= 0 else _IDS.unpack_from(data)[1]
         return Status.OK, ReadResponse(ledger_id=ledger_id, entry_id=eid, max_lac=lac, entry=data)
 
     def _read_range_now(self, req: ReadRangeRequest) -> Reply:
-        if req.max_count < 1 or req.first_entry_id < 0:
-            return Status.BAD_REQUEST, None
-        max_bytes = min(req.max_bytes, self.max_frame_bytes - _RANGE_OVERHEAD)
+        budget = self.core.range_budget(req, self.max_frame_bytes)
+        if not isinstance(budget, tuple):
+            return budget, None
         try:
-            entries = self.storage.read_range(req.ledger_id, req.first_entry_id, req.max_count,
-                                              max(0, max_bytes - 4 * req.max_count))
+            entries = self.storage.read_range(req.ledger_id, req.first_entry_id, *budget)
             lac = self.storage.lac(req.ledger_id)
         except StorageError as exc:
             return status_for_storage_error(exc), None
@@ -238,17 +201,9 @@ class RequestHandler:
     # -- everything else ---------------------------------------------------------------
 
     async def handle(self, req: Message, *, trusted: bool = True) -> Reply:
-        """Answer any request; ``trusted`` says the peer may make admin calls unasked."""
-        if type(req) is AddRequest:
-            status, group = self.add(req)
-            if group is None:
-                return status, None
-            try:
-                await group.wait()
-            except StorageError as exc:
-                return status_for_storage_error(exc), None
-            return status, AddResponse(ledger_id=req.ledger_id, first_entry_id=req.first_entry_id,
-                                       count=len(req.entries))
+        """Answer any request but an Add (the server stores adds through ``add``);
+        ``trusted`` says the peer may make admin calls unasked. If cancelled, a fence or
+        term this request set may be durable or not (both are idempotent)."""
         handler = self._slow.get(req.API_KEY)
         if handler is None:
             return Status.BAD_REQUEST, None
@@ -257,20 +212,24 @@ class RequestHandler:
         except StorageError as exc:
             return status_for_storage_error(exc), None
 
-    async def _apply_recovery_flags(self, ledger_id: int, flags: int, master_key: bytes,
-                                    term: int) -> None:
-        """Fence and/or raise the term, durably, before a recovery read is answered."""
-        if term:
-            await self.storage.set_term(ledger_id, term)
-        if flags & ReadFlags.FENCE:
-            if master_key == NO_MASTER_KEY:
-                raise MasterKeyMismatchError(ledger_id)
-            await self.storage.fence(ledger_id, master_key)
+    async def _recovery_flags(self, req: ReadRequest | ReadRangeRequest) -> Status:
+        """Fence and/or adopt the term, durably, before a recovery read is answered (a
+        plain read passes straight through)."""
+        decision = self.core.on_recovery_read(req, self.storage.ledger(req.ledger_id))
+        if not isinstance(decision, Accept):
+            return decision
+        if decision.fence:
+            await self.storage.fence(req.ledger_id, bind_key=decision.bind_key,
+                                     new_term=decision.new_term)
+        elif decision.new_term:
+            await self.storage.set_term(req.ledger_id, decision.new_term)
+        return Status.OK
 
     async def _read(self, req: ReadRequest, trusted: bool) -> Reply:
         t0 = time.perf_counter()
-        if req.flags & ReadFlags.FENCE or req.term:
-            await self._apply_recovery_flags(req.ledger_id, req.flags, req.master_key, req.term)
+        status = await self._recovery_flags(req)
+        if status != Status.OK:
+            return status, None
         if req.timeout_ms > 0:
             return await self._long_poll(req)
         reply = self._read_entry(req.ledger_id, req.entry_id)
@@ -280,8 +239,11 @@ class RequestHandler:
     async def _long_poll(self, req: ReadRequest) -> Reply:
         lid = req.ledger_id
         storage = self.storage
-        with trio.move_on_after(min(req.timeout_ms / 1000.0, _MAX_LONG_POLL_S)):
-            while not storage.ledger_exists(lid) or storage.lac(lid) <= req.previous_lac:
+        core = self.core
+        with trio.move_on_after(core.long_poll_timeout(req)):
+            while not core.long_poll_ready(storage.ledger_exists(lid),
+                                           storage.lac(lid) if storage.ledger_exists(lid) else -1,
+                                           req.previous_lac):
                 event = self._lac_waiters.get(lid)
                 if event is None:
                     event = self._lac_waiters[lid] = trio.Event()
@@ -290,48 +252,56 @@ class RequestHandler:
             return Status.NO_SUCH_LEDGER, None
         lac = storage.lac(lid)
         entry = b""
-        next_id = req.previous_lac + 1
-        if req.flags & ReadFlags.PIGGYBACK and lac > req.previous_lac:
+        piggyback = core.piggyback_entry(req, lac)
+        if piggyback >= 0:
             try:
-                entry = storage.read_entry(lid, next_id)
+                entry = storage.read_entry(lid, piggyback)
             except EntryNotFoundError:
                 entry = b""
-        return Status.OK, ReadResponse(ledger_id=lid, entry_id=next_id, max_lac=lac, entry=entry)
+        return Status.OK, ReadResponse(ledger_id=lid, entry_id=req.previous_lac + 1,
+                                       max_lac=lac, entry=entry)
 
     async def _read_range(self, req: ReadRangeRequest, trusted: bool) -> Reply:
-        if req.flags & ReadFlags.FENCE or req.term:
-            await self._apply_recovery_flags(req.ledger_id, req.flags, req.master_key, req.term)
+        status = await self._recovery_flags(req)
+        if status != Status.OK:
+            return status, None
         return self._read_range_now(req)
 
     async def _read_lac(self, req: ReadLacRequest, trusted: bool) -> Reply:
         storage = self.storage
-        explicit = storage.explicit_lac(req.ledger_id)
+        idx = storage.ledger(req.ledger_id)
+        if idx is None:
+            return Status.NO_SUCH_LEDGER, None
+        explicit = idx.explicit_lac
         try:
-            last = storage.read_entry(req.ledger_id, -1)
+            last = storage.read_entry(req.ledger_id, idx.last_entry_id)
         except EntryNotFoundError:
             last = b""
-        if not explicit and not last:
-            return Status.NO_SUCH_ENTRY, None
+        status = self.core.read_lac_status(explicit, last)
+        if status != Status.OK:
+            return status, None
         return Status.OK, ReadLacResponse(ledger_id=req.ledger_id, explicit_lac=explicit,
                                           last_entry=last)
 
     async def _write_lac(self, req: WriteLacRequest, trusted: bool) -> Reply:
-        if self.state.read_only:
-            return Status.READ_ONLY, None
-        if req.term:
-            await self.storage.set_term(req.ledger_id, req.term)
-        await self.storage.set_explicit_lac(req.ledger_id, req.master_key, req.lac_body, req.lac)
+        storage = self.storage
+        decision = self.core.on_write_lac(req, storage.ledger(req.ledger_id),
+                                          read_only=self.state.read_only)
+        if not isinstance(decision, Accept):
+            return decision, None
+        if decision.new_term:
+            await storage.set_term(req.ledger_id, decision.new_term)
+        await storage.set_explicit_lac(req.ledger_id, req.lac_body, req.lac)
         waiter = self._lac_waiters.pop(req.ledger_id, None)
         if waiter is not None:
             waiter.set()
         return Status.OK, WriteLacResponse(ledger_id=req.ledger_id)
 
     async def _force_ledger(self, req: ForceLedgerRequest, trusted: bool) -> Reply:
-        storage = self.storage
-        if storage.ledger_exists(req.ledger_id) and storage.master_key(req.ledger_id) not in (
-                b"", req.master_key):
-            return Status.UNAUTHORIZED, None
-        await storage.force()
+        status = self.core.on_force_ledger(req, self.storage.ledger(req.ledger_id))
+        if status != Status.OK:
+            return status, None
+        await self.storage.force()
         return Status.OK, ForceLedgerResponse(ledger_id=req.ledger_id)
 
     async def _bookie_info(self, req: GetBookieInfoRequest, trusted: bool) -> Reply:

@@ -6,6 +6,8 @@ __all__ = [
     "CookieMismatchError",
     "CorruptRecordError",
     "DiskFullError",
+    "EntryNotFoundError",
+    "LedgerNotFoundError",
     "StorageClosedError",
     "StorageError",
 ]
@@ -52,21 +54,3 @@ class EntryNotFoundError(StorageError):
         self.ledger_id = ledger_id
         self.entry_id = entry_id
         super().__init__(f"entry {entry_id} of ledger {ledger_id} is not stored here")
-
-
-class MasterKeyMismatchError(StorageError):
-    def __init__(self, ledger_id: int) -> None:
-        self.ledger_id = ledger_id
-        super().__init__(f"master key does not match the one bound to ledger {ledger_id}")
-
-
-class LedgerFencedStorageError(StorageError):
-    def __init__(self, ledger_id: int) -> None:
-        self.ledger_id = ledger_id
-        super().__init__(f"ledger {ledger_id} is fenced; plain adds are refused")
-
-
-class TermTooLowError(StorageError):
-    def __init__(self, ledger_id: int, term: int, current: int) -> None:
-        self.ledger_id = ledger_id
-        super().__init__(f"term {term} is below ledger {ledger_id}'s term {current}")

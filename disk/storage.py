@@ -2,9 +2,10 @@
 
 Add path, as BookKeeper's: the entries go into the entry log buffer and the index cache
 first (so they are readable at once), then into the journal; the call returns after the
-journal group holding them is durable. The first add of a ledger binds its master key
-(journaled as a MASTER_KEY record); a plain add to a fenced ledger is refused; a
-recovery add is not.
+journal group holding them is durable. Storage decides nothing: the bookie's rules (key binding,
+fencing, terms, truncation) live in ``appliance.core``, and what it accepted arrives here
+as plain facts (a key to bind, a term to adopt, a fence to set), journaled before the
+entries they guard.
 
 Checkpoint (every ``flush_interval_ms`` and at close): capture the journal's durable mark,
 flush and fsync the entry logs, flush and fsync the index, then write ``lastMark`` in
@@ -32,14 +33,7 @@ import trio
 from disk.compaction import EntryLogMeta, read_entry_log_meta
 from disk.cookie import Cookie, check_cookies, stamp_cookies
 from disk.entrylog import EntryLogger
-from disk.errors import (
-    EntryNotFoundError,
-    LedgerFencedStorageError,
-    LedgerNotFoundError,
-    MasterKeyMismatchError,
-    StorageError,
-    TermTooLowError,
-)
+from disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
 from disk.index import LedgerCache, LedgerIndex
 from disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
 from disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
@@ -267,57 +261,51 @@ class LedgerStorage:
             await trio.to_thread.run_sync(self.entry_logger.close)
 
     # -- writes ------------------------------------------------------------------------
+    #
+    # Storage stores what it is given: the bookie's rules (key binding, fencing, terms,
+    # truncation) are decided by ``appliance.core`` before any of these is called.
 
-    def _check_key(self, idx: LedgerIndex, master_key: bytes) -> None:
-        if idx.master_key and idx.master_key != master_key:
-            raise MasterKeyMismatchError(idx.ledger_id)
-
-    def _bind_key(self, ledger_id: int,
-                  master_key: bytes) -> tuple[LedgerIndex, list[tuple[int, bytes]]]:
-        """The ledger's index, binding ``master_key`` if it has none yet (the returned
-        records journal the binding), else checking it (MasterKeyMismatchError)."""
-        idx = self.cache.get(ledger_id)
-        if idx is not None and idx.master_key:
-            self._check_key(idx, master_key)
-            return idx, []
+    def _state_records(self, ledger_id: int, bind_key: bytes,
+                       new_term: int) -> tuple[LedgerIndex, list[tuple[int, bytes]]]:
+        """The ledger's index, with ``bind_key`` bound and ``new_term`` adopted (if given),
+        and the journal records of those changes."""
         idx = self.cache.get_or_create(ledger_id)
-        idx.master_key = master_key
-        idx.header_dirty = True
-        return idx, [(RecordType.MASTER_KEY, ledger_body(ledger_id, master_key))]
-
-    def _check_term(self, idx: LedgerIndex, term: int | None) -> list[tuple[int, bytes]]:
-        if term is None or term == idx.term:
-            return []
-        if term < idx.term:
-            raise TermTooLowError(idx.ledger_id, term, idx.term)
-        idx.term = term
-        idx.header_dirty = True
-        return [(RecordType.TERM, ledger_body(idx.ledger_id, struct.pack(">q", term)))]
+        records: list[tuple[int, bytes]] = []
+        if bind_key and not idx.master_key:
+            idx.master_key = bind_key
+            idx.header_dirty = True
+            records.append((RecordType.MASTER_KEY, ledger_body(ledger_id, bind_key)))
+        if new_term > idx.term:
+            idx.term = new_term
+            idx.header_dirty = True
+            records.append((RecordType.TERM, ledger_body(ledger_id, _LAC_AT.pack(new_term))))
+        return idx, records
 
     async def add_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
-                          master_key: bytes, *, recovery: bool = False,
-                          term: int | None = None, truncate: bool = False) -> JournalPosition:
+                          *, bind_key: bytes = b"", new_term: int = 0,
+                          truncate: bool = False) -> JournalPosition:
         """Store consecutive entries; returns once they are durable.
 
-        Raises MasterKeyMismatchError, LedgerFencedStorageError (plain adds to a fenced
-        ledger), TermTooLowError, StorageError on I/O failure. If cancelled, the entries
-        may be durable or not; replay decides.
+        Raises StorageError on I/O failure. If cancelled, the entries may be durable or
+        not; replay decides.
         """
-        group = self.submit_entries(ledger_id, first_entry_id, entries, master_key,
-                                    recovery=recovery, term=term, truncate=truncate)
+        group = self.submit_entries(ledger_id, first_entry_id, entries, bind_key=bind_key,
+                                    new_term=new_term, truncate=truncate)
         return await group.wait()
 
     def submit_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
-                       master_key: bytes, recovery: bool = False, term: int | None = None,
+                       bind_key: bytes = b"", new_term: int = 0,
                        truncate: bool = False) -> JournalGroup:
         """Store consecutive entries now (readable at once); the returned journal group
-        says when they are durable. Checks as ``add_entries``, raised before anything is
-        stored. With ``truncate`` every entry after the last one given is dropped (the
+        says when they are durable. ``bind_key`` binds the ledger's master key and
+        ``new_term`` raises its term (both journaled before the entries); with
+        ``truncate`` every entry after the last one given is dropped (the
         unbounded-ledger recovery's final no-op entry)."""
-        idx, records = self._bind_key(ledger_id, master_key)
-        if idx.fenced and not recovery:
-            raise LedgerFencedStorageError(ledger_id)
-        records += self._check_term(idx, term)
+        idx = self.cache.ledgers.get(ledger_id)
+        if idx is None or bind_key or new_term:
+            idx, records = self._state_records(ledger_id, bind_key, new_term)
+        else:
+            records = []
         if len(entries) == 1:
             self._insert(idx, first_entry_id, entries[0])
         else:
@@ -327,27 +315,24 @@ class LedgerStorage:
         if truncate and entries:
             last = first_entry_id + len(entries) - 1
             self.cache.truncate_after(ledger_id, last)
-            records.append((RecordType.TRUNCATE, ledger_body(ledger_id, struct.pack(">q", last))))
+            records.append((RecordType.TRUNCATE, ledger_body(ledger_id, _LAC_AT.pack(last))))
         return self.journal.submit(records)
 
-    async def fence(self, ledger_id: int, master_key: bytes) -> None:
-        """Set the fence bit; returns once the FENCE record is durable.
-
-        A fence on a ledger this bookie has never seen binds the key (BookKeeper does
-        the same: the recovering client's key is the ledger's key).
-        """
-        idx, records = self._bind_key(ledger_id, master_key)
+    async def fence(self, ledger_id: int, *, bind_key: bytes = b"",
+                    new_term: int = 0) -> None:
+        """Set the fence bit (binding ``bind_key`` and adopting ``new_term`` first, if
+        given); returns once the records are durable. If cancelled, the fence is set in
+        memory and may or may not be durable; a fence is idempotent, so fence again."""
+        idx, records = self._state_records(ledger_id, bind_key, new_term)
         idx.fenced = True
         idx.header_dirty = True
         records.append((RecordType.FENCE, ledger_body(ledger_id)))
         await self.journal.append(records)
 
-    async def set_explicit_lac(self, ledger_id: int, master_key: bytes, lac_body: bytes,
-                               lac: int = -1) -> None:
+    async def set_explicit_lac(self, ledger_id: int, lac_body: bytes, lac: int = -1) -> None:
         """Store a writer's explicit LAC (the body is returned to ReadLac as is); ``lac``
         raises the LAC this bookie reports, so long polls see an idle writer's last entry."""
         idx = self._require(ledger_id)
-        self._check_key(idx, master_key)
         idx.explicit_lac = lac_body[:64]
         if lac > idx.lac:
             idx.lac = lac
@@ -355,8 +340,8 @@ class LedgerStorage:
         await self.journal.append([(RecordType.EXPLICIT_LAC, ledger_body(ledger_id, lac_body))])
 
     async def set_term(self, ledger_id: int, term: int) -> None:
-        idx = self.cache.get_or_create(ledger_id)
-        records = self._check_term(idx, term)
+        """Adopt a higher term (a lower one changes nothing); returns once it is durable."""
+        _idx, records = self._state_records(ledger_id, b"", term)
         if records:
             await self.journal.append(records)
 
@@ -364,7 +349,7 @@ class LedgerStorage:
         """Drop every entry after ``last_kept_entry_id`` (unbounded ledgers' no-op end)."""
         self.cache.truncate_after(ledger_id, last_kept_entry_id)
         await self.journal.append([(RecordType.TRUNCATE, ledger_body(
-            ledger_id, struct.pack(">q", last_kept_entry_id)))])
+            ledger_id, _LAC_AT.pack(last_kept_entry_id)))])
 
     async def force(self) -> JournalPosition:
         """A journal barrier: returns once everything journaled before it is durable."""
@@ -406,6 +391,10 @@ class LedgerStorage:
             raise LedgerNotFoundError(ledger_id)
         return idx
 
+    def ledger(self, ledger_id: int) -> LedgerIndex | None:
+        """The ledger's state as stored here (key, fence, term, LACs), or None."""
+        return self.cache.ledgers.get(ledger_id)
+
     def ledger_exists(self, ledger_id: int) -> bool:
         return self.cache.get(ledger_id) is not None
 
@@ -443,10 +432,9 @@ class LedgerStorage:
         return self._require(ledger_id).explicit_lac
 
     def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
-        """Entry bytes; ``entry_id == -1`` reads the last entry stored here."""
-        idx = self._require(ledger_id)
-        if entry_id == -1:
-            entry_id = idx.last_entry_id
+        """Entry bytes (EntryNotFoundError if not stored here, LedgerNotFoundError if the
+        ledger is not)."""
+        self._require(ledger_id)
         location = self.cache.location(ledger_id, entry_id)
         if not location:
             raise EntryNotFoundError(ledger_id, entry_id)

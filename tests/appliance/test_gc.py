@@ -31,7 +31,7 @@ async def test_gc_deletes_ledgers_missing_from_metadata_and_reclaims_logs(tmp_pa
     async with running_bookie(tmp_path, log_size_limit=64 * 1024, write_buffer_size=4096) as b:
         for e in range(200):  # interleaved: every log is about half of each
             for lid in (kept, dropped):
-                await b.storage.add_entries(lid, e, [entry(lid, e, payload=b"p" * 500)], KEY)
+                await b.storage.add_entries(lid, e, [entry(lid, e, payload=b"p" * 500)], bind_key=KEY)
         await b.storage.checkpoint()
         await ledgers.delete(dropped)
         gc = GarbageCollector(b.storage, ledgers, GcOptions(minor_threshold=0.6, rate=0))

@@ -40,7 +40,7 @@ async def main(base: Path, round_no: int, side: Path) -> None:
         await nursery.start(storage.run)
         if round_no > 0:
             victim = (round_no - 1) * 10
-            await storage.fence(victim, KEY)
+            await storage.fence(victim, bind_key=KEY)
             out.write(f"F {victim}\n")
         print("READY", flush=True)
         acked = [0]
@@ -51,7 +51,7 @@ async def main(base: Path, round_no: int, side: Path) -> None:
             while True:
                 payload = os.urandom(200 + (entry * 37) % 900)
                 data = encode_entry(digester, ledger, entry, entry - 1, 0, payload)
-                await storage.add_entries(ledger, entry, [data], KEY)
+                await storage.add_entries(ledger, entry, [data], bind_key=KEY)
                 out.write(f"E {ledger} {entry} {hashlib.sha256(data).hexdigest()}\n")
                 acked[0] += 1
                 if acked[0] % 8 == 0:

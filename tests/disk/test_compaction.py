@@ -26,9 +26,9 @@ def _entry(ledger: int, entry: int) -> bytes:
 async def _fill(s: LedgerStorage) -> None:
     # Ledger 1 alone fills the first logs; then 2 and 3 interleave.
     for e in range(150):
-        await s.add_entries(1, e, [_entry(1, e)], KEY)
+        await s.add_entries(1, e, [_entry(1, e)], bind_key=KEY)
     for e in range(300):
-        await s.add_entries(2 + e % 2, e // 2, [_entry(2 + e % 2, e // 2)], KEY)
+        await s.add_entries(2 + e % 2, e // 2, [_entry(2 + e % 2, e // 2)], bind_key=KEY)
     await s.checkpoint()
 
 
@@ -83,7 +83,7 @@ async def test_meta_of_a_log_that_never_rolled_is_rebuilt_by_scanning(tmp_path: 
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
         for e in range(10):
-            await s.add_entries(7, e, [_entry(7, e)], KEY)
+            await s.add_entries(7, e, [_entry(7, e)], bind_key=KEY)
         nursery.cancel_scope.cancel()
     await s.close()
     path = next((tmp_path / "ledgers" / "current").glob("*.log"))

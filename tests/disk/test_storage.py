@@ -10,14 +10,7 @@ import trio
 
 from disk.cookie import Cookie, check_cookies, stamp_cookies
 from disk.entrylog import inspect_entry_log
-from disk.errors import (
-    CookieMismatchError,
-    EntryNotFoundError,
-    LedgerFencedStorageError,
-    LedgerNotFoundError,
-    MasterKeyMismatchError,
-    TermTooLowError,
-)
+from disk.errors import CookieMismatchError, EntryNotFoundError, LedgerNotFoundError
 from disk.storage import LedgerStorage, StorageOptions
 from wire.entry import Digester, DigestType, decode_entry, encode_entry
 
@@ -46,16 +39,15 @@ async def test_add_read_fence_and_replay_after_crash(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
         for e in range(20):
-            await s.add_entries(1, e, [_entry(1, e)], KEY)
-        await s.add_entries(2, 0, [_entry(2, i) for i in range(5)], KEY)
-        await s.fence(3, KEY)
-        with pytest.raises(MasterKeyMismatchError):
-            await s.add_entries(1, 20, [_entry(1, 20)], b"x" * 20)
-        await s.fence(1, KEY)
-        with pytest.raises(LedgerFencedStorageError):
-            await s.add_entries(1, 20, [_entry(1, 20)], KEY)
-        await s.add_entries(1, 20, [_entry(1, 20)], KEY, recovery=True)
-        assert decode_entry(D, s.read_entry(1, -1)).entry_id == 20
+            await s.add_entries(1, e, [_entry(1, e)], bind_key=KEY)
+        await s.add_entries(2, 0, [_entry(2, i) for i in range(5)], bind_key=KEY)
+        await s.fence(3, bind_key=KEY)
+        await s.fence(1)
+        # Storage stores what the core accepted: a fenced ledger still stores (the core
+        # lets recovery adds through), and a second key binds nothing.
+        await s.add_entries(1, 20, [_entry(1, 20)], bind_key=b"x" * 20)
+        assert s.master_key(1) == KEY
+        assert decode_entry(D, s.read_entry(1, s.last_entry_id(1))).entry_id == 20
         assert s.lac(1) == 19 and s.last_entry_id(1) == 20
         nursery.cancel_scope.cancel()
     # No close: the next open must replay the journal.
@@ -81,7 +73,7 @@ async def test_read_range_limits(tmp_path: Path) -> None:
     s = await _open(_opts(tmp_path))
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
-        await s.add_entries(1, 0, [_entry(1, i, 100) for i in range(10)], KEY)
+        await s.add_entries(1, 0, [_entry(1, i, 100) for i in range(10)], bind_key=KEY)
         assert len(s.read_range(1, 0, 3, 1 << 20)) == 3
         one = len(_entry(1, 0, 100))
         assert len(s.read_range(1, 2, 100, 2 * one)) == 2
@@ -96,10 +88,9 @@ async def test_terms_and_truncate(tmp_path: Path) -> None:
     s = await _open(opts)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
-        await s.add_entries(1, 0, [_entry(1, i) for i in range(6)], KEY, term=2)
-        with pytest.raises(TermTooLowError):
-            await s.add_entries(1, 6, [_entry(1, 6)], KEY, term=1)
+        await s.add_entries(1, 0, [_entry(1, i) for i in range(6)], bind_key=KEY, new_term=2)
         await s.set_term(1, 5)
+        await s.set_term(1, 4)  # a lower term changes nothing
         await s.truncate(1, 3)
         nursery.cancel_scope.cancel()
     s2 = await _open(opts)
@@ -116,7 +107,7 @@ async def test_entry_logs_roll_with_ledgers_map(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
         for e in range(300):
-            await s.add_entries(e % 3, e // 3, [_entry(e % 3, e // 3, 1000)], KEY)
+            await s.add_entries(e % 3, e // 3, [_entry(e % 3, e // 3, 1000)], bind_key=KEY)
         # Entries still in the write buffer and in evicted index pages read back.
         assert s.read_entry(2, 99) == _entry(2, 99, 1000)
         assert s.read_entry(0, 0) == _entry(0, 0, 1000)
@@ -203,7 +194,7 @@ async def test_deleted_ledger_directory_refuses_start(tmp_path: Path) -> None:
     assert await s.open(cookie, None) is True  # new bookie: stamp, create the remote copy
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
-        await s.add_entries(1, 0, [_entry(1, 0)], KEY)
+        await s.add_entries(1, 0, [_entry(1, 0)], bind_key=KEY)
         nursery.cancel_scope.cancel()
     await s.close()
     remote = cookie.to_bytes()
@@ -220,7 +211,7 @@ async def test_missing_marked_journal_file_refuses_start(tmp_path: Path) -> None
     s = await _open(opts)
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
-        await s.add_entries(1, 0, [_entry(1, 0)], KEY)
+        await s.add_entries(1, 0, [_entry(1, 0)], bind_key=KEY)
         nursery.cancel_scope.cancel()
     await s.close()
     for f in (tmp_path / "journal" / "current").glob("*.txn"):
@@ -237,7 +228,7 @@ async def test_batched_adds_roll_logs_and_replay(tmp_path: Path) -> None:
         await nursery.start(s.run)
         for first in range(0, 640, 64):
             await s.add_entries(5, first, [_entry(5, e, 300) for e in range(first, first + 64)],
-                                KEY)
+                                bind_key=KEY)
         assert len(s.entry_logger.paths) >= 3  # several rolls, some inside a batch
         assert s.lac(5) == 638 and s.last_entry_id(5) == 639
         for e in range(640):

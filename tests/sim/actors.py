@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from appliance.core import Accept, BookieCore, RuleBreaks
 from ledgerd.machines.changes import (
     begin_recovery,
     change_ensemble,
@@ -42,13 +43,22 @@ from ledgerd.machines.writer import (
 from metadata.errors import ChangeRejectedError
 from metadata.ledger import LedgerMetadata, LedgerState
 from tests.sim.world import World
-from wire.entry import Digester, DigestType, decode_entry, encode_entry, peek_entry_header
+from wire.entry import (
+    Digester,
+    DigestType,
+    decode_entry,
+    encode_entry,
+    master_key,
+    peek_entry_header,
+)
+from wire.messages import AddFlags, AddRequest, ReadFlags, ReadRequest
 from wire.status import Status
 
-__all__ = ["SimBookie", "SimMetadata", "SimReader", "SimRecoverer", "SimWriter", "payload_for"]
+__all__ = ["SimBookie", "SimLedger", "SimMetadata", "SimReader", "SimRecoverer", "SimWriter", "payload_for"]
 
 LEDGER = 7
 DIGEST = Digester(DigestType.CRC32C)
+KEY = master_key(b"sim")
 ADD_TIMEOUT = 1.0
 READ_TIMEOUT = 1.0
 
@@ -57,29 +67,57 @@ def payload_for(entry_id: int) -> bytes:
     return b"entry-%d" % entry_id
 
 
+def add_request(entry_id: int, entry: bytes, *, recovery: bool) -> AddRequest:
+    flags = AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY if recovery else AddFlags.NONE
+    return AddRequest(ledger_id=LEDGER, first_entry_id=entry_id, flags=flags, master_key=KEY,
+                      entries=(entry,))
+
+
+def read_request(entry_id: int, *, fence: bool) -> ReadRequest:
+    if fence:
+        return ReadRequest(ledger_id=LEDGER, entry_id=entry_id,
+                           flags=ReadFlags.FENCE | ReadFlags.HIGH_PRIORITY, master_key=KEY)
+    return ReadRequest(ledger_id=LEDGER, entry_id=entry_id)
+
+
 # -- bookies ---------------------------------------------------------------------------
 
 
 @dataclass
-class _Ledger:
+class SimLedger:
+    """One ledger as a simulated bookie keeps it: what the core reads (key, fence, term)
+    plus the entries, each with the part of it that survived a journal sync."""
+
     entries: dict[int, bytes] = field(default_factory=dict)   # readable (maybe unsynced)
     durable: dict[int, bytes] = field(default_factory=dict)   # survived fdatasync
+    master_key: bytes = b""
     fenced: bool = False
+    term: int = 0
+    key_durable: bytes = b""
     fence_durable: bool = False
+
+    @property
+    def is_known(self) -> bool:
+        return bool(self.master_key or self.entries or self.fenced)
 
 
 class SimBookie:
-    """A bookie: entries readable at once, acknowledged after a journal sync; a fencing
-    read is answered once the fence is durable; crashes lose what was not synced (or,
-    with ``lose_unsynced=False``, nothing)."""
+    """A bookie whose rules are the production ``appliance.core.BookieCore``: entries
+    readable at once, acknowledged after a journal sync; a fencing read is answered once
+    the fence is durable; crashes lose what was not synced (or, with
+    ``lose_unsynced=False``, nothing). Only storage and time are simulated."""
 
     def __init__(self, world: World, name: str) -> None:
         self.world = world
         self.name = name
         self.up = True
         self.incarnation = 0
-        self.ledger = _Ledger()
+        self.ledger = SimLedger()
         self.durable_changes = 0
+        self.core = BookieCore(RuleBreaks(
+            fenced_accepts_adds=world.mutations.fenced_accepts_adds))
+        # Invariant 4's evidence, observed here and judged by the checker.
+        self.fenced_add_accepted = False
 
     def _sync(self, then: Callable[[], None], label: str) -> None:
         inc = self.incarnation
@@ -88,49 +126,69 @@ class SimBookie:
                 then()
         self.world.at(0.0002 + self.world.rng.random() * 0.003, done, f"{self.name} {label}")
 
-    def on_add(self, entry_id: int, entry: bytes, recovery: bool,
-               reply: Callable[[int], None]) -> None:
+    def _state(self) -> SimLedger | None:
+        return self.ledger if self.ledger.is_known else None
+
+    def on_add(self, req: AddRequest, reply: Callable[[int], None]) -> None:
         if not self.up:
             return
         led = self.ledger
-        if led.fenced and not recovery:
-            if not self.world.mutations.fenced_accepts_adds:
-                self.world.send(lambda: reply(Status.FENCED), f"{self.name} -> FENCED {entry_id}")
-                return
+        entry_id, entry = req.first_entry_id, req.entries[0]
+        decision = self.core.on_add(req, self._state(), read_only=False, storage_failed=False)
+        if not isinstance(decision, Accept):
+            status = decision
+            self.world.send(lambda: reply(status),
+                            f"{self.name} -> {Status(status).name} {entry_id}")
+            return
+        if led.fenced and not req.flags & AddFlags.RECOVERY_ADD:
             self.world.log(f"{self.name} accepts plain add {entry_id} on a fenced ledger")
             self.fenced_add_accepted = True
+        if decision.bind_key:
+            led.master_key = decision.bind_key
         led.entries[entry_id] = entry
 
         def synced() -> None:
             led.durable[entry_id] = led.entries.get(entry_id, entry)
+            led.key_durable = led.master_key
             self.durable_changes += 1
             self.world.send(lambda: reply(Status.OK), f"{self.name} -> ack {entry_id}")
         self._sync(synced, f"sync {entry_id}")
 
-    def on_read(self, entry_id: int, fence: bool,
-                reply: Callable[[int, bytes], None]) -> None:
+    def on_read(self, req: ReadRequest, reply: Callable[[int, bytes], None]) -> None:
         if not self.up:
             return
         led = self.ledger
 
         def answer() -> None:
-            if entry_id < 0:
-                if not led.entries:
-                    status, data = Status.NO_SUCH_LEDGER, b""
-                else:
-                    status, data = Status.OK, led.entries[max(led.entries)]
-            elif entry_id in led.entries:
-                status, data = Status.OK, led.entries[entry_id]
+            if not led.is_known:
+                status, data = Status.NO_SUCH_LEDGER, b""
             else:
-                status, data = Status.NO_SUCH_ENTRY, b""
+                last = max(led.entries) if led.entries else -1
+                entry_id = self.core.entry_to_read(req.entry_id, last)
+                if entry_id in led.entries:
+                    status, data = Status.OK, led.entries[entry_id]
+                else:
+                    status, data = Status.NO_SUCH_ENTRY, b""
             self.world.send(lambda: reply(status, data),
-                            f"{self.name} -> read {entry_id} {Status(status).name}")
+                            f"{self.name} -> read {req.entry_id} {Status(status).name}")
 
-        if fence:
+        if self.core.is_immediate(req):
+            answer()
+            return
+        decision = self.core.on_recovery_read(req, self._state())
+        if not isinstance(decision, Accept):
+            status = decision
+            self.world.send(lambda: reply(status, b""),
+                            f"{self.name} -> read {req.entry_id} {Status(status).name}")
+            return
+        if decision.bind_key:
+            led.master_key = decision.bind_key
+        if decision.fence:
             led.fenced = True
 
             def durable() -> None:
                 led.fence_durable = True
+                led.key_durable = led.master_key
                 answer()
             self._sync(durable, "sync fence")
         else:
@@ -143,15 +201,15 @@ class SimBookie:
         if lose_unsynced:
             led.entries = dict(led.durable)
             led.fenced = led.fence_durable
+            led.master_key = led.key_durable
         else:
             led.durable = dict(led.entries)
             led.fence_durable = led.fenced
+            led.key_durable = led.master_key
             self.durable_changes += 1
 
     def restart(self) -> None:
         self.up = True
-
-    fenced_add_accepted = False
 
 
 # -- metadata ----------------------------------------------------------------------------
@@ -295,7 +353,8 @@ class SimWriter:
                     self.apply(self.w.on_ack(eid, name, self.world.now))
                 else:
                     self.apply(self.w.on_error(eid, name, status, self.world.now))
-        self.world.send(lambda: bookie.on_add(eid, entry, False, reply), f"add {eid} -> {name}")
+        req = add_request(eid, entry, recovery=False)
+        self.world.send(lambda: bookie.on_add(req, reply), f"add {eid} -> {name}")
 
     def _change(self, eff: ChangeEnsemble) -> None:
         ensemble = tuple(self.w.ensemble)
@@ -441,7 +500,8 @@ class SimRecoverer:
                 self.outstanding.discard(key)
                 self.apply(self.rec.on_fence_timeout(index) if entry_id < 0
                            else self.rec.on_read_timeout(entry_id, index))
-        self.world.send(lambda: bookie.on_read(entry_id, fence, reply),
+        req = read_request(entry_id, fence=fence)
+        self.world.send(lambda: bookie.on_read(req, reply),
                         f"{self.name} read {entry_id} -> {name}")
         self.world.at(READ_TIMEOUT, timeout, f"{self.name} read timeout {entry_id}@{index}")
 
@@ -485,7 +545,8 @@ class SimRecoverer:
             if self._live(attempt):
                 self.apply_writer(rw.on_ack(eid, name, self.world.now) if status == Status.OK
                                   else rw.on_error(eid, name, status, self.world.now))
-        self.world.send(lambda: bookie.on_add(eid, entry, True, reply),
+        req = add_request(eid, entry, recovery=True)
+        self.world.send(lambda: bookie.on_add(req, reply),
                         f"{self.name} rewrite {eid} -> {name}")
 
     def _local_change(self, eff: ChangeEnsemble, rw: LedgerWriter, attempt: int) -> None:
@@ -577,7 +638,8 @@ class SimReader:
                         if lac > self.lac:
                             self.lac = lac
                             self._read_confirmed(md)
-                self.world.send(lambda b=bookie, r=reply: b.on_read(-1, False, r),
+                self.world.send(lambda b=bookie, r=reply: b.on_read(read_request(-1, fence=False),
+                                                                   r),
                                 f"{self.name} lac? -> {name}")
         self.world.at(0.1, self._poll, f"{self.name} poll")
 
@@ -610,7 +672,8 @@ class SimReader:
             if not answered[0]:
                 answered[0] = True
                 self._read_entry(md, eid, attempt + 1, got)
-        self.world.send(lambda: bookie.on_read(eid, False, reply), f"{self.name} read {eid}")
+        req = read_request(eid, fence=False)
+        self.world.send(lambda: bookie.on_read(req, reply), f"{self.name} read {eid}")
         self.world.at(READ_TIMEOUT, timeout, f"{self.name} read timeout {eid}")
 
     def _read_closed(self, md: LedgerMetadata) -> None:

@@ -26,7 +26,7 @@ class Mutations:
     unfenced_recovery_reads: bool = False      # recovery reads without the FENCE flag
     recovery_from_minus_one: bool = False      # start at the highest LAC seen (#2615)
     early_recovery_ensemble_commit: bool = False  # recovery CASes its ensemble change at once
-    fenced_accepts_adds: bool = False          # bookies ignore the fence for plain adds
+    fenced_accepts_adds: bool = False          # the bookie core lets plain adds pass a fence
     out_of_order_completion: bool = False      # completions before earlier entries complete
 
     def active(self) -> list[str]:
