@@ -26,8 +26,9 @@ from typing import Any
 import trio
 
 from appliance.config import BookieConfig
+from appliance.core import BookieCore
 from appliance.diskcheck import DiskChecker
-from appliance.gc import GarbageCollector, GcOptions
+from appliance.gc import GarbageCollector
 from appliance.handlers import AdminHooks, RequestHandler, ServingState
 from appliance.http import AdminHttp
 from appliance.metrics import BookieMetrics
@@ -36,13 +37,13 @@ from appliance.server import ConnectionOptions, serve_connection
 from appliance.supervisor import Supervisor
 from disk.cookie import Cookie
 from disk.errors import StorageError
-from disk.storage import LedgerStorage, StorageOptions
-from ledgerd.logs import fields
+from disk.storage import LedgerStorage
+from ledgerd.base.logs import fields
 from metadata.cluster import check_layout, instance_id
 from metadata.cookies import CookieStore
 from metadata.ledgers import LedgerManager
 from metadata.registry import BookieRegistry
-from metadata.zookeeper import ZooKeeperStore
+from metadata.store import MetadataStore
 
 __all__ = ["VERSION", "Bookie"]
 
@@ -52,15 +53,23 @@ DRAIN_GRACE_S = 10.0
 
 
 class Bookie:
-    def __init__(self, config: BookieConfig) -> None:
+    """One bookie over the storage and metadata store it is given.
+
+    ``store`` is the cluster's metadata (None: a standalone bookie with no registration,
+    cookies only on disk and no ledger GC); the caller opened it and closes it. The
+    bookie opens and closes ``storage``.
+    """
+
+    def __init__(self, config: BookieConfig, storage: LedgerStorage,
+                 store: MetadataStore | None, *, core: BookieCore | None = None) -> None:
         self.config = config
         self.bookie_id = config.effective_bookie_id
-        self.storage = LedgerStorage(StorageOptions.from_config(config))
+        self.storage = storage
         self.state = ServingState()
         self.metrics = BookieMetrics()
-        self.store: ZooKeeperStore | None = None
+        self.store = store
         self.registry: BookieRegistry | None = None
-        self.gc = GarbageCollector(self.storage, None, GcOptions.from_config(config),
+        self.gc = GarbageCollector(self.storage, None, config.gc_options(),
                                    disk_full=lambda: self.disk_checker.full)
         self.disk_checker = DiskChecker(
             self.storage.usage, self._on_disk_change, threshold=config.disk_usage_threshold,
@@ -69,7 +78,7 @@ class Bookie:
                                 secret=config.admin_secret)
         self.handler = RequestHandler(self.storage, self.state, self.metrics, admin=self.admin,
                                       max_frame_bytes=config.max_frame_bytes,
-                                      version=VERSION.encode())
+                                      version=VERSION.encode(), core=core)
         self.http = AdminHttp(self.metrics, self.state, self.admin, host=config.admin_address,
                               port=config.admin_port, metrics_enabled=config.metrics_enabled)
         self.conn_options = ConnectionOptions(max_frame_bytes=config.max_frame_bytes,
@@ -127,20 +136,16 @@ class Bookie:
                         await self.storage.close()
                     except (StorageError, OSError) as exc:
                         log.error("storage_close_failed", extra=fields(error=repr(exc)))
-                if self.store is not None:
-                    await self.store.close()
         log.info("bookie_stopped", extra=fields(bookie_id=self.bookie_id,
                                                 exit_code=self.exit_code))
         return self.exit_code
 
     async def _connect_metadata(self) -> None:
         cfg = self.config
-        if not cfg.zk_servers:
+        if self.store is None:
             log.warning("no_metadata_store", extra=fields(
                 note="zk_servers is empty: no registration, cookies only on disk, no ledger GC"))
             return
-        self.store = await ZooKeeperStore.connect(cfg.zk_servers,
-                                                  session_timeout=cfg.zk_timeout_ms / 1000)
         root = cfg.zk_ledgers_root_path
         layout = await check_layout(self.store, root, cfg.ledger_manager_type)
         self.registry = BookieRegistry(self.store, root)

@@ -1,6 +1,6 @@
 """Bookie configuration: one frozen dataclass, keys one-to-one with BookKeeper's.
 
-Loaded with :func:`ledgerd.config.load_config` (TOML file, then ``LEDGERD_<KEY>``, then
+Loaded with :func:`ledgerd.base.settings.load_config` (TOML file, then ``LEDGERD_<KEY>``, then
 CLI flags). Defaults come from the seed documents and BookKeeper's
 ``ServerConfiguration``; where ledgerd differs on purpose the description says why.
 """
@@ -8,8 +8,13 @@ CLI flags). Defaults come from the seed documents and BookKeeper's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from ledgerd.config import LOG_LEVELS, ConfigError, setting
+from appliance.gc import GcOptions
+from disk.journal import JournalOptions
+from disk.storage import StorageOptions
+from ledgerd.base.settings import LOG_LEVELS, ConfigError, setting
+from metadata.settings import ZooKeeperSettings
 
 __all__ = ["BookieConfig"]
 
@@ -18,7 +23,7 @@ MiB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BookieConfig:
+class BookieConfig(ZooKeeperSettings):
     """Settings of one bookie process (``ledgerd bookie --conf FILE``)."""
 
     # -- server ---------------------------------------------------------------------
@@ -51,15 +56,7 @@ class BookieConfig:
         doc="Directories for entry logs; new logs go to the least full writable one.")
     index_directories: tuple[str, ...] = setting(
         (), bk="indexDirectories", doc="Directories for index files; empty means the ledger dirs.")
-    # -- metadata ------------------------------------------------------------------
-    zk_servers: str = setting(
-        "127.0.0.1:2181", bk="zkServers",
-        doc="ZooKeeper connection string, host:port[,host:port...][/chroot].")
-    zk_timeout_ms: int = setting(
-        10000, bk="zkTimeout", minimum=1000, maximum=600000,
-        doc="ZooKeeper session timeout in milliseconds.")
-    zk_ledgers_root_path: str = setting(
-        "/ledgers", bk="zkLedgersRootPath", doc="Root znode of the cluster's metadata.")
+    # -- metadata (zk_servers, zk_timeout_ms, zk_ledgers_root_path: ZooKeeperSettings) --
     ledger_manager_type: str = setting(
         "hierarchical", bk="ledgerManagerType", choices=("flat", "hierarchical"),
         doc="Ledger metadata layout the cluster must use; the bookie refuses another.")
@@ -217,3 +214,43 @@ class BookieConfig:
     @property
     def effective_index_directories(self) -> tuple[str, ...]:
         return self.index_directories or self.ledger_directories
+
+    # -- what the bookie's parts are built with ----------------------------------------
+
+    def journal_options(self) -> JournalOptions:
+        return JournalOptions(
+            max_group_wait_ms=self.journal_max_group_wait_ms,
+            buffered_writes_threshold=self.journal_buffered_writes_threshold,
+            buffered_entries_threshold=self.journal_buffered_entries_threshold,
+            flush_when_queue_empty=self.journal_flush_when_queue_empty,
+            max_size_mb=self.journal_max_size_mb,
+            prealloc_mb=self.journal_prealloc_mb,
+            alignment=self.journal_alignment_size,
+            max_backups=self.journal_max_backups,
+            reuse_files=self.journal_reuse_files,
+            sync_data=self.journal_sync_data,
+            max_memory_bytes=self.journal_max_memory_mb * MiB,
+            remove_from_page_cache=self.journal_remove_from_page_cache,
+        )
+
+    def storage_options(self) -> StorageOptions:
+        return StorageOptions(
+            journal_dir=Path(self.journal_directory),
+            ledger_dirs=tuple(Path(d) for d in self.ledger_directories),
+            index_dirs=tuple(Path(d) for d in self.effective_index_directories),
+            journal=self.journal_options(),
+            log_size_limit=self.log_size_limit,
+            write_buffer_size=self.write_buffer_size_bytes,
+            page_size=self.page_size,
+            page_limit=self.page_limit,
+            flush_interval_ms=self.flush_interval_ms,
+            skip_invalid_journal_records=self.journal_skip_invalid_records,
+        )
+
+    def gc_options(self) -> GcOptions:
+        return GcOptions(wait_s=self.gc_wait_time_ms / 1000.0,
+                         minor_interval_s=float(self.minor_compaction_interval_s),
+                         minor_threshold=self.minor_compaction_threshold,
+                         major_interval_s=float(self.major_compaction_interval_s),
+                         major_threshold=self.major_compaction_threshold,
+                         rate=self.compaction_rate)

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from disk.storage import DirUsage
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 
 __all__ = ["DiskChecker", "full_after"]
 

@@ -23,7 +23,7 @@ import trio
 
 from disk.compaction import compact_entry_logs
 from disk.storage import LedgerStorage
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 from metadata.ledgers import LedgerManager
 from wire.messages import AdminKind
 
@@ -40,15 +40,6 @@ class GcOptions:
     major_interval_s: float = 86400.0
     major_threshold: float = 0.8
     rate: int = 1000
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> GcOptions:
-        return cls(wait_s=cfg.gc_wait_time_ms / 1000.0,
-                   minor_interval_s=float(cfg.minor_compaction_interval_s),
-                   minor_threshold=cfg.minor_compaction_threshold,
-                   major_interval_s=float(cfg.major_compaction_interval_s),
-                   major_threshold=cfg.major_compaction_threshold,
-                   rate=cfg.compaction_rate)
 
 
 class GarbageCollector:

@@ -27,7 +27,7 @@ from appliance.metrics import BookieMetrics
 from disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
 from disk.journal import JournalGroup
 from disk.storage import LedgerStorage
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 from wire.connection import api_versions_response
 from wire.messages import (
     AddRequest,

@@ -21,7 +21,7 @@ import trio
 from appliance.handlers import AdminHooks, ServingState
 from appliance.metrics import BookieMetrics
 from appliance.server import is_loopback
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 from wire.messages import AdminKind
 
 __all__ = ["AdminHttp"]

@@ -9,15 +9,35 @@ import trio
 
 from appliance.bookie import Bookie
 from appliance.config import BookieConfig
-from ledgerd.logs import fields
+from disk.storage import LedgerStorage
+from ledgerd.base.logs import fields
+from metadata.store import MetadataStore
+from metadata.zookeeper import ZooKeeperStore
 
-__all__ = ["run_bookie"]
+__all__ = ["connect_metadata", "run_bookie"]
 
 log = logging.getLogger(__name__)
 
 
+async def connect_metadata(config: BookieConfig) -> MetadataStore | None:
+    """The cluster's metadata store for ``config`` (None when ``zk_servers`` is empty)."""
+    if not config.zk_servers:
+        return None
+    return await ZooKeeperStore.connect(config.zk_servers,
+                                        session_timeout=config.zk_timeout_ms / 1000)
+
+
 async def _main(config: BookieConfig) -> int:
-    bookie = Bookie(config)
+    store = await connect_metadata(config)
+    try:
+        return await _serve(Bookie(config, LedgerStorage(config.storage_options()), store))
+    finally:
+        if store is not None:
+            with trio.CancelScope(shield=True):
+                await store.close()
+
+
+async def _serve(bookie: Bookie) -> int:
     async with trio.open_nursery() as nursery:
         async def on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 
 __all__ = ["notify", "watchdog_interval", "watchdog_service"]
 

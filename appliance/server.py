@@ -26,7 +26,7 @@ import trio
 
 from appliance.handlers import RequestHandler
 from disk.journal import JournalGroup
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 from wire.connection import (
     NEED_DATA,
     ConnectionEnded,

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import trio
 
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 
 __all__ = ["Service", "Supervisor"]
 

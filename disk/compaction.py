@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY, read_ledgers_map
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 
 if TYPE_CHECKING:
     from disk.storage import LedgerStorage

@@ -44,7 +44,7 @@ from disk.journal_format import (
     encode_records,
 )
 from disk.journal_scan import journal_file_ids
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 
 __all__ = ["Journal", "JournalGroup", "JournalOptions", "JournalPosition"]
 
@@ -75,24 +75,6 @@ class JournalOptions:
     sync_data: bool = True
     max_memory_bytes: int = 256 * MiB
     remove_from_page_cache: bool = True
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> JournalOptions:
-        """From a BookieConfig (duck-typed: disk does not import the appliance)."""
-        return cls(
-            max_group_wait_ms=cfg.journal_max_group_wait_ms,
-            buffered_writes_threshold=cfg.journal_buffered_writes_threshold,
-            buffered_entries_threshold=cfg.journal_buffered_entries_threshold,
-            flush_when_queue_empty=cfg.journal_flush_when_queue_empty,
-            max_size_mb=cfg.journal_max_size_mb,
-            prealloc_mb=cfg.journal_prealloc_mb,
-            alignment=cfg.journal_alignment_size,
-            max_backups=cfg.journal_max_backups,
-            reuse_files=cfg.journal_reuse_files,
-            sync_data=cfg.journal_sync_data,
-            max_memory_bytes=cfg.journal_max_memory_mb * MiB,
-            remove_from_page_cache=cfg.journal_remove_from_page_cache,
-        )
 
 
 class JournalGroup:

@@ -39,7 +39,7 @@ from disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
 from disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
 from disk.journal_scan import journal_file_ids, scan_journal_file
 from disk.lastmark import read_last_mark, write_last_mark
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 
 __all__ = ["DirUsage", "LedgerStorage", "StorageOptions"]
 
@@ -59,21 +59,6 @@ class StorageOptions:
     page_limit: int = -1
     flush_interval_ms: int = 10000
     skip_invalid_journal_records: bool = False
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> StorageOptions:
-        return cls(
-            journal_dir=Path(cfg.journal_directory),
-            ledger_dirs=tuple(Path(d) for d in cfg.ledger_directories),
-            index_dirs=tuple(Path(d) for d in cfg.effective_index_directories),
-            journal=JournalOptions.from_config(cfg),
-            log_size_limit=cfg.log_size_limit,
-            write_buffer_size=cfg.write_buffer_size_bytes,
-            page_size=cfg.page_size,
-            page_limit=cfg.page_limit,
-            flush_interval_ms=cfg.flush_interval_ms,
-            skip_invalid_journal_records=cfg.journal_skip_invalid_records,
-        )
 
 
 @dataclass(frozen=True, slots=True)

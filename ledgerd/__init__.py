@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ledgerd.sync import SyncClient, SyncLogWriter, SyncReadHandle, SyncWriteHandle
     from wire.entry import Entry
 
-# Imported on first use (PEP 562), so that ``import ledgerd.logs`` from the bookie's own
+# Imported on first use (PEP 562), so that ``import ledgerd.base.logs`` from the bookie's own
 # modules does not pull in the whole client (and its imports of those same modules).
 _EXPORTS = {
     "BadPasswordError": "ledgerd.errors",

@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 from wire.connection import (
     NEED_DATA,
     ClientConnection,

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ledgerd.base.logs import fields
 from ledgerd.bookie_client import (
     BookieClient,
     BookieConnectionError,
     Callback,
     open_bookie_client,
 )
-from ledgerd.logs import fields
 from wire.messages import Message
 
 __all__ = ["BookiePool", "PoolOptions"]

@@ -26,12 +26,12 @@ from typing import Any
 import trio
 
 from ledgerd import ledgerlog
+from ledgerd.base.logs import fields
 from ledgerd.bookies import BookiePool, PoolOptions
 from ledgerd.config import ClientConfig, ConfigError, load_config
 from ledgerd.errors import BadPasswordError, NoSuchLedgerError, single_exception
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogPosition, LogWriter
-from ledgerd.logs import fields
 from ledgerd.machines.placement import choose_ensemble
 from ledgerd.machines.quorum import check_quorums
 from ledgerd.reads import LedgerView

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ledgerd.base.logs import fields
 from ledgerd.errors import (
     BadPasswordError,
     LedgerClosedError,
@@ -28,7 +29,6 @@ from ledgerd.errors import (
     NotEnoughBookiesError,
     ReadBeyondLacError,
 )
-from ledgerd.logs import fields
 from ledgerd.machines.changes import (
     ClosedChange,
     FencedChange,

@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
-from ledgerd.logs import fields
 from metadata.errors import NodeExistsError, NoNodeError
 from metadata.logs import LogRecord
 from wire.entry import Entry

@@ -22,9 +22,9 @@ from functools import partial
 
 import trio
 
+from ledgerd.base.logs import fields
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
-from ledgerd.logs import fields
 from ledgerd.machines.writer import (
     ChangeEnsemble,
     Completed,

@@ -22,10 +22,10 @@ from functools import partial
 
 import trio
 
+from ledgerd.base.logs import fields
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
 from ledgerd.errors import BadPasswordError, LedgerRecoveryError
-from ledgerd.logs import fields
 from ledgerd.machines.changes import begin_recovery, close_recovered
 from ledgerd.machines.placement import NotEnoughBookiesError, choose_replacements
 from ledgerd.machines.recovery import (

@@ -24,11 +24,11 @@ from typing import Any, TypeVar
 
 import trio
 
+from ledgerd.base.logs import fields
 from ledgerd.client import Client, open_client
 from ledgerd.errors import ClientClosedError
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogPosition, LogWriter, log_segments
-from ledgerd.logs import fields
 from metadata.ledger import LedgerMetadata
 from wire.entry import Entry
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 from metadata.errors import BookieIdInUseError, NodeExistsError, NoNodeError
 from metadata.ledger import check_bookie_id
 from metadata.store import MetadataStore, SessionEvent, WatchKind

@@ -28,7 +28,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 from metadata.errors import (
     BadVersionError,
     MetadataError,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ledgerd.config import toml_value
+from ledgerd.base.settings import toml_value
 from tools.zkserver import find_free_port
 
 __all__ = ["BookieProcess"]

@@ -19,10 +19,11 @@ import click
 from appliance.config import BookieConfig
 from disk.errors import StorageError
 from ledgerd import __version__
+from ledgerd.base.logs import configure_logging
+from ledgerd.base.settings import ConfigError, defaults_toml, load_config
 from ledgerd.bookie_client import BookieConnectionError
-from ledgerd.config import ClientConfig, ConfigError, defaults_toml, load_config
+from ledgerd.config import ClientConfig
 from ledgerd.errors import LedgerdError, single_exception
-from ledgerd.logs import configure_logging
 from metadata.errors import MetadataError
 from wire.errors import WireError
 from wire.status import BookieError

@@ -20,7 +20,7 @@ import click
 import trio
 
 from appliance.config import BookieConfig
-from ledgerd.config import load_config
+from ledgerd.base.settings import load_config
 from tools.output import emit, progress, table
 
 __all__ = ["shell"]

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledgerd.logs import fields
+from ledgerd.base.logs import fields
 
 __all__ = ["ZooKeeperError", "ZooKeeperServer", "find_free_port", "ruok"]
 

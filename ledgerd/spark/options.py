@@ -15,7 +15,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from ledgerd.config import ENV_PREFIX, ClientConfig, load_config
+from ledgerd.base.settings import ENV_PREFIX, load_config
+from ledgerd.config import ClientConfig
 
 __all__ = ["DECODES", "LedgerRange", "Offset", "ReadOptions", "SourceOptionError",
            "WriteOptions", "client_config", "plan_ranges"]

@@ -45,8 +45,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
-from ledgerd.logs import fields
 from ledgerd.spark.options import (
     ID_COLUMNS,
     LedgerRange,

@@ -17,7 +17,9 @@ import trio
 
 from appliance.bookie import Bookie
 from appliance.config import BookieConfig
-from ledgerd.config import load_config
+from appliance.main import connect_metadata
+from disk.storage import LedgerStorage
+from ledgerd.base.settings import load_config
 from metadata.registry import BookieRegistry, BookieSet
 from tests.cluster import EVENT_BOUND_S, metadata_store
 from tools.zkserver import find_free_port
@@ -46,12 +48,19 @@ class InProcessCluster:
             "ledger_directories": [str(self.base / f"b{i}" / "ledgers")],
             "log_level": "WARNING", **self.settings,
         }
-        bookie = Bookie(load_config(BookieConfig, overrides=overrides, env={}))
+        config = load_config(BookieConfig, overrides=overrides, env={})
+        store = await connect_metadata(config)
+        bookie = Bookie(config, LedgerStorage(config.storage_options()), store)
         scope = trio.CancelScope()
 
         async def run(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-            with scope:
-                await bookie.run(task_status=task_status)
+            try:
+                with scope:
+                    await bookie.run(task_status=task_status)
+            finally:
+                if store is not None:
+                    with trio.CancelScope(shield=True):
+                        await store.close()
 
         await self.nursery.start(run)
         self.bookies.append(bookie)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from ledgerd.logs import configure_logging, fields
+from ledgerd.base.logs import configure_logging, fields
 
 
 def test_event_line_has_key_value_fields() -> None:

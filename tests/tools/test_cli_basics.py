@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from appliance.config import BookieConfig
-from ledgerd.config import load_config
+from ledgerd.base.settings import load_config
 
 
 def test_config_defaults_prints_loadable_toml() -> None:
@@ -33,7 +33,7 @@ def test_bad_config_env_gives_one_line_error() -> None:
     env = dict(os.environ, LEDGERD_DISK_USAGE_THRESHOLD="lots")
     proc = subprocess.run(
         [sys.executable, "-c", "from tools.cli import main; from appliance.config import BookieConfig;"
-         "from ledgerd.config import load_config;"
+         "from ledgerd.base.settings import load_config;"
          "import sys; sys.argv=['ledgerd','config','--defaults'];"
          "load_config(BookieConfig)"],
         capture_output=True, text=True, env=env,

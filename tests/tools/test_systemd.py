@@ -6,7 +6,7 @@ import configparser
 from pathlib import Path
 
 from appliance.config import BookieConfig
-from ledgerd.config import load_config
+from ledgerd.base.settings import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
