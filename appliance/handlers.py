@@ -53,7 +53,7 @@ from wire.messages import (
     WriteLacRequest,
     WriteLacResponse,
 )
-from wire.status import Status
+from wire.status import Status, status_for_error
 
 __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_error"]
 
@@ -91,13 +91,18 @@ class AdminHooks:
     secret: str = ""
 
 
+_STORAGE_STATUS: dict[type[StorageError], Status] = {
+    LedgerNotFoundError: Status.NO_SUCH_LEDGER,
+    EntryNotFoundError: Status.NO_SUCH_ENTRY,
+}
+
+
 def status_for_storage_error(exc: BaseException) -> Status:
-    """What storage reports, as a status: a missing ledger or entry, else an I/O error."""
-    if isinstance(exc, LedgerNotFoundError):
-        return Status.NO_SUCH_LEDGER
-    if isinstance(exc, EntryNotFoundError):
-        return Status.NO_SUCH_ENTRY
-    return Status.IO_ERROR
+    """What storage reports, as a status: a missing ledger or entry is a fact of this
+    bookie's storage; anything else goes through the one table (``wire.status``) in
+    reverse, which makes an unexpected storage failure IO_ERROR."""
+    status = _STORAGE_STATUS.get(type(exc))  # type: ignore[arg-type]
+    return status if status is not None else status_for_error(exc)
 
 
 class RequestHandler:

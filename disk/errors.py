@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = [
     "CookieMismatchError",
     "CorruptRecordError",
@@ -13,7 +15,7 @@ __all__ = [
 ]
 
 
-class StorageError(Exception):
+class StorageError(LedgerdError):
     """Root of every storage failure."""
 
 

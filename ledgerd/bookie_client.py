@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
 from wire.connection import (
     NEED_DATA,
@@ -42,7 +43,7 @@ Reply = tuple[int, Message | None]
 Callback = Callable[[int, "Message | None", "BookieConnectionError | None"], None]
 
 
-class BookieConnectionError(ConnectionError):
+class BookieConnectionError(LedgerdError, ConnectionError):
     """The connection to a bookie failed or ended before a reply came."""
 
     def __init__(self, address: str, reason: str) -> None:

@@ -1,14 +1,24 @@
 """What the client raises: one root, ``LedgerdError``, and leaves named for what happened.
 
-Bookie statuses arrive as ``wire.status.BookieError`` subclasses (UnauthorizedError,
-NoSuchLedgerError, ...); metadata failures as ``metadata.errors.MetadataError``. The
-classes here are the client's own decisions: the handle is dead because the ledger was
-fenced or closed under it, a read found no replica that could serve it, and so on.
+``LedgerdError`` (``ledgerd.base.errors``) is the root of every error ledgerd raises:
+bookie statuses are ``wire.status.BookieError`` leaves (one per status, in the one table
+``wire.status.STATUS_ERRORS``), metadata failures ``metadata.errors.MetadataError``,
+protocol faults ``wire.errors.LocalProtocolError`` / ``RemoteProtocolError``. The classes
+here are the client's own decisions: the handle is dead because the ledger was fenced or
+closed under it, a read found no replica that could serve it, and so on. Where such a
+decision stands for a bookie status it is also that status's class, so one ``except``
+catches a family: ``wire.status.FencedError`` catches ``LedgerFencedError``,
+``LogFencedError`` and ``FencedChangeError``; ``UnauthorizedError`` catches
+``BadPasswordError``.
 """
 
 from __future__ import annotations
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.machines.placement import NotEnoughBookiesError
+from ledgerd.machines.writer import FailureKind
+from wire import status as wire_status
+from wire.status import FencedError, UnauthorizedError
 
 __all__ = [
     "BadPasswordError",
@@ -22,16 +32,17 @@ __all__ = [
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
     "ReadBeyondLacError",
+    "ReplicaTimeoutError",
     "single_exception",
 ]
 
 
-class LedgerdError(Exception):
-    """Root of the client's own errors."""
 
 
 class LedgerHandleError(LedgerdError):
     """A write handle failed; every pending and later append fails with it."""
+
+    ledger_id: int | None  # always set here; typed as BookieError types it (LedgerFencedError)
 
     def __init__(self, ledger_id: int, reason: str) -> None:
         super().__init__(f"ledger {ledger_id}: {reason}")
@@ -39,7 +50,7 @@ class LedgerHandleError(LedgerdError):
         self.reason = reason
 
 
-class LedgerFencedError(LedgerHandleError):
+class LedgerFencedError(LedgerHandleError, FencedError):
     """Another client fenced the ledger (it is being recovered): this writer is done."""
 
 
@@ -47,7 +58,7 @@ class LedgerClosedError(LedgerHandleError):
     """The ledger is CLOSED (by another client, or by this one with a different end)."""
 
 
-class BadPasswordError(LedgerdError):
+class BadPasswordError(UnauthorizedError):
     """The password does not match the one the ledger was created with."""
 
     def __init__(self, ledger_id: int) -> None:
@@ -55,21 +66,35 @@ class BadPasswordError(LedgerdError):
         self.ledger_id = ledger_id
 
 
-class NoSuchLedgerError(LedgerdError):
+class NoSuchLedgerError(wire_status.NoSuchLedgerError):
+    """The ledger does not exist (in metadata, or on a bookie that answered so)."""
+
     def __init__(self, ledger_id: int) -> None:
         super().__init__(f"ledger {ledger_id} does not exist")
         self.ledger_id = ledger_id
 
 
 class EntryUnavailableError(LedgerdError):
-    """No replica of an entry could serve it (each failure is listed)."""
+    """No replica of an entry could serve it. ``failures`` lists each replica's answer as
+    (bookie, exception): a status as its ``wire.status`` class (``error_for_status``), a
+    dead connection as BookieConnectionError, a bad digest as DigestMismatchError."""
 
-    def __init__(self, ledger_id: int, entry_id: int, failures: list[str]) -> None:
+    def __init__(self, ledger_id: int, entry_id: int,
+                 failures: list[tuple[str, LedgerdError]]) -> None:
+        listed = "; ".join(f"{bookie}: {exc}" for bookie, exc in failures)
         super().__init__(f"ledger {ledger_id} entry {entry_id}: no replica could serve it "
-                         f"({'; '.join(failures) or 'no replicas'})")
+                         f"({listed or 'no replicas'})")
         self.ledger_id = ledger_id
         self.entry_id = entry_id
         self.failures = failures
+
+
+class ReplicaTimeoutError(LedgerdError):
+    """No replica answered a read within the read timeout."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"no answer within {timeout_s:g}s")
+        self.timeout_s = timeout_s
 
 
 class ReadBeyondLacError(LedgerdError):
@@ -84,10 +109,12 @@ class ReadBeyondLacError(LedgerdError):
 class LedgerRecoveryError(LedgerdError):
     """Recovery could not finish (it can be retried; the ledger stays IN_RECOVERY)."""
 
-    def __init__(self, ledger_id: int, reason: str) -> None:
+    def __init__(self, ledger_id: int, reason: str,
+                 kind: FailureKind = FailureKind.UNAVAILABLE) -> None:
         super().__init__(f"ledger {ledger_id}: recovery failed: {reason}")
         self.ledger_id = ledger_id
         self.reason = reason
+        self.kind = kind
 
 
 class ClientClosedError(LedgerdError):

@@ -30,8 +30,8 @@ from ledgerd.errors import (
     ReadBeyondLacError,
 )
 from ledgerd.machines.changes import (
-    ClosedChange,
-    FencedChange,
+    ClosedChangeError,
+    FencedChangeError,
     change_ensemble,
     close_as_writer,
     failure_kind,
@@ -389,9 +389,9 @@ class WriteHandle(_HandleBase):
             try:
                 self.metadata, self.version = await self.client.ledgers.update(
                     self.ledger_id, lambda md: close_as_writer(md, w.lac, w.length))
-            except FencedChange as exc:
+            except FencedChangeError as exc:
                 raise LedgerFencedError(self.ledger_id, str(exc)) from exc
-            except ClosedChange as exc:
+            except ClosedChangeError as exc:
                 raise LedgerClosedError(self.ledger_id, str(exc)) from exc
         finally:
             self._closed = True

@@ -27,6 +27,7 @@ from ledgerd.errors import LedgerdError, NoSuchLedgerError
 from metadata.errors import NodeExistsError, NoNodeError
 from metadata.logs import LogRecord
 from wire.entry import Entry
+from wire.status import FencedError
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
@@ -46,7 +47,7 @@ class NoSuchLogError(LedgerdError):
         self.name = name
 
 
-class LogFencedError(LedgerdError):
+class LogFencedError(FencedError):
     """Another writer (or a committed batch) took over the log: this writer is done."""
 
     def __init__(self, name: str, reason: str) -> None:

@@ -22,6 +22,7 @@ from functools import partial
 
 import trio
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
@@ -46,7 +47,7 @@ _MAX_RUN_BYTES = 2 << 20
 _BUSY_RETRY_S = 0.01
 
 
-class EnsembleChangeError(Exception):
+class EnsembleChangeError(LedgerdError):
     def __init__(self, kind: FailureKind, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind

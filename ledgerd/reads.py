@@ -28,7 +28,7 @@ import trio
 
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
-from ledgerd.errors import EntryUnavailableError, LedgerdError
+from ledgerd.errors import EntryUnavailableError, LedgerdError, ReplicaTimeoutError
 from ledgerd.machines.quorum import EnsembleCoverage, range_runs, write_set
 from metadata.ledger import LedgerMetadata
 from wire.compression import decompress_payload
@@ -43,7 +43,7 @@ from wire.messages import (
     ReadRequest,
     ReadResponse,
 )
-from wire.status import Status
+from wire.status import Status, error_for_status
 
 __all__ = ["LedgerView", "fetch_entries", "fetch_range", "long_poll", "read_lac"]
 
@@ -93,7 +93,7 @@ class _EntryRead:
     last_sent: float = 0.0
     result: Entry | None = None
     failed: bool = False
-    failures: list[str] = field(default_factory=list)
+    failures: list[tuple[str, LedgerdError]] = field(default_factory=list)
 
 
 async def fetch_entries(view: LedgerView, first: int, last: int, *,
@@ -132,14 +132,14 @@ async def _fetch_each(view: LedgerView, entry_ids: Iterable[int],
         if r.result is not None or r.failed:
             return
         if error is not None:
-            r.failures.append(f"{bookie}: {error.reason}")
+            r.failures.append((bookie, error))
         elif status != Status.OK or not isinstance(response, ReadResponse):
-            r.failures.append(f"{bookie}: {_status_name(status)}")
+            r.failures.append((bookie, error_for_status(status)))
         else:
             try:
                 r.result = view.decode(r.entry_id, response.entry)
             except WireError as exc:
-                r.failures.append(f"{bookie}: {exc}")
+                r.failures.append((bookie, exc))
             else:
                 finish(r)
                 return
@@ -167,7 +167,7 @@ async def _fetch_each(view: LedgerView, entry_ids: Iterable[int],
             if r.next < len(r.replicas):
                 send_next(r)  # speculative: the slow replica may still answer first
             elif now - r.last_sent >= view.read_timeout:
-                r.failures.append(f"no answer within {view.read_timeout:g}s")
+                r.failures.append(("replicas", ReplicaTimeoutError(view.read_timeout)))
                 r.failed = True
                 finish(r)
     out = []

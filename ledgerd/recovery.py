@@ -75,7 +75,7 @@ class _Run:
         self.ensembles: dict[int, tuple[str, ...]] = {}
         self.outstanding: dict[tuple[int, int], float] = {}  # (entry_id, index) -> sent at
         self.finished: Finished | None = None
-        self.aborted: str | None = None
+        self.aborted: Aborted | None = None
         self.done = trio.Event()
 
     # -- effects -----------------------------------------------------------------------
@@ -96,7 +96,7 @@ class _Run:
                 self.finished = eff
                 self.done.set()
             elif isinstance(eff, Aborted):
-                self.aborted = eff.reason
+                self.aborted = eff
                 self.done.set()
         if m.phase in (Phase.DONE, Phase.ABORTED):
             self.done.set()
@@ -115,10 +115,7 @@ class _Run:
         return self.pipeline
 
     def _rewrite_failed(self, kind: FailureKind, reason: str, _ids: tuple[int, ...]) -> None:
-        if kind is FailureKind.UNAUTHORIZED:
-            self.aborted = "UNAUTHORIZED: " + reason
-        else:
-            self.aborted = f"rewriting recovered entries failed: {reason}"
+        self.aborted = Aborted(kind, f"rewriting recovered entries failed: {reason}")
         self.done.set()
 
     async def _replace(self, first: int, failed: dict[int, str],
@@ -199,10 +196,10 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
         await run.done.wait()
         nursery.cancel_scope.cancel()
     if run.finished is None:
-        reason = run.aborted or "stopped"
-        if "UNAUTHORIZED" in reason or "master key" in reason:
+        aborted = run.aborted or Aborted(FailureKind.UNAVAILABLE, "stopped")
+        if aborted.kind is FailureKind.UNAUTHORIZED:
             raise BadPasswordError(ledger_id)
-        raise LedgerRecoveryError(ledger_id, reason)
+        raise LedgerRecoveryError(ledger_id, aborted.reason, kind=aborted.kind)
     fin = run.finished
     md, version = await ledgers.update(
         ledger_id, lambda cur: close_recovered(cur, run.ensembles, fin.last_entry_id, fin.length))

@@ -38,7 +38,13 @@ _EXPORTS = {
     "SessionEvent": "metadata.store", "WatchEvent": "metadata.store",
     "WatchKind": "metadata.store", "cas_update": "metadata.cas",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BadVersionError", "ChangeRejectedError", "CorruptMetadataError", "InMemoryCluster",
+    "InMemoryStore", "LedgerLayout", "LedgerManager", "LedgerMetadata", "LedgerState",
+    "MetadataError", "MetadataStore", "MetadataUnavailableError", "NoNodeError",
+    "NodeExistsError", "SessionEvent", "WatchEvent", "WatchKind", "cas_update",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = [
     "BadVersionError",
     "BookieIdInUseError",
@@ -17,7 +19,7 @@ __all__ = [
 ]
 
 
-class MetadataError(Exception):
+class MetadataError(LedgerdError):
     """Root of every metadata failure."""
 
 

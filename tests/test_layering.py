@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("wire", "native", "disk", "metadata", "ledgerd", "appliance", "tools")
 ALLOWED: dict[str, set[str]] = {
     "ledgerd.base": set(),
-    "wire": set(),
+    "wire": {"ledgerd.base"},
     "native": set(),
     "disk": {"native", "ledgerd.base"},
     "metadata": {"ledgerd.base"},

@@ -21,12 +21,9 @@ from disk.errors import StorageError
 from ledgerd import __version__
 from ledgerd.base.logs import configure_logging
 from ledgerd.base.settings import ConfigError, defaults_toml, load_config
-from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.config import ClientConfig
 from ledgerd.errors import LedgerdError, single_exception
 from metadata.errors import MetadataError
-from wire.errors import WireError
-from wire.status import BookieError
 
 __all__ = ["main"]
 
@@ -62,8 +59,6 @@ def config_cmd(defaults: bool, client: bool) -> None:
 def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     """Run a bookie in the foreground until SIGTERM or SIGINT."""
     from appliance.main import run_bookie
-    from disk.errors import StorageError
-    from metadata.errors import MetadataError
 
     overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
     config = load_config(BookieConfig, path=conf, overrides=overrides)
@@ -180,8 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"ledgerd: error: {exc}", err=True)
         sys.exit(2)
-    except (LedgerdError, MetadataError, StorageError, BookieError, BookieConnectionError,
-            WireError) as exc:
+    except LedgerdError as exc:  # the root of every ledgerd error, of every package
         if debug:
             raise
         click.echo(f"ledgerd: error: {exc}", err=True)

@@ -29,6 +29,7 @@ from wire.errors import (
     EntryCountMismatchError,
     MalformedBodyError,
     TruncatedFrameError,
+    UnencodableMessageError,
 )
 from wire.messages import REQUEST_TYPES, RESPONSE_TYPES, Message
 
@@ -431,7 +432,7 @@ def construct_encode(msg: Message) -> bytes:
     try:
         return bytes(msg.LAYOUT.build(_to_construct(msg)))
     except construct.ConstructError as exc:
-        raise MalformedBodyError(f"{type(msg).__name__}: cannot encode: {exc}") from exc
+        raise UnencodableMessageError(f"{type(msg).__name__}: cannot encode: {exc}") from exc
 
 
 def construct_decode(cls: type[Message], body: bytes) -> Message:

@@ -28,6 +28,8 @@ from wire.errors import (
     ConnectionClosedError,
     FrameSizeError,
     FrameTooLargeError,
+    MessageTooLargeError,
+    NoCommonVersionError,
     TooManyInflightError,
     UnexpectedResponseError,
     UnknownApiKeyError,
@@ -264,7 +266,7 @@ class ClientConnection:
             return low
         peer = self.peer_versions.get(api_key)
         if peer is None or peer[1] < low or peer[0] > high:
-            raise UnsupportedVersionError(api_key, low, *(peer or (-1, -1)))
+            raise NoCommonVersionError(api_key, low, high, peer)
         return min(high, peer[1])
 
     def send(self, message: Message) -> bytes:
@@ -276,7 +278,8 @@ class ClientConnection:
         cid = self.next_correlation_id
         data = encode_request(message, cid, self.version_for(message.API_KEY))
         if len(data) - 4 > self.max_frame_bytes:
-            raise FrameTooLargeError(len(data) - 4, self.max_frame_bytes)
+            raise MessageTooLargeError(type(message).__name__, len(data) - 4,
+                                       self.max_frame_bytes)
         self.next_correlation_id = 0 if cid == _INT32_MAX else cid + 1
         self._pending[cid] = _Pending(message.API_KEY, message)
         return data

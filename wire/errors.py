@@ -1,11 +1,15 @@
 """Errors of the wire package: one root, leaves named for what the peer got wrong.
 
-Everything that decoding untrusted bytes can raise is a :class:`WireError`; a server
-closes the one connection that sent it and keeps serving the others. The status errors
+Whose fault it is is in the type, as in h11: what decoding untrusted bytes can raise is a
+:class:`RemoteProtocolError` (close the one connection that sent it, keep serving the
+others); what our own sends can raise is a :class:`LocalProtocolError` (that call fails,
+the connection is fine). The status errors
 (a bookie answered with a non-OK status) live in :mod:`wire.status`.
 """
 
 from __future__ import annotations
+
+from ledgerd.base.errors import LedgerdError
 
 __all__ = [
     "ConnectionClosedError",
@@ -15,9 +19,14 @@ __all__ = [
     "EntryFormatError",
     "FrameSizeError",
     "FrameTooLargeError",
+    "LocalProtocolError",
     "MalformedBodyError",
+    "MessageTooLargeError",
+    "NoCommonVersionError",
+    "RemoteProtocolError",
     "TooManyInflightError",
     "TruncatedFrameError",
+    "UnencodableMessageError",
     "UnexpectedResponseError",
     "UnknownApiKeyError",
     "UnsupportedVersionError",
@@ -25,11 +34,20 @@ __all__ = [
 ]
 
 
-class WireError(Exception):
-    """Root of every error raised while encoding or decoding the protocol."""
+class WireError(LedgerdError):
+    """Root of every error of the protocol package (and of bookie statuses, ``wire.status``)."""
 
 
-class FrameSizeError(WireError):
+class LocalProtocolError(WireError):
+    """We broke the protocol (a bug, or a request that cannot be sent): nothing was sent,
+    the connection is intact, and only the call that raised it failed."""
+
+
+class RemoteProtocolError(WireError):
+    """The peer broke the protocol: close that connection; the others keep serving."""
+
+
+class FrameSizeError(RemoteProtocolError):
     """A frame's size field is negative or too small to hold a header."""
 
     def __init__(self, size: int) -> None:
@@ -37,7 +55,7 @@ class FrameSizeError(WireError):
         super().__init__(f"frame size {size} is not valid (negative or shorter than its header)")
 
 
-class FrameTooLargeError(WireError):
+class FrameTooLargeError(RemoteProtocolError):
     """A frame's size field is over ``max_frame_bytes``."""
 
     def __init__(self, size: int, limit: int) -> None:
@@ -46,7 +64,7 @@ class FrameTooLargeError(WireError):
         super().__init__(f"frame of {size} bytes exceeds max_frame_bytes={limit}")
 
 
-class TruncatedFrameError(WireError):
+class TruncatedFrameError(RemoteProtocolError):
     """A body ended before a field it declares (the frame is shorter than its contents)."""
 
     def __init__(self, what: str, needed: int, available: int) -> None:
@@ -56,7 +74,7 @@ class TruncatedFrameError(WireError):
         super().__init__(f"{what}: needs {needed} bytes, only {available} left in the frame")
 
 
-class MalformedBodyError(WireError):
+class MalformedBodyError(RemoteProtocolError):
     """A body's bytes do not match its declared layout (trailing bytes, bad values)."""
 
 
@@ -69,7 +87,7 @@ class EntryCountMismatchError(MalformedBodyError):
         super().__init__(f"{what}: count {count} disagrees with the frame: {reason}")
 
 
-class UnknownApiKeyError(WireError):
+class UnknownApiKeyError(RemoteProtocolError):
     """A request names an api key this side does not know."""
 
     def __init__(self, api_key: int) -> None:
@@ -77,7 +95,7 @@ class UnknownApiKeyError(WireError):
         super().__init__(f"unknown api key {api_key}")
 
 
-class UnsupportedVersionError(WireError):
+class UnsupportedVersionError(RemoteProtocolError):
     """A request names a version of a known api outside the supported range."""
 
     def __init__(self, api_key: int, version: int, low: int, high: int) -> None:
@@ -86,7 +104,7 @@ class UnsupportedVersionError(WireError):
         super().__init__(f"api key {api_key} version {version} unsupported (supported {low}..{high})")
 
 
-class UnexpectedResponseError(WireError):
+class UnexpectedResponseError(RemoteProtocolError):
     """A response carries a correlation id with no request in flight."""
 
     def __init__(self, correlation_id: int) -> None:
@@ -94,7 +112,7 @@ class UnexpectedResponseError(WireError):
         super().__init__(f"response for correlation id {correlation_id}, which is not in flight")
 
 
-class TooManyInflightError(WireError):
+class TooManyInflightError(LocalProtocolError):
     """The caller tried to send past the connection's in-flight cap (a local bug, not the peer's)."""
 
     def __init__(self, limit: int) -> None:
@@ -102,15 +120,15 @@ class TooManyInflightError(WireError):
         super().__init__(f"{limit} requests already in flight on this connection")
 
 
-class ConnectionClosedError(WireError):
+class ConnectionClosedError(LocalProtocolError):
     """The connection was closed after a protocol error; nothing more can be sent or read."""
 
 
-class EntryFormatError(WireError):
+class EntryFormatError(RemoteProtocolError):
     """Entry bytes are too short for their header and digest, or carry bad ids."""
 
 
-class DigestMismatchError(WireError):
+class DigestMismatchError(RemoteProtocolError):
     """An entry's digest does not match its bytes; the reader should try another replica."""
 
     def __init__(self, ledger_id: int, entry_id: int, digest_type: str) -> None:
@@ -121,5 +139,28 @@ class DigestMismatchError(WireError):
             f"digest mismatch for ledger {ledger_id} entry {entry_id} ({digest_type})")
 
 
-class DecompressionError(WireError):
+class DecompressionError(RemoteProtocolError):
     """A compressed payload is corrupt or would decompress beyond the allowed size."""
+
+
+class MessageTooLargeError(LocalProtocolError):
+    """A message we were asked to send encodes to more than the frame limit; not sent."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{what} needs a {size}-byte frame; the limit is {limit} bytes "
+                         "(max_frame_bytes)")
+
+
+class UnencodableMessageError(LocalProtocolError):
+    """A message's fields cannot be encoded (a value out of its field's range)."""
+
+
+class NoCommonVersionError(LocalProtocolError):
+    """The peer speaks no version of an api that we speak; the request was not sent."""
+
+    def __init__(self, api_key: int, low: int, high: int, peer: tuple[int, int] | None) -> None:
+        self.api_key = api_key
+        theirs = f"{peer[0]}..{peer[1]}" if peer else "none"
+        super().__init__(f"api key {api_key}: we speak versions {low}..{high}, the peer {theirs}")

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import enum
 
+from wire.errors import WireError
+
 __all__ = [
     "STATUS_ERRORS",
     "BadRequestError",
     "BookieError",
+    "BookieIOError",
     "FencedError",
-    "IOErrorStatus",
     "InvalidTermError",
     "NoSuchEntryError",
     "NoSuchLedgerError",
@@ -27,7 +29,7 @@ __all__ = [
     "TooManyRequestsError",
     "UnauthorizedError",
     "UnknownLedgerStateError",
-    "UnsupportedVersionStatusError",
+    "VersionRejectedError",
     "error_for_status",
     "status_for_error",
 ]
@@ -48,8 +50,9 @@ class Status(enum.IntEnum):
     INVALID_TERM = 108
 
 
-class BookieError(Exception):
-    """A bookie answered a request with a non-OK status."""
+class BookieError(WireError):
+    """A bookie answered a request with a non-OK status (a valid answer, not a protocol
+    error: neither side broke the protocol)."""
 
     status: Status = Status.BAD_REQUEST
 
@@ -75,7 +78,7 @@ class BadRequestError(BookieError):
     status = Status.BAD_REQUEST
 
 
-class IOErrorStatus(BookieError):
+class BookieIOError(BookieError):
     status = Status.IO_ERROR
 
 
@@ -85,7 +88,7 @@ class UnauthorizedError(BookieError):
     status = Status.UNAUTHORIZED
 
 
-class UnsupportedVersionStatusError(BookieError):
+class VersionRejectedError(BookieError):
     status = Status.UNSUPPORTED_VERSION
 
 
@@ -116,8 +119,8 @@ class InvalidTermError(BookieError):
 STATUS_ERRORS: dict[Status, type[BookieError]] = {
     cls.status: cls
     for cls in (
-        NoSuchLedgerError, NoSuchEntryError, BadRequestError, IOErrorStatus, UnauthorizedError,
-        UnsupportedVersionStatusError, FencedError, ReadOnlyError, TooManyRequestsError,
+        NoSuchLedgerError, NoSuchEntryError, BadRequestError, BookieIOError, UnauthorizedError,
+        VersionRejectedError, FencedError, ReadOnlyError, TooManyRequestsError,
         UnknownLedgerStateError, InvalidTermError,
     )
 }

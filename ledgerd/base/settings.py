@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = [
     "LOG_LEVELS",
     "ConfigError",
@@ -41,7 +43,7 @@ ENV_PREFIX = "LEDGERD_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-class ConfigError(ValueError):
+class ConfigError(LedgerdError, ValueError):
     """A configuration value was unknown, of the wrong type or out of range."""
 
     def __init__(self, key: str, value: object, allowed: str, source: str = "") -> None:

@@ -22,35 +22,36 @@ from collections.abc import Mapping, Sequence
 from ledgerd.machines.writer import FailureKind
 from metadata.errors import ChangeRejectedError
 from metadata.ledger import LedgerMetadata, LedgerState
+from wire.status import FencedError
 
-__all__ = ["ClosedChange", "EnsembleConflict", "FencedChange", "begin_recovery", "change_ensemble",
-           "close_as_writer", "close_recovered", "failure_kind"]
+__all__ = ["ClosedChangeError", "EnsembleConflictError", "FencedChangeError", "begin_recovery",
+           "change_ensemble", "close_as_writer", "close_recovered", "failure_kind"]
 
 
-class ClosedChange(ChangeRejectedError):
+class ClosedChangeError(ChangeRejectedError):
     """The ledger is CLOSED (at another end than this change wanted)."""
 
 
-class FencedChange(ChangeRejectedError):
+class FencedChangeError(ChangeRejectedError, FencedError):
     """The ledger is IN_RECOVERY: another client fenced it."""
 
 
-class EnsembleConflict(ChangeRejectedError):
+class EnsembleConflictError(ChangeRejectedError):
     """The last ensemble changed under the writer (someone else replaced a bookie)."""
 
 
 def _writable(md: LedgerMetadata) -> None:
     if md.state is LedgerState.CLOSED:
-        raise ClosedChange(f"ledger is CLOSED at entry {md.last_entry_id}")
+        raise ClosedChangeError(f"ledger is CLOSED at entry {md.last_entry_id}")
     if md.state is LedgerState.IN_RECOVERY:
-        raise FencedChange("ledger is IN_RECOVERY (fenced by another client)")
+        raise FencedChangeError("ledger is IN_RECOVERY (fenced by another client)")
 
 
 def change_ensemble(md: LedgerMetadata, expected: Sequence[str], first_entry_id: int,
                     new: Sequence[str]) -> LedgerMetadata:
     _writable(md)
     if tuple(md.last_ensemble[1]) != tuple(expected):
-        raise EnsembleConflict(f"last ensemble is {list(md.last_ensemble[1])}, the writer "
+        raise EnsembleConflictError(f"last ensemble is {list(md.last_ensemble[1])}, the writer "
                                f"had {list(expected)}")
     return md.with_ensemble(first_entry_id, tuple(new))
 
@@ -59,10 +60,10 @@ def close_as_writer(md: LedgerMetadata, last_entry_id: int, length: int) -> Ledg
     if md.state is LedgerState.CLOSED:
         if md.last_entry_id == last_entry_id:
             return md
-        raise ClosedChange(f"ledger was closed at entry {md.last_entry_id}; this writer "
+        raise ClosedChangeError(f"ledger was closed at entry {md.last_entry_id}; this writer "
                            f"acknowledged up to {last_entry_id}")
     if md.state is LedgerState.IN_RECOVERY:
-        raise FencedChange("ledger is IN_RECOVERY (fenced by another client)")
+        raise FencedChangeError("ledger is IN_RECOVERY (fenced by another client)")
     return md.closed(last_entry_id, length)
 
 
@@ -83,8 +84,8 @@ def close_recovered(md: LedgerMetadata, ensembles: Mapping[int, Sequence[str]],
 
 def failure_kind(rejected: ChangeRejectedError) -> FailureKind:
     """What a writer's failed ensemble change means for its handle."""
-    if isinstance(rejected, ClosedChange):
+    if isinstance(rejected, ClosedChangeError):
         return FailureKind.CLOSED
-    if isinstance(rejected, FencedChange):
+    if isinstance(rejected, FencedChangeError):
         return FailureKind.FENCED
     return FailureKind.METADATA

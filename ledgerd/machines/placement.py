@@ -8,10 +8,12 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Sequence
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = ["NotEnoughBookiesError", "choose_ensemble", "choose_replacements"]
 
 
-class NotEnoughBookiesError(Exception):
+class NotEnoughBookiesError(LedgerdError):
     """Fewer writable bookies than an ensemble or a replacement needs."""
 
     def __init__(self, needed: int, available: int, excluded: int = 0) -> None:

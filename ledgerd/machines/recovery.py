@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ledgerd.machines.quorum import EnsembleCoverage, ReadOutcome, RecoveryRead, write_set
+from ledgerd.machines.writer import FailureKind
 from wire.status import Status
 
 __all__ = ["Aborted", "Finished", "LedgerRecovery", "Phase", "Rewrite", "SendFenceRead",
@@ -71,6 +72,9 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Aborted:
+    """Recovery stopped; ``kind`` says why (drivers branch on it), ``reason`` tells a human."""
+
+    kind: FailureKind
     reason: str
 
 
@@ -109,7 +113,8 @@ class LedgerRecovery:
         if self.phase is not Phase.FENCING:
             return []
         if status == Status.UNAUTHORIZED:
-            return self._abort(f"bookie {self.ensemble[index]} refused the master key")
+            return self._abort(FailureKind.UNAUTHORIZED,
+                               f"bookie {self.ensemble[index]} refused the master key")
         definite = status == Status.OK or status in _NEGATIVE
         self.coverage.record(index, definite)
         if status == Status.OK and lac > self.max_lac:
@@ -117,7 +122,8 @@ class LedgerRecovery:
         if self.coverage.covered:
             return self._start_reading()
         if self.coverage.all_answered:
-            return self._abort("fencing did not reach quorum coverage of the last ensemble")
+            return self._abort(FailureKind.UNAVAILABLE,
+                               "fencing did not reach quorum coverage of the last ensemble")
         return []
 
     def on_fence_timeout(self, index: int) -> list[RecoveryEffect]:
@@ -151,7 +157,8 @@ class LedgerRecovery:
         elif status in _NEGATIVE:
             r.negative_answer(index)
         elif status == Status.UNAUTHORIZED:
-            return self._abort(f"bookie {self.ensemble[index]} refused the master key")
+            return self._abort(FailureKind.UNAUTHORIZED,
+                               f"bookie {self.ensemble[index]} refused the master key")
         else:
             r.failure(index)
         outcome = r.outcome
@@ -165,7 +172,8 @@ class LedgerRecovery:
             self.phase = Phase.WRITING
             return self._maybe_finish()
         if outcome is ReadOutcome.UNKNOWN:
-            return self._abort(f"entry {entry_id}: neither found nor provably absent")
+            return self._abort(FailureKind.UNAVAILABLE,
+                               f"entry {entry_id}: neither found nor provably absent")
         return []
 
     def on_read_timeout(self, entry_id: int, index: int) -> list[RecoveryEffect]:
@@ -183,8 +191,8 @@ class LedgerRecovery:
             return [Finished(self.last_found, self.last_length)]
         return []
 
-    def _abort(self, reason: str) -> list[RecoveryEffect]:
+    def _abort(self, kind: FailureKind, reason: str) -> list[RecoveryEffect]:
         if self.phase in (Phase.DONE, Phase.ABORTED):
             return []
         self.phase = Phase.ABORTED
-        return [Aborted(reason)]
+        return [Aborted(kind, reason)]

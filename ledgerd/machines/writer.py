@@ -41,6 +41,7 @@ class FailureKind(enum.Enum):
     UNAUTHORIZED = "unauthorized"
     NO_BOOKIES = "no_bookies"    # an ensemble change found no replacement
     METADATA = "metadata"        # the metadata store failed
+    UNAVAILABLE = "unavailable"  # too few bookies answered to decide (recovery)
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,7 +177,8 @@ def test_recovery_aborts_without_coverage_or_on_unknown_entries() -> None:
     r.on_fence_answer(0, Status.OK, lac=-1)
     r.on_fence_timeout(1)
     assert r.on_fence_answer(2, Status.IO_ERROR) == [
-        Aborted("fencing did not reach quorum coverage of the last ensemble")]
+        Aborted(FailureKind.UNAVAILABLE,
+                "fencing did not reach quorum coverage of the last ensemble")]
     r2 = LedgerRecovery(3, 3, 2, B[:3], 0)
     r2.begin()
     r2.on_fence_answer(0, Status.NO_SUCH_LEDGER)
@@ -217,9 +218,9 @@ def test_placement_is_random_writable_only_and_excludes_the_ensemble() -> None:
 # -- metadata changes and the throttle ---------------------------------------------------
 
 from ledgerd.machines.changes import (  # noqa: E402
-    ClosedChange,
-    EnsembleConflict,
-    FencedChange,
+    ClosedChangeError,
+    EnsembleConflictError,
+    FencedChangeError,
     begin_recovery,
     change_ensemble,
     close_as_writer,
@@ -241,12 +242,12 @@ def test_ensemble_change_rules() -> None:
     md = _md()
     new = change_ensemble(md, ("b0", "b1", "b2"), 5, ("b0", "b3", "b2"))
     assert new.ensembles == ((0, ("b0", "b1", "b2")), (5, ("b0", "b3", "b2")))
-    with pytest.raises(EnsembleConflict):
+    with pytest.raises(EnsembleConflictError):
         change_ensemble(new, ("b0", "b1", "b2"), 7, ("b4", "b1", "b2"))
-    with pytest.raises(FencedChange):
+    with pytest.raises(FencedChangeError):
         change_ensemble(md.with_state(LedgerState.IN_RECOVERY), ("b0", "b1", "b2"), 5,
                         ("b0", "b3", "b2"))
-    with pytest.raises(ClosedChange):
+    with pytest.raises(ClosedChangeError):
         change_ensemble(md.closed(3, 30), ("b0", "b1", "b2"), 5, ("b0", "b3", "b2"))
 
 
@@ -255,11 +256,11 @@ def test_writer_close_rules_follow_the_seed() -> None:
     assert close_as_writer(md, 9, 90).state is LedgerState.CLOSED
     closed = md.closed(9, 90)
     assert close_as_writer(closed, 9, 90) is closed  # same end: success, nothing to write
-    with pytest.raises(ClosedChange, match="closed at entry 9"):
+    with pytest.raises(ClosedChangeError, match="closed at entry 9"):
         close_as_writer(closed, 12, 120)
-    with pytest.raises(FencedChange):
+    with pytest.raises(FencedChangeError):
         close_as_writer(md.with_state(LedgerState.IN_RECOVERY), 9, 90)
-    assert issubclass(ClosedChange, ChangeRejectedError)
+    assert issubclass(ClosedChangeError, ChangeRejectedError)
 
 
 def test_recovery_begin_and_close() -> None:

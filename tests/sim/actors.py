@@ -532,7 +532,7 @@ class SimRecoverer:
             elif isinstance(eff, ChangeEnsemble):
                 self._local_change(eff, rw, attempt)
             elif isinstance(eff, Failed):
-                self.apply([Aborted(f"rewrite failed: {eff.reason}")])
+                self.apply([Aborted(eff.kind, f"rewrite failed: {eff.reason}")])
 
     def _send_rewrite(self, eff: SendAdd, attempt: int) -> None:
         assert self.rw is not None
@@ -577,7 +577,7 @@ class SimRecoverer:
 
         def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
             if err is not None:
-                self.apply([Aborted(f"close failed: {err}")])
+                self.apply([Aborted(failure_kind(err), f"close failed: {err}")])
                 return
             assert md is not None
             self._finish(md)

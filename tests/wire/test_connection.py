@@ -18,9 +18,12 @@ from wire.errors import (
     ConnectionClosedError,
     FrameSizeError,
     FrameTooLargeError,
+    LocalProtocolError,
+    MessageTooLargeError,
+    NoCommonVersionError,
+    RemoteProtocolError,
     TooManyInflightError,
     UnexpectedResponseError,
-    UnsupportedVersionError,
 )
 from wire.frames import encode_request, encode_response
 from wire.messages import (
@@ -178,8 +181,19 @@ def test_oversized_response_is_refused() -> None:
     client = ClientConnection(max_frame_bytes=64)
     client.send(ReadLacRequest(ledger_id=1))
     client.receive_data((1000).to_bytes(4, "big") + bytes(10))
-    with pytest.raises(FrameTooLargeError):
+    with pytest.raises(FrameTooLargeError) as got:
         client.next_event()
+    assert isinstance(got.value, RemoteProtocolError)  # the bookie's fault
+
+
+def test_oversized_request_is_our_fault_and_leaves_the_connection_usable() -> None:
+    client = ClientConnection(max_frame_bytes=1024)
+    with pytest.raises(MessageTooLargeError) as got:
+        client.send(AddRequest(ledger_id=1, first_entry_id=0, master_key=b"k" * 20,
+                               entries=(bytes(2048),)))
+    assert isinstance(got.value, LocalProtocolError)
+    assert "1024" in str(got.value) and not client.closed
+    client.send(ReadLacRequest(ledger_id=1))  # the next request goes out as usual
 
 
 def test_api_versions_negotiation() -> None:
@@ -203,8 +217,9 @@ def test_api_missing_on_peer_refuses_to_send() -> None:
     client.receive_data(encode_response(0, Status.OK, only_read))
     _drain(client)
     client.send(ReadRequest(ledger_id=1, entry_id=0))
-    with pytest.raises(UnsupportedVersionError):
+    with pytest.raises(NoCommonVersionError) as got:
         client.send(ReadLacRequest(ledger_id=1))
+    assert isinstance(got.value, LocalProtocolError)
 
 
 def test_correlation_ids_wrap_at_int32() -> None:
