@@ -214,7 +214,8 @@ class WriteHandle(_HandleBase):
         self._scope = trio.CancelScope()
         self._pipeline = AddPipeline(client.pool, client.nursery, ledger_id, key, writer,
                                      flags=AddFlags.NONE, replace=self._replace,
-                                     on_completed=self._completed, on_failed=self._failed)
+                                     on_completed=self._completed, on_failed=self._failed,
+                                     on_timer_changed=self._wake_service)
         self._waiters: dict[int, PendingAppend] = {}
         self._error: LedgerHandleError | BadPasswordError | None = None
         self._closing = False
@@ -225,6 +226,9 @@ class WriteHandle(_HandleBase):
         self._lac_interval = cfg.explicit_lac_interval_ms / 1000
         self._lac_written = -1
         self._last_activity = trio.current_time()
+        # The service task sleeps until the next deadline; with none it sleeps until an
+        # append or a completion sets this (checked as one attribute on those paths).
+        self._idle_wakeup: trio.Event | None = None
         client.nursery.start_soon(self._service)
 
     # -- state -------------------------------------------------------------------------
@@ -282,6 +286,8 @@ class WriteHandle(_HandleBase):
         else:
             self._waiters[eid] = p
         self._last_activity = now
+        if self._idle_wakeup is not None:
+            self._idle_wakeup.set()
         return p
 
     async def append(self, data: bytes) -> int:
@@ -306,6 +312,8 @@ class WriteHandle(_HandleBase):
             if p is not None:
                 p._finish(now)
         self._progress.set()
+        if self._idle_wakeup is not None and self._lac_interval:
+            self._idle_wakeup.set()  # an explicit-LAC deadline may start now
 
     def _failed(self, kind: FailureKind, reason: str, entry_ids: tuple[int, ...]) -> None:
         error: LedgerHandleError | BadPasswordError
@@ -347,13 +355,31 @@ class WriteHandle(_HandleBase):
 
     # -- background: add timeouts and explicit LAC -------------------------------------
 
+    def _wake_service(self) -> None:
+        if self._idle_wakeup is not None:
+            self._idle_wakeup.set()
+
+    def _next_deadline(self) -> float | None:
+        """The writer's next add timeout, or the explicit-LAC write, whichever is first."""
+        deadline = self._pipeline.next_deadline()
+        writer = self._pipeline.writer
+        if self._lac_interval and self._error is None and writer.lac > self._lac_written:
+            lac_at = self._last_activity + self._lac_interval
+            deadline = lac_at if deadline is None else min(deadline, lac_at)
+        return deadline
+
     async def _service(self) -> None:
-        timeout = self._pipeline.writer.add_timeout
-        interval = max(0.01, min(timeout / 4, self._lac_interval or timeout))
+        """Sleep until the next deadline, then apply it: no polling while idle."""
         with self._scope:
             while True:
-                await trio.sleep(interval)
-                self._pipeline.tick()
+                deadline = self._next_deadline()
+                if deadline is None:
+                    self._idle_wakeup = wakeup = trio.Event()
+                    await wakeup.wait()
+                    self._idle_wakeup = None
+                    continue
+                await trio.sleep_until(deadline)
+                self._pipeline.on_timer()
                 if self._lac_interval and self._error is None:
                     self._maybe_write_lac()
 

@@ -62,7 +62,8 @@ class AddPipeline:
                  master_key: bytes, writer: LedgerWriter, *, flags: int, term: int = 0,
                  replace: Replace,
                  on_completed: Callable[[tuple[int, ...], int], None],
-                 on_failed: Callable[[FailureKind, str, tuple[int, ...]], None]) -> None:
+                 on_failed: Callable[[FailureKind, str, tuple[int, ...]], None],
+                 on_timer_changed: Callable[[], None] = lambda: None) -> None:
         self.pool = pool
         self.nursery = nursery
         self.ledger_id = ledger_id
@@ -73,6 +74,9 @@ class AddPipeline:
         self.replace = replace
         self.on_completed = on_completed
         self.on_failed = on_failed
+        # Called when the writer's next deadline may have appeared (an ensemble change
+        # ended): a driver sleeping with no deadline recomputes it.
+        self.on_timer_changed = on_timer_changed
         self.entries: dict[int, bytes] = {}
         self._out: dict[str, list[int]] = {}
         self.ensemble_changes = 0
@@ -86,8 +90,13 @@ class AddPipeline:
         self.apply(effects)
         return eid
 
-    def tick(self) -> None:
-        effects = self.writer.tick(trio.current_time())
+    def next_deadline(self) -> float | None:
+        """The writer's next timeout (None: nothing waits for an answer)."""
+        return self.writer.next_deadline()
+
+    def on_timer(self) -> None:
+        """Apply the writer's timeouts as of now (call at ``next_deadline``)."""
+        effects = self.writer.on_timer(trio.current_time())
         if effects:
             self.apply(effects)
 
@@ -180,9 +189,11 @@ class AddPipeline:
             log.warning("ensemble_change_failed", extra=fields(
                 ledger=self.ledger_id, first=eff.first_entry_id, reason=exc.reason))
             self.apply(w.ensemble_change_failed(exc.kind, exc.reason))
+            self.on_timer_changed()
             return
         self.ensemble_changes += 1
         log.info("ensemble_changed", extra=fields(
             ledger=self.ledger_id, first=eff.first_entry_id,
             replaced=",".join(eff.failed.values()), ensemble=",".join(new)))
         self.apply(w.ensemble_changed(eff.first_entry_id, new, trio.current_time()))
+        self.on_timer_changed()

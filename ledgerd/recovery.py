@@ -175,7 +175,7 @@ class _Run:
                     self.apply(m.on_fence_timeout(index) if entry_id < 0
                                else m.on_read_timeout(entry_id, index))
             if self.pipeline is not None:
-                self.pipeline.tick()
+                self.pipeline.on_timer()
 
 
 async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, key: bytes,

@@ -162,13 +162,28 @@ class LedgerWriter:
         self.pending[entry_id].waiting.discard(index)
         return self._bookie_failed(index)
 
-    def tick(self, now: float) -> list[Effect]:
+    def next_deadline(self) -> float | None:
+        """When ``on_timer`` has something to do: the earliest moment an unanswered add
+        times out, or None while nothing waits for an answer (drivers sleep until then)."""
+        if self.failed is not None:
+            return None
+        # Bookies already being replaced (or queued for it) time out no further.
+        skip = set(self.changing) | set(self.queued_failures) if self.changing else set()
+        earliest: float | None = None
+        for p in self.pending.values():
+            if p.waiting and (earliest is None or p.sent_at < earliest) and (
+                    not skip or p.waiting - skip):
+                earliest = p.sent_at
+        return None if earliest is None else earliest + self.add_timeout
+
+    def on_timer(self, now: float) -> list[Effect]:
         """Timeouts: a bookie that has not answered an add within ``add_timeout`` failed."""
         if self.failed is not None:
             return []
         slow: set[int] = set()
         for p in self.pending.values():
-            if p.waiting and now - p.sent_at >= self.add_timeout:
+            # The same expression as next_deadline, so a timer at that deadline fires.
+            if p.waiting and p.sent_at + self.add_timeout <= now:
                 slow |= p.waiting
         effects: list[Effect] = []
         for index in sorted(slow):

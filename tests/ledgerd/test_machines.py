@@ -133,9 +133,9 @@ def test_add_timeout_is_a_bookie_failure() -> None:
     w = LedgerWriter(3, 2, 2, B[:3], add_timeout=5.0)
     w.append(1, 0.0)
     w.on_ack(0, "b0", 1.0)
-    assert w.tick(4.9) == []
-    assert w.tick(5.0) == [ChangeEnsemble(0, {1: "b1"})]
-    assert w.tick(9.0) == []  # already changing
+    assert w.on_timer(4.9) == []
+    assert w.on_timer(5.0) == [ChangeEnsemble(0, {1: "b1"})]
+    assert w.on_timer(9.0) == []  # already changing
 
 
 def _recovered(r: LedgerRecovery, effects: list[object]) -> list[object]:
@@ -322,3 +322,20 @@ def test_range_runs_cover_the_range_once_on_bookies_that_hold_each_run() -> None
     assert {i for i, _, _ in range_runs(0, 299, 3, 3, 100)} == {0, 1, 2}
     with pytest.raises(ValueError, match="run_limit"):
         range_runs(0, 1, 3, 3, 0)
+
+
+def test_writer_next_deadline_is_the_earliest_unanswered_add() -> None:
+    w = LedgerWriter(3, 2, 2, B[:3], add_timeout=5.0)
+    assert w.next_deadline() is None  # nothing waits: the driver sleeps until woken
+    w.append(1, 1.0)
+    w.append(1, 2.0)
+    assert w.next_deadline() == 6.0
+    w.on_ack(0, "b0", 2.5)
+    w.on_ack(0, "b1", 2.5)
+    assert w.next_deadline() == 7.0  # entry 0 is answered; entry 1 was sent at 2.0
+    assert w.on_timer(6.9) == []
+    # Entry 0 completed, so the change starts at entry 1 (its write set: b1, b2).
+    assert w.on_timer(7.0) == [ChangeEnsemble(1, {1: "b1"})]
+    # The bookie being replaced times out no further: no deadline in the past.
+    deadline = w.next_deadline()
+    assert deadline is None or deadline > 7.0

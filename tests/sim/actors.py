@@ -80,6 +80,32 @@ def read_request(entry_id: int, *, fence: bool) -> ReadRequest:
     return ReadRequest(ledger_id=LEDGER, entry_id=entry_id)
 
 
+class Timer:
+    """One re-armable timer in the world: fires once at the deadline it was last armed
+    with (None disarms); arming again replaces the previous deadline."""
+
+    def __init__(self, world: World, label: str) -> None:
+        self.world = world
+        self.label = label
+        self.deadline: float | None = None
+        self._generation = 0
+
+    def arm(self, deadline: float | None, fire: Callable[[], None]) -> None:
+        if deadline == self.deadline:
+            return
+        self.deadline = deadline
+        self._generation += 1
+        if deadline is None:
+            return
+        generation = self._generation
+
+        def on_time() -> None:
+            if generation == self._generation:
+                self.deadline = None
+                fire()
+        self.world.at_time(deadline, on_time, self.label)
+
+
 # -- bookies ---------------------------------------------------------------------------
 
 
@@ -293,23 +319,23 @@ class SimWriter:
         self.closed: str | None = None  # "ok" or the close error
         self.max_lac = -1
         self.die_after_change = False  # a crash right after an ensemble change (#2615)
+        self.timer = Timer(world, "writer timer")
 
     def start(self) -> None:
         self._schedule_append()
-        self._schedule_tick()
 
     def _schedule_append(self) -> None:
         r = self.world.rng
         self.world.at(r.expovariate(1 / 0.02), self._append, "writer append")
 
-    def _schedule_tick(self) -> None:
-        self.world.at(ADD_TIMEOUT / 4, self._tick, "writer tick")
+    def _arm_timer(self) -> None:
+        """As the trio driver: one timer, at the machine's next deadline."""
+        self.timer.arm(self.w.next_deadline(), self._on_timer)
 
-    def _tick(self) -> None:
+    def _on_timer(self) -> None:
         if not self.alive or self.failed is not None or self.closed is not None:
             return
-        self.apply(self.w.tick(self.world.now))
-        self._schedule_tick()
+        self.apply(self.w.on_timer(self.world.now))
 
     def _append(self) -> None:
         if not self.alive or self.failed is not None:
@@ -341,6 +367,7 @@ class SimWriter:
             elif isinstance(eff, Failed):
                 self.failed = eff.kind
                 self.world.log(f"writer failed: {eff.kind.value} {eff.reason}")
+        self._arm_timer()
 
     def _send(self, eff: SendAdd) -> None:
         bookie = self.bookies[eff.bookie]
@@ -437,20 +464,20 @@ class SimRecoverer:
         self.local_ensembles: dict[int, tuple[str, ...]] = {}
         self.outstanding: set[tuple[int, int]] = set()
         self.world.log(f"{self.name} recovery attempt {attempt} on {list(ensemble)}")
+        self.timer = Timer(self.world, f"{self.name} rewrite timer")
         self.apply(self.rec.begin())
-        self._tick(attempt)
 
     def _live(self, attempt: int) -> bool:
         return self.alive and self.attempt == attempt and self.result is None
 
-    def _tick(self, attempt: int) -> None:
-        def tick() -> None:
-            if not self._live(attempt):
-                return
-            if self.rw is not None:
-                self.apply_writer(self.rw.tick(self.world.now))
-            self._tick(attempt)
-        self.world.at(ADD_TIMEOUT / 4, tick, f"{self.name} tick")
+    def _arm_timer(self, attempt: int) -> None:
+        rw = self.rw
+        assert rw is not None
+
+        def fire() -> None:
+            if self._live(attempt) and self.rw is rw:
+                self.apply_writer(rw.on_timer(self.world.now))
+        self.timer.arm(rw.next_deadline(), fire)
 
     def apply(self, effects: list[RecoveryEffect]) -> None:
         attempt = self.attempt
@@ -533,6 +560,8 @@ class SimRecoverer:
                 self._local_change(eff, rw, attempt)
             elif isinstance(eff, Failed):
                 self.apply([Aborted(eff.kind, f"rewrite failed: {eff.reason}")])
+        if self._live(attempt):
+            self._arm_timer(attempt)
 
     def _send_rewrite(self, eff: SendAdd, attempt: int) -> None:
         assert self.rw is not None

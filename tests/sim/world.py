@@ -72,6 +72,11 @@ class World:
         self._seq += 1
         heapq.heappush(self._queue, (self.now + max(0.0, delay), self._seq, fn, label))
 
+    def at_time(self, when: float, fn: Callable[[], None], label: str) -> None:
+        """Run ``fn`` at the absolute time ``when`` (now, if that has passed)."""
+        self._seq += 1
+        heapq.heappush(self._queue, (max(self.now, when), self._seq, fn, label))
+
     def log(self, text: str) -> None:
         self.trace.append(f"{self.now:9.4f} {text}")
 
