@@ -126,11 +126,15 @@ class BookieCore:
 
     # -- writes ------------------------------------------------------------------------
 
-    def on_add(self, req: AddRequest, ledger: LedgerState | None, *, read_only: bool,
+    def on_add(self, req: AddRequest, ledger: LedgerState | None, read_only: bool,
                storage_failed: bool) -> Decision:
         """Decide an Add: refused with a status, or accepted (maybe binding the key,
         adopting a term, truncating after it). Checks in BookKeeper's order: read-only,
-        the request itself, the key, the fence, the term."""
+        the request itself, the key, the fence, the term.
+
+        Hot: runs once per Add frame (bench/bookie.py's 1-entry case); positional
+        arguments and the shared ``ACCEPT`` keep it near the inline checks it replaced.
+        """
         flags = req.flags
         if read_only and (storage_failed or not flags & _ADD_HIGH_PRIORITY):
             return Status.READ_ONLY

@@ -142,13 +142,14 @@ class RequestHandler:
         state = self.state
         storage = self.storage
         lid = req.ledger_id
-        decision = self.core.on_add(req, storage.cache.ledgers.get(lid),
-                                    read_only=state.read_only,
-                                    storage_failed=state.storage_failed)
+        decision = self.core.on_add(req, storage.cache.ledgers.get(lid), state.read_only,
+                                    state.storage_failed)
         if decision is not ACCEPT and type(decision) is not Accept:
             return decision, None  # type: ignore[return-value]
         entries = req.entries
-        if not storage.journal.has_capacity(sum(map(len, entries)) + 64 * len(entries)):
+        n = len(entries)
+        nbytes = len(entries[0]) if n == 1 else sum(map(len, entries))
+        if not storage.journal.has_capacity(nbytes + 64 * n):
             return Status.TOO_MANY_REQUESTS, None
         try:
             if decision is ACCEPT:

@@ -1,6 +1,11 @@
 """Bookie throughput beside Redis, measured side by side in one run.
 
-    python bench/bookie.py [--seconds 8] [--rounds 2]
+    python bench/bookie.py [--seconds 8] [--rounds 2] [--baseline DIR]
+
+With ``--baseline DIR`` (another checkout, e.g. ``git worktree add /tmp/before HEAD~3``
+with its ``native/_native*.so`` copied in) a second bookie runs that checkout's code, and
+every round drives both on the 1-entry and 64-entry cases, alternating which goes first,
+so a change is measured against its parent side by side in one run.
 
 Starts one bookie process (journal and entry logs under a temp directory on the work
 disk, no ZooKeeper needed) and drives it over TCP from a separate driver process with
@@ -23,6 +28,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import statistics
 import struct
 import subprocess
@@ -204,6 +210,15 @@ def _run_redis(base: Path, seconds: float) -> dict[str, float]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+def _wait_listening(bookie: BookieProcess) -> None:
+    for _ in range(300):
+        try:
+            with socket.create_connection(("127.0.0.1", bookie.port), 0.1):
+                return
+        except OSError:
+            time.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd")
@@ -215,6 +230,8 @@ def main() -> None:
     drive.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout to run a second bookie from, side by side")
     args = parser.parse_args()
     if args.cmd == "drive":
         print(json.dumps(trio.run(_drive, args.port, args.batch, args.conns, args.window,
@@ -226,27 +243,36 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="ledgerd-bench-", dir=os.environ.get("BENCH_DIR")))
     bookie = BookieProcess(base / "bookie", "", settings={"log_level": "WARNING"})
     bookie.start()
+    before: BookieProcess | None = None
+    if args.baseline is not None:
+        before = BookieProcess(base / "before", "", settings={"log_level": "WARNING"})
+        before.start(cwd=args.baseline.resolve())
     try:
-        for _ in range(300):
-            try:
-                with __import__("socket").create_connection(("127.0.0.1", bookie.port), 0.1):
-                    break
-            except OSError:
-                time.sleep(0.05)
+        for b in (bookie, before):
+            if b is not None:
+                _wait_listening(b)
         runs: dict[str, list[dict[str, float]]] = {"redis": [], "b1": [], "b64": []}
+        if before is not None:
+            runs.update({"b1-before": [], "b64-before": []})
         for rnd in range(args.rounds):
+            cases = [("b1", bookie, 1, 200), ("b64", bookie, 64, 8)]
+            if before is not None:
+                cases += [("b1-before", before, 1, 200), ("b64-before", before, 64, 8)]
+                # Alternate which tree goes first, so neither always runs warmer.
+                cases.sort(key=lambda c: (c[2], c[0].endswith("before") == (rnd % 2 == 0)))
             # os.sync() first: the previous run's page-cache writeback (the bookie's
             # entry logs are gigabytes) must not slow the next run's fdatasyncs.
             os.sync()
             runs["redis"].append(_run_redis(base, args.seconds))
-            os.sync()
-            runs["b1"].append(_run_ledgerd(bookie.port, 1, 200, args.seconds))
-            os.sync()
-            runs["b64"].append(_run_ledgerd(bookie.port, 64, 8, args.seconds))
-            print(f"round {rnd + 1}: " + ", ".join(
+            for key, proc, batch, window in cases:
+                os.sync()
+                runs[key].append(_run_ledgerd(proc.port, batch, window, args.seconds))
+            print(f"round {rnd + 1} (load {os.getloadavg()[0]:.2f}): " + ", ".join(
                 f"{k} {v[-1]['entries_per_s']:,.0f}/s" for k, v in runs.items()), flush=True)
     finally:
         bookie.terminate()
+        if before is not None:
+            before.terminate()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
     redis = med["redis"]["entries_per_s"]
     print()
@@ -255,10 +281,20 @@ def main() -> None:
     names = {"redis": "Redis 7 XADD, appendfsync always, 50 conns x 16 pipelined",
              "b1": "ledgerd, 1 entry/frame, 4 conns x 200 in flight",
              "b64": "ledgerd, 64 entries/frame, 4 conns x 8 frames in flight"}
-    for key in ("redis", "b1", "b64"):
+    if before is not None:
+        names["b1-before"] = f"baseline {args.baseline}, 1 entry/frame"
+        names["b64-before"] = f"baseline {args.baseline}, 64 entries/frame"
+    for key in names:
         m = med[key]
         print(f"| {names[key]} | {m['entries_per_s']:,.0f} | {m['p50_ms']:.2f} | "
               f"{m['p99_ms']:.2f} | {m['entries_per_s'] / redis:.2f}x |")
+    if before is not None:
+        for case in ("b1", "b64"):
+            ratios = [a["entries_per_s"] / b["entries_per_s"]
+                      for a, b in zip(runs[case], runs[case + "-before"], strict=True)]
+            print(f"\n{case} current / baseline per round: "
+                  + ", ".join(f"{r:.2f}" for r in ratios)
+                  + f"; median {statistics.median(ratios):.2f}")
     errors = sum(r["errors"] for v in runs.values() for r in v)
     print(f"\n{args.rounds} rounds of {args.seconds:.0f} s, medians; errors: {errors}")
     shutil.rmtree(base, ignore_errors=True)

@@ -58,14 +58,16 @@ class BookieProcess:
         lines = [f"{k} = {toml_value(v)}" for k, v in sorted(self.settings.items())]
         self.config_path.write_text("\n".join(lines) + "\n")
 
-    def start(self, env: Mapping[str, str] | None = None) -> None:
+    def start(self, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+        """Start ``ledgerd bookie``; ``cwd`` runs another checkout's code (benchmarks
+        compare the current tree with a baseline worktree)."""
         if self.running:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(self.config_path)],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, start_new_session=True)
+            env={**os.environ, **(env or {})}, start_new_session=True, cwd=cwd)
 
     @property
     def running(self) -> bool:

@@ -43,7 +43,7 @@ def add(first: int = 0, n: int = 1, *, key: bytes = KEY, flags: int = 0, term: i
 
 def decide(req: AddRequest, ledger: Ledger | None, *, read_only: bool = False,
            storage_failed: bool = False) -> Accept | Status:
-    return core.on_add(req, ledger, read_only=read_only, storage_failed=storage_failed)
+    return core.on_add(req, ledger, read_only, storage_failed)
 
 
 def test_first_add_binds_the_key_and_later_adds_must_match_it() -> None:
@@ -154,10 +154,8 @@ def test_range_budget_refuses_nonsense_and_fits_the_frame() -> None:
 
 def test_rule_breaks_break_exactly_their_rule() -> None:
     broken = BookieCore(RuleBreaks(fenced_accepts_adds=True))
-    assert broken.on_add(add(), Ledger(fenced=True), read_only=False,
-                         storage_failed=False) is ACCEPT
-    assert broken.on_add(add(key=OTHER), Ledger(fenced=True), read_only=False,
-                         storage_failed=False) == Status.UNAUTHORIZED
+    assert broken.on_add(add(), Ledger(fenced=True), False, False) is ACCEPT
+    assert broken.on_add(add(key=OTHER), Ledger(fenced=True), False, False) == Status.UNAUTHORIZED
     stale = BookieCore(RuleBreaks(stale_term_accepted=True))
     assert stale.on_term(1, Ledger(term=3)) is ACCEPT
     assert RuleBreaks().active() == [] and stale.breaks.active() == ["stale_term_accepted"]

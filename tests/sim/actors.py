@@ -160,7 +160,7 @@ class SimBookie:
             return
         led = self.ledger
         entry_id, entry = req.first_entry_id, req.entries[0]
-        decision = self.core.on_add(req, self._state(), read_only=False, storage_failed=False)
+        decision = self.core.on_add(req, self._state(), False, False)
         if not isinstance(decision, Accept):
             status = decision
             self.world.send(lambda: reply(status),
