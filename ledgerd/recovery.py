@@ -37,13 +37,13 @@ from ledgerd.machines.recovery import (
     Rewrite,
     SendFenceRead,
     SendRecoveryRead,
+    feed_reply,
 )
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
 from metadata.ledger import LedgerMetadata
 from metadata.ledgers import LedgerManager
-from wire.entry import Digester, decode_entry
-from wire.errors import WireError
+from wire.entry import Digester
 from wire.messages import AddFlags, Message, ReadFlags, ReadRequest, ReadResponse
 from wire.status import Status
 
@@ -70,10 +70,11 @@ class _Run:
         self.rng = rng
         first, ensemble = md.last_ensemble
         self.machine = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum,
-                                      ensemble, first)
+                                      ensemble, first, read_timeout=read_timeout)
         self.pipeline: AddPipeline | None = None
         self.ensembles: dict[int, tuple[str, ...]] = {}
-        self.outstanding: dict[tuple[int, int], float] = {}  # (entry_id, index) -> sent at
+        # Set when the timer task sleeps with no deadline: effects may have made one.
+        self._idle_wakeup: trio.Event | None = None
         self.finished: Finished | None = None
         self.aborted: Aborted | None = None
         self.done = trio.Event()
@@ -111,8 +112,12 @@ class _Run:
                 self.pool, self.nursery, self.ledger_id, self.key, writer,
                 flags=AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY, replace=self._replace,
                 on_completed=lambda ids, _lac: self.apply(self.machine.on_rewritten(ids)),
-                on_failed=self._rewrite_failed)
+                on_failed=self._rewrite_failed, on_timer_changed=self._wake_timers)
         return self.pipeline
+
+    def _wake_timers(self) -> None:
+        if self._idle_wakeup is not None:
+            self._idle_wakeup.set()
 
     def _rewrite_failed(self, kind: FailureKind, reason: str, _ids: tuple[int, ...]) -> None:
         self.aborted = Aborted(kind, f"rewriting recovered entries failed: {reason}")
@@ -131,49 +136,46 @@ class _Run:
     # -- reads -------------------------------------------------------------------------
 
     def _read(self, entry_id: int, index: int, bookie: str) -> None:
-        self.outstanding[(entry_id, index)] = trio.current_time()
         req = ReadRequest(ledger_id=self.ledger_id, entry_id=entry_id, flags=_RECOVERY_READ,
                           master_key=self.key)
         self.pool.send(bookie, req, partial(self._on_reply, entry_id, index, bookie))
 
     def _on_reply(self, entry_id: int, index: int, bookie: str, status: int,
                   response: Message | None, error: BookieConnectionError | None) -> None:
-        if self.outstanding.pop((entry_id, index), None) is None:
-            return  # timed out already
         if error is not None:
             self.pool.note_failure(bookie)
             status = Status.IO_ERROR
-        m = self.machine
-        if status == Status.OK and isinstance(response, ReadResponse):
-            try:
-                e = decode_entry(self.digester, response.entry, ledger_id=self.ledger_id,
-                                 entry_id=None if entry_id < 0 else entry_id)
-            except WireError as exc:
-                log.warning("recovery_read_bad_entry", extra=fields(
-                    ledger=self.ledger_id, entry=entry_id, bookie=bookie, error=str(exc)))
-                status = Status.IO_ERROR
-            else:
-                if entry_id < 0:
-                    self.apply(m.on_fence_answer(index, Status.OK, e.lac, e.length))
-                else:
-                    self.apply(m.on_read_answer(entry_id, index, Status.OK,
-                                                bytes(response.entry), e.length))
-                return
-        if entry_id < 0:
-            self.apply(m.on_fence_answer(index, status))
-        else:
-            self.apply(m.on_read_answer(entry_id, index, status))
+        entry = response.entry if isinstance(response, ReadResponse) else b""
+        if status == Status.OK and not isinstance(response, ReadResponse):
+            status = Status.IO_ERROR
+        effects, decoded = feed_reply(self.machine, self.digester, self.ledger_id, entry_id,
+                                      index, status, entry, trio.current_time())
+        if status == Status.OK and decoded is None:
+            log.warning("recovery_read_bad_entry", extra=fields(
+                ledger=self.ledger_id, entry=entry_id, bookie=bookie))
+        self.apply(effects)
+        if self._idle_wakeup is not None:
+            self._idle_wakeup.set()
 
-    async def ticker(self) -> None:
+    def _next_deadline(self) -> float | None:
+        deadline = self.machine.next_deadline()
+        if self.pipeline is not None:
+            rewrite = self.pipeline.next_deadline()
+            if rewrite is not None and (deadline is None or rewrite < deadline):
+                deadline = rewrite
+        return deadline
+
+    async def timers(self) -> None:
+        """Read and rewrite timeouts: sleep until the machines' next deadline."""
         while not self.done.is_set():
-            await trio.sleep(max(0.01, min(self.read_timeout, self.add_timeout) / 4))
-            now = trio.current_time()
-            for (entry_id, index), sent in list(self.outstanding.items()):
-                if now - sent >= self.read_timeout:
-                    del self.outstanding[(entry_id, index)]
-                    m = self.machine
-                    self.apply(m.on_fence_timeout(index) if entry_id < 0
-                               else m.on_read_timeout(entry_id, index))
+            deadline = self._next_deadline()
+            if deadline is None:
+                self._idle_wakeup = wakeup = trio.Event()
+                await wakeup.wait()
+                self._idle_wakeup = None
+                continue
+            await trio.sleep_until(deadline)
+            self.apply(self.machine.on_timer(trio.current_time()))
             if self.pipeline is not None:
                 self.pipeline.on_timer()
 
@@ -191,8 +193,8 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
     async with trio.open_nursery() as nursery:
         run = _Run(pool, nursery, ledger_id, md, key, digester, read_timeout=read_timeout,
                    add_timeout=add_timeout, writable=writable, rng=rng)
-        nursery.start_soon(run.ticker)
-        run.apply(run.machine.begin())
+        nursery.start_soon(run.timers)
+        run.apply(run.machine.begin(trio.current_time()))
         await run.done.wait()
         nursery.cancel_scope.cancel()
     if run.finished is None:

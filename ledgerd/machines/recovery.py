@@ -18,6 +18,14 @@ The caller has already moved the metadata from OPEN to IN_RECOVERY (a CAS). Then
    effects to a recovery-mode ``LedgerWriter``; its ensemble changes stay local).
 5. **Close**: once the read has ended and every rewrite is acknowledged, ``Finished``
    carries the last entry id and length for the CAS to CLOSED.
+
+Time: the machine keeps every read it asked for with the time it asked (``now`` comes
+with each input), answers a read that is not outstanding (late, after its timeout, or a
+duplicate) with nothing, and times reads out itself: drivers sleep until
+``next_deadline()`` and call ``on_timer(now)``.
+
+``feed_reply`` is the one step from a bookie's reply to a machine input (digest check,
+LAC and length from the header), shared by the trio driver and the simulator.
 """
 
 from __future__ import annotations
@@ -28,12 +36,20 @@ from dataclasses import dataclass
 
 from ledgerd.machines.quorum import EnsembleCoverage, ReadOutcome, RecoveryRead, write_set
 from ledgerd.machines.writer import FailureKind
+from wire.entry import Digester, Entry, decode_entry
+from wire.errors import WireError
 from wire.status import Status
 
 __all__ = ["Aborted", "Finished", "LedgerRecovery", "Phase", "Rewrite", "SendFenceRead",
            "SendRecoveryRead"]
 
 _NEGATIVE = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
+
+
+def is_definite(status: int) -> bool:
+    """A replica's definite answer: it has the entry (OK) or says it has not
+    (NO_SUCH_ENTRY, NO_SUCH_LEDGER). Anything else (errors, timeouts) proves nothing."""
+    return status == Status.OK or status in _NEGATIVE
 
 
 class Phase(enum.Enum):
@@ -84,6 +100,7 @@ RecoveryEffect = SendFenceRead | SendRecoveryRead | Rewrite | Finished | Aborted
 class LedgerRecovery:
     def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int,
                  ensemble: Sequence[str], last_fragment_first_entry: int, *,
+                 read_timeout: float = float("inf"),
                  start_from_minus_one: bool = False) -> None:
         self.e, self.qw, self.qa = ensemble_size, write_quorum, ack_quorum
         self.ensemble = list(ensemble)
@@ -99,24 +116,62 @@ class LedgerRecovery:
         self.last_length = 0
         self.read_ended = False
         self.rewrites_pending: set[int] = set()
+        self.read_timeout = read_timeout
+        # Reads asked for and not answered: (entry id, -1 for the fence; index) -> sent
+        # at. Insertion order is send order, so the first one times out first.
+        self.outstanding: dict[tuple[int, int], float] = {}
+        self.now = 0.0
         # Mutation switch for the simulator's self-test only (#2615 re-introduced).
         self._start_from_minus_one = start_from_minus_one
 
-    def begin(self) -> list[RecoveryEffect]:
+    def begin(self, now: float) -> list[RecoveryEffect]:
+        self.now = now
+        for i in range(len(self.ensemble)):
+            self.outstanding[(-1, i)] = now
         return [SendFenceRead(i, b) for i, b in enumerate(self.ensemble)]
+
+    # -- time --------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """When the oldest outstanding read times out (None: no read outstanding)."""
+        if self.phase in (Phase.DONE, Phase.ABORTED):
+            return None
+        for sent in self.outstanding.values():
+            return sent + self.read_timeout
+        return None
+
+    def on_timer(self, now: float) -> list[RecoveryEffect]:
+        """Every outstanding read older than ``read_timeout`` failed (an IO_ERROR)."""
+        self.now = now
+        expired = []
+        for key, sent in self.outstanding.items():
+            if sent + self.read_timeout > now:
+                break
+            expired.append(key)
+        effects: list[RecoveryEffect] = []
+        for entry_id, index in expired:
+            if entry_id < 0:
+                effects += self.on_fence_timeout(index, now=now)
+            else:
+                effects += self.on_read_timeout(entry_id, index, now=now)
+        return effects
+
+    def _answered(self, entry_id: int, index: int, now: float) -> bool:
+        """Take an answer off the outstanding table; False if it was not outstanding."""
+        self.now = now
+        return self.outstanding.pop((entry_id, index), None) is not None
 
     # -- phase 1: fence ----------------------------------------------------------------
 
     def on_fence_answer(self, index: int, status: int, lac: int = -1,
-                        length: int = 0) -> list[RecoveryEffect]:
+                        length: int = 0, *, now: float) -> list[RecoveryEffect]:
         """A fencing read's answer; with OK, ``lac`` and ``length`` from the entry header."""
-        if self.phase is not Phase.FENCING:
+        if not self._answered(-1, index, now) or self.phase is not Phase.FENCING:
             return []
         if status == Status.UNAUTHORIZED:
             return self._abort(FailureKind.UNAUTHORIZED,
                                f"bookie {self.ensemble[index]} refused the master key")
-        definite = status == Status.OK or status in _NEGATIVE
-        self.coverage.record(index, definite)
+        self.coverage.record(index, is_definite(status))
         if status == Status.OK and lac > self.max_lac:
             self.max_lac, self.max_lac_length = lac, length
         if self.coverage.covered:
@@ -126,11 +181,12 @@ class LedgerRecovery:
                                "fencing did not reach quorum coverage of the last ensemble")
         return []
 
-    def on_fence_timeout(self, index: int) -> list[RecoveryEffect]:
-        return self.on_fence_answer(index, Status.IO_ERROR)
+    def on_fence_timeout(self, index: int, *, now: float) -> list[RecoveryEffect]:
+        return self.on_fence_answer(index, Status.IO_ERROR, now=now)
 
     def _start_reading(self) -> list[RecoveryEffect]:
         self.phase = Phase.READING
+        self.outstanding.clear()  # fence answers still to come change nothing now
         self.start = self.max_lac if self._start_from_minus_one else \
             max(self.max_lac, self.first_of_last - 1)
         self.last_found = self.start
@@ -141,14 +197,18 @@ class LedgerRecovery:
 
     def _read(self, entry_id: int) -> list[RecoveryEffect]:
         indexes = write_set(entry_id, self.e, self.qw)
+        self.outstanding.clear()  # the previous entry is decided
+        for i in indexes:
+            self.outstanding[(entry_id, i)] = self.now
         self.reading_id = entry_id
         self.reading = RecoveryRead(indexes, self.qw, self.qa)
         return [SendRecoveryRead(entry_id, i, self.ensemble[i]) for i in indexes]
 
     def on_read_answer(self, entry_id: int, index: int, status: int, entry: bytes = b"",
-                       length: int = 0) -> list[RecoveryEffect]:
+                       length: int = 0, *, now: float) -> list[RecoveryEffect]:
         """A recovery read's answer; ``entry`` only when OK *and* its digest checked."""
-        if self.phase is not Phase.READING or entry_id != self.reading_id:
+        if (not self._answered(entry_id, index, now) or self.phase is not Phase.READING
+                or entry_id != self.reading_id):
             return []
         r = self.reading
         assert r is not None
@@ -170,14 +230,15 @@ class LedgerRecovery:
         if outcome is ReadOutcome.ABSENT:
             self.read_ended = True
             self.phase = Phase.WRITING
+            self.outstanding.clear()
             return self._maybe_finish()
         if outcome is ReadOutcome.UNKNOWN:
             return self._abort(FailureKind.UNAVAILABLE,
                                f"entry {entry_id}: neither found nor provably absent")
         return []
 
-    def on_read_timeout(self, entry_id: int, index: int) -> list[RecoveryEffect]:
-        return self.on_read_answer(entry_id, index, Status.IO_ERROR)
+    def on_read_timeout(self, entry_id: int, index: int, *, now: float) -> list[RecoveryEffect]:
+        return self.on_read_answer(entry_id, index, Status.IO_ERROR, now=now)
 
     # -- phase 3: rewrites -------------------------------------------------------------
 
@@ -195,4 +256,29 @@ class LedgerRecovery:
         if self.phase in (Phase.DONE, Phase.ABORTED):
             return []
         self.phase = Phase.ABORTED
+        self.outstanding.clear()
         return [Aborted(kind, reason)]
+
+
+def feed_reply(machine: LedgerRecovery, digester: Digester, ledger_id: int, entry_id: int,
+               index: int, status: int, entry: bytes, now: float,
+               ) -> tuple[list[RecoveryEffect], Entry | None]:
+    """A bookie's reply to a recovery read (``entry_id`` -1: the fencing read), as the
+    machine's input: an OK whose entry fails its digest or ids counts as IO_ERROR. Returns
+    the effects and the verified entry (None unless OK and verified)."""
+    decoded: Entry | None = None
+    if status == Status.OK:
+        try:
+            decoded = decode_entry(digester, entry, ledger_id=ledger_id,
+                                   entry_id=None if entry_id < 0 else entry_id)
+        except WireError:
+            status = Status.IO_ERROR
+    if entry_id < 0:
+        if decoded is not None:
+            return machine.on_fence_answer(index, Status.OK, decoded.lac, decoded.length,
+                                           now=now), decoded
+        return machine.on_fence_answer(index, status, now=now), None
+    if decoded is not None:
+        return machine.on_read_answer(entry_id, index, Status.OK, bytes(entry), decoded.length,
+                                      now=now), decoded
+    return machine.on_read_answer(entry_id, index, status, now=now), None

@@ -144,53 +144,53 @@ def _recovered(r: LedgerRecovery, effects: list[object]) -> list[object]:
 
 def test_recovery_fences_reads_forward_rewrites_and_finishes() -> None:
     r = LedgerRecovery(3, 2, 2, B[:3], 0)
-    assert r.begin() == [SendFenceRead(0, "b0"), SendFenceRead(1, "b1"), SendFenceRead(2, "b2")]
-    assert r.on_fence_answer(0, Status.OK, lac=3, length=40) == []
-    out = r.on_fence_answer(2, Status.NO_SUCH_ENTRY)
+    assert r.begin(0.0) == [SendFenceRead(0, "b0"), SendFenceRead(1, "b1"), SendFenceRead(2, "b2")]
+    assert r.on_fence_answer(0, Status.OK, lac=3, length=40, now=0.0) == []
+    out = r.on_fence_answer(2, Status.NO_SUCH_ENTRY, now=0.0)
     assert r.phase is Phase.READING and r.start == 3
     assert out == [SendRecoveryRead(4, 1, "b1"), SendRecoveryRead(4, 2, "b2")]
-    out = r.on_read_answer(4, 2, Status.OK, b"e4", 50)
+    out = r.on_read_answer(4, 2, Status.OK, b"e4", 50, now=0.0)
     assert out[0] == Rewrite(4, b"e4", 50)
     assert [e for e in out if isinstance(e, SendRecoveryRead)] == [
         SendRecoveryRead(5, 2, "b2"), SendRecoveryRead(5, 0, "b0")]
-    assert r.on_read_answer(5, 2, Status.NO_SUCH_ENTRY) == []  # needs Qw-Qa+1 = 1: done
+    assert r.on_read_answer(5, 2, Status.NO_SUCH_ENTRY, now=0.0) == []  # needs Qw-Qa+1 = 1: done
     assert r.phase is Phase.WRITING
     assert r.on_rewritten([4]) == [Finished(4, 50)]
 
 
 def test_recovery_start_is_never_below_the_last_fragment() -> None:
     r = LedgerRecovery(3, 2, 2, B[:3], 10)
-    r.begin()
-    r.on_fence_answer(0, Status.NO_SUCH_ENTRY)
-    r.on_fence_answer(1, Status.NO_SUCH_ENTRY)
+    r.begin(0.0)
+    r.on_fence_answer(0, Status.NO_SUCH_ENTRY, now=0.0)
+    r.on_fence_answer(1, Status.NO_SUCH_ENTRY, now=0.0)
     assert r.start == 9
     bad = LedgerRecovery(3, 2, 2, B[:3], 10, start_from_minus_one=True)
-    bad.begin()
-    bad.on_fence_answer(0, Status.NO_SUCH_ENTRY)
-    bad.on_fence_answer(1, Status.NO_SUCH_ENTRY)
+    bad.begin(0.0)
+    bad.on_fence_answer(0, Status.NO_SUCH_ENTRY, now=0.0)
+    bad.on_fence_answer(1, Status.NO_SUCH_ENTRY, now=0.0)
     assert bad.start == -1  # the mutation switch re-introduces #2615
 
 
 def test_recovery_aborts_without_coverage_or_on_unknown_entries() -> None:
     r = LedgerRecovery(3, 3, 2, B[:3], 0)  # need 2 definite in the single window
-    r.begin()
-    r.on_fence_answer(0, Status.OK, lac=-1)
-    r.on_fence_timeout(1)
-    assert r.on_fence_answer(2, Status.IO_ERROR) == [
+    r.begin(0.0)
+    r.on_fence_answer(0, Status.OK, lac=-1, now=0.0)
+    r.on_fence_timeout(1, now=0.0)
+    assert r.on_fence_answer(2, Status.IO_ERROR, now=0.0) == [
         Aborted(FailureKind.UNAVAILABLE,
                 "fencing did not reach quorum coverage of the last ensemble")]
     r2 = LedgerRecovery(3, 3, 2, B[:3], 0)
-    r2.begin()
-    r2.on_fence_answer(0, Status.NO_SUCH_LEDGER)
-    r2.on_fence_answer(1, Status.NO_SUCH_LEDGER)
+    r2.begin(0.0)
+    r2.on_fence_answer(0, Status.NO_SUCH_LEDGER, now=0.0)
+    r2.on_fence_answer(1, Status.NO_SUCH_LEDGER, now=0.0)
     assert r2.phase is Phase.READING
-    r2.on_read_answer(0, 0, Status.NO_SUCH_ENTRY)
-    r2.on_read_timeout(0, 1)
-    out = r2.on_read_answer(0, 2, Status.IO_ERROR)
+    r2.on_read_answer(0, 0, Status.NO_SUCH_ENTRY, now=0.0)
+    r2.on_read_timeout(0, 1, now=0.0)
+    out = r2.on_read_answer(0, 2, Status.IO_ERROR, now=0.0)
     assert isinstance(out[0], Aborted) and r2.phase is Phase.ABORTED
     r3 = LedgerRecovery(1, 1, 1, ["b0"], 0)
-    r3.begin()
-    assert isinstance(r3.on_fence_answer(0, Status.UNAUTHORIZED)[0], Aborted)
+    r3.begin(0.0)
+    assert isinstance(r3.on_fence_answer(0, Status.UNAUTHORIZED, now=0.0)[0], Aborted)
 
 
 def test_placement_is_random_writable_only_and_excludes_the_ensemble() -> None:

@@ -30,6 +30,7 @@ from ledgerd.machines.recovery import (
     Rewrite,
     SendFenceRead,
     SendRecoveryRead,
+    feed_reply,
 )
 from ledgerd.machines.writer import (
     ChangeEnsemble,
@@ -457,15 +458,15 @@ class SimRecoverer:
         self.md = md
         first, ensemble = md.last_ensemble
         self.rec = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
-                                  first,
+                                  first, read_timeout=READ_TIMEOUT,
                                   start_from_minus_one=self.world.mutations.recovery_from_minus_one)
         self.rw: LedgerWriter | None = None
         self.rw_entries: dict[int, bytes] = {}
         self.local_ensembles: dict[int, tuple[str, ...]] = {}
-        self.outstanding: set[tuple[int, int]] = set()
         self.world.log(f"{self.name} recovery attempt {attempt} on {list(ensemble)}")
         self.timer = Timer(self.world, f"{self.name} rewrite timer")
-        self.apply(self.rec.begin())
+        self.read_timer = Timer(self.world, f"{self.name} read timer")
+        self.apply(self.rec.begin(self.world.now))
 
     def _live(self, attempt: int) -> bool:
         return self.alive and self.attempt == attempt and self.result is None
@@ -496,41 +497,33 @@ class SimRecoverer:
                 self.world.log(f"{self.name} aborted: {eff.reason}")
                 self.attempt += 1  # stale answers of this attempt are now ignored
                 self.world.at(0.2, self.start, f"{self.name} retry")
+        if self._live(attempt):
+            # As the trio driver: one timer at the machine's next read deadline.
+            rec = self.rec
+            self.read_timer.arm(rec.next_deadline(), lambda: self._live(attempt) and self.apply(
+                rec.on_timer(self.world.now)))
 
     def _read(self, entry_id: int, index: int, name: str) -> None:
         attempt = self.attempt
-        key = (entry_id, index)
-        self.outstanding.add(key)
+        rec = self.rec
         bookie = self.bookies[name]
         fence = not self.world.mutations.unfenced_recovery_reads
 
         def reply(status: int, data: bytes) -> None:
-            if not self._live(attempt) or key not in self.outstanding:
+            if not self._live(attempt) or self.rec is not rec:
                 return
-            self.outstanding.discard(key)
-            if entry_id < 0:
-                if status == Status.OK:
-                    h = peek_entry_header(data)
-                    self.observer.on_lac_seen(h.lac, f"{self.name} fence read")
-                    self.apply(self.rec.on_fence_answer(index, status, h.lac, h.length))
-                else:
-                    self.apply(self.rec.on_fence_answer(index, status))
-            elif status == Status.OK:
-                e = decode_entry(DIGEST, data, ledger_id=LEDGER, entry_id=entry_id)
-                self.observer.on_entry_read(entry_id, e.payload, self.name)
-                self.apply(self.rec.on_read_answer(entry_id, index, status, data, e.length))
-            else:
-                self.apply(self.rec.on_read_answer(entry_id, index, status))
-
-        def timeout() -> None:
-            if self._live(attempt) and key in self.outstanding:
-                self.outstanding.discard(key)
-                self.apply(self.rec.on_fence_timeout(index) if entry_id < 0
-                           else self.rec.on_read_timeout(entry_id, index))
+            # The production driver's step from reply to machine input (digest check,
+            # header fields; late and duplicate answers are the machine's to ignore).
+            effects, decoded = feed_reply(rec, DIGEST, LEDGER, entry_id, index, status, data,
+                                          self.world.now)
+            if decoded is not None and entry_id < 0:
+                self.observer.on_lac_seen(decoded.lac, f"{self.name} fence read")
+            elif decoded is not None:
+                self.observer.on_entry_read(entry_id, decoded.payload, self.name)
+            self.apply(effects)
         req = read_request(entry_id, fence=fence)
         self.world.send(lambda: bookie.on_read(req, reply),
                         f"{self.name} read {entry_id} -> {name}")
-        self.world.at(READ_TIMEOUT, timeout, f"{self.name} read timeout {entry_id}@{index}")
 
     # -- rewrites through a recovery-mode writer --
 
