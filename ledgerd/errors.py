@@ -14,6 +14,8 @@ catches a family: ``wire.status.FencedError`` catches ``LedgerFencedError``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ledgerd.base.errors import LedgerdError
 from ledgerd.machines.placement import NotEnoughBookiesError
 from ledgerd.machines.writer import FailureKind
@@ -80,7 +82,7 @@ class EntryUnavailableError(LedgerdError):
     dead connection as BookieConnectionError, a bad digest as DigestMismatchError."""
 
     def __init__(self, ledger_id: int, entry_id: int,
-                 failures: list[tuple[str, LedgerdError]]) -> None:
+                 failures: Sequence[tuple[str, Exception]]) -> None:
         listed = "; ".join(f"{bookie}: {exc}" for bookie, exc in failures)
         super().__init__(f"ledger {ledger_id} entry {entry_id}: no replica could serve it "
                          f"({listed or 'no replicas'})")

@@ -1,5 +1,9 @@
 """Reading a ledger from its bookies: entries with failover, the LAC, long polls.
 
+The decisions (replica order, failover, speculation, timeouts, run plans, LAC coverage)
+are the machines of ``ledgerd.machines.reads``; this module sends what they ask for,
+verifies what comes back, and sleeps until their next deadline.
+
 Ranges go out as ReadRange requests (``fetch_range``): each fragment is cut into runs
 that one bookie stores whole (``range_runs``), one request per run. Whatever a run does
 not deliver (an error, a short answer, a bad digest, no answer within the speculative
@@ -20,8 +24,9 @@ does ends it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import trio
@@ -29,7 +34,15 @@ import trio
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
 from ledgerd.errors import EntryUnavailableError, LedgerdError, ReplicaTimeoutError
-from ledgerd.machines.quorum import EnsembleCoverage, range_runs, write_set
+from ledgerd.machines.quorum import is_definite, write_set
+from ledgerd.machines.reads import (
+    EntryReads,
+    LacTally,
+    LongPollTally,
+    RangeReads,
+    SendRange,
+    SendRead,
+)
 from metadata.ledger import LedgerMetadata
 from wire.compression import decompress_payload
 from wire.entry import Digester, Entry, decode_entry, decode_lac_body
@@ -77,186 +90,128 @@ class LedgerView:
         return sorted(ordered, key=lambda b: b in avoid)
 
 
-def _status_name(status: int) -> str:
-    try:
-        return Status(status).name
-    except ValueError:
-        return f"status {status}"
+class _Wakeup:
+    """Replies set it; a driver loop sleeps until its machine's deadline or this."""
 
+    def __init__(self) -> None:
+        self.event = trio.Event()
 
-@dataclass
-class _EntryRead:
-    entry_id: int
-    replicas: list[str]
-    next: int = 0
-    outstanding: int = 0
-    last_sent: float = 0.0
-    result: Entry | None = None
-    failed: bool = False
-    failures: list[tuple[str, LedgerdError]] = field(default_factory=list)
+    def set(self) -> None:
+        self.event.set()
+
+    async def wait_until(self, deadline: float | None) -> None:
+        with trio.move_on_at(deadline if deadline is not None else math.inf):
+            await self.event.wait()
+        if self.event.is_set():
+            self.event = trio.Event()
 
 
 async def fetch_entries(view: LedgerView, first: int, last: int, *,
                         avoid: frozenset[str] = frozenset()) -> list[Entry]:
     """Entries ``first..last`` (inclusive), verified, in order; one request per entry,
-    replicas in ``avoid`` asked last."""
+    replicas in ``avoid`` asked last. If cancelled, nothing is left behind but replies
+    that arrive later and are dropped."""
     return await _fetch_each(view, range(first, last + 1), avoid)
 
 
 async def _fetch_each(view: LedgerView, entry_ids: Iterable[int],
                       avoid: frozenset[str]) -> list[Entry]:
-    reads = [_EntryRead(eid, view.replicas(eid, avoid)) for eid in entry_ids]
-    if not reads:
+    plan = [(eid, view.replicas(eid, avoid)) for eid in entry_ids]
+    if not plan:
         return []
-    remaining = len(reads)
-    done = trio.Event()
+    machine = EntryReads(plan, speculative_timeout=view.speculative_timeout,
+                         read_timeout=view.read_timeout)
+    found: dict[int, Entry] = {}
+    wakeup = _Wakeup()
     pool = view.pool
 
-    def finish(r: _EntryRead) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if not remaining:
-            done.set()
+    def send(reads: list[SendRead]) -> None:
+        for r in reads:
+            pool.send(r.bookie, ReadRequest(ledger_id=view.ledger_id, entry_id=r.entry_id),
+                      partial(on_reply, r.entry_id, r.bookie))
 
-    def send_next(r: _EntryRead) -> None:
-        bookie = r.replicas[r.next]
-        r.next += 1
-        r.outstanding += 1
-        r.last_sent = trio.current_time()
-        pool.send(bookie, ReadRequest(ledger_id=view.ledger_id, entry_id=r.entry_id),
-                  partial(on_reply, r, bookie))
-
-    def on_reply(r: _EntryRead, bookie: str, status: int, response: Message | None,
+    def on_reply(entry_id: int, bookie: str, status: int, response: Message | None,
                  error: BookieConnectionError | None) -> None:
-        r.outstanding -= 1
-        if r.result is not None or r.failed:
-            return
+        now = trio.current_time()
         if error is not None:
-            r.failures.append((bookie, error))
+            send(machine.on_failure(entry_id, bookie, error, now))
         elif status != Status.OK or not isinstance(response, ReadResponse):
-            r.failures.append((bookie, error_for_status(status)))
+            send(machine.on_failure(entry_id, bookie, error_for_status(status), now))
         else:
             try:
-                r.result = view.decode(r.entry_id, response.entry)
+                entry = view.decode(entry_id, response.entry)
             except WireError as exc:
-                r.failures.append((bookie, exc))
+                send(machine.on_failure(entry_id, bookie, exc, now))
             else:
-                finish(r)
-                return
-        if r.next < len(r.replicas):
-            send_next(r)
-        elif r.outstanding == 0:
-            r.failed = True
-            finish(r)
+                found.setdefault(entry_id, entry)
+                send(machine.on_found(entry_id, now))
+        wakeup.set()
 
-    for r in reads:
-        if r.replicas:
-            send_next(r)
-        else:
-            r.failed = True
-            finish(r)
-    spec = view.speculative_timeout or view.read_timeout
-    tick = max(0.01, min(spec, view.read_timeout) / 4)
-    while not done.is_set():
-        with trio.move_on_after(tick):
-            await done.wait()
-        now = trio.current_time()
-        for r in reads:
-            if r.result is not None or r.failed or now - r.last_sent < spec:
-                continue
-            if r.next < len(r.replicas):
-                send_next(r)  # speculative: the slow replica may still answer first
-            elif now - r.last_sent >= view.read_timeout:
-                r.failures.append(("replicas", ReplicaTimeoutError(view.read_timeout)))
-                r.failed = True
-                finish(r)
-    out = []
-    for r in reads:
-        if r.result is None:
-            raise EntryUnavailableError(view.ledger_id, r.entry_id, r.failures)
-        out.append(r.result)
-    return out
-
-
-@dataclass
-class _RunRead:
-    bookie: str
-    next: int
-    last: int
-    sent_at: float = 0.0
-    over: bool = False
+    send(machine.begin(trio.current_time()))
+    while not machine.is_done:
+        await wakeup.wait_until(machine.next_deadline())
+        send(machine.on_timer(trio.current_time()))
+    for eid in machine.timed_out:
+        machine.failures(eid).append(("replicas", ReplicaTimeoutError(view.read_timeout)))
+    for eid, _replicas in plan:
+        if eid not in found:
+            raise EntryUnavailableError(view.ledger_id, eid, machine.failures(eid))
+    return [found[eid] for eid, _replicas in plan]
 
 
 async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int = 1024,
                       max_bytes: int = 4 << 20) -> list[Entry]:
     """Entries ``first..last`` (inclusive), verified, in order: one ReadRange per run a
-    bookie stores whole, then ``fetch_entries`` for anything a run did not deliver."""
+    bookie stores whole, then ``fetch_entries`` for anything a run did not deliver. If
+    cancelled, nothing is left behind but replies that arrive later and are dropped."""
     if first > last:
         return []
     md = view.metadata
     pool = view.pool
-    unhealthy = pool.recent_failures()
+    machine = RangeReads(md.fragments(), first, last, ensemble_size=md.ensemble_size,
+                         write_quorum=md.write_quorum, run_limit=run_limit,
+                         skip=frozenset(pool.recent_failures()),
+                         speculative_timeout=view.speculative_timeout or view.read_timeout)
     found: dict[int, Entry] = {}
-    avoid: set[str] = set()
-    runs: list[_RunRead] = []
-    for f_first, f_last, ensemble in md.fragments():
-        lo, hi = max(first, f_first), (last if f_last < 0 else min(last, f_last))
-        for index, a, b in range_runs(lo, hi, md.ensemble_size, md.write_quorum, run_limit):
-            if ensemble[index] not in unhealthy:  # left to the per-entry reads
-                runs.append(_RunRead(ensemble[index], a, b))
-    pending = len(runs)
-    done = trio.Event()
+    wakeup = _Wakeup()
     budget = max(1, min(max_bytes, view.max_entry_bytes // 2))
 
-    def end(run: _RunRead, failed: bool) -> None:
-        nonlocal pending
-        run.over = True
-        if failed:  # asked last for what this run did not deliver
-            avoid.add(run.bookie)
-        pending -= 1
-        if not pending:
-            done.set()
+    def send(sends: list[SendRange]) -> None:
+        for s in sends:
+            pool.send(s.bookie, ReadRangeRequest(
+                ledger_id=view.ledger_id, first_entry_id=s.first_entry_id,
+                max_count=s.max_count, max_bytes=budget), partial(on_reply, s.run,
+                                                                   s.first_entry_id))
 
-    def send(run: _RunRead) -> None:
-        run.sent_at = trio.current_time()
-        pool.send(run.bookie, ReadRangeRequest(
-            ledger_id=view.ledger_id, first_entry_id=run.next,
-            max_count=run.last - run.next + 1, max_bytes=budget), partial(on_reply, run))
-
-    def on_reply(run: _RunRead, status: int, response: Message | None,
+    def on_reply(run: int, first_id: int, status: int, response: Message | None,
                  error: BookieConnectionError | None) -> None:
-        if run.over:
+        wakeup.set()
+        wanted = machine.wanted(run)
+        if not wanted:
             return
         if (error is not None or status != Status.OK
                 or not isinstance(response, ReadRangeResponse)
-                or response.first_entry_id != run.next or not response.entries):
-            end(run, failed=True)
+                or response.first_entry_id != first_id):
+            send(machine.on_answer(run, 0, True, trio.current_time()))
             return
-        for data in response.entries[: run.last - run.next + 1]:
+        delivered = 0
+        failed = False
+        for data in response.entries[:wanted]:
             try:
-                found[run.next] = view.decode(run.next, data)
+                found[first_id + delivered] = view.decode(first_id + delivered, data)
             except WireError:
-                end(run, failed=True)
-                return
-            run.next += 1
-        if run.next > run.last:
-            end(run, failed=False)
-        else:
-            send(run)  # the answer stopped at max_bytes, or before an entry it lacks
+                failed = True
+                break
+            delivered += 1
+        send(machine.on_answer(run, delivered, failed, trio.current_time()))
 
-    for run in runs:
-        send(run)
-    spec = view.speculative_timeout or view.read_timeout
-    while pending:
-        with trio.move_on_after(max(0.01, spec / 4)):
-            await done.wait()
-        now = trio.current_time()
-        for run in runs:
-            if not run.over and now - run.sent_at >= spec:
-                end(run, failed=True)  # slow: the rest goes to the other replicas
+    send(machine.begin(trio.current_time()))
+    while not machine.is_done:
+        await wakeup.wait_until(machine.next_deadline())
+        machine.on_timer(trio.current_time())
     if len(found) < last - first + 1:
         missing = [eid for eid in range(first, last + 1) if eid not in found]
-        for entry in await _fetch_each(view, missing, frozenset(avoid)):
+        for entry in await _fetch_each(view, missing, frozenset(machine.avoid)):
             found[entry.entry_id] = entry
     return [found[eid] for eid in range(first, last + 1)]
 
@@ -265,33 +220,31 @@ async def read_lac(view: LedgerView) -> int:
     """The highest LAC the last ensemble knows (coverage-checked); -1 if none."""
     md = view.metadata
     ensemble = md.last_ensemble[1]
-    coverage = EnsembleCoverage(md.ensemble_size, md.write_quorum, md.ack_quorum)
-    best = -1
+    tally = LacTally(md.ensemble_size, md.write_quorum, md.ack_quorum)
     done = trio.Event()
     errors: list[str] = []
 
     def on_reply(index: int, bookie: str, status: int, response: Message | None,
                  error: BookieConnectionError | None) -> None:
-        nonlocal best
-        definite = False
-        if error is None and status == Status.OK and isinstance(response, ReadLacResponse):
+        lac = -1
+        if error is not None:
+            errors.append(f"{bookie}: {error.reason}")
+            status = Status.IO_ERROR
+        elif status == Status.OK and isinstance(response, ReadLacResponse):
             try:
                 if response.explicit_lac:
-                    best = max(best, decode_lac_body(view.digester, response.explicit_lac,
-                                                     ledger_id=view.ledger_id))
+                    lac = decode_lac_body(view.digester, response.explicit_lac,
+                                          ledger_id=view.ledger_id)
                 if response.last_entry:
-                    e = decode_entry(view.digester, response.last_entry,
-                                     ledger_id=view.ledger_id)
-                    best = max(best, e.lac)
-                definite = True
+                    lac = max(lac, decode_entry(view.digester, response.last_entry,
+                                                ledger_id=view.ledger_id).lac)
             except WireError as exc:
                 errors.append(f"{bookie}: {exc}")
-        elif error is None and status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
-            definite = True
-        else:
-            errors.append(f"{bookie}: {error.reason if error else _status_name(status)}")
-        coverage.record(index, definite)
-        if coverage.all_answered:
+                status, lac = Status.IO_ERROR, -1
+        elif not is_definite(status):
+            errors.append(f"{bookie}: {error_for_status(status)}")
+        tally.on_answer(index, status, lac)
+        if tally.is_done:
             done.set()
 
     for index, bookie in enumerate(ensemble):
@@ -299,10 +252,10 @@ async def read_lac(view: LedgerView) -> int:
                        partial(on_reply, index, bookie))
     with trio.move_on_after(view.read_timeout):
         await done.wait()
-    if not coverage.covered:
+    if not tally.covered:
         raise LedgerdError(f"ledger {view.ledger_id}: read_lac could not reach (Qw - Qa) + 1 "
                            f"bookies of every write quorum ({'; '.join(errors) or 'timed out'})")
-    return best
+    return tally.best
 
 
 async def long_poll(view: LedgerView, previous_lac: int, timeout: float) -> int:
@@ -310,23 +263,20 @@ async def long_poll(view: LedgerView, previous_lac: int, timeout: float) -> int:
     (``previous_lac`` when nothing changed: every bookie answered empty, or time ran
     out). The first bookie whose LAC passes the mark ends the wait."""
     ensemble = view.metadata.last_ensemble[1]
+    tally = LongPollTally(len(ensemble), previous_lac)
     done = trio.Event()
-    answered = 0
-    best = previous_lac
     req = ReadRequest(ledger_id=view.ledger_id, entry_id=previous_lac + 1,
                       previous_lac=previous_lac, timeout_ms=max(1, int(timeout * 1000)))
 
     def on_reply(status: int, response: Message | None,
                  error: BookieConnectionError | None) -> None:
-        nonlocal answered, best
-        answered += 1
-        if error is None and status == Status.OK and isinstance(response, ReadResponse):
-            best = max(best, response.max_lac)
-        if best > previous_lac or answered == len(ensemble):
+        answered = error is None and status == Status.OK and isinstance(response, ReadResponse)
+        tally.on_answer(response.max_lac if answered else None)  # type: ignore[union-attr]
+        if tally.is_done:
             done.set()
 
     for bookie in ensemble:
         view.pool.send(bookie, req, on_reply)
     with trio.move_on_after(timeout + view.read_timeout):
         await done.wait()
-    return best
+    return tally.best

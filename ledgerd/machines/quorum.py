@@ -13,7 +13,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-__all__ = ["EnsembleCoverage", "ReadOutcome", "RecoveryRead", "check_quorums", "range_runs",
+from wire.status import Status
+
+__all__ = ["EnsembleCoverage", "ReadOutcome", "RecoveryRead", "check_quorums", "is_definite",
+           "range_runs",
            "write_set"]
 
 
@@ -27,6 +30,14 @@ def check_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> Non
 def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
     """Indexes of the ensemble's bookies that store ``entry_id``."""
     return tuple((entry_id + i) % ensemble_size for i in range(write_quorum))
+
+
+def is_definite(status: int) -> bool:
+    """A replica's definite answer: it has the entry (OK) or says it has not
+    (NO_SUCH_ENTRY, NO_SUCH_LEDGER). Anything else (errors, timeouts) proves nothing.
+    Recovery's fence and the reader's LAC coverage both count these."""
+    return status == Status.OK or status == Status.NO_SUCH_ENTRY or \
+        status == Status.NO_SUCH_LEDGER
 
 
 def range_runs(first: int, last: int, ensemble_size: int, write_quorum: int,

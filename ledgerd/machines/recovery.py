@@ -34,7 +34,13 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ledgerd.machines.quorum import EnsembleCoverage, ReadOutcome, RecoveryRead, write_set
+from ledgerd.machines.quorum import (
+    EnsembleCoverage,
+    ReadOutcome,
+    RecoveryRead,
+    is_definite,
+    write_set,
+)
 from ledgerd.machines.writer import FailureKind
 from wire.entry import Digester, Entry, decode_entry
 from wire.errors import WireError
@@ -44,12 +50,6 @@ __all__ = ["Aborted", "Finished", "LedgerRecovery", "Phase", "Rewrite", "SendFen
            "SendRecoveryRead"]
 
 _NEGATIVE = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
-
-
-def is_definite(status: int) -> bool:
-    """A replica's definite answer: it has the entry (OK) or says it has not
-    (NO_SUCH_ENTRY, NO_SUCH_LEDGER). Anything else (errors, timeouts) proves nothing."""
-    return status == Status.OK or status in _NEGATIVE
 
 
 class Phase(enum.Enum):
