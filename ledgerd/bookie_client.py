@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -35,8 +35,8 @@ from wire.connection import (
 from wire.errors import WireError
 from wire.messages import ApiVersionsRequest, Message
 
-__all__ = ["BookieClient", "BookieConnectionError", "Callback", "open_bookie_client",
-           "parse_address"]
+__all__ = ["BookieClient", "BookieConnectionError", "Callback", "Connect", "open_bookie_client",
+           "parse_address", "tcp_connect"]
 
 log = logging.getLogger(__name__)
 Reply = tuple[int, Message | None]
@@ -199,30 +199,57 @@ class BookieClient:
         self._fail("closed by the client")
 
 
+Connect = Callable[[str], Awaitable[trio.abc.Stream]]
+
+
+async def tcp_connect(address: str) -> trio.abc.Stream:
+    """A TCP stream to ``host:port`` with Nagle off (the pool's default ``connect``)."""
+    host, port = parse_address(address)
+    stream = await trio.open_tcp_stream(host, port)
+    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return stream
+
+
 @asynccontextmanager
-async def open_bookie_client(address: str, *, connect_timeout: float = 10.0,
+async def open_bookie_client(address: str, *, connect: Connect = tcp_connect,
+                             connect_timeout: float = 10.0,
                              max_inflight: int = 1024, max_frame_bytes: int = 8 << 20,
                              negotiate: bool = True) -> AsyncIterator[BookieClient]:
-    """Connect to ``host:port``; with ``negotiate``, exchange ApiVersions first."""
-    host, port = parse_address(address)
+    """Connect to ``address`` with ``connect`` (TCP by default; tests pass memory
+    streams); with ``negotiate``, exchange ApiVersions first. Raises
+    BookieConnectionError (never inside an exception group) when the connect fails or the
+    bookie does not answer ApiVersions within ``connect_timeout``. If cancelled while
+    connecting, nothing is left open."""
     try:
         with trio.fail_after(connect_timeout):
-            stream = await trio.open_tcp_stream(host, port)
+            stream = await connect(address)
     except (OSError, trio.TooSlowError) as exc:
         raise BookieConnectionError(address, f"connect failed: {exc!r}") from exc
-    stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     client = BookieClient(address, stream, ClientConnection(max_frame_bytes=max_frame_bytes,
                                                             max_inflight=max_inflight))
+    failure: BookieConnectionError | None = None
     async with stream, trio.open_nursery() as nursery:
         await nursery.start(client.run)
-        try:
-            if negotiate:
-                with trio.fail_after(connect_timeout):
+        if negotiate:
+            # Raised after the nursery, not in it: inside, trio would wrap the error in an
+            # exception group that callers catching BookieConnectionError never see (a
+            # bookie that accepted the connection and then said nothing crashed the
+            # client's pool this way).
+            failure = BookieConnectionError(address, "no ApiVersions reply")
+            with trio.move_on_after(connect_timeout):
+                try:
                     await client.call(ApiVersionsRequest())
-        except trio.TooSlowError:
-            raise BookieConnectionError(address, "no ApiVersions reply") from None
-        try:
-            yield client
-        finally:
+                    failure = None
+                except BookieConnectionError as exc:
+                    failure = exc
+        if failure is not None:
             client.close()
             nursery.cancel_scope.cancel()
+        else:
+            try:
+                yield client
+            finally:
+                client.close()
+                nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

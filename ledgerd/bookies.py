@@ -24,7 +24,9 @@ from ledgerd.bookie_client import (
     BookieClient,
     BookieConnectionError,
     Callback,
+    Connect,
     open_bookie_client,
+    tcp_connect,
 )
 from wire.messages import Message
 
@@ -54,8 +56,13 @@ class _Slot:
 
 
 class BookiePool:
-    def __init__(self, nursery: trio.Nursery, options: PoolOptions | None = None) -> None:
+    """One connection per bookie, opened on first use with ``connect`` (TCP by default;
+    tests pass one that returns memory streams)."""
+
+    def __init__(self, nursery: trio.Nursery, options: PoolOptions | None = None, *,
+                 connect: Connect = tcp_connect) -> None:
         self._nursery = nursery
+        self._connect = connect
         self.options = options or PoolOptions()
         self._slots: dict[str, _Slot] = {}
         self._failed_at: dict[str, float] = {}
@@ -89,7 +96,9 @@ class BookiePool:
     async def call(self, address: str, message: Message,
                    timeout: float) -> tuple[int, Message | None, str | None]:
         """``send`` awaited: ``(status, response, None)``, or ``(-1, None, reason)`` when
-        the connection failed or no answer came within ``timeout``."""
+        the connection failed or no answer came within ``timeout``. If cancelled (or
+        timed out), the request may still reach the bookie and be acted on; its reply
+        is dropped."""
         done = trio.Event()
         box: list[tuple[int, Message | None, str | None]] = []
 
@@ -113,7 +122,8 @@ class BookiePool:
     async def _connection(self, address: str, slot: _Slot) -> None:
         opts = self.options
         try:
-            async with open_bookie_client(address, connect_timeout=opts.connect_timeout,
+            async with open_bookie_client(address, connect=self._connect,
+                                          connect_timeout=opts.connect_timeout,
                                           max_inflight=opts.max_inflight,
                                           max_frame_bytes=opts.max_frame_bytes) as client:
                 slot.client = client

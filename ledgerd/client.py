@@ -27,6 +27,7 @@ import trio
 
 from ledgerd import ledgerlog
 from ledgerd.base.logs import fields
+from ledgerd.bookie_client import Connect, tcp_connect
 from ledgerd.bookies import BookiePool, PoolOptions
 from ledgerd.config import ClientConfig, ConfigError, load_config
 from ledgerd.errors import BadPasswordError, NoSuchLedgerError, single_exception
@@ -56,7 +57,8 @@ def _password_bytes(password: bytes | str) -> bytes:
 
 class Client:
     def __init__(self, config: ClientConfig, store: MetadataStore, nursery: trio.Nursery,
-                 layout: str, rng: random.Random | None = None) -> None:
+                 layout: str, rng: random.Random | None = None, *,
+                 connect: Connect = tcp_connect) -> None:
         self.config = config
         self.store = store
         self.nursery = nursery
@@ -68,7 +70,7 @@ class Client:
         self.pool = BookiePool(nursery, PoolOptions(
             connect_timeout=config.connect_timeout_ms / 1000,
             max_inflight=config.max_inflight_per_bookie,
-            max_frame_bytes=config.max_frame_bytes))
+            max_frame_bytes=config.max_frame_bytes), connect=connect)
         self._bookies: BookieSet | None = None
         self._bookies_seen = trio.Event()
 
@@ -142,7 +144,12 @@ class Client:
         """Open for reading. With ``recovery`` (the default) an open ledger is fenced,
         its end found and the ledger CLOSED first, so the old writer can add nothing
         more; without it, the metadata is read as it is and ``read_lac`` /
-        ``wait_lac_beyond`` follow a ledger still being written."""
+        ``wait_lac_beyond`` follow a ledger still being written.
+
+        If cancelled during recovery, the ledger stays IN_RECOVERY with its bookies
+        fenced and some entries maybe rewritten; the next ``open_ledger`` recovers it
+        again from the start (recovery is idempotent).
+        """
         md, version = await self._read_metadata(ledger_id)
         pw = _password_bytes(password)
         key = master_key(pw)
@@ -221,11 +228,14 @@ class Client:
 @asynccontextmanager
 async def open_client(zk_servers: str | None = None, *, config: ClientConfig | None = None,
                       rng: random.Random | None = None, store: MetadataStore | None = None,
+                      connect: Connect = tcp_connect,
                       **settings: Any) -> AsyncIterator[Client]:
     """Connect to the cluster at ``zk_servers``; settings are ClientConfig keys (over
     ``LEDGERD_*`` environment variables and the defaults).
 
-    ``store`` lets tests pass an in-memory metadata store instead of ZooKeeper.
+    ``store`` lets tests pass an in-memory metadata store instead of ZooKeeper, and
+    ``connect`` memory streams instead of TCP. Leaving the block closes every handle
+    (appends still pending fail) and the connections; if cancelled, the same holds.
     """
     if config is None:
         if zk_servers is not None:
@@ -243,7 +253,7 @@ async def open_client(zk_servers: str | None = None, *, config: ClientConfig | N
         layout = await check_layout(store, config.zk_ledgers_root_path)
         try:
             async with trio.open_nursery() as nursery:
-                client = Client(config, store, nursery, layout, rng)
+                client = Client(config, store, nursery, layout, rng, connect=connect)
                 await nursery.start(client._watch_bookies)
                 try:
                     yield client

@@ -263,7 +263,11 @@ class WriteHandle(_HandleBase):
 
     async def submit(self, data: bytes) -> PendingAppend:
         """Send one entry; returns at once (after the throttle and the outstanding cap)
-        with a PendingAppend to await for durability."""
+        with a PendingAppend to await for durability.
+
+        If cancelled, the entry was not sent (cancellation can only land in the throttle
+        or the outstanding-cap wait, before the entry gets an id).
+        """
         self._check_usable()
         delay = self._throttle.take(trio.current_time())
         if delay > 0:
@@ -291,12 +295,18 @@ class WriteHandle(_HandleBase):
         return p
 
     async def append(self, data: bytes) -> int:
-        """Append one entry and wait until it is durable; returns its entry id."""
+        """Append one entry and wait until it is durable; returns its entry id.
+
+        If cancelled, the entry may exist on some bookies (or become durable later) and
+        keeps its id; later appends follow it. Recover the ledger (``open_ledger``)
+        before trusting its end.
+        """
         return await (await self.submit(data))
 
     async def append_many(self, items: Iterable[bytes]) -> list[int]:
         """Append entries in order, pipelined from this task; returns their ids once all
-        are durable (raises the first failure)."""
+        are durable (raises the first failure). If cancelled, any prefix of them may have
+        been sent and may become durable, as with ``append``."""
         pending = [await self.submit(d) for d in items]
         return [await p for p in pending]
 
@@ -402,6 +412,8 @@ class WriteHandle(_HandleBase):
 
         Raises LedgerFencedError if another client is recovering the ledger, and
         LedgerClosedError if it was closed at an end other than this writer's LAC.
+        If cancelled, the ledger may be CLOSED or still OPEN (the CAS may have landed);
+        the handle takes no more appends either way, and ``open_ledger`` settles it.
         """
         if self._closed:
             return

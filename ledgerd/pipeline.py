@@ -112,6 +112,12 @@ class AddPipeline:
                 else:
                     ids.append(eff.entry_id)
             elif type(eff) is Completed:
+                # Sends queued before this completion need the bytes it drops: after an
+                # ensemble change the writer re-sends entries to the new bookie and then
+                # completes those that reached Qa during the change.
+                if out:
+                    self._flush()
+                    out = self._out
                 entries = self.entries
                 for eid in eff.entry_ids:
                     entries.pop(eid, None)
@@ -119,6 +125,9 @@ class AddPipeline:
             elif type(eff) is ChangeEnsemble:
                 self.nursery.start_soon(self._change, eff)
             elif type(eff) is Failed:
+                if out:
+                    self._flush()
+                    out = self._out
                 for eid in eff.entry_ids:
                     self.entries.pop(eid, None)
                 self.on_failed(eff.kind, eff.reason, eff.entry_ids)

@@ -184,7 +184,12 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
                          digester: Digester, *, read_timeout: float, add_timeout: float,
                          writable: Callable[[], Awaitable[set[str]]],
                          rng: random.Random) -> tuple[LedgerMetadata, int]:
-    """Fence, find the end, rewrite, close; returns the CLOSED metadata and its version."""
+    """Fence, find the end, rewrite, close; returns the CLOSED metadata and its version.
+
+    Raises BadPasswordError (a bookie refused the key) or LedgerRecoveryError (with the
+    FailureKind that stopped it). If cancelled, the ledger stays IN_RECOVERY and fenced,
+    with any prefix of the rewrites done; running recovery again finishes it.
+    """
     md, version = await ledgers.update(ledger_id, begin_recovery)
     if md.is_closed:
         return md, version
