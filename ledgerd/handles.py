@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ledgerd.base.logs import fields
+from ledgerd.deadlines import DeadlineSleep
 from ledgerd.errors import (
     BadPasswordError,
     LedgerClosedError,
@@ -226,9 +227,9 @@ class WriteHandle(_HandleBase):
         self._lac_interval = cfg.explicit_lac_interval_ms / 1000
         self._lac_written = -1
         self._last_activity = trio.current_time()
-        # The service task sleeps until the next deadline; with none it sleeps until an
-        # append or a completion sets this (checked as one attribute on those paths).
-        self._idle_wakeup: trio.Event | None = None
+        # The service task sleeps until the next deadline; with none, until an append,
+        # a completion or an ensemble change wakes it.
+        self._sleep = DeadlineSleep()
         client.nursery.start_soon(self._service)
 
     # -- state -------------------------------------------------------------------------
@@ -290,8 +291,7 @@ class WriteHandle(_HandleBase):
         else:
             self._waiters[eid] = p
         self._last_activity = now
-        if self._idle_wakeup is not None:
-            self._idle_wakeup.set()
+        self._sleep.wake()
         return p
 
     async def append(self, data: bytes) -> int:
@@ -322,8 +322,8 @@ class WriteHandle(_HandleBase):
             if p is not None:
                 p._finish(now)
         self._progress.set()
-        if self._idle_wakeup is not None and self._lac_interval:
-            self._idle_wakeup.set()  # an explicit-LAC deadline may start now
+        if self._lac_interval:
+            self._sleep.wake()  # an explicit-LAC deadline may start now
 
     def _failed(self, kind: FailureKind, reason: str, entry_ids: tuple[int, ...]) -> None:
         error: LedgerHandleError | BadPasswordError
@@ -366,8 +366,7 @@ class WriteHandle(_HandleBase):
     # -- background: add timeouts and explicit LAC -------------------------------------
 
     def _wake_service(self) -> None:
-        if self._idle_wakeup is not None:
-            self._idle_wakeup.set()
+        self._sleep.wake()
 
     def _next_deadline(self) -> float | None:
         """The writer's next add timeout, or the explicit-LAC write, whichever is first."""
@@ -382,13 +381,8 @@ class WriteHandle(_HandleBase):
         """Sleep until the next deadline, then apply it: no polling while idle."""
         with self._scope:
             while True:
-                deadline = self._next_deadline()
-                if deadline is None:
-                    self._idle_wakeup = wakeup = trio.Event()
-                    await wakeup.wait()
-                    self._idle_wakeup = None
+                if not await self._sleep.until(self._next_deadline()):
                     continue
-                await trio.sleep_until(deadline)
                 self._pipeline.on_timer()
                 if self._lac_interval and self._error is None:
                     self._maybe_write_lac()

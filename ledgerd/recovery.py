@@ -25,6 +25,7 @@ import trio
 from ledgerd.base.logs import fields
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
+from ledgerd.deadlines import DeadlineSleep
 from ledgerd.errors import BadPasswordError, LedgerRecoveryError
 from ledgerd.machines.changes import begin_recovery, close_recovered
 from ledgerd.machines.placement import NotEnoughBookiesError, choose_replacements
@@ -73,8 +74,8 @@ class _Run:
                                       ensemble, first, read_timeout=read_timeout)
         self.pipeline: AddPipeline | None = None
         self.ensembles: dict[int, tuple[str, ...]] = {}
-        # Set when the timer task sleeps with no deadline: effects may have made one.
-        self._idle_wakeup: trio.Event | None = None
+        # The timer task's sleep; replies and rewrite changes wake it from idleness.
+        self._sleep = DeadlineSleep()
         self.finished: Finished | None = None
         self.aborted: Aborted | None = None
         self.done = trio.Event()
@@ -116,8 +117,7 @@ class _Run:
         return self.pipeline
 
     def _wake_timers(self) -> None:
-        if self._idle_wakeup is not None:
-            self._idle_wakeup.set()
+        self._sleep.wake()
 
     def _rewrite_failed(self, kind: FailureKind, reason: str, _ids: tuple[int, ...]) -> None:
         self.aborted = Aborted(kind, f"rewriting recovered entries failed: {reason}")
@@ -154,8 +154,7 @@ class _Run:
             log.warning("recovery_read_bad_entry", extra=fields(
                 ledger=self.ledger_id, entry=entry_id, bookie=bookie))
         self.apply(effects)
-        if self._idle_wakeup is not None:
-            self._idle_wakeup.set()
+        self._sleep.wake()
 
     def _next_deadline(self) -> float | None:
         deadline = self.machine.next_deadline()
@@ -168,13 +167,8 @@ class _Run:
     async def timers(self) -> None:
         """Read and rewrite timeouts: sleep until the machines' next deadline."""
         while not self.done.is_set():
-            deadline = self._next_deadline()
-            if deadline is None:
-                self._idle_wakeup = wakeup = trio.Event()
-                await wakeup.wait()
-                self._idle_wakeup = None
+            if not await self._sleep.until(self._next_deadline()):
                 continue
-            await trio.sleep_until(deadline)
             self.apply(self.machine.on_timer(trio.current_time()))
             if self.pipeline is not None:
                 self.pipeline.on_timer()
