@@ -1,4 +1,8 @@
-"""Recovering a ledger over the network: the trio driver of ``LedgerRecovery``.
+"""Recovering a ledger over the network: the trio transport of ``RecoveryRun``.
+
+The driver's logic (requests, reply decoding, effect routing, local ensembles, deadlines)
+is ``ledgerd.machines.recovery_run``, which the simulator runs too; this module adds the
+metadata CASes, the bookie pool, an AddPipeline for the rewrites, and a timer task.
 
 1. CAS the metadata to IN_RECOVERY (``begin_recovery``; a CLOSED ledger needs nothing).
 2. Feed the machine the answers to its fencing reads and recovery reads (FENCE |
@@ -28,33 +32,43 @@ from ledgerd.bookies import BookiePool
 from ledgerd.deadlines import DeadlineSleep
 from ledgerd.errors import BadPasswordError, LedgerRecoveryError
 from ledgerd.machines.changes import begin_recovery, close_recovered
-from ledgerd.machines.placement import NotEnoughBookiesError, choose_replacements
-from ledgerd.machines.recovery import (
-    Aborted,
-    Finished,
-    LedgerRecovery,
-    Phase,
-    RecoveryEffect,
-    Rewrite,
-    SendFenceRead,
-    SendRecoveryRead,
-    feed_reply,
-)
+from ledgerd.machines.placement import NotEnoughBookiesError
+from ledgerd.machines.recovery import Aborted
+from ledgerd.machines.recovery_run import RecoveryRun
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
 from metadata.ledger import LedgerMetadata
 from metadata.ledgers import LedgerManager
 from wire.entry import Digester
-from wire.messages import AddFlags, Message, ReadFlags, ReadRequest, ReadResponse
+from wire.messages import AddFlags, Message, ReadRequest, ReadResponse
 from wire.status import Status
 
 __all__ = ["recover_ledger"]
 
 log = logging.getLogger(__name__)
-_RECOVERY_READ = ReadFlags.FENCE | ReadFlags.HIGH_PRIORITY
+
+
+class _PipelineRewriter:
+    """Rewrites through an AddPipeline: batched runs, BUSY retries, the pool."""
+
+    def __init__(self, pipeline: AddPipeline) -> None:
+        self.pipeline = pipeline
+
+    def append(self, entry_id: int, entry: bytes, now: float) -> None:
+        eid = self.pipeline.append(0, lambda *_a: entry, now)
+        assert eid == entry_id, (eid, entry_id)
+
+    def next_deadline(self) -> float | None:
+        return self.pipeline.next_deadline()
+
+    def on_timer(self, now: float) -> None:
+        self.pipeline.on_timer()
 
 
 class _Run:
+    """The trio transport of one ``RecoveryRun``: reads through the pool, rewrites
+    through an AddPipeline, and a timer task sleeping until the run's next deadline."""
+
     def __init__(self, pool: BookiePool, nursery: trio.Nursery, ledger_id: int,
                  md: LedgerMetadata, key: bytes, digester: Digester, *, read_timeout: float,
                  add_timeout: float, writable: Callable[[], Awaitable[set[str]]],
@@ -62,82 +76,24 @@ class _Run:
         self.pool = pool
         self.nursery = nursery
         self.ledger_id = ledger_id
-        self.md = md
         self.key = key
-        self.digester = digester
-        self.read_timeout = read_timeout
-        self.add_timeout = add_timeout
         self.writable = writable
         self.rng = rng
-        first, ensemble = md.last_ensemble
-        self.machine = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum,
-                                      ensemble, first, read_timeout=read_timeout)
-        self.pipeline: AddPipeline | None = None
-        self.ensembles: dict[int, tuple[str, ...]] = {}
+        self.run = RecoveryRun(md, ledger_id, key, digester, read_timeout=read_timeout,
+                               add_timeout=add_timeout, send_read=self._send_read,
+                               make_rewriter=self._make_rewriter)
         # The timer task's sleep; replies and rewrite changes wake it from idleness.
         self._sleep = DeadlineSleep()
-        self.finished: Finished | None = None
-        self.aborted: Aborted | None = None
         self.done = trio.Event()
 
-    # -- effects -----------------------------------------------------------------------
-
-    def apply(self, effects: list[RecoveryEffect]) -> None:
-        m = self.machine
-        for eff in effects:
-            if isinstance(eff, SendFenceRead):
-                self._read(-1, eff.index, eff.bookie)
-            elif isinstance(eff, SendRecoveryRead):
-                self._read(eff.entry_id, eff.index, eff.bookie)
-            elif isinstance(eff, Rewrite):
-                pipeline = self._pipeline()
-                entry = eff.entry
-                eid = pipeline.append(0, lambda *_a, entry=entry: entry, trio.current_time())
-                assert eid == eff.entry_id, (eid, eff.entry_id)
-            elif isinstance(eff, Finished):
-                self.finished = eff
-                self.done.set()
-            elif isinstance(eff, Aborted):
-                self.aborted = eff
-                self.done.set()
-        if m.phase in (Phase.DONE, Phase.ABORTED):
+    def _after_input(self) -> None:
+        if self.run.is_over:
             self.done.set()
-
-    def _pipeline(self) -> AddPipeline:
-        if self.pipeline is None:
-            m = self.machine
-            md = self.md
-            writer = LedgerWriter(md.ensemble_size, md.write_quorum, md.ack_quorum, m.ensemble,
-                                  last_add_confirmed=m.start, add_timeout=self.add_timeout)
-            self.pipeline = AddPipeline(
-                self.pool, self.nursery, self.ledger_id, self.key, writer,
-                flags=AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY, replace=self._replace,
-                on_completed=lambda ids, _lac: self.apply(self.machine.on_rewritten(ids)),
-                on_failed=self._rewrite_failed, on_timer_changed=self._wake_timers)
-        return self.pipeline
-
-    def _wake_timers(self) -> None:
         self._sleep.wake()
-
-    def _rewrite_failed(self, kind: FailureKind, reason: str, _ids: tuple[int, ...]) -> None:
-        self.aborted = Aborted(kind, f"rewriting recovered entries failed: {reason}")
-        self.done.set()
-
-    async def _replace(self, first: int, failed: dict[int, str],
-                       ensemble: tuple[str, ...]) -> tuple[str, ...]:
-        try:
-            new = choose_replacements(await self.writable(), ensemble, failed, self.rng,
-                                      avoid=self.pool.recent_failures())
-        except NotEnoughBookiesError as exc:
-            raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
-        self.ensembles[first] = new  # local until the closing CAS
-        return new
 
     # -- reads -------------------------------------------------------------------------
 
-    def _read(self, entry_id: int, index: int, bookie: str) -> None:
-        req = ReadRequest(ledger_id=self.ledger_id, entry_id=entry_id, flags=_RECOVERY_READ,
-                          master_key=self.key)
+    def _send_read(self, req: ReadRequest, entry_id: int, index: int, bookie: str) -> None:
         self.pool.send(bookie, req, partial(self._on_reply, entry_id, index, bookie))
 
     def _on_reply(self, entry_id: int, index: int, bookie: str, status: int,
@@ -145,33 +101,50 @@ class _Run:
         if error is not None:
             self.pool.note_failure(bookie)
             status = Status.IO_ERROR
-        entry = response.entry if isinstance(response, ReadResponse) else b""
-        if status == Status.OK and not isinstance(response, ReadResponse):
+        elif status == Status.OK and not isinstance(response, ReadResponse):
             status = Status.IO_ERROR
-        effects, decoded = feed_reply(self.machine, self.digester, self.ledger_id, entry_id,
-                                      index, status, entry, trio.current_time())
-        if status == Status.OK and decoded is None:
+        entry = response.entry if isinstance(response, ReadResponse) else b""
+        if self.run.on_read_reply(entry_id, index, status, entry,
+                                  trio.current_time()) is None and status == Status.OK:
             log.warning("recovery_read_bad_entry", extra=fields(
                 ledger=self.ledger_id, entry=entry_id, bookie=bookie))
-        self.apply(effects)
-        self._sleep.wake()
+        self._after_input()
 
-    def _next_deadline(self) -> float | None:
-        deadline = self.machine.next_deadline()
-        if self.pipeline is not None:
-            rewrite = self.pipeline.next_deadline()
-            if rewrite is not None and (deadline is None or rewrite < deadline):
-                deadline = rewrite
-        return deadline
+    # -- rewrites ----------------------------------------------------------------------
+
+    def _make_rewriter(self, writer: LedgerWriter) -> _PipelineRewriter:
+        pipeline = AddPipeline(
+            self.pool, self.nursery, self.ledger_id, self.key, writer,
+            flags=AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY, replace=self._replace,
+            on_completed=self._rewritten, on_failed=self._rewrite_failed,
+            on_timer_changed=self._sleep.wake)
+        return _PipelineRewriter(pipeline)
+
+    def _rewritten(self, entry_ids: tuple[int, ...], _lac: int) -> None:
+        self.run.on_rewritten(entry_ids, trio.current_time())
+        self._after_input()
+
+    def _rewrite_failed(self, kind: FailureKind, reason: str, _ids: tuple[int, ...]) -> None:
+        self.run.on_rewrite_failed(kind, reason)
+        self._after_input()
+
+    async def _replace(self, first: int, failed: dict[int, str],
+                       ensemble: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            return self.run.choose_replacement(first, failed, ensemble, await self.writable(),
+                                               self.rng, avoid=self.pool.recent_failures())
+        except NotEnoughBookiesError as exc:
+            raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
+
+    # -- time --------------------------------------------------------------------------
 
     async def timers(self) -> None:
-        """Read and rewrite timeouts: sleep until the machines' next deadline."""
+        """Read and rewrite timeouts: sleep until the run's next deadline."""
         while not self.done.is_set():
-            if not await self._sleep.until(self._next_deadline()):
+            if not await self._sleep.until(self.run.next_deadline()):
                 continue
-            self.apply(self.machine.on_timer(trio.current_time()))
-            if self.pipeline is not None:
-                self.pipeline.on_timer()
+            self.run.on_timer(trio.current_time())
+            self._after_input()
 
 
 async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, key: bytes,
@@ -193,17 +166,19 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
         run = _Run(pool, nursery, ledger_id, md, key, digester, read_timeout=read_timeout,
                    add_timeout=add_timeout, writable=writable, rng=rng)
         nursery.start_soon(run.timers)
-        run.apply(run.machine.begin(trio.current_time()))
+        run.run.begin(trio.current_time())
+        run._after_input()
         await run.done.wait()
         nursery.cancel_scope.cancel()
-    if run.finished is None:
-        aborted = run.aborted or Aborted(FailureKind.UNAVAILABLE, "stopped")
+    if run.run.finished is None:
+        aborted = run.run.aborted or Aborted(FailureKind.UNAVAILABLE, "stopped")
         if aborted.kind is FailureKind.UNAUTHORIZED:
             raise BadPasswordError(ledger_id)
         raise LedgerRecoveryError(ledger_id, aborted.reason, kind=aborted.kind)
-    fin = run.finished
+    fin = run.run.finished
     md, version = await ledgers.update(
-        ledger_id, lambda cur: close_recovered(cur, run.ensembles, fin.last_entry_id, fin.length))
+        ledger_id, lambda cur: close_recovered(cur, run.run.ensembles, fin.last_entry_id,
+                                               fin.length))
     log.info("recovery_finished", extra=fields(ledger=ledger_id, last_entry=md.last_entry_id,
                                                length=md.length,
                                                recovered_by_us=md.last_entry_id == fin.last_entry_id))

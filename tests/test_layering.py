@@ -33,7 +33,8 @@ PURE = ["wire.layouts", "wire.codec", "wire.messages", "wire.frames", "wire.conn
         "wire.entry", "wire.status", "wire.errors", "disk.journal_format", "metadata.ledger",
         "metadata.errors", "ledgerd.machines.writer", "ledgerd.machines.recovery",
         "ledgerd.machines.quorum", "ledgerd.machines.placement", "ledgerd.machines.changes",
-        "ledgerd.machines.throttle", "ledgerd.machines.reads", "appliance.core", "ledgerd.base.logs",
+        "ledgerd.machines.throttle", "ledgerd.machines.reads", "ledgerd.machines.recovery_run",
+        "appliance.core", "ledgerd.base.logs",
         "ledgerd.base.settings"]
 
 

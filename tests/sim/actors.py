@@ -1,9 +1,12 @@
 """Simulated bookies and metadata, and the clients that drive the real machines.
 
-``SimWriter`` runs ``LedgerWriter``, ``SimRecoverer`` runs ``LedgerRecovery`` plus a
-recovery-mode ``LedgerWriter``, and every metadata change goes through the client's own
-pure change functions (``ledgerd.machines.changes``) in a compare-and-set loop. Only the
-transport differs from the trio client: here a message is an event in the world.
+``SimBookie`` decides with the production bookie core (``appliance.core``); only its
+storage and time are simulated. ``SimWriter`` runs ``LedgerWriter``; ``SimRecoverer``
+runs the production recovery driver's logic (``ledgerd.machines.recovery_run``) with a
+recovery-mode ``LedgerWriter`` for the rewrites; every metadata change goes through the
+client's own pure change functions (``ledgerd.machines.changes``) in a compare-and-set
+loop. Only the transport differs from the trio client: here a message is an event in the
+world, and a timer is armed at each machine's ``next_deadline()``.
 """
 
 from __future__ import annotations
@@ -22,16 +25,8 @@ from ledgerd.machines.changes import (
 )
 from ledgerd.machines.placement import NotEnoughBookiesError, choose_ensemble, choose_replacements
 from ledgerd.machines.quorum import write_set
-from ledgerd.machines.recovery import (
-    Aborted,
-    Finished,
-    LedgerRecovery,
-    RecoveryEffect,
-    Rewrite,
-    SendFenceRead,
-    SendRecoveryRead,
-    feed_reply,
-)
+from ledgerd.machines.recovery import Finished
+from ledgerd.machines.recovery_run import RECOVERY_READ_FLAGS, RecoveryRun
 from ledgerd.machines.writer import (
     ChangeEnsemble,
     Completed,
@@ -430,7 +425,91 @@ class SimWriter:
 # -- recovery -----------------------------------------------------------------------------
 
 
+class _SimRewriter:
+    """A recovery run's rewrites as world messages: the recovery-mode writer's SendAdds
+    become RECOVERY_ADD requests to the simulated bookies; its ensemble changes stay local
+    (or, under the ``early_recovery_ensemble_commit`` mutation, are CASed at once)."""
+
+    def __init__(self, owner: SimRecoverer, attempt: int, writer: LedgerWriter) -> None:
+        self.owner = owner
+        self.attempt = attempt
+        self.writer = writer
+        self.entries: dict[int, bytes] = {}
+
+    def append(self, entry_id: int, entry: bytes, now: float) -> None:
+        eid, effects = self.writer.append(0, now)
+        assert eid == entry_id, (eid, entry_id)
+        self.entries[eid] = entry
+        self._apply(effects)
+
+    def next_deadline(self) -> float | None:
+        return self.writer.next_deadline()
+
+    def on_timer(self, now: float) -> None:
+        self._apply(self.writer.on_timer(now))
+
+    def _apply(self, effects: list[Effect]) -> None:
+        owner, run = self.owner, self.owner.run
+        for eff in effects:
+            if not owner._live(self.attempt):
+                return
+            if isinstance(eff, SendAdd):
+                self._send(eff)
+            elif isinstance(eff, Completed):
+                run.on_rewritten(eff.entry_ids, owner.world.now)
+            elif isinstance(eff, ChangeEnsemble):
+                self._change(eff)
+            elif isinstance(eff, Failed):
+                run.on_rewrite_failed(eff.kind, eff.reason)
+        owner._after_input(self.attempt)
+
+    def _send(self, eff: SendAdd) -> None:
+        owner, w = self.owner, self.writer
+        bookie = owner.bookies[eff.bookie]
+        eid, name = eff.entry_id, eff.bookie
+
+        def reply(status: int) -> None:
+            if owner._live(self.attempt):
+                now = owner.world.now
+                self._apply(w.on_ack(eid, name, now) if status == Status.OK
+                            else w.on_error(eid, name, status, now))
+        req = add_request(eid, self.entries[eid], recovery=True)
+        owner.world.send(lambda: bookie.on_add(req, reply),
+                         f"{owner.name} rewrite {eid} -> {name}")
+
+    def _change(self, eff: ChangeEnsemble) -> None:
+        owner, w = self.owner, self.writer
+        ensemble = tuple(w.ensemble)
+        early = owner.world.mutations.early_recovery_ensemble_commit
+        try:
+            if early:  # the bug: not kept for the closing CAS, committed at once instead
+                new = choose_replacements(owner.bookies, ensemble, eff.failed, owner.world.rng)
+            else:
+                new = owner.run.choose_replacement(eff.first_entry_id, eff.failed, ensemble,
+                                                   owner.bookies, owner.world.rng)
+        except NotEnoughBookiesError as exc:
+            self._apply(w.ensemble_change_failed(FailureKind.NO_BOOKIES, str(exc)))
+            return
+        if not early:
+            self._apply(w.ensemble_changed(eff.first_entry_id, new, owner.world.now))
+            return
+
+        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
+            if not owner._live(self.attempt):
+                return
+            if err is not None:
+                self._apply(w.ensemble_change_failed(FailureKind.METADATA, str(err)))
+            else:
+                self._apply(w.ensemble_changed(eff.first_entry_id, new, owner.world.now))
+        cas(owner.meta, lambda: owner._live(self.attempt),
+            lambda md: md.with_ensemble(eff.first_entry_id, new), done)
+
+
 class SimRecoverer:
+    """A recoverer that runs the production driver's logic (``RecoveryRun``: requests,
+    reply decoding, effect routing, local ensembles, deadlines) over world messages; the
+    metadata steps are the client's own change functions in a CAS loop."""
+
     def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
                  name: str, observer: Any) -> None:
         self.world = world
@@ -441,6 +520,8 @@ class SimRecoverer:
         self.alive = True
         self.attempt = 0
         self.result: LedgerMetadata | None = None
+        self.timer = Timer(world, f"{name} timer")
+        self._closing = False
 
     def start(self) -> None:
         if not self.alive or self.result is not None:
@@ -455,151 +536,71 @@ class SimRecoverer:
         if md.is_closed:
             self._finish(md)
             return
-        self.md = md
-        first, ensemble = md.last_ensemble
-        self.rec = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
-                                  first, read_timeout=READ_TIMEOUT,
-                                  start_from_minus_one=self.world.mutations.recovery_from_minus_one)
-        self.rw: LedgerWriter | None = None
-        self.rw_entries: dict[int, bytes] = {}
-        self.local_ensembles: dict[int, tuple[str, ...]] = {}
-        self.world.log(f"{self.name} recovery attempt {attempt} on {list(ensemble)}")
-        self.timer = Timer(self.world, f"{self.name} rewrite timer")
-        self.read_timer = Timer(self.world, f"{self.name} read timer")
-        self.apply(self.rec.begin(self.world.now))
+        mutations = self.world.mutations
+        flags = (ReadFlags.HIGH_PRIORITY if mutations.unfenced_recovery_reads
+                 else RECOVERY_READ_FLAGS)
+        self.run = RecoveryRun(
+            md, LEDGER, KEY, DIGEST, read_timeout=READ_TIMEOUT, add_timeout=ADD_TIMEOUT,
+            send_read=lambda req, eid, index, name: self._send_read(attempt, req, eid, index,
+                                                                    name),
+            make_rewriter=lambda writer: _SimRewriter(self, attempt, writer),
+            read_flags=flags, start_from_minus_one=mutations.recovery_from_minus_one)
+        self._closing = False
+        self.world.log(f"{self.name} recovery attempt {attempt} on {list(md.last_ensemble[1])}")
+        self.run.begin(self.world.now)
+        self._after_input(attempt)
 
     def _live(self, attempt: int) -> bool:
         return self.alive and self.attempt == attempt and self.result is None
 
-    def _arm_timer(self, attempt: int) -> None:
-        rw = self.rw
-        assert rw is not None
+    def _after_input(self, attempt: int) -> None:
+        """As the trio driver after every input: the outcome, else one timer at the run's
+        next deadline."""
+        if not self._live(attempt):
+            return
+        run = self.run
+        if run.aborted is not None:
+            self._retry(run.aborted.reason)
+        elif run.finished is not None:
+            if not self._closing:
+                self._closing = True
+                self._close(attempt, run.finished, dict(run.ensembles))
+        else:
+            def fire() -> None:
+                if self._live(attempt) and self.run is run:
+                    run.on_timer(self.world.now)
+                    self._after_input(attempt)
+            self.timer.arm(run.next_deadline(), fire)
 
-        def fire() -> None:
-            if self._live(attempt) and self.rw is rw:
-                self.apply_writer(rw.on_timer(self.world.now))
-        self.timer.arm(rw.next_deadline(), fire)
+    def _retry(self, reason: str) -> None:
+        self.world.log(f"{self.name} aborted: {reason}")
+        self.attempt += 1  # stale answers of this attempt are now ignored
+        self.timer.arm(None, lambda: None)
+        self.world.at(0.2, self.start, f"{self.name} retry")
 
-    def apply(self, effects: list[RecoveryEffect]) -> None:
-        attempt = self.attempt
-        for eff in effects:
-            if not self._live(attempt):
-                return
-            if isinstance(eff, SendFenceRead):
-                self._read(-1, eff.index, eff.bookie)
-            elif isinstance(eff, SendRecoveryRead):
-                self._read(eff.entry_id, eff.index, eff.bookie)
-            elif isinstance(eff, Rewrite):
-                self._rewrite(eff)
-            elif isinstance(eff, Finished):
-                self._close(eff)
-            elif isinstance(eff, Aborted):
-                self.world.log(f"{self.name} aborted: {eff.reason}")
-                self.attempt += 1  # stale answers of this attempt are now ignored
-                self.world.at(0.2, self.start, f"{self.name} retry")
-        if self._live(attempt):
-            # As the trio driver: one timer at the machine's next read deadline.
-            rec = self.rec
-            self.read_timer.arm(rec.next_deadline(), lambda: self._live(attempt) and self.apply(
-                rec.on_timer(self.world.now)))
-
-    def _read(self, entry_id: int, index: int, name: str) -> None:
-        attempt = self.attempt
-        rec = self.rec
+    def _send_read(self, attempt: int, req: ReadRequest, entry_id: int, index: int,
+                   name: str) -> None:
+        run = self.run
         bookie = self.bookies[name]
-        fence = not self.world.mutations.unfenced_recovery_reads
 
         def reply(status: int, data: bytes) -> None:
-            if not self._live(attempt) or self.rec is not rec:
+            if not self._live(attempt) or self.run is not run:
                 return
-            # The production driver's step from reply to machine input (digest check,
-            # header fields; late and duplicate answers are the machine's to ignore).
-            effects, decoded = feed_reply(rec, DIGEST, LEDGER, entry_id, index, status, data,
-                                          self.world.now)
+            decoded = run.on_read_reply(entry_id, index, status, data, self.world.now)
             if decoded is not None and entry_id < 0:
                 self.observer.on_lac_seen(decoded.lac, f"{self.name} fence read")
             elif decoded is not None:
                 self.observer.on_entry_read(entry_id, decoded.payload, self.name)
-            self.apply(effects)
-        req = read_request(entry_id, fence=fence)
+            self._after_input(attempt)
         self.world.send(lambda: bookie.on_read(req, reply),
                         f"{self.name} read {entry_id} -> {name}")
 
-    # -- rewrites through a recovery-mode writer --
-
-    def _rewrite(self, eff: Rewrite) -> None:
-        md = self.md
-        if self.rw is None:
-            self.rw = LedgerWriter(md.ensemble_size, md.write_quorum, md.ack_quorum,
-                                   self.rec.ensemble, last_add_confirmed=self.rec.start,
-                                   add_timeout=ADD_TIMEOUT)
-        eid, effects = self.rw.append(0, self.world.now)
-        assert eid == eff.entry_id, (eid, eff.entry_id)
-        self.rw_entries[eid] = eff.entry
-        self.apply_writer(effects)
-
-    def apply_writer(self, effects: list[Effect]) -> None:
-        attempt = self.attempt
-        assert self.rw is not None
-        rw = self.rw
-        for eff in effects:
-            if not self._live(attempt):
-                return
-            if isinstance(eff, SendAdd):
-                self._send_rewrite(eff, attempt)
-            elif isinstance(eff, Completed):
-                self.apply(self.rec.on_rewritten(eff.entry_ids))
-            elif isinstance(eff, ChangeEnsemble):
-                self._local_change(eff, rw, attempt)
-            elif isinstance(eff, Failed):
-                self.apply([Aborted(eff.kind, f"rewrite failed: {eff.reason}")])
-        if self._live(attempt):
-            self._arm_timer(attempt)
-
-    def _send_rewrite(self, eff: SendAdd, attempt: int) -> None:
-        assert self.rw is not None
-        rw = self.rw
-        bookie = self.bookies[eff.bookie]
-        eid, name = eff.entry_id, eff.bookie
-        entry = self.rw_entries[eid]
-
-        def reply(status: int) -> None:
-            if self._live(attempt):
-                self.apply_writer(rw.on_ack(eid, name, self.world.now) if status == Status.OK
-                                  else rw.on_error(eid, name, status, self.world.now))
-        req = add_request(eid, entry, recovery=True)
-        self.world.send(lambda: bookie.on_add(req, reply),
-                        f"{self.name} rewrite {eid} -> {name}")
-
-    def _local_change(self, eff: ChangeEnsemble, rw: LedgerWriter, attempt: int) -> None:
-        ensemble = tuple(rw.ensemble)
-        try:
-            new = choose_replacements(self.bookies, ensemble, eff.failed, self.world.rng)
-        except NotEnoughBookiesError as exc:
-            self.apply_writer(rw.ensemble_change_failed(FailureKind.NO_BOOKIES, str(exc)))
-            return
-        if not self.world.mutations.early_recovery_ensemble_commit:
-            self.local_ensembles[eff.first_entry_id] = new
-            self.apply_writer(rw.ensemble_changed(eff.first_entry_id, new, self.world.now))
-            return
-
+    def _close(self, attempt: int, fin: Finished, ensembles: dict[int, tuple[str, ...]]) -> None:
         def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
             if not self._live(attempt):
                 return
             if err is not None:
-                self.apply_writer(rw.ensemble_change_failed(FailureKind.METADATA, str(err)))
-            else:
-                self.apply_writer(rw.ensemble_changed(eff.first_entry_id, new, self.world.now))
-        cas(self.meta, lambda: self._live(attempt),
-            lambda md: md.with_ensemble(eff.first_entry_id, new), done)
-
-    def _close(self, fin: Finished) -> None:
-        attempt = self.attempt
-        ensembles = dict(self.local_ensembles)
-
-        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
-            if err is not None:
-                self.apply([Aborted(failure_kind(err), f"close failed: {err}")])
+                self._retry(f"close failed: {err}")
                 return
             assert md is not None
             self._finish(md)
