@@ -100,7 +100,7 @@ class Bookie:
             self.exit_code = exit_code
         self._stop.set()
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> int:
+    async def run(self, *, task_status: trio.TaskStatus[Bookie] = trio.TASK_STATUS_IGNORED) -> int:
         """Run until asked to stop; returns the process exit code."""
         try:
             await self._connect_metadata()
@@ -210,7 +210,7 @@ class Bookie:
 
     # -- services ----------------------------------------------------------------------
 
-    async def _listener(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _listener(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         address = f"{self.config.listen_address}:{self.config.bookie_port}"
         try:
             listeners = await trio.open_tcp_listeners(self.config.bookie_port,
@@ -259,7 +259,7 @@ class Bookie:
                 await listener.aclose()
             await trio.sleep_forever()  # until stopped: connections drain meanwhile
 
-    async def _registration(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _registration(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         registry = self.registry
         assert registry is not None
         async with trio.open_nursery() as nursery:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -68,7 +67,7 @@ class GarbageCollector:
         self._wake.set()
         return not self.running
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         now = trio.current_time()
         self.last_minor = self.last_major = now
         task_status.started()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import trio
 
@@ -45,7 +44,8 @@ class AdminHttp:
         self.metrics_enabled = metrics_enabled
         self.bound_port = 0
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = (
+            trio.TASK_STATUS_IGNORED)) -> None:
         listeners = await trio.open_tcp_listeners(self.port, host=self.host)
         self.bound_port = listeners[0].socket.getsockname()[1]
         log.info("admin_listening", extra=fields(address=f"{self.host}:{self.bound_port}"))

@@ -12,7 +12,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import trio
 
@@ -59,7 +58,7 @@ def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
 
 async def watchdog_service(healthy: Callable[[], bool], *,
                            env: Mapping[str, str] | None = None,
-                           task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Ping ``WATCHDOG=1`` at half the interval while ``healthy()`` holds.
 
     The pings come from the event loop itself, so a wedged loop stops them and systemd

@@ -80,7 +80,7 @@ class Supervisor:
         spec.scope.cancel()
         await spec.finished.wait()
 
-    async def _supervise(self, spec: _Spec, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _supervise(self, spec: _Spec, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             with spec.scope:
                 await self._loop(spec, task_status)

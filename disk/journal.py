@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -279,7 +278,7 @@ class Journal:
         self._wakeup.set()
         return self._group
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer service. Runs until cancelled or closed; an I/O failure ends it
         with the error (the supervisor turns the bookie read-only)."""
         if self._file is None:

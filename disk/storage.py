@@ -196,7 +196,7 @@ class LedgerStorage:
         if lac > idx.lac:
             idx.lac = lac
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The storage services: the journal writer and the periodic checkpoint."""
         async with trio.open_nursery() as nursery:
             self._run_scope = nursery.cancel_scope

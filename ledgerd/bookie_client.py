@@ -20,7 +20,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
 
 import trio
 
@@ -120,7 +119,7 @@ class BookieClient:
             raise batch.error
         return [r for r in batch.replies if r is not None]
 
-    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The reader and writer tasks; returns when the connection has failed."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_loop)

@@ -76,7 +76,7 @@ class Client:
 
     # -- membership --------------------------------------------------------------------
 
-    async def _watch_bookies(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _watch_bookies(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with self.registry.watch_bookies() as snapshots:
             task_status.started()
             async for snapshot in snapshots:

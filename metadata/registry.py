@@ -113,7 +113,7 @@ class BookieRegistry:
         """Membership snapshots: one now, then one after every change."""
         send, recv = trio.open_memory_channel[BookieSet](1)
 
-        async def pump(kind_path: str, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async def pump(kind_path: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             async with self.store.watch(kind_path, WatchKind.CHILDREN) as events:
                 task_status.started()
                 async for _ in events:
@@ -146,7 +146,7 @@ class BookieRegistry:
 
     async def keep_registered(self, bookie_id: str, info: Callable[[], dict[str, Any]],
                               is_read_only: Callable[[], bool], *,
-                              task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Service: register now and again after every session loss, until cancelled.
 
         If cancelled, the registration is removed (shielded) before returning.
