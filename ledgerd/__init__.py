@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         NoSuchLedgerError,
         NotEnoughBookiesError,
         ReadBeyondLacError,
+        ReplicaTimeoutError,
     )
     from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
     from ledgerd.ledgerlog import LogFencedError, LogPosition, LogWriter, NoSuchLogError
@@ -61,6 +62,7 @@ _EXPORTS = {
     "NotEnoughBookiesError": "ledgerd.errors",
     "PendingAppend": "ledgerd.handles",
     "ReadBeyondLacError": "ledgerd.errors",
+    "ReplicaTimeoutError": "ledgerd.errors",
     "ReadHandle": "ledgerd.handles",
     "SyncClient": "ledgerd.sync",
     "SyncLogWriter": "ledgerd.sync",
@@ -85,7 +87,7 @@ __all__ = [
     "EntryUnavailableError", "LedgerClosedError", "LedgerFencedError", "LedgerHandleError",
     "LedgerRecoveryError", "LedgerdError", "LogFencedError", "LogPosition", "LogWriter",
     "NoSuchLedgerError", "NoSuchLogError", "NotEnoughBookiesError", "PendingAppend",
-    "ReadBeyondLacError", "ReadHandle", "SyncClient", "SyncLogWriter", "SyncReadHandle",
+    "ReadBeyondLacError", "ReadHandle", "ReplicaTimeoutError", "SyncClient", "SyncLogWriter", "SyncReadHandle",
     "SyncWriteHandle", "WriteHandle", "__version__", "open_client",
 ]
 
