@@ -28,7 +28,8 @@ def clock(mock_clock: trio.testing.MockClock) -> trio.testing.MockClock:
     return mock_clock
 
 
-async def test_pool_backs_off_after_failed_connects_then_reconnects(tmp_path: Path) -> None:
+async def test_pool_backs_off_after_failed_connects_then_reconnects(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
     async with memory_cluster(tmp_path, 1) as cluster, trio.open_nursery() as nursery:
         attempts = []
 
@@ -45,14 +46,15 @@ async def test_pool_backs_off_after_failed_connects_then_reconnects(tmp_path: Pa
         status, _, _ = await pool.call("b0:3181", ReadLacRequest(ledger_id=1), 5)
         assert status == -1 and len(attempts) == 1
         assert "b0:3181" in pool.recent_failures()
-        await trio.sleep(0.1)
+        # Backoff is a rule about time: the test moves the virtual clock past each step.
+        clock.jump(0.1)
         await pool.call("b0:3181", ReadLacRequest(ledger_id=1), 5)
         assert len(attempts) == 2  # retried after 0.1 s; the next backoff is 0.2 s
-        await trio.sleep(0.1)
+        clock.jump(0.1)
         await pool.call("b0:3181", ReadLacRequest(ledger_id=1), 5)
         assert len(attempts) == 2
         cluster["b0:3181"].gate.refuse_connects = False
-        await trio.sleep(0.2)
+        clock.jump(0.2)
         status, _, _ = await pool.call("b0:3181", ReadLacRequest(ledger_id=1), 5)
         assert status == Status.NO_SUCH_LEDGER and len(attempts) == 3  # a real answer
         pool.close()
@@ -68,16 +70,21 @@ async def test_reset_mid_batch_fails_every_outstanding_request_then_reconnects(
             Status.NO_SUCH_LEDGER
         bookie.gate.freeze()
         replies: list[tuple[int, Message | None, BookieConnectionError | None]] = []
+        all_failed = trio.Event()
+
+        def on_reply(s: int, r: Message | None, e: BookieConnectionError | None) -> None:
+            replies.append((s, r, e))
+            if len(replies) == 5:
+                all_failed.set()
+
         for i in range(5):
-            pool.send(bookie.address, ReadLacRequest(ledger_id=i),
-                      lambda s, r, e: replies.append((s, r, e)))
-        await trio.sleep(1)
+            pool.send(bookie.address, ReadLacRequest(ledger_id=i), on_reply)
+        await trio.testing.wait_all_tasks_blocked()
         assert replies == []  # the batch is on the wire, unanswered
         await bookie.gate.reset()
         bookie.gate.thaw()
         with trio.fail_after(5):
-            while len(replies) < 5:
-                await trio.sleep(0.01)
+            await all_failed.wait()
         assert all(s == -1 and isinstance(e, BookieConnectionError) for s, _, e in replies)
         await trio.testing.wait_all_tasks_blocked()  # the connection task has ended too
         assert bookie.address in pool.recent_failures()
