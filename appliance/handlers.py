@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from appliance.core import ACCEPT, Accept, BookieCore
+from appliance.core import Accept, BookieCore
 from appliance.metrics import BookieMetrics
 from disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
 from disk.journal import JournalGroup
@@ -91,7 +91,7 @@ class AdminHooks:
     secret: str = ""
 
 
-_STORAGE_STATUS: dict[type[StorageError], Status] = {
+_STORAGE_STATUS: dict[type[BaseException], Status] = {
     LedgerNotFoundError: Status.NO_SUCH_LEDGER,
     EntryNotFoundError: Status.NO_SUCH_ENTRY,
 }
@@ -101,7 +101,7 @@ def status_for_storage_error(exc: BaseException) -> Status:
     """What storage reports, as a status: a missing ledger or entry is a fact of this
     bookie's storage; anything else goes through the one table (``wire.status``) in
     reverse, which makes an unexpected storage failure IO_ERROR."""
-    status = _STORAGE_STATUS.get(type(exc))  # type: ignore[arg-type]
+    status = _STORAGE_STATUS.get(type(exc))
     return status if status is not None else status_for_error(exc)
 
 
@@ -144,7 +144,7 @@ class RequestHandler:
         lid = req.ledger_id
         decision = self.core.on_add(req, storage.cache.ledgers.get(lid), state.read_only,
                                     state.storage_failed)
-        if decision is not ACCEPT and type(decision) is not Accept:
+        if type(decision) is not Accept:
             return decision, None  # type: ignore[return-value]
         entries = req.entries
         n = len(entries)
@@ -152,13 +152,9 @@ class RequestHandler:
         if not storage.journal.has_capacity(nbytes + 64 * n):
             return Status.TOO_MANY_REQUESTS, None
         try:
-            if decision is ACCEPT:
-                group = storage.submit_entries(lid, req.first_entry_id, entries)
-            else:
-                group = storage.submit_entries(lid, req.first_entry_id, entries,
-                                               decision.bind_key,
-                                               decision.new_term,
-                                               decision.truncate)
+            group = storage.submit_entries(lid, req.first_entry_id, entries,
+                                           decision.bind_key, decision.new_term,
+                                           decision.truncate)
         except StorageError as exc:
             return status_for_storage_error(exc), None
         self.metrics.entries_added += len(entries)

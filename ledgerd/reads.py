@@ -24,7 +24,6 @@ does ends it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +32,7 @@ import trio
 
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
+from ledgerd.deadlines import DeadlineSleep
 from ledgerd.errors import EntryUnavailableError, LedgerdError, ReplicaTimeoutError
 from ledgerd.machines.quorum import is_definite, write_set
 from ledgerd.machines.reads import (
@@ -90,22 +90,6 @@ class LedgerView:
         return sorted(ordered, key=lambda b: b in avoid)
 
 
-class _Wakeup:
-    """Replies set it; a driver loop sleeps until its machine's deadline or this."""
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-
-    def set(self) -> None:
-        self.event.set()
-
-    async def wait_until(self, deadline: float | None) -> None:
-        with trio.move_on_at(deadline if deadline is not None else math.inf):
-            await self.event.wait()
-        if self.event.is_set():
-            self.event = trio.Event()
-
-
 async def fetch_entries(view: LedgerView, first: int, last: int, *,
                         avoid: frozenset[str] = frozenset()) -> list[Entry]:
     """Entries ``first..last`` (inclusive), verified, in order; one request per entry,
@@ -122,7 +106,7 @@ async def _fetch_each(view: LedgerView, entry_ids: Iterable[int],
     machine = EntryReads(plan, speculative_timeout=view.speculative_timeout,
                          read_timeout=view.read_timeout)
     found: dict[int, Entry] = {}
-    wakeup = _Wakeup()
+    sleep = DeadlineSleep()
     pool = view.pool
 
     def send(reads: list[SendRead]) -> None:
@@ -145,12 +129,13 @@ async def _fetch_each(view: LedgerView, entry_ids: Iterable[int],
             else:
                 found.setdefault(entry_id, entry)
                 send(machine.on_found(entry_id, now))
-        wakeup.set()
+        if machine.is_done:
+            sleep.interrupt()  # a reply only ever moves deadlines later: wake once, at the end
 
     send(machine.begin(trio.current_time()))
     while not machine.is_done:
-        await wakeup.wait_until(machine.next_deadline())
-        send(machine.on_timer(trio.current_time()))
+        if await sleep.until(machine.next_deadline()):
+            send(machine.on_timer(trio.current_time()))
     for eid in machine.timed_out:
         machine.failures(eid).append(("replicas", ReplicaTimeoutError(view.read_timeout)))
     for eid, _replicas in plan:
@@ -173,7 +158,7 @@ async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int
                          skip=frozenset(pool.recent_failures()),
                          speculative_timeout=view.speculative_timeout or view.read_timeout)
     found: dict[int, Entry] = {}
-    wakeup = _Wakeup()
+    sleep = DeadlineSleep()
     budget = max(1, min(max_bytes, view.max_entry_bytes // 2))
 
     def send(sends: list[SendRange]) -> None:
@@ -185,7 +170,6 @@ async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int
 
     def on_reply(run: int, first_id: int, status: int, response: Message | None,
                  error: BookieConnectionError | None) -> None:
-        wakeup.set()
         wanted = machine.wanted(run)
         if not wanted:
             return
@@ -193,6 +177,8 @@ async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int
                 or not isinstance(response, ReadRangeResponse)
                 or response.first_entry_id != first_id):
             send(machine.on_answer(run, 0, True, trio.current_time()))
+            if machine.is_done:
+                sleep.interrupt()
             return
         delivered = 0
         failed = False
@@ -204,11 +190,13 @@ async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int
                 break
             delivered += 1
         send(machine.on_answer(run, delivered, failed, trio.current_time()))
+        if machine.is_done:
+            sleep.interrupt()
 
     send(machine.begin(trio.current_time()))
     while not machine.is_done:
-        await wakeup.wait_until(machine.next_deadline())
-        machine.on_timer(trio.current_time())
+        if await sleep.until(machine.next_deadline()):
+            machine.on_timer(trio.current_time())
     if len(found) < last - first + 1:
         missing = [eid for eid in range(first, last + 1) if eid not in found]
         for entry in await _fetch_each(view, missing, frozenset(machine.avoid)):
