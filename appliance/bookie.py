@@ -78,7 +78,9 @@ class Bookie:
                                 secret=config.admin_secret)
         self.handler = RequestHandler(self.storage, self.state, self.metrics, admin=self.admin,
                                       max_frame_bytes=config.max_frame_bytes,
-                                      version=VERSION.encode(), core=core)
+                                      version=VERSION.encode(),
+                                      core=core or BookieCore(
+                                          recovery_secret=config.cluster_secret()))
         self.http = AdminHttp(self.metrics, self.state, self.admin, host=config.admin_address,
                               port=config.admin_port, metrics_enabled=config.metrics_enabled)
         self.conn_options = ConnectionOptions(max_frame_bytes=config.max_frame_bytes,
@@ -281,7 +283,8 @@ class Bookie:
     def _registration_info(self) -> dict[str, Any]:
         return {"bookie_id": self.bookie_id, "port": self.port,
                 "host": self.config.advertised_address or self.config.listen_address,
-                "admin_port": self.http.bound_port, "version": VERSION, "pid": os.getpid()}
+                "admin_port": self.http.bound_port, "version": VERSION, "pid": os.getpid(),
+                "rack": self.config.bookie_rack}
 
     # -- status and metrics ------------------------------------------------------------
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from appliance.gc import GcOptions
 from disk.journal import JournalOptions
 from disk.storage import StorageOptions
+from ledgerd.base.credentials import read_cluster_secret
 from ledgerd.base.settings import LOG_LEVELS, ConfigError, setting
+from ledgerd.machines.placement import RACK
 from metadata.settings import ZooKeeperSettings
 
 __all__ = ["BookieConfig"]
@@ -171,7 +173,44 @@ class BookieConfig(ZooKeeperSettings):
         doc="Wait before fencing an open ledger's last fragment to re-replicate it.")
     lost_bookie_recovery_delay_s: int = setting(
         0, bk="lostBookieRecoveryDelay", minimum=0,
-        doc="Wait before the auditor marks a lost bookie's ledgers underreplicated.")
+        doc="Wait before the auditor marks a lost bookie's ledgers underreplicated (the "
+            "cluster-wide value lives in ZooKeeper once an auditor ran; see "
+            "`ledgerd shell lostbookierecoverydelay`).")
+    cluster_secret_file: str = setting(
+        "", bk="(ledgerd)",
+        doc="File with the cluster secret (same on every bookie and autorecovery host, mode "
+            "600): recovery writes are accepted with credentials derived from it. Empty = "
+            "this bookie accepts no recovery credential and autorecovery cannot run.")
+    bookie_rack: str = setting(
+        "/default-rack", bk="(bookie rack in the DNS-to-switch mapping)",
+        doc="Failure domain of this bookie, e.g. /zone-a/rack-3; placement spreads each "
+            "write set across racks when enough exist.")
+    auditor_periodic_check_interval_s: int = setting(
+        604800, bk="auditorPeriodicCheckInterval", minimum=0,
+        doc="Period of the auditor's check of every ledger's first and last entry per "
+            "bookie (0 = off).")
+    auditor_periodic_bookie_check_interval_s: int = setting(
+        86400, bk="auditorPeriodicBookieCheckInterval", minimum=0,
+        doc="Period of the auditor's scan for ledgers that reference lost bookies "
+            "(0 = only at start).")
+    auditor_check_reads_per_s: int = setting(
+        200, bk="(ledgerd; auditor read throttle)", minimum=1,
+        doc="Reads per second the periodic check may send, in all.")
+    auditor_metadata_reads_per_s: int = setting(
+        1000, bk="(ledgerd; auditor metadata throttle)", minimum=1,
+        doc="Ledger metadata reads per second the auditor's scans may make.")
+    rereplication_entry_batch_size: int = setting(
+        256, bk="rereplicationEntryBatchSize", minimum=1, maximum=65536,
+        doc="Entries copied per read/write round trip when re-replicating.")
+    replication_rate_by_bytes: int = setting(
+        -1, bk="replicationRateByBytes", minimum=-1,
+        doc="Bytes per second one worker may copy (-1 = unlimited).")
+    rw_rereplicate_backoff_ms: int = setting(
+        5000, bk="rwRereplicateBackoffMs", minimum=0,
+        doc="Pause of a replication worker after a failed or empty round.")
+    lock_release_of_failed_ledger_grace_period_ms: int = setting(
+        300000, bk="lockReleaseOfFailedLedgerGracePeriod", minimum=0,
+        doc="Cap of the growing time a worker keeps a ledger it failed on locked.")
     # -- admin and metrics ---------------------------------------------------------
     admin_address: str = setting(
         "127.0.0.1", bk="httpServerHost", doc="Address of the metrics/admin HTTP endpoint.")
@@ -187,6 +226,9 @@ class BookieConfig(ZooKeeperSettings):
         "INFO", bk="(log4j level)", choices=LOG_LEVELS, doc="Logging level.")
 
     def __post_init__(self) -> None:
+        if not RACK.match(self.bookie_rack):
+            raise ConfigError("bookie_rack", self.bookie_rack,
+                              "a path like /rack-1 or /zone-a/rack-3 (letters, digits, . _ -)")
         if not self.ledger_directories:
             raise ConfigError("ledger_directories", self.ledger_directories,
                               "at least one directory")
@@ -204,6 +246,13 @@ class BookieConfig(ZooKeeperSettings):
             raise ConfigError(
                 "minor_compaction_interval_s", self.minor_compaction_interval_s,
                 f"less than major_compaction_interval_s ({self.major_compaction_interval_s})")
+
+    def cluster_secret(self) -> bytes:
+        """The cluster secret's bytes (b"" when ``cluster_secret_file`` is empty);
+        ConfigError naming the file when it cannot be used."""
+        if not self.cluster_secret_file:
+            return b""
+        return read_cluster_secret(self.cluster_secret_file)
 
     @property
     def effective_bookie_id(self) -> str:

@@ -7,6 +7,10 @@ BookKeeper's bookie applies them (``../shared/reference/bookkeeper-facts.md`` §
 
 - **Master key.** The first add (or fencing read) of a ledger binds its master key; a
   request with a different key answers UNAUTHORIZED. A fence with no key is refused.
+- **Recovery credential.** With a cluster secret, ``wire.entry.recovery_key(secret,
+  ledger)`` stands in for the master key on RECOVERY_ADDs and fencing reads only
+  (autorecovery copies and fences without the ledger's password); it never binds a key,
+  and a plain add carrying it answers UNAUTHORIZED.
 - **Fencing.** A plain add to a fenced ledger answers FENCED; RECOVERY_ADD bypasses the
   fence (the recovering client rewrites what it found).
 - **Terms** (unbounded ledgers, seed 002). Term 0 means the request does not use terms.
@@ -42,7 +46,7 @@ import struct
 from dataclasses import dataclass, fields
 from typing import Protocol
 
-from wire.entry import ENTRY_HEADER_SIZE
+from wire.entry import ENTRY_HEADER_SIZE, recovery_key
 from wire.messages import (
     NO_MASTER_KEY,
     AddFlags,
@@ -119,10 +123,17 @@ class RuleBreaks:
 class BookieCore:
     """The bookie's rules. Stateless apart from the rule breaks it was built with."""
 
-    __slots__ = ("breaks",)
+    __slots__ = ("breaks", "recovery_secret")
 
-    def __init__(self, breaks: RuleBreaks | None = None) -> None:
+    def __init__(self, breaks: RuleBreaks | None = None, *,
+                 recovery_secret: bytes = b"") -> None:
         self.breaks = breaks or RuleBreaks()
+        self.recovery_secret = recovery_secret
+
+    def is_recovery_credential(self, ledger_id: int, key: bytes) -> bool:
+        """True if ``key`` is this cluster's recovery credential for ``ledger_id``."""
+        secret = self.recovery_secret
+        return bool(secret) and key == recovery_key(secret, ledger_id)
 
     # -- writes ------------------------------------------------------------------------
 
@@ -148,10 +159,17 @@ class BookieCore:
                 return Status.BAD_REQUEST
         truncate = flags & _TRUNCATE != 0
         if ledger is None:
-            return Accept(bind_key=req.master_key, new_term=req.term, truncate=truncate)
+            bind = req.master_key
+            if flags & _RECOVERY and self.is_recovery_credential(lid, bind):
+                bind = b""
+            return Accept(bind_key=bind, new_term=req.term, truncate=truncate)
         key = ledger.master_key
-        if key and key != req.master_key:
-            return Status.UNAUTHORIZED
+        sent = req.master_key
+        if key != sent:
+            if flags & _RECOVERY and self.is_recovery_credential(lid, sent):
+                sent = b""  # the recovery credential: accepted, and it binds nothing
+            elif key:
+                return Status.UNAUTHORIZED
         if ledger.fenced and not flags & _RECOVERY and not self.breaks.fenced_accepts_adds:
             return Status.FENCED
         term = req.term
@@ -161,10 +179,10 @@ class BookieCore:
                 new_term = term
             elif not self.breaks.stale_term_accepted:
                 return Status.INVALID_TERM
-        if key and not new_term and not truncate:
+        bind = b"" if key else sent
+        if not bind and not new_term and not truncate:
             return ACCEPT
-        return Accept(bind_key=b"" if key else req.master_key, new_term=new_term,
-                      truncate=truncate)
+        return Accept(bind_key=bind, new_term=new_term, truncate=truncate)
 
     def on_term(self, term: int, ledger: LedgerState | None) -> Decision:
         """A request's term against the ledger's: refuse a lower one, adopt a higher one."""
@@ -177,11 +195,16 @@ class BookieCore:
             return Accept(new_term=term)
         return ACCEPT
 
-    def on_fence(self, master_key: bytes, ledger: LedgerState | None) -> Decision:
-        """A fencing read: it must carry the ledger's key; on a ledger this bookie never
-        saw it binds that key (the recovering client's key is the ledger's key)."""
+    def on_fence(self, master_key: bytes, ledger: LedgerState | None,
+                 ledger_id: int = -1) -> Decision:
+        """A fencing read: it must carry the ledger's key (or the recovery credential);
+        on a ledger this bookie never saw, the key binds (the recovering client's key is
+        the ledger's key), the credential does not."""
         if master_key == NO_MASTER_KEY:
             return Status.UNAUTHORIZED
+        if (ledger is None or ledger.master_key != master_key) and \
+                self.is_recovery_credential(ledger_id, master_key):
+            return Accept(fence=True)
         if ledger is None or not ledger.master_key:
             return Accept(bind_key=master_key, fence=True)
         if ledger.master_key != master_key:
@@ -196,7 +219,7 @@ class BookieCore:
             return term
         if not req.flags & _FENCE:
             return term
-        fence = self.on_fence(req.master_key, ledger)
+        fence = self.on_fence(req.master_key, ledger, req.ledger_id)
         if not isinstance(fence, Accept):
             return fence
         return Accept(bind_key=fence.bind_key, new_term=term.new_term, fence=True)
@@ -216,8 +239,10 @@ class BookieCore:
         return term
 
     def on_force_ledger(self, req: ForceLedgerRequest, ledger: LedgerState | None) -> Status:
-        """A journal barrier: any caller for a ledger not held here, else its key's holder."""
-        if ledger is not None and ledger.master_key not in (b"", req.master_key):
+        """A journal barrier: any caller for a ledger not held here, else its key's holder
+        (or the recovery credential's: autorecovery checks its credential with it)."""
+        if ledger is not None and ledger.master_key not in (b"", req.master_key) and \
+                not self.is_recovery_credential(req.ledger_id, req.master_key):
             return Status.UNAUTHORIZED
         return Status.OK
 

@@ -33,7 +33,7 @@ from ledgerd.config import ClientConfig, ConfigError, load_config
 from ledgerd.errors import BadPasswordError, NoSuchLedgerError, single_exception
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogPosition, LogWriter
-from ledgerd.machines.placement import choose_ensemble
+from ledgerd.machines.placement import Placement, adheres, choose_ensemble
 from ledgerd.machines.quorum import check_quorums
 from ledgerd.reads import LedgerView
 from ledgerd.recovery import recover_ledger
@@ -77,7 +77,7 @@ class Client:
     # -- membership --------------------------------------------------------------------
 
     async def _watch_bookies(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with self.registry.watch_bookies() as snapshots:
+        async with self.registry.watch_bookies(with_racks=True) as snapshots:
             task_status.started()
             async for snapshot in snapshots:
                 self._bookies = snapshot
@@ -91,6 +91,10 @@ class Client:
 
     async def writable_bookies(self) -> set[str]:
         return set((await self.bookies()).writable)
+
+    async def placement(self) -> Placement:
+        """The registered bookies' rack labels, for rack-aware placement."""
+        return Placement((await self.bookies()).racks)
 
     # -- ledgers -----------------------------------------------------------------------
 
@@ -113,8 +117,15 @@ class Client:
         if compression not in (None, "zstd"):
             raise ValueError(f"compression must be None or 'zstd', got {compression!r}")
         key = master_key(_password_bytes(password))
-        ensemble = choose_ensemble(await self.writable_bookies(), e, self.rng,
-                                   avoid=self.pool.recent_failures())
+        writable = await self.writable_bookies()
+        placement = await self.placement()
+        ensemble = choose_ensemble(writable, e, self.rng, avoid=self.pool.recent_failures(),
+                                   write_quorum=qw, placement=placement)
+        racks = placement.distinct(writable)
+        if racks > 1 and not adheres(ensemble, qw, placement, racks):
+            log.warning("placement_not_rack_aware", extra=fields(
+                ensemble=",".join(ensemble), racks=racks,
+                reason="too few writable bookies on distinct racks for every write set"))
         md = LedgerMetadata(
             ensemble_size=e, write_quorum=qw, ack_quorum=qa, ensembles=((0, ensemble),),
             digest_type=digest_type.value, password_check=password_check(key),

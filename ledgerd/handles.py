@@ -351,7 +351,9 @@ class WriteHandle(_HandleBase):
         client = self.client
         try:
             new = choose_replacements(await client.writable_bookies(), ensemble, failed,
-                                      client.rng, avoid=client.pool.recent_failures())
+                                      client.rng, avoid=client.pool.recent_failures(),
+                                      write_quorum=self.metadata.write_quorum,
+                                      placement=await client.placement())
         except NotEnoughBookiesError as exc:
             raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
         try:

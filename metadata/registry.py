@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 class BookieSet:
     writable: frozenset[str]
     read_only: frozenset[str]
+    # bookie -> rack label from its registration (bookies registered before racks: none)
+    racks: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def all(self) -> frozenset[str]:
+        return self.writable | self.read_only
 
 
 class BookieRegistry:
@@ -92,11 +98,24 @@ class BookieRegistry:
         for ro in (False, True):
             await self._remove_own(self._path(bookie_id, ro))
 
-    async def list_bookies(self) -> BookieSet:
+    async def list_bookies(self, *, with_racks: bool = False) -> BookieSet:
+        """Who is registered; ``with_racks`` also reads each registration's rack label
+        (one read per bookie)."""
         writable = frozenset(c for c in await self.store.children(self.available)
                              if c != "readonly")
         read_only = frozenset(await self.store.children(self.readonly))
-        return BookieSet(writable, read_only)
+        racks: dict[str, str] = {}
+        if with_racks:
+            for ro, names in ((False, writable), (True, read_only)):
+                for name in names:
+                    try:
+                        raw, _ = await self.store.get(self._path(name, ro))
+                        rack = json.loads(raw or b"{}").get("rack")
+                    except (NoNodeError, ValueError, AttributeError):
+                        continue
+                    if isinstance(rack, str):
+                        racks[name] = rack
+        return BookieSet(writable, read_only, racks)
 
     async def bookie_info(self, bookie_id: str) -> dict[str, Any]:
         for ro in (False, True):
@@ -109,7 +128,8 @@ class BookieRegistry:
         raise NoNodeError(self._path(bookie_id, False))
 
     @asynccontextmanager
-    async def watch_bookies(self) -> AsyncIterator[AsyncIterator[BookieSet]]:
+    async def watch_bookies(self, *, with_racks: bool = False
+                            ) -> AsyncIterator[AsyncIterator[BookieSet]]:
         """Membership snapshots: one now, then one after every change."""
         send, recv = trio.open_memory_channel[BookieSet](1)
 
@@ -117,7 +137,7 @@ class BookieRegistry:
             async with self.store.watch(kind_path, WatchKind.CHILDREN) as events:
                 task_status.started()
                 async for _ in events:
-                    snapshot = await self.list_bookies()
+                    snapshot = await self.list_bookies(with_racks=with_racks)
                     try:
                         send.send_nowait(snapshot)
                     except trio.WouldBlock:

@@ -41,6 +41,7 @@ __all__ = [
     "mac_key",
     "master_key",
     "peek_entry_header",
+    "recovery_key",
 ]
 
 _HEADER = struct.Struct(">qqqq")
@@ -68,6 +69,19 @@ _SIZES = {DigestType.CRC32C: 4, DigestType.CRC32: 8, DigestType.HMAC: 20, Digest
 def master_key(password: bytes) -> bytes:
     """The 20-byte key bookies bind to a ledger: SHA1("ledger" + password)."""
     return hashlib.sha1(b"ledger" + password).digest()
+
+
+def recovery_key(cluster_secret: bytes, ledger_id: int) -> bytes:
+    """The 20-byte recovery credential for one ledger: HMAC-SHA256 of the ledger id under
+    the cluster secret, truncated to a master key's size.
+
+    Bookies holding the same secret accept it in place of the ledger's master key for
+    RECOVERY_ADDs and fencing reads only (``appliance.core``), so autorecovery can copy
+    any ledger, old ones included, without its password; a plain add with it is refused.
+    Without the secret it cannot be derived from anything in metadata.
+    """
+    return hmac.new(cluster_secret, b"ledgerd-recovery:" + ledger_id.to_bytes(8, "big"),
+                    hashlib.sha256).digest()[:20]
 
 
 def mac_key(password: bytes) -> bytes:

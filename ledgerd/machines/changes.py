@@ -13,11 +13,16 @@ The rules (seed 000 "Closing a ledger as a writer", bookkeeper-facts §8):
 - recovery begin: OPEN or IN_RECOVERY -> IN_RECOVERY; CLOSED -> nothing to recover;
 - recovery close: the ensembles chosen during recovery land together with CLOSED; a
   ledger another recoverer closed first is adopted as it is.
+- re-replication (``replace_in_fragment``): only the copied fragment's ensemble changes,
+  and only while that fragment still covers the entries copied (same first and last
+  entry, still final) and each replaced bookie still sits where it was read; a bookie
+  already replaced by the same copy is a no-op (the CAS landed before a retry).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from ledgerd.machines.writer import FailureKind
 from metadata.errors import ChangeRejectedError
@@ -25,7 +30,8 @@ from metadata.ledger import LedgerMetadata, LedgerState
 from wire.status import FencedError
 
 __all__ = ["ClosedChangeError", "EnsembleConflictError", "FencedChangeError", "begin_recovery",
-           "change_ensemble", "close_as_writer", "close_recovered", "failure_kind"]
+           "change_ensemble", "close_as_writer", "close_recovered", "failure_kind",
+           "replace_in_fragment", "FragmentChangedError"]
 
 
 class ClosedChangeError(ChangeRejectedError):
@@ -80,6 +86,45 @@ def close_recovered(md: LedgerMetadata, ensembles: Mapping[int, Sequence[str]],
     for first in sorted(ensembles):
         md = md.with_ensemble(first, tuple(ensembles[first]))
     return md.closed(last_entry_id, length)
+
+
+class FragmentChangedError(ChangeRejectedError):
+    """The fragment a copy was made for is no longer as it was read."""
+
+
+def replace_in_fragment(md: LedgerMetadata, first: int, last: int,
+                        replacements: Mapping[int, tuple[str, str]]) -> LedgerMetadata:
+    """Replace bookies in the fragment starting at ``first`` only: ``{index: (old,
+    new)}``. Rejected unless the fragment still spans ``first..last`` and is final, and
+    each index still holds ``old`` (or already ``new``)."""
+    starts = [f for f, _ in md.ensembles]
+    if first not in starts:
+        raise FragmentChangedError(f"no fragment starts at entry {first} any more")
+    pos = starts.index(first)
+    final = pos + 1 < len(starts) or md.is_closed
+    end = starts[pos + 1] - 1 if pos + 1 < len(starts) else md.last_entry_id
+    if not final or end != last:
+        raise FragmentChangedError(
+            f"fragment at entry {first} is now {'open' if not final else f'{first}..{end}'}; "
+            f"the copy covered {first}..{last}")
+    ensemble = list(md.ensembles[pos][1])
+    changed = False
+    for index, (old, new) in sorted(replacements.items()):
+        if ensemble[index] == new:
+            continue
+        if ensemble[index] != old:
+            raise FragmentChangedError(
+                f"fragment at entry {first} holds {ensemble[index]} at index {index}, "
+                f"not {old}")
+        if new in ensemble:
+            raise FragmentChangedError(f"{new} is already in the fragment at entry {first}")
+        ensemble[index] = new
+        changed = True
+    if not changed:
+        return md
+    ensembles = list(md.ensembles)
+    ensembles[pos] = (first, tuple(ensemble))
+    return replace(md, ensembles=tuple(ensembles))
 
 
 def failure_kind(rejected: ChangeRejectedError) -> FailureKind:

@@ -18,6 +18,10 @@ Rules (seeds 000/004, bookkeeper-facts §8):
   an ensemble change from LAC + 1; no completion is reported while it runs; once the
   metadata CAS succeeds, pending adds are re-sent to the replacement bookies (their
   acks from the replaced bookie no longer count);
+- a failure (or timeout) of a bookie for an entry already complete at Qa still starts
+  an ensemble change (BookKeeper's ``notifyWriteFailed``): the entries after the LAC go
+  to a replacement, and the completed ones it missed are re-replication's to copy; a
+  writer that ignored it would keep every later entry at Qw - 1 copies;
 - FENCED or UNAUTHORIZED fails the handle (another client is recovering the ledger, or
   the password is wrong); a CAS that finds the ledger CLOSED or IN_RECOVERY fails it too.
 """
@@ -97,6 +101,8 @@ class LedgerWriter:
         self.length = length
         self.add_timeout = add_timeout
         self.pending: dict[int, _Pending] = {}
+        # Complete entries some bookie of the write set has not answered yet.
+        self.lagging: dict[int, _Pending] = {}
         self.changing: dict[int, str] | None = None  # failed indexes during a change
         self.queued_failures: dict[int, str] = {}
         self.failed: FailureKind | None = None
@@ -140,6 +146,8 @@ class LedgerWriter:
     def on_ack(self, entry_id: int, bookie: str, now: float) -> list[Effect]:
         p = self.pending.get(entry_id)
         if p is None or self.failed is not None:
+            if self.lagging:
+                self._late_answer(entry_id, bookie)
             return []  # a late or duplicate ack of something already complete
         index = self._index_of(bookie, entry_id)
         if index is None:
@@ -149,8 +157,14 @@ class LedgerWriter:
         return self._complete_prefix()
 
     def on_error(self, entry_id: int, bookie: str, status: int, now: float) -> list[Effect]:
-        if self.failed is not None or entry_id not in self.pending:
+        if self.failed is not None:
             return []
+        if entry_id not in self.pending:
+            # A bookie failed an entry already complete at Qa: replace it for what follows.
+            index = self._late_answer(entry_id, bookie)
+            if index is None or status in (Status.FENCED, Status.UNAUTHORIZED):
+                return []  # the next add learns of a fence or a bad key
+            return self._bookie_failed(index)
         if status == Status.FENCED:
             return self._fail(FailureKind.FENCED, f"bookie {bookie} says the ledger is fenced")
         if status == Status.UNAUTHORIZED:
@@ -170,10 +184,11 @@ class LedgerWriter:
         # Bookies already being replaced (or queued for it) time out no further.
         skip = set(self.changing) | set(self.queued_failures) if self.changing else set()
         earliest: float | None = None
-        for p in self.pending.values():
-            if p.waiting and (earliest is None or p.sent_at < earliest) and (
-                    not skip or p.waiting - skip):
-                earliest = p.sent_at
+        for group in (self.pending, self.lagging):
+            for p in group.values():
+                if p.waiting and (earliest is None or p.sent_at < earliest) and (
+                        not skip or p.waiting - skip):
+                    earliest = p.sent_at
         return None if earliest is None else earliest + self.add_timeout
 
     def on_timer(self, now: float) -> list[Effect]:
@@ -185,10 +200,26 @@ class LedgerWriter:
             # The same expression as next_deadline, so a timer at that deadline fires.
             if p.waiting and p.sent_at + self.add_timeout <= now:
                 slow |= p.waiting
+        for eid, p in list(self.lagging.items()):
+            if p.sent_at + self.add_timeout <= now:
+                slow |= p.waiting
+                del self.lagging[eid]
         effects: list[Effect] = []
         for index in sorted(slow):
             effects += self._bookie_failed(index)
         return effects
+
+    def _late_answer(self, entry_id: int, bookie: str) -> int | None:
+        """A complete entry's bookie answered: it waits no more. Returns its index in the
+        current ensemble (None if it was not waited for, or was replaced since)."""
+        p = self.lagging.get(entry_id)
+        index = self._index_of(bookie, entry_id)
+        if p is None or index is None or index not in p.waiting:
+            return None
+        p.waiting.discard(index)
+        if not p.waiting:
+            del self.lagging[entry_id]
+        return index
 
     def _index_of(self, bookie: str, entry_id: int) -> int | None:
         for index in write_set(entry_id, self.e, self.qw):
@@ -205,6 +236,8 @@ class LedgerWriter:
         nxt = self.lac + 1
         while (p := self.pending.get(nxt)) is not None and len(p.acks) >= self.qa:
             del self.pending[nxt]
+            if p.waiting:
+                self.lagging[nxt] = p
             self.length = self.lengths.pop(nxt)
             done.append(nxt)
             nxt += 1
@@ -216,6 +249,8 @@ class LedgerWriter:
     def _complete_any(self) -> list[Effect]:
         done = sorted(e for e, p in self.pending.items() if len(p.acks) >= self.qa)
         for eid in done:
+            if self.pending[eid].waiting:
+                self.lagging[eid] = self.pending[eid]
             del self.pending[eid]
             self.length = self.lengths.pop(eid)
         if not done:
@@ -240,6 +275,10 @@ class LedgerWriter:
         replaced = {i for i in range(self.e) if new_ensemble[i] != self.ensemble[i]}
         self.ensemble = list(new_ensemble)
         self.changing = None
+        for eid, p in list(self.lagging.items()):
+            p.waiting -= replaced  # what they miss is re-replication's to copy
+            if not p.waiting:
+                del self.lagging[eid]
         effects: list[Effect] = []
         for p in sorted(self.pending.values(), key=lambda q: q.entry_id):
             if not p.sent:  # appended during the change
@@ -269,6 +308,7 @@ class LedgerWriter:
         self.failed = kind
         ids = tuple(sorted(self.pending))
         self.pending.clear()
+        self.lagging.clear()
         return [Failed(kind, reason, ids)]
 
     # -- close -------------------------------------------------------------------------

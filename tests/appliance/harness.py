@@ -16,6 +16,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from appliance.core import BookieCore
 from appliance.handlers import AdminHooks, RequestHandler, ServingState
 from appliance.metrics import BookieMetrics
 from appliance.server import ConnectionOptions, serve_connection
@@ -38,7 +39,7 @@ def entry(ledger: int, eid: int, lac: int | None = None, payload: bytes = b"") -
 
 class BookieHarness:
     def __init__(self, storage: LedgerStorage, options: ConnectionOptions,
-                 admin_secret: str = "") -> None:
+                 admin_secret: str = "", core: BookieCore | None = None) -> None:
         self.storage = storage
         self.state = ServingState()
         self.metrics = BookieMetrics()
@@ -46,7 +47,7 @@ class BookieHarness:
         self.admin = AdminHooks(trigger=self._trigger, status=lambda: {"ok": True},
                                 secret=admin_secret)
         self.handler = RequestHandler(storage, self.state, self.metrics, admin=self.admin,
-                                      max_frame_bytes=options.max_frame_bytes)
+                                      max_frame_bytes=options.max_frame_bytes, core=core)
         self.options = options
         self.nursery: trio.Nursery | None = None
 

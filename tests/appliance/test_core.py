@@ -183,3 +183,46 @@ def test_add_decision_matches_a_brute_force_reading_of_the_rules(
         assert got.bind_key == (b"" if ledger is not None and ledger.master_key else KEY)
         current = ledger.term if ledger is not None else 0
         assert got.new_term == (req_term if req_term > current else 0)
+
+
+# -- the recovery credential (autorecovery writes without the ledger's password) --------
+
+SECRET = b"s" * 32
+recovering = BookieCore(recovery_secret=SECRET)
+
+
+def test_recovery_credential_copies_without_binding_and_is_refused_for_plain_adds() -> None:
+    from wire.entry import recovery_key
+
+    cred = recovery_key(SECRET, 1)
+    rec = int(AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY)
+    # A replacement bookie that never saw the ledger: accepted, no key bound.
+    assert recovering.on_add(add(key=cred, flags=rec), None, False, False) == ACCEPT
+    # A bookie holding the ledger under its real key, even fenced: accepted.
+    assert recovering.on_add(add(key=cred, flags=rec), Ledger(fenced=True), False,
+                             False) is ACCEPT
+    # An unbound ledger (copied earlier): the credential still binds nothing...
+    assert recovering.on_add(add(key=cred, flags=rec), Ledger(master_key=b""), False,
+                             False) is ACCEPT
+    # ...and the writer's first add binds the real key.
+    assert recovering.on_add(add(), Ledger(master_key=b""), False, False) == Accept(bind_key=KEY)
+    # Plain adds with the credential, the credential of another ledger, and a core
+    # without the secret are all refused.
+    assert recovering.on_add(add(key=cred), Ledger(), False, False) == Status.UNAUTHORIZED
+    assert recovering.on_add(add(key=recovery_key(SECRET, 2), flags=rec), Ledger(), False,
+                             False) == Status.UNAUTHORIZED
+    assert core.on_add(add(key=cred, flags=rec), Ledger(), False, False) == Status.UNAUTHORIZED
+    assert recovering.on_add(add(key=recovery_key(b"x" * 32, 1), flags=rec), Ledger(), False,
+                             False) == Status.UNAUTHORIZED
+
+
+def test_recovery_credential_fences_without_binding() -> None:
+    from wire.entry import recovery_key
+
+    cred = recovery_key(SECRET, 1)
+    assert recovering.on_fence(cred, None, 1) == Accept(fence=True)
+    assert recovering.on_fence(cred, Ledger(), 1) == Accept(fence=True)
+    assert recovering.on_fence(cred, Ledger(), 2) == Status.UNAUTHORIZED
+    assert core.on_fence(cred, Ledger(), 1) == Status.UNAUTHORIZED
+    fence = ReadRequest(ledger_id=1, entry_id=0, flags=ReadFlags.FENCE, master_key=cred)
+    assert recovering.on_recovery_read(fence, None) == Accept(fence=True)

@@ -22,6 +22,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from appliance.core import BookieCore
 from appliance.server import ConnectionOptions
 from disk.journal import JournalOptions
 from disk.storage import LedgerStorage, StorageOptions
@@ -119,6 +120,7 @@ class MemoryCluster:
 async def memory_cluster(tmp: Path, bookies: int, *,
                          journal: JournalOptions | None = None,
                          journals: dict[int, JournalOptions] | None = None,
+                         cluster_secret: bytes = b"", racks: dict[int, str] | None = None,
                          ) -> AsyncIterator[MemoryCluster]:
     """``bookies`` real bookies named ``b0:3181``, ``b1:3181``, ... registered in a fresh
     in-memory cluster; ``journals`` gives some bookies their own journal options."""
@@ -136,11 +138,15 @@ async def memory_cluster(tmp: Path, bookies: int, *,
             await storage.open()
             stack.push_async_callback(storage.close)
             await nursery.start(storage.run)
-            harness = BookieHarness(storage, ConnectionOptions())
+            harness = BookieHarness(storage, ConnectionOptions(),
+                                    core=BookieCore(recovery_secret=cluster_secret))
             harness.nursery = nursery
             address = f"b{i}:3181"
             cluster.bookies[address] = MemoryBookie(address, harness)
-            await registry.register(address, {"bookie_id": address})
+            info: dict[str, str] = {"bookie_id": address}
+            if racks and i in racks:
+                info["rack"] = racks[i]
+            await registry.register(address, info)
         try:
             yield cluster
         finally:

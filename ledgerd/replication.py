@@ -1,0 +1,433 @@
+"""Re-replication: copy the fragments a ledger lacks, then CAS each fragment's ensemble.
+
+The decisions are ``ledgerd.machines.checker`` (which fragments lack which bookie, which
+source holds which entries) and ``ledgerd.machines.changes.replace_in_fragment`` (the
+CAS); this module carries them out over the bookie pool. It serves the replication
+worker (``appliance.autorecovery``) and ``ledgerd shell recover`` alike.
+
+Per ledger (``rereplicate_ledger``):
+
+1. Read the metadata (a deleted ledger is done) and the membership. A bookie is bad in a
+   fragment when it is gone, named by the caller (``recover BOOKIE``, decommission), or
+   (with ``check``) fails a probe of the first and last entry it should hold.
+2. An open ledger whose last ensemble holds a bad bookie is first closed by recovery
+   (fence + close) when the caller allows it (``close_open``: the worker does after its
+   grace period; ``recover`` at once unless ``--skip-open``); otherwise only its final
+   fragments are copied and the outcome says DEFERRED.
+3. For each bad fragment: replacements by placement (never a bookie already in that
+   fragment; rack-aware), or the caller's target. Each bad bookie's entries are read
+   from surviving replicas in batches (one ReadRange each, digests verified, ids
+   checked) and written to its replacement as multi-entry RECOVERY_ADDs, bytes
+   unchanged, a bounded number of batches in flight, under an optional byte rate.
+4. Once a fragment is whole on its replacements, one CAS swaps them into that
+   fragment's ensemble only, re-checking that the fragment is as it was read
+   (``replace_in_fragment``); if it changed, the ledger is looked at again.
+
+Credentials (``Credentials``): the worker writes with the recovery credential derived
+from the cluster secret (``wire.entry.recovery_key``), which bookies accept for recovery
+writes and fencing only. An operator may pass the ledger's password instead.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from ledgerd.base.errors import LedgerdError
+from ledgerd.base.logs import fields
+from ledgerd.errors import BadPasswordError, LedgerRecoveryError
+from ledgerd.machines.changes import FragmentChangedError, replace_in_fragment
+from ledgerd.machines.checker import (
+    CopyBatch,
+    Fragment,
+    bad_fragments,
+    copy_batches,
+    fragments,
+    last_fragment_at_risk,
+    probes,
+)
+from ledgerd.machines.placement import NotEnoughBookiesError, choose_replacements
+from ledgerd.machines.throttle import TokenBucket
+from ledgerd.recovery import recover_ledger
+from metadata.errors import ChangeRejectedError, NoNodeError
+from metadata.ledger import LedgerMetadata
+from wire.entry import Digester, DigestType, decode_entry, master_key, recovery_key
+from wire.errors import WireError
+from wire.messages import (
+    AddFlags,
+    AddRequest,
+    ForceLedgerRequest,
+    ReadRangeRequest,
+    ReadRangeResponse,
+    ReadRequest,
+)
+from wire.status import Status
+
+if TYPE_CHECKING:
+    from ledgerd.client import Client
+
+__all__ = ["CopyFailedError", "Credentials", "LedgerResult", "Outcome", "ReplicationOptions",
+           "rereplicate_ledger"]
+
+log = logging.getLogger(__name__)
+
+_RECOVERY_FLAGS = AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY
+_FRAME_SLACK = 4096  # room in a frame for everything but entry bytes
+
+
+class CopyFailedError(LedgerdError):
+    """A fragment could not be copied (no readable replica, or the target refused)."""
+
+    def __init__(self, ledger_id: int, reason: str, *, unreadable: bool = False) -> None:
+        super().__init__(f"ledger {ledger_id}: {reason}")
+        self.ledger_id = ledger_id
+        self.reason = reason
+        self.unreadable = unreadable  # no surviving replica answered for some entry
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How re-replication proves its right to write: the cluster secret (recovery
+    credential per ledger) or one ledger's password."""
+
+    cluster_secret: bytes = b""
+    password: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if not self.cluster_secret and self.password is None:
+            raise ValueError("re-replication needs the cluster secret (cluster_secret_file) "
+                             "or the ledger's password")
+
+    def key(self, ledger_id: int) -> bytes:
+        if self.password is not None:
+            return master_key(self.password)
+        return recovery_key(self.cluster_secret, ledger_id)
+
+    def digester(self, ledger_id: int, md: LedgerMetadata) -> Digester:
+        kind = DigestType(md.digest_type)
+        if kind is DigestType.HMAC and self.password is None:
+            raise CopyFailedError(
+                ledger_id, "uses HMAC digests, which only its password can verify; run "
+                "`ledgerd shell recover BOOKIE --ledger L --password ...`")
+        return Digester(kind, self.password or b"")
+
+
+@dataclass(frozen=True)
+class ReplicationOptions:
+    batch_entries: int = 256          # entries per ReadRange / RECOVERY_ADD
+    outstanding: int = 8              # batches in flight per bad bookie of a fragment
+    rate_bytes: int = 0               # bytes/s per ledger copy; 0 = unlimited
+    probe_concurrency: int = 16
+    read_timeout: float = 10.0
+    add_timeout: float = 10.0
+
+
+class Outcome(enum.Enum):
+    REPLICATED = "replicated"   # nothing bad left (maybe nothing was bad)
+    DEFERRED = "deferred"       # an open ledger's last fragment lacks a bookie; not closed
+    DELETED = "deleted"         # the ledger is gone: nothing to do
+    SKIPPED = "skipped"         # an open ledger the caller asked to skip
+    FAILED = "failed"
+
+
+@dataclass
+class LedgerResult:
+    ledger_id: int
+    outcome: Outcome = Outcome.REPLICATED
+    fragments: int = 0           # fragments copied (or, dry run, to copy)
+    entries: int = 0
+    bytes: int = 0
+    closed_by_recovery: bool = False
+    unreadable: bool = False      # no surviving replica of some entry
+    detail: str = ""
+    plan: list[dict[str, object]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"ledger_id": self.ledger_id, "outcome": self.outcome.value,
+                "fragments": self.fragments, "entries": self.entries, "bytes": self.bytes,
+                "closed_by_recovery": self.closed_by_recovery, "detail": self.detail,
+                "plan": self.plan}
+
+
+Progress = Callable[[int, int], None]  # (entries, bytes) just copied
+
+
+async def rereplicate_ledger(
+        client: Client, ledger_id: int, creds: Credentials,
+        options: ReplicationOptions | None = None, *,
+        bad_bookies: Collection[str] = (), check: bool = True, close_open: bool = False,
+        skip_open: bool = False, target: str | None = None, dry_run: bool = False,
+        progress: Progress | None = None) -> LedgerResult:
+    """Bring one ledger back to Qw copies of every entry (see the module docstring)."""
+    opts = options or ReplicationOptions()
+    result = LedgerResult(ledger_id)
+    for _attempt in range(5):
+        try:
+            md, _ = await client.ledgers.read(ledger_id)
+        except NoNodeError:
+            result.outcome = Outcome.DELETED
+            return result
+        members = await client.registry.list_bookies()  # fresh, not the watch's last view
+        available = set(members.all) - set(bad_bookies)
+        if skip_open and not md.is_closed and any(
+                b in bad_bookies for _, ens in md.ensembles for b in ens):
+            result.outcome = Outcome.SKIPPED
+            result.detail = "open ledger skipped"
+            return result
+        if last_fragment_at_risk(md, available):
+            if not close_open:
+                result.outcome = Outcome.DEFERRED
+            elif dry_run:
+                result.plan.append({"action": "fence and close (recovery)"})
+                result.outcome = Outcome.REPLICATED
+            else:
+                try:
+                    md = await _close(client, ledger_id, md, creds, opts)
+                except NoNodeError:
+                    result.outcome = Outcome.DELETED
+                    return result
+                result.closed_by_recovery = True
+        failed: set[tuple[int, int]] = set()
+        if check:
+            failed = await _probe(client, ledger_id, md, available, opts)
+        bad = bad_fragments(md, available, failed)
+        try:
+            for frag in fragments(md):
+                if frag.first in bad:
+                    await _repair_fragment(client, ledger_id, md, frag, bad[frag.first],
+                                           creds, opts, target, dry_run, result, progress)
+        except FragmentChangedError as exc:
+            log.info("rereplication_fragment_changed", extra=fields(
+                ledger=ledger_id, reason=str(exc)))
+            continue  # look at the ledger again
+        except NoNodeError:
+            result.outcome = Outcome.DELETED
+            return result
+        except (CopyFailedError, NotEnoughBookiesError, LedgerRecoveryError,
+                BadPasswordError, ChangeRejectedError) as exc:
+            result.outcome = Outcome.FAILED
+            result.unreadable = isinstance(exc, CopyFailedError) and exc.unreadable
+            result.detail = str(exc)
+            return result
+        return result
+    result.outcome = Outcome.FAILED
+    result.detail = "the ledger's metadata kept changing under the copy"
+    return result
+
+
+async def _close(client: Client, ledger_id: int, md: LedgerMetadata, creds: Credentials,
+                 opts: ReplicationOptions) -> LedgerMetadata:
+    """Fence and close an open ledger (its writer, if alive, sees FENCED)."""
+    log.info("rereplication_closing_open_ledger", extra=fields(
+        ledger=ledger_id, ensemble=",".join(md.last_ensemble[1])))
+    closed, _ = await recover_ledger(
+        client.ledgers, client.pool, ledger_id, creds.key(ledger_id),
+        creds.digester(ledger_id, md), read_timeout=opts.read_timeout,
+        add_timeout=opts.add_timeout, writable=client.writable_bookies, rng=client.rng)
+    return closed
+
+
+async def _probe(client: Client, ledger_id: int, md: LedgerMetadata,
+                 available: Collection[str], opts: ReplicationOptions) -> set[tuple[int, int]]:
+    """The (fragment, index) pairs whose bookie did not answer OK for an entry it
+    should hold."""
+    failed: set[tuple[int, int]] = set()
+    limit = trio.Semaphore(opts.probe_concurrency)
+
+    async def one(first: int, index: int, bookie: str, entry: int) -> None:
+        async with limit:
+            status, _, _ = await client.pool.call(bookie, ReadRequest(
+                ledger_id=ledger_id, entry_id=entry), opts.read_timeout)
+        if status != Status.OK:
+            failed.add((first, index))
+
+    async with trio.open_nursery() as nursery:
+        for p in probes(md, available):
+            for entry in p.entries:
+                nursery.start_soon(one, p.first, p.index, p.bookie, entry)
+    return failed
+
+
+async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
+                           frag: Fragment, bad: set[int], creds: Credentials,
+                           opts: ReplicationOptions, target: str | None, dry_run: bool,
+                           result: LedgerResult, progress: Progress | None) -> None:
+    writable = await client.writable_bookies()
+    if target is not None:
+        if target in frag.ensemble:
+            raise CopyFailedError(ledger_id, f"target {target} is already in the fragment at "
+                                  f"entry {frag.first}")
+        if len(bad) > 1:
+            raise CopyFailedError(ledger_id, f"fragment at entry {frag.first} lacks "
+                                  f"{len(bad)} bookies; one --target cannot replace them all")
+        new = tuple(target if i in bad else b for i, b in enumerate(frag.ensemble))
+    else:
+        new = choose_replacements(writable, frag.ensemble, bad, client.rng,
+                                  write_quorum=md.write_quorum,
+                                  placement=await client.placement())
+    moves = {i: (frag.ensemble[i], new[i]) for i in sorted(bad)}
+    if dry_run:
+        result.fragments += 1
+        result.plan.append({"fragment": [frag.first, frag.last],
+                            "replace": {old: nb for old, nb in moves.values()}})
+        return
+    digester = creds.digester(ledger_id, md)
+    key = creds.key(ledger_id)
+    await _check_credential(client, ledger_id, frag, bad, key, opts)
+    try:
+        async with trio.open_nursery() as nursery:
+            for index, (_old, nb) in moves.items():
+                batches = copy_batches(frag, index, md.ensemble_size, md.write_quorum, bad,
+                                       opts.batch_entries)
+                nursery.start_soon(_copy, client, ledger_id, batches, nb, key, digester,
+                                   opts, result, progress)
+    except BaseExceptionGroup as group:
+        raise _first_copy_error(group) from None
+    await client.ledgers.update(
+        ledger_id, lambda cur: replace_in_fragment(cur, frag.first, frag.last, moves))
+    result.fragments += 1
+    log.info("fragment_rereplicated", extra=fields(
+        ledger=ledger_id, first=frag.first, last=frag.last,
+        replaced=",".join(f"{o}->{n}" for o, n in moves.values())))
+
+
+async def _check_credential(client: Client, ledger_id: int, frag: Fragment, bad: set[int],
+                            key: bytes, opts: ReplicationOptions) -> None:
+    """Ask a surviving replica whether it accepts ``key`` for this ledger (ForceLedger,
+    which changes nothing): a target that never saw the ledger accepts any key, so a
+    wrong credential must be caught where the ledger's key is known."""
+    for i, bookie in enumerate(frag.ensemble):
+        if i in bad:
+            continue
+        status, _, error = await client.pool.call(
+            bookie, ForceLedgerRequest(ledger_id=ledger_id, master_key=key), opts.add_timeout)
+        if status == Status.UNAUTHORIZED:
+            raise CopyFailedError(ledger_id, f"{bookie} refused the recovery credential (is "
+                                  "the same cluster_secret_file configured on every bookie "
+                                  "and autorecovery process?)")
+        if error is None and status == Status.OK:
+            return
+
+
+async def _copy(client: Client, ledger_id: int, batches: list[CopyBatch], target: str,
+                key: bytes, digester: Digester, opts: ReplicationOptions,
+                result: LedgerResult, progress: Progress | None) -> None:
+    """Copy ``batches`` to ``target``: at most ``opts.outstanding`` in flight."""
+    bucket = TokenBucket(opts.rate_bytes, burst=max(opts.rate_bytes, 1 << 20),
+                         now=trio.current_time()) if opts.rate_bytes > 0 else None
+    limit = trio.Semaphore(opts.outstanding)
+    max_frame = client.pool.options.max_frame_bytes
+
+    async def one(batch: CopyBatch) -> None:
+        try:
+            entries = await _read_batch(client, ledger_id, batch, digester, opts, max_frame)
+            size = sum(len(e) for e in entries)
+            if bucket is not None:
+                wait = bucket.take(trio.current_time(), size)
+                if wait:
+                    await trio.sleep(wait)
+            await _write(client, ledger_id, batch.first, entries, target, key, opts, max_frame)
+        finally:
+            limit.release()
+        result.entries += len(entries)
+        result.bytes += size
+        if progress is not None:
+            progress(len(entries), size)
+
+    async with trio.open_nursery() as nursery:
+        for batch in batches:
+            await limit.acquire()
+            nursery.start_soon(one, batch)
+
+
+async def _read_batch(client: Client, ledger_id: int, batch: CopyBatch, digester: Digester,
+                      opts: ReplicationOptions, max_frame: int) -> list[bytes]:
+    """Entries ``batch.first..batch.last``, each verified, from the first source that has
+    them (a source may answer part of the range; the rest is asked again)."""
+    out: list[bytes] = []
+    reasons: list[str] = []
+    sources = client.pool.order_replicas(batch.sources)
+    si = 0
+    while batch.first + len(out) <= batch.last:
+        if si >= len(sources):
+            e = batch.first + len(out)
+            raise CopyFailedError(ledger_id, f"entry {e}: no surviving replica could be "
+                                  f"read ({'; '.join(reasons) or 'no replica'})",
+                                  unreadable=True)
+        source = sources[si]
+        e = batch.first + len(out)
+        status, resp, error = await client.pool.call(source, ReadRangeRequest(
+            ledger_id=ledger_id, first_entry_id=e, max_count=batch.last - e + 1,
+            max_bytes=max_frame - _FRAME_SLACK), opts.read_timeout)
+        if status != Status.OK or not isinstance(resp, ReadRangeResponse) or not resp.entries:
+            reasons.append(f"{source}: {error or _status_name(status)}")
+            if error is not None:
+                client.pool.note_failure(source)
+            si += 1
+            continue
+        try:
+            for i, data in enumerate(resp.entries[: batch.last - e + 1]):
+                decode_entry(digester, data, ledger_id=ledger_id, entry_id=e + i)
+                out.append(data)
+        except WireError as exc:
+            reasons.append(f"{source}: {exc}")
+            log.warning("rereplication_bad_replica", extra=fields(
+                ledger=ledger_id, bookie=source, error=str(exc)))
+            si += 1
+    return out
+
+
+async def _write(client: Client, ledger_id: int, first: int, entries: list[bytes],
+                 target: str, key: bytes, opts: ReplicationOptions, max_frame: int) -> None:
+    """RECOVERY_ADDs of ``entries`` to ``target``, as few frames as fit."""
+    start = 0
+    while start < len(entries):
+        end, size = start, 0
+        while end < len(entries) and (end == start or
+                                      size + len(entries[end]) <= max_frame - _FRAME_SLACK):
+            size += len(entries[end])
+            end += 1
+        status, _, error = await client.pool.call(target, AddRequest(
+            ledger_id=ledger_id, first_entry_id=first + start, flags=_RECOVERY_FLAGS,
+            master_key=key, entries=tuple(entries[start:end])), opts.add_timeout)
+        if status != Status.OK:
+            if status == Status.UNAUTHORIZED:
+                reason = (f"{target} refused the recovery credential (is the same "
+                          "cluster_secret_file configured on every bookie?)")
+            else:
+                reason = f"{target} did not store entries {first + start}..{first + end - 1}: " \
+                         f"{error or _status_name(status)}"
+            raise CopyFailedError(ledger_id, reason)
+        start = end
+
+
+def _first_copy_error(group: BaseExceptionGroup) -> BaseException:
+    """The first CopyFailedError among a nursery's errors (each copy task stops at its
+    first), or the group itself when something else went wrong."""
+    match, rest = group.split(CopyFailedError)
+    if match is None or rest is not None:
+        return group
+    leaf: BaseException = match
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf
+
+
+def _status_name(status: int) -> str:
+    try:
+        return Status(status).name
+    except ValueError:
+        return f"status {status}"
+
+
+def summarize(results: Mapping[int, LedgerResult]) -> dict[str, int]:
+    """Counts per outcome, for progress lines and --json."""
+    out: dict[str, int] = {}
+    for r in results.values():
+        out[r.outcome.value] = out.get(r.outcome.value, 0) + 1
+    return out

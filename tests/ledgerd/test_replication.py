@@ -1,0 +1,183 @@
+"""Re-replication over real bookies on memory streams: copy, CAS, and what must not break.
+
+Every check reads the bookies' storage directly: a ledger is whole when each bookie of
+each fragment holds exactly the entries of its write set, byte for byte.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import ledgerd
+from disk.errors import EntryNotFoundError, LedgerNotFoundError
+from ledgerd.machines.checker import fragments, stored_runs
+from ledgerd.replication import Credentials, Outcome, ReplicationOptions, rereplicate_ledger
+from metadata.ledger import LedgerMetadata
+from metadata.registry import BookieRegistry
+from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
+
+SECRET = b"cluster-secret-for-tests-0123456789"
+CREDS = Credentials(cluster_secret=SECRET)
+OPTS = ReplicationOptions(batch_entries=7, outstanding=3, read_timeout=1, add_timeout=1)
+
+
+@pytest.fixture
+def clock(mock_clock: trio.testing.MockClock) -> trio.testing.MockClock:
+    mock_clock.autojump_threshold = 0.05
+    return mock_clock
+
+
+def whole(cluster: MemoryCluster, lid: int, md: LedgerMetadata,
+          expected: dict[int, bytes]) -> list[str]:
+    """What is missing or wrong: every entry on every bookie of its write set."""
+    problems = []
+    for frag in fragments(md):
+        for index, bookie in enumerate(frag.ensemble):
+            for a, b in stored_runs(frag.first, frag.last, md.ensemble_size, md.write_quorum,
+                                    index):
+                for e in range(a, b + 1):
+                    try:
+                        data = cluster[bookie].storage.read_entry(lid, e)
+                    except (EntryNotFoundError, LedgerNotFoundError):
+                        problems.append(f"{bookie} lacks entry {e}")
+                        continue
+                    if not data.endswith(expected[e]):
+                        problems.append(f"{bookie} holds other bytes for entry {e}")
+    return problems
+
+
+async def lose(cluster: MemoryCluster, bookie: str) -> None:
+    """The bookie is gone for good: deregistered and refusing connections."""
+    cluster[bookie].gate.refuse_connects = True
+    await cluster[bookie].gate.reset()
+    await BookieRegistry(cluster.store, "/ledgers").unregister(bookie)
+
+
+@pytest.mark.parametrize("quorums", [(3, 2, 2), (3, 3, 2), (2, 2, 1)])
+async def test_a_lost_bookie_is_copied_back_to_qw_copies(
+        tmp_path: Path, clock: trio.testing.MockClock, quorums: tuple[int, int, int]) -> None:
+    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(*quorums, password=b"secret pw")
+        payloads = {i: b"entry %d " % i + bytes(i % 50) for i in range(40)}
+        for i in range(40):
+            await lh.append(payloads[i])
+        await lh.close()
+        lost = lh.metadata.ensembles[0][1][1]
+        await lose(cluster, lost)
+        with trio.fail_after(60):
+            result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.fragments == 1
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert lost not in md.ensembles[0][1]
+        assert md.is_closed and md.last_entry_id == 39
+        assert whole(cluster, lh.ledger_id, md, payloads) == []
+        e, qw = quorums[0], quorums[1]
+        assert result.entries == sum(b - a + 1 for a, b in stored_runs(0, 39, e, qw, 1))
+        # Nothing bad left: a second pass copies nothing; the password still reads it.
+        again = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert (again.outcome, again.fragments) == (Outcome.REPLICATED, 0)
+        rh = await client.open_ledger(lh.ledger_id, b"secret pw")
+        assert [x.payload async for x in rh.read()] == [payloads[i] for i in range(40)]
+
+
+async def test_only_the_lacking_fragment_changes_and_an_open_ledger_waits(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 3, 2)
+        for i in range(10):
+            await lh.append(b"a%d" % i)
+        first = lh.metadata.ensembles[0][1]
+        # A bookie freezes: the appends complete at Qa = 2 without it, and its add
+        # timeout after completion still replaces it (a writer must not keep writing
+        # Qw - 1 copies), so the ledger has two fragments.
+        cluster[first[0]].gate.freeze()
+        for i in range(10, 20):
+            await lh.append(b"a%d" % i)
+        with trio.fail_after(10):
+            while len(lh.metadata.ensembles) < 2:
+                await trio.sleep(0.1)
+        cluster[first[0]].gate.thaw()
+        assert len(lh.metadata.ensembles) == 2
+        second = lh.metadata.ensembles[1][1]
+        lost = next(b for b in first[1:] if b in second)
+        await lose(cluster, lost)
+        # The writer is alive and the last fragment holds the lost bookie: the first
+        # fragment is copied, the last one waits for the writer (DEFERRED).
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.DEFERRED and result.fragments == 1
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert lost not in md.ensembles[0][1] and md.ensembles[1][1] == second
+        assert not md.is_closed
+        # With close_open (the grace period ran out), recovery fences and closes it:
+        # the writer learns it was fenced (or closed, if its own ensemble change for the
+        # lost bookie met the closed metadata first).
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.REPLICATED and result.closed_by_recovery
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.is_closed and md.last_entry_id == 19
+        assert all(lost not in ens for _, ens in md.ensembles)
+        payloads = {i: b"a%d" % i for i in range(20)}
+        assert whole(cluster, lh.ledger_id, md, payloads) == []
+        with pytest.raises((ledgerd.LedgerFencedError, ledgerd.LedgerClosedError)):
+            await lh.append(b"late")
+
+
+async def test_deleted_ledger_is_done_and_unreadable_entries_fail_clearly(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(2, 2, 2)
+        await lh.append(b"x")
+        await lh.close()
+        await client.delete_ledger(lh.ledger_id)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.DELETED
+        lh = await client.create_ledger(2, 2, 2)
+        await lh.append(b"y")
+        await lh.close()
+        for b in lh.metadata.ensembles[0][1]:
+            await lose(cluster, b)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.FAILED and result.unreadable
+        assert "entry 0: no surviving replica could be read" in result.detail
+
+
+async def test_without_the_secret_bookies_refuse_the_copy(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 3, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(2, 2, 2, password=b"pw")
+        await lh.append(b"x")
+        await lh.close()
+        await lose(cluster, lh.metadata.ensembles[0][1][0])
+        wrong = Credentials(cluster_secret=b"another-secret-of-some-length")
+        result = await rereplicate_ledger(client, lh.ledger_id, wrong, OPTS)
+        assert result.outcome is Outcome.FAILED
+        assert "refused the recovery credential" in result.detail
+        # The ledger's own password works without any secret (an operator's recover).
+        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
+                                          OPTS)
+        assert result.outcome is Outcome.REPLICATED
+
+
+async def test_racks_spread_replacements(tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    racks = {0: "/r1", 1: "/r1", 2: "/r2", 3: "/r2", 4: "/r3"}
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET, racks=racks) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        for _ in range(10):
+            lh = await client.create_ledger(3, 3, 2)
+            rack_of = {f"b{i}:3181": r for i, r in racks.items()}
+            assert len({rack_of[b] for b in lh.metadata.ensembles[0][1]}) == 3
+            await lh.close()
