@@ -205,6 +205,9 @@ class BookieConfig(ZooKeeperSettings):
     replication_rate_by_bytes: int = setting(
         -1, bk="replicationRateByBytes", minimum=-1,
         doc="Bytes per second one worker may copy (-1 = unlimited).")
+    replication_workers: int = setting(
+        2, bk="(ledgerd; BookKeeper runs one worker per process)", minimum=1, maximum=64,
+        doc="Ledgers one autorecovery process re-replicates at once.")
     rw_rereplicate_backoff_ms: int = setting(
         5000, bk="rwRereplicateBackoffMs", minimum=0,
         doc="Pause of a replication worker after a failed or empty round.")

@@ -7,12 +7,21 @@ Layout under ``<root>/underreplication`` (BookKeeper's):
 - ``locks/urL%010d``: ephemeral; its holder is the one worker re-replicating the ledger;
 - ``disable``: present means autorecovery is off;
 - ``auditorelection/V_<seq>``: ephemeral-sequential candidates; the lowest is the
-  auditor; every other candidate watches only its predecessor (no herd on hand-over).
+  auditor; every other candidate watches only its predecessor (no herd on hand-over);
+- ``lostBookieRecoveryDelay``: seconds, as text; the auditor creates it from its config
+  when absent and watches it; rewriting the same value triggers an audit at once;
+- ``checkallledgersctime``, ``bookiecheckctime``: ms of the last completed periodic
+  check, so a newly elected auditor does not postpone a due check.
+
+A worker locks a ledger by creating ``locks/urL…`` and remembers the record's version;
+it deletes the record with that version once done, so a ledger re-marked meanwhile
+(the version moved) stays queued and is looked at again.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +30,14 @@ from dataclasses import dataclass
 import trio
 
 from metadata.cas import cas_update
-from metadata.errors import CorruptMetadataError, NodeExistsError, NoNodeError, SessionExpiredError
+from metadata.errors import (
+    BadVersionError,
+    CorruptMetadataError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
 from metadata.paths import underreplicated_path
 from metadata.store import MetadataStore, WatchKind
 
@@ -105,13 +121,25 @@ class UnderreplicationManager:
     def _lock_path(self, ledger_id: int) -> str:
         return f"{self.base}/locks/urL{ledger_id:010d}"
 
-    async def acquire_lock(self, ledger_id: int) -> bool:
-        """Try to become the one worker of this ledger; False if another holds it."""
+    async def acquire_lock(self, ledger_id: int, holder: str = "") -> int | None:
+        """Become the one worker of this ledger: the record's version at lock time, or
+        None if another worker holds it or the record is gone."""
+        stat = await self.store.exists(underreplicated_path(self.root, ledger_id))
+        if stat is None:
+            return None
         try:
-            await self.store.create(self._lock_path(ledger_id), ephemeral=True)
-            return True
+            await self.store.create(self._lock_path(ledger_id), holder.encode(),
+                                    ephemeral=True, make_parents=True)
         except NodeExistsError:
-            return False
+            return None
+        return stat.version
+
+    async def lock_holder(self, ledger_id: int) -> str | None:
+        try:
+            raw, _ = await self.store.get(self._lock_path(ledger_id))
+        except NoNodeError:
+            return None
+        return raw.decode(errors="replace")
 
     async def release_lock(self, ledger_id: int) -> None:
         try:
@@ -124,13 +152,124 @@ class UnderreplicationManager:
             except NoNodeError:
                 pass
 
-    async def mark_replicated(self, ledger_id: int) -> None:
-        """The ledger is whole again: delete its record and release our lock."""
+    async def mark_replicated(self, ledger_id: int, version: int = -1) -> bool:
+        """The ledger is whole again: delete its record (only at ``version``, the one the
+        lock saw) and release our lock. False if it was re-marked meanwhile (kept)."""
+        path = underreplicated_path(self.root, ledger_id)
+        deleted = True
         try:
-            await self.store.delete(underreplicated_path(self.root, ledger_id))
+            await self.store.delete(path, version)
         except NoNodeError:
             pass
+        except BadVersionError:
+            deleted = False
+        if deleted:
+            parent = path.rsplit("/", 1)[0]
+            for _ in range(4):  # prune the empty hex directories, best effort
+                try:
+                    await self.store.delete(parent)
+                except (NotEmptyError, NoNodeError):
+                    break
+                parent = parent.rsplit("/", 1)[0]
         await self.release_lock(ledger_id)
+        return deleted
+
+    async def pick(self, rng: random.Random, holder: str = "") -> tuple[int, int] | None:
+        """Lock one queued ledger nobody holds: ``(ledger id, record version)``, or None.
+        The tree is walked with every level shuffled, so workers spread out."""
+        try:
+            locked = set(await self.store.children(f"{self.base}/locks"))
+        except NoNodeError:
+            locked = set()
+
+        async def walk(path: str, depth: int) -> tuple[int, int] | None:
+            try:
+                names = await self.store.children(path)
+            except NoNodeError:
+                return None
+            rng.shuffle(names)
+            for name in names:
+                if depth == 0:
+                    if not name.startswith("urL") or name in locked:
+                        continue
+                    try:
+                        lid = int(name[3:])
+                    except ValueError:
+                        continue
+                    version = await self.acquire_lock(lid, holder)
+                    if version is not None:
+                        return lid, version
+                else:
+                    found = await walk(f"{path}/{name}", depth - 1)
+                    if found is not None:
+                        return found
+            return None
+
+        return await walk(f"{self.base}/ledgers", 4)
+
+    async def count(self) -> int:
+        n = 0
+        async for _ in self.list_underreplicated():
+            n += 1
+        return n
+
+    # -- the lost-bookie delay and the check timestamps --------------------------------
+
+    @property
+    def delay_path(self) -> str:
+        return f"{self.base}/lostBookieRecoveryDelay"
+
+    async def get_lost_bookie_delay(self) -> int | None:
+        try:
+            raw, _ = await self.store.get(self.delay_path)
+        except NoNodeError:
+            return None
+        try:
+            return int(raw.decode().strip())
+        except ValueError as exc:
+            raise CorruptMetadataError(self.delay_path, f"not a number of seconds: {raw!r}") \
+                from exc
+
+    async def set_lost_bookie_delay(self, seconds: int) -> None:
+        """Write the delay (rewriting the same value makes the auditor audit now)."""
+        if seconds < 0:
+            raise ValueError(f"lost bookie recovery delay must be >= 0, got {seconds}")
+        data = str(seconds).encode()
+        try:
+            await self.store.set(self.delay_path, data)
+        except NoNodeError:
+            try:
+                await self.store.create(self.delay_path, data, make_parents=True)
+            except NodeExistsError:
+                await self.store.set(self.delay_path, data)
+
+    async def ensure_lost_bookie_delay(self, default: int) -> int:
+        """The delay in ZooKeeper, created from ``default`` when absent."""
+        current = await self.get_lost_bookie_delay()
+        if current is not None:
+            return current
+        try:
+            await self.store.create(self.delay_path, str(default).encode(), make_parents=True)
+        except NodeExistsError:
+            pass
+        return await self.get_lost_bookie_delay() or 0
+
+    async def get_check_time(self, name: str) -> int:
+        try:
+            raw, _ = await self.store.get(f"{self.base}/{name}")
+            return int(raw.decode())
+        except (NoNodeError, ValueError):
+            return 0
+
+    async def set_check_time(self, name: str, ms: int) -> None:
+        path = f"{self.base}/{name}"
+        try:
+            await self.store.set(path, str(ms).encode())
+        except NoNodeError:
+            try:
+                await self.store.create(path, str(ms).encode(), make_parents=True)
+            except NodeExistsError:
+                await self.store.set(path, str(ms).encode())
 
     # -- the autorecovery switch -------------------------------------------------------
 
@@ -143,7 +282,7 @@ class UnderreplicationManager:
             if enabled:
                 await self.store.delete(path)
             else:
-                await self.store.create(path, b"")
+                await self.store.create(path, b"", make_parents=True)
         except (NoNodeError, NodeExistsError):
             pass
 

@@ -230,17 +230,43 @@ async def test_lock_exclusivity_between_workers(stores: StoreFactory) -> None:
     records = [r async for r in w2.list_underreplicated()]
     assert [(r.ledger_id, r.missing_replicas) for r in records] == [
         (42, ("b1:3181", "b2:3181")), (2**40, ("b3:3181",))]
-    assert await w1.acquire_lock(42)
-    assert not await w2.acquire_lock(42)
+    assert await w1.acquire_lock(42, "w1") == 1  # the record's version: merged once
+    assert await w2.acquire_lock(42) is None
+    assert await w2.lock_holder(42) == "w1"
     await w2.release_lock(42)  # not ours: no effect
-    assert not await w2.acquire_lock(42)
+    assert await w2.acquire_lock(42) is None
     await w1.release_lock(42)
-    assert await w2.acquire_lock(42)
+    assert await w2.acquire_lock(42) is not None
     await w2.store.close()  # a dead worker's lock goes with its session
-    assert await w1.acquire_lock(42)
-    await w1.mark_replicated(42)
+    version = await w1.acquire_lock(42)
+    assert version is not None
+    # Re-marked while w1 worked: the record stays (the version moved), lock released.
+    await w1.mark_underreplicated(42, ["b9:3181"])
+    assert not await w1.mark_replicated(42, version)
+    assert (await w1.get(42)).missing_replicas == ("b1:3181", "b2:3181", "b9:3181")
+    assert await w1.lock_holder(42) is None
+    version = await w1.acquire_lock(42)
+    assert version is not None and await w1.mark_replicated(42, version)
     assert await w1.get(42) is None
     assert [r.ledger_id async for r in w1.list_underreplicated()] == [2**40]
+    # pick: a shuffled walk that skips locked ledgers
+    import random
+    assert await w1.pick(random.Random(1), "w1") == (2**40, 0)
+    assert await w1.pick(random.Random(1), "w1") is None
+    assert await w1.count() == 1
+
+
+async def test_lost_bookie_delay_node(stores: StoreFactory) -> None:
+    s = await stores.open()
+    await init_new_cluster(s, ROOT)
+    m = UnderreplicationManager(s, ROOT)
+    assert await m.get_lost_bookie_delay() is None
+    assert await m.ensure_lost_bookie_delay(30) == 30
+    assert await m.ensure_lost_bookie_delay(5) == 30  # an existing value wins
+    await m.set_lost_bookie_delay(0)
+    assert await m.get_lost_bookie_delay() == 0
+    with pytest.raises(ValueError):
+        await m.set_lost_bookie_delay(-1)
 
 
 async def test_disable_switch_seen_by_watcher(stores: StoreFactory) -> None:

@@ -1,0 +1,523 @@
+"""Autorecovery: the auditor and the replication workers, as supervised trio services.
+
+Runs inside a bookie (``auto_recovery_daemon_enabled = true``) or standalone
+(``ledgerd autorecovery --conf F``); both take the bookie's config file. ZooKeeper layout
+and BookKeeper's behaviour: ``metadata.underreplication`` and
+``../shared/reference/recovery-terms-kafka-tls.md`` part A.
+
+**Auditor.** One per cluster, elected through ZooKeeper (lowest ``V_`` vote). While
+elected it
+
+- watches bookie membership and audits lost bookies when ``AuditSchedule`` says so: it
+  scans every ledger's metadata (throttled) and marks each ledger that references a bookie
+  no longer registered as underreplicated, naming those bookies;
+- watches the ``lostBookieRecoveryDelay`` node (``triggeraudit`` rewrites it);
+- audits at start (a single lost bookie then still gets its delay), and every
+  ``auditor_periodic_bookie_check_interval_s``;
+- checks every ledger every ``auditor_periodic_check_interval_s``: the first and last
+  entry each available bookie of each final fragment should hold, throttled to
+  ``auditor_check_reads_per_s``; a bookie that does not answer OK is marked missing.
+  The same pass counts fragments whose write sets break rack placement (reported in
+  metrics and the log; ``recover --ledger`` re-places on request).
+
+**Workers.** ``replication_workers`` loops per process, each taking one ledger at a time
+from the queue with a lock (a shuffled walk, so workers spread), and running
+``ledgerd.replication.rereplicate_ledger`` on it:
+
+- whole again (or deleted): the record is deleted at the version the lock saw, so a
+  re-mark meanwhile keeps it queued;
+- an open ledger whose last fragment lacks a bookie: the lock is kept for
+  ``open_ledger_rereplication_grace_period_ms`` (its writer, if alive, replaces the
+  bookie itself); then the worker fences and closes it and copies the rest;
+- a failure: the lock is kept for a time that doubles per failure of that ledger, up to
+  ``lock_release_of_failed_ledger_grace_period_ms``, so a ledger nobody can copy (no
+  surviving replica: counted as unrecoverable) is not hammered.
+
+Both obey the ``disable`` switch, and both survive a ZooKeeper session loss: on LOST they
+stop what they hold (their ephemeral votes and locks are gone) and stand again or
+resume on the new session.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from appliance.audit_schedule import AuditSchedule
+from appliance.config import BookieConfig
+from ledgerd.base.logs import fields
+from ledgerd.base.settings import ConfigError
+from ledgerd.bookie_client import Connect, tcp_connect
+from ledgerd.client import Client, open_client
+from ledgerd.config import ClientConfig
+from ledgerd.machines.checker import fragments, probes
+from ledgerd.machines.placement import Placement, rack_violations
+from ledgerd.machines.throttle import TokenBucket
+from ledgerd.replication import Credentials, Outcome, ReplicationOptions, rereplicate_ledger
+from metadata.errors import MetadataError, NoNodeError
+from metadata.ledger import LedgerMetadata
+from metadata.store import MetadataStore, SessionEvent, WatchKind
+from metadata.underreplication import AuditorElection, UnderreplicationManager
+from wire.messages import ReadRequest
+from wire.status import Status
+
+__all__ = ["AutoRecoveryOptions", "AutoRecoveryStats", "Auditor", "ReplicationWorker",
+           "SessionLostError", "run_autorecovery"]
+
+log = logging.getLogger(__name__)
+
+CHECK_ALL_CTIME = "checkallledgersctime"
+BOOKIE_CHECK_CTIME = "bookiecheckctime"
+
+
+class SessionLostError(MetadataError):
+    """The ZooKeeper session expired under an auditor or worker (it starts over)."""
+
+
+@dataclass(frozen=True)
+class AutoRecoveryOptions:
+    worker_id: str
+    lost_bookie_delay_s: int = 0
+    periodic_check_s: float = 604800.0
+    periodic_bookie_check_s: float = 86400.0
+    check_reads_per_s: float = 200.0
+    metadata_reads_per_s: float = 1000.0
+    open_ledger_grace_s: float = 30.0
+    backoff_s: float = 5.0
+    failed_lock_cap_s: float = 300.0
+    workers: int = 2
+    replication: ReplicationOptions = field(default_factory=ReplicationOptions)
+
+    @classmethod
+    def from_config(cls, config: BookieConfig, worker_id: str) -> AutoRecoveryOptions:
+        rate = max(0, config.replication_rate_by_bytes)
+        return cls(
+            worker_id=worker_id,
+            lost_bookie_delay_s=config.lost_bookie_recovery_delay_s,
+            periodic_check_s=float(config.auditor_periodic_check_interval_s),
+            periodic_bookie_check_s=float(config.auditor_periodic_bookie_check_interval_s),
+            check_reads_per_s=float(config.auditor_check_reads_per_s),
+            metadata_reads_per_s=float(config.auditor_metadata_reads_per_s),
+            open_ledger_grace_s=config.open_ledger_rereplication_grace_period_ms / 1000,
+            backoff_s=config.rw_rereplicate_backoff_ms / 1000,
+            failed_lock_cap_s=config.lock_release_of_failed_ledger_grace_period_ms / 1000,
+            workers=config.replication_workers,
+            replication=ReplicationOptions(batch_entries=config.rereplication_entry_batch_size,
+                                           rate_bytes=rate))
+
+
+@dataclass
+class AutoRecoveryStats:
+    """Counters for metrics and status (one per process), and the in-process signal
+    from the auditor to the workers that it marked something."""
+
+    is_auditor: bool = False
+    audits: int = 0
+    checks: int = 0
+    ledgers_marked: int = 0
+    underreplicated: int = 0
+    placement_violations: int = 0
+    ledgers_replicated: int = 0
+    fragments_copied: int = 0
+    entries_copied: int = 0
+    bytes_copied: int = 0
+    failures: int = 0
+    unrecoverable: int = 0
+    open_ledgers_closed: int = 0
+    session_restarts: int = 0
+    marked_event: trio.Event = field(default_factory=trio.Event, repr=False)
+
+    def kick(self) -> None:
+        """The auditor marked ledgers: wake this process's idle workers."""
+        self.marked_event.set()
+        self.marked_event = trio.Event()
+
+
+async def guarded(store: MetadataStore, body: Callable[[], Awaitable[None]]) -> None:
+    """Run ``body`` until it returns or the session is LOST (then SessionLostError)."""
+    lost = False
+    async with trio.open_nursery() as nursery:
+        async def watch(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            nonlocal lost
+            async with store.session_events() as events:
+                task_status.started()
+                async for event in events:
+                    if event is SessionEvent.LOST:
+                        lost = True
+                        nursery.cancel_scope.cancel()
+                        return
+
+        await nursery.start(watch)
+        await body()
+        nursery.cancel_scope.cancel()
+    if lost:
+        raise SessionLostError("ZooKeeper session expired")
+
+
+async def _restarting(name: str, store: MetadataStore, body: Callable[[], Awaitable[None]],
+                      backoff_s: float, stats: AutoRecoveryStats) -> None:
+    """Run ``body`` for ever, starting over after a session loss or a metadata error."""
+    delay = min(1.0, backoff_s) or 0.1
+    while True:
+        try:
+            await guarded(store, body)
+            return
+        except (MetadataError, OSError) as exc:
+            stats.session_restarts += 1
+            log.warning(f"{name}_restarting", extra=fields(error=str(exc), in_s=delay))
+            await trio.sleep(delay)
+            delay = min(max(backoff_s, 1.0), delay * 2)
+
+
+# -- the auditor ------------------------------------------------------------------------
+
+class Auditor:
+    def __init__(self, client: Client, opts: AutoRecoveryOptions,
+                 stats: AutoRecoveryStats) -> None:
+        self.client = client
+        self.store = client.store
+        self.opts = opts
+        self.stats = stats
+        root = client.config.zk_ledgers_root_path
+        self.urm = UnderreplicationManager(self.store, root)
+        self.election = AuditorElection(self.store, root)
+        self._meta_bucket = TokenBucket(opts.metadata_reads_per_s, now=trio.current_time())
+        self._read_bucket = TokenBucket(opts.check_reads_per_s, now=trio.current_time())
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await _restarting("auditor", self.store, self._term, self.opts.backoff_s, self.stats)
+
+    async def _term(self) -> None:
+        try:
+            async with self.election.candidacy(self.opts.worker_id) as candidate:
+                await candidate.wait_elected()
+                log.info("auditor_elected", extra=fields(auditor=self.opts.worker_id))
+                await self._lead()
+        finally:
+            self.stats.is_auditor = False
+
+    async def _lead(self) -> None:
+        delay = await self.urm.ensure_lost_bookie_delay(self.opts.lost_bookie_delay_s)
+        members = await self.client.registry.list_bookies()
+        self.schedule = AuditSchedule(members.all, float(delay))
+        self._wake = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_bookies)
+            nursery.start_soon(self._watch_delay)
+            nursery.start_soon(self._periodic_bookie_check)
+            nursery.start_soon(self._periodic_ledger_check)
+            await self._startup_audit()
+            self.stats.is_auditor = True
+            await self._scheduler()
+
+    def _poke(self) -> None:
+        self._wake.set()
+
+    async def _watch_bookies(self) -> None:
+        async with self.client.registry.watch_bookies() as snapshots:
+            async for snapshot in snapshots:
+                self.schedule.on_membership(snapshot.all, trio.current_time())
+                self._poke()
+
+    async def _watch_delay(self) -> None:
+        version: int | None = None
+        async with self.store.watch(self.urm.delay_path, WatchKind.DATA) as events:
+            async for _ in events:
+                try:
+                    raw, stat = await self.store.get(self.urm.delay_path)
+                except NoNodeError:
+                    continue
+                if version is not None and stat.version != version:
+                    try:
+                        value = float(int(raw.decode().strip()))
+                    except ValueError:
+                        log.warning("lost_bookie_delay_unreadable", extra=fields(value=raw))
+                        continue
+                    log.info("lost_bookie_delay_written", extra=fields(delay_s=value))
+                    self.schedule.on_delay_written(value, trio.current_time())
+                    self._poke()
+                version = stat.version
+
+    async def _scheduler(self) -> None:
+        while True:
+            deadline = self.schedule.next_deadline()
+            self._wake = trio.Event()
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self._wake.wait()
+            if self.schedule.take_due(trio.current_time()):
+                await self.audit_bookies()
+
+    async def _startup_audit(self) -> None:
+        """At election: a bookie referenced but not registered may have been lost just
+        now; one such bookie gets the delay, several are audited at once."""
+        index = await self._bookie_index()
+        members = await self.client.registry.list_bookies()
+        lost = set(index) - set(members.all)
+        if len(lost) == 1 and self.schedule.delay_s > 0:
+            self.schedule.delay_audit(lost, trio.current_time())
+            log.info("auditor_delaying_audit", extra=fields(
+                bookies=",".join(sorted(lost)), delay_s=self.schedule.delay_s))
+            self._poke()
+        elif lost:
+            await self._mark(index, lost)
+
+    async def _bookie_index(self) -> dict[str, set[int]]:
+        """bookie -> the ledgers whose ensembles reference it (every ledger's metadata,
+        read at ``auditor_metadata_reads_per_s``)."""
+        index: dict[str, set[int]] = {}
+        async for lid, md in self._all_metadata():
+            for _, ensemble in md.ensembles:
+                for b in ensemble:
+                    index.setdefault(b, set()).add(lid)
+        return index
+
+    async def _all_metadata(self) -> AsyncIterator[tuple[int, LedgerMetadata]]:
+        async for lid in self.client.ledgers.iter_ledger_ids():
+            wait = self._meta_bucket.take(trio.current_time())
+            if wait:
+                await trio.sleep(wait)
+            try:
+                md, _ = await self.client.ledgers.read(lid)
+            except NoNodeError:
+                continue  # deleted while we walked
+            yield lid, md
+
+    async def audit_bookies(self) -> None:
+        """Mark every ledger that references a bookie no longer registered."""
+        if not await self.urm.is_enabled():
+            log.info("auditor_waiting_for_enable")
+            await self.urm.wait_enabled()
+        index = await self._bookie_index()
+        members = await self.client.registry.list_bookies()
+        lost = set(index) - set(members.all) - self.schedule.pending
+        self.stats.audits += 1
+        if lost:
+            await self._mark(index, lost)
+        await self.urm.set_check_time(BOOKIE_CHECK_CTIME, int(time.time() * 1000))
+
+    async def _mark(self, index: dict[str, set[int]], lost: set[str]) -> None:
+        per_ledger: dict[int, list[str]] = {}
+        for bookie in sorted(lost):
+            for lid in index.get(bookie, ()):
+                per_ledger.setdefault(lid, []).append(bookie)
+        for lid, bookies in sorted(per_ledger.items()):
+            await self.urm.mark_underreplicated(lid, bookies)
+        self.stats.ledgers_marked += len(per_ledger)
+        self.stats.kick()
+        log.warning("auditor_marked_underreplicated", extra=fields(
+            lost=",".join(sorted(lost)), ledgers=len(per_ledger)))
+
+    async def _periodic_bookie_check(self) -> None:
+        interval = self.opts.periodic_bookie_check_s
+        if interval <= 0:
+            return
+        while True:
+            await trio.sleep(interval)
+            if not self.schedule.waiting_for_delay:
+                await self.audit_bookies()
+
+    async def _periodic_ledger_check(self) -> None:
+        interval = self.opts.periodic_check_s
+        if interval <= 0:
+            return
+        last = await self.urm.get_check_time(CHECK_ALL_CTIME) / 1000
+        await trio.sleep(max(0.0, last + interval - time.time()))
+        while True:
+            await self.check_all_ledgers()
+            await self.urm.set_check_time(CHECK_ALL_CTIME, int(time.time() * 1000))
+            await trio.sleep(interval)
+
+    async def check_all_ledgers(self) -> int:
+        """Probe every final fragment's first and last entry per available bookie; mark
+        the ledgers where one does not answer OK. Returns how many were marked."""
+        if not await self.urm.is_enabled():
+            await self.urm.wait_enabled()
+        members = await self.client.registry.list_bookies(with_racks=True)
+        available = members.all
+        placement = Placement(members.racks)
+        racks = placement.distinct(available)
+        violations = 0
+        marked = 0
+        async for lid, md in self._all_metadata():
+            missing = await self._check_ledger(lid, md, available)
+            if missing:
+                await self.urm.mark_underreplicated(lid, sorted(missing))
+                marked += 1
+                self.stats.kick()
+            if md.is_closed and racks > 1:
+                for frag in fragments(md):
+                    if rack_violations(frag.ensemble, md.write_quorum, placement, racks):
+                        violations += 1
+                        log.info("placement_not_rack_aware", extra=fields(
+                            ledger=lid, first=frag.first, ensemble=",".join(frag.ensemble)))
+        self.stats.checks += 1
+        self.stats.ledgers_marked += marked
+        self.stats.placement_violations = violations
+        self.stats.underreplicated = await self.urm.count()
+        log.info("auditor_checked_all_ledgers", extra=fields(marked=marked,
+                                                            placement_violations=violations))
+        return marked
+
+    async def _check_ledger(self, lid: int, md: LedgerMetadata,
+                            available: frozenset[str]) -> set[str]:
+        missing: set[str] = set()
+        timeout = self.opts.replication.read_timeout
+        for p in probes(md, available):
+            for entry in p.entries:
+                wait = self._read_bucket.take(trio.current_time())
+                if wait:
+                    await trio.sleep(wait)
+                status, _, _ = await self.client.pool.call(
+                    p.bookie, ReadRequest(ledger_id=lid, entry_id=entry), timeout)
+                if status != Status.OK:
+                    if status == Status.NO_SUCH_LEDGER and not await self.client.ledgers.exists(lid):
+                        return set()  # deleted meanwhile
+                    missing.add(p.bookie)
+                    break
+        return missing
+
+
+# -- the workers ------------------------------------------------------------------------
+
+class ReplicationWorker:
+    def __init__(self, client: Client, opts: AutoRecoveryOptions, creds: Credentials,
+                 stats: AutoRecoveryStats, rng: random.Random | None = None) -> None:
+        self.client = client
+        self.store = client.store
+        self.opts = opts
+        self.creds = creds
+        self.stats = stats
+        self.rng = rng or random.Random()
+        self.urm = UnderreplicationManager(self.store, client.config.zk_ledgers_root_path)
+        self.failures: dict[int, int] = {}
+        self.busy = 0  # ledgers being worked on (for tests and status)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await _restarting("replication_worker", self.store, self._work, self.opts.backoff_s,
+                          self.stats)
+
+    async def _work(self) -> None:
+        async with trio.open_nursery() as held:  # locks kept through a wait
+            for _ in range(max(1, self.opts.workers)):
+                held.start_soon(self._loop, held)
+
+    async def _loop(self, held: trio.Nursery) -> None:
+        while True:
+            if not await self.urm.is_enabled():
+                log.info("replication_worker_disabled")
+                await self.urm.wait_enabled()
+            picked = await self.urm.pick(self.rng, self.opts.worker_id)
+            if picked is None:
+                await self._idle()
+                continue
+            await self._process(*picked, held, close_open=False)
+
+    async def _idle(self) -> None:
+        """Wait for new marks: this process's auditor marked some, the top of the queue
+        changed, or the backoff passed (marks from elsewhere under existing
+        directories)."""
+        kicked = self.stats.marked_event
+        with trio.move_on_after(max(self.opts.backoff_s, 0.05)):
+            async with trio.open_nursery() as nursery:
+                async def top() -> None:
+                    async with self.store.watch(f"{self.urm.base}/ledgers",
+                                                WatchKind.CHILDREN) as ev:
+                        await ev.__anext__()  # the first notification is immediate
+                        await ev.__anext__()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(top)
+                await kicked.wait()
+                nursery.cancel_scope.cancel()
+
+    async def _process(self, lid: int, version: int, held: trio.Nursery, *,
+                       close_open: bool) -> None:
+        self.busy += 1
+        try:
+            result = await rereplicate_ledger(self.client, lid, self.creds,
+                                              self.opts.replication, check=True,
+                                              close_open=close_open, progress=self._progress)
+        finally:
+            self.busy -= 1
+        self.stats.fragments_copied += result.fragments
+        if result.closed_by_recovery:
+            self.stats.open_ledgers_closed += 1
+        if result.outcome in (Outcome.REPLICATED, Outcome.DELETED):
+            self.failures.pop(lid, None)
+            done = await self.urm.mark_replicated(lid, version)
+            if done:
+                self.stats.ledgers_replicated += 1
+            log.info("ledger_rereplicated", extra=fields(
+                ledger=lid, outcome=result.outcome.value, fragments=result.fragments,
+                entries=result.entries, bytes=result.bytes, record_deleted=done))
+        elif result.outcome is Outcome.DEFERRED:
+            log.info("open_ledger_deferred", extra=fields(
+                ledger=lid, grace_s=self.opts.open_ledger_grace_s))
+            held.start_soon(self._after_grace, lid, version, held)
+        else:
+            n = self.failures[lid] = self.failures.get(lid, 0) + 1
+            self.stats.failures += 1
+            if result.unreadable:
+                self.stats.unrecoverable += 1
+            wait = min(self.opts.failed_lock_cap_s, max(self.opts.backoff_s, 0.1) * 2 ** (n - 1))
+            log.error("rereplication_failed", extra=fields(
+                ledger=lid, reason=result.detail, attempt=n, retry_in_s=wait,
+                unrecoverable=result.unreadable))
+            held.start_soon(self._release_later, lid, wait)
+
+    async def _after_grace(self, lid: int, version: int, held: trio.Nursery) -> None:
+        await trio.sleep(self.opts.open_ledger_grace_s)
+        await self._process(lid, version, held, close_open=True)
+
+    async def _release_later(self, lid: int, wait: float) -> None:
+        await trio.sleep(wait)
+        await self.urm.release_lock(lid)
+
+    def _progress(self, entries: int, size: int) -> None:
+        self.stats.entries_copied += entries
+        self.stats.bytes_copied += size
+
+
+# -- the service ------------------------------------------------------------------------
+
+def client_config_for(config: BookieConfig) -> ClientConfig:
+    """The client settings autorecovery runs with (the bookie's cluster, its frame size)."""
+    return ClientConfig(zk_servers=config.zk_servers, zk_timeout_ms=config.zk_timeout_ms,
+                        zk_ledgers_root_path=config.zk_ledgers_root_path,
+                        max_frame_bytes=config.max_frame_bytes, throttle=0,
+                        log_level=config.log_level)
+
+
+async def run_autorecovery(store: MetadataStore, config: BookieConfig, worker_id: str, *,
+                           stats: AutoRecoveryStats | None = None,
+                           connect: Connect = tcp_connect, auditor: bool = True,
+                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                           ) -> None:
+    """The auditor candidacy and the replication workers of one process, until cancelled.
+
+    Raises ConfigError (before starting) when no cluster secret is configured."""
+    secret = config.cluster_secret()
+    if not secret:
+        raise ConfigError("cluster_secret_file", "", "a file with the cluster secret: "
+                          "autorecovery writes with credentials derived from it (`ledgerd "
+                          "shell gensecret FILE`, then the same file on every bookie)")
+    opts = AutoRecoveryOptions.from_config(config, worker_id)
+    stats = stats if stats is not None else AutoRecoveryStats()
+    async with open_client(config=client_config_for(config), store=store,
+                           connect=connect) as client:
+        worker = ReplicationWorker(client, opts, Credentials(cluster_secret=secret), stats)
+        async with trio.open_nursery() as nursery:
+            if auditor:
+                await nursery.start(Auditor(client, opts, stats).run)
+            await nursery.start(worker.run)
+            log.info("autorecovery_started", extra=fields(worker=worker_id,
+                                                          workers=opts.workers))
+            task_status.started()
+

@@ -1,0 +1,265 @@
+"""Autorecovery over real bookies on memory streams and a virtual clock: the auditor's
+delays and triggers, workers competing, the grace period, the switch, session loss.
+
+The upstream scenarios (AuditorLedgerCheckerTest, AuditorBookieTest,
+TestReplicationWorker, BookieAutoRecoveryTest) in the small; the real-process version
+is tests/integration/test_autorecovery_cluster.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import ledgerd
+from appliance.autorecovery import AutoRecoveryStats, run_autorecovery
+from appliance.config import BookieConfig
+from ledgerd.client import Client
+from metadata.memory import InMemoryStore
+from metadata.registry import BookieRegistry
+from metadata.underreplication import AuditorElection, UnderreplicationManager
+from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
+from tests.ledgerd.test_replication import lose, whole
+
+SECRET = b"cluster-secret-for-tests-0123456789"
+ROOT = "/ledgers"
+
+
+@pytest.fixture
+def clock(mock_clock: trio.testing.MockClock) -> trio.testing.MockClock:
+    mock_clock.autojump_threshold = 0.05
+    return mock_clock
+
+
+def config(tmp: Path, **overrides: Any) -> BookieConfig:
+    secret = tmp / "secret"
+    if not secret.exists():
+        secret.write_bytes(SECRET)
+        os.chmod(secret, 0o600)
+    settings: dict[str, Any] = dict(
+        ledger_directories=(str(tmp / "unused"),), cluster_secret_file=str(secret),
+        lost_bookie_recovery_delay_s=0, auditor_periodic_check_interval_s=0,
+        auditor_periodic_bookie_check_interval_s=0, open_ledger_rereplication_grace_period_ms=5000,
+        rw_rereplicate_backoff_ms=5000, lock_release_of_failed_ledger_grace_period_ms=40000,
+        rereplication_entry_batch_size=16)
+    settings.update(overrides)
+    return BookieConfig(**settings)
+
+
+@asynccontextmanager
+async def autorecovery(cluster: MemoryCluster, cfg: BookieConfig, name: str = "ar-1",
+                       ) -> AsyncIterator[tuple[AutoRecoveryStats, InMemoryStore]]:
+    """An autorecovery process with its own ZooKeeper session (so it can be expired)."""
+    store = InMemoryStore(cluster.store.cluster)
+    stats = AutoRecoveryStats()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_autorecovery(
+            store, cfg, name, stats=stats, connect=cluster.connect, task_status=task_status))
+        try:
+            yield stats, store
+        finally:
+            nursery.cancel_scope.cancel()
+    await store.close()
+
+
+async def write_ledgers(client: Client, n: int, quorums: tuple[int, int, int] = (3, 2, 2),
+                        entries: int = 20) -> dict[int, dict[int, bytes]]:
+    out = {}
+    for k in range(n):
+        lh = await client.create_ledger(*quorums, password=b"pw%d" % k)
+        payloads = {i: b"l%d e%d " % (k, i) + bytes(i) for i in range(entries)}
+        for i in range(entries):
+            await lh.append(payloads[i])
+        await lh.close()
+        out[lh.ledger_id] = payloads
+    return out
+
+
+async def until(predicate: Any, timeout: float = 300.0, step: float = 5.0) -> None:
+    with trio.fail_after(timeout):
+        while not await predicate():
+            await trio.sleep(step)
+
+
+async def references(client: Client, bookie: str) -> list[int]:
+    out = []
+    async for lid in client.list_ledgers():
+        md = await client.ledger_metadata(lid)
+        if any(bookie in ens for _, ens in md.ensembles):
+            out.append(lid)
+    return out
+
+
+async def assert_whole(cluster: MemoryCluster, client: Client,
+                       ledgers: dict[int, dict[int, bytes]]) -> None:
+    for lid, payloads in ledgers.items():
+        md = await client.ledger_metadata(lid)
+        assert whole(cluster, lid, md, payloads) == [], lid
+
+
+async def test_a_bookie_back_within_the_delay_causes_no_copying_one_gone_for_good_does(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        ledgers = await write_ledgers(client, 6)
+        victim = "b1:3181"
+        assert await references(client, victim)
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        registry = BookieRegistry(cluster.store, ROOT)
+        async with autorecovery(cluster, config(tmp_path, lost_bookie_recovery_delay_s=30)
+                                ) as (stats, _):
+            await until(lambda: _true(stats.is_auditor))
+            # Restarted within the delay: no mark, no copy.
+            await registry.unregister(victim)
+            await trio.sleep(10)
+            await registry.register(victim, {"bookie_id": victim})
+            await trio.sleep(60)
+            assert await urm.count() == 0 and stats.fragments_copied == 0
+            # Gone for good: marked after the delay, copied, the records deleted.
+            start = trio.current_time()
+            await lose(cluster, victim)
+            await until(lambda: _true(stats.ledgers_marked > 0))
+            assert trio.current_time() - start >= 30
+            await until(lambda: _empty(urm))
+            assert await references(client, victim) == []
+            await assert_whole(cluster, client, ledgers)
+            assert stats.entries_copied > 0 and stats.failures == 0
+
+
+async def test_two_bookies_lost_are_audited_at_once_and_triggeraudit_skips_the_delay(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 6, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        ledgers = await write_ledgers(client, 6, (3, 3, 2))
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        async with autorecovery(cluster, config(tmp_path, lost_bookie_recovery_delay_s=3600)
+                                ) as (stats, _):
+            await until(lambda: _true(stats.is_auditor))
+            start = trio.current_time()
+            await lose(cluster, "b0:3181")
+            await lose(cluster, "b2:3181")
+            await until(lambda: _empty(urm) if stats.ledgers_marked else _false())
+            assert trio.current_time() - start < 60
+            for b in ("b0:3181", "b2:3181"):
+                assert await references(client, b) == []
+            await assert_whole(cluster, client, ledgers)
+            # One more lost bookie waits for the hour, unless an operator triggers.
+            marked = stats.ledgers_marked
+            await lose(cluster, "b3:3181")
+            await trio.sleep(120)
+            assert stats.ledgers_marked == marked
+            assert await AuditorElection(cluster.store, ROOT).current_auditor() == "ar-1"
+            await urm.set_lost_bookie_delay(await urm.get_lost_bookie_delay() or 0)
+            await until(lambda: _empty(urm) if stats.ledgers_marked > marked else _false())
+            assert await references(client, "b3:3181") == []
+            await assert_whole(cluster, client, ledgers)
+
+
+async def test_disabled_autorecovery_waits_and_resumes_after_session_loss(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        ledgers = await write_ledgers(client, 4)
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        await urm.set_enabled(False)
+        async with autorecovery(cluster, config(tmp_path)) as (stats, store):
+            await until(lambda: _true(stats.is_auditor))
+            # The session expires: the vote vanished; the auditor stands again.
+            store.expire_session()
+            await until(lambda: _true(stats.session_restarts >= 2 and stats.is_auditor))
+            await lose(cluster, "b4:3181")
+            await trio.sleep(60)
+            assert stats.fragments_copied == 0  # disabled: nothing marked, nothing copied
+            await urm.set_enabled(True)
+            await until(lambda: _true(stats.ledgers_marked > 0))
+            await until(lambda: _empty(urm))
+            assert await references(client, "b4:3181") == []
+            await assert_whole(cluster, client, ledgers)
+
+
+async def test_competing_workers_share_the_queue(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        ledgers = await write_ledgers(client, 12, (2, 2, 1), entries=10)
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        cfg = config(tmp_path)
+        async with autorecovery(cluster, cfg, "ar-1") as (s1, _), \
+                autorecovery(cluster, cfg, "ar-2") as (s2, _):
+            await until(lambda: _true(s1.is_auditor or s2.is_auditor))
+            await lose(cluster, "b0:3181")
+            await until(lambda: _true(s1.ledgers_marked + s2.ledgers_marked > 0))
+            await until(lambda: _empty(urm))
+            assert s1.ledgers_replicated > 0 and s2.ledgers_replicated > 0
+            assert await references(client, "b0:3181") == []
+            await assert_whole(cluster, client, ledgers)
+
+
+async def test_open_ledger_waits_the_grace_period_then_is_fenced_and_copied(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as writer_client, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await writer_client.create_ledger(3, 3, 3)
+        payloads = {i: b"open %d" % i for i in range(15)}
+        for i in range(15):
+            await lh.append(payloads[i])
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        async with autorecovery(cluster, config(tmp_path)) as (stats, _):
+            await until(lambda: _true(stats.is_auditor))
+            victim = lh.metadata.ensembles[0][1][0]
+            start = trio.current_time()
+            await lose(cluster, victim)  # the writer is idle: it does not notice
+            await until(lambda: _true(stats.ledgers_marked > 0))
+            await until(lambda: _empty(urm))
+            assert trio.current_time() - start >= 5  # the grace period
+            md = await client.ledger_metadata(lh.ledger_id)
+            assert md.is_closed and md.last_entry_id == 14
+            assert stats.open_ledgers_closed == 1
+            assert await references(client, victim) == []
+            await assert_whole(cluster, client, {lh.ledger_id: payloads})
+        with pytest.raises((ledgerd.LedgerFencedError, ledgerd.LedgerClosedError)):
+            await lh.append(b"late")  # fenced, or closed under its ensemble change
+
+
+async def test_a_ledger_nobody_can_copy_backs_off(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(2, 2, 2)
+        await lh.append(b"only copy")
+        await lh.close()
+        async with autorecovery(cluster, config(tmp_path)) as (stats, _):
+            await until(lambda: _true(stats.is_auditor))
+            for b in lh.metadata.ensembles[0][1]:
+                await lose(cluster, b)
+            await trio.sleep(300)
+            # Backoff 5 s doubling to the 40 s cap: about 10 attempts in 5 minutes, not
+            # the thousands a spinning worker would make.
+            assert 5 <= stats.failures <= 14 and stats.unrecoverable == stats.failures
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _false() -> bool:
+    return False
+
+
+async def _empty(urm: UnderreplicationManager) -> bool:
+    return await urm.count() == 0
