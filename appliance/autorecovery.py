@@ -66,8 +66,14 @@ from metadata.underreplication import AuditorElection, UnderreplicationManager
 from wire.messages import ReadRequest
 from wire.status import Status
 
-__all__ = ["AutoRecoveryOptions", "AutoRecoveryStats", "Auditor", "ReplicationWorker",
-           "SessionLostError", "run_autorecovery"]
+__all__ = [
+    "Auditor",
+    "AutoRecoveryOptions",
+    "AutoRecoveryStats",
+    "ReplicationWorker",
+    "SessionLostError",
+    "run_autorecovery",
+]
 
 log = logging.getLogger(__name__)
 

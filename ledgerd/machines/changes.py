@@ -29,9 +29,18 @@ from metadata.errors import ChangeRejectedError
 from metadata.ledger import LedgerMetadata, LedgerState
 from wire.status import FencedError
 
-__all__ = ["ClosedChangeError", "EnsembleConflictError", "FencedChangeError", "begin_recovery",
-           "change_ensemble", "close_as_writer", "close_recovered", "failure_kind",
-           "replace_in_fragment", "FragmentChangedError"]
+__all__ = [
+    "ClosedChangeError",
+    "EnsembleConflictError",
+    "FencedChangeError",
+    "FragmentChangedError",
+    "begin_recovery",
+    "change_ensemble",
+    "close_as_writer",
+    "close_recovered",
+    "failure_kind",
+    "replace_in_fragment",
+]
 
 
 class ClosedChangeError(ChangeRejectedError):
