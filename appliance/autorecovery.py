@@ -45,11 +45,13 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import trio
 
 from appliance.audit_schedule import AuditSchedule
 from appliance.config import BookieConfig
+from appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.base.settings import ConfigError
 from ledgerd.bookie_client import Connect, tcp_connect
@@ -489,6 +491,38 @@ class ReplicationWorker:
     def _progress(self, entries: int, size: int) -> None:
         self.stats.entries_copied += entries
         self.stats.bytes_copied += size
+
+
+def _stat(stats: AutoRecoveryStats, attr: str) -> float:
+    return float(getattr(stats, attr))
+
+
+def register_autorecovery_metrics(m: BookieMetrics, stats: AutoRecoveryStats) -> None:
+    """Autorecovery's counters on a metrics registry (the bookie's, or the standalone
+    process's own)."""
+    m.gauge("ledgerd_autorecovery_is_auditor", "1 while this process is the auditor.",
+            lambda: float(stats.is_auditor))
+    m.gauge("ledgerd_autorecovery_underreplicated_ledgers",
+            "Ledgers queued as underreplicated (as of the auditor's last check).",
+            lambda: stats.underreplicated)
+    m.gauge("ledgerd_autorecovery_placement_violations",
+            "Fragments whose write sets break rack placement (last periodic check).",
+            lambda: stats.placement_violations)
+    for name, doc, attr in (
+            ("audits", "Lost-bookie audits run.", "audits"),
+            ("checks", "Periodic checks of every ledger run.", "checks"),
+            ("ledgers_marked", "Ledgers marked underreplicated.", "ledgers_marked"),
+            ("ledgers_rereplicated", "Ledgers made whole again.", "ledgers_replicated"),
+            ("fragments_copied", "Fragments copied to a replacement.", "fragments_copied"),
+            ("entries_copied", "Entries copied.", "entries_copied"),
+            ("bytes_copied", "Entry bytes copied.", "bytes_copied"),
+            ("failures", "Ledgers whose re-replication failed (retried later).", "failures"),
+            ("unrecoverable", "Failures with no readable surviving replica.", "unrecoverable"),
+            ("open_ledgers_closed", "Open ledgers fenced and closed after the grace period.",
+             "open_ledgers_closed"),
+            ("session_restarts", "Auditor/worker restarts after a ZooKeeper session loss.",
+             "session_restarts")):
+        m.counter(f"ledgerd_autorecovery_{name}", doc, partial(_stat, stats, attr))
 
 
 # -- the service ------------------------------------------------------------------------

@@ -25,6 +25,11 @@ from typing import Any
 
 import trio
 
+from appliance.autorecovery import (
+    AutoRecoveryStats,
+    register_autorecovery_metrics,
+    run_autorecovery,
+)
 from appliance.config import BookieConfig
 from appliance.core import BookieCore
 from appliance.diskcheck import DiskChecker
@@ -67,6 +72,7 @@ class Bookie:
         self.storage = storage
         self.state = ServingState()
         self.metrics = BookieMetrics()
+        self.autorecovery = AutoRecoveryStats()
         self.store = store
         self.registry: BookieRegistry | None = None
         self.gc = GarbageCollector(self.storage, None, config.gc_options(),
@@ -120,6 +126,8 @@ class Bookie:
                 await sup.start("gc", self.gc.run)
                 if self.registry is not None:
                     await sup.start("registration", self._registration)
+                    if self.config.auto_recovery_daemon_enabled:
+                        await sup.start("autorecovery", self._autorecovery)
                 await sup.start("watchdog", partial(watchdog_service, self._healthy))
                 notify("READY=1")
                 self.ready.set()
@@ -177,8 +185,9 @@ class Bookie:
         with trio.move_on_after(DRAIN_GRACE_S):
             await self._connections_done.wait()
         # 2. Background work that writes.
-        for name in ("gc", "disk-checker"):
-            await sup.stop(name)
+        for name in ("autorecovery", "gc", "disk-checker"):
+            if name in sup.services:
+                await sup.stop(name)
         # 3. Last journal group, checkpoint, close.
         await self.storage.close()
         await sup.stop("storage")
@@ -280,6 +289,11 @@ class Bookie:
                     continue
                 await changed.wait()
 
+    async def _autorecovery(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        assert self.store is not None
+        await run_autorecovery(self.store, self.config, self.bookie_id,
+                               stats=self.autorecovery, task_status=task_status)
+
     def _registration_info(self) -> dict[str, Any]:
         return {"bookie_id": self.bookie_id, "port": self.port,
                 "host": self.config.advertised_address or self.config.listen_address,
@@ -327,3 +341,4 @@ class Bookie:
                   lambda: self.gc.ledgers_deleted)
         m.counter("ledgerd_gc_entry_logs_compacted", "Entry logs compacted.",
                   lambda: self.gc.logs_compacted)
+        register_autorecovery_metrics(m, self.autorecovery)

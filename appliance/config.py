@@ -235,6 +235,10 @@ class BookieConfig(ZooKeeperSettings):
         if not self.ledger_directories:
             raise ConfigError("ledger_directories", self.ledger_directories,
                               "at least one directory")
+        if self.auto_recovery_daemon_enabled and not self.cluster_secret_file:
+            raise ConfigError("cluster_secret_file", "",
+                              "a file with the cluster secret when auto_recovery_daemon_enabled "
+                              "is true (autorecovery writes with credentials derived from it)")
         if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
             raise ConfigError(
                 "disk_usage_lwm_threshold", self.disk_usage_lwm_threshold,

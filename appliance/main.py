@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from functools import partial
 
 import trio
 
@@ -11,10 +12,11 @@ from appliance.bookie import Bookie
 from appliance.config import BookieConfig
 from disk.storage import LedgerStorage
 from ledgerd.base.logs import fields
+from ledgerd.base.settings import ConfigError
 from metadata.store import MetadataStore
 from metadata.zookeeper import ZooKeeperStore
 
-__all__ = ["connect_metadata", "run_bookie"]
+__all__ = ["connect_metadata", "run_autorecovery_process", "run_bookie"]
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +55,56 @@ async def _serve(bookie: Bookie) -> int:
 def run_bookie(config: BookieConfig) -> int:
     """Run a bookie until SIGTERM/SIGINT; returns the exit code."""
     return trio.run(_main, config)
+
+
+async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
+    from dataclasses import asdict
+
+    from appliance.autorecovery import (
+        AutoRecoveryStats,
+        register_autorecovery_metrics,
+        run_autorecovery,
+    )
+    from appliance.handlers import AdminHooks, ServingState
+    from appliance.http import AdminHttp
+    from appliance.metrics import BookieMetrics
+    from appliance.sdnotify import notify, watchdog_service
+
+    config.cluster_secret()  # a bad secret file is a one-line error before connecting
+    store = await connect_metadata(config)
+    if store is None:
+        raise ConfigError("zk_servers", "", "a ZooKeeper connection string: autorecovery "
+                          "works on the cluster's metadata")
+    stats = AutoRecoveryStats()
+    metrics = BookieMetrics()
+    register_autorecovery_metrics(metrics, stats)
+    hooks = AdminHooks(trigger=lambda _kind: False,
+                       status=lambda: {"autorecovery": worker_id, **{
+                           k: v for k, v in asdict(stats).items() if k != "marked_event"}},
+                       secret=config.admin_secret)
+    http = AdminHttp(metrics, ServingState(), hooks, host=config.admin_address,
+                     port=config.admin_port, metrics_enabled=config.metrics_enabled)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(http.run)
+            await nursery.start(partial(run_autorecovery, store, config, worker_id,
+                                        stats=stats))
+            nursery.start_soon(partial(watchdog_service, lambda: True))
+            notify("READY=1")
+            log.info("autorecovery_ready", extra=fields(worker=worker_id,
+                                                        admin_port=http.bound_port))
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("signal", extra=fields(signal=signal.Signals(signum).name))
+                    break
+            notify("STOPPING=1")
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.close()
+    return 0
+
+
+def run_autorecovery_process(config: BookieConfig, worker_id: str) -> int:
+    """``ledgerd autorecovery --conf F``: auditor candidacy and workers until SIGTERM."""
+    return trio.run(_autorecovery_main, config, worker_id)

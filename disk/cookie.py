@@ -120,8 +120,9 @@ def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None) -> C
             "directories without a cookie while this bookie already has one: "
             + ", ".join(str(m) for m in missing)
             + ". A directory was wiped or replaced; its data is gone from this bookie. "
-            "Run `ledgerd shell bookieformat` to start this bookie afresh (autorecovery "
-            "re-replicates its ledgers), or restore the directory.")
+            "Restore the directory; or, with the bookie stopped, run `ledgerd shell "
+            "recover <this bookie>` (its ledgers are copied from their other replicas), "
+            "then `ledgerd shell bookieformat` to start it empty.")
     if not missing and remote_cookie is None and found_any:
         raise CookieMismatchError(
             "every directory has a cookie but ZooKeeper has none for "

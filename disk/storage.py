@@ -135,8 +135,9 @@ class LedgerStorage:
             raise StorageError(
                 f"journal file {mark[0]:x}.txn named by lastMark is missing from {jdir}; "
                 "entries journaled after the last checkpoint are lost. Restore the journal "
-                "directory, or run `ledgerd shell bookieformat` and let autorecovery "
-                "re-replicate this bookie")
+                "directory; or, with the bookie stopped, run `ledgerd shell recover "
+                "<this bookie>` to copy its ledgers from their other replicas, then "
+                "`ledgerd shell bookieformat` to start it empty")
         start_id, start_off = mark if mark is not None else (0, HEADER_SIZE)
         for fid in ids:
             if fid < start_id:

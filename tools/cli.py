@@ -74,6 +74,35 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
 
 
 
+@cli.command("autorecovery")
+@click.option("--conf", "conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The bookie's TOML file (zk_servers, cluster_secret_file, autorecovery "
+                   "keys; LEDGERD_<KEY> variables override it).")
+@click.option("--id", "worker_id", default=None,
+              help="Name in the auditor election and on ledger locks (default host:pid).")
+@click.pass_context
+def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | None) -> None:
+    """Run the auditor and replication workers standalone until SIGTERM or SIGINT."""
+    import os
+    import socket
+
+    from appliance.main import run_autorecovery_process
+
+    config = load_config(BookieConfig, path=conf)
+    configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level)
+    name = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        code = run_autorecovery_process(config, name)
+    except BaseException as exc:
+        leaf = single_exception(exc)
+        if isinstance(leaf, ConfigError) and not ctx.obj["debug"]:
+            raise leaf from None
+        if ctx.obj["debug"] or not isinstance(leaf, LedgerdError | OSError):
+            raise
+        raise CliError(f"autorecovery did not start: {leaf}") from exc
+    sys.exit(code)
+
+
 @cli.command("local")
 @click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 64),
               help="Number of bookie processes to start.")
@@ -149,7 +178,10 @@ for _name in BENCHES:
 def _register() -> None:
     from tools.audit import audit_cmd
     from tools.benchcmd import reads_cmd, writes_cmd
+    from tools.replication_cmds import register as register_replication
     from tools.shell import shell
+
+    register_replication()
 
     cli.add_command(shell)
     cli.add_command(audit_cmd)

@@ -538,10 +538,15 @@ def cookie_update(ctx: click.Context, conf: Path) -> None:
 @shell.command("bookieformat")
 @click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--force", is_flag=True, help="Required: this deletes the bookie's data.")
+@click.option("--allow-underreplication", is_flag=True,
+              help="Format even though ledgers still list this bookie (their entries on it "
+                   "are lost until re-replicated).")
 @click.pass_context
-def bookieformat(ctx: click.Context, conf: Path, force: bool) -> None:
+def bookieformat(ctx: click.Context, conf: Path, force: bool,
+                 allow_underreplication: bool) -> None:
     """Delete a (stopped) bookie's journal, ledger and index data and its cookie, so it
-    starts empty."""
+    starts empty. Refuses while ledgers list it: run `ledgerd shell recover BOOKIE`
+    first, so their copies are restored on other bookies."""
     from metadata.cookies import CookieStore
     from metadata.errors import NoNodeError
 
@@ -556,6 +561,24 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool) -> None:
     async def run() -> None:
         store = await _store(_zk(ctx))
         try:
+            if not allow_underreplication:
+                from metadata.cluster import check_layout
+                from metadata.ledgers import LedgerManager
+
+                ledgers = LedgerManager(store, ROOT, await check_layout(store, ROOT))
+                listing = 0
+                async for lid in ledgers.iter_ledger_ids():
+                    try:
+                        md, _ = await ledgers.read(lid)
+                    except NoNodeError:
+                        continue
+                    if any(bookie_id in ens for _, ens in md.ensembles):
+                        listing += 1
+                if listing:
+                    raise ShellError(
+                        f"{listing} ledger(s) still list {bookie_id}; formatting would leave "
+                        f"them one copy short. With the bookie stopped, run `ledgerd shell "
+                        f"recover {bookie_id}` first (or pass --allow-underreplication)")
             await CookieStore(store, ROOT).delete(bookie_id)
         except NoNodeError:
             pass

@@ -1,0 +1,383 @@
+"""``ledgerd shell`` verbs for re-replication and autorecovery, after BookKeeper's shell.
+
+``recover``, ``decommissionbookie``, ``listunderreplicated``, ``whoisauditor``,
+``triggeraudit``, ``autorecovery``, ``lostbookierecoverydelay`` and ``gensecret``. The
+copying is ``ledgerd.replication``; credentials come from the cluster secret
+(``--secret-file``, or ``cluster_secret_file`` in ``--conf``) or a ledger password.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from tools.output import emit, progress, table
+from tools.shell import ROOT, ShellError, _run, _store, _zk, shell
+
+__all__ = ["register"]
+
+
+def _credentials(conf: Path | None, secret_file: Path | None, password: str | None) -> Any:
+    from appliance.config import BookieConfig
+    from ledgerd.base.credentials import read_cluster_secret
+    from ledgerd.base.settings import load_config
+    from ledgerd.replication import Credentials
+
+    if password is not None:
+        return Credentials(password=password.encode())
+    if secret_file is not None:
+        return Credentials(cluster_secret=read_cluster_secret(secret_file, "--secret-file"))
+    if conf is not None:
+        secret = load_config(BookieConfig, path=conf).cluster_secret()
+        if secret:
+            return Credentials(cluster_secret=secret)
+    raise ShellError("copying needs the cluster secret: pass --secret-file FILE, or --conf "
+                     "with cluster_secret_file set (or --password for one ledger)")
+
+
+async def _ledgers_of(client: Any, bookies: set[str]) -> list[int]:
+    out = []
+    async for lid in client.list_ledgers():
+        try:
+            md = await client.ledger_metadata(lid)
+        except Exception:  # deleted while listing
+            continue
+        if any(b in bookies for _, ens in md.ensembles for b in ens):
+            out.append(lid)
+    return out
+
+
+def _bookie_list(value: str) -> set[str]:
+    from metadata.ledger import check_bookie_id
+
+    out = set()
+    for b in value.split(","):
+        b = b.strip()
+        if not b:
+            continue
+        try:
+            out.add(check_bookie_id(b))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="BOOKIE") from None
+    if not out:
+        raise click.BadParameter("name at least one bookie id (host:port)", param_hint="BOOKIE")
+    return out
+
+
+_CRED_OPTIONS = [
+    click.option("--conf", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                 help="A bookie's TOML file (its cluster_secret_file is used)."),
+    click.option("--secret-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                 help="The cluster secret file."),
+    click.option("--password", default=None, help="The ledger's password instead of the "
+                 "cluster secret (with --ledger)."),
+]
+
+
+def _cred_options(fn: Any) -> Any:
+    for opt in reversed(_CRED_OPTIONS):
+        fn = opt(fn)
+    return fn
+
+
+@shell.command("recover")
+@click.argument("bookies")
+@click.option("--target", default=None, help="Copy to this bookie (default: placement).")
+@click.option("--ledger", "ledger_id", type=int, default=None, help="Only this ledger.")
+@click.option("--dry-run", is_flag=True, help="Show what would be copied; change nothing.")
+@click.option("--skip-open", is_flag=True,
+              help="Leave open ledgers alone (default: fence and close them first).")
+@click.option("--rate", type=click.IntRange(0, None), default=0,
+              help="Bytes per second to copy per ledger (0 = unlimited).")
+@_cred_options
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def recover_cmd(ctx: click.Context, bookies: str, target: str | None, ledger_id: int | None,
+                dry_run: bool, skip_open: bool, rate: int, conf: Path | None,
+                secret_file: Path | None, password: str | None, as_json: bool) -> None:
+    """Copy every fragment that lists BOOKIE[,BOOKIE...] to other bookies and take it out
+    of the ledgers' metadata. Exits 3 if some ledger could not be recovered."""
+    import ledgerd
+    from ledgerd.replication import Outcome, ReplicationOptions, rereplicate_ledger
+
+    bad = _bookie_list(bookies)
+    if password is not None and ledger_id is None:
+        raise click.BadParameter("--password is one ledger's: pass --ledger too",
+                                 param_hint="--password")
+    creds = None if dry_run else _credentials(conf, secret_file, password)
+    opts = ReplicationOptions(rate_bytes=rate)
+
+    async def run() -> list[dict[str, Any]]:
+        async with ledgerd.open_client(_zk(ctx)) as client:
+            if target is not None and target not in (await client.bookies()).writable:
+                raise ShellError(f"target {target} is not a writable registered bookie")
+            ids = [ledger_id] if ledger_id is not None else await _ledgers_of(client, bad)
+            rows = []
+            copied = [0, 0]
+
+            def on_progress(entries: int, size: int) -> None:
+                copied[0] += entries
+                copied[1] += size
+
+            from ledgerd.replication import Credentials
+            with progress("recovering ledgers", len(ids)) as bar:
+                for lid in ids:
+                    result = await rereplicate_ledger(
+                        client, lid, creds or Credentials(password=b""), opts,
+                        bad_bookies=bad, check=False, close_open=not skip_open,
+                        skip_open=skip_open, target=target, dry_run=dry_run,
+                        progress=on_progress)
+                    rows.append(result.as_dict())
+                    bar.advance(1, f"{copied[0]} entries, {copied[1] / 1e6:.1f} MB")
+            return rows
+
+    rows = _run(run)
+    failed = [r for r in rows if r["outcome"] == Outcome.FAILED.value]
+    human = [table(["LEDGER", "OUTCOME", "FRAGMENTS", "ENTRIES", "BYTES", "DETAIL"],
+                   [[r["ledger_id"], r["outcome"], r["fragments"], r["entries"], r["bytes"],
+                     r["detail"] or ("; ".join(str(p) for p in r["plan"]) if dry_run else "")]
+                    for r in rows]) if rows else f"no ledger lists {', '.join(sorted(bad))}"]
+    if rows:
+        human.append(f"{len(rows)} ledger(s): {len(rows) - len(failed)} done, "
+                     f"{len(failed)} failed" + (" (dry run: nothing changed)" if dry_run else ""))
+    emit(as_json, {"bookies": sorted(bad), "dry_run": dry_run, "ledgers": rows},
+         "\n".join(human))
+    if failed:
+        sys.exit(3)
+
+
+@shell.command("decommissionbookie")
+@click.argument("bookie")
+@click.option("--live", is_flag=True,
+              help="Drain a bookie that is still registered (reading from it as a last "
+                   "resort); stop it afterwards.")
+@click.option("--timeout", type=float, default=3600.0, show_default=True,
+              help="Give up after this many seconds.")
+@_cred_options
+@click.pass_context
+def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float,
+                     conf: Path | None, secret_file: Path | None,
+                     password: str | None) -> None:
+    """Take BOOKIE out of the cluster for good: copy every fragment that lists it, wait
+    until no ledger and no underreplication record references it, delete its cookie.
+
+    Refuses while BOOKIE is registered (stop it first) unless --live. With an auditor
+    running and autorecovery enabled, the workers do the copying (an audit is
+    triggered); otherwise this command copies itself (credentials needed)."""
+    import ledgerd
+    from ledgerd.replication import ReplicationOptions, rereplicate_ledger
+    from metadata.cookies import CookieStore
+    from metadata.errors import NoNodeError
+    from metadata.underreplication import AuditorElection, UnderreplicationManager
+
+    (b,) = _bookie_list(bookie)
+
+    async def run() -> tuple[int, str]:
+        async with ledgerd.open_client(_zk(ctx)) as client:
+            members = await client.registry.list_bookies()
+            if b in members.all and not live:
+                raise ShellError(f"{b} is still registered (running); stop it first, or pass "
+                                 "--live to drain it while it runs")
+            urm = UnderreplicationManager(client.store, ROOT)
+            auditor = await AuditorElection(client.store, ROOT).current_auditor()
+            by_workers = auditor is not None and await urm.is_enabled() and not live
+            creds = None if by_workers else _credentials(conf, secret_file, password)
+            assert by_workers or creds is not None
+            if by_workers:
+                await urm.set_lost_bookie_delay(await urm.get_lost_bookie_delay() or 0)
+            with trio.fail_after(timeout), progress(f"draining {b}") as bar:
+                while True:
+                    left = await _ledgers_of(client, {b})
+                    pending = [r.ledger_id async for r in urm.list_underreplicated()
+                               if b in r.missing_replicas]
+                    if not left and not pending:
+                        break
+                    bar.advance(0, f"{len(left)} ledger(s) still list it, "
+                                   f"{len(pending)} queued")
+                    if by_workers:
+                        await trio.sleep(3)
+                        continue
+                    failures = []
+                    assert creds is not None
+                    for lid in left:
+                        result = await rereplicate_ledger(
+                            client, lid, creds, ReplicationOptions(), bad_bookies={b},
+                            check=False, close_open=True)
+                        if result.outcome.value == "failed":
+                            failures.append(f"ledger {lid}: {result.detail}")
+                    if failures:
+                        raise ShellError(f"could not drain {b}: " + "; ".join(failures[:3]))
+                    for lid in pending:
+                        await urm.mark_replicated(lid)
+            try:
+                await CookieStore(client.store, ROOT).delete(b)
+                cookie = "cookie removed"
+            except NoNodeError:
+                cookie = "no cookie"
+            return len(left), cookie
+
+    try:
+        _, cookie = _run(run)
+    except trio.TooSlowError:
+        raise ShellError(f"{b} still referenced after {timeout:g}s; is autorecovery "
+                         "running? (`ledgerd shell listunderreplicated`)") from None
+    click.echo(f"decommissioned {b}: no ledger references it; {cookie}")
+
+
+@shell.command("listunderreplicated")
+@click.option("--missing-replica", default=None, help="Only ledgers missing this bookie.")
+@click.option("--count", "count_only", is_flag=True, help="Only the number of ledgers.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def listunderreplicated(ctx: click.Context, missing_replica: str | None, count_only: bool,
+                        as_json: bool) -> None:
+    """Ledgers queued for re-replication, the bookies they miss, and the worker on each."""
+    from metadata.underreplication import UnderreplicationManager
+
+    async def run() -> list[dict[str, Any]]:
+        store = await _store(_zk(ctx))
+        try:
+            urm = UnderreplicationManager(store, ROOT)
+            rows = []
+            async for rec in urm.list_underreplicated():
+                if missing_replica and missing_replica not in rec.missing_replicas:
+                    continue
+                rows.append({"ledger_id": rec.ledger_id,
+                             "missing_replicas": list(rec.missing_replicas),
+                             "marked_ms": rec.ctime_ms,
+                             "worker": await urm.lock_holder(rec.ledger_id)})
+            return rows
+        finally:
+            await store.close()
+
+    rows = _run(run)
+    if count_only:
+        emit(as_json, {"count": len(rows)}, str(len(rows)))
+        return
+    emit(as_json, rows, table(["LEDGER", "MISSING", "WORKER"],
+                              [[r["ledger_id"], ",".join(r["missing_replicas"]) or "-",
+                                r["worker"] or "-"] for r in rows])
+         + f"\n{len(rows)} underreplicated ledger(s)")
+
+
+@shell.command("whoisauditor")
+@click.pass_context
+def whoisauditor(ctx: click.Context) -> None:
+    """The autorecovery process currently elected auditor."""
+    from metadata.underreplication import AuditorElection
+
+    async def run() -> str | None:
+        store = await _store(_zk(ctx))
+        try:
+            return await AuditorElection(store, ROOT).current_auditor()
+        finally:
+            await store.close()
+
+    who = _run(run)
+    if who is None:
+        raise ShellError("no auditor is elected (is autorecovery running anywhere?)")
+    click.echo(who)
+
+
+@shell.command("triggeraudit")
+@click.pass_context
+def triggeraudit(ctx: click.Context) -> None:
+    """Make the auditor audit lost bookies now (skipping lostbookierecoverydelay)."""
+    from metadata.underreplication import AuditorElection, UnderreplicationManager
+
+    async def run() -> str:
+        store = await _store(_zk(ctx))
+        try:
+            urm = UnderreplicationManager(store, ROOT)
+            if not await urm.is_enabled():
+                raise ShellError("autorecovery is disabled (`ledgerd shell autorecovery "
+                                 "--enable`)")
+            who = await AuditorElection(store, ROOT).current_auditor()
+            if who is None:
+                raise ShellError("no auditor is elected (is autorecovery running anywhere?)")
+            await urm.set_lost_bookie_delay(await urm.get_lost_bookie_delay() or 0)
+            return who
+        finally:
+            await store.close()
+
+    click.echo(f"audit triggered on {_run(run)}")
+
+
+@shell.command("autorecovery")
+@click.option("--enable", "action", flag_value="enable", help="Turn autorecovery on.")
+@click.option("--disable", "action", flag_value="disable", help="Turn it off cluster-wide.")
+@click.option("--status", "action", flag_value="status", default=True, help="Show it.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def autorecovery_switch(ctx: click.Context, action: str, as_json: bool) -> None:
+    """The cluster-wide autorecovery switch (every auditor and worker obeys it)."""
+    from metadata.underreplication import AuditorElection, UnderreplicationManager
+
+    async def run() -> dict[str, Any]:
+        store = await _store(_zk(ctx))
+        try:
+            urm = UnderreplicationManager(store, ROOT)
+            if action != "status":
+                await urm.set_enabled(action == "enable")
+            return {"enabled": await urm.is_enabled(),
+                    "auditor": await AuditorElection(store, ROOT).current_auditor(),
+                    "underreplicated": await urm.count(),
+                    "lost_bookie_recovery_delay_s": await urm.get_lost_bookie_delay()}
+        finally:
+            await store.close()
+
+    d = _run(run)
+    emit(as_json, d, f"autorecovery {'enabled' if d['enabled'] else 'DISABLED'}; auditor: "
+                     f"{d['auditor'] or 'none'}; underreplicated ledgers: "
+                     f"{d['underreplicated']}; lost bookie delay: "
+                     f"{d['lost_bookie_recovery_delay_s'] if d['lost_bookie_recovery_delay_s'] is not None else 'unset'}")
+
+
+@shell.command("lostbookierecoverydelay")
+@click.option("--get", "get_", is_flag=True, help="Print the delay in seconds.")
+@click.option("--set", "set_", type=click.IntRange(0, None), default=None,
+              help="Set the delay in seconds (the auditor reschedules at once).")
+@click.pass_context
+def lostbookierecoverydelay(ctx: click.Context, get_: bool, set_: int | None) -> None:
+    """How long the auditor waits before re-replicating a single lost bookie."""
+    from metadata.underreplication import UnderreplicationManager
+
+    if (set_ is None) == (not get_):
+        raise click.UsageError("pass exactly one of --get and --set SECONDS")
+
+    async def run() -> int | None:
+        store = await _store(_zk(ctx))
+        try:
+            urm = UnderreplicationManager(store, ROOT)
+            if set_ is not None:
+                await urm.set_lost_bookie_delay(set_)
+            return await urm.get_lost_bookie_delay()
+        finally:
+            await store.close()
+
+    value = _run(run)
+    click.echo("unset (the auditor creates it from its lost_bookie_recovery_delay_s)"
+               if value is None else str(value))
+
+
+@shell.command("gensecret")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def gensecret(path: Path) -> None:
+    """Write a new cluster secret to PATH (mode 600) for cluster_secret_file."""
+    from ledgerd.base.credentials import generate_secret
+
+    try:
+        generate_secret(path)
+    except FileExistsError:
+        raise ShellError(f"{path} exists; the cluster secret is not overwritten (every "
+                         "bookie and autorecovery process must hold the same one)") from None
+    click.echo(f"wrote a new cluster secret to {path}; copy it to every bookie and "
+               "autorecovery host and set cluster_secret_file")
+
+
+def register() -> None:
+    """The commands are declared on ``shell`` at import; this makes the import explicit."""
