@@ -535,6 +535,16 @@ def client_config_for(config: BookieConfig) -> ClientConfig:
                         log_level=config.log_level)
 
 
+def require_secret(config: BookieConfig) -> bytes:
+    """The cluster secret, or ConfigError saying autorecovery needs one."""
+    secret = config.cluster_secret()
+    if not secret:
+        raise ConfigError("cluster_secret_file", "", "a file with the cluster secret: "
+                          "autorecovery writes with credentials derived from it (`ledgerd "
+                          "shell gensecret FILE`, then the same file on every bookie)")
+    return secret
+
+
 async def run_autorecovery(store: MetadataStore, config: BookieConfig, worker_id: str, *,
                            stats: AutoRecoveryStats | None = None,
                            connect: Connect = tcp_connect, auditor: bool = True,
@@ -543,11 +553,7 @@ async def run_autorecovery(store: MetadataStore, config: BookieConfig, worker_id
     """The auditor candidacy and the replication workers of one process, until cancelled.
 
     Raises ConfigError (before starting) when no cluster secret is configured."""
-    secret = config.cluster_secret()
-    if not secret:
-        raise ConfigError("cluster_secret_file", "", "a file with the cluster secret: "
-                          "autorecovery writes with credentials derived from it (`ledgerd "
-                          "shell gensecret FILE`, then the same file on every bookie)")
+    secret = require_secret(config)
     opts = AutoRecoveryOptions.from_config(config, worker_id)
     stats = stats if stats is not None else AutoRecoveryStats()
     async with open_client(config=client_config_for(config), store=store,

@@ -63,6 +63,7 @@ async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
     from appliance.autorecovery import (
         AutoRecoveryStats,
         register_autorecovery_metrics,
+        require_secret,
         run_autorecovery,
     )
     from appliance.handlers import AdminHooks, ServingState
@@ -70,7 +71,7 @@ async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
     from appliance.metrics import BookieMetrics
     from appliance.sdnotify import notify, watchdog_service
 
-    config.cluster_secret()  # a bad secret file is a one-line error before connecting
+    require_secret(config)  # a missing or bad secret is a one-line error before connecting
     store = await connect_metadata(config)
     if store is None:
         raise ConfigError("zk_servers", "", "a ZooKeeper connection string: autorecovery "

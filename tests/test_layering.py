@@ -34,7 +34,8 @@ PURE = ["wire.layouts", "wire.codec", "wire.messages", "wire.frames", "wire.conn
         "metadata.errors", "ledgerd.machines.writer", "ledgerd.machines.recovery",
         "ledgerd.machines.quorum", "ledgerd.machines.placement", "ledgerd.machines.changes",
         "ledgerd.machines.throttle", "ledgerd.machines.reads", "ledgerd.machines.recovery_run",
-        "appliance.core", "ledgerd.base.logs",
+        "ledgerd.machines.checker", "appliance.core", "appliance.audit_schedule",
+        "ledgerd.base.logs", "ledgerd.base.credentials",
         "ledgerd.base.settings"]
 
 

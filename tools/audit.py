@@ -31,6 +31,7 @@ import trio
 
 from ledgerd.client import Client
 from ledgerd.errors import NoSuchLedgerError
+from ledgerd.machines.checker import stored_runs as bookie_runs
 from metadata.ledger import LedgerMetadata
 from metadata.underreplication import UnderreplicationManager
 from tools.output import emit, table
@@ -69,26 +70,6 @@ class AuditTask:
     @property
     def expected(self) -> int:
         return sum(b - a + 1 for a, b in self.runs)
-
-
-def bookie_runs(first: int, last: int, ensemble_size: int, write_quorum: int,
-                index: int) -> list[tuple[int, int]]:
-    """The runs of consecutive entries in ``first..last`` whose write set holds
-    ``index``: all of them when Qw == E; otherwise bookie ``i`` holds the Qw entries
-    starting at each ``e`` with ``e % E == (i - Qw + 1) % E``."""
-    if first > last:
-        return []
-    if write_quorum == ensemble_size:
-        return [(first, last)]
-    e, qw = ensemble_size, write_quorum
-    start = first - (first - (index - qw + 1)) % e  # the run start at or before first
-    runs = []
-    while start <= last:
-        a, b = max(first, start), min(last, start + qw - 1)
-        if a <= b:
-            runs.append((a, b))
-        start += e
-    return runs
 
 
 def plan_ledger(ledger_id: int, md: LedgerMetadata, entries_per_task: int) -> list[AuditTask]:

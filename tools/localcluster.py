@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trio
 
+from ledgerd.base.credentials import generate_secret
 from metadata.cluster import init_new_cluster
 from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
@@ -45,9 +46,18 @@ class LocalCluster:
                 raise LocalClusterError(str(exc)) from exc
             self.zk = self.server.connect_string
         trio.run(self._init)
+        secret = self.base / "cluster.secret"
+        if not secret.exists():
+            self.base.mkdir(parents=True, exist_ok=True)
+            generate_secret(secret)
+        # Autorecovery in every bookie, no delay: a killed bookie's ledgers are copied
+        # back to full replication at once (docs/autorecovery.md).
+        settings = {"cluster_secret_file": str(secret), "auto_recovery_daemon_enabled": True,
+                    "lost_bookie_recovery_delay_s": 0,
+                    "open_ledger_rereplication_grace_period_ms": 10000}
         for i in range(self.count):
             bookie = BookieProcess(self.base / f"bookie{i}", self.zk, port=self._port(i),
-                                   name=f"bookie{i}")
+                                   name=f"bookie{i}", settings=settings)
             self.bookies.append(bookie)
             bookie.start()
         trio.run(self._wait_registered)

@@ -25,3 +25,12 @@ def test_bookie_unit_runs_the_bookie_command_with_notify() -> None:
 def test_example_config_loads() -> None:
     cfg = load_config(BookieConfig, path=ROOT / "systemd" / "bookie.toml")
     assert len(cfg.ledger_directories) == 2 and cfg.admin_address == "127.0.0.1"
+
+
+def test_autorecovery_unit_runs_the_standalone_command_with_notify() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(ROOT / "systemd" / "ledgerd-autorecovery.service")
+    service = unit["Service"]
+    assert service["Type"] == "notify"
+    argv = service["ExecStart"].split()
+    assert argv[0].endswith("/ledgerd") and argv[1:3] == ["autorecovery", "--conf"]
