@@ -116,6 +116,7 @@ class AutoRecoveryOptions:
             failed_lock_cap_s=config.lock_release_of_failed_ledger_grace_period_ms / 1000,
             workers=config.replication_workers,
             replication=ReplicationOptions(batch_entries=config.rereplication_entry_batch_size,
+                                           outstanding=config.rereplication_outstanding_batches,
                                            rate_bytes=rate))
 
 

@@ -202,6 +202,9 @@ class BookieConfig(ZooKeeperSettings):
     rereplication_entry_batch_size: int = setting(
         256, bk="rereplicationEntryBatchSize", minimum=1, maximum=65536,
         doc="Entries copied per read/write round trip when re-replicating.")
+    rereplication_outstanding_batches: int = setting(
+        16, bk="(ledgerd)", minimum=1, maximum=256,
+        doc="Batches one ledger copy keeps in flight (memory: this x the batch's bytes).")
     replication_rate_by_bytes: int = setting(
         -1, bk="replicationRateByBytes", minimum=-1,
         doc="Bytes per second one worker may copy (-1 = unlimited).")

@@ -120,7 +120,7 @@ class Credentials:
 @dataclass(frozen=True)
 class ReplicationOptions:
     batch_entries: int = 256          # entries per ReadRange / RECOVERY_ADD
-    outstanding: int = 8              # batches in flight per bad bookie of a fragment
+    outstanding: int = 16             # batches in flight per bad bookie of a fragment
     rate_bytes: int = 0               # bytes/s per ledger copy; 0 = unlimited
     probe_concurrency: int = 16
     read_timeout: float = 10.0
