@@ -323,7 +323,9 @@ class WriteHandle(_HandleBase):
                 p._finish(now)
         self._progress.set()
         if self._lac_interval:
-            self._sleep.wake()  # an explicit-LAC deadline may start now
+            # An explicit-LAC deadline may start now, earlier than the add timeout the
+            # service sleeps on: end that sleep too (wake() ends only an idle one).
+            self._sleep.interrupt()
 
     def _failed(self, kind: FailureKind, reason: str, entry_ids: tuple[int, ...]) -> None:
         error: LedgerHandleError | BadPasswordError

@@ -142,7 +142,9 @@ async def test_tailing_reader_sees_each_entry_within_one_long_poll(bookie_factor
 
         async def tail() -> None:
             while len(got) < 20:
-                with trio.fail_after(poll_s):  # one long-poll round, not a retry loop
+                # One long-poll round, answered by the writer's explicit LAC (100 ms after
+                # it idles), well before its 5 s add timeout would wake it anyway.
+                with trio.fail_after(2.5):
                     lac = await rh.wait_lac_beyond(len(got) - 1, timeout=poll_s)
                 got.extend([e.payload async for e in rh.read(len(got), lac)])
                 await seen_send.send(len(got))

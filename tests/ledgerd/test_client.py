@@ -136,7 +136,9 @@ async def test_tailing_reader_follows_the_writer(zk_chroot: str, tmp_path: Path)
         seen: list[bytes] = []
         for i in range(5):
             await lh.append(b"t%d" % i)
-            with trio.fail_after(10):
+            # The explicit LAC goes out 50 ms after the writer idles: well before the
+            # writer's 5 s add timeout, whose wake-up once hid a lost explicit LAC.
+            with trio.fail_after(2.5):
                 lac = await rh.wait_lac_beyond(i - 1, timeout=10)
             assert lac >= i
             seen += [e.payload async for e in rh.read(len(seen), lac)]
