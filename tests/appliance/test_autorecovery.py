@@ -263,3 +263,23 @@ async def _false() -> bool:
 
 async def _empty(urm: UnderreplicationManager) -> bool:
     return await urm.count() == 0
+
+
+async def test_periodic_check_finds_a_bookie_that_lost_a_ledger(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        ledgers = await write_ledgers(client, 3, (3, 3, 2))
+        lid = next(iter(ledgers))
+        wiped = (await client.ledger_metadata(lid)).ensembles[0][1][0]
+        await cluster[wiped].storage.delete_ledger(lid)  # its disk lost this ledger
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        async with autorecovery(cluster, config(tmp_path, auditor_periodic_check_interval_s=3600)
+                                ) as (stats, _):
+            await until(lambda: _true(stats.checks >= 1))
+            await until(lambda: _empty(urm))
+            assert stats.ledgers_marked == 1 and stats.fragments_copied == 1
+            md = await client.ledger_metadata(lid)
+            assert wiped not in md.ensembles[0][1]  # registered, but it lacked the entries
+            await assert_whole(cluster, client, ledgers)
