@@ -141,6 +141,12 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
             problem = cluster.check()
             if problem:
                 raise CliError(problem)
+            for b in cluster.newly_dead():
+                code = b.process.returncode if b.process is not None else None
+                click.echo(f"{b.name} {b.bookie_id} (pid {b.pid}) exited with {code}; the "
+                           "others go on, and their autorecovery copies its ledgers to the "
+                           "rest (`ledgerd shell listunderreplicated`). Log: "
+                           f"{b.log_path}", err=True)
     except LocalClusterError as exc:
         raise CliError(str(exc)) from exc
     finally:

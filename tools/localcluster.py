@@ -36,6 +36,7 @@ class LocalCluster:
         self.server: ZooKeeperServer | None = None
         self.bookies: list[BookieProcess] = []
         self.register_timeout = register_timeout
+        self._dead: set[str] = set()
 
     def start(self) -> None:
         if not self.zk:
@@ -110,14 +111,22 @@ class LocalCluster:
             await store.close()
 
     def check(self) -> str:
-        """A description of what died, or ""."""
+        """A description of what died so that the cluster cannot go on, or "": ZooKeeper,
+        or every bookie. A single dead bookie is reported by ``newly_dead`` instead (its
+        ledgers are re-replicated by the others' autorecovery)."""
         if self.server is not None and self.server.process is not None \
                 and self.server.process.poll() is not None:
             return f"ZooKeeper (pid {self.server.pid}) exited unexpectedly"
-        for b in self.bookies:
-            if not b.running:
-                return f"{b.name} (pid {b.pid}) exited:\n{b.log_tail()}"
+        if self.bookies and not any(b.running for b in self.bookies):
+            b = self.bookies[0]
+            return f"every bookie exited; {b.name}'s log:\n{b.log_tail()}"
         return ""
+
+    def newly_dead(self) -> list[BookieProcess]:
+        """Bookies that exited since the last call."""
+        out = [b for b in self.bookies if not b.running and b.name not in self._dead]
+        self._dead.update(b.name for b in out)
+        return out
 
     def stop(self) -> None:
         for b in self.bookies:

@@ -120,3 +120,19 @@ async def test_new_user_flow_end_to_end(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_dead_bookie_does_not_stop_the_local_cluster(tmp_path: Path) -> None:
+    from tools.localcluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path, bookies=2)
+    try:
+        cluster.start()
+        cluster.bookies[0].kill9()
+        assert cluster.check() == ""  # the other bookie and ZooKeeper go on
+        assert [b.name for b in cluster.newly_dead()] == ["bookie0"]
+        assert cluster.newly_dead() == []  # reported once
+        cluster.bookies[1].kill9()
+        assert "every bookie exited" in cluster.check()
+    finally:
+        cluster.stop()
