@@ -405,6 +405,7 @@ class ReplicationWorker:
         self.rng = rng or random.Random()
         self.urm = UnderreplicationManager(self.store, client.config.zk_ledgers_root_path)
         self.failures: dict[int, int] = {}
+        self.locked: set[int] = set()  # ledgers whose lock this worker holds
         self.busy = 0  # ledgers being worked on (for tests and status)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -413,9 +414,21 @@ class ReplicationWorker:
                           self.stats)
 
     async def _work(self) -> None:
-        async with trio.open_nursery() as held:  # locks kept through a wait
-            for _ in range(max(1, self.opts.workers)):
-                held.start_soon(self._loop, held)
+        try:
+            async with trio.open_nursery() as held:  # locks kept through a wait
+                for _ in range(max(1, self.opts.workers)):
+                    held.start_soon(self._loop, held)
+        finally:
+            # Stopped or restarting: the locks this session still holds would keep the
+            # ledgers from every worker until the session ends. (After a session loss
+            # they are gone already.)
+            with trio.move_on_after(5, shield=True):
+                for lid in list(self.locked):
+                    try:
+                        await self.urm.release_lock(lid)
+                    except MetadataError:
+                        break
+                self.locked.clear()
 
     async def _loop(self, held: trio.Nursery) -> None:
         while True:
@@ -426,6 +439,7 @@ class ReplicationWorker:
             if picked is None:
                 await self._idle()
                 continue
+            self.locked.add(picked[0])
             await self._process(*picked, held, close_open=False)
 
     async def _idle(self) -> None:
@@ -461,6 +475,7 @@ class ReplicationWorker:
         if result.outcome in (Outcome.REPLICATED, Outcome.DELETED):
             self.failures.pop(lid, None)
             done = await self.urm.mark_replicated(lid, version)
+            self.locked.discard(lid)
             if done:
                 self.stats.ledgers_replicated += 1
             log.info("ledger_rereplicated", extra=fields(
@@ -488,6 +503,7 @@ class ReplicationWorker:
     async def _release_later(self, lid: int, wait: float) -> None:
         await trio.sleep(wait)
         await self.urm.release_lock(lid)
+        self.locked.discard(lid)
 
     def _progress(self, entries: int, size: int) -> None:
         self.stats.entries_copied += entries

@@ -51,7 +51,7 @@ from ledgerd.machines.checker import (
     last_fragment_at_risk,
     probes,
 )
-from ledgerd.machines.placement import NotEnoughBookiesError, choose_replacements
+from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.recovery import recover_ledger
 from metadata.errors import ChangeRejectedError, NoNodeError
@@ -257,7 +257,10 @@ async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
                            frag: Fragment, bad: set[int], creds: Credentials,
                            opts: ReplicationOptions, target: str | None, dry_run: bool,
                            result: LedgerResult, progress: Progress | None) -> None:
-    writable = await client.writable_bookies()
+    # Fresh from ZooKeeper (a long-running worker must not trust a watch it may have
+    # lost with a session), with the rack labels.
+    members = await client.registry.list_bookies(with_racks=True)
+    writable = set(members.writable)
     if target is not None:
         if target in frag.ensemble:
             raise CopyFailedError(ledger_id, f"target {target} is already in the fragment at "
@@ -269,7 +272,7 @@ async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
     else:
         new = choose_replacements(writable, frag.ensemble, bad, client.rng,
                                   write_quorum=md.write_quorum,
-                                  placement=await client.placement())
+                                  placement=Placement(members.racks))
     moves = {i: (frag.ensemble[i], new[i]) for i in sorted(bad)}
     if dry_run:
         result.fragments += 1

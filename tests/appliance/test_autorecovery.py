@@ -283,3 +283,31 @@ async def test_periodic_check_finds_a_bookie_that_lost_a_ledger(
             md = await client.ledger_metadata(lid)
             assert wiped not in md.ensembles[0][1]  # registered, but it lacked the entries
             await assert_whole(cluster, client, ledgers)
+
+
+async def test_a_stopped_worker_releases_the_locks_it_kept(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    from appliance.autorecovery import AutoRecoveryOptions, ReplicationWorker
+    from ledgerd.replication import Credentials
+
+    async with memory_cluster(tmp_path, 3, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(2, 2, 2)
+        await lh.append(b"only copy")
+        await lh.close()
+        for b in lh.metadata.ensembles[0][1]:
+            await lose(cluster, b)
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        await urm.mark_underreplicated(lh.ledger_id, list(lh.metadata.ensembles[0][1]))
+        stats = AutoRecoveryStats()
+        worker = ReplicationWorker(client, AutoRecoveryOptions(worker_id="w", backoff_s=1,
+                                                               failed_lock_cap_s=3600),
+                                   Credentials(cluster_secret=SECRET), stats)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker._work)
+            await until(lambda: _true(stats.failures >= 1))
+            assert await urm.lock_holder(lh.ledger_id) == "w"  # kept through the backoff
+            nursery.cancel_scope.cancel()
+        assert await urm.lock_holder(lh.ledger_id) is None  # same session, lock released
+        assert await urm.get(lh.ledger_id) is not None      # the task itself stays queued
