@@ -15,7 +15,13 @@ import trio.testing
 import ledgerd
 from disk.errors import EntryNotFoundError, LedgerNotFoundError
 from ledgerd.machines.checker import fragments, stored_runs
-from ledgerd.replication import Credentials, Outcome, ReplicationOptions, rereplicate_ledger
+from ledgerd.replication import (
+    Credentials,
+    LedgerResult,
+    Outcome,
+    ReplicationOptions,
+    rereplicate_ledger,
+)
 from metadata.ledger import LedgerMetadata
 from metadata.registry import BookieRegistry
 from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
@@ -181,3 +187,49 @@ async def test_racks_spread_replacements(tmp_path: Path, clock: trio.testing.Moc
             rack_of = {f"b{i}:3181": r for i, r in racks.items()}
             assert len({rack_of[b] for b in lh.metadata.ensembles[0][1]}) == 3
             await lh.close()
+
+
+async def test_copy_to_a_given_target_beside_a_live_writers_ensemble_change(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 6, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 3, 2)
+        payloads = {i: b"w%d" % i for i in range(60)}
+        for i in range(30):
+            await lh.append(payloads[i])
+        first = lh.metadata.ensembles[0][1]
+        cluster[first[0]].gate.freeze()  # the writer moves on: fragment 0 is final
+        for i in range(30, 40):
+            await lh.append(payloads[i])
+        with trio.fail_after(10):
+            while len(lh.metadata.ensembles) < 2:
+                await trio.sleep(0.1)
+        cluster[first[0]].gate.thaw()
+        lost = first[1]
+        await lose(cluster, lost)
+        spare = sorted(set(cluster.bookies) - set(first) - set(lh.metadata.last_ensemble[1]))
+        target = spare[0]
+        # The copy and the writer's own reaction to the lost bookie (an ensemble change
+        # of the last fragment) race on the same metadata node; both must land.
+        async with trio.open_nursery() as nursery:
+            box: list[object] = []
+
+            async def copy() -> None:
+                box.append(await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS,
+                                                    target=target))
+
+            nursery.start_soon(copy)
+            for i in range(40, 60):
+                await lh.append(payloads[i])
+        result = box[0]
+        assert isinstance(result, LedgerResult)
+        # DEFERRED if it looked before the writer replaced the bookie in the last fragment.
+        assert result.outcome in (Outcome.REPLICATED, Outcome.DEFERRED), result.detail
+        assert result.fragments == 1
+        await lh.close()
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.ensembles[0][1] == tuple(target if b == lost else b for b in first)
+        assert all(lost not in ens for _, ens in md.ensembles[1:])  # the writer replaced it
+        assert md.last_entry_id == 59
+        assert whole(cluster, lh.ledger_id, md, payloads) == []
