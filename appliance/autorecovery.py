@@ -168,6 +168,24 @@ async def guarded(store: MetadataStore, body: Callable[[], Awaitable[None]]) -> 
         raise SessionLostError("ZooKeeper session expired")
 
 
+_RESTARTABLE = (MetadataError, OSError)
+
+
+def _restartable(exc: Exception) -> Exception | None:
+    """The error to restart on: a metadata or connection failure, alone or as every
+    member of a nursery's exception group (its first); None for anything else."""
+    if isinstance(exc, _RESTARTABLE):
+        return exc
+    if isinstance(exc, ExceptionGroup):
+        match, rest = exc.split(_RESTARTABLE)
+        if match is not None and rest is None:
+            leaf: Exception = match
+            while isinstance(leaf, ExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf
+    return None
+
+
 async def _restarting(name: str, store: MetadataStore, body: Callable[[], Awaitable[None]],
                       backoff_s: float, stats: AutoRecoveryStats) -> None:
     """Run ``body`` for ever, starting over after a session loss or a metadata error."""
@@ -176,7 +194,10 @@ async def _restarting(name: str, store: MetadataStore, body: Callable[[], Awaita
         try:
             await guarded(store, body)
             return
-        except (MetadataError, OSError) as exc:
+        except Exception as raised:
+            exc = _restartable(raised)
+            if exc is None:
+                raise
             stats.session_restarts += 1
             log.warning(f"{name}_restarting", extra=fields(error=str(exc), in_s=delay))
             await trio.sleep(delay)

@@ -322,11 +322,19 @@ class AuditorElection:
                     pass  # gone with the session already
 
     async def current_auditor(self) -> str | None:
-        names = sorted(await self.store.children(self.base))
+        vote = await self.current_vote()
+        return vote[1] if vote is not None else None
+
+    async def current_vote(self) -> tuple[str, str] | None:
+        """The winning vote: its node name (new after every re-election) and the id."""
+        try:
+            names = sorted(await self.store.children(self.base))
+        except NoNodeError:
+            return None
         for name in names:
             try:
                 raw, _ = await self.store.get(f"{self.base}/{name}")
-                return raw.decode()
+                return name, raw.decode()
             except NoNodeError:
                 continue
         return None

@@ -16,14 +16,19 @@ from contextlib import asynccontextmanager, contextmanager
 import trio
 from kazoo.client import KazooClient
 
-from metadata.cluster import init_new_cluster
+from metadata.cluster import check_layout, init_new_cluster
 from metadata.errors import NoNodeError
+from metadata.ledgers import LedgerManager
+from metadata.paths import underreplicated_path
 from metadata.registry import BookieRegistry, BookieSet
+from metadata.store import MetadataStore, WatchKind
+from metadata.underreplication import AuditorElection
 from metadata.zookeeper import ZooKeeperStore
 from tools.bookieprocess import BookieProcess
 from tools.zkserver import ZooKeeperServer
 
-__all__ = ["BookieDied", "fresh_chroot", "metadata_store", "start_bookies", "wait_registered"]
+__all__ = ["BookieDied", "fresh_chroot", "metadata_store", "start_bookies", "wait_auditor",
+           "wait_registered", "wait_unreferenced"]
 
 # A bound for waits that end on an event; reaching it means the test failed.
 EVENT_BOUND_S = 90
@@ -107,3 +112,41 @@ def fresh_chroot(zookeeper: ZooKeeperServer, name: str) -> Iterator[str]:
     finally:
         admin.stop()
         admin.close()
+
+
+async def wait_auditor(store: MetadataStore, auditor: str, *,
+                       not_vote: str | None = None) -> str:
+    """Wait, on a watch of the election, until ``auditor`` holds the winning vote (a
+    vote other than ``not_vote``: re-elected); returns the vote's node name."""
+    election = AuditorElection(store, "/ledgers")
+    with trio.fail_after(EVENT_BOUND_S):
+        async with store.watch(election.base, WatchKind.CHILDREN) as events:
+            async for _ in events:
+                vote = await election.current_vote()
+                if vote is not None and vote[1] == auditor and vote[0] != not_vote:
+                    return vote[0]
+    raise AssertionError("election watch ended")
+
+
+async def wait_unreferenced(store: MetadataStore, bookie: str,
+                            bound: float = 2 * EVENT_BOUND_S) -> None:
+    """Wait, on watches, until no ledger's metadata lists ``bookie`` and no ledger is
+    queued for re-replication any more (the queue record goes after the metadata CAS)."""
+    root = "/ledgers"
+    ledgers = LedgerManager(store, root, await check_layout(store, root))
+    ids = [lid async for lid in ledgers.iter_ledger_ids()]
+    with trio.fail_after(bound):
+        for lid in ids:
+            async with ledgers.watch(lid) as events:
+                async for _ in events:
+                    try:
+                        md, _ = await ledgers.read(lid)
+                    except NoNodeError:
+                        break
+                    if all(bookie not in ens for _, ens in md.ensembles):
+                        break
+            record = underreplicated_path(root, lid)
+            async with store.watch(record, WatchKind.DATA) as events:
+                async for _ in events:
+                    if await store.exists(record) is None:
+                        break

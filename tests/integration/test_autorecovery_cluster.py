@@ -22,8 +22,7 @@ from ledgerd.client import Client
 from ledgerd.handles import WriteHandle
 from ledgerd.machines.checker import fragments, stored_runs
 from metadata.cookies import CookieStore
-from metadata.underreplication import UnderreplicationManager
-from tests.cluster import EVENT_BOUND_S, metadata_store, start_bookies
+from tests.cluster import metadata_store, start_bookies, wait_unreferenced
 from tools.bookieprocess import BookieProcess
 from wire.entry import Digester, DigestType, decode_entry
 from wire.messages import ReadRequest, ReadResponse
@@ -66,20 +65,6 @@ async def _copies(client: Client, lid: int, acked: dict[int, bytes]) -> list[str
     return problems
 
 
-async def _until_nothing_lists(client: Client, bookie: str) -> None:
-    urm = UnderreplicationManager(client.store, "/ledgers")
-    with trio.fail_after(EVENT_BOUND_S * 2):
-        while True:
-            listing = []
-            async for lid in client.list_ledgers():
-                md = await client.ledger_metadata(lid)
-                if any(bookie in ens for _, ens in md.ensembles):
-                    listing.append(lid)
-            if not listing and await urm.count() == 0:
-                return
-            await trio.sleep(0.5)
-
-
 class Writer:
     """Appends as fast as acknowledgements come, remembering what was acknowledged."""
 
@@ -87,6 +72,7 @@ class Writer:
         self.lh = lh
         self.acked: dict[int, bytes] = {}
         self.stop = trio.Event()
+        self.under_way = trio.Event()  # set after the first 20 acknowledgements
 
     async def run(self) -> None:
         i = 0
@@ -95,6 +81,8 @@ class Writer:
             eid = await self.lh.append(data)
             self.acked[eid] = data
             i += 1
+            if i == 20:
+                self.under_way.set()
 
 
 async def test_killed_bookies_are_rereplicated_under_load_and_decommission_drains(
@@ -126,9 +114,10 @@ async def test_killed_bookies_are_rereplicated_under_load_and_decommission_drain
         async with trio.open_nursery() as nursery:
             for w in writers:
                 nursery.start_soon(w.run)
-            await trio.sleep(1)  # writers under way
+            for w in writers:
+                await w.under_way.wait()
             by_id[victim].kill9()
-            await _until_nothing_lists(client, victim)
+            await wait_unreferenced(client.store, victim)
             for w in writers:
                 w.stop.set()
         for w in writers:
@@ -144,7 +133,7 @@ async def test_killed_bookies_are_rereplicated_under_load_and_decommission_drain
         # A second bookie dies after re-replication: still nothing lost.
         second = next(b for b in by_id if b != victim and by_id[b].running)
         by_id[second].kill9()
-        await _until_nothing_lists(client, second)
+        await wait_unreferenced(client.store, second)
         for lid, entries in acked.items():
             assert await _copies(client, lid, entries) == [], lid
             rh = await client.open_ledger(lid, b"pw")

@@ -12,7 +12,10 @@ import trio
 from appliance.autorecovery import AutoRecoveryStats, run_autorecovery
 from appliance.config import BookieConfig
 from metadata.cluster import init_new_cluster
-from metadata.underreplication import AuditorElection, UnderreplicationManager
+from metadata.paths import underreplicated_path
+from metadata.store import WatchKind
+from metadata.underreplication import UnderreplicationManager
+from tests.cluster import wait_auditor
 from tests.metadata.conftest import StoreFactory
 
 ROOT = "/ledgers"
@@ -30,7 +33,6 @@ async def test_auditor_and_workers_resume_after_session_expiry(stores: StoreFact
                        auditor_periodic_bookie_check_interval_s=0,
                        rw_rereplicate_backoff_ms=200)
     urm = UnderreplicationManager(admin, ROOT)
-    election = AuditorElection(admin, ROOT)
     store = await stores.open()
     stats = AutoRecoveryStats()
 
@@ -38,24 +40,21 @@ async def test_auditor_and_workers_resume_after_session_expiry(stores: StoreFact
         # A mark for a ledger that does not exist: a worker picks it, finds it deleted
         # and drops it, so the record vanishing proves a worker is alive.
         await urm.mark_underreplicated(ledger_id, ["gone:3181"])
+        record = underreplicated_path(ROOT, ledger_id)
         with trio.fail_after(30):
-            while await urm.get(ledger_id) is not None:
-                await trio.sleep(0.1)
-
-    async def elected() -> None:
-        with trio.fail_after(30):
-            while await election.current_auditor() != "ar" or not stats.is_auditor:
-                await trio.sleep(0.1)
+            async with admin.watch(record, WatchKind.DATA) as events:
+                async for _ in events:
+                    if await admin.exists(record) is None:
+                        return
 
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: run_autorecovery(
             store, cfg, "ar", stats=stats, task_status=task_status))
-        await elected()
+        vote = await wait_auditor(admin, "ar")
         await queue_drains(1001)
         await stores.expire(store)
-        with trio.fail_after(30):
-            while stats.session_restarts < 2:  # the auditor and the workers, each
-                await trio.sleep(0.1)
-        await elected()
+        # The old vote went with the session; the auditor stands again (a new vote).
+        await wait_auditor(admin, "ar", not_vote=vote)
         await queue_drains(1002)
+        assert stats.session_restarts >= 2  # the auditor and the workers, each
         nursery.cancel_scope.cancel()

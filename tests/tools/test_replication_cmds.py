@@ -7,24 +7,22 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
-import trio
-
 import ledgerd
-from tests.cluster import EVENT_BOUND_S, metadata_store, start_bookies, wait_registered
+from tests.cluster import (
+    metadata_store,
+    start_bookies,
+    wait_auditor,
+    wait_registered,
+    wait_unreferenced,
+)
 from tests.tools.test_shell import _ok, _one_line_error, _run
 from tools.bookieprocess import BookieProcess
 from tools.zkserver import find_free_port
 
 Factory = Callable[..., BookieProcess]
-
-
-async def _until(check: Callable[[], Awaitable[bool]]) -> None:
-    with trio.fail_after(EVENT_BOUND_S):
-        while not await check():
-            await trio.sleep(0.5)
 
 
 async def _references(zk: str, bookie: str) -> list[int]:
@@ -78,10 +76,8 @@ async def test_operator_verbs_and_a_standalone_autorecovery(
                              str(arconf), "--id", "ar-test"], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        async def elected() -> bool:
-            r = await _run("whoisauditor", zk=zk_chroot)
-            return r.returncode == 0 and r.stdout.strip() == "ar-test"
-        await _until(elected)
+        async with metadata_store(zk_chroot, init=False) as store:
+            await wait_auditor(store, "ar-test")
         assert _ok(await _run("lostbookierecoverydelay", "--set", "3600", zk=zk_chroot)
                    ).strip() == "3600"
         assert _ok(await _run("lostbookierecoverydelay", "--get", zk=zk_chroot)).strip() == "3600"
@@ -96,11 +92,10 @@ async def test_operator_verbs_and_a_standalone_autorecovery(
         assert json.loads(_ok(await _run("listunderreplicated", "--json", zk=zk_chroot))) == []
         assert "audit triggered on ar-test" in _ok(await _run("triggeraudit", zk=zk_chroot))
 
-        async def drained() -> bool:
-            count = json.loads(_ok(await _run("listunderreplicated", "--count", "--json",
-                                              zk=zk_chroot)))["count"]
-            return count == 0 and not await _references(zk_chroot, victim)
-        await _until(drained)
+        async with metadata_store(zk_chroot, init=False) as store:
+            await wait_unreferenced(store, victim)
+        assert json.loads(_ok(await _run("listunderreplicated", "--count", "--json",
+                                         zk=zk_chroot)))["count"] == 0
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics",
                                          timeout=10).read().decode()
         line = next(m for m in metrics.splitlines()
