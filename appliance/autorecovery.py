@@ -57,16 +57,21 @@ from ledgerd.base.settings import ConfigError
 from ledgerd.bookie_client import Connect, tcp_connect
 from ledgerd.client import Client, open_client
 from ledgerd.config import ClientConfig
-from ledgerd.machines.checker import fragments, probes
+from ledgerd.errors import first_of
+from ledgerd.machines.checker import fragments
 from ledgerd.machines.placement import Placement, rack_violations
 from ledgerd.machines.throttle import TokenBucket
-from ledgerd.replication import Credentials, Outcome, ReplicationOptions, rereplicate_ledger
+from ledgerd.replication import (
+    Credentials,
+    Outcome,
+    ReplicationOptions,
+    probe_failures,
+    rereplicate_ledger,
+)
 from metadata.errors import MetadataError, NoNodeError
 from metadata.ledger import LedgerMetadata
 from metadata.store import MetadataStore, SessionEvent, WatchKind
 from metadata.underreplication import AuditorElection, UnderreplicationManager
-from wire.messages import ReadRequest
-from wire.status import Status
 
 __all__ = [
     "Auditor",
@@ -99,6 +104,7 @@ class AutoRecoveryOptions:
     backoff_s: float = 5.0
     failed_lock_cap_s: float = 300.0
     workers: int = 2
+    max_held_locks: int = 1000  # ledgers a process keeps locked (waiting or backing off)
     replication: ReplicationOptions = field(default_factory=ReplicationOptions)
 
     @classmethod
@@ -171,21 +177,6 @@ async def guarded(store: MetadataStore, body: Callable[[], Awaitable[None]]) -> 
 _RESTARTABLE = (MetadataError, OSError)
 
 
-def _restartable(exc: Exception) -> Exception | None:
-    """The error to restart on: a metadata or connection failure, alone or as every
-    member of a nursery's exception group (its first); None for anything else."""
-    if isinstance(exc, _RESTARTABLE):
-        return exc
-    if isinstance(exc, ExceptionGroup):
-        match, rest = exc.split(_RESTARTABLE)
-        if match is not None and rest is None:
-            leaf: Exception = match
-            while isinstance(leaf, ExceptionGroup):
-                leaf = leaf.exceptions[0]
-            return leaf
-    return None
-
-
 async def _restarting(name: str, store: MetadataStore, body: Callable[[], Awaitable[None]],
                       backoff_s: float, stats: AutoRecoveryStats) -> None:
     """Run ``body`` for ever, starting over after a session loss or a metadata error."""
@@ -194,8 +185,8 @@ async def _restarting(name: str, store: MetadataStore, body: Callable[[], Awaita
         try:
             await guarded(store, body)
             return
-        except Exception as raised:
-            exc = _restartable(raised)
+        except Exception as raised:  # alone, or every member of a nursery's group
+            exc = first_of(raised, _RESTARTABLE)
             if exc is None:
                 raise
             stats.session_restarts += 1
@@ -396,21 +387,13 @@ class Auditor:
 
     async def _check_ledger(self, lid: int, md: LedgerMetadata,
                             available: frozenset[str]) -> set[str]:
-        missing: set[str] = set()
-        timeout = self.opts.replication.read_timeout
-        for p in probes(md, available):
-            for entry in p.entries:
-                wait = self._read_bucket.take(trio.current_time())
-                if wait:
-                    await trio.sleep(wait)
-                status, _, _ = await self.client.pool.call(
-                    p.bookie, ReadRequest(ledger_id=lid, entry_id=entry), timeout)
-                if status != Status.OK:
-                    if status == Status.NO_SUCH_LEDGER and not await self.client.ledgers.exists(lid):
-                        return set()  # deleted meanwhile
-                    missing.add(p.bookie)
-                    break
-        return missing
+        """The bookies that failed a probe (none if the ledger was deleted meanwhile)."""
+        failed = await probe_failures(self.client, lid, md, available,
+                                      self.opts.replication, self._read_bucket)
+        if failed and not await self.client.ledgers.exists(lid):
+            return set()
+        starts = dict(md.ensembles)
+        return {starts[first][index] for first, index in failed}
 
 
 # -- the workers ------------------------------------------------------------------------
@@ -427,6 +410,7 @@ class ReplicationWorker:
         self.urm = UnderreplicationManager(self.store, client.config.zk_ledgers_root_path)
         self.failures: dict[int, int] = {}
         self.locked: set[int] = set()  # ledgers whose lock this worker holds
+        self._unlocked = trio.Event()
         self.busy = 0  # ledgers being worked on (for tests and status)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -456,6 +440,11 @@ class ReplicationWorker:
             if not await self.urm.is_enabled():
                 log.info("replication_worker_disabled")
                 await self.urm.wait_enabled()
+            while len(self.locked) >= self.opts.max_held_locks:
+                # Every held lock is a ledger waiting out a grace period or a backoff:
+                # take no more until one is let go (bounded, however many fail).
+                self._unlocked = trio.Event()
+                await self._unlocked.wait()
             picked = await self.urm.pick(self.rng, self.opts.worker_id)
             if picked is None:
                 await self._idle()
@@ -496,7 +485,7 @@ class ReplicationWorker:
         if result.outcome in (Outcome.REPLICATED, Outcome.DELETED):
             self.failures.pop(lid, None)
             done = await self.urm.mark_replicated(lid, version)
-            self.locked.discard(lid)
+            self._let_go(lid)
             if done:
                 self.stats.ledgers_replicated += 1
             log.info("ledger_rereplicated", extra=fields(
@@ -524,7 +513,11 @@ class ReplicationWorker:
     async def _release_later(self, lid: int, wait: float) -> None:
         await trio.sleep(wait)
         await self.urm.release_lock(lid)
+        self._let_go(lid)
+
+    def _let_go(self, lid: int) -> None:
         self.locked.discard(lid)
+        self._unlocked.set()
 
     def _progress(self, entries: int, size: int) -> None:
         self.stats.entries_copied += entries

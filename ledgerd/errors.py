@@ -129,3 +129,19 @@ def single_exception(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def first_of(exc: BaseException,
+             types: type[BaseException] | tuple[type[BaseException], ...]) -> BaseException | None:
+    """``exc`` if it is one of ``types``; for an exception group (what a nursery raises)
+    whose every member is, its first member; otherwise None."""
+    if isinstance(exc, types):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        match, rest = exc.split(types)
+        if match is not None and rest is None:
+            leaf: BaseException = match
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf
+    return None

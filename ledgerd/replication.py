@@ -40,7 +40,7 @@ import trio
 
 from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
-from ledgerd.errors import BadPasswordError, LedgerRecoveryError
+from ledgerd.errors import BadPasswordError, LedgerRecoveryError, first_of
 from ledgerd.machines.changes import FragmentChangedError, replace_in_fragment
 from ledgerd.machines.checker import (
     CopyBatch,
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from ledgerd.client import Client
 
 __all__ = ["CopyFailedError", "Credentials", "LedgerResult", "Outcome", "ReplicationOptions",
-           "rereplicate_ledger"]
+           "probe_failures", "rereplicate_ledger"]
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ async def rereplicate_ledger(
                 result.closed_by_recovery = True
         failed: set[tuple[int, int]] = set()
         if check:
-            failed = await _probe(client, ledger_id, md, available, opts)
+            failed = await probe_failures(client, ledger_id, md, available, opts)
         bad = bad_fragments(md, available, failed)
         try:
             for frag in fragments(md):
@@ -232,15 +232,20 @@ async def _close(client: Client, ledger_id: int, md: LedgerMetadata, creds: Cred
     return closed
 
 
-async def _probe(client: Client, ledger_id: int, md: LedgerMetadata,
-                 available: Collection[str], opts: ReplicationOptions) -> set[tuple[int, int]]:
-    """The (fragment, index) pairs whose bookie did not answer OK for an entry it
-    should hold."""
+async def probe_failures(client: Client, ledger_id: int, md: LedgerMetadata,
+                         available: Collection[str], opts: ReplicationOptions,
+                         bucket: TokenBucket | None = None) -> set[tuple[int, int]]:
+    """The (fragment, index) pairs whose bookie did not answer OK for the first or last
+    entry it should hold (``checker.probes``); ``bucket`` paces the reads."""
     failed: set[tuple[int, int]] = set()
     limit = trio.Semaphore(opts.probe_concurrency)
 
     async def one(first: int, index: int, bookie: str, entry: int) -> None:
         async with limit:
+            if bucket is not None:
+                wait = bucket.take(trio.current_time())
+                if wait:
+                    await trio.sleep(wait)
             status, _, _ = await client.pool.call(bookie, ReadRequest(
                 ledger_id=ledger_id, entry_id=entry), opts.read_timeout)
         if status != Status.OK:
@@ -289,8 +294,8 @@ async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
                                        opts.batch_entries)
                 nursery.start_soon(_copy, client, ledger_id, batches, nb, key, digester,
                                    opts, result, progress)
-    except BaseExceptionGroup as group:
-        raise _first_copy_error(group) from None
+    except BaseExceptionGroup as group:  # each copy task stops at its first failure
+        raise (first_of(group, CopyFailedError) or group) from None
     await client.ledgers.update(
         ledger_id, lambda cur: replace_in_fragment(cur, frag.first, frag.last, moves))
     result.fragments += 1
@@ -407,18 +412,6 @@ async def _write(client: Client, ledger_id: int, first: int, entries: list[bytes
                          f"{error or _status_name(status)}"
             raise CopyFailedError(ledger_id, reason)
         start = end
-
-
-def _first_copy_error(group: BaseExceptionGroup) -> BaseException:
-    """The first CopyFailedError among a nursery's errors (each copy task stops at its
-    first), or the group itself when something else went wrong."""
-    match, rest = group.split(CopyFailedError)
-    if match is None or rest is not None:
-        return group
-    leaf: BaseException = match
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    return leaf
 
 
 def _status_name(status: int) -> str:

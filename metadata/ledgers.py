@@ -139,6 +139,19 @@ class LedgerManager:
                 async for lid in self._walk(f"{path}/{name}", depth - 1, start, end):
                     yield lid
 
+    async def listing(self, bookies: set[str]) -> list[int]:
+        """The ledgers whose ensembles (any fragment) list one of ``bookies`` (reads
+        every ledger's metadata; a ledger deleted meanwhile is skipped)."""
+        out = []
+        async for lid in self.iter_ledger_ids():
+            try:
+                md, _ = await self.read(lid)
+            except NoNodeError:
+                continue
+            if any(b in bookies for _, ensemble in md.ensembles for b in ensemble):
+                out.append(lid)
+        return out
+
     @asynccontextmanager
     async def watch(self, ledger_id: int) -> AsyncIterator[AsyncIterator[WatchEvent]]:
         """Notifications that one ledger's metadata may have changed (re-read on each)."""

@@ -39,18 +39,6 @@ def _credentials(conf: Path | None, secret_file: Path | None, password: str | No
                      "with cluster_secret_file set (or --password for one ledger)")
 
 
-async def _ledgers_of(client: Any, bookies: set[str]) -> list[int]:
-    out = []
-    async for lid in client.list_ledgers():
-        try:
-            md = await client.ledger_metadata(lid)
-        except Exception:  # deleted while listing
-            continue
-        if any(b in bookies for _, ens in md.ensembles for b in ens):
-            out.append(lid)
-    return out
-
-
 def _bookie_list(value: str) -> set[str]:
     from metadata.ledger import check_bookie_id
 
@@ -115,7 +103,7 @@ def recover_cmd(ctx: click.Context, bookies: str, target: str | None, ledger_id:
         async with ledgerd.open_client(_zk(ctx)) as client:
             if target is not None and target not in (await client.bookies()).writable:
                 raise ShellError(f"target {target} is not a writable registered bookie")
-            ids = [ledger_id] if ledger_id is not None else await _ledgers_of(client, bad)
+            ids = [ledger_id] if ledger_id is not None else await client.ledgers.listing(bad)
             rows = []
             copied = [0, 0]
 
@@ -191,7 +179,7 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
                 await urm.set_lost_bookie_delay(await urm.get_lost_bookie_delay() or 0)
             with trio.fail_after(timeout), progress(f"draining {b}") as bar:
                 while True:
-                    left = await _ledgers_of(client, {b})
+                    left = await client.ledgers.listing({b})
                     pending = [r.ledger_id async for r in urm.list_underreplicated()
                                if b in r.missing_replicas]
                     if not left and not pending:

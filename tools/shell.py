@@ -566,14 +566,7 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
                 from metadata.ledgers import LedgerManager
 
                 ledgers = LedgerManager(store, ROOT, await check_layout(store, ROOT))
-                listing = 0
-                async for lid in ledgers.iter_ledger_ids():
-                    try:
-                        md, _ = await ledgers.read(lid)
-                    except NoNodeError:
-                        continue
-                    if any(bookie_id in ens for _, ens in md.ensembles):
-                        listing += 1
+                listing = len(await ledgers.listing({bookie_id}))
                 if listing:
                     raise ShellError(
                         f"{listing} ledger(s) still list {bookie_id}; formatting would leave "

@@ -27,12 +27,7 @@ Factory = Callable[..., BookieProcess]
 
 async def _references(zk: str, bookie: str) -> list[int]:
     async with ledgerd.open_client(zk) as client:
-        out = []
-        async for lid in client.list_ledgers():
-            md = await client.ledger_metadata(lid)
-            if any(bookie in ens for _, ens in md.ensembles):
-                out.append(lid)
-        return out
+        return await client.ledgers.listing({bookie})
 
 
 async def test_operator_verbs_and_a_standalone_autorecovery(
