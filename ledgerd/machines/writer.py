@@ -213,8 +213,10 @@ class LedgerWriter:
         """A complete entry's bookie answered: it waits no more. Returns its index in the
         current ensemble (None if it was not waited for, or was replaced since)."""
         p = self.lagging.get(entry_id)
-        index = self._index_of(bookie, entry_id)
-        if p is None or index is None or index not in p.waiting:
+        if p is None or bookie not in self.ensemble:
+            return None
+        index = self.ensemble.index(bookie)  # waiting holds write-set indexes only
+        if index not in p.waiting:
             return None
         p.waiting.discard(index)
         if not p.waiting:
