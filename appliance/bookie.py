@@ -89,8 +89,11 @@ class Bookie:
                                           recovery_secret=config.cluster_secret()))
         self.http = AdminHttp(self.metrics, self.state, self.admin, host=config.admin_address,
                               port=config.admin_port, metrics_enabled=config.metrics_enabled)
-        self.conn_options = ConnectionOptions(max_frame_bytes=config.max_frame_bytes,
-                                              max_inflight=config.max_inflight_per_connection)
+        self.conn_options = ConnectionOptions(
+            max_frame_bytes=config.max_frame_bytes,
+            max_inflight=config.max_inflight_per_connection,
+            max_reply_bytes=config.max_reply_bytes_per_connection,
+            idle_timeout=config.connection_idle_timeout_s)
         self.port = config.bookie_port
         self.exit_code = 0
         self.ready = trio.Event()
@@ -241,6 +244,14 @@ class Bookie:
             self._connections_done = trio.Event() if open_connections == 1 else \
                 self._connections_done
             try:
+                if open_connections > self.config.max_connections:
+                    self.metrics.connections_refused += 1
+                    if self.metrics.connections_refused % 1000 == 1:  # one line per 1000
+                        log.warning("connection_refused", extra=fields(
+                            open=open_connections - 1, max_connections=self.config.max_connections,
+                            refused=self.metrics.connections_refused))
+                    await stream.aclose()
+                    return
                 if self.config.server_tcp_no_delay:
                     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 reader_scope = trio.CancelScope()

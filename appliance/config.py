@@ -47,6 +47,18 @@ class BookieConfig(ZooKeeperSettings):
     max_inflight_per_connection: int = setting(
         1024, bk="maxPendingAddRequestsPerThread", minimum=1,
         doc="Requests in flight per connection before the bookie stops reading it.")
+    max_reply_bytes_per_connection: int = setting(
+        16 * MiB, bk="serverWriteBufferHighWaterMark", minimum=64 * 1024, maximum=GiB,
+        doc="Replies built and not yet sent on one connection before the bookie stops "
+            "taking its requests (a peer that does not read stalls only itself).")
+    max_connections: int = setting(
+        4096, bk="(ledgerd)", minimum=1,
+        doc="Open client connections; more are closed at once (counted in "
+            "ledgerd_bookie_connections_refused). Keep below the open-file limit.")
+    connection_idle_timeout_s: float = setting(
+        600.0, bk="(ledgerd)", minimum=0,
+        doc="Close a connection with nothing in flight after this long without a "
+            "request (0 = never); clients reconnect on their next request.")
     server_tcp_no_delay: bool = setting(
         True, bk="serverTcpNoDelay", doc="Disable Nagle's algorithm on bookie sockets.")
     # -- directories ---------------------------------------------------------------

@@ -85,6 +85,8 @@ class BookieMetrics:
         self.journal_bytes = 0
         self.entries_added = 0
         self.connections_opened = 0
+        self.connections_refused = 0      # over max_connections
+        self.connections_idle_closed = 0  # idle past connection_idle_timeout_s
         self.connections_rejected_frames = 0
         self.service_restarts: dict[str, int] = {}
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
@@ -137,6 +139,12 @@ class _Collector:
                                   value=m.entries_added)
         yield CounterMetricFamily("ledgerd_bookie_connections", "Connections accepted.",
                                   value=m.connections_opened)
+        yield CounterMetricFamily("ledgerd_bookie_connections_refused",
+                                  "Connections closed at once: max_connections were open.",
+                                  value=m.connections_refused)
+        yield CounterMetricFamily("ledgerd_bookie_connections_idle_closed",
+                                  "Connections closed after connection_idle_timeout_s idle.",
+                                  value=m.connections_idle_closed)
         restarts = CounterMetricFamily("ledgerd_bookie_service_restarts",
                                        "Supervised service restarts.", labels=["service"])
         for name, n in sorted(m.service_restarts.items()):

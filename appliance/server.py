@@ -7,8 +7,11 @@ answered at once; anything that waits runs in a task of its own. A writer task s
 what is queued in one ``send_all`` per pass, after waiting for the groups it needs, so
 a whole burst of pipelined adds costs one wake-up and one write.
 
-Backpressure: at ``max_inflight`` unanswered requests the reader stops reading the
-socket until replies go out, so a client that stops reading stalls only itself. The
+Backpressure: the reader stops taking requests (and reading the socket) while the
+connection has ``max_inflight`` unanswered requests or ``max_reply_bytes`` of replies
+waiting to be sent, until replies go out; so a client that stops reading stalls only
+itself, in bounded memory (a pipelined burst of range reads could otherwise build
+gigabytes of replies). Replies to adds keep only their ids, not the entries. The
 journal's memory cap answers TOO_MANY_REQUESTS. Nothing queues without bound.
 
 Bad input closes only its own connection: malformed frames get BAD_REQUEST and a close,
@@ -21,6 +24,7 @@ import ipaddress
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -35,7 +39,14 @@ from wire.connection import (
 )
 from wire.errors import FrameSizeError
 from wire.frames import DecodedRequest
-from wire.messages import AddRequest, ApiKey, Message
+from wire.messages import (
+    AddRequest,
+    ApiKey,
+    Message,
+    ReadLacResponse,
+    ReadRangeResponse,
+    ReadResponse,
+)
 from wire.status import Status
 
 __all__ = ["ConnectionOptions", "is_loopback", "serve_connection"]
@@ -51,6 +62,19 @@ _READ = int(ApiKey.READ)
 class ConnectionOptions:
     max_frame_bytes: int = 8 << 20
     max_inflight: int = 1024
+    max_reply_bytes: int = 16 << 20   # replies built and not yet sent, per connection
+    idle_timeout: float = 0.0         # close after this long idle (nothing in flight); 0: never
+
+
+def reply_bytes(resp: Message | None) -> int:
+    """What a reply holds in memory until it is sent (entries dominate)."""
+    if isinstance(resp, ReadRangeResponse):
+        return 64 + sum(map(len, resp.entries))
+    if isinstance(resp, ReadResponse):
+        return 64 + len(resp.entry)
+    if isinstance(resp, ReadLacResponse):
+        return 64 + len(resp.explicit_lac) + len(resp.last_entry)
+    return 64
 
 
 def is_loopback(stream: trio.abc.Stream) -> bool:
@@ -68,18 +92,21 @@ def is_loopback(stream: trio.abc.Stream) -> bool:
 class _Outbox:
     """Replies waiting to be written, with the journal groups they wait for."""
 
-    __slots__ = ("closing", "items", "more", "space")
+    __slots__ = ("bytes", "closing", "items", "more", "space")
 
     def __init__(self) -> None:
-        # (correlation id, api key, status, response, group or None, started at)
-        self.items: list[tuple[int, int, int, Message | None, JournalGroup | None, float]] = []
+        # (correlation id, api key, status, response, group or None, started at); an
+        # add's "response" is (ledger id, first entry id, count).
+        self.items: list[tuple[int, int, int, Any, JournalGroup | None, float]] = []
         self.more = trio.Event()
         self.space = trio.Event()
         self.closing = False
+        self.bytes = 0  # reply_bytes of the non-add replies queued
 
     def put(self, cid: int, api: int, status: int, resp: Message | None,
             group: JournalGroup | None, t0: float) -> None:
         self.items.append((cid, api, status, resp, group, t0))
+        self.bytes += reply_bytes(resp)
         self.more.set()
 
 
@@ -102,7 +129,8 @@ async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_writer, stream, conn, outbox, handler, nursery.cancel_scope)
             with reader_scope or trio.CancelScope():
-                await _reader(stream, conn, outbox, handler, nursery, trusted)
+                await _reader(stream, conn, outbox, handler, nursery, trusted,
+                              options.max_reply_bytes, options.idle_timeout)
             outbox.closing = True
             outbox.more.set()
     finally:
@@ -111,53 +139,63 @@ async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
 
 
 async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outbox,
-                  handler: RequestHandler, nursery: trio.Nursery, trusted: bool) -> None:
+                  handler: RequestHandler, nursery: trio.Nursery, trusted: bool,
+                  max_reply: int, idle_timeout: float) -> None:
     add = handler.add
     read_now = handler.read_now
     put = outbox.put
-    items = outbox.items
+    max_reply_bytes = max_reply
+    now = time.perf_counter()
     while True:
-        while conn.is_at_capacity:
-            outbox.space = trio.Event()
-            await outbox.space.wait()
+        if conn.is_at_capacity or outbox.bytes >= max_reply_bytes:
+            # Stop taking requests (frames already read wait in ``conn``) until the
+            # writer sends replies: a peer that does not read stalls only itself.
+            outbox.more.set()
+            while conn.is_at_capacity or outbox.bytes >= max_reply_bytes:
+                outbox.space = trio.Event()
+                await outbox.space.wait()
         try:
-            data = await stream.receive_some(_RECEIVE)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            ev = conn.next_event()
+        except FrameSizeError as exc:
+            log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
             return
-        conn.receive_data(data)
-        now = time.perf_counter()
-        if outbox.items is not items:
-            items = outbox.items
-        append = items.append
-        while True:
+        if ev is NEED_DATA:
+            if outbox.items:
+                outbox.more.set()
+            idle = idle_timeout if idle_timeout and not conn.inflight else float("inf")
             try:
-                ev = conn.next_event()
-            except FrameSizeError as exc:
-                log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
+                with trio.move_on_after(idle) as waited:
+                    data = await stream.receive_some(_RECEIVE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
-            if ev is NEED_DATA:
-                if items:
-                    outbox.more.set()
-                break
-            if type(ev) is DecodedRequest:
-                req: Message = ev.message
-                if type(req) is AddRequest:
-                    status, group = add(req)
-                    append((ev.correlation_id, _ADD, status, req, group, now))
-                    continue
-                reply = read_now(req)
-                if reply is not None:
-                    put(ev.correlation_id, ev.api_key, reply[0], reply[1], None, now)
-                    continue
-                nursery.start_soon(_slow, handler, outbox, ev, trusted, now)
-            elif isinstance(ev, RequestRejected):
-                log.info("request_rejected", extra=fields(
-                    correlation_id=ev.correlation_id, status=ev.status.name, reason=ev.reason))
-                put(ev.correlation_id, -1, ev.status, None, None, now)
-                if ev.close:
-                    return
-            elif isinstance(ev, ConnectionEnded):
+            if waited.cancelled_caught:
+                handler.metrics.connections_idle_closed += 1
+                log.info("connection_idle_closed", extra=fields(idle_s=idle_timeout))
                 return
+            conn.receive_data(data)
+            now = time.perf_counter()
+            continue
+        if type(ev) is DecodedRequest:
+            req: Message = ev.message
+            if type(req) is AddRequest:
+                status, group = add(req)
+                outbox.items.append((ev.correlation_id, _ADD, status,
+                                     (req.ledger_id, req.first_entry_id, len(req.entries)),
+                                     group, now))
+                continue
+            reply = read_now(req)
+            if reply is not None:
+                put(ev.correlation_id, ev.api_key, reply[0], reply[1], None, now)
+                continue
+            nursery.start_soon(_slow, handler, outbox, ev, trusted, now)
+        elif isinstance(ev, RequestRejected):
+            log.info("request_rejected", extra=fields(
+                correlation_id=ev.correlation_id, status=ev.status.name, reason=ev.reason))
+            put(ev.correlation_id, -1, ev.status, None, None, now)
+            if ev.close:
+                return
+        elif isinstance(ev, ConnectionEnded):
+            return
 
 
 async def _slow(handler: RequestHandler, outbox: _Outbox, ev: DecodedRequest, trusted: bool,
@@ -195,16 +233,14 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
                 last = group
         chunks = []
         now = time.perf_counter()
-        adds = ok_adds = 0
+        adds = ok_adds = sent_bytes = 0
         add_t0 = 0.0
         for cid, api, status, resp, group, t0 in items:
             if api == _ADD:
                 if group is not None and group.error is not None:
                     status = Status.IO_ERROR
                 if status == 0:
-                    req: AddRequest = resp  # type: ignore[assignment]
-                    chunks.append(send_add_ok(cid, req.ledger_id, req.first_entry_id,
-                                              len(req.entries)))
+                    chunks.append(send_add_ok(cid, *resp))
                     ok_adds += 1
                 else:
                     chunks.append(conn.send(cid, status, None))
@@ -216,6 +252,7 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
                 adds += 1
             else:
                 chunks.append(conn.send(cid, status, resp))
+                sent_bytes += reply_bytes(resp)
                 count(api, status)
                 if api == _READ and t0:  # slow-path reads time themselves
                     read_latency.observe(now - t0)
@@ -223,11 +260,14 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
             add_latency.observe(now - add_t0, adds)
         if ok_adds:
             count(_ADD, 0, ok_adds)
+        data = b"".join(chunks)
+        del chunks, items  # the replies' entries are in ``data`` now
         try:
-            await stream.send_all(b"".join(chunks))
+            await stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             scope.cancel()  # the peer is gone; what it sent is stored all the same
             return
+        outbox.bytes -= sent_bytes
         outbox.space.set()
         if outbox.closing and not outbox.items and not conn.inflight:
             scope.cancel()
