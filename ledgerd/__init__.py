@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ledgerd.ledgerlog import LogFencedError, LogPosition, LogWriter, NoSuchLogError
     from ledgerd.sync import SyncClient, SyncLogWriter, SyncReadHandle, SyncWriteHandle
     from wire.entry import Entry
+    from wire.errors import MessageTooLargeError
 
 # Imported on first use (PEP 562), so that ``import ledgerd.base.logs`` from the bookie's own
 # modules does not pull in the whole client (and its imports of those same modules).
@@ -57,6 +58,7 @@ _EXPORTS = {
     "LogFencedError": "ledgerd.ledgerlog",
     "LogPosition": "ledgerd.ledgerlog",
     "LogWriter": "ledgerd.ledgerlog",
+    "MessageTooLargeError": "wire.errors",
     "NoSuchLedgerError": "ledgerd.errors",
     "NoSuchLogError": "ledgerd.ledgerlog",
     "NotEnoughBookiesError": "ledgerd.errors",
@@ -86,6 +88,7 @@ __all__ = [
     "BadPasswordError", "Client", "ClientClosedError", "ClientConfig", "ConfigError", "Entry",
     "EntryUnavailableError", "LedgerClosedError", "LedgerFencedError", "LedgerHandleError",
     "LedgerRecoveryError", "LedgerdError", "LogFencedError", "LogPosition", "LogWriter",
+    "MessageTooLargeError",
     "NoSuchLedgerError", "NoSuchLogError", "NotEnoughBookiesError", "PendingAppend",
     "ReadBeyondLacError", "ReadHandle", "ReplicaTimeoutError", "SyncClient", "SyncLogWriter", "SyncReadHandle",
     "SyncWriteHandle", "WriteHandle", "__version__", "open_client",

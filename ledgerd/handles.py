@@ -45,8 +45,10 @@ from ledgerd.reads import LedgerView, fetch_range, long_poll, read_lac
 from metadata.errors import ChangeRejectedError, MetadataError
 from metadata.ledger import LedgerMetadata
 from wire.compression import compress_payload
-from wire.entry import Entry, encode_entry, encode_lac_body
-from wire.messages import AddFlags, WriteLacRequest
+from wire.entry import ENTRY_HEADER_SIZE, Entry, encode_entry, encode_lac_body
+from wire.errors import MessageTooLargeError
+from wire.frames import encode_request
+from wire.messages import NO_MASTER_KEY, AddFlags, AddRequest, WriteLacRequest
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
@@ -198,6 +200,12 @@ class ReadHandle(_HandleBase):
         await self.close()
 
 
+def add_frame_overhead(digest_size: int) -> int:
+    """Bytes an Add frame carrying one entry spends on everything but its payload."""
+    empty = AddRequest(ledger_id=0, first_entry_id=0, master_key=NO_MASTER_KEY, entries=(b"",))
+    return len(encode_request(empty, 0, 0)) - 4 + ENTRY_HEADER_SIZE + digest_size + 32
+
+
 class WriteHandle(_HandleBase):
     """A ledger this client created and writes; one writer per ledger."""
 
@@ -208,6 +216,8 @@ class WriteHandle(_HandleBase):
         self._key = key
         self._compress = metadata.compression == "zstd"
         self._digester = view.digester
+        self._max_frame = cfg.max_frame_bytes
+        self._max_payload = cfg.max_frame_bytes - add_frame_overhead(view.digester.size)
         ensemble = metadata.last_ensemble[1]
         writer = LedgerWriter(metadata.ensemble_size, metadata.write_quorum,
                               metadata.ack_quorum, ensemble,
@@ -266,6 +276,9 @@ class WriteHandle(_HandleBase):
         """Send one entry; returns at once (after the throttle and the outstanding cap)
         with a PendingAppend to await for durability.
 
+        Raises MessageTooLargeError (the handle stays usable) for an entry that cannot
+        fit one frame of ``max_frame_bytes`` with its headers.
+
         If cancelled, the entry was not sent (cancellation can only land in the throttle
         or the outstanding-cap wait, before the entry gets an id).
         """
@@ -281,6 +294,13 @@ class WriteHandle(_HandleBase):
     def _submit_now(self, data: bytes) -> PendingAppend:
         now = trio.current_time()
         payload = compress_payload(data) if self._compress else bytes(data)
+        if len(payload) > self._max_payload:
+            # This call fails alone: sent, the frame would be refused and the refusal
+            # would look like a failed bookie (an ensemble change, then a dead handle).
+            raise MessageTooLargeError(
+                f"an entry of {len(payload)} bytes" + (" (compressed)" if self._compress
+                                                        else ""),
+                len(payload) + self._max_frame - self._max_payload, self._max_frame)
         lid = self.ledger_id
         digester = self._digester
         eid = self._pipeline.append(len(payload), lambda e, lac, length: encode_entry(

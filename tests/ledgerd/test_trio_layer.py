@@ -157,3 +157,25 @@ async def test_recovery_with_a_silent_bookie_finishes_by_its_deadlines(tmp_path:
         assert any(silent not in ensemble for _, ensemble in md.ensembles)
         with pytest.raises(FencedError):  # one fenced family: LedgerFencedError is one
             await lh.append(b"too late")
+
+
+async def test_an_append_larger_than_a_frame_fails_alone(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    from wire.errors import MessageTooLargeError
+
+    settings = client_settings(max_frame_bytes=64 * 1024)
+    async with memory_cluster(tmp_path, 3) as cluster, ledgerd.open_client(
+            store=cluster.store, connect=cluster.connect, **settings) as client:
+        lh = await client.create_ledger(3, 2, 2)
+        assert await lh.append(b"before") == 0
+        with pytest.raises(MessageTooLargeError, match="max_frame_bytes"):
+            await lh.append(bytes(64 * 1024))
+        with pytest.raises(MessageTooLargeError):
+            await lh.submit(bytes(100 * 1024))
+        # That call failed, nothing else: no id taken, no ensemble change, no fence.
+        assert await lh.append(b"after") == 1
+        assert await lh.append(bytes(60 * 1024)) == 2  # what fits still goes
+        assert lh.ensemble_changes == 0
+        await lh.close()
+        rh = await client.open_ledger(lh.ledger_id)
+        assert [len(e.payload) async for e in rh.read()] == [6, 5, 60 * 1024]
