@@ -263,16 +263,20 @@ class BookieCore:
         return last_entry_id if entry_id == -1 else entry_id
 
     @staticmethod
-    def range_budget(req: ReadRangeRequest, max_frame_bytes: int) -> tuple[int, int] | Status:
-        """(max entries, max entry bytes) for a range read, or BAD_REQUEST.
+    def range_budget(req: ReadRangeRequest, max_frame_bytes: int
+                     ) -> tuple[int, int, int] | Status:
+        """(max entries, byte budget, bytes charged per entry besides its own) for a
+        range read, or BAD_REQUEST.
 
         The budget is the smaller of the request's and what a response frame can carry,
-        less the response's own fields; each entry returned also costs its length field.
+        less the response's own fields; each entry *returned* is charged its length
+        field too. (Charging it per entry *asked for* left a read with a count above
+        max_bytes / 4, "as many as fit", a single entry.)
         """
         if req.max_count < 1 or req.first_entry_id < 0:
             return Status.BAD_REQUEST
         max_bytes = min(req.max_bytes, max_frame_bytes - RANGE_OVERHEAD)
-        return req.max_count, max(0, max_bytes - RANGE_PER_ENTRY * req.max_count)
+        return req.max_count, max(0, max_bytes), RANGE_PER_ENTRY
 
     @staticmethod
     def long_poll_timeout(req: ReadRequest) -> float:

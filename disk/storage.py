@@ -427,8 +427,9 @@ class LedgerStorage:
         return self.entry_logger.read(location)
 
     def read_range(self, ledger_id: int, first_entry_id: int, max_count: int,
-                   max_bytes: int) -> list[bytes]:
-        """Consecutive entries from ``first_entry_id``; at least one if the first exists."""
+                   max_bytes: int, per_entry: int = 0) -> list[bytes]:
+        """Consecutive entries from ``first_entry_id`` while each one's bytes plus
+        ``per_entry`` fit ``max_bytes`` in all; at least one if the first exists."""
         out: list[bytes] = []
         total = 0
         for e in range(first_entry_id, first_entry_id + max(1, max_count)):
@@ -436,10 +437,11 @@ class LedgerStorage:
                 data = self.read_entry(ledger_id, e)
             except EntryNotFoundError:
                 break
-            if out and total + len(data) > max_bytes:
+            cost = len(data) + per_entry
+            if out and total + cost > max_bytes:
                 break
             out.append(data)
-            total += len(data)
+            total += cost
         if not out:
             self._require(ledger_id)
             raise EntryNotFoundError(ledger_id, first_entry_id)

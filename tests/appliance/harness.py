@@ -83,9 +83,13 @@ class BookieHarness:
             try:
                 yield client
             finally:
+                # Close before cancelling: an await in a cancelled scope raises Cancelled,
+                # which would replace the body's own exception and then be absorbed by
+                # this nursery, so a failing assertion passed silently.
                 client.close()
+                with trio.CancelScope(shield=True):
+                    await client_end.aclose()
                 nursery.cancel_scope.cancel()
-                await client_end.aclose()
 
     def raw_pair(self, *, trusted: bool = True) -> trio.abc.Stream:
         """The client end of a connection, for tests that write raw bytes."""

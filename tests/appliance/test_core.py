@@ -148,8 +148,10 @@ def test_range_budget_refuses_nonsense_and_fits_the_frame() -> None:
     bad = ReadRangeRequest(ledger_id=1, first_entry_id=0, max_count=0, max_bytes=100)
     assert core.range_budget(bad, 1 << 20) == Status.BAD_REQUEST
     big = ReadRangeRequest(ledger_id=1, first_entry_id=0, max_count=10, max_bytes=1 << 30)
-    count, nbytes = core.range_budget(big, 1 << 20)  # type: ignore[misc]
-    assert count == 10 and nbytes < 1 << 20
+    count, nbytes, per_entry = core.range_budget(big, 1 << 20)  # type: ignore[misc]
+    assert count == 10 and nbytes < 1 << 20 and per_entry == 4
+    many = ReadRangeRequest(ledger_id=1, first_entry_id=0, max_count=1 << 30, max_bytes=4096)
+    assert core.range_budget(many, 1 << 20) == (1 << 30, 4096, 4)  # not 4096 - 4 * count
 
 
 def test_rule_breaks_break_exactly_their_rule() -> None:

@@ -143,6 +143,13 @@ async def test_read_range_honours_count_and_bytes(tmp_path: Path) -> None:
         status, _ = await c.call(ReadRangeRequest(ledger_id=1, first_entry_id=30, max_count=9,
                                                   max_bytes=1 << 20))
         assert status == Status.NO_SUCH_ENTRY
+        # A count above max_bytes / 4 ("as many as fit") still fills the byte budget: it
+        # used to be charged 4 bytes per *requested* entry up front, leaving one entry.
+        status, resp = await c.call(ReadRangeRequest(ledger_id=1, first_entry_id=0,
+                                                     max_count=100_000,
+                                                     max_bytes=sum(len(entry(1, e)) + 4
+                                                                   for e in range(20))))
+        assert len(resp.entries) == 20  # type: ignore[union-attr]
 
 
 async def test_write_lac_read_lac_and_force_ledger(tmp_path: Path) -> None:
