@@ -57,7 +57,7 @@ async def test_a_client_that_never_reads_range_replies_cannot_grow_the_bookie(
                 nursery.start_soon(flood)
                 # The honest client is served meanwhile, on its own connection.
                 for i in range(50):
-                    status, resp = await honest.call(ReadRequest(ledger_id=1, entry_id=i % 32))
+                    status, _ = await honest.call(ReadRequest(ledger_id=1, entry_id=i % 32))
                     assert status == Status.OK
                 grown = rss_bytes(bookie.pid) - before
                 assert grown < 200 * MiB, f"bookie grew by {grown / MiB:.0f} MiB"
