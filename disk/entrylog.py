@@ -396,11 +396,21 @@ def read_ledgers_map(path: Path) -> dict[int, int] | None:
     return dict(_MAP_ITEM.unpack_from(body, 20 + 16 * i) for i in range(count))
 
 
-def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, Iterator[LogRecordInfo]]:
-    """The ledgers map (None if the log never rolled) and every record, for tools."""
+def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, str,
+                                           Iterator[LogRecordInfo]]:
+    """For tools: the ledgers map (None if the log never rolled, or if it cannot be
+    read), what is wrong with the map ("" if nothing), and every record up to where the
+    file ends or breaks. A truncated log still lists its intact records, as
+    ``readjournal`` does for a torn journal."""
     data = path.read_bytes()
     _log_id, map_offset, _count = _parse_header(data, str(path))
-    ledgers = read_ledgers_map(path) if map_offset else None
+    ledgers: dict[int, int] | None = None
+    map_problem = ""
+    if map_offset:
+        try:
+            ledgers = read_ledgers_map(path)
+        except CorruptRecordError as exc:
+            map_problem = f"{exc.reason} (offset {map_offset}; the file has {len(data)} bytes)"
 
     def records() -> Iterator[LogRecordInfo]:
         pos = ENTRY_LOG_HEADER_SIZE
@@ -417,4 +427,4 @@ def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, Iterator[LogRe
             yield LogRecordInfo(pos, n, lid, eid, ok, "" if ok else "crc mismatch")
             pos += 8 + n
 
-    return ledgers, records()
+    return ledgers, map_problem, records()

@@ -430,7 +430,7 @@ def readlog(path: Path, as_json: bool) -> None:
     """Every entry of an entry log and its ledgers map."""
     from disk.entrylog import inspect_entry_log
 
-    ledgers, records = inspect_entry_log(path)
+    ledgers, map_problem, records = inspect_entry_log(path)
     rows = [{"offset": r.offset, "ledger": r.ledger_id, "entry": r.entry_id, "size": r.size,
              "crc": "ok" if r.crc_ok else "BAD", "problem": r.problem} for r in records]
     lmap = None if ledgers is None else {str(k): v for k, v in sorted(ledgers.items())}
@@ -438,9 +438,11 @@ def readlog(path: Path, as_json: bool) -> None:
     human = table(["OFFSET", "LEDGER", "ENTRY", "SIZE", "CRC", "PROBLEM"],
                   [list(r.values()) for r in rows])
     human += f"\n{len(rows)} record(s), {bad} with problems\nledgers map: " + (
+        f"unreadable: {map_problem}" if map_problem else
         "none (the log was not rolled)" if lmap is None else
         ", ".join(f"ledger {k}: {v} bytes" for k, v in lmap.items()) or "empty")
-    emit(as_json, {"records": rows, "ledgers_map": lmap}, human)
+    emit(as_json, {"records": rows, "ledgers_map": lmap, "ledgers_map_problem": map_problem},
+         human)
 
 
 @shell.command("readindex")

@@ -116,9 +116,27 @@ async def test_entry_logs_roll_with_ledgers_map(tmp_path: Path) -> None:
     await s.close()
     logs = sorted((tmp_path / "ledgers" / "current").glob("*.log"))
     assert len(logs) >= 4
-    ledgers_map, records = inspect_entry_log(logs[0])
-    assert ledgers_map is not None and set(ledgers_map) == {0, 1, 2}
-    assert all(r.crc_ok for r in records)
+    ledgers_map, problem, records = inspect_entry_log(logs[0])
+    assert ledgers_map is not None and set(ledgers_map) == {0, 1, 2} and problem == ""
+    listed = list(records)
+    assert all(r.crc_ok for r in listed)
+    # Cut in the middle: the intact records before the cut are still listed, the cut
+    # record and the lost map are named (it used to fail on the map and list nothing).
+    cut = tmp_path / "cut.log"
+    middle = listed[len(listed) // 2]
+    cut.write_bytes(logs[0].read_bytes()[: middle.offset + 10])
+    ledgers_map, problem, records = inspect_entry_log(cut)
+    before = list(records)
+    assert ledgers_map is None and "ledgers map past end of log" in problem
+    assert [r.offset for r in before[:-1]] == [r.offset for r in listed[: len(listed) // 2]]
+    assert before[-1].problem.startswith("truncated")
+    from click.testing import CliRunner
+
+    from tools.shell import readlog
+    out = CliRunner().invoke(readlog, [str(cut)])
+    assert out.exit_code == 0, out.output
+    assert f"{len(before)} record(s), 1 with problems" in out.output
+    assert "ledgers map: unreadable: ledgers map past end of log" in out.output
     s2 = await _open(opts)
     for e in range(300):
         assert s2.read_entry(e % 3, e // 3) == _entry(e % 3, e // 3, 1000)
