@@ -80,6 +80,8 @@ class Bookie:
         self.disk_checker = DiskChecker(
             self.storage.usage, self._on_disk_change, threshold=config.disk_usage_threshold,
             lwm=config.disk_usage_lwm_threshold, interval_s=config.disk_check_interval_ms / 1000)
+        self.storage.on_disk_full = lambda exc: self.disk_checker.force_full(
+            f"{exc} (writable again under {config.disk_usage_lwm_threshold:.0%} used)")
         self.admin = AdminHooks(trigger=self.gc.trigger, status=self.status,
                                 secret=config.admin_secret)
         self.handler = RequestHandler(self.storage, self.state, self.metrics, admin=self.admin,

@@ -1,5 +1,10 @@
 """Disk checker: over ``disk_usage_threshold`` the bookie goes read-only; it comes back
-only under ``disk_usage_lwm_threshold`` (hysteresis, so it does not flap)."""
+only under ``disk_usage_lwm_threshold`` (hysteresis, so it does not flap).
+
+Storage can also report a full disk itself (ENOSPC from a ledger directory that filled
+faster than the checker samples): ``force_full`` makes the bookie read-only at once with
+that reason, and the checker then samples every second until usage is under the
+low-water mark, when the bookie is writable again."""
 
 from __future__ import annotations
 
@@ -36,6 +41,15 @@ class DiskChecker:
         self.full = False
         self.worst: DirUsage | None = None
         self.checks = 0
+        self._forced = trio.Event()
+
+    def force_full(self, reason: str) -> None:
+        """Storage hit ENOSPC: full now; writable again only under the low-water mark."""
+        self._forced.set()
+        if not self.full:
+            self.full = True
+            log.warning("disk_full", extra=fields(reason=reason))
+            self.on_change(True, reason)
 
     async def check(self) -> bool:
         usage = await trio.to_thread.run_sync(self.usage)
@@ -57,5 +71,9 @@ class DiskChecker:
         await self.check()
         task_status.started()
         while True:
-            await trio.sleep(self.interval_s)
+            # While full, sample at least every second, so a freed disk is seen soon.
+            wait = min(self.interval_s, 1.0) if self.full else self.interval_s
+            with trio.move_on_after(wait):
+                await self._forced.wait()
+            self._forced = trio.Event()
             await self.check()

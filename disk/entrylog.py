@@ -23,6 +23,7 @@ to the least-full writable ledger directory.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import shutil
@@ -35,10 +36,13 @@ from pathlib import Path
 
 import google_crc32c
 
-from disk.errors import CorruptRecordError, StorageError
+from disk.errors import CorruptRecordError, DiskFullError, StorageError
 
 __all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log",
            "read_ledgers_map"]
+
+DISK_FULL_RETRY_S = 1.0
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 ENTRY_LOG_HEADER_SIZE = 1024
 _MAGIC = b"LDEL"
@@ -98,6 +102,10 @@ class _Writer:
         self.cond = threading.Condition(lock)
         self.queue: queue.SimpleQueue[tuple[_Log, int, bytearray] | None] = queue.SimpleQueue()
         self.error: BaseException | None = None
+        # Set while a write waits for space (ENOSPC/EDQUOT): the segment stays queued and
+        # is retried every DISK_FULL_RETRY_S or on ``retry()``; nothing is dropped.
+        self.full: DiskFullError | None = None
+        self._stopping = False
         self.thread = threading.Thread(target=self._run, name="entrylog-writer", daemon=True)
         self.thread.start()
 
@@ -105,17 +113,28 @@ class _Writer:
         self.queue.put((log, offset, data))
 
     def _run(self) -> None:
+        item: tuple[_Log, int, bytearray] | None = None
         while True:
-            item = self.queue.get()
             if item is None:
-                return
+                item = self.queue.get()
+                if item is None:
+                    return
             log, offset, data = item
             try:
                 if self.error is None:
-                    os.pwrite(log.fd, data, offset)
+                    _pwrite_all(log.fd, data, offset)
             except OSError as exc:
+                if exc.errno in _NO_SPACE:
+                    with self.cond:
+                        self.full = DiskFullError(str(log.path), str(exc))
+                        self.cond.notify_all()
+                        self.cond.wait(DISK_FULL_RETRY_S)
+                        if self._stopping:
+                            return  # what was not written is in the journal
+                    continue  # the same segment again
                 self.error = StorageError(f"writing {log.path} at {offset}: {exc}")
             with self.cond:
+                self.full = None
                 if log.pending and log.pending[0][0] == offset:
                     log.pending.popleft()
                 if offset == 0:
@@ -123,18 +142,42 @@ class _Writer:
                 else:
                     log.written = max(log.written, offset + len(data))
                 self.cond.notify_all()
+            item = None
 
     def wait_written(self, log: _Log, size: int) -> None:
+        """Block until ``log`` reached ``size``; raises the writer's error, or
+        DiskFullError while it waits for space (the data stays queued)."""
         with self.cond:
             while (log.written < size or (log.rolled and not log.header_written)) \
-                    and self.error is None:
+                    and self.error is None and self.full is None:
                 self.cond.wait()
+            full = self.full
         if self.error is not None:
             raise self.error
+        if full is not None and (log.written < size or (log.rolled and not log.header_written)):
+            raise full
+
+    def retry(self) -> None:
+        """Retry a write that waits for space now."""
+        with self.cond:
+            self.cond.notify_all()
 
     def stop(self) -> None:
+        with self.cond:
+            self._stopping = True
+            self.cond.notify_all()
         self.queue.put(None)
         self.thread.join()
+
+
+def _pwrite_all(fd: int, data: bytearray, offset: int) -> None:
+    """pwrite until every byte is written (a short write is followed by the error that
+    caused it, e.g. ENOSPC, on the next call)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
 
 
 class EntryLogger:
@@ -175,9 +218,14 @@ class EntryLogger:
     def _create(self, log_id: int) -> _Log:
         d = self._pick_dir()
         path = d / f"{log_id:x}.log"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        os.pwrite(fd, _header(log_id), 0)
-        (d / "lastId").write_text(f"{log_id:x}\n")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            os.pwrite(fd, _header(log_id), 0)
+            (d / "lastId").write_text(f"{log_id:x}\n")
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise DiskFullError(str(path), str(exc)) from exc
+            raise
         self.paths[log_id] = path
         return _Log(log_id, path, fd, ENTRY_LOG_HEADER_SIZE, bytearray(), defaultdict(int),
                     written=ENTRY_LOG_HEADER_SIZE)
@@ -351,6 +399,25 @@ class EntryLogger:
         if fd is not None:
             os.close(fd)
         return self.paths.pop(log_id, None)
+
+    def retry_writes(self) -> None:
+        """A write waiting for space: try it now (it also retries by itself)."""
+        if self._writer is not None:
+            self._writer.retry()
+
+    def abandon(self) -> None:
+        """Close without writing what is buffered (the disk is full; the journal holds
+        it all and the next start replays it)."""
+        if self._writer is not None:
+            self._writer.stop()
+            self._writer = None
+        for log in [*self._unsynced, *([self._current] if self._current else [])]:
+            os.close(log.fd)
+        self._unsynced = []
+        self._current = None
+        for fd in self._readers.values():
+            os.close(fd)
+        self._readers.clear()
 
     def close(self) -> None:
         if self._current is not None:

@@ -246,12 +246,21 @@ class LedgerCache:
     def write_out(self) -> list[Path]:
         """Write dirty pages and headers (owner's thread); returns the files to fsync."""
         paths = []
-        for idx in list(self.ledgers.values()):
-            if not (idx.dirty_pages or idx.header_dirty or idx.needs_sync):
-                continue
-            self._write_pages(idx, sorted(idx.dirty_pages))
-            idx.needs_sync = False
-            paths.append(idx.path)
+        written: list[LedgerIndex] = []
+        try:
+            for idx in list(self.ledgers.values()):
+                if not (idx.dirty_pages or idx.header_dirty or idx.needs_sync):
+                    continue
+                self._write_pages(idx, sorted(idx.dirty_pages))
+                idx.needs_sync = False
+                written.append(idx)
+                paths.append(idx.path)
+        except OSError as exc:
+            for idx in written:  # written, never synced: the retry must sync them
+                idx.needs_sync = True
+            if exc.filename is None:
+                exc.filename = str(idx.path)
+            raise
         return paths
 
     @staticmethod

@@ -19,10 +19,11 @@ Start-up (``open``): check cookies, load index headers, replay the journal from 
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,7 +34,7 @@ import trio
 from disk.compaction import EntryLogMeta, read_entry_log_meta
 from disk.cookie import Cookie, check_cookies, stamp_cookies
 from disk.entrylog import EntryLogger
-from disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
+from disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
 from disk.index import LedgerCache, LedgerIndex
 from disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
 from disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
@@ -89,6 +90,9 @@ class LedgerStorage:
         self.closed = False
         self._run_scope: trio.CancelScope | None = None
         self._log_metas: dict[int, EntryLogMeta] = {}
+        # A ledger directory out of space (the last checkpoint's error), and whom to tell.
+        self.disk_full: DiskFullError | None = None
+        self.on_disk_full: Callable[[DiskFullError], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -206,9 +210,26 @@ class LedgerStorage:
             task_status.started()
 
     async def _checkpoint_loop(self) -> None:
+        """Checkpoint every ``flush_interval_ms``. A ledger directory out of space
+        (ENOSPC/EDQUOT) does not end this service: ``on_disk_full`` is told (the bookie
+        goes read-only, naming the directory and the errno), the unwritten data stays in
+        memory (and in the journal), and the next checkpoint tries again."""
         while True:
             await trio.sleep(self.options.flush_interval_ms / 1000.0)
-            await self.checkpoint()
+            try:
+                await self.checkpoint()
+            except DiskFullError as exc:
+                if self.disk_full is None:
+                    log.error("ledger_dir_full", extra=fields(path=exc.path, error=str(exc)))
+                self.disk_full = exc
+                if self.on_disk_full is not None:
+                    self.on_disk_full(exc)
+                self.entry_logger.retry_writes()
+            else:
+                if self.disk_full is not None:
+                    log.warning("ledger_dir_writable_again", extra=fields(
+                        path=self.disk_full.path))
+                    self.disk_full = None
 
     async def checkpoint(self) -> JournalPosition:
         """Flush entry logs and index, persist the mark, drop old journal files.
@@ -218,13 +239,19 @@ class LedgerStorage:
         """
         async with self._checkpoint_lock:
             mark = self.journal.durable
-            logs = self.entry_logger.write_out()
-            await trio.to_thread.run_sync(self.entry_logger.sync, logs)
-            self.entry_logger.release(logs)
-            paths = self.cache.write_out()
-            await trio.to_thread.run_sync(LedgerCache.sync_paths, paths)
-            if mark.file_id:
-                await trio.to_thread.run_sync(self._persist_mark, mark)
+            try:
+                logs = self.entry_logger.write_out()
+                await trio.to_thread.run_sync(self.entry_logger.sync, logs)
+                self.entry_logger.release(logs)
+                paths = self.cache.write_out()
+                await trio.to_thread.run_sync(LedgerCache.sync_paths, paths)
+                if mark.file_id:
+                    await trio.to_thread.run_sync(self._persist_mark, mark)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    where = exc.filename or ", ".join(map(str, self.options.ledger_dirs))
+                    raise DiskFullError(str(where), str(exc)) from exc
+                raise
             self.last_checkpoint = mark
             self.checkpoints += 1
             return mark
@@ -243,7 +270,13 @@ class LedgerStorage:
             async with self._checkpoint_lock:
                 if self._run_scope is not None:
                     self._run_scope.cancel()  # no periodic checkpoint after this one
-            await self.checkpoint()
+            try:
+                await self.checkpoint()
+            except DiskFullError as exc:
+                # Everything is in the journal: the next start replays it.
+                log.error("close_checkpoint_disk_full", extra=fields(error=str(exc)))
+                self.entry_logger.abandon()
+                return
             await trio.to_thread.run_sync(self.entry_logger.close)
 
     # -- writes ------------------------------------------------------------------------

@@ -75,3 +75,79 @@ async def test_full_disk_goes_read_only_and_back(
             await wait_registered(store, bookie, read_only=False)
             assert (await c.call(add(1)))[0] == Status.OK
         assert await trio.to_thread.run_sync(bookie.terminate) == 0
+
+
+def _fill_completely(path: Path) -> Path:
+    """Write until the filesystem says ENOSPC."""
+    ballast = path / "ballast-all"
+    with open(ballast, "wb") as f:
+        chunk = b"\xcd" * (1 << 20)
+        try:
+            while True:
+                f.write(chunk)
+                f.flush()
+        except OSError:
+            pass
+    return ballast
+
+
+async def test_enospc_from_a_ledger_directory_goes_read_only_and_back(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str, small_disk: Path,
+        tmp_path: Path) -> None:
+    # The ledger directory fills faster than the checker samples (once a minute): the
+    # entry log's writes meet ENOSPC first. The bookie must say so (directory, errno),
+    # keep what it acknowledged, and be writable again once space is back.
+    async with metadata_store(zk_chroot) as store:
+        ledgers = small_disk / "ledgers"
+        bookie = bookie_factory(
+            journal_directory=str(tmp_path / "journal"), ledger_directories=[str(ledgers)],
+            disk_check_interval_ms=60_000, flush_interval_ms=100,
+            write_buffer_size_bytes=64 * 1024,
+            disk_usage_threshold=0.95, disk_usage_lwm_threshold=0.80)
+        bookie.start()
+        await wait_registered(store, bookie)
+        payload = b"p" * 4000
+        acked = []
+        async with open_bookie_client(bookie.address) as c:
+            ballast = _fill_completely(small_disk)
+            for first in range(0, 400, 20):
+                status, _ = await c.call(AddRequest(
+                    ledger_id=1, first_entry_id=first, master_key=KEY,
+                    entries=tuple(entry(1, first + i, payload=payload) for i in range(20))))
+                if status != Status.OK:
+                    break
+                acked.extend(range(first, first + 20))
+            await wait_registered(store, bookie, read_only=True)
+            status, body = await _health(bookie.admin_port)
+            assert status == 503
+            assert str(ledgers) in body and "No space left on device" in body, body
+            assert "Errno 28" in body and "Trio nursery" not in body, body
+            assert acked  # the journal (elsewhere) took them before the bookie said so
+            for eid in acked[::37]:
+                assert (await c.call(ReadRequest(ledger_id=1, entry_id=eid)))[0] == Status.OK
+            ballast.unlink()
+            await wait_registered(store, bookie, read_only=False)
+            status, _ = await c.call(add(10_000))
+            assert status == Status.OK
+        assert await trio.to_thread.run_sync(bookie.terminate) == 0
+        # Every acknowledged entry survived, in the entry logs written after the space
+        # came back or replayed from the journal.
+        bookie.start()
+        await wait_registered(store, bookie)
+        async with open_bookie_client(bookie.address) as c:
+            for eid in acked:
+                status, _ = await c.call(ReadRequest(ledger_id=1, entry_id=eid))
+                assert status == Status.OK, eid
+        assert await trio.to_thread.run_sync(bookie.terminate) == 0
+        assert "Traceback" not in bookie.log_path.read_text(), bookie.log_tail()
+
+
+async def _health(port: int) -> tuple[int, str]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body.decode()
