@@ -3,6 +3,8 @@ that connection, in bounded memory, while an honest client is served."""
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,3 +124,94 @@ async def _metrics(port: int) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+def _valid_frames(rnd: random.Random) -> list[bytes]:
+    reqs = [AddRequest(ledger_id=7, first_entry_id=rnd.randrange(100), master_key=KEY,
+                       entries=(encode_entry(D, 7, 0, -1, 0, b"x"),)),
+            ReadRequest(ledger_id=rnd.randrange(10), entry_id=rnd.randrange(-1, 10)),
+            ReadRangeRequest(ledger_id=1, first_entry_id=0, max_count=rnd.randrange(1, 50),
+                             max_bytes=rnd.randrange(1, 1 << 20))]
+    return [encode_request(r, rnd.randrange(1 << 31), rnd.randrange(2)) for r in reqs]
+
+
+def _mutate(frame: bytes, rnd: random.Random) -> bytes:
+    data = bytearray(frame)
+    for _ in range(rnd.randrange(1, 6)):
+        kind = rnd.randrange(4)
+        if kind == 0 and data:
+            data[rnd.randrange(len(data))] = rnd.randrange(256)
+        elif kind == 1:  # api key / version / length fields
+            pos = rnd.choice([0, 4, 6])
+            data[pos:pos + 2] = rnd.randbytes(2)
+        elif kind == 2 and len(data) > 8:
+            del data[rnd.randrange(4, len(data)):]
+        else:
+            data += rnd.randbytes(rnd.randrange(1, 64))
+    return bytes(data)
+
+
+async def _hostile(port: int, rnd: random.Random, kind: str) -> None:
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError:
+        return
+    async with stream:
+        try:
+            if kind == "mutated":
+                await stream.send_all(b"".join(_mutate(f, rnd) for f in _valid_frames(rnd)))
+            elif kind == "random":
+                await stream.send_all(rnd.randbytes(rnd.randrange(1, 8192)))
+            elif kind == "huge":  # a declared length far past max_frame_bytes
+                await stream.send_all(rnd.randrange(1 << 24, 1 << 31).to_bytes(4, "big")
+                                      + rnd.randbytes(64))
+            elif kind == "slowloris":  # one valid frame, a byte at a time
+                for b in _valid_frames(rnd)[1]:
+                    await stream.send_all(bytes([b]))
+                    await trio.sleep(0.01)
+            elif kind == "halfclosed":
+                await stream.send_all(_valid_frames(rnd)[2][:10])
+                await stream.send_eof()
+            # "idle": say nothing
+            with trio.move_on_after(0.5):
+                while await stream.receive_some(65536):
+                    pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
+
+async def test_fuzzing_clients_do_not_disturb_an_honest_one(bookie_factory: Factory,
+                                                             zk_chroot: str) -> None:
+    seed = int(os.environ.get("LEDGERD_FUZZ_SEED", random.randrange(1 << 32)))
+    print(f"fuzz seed {seed} (replay: LEDGERD_FUZZ_SEED={seed})")
+    rnd = random.Random(seed)
+    async with metadata_store(zk_chroot) as store:
+        bookie = bookie_factory()
+        bookie.start()
+        await wait_registered(store, bookie)
+        assert bookie.pid is not None
+        port = int(bookie.address.split(":")[1])
+        kinds = ["mutated", "random", "huge", "slowloris", "halfclosed", "idle"]
+        async with open_bookie_client(bookie.address) as honest:
+            before = rss_bytes(bookie.pid)
+            async with trio.open_nursery() as nursery:
+                idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(500)]
+                for i in range(300):
+                    nursery.start_soon(_hostile, port, random.Random(rnd.random()),
+                                       kinds[i % len(kinds)])
+                for first in range(0, 1000, 10):
+                    replies = await honest.call_many([AddRequest(
+                        ledger_id=1, first_entry_id=first + i, master_key=KEY,
+                        entries=(encode_entry(D, 1, first + i, -1, 0, b"honest"),))
+                        for i in range(10)])
+                    assert {s for s, _ in replies} == {Status.OK}, seed
+                status, _ = await honest.call(ReadRequest(ledger_id=1, entry_id=999))
+                assert status == Status.OK, seed
+            for s in idle:
+                await s.aclose()
+            grown = rss_bytes(bookie.pid) - before
+            assert grown < 150 * MiB, f"seed {seed}: bookie grew by {grown / MiB:.0f} MiB"
+        assert bookie.running, seed
+        assert await trio.to_thread.run_sync(bookie.terminate) == 0
+        log = bookie.log_path.read_text()
+        assert "Traceback" not in log and "connection_failed" not in log, (seed, bookie.log_tail())
