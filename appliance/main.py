@@ -15,6 +15,7 @@ from ledgerd.base.logs import fields
 from ledgerd.base.settings import ConfigError
 from metadata.store import MetadataStore
 from metadata.zookeeper import ZooKeeperStore
+from native import faults as native_faults
 
 __all__ = ["connect_metadata", "run_autorecovery_process", "run_bookie"]
 
@@ -54,6 +55,7 @@ async def _serve(bookie: Bookie) -> int:
 
 def run_bookie(config: BookieConfig) -> int:
     """Run a bookie until SIGTERM/SIGINT; returns the exit code."""
+    native_faults.install_from_env()  # only with LEDGERD_FAULT_PLAN set (fault tests)
     return trio.run(_main, config)
 
 

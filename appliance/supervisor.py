@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import trio
 
 from ledgerd.base.logs import fields
+from ledgerd.errors import single_exception
 
 __all__ = ["Service", "Supervisor"]
 
@@ -96,9 +97,12 @@ class Supervisor:
                 await spec.fn(task_status=status)
                 log.info("service_finished", extra=fields(service=spec.name))
                 return
-            except Exception as exc:
+            except Exception as raised:
                 if not status.done:
                     raise  # failed during start-up: the caller's start raises
+                # A service's own error, not the nursery group trio wraps it in: the
+                # reason an operator reads must name the file and errno.
+                exc = single_exception(raised)
                 if spec.critical:
                     log.error("critical_service_failed", extra=fields(
                         service=spec.name, error=repr(exc)))

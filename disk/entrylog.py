@@ -36,6 +36,7 @@ from pathlib import Path
 
 import google_crc32c
 
+import native
 from disk.errors import CorruptRecordError, DiskFullError, StorageError
 
 __all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log",
@@ -122,7 +123,7 @@ class _Writer:
             log, offset, data = item
             try:
                 if self.error is None:
-                    _pwrite_all(log.fd, data, offset)
+                    native.pwrite_fd(log.fd, data, offset, log.path)
             except OSError as exc:
                 if exc.errno in _NO_SPACE:
                     with self.cond:
@@ -170,16 +171,6 @@ class _Writer:
         self.thread.join()
 
 
-def _pwrite_all(fd: int, data: bytearray, offset: int) -> None:
-    """pwrite until every byte is written (a short write is followed by the error that
-    caused it, e.g. ENOSPC, on the next call)."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
-
-
 class EntryLogger:
     def __init__(self, ledger_dirs: list[Path], *, log_size_limit: int,
                  write_buffer_size: int) -> None:
@@ -220,7 +211,8 @@ class EntryLogger:
         path = d / f"{log_id:x}.log"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            os.pwrite(fd, _header(log_id), 0)
+            native.tag_fd(fd, "entrylog")
+            native.pwrite_fd(fd, _header(log_id), 0, path)
             (d / "lastId").write_text(f"{log_id:x}\n")
         except OSError as exc:
             if exc.errno in _NO_SPACE:
@@ -369,7 +361,7 @@ class EntryLogger:
         for log, size in logs:
             self._writer.wait_written(log, size)
             try:
-                os.fdatasync(log.fd)
+                native.fdatasync_fd(log.fd, log.path)
             except OSError as exc:
                 raise StorageError(f"syncing {log.path}: {exc}") from exc
 

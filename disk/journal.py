@@ -180,6 +180,11 @@ class Journal:
         self._durable = JournalPosition(file_id, HEADER_SIZE)
 
     def _open_handle(self, path: Path) -> native.NativeFile:
+        handle = self._open_untagged(path)
+        native.tag_fd(handle.fd, "journal")
+        return handle
+
+    def _open_untagged(self, path: Path) -> native.NativeFile:
         flags = os.O_RDWR | os.O_CREAT
         if self._direct:
             try:

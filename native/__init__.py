@@ -25,8 +25,11 @@ __all__ = [
     "AlignedBuffer",
     "NativeFile",
     "alloc_aligned",
+    "fdatasync_fd",
     "logical_block_size",
     "open_file",
+    "pwrite_fd",
+    "tag_fd",
 ]
 
 SYNC_FILE_RANGE_WAIT_BEFORE: int = lib.LDN_SYNC_FILE_RANGE_WAIT_BEFORE
@@ -189,6 +192,27 @@ class NativeFile:
         rc = lib.ldn_close(fd)
         if rc < 0:
             _raise(rc, self.path, "close")
+
+
+def pwrite_fd(fd: int, data: BytesLike, offset: int, path: str | os.PathLike[str]) -> int:
+    """``NativeFile.pwrite`` for a descriptor opened elsewhere (the entry logs)."""
+    rc = lib.ldn_pwrite(fd, _cbuf(data), len(data), offset)
+    if rc < 0:
+        _raise(rc, path, f"pwrite({len(data)} bytes at {offset})")
+    return int(rc)
+
+
+def fdatasync_fd(fd: int, path: str | os.PathLike[str]) -> None:
+    rc = lib.ldn_fdatasync(fd)
+    if rc < 0:
+        _raise(rc, path, "fdatasync")
+
+
+def tag_fd(fd: int, target: str) -> None:
+    """Mark what ``fd`` holds ("journal", "entrylog") for injected faults
+    (``native.faults``); the helper's ``close`` clears it, a new tag replaces it."""
+    from native.faults import TAGS
+    lib.ldn_fd_tag(fd, TAGS[target])
 
 
 def open_file(

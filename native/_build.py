@@ -29,6 +29,15 @@ ffibuilder.cdef(
     int     ldn_block_device_logical_size(int fd);
     int     ldn_fstat_dev(int fd, unsigned int *major_out, unsigned int *minor_out, int *is_blk);
 
+    struct ldn_fault_rule { int op; int tag; long long skip; long long times; int err; int shorten; };
+    int     ldn_fd_tag(int fd, int tag);
+    int     ldn_faults_set(const struct ldn_fault_rule *rules, int count);
+    long long ldn_faults_injected(void);
+    #define LDN_FAULT_WRITE ...
+    #define LDN_FAULT_SYNC ...
+    #define LDN_FAULT_MAX_RULES ...
+    #define LDN_FAULT_MAX_FD ...
+
     #define LDN_O_DIRECT ...
     #define LDN_SYNC_FILE_RANGE_WAIT_BEFORE ...
     #define LDN_SYNC_FILE_RANGE_WRITE ...
@@ -56,6 +65,7 @@ ffibuilder.set_source(
     #include <sys/uio.h>
     #include <linux/fs.h>
     #include <linux/falloc.h>
+    #include <pthread.h>
     #include <unistd.h>
 
     #define LDN_O_DIRECT O_DIRECT
@@ -66,6 +76,72 @@ ffibuilder.set_source(
     #define LDN_IOV_MAX IOV_MAX
 
     struct ldn_iovec { void *base; size_t len; };
+
+    /* Fault injection for tests (tests/faults, bench/soak.py): rules armed from Python
+       make the next matching write fail with an errno or come back short (the loop
+       below then writes the rest, as after a real short write), or a matching
+       fdatasync fail. A rule matches an operation on a file whose tag it names (the
+       journal and entry logs tag their files; 0 in a rule means any file), after
+       skipping ``skip`` matches, for ``times`` matches. With no rules armed the check
+       is one load of a counter. */
+    #define LDN_FAULT_WRITE 1
+    #define LDN_FAULT_SYNC 2
+    #define LDN_FAULT_MAX_RULES 16
+    #define LDN_FAULT_MAX_FD 65536
+    struct ldn_fault_rule { int op; int tag; long long skip; long long times; int err; int shorten; };
+    static unsigned char ldn_tags[LDN_FAULT_MAX_FD];
+    static struct ldn_fault_rule ldn_rules[LDN_FAULT_MAX_RULES];
+    static volatile int ldn_nrules = 0;
+    static long long ldn_injected = 0;
+    static pthread_mutex_t ldn_fault_lock = PTHREAD_MUTEX_INITIALIZER;
+
+    static int ldn_fd_tag(int fd, int tag) {
+        if (fd < 0 || fd >= LDN_FAULT_MAX_FD || tag < 0 || tag > 255) return -EINVAL;
+        ldn_tags[fd] = (unsigned char)tag;
+        return 0;
+    }
+
+    static int ldn_faults_set(const struct ldn_fault_rule *rules, int count) {
+        if (count < 0 || count > LDN_FAULT_MAX_RULES) return -EINVAL;
+        pthread_mutex_lock(&ldn_fault_lock);
+        for (int i = 0; i < count; i++) ldn_rules[i] = rules[i];
+        ldn_nrules = count;
+        pthread_mutex_unlock(&ldn_fault_lock);
+        return 0;
+    }
+
+    static long long ldn_faults_injected(void) {
+        pthread_mutex_lock(&ldn_fault_lock);
+        long long n = ldn_injected;
+        pthread_mutex_unlock(&ldn_fault_lock);
+        return n;
+    }
+
+    /* 0: no fault; < 0: fail with that -errno; > 0: write only that many bytes. */
+    static long long ldn_fault_check(int op, int fd, size_t len) {
+        if (ldn_nrules == 0) return 0;
+        int tag = (fd >= 0 && fd < LDN_FAULT_MAX_FD) ? ldn_tags[fd] : 0;
+        long long out = 0;
+        pthread_mutex_lock(&ldn_fault_lock);
+        for (int i = 0; i < ldn_nrules; i++) {
+            struct ldn_fault_rule *r = &ldn_rules[i];
+            if (r->op != op || r->times <= 0 || (r->tag != 0 && r->tag != tag)) continue;
+            if (r->skip > 0) { r->skip--; continue; }
+            if (r->shorten) {
+                /* Half, in whole 4 KiB blocks (O_DIRECT files accept nothing else). */
+                size_t part = (len / 2) & ~(size_t)4095;
+                if (part == 0) continue;
+                out = (long long)part;
+            } else {
+                out = -(long long)r->err;
+            }
+            r->times--;
+            ldn_injected++;
+            break;
+        }
+        pthread_mutex_unlock(&ldn_fault_lock);
+        return out;
+    }
 
     static void *ldn_alloc_aligned(size_t size, size_t alignment) {
         void *ptr = NULL;
@@ -85,6 +161,7 @@ ffibuilder.set_source(
     }
 
     static int ldn_close(int fd) {
+        if (fd >= 0 && fd < LDN_FAULT_MAX_FD) ldn_tags[fd] = 0;
         return close(fd) < 0 ? -errno : 0;
     }
 
@@ -92,7 +169,11 @@ ffibuilder.set_source(
     static long long ldn_pwrite(int fd, const void *buf, size_t len, long long offset) {
         size_t done = 0;
         while (done < len) {
-            ssize_t n = pwrite(fd, (const char *)buf + done, len - done, (off_t)(offset + done));
+            size_t want = len - done;
+            long long fault = ldn_fault_check(LDN_FAULT_WRITE, fd, want);
+            if (fault < 0) return fault;
+            if (fault > 0) want = (size_t)fault;
+            ssize_t n = pwrite(fd, (const char *)buf + done, want, (off_t)(offset + done));
             if (n < 0) {
                 if (errno == EINTR) continue;
                 return -errno;
@@ -114,6 +195,8 @@ ffibuilder.set_source(
         }
         long long done = 0;
         int first = 0;
+        long long fault = ldn_fault_check(LDN_FAULT_WRITE, fd, (size_t)total);
+        if (fault < 0) return fault;
         while (done < total) {
             ssize_t n = pwritev(fd, local + first, count - first, (off_t)(offset + done));
             if (n < 0) {
@@ -151,6 +234,8 @@ ffibuilder.set_source(
     }
 
     static int ldn_fdatasync(int fd) {
+        long long fault = ldn_fault_check(LDN_FAULT_SYNC, fd, 0);
+        if (fault < 0) return (int)fault;
         int rc;
         do { rc = fdatasync(fd); } while (rc < 0 && errno == EINTR);
         return rc < 0 ? -errno : 0;

@@ -1,0 +1,129 @@
+"""Storage faults injected under the native helper, for the fault harness.
+
+The C side (``native/_build.py``) checks armed rules before every ``pwrite``/``pwritev``
+and ``fdatasync`` it makes: a matching write fails with an errno or comes back short
+(the helper's own loop then writes the rest, as after a real short write), a matching
+fdatasync fails. Files are tagged by what they hold, so a rule can aim at the journal
+or at the entry logs. With no rule armed the check costs one load.
+
+A bookie arms rules only when started with ``LEDGERD_FAULT_PLAN=<file>`` in its
+environment (tests and ``bench/soak.py`` do this; nothing else should): on SIGUSR2 it
+reads the JSON list of rules in that file, arms them, and writes ``<file>.applied``
+with the plan's ``generation`` so the harness knows the rules are live.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from ledgerd.base.logs import fields
+from native._native import ffi, lib
+
+__all__ = ["ENV_VAR", "TAGS", "FaultRule", "arm", "disarm", "injected", "install_from_env"]
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "LEDGERD_FAULT_PLAN"
+TAGS = {"any": 0, "journal": 1, "entrylog": 2}
+_OPS = {"write": lib.LDN_FAULT_WRITE, "fsync": lib.LDN_FAULT_SYNC}
+
+Target = Literal["any", "journal", "entrylog"]
+Op = Literal["write", "fsync"]
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRule:
+    """Fail (or, for writes, shorten) the matching operations ``skip + 1`` to
+    ``skip + times`` on files holding ``target``."""
+
+    op: Op
+    target: Target = "any"
+    error: str | None = "EIO"   # an errno name; None with short=True
+    short: bool = False
+    skip: int = 0
+    times: int = 1
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"fault op must be one of {sorted(_OPS)}, got {self.op!r}")
+        if self.target not in TAGS:
+            raise ValueError(f"fault target must be one of {sorted(TAGS)}, got {self.target!r}")
+        if self.short and self.op != "write":
+            raise ValueError("only a write can come back short")
+        if not self.short and (self.error is None or not hasattr(errno, self.error)):
+            raise ValueError(f"fault error must be an errno name, got {self.error!r}")
+        if self.skip < 0 or self.times < 1:
+            raise ValueError(f"skip must be >= 0 and times >= 1, got {self.skip}, {self.times}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "target": self.target, "error": self.error, "short": self.short,
+                "skip": self.skip, "times": self.times}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> FaultRule:
+        return cls(op=raw["op"], target=raw.get("target", "any"), error=raw.get("error"),
+                   short=bool(raw.get("short", False)), skip=int(raw.get("skip", 0)),
+                   times=int(raw.get("times", 1)))
+
+
+def arm(rules: list[FaultRule]) -> None:
+    """Replace the armed rules with ``rules`` (an empty list disarms)."""
+    if len(rules) > lib.LDN_FAULT_MAX_RULES:
+        raise ValueError(f"at most {lib.LDN_FAULT_MAX_RULES} fault rules, got {len(rules)}")
+    table = ffi.new("struct ldn_fault_rule[]", max(1, len(rules)))
+    for i, rule in enumerate(rules):
+        table[i].op = _OPS[rule.op]
+        table[i].tag = TAGS[rule.target]
+        table[i].skip = rule.skip
+        table[i].times = rule.times
+        table[i].err = 0 if rule.short else getattr(errno, rule.error or "EIO")
+        table[i].shorten = 1 if rule.short else 0
+    rc = lib.ldn_faults_set(table, len(rules))
+    if rc < 0:
+        raise OSError(-rc, "arming fault rules failed")
+
+
+def disarm() -> None:
+    arm([])
+
+
+def injected() -> int:
+    """How many faults the helper has injected in this process."""
+    return int(lib.ldn_faults_injected())
+
+
+def _load_plan(path: Path) -> tuple[int, list[FaultRule]]:
+    raw = json.loads(path.read_text())
+    return int(raw["generation"]), [FaultRule.from_json(r) for r in raw["rules"]]
+
+
+def install_from_env() -> bool:
+    """If ``LEDGERD_FAULT_PLAN`` is set: arm its rules on SIGUSR2 (main thread only)."""
+    plan = os.environ.get(ENV_VAR)
+    if not plan:
+        return False
+    path = Path(plan)
+
+    def reload(signum: int, frame: FrameType | None) -> None:
+        try:
+            generation, rules = _load_plan(path)
+            arm(rules)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("fault_plan_unreadable", extra=fields(path=str(path), error=str(exc)))
+            return
+        log.warning("fault_plan_armed", extra=fields(generation=generation, rules=len(rules)))
+        tmp = path.with_name(path.name + ".applied.tmp")
+        tmp.write_text(str(generation))
+        tmp.replace(path.with_name(path.name + ".applied"))
+
+    signal.signal(signal.SIGUSR2, reload)
+    log.warning("fault_injection_enabled", extra=fields(plan=str(path)))
+    return True

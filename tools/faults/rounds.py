@@ -1,0 +1,137 @@
+"""Fault rounds: a workload under one injected fault, then heal, recover, read, check.
+
+A round: writers, tail readers, a recoverer and a log writer and reader run for
+``warmup_s``; one fault (``nemesis.KINDS``) is injected and held for ``hold_s``; it is
+undone and the workload goes on for ``settle_s``; the workload stops (adds still in
+flight end as they end); the cluster is healed (links, processes, storage); then a
+fresh client opens every ledger the round created with recovery and reads it whole,
+recording the final end and every entry; the checker judges the round's history.
+
+Seeded: ``RoundPlan(seed)`` decides every fault's kind order and aim and the workload's
+choices, so a failing seed replays the same faults (process timing still varies).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from ledgerd.client import Client
+from ledgerd.errors import NoSuchLedgerError
+from tools.faults import nemesis
+from tools.faults.cluster import FaultCluster
+from tools.faults.history import History, Violation, check, report
+from tools.faults.workload import PASSWORD, Workload
+
+__all__ = ["RoundResult", "run_round"]
+
+
+@dataclass
+class RoundResult:
+    kind: str
+    seed: int
+    history: History
+    violations: list[Violation]
+    unreadable: list[str] = field(default_factory=list)
+    ledgers: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.unreadable
+
+    @property
+    def operations(self) -> int:
+        return sum(1 for e in self.history.events if e.kind in ("ok", "fail"))
+
+    def summary(self) -> str:
+        h = self.history
+        return (f"{self.kind}: seed {self.seed}, {self.ledgers} ledgers, "
+                f"{h.count('ok', 'add')} adds acked / {h.count('fail', 'add')} failed, "
+                f"{h.count('ok', 'read')} reads, {h.count('ok', 'recover')} recoveries, "
+                f"{len(self.violations)} violations"
+                + (f", unreadable: {self.unreadable}" if self.unreadable else ""))
+
+    def explain(self) -> str:
+        text = report(self.history, self.violations)
+        if self.unreadable:
+            text += "\nunreadable at the end: " + "; ".join(self.unreadable)
+        return text
+
+
+async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: float = 1.5,
+                    hold_s: float = 3.0, settle_s: float = 1.5, dump: Path | None = None
+                    ) -> RoundResult:
+    rng = random.Random(seed)
+    history = History()
+    t0 = trio.current_time()
+
+    def now() -> float:
+        return trio.current_time() - t0
+
+    work = Workload(history, now, random.Random(rng.random()), log_name=f"faults-{seed}")
+    async with cluster.client("writer") as writer, cluster.client("reader") as reader:
+        async with trio.open_nursery() as nursery:
+            for w in range(3):
+                nursery.start_soon(work.writer, f"w{w}", writer)
+            nursery.start_soon(work.tail_reader, "r0", reader)
+            nursery.start_soon(work.tail_reader, "r1", reader)
+            nursery.start_soon(work.recoverer, "rec", reader)
+            nursery.start_soon(work.log_writer, "lw", writer)
+            nursery.start_soon(work.log_reader, "lr", reader)
+            await trio.sleep(warmup_s)
+            await nemesis.inject(kind, cluster, rng, history, now, hold_s)
+            await trio.sleep(settle_s)
+            work.stop.set()
+            # Adds in flight end by themselves (timeouts bound them); then stop the rest.
+            with trio.move_on_after(30):
+                while work.active:
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    await cluster.heal()
+    result = RoundResult(kind, seed, history, [])
+    async with cluster.client("checker") as checker:
+        try:
+            for lid in await checker.log_ledgers(work.log_name):
+                work.ledgers.add(lid)
+        except Exception as exc:
+            result.unreadable.append(f"log {work.log_name}: {exc!r}")
+        for lid in sorted(work.ledgers):
+            problem = await _final_read(checker, lid, history, now)
+            if problem:
+                result.unreadable.append(problem)
+    result.ledgers = len(work.ledgers)
+    result.violations = check(history)
+    if dump is not None and not result.ok:
+        history.dump(dump)
+    return result
+
+
+async def _final_read(client: Client, lid: int, history: History,
+                      clock: Callable[[], float]) -> str | None:
+    """Recover and read ``lid`` whole into the history; a problem as text, or None."""
+    last_error: Exception | None = None
+    for _ in range(3):
+        try:
+            rh = await client.open_ledger(lid, PASSWORD, recovery=True)
+            entries = []
+            if rh.last_add_confirmed >= 0:
+                entries = [e async for e in rh.read(0, rh.last_add_confirmed)]
+        except NoSuchLedgerError:
+            acked = [e for e in history.events if e.ledger == lid and e.op == "add"
+                     and e.kind == "ok"]
+            return f"L{lid} deleted with {len(acked)} acked adds" if acked else None
+        except Exception as exc:
+            last_error = exc
+            await trio.sleep(1.0)
+            continue
+        history.record(clock(), "final", "ok", "final", ledger=lid,
+                       entry=rh.last_add_confirmed)
+        for e in entries:
+            history.record(clock(), "final", "ok", "final", ledger=lid,
+                           entry=e.entry_id, value=bytes(e.payload))
+        return None
+    return f"L{lid}: {last_error!r}"
