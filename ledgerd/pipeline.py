@@ -123,7 +123,7 @@ class AddPipeline:
                     entries.pop(eid, None)
                 self.on_completed(eff.entry_ids, eff.lac)
             elif type(eff) is ChangeEnsemble:
-                self.nursery.start_soon(self._change, eff)
+                self._start_change(eff)
             elif type(eff) is Failed:
                 if out:
                     self._flush()
@@ -166,7 +166,7 @@ class AddPipeline:
         if error is None and status == Status.OK:
             for eid in range(first, first + count):
                 effects += w.on_ack(eid, bookie, now)
-        elif error is None and status == Status.TOO_MANY_REQUESTS:
+        elif error is None and status == Status.TOO_MANY_REQUESTS and not self.pool.closed:
             self.nursery.start_soon(self._retry_busy, bookie, req)
             return
         else:
@@ -189,6 +189,20 @@ class AddPipeline:
                 eid in self.writer.pending for eid in range(first, first + len(req.entries))):
             self.pool.send(bookie, req, partial(self._on_reply, bookie, first,
                                                 len(req.entries), req))
+
+    def _start_change(self, eff: ChangeEnsemble) -> None:
+        """Start an ensemble change, unless the client is closing: closing fails every
+        connection, and the failures must end the handle, not start changes in a nursery
+        that is shutting down (the fault harness found "Nursery is closed to new
+        arrivals" raised out of the client's exit)."""
+        if not self.pool.closed:
+            try:
+                self.nursery.start_soon(self._change, eff)
+                return
+            except RuntimeError:  # the client's nursery is already closed
+                pass
+        self.apply(self.writer.ensemble_change_failed(FailureKind.UNAVAILABLE,
+                                                      "the client is closed"))
 
     async def _change(self, eff: ChangeEnsemble) -> None:
         w = self.writer

@@ -24,7 +24,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from ledgerd.base.logs import fields
 from native._native import ffi, lib
 
 __all__ = ["ENV_VAR", "TAGS", "FaultRule", "arm", "disarm", "injected", "install_from_env"]
@@ -117,13 +116,13 @@ def install_from_env() -> bool:
             generation, rules = _load_plan(path)
             arm(rules)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.error("fault_plan_unreadable", extra=fields(path=str(path), error=str(exc)))
+            log.error("fault_plan_unreadable path=%s error=%s", path, exc)
             return
-        log.warning("fault_plan_armed", extra=fields(generation=generation, rules=len(rules)))
+        log.warning("fault_plan_armed generation=%d rules=%d", generation, len(rules))
         tmp = path.with_name(path.name + ".applied.tmp")
         tmp.write_text(str(generation))
         tmp.replace(path.with_name(path.name + ".applied"))
 
     signal.signal(signal.SIGUSR2, reload)
-    log.warning("fault_injection_enabled", extra=fields(plan=str(path)))
+    log.warning("fault_injection_enabled plan=%s", path)
     return True

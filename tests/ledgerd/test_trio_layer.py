@@ -179,3 +179,25 @@ async def test_an_append_larger_than_a_frame_fails_alone(
         await lh.close()
         rh = await client.open_ledger(lh.ledger_id)
         assert [len(e.payload) async for e in rh.read()] == [6, 5, 60 * 1024]
+
+
+async def test_leaving_the_client_with_adds_in_flight_fails_them_and_raises_nothing(
+        tmp_path: Path) -> None:
+    # Closing the client fails every connection; each failure asks for an ensemble
+    # change, which must not be started in the closing client's nursery (the fault
+    # harness saw "Nursery is closed to new arrivals" raised out of the client's exit).
+    pending = []
+    async with memory_cluster(tmp_path, 4) as cluster:
+        async with ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                       **client_settings()) as client:
+            lh = await client.create_ledger(3, 2, 2)
+            await lh.append(b"first")
+            for b in lh.ensemble:
+                cluster[b].gate.freeze()   # no replies: the adds stay in flight
+            pending = [await lh.submit(b"late %d" % i) for i in range(10)]
+        for p in pending:
+            assert p.done
+            with pytest.raises(ledgerd.LedgerdError, match=r"closed"):
+                await p.wait()
+        for b in cluster.bookies:
+            cluster[b].gate.thaw()

@@ -1,6 +1,6 @@
 """Fault rounds: a workload under one injected fault, then heal, recover, read, check.
 
-A round: writers, tail readers, a recoverer and a log writer and reader run for
+A round: writers, tail readers, two recoverers and a log writer and reader run for
 ``warmup_s``; one fault (``nemesis.KINDS``) is injected and held for ``hold_s``; it is
 undone and the workload goes on for ``settle_s``; the workload stops (adds still in
 flight end as they end); the cluster is healed (links, processes, storage); then a
@@ -80,6 +80,7 @@ async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: fl
             nursery.start_soon(work.tail_reader, "r0", reader)
             nursery.start_soon(work.tail_reader, "r1", reader)
             nursery.start_soon(work.recoverer, "rec", reader)
+            nursery.start_soon(work.recoverer, "rec2", writer)   # recoverers race
             nursery.start_soon(work.log_writer, "lw", writer)
             nursery.start_soon(work.log_reader, "lr", reader)
             await trio.sleep(warmup_s)
