@@ -195,7 +195,7 @@ async def test_fuzzing_clients_do_not_disturb_an_honest_one(bookie_factory: Fact
         async with open_bookie_client(bookie.address) as honest:
             before = rss_bytes(bookie.pid)
             async with trio.open_nursery() as nursery:
-                idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(500)]
+                idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2000)]
                 for i in range(300):
                     nursery.start_soon(_hostile, port, random.Random(rnd.random()),
                                        kinds[i % len(kinds)])
