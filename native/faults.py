@@ -9,7 +9,8 @@ or at the entry logs. With no rule armed the check costs one load.
 A bookie arms rules only when started with ``LEDGERD_FAULT_PLAN=<file>`` in its
 environment (tests and ``bench/soak.py`` do this; nothing else should): on SIGUSR2 it
 reads the JSON list of rules in that file, arms them, and writes ``<file>.applied``
-with the plan's ``generation`` so the harness knows the rules are live.
+(a FIFO the harness reads, or a file) with the plan's ``generation`` so the harness
+knows the rules are live.
 """
 
 from __future__ import annotations
@@ -119,9 +120,18 @@ def install_from_env() -> bool:
             log.error("fault_plan_unreadable path=%s error=%s", path, exc)
             return
         log.warning("fault_plan_armed generation=%d rules=%d", generation, len(rules))
-        tmp = path.with_name(path.name + ".applied.tmp")
-        tmp.write_text(str(generation))
-        tmp.replace(path.with_name(path.name + ".applied"))
+        ack = path.with_name(path.name + ".applied")
+        try:
+            # The harness waits on a FIFO (without a reader: ENXIO, nobody waits).
+            fd = os.open(ack, os.O_WRONLY | os.O_NONBLOCK | os.O_CREAT, 0o600)
+        except OSError:
+            return
+        try:
+            os.write(fd, f"{generation}\n".encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     signal.signal(signal.SIGUSR2, reload)
     log.warning("fault_injection_enabled plan=%s", path)

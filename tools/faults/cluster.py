@@ -42,24 +42,34 @@ def fault_env(bookie: BookieProcess) -> dict[str, str]:
 
 
 async def arm_bookie(bookie: BookieProcess, rules: list[FaultRule], generation: int) -> None:
-    """Write the plan, signal the bookie (started with ``fault_env``), wait until it has
-    armed the rules (or exited)."""
+    """Write the plan, signal the bookie (started with ``fault_env``), and wait, on a
+    FIFO the bookie writes the plan's generation into, until it has armed the rules."""
     plan = bookie.base / "faultplan.json"
     applied = bookie.base / "faultplan.json.applied"
+    if not applied.is_fifo():
+        applied.unlink(missing_ok=True)
+        os.mkfifo(applied)
     tmp = plan.with_suffix(".tmp")
     tmp.write_text(json.dumps({"generation": generation,
                                "rules": [r.to_json() for r in rules]}))
     tmp.replace(plan)
     assert bookie.pid is not None, f"{bookie.name} is not running"
-    os.kill(bookie.pid, signal.SIGUSR2)
-    with trio.fail_after(30):
-        while bookie.running:
-            try:
-                if int(applied.read_text() or "0") >= generation:
-                    return
-            except (OSError, ValueError):
-                pass
-            await trio.sleep(0.05)
+    fd = os.open(applied, os.O_RDONLY | os.O_NONBLOCK)  # before the signal: no ack lost
+    try:
+        os.kill(bookie.pid, signal.SIGUSR2)
+        with trio.fail_after(30):
+            while True:
+                await trio.lowlevel.wait_readable(fd)
+                data = os.read(fd, 256)
+                if data:
+                    if max(int(x) for x in data.split()) >= generation:
+                        return
+                    continue
+                # A writer came and went (an older ack): wait for the next one.
+                os.close(fd)
+                fd = os.open(applied, os.O_RDONLY | os.O_NONBLOCK)
+    finally:
+        os.close(fd)
 
 
 class FaultCluster:

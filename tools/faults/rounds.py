@@ -14,7 +14,7 @@ choices, so a failing seed replays the same faults (process timing still varies)
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,8 +75,7 @@ async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: fl
     work = Workload(history, now, random.Random(rng.random()), log_name=f"faults-{seed}")
     async with cluster.client("writer") as writer, cluster.client("reader") as reader:
         async with trio.open_nursery() as nursery:
-            for w in range(3):
-                nursery.start_soon(work.writer, f"w{w}", writer)
+            writers = await nursery.start(_writers, work, writer)
             nursery.start_soon(work.tail_reader, "r0", reader)
             nursery.start_soon(work.tail_reader, "r1", reader)
             nursery.start_soon(work.recoverer, "rec", reader)
@@ -87,10 +86,10 @@ async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: fl
             await nemesis.inject(kind, cluster, rng, history, now, hold_s)
             await trio.sleep(settle_s)
             work.stop.set()
-            # Adds in flight end by themselves (timeouts bound them); then stop the rest.
+            # Adds in flight end by themselves (timeouts bound them): the writers return
+            # once theirs have; then the rest stop.
             with trio.move_on_after(30):
-                while work.active:
-                    await trio.sleep(0.1)
+                await writers.wait()
             nursery.cancel_scope.cancel()
     await cluster.heal()
     result = RoundResult(kind, seed, history, [])
@@ -101,7 +100,7 @@ async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: fl
         except Exception as exc:
             result.unreadable.append(f"log {work.log_name}: {exc!r}")
         for lid in sorted(work.ledgers):
-            problem = await _final_read(checker, lid, history, now)
+            problem = await _final_read(checker, lid, history, now, cluster.wait_writable)
             if problem:
                 result.unreadable.append(problem)
     result.ledgers = len(work.ledgers)
@@ -111,9 +110,23 @@ async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: fl
     return result
 
 
-async def _final_read(client: Client, lid: int, history: History,
-                      clock: Callable[[], float]) -> str | None:
-    """Recover and read ``lid`` whole into the history; a problem as text, or None."""
+async def _writers(work: Workload, client: Client, *,
+                   task_status: trio.TaskStatus[trio.Event] = trio.TASK_STATUS_IGNORED) -> None:
+    """Three writers; the event is set once all of them have returned."""
+    done = trio.Event()
+    task_status.started(done)
+    try:
+        async with trio.open_nursery() as nursery:
+            for w in range(3):
+                nursery.start_soon(work.writer, f"w{w}", client)
+    finally:
+        done.set()
+
+
+async def _final_read(client: Client, lid: int, history: History, clock: Callable[[], float],
+                      ready: Callable[[], Awaitable[None]]) -> str | None:
+    """Recover and read ``lid`` whole into the history; a problem as text, or None.
+    After a failure, retried once ``ready`` says every bookie is writable again."""
     last_error: Exception | None = None
     for _ in range(3):
         try:
@@ -127,7 +140,7 @@ async def _final_read(client: Client, lid: int, history: History,
             return f"L{lid} deleted with {len(acked)} acked adds" if acked else None
         except Exception as exc:
             last_error = exc
-            await trio.sleep(1.0)
+            await ready()
             continue
         history.record(clock(), "final", "ok", "final", ledger=lid,
                        entry=rh.last_add_confirmed)

@@ -38,6 +38,12 @@ class Workload:
     active: list[int] = field(default_factory=list)   # ledgers being written
     ledgers: set[int] = field(default_factory=set)    # every ledger created
     log_name: str = ""
+    started: trio.Event = field(default_factory=trio.Event)  # set when a ledger is added
+
+    def _activate(self, lid: int) -> None:
+        self.active.append(lid)
+        self.started.set()
+        self.started = trio.Event()
 
     def _rec(self, process: str, kind: str, op: str, **kw: object) -> None:
         self.history.record(self.now(), process, kind, op, **kw)  # type: ignore[arg-type]
@@ -55,7 +61,7 @@ class Workload:
                 continue
             lid = lh.ledger_id
             self.ledgers.add(lid)
-            self.active.append(lid)
+            self._activate(lid)
             self._rec(name, "ok", "create", ledger=lid)
             limit = trio.Semaphore(inflight)
             failed = trio.Event()
@@ -101,7 +107,7 @@ class Workload:
     async def tail_reader(self, name: str, client: Client) -> None:
         while not self.stop.is_set():
             if not self.active:
-                await trio.sleep(0.1)
+                await self.started.wait()   # cancelled at the round's end
                 continue
             lid = self.rng.choice(self.active)
             try:
