@@ -27,7 +27,7 @@ from metadata.zookeeper import ZooKeeperStore
 from tools.bookieprocess import BookieProcess
 from tools.zkserver import ZooKeeperServer
 
-__all__ = ["BookieDied", "fresh_chroot", "metadata_store", "start_bookies", "wait_auditor",
+__all__ = ["BookieDied", "admin_get", "fresh_chroot", "metadata_store", "start_bookies", "wait_auditor",
            "wait_registered", "wait_unreferenced"]
 
 # A bound for waits that end on an event; reaching it means the test failed.
@@ -150,3 +150,15 @@ async def wait_unreferenced(store: MetadataStore, bookie: str,
                 async for _ in events:
                     if await store.exists(record) is None:
                         break
+
+
+async def admin_get(port: int, path: str) -> tuple[int, str]:
+    """GET ``path`` from a bookie's admin HTTP port: (status, body)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body.decode()

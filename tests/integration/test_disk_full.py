@@ -13,7 +13,7 @@ import trio
 
 from ledgerd.bookie_client import open_bookie_client
 from tests.appliance.harness import KEY, entry
-from tests.cluster import metadata_store, wait_registered
+from tests.cluster import admin_get, metadata_store, wait_registered
 from tools.bookieprocess import BookieProcess
 from wire.messages import AddRequest, GetBookieInfoRequest, ReadRequest
 from wire.status import Status
@@ -143,11 +143,4 @@ async def test_enospc_from_a_ledger_directory_goes_read_only_and_back(
 
 
 async def _health(port: int) -> tuple[int, str]:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = b""
-        while chunk := await stream.receive_some(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ")[1]), body.decode()
+    return await admin_get(port, "/health")

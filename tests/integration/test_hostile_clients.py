@@ -12,7 +12,7 @@ import trio
 
 from ledgerd.bookie_client import open_bookie_client
 from tests.appliance.harness import KEY, D
-from tests.cluster import metadata_store, wait_registered
+from tests.cluster import admin_get, metadata_store, wait_registered
 from tools.bookieprocess import BookieProcess
 from wire.entry import encode_entry
 from wire.frames import encode_request
@@ -112,14 +112,9 @@ async def test_connection_limit_and_idle_timeout(bookie_factory: Factory,
 
 
 async def _metrics(port: int) -> dict[str, float]:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        data = b""
-        while chunk := await stream.receive_some(65536):
-            data += chunk
+    _, body = await admin_get(port, "/metrics")
     out = {}
-    for line in data.partition(b"\r\n\r\n")[2].decode().splitlines():
+    for line in body.splitlines():
         if line and not line.startswith("#") and "{" not in line:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
