@@ -257,6 +257,22 @@ class BookieCore:
             return not (req.flags & _FENCE or req.term)
         return False
 
+    def is_settled_recovery_read(self, req: Message, ledger: LedgerState | None,
+                                 durably_fenced: bool) -> bool:
+        """True for a fencing read that changes nothing here: the ledger is fenced
+        durably, the key is accepted and binds nothing, the term is not new. It is
+        answered at once, like a plain read (recovery sends one per entry it reads)."""
+        if type(req) is ReadRequest:
+            if req.timeout_ms > 0:
+                return False
+        elif type(req) is not ReadRangeRequest:
+            return False
+        if not durably_fenced or not req.flags & _FENCE:
+            return False
+        decision = self.on_recovery_read(req, ledger)
+        return (isinstance(decision, Accept) and not decision.bind_key
+                and not decision.new_term)
+
     @staticmethod
     def entry_to_read(entry_id: int, last_entry_id: int) -> int:
         """Entry -1 is the last entry stored here."""

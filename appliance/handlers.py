@@ -169,7 +169,11 @@ class RequestHandler:
     def read_now(self, req: Message) -> Reply | None:
         """Answer a plain read at once, or None if it needs ``handle`` (it waits)."""
         if not self.core.is_immediate(req):
-            return None
+            lid = getattr(req, "ledger_id", -1)
+            storage = self.storage
+            if not self.core.is_settled_recovery_read(req, storage.ledger(lid),
+                                                      storage.is_durably_fenced(lid)):
+                return None
         if type(req) is ReadRequest:
             return self._read_entry(req.ledger_id, req.entry_id)
         return self._read_range_now(req)  # type: ignore[arg-type]

@@ -90,6 +90,7 @@ class LedgerStorage:
         self.closed = False
         self._run_scope: trio.CancelScope | None = None
         self._log_metas: dict[int, EntryLogMeta] = {}
+        self._fencing: dict[int, JournalGroup] = {}  # fences being journaled, by ledger
         # A ledger directory out of space (the last checkpoint's error), and whom to tell.
         self.disk_full: DiskFullError | None = None
         self.on_disk_full: Callable[[DiskFullError], None] | None = None
@@ -341,12 +342,35 @@ class LedgerStorage:
                     new_term: int = 0) -> None:
         """Set the fence bit (binding ``bind_key`` and adopting ``new_term`` first, if
         given); returns once the records are durable. If cancelled, the fence is set in
-        memory and may or may not be durable; a fence is idempotent, so fence again."""
+        memory and may or may not be durable; a fence is idempotent, so fence again.
+
+        A ledger already fenced durably journals nothing (BookKeeper answers a second
+        fence from memory): recovery's reads all fence, and each one waiting a journal
+        group cycle made recovery cost a group commit per entry. A fence still being
+        journaled is waited for, so no caller returns before the fence is durable.
+        """
         idx, records = self._state_records(ledger_id, bind_key, new_term)
-        idx.fenced = True
-        idx.header_dirty = True
-        records.append((RecordType.FENCE, ledger_body(ledger_id)))
-        await self.journal.append(records)
+        if idx.fenced and not records:
+            pending = self._fencing.get(ledger_id)
+            if pending is not None:
+                await pending.wait()
+            return
+        if not (idx.fenced and ledger_id not in self._fencing):
+            idx.fenced = True
+            idx.header_dirty = True
+            records.append((RecordType.FENCE, ledger_body(ledger_id)))
+        group = self.journal.submit(records)
+        self._fencing[ledger_id] = group
+        try:
+            await group.wait()
+        finally:
+            if self._fencing.get(ledger_id) is group:
+                del self._fencing[ledger_id]
+
+    def is_durably_fenced(self, ledger_id: int) -> bool:
+        """True when the ledger's fence bit is set and durable (no fence journaling)."""
+        idx = self.cache.ledgers.get(ledger_id)
+        return idx is not None and idx.fenced and ledger_id not in self._fencing
 
     async def set_explicit_lac(self, ledger_id: int, lac_body: bytes, lac: int = -1) -> None:
         """Store a writer's explicit LAC (the body is returned to ReadLac as is); ``lac``

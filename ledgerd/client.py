@@ -173,7 +173,8 @@ class Client:
                 self.ledgers, self.pool, ledger_id, key, digester,
                 read_timeout=cfg.read_timeout_ms / 1000,
                 add_timeout=cfg.add_entry_timeout_ms / 1000,
-                writable=self.writable_bookies, rng=self.rng)
+                writable=self.writable_bookies, rng=self.rng,
+                read_window=cfg.recovery_read_window)
         return ReadHandle(self, ledger_id, md, version, self._view(ledger_id, md, digester))
 
     async def delete_ledger(self, ledger_id: int) -> None:

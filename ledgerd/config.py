@@ -68,6 +68,10 @@ class ClientConfig(ZooKeeperSettings):
     max_inflight_per_bookie: int = setting(
         10000, bk="(ledgerd)", minimum=1,
         doc="Requests in flight on one bookie connection before sends wait.")
+    recovery_read_window: int = setting(
+        128, bk="recoveryReadBatchSize", minimum=1, maximum=65536,
+        doc="Entries whose recovery reads are in flight at once while a recovery reads "
+            "forward (1 = one entry per round trip).")
     reorder_read_sequence_enabled: bool = setting(
         True, bk="reorderReadSequenceEnabled",
         doc="Read first from the replicas that have failed least recently.")

@@ -90,6 +90,22 @@ class AddPipeline:
         self.apply(effects)
         return eid
 
+    def append_encoded(self, entries: list[bytes], now: float) -> int:
+        """Add entries already encoded (recovery's rewrites, byte for byte) in one pass,
+        so consecutive ones share AddRequests; returns the first one's id."""
+        w = self.writer
+        first = -1
+        effects: list[Effect] = []
+        stored = self.entries
+        for data in entries:
+            eid, more = w.append(0, now)
+            if first < 0:
+                first = eid
+            stored[eid] = data
+            effects += more
+        self.apply(effects)
+        return first
+
     def next_deadline(self) -> float | None:
         """The writer's next timeout (None: nothing waits for an answer)."""
         return self.writer.next_deadline()

@@ -49,14 +49,31 @@ log = logging.getLogger(__name__)
 
 
 class _PipelineRewriter:
-    """Rewrites through an AddPipeline: batched runs, BUSY retries, the pool."""
+    """Rewrites through an AddPipeline: batched runs, BUSY retries, the pool.
 
-    def __init__(self, pipeline: AddPipeline) -> None:
+    Recovered entries arrive one reply at a time; they wait here until the run's timer
+    task flushes them (it runs once the connection reader has handled the whole
+    received chunk), so a chunk's entries share AddRequests instead of one each.
+    """
+
+    def __init__(self, pipeline: AddPipeline, wake: Callable[[], None]) -> None:
         self.pipeline = pipeline
+        self.wake = wake
+        self.pending: list[bytes] = []
+        self.next_id = -1
 
     def append(self, entry_id: int, entry: bytes, now: float) -> None:
-        eid = self.pipeline.append(0, lambda *_a: entry, now)
-        assert eid == entry_id, (eid, entry_id)
+        if not self.pending:
+            self.next_id = entry_id
+            self.wake()
+        assert entry_id == self.next_id + len(self.pending), (entry_id, self.next_id)
+        self.pending.append(entry)
+
+    def flush(self, now: float) -> None:
+        if self.pending:
+            entries, self.pending = self.pending, []
+            first = self.pipeline.append_encoded(entries, now)
+            assert first == self.next_id, (first, self.next_id)
 
     def next_deadline(self) -> float | None:
         return self.pipeline.next_deadline()
@@ -72,7 +89,7 @@ class _Run:
     def __init__(self, pool: BookiePool, nursery: trio.Nursery, ledger_id: int,
                  md: LedgerMetadata, key: bytes, digester: Digester, *, read_timeout: float,
                  add_timeout: float, writable: Callable[[], Awaitable[set[str]]],
-                 rng: random.Random) -> None:
+                 rng: random.Random, read_window: int = 64) -> None:
         self.pool = pool
         self.nursery = nursery
         self.ledger_id = ledger_id
@@ -81,10 +98,11 @@ class _Run:
         self.rng = rng
         self.run = RecoveryRun(md, ledger_id, key, digester, read_timeout=read_timeout,
                                add_timeout=add_timeout, send_read=self._send_read,
-                               make_rewriter=self._make_rewriter)
+                               make_rewriter=self._make_rewriter, read_window=read_window)
         # The timer task's sleep; replies and rewrite changes wake it from idleness.
         self._sleep = DeadlineSleep()
         self.done = trio.Event()
+        self.rewriter: _PipelineRewriter | None = None
 
     def _after_input(self) -> None:
         if self.run.is_over:
@@ -104,8 +122,9 @@ class _Run:
         elif status == Status.OK and not isinstance(response, ReadResponse):
             status = Status.IO_ERROR
         entry = response.entry if isinstance(response, ReadResponse) else b""
+        wanted = self.run.machine.wants(entry_id, index)
         if self.run.on_read_reply(entry_id, index, status, entry,
-                                  trio.current_time()) is None and status == Status.OK:
+                                  trio.current_time()) is None and status == Status.OK and wanted:
             log.warning("recovery_read_bad_entry", extra=fields(
                 ledger=self.ledger_id, entry=entry_id, bookie=bookie))
         self._after_input()
@@ -118,7 +137,8 @@ class _Run:
             flags=AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY, replace=self._replace,
             on_completed=self._rewritten, on_failed=self._rewrite_failed,
             on_timer_changed=self._sleep.wake)
-        return _PipelineRewriter(pipeline)
+        self.rewriter = _PipelineRewriter(pipeline, self._sleep.interrupt)
+        return self.rewriter
 
     def _rewritten(self, entry_ids: tuple[int, ...], _lac: int) -> None:
         self.run.on_rewritten(entry_ids, trio.current_time())
@@ -139,8 +159,11 @@ class _Run:
     # -- time --------------------------------------------------------------------------
 
     async def timers(self) -> None:
-        """Read and rewrite timeouts: sleep until the run's next deadline."""
+        """Rewrites waiting to be sent, then read and rewrite timeouts: sleep until the
+        run's next deadline or until rewrites wait."""
         while not self.done.is_set():
+            if self.rewriter is not None:
+                self.rewriter.flush(trio.current_time())
             if not await self._sleep.until(self.run.next_deadline()):
                 continue
             self.run.on_timer(trio.current_time())
@@ -150,7 +173,8 @@ class _Run:
 async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, key: bytes,
                          digester: Digester, *, read_timeout: float, add_timeout: float,
                          writable: Callable[[], Awaitable[set[str]]],
-                         rng: random.Random) -> tuple[LedgerMetadata, int]:
+                         rng: random.Random, read_window: int = 64,
+                         ) -> tuple[LedgerMetadata, int]:
     """Fence, find the end, rewrite, close; returns the CLOSED metadata and its version.
 
     Raises BadPasswordError (a bookie refused the key) or LedgerRecoveryError (with the
@@ -164,7 +188,8 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
                                               ensemble=",".join(md.last_ensemble[1])))
     async with trio.open_nursery() as nursery:
         run = _Run(pool, nursery, ledger_id, md, key, digester, read_timeout=read_timeout,
-                   add_timeout=add_timeout, writable=writable, rng=rng)
+                   add_timeout=add_timeout, writable=writable, rng=rng,
+                   read_window=read_window)
         nursery.start_soon(run.timers)
         run.run.begin(trio.current_time())
         run._after_input()

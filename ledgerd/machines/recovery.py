@@ -10,12 +10,17 @@ The caller has already moved the metadata from OPEN to IN_RECOVERY (a CAS). Then
    old writer can still form.
 2. **Start** from ``max(highest LAC seen, first entry of the last fragment - 1)``; never
    from -1 when the last fragment starts later (apache/bookkeeper#2615).
-3. **Read forward** entry by entry with fencing reads (so negatives stay negative,
-   apache/bookkeeper#2614) to the entry's write set. One positive answer recovers the
-   entry; ``Qw - Qa + 1`` NO_SUCH_ENTRY answers prove it absent and end the ledger just
-   before it; anything else once all have answered aborts recovery.
-4. **Rewrite** every recovered entry with RECOVERY_ADD (the caller feeds ``Rewrite``
-   effects to a recovery-mode ``LedgerWriter``; its ensemble changes stay local).
+3. **Read forward** with fencing reads (so negatives stay negative,
+   apache/bookkeeper#2614) to each entry's write set, ``read_window`` entries in flight
+   at once (BookKeeper's batched recovery reads; one entry per round trip cost 4-5 ms
+   per tail entry). One positive answer recovers an entry; ``Qw - Qa + 1``
+   NO_SUCH_ENTRY answers prove it absent and end the ledger just before it (reads past
+   it are dropped); an entry that is neither, once all have answered, aborts recovery
+   when it is the next one in order (an unknown entry past the end does not matter).
+4. **Rewrite** every recovered entry, in entry order, with RECOVERY_ADD (the caller
+   feeds ``Rewrite`` effects to a recovery-mode ``LedgerWriter``; its ensemble changes
+   stay local). At most ``max_unwritten`` recovered entries wait for their rewrite
+   before reading pauses, so memory stays bounded however long the tail is.
 5. **Close**: once the read has ended and every rewrite is acknowledged, ``Finished``
    carries the last entry id and length for the CAS to CLOSED.
 
@@ -100,8 +105,12 @@ RecoveryEffect = SendFenceRead | SendRecoveryRead | Rewrite | Finished | Aborted
 class LedgerRecovery:
     def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int,
                  ensemble: Sequence[str], last_fragment_first_entry: int, *,
-                 read_timeout: float = float("inf"),
+                 read_timeout: float = float("inf"), read_window: int = 64,
+                 max_unwritten: int = 1024,
                  start_from_minus_one: bool = False) -> None:
+        if read_window < 1 or max_unwritten < 1:
+            raise ValueError(f"read_window and max_unwritten must be at least 1, got "
+                             f"{read_window} and {max_unwritten}")
         self.e, self.qw, self.qa = ensemble_size, write_quorum, ack_quorum
         self.ensemble = list(ensemble)
         self.first_of_last = last_fragment_first_entry
@@ -110,8 +119,14 @@ class LedgerRecovery:
         self.max_lac_length = 0
         self.phase = Phase.FENCING
         self.start = -1
-        self.reading: RecoveryRead | None = None
-        self.reading_id = -1
+        self.read_window = read_window
+        self.max_unwritten = max_unwritten
+        # Entries read and not yet taken in order: their reads, and the found ones' lengths.
+        self.reads: dict[int, RecoveryRead] = {}
+        self.lengths: dict[int, int] = {}
+        self.frontier = 0        # the next entry to take in order
+        self.next_read = 0       # the next entry to send reads for
+        self.end_at = -1         # the first entry proven absent (-1: none yet)
         self.last_found = -1
         self.last_length = 0
         self.read_ended = False
@@ -156,6 +171,11 @@ class LedgerRecovery:
                 effects += self.on_read_timeout(entry_id, index, now=now)
         return effects
 
+    def wants(self, entry_id: int, index: int) -> bool:
+        """True if an answer to this read (entry -1: the fence) would change anything;
+        drivers skip decoding the rest (the second replica of an entry already found)."""
+        return (entry_id, index) in self.outstanding
+
     def _answered(self, entry_id: int, index: int, now: float) -> bool:
         """Take an answer off the outstanding table; False if it was not outstanding."""
         self.now = now
@@ -191,28 +211,41 @@ class LedgerRecovery:
             max(self.max_lac, self.first_of_last - 1)
         self.last_found = self.start
         self.last_length = self.max_lac_length
-        return self._read(self.start + 1)
+        return self._start_reads(self.start + 1)
 
     # -- phase 2: read forward ---------------------------------------------------------
 
-    def _read(self, entry_id: int) -> list[RecoveryEffect]:
-        indexes = write_set(entry_id, self.e, self.qw)
-        self.outstanding.clear()  # the previous entry is decided
-        for i in indexes:
-            self.outstanding[(entry_id, i)] = self.now
-        self.reading_id = entry_id
-        self.reading = RecoveryRead(indexes, self.qw, self.qa)
-        return [SendRecoveryRead(entry_id, i, self.ensemble[i]) for i in indexes]
+    def _start_reads(self, first: int) -> list[RecoveryEffect]:
+        self.frontier = self.next_read = first
+        return self._fill()
+
+    def _fill(self) -> list[RecoveryEffect]:
+        """Send reads for the next entries while the window and the rewrites allow."""
+        out: list[RecoveryEffect] = []
+        limit = self.frontier + self.read_window
+        if self.end_at >= 0:
+            limit = min(limit, self.end_at)
+        while self.next_read < limit and len(self.rewrites_pending) < self.max_unwritten:
+            entry_id = self.next_read
+            self.next_read += 1
+            indexes = write_set(entry_id, self.e, self.qw)
+            for i in indexes:
+                self.outstanding[(entry_id, i)] = self.now
+            self.reads[entry_id] = RecoveryRead(indexes, self.qw, self.qa)
+            out += [SendRecoveryRead(entry_id, i, self.ensemble[i]) for i in indexes]
+        return out
 
     def on_read_answer(self, entry_id: int, index: int, status: int, entry: bytes = b"",
                        length: int = 0, *, now: float) -> list[RecoveryEffect]:
         """A recovery read's answer; ``entry`` only when OK *and* its digest checked."""
-        if (not self._answered(entry_id, index, now) or self.phase is not Phase.READING
-                or entry_id != self.reading_id):
+        if not self._answered(entry_id, index, now) or self.phase is not Phase.READING:
             return []
-        r = self.reading
-        assert r is not None
+        r = self.reads.get(entry_id)
+        if r is None or 0 <= self.end_at <= entry_id:
+            return []  # taken already, or at or past the proven end (absent stays absent)
         if status == Status.OK and entry:
+            if r.found is None:
+                self.lengths[entry_id] = length
             r.positive(index, entry)
         elif status in _NEGATIVE:
             r.negative_answer(index)
@@ -221,29 +254,63 @@ class LedgerRecovery:
                                f"bookie {self.ensemble[index]} refused the master key")
         else:
             r.failure(index)
-        outcome = r.outcome
-        if outcome is ReadOutcome.FOUND:
-            assert r.found is not None
-            self.last_found, self.last_length = entry_id, length
-            self.rewrites_pending.add(entry_id)
-            return [Rewrite(entry_id, r.found, length), *self._read(entry_id + 1)]
-        if outcome is ReadOutcome.ABSENT:
-            self.read_ended = True
-            self.phase = Phase.WRITING
-            self.outstanding.clear()
-            return self._maybe_finish()
-        if outcome is ReadOutcome.UNKNOWN:
-            return self._abort(FailureKind.UNAVAILABLE,
-                               f"entry {entry_id}: neither found nor provably absent")
-        return []
+        if r.outcome is ReadOutcome.ABSENT and (self.end_at < 0 or entry_id < self.end_at):
+            self._end_at(entry_id)
+        return self._advance()
+
+    def _end_at(self, entry_id: int) -> None:
+        """``entry_id`` is proven absent: the ledger ends before it; reads past it stop."""
+        self.end_at = entry_id
+        for later in [e for e in self.reads if e > entry_id]:
+            del self.reads[later]
+            self.lengths.pop(later, None)
+        for key in [k for k in self.outstanding if k[0] > entry_id]:
+            del self.outstanding[key]
+
+    def _advance(self) -> list[RecoveryEffect]:
+        """Take decided entries in order: rewrite found ones, end at an absent one."""
+        out: list[RecoveryEffect] = []
+        while True:
+            r = self.reads.get(self.frontier)
+            if r is None:
+                break
+            outcome = r.outcome
+            entry_id = self.frontier
+            if outcome is ReadOutcome.FOUND:
+                assert r.found is not None
+                del self.reads[entry_id]
+                length = self.lengths.pop(entry_id)
+                self.last_found, self.last_length = entry_id, length
+                self.rewrites_pending.add(entry_id)
+                for i in r.indexes:
+                    self.outstanding.pop((entry_id, i), None)
+                out.append(Rewrite(entry_id, r.found, length))
+                self.frontier += 1
+                continue
+            if outcome is ReadOutcome.ABSENT:
+                self.read_ended = True
+                self.phase = Phase.WRITING
+                self.outstanding.clear()
+                self.reads.clear()
+                return out + self._maybe_finish()
+            if outcome is ReadOutcome.UNKNOWN:
+                return out + self._abort(FailureKind.UNAVAILABLE,
+                                         f"entry {entry_id}: neither found nor provably absent")
+            break
+        return out + self._fill()
 
     def on_read_timeout(self, entry_id: int, index: int, *, now: float) -> list[RecoveryEffect]:
         return self.on_read_answer(entry_id, index, Status.IO_ERROR, now=now)
 
     # -- phase 3: rewrites -------------------------------------------------------------
 
-    def on_rewritten(self, entry_ids: Sequence[int]) -> list[RecoveryEffect]:
+    def on_rewritten(self, entry_ids: Sequence[int], now: float | None = None,
+                     ) -> list[RecoveryEffect]:
+        if now is not None:
+            self.now = now
         self.rewrites_pending.difference_update(entry_ids)
+        if self.phase is Phase.READING:
+            return self._fill()
         return self._maybe_finish()
 
     def _maybe_finish(self) -> list[RecoveryEffect]:

@@ -63,7 +63,7 @@ class RecoveryRun:
                  read_timeout: float, add_timeout: float,
                  send_read: Callable[[ReadRequest, int, int, str], None],
                  make_rewriter: Callable[[LedgerWriter], Rewriter],
-                 read_flags: int = RECOVERY_READ_FLAGS,
+                 read_flags: int = RECOVERY_READ_FLAGS, read_window: int = 64,
                  start_from_minus_one: bool = False) -> None:
         self.md = md
         self.ledger_id = ledger_id
@@ -76,6 +76,7 @@ class RecoveryRun:
         first, ensemble = md.last_ensemble
         self.machine = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum,
                                       ensemble, first, read_timeout=read_timeout,
+                                      read_window=read_window,
                                       start_from_minus_one=start_from_minus_one)
         self.writer: LedgerWriter | None = None
         self.rewriter: Rewriter | None = None
@@ -95,14 +96,17 @@ class RecoveryRun:
     def on_read_reply(self, entry_id: int, index: int, status: int, entry: bytes,
                       now: float) -> Entry | None:
         """A bookie's reply to a read this run sent (a dead connection: IO_ERROR).
-        Returns the entry when it verified, for callers that observe reads."""
+        Returns the entry when it verified, for callers that observe reads; None without
+        decoding when the machine no longer waits for this answer."""
+        if not self.machine.wants(entry_id, index):
+            return None
         effects, decoded = feed_reply(self.machine, self.digester, self.ledger_id, entry_id,
                                       index, status, entry, now)
         self._apply(effects, now)
         return decoded
 
     def on_rewritten(self, entry_ids: tuple[int, ...], now: float) -> None:
-        self._apply(self.machine.on_rewritten(entry_ids), now)
+        self._apply(self.machine.on_rewritten(entry_ids, now), now)
 
     def on_rewrite_failed(self, kind: FailureKind, reason: str) -> None:
         if not self.is_over:

@@ -93,6 +93,36 @@ async def test_fencing_read_is_durable_before_reply_and_blocks_plain_adds(tmp_pa
         assert b.storage.is_fenced(3)
 
 
+async def test_a_fence_is_journaled_once_and_later_fencing_reads_answer_at_once(
+        tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        await c.call_many([add(1, e) for e in range(3)])
+        fence = ReadRequest(ledger_id=1, entry_id=-1, flags=ReadFlags.FENCE, master_key=KEY)
+        # Two fences at once: both return only once the one FENCE record is durable.
+        replies = await c.call_many([fence, fence])
+        assert [s for s, _ in replies] == [Status.OK, Status.OK]
+        assert b.storage.is_durably_fenced(1)
+        records = b.storage.journal.records_written
+        # Recovery's per-entry fencing reads now journal nothing and skip the slow path.
+        reads = [ReadRequest(ledger_id=1, entry_id=e, flags=ReadFlags.FENCE, master_key=KEY)
+                 for e in range(4)]
+        for req in reads:
+            assert b.handler.read_now(req) is not None
+        replies = await c.call_many(reads)
+        assert [s for s, _ in replies] == [Status.OK] * 3 + [Status.NO_SUCH_ENTRY]
+        assert b.storage.journal.records_written == records
+        # Still checked: a stranger's key, and a higher term (journaled, slow path).
+        stranger = ReadRequest(ledger_id=1, entry_id=0, flags=ReadFlags.FENCE,
+                               master_key=OTHER_KEY)
+        assert b.handler.read_now(stranger) is None
+        assert (await c.call(stranger))[0] == Status.UNAUTHORIZED
+        termed = ReadRequest(ledger_id=1, entry_id=0, flags=ReadFlags.FENCE, master_key=KEY,
+                             term=5)
+        assert b.handler.read_now(termed) is None
+        assert (await c.call(termed))[0] == Status.OK
+        assert b.storage.journal.records_written == records + 1  # the TERM record
+
+
 async def test_long_poll_waits_for_lac_and_piggybacks_next_entry(tmp_path: Path) -> None:
     async with running_bookie(tmp_path) as b, b.connect() as reader, b.connect() as writer:
         await writer.call_many([add(1, e) for e in range(3)])  # LAC here: 1

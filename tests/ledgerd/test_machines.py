@@ -143,7 +143,7 @@ def _recovered(r: LedgerRecovery, effects: list[object]) -> list[object]:
 
 
 def test_recovery_fences_reads_forward_rewrites_and_finishes() -> None:
-    r = LedgerRecovery(3, 2, 2, B[:3], 0)
+    r = LedgerRecovery(3, 2, 2, B[:3], 0, read_window=1)
     assert r.begin(0.0) == [SendFenceRead(0, "b0"), SendFenceRead(1, "b1"), SendFenceRead(2, "b2")]
     assert r.on_fence_answer(0, Status.OK, lac=3, length=40, now=0.0) == []
     out = r.on_fence_answer(2, Status.NO_SUCH_ENTRY, now=0.0)
@@ -179,7 +179,7 @@ def test_recovery_aborts_without_coverage_or_on_unknown_entries() -> None:
     assert r.on_fence_answer(2, Status.IO_ERROR, now=0.0) == [
         Aborted(FailureKind.UNAVAILABLE,
                 "fencing did not reach quorum coverage of the last ensemble")]
-    r2 = LedgerRecovery(3, 3, 2, B[:3], 0)
+    r2 = LedgerRecovery(3, 3, 2, B[:3], 0, read_window=1)
     r2.begin(0.0)
     r2.on_fence_answer(0, Status.NO_SUCH_LEDGER, now=0.0)
     r2.on_fence_answer(1, Status.NO_SUCH_LEDGER, now=0.0)
@@ -191,6 +191,72 @@ def test_recovery_aborts_without_coverage_or_on_unknown_entries() -> None:
     r3 = LedgerRecovery(1, 1, 1, ["b0"], 0)
     r3.begin(0.0)
     assert isinstance(r3.on_fence_answer(0, Status.UNAUTHORIZED, now=0.0)[0], Aborted)
+
+
+def _reading(window: int, max_unwritten: int = 1024) -> tuple[LedgerRecovery, list[object]]:
+    """E3/Qw2/Qa2 recovery past its fence (no LAC seen), reading from entry 0."""
+    r = LedgerRecovery(3, 2, 2, B[:3], 0, read_window=window, max_unwritten=max_unwritten)
+    r.begin(0.0)
+    r.on_fence_answer(0, Status.NO_SUCH_LEDGER, now=0.0)
+    return r, r.on_fence_answer(1, Status.NO_SUCH_LEDGER, now=0.0)
+
+
+def test_recovery_reads_a_window_and_rewrites_in_entry_order() -> None:
+    r, out = _reading(4)
+    assert sorted({e.entry_id for e in out if isinstance(e, SendRecoveryRead)}) == [0, 1, 2, 3]
+    assert r.on_read_answer(2, 2, Status.OK, b"e2", 30, now=0.0) == []
+    assert r.on_read_answer(1, 1, Status.OK, b"e1", 20, now=0.0) == []
+    out = r.on_read_answer(0, 0, Status.OK, b"e0", 10, now=0.0)
+    assert [e for e in out if isinstance(e, Rewrite)] == [
+        Rewrite(0, b"e0", 10), Rewrite(1, b"e1", 20), Rewrite(2, b"e2", 30)]
+    # the window moved three entries on: reads for 4, 5, 6 went out
+    assert sorted({e.entry_id for e in out if isinstance(e, SendRecoveryRead)}) == [4, 5, 6]
+    assert not r.wants(0, 1)  # the other replica of a found entry is not decoded
+    assert r.wants(3, 0)
+
+
+def test_recovery_ends_at_the_first_absent_entry_whatever_the_order() -> None:
+    r, _ = _reading(6)
+    # entry 2 proven absent (Qw-Qa+1 = 1 negative) before 0 and 1 are decided
+    assert r.on_read_answer(2, 2, Status.NO_SUCH_ENTRY, now=0.0) == []
+    assert not r.wants(3, 0) and not r.wants(4, 1)  # reads past the end are dropped
+    assert r.on_read_answer(3, 0, Status.OK, b"e3", 40, now=0.0) == []  # ignored
+    assert r.on_read_answer(2, 0, Status.OK, b"e2", 30, now=0.0) == []  # absent stays absent
+    r.on_read_answer(1, 1, Status.OK, b"e1", 20, now=0.0)
+    out = r.on_read_answer(0, 1, Status.OK, b"e0", 10, now=0.0)
+    assert [e for e in out if isinstance(e, Rewrite)] == [Rewrite(0, b"e0", 10),
+                                                          Rewrite(1, b"e1", 20)]
+    assert r.phase is Phase.WRITING
+    assert r.on_rewritten([0, 1]) == [Finished(1, 20)]
+
+
+def test_recovery_aborts_on_an_unknown_entry_only_when_it_is_next() -> None:
+    r, _ = _reading(4)
+    r.on_read_answer(1, 1, Status.IO_ERROR, now=0.0)
+    assert r.on_read_answer(1, 2, Status.IO_ERROR, now=0.0) == []  # unknown, but 0 first
+    out = r.on_read_answer(0, 0, Status.OK, b"e0", 10, now=0.0)
+    assert out[0] == Rewrite(0, b"e0", 10)
+    assert out[-1] == Aborted(FailureKind.UNAVAILABLE, "entry 1: neither found nor provably absent")
+    # an unknown entry past the proven end does not matter
+    r2, _ = _reading(4)
+    r2.on_read_answer(2, 2, Status.IO_ERROR, now=0.0)
+    r2.on_read_answer(2, 0, Status.IO_ERROR, now=0.0)
+    r2.on_read_answer(1, 1, Status.NO_SUCH_ENTRY, now=0.0)
+    r2.on_read_answer(0, 0, Status.OK, b"e0", 10, now=0.0)
+    assert r2.on_rewritten([0]) == [Finished(0, 10)]
+
+
+def test_recovery_pauses_reading_while_rewrites_are_behind() -> None:
+    r, _ = _reading(8, max_unwritten=2)
+    out = r.on_read_answer(0, 0, Status.OK, b"e0", 10, now=0.0)
+    assert {e.entry_id for e in out if isinstance(e, SendRecoveryRead)} == {8}
+    out = r.on_read_answer(1, 1, Status.OK, b"e1", 20, now=0.0)
+    assert not [e for e in out if isinstance(e, SendRecoveryRead)]  # two unwritten: wait
+    out = r.on_rewritten([0, 1], now=1.0)
+    assert {e.entry_id for e in out if isinstance(e, SendRecoveryRead)} == {9}
+    assert r.outstanding[(9, 0)] == 1.0  # sent at the rewrite's time, for its timeout
+    with pytest.raises(ValueError, match="read_window"):
+        LedgerRecovery(3, 2, 2, B[:3], 0, read_window=0)
 
 
 def test_placement_is_random_writable_only_and_excludes_the_ensemble() -> None:
