@@ -36,6 +36,7 @@ from appliance.diskcheck import DiskChecker
 from appliance.gc import GarbageCollector
 from appliance.handlers import AdminHooks, RequestHandler, ServingState
 from appliance.http import AdminHttp
+from appliance.looplag import loop_lag_monitor
 from appliance.metrics import BookieMetrics
 from appliance.sdnotify import notify, watchdog_service
 from appliance.server import ConnectionOptions, serve_connection
@@ -134,6 +135,7 @@ class Bookie:
                     if self.config.auto_recovery_daemon_enabled:
                         await sup.start("autorecovery", self._autorecovery)
                 await sup.start("watchdog", partial(watchdog_service, self._healthy))
+                await sup.start("loop-lag", partial(loop_lag_monitor, self.metrics.loop_lag))
                 notify("READY=1")
                 self.ready.set()
                 log.info("bookie_ready", extra=fields(

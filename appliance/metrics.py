@@ -82,6 +82,7 @@ class BookieMetrics:
         self.read_latency = FastHistogram(LATENCY_BUCKETS)
         self.journal_group_records = FastHistogram(GROUP_BUCKETS)
         self.journal_sync_latency = FastHistogram(LATENCY_BUCKETS)
+        self.loop_lag = FastHistogram(LATENCY_BUCKETS)
         self.journal_bytes = 0
         self.entries_added = 0
         self.connections_opened = 0
@@ -133,6 +134,8 @@ class _Collector:
                                              "Records per journal group commit.")
         yield m.journal_sync_latency.family("ledgerd_journal_sync_seconds",
                                             "Journal write + fdatasync time per group.")
+        yield m.loop_lag.family("ledgerd_bookie_event_loop_lag_seconds",
+                                "How late the event loop ran a task due every 10 ms.")
         yield CounterMetricFamily("ledgerd_journal_written_bytes",
                                   "Bytes of journal records made durable.", value=m.journal_bytes)
         yield CounterMetricFamily("ledgerd_bookie_entries_added", "Entries stored by adds.",

@@ -51,6 +51,7 @@ from wire.messages import AddRequest
 KEY = master_key(b"bench")
 _I32 = struct.Struct(">i")
 _Q = struct.Struct(">q")
+_REPLY = struct.Struct(">ih")
 
 
 # -- the driver (its own process) --------------------------------------------------------
@@ -81,6 +82,20 @@ class _Template:
             _Q.pack_into(buf, off, ledger)
             _Q.pack_into(buf, off + 8, first + i)
         return buf
+
+
+def take_replies(buf: bytearray) -> list[tuple[int, int]]:
+    """(correlation id, status) of every whole reply frame in ``buf``, removed from it."""
+    out = []
+    pos = 0
+    while pos + 4 <= len(buf):
+        (size,) = _I32.unpack_from(buf, pos)
+        if pos + 4 + size > len(buf):
+            break
+        out.append(_REPLY.unpack_from(buf, pos + 4))
+        pos += 4 + size
+    del buf[:pos]
+    return out
 
 
 async def _drive_connection(port: int, index: int, template: _Template, window: int,
@@ -124,21 +139,14 @@ async def _drive_connection(port: int, index: int, template: _Template, window: 
             if not data:
                 return
             buf += data
-            pos = 0
             now = time.perf_counter()
-            while pos + 4 <= len(buf):
-                (size,) = _I32.unpack_from(buf, pos)
-                if pos + 4 + size > len(buf):
-                    break
-                cid, status = struct.unpack_from(">ih", buf, pos + 4)
+            for cid, status in take_replies(buf):
                 t0 = sent_at.pop(cid)
                 if status:
                     state["errors"] += 1
                 elif t_start <= now < t_end:
                     state["acked"] += template.batch
                     latencies.append(now - t0)
-                pos += 4 + size
-            del buf[:pos]
             if len(sent_at) <= window // 2:
                 space.set()
             if not sending[0] and not sent_at:
@@ -179,7 +187,8 @@ def _run_ledgerd(port: int, batch: int, window: int, seconds: float) -> dict[str
     return result
 
 
-def _run_redis(base: Path, seconds: float) -> dict[str, float]:
+def _run_redis(base: Path, seconds: float, conns: int = 50, pipeline: int = 16
+               ) -> dict[str, float]:
     port = find_free_port()
     data = base / f"redis-{port}"
     data.mkdir()
@@ -194,10 +203,11 @@ def _run_redis(base: Path, seconds: float) -> dict[str, float]:
             if ping.stdout.strip() == "PONG":
                 break
             time.sleep(0.05)
-        n = int(160_000 * seconds)
+        n = int((160_000 if pipeline > 1 else 40_000) * seconds)
         # redis-benchmark 7.0 has no built-in xadd test: the command is given literally,
         # with a 1 KiB field value (what `-t xadd -d 1024` does in later versions).
-        done = subprocess.run(["redis-benchmark", "-p", str(port), "-P", "16", "-c", "50",
+        done = subprocess.run(["redis-benchmark", "-p", str(port), "-P", str(pipeline),
+                               "-c", str(conns),
                                "-n", str(n), "--csv", "XADD", "bench", "*", "f", "x" * 1024],
                               capture_output=True, text=True, check=True)
         rows = list(csv.DictReader(io.StringIO(done.stdout)))

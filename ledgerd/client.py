@@ -35,6 +35,7 @@ from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogPosition, LogWriter
 from ledgerd.machines.placement import Placement, adheres, choose_ensemble
 from ledgerd.machines.quorum import check_quorums
+from ledgerd.pipeline import SendFlusher
 from ledgerd.reads import LedgerView
 from ledgerd.recovery import recover_ledger
 from metadata.cluster import check_layout
@@ -73,6 +74,8 @@ class Client:
             max_frame_bytes=config.max_frame_bytes), connect=connect)
         self._bookies: BookieSet | None = None
         self._bookies_seen = trio.Event()
+        self.flusher = SendFlusher()  # batches the write handles' sends per loop pass
+        nursery.start_soon(self.flusher.run)
 
     # -- membership --------------------------------------------------------------------
 

@@ -226,7 +226,8 @@ class WriteHandle(_HandleBase):
         self._pipeline = AddPipeline(client.pool, client.nursery, ledger_id, key, writer,
                                      flags=AddFlags.NONE, replace=self._replace,
                                      on_completed=self._completed, on_failed=self._failed,
-                                     on_timer_changed=self._wake_service)
+                                     on_timer_changed=self._wake_service,
+                                     flusher=client.flusher)
         self._waiters: dict[int, PendingAppend] = {}
         self._error: LedgerHandleError | BadPasswordError | None = None
         self._closing = False

@@ -38,7 +38,7 @@ from ledgerd.machines.writer import (
 from wire.messages import AddRequest, Message
 from wire.status import Status
 
-__all__ = ["AddPipeline", "EnsembleChangeError"]
+__all__ = ["AddPipeline", "EnsembleChangeError", "SendFlusher"]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,43 @@ class EnsembleChangeError(LedgerdError):
 Replace = Callable[[int, dict[int, str], tuple[str, ...]], Awaitable[tuple[str, ...]]]
 
 
+class SendFlusher:
+    """Sends of many pipelines, flushed once per scheduling pass of the event loop.
+
+    A task that submits entries in a loop (``submit``, ``append_many``, many handles at
+    once) runs without yielding; each pipeline marks itself here and its sends wait in
+    its per-bookie lists. When that task yields, ``run`` flushes every marked pipeline:
+    consecutive entries for one bookie share one AddRequest (one encode, one frame, one
+    bookie-side insert) instead of one frame per entry.
+    """
+
+    def __init__(self) -> None:
+        self._marked: list[AddPipeline] = []
+        self._wake = trio.Event()
+
+    def mark(self, pipeline: AddPipeline) -> None:
+        if not self._marked:
+            self._wake.set()
+        self._marked.append(pipeline)
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            marked, self._marked = self._marked, []
+            for pipeline in marked:
+                pipeline.flush()
+
+
 class AddPipeline:
     def __init__(self, pool: BookiePool, nursery: trio.Nursery, ledger_id: int,
                  master_key: bytes, writer: LedgerWriter, *, flags: int, term: int = 0,
                  replace: Replace,
                  on_completed: Callable[[tuple[int, ...], int], None],
                  on_failed: Callable[[FailureKind, str, tuple[int, ...]], None],
-                 on_timer_changed: Callable[[], None] = lambda: None) -> None:
+                 on_timer_changed: Callable[[], None] = lambda: None,
+                 flusher: SendFlusher | None = None) -> None:
         self.pool = pool
         self.nursery = nursery
         self.ledger_id = ledger_id
@@ -79,6 +109,9 @@ class AddPipeline:
         self.on_timer_changed = on_timer_changed
         self.entries: dict[int, bytes] = {}
         self._out: dict[str, list[int]] = {}
+        # With a flusher, sends wait for its next pass (batched); without, they go now.
+        self._flusher = flusher
+        self._marked = False
         self.ensemble_changes = 0
 
     def append(self, length: int, encode: Callable[[int, int, int], bytes],
@@ -148,7 +181,17 @@ class AddPipeline:
                     self.entries.pop(eid, None)
                 self.on_failed(eff.kind, eff.reason, eff.entry_ids)
         if out:
+            if self._flusher is None:
+                self._flush()
+            elif not self._marked:
+                self._marked = True
+                self._flusher.mark(self)
+
+    def flush(self) -> None:
+        """Send what waits (the flusher's pass)."""
+        if self._out:
             self._flush()
+        self._marked = False
 
     def _flush(self) -> None:
         out, self._out = self._out, {}

@@ -24,6 +24,7 @@ __all__ = [
     "SYNC_FILE_RANGE_WRITE",
     "AlignedBuffer",
     "NativeFile",
+    "Syncer",
     "alloc_aligned",
     "fdatasync_fd",
     "logical_block_size",
@@ -223,6 +224,64 @@ def open_file(
     if rc < 0:
         _raise(rc, path, "open(O_DIRECT)" if direct else "open")
     return NativeFile(path, int(rc), direct)
+
+
+class Syncer:
+    """A thread of the helper's own that writes and fdatasyncs one buffer at a time
+    without ever taking the GIL; ``fileno()`` becomes readable when the job is done.
+
+    The journal's group commit: ``submit`` a group, wait until ``fileno()`` is readable
+    (``trio.lowlevel.wait_readable``), ``collect`` the outcome. The buffer must stay
+    alive and unchanged until collected (the object keeps a reference to it).
+    """
+
+    __slots__ = ("_buf", "_s", "path")
+
+    def __init__(self) -> None:
+        s = lib.ldn_syncer_new()
+        if s == ffi.NULL:
+            raise OSError("could not start the native syncer thread")
+        self._s = s
+        self._buf: Any = None
+        self.path = ""
+
+    def fileno(self) -> int:
+        if self._s is None:
+            raise ValueError("syncer is closed")
+        return int(lib.ldn_syncer_fd(self._s))
+
+    def submit(self, handle: NativeFile, data: BytesLike, offset: int, *, sync: bool) -> None:
+        """Start writing ``data`` at ``offset`` of ``handle`` (then fdatasync if ``sync``)."""
+        if self._s is None:
+            raise ValueError("syncer is closed")
+        handle._check_open()
+        buf = _cbuf(data)
+        rc = lib.ldn_syncer_submit(self._s, handle.fd, buf, len(data), offset, 1 if sync else 0)
+        if rc < 0:
+            raise RuntimeError("syncer is busy: collect the previous job first")
+        self._buf = (buf, data)
+        self.path = handle.path
+
+    def collect(self) -> float | None:
+        """The finished job's write + sync seconds; None while it runs. Raises OSError
+        (errno and path) if it failed."""
+        if self._s is None:
+            raise ValueError("syncer is closed")
+        nanos = ffi.new("long long *")
+        rc = lib.ldn_syncer_collect(self._s, nanos)
+        if rc == 1:
+            return None
+        self._buf = None
+        if rc < 0:
+            _raise(rc, self.path, "journal write + fdatasync")
+        return int(nanos[0]) / 1e9
+
+    def close(self) -> None:
+        """Stop the thread (a job in flight finishes first)."""
+        if self._s is not None:
+            s, self._s = self._s, None
+            lib.ldn_syncer_free(s)
+            self._buf = None
 
 
 def _sysfs_block_size(major: int, minor: int) -> int | None:

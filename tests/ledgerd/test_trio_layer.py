@@ -201,3 +201,18 @@ async def test_leaving_the_client_with_adds_in_flight_fails_them_and_raises_noth
                 await p.wait()
         for b in cluster.bookies:
             cluster[b].gate.thaw()
+
+
+async def test_entries_submitted_in_one_pass_share_add_requests(tmp_path: Path) -> None:
+    async with memory_cluster(tmp_path, 3) as cluster, ledgerd.open_client(
+            store=cluster.store, connect=cluster.connect, **client_settings()) as client:
+        lh = await client.create_ledger(3, 3, 3)  # Qa = 3: every bookie has answered
+        with trio.fail_after(30):
+            # 64 submits without yielding: one flusher pass sends them as one frame each.
+            pending = [await lh.submit(b"x" * 100) for _ in range(64)]
+            assert [await p for p in pending] == list(range(64))
+            await lh.close()
+        for name in ("b0:3181", "b1:3181", "b2:3181"):
+            bookie = cluster[name]
+            assert bookie.harness.metrics.entries_added == 64
+            assert bookie.count(ApiKey.ADD, Status.OK) == 1  # one AddRequest of 64 entries

@@ -122,3 +122,30 @@ def test_gil_released_during_fdatasync(scratch_dir: Path) -> None:
             stop.set()
             t.join()
     assert during > 0
+
+
+async def test_syncer_writes_and_syncs_off_the_gil_and_reports_errors(tmp_path: Path) -> None:
+    import trio
+
+    syncer = native.Syncer()
+    path = tmp_path / "syncer.bin"
+    buf = native.alloc_aligned(8192)
+    buf.view[:5] = b"hello"
+    with native.open_file(path, os.O_RDWR | os.O_CREAT) as f:
+        syncer.submit(f, buf.view, 4096, sync=True)
+        with pytest.raises(RuntimeError, match="busy"):
+            syncer.submit(f, buf.view, 0, sync=True)  # one job at a time
+        await trio.lowlevel.wait_readable(syncer)
+        seconds = syncer.collect()
+        assert seconds is not None and seconds >= 0
+        assert syncer.collect() is None  # collected once
+    assert path.read_bytes()[4096:4101] == b"hello"
+    with native.open_file(path, os.O_RDONLY) as ro:
+        syncer.submit(ro, buf.view, 0, sync=True)
+        await trio.lowlevel.wait_readable(syncer)
+        with pytest.raises(OSError) as err:
+            syncer.collect()
+        assert err.value.errno == errno.EBADF and str(path) in str(err.value)
+    syncer.close()
+    with pytest.raises(ValueError, match="closed"):
+        syncer.fileno()

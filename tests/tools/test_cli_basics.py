@@ -14,7 +14,7 @@ def test_config_defaults_prints_loadable_toml() -> None:
         [sys.executable, "-m", "tools.cli", "config", "--defaults"],
         check=True, capture_output=True, text=True,
     ).stdout
-    assert "journal_max_group_wait_ms = 2.0" in out
+    assert "journal_max_group_wait_ms = 0.0" in out
     assert "# BookKeeper: journalMaxGroupWaitMSec." in out
     assert load_config(BookieConfig, text=out, env={}) == load_config(BookieConfig, env={})
 

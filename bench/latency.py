@@ -1,0 +1,332 @@
+"""Add latency under open-loop load, and how a bookie scales with light clients.
+
+    python bench/latency.py [--rounds 3] [--seconds 5] [--json]
+
+One bookie process (no ZooKeeper), 1 KiB single-entry Add frames from a driver process.
+
+- **Open loop**: entries are due on a fixed schedule (``--conns`` 4 connections, the
+  rate split between them) and latency counts from the *scheduled* time, so a stall
+  delays every entry due during it instead of pausing the clock (no coordinated
+  omission). Loads are 10% and 50% of the closed-loop maximum measured in the same
+  round (4 connections x 200 in flight). Beside it, the raw disk: the same driver
+  process appends 1 KiB + fdatasync in a loop on the bookie's disk at the same time
+  ("raw fdatasync p99 of the same run"). Goal (#22): add p99 <= 3x that p99.
+- **Scaling**: 1, 4, 16, 64 connections x 1 outstanding, and 4 connections x 1, 4, 16,
+  64, 200 outstanding (closed loop); beside them Redis (appendfsync always) driven by
+  ``redis-benchmark -c 64 -P 1`` and ``-c 50 -P 16`` in the same round. Goals (#22):
+  64 x 1 >= 0.5x Redis 64 x 1; 4 x 200 >= 0.75x Redis 50 x 16.
+
+Rounds interleave every case; every round is printed, then the medians and the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio
+
+from bench.bookie import _drive, _run_redis, _Template, _wait_listening, take_replies
+from tools.bookieprocess import BookieProcess
+
+
+def _percentiles(lat: list[float]) -> dict[str, float]:
+    lat = sorted(lat)
+    if not lat:
+        return {"p50_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0, "max_ms": 0.0}
+    return {"p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[int(len(lat) * 0.99)],
+            "p999_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.999))],
+            "max_ms": 1000 * lat[-1]}
+
+
+# -- open-loop driver (its own process) -------------------------------------------------
+
+async def _open_connection(port: int, index: int, template: _Template, rate: float,
+                           t_start: float, seconds: float, out: dict[str, list[float]]
+                           ) -> None:
+    """Send entries due every ``1 / rate`` s from ``t_start``; latency from the due time."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    ledger = 2000 + index
+    due_at: dict[int, float] = {}
+    interval = 1.0 / rate
+    total = int(seconds * rate)
+    lat: list[float] = []
+    errors = 0
+    done = trio.Event()
+    sent = 0
+
+    async def sender() -> None:
+        nonlocal sent
+        tick = max(interval, 0.0005)
+        while sent < total:
+            now = time.perf_counter()
+            due = min(total, int((now - t_start) / interval) + 1)
+            if due > sent:
+                chunks = []
+                for k in range(sent, due):
+                    due_at[k] = t_start + k * interval
+                    chunks.append(template.make(k, ledger, k))
+                sent = due
+                await stream.send_all(b"".join(chunks))
+            next_due = t_start + sent * interval
+            await trio.sleep(max(0.0, min(next_due - time.perf_counter(), tick)))
+
+    async def receiver() -> None:
+        nonlocal errors
+        buf = bytearray()
+        got = 0
+        while got < total:
+            data = await stream.receive_some(1 << 20)
+            if not data:
+                return
+            buf += data
+            now = time.perf_counter()
+            for cid, status in take_replies(buf):
+                t0 = due_at.pop(cid)
+                got += 1
+                if status:
+                    errors += 1
+                else:
+                    lat.append(now - t0)
+        done.set()
+
+    async with stream, trio.open_nursery() as nursery:
+        nursery.start_soon(sender)
+        nursery.start_soon(receiver)
+        with trio.move_on_after(seconds + 30):
+            await done.wait()
+        nursery.cancel_scope.cancel()
+    out["latencies"].extend(lat)
+    out["errors"].append(errors)
+
+
+def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:
+    """1 KiB appends, each followed by fdatasync, timed (the disk's own latency)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    block = b"x" * 1024
+    try:
+        while not stop.is_set():
+            os.write(fd, block)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            out.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+
+
+async def _drive_open(port: int, rate: float, conns: int, seconds: float,
+                      sync_path: Path) -> dict[str, Any]:
+    template = _Template(1, 1024)
+    out: dict[str, list[float]] = {"latencies": [], "errors": []}
+    syncs: list[float] = []
+    stop = threading.Event()
+    raw = threading.Thread(target=_raw_syncs, args=(sync_path, stop, syncs), daemon=True)
+    raw.start()
+    t_start = time.perf_counter() + 0.2
+    try:
+        async with trio.open_nursery() as nursery:
+            for i in range(conns):
+                nursery.start_soon(_open_connection, port, i, template, rate / conns,
+                                   t_start + i * (1.0 / rate), seconds, out)
+    finally:
+        stop.set()
+        raw.join()
+    result: dict[str, Any] = {"rate": rate, "errors": sum(out["errors"]),
+                              "entries": len(out["latencies"]), **_percentiles(out["latencies"])}
+    fs = _percentiles(syncs)
+    result.update({"fsync_p50_ms": fs["p50_ms"], "fsync_p99_ms": fs["p99_ms"],
+                   "fsyncs": len(syncs)})
+    return result
+
+
+# -- the orchestrator --------------------------------------------------------------------
+
+def _driver(*args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                          check=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _closed(port: int, conns: int, window: int, seconds: float) -> dict[str, Any]:
+    return _driver("closed", "--port", str(port), "--conns", str(conns), "--window",
+                   str(window), "--seconds", str(seconds))
+
+
+def _open(port: int, rate: float, seconds: float, sync_path: Path) -> dict[str, Any]:
+    return _driver("open", "--port", str(port), "--rate", str(rate), "--seconds", str(seconds),
+                   "--sync-path", str(sync_path))
+
+
+def _redis(base: Path, seconds: float, conns: int, pipeline: int) -> dict[str, Any]:
+    return dict(_run_redis(base, seconds, conns=conns, pipeline=pipeline))
+
+
+SCALING = [(1, 1), (4, 1), (16, 1), (64, 1), (4, 4), (4, 16), (4, 64), (4, 200)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd")
+    closed = sub.add_parser("closed")
+    closed.add_argument("--port", type=int, required=True)
+    closed.add_argument("--conns", type=int, default=4)
+    closed.add_argument("--window", type=int, default=200)
+    closed.add_argument("--seconds", type=float, default=5.0)
+    opened = sub.add_parser("open")
+    opened.add_argument("--port", type=int, required=True)
+    opened.add_argument("--rate", type=float, required=True)
+    opened.add_argument("--conns", type=int, default=4)
+    opened.add_argument("--seconds", type=float, default=5.0)
+    opened.add_argument("--sync-path", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--loads", default="0.1,0.5", help="open-loop loads, fractions of max")
+    parser.add_argument("--no-scaling", action="store_true", help="open-loop cases only")
+    parser.add_argument("--no-redis", action="store_true")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME:key=value,... a bookie with these settings; several run "
+                             "side by side, rounds interleaved")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.cmd == "closed":
+        print(json.dumps(trio.run(_drive, args.port, 1, args.conns, args.window, args.seconds)))
+        return
+    if args.cmd == "open":
+        print(json.dumps(trio.run(_drive_open, args.port, args.rate, args.conns, args.seconds,
+                                  args.sync_path)))
+        return
+    if not args.no_redis and shutil.which("redis-benchmark") is None:
+        sys.exit("redis-benchmark is missing: `make bench-deps` installs redis-server and "
+                 "redis-tools (or pass --no-redis)")
+    base = Path(tempfile.mkdtemp(prefix="ledgerd-latency-bench-",
+                                 dir=os.environ.get("BENCH_DIR")))
+    variants = _variants(args.variant)
+    bookies = {}
+    for name, settings in variants.items():
+        bookies[name] = BookieProcess(base / f"bookie-{name}", "",
+                                      settings={"log_level": "WARNING", **settings})
+        bookies[name].start()
+    loads = [float(x) for x in args.loads.split(",")]
+    rounds: list[dict[str, Any]] = []
+    load_start = os.getloadavg()[0]
+    try:
+        for b in bookies.values():
+            _wait_listening(b)
+        for n in range(args.rounds * len(bookies)):
+            name = list(bookies)[n % len(bookies)]
+            bookie = bookies[name]
+            r: dict[str, Any] = {"round": n // len(bookies) + 1, "variant": name,
+                                 "load": os.getloadavg()[0]}
+            os.sync()
+            r["max"] = _closed(bookie.port, 4, 200, args.seconds)
+            peak = r["max"]["entries_per_s"]
+            for load in loads:
+                os.sync()
+                r[f"open{load}"] = _open(bookie.port, peak * load, args.seconds,
+                                         base / "rawsync")
+            if not args.no_scaling:
+                cases = SCALING if n % 2 == 0 else list(reversed(SCALING))
+                for conns, window in cases:
+                    os.sync()
+                    r[f"c{conns}x{window}"] = _closed(bookie.port, conns, window, args.seconds)
+                if not args.no_redis:
+                    os.sync()
+                    r["redis64x1"] = _redis(base, args.seconds, 64, 1)
+                    os.sync()
+                    r["redis50x16"] = _redis(base, args.seconds, 50, 16)
+            rounds.append(r)
+            line = [f"round {r['round']} {name} (load {r['load']:.2f}): max {peak:,.0f}/s"]
+            for load in loads:
+                o = r[f"open{load}"]
+                line.append(f"open {load:.0%} ({o['rate']:,.0f}/s) p99 {o['p99_ms']:.1f} ms "
+                            f"max {o['max_ms']:.1f} (fsync p99 {o['fsync_p99_ms']:.1f})")
+            if not args.no_scaling:
+                line.append(", ".join(f"{c}x{w} {r[f'c{c}x{w}']['entries_per_s']:,.0f}/s"
+                                      for c, w in SCALING))
+                if not args.no_redis:
+                    line.append(f"redis 64x1 {r['redis64x1']['entries_per_s']:,.0f}/s, "
+                                f"50x16 {r['redis50x16']['entries_per_s']:,.0f}/s")
+            print("; ".join(line), flush=True)
+    finally:
+        for b in bookies.values():
+            b.terminate()
+        shutil.rmtree(base, ignore_errors=True)
+    load_end = os.getloadavg()[0]
+    if args.json:
+        print(json.dumps({"rounds": rounds, "load": [load_start, load_end]}))
+        return
+    for name in variants:
+        if len(variants) > 1:
+            print(f"\n## {name}: {variants[name] or 'defaults'}")
+        _report([r for r in rounds if r["variant"] == name], loads, args, load_start, load_end)
+
+
+def _variants(specs: list[str]) -> dict[str, dict[str, Any]]:
+    """``NAME:key=value,key=value`` bookie settings per variant (none: the defaults)."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs or ["default:"]:
+        name, _, rest = spec.partition(":")
+        settings: dict[str, Any] = {}
+        for item in filter(None, rest.split(",")):
+            key, _, value = item.partition("=")
+            settings[key] = json.loads(value) if value[:1] in "0123456789-[{tf" else value
+        out[name] = settings
+    return out
+
+
+def _med(rounds: list[dict[str, Any]], key: str, field: str) -> float:
+    return statistics.median(r[key][field] for r in rounds)
+
+
+def _report(rounds: list[dict[str, Any]], loads: list[float], args: argparse.Namespace,
+            load_start: float, load_end: float) -> None:
+    print(f"\nload average (1 min): {load_start:.2f} at start, {load_end:.2f} at end")
+    print("\n| open loop, 4 conns | rate /s | p50 ms | p99 ms | p99.9 ms | max ms | "
+          "raw fdatasync p99 ms | p99 / fsync p99 (rounds) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for load in loads:
+        key = f"open{load}"
+        ratios = [r[key]["p99_ms"] / max(r[key]["fsync_p99_ms"], 1e-9) for r in rounds]
+        print(f"| {load:.0%} of max | {_med(rounds, key, 'rate'):,.0f} | "
+              f"{_med(rounds, key, 'p50_ms'):.2f} | {_med(rounds, key, 'p99_ms'):.2f} | "
+              f"{_med(rounds, key, 'p999_ms'):.2f} | {_med(rounds, key, 'max_ms'):.1f} | "
+              f"{_med(rounds, key, 'fsync_p99_ms'):.2f} | {statistics.median(ratios):.2f}x "
+              f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
+    if args.no_scaling:
+        return
+    print("\n| closed loop, 1 KiB, 1 entry/frame | entries/s (median) | rounds | p99 ms |")
+    print("|---|---|---|---|")
+    for conns, window in SCALING:
+        key = f"c{conns}x{window}"
+        vals = [r[key]["entries_per_s"] for r in rounds]
+        print(f"| {conns} conns x {window} | {statistics.median(vals):,.0f} | "
+              f"{', '.join(f'{v:,.0f}' for v in vals)} | {_med(rounds, key, 'p99_ms'):.2f} |")
+    if args.no_redis:
+        return
+    for key, label in (("redis64x1", "Redis 64 x 1"), ("redis50x16", "Redis 50 x 16")):
+        vals = [r[key]["entries_per_s"] for r in rounds]
+        print(f"| {label} | {statistics.median(vals):,.0f} | "
+              f"{', '.join(f'{v:,.0f}' for v in vals)} | {_med(rounds, key, 'p99_ms'):.2f} |")
+    for ours, theirs in (("c64x1", "redis64x1"), ("c4x200", "redis50x16")):
+        ratios = [r[ours]["entries_per_s"] / r[theirs]["entries_per_s"] for r in rounds]
+        print(f"\n{ours} / {theirs} per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+              f"median {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()
