@@ -37,6 +37,7 @@ if __package__ in (None, ""):
 import trio
 
 import ledgerd
+from bench.bookie import _run_ledgerd
 from metadata.cluster import init_new_cluster
 from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
@@ -102,16 +103,26 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         with trio.fail_after(120):
             await BookieRegistry(store, "/ledgers").wait_for(all_up)
         await store.close()
-        runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": []}
+        runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": [], "raw": []}
         for rnd in range(args.rounds):
             for key, quorums in (("e1", (1, 1, 1)), ("e3", (3, 2, 2))):
                 os.sync()
                 runs[key].append(await _appends(zk, *quorums, args.seconds, args.window))
+            os.sync()
+            # The raw bookie beside them: one of the same bookies, 1 KiB one-entry frames
+            # from a separate driver process, 4 connections x 200 in flight.
+            raw = await trio.to_thread.run_sync(_run_ledgerd, bookies[0].port, 1, 200,
+                                                args.seconds)
+            runs["raw"].append({k: raw[k] for k in ("entries_per_s", "p50_ms", "p99_ms")})
             print(f"round {rnd + 1}: E1 {runs['e1'][-1]['appends_per_s']:,.0f}/s, "
-                  f"E3/Qw2/Qa2 {runs['e3'][-1]['appends_per_s']:,.0f}/s", flush=True)
+                  f"E3/Qw2/Qa2 {runs['e3'][-1]['appends_per_s']:,.0f}/s, raw bookie "
+                  f"{raw['entries_per_s']:,.0f}/s (E3 / raw "
+                  f"{runs['e3'][-1]['appends_per_s'] / raw['entries_per_s']:.2f})", flush=True)
         tail = await _tail(zk, args.tail_entries)
         med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
-        return {"appends": med, "tail": tail}
+        ratios = [e3["appends_per_s"] / raw["entries_per_s"]
+                  for e3, raw in zip(runs["e3"], runs["raw"], strict=True)]
+        return {"appends": med, "tail": tail, "e3_over_raw": ratios, "rounds": runs}
     finally:
         for b in bookies:
             if b.running:
@@ -146,7 +157,13 @@ def main() -> None:
           f"{a['e3']['p50_ms']:.2f} | {a['e3']['p99_ms']:.2f} |")
     print(f"| tail read (writer ack -> reader's long poll) | | {t['p50_ms']:.2f} | "
           f"{t['p99_ms']:.2f} |")
+    print(f"| raw bookie, 1 entry/frame, 4 conns x 200 (driver process) | "
+          f"{a['raw']['entries_per_s']:,.0f} | {a['raw']['p50_ms']:.2f} | "
+          f"{a['raw']['p99_ms']:.2f} |")
     print(f"\n3-bookie / 1-bookie: {ratio:.2f} (goal >= 0.5)")
+    r = result["e3_over_raw"]
+    print(f"E3/Qw2/Qa2 / raw bookie per round: {', '.join(f'{x:.2f}' for x in r)}; median "
+          f"{statistics.median(r):.2f} (goal >= 0.6)")
 
 
 if __name__ == "__main__":

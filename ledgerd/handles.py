@@ -284,16 +284,21 @@ class WriteHandle(_HandleBase):
         or the outstanding-cap wait, before the entry gets an id).
         """
         self._check_usable()
-        delay = self._throttle.take(trio.current_time())
-        if delay > 0:
-            await trio.sleep(delay)
-        while len(self._waiters) >= self.max_outstanding and self._error is None:
-            await self._wait_progress()
-        self._check_usable()
-        return self._submit_now(data)
-
-    def _submit_now(self, data: bytes) -> PendingAppend:
         now = trio.current_time()
+        if self._throttle.rate:
+            delay = self._throttle.take(now)
+            if delay > 0:
+                await trio.sleep(delay)
+                now = trio.current_time()
+                self._check_usable()
+        if len(self._waiters) >= self.max_outstanding:
+            while len(self._waiters) >= self.max_outstanding and self._error is None:
+                await self._wait_progress()
+            now = trio.current_time()
+            self._check_usable()
+        return self._submit_now(data, now)
+
+    def _submit_now(self, data: bytes, now: float) -> PendingAppend:
         payload = compress_payload(data) if self._compress else bytes(data)
         if len(payload) > self._max_payload:
             # This call fails alone: sent, the frame would be refused and the refusal

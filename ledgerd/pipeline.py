@@ -223,8 +223,7 @@ class AddPipeline:
         now = trio.current_time()
         effects: list[Effect] = []
         if error is None and status == Status.OK:
-            for eid in range(first, first + count):
-                effects += w.on_ack(eid, bookie, now)
+            effects = w.on_ack_run(first, count, bookie, now)
         elif error is None and status == Status.TOO_MANY_REQUESTS and not self.pool.closed:
             self.nursery.start_soon(self._retry_busy, bookie, req)
             return

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ledgerd.machines.quorum import check_quorums, write_set
 from wire.status import Status
@@ -77,14 +77,18 @@ class Failed:
 Effect = SendAdd | ChangeEnsemble | Completed | Failed
 
 
-@dataclass
 class _Pending:
-    entry_id: int
-    length: int
-    sent_at: float
-    acks: set[int] = field(default_factory=set)       # indexes that acknowledged
-    waiting: set[int] = field(default_factory=set)    # indexes sent to, not answered
-    sent: bool = False
+    """One entry not yet complete (a plain slotted class: one is made per append)."""
+
+    __slots__ = ("acks", "entry_id", "length", "sent", "sent_at", "waiting")
+
+    def __init__(self, entry_id: int, length: int, sent_at: float) -> None:
+        self.entry_id = entry_id
+        self.length = length
+        self.sent_at = sent_at
+        self.acks: set[int] = set()      # indexes that acknowledged
+        self.waiting: set[int] = set()   # indexes sent to, not answered
+        self.sent = False
 
 
 class LedgerWriter:
@@ -95,6 +99,9 @@ class LedgerWriter:
         if len(ensemble) != ensemble_size:
             raise ValueError(f"ensemble has {len(ensemble)} bookies, expected {ensemble_size}")
         self.e, self.qw, self.qa = ensemble_size, write_quorum, ack_quorum
+        # Entry e's write set depends only on e % E: computed once, not per entry.
+        self._sets = tuple(write_set(i, ensemble_size, write_quorum)
+                           for i in range(ensemble_size))
         self.ensemble = list(ensemble)
         self.lac = last_add_confirmed
         self.last_pushed = last_add_confirmed
@@ -134,7 +141,7 @@ class LedgerWriter:
     def _send(self, p: _Pending, only: set[int] | None = None) -> list[Effect]:
         p.sent = True
         out: list[Effect] = []
-        for index in write_set(p.entry_id, self.e, self.qw):
+        for index in self._sets[p.entry_id % self.e]:
             if only is not None and index not in only:
                 continue
             p.waiting.add(index)
@@ -155,6 +162,25 @@ class LedgerWriter:
         p.waiting.discard(index)
         p.acks.add(index)
         return self._complete_prefix()
+
+    def on_ack_run(self, first: int, count: int, bookie: str, now: float) -> list[Effect]:
+        """``on_ack`` for entries ``first .. first + count - 1`` from one bookie (one
+        multi-entry AddRequest's answer), completing in order once at the end."""
+        pending = self.pending
+        touched = False
+        for entry_id in range(first, first + count):
+            p = pending.get(entry_id)
+            if p is None or self.failed is not None:
+                if self.lagging:
+                    self._late_answer(entry_id, bookie)
+                continue
+            index = self._index_of(bookie, entry_id)
+            if index is None:
+                continue
+            p.waiting.discard(index)
+            p.acks.add(index)
+            touched = True
+        return self._complete_prefix() if touched else []
 
     def on_error(self, entry_id: int, bookie: str, status: int, now: float) -> list[Effect]:
         if self.failed is not None:
@@ -224,7 +250,7 @@ class LedgerWriter:
         return index
 
     def _index_of(self, bookie: str, entry_id: int) -> int | None:
-        for index in write_set(entry_id, self.e, self.qw):
+        for index in self._sets[entry_id % self.e]:
             if self.ensemble[index] == bookie:
                 return index
         return None

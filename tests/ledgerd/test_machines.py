@@ -405,3 +405,27 @@ def test_writer_next_deadline_is_the_earliest_unanswered_add() -> None:
     # The bookie being replaced times out no further: no deadline in the past.
     deadline = w.next_deadline()
     assert deadline is None or deadline > 7.0
+
+
+def test_a_run_of_acks_completes_like_the_acks_one_by_one() -> None:
+    import random
+
+    rng = random.Random(5)
+    for _ in range(50):
+        one, run = (LedgerWriter(3, 2, 2, B[:3]) for _ in range(2))
+        for w in (one, run):
+            for _ in range(12):
+                w.append(1, 0.0)
+        done_one: list[int] = []
+        done_run: list[int] = []
+        for _ in range(8):
+            bookie = rng.choice(B[:3])
+            first = rng.randrange(12)
+            count = rng.randrange(1, 13 - first)
+            for eid in range(first, first + count):
+                for eff in one.on_ack(eid, bookie, 0.0):
+                    done_one += eff.entry_ids  # type: ignore[union-attr]
+            for eff in run.on_ack_run(first, count, bookie, 0.0):
+                done_run += eff.entry_ids  # type: ignore[union-attr]
+        assert done_one == done_run and one.lac == run.lac
+        assert set(one.lagging) == set(run.lagging)
