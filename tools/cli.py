@@ -154,7 +154,8 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
         click.echo("stopped.")
 
 
-BENCHES = ("wire_codec", "journal", "metadata", "bookie", "client", "pipeline")
+BENCHES = ("wire_codec", "journal", "metadata", "bookie", "latency", "client", "recovery",
+           "pipeline", "rereplication", "soak")
 
 
 @cli.group("bench")
