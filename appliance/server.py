@@ -92,7 +92,7 @@ def is_loopback(stream: trio.abc.Stream) -> bool:
 class _Outbox:
     """Replies waiting to be written, with the journal groups they wait for."""
 
-    __slots__ = ("bytes", "closing", "items", "more", "space")
+    __slots__ = ("bytes", "closing", "items", "more", "space", "waiting_on")
 
     def __init__(self) -> None:
         # (correlation id, api key, status, response, group or None, started at); an
@@ -102,6 +102,22 @@ class _Outbox:
         self.space = trio.Event()
         self.closing = False
         self.bytes = 0  # reply_bytes of the non-add replies queued
+        self.waiting_on: JournalGroup | None = None  # the group that will wake the writer
+
+    def wake(self) -> None:
+        self.waiting_on = None
+        self.more.set()
+
+    def wake_when_ready(self) -> None:
+        """Wake the writer once the newest queued reply can go: at once, or when its
+        journal group is durable (the group calls back), so the writer task wakes once
+        per batch of adds instead of once to find them and again for their group."""
+        group = self.items[-1][4]
+        if group is None or group.done.is_set():
+            self.more.set()
+        elif self.waiting_on is not group:
+            self.waiting_on = group
+            group.call_when_done(self.wake)
 
     def put(self, cid: int, api: int, status: int, resp: Message | None,
             group: JournalGroup | None, t0: float) -> None:
@@ -161,7 +177,7 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
             return
         if ev is NEED_DATA:
             if outbox.items:
-                outbox.more.set()
+                outbox.wake_when_ready()
             idle = idle_timeout if idle_timeout and not conn.inflight else float("inf")
             try:
                 with trio.move_on_after(idle) as waited:
@@ -229,7 +245,8 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
         for item in items:
             group = item[4]
             if group is not None and group is not last:
-                await group.done.wait()
+                if not group.done.is_set():
+                    await group.done.wait()
                 last = group
         chunks = []
         now = time.perf_counter()

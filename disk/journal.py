@@ -82,12 +82,28 @@ class JournalOptions:
 class JournalGroup:
     """The group commit a submission joined; ``wait()`` returns once it is durable."""
 
-    __slots__ = ("done", "error", "position")
+    __slots__ = ("callbacks", "done", "error", "position")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.position = JournalPosition(0, 0)
+        # Called (in the trio thread) once the group is done: the server's connections
+        # ask to be woken here instead of waking a task only to wait for the group.
+        self.callbacks: list[Callable[[], None]] = []
+
+    def finish(self) -> None:
+        """Mark the group done (durable, or failed with ``error``) and call back."""
+        self.done.set()
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def call_when_done(self, callback: Callable[[], None]) -> None:
+        if self.done.is_set():
+            callback()
+        else:
+            self.callbacks.append(callback)
 
     @property
     def is_durable(self) -> bool:
@@ -356,17 +372,17 @@ class Journal:
                 err = exc
             self._failed = err
             group.error = err
-            group.done.set()
+            group.finish()
             # Everyone who joined after this group fails too.
             self._group.error = err
-            self._group.done.set()
+            self._group.finish()
             log.error("journal_failed", extra=fields(error=repr(exc)))
             if not isinstance(err, (OSError, StorageError)):
                 raise
             return
         self._durable = position
         group.position = position
-        group.done.set()
+        group.finish()
         if self.on_group is not None:
             self.on_group(len(records), nbytes,
                           self.last_sync_seconds)
