@@ -39,10 +39,9 @@ import trio
 import ledgerd
 from bench.bookie import _run_ledgerd
 from metadata.cluster import init_new_cluster
-from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
 from tools.benchcmd import percentile, run_writes
-from tools.bookieprocess import BookieProcess
+from tools.bookieprocess import BookieProcess, start_writable
 from tools.zkserver import ZooKeeperServer
 
 ENTRY = 1024
@@ -92,16 +91,10 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         await store.close()
         store = await ZooKeeperStore.connect(zk)
         await init_new_cluster(store, "/ledgers")
-        for i in range(3):
-            b = BookieProcess(base / f"bookie{i}", zk,
-                              settings={"log_level": "WARNING", "zk_timeout_ms": 4000})
-            b.start()
-            bookies.append(b)
-
-        async def all_up(s: BookieSet) -> bool:
-            return {b.bookie_id for b in bookies} <= s.writable
-        with trio.fail_after(120):
-            await BookieRegistry(store, "/ledgers").wait_for(all_up)
+        bookies += [BookieProcess(base / f"bookie{i}", zk,
+                                  settings={"log_level": "WARNING", "zk_timeout_ms": 4000})
+                    for i in range(3)]
+        await start_writable(store, bookies)
         await store.close()
         runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": [], "raw": []}
         for rnd in range(args.rounds):

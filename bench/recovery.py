@@ -38,9 +38,8 @@ from ledgerd.machines.quorum import write_set
 from metadata.cluster import init_new_cluster
 from metadata.ledger import LedgerMetadata, password_check
 from metadata.ledgers import LedgerManager
-from metadata.registry import BookieRegistry, BookieSet
 from metadata.zookeeper import ZooKeeperStore
-from tools.bookieprocess import BookieProcess
+from tools.bookieprocess import BookieProcess, start_writable
 from tools.zkserver import ZooKeeperServer
 from wire.entry import Digester, DigestType, encode_entry, master_key
 from wire.messages import AddRequest
@@ -109,20 +108,14 @@ async def _bench(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
     zk = server.connect_string
     quorums: tuple[int, int, int] = tuple(int(x) for x in args.quorums.split(","))  # type: ignore[assignment]
     tails = [int(t) for t in args.tails.split(",")]
-    bookies = []
+    bookies: list[BookieProcess] = []
     results: list[dict[str, Any]] = []
     store = await ZooKeeperStore.connect(zk)
     try:
         await init_new_cluster(store, "/ledgers")
-        for i in range(quorums[0]):
-            b = BookieProcess(base / f"b{i}", zk, settings={"log_level": "WARNING"})
-            b.start()
-            bookies.append(b)
-
-        async def all_up(s: BookieSet) -> bool:
-            return {b.bookie_id for b in bookies} <= s.writable
-        with trio.fail_after(120):
-            await BookieRegistry(store, "/ledgers").wait_for(all_up)
+        bookies += [BookieProcess(base / f"b{i}", zk, settings={"log_level": "WARNING"})
+                    for i in range(quorums[0])]
+        await start_writable(store, bookies)
         ensemble = tuple(b.address for b in bookies)
         for n in range(args.rounds):
             order = tails if n % 2 == 0 else list(reversed(tails))

@@ -51,7 +51,7 @@ from metadata.registry import BookieRegistry, BookieSet
 from metadata.underreplication import UnderreplicationManager
 from metadata.zookeeper import ZooKeeperStore
 from tools.benchcmd import run_writes
-from tools.bookieprocess import BookieProcess
+from tools.bookieprocess import BookieProcess, start_writable
 from tools.zkserver import ZooKeeperServer, find_free_port
 
 ENTRY = 1024
@@ -98,23 +98,16 @@ async def _round(args: argparse.Namespace, server: ZooKeeperServer, base: Path, 
     await urm.set_lost_bookie_delay(0)
     secret = base / f"secret{n}"
     generate_secret(secret)
-    bookies = []
+    bookies: list[BookieProcess] = []
     settings = {"log_level": "WARNING", "zk_timeout_ms": 4000, "cluster_secret_file": str(secret),
                 "rereplication_entry_batch_size": args.batch, "replication_workers": args.workers,
                 "rereplication_outstanding_batches": args.outstanding,
                 "rw_rereplicate_backoff_ms": 200}
     ar: subprocess.Popen[bytes] | None = None
     try:
-        for i in range(5):
-            b = BookieProcess(base / f"r{n}b{i}", zk, settings=settings)
-            b.start()
-            bookies.append(b)
+        bookies += [BookieProcess(base / f"r{n}b{i}", zk, settings=settings) for i in range(5)]
+        await start_writable(store, bookies)
         registry = BookieRegistry(store, "/ledgers")
-
-        async def all_up(s: BookieSet) -> bool:
-            return {b.bookie_id for b in bookies} <= s.writable
-        with trio.fail_after(120):
-            await registry.wait_for(all_up)
         ar_port = find_free_port()
         conf = bookies[0].config_path.read_text().replace(
             f"admin_port = {bookies[0].admin_port}", f"admin_port = {ar_port}")
@@ -166,9 +159,9 @@ async def _round(args: argparse.Namespace, server: ZooKeeperServer, base: Path, 
         if ar is not None:
             ar.terminate()
             ar.wait(30)
-        for b in bookies:
-            if b.running:
-                b.kill9()
+        for proc in bookies:
+            if proc.running:
+                proc.kill9()
         await store.close()
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from ledgerd.base.settings import toml_value
+from metadata.store import MetadataStore
 from tools.zkserver import find_free_port
 
-__all__ = ["BookieProcess"]
+__all__ = ["BookieProcess", "start_writable"]
 
 
 class BookieProcess:
@@ -116,3 +117,21 @@ class BookieProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+async def start_writable(store: MetadataStore, bookies: list[BookieProcess], *,
+                         timeout: float = 120.0, root: str = "/ledgers") -> None:
+    """Start ``bookies`` and wait (on the registry's watch) until every one is
+    registered writable; raises trio.TooSlowError after ``timeout`` seconds."""
+    import trio
+
+    from metadata.registry import BookieRegistry, BookieSet
+
+    for b in bookies:
+        b.start()
+    wanted = {b.bookie_id for b in bookies}
+
+    async def all_up(snapshot: BookieSet) -> bool:
+        return wanted <= snapshot.writable
+    with trio.fail_after(timeout):
+        await BookieRegistry(store, root).wait_for(all_up)

@@ -56,6 +56,14 @@ def whole(cluster: MemoryCluster, lid: int, md: LedgerMetadata,
     return problems
 
 
+async def wait_fragments(client: ledgerd.Client, ledger_id: int, n: int) -> LedgerMetadata:
+    """The ledger's stored metadata once it has ``n`` fragments (woken by its watch)."""
+    async with client.ledgers.watch(ledger_id) as changes:
+        while len((md := await client.ledger_metadata(ledger_id)).ensembles) < n:
+            await changes.__anext__()
+    return md
+
+
 async def lose(cluster: MemoryCluster, bookie: str) -> None:
     """The bookie is gone for good: deregistered and refusing connections."""
     cluster[bookie].gate.refuse_connects = True
@@ -109,11 +117,10 @@ async def test_only_the_lacking_fragment_changes_and_an_open_ledger_waits(
         for i in range(10, 20):
             await lh.append(b"a%d" % i)
         with trio.fail_after(10):
-            while len(lh.metadata.ensembles) < 2:
-                await trio.sleep(0.1)
+            md = await wait_fragments(client, lh.ledger_id, 2)
         cluster[first[0]].gate.thaw()
-        assert len(lh.metadata.ensembles) == 2
-        second = lh.metadata.ensembles[1][1]
+        assert len(md.ensembles) == 2
+        second = md.ensembles[1][1]
         lost = next(b for b in first[1:] if b in second)
         await lose(cluster, lost)
         # The writer is alive and the last fragment holds the lost bookie: the first
@@ -203,12 +210,11 @@ async def test_copy_to_a_given_target_beside_a_live_writers_ensemble_change(
         for i in range(30, 40):
             await lh.append(payloads[i])
         with trio.fail_after(10):
-            while len(lh.metadata.ensembles) < 2:
-                await trio.sleep(0.1)
+            md = await wait_fragments(client, lh.ledger_id, 2)
         cluster[first[0]].gate.thaw()
         lost = first[1]
         await lose(cluster, lost)
-        spare = sorted(set(cluster.bookies) - set(first) - set(lh.metadata.last_ensemble[1]))
+        spare = sorted(set(cluster.bookies) - set(first) - set(md.last_ensemble[1]))
         target = spare[0]
         # The copy and the writer's own reaction to the lost bookie (an ensemble change
         # of the last fragment) race on the same metadata node; both must land.
