@@ -357,9 +357,9 @@ class Journal:
         group, self._group = self._group, JournalGroup()
         self._threshold = trio.Event()
         try:
-            position = await self._write_native(records)
+            position = await self._write_native(records, nbytes)
             if position is None:
-                position = await trio.to_thread.run_sync(self._write_sync, records,
+                position = await trio.to_thread.run_sync(self._write_sync, records, nbytes,
                                                          abandon_on_cancel=False)
             self._writing_bytes = 0
         except BaseException as exc:
@@ -387,13 +387,12 @@ class Journal:
             self.on_group(len(records), nbytes,
                           self.last_sync_seconds)
 
-    def _write_sync(self, records: list[tuple[int, bytes]]) -> JournalPosition:
+    def _write_sync(self, records: list[tuple[int, bytes]], total: int) -> JournalPosition:
         """Worker thread: encode, pad, write, zero ahead, fdatasync. Returns the new mark.
         The slow path, for groups that roll the file or need zeroing ahead first."""
         f = self._file
         assert f is not None
         o = self.options
-        total = self._group_size(records)
         size = -(-total // o.alignment) * o.alignment
         if f.offset + size > o.max_size_mb * MiB and f.offset > HEADER_SIZE:
             f.handle.close()
@@ -409,7 +408,8 @@ class Journal:
         self.last_sync_seconds = time.perf_counter() - t0
         return self._written(f, end, len(records), size)
 
-    async def _write_native(self, records: list[tuple[int, bytes]]) -> JournalPosition | None:
+    async def _write_native(self, records: list[tuple[int, bytes]],
+                            total: int) -> JournalPosition | None:
         """The fast path: encode here, then the native syncer's own thread writes and
         syncs without the GIL while the event loop waits on its eventfd. None (nothing
         written) when the group must roll the file or zero ahead: the slow path does."""
@@ -419,7 +419,6 @@ class Journal:
         if syncer is None:
             return None
         o = self.options
-        total = self._group_size(records)
         size = -(-total // o.alignment) * o.alignment
         end = f.offset + size
         if (end > o.max_size_mb * MiB and f.offset > HEADER_SIZE) or end > f.zeroed_until:
@@ -434,13 +433,6 @@ class Journal:
         assert seconds is not None
         self.last_sync_seconds = seconds
         return self._written(f, end, len(records), size)
-
-    @staticmethod
-    def _group_size(records: list[tuple[int, bytes]]) -> int:
-        total = 0
-        for _, body in records:
-            total += len(body) + 9
-        return total
 
     def _encode(self, f: _File, records: list[tuple[int, bytes]], total: int) -> memoryview:
         """The group's records, padded to the alignment, in the reused aligned buffer."""

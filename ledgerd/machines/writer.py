@@ -151,17 +151,7 @@ class LedgerWriter:
     # -- answers ---------------------------------------------------------------------
 
     def on_ack(self, entry_id: int, bookie: str, now: float) -> list[Effect]:
-        p = self.pending.get(entry_id)
-        if p is None or self.failed is not None:
-            if self.lagging:
-                self._late_answer(entry_id, bookie)
-            return []  # a late or duplicate ack of something already complete
-        index = self._index_of(bookie, entry_id)
-        if index is None:
-            return []  # from a bookie no longer in the write set
-        p.waiting.discard(index)
-        p.acks.add(index)
-        return self._complete_prefix()
+        return self.on_ack_run(entry_id, 1, bookie, now)
 
     def on_ack_run(self, first: int, count: int, bookie: str, now: float) -> list[Effect]:
         """``on_ack`` for entries ``first .. first + count - 1`` from one bookie (one
