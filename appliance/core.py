@@ -15,7 +15,11 @@ BookKeeper's bookie applies them (``../shared/reference/bookkeeper-facts.md`` §
   fence (the recovering client rewrites what it found).
 - **Terms** (unbounded ledgers, seed 002). Term 0 means the request does not use terms.
   A term below the ledger's answers INVALID_TERM; a higher one is adopted, journaled
-  before anything the request stores.
+  before anything the request stores. Once a ledger has a term, every add, recovery
+  add, WriteLac and fencing read must carry one (term 0 answers INVALID_TERM: a
+  client that does not know the term cannot slip past it); only plain reads need none.
+  A read carrying a term (a new term's recovery read) must carry the ledger's key, as a
+  fence must: without it anyone could raise the term and stop the writer.
 - **TRUNCATE.** An add with TRUNCATE makes the bookie drop every entry after the last one
   it carries (the no-op entry that ends a term's recovery).
 - **Read-only.** A read-only bookie refuses writes with READ_ONLY, except HIGH_PRIORITY
@@ -115,6 +119,7 @@ class RuleBreaks:
 
     fenced_accepts_adds: bool = False    # plain adds pass the fence
     stale_term_accepted: bool = False    # a term below the ledger's is not refused
+    term_zero_bypasses: bool = False     # term 0 skips the term check on a termed ledger
 
     def active(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -174,9 +179,12 @@ class BookieCore:
             return Status.FENCED
         term = req.term
         new_term = 0
-        if term and term != ledger.term:
+        if term != ledger.term:
             if term > ledger.term:
                 new_term = term
+            elif not term:
+                if not self.breaks.term_zero_bypasses:
+                    return Status.INVALID_TERM
             elif not self.breaks.stale_term_accepted:
                 return Status.INVALID_TERM
         bind = b"" if key else sent
@@ -185,10 +193,13 @@ class BookieCore:
         return Accept(bind_key=bind, new_term=new_term, truncate=truncate)
 
     def on_term(self, term: int, ledger: LedgerState | None) -> Decision:
-        """A request's term against the ledger's: refuse a lower one, adopt a higher one."""
-        if not term:
-            return ACCEPT
+        """A request's term against the ledger's: refuse a lower one (term 0 included,
+        once the ledger has a term), adopt a higher one."""
         current = ledger.term if ledger is not None else 0
+        if not term:
+            if current and not self.breaks.term_zero_bypasses:
+                return Status.INVALID_TERM
+            return ACCEPT
         if term < current and not self.breaks.stale_term_accepted:
             return Status.INVALID_TERM
         if term > current:
@@ -213,16 +224,18 @@ class BookieCore:
 
     def on_recovery_read(self, req: ReadRequest | ReadRangeRequest,
                          ledger: LedgerState | None) -> Decision:
-        """A read's term and fence, combined: the term is adopted first, then the fence."""
+        """A read's term and fence, combined: the term is adopted first, then the fence.
+        A plain read (no fence, no term) passes; one with a term needs the key."""
+        fencing = bool(req.flags & _FENCE)
+        if not fencing and not req.term:
+            return ACCEPT
         term = self.on_term(req.term, ledger)
         if not isinstance(term, Accept):
-            return term
-        if not req.flags & _FENCE:
             return term
         fence = self.on_fence(req.master_key, ledger, req.ledger_id)
         if not isinstance(fence, Accept):
             return fence
-        return Accept(bind_key=fence.bind_key, new_term=term.new_term, fence=True)
+        return Accept(bind_key=fence.bind_key, new_term=term.new_term, fence=fencing)
 
     def on_write_lac(self, req: WriteLacRequest, ledger: LedgerState | None, *,
                      read_only: bool) -> Decision:
@@ -231,7 +244,7 @@ class BookieCore:
             return Status.READ_ONLY
         if ledger is None:
             return Status.NO_SUCH_LEDGER
-        term = self.on_term(req.term, ledger)
+        term = self.on_term(req.term, ledger)  # term 0 on a termed ledger: refused
         if not isinstance(term, Accept):
             return term
         if ledger.master_key and ledger.master_key != req.master_key:

@@ -33,6 +33,7 @@ from ledgerd.machines.writer import (
     Failed,
     FailureKind,
     LedgerWriter,
+    Released,
     SendAdd,
 )
 from wire.messages import AddRequest, Message
@@ -119,7 +120,7 @@ class AddPipeline:
         """Add one entry: ``encode(entry_id, lac, cumulative_length)`` gives its bytes."""
         w = self.writer
         eid, effects = w.append(length, now)
-        self.entries[eid] = encode(eid, w.lac, w.lengths[eid])
+        self.entries[eid] = encode(eid, w.published_lac, w.lengths[eid])
         self.apply(effects)
         return eid
 
@@ -168,9 +169,18 @@ class AddPipeline:
                     self._flush()
                     out = self._out
                 entries = self.entries
-                for eid in eff.entry_ids:
-                    entries.pop(eid, None)
+                if not self.writer.gwq:
+                    for eid in eff.entry_ids:
+                        entries.pop(eid, None)
+                else:  # kept until Released: an ensemble change may re-send them
+                    lagging = self.writer.lagging
+                    for eid in eff.entry_ids:
+                        if eid not in lagging:
+                            entries.pop(eid, None)
                 self.on_completed(eff.entry_ids, eff.lac)
+            elif type(eff) is Released:
+                for eid in eff.entry_ids:
+                    self.entries.pop(eid, None)
             elif type(eff) is ChangeEnsemble:
                 self._start_change(eff)
             elif type(eff) is Failed:

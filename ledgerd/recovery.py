@@ -62,7 +62,9 @@ class _PipelineRewriter:
         self.pending: list[bytes] = []
         self.next_id = -1
 
-    def append(self, entry_id: int, entry: bytes, now: float) -> None:
+    def append(self, entry_id: int, entry: bytes, now: float, truncate: bool = False) -> None:
+        if truncate:  # a term's no-op: its own pipeline, one entry, sent with TRUNCATE
+            self.pipeline.flags |= AddFlags.TRUNCATE
         if not self.pending:
             self.next_id = entry_id
             self.wake()
@@ -89,8 +91,9 @@ class _Run:
     def __init__(self, pool: BookiePool, nursery: trio.Nursery, ledger_id: int,
                  md: LedgerMetadata, key: bytes, digester: Digester, *, read_timeout: float,
                  add_timeout: float, writable: Callable[[], Awaitable[set[str]]],
-                 rng: random.Random, read_window: int = 64) -> None:
+                 rng: random.Random, read_window: int = 64, term: int = 0) -> None:
         self.pool = pool
+        self.term = term
         self.nursery = nursery
         self.ledger_id = ledger_id
         self.key = key
@@ -98,11 +101,12 @@ class _Run:
         self.rng = rng
         self.run = RecoveryRun(md, ledger_id, key, digester, read_timeout=read_timeout,
                                add_timeout=add_timeout, send_read=self._send_read,
-                               make_rewriter=self._make_rewriter, read_window=read_window)
+                               make_rewriter=self._make_rewriter, read_window=read_window,
+                               term=term)
         # The timer task's sleep; replies and rewrite changes wake it from idleness.
         self._sleep = DeadlineSleep()
         self.done = trio.Event()
-        self.rewriter: _PipelineRewriter | None = None
+        self.rewriters: list[_PipelineRewriter] = []  # the rewrites', then a term's no-op
 
     def _after_input(self) -> None:
         if self.run.is_over:
@@ -134,11 +138,13 @@ class _Run:
     def _make_rewriter(self, writer: LedgerWriter) -> _PipelineRewriter:
         pipeline = AddPipeline(
             self.pool, self.nursery, self.ledger_id, self.key, writer,
-            flags=AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY, replace=self._replace,
+            flags=AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY, term=self.term,
+            replace=self._replace,
             on_completed=self._rewritten, on_failed=self._rewrite_failed,
             on_timer_changed=self._sleep.wake)
-        self.rewriter = _PipelineRewriter(pipeline, self._sleep.interrupt)
-        return self.rewriter
+        rewriter = _PipelineRewriter(pipeline, self._sleep.interrupt)
+        self.rewriters.append(rewriter)
+        return rewriter
 
     def _rewritten(self, entry_ids: tuple[int, ...], _lac: int) -> None:
         self.run.on_rewritten(entry_ids, trio.current_time())
@@ -162,8 +168,8 @@ class _Run:
         """Rewrites waiting to be sent, then read and rewrite timeouts: sleep until the
         run's next deadline or until rewrites wait."""
         while not self.done.is_set():
-            if self.rewriter is not None:
-                self.rewriter.flush(trio.current_time())
+            for rewriter in self.rewriters:
+                rewriter.flush(trio.current_time())
             if not await self._sleep.until(self.run.next_deadline()):
                 continue
             self.run.on_timer(trio.current_time())

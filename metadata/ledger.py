@@ -1,14 +1,22 @@
 """Ledger metadata: a frozen, validated model with a versioned JSON serde.
 
-States and transitions (BookKeeper's, plus OPEN -> OPEN for a term bump of unbounded
-ledgers)::
+States and transitions (BookKeeper's, plus the term cycle of unbounded ledgers)::
 
     OPEN --recover--> IN_RECOVERY --close--> CLOSED
     OPEN --close--------------------------> CLOSED
     IN_RECOVERY --recover--> IN_RECOVERY     (a second recoverer takes over)
+    IN_RECOVERY --open term--> OPEN          (unbounded only: a new term's recovery ended)
 
 CLOSED is final. Ensembles are fragments keyed by their first entry id, strictly
-increasing from 0; each holds exactly ``ensemble_size`` distinct bookie ids.
+increasing from ``start_entry`` (0 unless fragments were trimmed from the front); each
+holds exactly ``ensemble_size`` distinct bookie ids.
+
+**Unbounded ledgers** (seed 002) carry ``unbounded``, a ``term`` raised by every writer
+that takes over, ``noops``: the ids of the truncate no-op entries that ended each term's
+recovery (readers skip them, and a log's dense offsets leave them out), and
+``start_entry``: entries before it were deleted with their fragments (retention). Their
+ensembles are written compactly, as indexes into one ``bookies`` table, so a ledger with
+10,000 fragments stays far below ZooKeeper's 1 MB node limit.
 
 The JSON starts with ``"format": 1`` so a later format can be told apart. The plain
 password is never stored: only ``password_check``, a SHA-256 of the master key, which lets
@@ -17,6 +25,7 @@ a client reject a wrong password before talking to any bookie without revealing 
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import json
@@ -82,6 +91,9 @@ class LedgerMetadata:
     compression: str | None = None
     ctime_ms: int = 0
     term: int = 0
+    unbounded: bool = False
+    noops: tuple[int, ...] = ()
+    start_entry: int = 0
     custom_metadata: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,9 +105,10 @@ class LedgerMetadata:
             raise ValueError("a ledger needs at least one ensemble")
         previous = -1
         for first, bookies in self.ensembles:
-            if first <= previous or (previous == -1 and first != 0):
-                raise ValueError(f"ensembles must start at entry 0 and strictly increase; "
-                                 f"got first entries {[f for f, _ in self.ensembles]}")
+            if first <= previous or (previous == -1 and first != self.start_entry):
+                raise ValueError(f"ensembles must start at entry {self.start_entry} and "
+                                 f"strictly increase; got first entries "
+                                 f"{[f for f, _ in self.ensembles][:8]}")
             previous = first
             if len(bookies) != self.ensemble_size:
                 raise ValueError(f"ensemble at entry {first} has {len(bookies)} bookies, "
@@ -112,6 +125,13 @@ class LedgerMetadata:
             raise ValueError(f"compression {self.compression!r} not None or 'zstd'")
         if self.term < 0:
             raise ValueError(f"term {self.term} is negative")
+        if self.start_entry < 0 or (self.start_entry and not self.unbounded):
+            raise ValueError(f"start_entry {self.start_entry}: only unbounded ledgers trim "
+                             "fragments")
+        if self.noops and (not self.unbounded or list(self.noops) != sorted(set(self.noops))
+                           or self.noops[0] < 0):
+            raise ValueError(f"noops must be increasing entry ids of an unbounded ledger, "
+                             f"got {list(self.noops)[:8]}")
 
     # -- queries -----------------------------------------------------------------------
 
@@ -143,7 +163,14 @@ class LedgerMetadata:
 
     # -- pure changes (each raises ChangeRejectedError when it no longer applies) -------
 
+    def noops_before(self, entry_id: int) -> int:
+        """How many no-op entries have ids below ``entry_id``."""
+        return bisect.bisect_left(self.noops, entry_id)
+
     def _to(self, state: LedgerState) -> None:
+        if (self.unbounded and self.state is LedgerState.IN_RECOVERY
+                and state is LedgerState.OPEN):
+            return
         if state not in TRANSITIONS[self.state]:
             raise ChangeRejectedError(f"ledger is {self.state.value}; cannot move to {state.value}")
 
@@ -170,6 +197,20 @@ class LedgerMetadata:
                 f"new fragment at {first_entry_id} precedes the last one at {ensembles[-1][0]}")
         return replace(self, ensembles=tuple(ensembles))
 
+    def trimmed_before(self, entry_id: int) -> LedgerMetadata:
+        """Drop every fragment whose entries all precede ``entry_id`` (unbounded ledgers'
+        retention); the last fragment always stays. Returns self if nothing is dropped."""
+        if not self.unbounded:
+            raise ChangeRejectedError("only unbounded ledgers drop fragments")
+        keep = 0
+        for i in range(1, len(self.ensembles)):
+            if self.ensembles[i][0] <= entry_id:
+                keep = i
+        if keep == 0:
+            return self
+        ensembles = self.ensembles[keep:]
+        return replace(self, ensembles=ensembles, start_entry=ensembles[0][0])
+
     # -- serde -------------------------------------------------------------------------
 
     def to_json(self) -> bytes:
@@ -181,7 +222,6 @@ class LedgerMetadata:
             "state": self.state.value,
             "last_entry_id": self.last_entry_id,
             "length": self.length,
-            "ensembles": [[first, list(bookies)] for first, bookies in self.ensembles],
             "digest_type": self.digest_type,
             "password_check": self.password_check,
             "compression": self.compression,
@@ -189,6 +229,19 @@ class LedgerMetadata:
             "term": self.term,
             "custom_metadata": dict(self.custom_metadata),
         }
+        if self.unbounded:
+            table: dict[str, int] = {}
+            for _, bookies in self.ensembles:
+                for b in bookies:
+                    table.setdefault(b, len(table))
+            doc["unbounded"] = True
+            doc["noops"] = list(self.noops)
+            doc["start_entry"] = self.start_entry
+            doc["bookies"] = list(table)
+            doc["ensembles"] = [[first, [table[b] for b in bookies]]
+                                for first, bookies in self.ensembles]
+        else:
+            doc["ensembles"] = [[first, list(bookies)] for first, bookies in self.ensembles]
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -214,17 +267,43 @@ class LedgerMetadata:
                 state=LedgerState(doc["state"]),
                 last_entry_id=_int(doc, "last_entry_id"),
                 length=_int(doc, "length"),
-                ensembles=tuple((int(first), tuple(str(b) for b in bookies))
-                                for first, bookies in doc["ensembles"]),
+                ensembles=_ensembles(doc),
                 digest_type=str(doc["digest_type"]),
                 password_check=str(doc.get("password_check", "")),
                 compression=doc.get("compression"),
                 ctime_ms=_int(doc, "ctime_ms"),
                 term=_int(doc, "term"),
+                unbounded=doc.get("unbounded", False) is True,
+                noops=tuple(_ints(doc.get("noops", []), "noops")),
+                start_entry=_int(doc, "start_entry") if "start_entry" in doc else 0,
                 custom_metadata=custom,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptMetadataError(path, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _ensembles(doc: dict[str, Any]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """Ensembles as written: bookie ids, or (compact form) indexes into ``bookies``."""
+    table = doc.get("bookies")
+    if table is None:
+        return tuple((int(first), tuple(str(b) for b in bookies))
+                     for first, bookies in doc["ensembles"])
+    names = [str(b) for b in table]
+    return tuple((int(first), tuple(names[_index(i, len(names))] for i in bookies))
+                 for first, bookies in doc["ensembles"])
+
+
+def _index(value: Any, size: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < size:
+        raise ValueError(f"bookie index {value!r} outside the table of {size}")
+    return value
+
+
+def _ints(values: Any, key: str) -> list[int]:
+    if not isinstance(values, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{key} must be a list of integers")
+    return values
 
 
 def _int(doc: dict[str, Any], key: str) -> int:

@@ -13,6 +13,12 @@ The rules (seed 000 "Closing a ledger as a writer", bookkeeper-facts §8):
 - recovery begin: OPEN or IN_RECOVERY -> IN_RECOVERY; CLOSED -> nothing to recover;
 - recovery close: the ensembles chosen during recovery land together with CLOSED; a
   ledger another recoverer closed first is adopted as it is.
+- terms (unbounded ledgers, seed 002): a writer that takes over raises the term by CAS
+  (``begin_term``: OPEN or IN_RECOVERY -> IN_RECOVERY, term + 1); its recovery's
+  ensembles, the no-op entries it found or wrote, and OPEN land with one CAS
+  (``open_term``) that holds only while the term is still its own. Every change a
+  writer makes to an unbounded ledger (ensemble change, close) carries its term, and a
+  raised term rejects it with TermChangedError: that writer lost the leadership;
 - re-replication (``replace_in_fragment``): only the copied fragment's ensemble changes,
   and only while that fragment still covers the entries copied (same first and last
   entry, still final) and each replaced bookie still sits where it was read; a bookie
@@ -34,11 +40,14 @@ __all__ = [
     "EnsembleConflictError",
     "FencedChangeError",
     "FragmentChangedError",
+    "TermChangedError",
     "begin_recovery",
+    "begin_term",
     "change_ensemble",
     "close_as_writer",
     "close_recovered",
     "failure_kind",
+    "open_term",
     "replace_in_fragment",
 ]
 
@@ -55,7 +64,17 @@ class EnsembleConflictError(ChangeRejectedError):
     """The last ensemble changed under the writer (someone else replaced a bookie)."""
 
 
-def _writable(md: LedgerMetadata) -> None:
+class TermChangedError(ChangeRejectedError):
+    """Another writer raised the unbounded ledger's term: this one lost the leadership."""
+
+
+def _check_term(md: LedgerMetadata, term: int) -> None:
+    if md.unbounded and md.term != term:
+        raise TermChangedError(f"ledger term is {md.term}, this writer holds term {term}")
+
+
+def _writable(md: LedgerMetadata, term: int = 0) -> None:
+    _check_term(md, term)
     if md.state is LedgerState.CLOSED:
         raise ClosedChangeError(f"ledger is CLOSED at entry {md.last_entry_id}")
     if md.state is LedgerState.IN_RECOVERY:
@@ -63,15 +82,18 @@ def _writable(md: LedgerMetadata) -> None:
 
 
 def change_ensemble(md: LedgerMetadata, expected: Sequence[str], first_entry_id: int,
-                    new: Sequence[str]) -> LedgerMetadata:
-    _writable(md)
+                    new: Sequence[str], term: int = 0) -> LedgerMetadata:
+    _writable(md, term)
     if tuple(md.last_ensemble[1]) != tuple(expected):
         raise EnsembleConflictError(f"last ensemble is {list(md.last_ensemble[1])}, the writer "
                                f"had {list(expected)}")
     return md.with_ensemble(first_entry_id, tuple(new))
 
 
-def close_as_writer(md: LedgerMetadata, last_entry_id: int, length: int) -> LedgerMetadata:
+def close_as_writer(md: LedgerMetadata, last_entry_id: int, length: int,
+                    term: int = 0) -> LedgerMetadata:
+    if md.state is not LedgerState.CLOSED:
+        _check_term(md, term)
     if md.state is LedgerState.CLOSED:
         if md.last_entry_id == last_entry_id:
             return md
@@ -86,6 +108,40 @@ def begin_recovery(md: LedgerMetadata) -> LedgerMetadata:
     if md.state is LedgerState.CLOSED:
         return md
     return md.with_state(LedgerState.IN_RECOVERY)
+
+
+def begin_term(md: LedgerMetadata) -> LedgerMetadata:
+    """Take over an unbounded ledger: IN_RECOVERY with the term raised by one."""
+    if not md.unbounded:
+        raise ChangeRejectedError("not an unbounded ledger: terms need one")
+    if md.state is LedgerState.CLOSED:
+        raise ClosedChangeError(f"ledger is CLOSED at entry {md.last_entry_id}")
+    return replace(md, state=LedgerState.IN_RECOVERY, term=md.term + 1)
+
+
+def open_term(md: LedgerMetadata, term: int, ensembles: Mapping[int, Sequence[str]],
+              noops: Sequence[int]) -> LedgerMetadata:
+    """End a term's recovery: its ensembles and no-op entries land, and the ledger is
+    OPEN for writes at ``term + 1``. Rejected if another writer raised the term since.
+
+    Writes use the next term, not the recovery's: a recovery add (the TRUNCATE no-op
+    above all) held up in the network and delivered after the writes began would drop
+    them; at ``term + 1`` every bookie that took a write refuses it (INVALID_TERM). The
+    simulator found this with a delayed no-op and a later fragment on the same bookie."""
+    if md.state is LedgerState.OPEN and md.term == term + 1:
+        return md  # our CAS landed before a retry
+    _check_term(md, term)
+    if md.state is LedgerState.CLOSED:
+        raise ClosedChangeError(f"ledger is CLOSED at entry {md.last_entry_id}")
+    if md.state is LedgerState.OPEN:
+        raise TermChangedError(f"ledger is OPEN at term {md.term}, not in term {term}'s "
+                               "recovery")
+    for first in sorted(ensembles):
+        if first < md.last_ensemble[0]:
+            continue  # a fragment a trim removed meanwhile cannot be re-added
+        md = md.with_ensemble(first, tuple(ensembles[first]))
+    merged = tuple(sorted(set(md.noops) | {n for n in noops if n >= md.start_entry}))
+    return replace(md, state=LedgerState.OPEN, noops=merged, term=term + 1)
 
 
 def close_recovered(md: LedgerMetadata, ensembles: Mapping[int, Sequence[str]],
@@ -140,6 +196,8 @@ def failure_kind(rejected: ChangeRejectedError) -> FailureKind:
     """What a writer's failed ensemble change means for its handle."""
     if isinstance(rejected, ClosedChangeError):
         return FailureKind.CLOSED
+    if isinstance(rejected, TermChangedError):
+        return FailureKind.TERM
     if isinstance(rejected, FencedChangeError):
         return FailureKind.FENCED
     return FailureKind.METADATA

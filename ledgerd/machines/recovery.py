@@ -24,6 +24,16 @@ The caller has already moved the metadata from OPEN to IN_RECOVERY (a CAS). Then
 5. **Close**: once the read has ended and every rewrite is acknowledged, ``Finished``
    carries the last entry id and length for the CAS to CLOSED.
 
+**A new term** (unbounded ledgers, seed 002; ``new_term=True``) runs the same steps with
+three differences: the reads carry the term instead of the fence (the driver's
+business), an INVALID_TERM answer aborts with ``FailureKind.TERM`` (a higher term took
+over), and the end is marked: at the first entry proven absent, N, a no-op entry goes
+out with TRUNCATE (``WriteNoop``), so every bookie drops whatever a former term left at N
+and beyond. ``Finished`` then ends at N, with the ids of every no-op entry among what it
+rewrote (no-ops of earlier terms included) in ``noops``. Rewrites must reach the whole
+write quorum, the no-op included (the driver's writer runs with Qa = Qw): without that,
+terms diverge (the TLA+ spec's counterexample).
+
 Time: the machine keeps every read it asked for with the time it asked (``now`` comes
 with each input), answers a read that is not outstanding (late, after its timeout, or a
 duplicate) with nothing, and times reads out itself: drivers sleep until
@@ -52,7 +62,7 @@ from wire.errors import WireError
 from wire.status import Status
 
 __all__ = ["Aborted", "Finished", "LedgerRecovery", "Phase", "Rewrite", "SendFenceRead",
-           "SendRecoveryRead"]
+           "SendRecoveryRead", "WriteNoop", "noop_length", "real_length"]
 
 _NEGATIVE = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
 
@@ -86,9 +96,31 @@ class Rewrite:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteNoop:
+    """A new term's end marker: a no-op entry at ``entry_id`` written with TRUNCATE,
+    carrying the LAC frozen at the start of recovery and the ledger's length so far."""
+
+    entry_id: int
+    lac: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     last_entry_id: int
     length: int
+    noops: tuple[int, ...] = ()
+
+
+def noop_length(length: int) -> int:
+    """A no-op entry's length field: negative (-1 - the ledger's length), which no data
+    entry has, so any reader holding only the entry's bytes can tell it apart."""
+    return -1 - length
+
+
+def real_length(length: int) -> int:
+    """The ledger length an entry's length field stands for (no-op or not)."""
+    return -1 - length if length < 0 else length
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +131,14 @@ class Aborted:
     reason: str
 
 
-RecoveryEffect = SendFenceRead | SendRecoveryRead | Rewrite | Finished | Aborted
+RecoveryEffect = SendFenceRead | SendRecoveryRead | Rewrite | WriteNoop | Finished | Aborted
 
 
 class LedgerRecovery:
     def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int,
                  ensemble: Sequence[str], last_fragment_first_entry: int, *,
                  read_timeout: float = float("inf"), read_window: int = 64,
-                 max_unwritten: int = 1024,
+                 max_unwritten: int = 1024, new_term: bool = False,
                  start_from_minus_one: bool = False) -> None:
         if read_window < 1 or max_unwritten < 1:
             raise ValueError(f"read_window and max_unwritten must be at least 1, got "
@@ -136,6 +168,8 @@ class LedgerRecovery:
         # at. Insertion order is send order, so the first one times out first.
         self.outstanding: dict[tuple[int, int], float] = {}
         self.now = 0.0
+        self.new_term = new_term
+        self.noops: list[int] = []   # no-op entries among the rewrites (and the one written)
         # Mutation switch for the simulator's self-test only (#2615 re-introduced).
         self._start_from_minus_one = start_from_minus_one
 
@@ -191,9 +225,12 @@ class LedgerRecovery:
         if status == Status.UNAUTHORIZED:
             return self._abort(FailureKind.UNAUTHORIZED,
                                f"bookie {self.ensemble[index]} refused the master key")
+        if status == Status.INVALID_TERM:
+            return self._abort(FailureKind.TERM, f"bookie {self.ensemble[index]} holds a "
+                                                 "higher term: another writer took over")
         self.coverage.record(index, is_definite(status))
         if status == Status.OK and lac > self.max_lac:
-            self.max_lac, self.max_lac_length = lac, length
+            self.max_lac, self.max_lac_length = lac, real_length(length)
         if self.coverage.covered:
             return self._start_reading()
         if self.coverage.all_answered:
@@ -252,6 +289,9 @@ class LedgerRecovery:
         elif status == Status.UNAUTHORIZED:
             return self._abort(FailureKind.UNAUTHORIZED,
                                f"bookie {self.ensemble[index]} refused the master key")
+        elif status == Status.INVALID_TERM:
+            return self._abort(FailureKind.TERM, f"bookie {self.ensemble[index]} holds a "
+                                                 "higher term: another writer took over")
         else:
             r.failure(index)
         if r.outcome is ReadOutcome.ABSENT and (self.end_at < 0 or entry_id < self.end_at):
@@ -280,7 +320,9 @@ class LedgerRecovery:
                 assert r.found is not None
                 del self.reads[entry_id]
                 length = self.lengths.pop(entry_id)
-                self.last_found, self.last_length = entry_id, length
+                if length < 0:
+                    self.noops.append(entry_id)
+                self.last_found, self.last_length = entry_id, real_length(length)
                 self.rewrites_pending.add(entry_id)
                 for i in r.indexes:
                     self.outstanding.pop((entry_id, i), None)
@@ -292,6 +334,11 @@ class LedgerRecovery:
                 self.phase = Phase.WRITING
                 self.outstanding.clear()
                 self.reads.clear()
+                if self.new_term:
+                    out.append(WriteNoop(entry_id, self.start, self.last_length))
+                    self.noops.append(entry_id)
+                    self.rewrites_pending.add(entry_id)
+                    self.last_found = entry_id
                 return out + self._maybe_finish()
             if outcome is ReadOutcome.UNKNOWN:
                 return out + self._abort(FailureKind.UNAVAILABLE,
@@ -316,7 +363,7 @@ class LedgerRecovery:
     def _maybe_finish(self) -> list[RecoveryEffect]:
         if self.phase is Phase.WRITING and self.read_ended and not self.rewrites_pending:
             self.phase = Phase.DONE
-            return [Finished(self.last_found, self.last_length)]
+            return [Finished(self.last_found, self.last_length, tuple(self.noops))]
         return []
 
     def _abort(self, kind: FailureKind, reason: str) -> list[RecoveryEffect]:

@@ -28,11 +28,13 @@ from ledgerd.machines.recovery import (
     Rewrite,
     SendFenceRead,
     SendRecoveryRead,
+    WriteNoop,
     feed_reply,
+    noop_length,
 )
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from metadata.ledger import LedgerMetadata
-from wire.entry import Digester, Entry
+from wire.entry import Digester, Entry, encode_entry
 from wire.messages import ReadFlags, ReadRequest
 
 __all__ = ["RECOVERY_READ_FLAGS", "RecoveryRun", "Rewriter"]
@@ -44,7 +46,8 @@ class Rewriter(Protocol):
     """Where recovered entries go: a recovery-mode writer's transport. It reports back
     with ``RecoveryRun.on_rewritten`` and ``on_rewrite_failed``."""
 
-    def append(self, entry_id: int, entry: bytes, now: float) -> None: ...
+    def append(self, entry_id: int, entry: bytes, now: float, truncate: bool = False,
+               ) -> None: ...
 
     def next_deadline(self) -> float | None: ...
 
@@ -57,6 +60,12 @@ class RecoveryRun:
     ``send_read(request, entry_id, index, bookie)`` sends a read; its reply comes back
     through ``on_read_reply``. ``make_rewriter(writer)`` is called once, at the first
     recovered entry, with the recovery-mode writer to send rewrites through.
+
+    With ``term`` (unbounded ledgers: the term this client just raised in metadata), the
+    run starts that term: reads carry the term instead of the fence, rewrites carry it
+    too and must reach the whole write quorum, and the end gets a TRUNCATE no-op entry
+    (``LedgerRecovery(new_term=True)``). ``rewrites_at_ack_quorum`` re-introduces the
+    divergence the guaranteed write quorum prevents (the simulator's self-test only).
     """
 
     def __init__(self, md: LedgerMetadata, ledger_id: int, key: bytes, digester: Digester, *,
@@ -64,6 +73,7 @@ class RecoveryRun:
                  send_read: Callable[[ReadRequest, int, int, str], None],
                  make_rewriter: Callable[[LedgerWriter], Rewriter],
                  read_flags: int = RECOVERY_READ_FLAGS, read_window: int = 64,
+                 term: int = 0, rewrites_at_ack_quorum: bool = False,
                  start_from_minus_one: bool = False) -> None:
         self.md = md
         self.ledger_id = ledger_id
@@ -72,14 +82,24 @@ class RecoveryRun:
         self.add_timeout = add_timeout
         self.send_read = send_read
         self.make_rewriter = make_rewriter
-        self.read_flags = read_flags
+        self.term = term
+        # A term's reads adopt the term on each bookie instead of fencing the ledger
+        # (a fence would stop this term's own writes too).
+        self.read_flags = read_flags & ~ReadFlags.FENCE if term else read_flags
+        self.rewrite_quorum = md.ack_quorum if rewrites_at_ack_quorum or not term \
+            else md.write_quorum
         first, ensemble = md.last_ensemble
         self.machine = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum,
                                       ensemble, first, read_timeout=read_timeout,
-                                      read_window=read_window,
+                                      read_window=read_window, new_term=bool(term),
                                       start_from_minus_one=start_from_minus_one)
         self.writer: LedgerWriter | None = None
         self.rewriter: Rewriter | None = None
+        # A term's no-op goes to every bookie of the ensemble (its own writer, E of E):
+        # a bookie outside the no-op's write set may hold a former term's entries past it.
+        self.noop: tuple[int, bytes] | None = None
+        self.noop_rewriter: Rewriter | None = None
+        self.rewrites_at_ack_quorum = rewrites_at_ack_quorum
         self.ensembles: dict[int, tuple[str, ...]] = {}  # local until the closing CAS
         self.finished: Finished | None = None
         self.aborted: Aborted | None = None
@@ -107,6 +127,24 @@ class RecoveryRun:
 
     def on_rewritten(self, entry_ids: tuple[int, ...], now: float) -> None:
         self._apply(self.machine.on_rewritten(entry_ids, now), now)
+        self._maybe_send_noop(now)
+
+    def _maybe_send_noop(self, now: float) -> None:
+        """Send the no-op once every rewrite before it is acknowledged, through a writer
+        whose write set is the whole ensemble (the rewrites' ensemble as changed)."""
+        if self.noop is None or self.noop_rewriter is not None or self.is_over:
+            return
+        entry_id, data = self.noop
+        if self.machine.rewrites_pending != {entry_id}:
+            return
+        md, m = self.md, self.machine
+        ensemble = self.writer.ensemble if self.writer is not None else m.ensemble
+        e = md.ensemble_size
+        quorums = (md.write_quorum, md.ack_quorum) if self.rewrites_at_ack_quorum else (e, e)
+        writer = LedgerWriter(e, *quorums, ensemble, last_add_confirmed=entry_id - 1,
+                              add_timeout=self.add_timeout)
+        self.noop_rewriter = self.make_rewriter(writer)
+        self.noop_rewriter.append(entry_id, data, now, truncate=True)
 
     def on_rewrite_failed(self, kind: FailureKind, reason: str) -> None:
         if not self.is_over:
@@ -128,16 +166,18 @@ class RecoveryRun:
         if self.is_over:
             return None
         deadline = self.machine.next_deadline()
-        if self.rewriter is not None:
-            rewrite = self.rewriter.next_deadline()
-            if rewrite is not None and (deadline is None or rewrite < deadline):
-                deadline = rewrite
+        for rewriter in (self.rewriter, self.noop_rewriter):
+            if rewriter is not None:
+                rewrite = rewriter.next_deadline()
+                if rewrite is not None and (deadline is None or rewrite < deadline):
+                    deadline = rewrite
         return deadline
 
     def on_timer(self, now: float) -> None:
         self._apply(self.machine.on_timer(now), now)
-        if self.rewriter is not None and not self.is_over:
-            self.rewriter.on_timer(now)
+        for rewriter in (self.rewriter, self.noop_rewriter):
+            if rewriter is not None and not self.is_over:
+                rewriter.on_timer(now)
 
     # -- effects -----------------------------------------------------------------------
 
@@ -151,6 +191,11 @@ class RecoveryRun:
                 self._read(eff.entry_id, eff.index, eff.bookie)
             elif isinstance(eff, Rewrite):
                 self._rewriter().append(eff.entry_id, eff.entry, now)
+            elif isinstance(eff, WriteNoop):
+                self.noop = (eff.entry_id, encode_entry(
+                    self.digester, self.ledger_id, eff.entry_id, eff.lac,
+                    noop_length(eff.length), b""))
+                self._maybe_send_noop(now)
             elif isinstance(eff, Finished):
                 self.finished = eff
             elif isinstance(eff, Aborted):
@@ -158,14 +203,15 @@ class RecoveryRun:
 
     def _read(self, entry_id: int, index: int, bookie: str) -> None:
         req = ReadRequest(ledger_id=self.ledger_id, entry_id=entry_id, flags=self.read_flags,
-                          master_key=self.key)
+                          master_key=self.key, term=self.term)
         self.send_read(req, entry_id, index, bookie)
 
     def _rewriter(self) -> Rewriter:
         if self.rewriter is None:
             md, m = self.md, self.machine
-            self.writer = LedgerWriter(md.ensemble_size, md.write_quorum, md.ack_quorum,
-                                       m.ensemble, last_add_confirmed=m.start,
+            self.writer = LedgerWriter(md.ensemble_size, md.write_quorum,
+                                       self.rewrite_quorum, m.ensemble,
+                                       last_add_confirmed=m.start,
                                        add_timeout=self.add_timeout)
             self.rewriter = self.make_rewriter(self.writer)
         return self.rewriter

@@ -24,6 +24,19 @@ Rules (seeds 000/004, bookkeeper-facts §8):
   writer that ignored it would keep every later entry at Qw - 1 copies;
 - FENCED or UNAUTHORIZED fails the handle (another client is recovering the ledger, or
   the password is wrong); a CAS that finds the ledger CLOSED or IN_RECOVERY fails it too.
+- INVALID_TERM (unbounded ledgers) fails the handle with ``FailureKind.TERM``: another
+  writer took the ledger over; it is never a reason for an ensemble change.
+
+Unbounded ledgers add two rules (seed 002 and its TLA+ spec, "guaranteed write quorum"):
+
+- ``guaranteed_write_quorum``: an entry completes at Qa as before, but it stays tracked
+  until its whole write set has it; an ensemble change starts from the LAFR + 1 (last
+  add fully replicated) instead of LAC + 1, and re-sends every tracked entry to the
+  replacement, so every fragment but the last holds each entry on its whole write set.
+  ``Released`` reports the entries that reached it (drivers may drop their bytes).
+- ``fragment_entries``: once the last fragment holds that many entries, the next entry
+  waits until everything before it is fully replicated, then opens a new fragment
+  (``ChangeEnsemble`` with no failed bookie: the driver picks a fresh ensemble).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ from ledgerd.machines.quorum import check_quorums, write_set
 from wire.status import Status
 
 __all__ = ["ChangeEnsemble", "Completed", "Effect", "Failed", "FailureKind", "LedgerWriter",
-           "SendAdd"]
+           "Released", "SendAdd"]
 
 
 class FailureKind(enum.Enum):
@@ -46,6 +59,7 @@ class FailureKind(enum.Enum):
     NO_BOOKIES = "no_bookies"    # an ensemble change found no replacement
     METADATA = "metadata"        # the metadata store failed
     UNAVAILABLE = "unavailable"  # too few bookies answered to decide (recovery)
+    TERM = "term"                # another writer raised the term (unbounded ledgers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +88,14 @@ class Failed:
     entry_ids: tuple[int, ...]  # pending appends that fail with the handle
 
 
-Effect = SendAdd | ChangeEnsemble | Completed | Failed
+@dataclass(frozen=True, slots=True)
+class Released:
+    """Entries complete earlier that now reached their whole write set (GWQ mode)."""
+
+    entry_ids: tuple[int, ...]
+
+
+Effect = SendAdd | ChangeEnsemble | Completed | Failed | Released
 
 
 class _Pending:
@@ -94,7 +115,9 @@ class _Pending:
 class LedgerWriter:
     def __init__(self, ensemble_size: int, write_quorum: int, ack_quorum: int,
                  ensemble: Sequence[str], *, last_add_confirmed: int = -1, length: int = 0,
-                 add_timeout: float = 5.0, complete_out_of_order: bool = False) -> None:
+                 add_timeout: float = 5.0, complete_out_of_order: bool = False,
+                 guaranteed_write_quorum: bool = False, fragment_first: int = 0,
+                 fragment_entries: int = 0) -> None:
         check_quorums(ensemble_size, write_quorum, ack_quorum)
         if len(ensemble) != ensemble_size:
             raise ValueError(f"ensemble has {len(ensemble)} bookies, expected {ensemble_size}")
@@ -117,6 +140,13 @@ class LedgerWriter:
         # Mutation switch for the simulator's self-test only: report an entry complete
         # as soon as it has Qa acks, even before earlier entries.
         self._out_of_order = complete_out_of_order
+        self.gwq = guaranteed_write_quorum
+        self.fragment_first = fragment_first
+        self.fragment_entries = fragment_entries
+        self.rotate_at = -1  # the entry that opens a new fragment, waiting to (-1: none)
+        self._lagging_unordered = complete_out_of_order
+        self.pinned: set[int] = set()  # failed bookies that cannot be replaced yet (GWQ)
+        self.change_from = 0           # the first entry of the change in progress
 
     # -- appends ---------------------------------------------------------------------
 
@@ -134,9 +164,42 @@ class LedgerWriter:
         p = _Pending(eid, length, now)
         self.pending[eid] = p
         effects: list[Effect] = []
-        if self.changing is None:
+        if (self.fragment_entries and self.rotate_at < 0 and self.changing is None
+                and eid - self.fragment_first >= self.fragment_entries):
+            self.rotate_at = eid
+            return eid, self._maybe_rotate()
+        if self.changing is None and self.rotate_at < 0:
             effects = self._send(p)
         return eid, effects
+
+    @property
+    def lafr(self) -> int:
+        """Last add fully replicated (GWQ mode): every entry up to it reached its whole
+        write set. Without GWQ, the last entry before any still pending."""
+        low = self.last_pushed + 1
+        if self.pending:  # dicts keep insertion order, and ids are inserted ascending
+            low = min(low, next(iter(self.pending)))
+        if self.gwq and self.lagging:
+            low = min(low, min(self.lagging) if self._lagging_unordered
+                      else next(iter(self.lagging)))
+        return low - 1
+
+    @property
+    def published_lac(self) -> int:
+        """The LAC entries carry to readers: the LAC, or with GWQ the LAFR, so that a new
+        term's recovery (which starts at the highest LAC it finds) rewrites every entry
+        that may not have reached its whole write set."""
+        return min(self.lac, self.lafr) if self.gwq else self.lac
+
+    def _maybe_rotate(self) -> list[Effect]:
+        """Open the next fragment once every entry before ``rotate_at`` is settled."""
+        if self.rotate_at < 0 or self.changing is not None or self.failed is not None:
+            return []
+        if self.lafr + 1 < self.rotate_at:
+            return []
+        self.changing = {}
+        self.change_from = self.rotate_at
+        return [ChangeEnsemble(self.rotate_at, {})]
 
     def _send(self, p: _Pending, only: set[int] | None = None) -> list[Effect]:
         p.sent = True
@@ -158,11 +221,12 @@ class LedgerWriter:
         multi-entry AddRequest's answer), completing in order once at the end."""
         pending = self.pending
         touched = False
+        late = False
         for entry_id in range(first, first + count):
             p = pending.get(entry_id)
             if p is None or self.failed is not None:
-                if self.lagging:
-                    self._late_answer(entry_id, bookie)
+                if self.lagging and self._late_answer(entry_id, bookie) is not None:
+                    late = True
                 continue
             index = self._index_of(bookie, entry_id)
             if index is None:
@@ -170,17 +234,24 @@ class LedgerWriter:
             p.waiting.discard(index)
             p.acks.add(index)
             touched = True
-        return self._complete_prefix() if touched else []
+        out = self._complete_prefix() if touched else []
+        if late and self.gwq:
+            out += self._release()
+        return out
 
     def on_error(self, entry_id: int, bookie: str, status: int, now: float) -> list[Effect]:
         if self.failed is not None:
             return []
+        if status == Status.INVALID_TERM:
+            return self._fail(FailureKind.TERM, f"bookie {bookie} holds a higher term: "
+                                                "another writer took the ledger over")
         if entry_id not in self.pending:
             # A bookie failed an entry already complete at Qa: replace it for what follows.
-            index = self._late_answer(entry_id, bookie)
+            # (With GWQ the entry keeps waiting for it: the change re-sends it.)
+            index = self._late_answer(entry_id, bookie, failed=True)
             if index is None or status in (Status.FENCED, Status.UNAUTHORIZED):
                 return []  # the next add learns of a fence or a bad key
-            return self._bookie_failed(index)
+            return self._replace_or_pin(index)
         if status == Status.FENCED:
             return self._fail(FailureKind.FENCED, f"bookie {bookie} says the ledger is fenced")
         if status == Status.UNAUTHORIZED:
@@ -190,7 +261,7 @@ class LedgerWriter:
         if index is None:
             return []
         self.pending[entry_id].waiting.discard(index)
-        return self._bookie_failed(index)
+        return self._replace_or_pin(index)
 
     def next_deadline(self) -> float | None:
         """When ``on_timer`` has something to do: the earliest moment an unanswered add
@@ -217,25 +288,63 @@ class LedgerWriter:
             if p.waiting and p.sent_at + self.add_timeout <= now:
                 slow |= p.waiting
         for eid, p in list(self.lagging.items()):
-            if p.sent_at + self.add_timeout <= now:
+            if p.waiting and p.sent_at + self.add_timeout <= now:
                 slow |= p.waiting
-                del self.lagging[eid]
+                if self.gwq:
+                    p.sent_at = now  # a pinned bookie gets it again; else the change does
+                else:
+                    del self.lagging[eid]
         effects: list[Effect] = []
         for index in sorted(slow):
-            effects += self._bookie_failed(index)
+            if self.gwq and self._is_pinned(index):
+                effects += self._pin(index, now)
+            else:
+                effects += self._bookie_failed(index)
         return effects
 
-    def _late_answer(self, entry_id: int, bookie: str) -> int | None:
-        """A complete entry's bookie answered: it waits no more. Returns its index in the
-        current ensemble (None if it was not waited for, or was replaced since)."""
+    def _is_pinned(self, index: int) -> bool:
+        """GWQ: the bookie at ``index`` holds a copy some acknowledged entry needs to
+        count Qa copies; replaced from the LAFR, a recovery could prove that entry absent
+        with the replacement's negative answer (the spec's ``BookiePinned``)."""
+        qa = self.qa
+        return any(index in p.acks and len(p.acks) - 1 < qa for p in self.lagging.values())
+
+    def _replace_or_pin(self, index: int) -> list[Effect]:
+        """A bookie failed: replace it, unless (GWQ) it is pinned; then the timeouts send
+        it again what it owes until it is no longer pinned."""
+        if self.gwq and self._is_pinned(index):
+            self.pinned.add(index)
+            return []
+        return self._bookie_failed(index)
+
+    def _pin(self, index: int, now: float) -> list[Effect]:
+        """Keep a pinned bookie: send it again what it still owes; it is replaced once
+        the entries that pin it reached their whole write set."""
+        self.pinned.add(index)
+        bookie = self.ensemble[index]
+        out: list[Effect] = []
+        for group in (self.lagging, self.pending):
+            for p in group.values():
+                if index in p.waiting:
+                    p.sent_at = now
+                    out.append(SendAdd(p.entry_id, index, bookie))
+        return out
+
+    def _late_answer(self, entry_id: int, bookie: str, failed: bool = False) -> int | None:
+        """A complete entry's bookie answered: it waits no more (with GWQ, a failure
+        keeps it waiting for the replacement). Returns its index in the current ensemble
+        (None if it was not waited for, or was replaced since)."""
         p = self.lagging.get(entry_id)
         if p is None or bookie not in self.ensemble:
             return None
         index = self.ensemble.index(bookie)  # waiting holds write-set indexes only
         if index not in p.waiting:
             return None
+        if failed and self.gwq:
+            return index
         p.waiting.discard(index)
-        if not p.waiting:
+        p.acks.add(index)
+        if not p.waiting and not self.gwq:
             del self.lagging[entry_id]
         return index
 
@@ -252,9 +361,10 @@ class LedgerWriter:
         if self._out_of_order:
             return self._complete_any()
         nxt = self.lac + 1
+        gwq = self.gwq
         while (p := self.pending.get(nxt)) is not None and len(p.acks) >= self.qa:
             del self.pending[nxt]
-            if p.waiting:
+            if p.waiting or gwq:
                 self.lagging[nxt] = p
             self.length = self.lengths.pop(nxt)
             done.append(nxt)
@@ -262,7 +372,36 @@ class LedgerWriter:
         if not done:
             return []
         self.lac = done[-1]
-        return [Completed(tuple(done), self.lac)]
+        out: list[Effect] = [Completed(tuple(done), self.lac)]
+        if gwq:
+            out += self._release()
+        return out
+
+    def _release(self) -> list[Effect]:
+        """GWQ: drop the front of ``lagging`` that reached its whole write set (kept till
+        then: an ensemble change from the LAFR re-sends every one of them)."""
+        lagging = self.lagging
+        released: list[int] = []
+        # During a change from F, entries from F on stay: the new bookie gets them all.
+        stop = self.change_from if self.changing is not None else None
+        while lagging:
+            eid = next(iter(lagging))
+            if lagging[eid].waiting or (stop is not None and eid >= stop):
+                break
+            del lagging[eid]
+            released.append(eid)
+        out: list[Effect] = [Released(tuple(released))] if released else []
+        if self.pinned:
+            for index in sorted(self.pinned):
+                if self._is_pinned(index):
+                    continue
+                self.pinned.discard(index)
+                if any(index in p.waiting for p in self.lagging.values()) or any(
+                        index in p.waiting for p in self.pending.values()):
+                    out += self._bookie_failed(index)
+        if self.rotate_at >= 0:
+            out += self._maybe_rotate()
+        return out
 
     def _complete_any(self) -> list[Effect]:
         done = sorted(e for e, p in self.pending.items() if len(p.acks) >= self.qa)
@@ -284,7 +423,8 @@ class LedgerWriter:
                 self.queued_failures[index] = self.ensemble[index]
             return []
         self.changing = {index: self.ensemble[index]}
-        return [ChangeEnsemble(self.lac + 1, dict(self.changing))]
+        self.change_from = self.lafr + 1 if self.gwq else self.lac + 1
+        return [ChangeEnsemble(self.change_from, dict(self.changing))]
 
     def ensemble_changed(self, first_entry_id: int, new_ensemble: Sequence[str],
                          now: float) -> list[Effect]:
@@ -293,13 +433,26 @@ class LedgerWriter:
         replaced = {i for i in range(self.e) if new_ensemble[i] != self.ensemble[i]}
         self.ensemble = list(new_ensemble)
         self.changing = None
+        self.fragment_first = max(self.fragment_first, first_entry_id)
+        effects: list[Effect] = []
+        if self.rotate_at == first_entry_id:
+            self.rotate_at = -1
         for eid, p in list(self.lagging.items()):
-            p.waiting -= replaced  # what they miss is re-replication's to copy
+            targets = replaced & set(self._sets[eid % self.e])
+            if not targets:
+                continue
+            if self.gwq:  # the replacement gets a copy: the fragment reaches Qw
+                p.acks -= targets
+                p.sent_at = now
+                effects += self._send(p, targets)
+                continue
+            p.waiting -= targets  # what they miss is re-replication's to copy
             if not p.waiting:
                 del self.lagging[eid]
-        effects: list[Effect] = []
         for p in sorted(self.pending.values(), key=lambda q: q.entry_id):
             if not p.sent:  # appended during the change
+                if 0 <= self.rotate_at <= p.entry_id:
+                    continue  # waits for the new fragment
                 p.sent_at = now
                 effects += self._send(p)
                 continue
@@ -310,11 +463,15 @@ class LedgerWriter:
                 p.sent_at = now
                 effects += self._send(p, targets)
         effects += self._complete_prefix()
+        if self.gwq:
+            effects += self._release()
         if self.queued_failures:
             queued = {i: b for i, b in self.queued_failures.items() if self.ensemble[i] == b}
             self.queued_failures = {}
-            for index in sorted(queued):
-                effects += self._bookie_failed(index)
+            for index in sorted(queued):  # pinned now? (the change moved acks)
+                effects += self._replace_or_pin(index)
+        if self.rotate_at >= 0:
+            effects += self._maybe_rotate()
         return effects
 
     def ensemble_change_failed(self, kind: FailureKind, reason: str) -> list[Effect]:

@@ -61,13 +61,36 @@ def test_fenced_ledger_rejects_plain_add_but_not_recovery_add() -> None:
     assert decide(add(key=OTHER), fenced) == Status.UNAUTHORIZED
 
 
-def test_terms_lower_refused_higher_adopted_zero_ignored() -> None:
+def test_terms_lower_refused_higher_adopted() -> None:
     at5 = Ledger(term=5)
     assert decide(add(term=4), at5) == Status.INVALID_TERM
     assert decide(add(term=5), at5) is ACCEPT
     assert decide(add(term=6), at5) == Accept(new_term=6)
-    assert decide(add(term=0), at5) is ACCEPT
     assert decide(add(term=3), None) == Accept(bind_key=KEY, new_term=3)
+    assert decide(add(term=0), Ledger()) is ACCEPT  # a ledger without terms
+
+
+def test_term_zero_does_not_bypass_a_termed_ledger() -> None:
+    """The hole issue #18 names: a request without a term must not slip past one."""
+    at5 = Ledger(term=5)
+    assert decide(add(term=0), at5) == Status.INVALID_TERM
+    assert decide(add(term=0, flags=AddFlags.RECOVERY_ADD), at5) == Status.INVALID_TERM
+    fence0 = ReadRequest(ledger_id=1, entry_id=-1, flags=ReadFlags.FENCE, master_key=KEY)
+    assert core.on_recovery_read(fence0, at5) == Status.INVALID_TERM
+    lac0 = WriteLacRequest(ledger_id=1, lac=3, master_key=KEY, lac_body=b"")
+    assert core.on_write_lac(lac0, at5, read_only=False) == Status.INVALID_TERM
+    # A plain read needs no term.
+    assert core.on_recovery_read(ReadRequest(ledger_id=1, entry_id=0), at5) is ACCEPT
+    hole = BookieCore(RuleBreaks(term_zero_bypasses=True))
+    assert hole.on_add(add(term=0), at5, False, False) is ACCEPT
+
+
+def test_a_read_carrying_a_term_needs_the_key_and_does_not_fence() -> None:
+    term_read = ReadRequest(ledger_id=1, entry_id=-1, master_key=KEY, term=6)
+    assert core.on_recovery_read(term_read, Ledger(term=5)) == Accept(new_term=6)
+    assert core.on_recovery_read(term_read, None) == Accept(bind_key=KEY, new_term=6)
+    stranger = ReadRequest(ledger_id=1, entry_id=-1, term=6)
+    assert core.on_recovery_read(stranger, Ledger(term=5)) == Status.UNAUTHORIZED
 
 
 def test_truncate_flag_is_carried_into_the_decision() -> None:
@@ -178,7 +201,7 @@ def test_add_decision_matches_a_brute_force_reading_of_the_rules(
         assert got == Status.UNAUTHORIZED
     elif ledger is not None and ledger.fenced and not recovery:
         assert got == Status.FENCED
-    elif ledger is not None and req_term and req_term < ledger.term:
+    elif ledger is not None and req_term < ledger.term:
         assert got == Status.INVALID_TERM
     else:
         assert isinstance(got, Accept)

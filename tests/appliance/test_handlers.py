@@ -204,13 +204,17 @@ async def test_terms_reject_lower_and_raise_higher(tmp_path: Path) -> None:
     async with running_bookie(tmp_path) as b, b.connect() as c:
         assert (await c.call(add(1, 0, term=2)))[0] == Status.OK
         assert (await c.call(add(1, 1, term=1)))[0] == Status.INVALID_TERM
-        # A recovery read with a higher term raises the stored term (journaled first).
-        status, _ = await c.call(ReadRequest(ledger_id=1, entry_id=0, term=3))
+        # A recovery read with a higher term raises the stored term (journaled first);
+        # it must carry the ledger's key (or anyone could stop the writer).
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=0, term=3)))[0] == \
+            Status.UNAUTHORIZED
+        status, _ = await c.call(ReadRequest(ledger_id=1, entry_id=0, term=3, master_key=KEY))
         assert status == Status.OK and b.storage.term(1) == 3
         assert (await c.call(add(1, 1, term=2)))[0] == Status.INVALID_TERM
+        assert (await c.call(add(1, 1, term=0)))[0] == Status.INVALID_TERM
         assert (await c.call(add(1, 1, term=3)))[0] == Status.OK
-        assert (await c.call(ReadRequest(ledger_id=1, entry_id=0, term=2)))[0] == \
-            Status.INVALID_TERM
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=0, term=2,
+                                         master_key=KEY)))[0] == Status.INVALID_TERM
         # Plain reads do not care about terms.
         assert (await c.call(ReadRequest(ledger_id=1, entry_id=1)))[0] == Status.OK
 

@@ -63,10 +63,13 @@ def payload_for(entry_id: int) -> bytes:
     return b"entry-%d" % entry_id
 
 
-def add_request(entry_id: int, entry: bytes, *, recovery: bool) -> AddRequest:
+def add_request(entry_id: int, entry: bytes, *, recovery: bool, term: int = 0,
+                truncate: bool = False) -> AddRequest:
     flags = AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY if recovery else AddFlags.NONE
+    if truncate:
+        flags |= AddFlags.TRUNCATE
     return AddRequest(ledger_id=LEDGER, first_entry_id=entry_id, flags=flags, master_key=KEY,
-                      entries=(entry,))
+                      term=term, entries=(entry,))
 
 
 def read_request(entry_id: int, *, fence: bool) -> ReadRequest:
@@ -117,10 +120,15 @@ class SimLedger:
     term: int = 0
     key_durable: bytes = b""
     fence_durable: bool = False
+    term_durable: int = 0
 
     @property
     def is_known(self) -> bool:
-        return bool(self.master_key or self.entries or self.fenced)
+        return bool(self.master_key or self.entries or self.fenced or self.term)
+
+    def lac(self) -> int:
+        """The highest LAC any entry held here carries (a bookie's view of the LAC)."""
+        return max((peek_entry_header(e).lac for e in self.entries.values()), default=-1)
 
 
 class SimBookie:
@@ -136,10 +144,15 @@ class SimBookie:
         self.incarnation = 0
         self.ledger = SimLedger()
         self.durable_changes = 0
-        self.core = BookieCore(RuleBreaks(
-            fenced_accepts_adds=world.mutations.fenced_accepts_adds))
+        m = world.mutations
+        self.core = BookieCore(RuleBreaks(fenced_accepts_adds=m.fenced_accepts_adds,
+                                          stale_term_accepted=m.stale_term_accepted))
         # Invariant 4's evidence, observed here and judged by the checker.
         self.fenced_add_accepted = False
+        # For incremental checkers: ids whose entry changed since they last looked, and
+        # whether something changed many at once (a truncate, a crash).
+        self.touched: set[int] = set()
+        self.changed_many = False
 
     def _sync(self, then: Callable[[], None], label: str) -> None:
         inc = self.incarnation
@@ -167,11 +180,22 @@ class SimBookie:
             self.fenced_add_accepted = True
         if decision.bind_key:
             led.master_key = decision.bind_key
+        if decision.new_term:
+            led.term = max(led.term, decision.new_term)
         led.entries[entry_id] = entry
+        self.touched.add(entry_id)
+        if decision.truncate:
+            self.changed_many = True
+            for later in [e for e in led.entries if e > entry_id]:
+                del led.entries[later]
 
         def synced() -> None:
             led.durable[entry_id] = led.entries.get(entry_id, entry)
+            if decision.truncate:
+                for later in [e for e in led.durable if e > entry_id and e not in led.entries]:
+                    del led.durable[later]
             led.key_durable = led.master_key
+            led.term_durable = max(led.term_durable, decision.new_term)
             self.durable_changes += 1
             self.world.send(lambda: reply(Status.OK), f"{self.name} -> ack {entry_id}")
         self._sync(synced, f"sync {entry_id}")
@@ -205,29 +229,35 @@ class SimBookie:
             return
         if decision.bind_key:
             led.master_key = decision.bind_key
+        if decision.new_term:
+            led.term = max(led.term, decision.new_term)
         if decision.fence:
             led.fenced = True
-
+        if decision.fence or decision.new_term or decision.bind_key:
             def durable() -> None:
-                led.fence_durable = True
+                led.fence_durable = led.fenced
                 led.key_durable = led.master_key
+                led.term_durable = max(led.term_durable, led.term)
                 answer()
-            self._sync(durable, "sync fence")
+            self._sync(durable, "sync fence/term")
         else:
             answer()
 
     def crash(self, lose_unsynced: bool) -> None:
         self.up = False
+        self.changed_many = True
         self.incarnation += 1
         led = self.ledger
         if lose_unsynced:
             led.entries = dict(led.durable)
             led.fenced = led.fence_durable
             led.master_key = led.key_durable
+            led.term = led.term_durable
         else:
             led.durable = dict(led.entries)
             led.fence_durable = led.fenced
             led.key_durable = led.master_key
+            led.term_durable = led.term
             self.durable_changes += 1
 
     def restart(self) -> None:
@@ -435,11 +465,15 @@ class _SimRewriter:
         self.attempt = attempt
         self.writer = writer
         self.entries: dict[int, bytes] = {}
+        self.truncate: set[int] = set()
+        self.term: int = getattr(owner, "term", 0)
 
-    def append(self, entry_id: int, entry: bytes, now: float) -> None:
+    def append(self, entry_id: int, entry: bytes, now: float, truncate: bool = False) -> None:
         eid, effects = self.writer.append(0, now)
         assert eid == entry_id, (eid, entry_id)
         self.entries[eid] = entry
+        if truncate and not self.owner.world.mutations.no_truncate:
+            self.truncate.add(eid)
         self._apply(effects)
 
     def next_deadline(self) -> float | None:
@@ -473,7 +507,8 @@ class _SimRewriter:
                 now = owner.world.now
                 self._apply(w.on_ack(eid, name, now) if status == Status.OK
                             else w.on_error(eid, name, status, now))
-        req = add_request(eid, self.entries[eid], recovery=True)
+        req = add_request(eid, self.entries[eid], recovery=True, term=self.term,
+                          truncate=eid in self.truncate)
         owner.world.send(lambda: bookie.on_add(req, reply),
                          f"{owner.name} rewrite {eid} -> {name}")
 

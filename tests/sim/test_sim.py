@@ -11,9 +11,11 @@ import os
 import pytest
 
 from tests.sim.scenario import RunResult, run_seed
-from tests.sim.world import MUTATIONS, Mutations
+from tests.sim.terms import TermResult, run_term_seed
+from tests.sim.world import MUTATIONS, TERM_MUTATIONS, Mutations
 
 CI_SEEDS = int(os.environ.get("SIM_SEEDS", "2000"))
+TERM_SEEDS = int(os.environ.get("SIM_TERM_SEEDS", "500"))
 
 
 def _seeds() -> range | list[int]:
@@ -22,7 +24,7 @@ def _seeds() -> range | list[int]:
     return range(CI_SEEDS)
 
 
-def _report(r: RunResult, mutation: str = "") -> str:
+def _report(r: RunResult | TermResult, mutation: str = "") -> str:
     tail = "\n".join(r.trace[-40:])
     return (f"seed {r.seed} (E/Qw/Qa={r.config}{', mutation ' + mutation if mutation else ''}) "
             f"broke an invariant: {r.violation}\nreplay: SIM_SEED={r.seed} pytest tests/sim\n"
@@ -42,10 +44,29 @@ def test_invariants_hold_for_every_seed() -> None:
     assert acked > 0
 
 
+def test_term_invariants_hold_for_every_seed() -> None:
+    """Unbounded ledgers: successive leaders take over by raising the term (seed 002)."""
+    seeds = [int(os.environ["SIM_SEED"])] if "SIM_SEED" in os.environ else range(TERM_SEEDS)
+    runs = takeovers = acked = fragments = 0
+    for seed in seeds:
+        r = run_term_seed(seed)
+        assert r.violation is None, _report(r)
+        runs += 1
+        takeovers += r.terms > 1
+        acked += r.acked
+        fragments += r.fragments
+    # The sweep exercises something: takeovers happen, entries are acknowledged, and
+    # ledgers grow fragments (failures and the fragment cap).
+    assert runs == 1 or (takeovers == runs and fragments > 2 * runs), (takeovers, fragments)
+    assert acked > 0
+
+
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_each_mutation_is_caught_within_the_ci_seeds(mutation: str) -> None:
-    for seed in range(CI_SEEDS):
-        r = run_seed(seed, Mutations(**{mutation: True}))
+    terms = mutation in TERM_MUTATIONS
+    for seed in range(TERM_SEEDS if terms else CI_SEEDS):
+        run = run_term_seed if terms else run_seed
+        r = run(seed, Mutations(**{mutation: True}))
         if r.violation is not None:
             return
     pytest.fail(f"mutation {mutation} survived {CI_SEEDS} seeds: the checker missed a "

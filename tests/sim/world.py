@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["MUTATIONS", "Mutations", "Violation", "World"]
+__all__ = ["MUTATIONS", "TERM_MUTATIONS", "Mutations", "Violation", "World"]
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,21 @@ class Mutations:
     early_recovery_ensemble_commit: bool = False  # recovery CASes its ensemble change at once
     fenced_accepts_adds: bool = False          # the bookie core lets plain adds pass a fence
     out_of_order_completion: bool = False      # completions before earlier entries complete
+    # Unbounded ledgers with terms (tests/sim/terms.py):
+    recovery_writes_at_ack_quorum: bool = False  # a term's rewrites complete at Qa, not Qw
+    no_truncate: bool = False                  # the no-op ending a term's recovery truncates nothing
+    stale_term_accepted: bool = False          # the bookie core takes a lower term's requests
 
     def active(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
 
 
-MUTATIONS = [f.name for f in fields(Mutations)]
+# no_truncate is not caught yet: the term model rarely leaves a former term's entries
+# past a no-op on a bookie a later write misses (issue #18's note); kept to explore.
+UNCAUGHT = ["no_truncate"]
+MUTATIONS = [f.name for f in fields(Mutations) if f.name not in UNCAUGHT]
+# Mutations only the term model exercises (the others run the bounded-ledger model).
+TERM_MUTATIONS = ["recovery_writes_at_ack_quorum", "no_truncate", "stale_term_accepted"]
 
 
 class Violation(AssertionError):

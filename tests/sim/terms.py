@@ -1,0 +1,566 @@
+"""The term model: one unbounded ledger written by successive leaders (seed 002).
+
+``run_term_seed(seed, mutations)`` builds a world from the seed: an unbounded ledger at
+term 1 and its first leader; then contenders that take it over by raising the term
+(``begin_term``), each running the production recovery driver in term mode
+(``RecoveryRun(term=...)``: term reads, rewrites at the whole write quorum, a TRUNCATE
+no-op at the end), opening the term with one CAS (``open_term``) and writing with a
+guaranteed-write-quorum ``LedgerWriter`` that also rolls to a new fragment every few
+entries. Leaders die, bookies crash, the network loses, duplicates and reorders. After
+``HEAL_AT`` a last leader takes over and writes a few entries.
+
+Invariants (the UB spec's, ``tla-and-kafka.md`` A5 and ``recovery-terms-kafka-tls.md``
+B3), checked after every event that changed a bookie or the metadata:
+
+- ``AllAckedValuesAreReadable``: every value acknowledged to a leader is still held at
+  its id by a bookie of that id's write set in the current metadata;
+- ``NoLogDivergence``: two write-set bookies that both hold an id at or below their own
+  LAC hold the same value there;
+- ``NoDirtyReads``: a LAC a reader sees is committed (acknowledged, or ended a term's
+  recovery), and every value a reader read stays the value at its id;
+- ``TailFragmentsReachWriteQuorum``: every id of every fragment but the last is held by
+  its whole write set;
+- client and metadata agree: a leader's LAC never passes what was committed, ids are
+  acknowledged in order within a term, an acknowledged id never gets a second value,
+  the metadata's no-op list names exactly the no-op entries below the final LAC;
+- bounded liveness: after healing, the last leader opens its term and its writes are
+  acknowledged by ``END_AT``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ledgerd.machines.changes import begin_term, change_ensemble, failure_kind, open_term
+from ledgerd.machines.placement import NotEnoughBookiesError, choose_ensemble, choose_replacements
+from ledgerd.machines.quorum import write_set
+from ledgerd.machines.recovery import Finished
+from ledgerd.machines.recovery_run import RECOVERY_READ_FLAGS, RecoveryRun
+from ledgerd.machines.writer import (
+    ChangeEnsemble,
+    Completed,
+    Effect,
+    Failed,
+    FailureKind,
+    LedgerWriter,
+    Released,
+    SendAdd,
+)
+from metadata.errors import ChangeRejectedError
+from metadata.ledger import LedgerMetadata, LedgerState
+from tests.sim.actors import (
+    ADD_TIMEOUT,
+    DIGEST,
+    KEY,
+    LEDGER,
+    READ_TIMEOUT,
+    SimBookie,
+    SimMetadata,
+    Timer,
+    _SimRewriter,
+    add_request,
+    cas,
+)
+from tests.sim.scenario import CONFIGS
+from tests.sim.world import Mutations, Violation, World
+from wire.entry import decode_entry, encode_entry, peek_entry_header
+from wire.messages import ReadRequest
+from wire.status import Status
+
+__all__ = ["TermResult", "run_term_seed"]
+
+HEAL_AT = 10.0
+END_AT = 45.0
+
+
+@dataclass
+class TermResult:
+    seed: int
+    events: int
+    config: tuple[int, int, int]
+    terms: int
+    acked: int
+    fragments: int
+    violation: str | None
+    trace: list[str]
+
+
+def value_for(leader: str, term: int, n: int) -> bytes:
+    """Unique across leaders and terms: a value tells who wrote it, in which term."""
+    return b"%s-t%d-%d" % (leader.encode(), term, n)
+
+
+class TermChecker:
+    def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie]) -> None:
+        self.world = world
+        self.meta = meta
+        self.bookies = bookies
+        self.acked: dict[int, bytes] = {}      # id -> the value acknowledged there
+        self.committed = -1                    # highest id acknowledged or recovered
+        self.seen: dict[int, bytes] = {}       # id -> the value a reader saw there
+        self._version = -1
+        self._lacs: dict[str, int] = {}
+
+    # facts as they are learned
+
+    def on_acked(self, who: str, eid: int, value: bytes) -> None:
+        old = self.acked.get(eid)
+        if old is not None and old != value:
+            self.world.fail(f"{who}: id {eid} acknowledged as {value!r}, earlier as {old!r}")
+        self.acked[eid] = value
+        self.committed = max(self.committed, eid)
+
+    def on_term_opened(self, who: str, last: int) -> None:
+        self.committed = max(self.committed, last)
+
+    def on_lac_seen(self, lac: int, who: str) -> None:
+        if lac > self.committed:
+            self.world.fail(f"{who} saw LAC {lac}; only ids up to {self.committed} are "
+                            "committed (a dirty read)")
+
+    def on_read(self, eid: int, value: bytes, who: str) -> None:
+        old = self.seen.get(eid)
+        if old is not None and old != value:
+            self.world.fail(f"{who} read id {eid} as {value!r}; it was read as {old!r} "
+                            "(an entry a reader saw disappeared)")
+        acked = self.acked.get(eid)
+        if acked is not None and acked != value:
+            self.world.fail(f"{who} read id {eid} as {value!r}, acknowledged as {acked!r}")
+        self.seen[eid] = value
+
+    # after every event
+
+    def check(self) -> None:
+        """Incremental: everything after a metadata change, a truncate or a crash; else
+        only the ids some bookie stored since the last look (and the ids a bookie's
+        LAC newly covers)."""
+        bookies = self.bookies.values()
+        md = self.meta.md
+        full = self.meta.version != self._version or any(b.changed_many for b in bookies)
+        lacs = {b.name: b.ledger.lac() for b in bookies} if full or any(
+            b.touched for b in bookies) else self._lacs
+        if full:
+            ids: set[int] | range = range(md.start_entry, max(
+                [self.committed, *lacs.values(), *(max(b.ledger.entries, default=-1)
+                                                   for b in bookies)]) + 1)
+        else:
+            touched: set[int] = set()
+            for b in bookies:
+                touched |= b.touched
+                old = self._lacs.get(b.name, -1)
+                if lacs[b.name] > old:
+                    touched.update(range(old + 1, lacs[b.name] + 1))
+            if not touched:
+                return
+            ids = touched
+        for b in bookies:
+            b.touched.clear()
+            b.changed_many = False
+        self._version = self.meta.version
+        self._lacs = lacs
+        for eid in ids:
+            if eid >= md.start_entry:
+                self._check_id(md, eid, lacs)
+
+    def _check_id(self, md: LedgerMetadata, eid: int, lacs: dict[str, int]) -> None:
+        holders = self._holders(md, eid)
+        value = self.acked.get(eid)
+        if value is not None and not any(_value(d) == value for _, d in holders):
+            self.world.fail(f"acknowledged value {value!r} at id {eid} is on no bookie of "
+                            f"its write set (holders: {[(n, _value(d)) for n, d in holders]})")
+        values = {n: _value(d) for n, d in holders if lacs[n] >= eid}
+        if len(set(values.values())) > 1:
+            self.world.fail(f"log divergence at id {eid}: {values}")
+        last_first = md.last_ensemble[0]
+        if eid < last_first and eid <= self.committed:
+            ensemble = md.ensemble_for(eid)
+            ws = write_set(eid, md.ensemble_size, md.write_quorum)
+            missing = [ensemble[j] for j in ws
+                       if eid not in self.bookies[ensemble[j]].ledger.entries]
+            if missing:
+                first = max(f for f, _ in md.ensembles if f <= eid)
+                self.world.fail(f"fragment at {first}: id {eid} missing on {missing} "
+                                "(a fragment but the last below the write quorum)")
+
+    def _holders(self, md: LedgerMetadata, eid: int) -> list[tuple[str, bytes]]:
+        ensemble = md.ensemble_for(eid)
+        out = []
+        for j in write_set(eid, md.ensemble_size, md.write_quorum):
+            data = self.bookies[ensemble[j]].ledger.entries.get(eid)
+            if data is not None:
+                out.append((ensemble[j], data))
+        return out
+
+
+def _value(data: bytes) -> bytes:
+    """An entry's value: its payload, or b'<noop>' for a term's no-op entry."""
+    e = decode_entry(DIGEST, data, ledger_id=LEDGER)
+    return b"<noop>" if e.length < 0 else e.payload
+
+
+class SimLeader:
+    """A client that takes the unbounded ledger over and writes while it leads.
+
+    ``first=True``: the creator, writing term 1 from entry 0 without recovery."""
+
+    def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
+                 name: str, checker: TermChecker, *, writes: int, fragment_entries: int,
+                 first: bool = False) -> None:
+        self.world = world
+        self.meta = meta
+        self.bookies = bookies
+        self.name = name
+        self.checker = checker
+        self.writes = writes
+        self.fragment_entries = fragment_entries
+        self.first = first
+        self.alive = True
+        self.attempt = 0
+        self.term = 0
+        self.result: str | None = None   # "withdrawn", or None while it tries/leads
+        self.leading = False
+        self.timer = Timer(world, f"{name} timer")
+        self.w: LedgerWriter | None = None
+        self.entries: dict[int, bytes] = {}
+        self.values: dict[int, bytes] = {}
+        self.sent = 0
+        self.acked = 0
+        self._closing = False
+        self.run: RecoveryRun
+
+    # -- taking over ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self.alive or self.leading or self.result is not None:
+            return
+        self.attempt += 1
+        attempt = self.attempt
+        if self.first:
+            self.first = False
+            md = self.meta.md
+            self.term = md.term
+            self._lead(attempt, md, md.last_entry_id, 0)
+            return
+        cas(self.meta, lambda: self._live(attempt), begin_term,
+            lambda md, err: self._begun(attempt, md, err))
+
+    def _live(self, attempt: int) -> bool:
+        return self.alive and self.attempt == attempt and self.result is None
+
+    def _begun(self, attempt: int, md: LedgerMetadata | None,
+               err: ChangeRejectedError | None) -> None:
+        if err is not None or md is None:
+            self._withdraw(f"cannot raise the term: {err}")
+            return
+        self.term = md.term
+        self.world.log(f"{self.name} raised the term to {md.term}")
+        mutations = self.world.mutations
+        self.run = RecoveryRun(
+            md, LEDGER, KEY, DIGEST, read_timeout=READ_TIMEOUT, add_timeout=ADD_TIMEOUT,
+            send_read=lambda req, eid, index, name: self._send_read(attempt, req, eid, index,
+                                                                    name),
+            make_rewriter=lambda writer: _SimRewriter(self, attempt, writer),
+            read_flags=RECOVERY_READ_FLAGS, term=md.term,
+            rewrites_at_ack_quorum=mutations.recovery_writes_at_ack_quorum)
+        self._closing = False
+        self.run.begin(self.world.now)
+        self._after_input(attempt)
+
+    def _after_input(self, attempt: int) -> None:
+        if not self._live(attempt) or self.leading:
+            return
+        run = self.run
+        if run.aborted is not None:
+            if run.aborted.kind is FailureKind.TERM:
+                self._withdraw(run.aborted.reason)
+            else:
+                self.world.log(f"{self.name} recovery aborted: {run.aborted.reason}")
+                self.attempt += 1
+                self.timer.arm(None, lambda: None)
+                self.world.at(0.2, self.start, f"{self.name} retry")
+        elif run.finished is not None:
+            if not self._closing:
+                self._closing = True
+                self._open(attempt, run.finished, dict(run.ensembles))
+        else:
+            def fire() -> None:
+                if self._live(attempt) and self.run is run and not self.leading:
+                    run.on_timer(self.world.now)
+                    self._after_input(attempt)
+            self.timer.arm(run.next_deadline(), fire)
+
+    def _send_read(self, attempt: int, req: ReadRequest, entry_id: int, index: int,
+                   name: str) -> None:
+        run = self.run
+        bookie = self.bookies[name]
+
+        def reply(status: int, data: bytes) -> None:
+            if not self._live(attempt) or self.run is not run or self.leading:
+                return
+            run.on_read_reply(entry_id, index, status, data, self.world.now)
+            self._after_input(attempt)
+        self.world.send(lambda: bookie.on_read(req, reply),
+                        f"{self.name} t{self.term} read {entry_id} -> {name}")
+
+    def _open(self, attempt: int, fin: Finished, ensembles: dict[int, tuple[str, ...]]) -> None:
+        term = self.term
+
+        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
+            if not self._live(attempt):
+                return
+            if err is not None or md is None:
+                self._withdraw(f"opening term {term} failed: {err}")
+                return
+            self.checker.on_term_opened(self.name, fin.last_entry_id)
+            self.term = md.term  # writes go at the term after the recovery's
+            self._lead(attempt, md, fin.last_entry_id, fin.length)
+        cas(self.meta, lambda: self._live(attempt),
+            lambda md: open_term(md, term, ensembles, fin.noops), done)
+
+    # -- leading -------------------------------------------------------------------------
+
+    def _lead(self, attempt: int, md: LedgerMetadata, lac: int, length: int) -> None:
+        self.leading = True
+        self.timer.arm(None, lambda: None)
+        first, ensemble = md.last_ensemble
+        self.w = LedgerWriter(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
+                              last_add_confirmed=lac, length=length,
+                              add_timeout=ADD_TIMEOUT, guaranteed_write_quorum=True,
+                              fragment_first=first, fragment_entries=self.fragment_entries)
+        self.world.log(f"{self.name} leads term {self.term} from id {lac + 1} on "
+                       f"{list(ensemble)}")
+        self._schedule_append()
+
+    def _schedule_append(self) -> None:
+        self.world.at(self.world.rng.expovariate(1 / 0.02), self._append,
+                      f"{self.name} append")
+
+    def _append(self) -> None:
+        w = self.w
+        if not self.alive or w is None or w.failed is not None or self.sent >= self.writes:
+            return
+        value = value_for(self.name, self.term, self.sent)
+        self.sent += 1
+        eid, effects = w.append(len(value), self.world.now)
+        self.values[eid] = value
+        self.entries[eid] = encode_entry(DIGEST, LEDGER, eid, w.published_lac,
+                                         w.lengths[eid], value)
+        self.apply(effects)
+        self._schedule_append()
+
+    def apply(self, effects: list[Effect]) -> None:
+        w = self.w
+        assert w is not None
+        for eff in effects:
+            if not self.alive:
+                return
+            if isinstance(eff, SendAdd):
+                self._send(eff)
+            elif isinstance(eff, Completed):
+                for eid in eff.entry_ids:
+                    self.checker.on_acked(self.name, eid, self.values[eid])
+                    self.acked += 1
+            elif isinstance(eff, ChangeEnsemble):
+                self._change(eff)
+            elif isinstance(eff, Failed):
+                self.world.log(f"{self.name} writer failed: {eff.kind.value} {eff.reason}")
+                if eff.kind is FailureKind.TERM:
+                    self._withdraw(eff.reason)
+            elif isinstance(eff, Released):
+                pass
+        self.timer.arm(w.next_deadline(), self._on_timer)
+
+    def _on_timer(self) -> None:
+        if self.alive and self.w is not None and self.w.failed is None:
+            self.apply(self.w.on_timer(self.world.now))
+
+    def _send(self, eff: SendAdd) -> None:
+        bookie = self.bookies[eff.bookie]
+        eid, name = eff.entry_id, eff.bookie
+        w = self.w
+
+        def reply(status: int) -> None:
+            if self.alive and self.w is w and w is not None:
+                now = self.world.now
+                self.apply(w.on_ack(eid, name, now) if status == Status.OK
+                           else w.on_error(eid, name, status, now))
+        req = add_request(eid, self.entries[eid], recovery=False, term=self.term)
+        self.world.send(lambda: bookie.on_add(req, reply),
+                        f"{self.name} t{self.term} add {eid} -> {name}")
+
+    def _change(self, eff: ChangeEnsemble) -> None:
+        w = self.w
+        assert w is not None
+        ensemble = tuple(w.ensemble)
+        md = self.meta.md
+        try:
+            if eff.failed:
+                new = choose_replacements(self.bookies, ensemble, eff.failed, self.world.rng)
+            else:  # a full fragment: a fresh ensemble
+                new = choose_ensemble(list(self.bookies), md.ensemble_size, self.world.rng)
+        except NotEnoughBookiesError as exc:
+            self.apply(w.ensemble_change_failed(FailureKind.NO_BOOKIES, str(exc)))
+            return
+        term = self.term
+
+        def done(md: LedgerMetadata | None, err: ChangeRejectedError | None) -> None:
+            if not self.alive or self.w is not w:
+                return
+            if err is None:
+                self.apply(w.ensemble_changed(eff.first_entry_id, new, self.world.now))
+            else:
+                self.apply(w.ensemble_change_failed(failure_kind(err), str(err)))
+        cas(self.meta, lambda: self.alive,
+            lambda md: change_ensemble(md, ensemble, eff.first_entry_id, new, term), done)
+
+    def _withdraw(self, reason: str) -> None:
+        self.world.log(f"{self.name} withdraws: {reason}")
+        self.result = "withdrawn"
+        self.leading = False
+        self.timer.arm(None, lambda: None)
+
+    def die(self) -> None:
+        self.alive = False
+        self.world.log(f"{self.name} died")
+
+    @property
+    def done_writing(self) -> bool:
+        return self.w is not None and self.acked >= self.writes
+
+
+class SimTailReader:
+    """Follows the ledger with plain reads: each bookie's last entry for the LAC, then
+    the entries up to it from one write-set bookie; no-op entries are skipped."""
+
+    def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
+                 checker: TermChecker) -> None:
+        self.world = world
+        self.meta = meta
+        self.bookies = bookies
+        self.checker = checker
+        self.lac = -1
+        self.next = 0
+
+    def start(self) -> None:
+        self.world.at(0.05, self._poll, "tail poll")
+
+    def _poll(self) -> None:
+        self.meta.read(self._on_metadata)
+        if self.world.now < END_AT - 1:
+            self.world.at(0.1, self._poll, "tail poll")
+
+    def _on_metadata(self, md: LedgerMetadata, _version: int) -> None:
+        self.next = max(self.next, md.start_entry)
+        for name in md.last_ensemble[1]:
+            bookie = self.bookies[name]
+
+            def reply(status: int, data: bytes) -> None:
+                if status == Status.OK:
+                    lac = peek_entry_header(data).lac
+                    self.checker.on_lac_seen(lac, "tail reader")
+                    if lac > self.lac:
+                        self.lac = lac
+                        self._read_upto(md)
+            self.world.send(lambda b=bookie, r=reply: b.on_read(
+                ReadRequest(ledger_id=LEDGER, entry_id=-1), r), f"tail lac? -> {name}")
+
+    def _read_upto(self, md: LedgerMetadata) -> None:
+        while self.next <= self.lac:
+            eid = self.next
+            self.next += 1
+            self._read(md, eid, 0)
+
+    def _read(self, md: LedgerMetadata, eid: int, attempt: int) -> None:
+        if attempt > 6:
+            return
+        ensemble = md.ensemble_for(eid)
+        ws = write_set(eid, md.ensemble_size, md.write_quorum)
+        name = ensemble[ws[attempt % len(ws)]]
+
+        def reply(status: int, data: bytes) -> None:
+            if status == Status.OK:
+                e = decode_entry(DIGEST, data, ledger_id=LEDGER, entry_id=eid)
+                self.checker.on_read(eid, b"<noop>" if e.length < 0 else e.payload,
+                                     "tail reader")
+            else:
+                self.world.at(0.05, lambda: self._read(self.meta.md, eid, attempt + 1),
+                              f"tail retry {eid}")
+        self.world.send(lambda: self.bookies[name].on_read(
+            ReadRequest(ledger_id=LEDGER, entry_id=eid), reply), f"tail read {eid}")
+
+
+def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
+    world = World(seed, mutations)
+    r = world.rng
+    e, qw, qa = r.choice(CONFIGS)
+    names = [f"b{i}" for i in range(e + r.choice([1, 2, 3]))]
+    bookies = {n: SimBookie(world, n) for n in names}
+    md = LedgerMetadata(ensemble_size=e, write_quorum=qw, ack_quorum=qa, unbounded=True,
+                        term=1, ensembles=((0, choose_ensemble(names, e, r)),))
+    meta = SimMetadata(world, md)
+    checker = TermChecker(world, meta, bookies)
+    world.checks.append(checker.check)
+    cap = r.choice([0, 4, 7, 15])
+    leaders = [SimLeader(world, meta, bookies, "c1", checker, writes=r.randint(5, 40),
+                         fragment_entries=cap, first=True)]
+    leaders[0].start()
+    for i in range(r.choice([1, 2, 3, 4])):
+        c = SimLeader(world, meta, bookies, f"c{i + 2}", checker, writes=r.randint(3, 25),
+                      fragment_entries=cap)
+        leaders.append(c)
+        world.at(r.uniform(0.05, HEAL_AT * 0.6), c.start, f"{c.name} takes over")
+        if r.random() < 0.3:
+            world.at(r.uniform(0.1, HEAL_AT * 0.8), c.die, f"kill {c.name}")
+    if r.random() < 0.4:
+        world.at(r.uniform(0.0, HEAL_AT * 0.5), leaders[0].die, "kill c1")
+    tail = SimTailReader(world, meta, bookies, checker)
+    tail.start()
+    for _ in range(r.choice([0, 1, 1, 2, 3])):
+        victim = bookies[r.choice(names)]
+        lose = r.random() < 0.5
+        at = r.uniform(0.0, HEAL_AT * 0.8)
+        world.at(at, lambda v=victim, lose=lose: v.crash(lose),
+                 f"crash {victim.name} lose_unsynced={lose}")
+        world.at(at + r.uniform(0.1, 2.0), victim.restart, f"restart {victim.name}")
+    violation = None
+    final = SimLeader(world, meta, bookies, "final", checker, writes=5, fragment_entries=cap)
+    try:
+        world.run(HEAL_AT)
+        world.faulty = False
+        for b in bookies.values():
+            b.restart()
+        world.at(0.5, final.start, "final leader takes over")
+        world.run(END_AT)
+        if not final.done_writing:
+            world.fail(f"the last leader did not open its term and get its writes "
+                       f"acknowledged {END_AT - HEAL_AT:.0f}s after healing "
+                       f"(leading={final.leading}, acked={final.acked}, "
+                       f"state {meta.md.state.value}, term {meta.md.term})")
+        _final_check(world, meta, bookies, checker, final)
+    except Violation as exc:
+        violation = str(exc)
+    return TermResult(seed, world.events, (e, qw, qa), meta.md.term, len(checker.acked),
+                      len(meta.md.ensembles), violation, list(world.trace))
+
+
+def _final_check(world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
+                 checker: TermChecker, final: SimLeader) -> None:
+    """After the last leader's writes: the metadata's no-op list is exactly the no-op
+    entries up to its LAC, and every id up to it is readable."""
+    md = meta.md
+    assert final.w is not None
+    last = final.w.lac
+    noops = []
+    for eid in range(md.start_entry, last + 1):
+        holders = checker._holders(md, eid)
+        if not holders:
+            world.fail(f"id {eid} (at or below the final LAC {last}) is on no bookie")
+        values = {_value(d) for _, d in holders}
+        if values == {b"<noop>"}:
+            noops.append(eid)
+    listed = [n for n in md.noops if md.start_entry <= n <= last]
+    if listed != noops:
+        world.fail(f"metadata lists no-ops {listed}, the bookies hold no-ops at {noops}")
+    if md.state is not LedgerState.OPEN:
+        world.fail(f"ledger is {md.state.value} after the last leader's writes")
+
