@@ -30,14 +30,21 @@ from ledgerd.base.logs import fields
 from ledgerd.bookie_client import Connect, tcp_connect
 from ledgerd.bookies import BookiePool, PoolOptions
 from ledgerd.config import ClientConfig, ConfigError, load_config
-from ledgerd.errors import BadPasswordError, NoSuchLedgerError, single_exception
+from ledgerd.errors import (
+    BadPasswordError,
+    LedgerClosedError,
+    LedgerdError,
+    NoSuchLedgerError,
+    single_exception,
+)
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogPosition, LogWriter
+from ledgerd.machines.changes import ClosedChangeError
 from ledgerd.machines.placement import Placement, adheres, choose_ensemble
 from ledgerd.machines.quorum import check_quorums
 from ledgerd.pipeline import SendFlusher
 from ledgerd.reads import LedgerView
-from ledgerd.recovery import recover_ledger
+from ledgerd.recovery import recover_ledger, take_over
 from metadata.cluster import check_layout
 from metadata.errors import NoNodeError
 from metadata.ledger import LedgerMetadata, password_check
@@ -105,7 +112,8 @@ class Client:
                             write_quorum: int | None = None, ack_quorum: int | None = None, *,
                             digest: str | None = None, password: bytes | str = b"",
                             compression: str | None = None,
-                            custom_metadata: Mapping[str, str] | None = None) -> WriteHandle:
+                            custom_metadata: Mapping[str, str] | None = None,
+                            _unbounded: bool = False) -> WriteHandle:
         """Create a ledger on E random writable bookies and return its write handle.
 
         Raises ValueError unless ``E >= Qw >= Qa >= 1``, and NotEnoughBookiesError
@@ -133,12 +141,69 @@ class Client:
             ensemble_size=e, write_quorum=qw, ack_quorum=qa, ensembles=((0, ensemble),),
             digest_type=digest_type.value, password_check=password_check(key),
             compression=compression, ctime_ms=int(time.time() * 1000),
-            custom_metadata=dict(custom_metadata or {}))
+            custom_metadata=dict(custom_metadata or {}),
+            unbounded=_unbounded, term=1 if _unbounded else 0)
         lid, version = await self.ledgers.create(md)
         log.info("ledger_created", extra=fields(ledger=lid, ensemble=",".join(ensemble),
                                                 e=e, qw=qw, qa=qa))
         view = self._view(lid, md, Digester(digest_type, _password_bytes(password)))
         return WriteHandle(self, lid, md, version, view, key)
+
+    async def create_unbounded_ledger(self, ensemble_size: int | None = None,
+                                      write_quorum: int | None = None,
+                                      ack_quorum: int | None = None, *,
+                                      digest: str | None = None, password: bytes | str = b"",
+                                      custom_metadata: Mapping[str, str] | None = None,
+                                      ) -> WriteHandle:
+        """Create an unbounded ledger (seed 002) at term 1 and return its writer.
+
+        It never needs closing: it grows fragment by fragment (``unbounded_fragment_entries``
+        per fragment), old fragments are dropped with ``trim_ledger``, and another client
+        becomes its writer with ``take_over_ledger`` (this one then gets
+        LeadershipLostError)."""
+        handle = await self.create_ledger(ensemble_size, write_quorum, ack_quorum,
+                                          digest=digest, password=password,
+                                          custom_metadata=custom_metadata, _unbounded=True)
+        return handle
+
+    async def take_over_ledger(self, ledger_id: int, password: bytes | str = b"",
+                               ) -> WriteHandle:
+        """Become the writer of an unbounded ledger: raise its term, recover its tail in
+        that term, and return a write handle appending after it.
+
+        Raises LeadershipLostError if another client raised the term meanwhile,
+        LedgerClosedError for a CLOSED ledger, BadPasswordError, LedgerRecoveryError
+        (too few bookies answered; the ledger stays IN_RECOVERY: take over again)."""
+        md, _ = await self._read_metadata(ledger_id)
+        if not md.unbounded:
+            raise LedgerdError(f"ledger {ledger_id} is not unbounded; open_ledger recovers "
+                               "and closes a bounded ledger")
+        pw = _password_bytes(password)
+        key = master_key(pw)
+        if md.password_check and md.password_check != password_check(key):
+            raise BadPasswordError(ledger_id)
+        digester = Digester(DigestType(md.digest_type), pw)
+        cfg = self.config
+        try:
+            got = await take_over(self.ledgers, self.pool, ledger_id, key, digester,
+                                  read_timeout=cfg.read_timeout_ms / 1000,
+                                  add_timeout=cfg.add_entry_timeout_ms / 1000,
+                                  writable=self.writable_bookies, rng=self.rng,
+                                  read_window=cfg.recovery_read_window)
+        except ClosedChangeError as exc:
+            raise LedgerClosedError(ledger_id, str(exc)) from exc
+        view = self._view(ledger_id, got.md, digester)
+        return WriteHandle(self, ledger_id, got.md, got.version, view, key,
+                           last_add_confirmed=got.last_entry_id, length=got.length)
+
+    async def trim_ledger(self, ledger_id: int, before_entry: int) -> LedgerMetadata:
+        """Drop an unbounded ledger's whole fragments whose entries all precede
+        ``before_entry`` (retention); returns the new metadata. Bookies reclaim the
+        space of trimmed entries at their next GC pass."""
+        md, _ = await self.ledgers.update(ledger_id, lambda m: m.trimmed_before(before_entry))
+        log.info("ledger_trimmed", extra=fields(ledger=ledger_id, start=md.start_entry,
+                                                fragments=len(md.ensembles)))
+        return md
 
     def _view(self, lid: int, md: LedgerMetadata, digester: Digester) -> LedgerView:
         cfg = self.config
@@ -170,6 +235,10 @@ class Client:
         if md.password_check and md.password_check != password_check(key):
             raise BadPasswordError(ledger_id)
         digester = Digester(DigestType(md.digest_type), pw)
+        if recovery and not md.is_closed and md.unbounded:
+            raise LedgerdError(f"ledger {ledger_id} is unbounded: it is never recovered to a "
+                               "close; read it with recovery=False, or write it with "
+                               "take_over_ledger")
         if recovery and not md.is_closed:
             cfg = self.config
             md, version = await recover_ledger(
@@ -201,8 +270,8 @@ class Client:
                               write_quorum: int | None = None, ack_quorum: int | None = None,
                               **kwargs: Any) -> LogWriter:
         """Become the writer of log ``name`` (created if missing): fences its last two
-        ledgers and appends to a new one. kwargs: password, roll_entries, roll_bytes,
-        create."""
+        ledgers and appends to a new one, or takes its unbounded ledger over. kwargs:
+        password, roll_entries, roll_bytes, roll_interval, unbounded, create."""
         return await ledgerlog.open_log_writer(self, name, ensemble_size, write_quorum,
                                                ack_quorum, **kwargs)
 
@@ -234,6 +303,22 @@ class Client:
     def read_log(self, name: str, password: bytes | str = b"", *,
                  start: LogPosition | None = None) -> AsyncIterator[Entry]:
         return ledgerlog.read_log(self, name, password, start=start)
+
+    def follow_log(self, name: str, password: bytes | str = b"", *,
+                   start: ledgerlog.Start | ledgerlog.LogCursor = "start",
+                   poll_s: float = 1.0) -> AsyncIterator[ledgerlog.LogEntry]:
+        """Every entry from ``start`` ("start", "end", a LogPosition, an offset, or a
+        cursor) on, then new ones as they are acknowledged (see ``ledgerlog``)."""
+        return ledgerlog.follow_log(self, name, password, start=start, poll_s=poll_s)
+
+    async def open_log_cursor(self, name: str, cursor: str) -> ledgerlog.LogCursor:
+        return await ledgerlog.open_log_cursor(self, name, cursor)
+
+    async def log_layout(self, name: str) -> list[ledgerlog.LogSegment]:
+        return await ledgerlog.log_layout(self, name)
+
+    async def truncate_log_before(self, name: str, offset: int) -> dict[str, int]:
+        return await ledgerlog.truncate_log_before(self, name, offset)
 
     async def aclose(self) -> None:
         self.pool.close()

@@ -60,8 +60,10 @@ class ClientConfig(ZooKeeperSettings):
         2000, bk="speculativeReadTimeout", minimum=0,
         doc="Send a read to the next replica if the first has not answered in this time (0 = off).")
     explicit_lac_interval_ms: int = setting(
-        0, bk="explicitLacInterval", minimum=0,
-        doc="Write the LAC explicitly to bookies when a ledger is idle this long (0 = off).")
+        200, bk="explicitLacInterval", minimum=0,
+        doc="Write the LAC explicitly to bookies when a ledger is idle this long, so "
+            "readers see the last entry within about this time (0 = off: the last entry "
+            "stays invisible until another follows; BookKeeper's default).")
     max_frame_bytes: int = setting(
         8 * 1024 * 1024, bk="nettyMaxFrameSizeBytes", minimum=1024, maximum=1 << 30,
         doc="Largest frame sent or accepted on a bookie connection.")
@@ -72,6 +74,11 @@ class ClientConfig(ZooKeeperSettings):
         128, bk="recoveryReadBatchSize", minimum=1, maximum=65536,
         doc="Entries whose recovery reads are in flight at once while a recovery reads "
             "forward (1 = one entry per round trip).")
+    unbounded_fragment_entries: int = setting(
+        100000, bk="(ledgerd: unbounded ledgers)", minimum=0,
+        doc="An unbounded ledger's writer opens a new fragment on a fresh ensemble once "
+            "the current one holds this many entries (0 = only on failures); fragments "
+            "are the unit of retention (trim) and of spreading load.")
     reorder_read_sequence_enabled: bool = setting(
         True, bk="reorderReadSequenceEnabled",
         doc="Read first from the replicas that have failed least recently.")

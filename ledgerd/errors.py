@@ -26,6 +26,7 @@ __all__ = [
     "BadPasswordError",
     "ClientClosedError",
     "EntryUnavailableError",
+    "LeadershipLostError",
     "LedgerClosedError",
     "LedgerFencedError",
     "LedgerHandleError",
@@ -54,6 +55,12 @@ class LedgerHandleError(LedgerdError):
 
 class LedgerFencedError(LedgerHandleError, FencedError):
     """Another client fenced the ledger (it is being recovered): this writer is done."""
+
+
+class LeadershipLostError(LedgerHandleError):
+    """Another writer took the unbounded ledger over (it raised the term): this writer
+    withdrew. Its acknowledged entries stay; unacknowledged ones may or may not survive
+    the new term's recovery. Take over again (``take_over_ledger``) to write once more."""
 
 
 class LedgerClosedError(LedgerHandleError):

@@ -24,6 +24,7 @@ from ledgerd.base.logs import fields
 from ledgerd.deadlines import DeadlineSleep
 from ledgerd.errors import (
     BadPasswordError,
+    LeadershipLostError,
     LedgerClosedError,
     LedgerFencedError,
     LedgerHandleError,
@@ -33,11 +34,12 @@ from ledgerd.errors import (
 from ledgerd.machines.changes import (
     ClosedChangeError,
     FencedChangeError,
+    TermChangedError,
     change_ensemble,
     close_as_writer,
     failure_kind,
 )
-from ledgerd.machines.placement import choose_replacements
+from ledgerd.machines.placement import choose_ensemble, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
@@ -126,13 +128,17 @@ class _HandleBase:
             last = lac
         if first < 0:
             raise ValueError(f"first entry {first} is negative")
+        if first < self.metadata.start_entry:
+            raise ValueError(f"ledger {self.ledger_id}: entries before "
+                             f"{self.metadata.start_entry} were trimmed (asked from {first})")
         if last > lac:
             raise ReadBeyondLacError(self.ledger_id, last, lac)
         return last
 
     async def read(self, first: int = 0, last: int | None = None) -> AsyncIterator[Entry]:
         """Entries ``first..last`` (default: up to the last confirmed entry), verified,
-        fetched 64 at a time."""
+        fetched 64 at a time. An unbounded ledger's no-op entries (the ends of its terms'
+        recoveries) are skipped."""
         last = self._bounds(first, last)
         for start in range(first, last + 1, _READ_WINDOW):
             for entry in await self.read_batch(start, min(last, start + _READ_WINDOW - 1)):
@@ -143,13 +149,17 @@ class _HandleBase:
         last = self._bounds(first, last)
         if first > last:
             return []
-        return await fetch_range(self._sync_view(), first, last)
+        entries = await fetch_range(self._sync_view(), first, last)
+        if self.metadata.unbounded:
+            return [e for e in entries if e.length >= 0]
+        return entries
 
     async def read_entry(self, entry_id: int) -> bytes:
-        """One entry's payload."""
+        """One entry's payload (an unbounded ledger's no-op entry reads as ValueError)."""
         async for e in self.read(entry_id, entry_id):
             return e.payload
-        raise AssertionError("read of one entry yielded nothing")
+        raise ValueError(f"ledger {self.ledger_id}: entry {entry_id} is a no-op entry (the "
+                         "end of a term's recovery), not data")
 
 
 class ReadHandle(_HandleBase):
@@ -210,21 +220,31 @@ class WriteHandle(_HandleBase):
     """A ledger this client created and writes; one writer per ledger."""
 
     def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
-                 view: LedgerView, key: bytes) -> None:
+                 view: LedgerView, key: bytes, *, last_add_confirmed: int = -1,
+                 length: int = 0) -> None:
         super().__init__(client, ledger_id, metadata, version, view)
         cfg = client.config
+        # An unbounded ledger's writer holds the metadata's term (its writing term),
+        # writes with the guaranteed write quorum, and rolls fragments.
+        self.term = metadata.term if metadata.unbounded else 0
         self._key = key
         self._compress = metadata.compression == "zstd"
         self._digester = view.digester
         self._max_frame = cfg.max_frame_bytes
         self._max_payload = cfg.max_frame_bytes - add_frame_overhead(view.digester.size)
-        ensemble = metadata.last_ensemble[1]
+        first, ensemble = metadata.last_ensemble
         writer = LedgerWriter(metadata.ensemble_size, metadata.write_quorum,
                               metadata.ack_quorum, ensemble,
-                              add_timeout=cfg.add_entry_timeout_ms / 1000)
+                              last_add_confirmed=last_add_confirmed, length=length,
+                              add_timeout=cfg.add_entry_timeout_ms / 1000,
+                              guaranteed_write_quorum=metadata.unbounded,
+                              fragment_first=first,
+                              fragment_entries=cfg.unbounded_fragment_entries
+                              if metadata.unbounded else 0)
         self._scope = trio.CancelScope()
         self._pipeline = AddPipeline(client.pool, client.nursery, ledger_id, key, writer,
-                                     flags=AddFlags.NONE, replace=self._replace,
+                                     flags=AddFlags.NONE, term=self.term,
+                                     replace=self._replace,
                                      on_completed=self._completed, on_failed=self._failed,
                                      on_timer_changed=self._wake_service,
                                      flusher=client.flusher)
@@ -357,6 +377,8 @@ class WriteHandle(_HandleBase):
         error: LedgerHandleError | BadPasswordError
         if kind is FailureKind.FENCED:
             error = LedgerFencedError(self.ledger_id, reason)
+        elif kind is FailureKind.TERM:
+            error = LeadershipLostError(self.ledger_id, reason)
         elif kind is FailureKind.CLOSED:
             error = LedgerClosedError(self.ledger_id, reason)
         elif kind is FailureKind.UNAUTHORIZED:
@@ -378,15 +400,22 @@ class WriteHandle(_HandleBase):
                        ensemble: tuple[str, ...]) -> tuple[str, ...]:
         client = self.client
         try:
-            new = choose_replacements(await client.writable_bookies(), ensemble, failed,
+            if failed:
+                new = choose_replacements(await client.writable_bookies(), ensemble, failed,
+                                          client.rng, avoid=client.pool.recent_failures(),
+                                          write_quorum=self.metadata.write_quorum,
+                                          placement=await client.placement())
+            else:  # a full fragment of an unbounded ledger: a fresh ensemble
+                new = choose_ensemble(await client.writable_bookies(), len(ensemble),
                                       client.rng, avoid=client.pool.recent_failures(),
                                       write_quorum=self.metadata.write_quorum,
                                       placement=await client.placement())
         except NotEnoughBookiesError as exc:
             raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
+        term = self.term
         try:
             self.metadata, self.version = await client.ledgers.update(
-                self.ledger_id, lambda md: change_ensemble(md, ensemble, first, new))
+                self.ledger_id, lambda md: change_ensemble(md, ensemble, first, new, term))
         except ChangeRejectedError as exc:
             raise EnsembleChangeError(failure_kind(exc), str(exc)) from exc
         except MetadataError as exc:
@@ -402,7 +431,8 @@ class WriteHandle(_HandleBase):
         """The writer's next add timeout, or the explicit-LAC write, whichever is first."""
         deadline = self._pipeline.next_deadline()
         writer = self._pipeline.writer
-        if self._lac_interval and self._error is None and writer.lac > self._lac_written:
+        if (self._lac_interval and self._error is None
+                and writer.published_lac > self._lac_written):
             lac_at = self._last_activity + self._lac_interval
             deadline = lac_at if deadline is None else min(deadline, lac_at)
         return deadline
@@ -420,12 +450,13 @@ class WriteHandle(_HandleBase):
     def _maybe_write_lac(self) -> None:
         w = self._pipeline.writer
         now = trio.current_time()
-        if (w.lac > self._lac_written and not self._waiters
+        if (w.published_lac > self._lac_written and not self._waiters
                 and now - self._last_activity >= self._lac_interval):
-            self._lac_written = w.lac
-            body = encode_lac_body(self._digester, self.ledger_id, w.lac)
-            req = WriteLacRequest(ledger_id=self.ledger_id, lac=w.lac, master_key=self._key,
-                                  lac_body=body)
+            lac = w.published_lac
+            self._lac_written = lac
+            body = encode_lac_body(self._digester, self.ledger_id, lac)
+            req = WriteLacRequest(ledger_id=self.ledger_id, lac=lac, master_key=self._key,
+                                  term=self.term, lac_body=body)
             for bookie in w.ensemble:
                 self.client.pool.send(bookie, req, lambda *_a: None)
 
@@ -448,13 +479,30 @@ class WriteHandle(_HandleBase):
             if self._error is not None and not isinstance(self._error, LedgerHandleError):
                 raise self._error
             w = self._pipeline.writer
+            term = self.term
             try:
                 self.metadata, self.version = await self.client.ledgers.update(
-                    self.ledger_id, lambda md: close_as_writer(md, w.lac, w.length))
+                    self.ledger_id, lambda md: close_as_writer(md, w.lac, w.length, term))
+            except TermChangedError as exc:
+                raise LeadershipLostError(self.ledger_id, str(exc)) from exc
             except FencedChangeError as exc:
                 raise LedgerFencedError(self.ledger_id, str(exc)) from exc
             except ClosedChangeError as exc:
                 raise LedgerClosedError(self.ledger_id, str(exc)) from exc
+        finally:
+            self._closed = True
+            self._scope.cancel()
+
+    async def abandon(self) -> None:
+        """Stop writing without closing the ledger: wait for pending appends, then take
+        no more (an unbounded ledger's writer that is done for now; the next writer
+        takes the ledger over). The metadata stays OPEN."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            while self._waiters and self._error is None:
+                await self._wait_progress()
         finally:
             self._closed = True
             self._scope.cancel()

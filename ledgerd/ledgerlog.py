@@ -13,19 +13,36 @@ A log is read as its ledgers one after another. Writing follows DESIGN §6:
 - ``truncate`` drops whole ledgers before a position and deletes them.
 
 A position is ``(ledger id, entry id)``; the order of positions is the list's order.
+Every entry also has a dense 64-bit **offset**: the count of entries before it in the
+log. A ledger's first offset is the record's ``base`` (entries truncated away) plus the
+entry counts of the closed ledgers listed before it, so offsets never move.
+
+A log can instead be backed by **one unbounded ledger** (``open_log_writer(...,
+unbounded=True)`` when the log is created): a new writer takes the ledger over (raising
+its term) instead of adding a ledger, positions are ``(that ledger, entry)``, and the
+offset of entry *e* is *e* minus the no-op entries before it.
+
+**Readers**: ``follow_log`` is an async iterator of ``LogEntry`` (position, offset,
+payload) that returns every entry once, in order, across ledgers and terms, waits for
+new ones (long polls), and never shows an entry past the LAC. It starts at the start,
+the end, a position, an offset, or a named cursor (``open_log_cursor``), which stores a
+consumer's next position durably with compare-and-set.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
-from metadata.errors import NodeExistsError, NoNodeError
-from metadata.logs import LogRecord
+from metadata.errors import BadVersionError, NodeExistsError, NoNodeError
+from metadata.ledger import LedgerMetadata
+from metadata.logs import CursorRecord, LogRecord
 from wire.entry import Entry
 from wire.status import FencedError
 
@@ -33,8 +50,10 @@ if TYPE_CHECKING:
     from ledgerd.client import Client
     from ledgerd.handles import WriteHandle
 
-__all__ = ["LogFencedError", "LogPosition", "LogWriter", "NoSuchLogError", "append_ledgers",
-           "log_ledgers", "log_segments", "open_log_writer", "read_log", "truncate_log"]
+__all__ = ["LogCursor", "LogEntry", "LogFencedError", "LogPosition", "LogSegment", "LogWriter",
+           "NoSuchLogError", "append_ledgers", "follow_log", "log_layout", "log_ledgers",
+           "log_segments", "open_log_cursor", "open_log_writer", "read_log",
+           "truncate_log", "truncate_log_before"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +119,9 @@ def _append_after(tail: int | None, new: tuple[int, ...],
         if last != tail:
             raise LogFencedError(name, f"the list no longer ends with ledger {tail} (it ends "
                                        f"{list(record.ledgers[-3:])}); another writer took over")
-        return LogRecord(record.ledgers + new)
+        if record.unbounded:
+            raise LogFencedError(name, "the log is backed by an unbounded ledger")
+        return replace(record, ledgers=record.ledgers + new)
     return change
 
 
@@ -119,7 +140,10 @@ async def append_ledgers(client: Client, name: str, ledger_ids: Iterable[int], *
     await _fence(client, (await log_ledgers(client, name))[-FENCE_TAIL:], password)
 
     def change(record: LogRecord) -> LogRecord:
-        return LogRecord(record.ledgers + new)
+        if record.unbounded:
+            raise LedgerdError(f"log {name!r} is backed by an unbounded ledger; ledgers "
+                               "cannot be added to it")
+        return replace(record, ledgers=record.ledgers + new)
 
     record, _ = await client.logs.update(name, change)
     log.info("log_ledgers_appended", extra=fields(log=name, ledgers=",".join(map(str, new))))
@@ -127,26 +151,72 @@ async def append_ledgers(client: Client, name: str, ledger_ids: Iterable[int], *
 
 
 async def truncate_log(client: Client, name: str, before_ledger: int) -> list[int]:
-    """Drop (and delete) every ledger listed before ``before_ledger``; returns them."""
-    dropped: list[int] = []
+    """Drop (and delete) every ledger listed before ``before_ledger``; returns them.
+    The record's ``base`` grows by their entries, so offsets do not move."""
+    record, _ = await _record(client, name)
+    if before_ledger not in record.ledgers:
+        raise LedgerdError(f"log {name!r} has no ledger {before_ledger}")
+    cut = record.ledgers.index(before_ledger)
+    counts = [await _closed_count(client, name, lid) for lid in record.ledgers[:cut]]
+    return await _drop_front(client, name, record.ledgers[:cut], sum(counts))
 
+
+async def _closed_count(client: Client, name: str, lid: int) -> int:
+    try:
+        md = await client.ledger_metadata(lid)
+    except NoSuchLedgerError:
+        raise LedgerdError(f"log {name!r}: listed ledger {lid} is gone") from None
+    if not md.is_closed:
+        raise LedgerdError(f"log {name!r}: ledger {lid} is still open; truncation drops "
+                           "closed ledgers only (open the log's writer to close it)")
+    return md.last_entry_id + 1
+
+
+async def _drop_front(client: Client, name: str, drop: tuple[int, ...], entries: int,
+                      ) -> list[int]:
     def change(record: LogRecord) -> LogRecord:
-        if before_ledger not in record.ledgers:
-            raise LedgerdError(f"log {name!r} has no ledger {before_ledger}")
-        cut = record.ledgers.index(before_ledger)
-        dropped[:] = record.ledgers[:cut]
-        return LogRecord(record.ledgers[cut:]) if cut else record
+        if record.ledgers[:len(drop)] != drop:
+            raise LogFencedError(name, "the log's front changed during truncation")
+        return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries)
 
+    if not drop:
+        return []
     try:
         await client.logs.update(name, change)
     except NoNodeError:
         raise NoSuchLogError(name) from None
-    for lid in dropped:
+    for lid in drop:
         try:
             await client.delete_ledger(lid)
         except NoSuchLedgerError:
             pass
-    return dropped
+    log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop))))
+    return list(drop)
+
+
+async def truncate_log_before(client: Client, name: str, offset: int) -> dict[str, int]:
+    """Retention by offset: drop whatever holds only entries before ``offset`` — whole
+    closed ledgers, or an unbounded ledger's whole fragments. Returns what was dropped
+    (``ledgers`` or ``fragments``) and the log's new first offset (``start``)."""
+    record, _ = await _record(client, name)
+    if record.unbounded:
+        lid = record.ledgers[0]
+        md = await client.ledger_metadata(lid)
+        before = len(md.ensembles)
+        md = await client.trim_ledger(lid, entry_for_offset(md, offset))
+        return {"fragments": before - len(md.ensembles),
+                "start": md.start_entry - md.noops_before(md.start_entry)}
+    layout = await log_layout(client, name)
+    drop: list[int] = []
+    entries = 0
+    for seg in layout[:-1]:
+        if seg.count is None or seg.first_offset is None or \
+                seg.first_offset + seg.count > offset:
+            break
+        drop.append(seg.ledger_id)
+        entries += seg.count
+    await _drop_front(client, name, tuple(drop), entries)
+    return {"ledgers": len(drop), "start": record.base + entries}
 
 
 def log_segments(name: str, ledgers: tuple[int, ...],
@@ -174,12 +244,224 @@ async def read_log(client: Client, name: str, password: bytes | str = b"", *,
                 yield entry
 
 
+async def _record(client: Client, name: str) -> tuple[LogRecord, int]:
+    try:
+        return await client.logs.get(name)
+    except NoNodeError:
+        raise NoSuchLogError(name) from None
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One entry as a log reader returns it."""
+
+    position: LogPosition
+    offset: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogSegment:
+    """One listed ledger: its first entry's offset (None while an earlier ledger is still
+    open: not known yet) and its entry count (None while it is open)."""
+
+    ledger_id: int
+    first_offset: int | None
+    count: int | None
+
+
+async def log_layout(client: Client, name: str) -> list[LogSegment]:
+    """The log's ledgers with their offsets (an unbounded log: its one ledger, from its
+    first kept entry's offset)."""
+    record, _ = await _record(client, name)
+    out: list[LogSegment] = []
+    offset: int | None = record.base
+    for lid in record.ledgers:
+        try:
+            md = await client.ledger_metadata(lid)
+        except NoSuchLedgerError:
+            raise LedgerdError(f"log {name!r}: listed ledger {lid} is gone") from None
+        if record.unbounded:
+            out.append(LogSegment(lid, md.start_entry - md.noops_before(md.start_entry),
+                                  None))
+            break
+        count = md.last_entry_id + 1 if md.is_closed else None
+        out.append(LogSegment(lid, offset, count))
+        offset = None if offset is None or count is None else offset + count
+    return out
+
+
+def entry_for_offset(md: LedgerMetadata, offset: int) -> int:
+    """An unbounded ledger's entry id holding log offset ``offset`` (no-ops skipped)."""
+    eid = offset
+    for noop in md.noops:
+        if noop <= eid:
+            eid += 1
+        else:
+            break
+    return eid
+
+
+Start = Literal["start", "end"] | LogPosition | int
+
+
+async def _resolve(client: Client, name: str, password: bytes | str, start: Start,
+                   ) -> tuple[int, int, int]:
+    """``(segment index, entry id, offset)`` where a read from ``start`` begins."""
+    record, _ = await _record(client, name)
+    if not record.ledgers:
+        if start in ("start", "end") or start == record.base:
+            return 0, 0, record.base
+        raise LedgerdError(f"log {name!r} is empty; it has no {start!r}")
+    if record.unbounded:
+        md = await client.ledger_metadata(record.ledgers[0])
+        first = md.start_entry - md.noops_before(md.start_entry)
+        if start == "start":
+            return 0, md.start_entry, first
+        if start == "end":
+            rh = await client.open_ledger(record.ledgers[0], password, recovery=False)
+            lac = await rh.read_lac()
+            return 0, lac + 1, lac + 1 - rh.metadata.noops_before(lac + 1)
+        if isinstance(start, LogPosition):
+            if start.ledger_id != record.ledgers[0]:
+                raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id}")
+            return 0, start.entry_id, start.entry_id - md.noops_before(start.entry_id)
+        if start < first:
+            raise LedgerdError(f"log {name!r}: offset {start} was truncated (the log starts "
+                               f"at {first})")
+        return 0, entry_for_offset(md, start), start
+    layout = await log_layout(client, name)
+    if start == "start":
+        return 0, 0, record.base
+    if start == "end":
+        last = layout[-1]
+        if last.first_offset is None:
+            raise LedgerdError(f"log {name!r}: its end is not known while an earlier "
+                               "ledger is still open (a writer is taking over)")
+        if last.count is not None:
+            return len(layout) - 1, last.count, last.first_offset + last.count
+        rh = await client.open_ledger(last.ledger_id, password, recovery=False)
+        lac = await rh.read_lac()
+        return len(layout) - 1, lac + 1, last.first_offset + lac + 1
+    if isinstance(start, LogPosition):
+        for i, seg in enumerate(layout):
+            if seg.ledger_id == start.ledger_id:
+                if seg.first_offset is None:
+                    raise LedgerdError(f"log {name!r}: ledger {seg.ledger_id}'s offsets are "
+                                       "not known yet (an earlier ledger is still open)")
+                return i, start.entry_id, seg.first_offset + start.entry_id
+        raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id} (truncated, or "
+                           "never in this log)")
+    if start < record.base:
+        raise LedgerdError(f"log {name!r}: offset {start} was truncated (the log starts at "
+                           f"{record.base})")
+    for i, seg in enumerate(layout):
+        if seg.first_offset is None:
+            break
+        if seg.count is None or start < seg.first_offset + seg.count:
+            return i, start - seg.first_offset, start
+    raise LedgerdError(f"log {name!r}: offset {start} is past the end of its closed ledgers")
+
+
+async def follow_log(client: Client, name: str, password: bytes | str = b"", *,
+                     start: Start | LogCursor = "start", poll_s: float = 1.0,
+                     ) -> AsyncIterator[LogEntry]:
+    """Every entry of the log from ``start`` on, once, in order, across ledgers and
+    terms; then wait for new ones (long polls of ``poll_s``) for as long as the caller
+    iterates. Only acknowledged entries are returned (nothing past the LAC); an idle
+    writer's last entry shows within its ``explicit_lac_interval_ms``. Nothing is fenced.
+    """
+    if isinstance(start, LogCursor):
+        cursor = start
+        begin: Start = "start" if cursor.record is None else cursor.record.offset
+    else:
+        begin = start
+    index, eid, offset = await _resolve(client, name, password, begin)
+    record, _ = await _record(client, name)
+    while not record.ledgers:  # empty: wait for a first ledger
+        await trio.sleep(poll_s)
+        record, _ = await _record(client, name)
+    lid = record.ledgers[index]
+    while True:
+        rh = await client.open_ledger(lid, password, recovery=False)
+        if not rh.is_closed:
+            await rh.read_lac()
+        while True:
+            last = rh.last_add_confirmed
+            if eid <= last:
+                top = min(last, eid + 255)
+                for entry in await rh.read_batch(eid, top):
+                    yield LogEntry(LogPosition(lid, entry.entry_id), offset, entry.payload)
+                    offset += 1
+                eid = top + 1
+                continue
+            if rh.is_closed:
+                break
+            await rh.wait_lac_beyond(eid - 1, timeout=poll_s)
+        # The ledger is closed and read to its end: on to the next one listed.
+        while True:
+            record, _ = await _record(client, name)
+            if lid not in record.ledgers:
+                raise LedgerdError(f"log {name!r}: ledger {lid} was truncated away while "
+                                   "being read")
+            i = record.ledgers.index(lid)
+            if i + 1 < len(record.ledgers):
+                lid, eid = record.ledgers[i + 1], 0
+                break
+            await trio.sleep(poll_s / 4)
+
+
+class LogCursor:
+    """A consumer's durable position in a log (``open_log_cursor``): ``commit(entry)``
+    stores "next read the entry after this one" by compare-and-set; a commit never moves
+    the cursor backwards (a slower consumer sharing the name loses to a faster one)."""
+
+    def __init__(self, client: Client, log_name: str, name: str,
+                 record: CursorRecord | None, version: int | None) -> None:
+        self.client = client
+        self.log_name = log_name
+        self.name = name
+        self.record = record
+        self.version = version
+
+    @property
+    def offset(self) -> int | None:
+        """The next offset to read (None: never committed, reads from the start)."""
+        return None if self.record is None else self.record.offset
+
+    async def commit(self, entry: LogEntry) -> None:
+        new = CursorRecord(entry.offset + 1, entry.position.ledger_id,
+                           entry.position.entry_id + 1)
+        logs = self.client.logs
+        while True:
+            if self.record is not None and self.record.offset >= new.offset:
+                return
+            try:
+                self.version = await logs.put_cursor(self.log_name, self.name, new,
+                                                     self.version)
+                self.record = new
+                return
+            except (BadVersionError, NodeExistsError):
+                got = await logs.get_cursor(self.log_name, self.name)
+                self.record, self.version = got if got is not None else (None, None)
+
+
+async def open_log_cursor(client: Client, name: str, cursor: str) -> LogCursor:
+    """The named cursor of a log, as last committed (a new one starts at the start)."""
+    await _record(client, name)
+    got = await client.logs.get_cursor(name, cursor)
+    if got is None:
+        return LogCursor(client, name, cursor, None, None)
+    return LogCursor(client, name, cursor, got[0], got[1])
+
+
 class LogWriter:
     """Appends to a log; see the module docstring. Not safe for concurrent appends from
     several tasks (positions would interleave across a roll)."""
 
     def __init__(self, client: Client, name: str, handle: WriteHandle, *, password: bytes | str,
-                 quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int) -> None:
+                 quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int,
+                 roll_interval: float = 0.0, unbounded: bool = False) -> None:
         self.client = client
         self.name = name
         self.handle = handle
@@ -187,6 +469,9 @@ class LogWriter:
         self.quorums = quorums
         self.roll_entries = roll_entries
         self.roll_bytes = roll_bytes
+        self.roll_interval = roll_interval
+        self.unbounded = unbounded
+        self.opened_at = trio.current_time()
         self.closed = False
 
     @property
@@ -194,9 +479,13 @@ class LogWriter:
         return self.handle.ledger_id
 
     def _due(self) -> bool:
+        if self.unbounded:
+            return False  # an unbounded ledger rolls fragments, not ledgers
         h = self.handle
         return ((self.roll_entries > 0 and h.last_add_confirmed + 1 >= self.roll_entries)
-                or (self.roll_bytes > 0 and h.length >= self.roll_bytes))
+                or (self.roll_bytes > 0 and h.length >= self.roll_bytes)
+                or (self.roll_interval > 0
+                    and trio.current_time() - self.opened_at >= self.roll_interval))
 
     async def append(self, data: bytes) -> LogPosition:
         return (await self.append_many([data]))[0]
@@ -208,8 +497,8 @@ class LogWriter:
         batch: list[bytes] = []
         for data in items:
             batch.append(data)
-            if self.roll_entries > 0 and (self.handle.last_add_confirmed + 1 + len(batch)
-                                          >= self.roll_entries):
+            if not self.unbounded and self.roll_entries > 0 and (
+                    self.handle.last_add_confirmed + 1 + len(batch) >= self.roll_entries):
                 out += await self._write(batch)
                 batch = []
         if batch:
@@ -226,6 +515,8 @@ class LogWriter:
     async def roll(self) -> None:
         """Start a new ledger: onto the list first (only if it still ends with ours),
         then close the old one."""
+        if self.unbounded:
+            raise LedgerdError(f"log {self.name!r} is one unbounded ledger: it does not roll")
         old = self.handle
         e, qw, qa = self.quorums
         new = await self.client.create_ledger(e, qw, qa, password=self.password)
@@ -236,14 +527,20 @@ class LogWriter:
             await self.client.delete_ledger(new.ledger_id)
             raise
         self.handle = new
+        self.opened_at = trio.current_time()
         await old.close()
         log.info("log_rolled", extra=fields(log=self.name, closed=old.ledger_id,
                                             ledger=new.ledger_id))
 
     async def close(self) -> None:
+        """Close the writer. A ledger-backed log's current ledger is closed; an unbounded
+        one stays open (another writer takes it over when it needs to)."""
         if not self.closed:
             self.closed = True
-            await self.handle.close()
+            if self.unbounded:
+                await self.handle.abandon()
+            else:
+                await self.handle.close()
 
     async def __aenter__(self) -> LogWriter:
         return self
@@ -255,13 +552,29 @@ class LogWriter:
 async def open_log_writer(client: Client, name: str, ensemble_size: int | None = None,
                           write_quorum: int | None = None, ack_quorum: int | None = None, *,
                           password: bytes | str = b"", roll_entries: int = 0,
-                          roll_bytes: int = 256 << 20, create: bool = True) -> LogWriter:
-    """Become the log's writer: fence its last two ledgers, add a new one (CAS)."""
+                          roll_bytes: int = 256 << 20, roll_interval: float = 0.0,
+                          unbounded: bool | None = None, create: bool = True) -> LogWriter:
+    """Become the log's writer.
+
+    A ledger-backed log: fence its last two ledgers, add a new one (CAS). A log backed
+    by an unbounded ledger: take the ledger over (raise its term). ``unbounded`` chooses
+    the kind when the log is created (default: ledgers); for an existing log it must
+    match (None: whatever the log is). ``roll_interval`` (seconds) rolls a ledger-backed
+    log's ledger by age too, checked after each append."""
     cfg = client.config
     quorums = (cfg.ensemble_size if ensemble_size is None else ensemble_size,
                cfg.write_quorum_size if write_quorum is None else write_quorum,
                cfg.ack_quorum_size if ack_quorum is None else ack_quorum)
     await _ensure(client, name, create)
+    record, _ = await _record(client, name)
+    if unbounded is None:
+        unbounded = record.unbounded
+    if record.ledgers and unbounded != record.unbounded:
+        kind = "an unbounded ledger" if record.unbounded else "ledgers"
+        raise LedgerdError(f"log {name!r} is backed by {kind}; its kind is chosen when it "
+                           "is created")
+    if unbounded:
+        return await _open_unbounded(client, name, record, quorums, password)
     for _ in range(10):
         ledgers = await log_ledgers(client, name)
         await _fence(client, ledgers[-FENCE_TAIL:], password)
@@ -277,5 +590,32 @@ async def open_log_writer(client: Client, name: str, ensemble_size: int | None =
             raise
         log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id))
         return LogWriter(client, name, handle, password=password, quorums=quorums,
-                         roll_entries=roll_entries, roll_bytes=roll_bytes)
+                         roll_entries=roll_entries, roll_bytes=roll_bytes,
+                         roll_interval=roll_interval)
     raise LogFencedError(name, "gave up after 10 writers raced to open the log")
+
+
+async def _open_unbounded(client: Client, name: str, record: LogRecord,
+                          quorums: tuple[int, int, int], password: bytes | str) -> LogWriter:
+    if record.ledgers:
+        handle = await client.take_over_ledger(record.ledgers[0], password)
+    else:
+        handle = await client.create_unbounded_ledger(*quorums, password=password)
+        lid = handle.ledger_id
+
+        def claim(current: LogRecord) -> LogRecord:
+            if current.ledgers:
+                return current  # another writer created it first
+            return replace(current, ledgers=(lid,), unbounded=True)
+
+        record, _ = await client.logs.update(name, claim)
+        if record.ledgers != (lid,):
+            await handle.abandon()
+            await client.delete_ledger(lid)
+            if not record.unbounded:
+                raise LogFencedError(name, "another writer created it backed by ledgers")
+            handle = await client.take_over_ledger(record.ledgers[0], password)
+    log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
+                                               term=handle.term))
+    return LogWriter(client, name, handle, password=password, quorums=quorums,
+                     roll_entries=0, roll_bytes=0, unbounded=True)

@@ -30,10 +30,16 @@ from ledgerd.base.logs import fields
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
 from ledgerd.deadlines import DeadlineSleep
-from ledgerd.errors import BadPasswordError, LedgerRecoveryError
-from ledgerd.machines.changes import begin_recovery, close_recovered
+from ledgerd.errors import BadPasswordError, LeadershipLostError, LedgerRecoveryError
+from ledgerd.machines.changes import (
+    TermChangedError,
+    begin_recovery,
+    begin_term,
+    close_recovered,
+    open_term,
+)
 from ledgerd.machines.placement import NotEnoughBookiesError
-from ledgerd.machines.recovery import Aborted
+from ledgerd.machines.recovery import Aborted, Finished
 from ledgerd.machines.recovery_run import RecoveryRun
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
@@ -43,7 +49,7 @@ from wire.entry import Digester
 from wire.messages import AddFlags, Message, ReadRequest, ReadResponse
 from wire.status import Status
 
-__all__ = ["recover_ledger"]
+__all__ = ["TakeOver", "recover_ledger", "take_over"]
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +182,32 @@ class _Run:
             self._after_input()
 
 
+async def _run(pool: BookiePool, ledger_id: int, md: LedgerMetadata, key: bytes,
+               digester: Digester, *, read_timeout: float, add_timeout: float,
+               writable: Callable[[], Awaitable[set[str]]], rng: random.Random,
+               read_window: int, term: int = 0) -> tuple[Finished, dict[int, tuple[str, ...]]]:
+    """One recovery run to its end: the Finished outcome and its local ensembles.
+    Raises BadPasswordError, LeadershipLostError (a higher term, with ``term``) or
+    LedgerRecoveryError."""
+    async with trio.open_nursery() as nursery:
+        run = _Run(pool, nursery, ledger_id, md, key, digester, read_timeout=read_timeout,
+                   add_timeout=add_timeout, writable=writable, rng=rng,
+                   read_window=read_window, term=term)
+        nursery.start_soon(run.timers)
+        run.run.begin(trio.current_time())
+        run._after_input()
+        await run.done.wait()
+        nursery.cancel_scope.cancel()
+    if run.run.finished is None:
+        aborted = run.run.aborted or Aborted(FailureKind.UNAVAILABLE, "stopped")
+        if aborted.kind is FailureKind.UNAUTHORIZED:
+            raise BadPasswordError(ledger_id)
+        if aborted.kind is FailureKind.TERM:
+            raise LeadershipLostError(ledger_id, aborted.reason)
+        raise LedgerRecoveryError(ledger_id, aborted.reason, kind=aborted.kind)
+    return run.run.finished, dict(run.run.ensembles)
+
+
 async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, key: bytes,
                          digester: Digester, *, read_timeout: float, add_timeout: float,
                          writable: Callable[[], Awaitable[set[str]]],
@@ -192,25 +224,57 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
         return md, version
     log.info("recovery_started", extra=fields(ledger=ledger_id,
                                               ensemble=",".join(md.last_ensemble[1])))
-    async with trio.open_nursery() as nursery:
-        run = _Run(pool, nursery, ledger_id, md, key, digester, read_timeout=read_timeout,
-                   add_timeout=add_timeout, writable=writable, rng=rng,
-                   read_window=read_window)
-        nursery.start_soon(run.timers)
-        run.run.begin(trio.current_time())
-        run._after_input()
-        await run.done.wait()
-        nursery.cancel_scope.cancel()
-    if run.run.finished is None:
-        aborted = run.run.aborted or Aborted(FailureKind.UNAVAILABLE, "stopped")
-        if aborted.kind is FailureKind.UNAUTHORIZED:
-            raise BadPasswordError(ledger_id)
-        raise LedgerRecoveryError(ledger_id, aborted.reason, kind=aborted.kind)
-    fin = run.run.finished
+    fin, ensembles = await _run(pool, ledger_id, md, key, digester,
+                                read_timeout=read_timeout, add_timeout=add_timeout,
+                                writable=writable, rng=rng, read_window=read_window)
     md, version = await ledgers.update(
-        ledger_id, lambda cur: close_recovered(cur, run.run.ensembles, fin.last_entry_id,
-                                               fin.length))
+        ledger_id, lambda cur: close_recovered(cur, ensembles, fin.last_entry_id, fin.length))
     log.info("recovery_finished", extra=fields(ledger=ledger_id, last_entry=md.last_entry_id,
                                                length=md.length,
                                                recovered_by_us=md.last_entry_id == fin.last_entry_id))
     return md, version
+
+
+class TakeOver:
+    """What a takeover leaves a new leader: the metadata at its writing term, the
+    metadata version, and the last entry (the no-op) and length its writes follow."""
+
+    def __init__(self, md: LedgerMetadata, version: int, last_entry_id: int,
+                 length: int) -> None:
+        self.md = md
+        self.version = version
+        self.last_entry_id = last_entry_id
+        self.length = length
+
+
+async def take_over(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, key: bytes,
+                    digester: Digester, *, read_timeout: float, add_timeout: float,
+                    writable: Callable[[], Awaitable[set[str]]], rng: random.Random,
+                    read_window: int = 64) -> TakeOver:
+    """Become the writer of an unbounded ledger (seed 002): raise the term by CAS,
+    recover the tail in that term (term reads, rewrites at the whole write quorum, a
+    TRUNCATE no-op), then CAS it OPEN at the next term.
+
+    Raises LeadershipLostError if another writer raised the term meanwhile (at a
+    bookie or at either CAS), BadPasswordError, or LedgerRecoveryError. If cancelled,
+    the ledger stays IN_RECOVERY at the raised term; the next takeover starts over.
+    """
+    try:
+        md, _ = await ledgers.update(ledger_id, begin_term)
+    except TermChangedError as exc:
+        raise LeadershipLostError(ledger_id, str(exc)) from exc
+    term = md.term
+    log.info("term_started", extra=fields(ledger=ledger_id, term=term,
+                                          ensemble=",".join(md.last_ensemble[1])))
+    fin, ensembles = await _run(pool, ledger_id, md, key, digester,
+                                read_timeout=read_timeout, add_timeout=add_timeout,
+                                writable=writable, rng=rng, read_window=read_window,
+                                term=term)
+    try:
+        md, version = await ledgers.update(
+            ledger_id, lambda cur: open_term(cur, term, ensembles, fin.noops))
+    except TermChangedError as exc:
+        raise LeadershipLostError(ledger_id, str(exc)) from exc
+    log.info("term_opened", extra=fields(ledger=ledger_id, term=md.term,
+                                         noop=fin.last_entry_id, length=fin.length))
+    return TakeOver(md, version, fin.last_entry_id, fin.length)

@@ -179,7 +179,11 @@ async def rereplicate_ledger(
             result.outcome = Outcome.SKIPPED
             result.detail = "open ledger skipped"
             return result
-        if last_fragment_at_risk(md, available):
+        if last_fragment_at_risk(md, available) and md.unbounded:
+            # An unbounded ledger is never closed: its writer's ensemble change (or the
+            # next leader's takeover) moves its last fragment; the rest is copied here.
+            result.detail = "unbounded ledger: its last fragment is its writer's to move"
+        elif last_fragment_at_risk(md, available):
             if not close_open:
                 result.outcome = Outcome.DEFERRED
             elif dry_run:
@@ -293,7 +297,7 @@ async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
                 batches = copy_batches(frag, index, md.ensemble_size, md.write_quorum, bad,
                                        opts.batch_entries)
                 nursery.start_soon(_copy, client, ledger_id, batches, nb, key, digester,
-                                   opts, result, progress)
+                                   opts, result, progress, md.term)
     except BaseExceptionGroup as group:  # each copy task stops at its first failure
         raise (first_of(group, CopyFailedError) or group) from None
     await client.ledgers.update(
@@ -324,8 +328,9 @@ async def _check_credential(client: Client, ledger_id: int, frag: Fragment, bad:
 
 async def _copy(client: Client, ledger_id: int, batches: list[CopyBatch], target: str,
                 key: bytes, digester: Digester, opts: ReplicationOptions,
-                result: LedgerResult, progress: Progress | None) -> None:
-    """Copy ``batches`` to ``target``: at most ``opts.outstanding`` in flight."""
+                result: LedgerResult, progress: Progress | None, term: int = 0) -> None:
+    """Copy ``batches`` to ``target``: at most ``opts.outstanding`` in flight (writes
+    carry the ledger's ``term``)."""
     bucket = TokenBucket(opts.rate_bytes, burst=max(opts.rate_bytes, 1 << 20),
                          now=trio.current_time()) if opts.rate_bytes > 0 else None
     limit = trio.Semaphore(opts.outstanding)
@@ -339,7 +344,8 @@ async def _copy(client: Client, ledger_id: int, batches: list[CopyBatch], target
                 wait = bucket.take(trio.current_time(), size)
                 if wait:
                     await trio.sleep(wait)
-            await _write(client, ledger_id, batch.first, entries, target, key, opts, max_frame)
+            await _write(client, ledger_id, batch.first, entries, target, key, opts, max_frame,
+                         term=term)
         finally:
             limit.release()
         result.entries += len(entries)
@@ -391,8 +397,10 @@ async def _read_batch(client: Client, ledger_id: int, batch: CopyBatch, digester
 
 
 async def _write(client: Client, ledger_id: int, first: int, entries: list[bytes],
-                 target: str, key: bytes, opts: ReplicationOptions, max_frame: int) -> None:
-    """RECOVERY_ADDs of ``entries`` to ``target``, as few frames as fit."""
+                 target: str, key: bytes, opts: ReplicationOptions, max_frame: int, *,
+                 term: int = 0) -> None:
+    """RECOVERY_ADDs of ``entries`` to ``target``, as few frames as fit (carrying the
+    ledger's term: a bookie refuses term 0 on an unbounded ledger)."""
     start = 0
     while start < len(entries):
         end, size = start, 0
@@ -402,7 +410,7 @@ async def _write(client: Client, ledger_id: int, first: int, entries: list[bytes
             end += 1
         status, _, error = await client.pool.call(target, AddRequest(
             ledger_id=ledger_id, first_entry_id=first + start, flags=_RECOVERY_FLAGS,
-            master_key=key, entries=tuple(entries[start:end])), opts.add_timeout)
+            master_key=key, term=term, entries=tuple(entries[start:end])), opts.add_timeout)
         if status != Status.OK:
             if status == Status.UNAUTHORIZED:
                 reason = (f"{target} refused the recovery credential (is the same "

@@ -2,7 +2,14 @@
 
 A log built from ledgers is a name and a ledger list, changed only by compare-and-set:
 a writer that opens the log appends a new ledger; truncation drops whole ledgers from
-the front. JSON ``{"format": 1, "ledgers": [id, ...]}``.
+the front. JSON ``{"format": 1, "ledgers": [id, ...], "base": N}``: ``base`` is the
+dense offset of the first listed ledger's entry 0 (the count of entries truncated
+away), so offsets stay stable across truncation. A log backed by one unbounded ledger
+lists just that ledger and says ``"unbounded": true``.
+
+Cursors (a consumer's durable position) live under ``<logs root>/<name>/cursors/<cursor>``
+as ``{"format": 1, "offset": N, "ledger": L, "entry": E}`` (the next entry to read),
+changed by compare-and-set.
 """
 
 from __future__ import annotations
@@ -13,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from metadata.cas import cas_update
-from metadata.errors import CorruptMetadataError
+from metadata.errors import CorruptMetadataError, NoNodeError
 from metadata.store import MetadataStore
 
-__all__ = ["LogRecord", "LogStore"]
+__all__ = ["CursorRecord", "LogRecord", "LogStore"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -24,9 +31,16 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 @dataclass(frozen=True, slots=True)
 class LogRecord:
     ledgers: tuple[int, ...] = ()
+    base: int = 0
+    unbounded: bool = False
 
     def to_json(self) -> bytes:
-        return json.dumps({"format": 1, "ledgers": list(self.ledgers)}).encode()
+        doc: dict[str, object] = {"format": 1, "ledgers": list(self.ledgers)}
+        if self.base:
+            doc["base"] = self.base
+        if self.unbounded:
+            doc["unbounded"] = True
+        return json.dumps(doc).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, path: str) -> LogRecord:
@@ -38,9 +52,42 @@ class LogRecord:
             if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
                        for x in ledgers):
                 raise ValueError("ledgers must be non-negative integers")
-            return cls(ledgers)
+            base = doc.get("base", 0)
+            if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+                raise ValueError(f"base must be a non-negative integer, got {base!r}")
+            unbounded = doc.get("unbounded", False) is True
+            if unbounded and len(ledgers) != 1:
+                raise ValueError("an unbounded log lists exactly one ledger")
+            return cls(ledgers, base, unbounded)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a log record: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class CursorRecord:
+    """A consumer's durable position: the next entry it reads."""
+
+    offset: int
+    ledger_id: int
+    entry_id: int
+
+    def to_json(self) -> bytes:
+        return json.dumps({"format": 1, "offset": self.offset, "ledger": self.ledger_id,
+                           "entry": self.entry_id}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, path: str) -> CursorRecord:
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != 1:
+                raise ValueError(f"unknown format {doc.get('format')!r}")
+            values = [doc["offset"], doc["ledger"], doc["entry"]]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                       for v in values):
+                raise ValueError("offset, ledger and entry must be non-negative integers")
+            return cls(*values)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptMetadataError(path, f"not a cursor record: {exc}") from exc
 
 
 class LogStore:
@@ -71,7 +118,52 @@ class LogStore:
                                 decode=LogRecord.from_json, encode=LogRecord.to_json)
 
     async def delete(self, name: str, version: int = -1) -> None:
+        """Delete the log record (its cursors first)."""
+        for cursor in await self.cursors(name):
+            try:
+                await self.store.delete(self.cursor_path(name, cursor))
+            except NoNodeError:
+                pass
+        cursors = f"{self.path(name)}/cursors"
+        if await self.store.exists(cursors) is not None:
+            try:
+                await self.store.delete(cursors)
+            except NoNodeError:
+                pass
         await self.store.delete(self.path(name), version)
+
+    # -- cursors -------------------------------------------------------------------------
+
+    def cursor_path(self, name: str, cursor: str) -> str:
+        if not _NAME.match(cursor):
+            raise ValueError(f"invalid cursor name {cursor!r} (letters, digits, . _ -; up "
+                             "to 200)")
+        return f"{self.path(name)}/cursors/{cursor}"
+
+    async def cursors(self, name: str) -> list[str]:
+        path = f"{self.path(name)}/cursors"
+        if await self.store.exists(path) is None:
+            return []
+        return sorted(await self.store.children(path))
+
+    async def get_cursor(self, name: str, cursor: str) -> tuple[CursorRecord, int] | None:
+        """The cursor and its version, or None if it was never committed."""
+        path = self.cursor_path(name, cursor)
+        try:
+            raw, stat = await self.store.get(path)
+        except NoNodeError:
+            return None
+        return CursorRecord.from_json(raw, path), stat.version
+
+    async def put_cursor(self, name: str, cursor: str, record: CursorRecord,
+                         version: int | None) -> int:
+        """Write the cursor by compare-and-set (``version`` None: create it); returns the
+        new version. Raises BadVersionError / NodeExistsError when another committed."""
+        path = self.cursor_path(name, cursor)
+        if version is None:
+            await self.store.create(path, record.to_json(), make_parents=True)
+            return 0
+        return (await self.store.set(path, record.to_json(), version)).version
 
     async def names(self) -> list[str]:
         if await self.store.exists(self.root) is None:

@@ -300,6 +300,159 @@ def deleteledger(ctx: click.Context, ledger_id: int, force: bool) -> None:
     click.echo(f"deleted ledger {ledger_id}")
 
 
+# -- logs ------------------------------------------------------------------------------
+
+
+@shell.command("listlogs")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def listlogs(ctx: click.Context, as_json: bool) -> None:
+    """Every log: its kind and how many ledgers it lists."""
+    async def run(client: Any) -> list[dict[str, Any]]:
+        out = []
+        for name in await client.list_logs():
+            record, _ = await client.logs.get(name)
+            out.append({"log": name, "kind": "unbounded" if record.unbounded else "ledgers",
+                        "ledgers": len(record.ledgers)})
+        return out
+    rows = _client_run(ctx, run)
+    emit(as_json, rows, table(["LOG", "KIND", "LEDGERS"], [list(r.values()) for r in rows])
+         + f"\n{len(rows)} log(s)")
+
+
+@shell.command("logstat")
+@click.argument("name")
+@click.option("--password", default="", help="The log's ledgers' password.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def logstat(ctx: click.Context, name: str, password: str, as_json: bool) -> None:
+    """A log's ledgers with their offsets, entries and bytes, and its cursors."""
+    async def run(client: Any) -> dict[str, Any]:
+        record, _ = await client.logs.get(name) if name in await client.list_logs() \
+            else (None, None)
+        if record is None:
+            raise ShellError(f"log {name!r} does not exist (ledgerd shell listlogs)")
+        rows = []
+        end = record.base
+        for seg in await client.log_layout(name):
+            md = await client.ledger_metadata(seg.ledger_id)
+            count = seg.count
+            if count is None:  # open: up to the LAC
+                rh = await client.open_ledger(seg.ledger_id, password, recovery=False)
+                lac = await rh.read_lac()
+                count = (lac + 1 - md.noops_before(lac + 1) - seg.first_offset
+                         if record.unbounded and seg.first_offset is not None
+                         else lac + 1)
+            rows.append({"ledger_id": seg.ledger_id, "state": md.state.value,
+                         "first_offset": seg.first_offset, "entries": count,
+                         "bytes": md.length, "fragments": len(md.ensembles),
+                         "term": md.term})
+            if seg.first_offset is not None:
+                end = seg.first_offset + count
+        cursors = {}
+        for c in await client.logs.cursors(name):
+            got = await client.logs.get_cursor(name, c)
+            cursors[c] = None if got is None else got[0].offset
+        return {"log": name, "kind": "unbounded" if record.unbounded else "ledgers",
+                "start_offset": rows[0]["first_offset"] if rows else record.base,
+                "end_offset": end, "ledgers": rows, "cursors": cursors}
+    d = _client_run(ctx, run)
+    text = (f"log {d['log']} ({d['kind']}): offsets {d['start_offset']}..{d['end_offset']}"
+            f" ({d['end_offset'] - (d['start_offset'] or 0)} entries)\n"
+            + table(["LEDGER", "STATE", "FIRST OFFSET", "ENTRIES", "BYTES", "FRAGMENTS",
+                     "TERM"], [list(r.values()) for r in d["ledgers"]])
+            + "".join(f"\ncursor {c}: next offset {o}" for c, o in d["cursors"].items()))
+    emit(as_json, d, text)
+
+
+@shell.command("readlogentries")
+@click.argument("name")
+@click.option("--from", "first", default="start", show_default=True,
+              help="An offset, or 'start' / 'end'.")
+@click.option("--count", type=int, default=None, help="Stop after this many entries.")
+@click.option("--follow", is_flag=True, help="Keep waiting for new entries (Ctrl-C ends).")
+@click.option("--password", default="", help="The log's ledgers' password.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def readlogentries(ctx: click.Context, name: str, first: str, count: int | None,
+                   follow: bool, password: str, as_json: bool) -> None:
+    """A log's entries by offset (without --follow: up to what is acknowledged now)."""
+    if first not in ("start", "end") and not first.lstrip("-").isdigit():
+        raise ShellError(f"--from {first!r}: expected an offset, 'start' or 'end'")
+    start: Any = first if first in ("start", "end") else int(first)
+
+    async def run(client: Any) -> int:
+        if name not in await client.list_logs():
+            raise ShellError(f"log {name!r} does not exist (ledgerd shell listlogs)")
+        layout = await client.log_layout(name)
+        end = None if follow else await _log_end(client, name, password, layout)
+        begin = (layout[0].first_offset if layout else end) if start == "start" else start
+        n = 0
+        if end is not None and (begin == "end" or (isinstance(begin, int) and begin >= end)
+                                or (count is not None and count <= 0)):
+            return 0  # nothing acknowledged at or after the start yet
+        async for e in client.follow_log(name, password, start=start, poll_s=1.0):
+            payload = e.payload.decode("utf-8", "backslashreplace")
+            if as_json:
+                click.echo(json.dumps({"offset": e.offset, "ledger_id": e.position.ledger_id,
+                                       "entry_id": e.position.entry_id,
+                                       "size": len(e.payload), "payload": payload}))
+            else:
+                click.echo(f"{e.offset}\t{e.position.ledger_id}:{e.position.entry_id}\t"
+                           f"{payload[:200]}")
+            n += 1
+            if (count is not None and n >= count) or (end is not None and e.offset + 1 >= end):
+                break
+        return n
+    try:
+        _client_run(ctx, run)
+    except KeyboardInterrupt:
+        pass
+
+
+async def _log_end(client: Any, name: str, password: str, layout: list[Any]) -> int:
+    """The offset after the last acknowledged entry, now."""
+    if not layout:
+        record, _ = await client.logs.get(name)
+        return int(record.base)
+    last = layout[-1]
+    if last.first_offset is None:
+        raise ShellError(f"log {name!r}: a writer is taking over (an earlier ledger is still "
+                         "open); try again")
+    if last.count is not None:
+        return int(last.first_offset + last.count)
+    rh = await client.open_ledger(last.ledger_id, password, recovery=False)
+    lac = await rh.read_lac()
+    if rh.metadata.unbounded:
+        return int(lac + 1 - rh.metadata.noops_before(lac + 1))
+    return int(last.first_offset + lac + 1)
+
+
+@shell.command("truncatelog")
+@click.argument("name")
+@click.option("--before", "before", type=int, required=True,
+              help="Drop what holds only entries before this offset.")
+@click.option("--force", is_flag=True, help="Required: dropped entries are gone at the next GC.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def truncatelog(ctx: click.Context, name: str, before: int, force: bool,
+                as_json: bool) -> None:
+    """Retention: drop a log's whole ledgers (or an unbounded log's whole fragments)
+    before an offset; offsets of what stays do not change."""
+    if not force:
+        raise ShellError(f"truncating log {name!r} cannot be undone; pass --force")
+
+    async def run(client: Any) -> dict[str, int]:
+        if name not in await client.list_logs():
+            raise ShellError(f"log {name!r} does not exist (ledgerd shell listlogs)")
+        result: dict[str, int] = await client.truncate_log_before(name, before)
+        return result
+    d = _client_run(ctx, run)
+    what = (f"{d['fragments']} fragment(s)" if "fragments" in d
+            else f"{d['ledgers']} ledger(s)")
+    emit(as_json, d, f"dropped {what}; log {name} now starts at offset {d['start']}")
+
+
 @shell.command("simpletest")
 @click.option("--ensemble", "-e", default=3, show_default=True)
 @click.option("--write-quorum", "-w", default=2, show_default=True)

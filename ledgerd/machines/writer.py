@@ -450,7 +450,10 @@ class LedgerWriter:
             if not p.waiting:
                 del self.lagging[eid]
         for p in sorted(self.pending.values(), key=lambda q: q.entry_id):
-            if not p.sent:  # appended during the change
+            if not p.sent:  # appended during the change (or while a fragment filled)
+                if (self.rotate_at < 0 and self.fragment_entries
+                        and p.entry_id - self.fragment_first >= self.fragment_entries):
+                    self.rotate_at = p.entry_id  # the new fragment is full already
                 if 0 <= self.rotate_at <= p.entry_id:
                     continue  # waits for the new fragment
                 p.sent_at = now

@@ -221,3 +221,35 @@ async def test_cookie_update_bookieformat_and_metaformat(bookie_factory: Factory
     async with metadata_store(zk, init=False) as store:
         b.start()
         await wait_registered(store, b)
+
+
+async def test_log_commands(bookie_factory: Factory, zk_chroot: str) -> None:
+    """listlogs, logstat, readlogentries and truncatelog, as a user runs them."""
+    await _cluster(bookie_factory, zk_chroot, 3)
+    zk = zk_chroot
+    async with ledgerd.open_client(zk) as client:
+        async with await client.open_log_writer("orders", 3, 2, 2, roll_entries=10) as w:
+            await w.append_many(b"order %d" % i for i in range(25))
+        cur = await client.open_log_cursor("orders", "billing")
+        async for e in client.follow_log("orders", start=4):
+            await cur.commit(e)
+            break
+    assert json.loads(_ok(await _run("listlogs", "--json", zk=zk))) == [
+        {"log": "orders", "kind": "ledgers", "ledgers": 3}]
+    stat = json.loads(_ok(await _run("logstat", "orders", "--json", zk=zk)))
+    assert (stat["start_offset"], stat["end_offset"]) == (0, 25)
+    assert [r["entries"] for r in stat["ledgers"]] == [10, 10, 5]
+    assert stat["cursors"] == {"billing": 5}
+    assert "offsets 0..25 (25 entries)" in _ok(await _run("logstat", "orders", zk=zk))
+    lines = _ok(await _run("readlogentries", "orders", "--from", "8", "--count", "3",
+                           "--json", zk=zk)).splitlines()
+    assert [json.loads(x)["payload"] for x in lines] == ["order 8", "order 9", "order 10"]
+    rest = _ok(await _run("readlogentries", "orders", "--from", "20", zk=zk)).splitlines()
+    assert len(rest) == 5 and rest[0].startswith("20\t") and rest[0].endswith("order 20")
+    _one_line_error(await _run("truncatelog", "orders", "--before", "15", zk=zk), "--force")
+    done = json.loads(_ok(await _run("truncatelog", "orders", "--before", "15", "--force",
+                                     "--json", zk=zk)))
+    assert done == {"ledgers": 1, "start": 10}
+    _one_line_error(await _run("readlogentries", "orders", "--from", "3", zk=zk),
+                    "offset 3 was truncated")
+    _one_line_error(await _run("logstat", "nosuch", zk=zk), "log 'nosuch' does not exist")
