@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -306,7 +306,7 @@ class Client:
 
     def follow_log(self, name: str, password: bytes | str = b"", *,
                    start: ledgerlog.Start | ledgerlog.LogCursor = "start",
-                   poll_s: float = 1.0) -> AsyncIterator[ledgerlog.LogEntry]:
+                   poll_s: float = 1.0) -> AsyncGenerator[ledgerlog.LogEntry, None]:
         """Every entry from ``start`` ("start", "end", a LogPosition, an offset, or a
         cursor) on, then new ones as they are acknowledged (see ``ledgerlog``)."""
         return ledgerlog.follow_log(self, name, password, start=start, poll_s=poll_s)

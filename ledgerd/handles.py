@@ -503,9 +503,25 @@ class WriteHandle(_HandleBase):
         try:
             while self._waiters and self._error is None:
                 await self._wait_progress()
+            w = self._pipeline.writer
+            if self._error is None and w.published_lac > self._lac_written:
+                await self._write_lac_now(w.published_lac)
         finally:
             self._closed = True
             self._scope.cancel()
+
+    async def _write_lac_now(self, lac: int) -> None:
+        """Write the LAC to the ensemble and wait for the answers (best effort: a bookie
+        that does not answer within the add timeout is skipped), so that readers see the
+        last entries of a writer that stops without closing."""
+        self._lac_written = lac
+        body = encode_lac_body(self._digester, self.ledger_id, lac)
+        req = WriteLacRequest(ledger_id=self.ledger_id, lac=lac, master_key=self._key,
+                              term=self.term, lac_body=body)
+        timeout = self.client.config.add_entry_timeout_ms / 1000
+        async with trio.open_nursery() as nursery:
+            for bookie in self._pipeline.writer.ensemble:
+                nursery.start_soon(self.client.pool.call, bookie, req, timeout)
 
     async def __aenter__(self) -> WriteHandle:
         return self

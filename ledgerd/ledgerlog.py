@@ -32,7 +32,7 @@ consumer's next position durably with compare-and-set.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -365,7 +365,7 @@ async def _resolve(client: Client, name: str, password: bytes | str, start: Star
 
 async def follow_log(client: Client, name: str, password: bytes | str = b"", *,
                      start: Start | LogCursor = "start", poll_s: float = 1.0,
-                     ) -> AsyncIterator[LogEntry]:
+                     ) -> AsyncGenerator[LogEntry, None]:
     """Every entry of the log from ``start`` on, once, in order, across ledgers and
     terms; then wait for new ones (long polls of ``poll_s``) for as long as the caller
     iterates. Only acknowledged entries are returned (nothing past the LAC); an idle
@@ -397,7 +397,8 @@ async def follow_log(client: Client, name: str, password: bytes | str = b"", *,
                 continue
             if rh.is_closed:
                 break
-            await rh.wait_lac_beyond(eid - 1, timeout=poll_s)
+            if await rh.wait_lac_beyond(eid - 1, timeout=poll_s) < eid:
+                await rh.refresh()  # nothing new: closed meanwhile (a roll)?
         # The ledger is closed and read to its end: on to the next one listed.
         while True:
             record, _ = await _record(client, name)

@@ -24,11 +24,12 @@ from typing import Any, TypeVar
 
 import trio
 
+from ledgerd import ledgerlog
 from ledgerd.base.logs import fields
 from ledgerd.client import Client, open_client
 from ledgerd.errors import ClientClosedError
 from ledgerd.handles import ReadHandle, WriteHandle
-from ledgerd.ledgerlog import LogPosition, LogWriter, log_segments
+from ledgerd.ledgerlog import LogCursor, LogEntry, LogPosition, LogWriter, log_segments
 from metadata.ledger import LedgerMetadata
 from wire.entry import Entry
 
@@ -173,6 +174,26 @@ class SyncClient:
             last = rh.last_add_confirmed if rh.metadata.is_closed else rh.read_lac()
             if first <= last:
                 yield from rh.read(first, last)
+
+    def follow_log(self, name: str, password: bytes | str = b"", *,
+                   start: ledgerlog.Start | LogCursor = "start",
+                   poll_s: float = 1.0) -> Iterator[LogEntry]:
+        """``Client.follow_log`` as a plain iterator: every entry from ``start`` on, then
+        new ones as they are acknowledged (blocks between them; break out to stop)."""
+        gen = ledgerlog.follow_log(self.client, name, password, start=start, poll_s=poll_s)
+        try:
+            while True:
+                try:
+                    yield self._run(gen.__anext__)
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self.closed:
+                self._run(gen.aclose)
+
+    def open_log_cursor(self, name: str, cursor: str) -> LogCursor:
+        """The named cursor; commit with ``client.call(cursor.commit, entry)``."""
+        return self._run(ledgerlog.open_log_cursor, self.client, name, cursor)
 
     def close(self) -> None:
         if self._token is not None and self._stop is not None and not self._stop.is_set():

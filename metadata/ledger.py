@@ -144,13 +144,18 @@ class LedgerMetadata:
         return self.ensembles[-1]
 
     def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
-        """The ensemble of the fragment holding ``entry_id``."""
-        chosen = self.ensembles[0][1]
-        for first, bookies in self.ensembles:
-            if first > entry_id:
-                break
-            chosen = bookies
-        return chosen
+        """The ensemble of the fragment holding ``entry_id`` (a binary search: unbounded
+        ledgers hold thousands of fragments)."""
+        ensembles = self.ensembles
+        if len(ensembles) < 8:
+            chosen = ensembles[0][1]
+            for first, bookies in ensembles:
+                if first > entry_id:
+                    break
+                chosen = bookies
+            return chosen
+        i = bisect.bisect_right(ensembles, entry_id, key=lambda fragment: fragment[0])
+        return ensembles[max(0, i - 1)][1]
 
     def fragments(self) -> list[tuple[int, int, tuple[str, ...]]]:
         """``(first, last, ensemble)`` per fragment; last is -1 past the end when open."""

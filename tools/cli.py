@@ -154,7 +154,7 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
         click.echo("stopped.")
 
 
-BENCHES = ("wire_codec", "journal", "metadata", "bookie", "latency", "client", "recovery",
+BENCHES = ("wire_codec", "journal", "metadata", "bookie", "latency", "client", "recovery", "logs",
            "pipeline", "rereplication", "soak")
 
 

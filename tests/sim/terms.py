@@ -529,6 +529,11 @@ def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
         world.faulty = False
         for b in bookies.values():
             b.restart()
+        # Leader election is external (seed 002): from here on it names "final" alone;
+        # the others stop contending (without this, two live contenders may take the
+        # ledger from each other for ever, which no protocol without election avoids).
+        for c in leaders:
+            c.die()
         world.at(0.5, final.start, "final leader takes over")
         world.run(END_AT)
         if not final.done_writing:
