@@ -136,6 +136,10 @@ class TermChecker:
         LAC newly covers)."""
         bookies = self.bookies.values()
         md = self.meta.md
+        if md.noops and md.noops[-1] > self.committed:
+            # A term opened (its CAS landed) even if its leader died before hearing so:
+            # everything up to its no-op is committed.
+            self.committed = md.noops[-1]
         full = self.meta.version != self._version or any(b.changed_many for b in bookies)
         lacs = {b.name: b.ledger.lac() for b in bookies} if full or any(
             b.touched for b in bookies) else self._lacs

@@ -28,7 +28,8 @@ def _read_rows(spark: Any, out: Path) -> list[tuple[int, int, bytes]]:
 
 def test_available_now_picks_up_log_appends_between_runs_exactly_once(
         spark: Any, cluster: SparkCluster, tmp_path: Path) -> None:
-    with ledgerd.SyncClient(cluster.zk) as client:
+    # No explicit LAC: the last entry stays invisible, as this case expects.
+    with ledgerd.SyncClient(cluster.zk, explicit_lac_interval_ms=0) as client:
         writer = client.open_log_writer("tail", 3, 2, 2, password=b"pw", roll_entries=300)
         written = writer.append_many(f"a{i}".encode() for i in range(400))
         writer.append(b"a400")  # the entries before it become visible (LAC 399)
@@ -57,7 +58,8 @@ def test_available_now_picks_up_log_appends_between_runs_exactly_once(
 
 def test_available_now_tails_an_open_ledger(spark: Any, cluster: SparkCluster,
                                             tmp_path: Path) -> None:
-    with ledgerd.SyncClient(cluster.zk) as client:
+    # No explicit LAC: the last entry stays invisible, as this case expects.
+    with ledgerd.SyncClient(cluster.zk, explicit_lac_interval_ms=0) as client:
         lh = client.create_ledger(3, 3, 2, password=b"pw")
         lh.append_many(f"x{i}".encode() for i in range(100))
         lh.append(b"x100")
