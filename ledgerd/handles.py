@@ -428,10 +428,13 @@ class WriteHandle(_HandleBase):
         self._sleep.wake()
 
     def _next_deadline(self) -> float | None:
-        """The writer's next add timeout, or the explicit-LAC write, whichever is first."""
+        """The writer's next add timeout, or the explicit-LAC write, whichever is first.
+        The LAC write waits for an idle handle (no appends pending): while some are, its
+        deadline would stay in the past and the service task would spin (a completion
+        ends the sleep and brings it back)."""
         deadline = self._pipeline.next_deadline()
         writer = self._pipeline.writer
-        if (self._lac_interval and self._error is None
+        if (self._lac_interval and self._error is None and not self._waiters
                 and writer.published_lac > self._lac_written):
             lac_at = self._last_activity + self._lac_interval
             deadline = lac_at if deadline is None else min(deadline, lac_at)
