@@ -246,6 +246,7 @@ class WriteHandle(_HandleBase):
                                      flags=AddFlags.NONE, term=self.term,
                                      replace=self._replace,
                                      on_completed=self._completed, on_failed=self._failed,
+                                     on_released=self._progress_made,
                                      on_timer_changed=self._wake_service,
                                      flusher=client.flusher)
         self._waiters: dict[int, PendingAppend] = {}
@@ -311,8 +312,8 @@ class WriteHandle(_HandleBase):
                 await trio.sleep(delay)
                 now = trio.current_time()
                 self._check_usable()
-        if len(self._waiters) >= self.max_outstanding:
-            while len(self._waiters) >= self.max_outstanding and self._error is None:
+        if self._in_flight() >= self.max_outstanding:
+            while self._in_flight() >= self.max_outstanding and self._error is None:
                 await self._wait_progress()
             now = trio.current_time()
             self._check_usable()
@@ -356,9 +357,19 @@ class WriteHandle(_HandleBase):
         pending = [await self.submit(d) for d in items]
         return [await p for p in pending]
 
+    def _in_flight(self) -> int:
+        """Appends this handle holds: pending ones, and (GWQ) acknowledged ones a slow
+        bookie still owes, whose bytes stay for re-sending; a slow peer grows neither
+        past ``max_outstanding``."""
+        lagging = self._pipeline.writer.lagging
+        return len(self._waiters) + (len(lagging) if self._pipeline.writer.gwq else 0)
+
     async def _wait_progress(self) -> None:
         self._progress = trio.Event() if self._progress.is_set() else self._progress
         await self._progress.wait()
+
+    def _progress_made(self) -> None:
+        self._progress.set()
 
     def _completed(self, entry_ids: tuple[int, ...], lac: int) -> None:
         waiters = self._waiters
@@ -455,11 +466,7 @@ class WriteHandle(_HandleBase):
         now = trio.current_time()
         if (w.published_lac > self._lac_written and not self._waiters
                 and now - self._last_activity >= self._lac_interval):
-            lac = w.published_lac
-            self._lac_written = lac
-            body = encode_lac_body(self._digester, self.ledger_id, lac)
-            req = WriteLacRequest(ledger_id=self.ledger_id, lac=lac, master_key=self._key,
-                                  term=self.term, lac_body=body)
+            req = self._lac_request(w.published_lac)
             for bookie in w.ensemble:
                 self.client.pool.send(bookie, req, lambda *_a: None)
 
@@ -475,10 +482,8 @@ class WriteHandle(_HandleBase):
         """
         if self._closed:
             return
-        self._closing = True
         try:
-            while self._waiters and self._error is None:
-                await self._wait_progress()
+            await self._drain()
             if self._error is not None and not isinstance(self._error, LedgerHandleError):
                 raise self._error
             w = self._pipeline.writer
@@ -496,16 +501,26 @@ class WriteHandle(_HandleBase):
             self._closed = True
             self._scope.cancel()
 
+    async def _drain(self) -> None:
+        """Take no more appends and wait for the pending ones (or the handle's failure)."""
+        self._closing = True
+        while self._waiters and self._error is None:
+            await self._wait_progress()
+
+    def _lac_request(self, lac: int) -> WriteLacRequest:
+        self._lac_written = lac
+        body = encode_lac_body(self._digester, self.ledger_id, lac)
+        return WriteLacRequest(ledger_id=self.ledger_id, lac=lac, master_key=self._key,
+                               term=self.term, lac_body=body)
+
     async def abandon(self) -> None:
         """Stop writing without closing the ledger: wait for pending appends, then take
         no more (an unbounded ledger's writer that is done for now; the next writer
         takes the ledger over). The metadata stays OPEN."""
         if self._closed:
             return
-        self._closing = True
         try:
-            while self._waiters and self._error is None:
-                await self._wait_progress()
+            await self._drain()
             w = self._pipeline.writer
             if self._error is None and w.published_lac > self._lac_written:
                 await self._write_lac_now(w.published_lac)
@@ -517,10 +532,7 @@ class WriteHandle(_HandleBase):
         """Write the LAC to the ensemble and wait for the answers (best effort: a bookie
         that does not answer within the add timeout is skipped), so that readers see the
         last entries of a writer that stops without closing."""
-        self._lac_written = lac
-        body = encode_lac_body(self._digester, self.ledger_id, lac)
-        req = WriteLacRequest(ledger_id=self.ledger_id, lac=lac, master_key=self._key,
-                              term=self.term, lac_body=body)
+        req = self._lac_request(lac)
         timeout = self.client.config.add_entry_timeout_ms / 1000
         async with trio.open_nursery() as nursery:
             for bookie in self._pipeline.writer.ensemble:

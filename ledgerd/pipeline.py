@@ -94,6 +94,7 @@ class AddPipeline:
                  on_completed: Callable[[tuple[int, ...], int], None],
                  on_failed: Callable[[FailureKind, str, tuple[int, ...]], None],
                  on_timer_changed: Callable[[], None] = lambda: None,
+                 on_released: Callable[[], None] = lambda: None,
                  flusher: SendFlusher | None = None) -> None:
         self.pool = pool
         self.nursery = nursery
@@ -108,6 +109,7 @@ class AddPipeline:
         # Called when the writer's next deadline may have appeared (an ensemble change
         # ended): a driver sleeping with no deadline recomputes it.
         self.on_timer_changed = on_timer_changed
+        self.on_released = on_released  # GWQ entries left the writer's lagging set
         self.entries: dict[int, bytes] = {}
         self._out: dict[str, list[int]] = {}
         # With a flusher, sends wait for its next pass (batched); without, they go now.
@@ -181,6 +183,7 @@ class AddPipeline:
             elif type(eff) is Released:
                 for eid in eff.entry_ids:
                     self.entries.pop(eid, None)
+                self.on_released()
             elif type(eff) is ChangeEnsemble:
                 self._start_change(eff)
             elif type(eff) is Failed:

@@ -31,6 +31,8 @@ async def test_takeover_while_the_leader_writes_loses_nothing(bookie_factory: Fa
         lid = wa.ledger_id
         lost = trio.Event()
         enough = trio.Event()
+        want: dict[str, int] = {}  # "last": the id the tail reader must reach
+        caught_up = trio.Event()
 
         async def write_a() -> None:
             n = 0
@@ -47,7 +49,7 @@ async def test_takeover_while_the_leader_writes_loses_nothing(bookie_factory: Fa
                     if n == 500:
                         enough.set()
                     if n % 50 == 0:
-                        await trio.sleep(0.001)
+                        await trio.lowlevel.checkpoint()  # let the takeover in
             except LeadershipLostError:
                 for p0, d0 in pending:  # completed before the loss still count
                     if p0.done:
@@ -66,6 +68,8 @@ async def test_takeover_while_the_leader_writes_loses_nothing(bookie_factory: Fa
                     async for e in rh.read(nxt, lac):
                         seen[e.entry_id] = e.payload
                     nxt = lac + 1
+                    if want.get("last", lac + 1) <= lac:
+                        caught_up.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(write_a)
@@ -77,9 +81,11 @@ async def test_takeover_while_the_leader_writes_loses_nothing(bookie_factory: Fa
             with pytest.raises(LeadershipLostError, match=r"took the ledger over|term"):
                 await wa.append(b"too late")
             ids_b = await wb.append_many([b"b-%d" % i for i in range(100)])
+            want["last"] = ids_b[-1]
+            if max(seen, default=-1) >= ids_b[-1]:
+                caught_up.set()  # it got there first
             with trio.fail_after(30):
-                while max(seen, default=-1) < ids_b[-1]:
-                    await trio.sleep(0.05)
+                await caught_up.wait()
             nursery.cancel_scope.cancel()
         assert len(acked_a) >= 500 and wb.metadata.term == 3
         rh = await reader.open_ledger(lid, b"pw", recovery=False)

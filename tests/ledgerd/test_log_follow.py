@@ -41,7 +41,7 @@ async def test_follow_across_rolls_with_stable_offsets_and_a_cursor(zk_chroot: s
         assert (await _take(client.follow_log("ev", start=positions[41]), 1))[0].offset == 41
 
         async def later() -> None:
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()  # after the reader has started
             await w.append(b"new")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(later)
