@@ -5,7 +5,8 @@ States and transitions (BookKeeper's, plus the term cycle of unbounded ledgers):
     OPEN --recover--> IN_RECOVERY --close--> CLOSED
     OPEN --close--------------------------> CLOSED
     IN_RECOVERY --recover--> IN_RECOVERY     (a second recoverer takes over)
-    IN_RECOVERY --open term--> OPEN          (unbounded only: a new term's recovery ended)
+    IN_RECOVERY --open term--> OPEN          (unbounded only, ``open_term`` in
+                                              ledgerd.machines.changes: a term's recovery ended)
 
 CLOSED is final. Ensembles are fragments keyed by their first entry id, strictly
 increasing from ``start_entry`` (0 unless fragments were trimmed from the front); each
@@ -173,9 +174,6 @@ class LedgerMetadata:
         return bisect.bisect_left(self.noops, entry_id)
 
     def _to(self, state: LedgerState) -> None:
-        if (self.unbounded and self.state is LedgerState.IN_RECOVERY
-                and state is LedgerState.OPEN):
-            return
         if state not in TRANSITIONS[self.state]:
             raise ChangeRejectedError(f"ledger is {self.state.value}; cannot move to {state.value}")
 
