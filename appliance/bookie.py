@@ -330,10 +330,7 @@ class Bookie:
                         "bytes": j.bytes_written, "pending_bytes": j.pending_bytes,
                         "durable": [j.durable.file_id, j.durable.offset]},
             "checkpoints": self.storage.checkpoints,
-            "gc": {"running": self.gc.running, "passes": self.gc.passes,
-                   "ledgers_deleted": self.gc.ledgers_deleted,
-                   "logs_deleted": self.gc.logs_deleted,
-                   "logs_compacted": self.gc.logs_compacted},
+            "gc": self.gc.status(),
             "disk": {"full": self.disk_checker.full, "checks": self.disk_checker.checks,
                      "worst": (str(self.disk_checker.worst.path), self.disk_checker.worst.fraction)
                      if self.disk_checker.worst else None},
@@ -356,4 +353,26 @@ class Bookie:
                   lambda: self.gc.ledgers_deleted)
         m.counter("ledgerd_gc_entry_logs_compacted", "Entry logs compacted.",
                   lambda: self.gc.logs_compacted)
+        m.counter("ledgerd_gc_entry_logs_deleted", "Dead entry logs deleted.",
+                  lambda: self.gc.logs_deleted)
+        m.counter("ledgerd_gc_passes", "Garbage collection passes finished.",
+                  lambda: self.gc.passes)
+        m.counter("ledgerd_gc_seconds", "Time spent in garbage collection passes.",
+                  lambda: self.gc.seconds_total)
+        m.counter("ledgerd_gc_bytes_reclaimed", "Entry-log bytes freed by GC and compaction.",
+                  lambda: self.gc.bytes_reclaimed)
+        m.counter("ledgerd_gc_entries_trimmed", "Entries dropped below an unbounded "
+                  "ledger's retention start.", lambda: self.gc.entries_trimmed)
+        m.counter("ledgerd_compaction_entries_moved", "Live entries copied by compaction.",
+                  lambda: self.gc.entries_moved)
+        m.gauge("ledgerd_gc_running", "1 while a GC or compaction pass runs.",
+                lambda: float(self.gc.running))
+        m.gauge("ledgerd_compaction_logs_in_flight", "Entry logs left in the running "
+                "compaction pass.", lambda: float(
+                    (p.progress.logs_total - p.progress.logs_done) if (p := self.gc.current)
+                    else 0))
+        logger = self.storage.entry_logger
+        m.gauge("ledgerd_entry_logs", "Entry logs on disk.", lambda: len(logger.paths))
+        m.gauge("ledgerd_entry_log_bytes", "Bytes of entry logs on disk.",
+                lambda: float(logger.disk_bytes()))
         register_autorecovery_metrics(m, self.autorecovery)

@@ -161,7 +161,12 @@ class BookieConfig(ZooKeeperSettings):
         0.8, bk="majorCompactionThreshold", minimum=0.0, maximum=1.0,
         doc="Entry logs with less live data than this fraction are major-compacted.")
     compaction_rate: int = setting(
-        1000, bk="compactionRate", minimum=1, doc="Entries re-added per second by compaction.")
+        1000, bk="compactionRateByEntries", minimum=1,
+        doc="Entries re-added per second by compaction.")
+    compaction_rate_by_bytes: int = setting(
+        0, bk="compactionRateByBytes", minimum=0,
+        doc="Bytes re-added per second by compaction (0 = no byte limit); both rates "
+            "hold when both are set.")
     compaction_max_outstanding_requests: int = setting(
         100000, bk="compactionMaxOutstandingRequests", minimum=1,
         doc="Entries compacted before the entry log is flushed and the index updated.")
@@ -328,4 +333,6 @@ class BookieConfig(ZooKeeperSettings):
                          minor_threshold=self.minor_compaction_threshold,
                          major_interval_s=float(self.major_compaction_interval_s),
                          major_threshold=self.major_compaction_threshold,
-                         rate=self.compaction_rate)
+                         rate=self.compaction_rate,
+                         rate_bytes=self.compaction_rate_by_bytes,
+                         max_outstanding=self.compaction_max_outstanding_requests)

@@ -6,6 +6,8 @@ Every ``gc_wait_time_ms`` (or when an admin asks):
    first add, so a ledger missing from a later scan was deleted, not just created. Each
    candidate is checked once more on its own before deletion; a failed scan deletes
    nothing.
+   Unbounded ledgers (a term above 0 here) whose metadata starts past entry 0 had front
+   fragments deleted for retention: their entries below the start are dropped here.
 2. Entry logs: dead ones are deleted; a minor compaction (threshold
    ``minor_compaction_threshold``) or major one (``major_compaction_threshold``) runs when
    its interval has passed or an admin forced it. With the disks full, major compaction
@@ -15,18 +17,22 @@ Every ``gc_wait_time_ms`` (or when an admin asks):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import trio
 
-from disk.compaction import compact_entry_logs
+from disk.compaction import CompactionLimits, CompactionProgress, compact_entry_logs
+from disk.crashpoints import crash_point
 from disk.storage import LedgerStorage
 from ledgerd.base.logs import fields
+from metadata.errors import NoNodeError
 from metadata.ledgers import LedgerManager
 from wire.messages import AdminKind
 
-__all__ = ["GarbageCollector", "GcOptions"]
+__all__ = ["GarbageCollector", "GcOptions", "GcPass"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,39 @@ class GcOptions:
     major_interval_s: float = 86400.0
     major_threshold: float = 0.8
     rate: int = 1000
+    rate_bytes: int = 0
+    max_outstanding: int = 100000
+
+
+@dataclass
+class GcPass:
+    """One pass, as ``status()["gc"]`` reports it (the running one or the last)."""
+
+    number: int = 0
+    kind: str = ""  # gc, minor, major
+    phase: str = "idle"  # ledgers, trimming, deleting, compacting, done
+    started: float = 0.0  # wall clock
+    seconds: float = 0.0
+    ledgers_deleted: int = 0
+    entries_trimmed: int = 0
+    logs_deleted: int = 0
+    logs_compacted: int = 0
+    logs_to_compact: int = 0
+    entries_moved: int = 0
+    bytes_moved: int = 0
+    bytes_reclaimed: int = 0
+    stopped: str = ""
+    error: str = ""
+    progress: CompactionProgress = field(default_factory=CompactionProgress)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["progress"]
+        if self.phase in ("deleting", "compacting"):
+            p = self.progress
+            out.update(logs_compacted=p.logs_done, logs_to_compact=p.logs_total,
+                       entries_moved=p.entries_moved, bytes_moved=p.bytes_moved)
+        return out
 
 
 class GarbageCollector:
@@ -56,6 +95,11 @@ class GarbageCollector:
         self.logs_deleted = 0
         self.logs_compacted = 0
         self.entries_moved = 0
+        self.entries_trimmed = 0
+        self.bytes_reclaimed = 0
+        self.seconds_total = 0.0
+        self.current: GcPass | None = None
+        self.last: GcPass | None = None
         self.last_minor = 0.0
         self.last_major = 0.0
         self.pass_done = trio.Event()
@@ -78,40 +122,72 @@ class GarbageCollector:
             forced, self._forced = self._forced, None
             await self.gc_once(forced)
 
-    async def gc_once(self, forced: AdminKind | None = None) -> None:
-        self.running = True
+    async def gc_once(self, forced: AdminKind | None = None) -> GcPass:
+        o = self.options
+        threshold, kind = self._compaction_threshold(forced)
+        p = GcPass(number=self.passes + 1, kind=kind, started=time.time())
+        self.current, self.running = p, True
+        t0 = trio.current_time()
         try:
-            deleted = await self._gc_ledgers()
-            threshold = self._compaction_threshold(forced)
-            result = await compact_entry_logs(self.storage, threshold=threshold,
-                                              rate=self.options.rate)
+            p.phase = "ledgers"
+            p.ledgers_deleted = await self._gc_ledgers()
+            p.phase = "trimming"
+            p.entries_trimmed = await self._trim_ledgers()
+            p.phase = "compacting"
+            result = await compact_entry_logs(
+                self.storage, threshold=threshold, progress=p.progress,
+                limits=CompactionLimits(rate_entries=o.rate, rate_bytes=o.rate_bytes,
+                                        max_outstanding=o.max_outstanding))
+            p.logs_deleted, p.logs_compacted = len(result.logs_deleted), len(result.logs_compacted)
+            p.logs_to_compact = p.progress.logs_total
+            p.entries_moved, p.bytes_moved = result.entries_moved, result.bytes_moved
+            p.bytes_reclaimed, p.stopped = result.bytes_reclaimed, result.stopped
+        except Exception as exc:
+            p.error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
-            self.running = False
-        self.passes += 1
-        self.ledgers_deleted += deleted
-        self.logs_deleted += len(result.logs_deleted)
-        self.logs_compacted += len(result.logs_compacted)
-        self.entries_moved += result.entries_moved
+            p.phase = "done"
+            p.seconds = trio.current_time() - t0
+            self.running, self.current, self.last = False, None, p
+            self.passes += 1
+            self.ledgers_deleted += p.ledgers_deleted
+            self.entries_trimmed += p.entries_trimmed
+            self.logs_deleted += p.logs_deleted
+            self.logs_compacted += p.logs_compacted
+            self.entries_moved += p.entries_moved
+            self.bytes_reclaimed += p.bytes_reclaimed
+            self.seconds_total += p.seconds
+            self.pass_done.set()
+            self.pass_done = trio.Event()
         log.info("gc_pass", extra=fields(
-            ledgers_deleted=deleted, logs_deleted=len(result.logs_deleted),
-            logs_compacted=len(result.logs_compacted), entries_moved=result.entries_moved,
-            threshold=threshold))
-        self.pass_done.set()
-        self.pass_done = trio.Event()
+            kind=kind, ledgers_deleted=p.ledgers_deleted, entries_trimmed=p.entries_trimmed,
+            logs_deleted=p.logs_deleted, logs_compacted=p.logs_compacted,
+            entries_moved=p.entries_moved, bytes_reclaimed=p.bytes_reclaimed,
+            seconds=round(p.seconds, 3), threshold=threshold, stopped=p.stopped))
+        return p
 
-    def _compaction_threshold(self, forced: AdminKind | None) -> float:
+    def status(self) -> dict[str, Any]:
+        return {"running": self.running, "passes": self.passes,
+                "ledgers_deleted": self.ledgers_deleted,
+                "entries_trimmed": self.entries_trimmed,
+                "logs_deleted": self.logs_deleted, "logs_compacted": self.logs_compacted,
+                "entries_moved": self.entries_moved, "bytes_reclaimed": self.bytes_reclaimed,
+                "current": self.current.to_json() if self.current else None,
+                "last": self.last.to_json() if self.last else None}
+
+    def _compaction_threshold(self, forced: AdminKind | None) -> tuple[float, str]:
         o = self.options
         now = trio.current_time()
         full = self.disk_full()
         if not full and (forced == AdminKind.MAJOR_COMPACTION or (
                 o.major_interval_s > 0 and now - self.last_major >= o.major_interval_s)):
             self.last_major = self.last_minor = now
-            return o.major_threshold
+            return o.major_threshold, "major"
         if forced == AdminKind.MINOR_COMPACTION or (not full and o.minor_interval_s > 0
                                                     and now - self.last_minor >= o.minor_interval_s):
             self.last_minor = now
-            return o.minor_threshold
-        return 0.0
+            return o.minor_threshold, "minor"
+        return 0.0, "gc"
 
     async def _gc_ledgers(self) -> int:
         if self.ledgers is None:
@@ -129,4 +205,28 @@ class GarbageCollector:
             await self.storage.delete_ledger(lid)
             deleted += 1
             log.info("ledger_garbage_collected", extra=fields(ledger_id=lid))
+            crash_point("gc.deleting_ledgers")
         return deleted
+
+    async def _trim_ledgers(self) -> int:
+        """Drop entries below an unbounded ledger's metadata start (retention)."""
+        if self.ledgers is None:
+            return 0
+        trimmed = 0
+        for lid in self.storage.list_ledgers():
+            idx = self.storage.ledger(lid)
+            if idx is None or idx.term <= 0:
+                continue  # only unbounded ledgers carry terms
+            try:
+                md, _version = await self.ledgers.read(lid)
+            except NoNodeError:
+                continue  # deleted meanwhile: the next pass deletes it here
+            if md.unbounded and md.start_entry > 0:
+                n = self.storage.trim_ledger(lid, md.start_entry)
+                if n:
+                    trimmed += n
+                    log.info("ledger_trimmed", extra=fields(ledger_id=lid,
+                                                            first_kept=md.start_entry,
+                                                            entries=n))
+            await trio.sleep(0)
+        return trimmed

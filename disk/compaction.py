@@ -4,6 +4,9 @@ A rolled entry log holds entries of many ledgers. Its *ledgers map* (written at 
 rebuilt by scanning a log that never rolled) says how many bytes each ledger has in it.
 A ledger is live while its index exists here: the appliance's ledger GC deletes the index
 of every ledger that the metadata store no longer has, so this module needs no metadata.
+An unbounded ledger trimmed from the front (``LedgerCache.trim_before``) is dead in every
+log whose last entry of it lies below its first kept entry (the map records each
+ledger's last entry id per log); a log that straddles the trim point counts it live.
 
 - A log whose ledgers are all gone is deleted.
 - A log whose live fraction is under the threshold is compacted, crash-safely as
@@ -11,6 +14,8 @@ of every ledger that the metadata store no longer has, so this module needs no m
   this log) are re-appended to the current log, a checkpoint makes the copies durable,
   the index is pointed at the copies, a second checkpoint makes the index durable, and
   only then is the old log deleted. A crash at any point leaves at worst orphan copies.
+  Copies go in batches of ``max_outstanding`` (each made durable and indexed before the
+  next), at most ``rate_entries`` entries and ``rate_bytes`` bytes per second.
 """
 
 from __future__ import annotations
@@ -18,21 +23,23 @@ from __future__ import annotations
 import logging
 import struct
 from collections import defaultdict
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
-from disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY, read_ledgers_map
+from disk.crashpoints import crash_point
+from disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY, read_log_ledgers
+from disk.errors import DiskFullError
 from ledgerd.base.logs import fields
 
 if TYPE_CHECKING:
     from disk.storage import LedgerStorage
 
-__all__ = ["CompactionResult", "EntryLogMeta", "compact_entry_logs", "read_entry_log_meta",
-           "read_records"]
+__all__ = ["CompactionLimits", "CompactionProgress", "CompactionResult", "EntryLogMeta",
+           "compact_entry_logs", "read_entry_log_meta", "read_records"]
 
 log = logging.getLogger(__name__)
 _REC = struct.Struct(">II")
@@ -44,17 +51,28 @@ _READ_CHUNK = 4 << 20
 class EntryLogMeta:
     log_id: int
     ledgers: dict[int, int]  # ledger id -> bytes (records included)
+    # ledger id -> its last entry id in this log (absent: unknown, as in old maps)
+    last_entries: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
         return sum(self.ledgers.values())
 
-    def live_bytes(self, live: Container[int]) -> int:
-        return sum(n for lid, n in self.ledgers.items() if lid in live)
+    def is_live(self, ledger_id: int, live: Container[int],
+                trimmed: Mapping[int, int] | None = None) -> bool:
+        """The ledger has entries here still wanted: it exists, and (if trimmed from
+        the front to ``trimmed[ledger_id]``) its last entry here is at or past that."""
+        if ledger_id not in live:
+            return False
+        first = trimmed.get(ledger_id, 0) if trimmed else 0
+        return first <= 0 or self.last_entries.get(ledger_id, first) >= first
 
-    def usage(self, live: Container[int]) -> float:
+    def live_bytes(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> int:
+        return sum(n for lid, n in self.ledgers.items() if self.is_live(lid, live, trimmed))
+
+    def usage(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> float:
         total = self.total_bytes
-        return self.live_bytes(live) / total if total else 0.0
+        return self.live_bytes(live, trimmed) / total if total else 0.0
 
 
 @dataclass
@@ -62,7 +80,29 @@ class CompactionResult:
     logs_deleted: list[int] = field(default_factory=list)
     logs_compacted: list[int] = field(default_factory=list)
     entries_moved: int = 0
+    bytes_moved: int = 0
     bytes_reclaimed: int = 0
+    stopped: str = ""  # why the pass stopped early ("" if it did not)
+
+
+@dataclass
+class CompactionProgress:
+    """What a running pass is doing, for status and ``ledgerd shell gc --wait``."""
+
+    phase: str = "idle"  # idle, deleting, compacting
+    logs_total: int = 0
+    logs_done: int = 0
+    current_log: int = -1
+    entries_moved: int = 0
+    bytes_moved: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompactionLimits:
+    rate_entries: int = 0          # entries re-appended per second (0: unthrottled)
+    rate_bytes: int = 0            # bytes re-appended per second (0: unthrottled)
+    max_outstanding: int = 100000  # copies before they are flushed and indexed
+    max_logs: int = 0              # logs compacted per pass (0: all candidates)
 
 
 def read_records(path: Path, offset: int, max_bytes: int) -> tuple[list[tuple[int, bytes]], int]:
@@ -90,60 +130,100 @@ def read_records(path: Path, offset: int, max_bytes: int) -> tuple[list[tuple[in
 
 def read_entry_log_meta(path: Path, log_id: int) -> EntryLogMeta:
     """The log's ledgers map, from its header or, if it never rolled, by scanning it."""
-    ledgers = read_ledgers_map(path)
-    if ledgers is not None:
-        return EntryLogMeta(log_id, ledgers)
+    both = read_log_ledgers(path)
+    if both is not None:
+        return EntryLogMeta(log_id, *both)
     counts: dict[int, int] = defaultdict(int)
+    lasts: dict[int, int] = {}
     offset = ENTRY_LOG_HEADER_SIZE
     while offset:
         records, offset = read_records(path, offset, _READ_CHUNK)
         for _off, body in records:
-            counts[_IDS.unpack_from(body, 0)[0]] += len(body) + 8
-    return EntryLogMeta(log_id, dict(counts))
+            lid, eid = _IDS.unpack_from(body, 0)
+            counts[lid] += len(body) + 8
+            if eid > lasts.get(lid, -1):
+                lasts[lid] = eid
+    return EntryLogMeta(log_id, dict(counts), lasts)
 
 
 async def compact_entry_logs(storage: LedgerStorage, *, threshold: float,
-                             rate: int = 0, max_logs: int = 0) -> CompactionResult:
+                             rate: int = 0, max_logs: int = 0,
+                             limits: CompactionLimits | None = None,
+                             progress: CompactionProgress | None = None) -> CompactionResult:
     """Delete dead rolled logs; compact those whose live fraction is below ``threshold``
-    (0 deletes only), lowest usage first, at most ``rate`` entries/s (0: unthrottled)."""
+    (0 deletes only), lowest usage first, within ``limits`` (``rate``/``max_logs`` are
+    shorthands for its entry rate and log count).
+
+    The crash-safe order (docs/storage-format.md): a checkpoint makes every index change
+    that killed entries durable before any log is unlinked; copies are made durable
+    (checkpoint) before the index points at them, and the index is durable (second
+    checkpoint) before the old log goes. A crash anywhere leaves at worst orphan copies,
+    which the next compaction of their log drops as dead.
+    """
+    limits = limits or CompactionLimits(rate_entries=rate, max_logs=max_logs)
+    progress = progress if progress is not None else CompactionProgress()
     result = CompactionResult()
     logger = storage.entry_logger
     metas = await storage.rolled_log_metas()
-    live = storage.cache.ledgers
-    for meta in metas:
-        if meta.live_bytes(live) == 0:
+    live, trimmed = storage.cache.ledgers, storage.cache.trimmed
+    dead = [m for m in metas if m.live_bytes(live, trimmed) == 0]
+    if dead:
+        progress.phase = "deleting"
+        # Index files unlinked and entries trimmed since the last checkpoint must be
+        # durably gone before the logs they pointed into are.
+        await storage.checkpoint(sync_index_dirs=True)
+        crash_point("gc.deleting_logs")
+        for meta in dead:
             await storage.remove_entry_log(meta.log_id)
             result.logs_deleted.append(meta.log_id)
             result.bytes_reclaimed += meta.total_bytes
-    candidates = sorted((m for m in metas if m.log_id not in result.logs_deleted
-                         and m.usage(live) < threshold), key=lambda m: m.usage(live))
-    for meta in candidates[: max_logs or None]:
-        moved = await _copy_live_entries(storage, meta, rate)
-        await storage.checkpoint()  # the copies are durable
-        cache = storage.cache
-        for lid, eid, old, new in moved:
-            if cache.get(lid) is not None and cache.location(lid, eid) == old:
-                cache.set_location(lid, eid, new)
-        await storage.checkpoint()  # the index points at them durably
-        await storage.remove_entry_log(meta.log_id)
-        result.logs_compacted.append(meta.log_id)
-        result.entries_moved += len(moved)
-        result.bytes_reclaimed += meta.total_bytes - meta.live_bytes(storage.cache.ledgers)
-        log.info("entry_log_compacted", extra=fields(
-            log=f"{meta.log_id:x}", moved=len(moved), current=f"{logger.current_log_id:x}"))
+    gone = set(result.logs_deleted)
+    candidates = sorted((m for m in metas if m.log_id not in gone
+                         and m.usage(live, trimmed) < threshold),
+                        key=lambda m: m.usage(live, trimmed))[: limits.max_logs or None]
+    progress.phase, progress.logs_total, progress.logs_done = "compacting", len(candidates), 0
+    try:
+        for meta in candidates:
+            progress.current_log = meta.log_id
+            if storage.disk_full is not None:
+                result.stopped = f"ledger directory full: {storage.disk_full}"
+                break
+            try:
+                moved, nbytes = await _compact_one(storage, meta, limits, progress)
+            except DiskFullError as exc:
+                # The copies made so far are orphans in the current log (the old log
+                # still has every entry and the index still points there); the next
+                # pass compacts again once there is room.
+                result.stopped = f"ledger directory full: {exc}"
+                log.warning("compaction_stopped_disk_full", extra=fields(
+                    log=f"{meta.log_id:x}", error=str(exc)))
+                break
+            result.logs_compacted.append(meta.log_id)
+            result.entries_moved += moved
+            result.bytes_moved += nbytes
+            result.bytes_reclaimed += meta.total_bytes - nbytes
+            progress.logs_done += 1
+            log.info("entry_log_compacted", extra=fields(
+                log=f"{meta.log_id:x}", moved=moved, bytes=nbytes,
+                current=f"{logger.current_log_id:x}"))
+    finally:
+        progress.phase, progress.current_log = "idle", -1
     return result
 
 
-async def _copy_live_entries(storage: LedgerStorage, meta: EntryLogMeta,
-                             rate: int) -> list[tuple[int, int, int, int]]:
+async def _compact_one(storage: LedgerStorage, meta: EntryLogMeta, limits: CompactionLimits,
+                       progress: CompactionProgress) -> tuple[int, int]:
+    """Copy one log's live entries (in batches of ``max_outstanding``: copies made
+    durable, then indexed), make the index durable, then unlink the log."""
     path = storage.entry_logger.paths[meta.log_id]
     base = meta.log_id << 32
-    moved: list[tuple[int, int, int, int]] = []
+    batch: list[tuple[int, int, int, int]] = []
+    moved = nbytes = 0
     offset = ENTRY_LOG_HEADER_SIZE
     chunk = 1 << 20
+    pace = _Pace(limits)
     while offset:
         records, offset = await trio.to_thread.run_sync(read_records, path, offset, chunk)
-        copied = 0
         cache = storage.cache
         for rec_off, body in records:
             lid, eid = _IDS.unpack_from(body, 0)
@@ -151,10 +231,59 @@ async def _copy_live_entries(storage: LedgerStorage, meta: EntryLogMeta,
             if cache.get(lid) is None or cache.location(lid, eid) != old:
                 continue
             new = storage.entry_logger.add(lid, body)
-            moved.append((lid, eid, old, new))
-            copied += 1
-        if rate > 0 and copied:
-            await trio.sleep(copied / rate)
-        else:
-            await trio.sleep(0)
-    return moved
+            batch.append((lid, eid, old, new))
+            moved += 1
+            nbytes += len(body) + 8
+            progress.entries_moved += 1
+            progress.bytes_moved += len(body) + 8
+            await pace.copied(len(body) + 8)
+            if len(batch) >= limits.max_outstanding:
+                await _index_copies(storage, batch)
+                batch = []
+        if moved:
+            crash_point("compaction.copying")
+        await trio.sleep(0)
+    await _index_copies(storage, batch)
+    storage.compacting = True
+    try:
+        await storage.checkpoint()  # the index points at the copies durably
+    finally:
+        storage.compacting = False
+    crash_point("compaction.deleting")
+    await storage.remove_entry_log(meta.log_id)
+    return moved, nbytes
+
+
+async def _index_copies(storage: LedgerStorage, batch: list[tuple[int, int, int, int]]) -> None:
+    """Make copies durable, then point the index at those still current."""
+    if not batch:
+        return
+    await storage.checkpoint()  # the copies are durable
+    crash_point("compaction.copied")
+    cache = storage.cache
+    for lid, eid, old, new in batch:
+        if cache.get(lid) is not None and cache.location(lid, eid) == old:
+            cache.set_location(lid, eid, new)
+
+
+class _Pace:
+    """Holds compaction to its entry and byte rates, sleeping in short steps."""
+
+    def __init__(self, limits: CompactionLimits) -> None:
+        self.entries_per_s = limits.rate_entries
+        self.bytes_per_s = limits.rate_bytes
+        self.start = trio.current_time()
+        self.entries = 0
+        self.bytes = 0
+
+    async def copied(self, nbytes: int) -> None:
+        self.entries += 1
+        self.bytes += nbytes
+        due = 0.0
+        if self.entries_per_s:
+            due = self.entries / self.entries_per_s
+        if self.bytes_per_s:
+            due = max(due, self.bytes / self.bytes_per_s)
+        wait = self.start + due - trio.current_time()
+        if wait > 0.005:
+            await trio.sleep(wait)

@@ -12,7 +12,9 @@ Layout::
       | size   | crc32c   | entry bytes (ledger_id int64 | entry_id int64 | ...)
       | uint32 | of entry |
     ledgers map (written when the log rolls), one record whose entry bytes are
-      ledger_id = -1 | entry_id = -2 | count uint32 | (ledger_id int64, bytes int64) * count
+      ledger_id = -1 | entry_id = -3 | count uint32
+        | (ledger_id int64, bytes int64, last entry id int64) * count
+      (entry_id = -2: the first version, without the last entry ids; still read)
 
 An entry's location is ``log_id << 32 | offset of its record``. Writes go to a buffer of
 ``write_buffer_size`` bytes; entries still in the buffer are readable. ``flush()`` writes
@@ -40,7 +42,7 @@ import native
 from disk.errors import CorruptRecordError, DiskFullError, StorageError
 
 __all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log",
-           "read_ledgers_map"]
+           "read_ledgers_map", "read_log_ledgers"]
 
 DISK_FULL_RETRY_S = 1.0
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -51,6 +53,7 @@ _HEAD = struct.Struct(">4sHHQQI")
 _REC = struct.Struct(">II")
 _IDS = struct.Struct(">qq")
 _MAP_ITEM = struct.Struct(">qq")
+_MAP_ITEM_V2 = struct.Struct(">qqq")
 MAX_ENTRY = 64 * 1024 * 1024
 
 
@@ -80,6 +83,7 @@ class _Log:
     size: int  # bytes handed to the writer (header + records); the buffer starts here
     buffer: bytearray
     ledgers: dict[int, int]  # ledger id -> bytes, for the ledgers map
+    last_entries: dict[int, int] = field(default_factory=dict)  # ledger id -> last entry
     synced: int = 0  # bytes known to be on stable storage
     written: int = 0  # bytes the writer thread has written (contiguous from 0)
     # Segments handed to the writer and not yet written: (offset, bytes). Guarded by
@@ -258,6 +262,11 @@ class EntryLogger:
             locations.append(base | offset)
             offset += 8 + len(e)
         log.ledgers[ledger_id] += total
+        last = entries[-1]
+        if len(last) >= 16:
+            eid = _IDS.unpack_from(last, 0)[1]
+            if eid > log.last_entries.get(ledger_id, -1):
+                log.last_entries[ledger_id] = eid
         if len(buf) >= self.buffer_size:
             self._write_buffer(log)
         return locations
@@ -279,8 +288,10 @@ class EntryLogger:
     def _roll(self) -> _Log:
         old = self._current
         assert old is not None
-        body = _IDS.pack(-1, -2) + struct.pack(">I", len(old.ledgers)) + b"".join(
-            _MAP_ITEM.pack(lid, nbytes) for lid, nbytes in sorted(old.ledgers.items()))
+        lasts = old.last_entries
+        body = _IDS.pack(-1, -3) + struct.pack(">I", len(old.ledgers)) + b"".join(
+            _MAP_ITEM_V2.pack(lid, nbytes, lasts.get(lid, -1))
+            for lid, nbytes in sorted(old.ledgers.items()))
         map_offset = old.size + len(old.buffer)
         old.buffer += _REC.pack(len(body), google_crc32c.value(body)) + body
         self._write_buffer(old)
@@ -385,6 +396,16 @@ class EntryLogger:
             busy.add(cur.log_id)
         return sorted(i for i in self.paths if i not in busy and (cur is None or i < cur.log_id))
 
+    def disk_bytes(self) -> int:
+        """Bytes the entry logs take on disk (for metrics)."""
+        total = 0
+        for path in list(self.paths.values()):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
     def remove_log(self, log_id: int) -> Path | None:
         """Forget a rolled log; returns its path for the caller to unlink."""
         fd = self._readers.pop(log_id, None)
@@ -436,6 +457,13 @@ class LogRecordInfo:
 
 def read_ledgers_map(path: Path) -> dict[int, int] | None:
     """The ledgers map of a rolled log (ledger id -> bytes), None if it never rolled."""
+    both = read_log_ledgers(path)
+    return None if both is None else both[0]
+
+
+def read_log_ledgers(path: Path) -> tuple[dict[int, int], dict[int, int]] | None:
+    """A rolled log's ledgers map: (ledger id -> bytes, ledger id -> last entry id in
+    this log; empty for a first-version map); None if the log never rolled."""
     with open(path, "rb") as f:
         head = f.read(ENTRY_LOG_HEADER_SIZE)
         _log_id, map_offset, _count = _parse_header(head, str(path))
@@ -450,9 +478,16 @@ def read_ledgers_map(path: Path) -> dict[int, int] | None:
     if len(body) < n or google_crc32c.value(body) != crc or n < 20:
         raise CorruptRecordError(str(path), map_offset, "ledgers map checksum mismatch")
     (count,) = struct.unpack_from(">I", body, 16)
-    if 20 + 16 * count > n:
+    version = _IDS.unpack_from(body, 0)[1]
+    item = _MAP_ITEM_V2 if version == -3 else _MAP_ITEM
+    if version not in (-2, -3):
+        raise CorruptRecordError(str(path), map_offset, f"unknown ledgers map version {version}")
+    if 20 + item.size * count > n:
         raise CorruptRecordError(str(path), map_offset, f"ledgers map count {count} too big")
-    return dict(_MAP_ITEM.unpack_from(body, 20 + 16 * i) for i in range(count))
+    items = [item.unpack_from(body, 20 + item.size * i) for i in range(count)]
+    sizes = {it[0]: it[1] for it in items}
+    lasts = {it[0]: it[2] for it in items} if version == -3 else {}
+    return sizes, lasts
 
 
 def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, str,

@@ -103,6 +103,9 @@ class LedgerCache:
         self.per_page = page_size // 8
         self.page_limit = page_limit if page_limit > 0 else max(16, (64 << 20) // page_size)
         self.ledgers: dict[int, LedgerIndex] = {}
+        # Ledgers trimmed from the front: ledger id -> first entry kept (in memory; the
+        # ledger GC sets it from the metadata's start entry on every pass).
+        self.trimmed: dict[int, int] = {}
         self._lru: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.hits = 0
         self.misses = 0
@@ -224,6 +227,31 @@ class LedgerCache:
             idx.dirty_pages.add(page_no)
         idx.last_entry_id = min(idx.last_entry_id, last_kept)
 
+    def trim_before(self, ledger_id: int, first_kept: int) -> int:
+        """Forget every entry below ``first_kept`` (an unbounded ledger's fragments
+        deleted for retention); returns how many were forgotten. Their entry-log space
+        goes when compaction finds the logs holding them dead."""
+        idx = self.ledgers.get(ledger_id)
+        if idx is None or first_kept <= self.trimmed.get(ledger_id, 0):
+            return 0
+        self.trimmed[ledger_id] = first_kept
+        dropped = 0
+        upto = min(first_kept, idx.last_entry_id + 1)
+        zero = bytes(self.page_size)
+        for page_no in range(0, (upto + self.per_page - 1) // self.per_page):
+            page = self._page(idx, page_no, create=False)
+            if page is None:
+                continue
+            lo = page_no * self.per_page
+            hi = min(lo + self.per_page, upto)
+            span = page[: (hi - lo) * 8]
+            if span == zero[: len(span)]:
+                continue
+            dropped += sum(1 for i in range(hi - lo) if span[8 * i: 8 * i + 8] != zero[:8])
+            page[: (hi - lo) * 8] = zero[: (hi - lo) * 8]
+            idx.dirty_pages.add(page_no)
+        return dropped
+
     def _write_pages(self, idx: LedgerIndex, page_nos: list[int]) -> None:
         idx.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(idx.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -279,6 +307,7 @@ class LedgerCache:
     def delete(self, ledger_id: int) -> Path | None:
         """Forget a ledger; returns its index file for the caller to unlink (or None)."""
         idx = self.ledgers.pop(ledger_id, None)
+        self.trimmed.pop(ledger_id, None)
         if idx is None:
             return None
         for p in list(idx.pages):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import struct
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ import trio
 
 from disk.compaction import EntryLogMeta, read_entry_log_meta
 from disk.cookie import Cookie, check_cookies, stamp_cookies
+from disk.crashpoints import crash_point
 from disk.entrylog import EntryLogger
 from disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
 from disk.index import LedgerCache, LedgerIndex
@@ -91,6 +93,8 @@ class LedgerStorage:
         self._run_scope: trio.CancelScope | None = None
         self._log_metas: dict[int, EntryLogMeta] = {}
         self._fencing: dict[int, JournalGroup] = {}  # fences being journaled, by ledger
+        self._unlinked_dirs: set[Path] = set()  # index dirs with unlinks not yet synced
+        self.compacting = False  # a compaction's index checkpoint is running
         # A ledger directory out of space (the last checkpoint's error), and whom to tell.
         self.disk_full: DiskFullError | None = None
         self.on_disk_full: Callable[[DiskFullError], None] | None = None
@@ -232,11 +236,13 @@ class LedgerStorage:
                         path=self.disk_full.path))
                     self.disk_full = None
 
-    async def checkpoint(self) -> JournalPosition:
+    async def checkpoint(self, *, sync_index_dirs: bool = False) -> JournalPosition:
         """Flush entry logs and index, persist the mark, drop old journal files.
 
         Buffers and index pages are written in the trio thread (adds keep mutating them,
         so they may not be touched from another thread); only the syncs run in a worker.
+        ``sync_index_dirs`` also fsyncs the directories of index files unlinked since
+        (GC does, before it deletes the entry logs those files pointed into).
         """
         async with self._checkpoint_lock:
             mark = self.journal.durable
@@ -245,7 +251,12 @@ class LedgerStorage:
                 await trio.to_thread.run_sync(self.entry_logger.sync, logs)
                 self.entry_logger.release(logs)
                 paths = self.cache.write_out()
+                if self.compacting:
+                    crash_point("compaction.index_flush")
                 await trio.to_thread.run_sync(LedgerCache.sync_paths, paths)
+                if sync_index_dirs and self._unlinked_dirs:
+                    dirs, self._unlinked_dirs = self._unlinked_dirs, set()
+                    await trio.to_thread.run_sync(_sync_dirs, sorted(dirs))
                 if mark.file_id:
                     await trio.to_thread.run_sync(self._persist_mark, mark)
             except OSError as exc:
@@ -404,6 +415,14 @@ class LedgerStorage:
         path = self.cache.delete(ledger_id)
         if path is not None:
             await trio.to_thread.run_sync(partial(path.unlink, missing_ok=True))
+            self._unlinked_dirs.add(path.parent)
+
+    def trim_ledger(self, ledger_id: int, first_kept: int) -> int:
+        """Forget a ledger's entries below ``first_kept`` (retention deleted its front
+        fragments); returns how many. The index change is durable at the next
+        checkpoint (GC takes one before deleting any log), and until then a restart
+        only brings back entries the next GC pass drops again."""
+        return self.cache.trim_before(ledger_id, first_kept)
 
     # -- garbage collection ------------------------------------------------------------
 
@@ -514,3 +533,15 @@ class LedgerStorage:
             out.append(DirUsage(d, u.total, u.total - u.free, u.free))
         return out
 
+
+def _sync_dirs(dirs: list[Path]) -> None:
+    """fsync directories (so unlinks in them are durable); vanished ones are skipped."""
+    for d in dirs:
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

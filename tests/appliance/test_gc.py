@@ -49,3 +49,33 @@ async def test_gc_deletes_ledgers_missing_from_metadata_and_reclaims_logs(tmp_pa
         with pytest.raises(SessionExpiredError):
             await gc.gc_once()
         assert b.storage.list_ledgers() == [kept]
+
+
+async def test_gc_drops_what_retention_trimmed_and_reports_its_pass(tmp_path: Path) -> None:
+    """An unbounded ledger whose metadata starts at 200: entries below go from the
+    index and the logs holding only them are deleted; the pass is summarised."""
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    ledgers = LedgerManager(store, "/ledgers")
+    md = LedgerMetadata(ensemble_size=1, write_quorum=1, ack_quorum=1, unbounded=True, term=1,
+                        ensembles=((0, ("127.0.0.1:3181",)), (200, ("127.0.0.1:3181",))))
+    lid, version = await ledgers.create(md)
+    async with running_bookie(tmp_path, log_size_limit=64 * 1024, write_buffer_size=4096) as b:
+        for e in range(400):
+            await b.storage.add_entries(lid, e, [entry(lid, e, payload=b"p" * 500)],
+                                        bind_key=KEY, new_term=1)
+        await b.storage.checkpoint()
+        gc = GarbageCollector(b.storage, ledgers, GcOptions(rate=0))
+        p = await gc.gc_once()
+        assert (p.entries_trimmed, p.logs_deleted) == (0, 0)
+        await ledgers.write(lid, md.trimmed_before(250), version)  # fragment [0, 200) goes
+        before = len(b.storage.entry_logger.paths)
+        p = await gc.gc_once(AdminKind.MAJOR_COMPACTION)
+        assert p.kind == "major" and p.entries_trimmed == 200 and p.logs_deleted >= 1
+        assert p.bytes_reclaimed > 0 and p.seconds > 0 and p.phase == "done"
+        assert len(b.storage.entry_logger.paths) == before - p.logs_deleted
+        assert gc.status()["last"]["entries_trimmed"] == 200
+        for e in range(200, 400):
+            assert b.storage.read_entry(lid, e)
+        p = await gc.gc_once()
+        assert p.entries_trimmed == 0  # the start did not move
