@@ -187,8 +187,10 @@ def _register() -> None:
     from tools.benchcmd import reads_cmd, writes_cmd
     from tools.replication_cmds import register as register_replication
     from tools.shell import shell
+    from tools.storage_cmds import register as register_storage
 
     register_replication()
+    register_storage()
 
     cli.add_command(shell)
     cli.add_command(audit_cmd)

@@ -1,0 +1,294 @@
+"""Offline views and repairs of a bookie's ledger storage, for ``ledgerd shell``.
+
+- ``list_entry_logs``: every entry log with its size, ledgers and live fraction
+  (BookKeeper's ``listfilesondisc`` with usage). Live means the ledger's index file
+  exists; trims of unbounded ledgers are not visible offline, so the figure is an
+  upper bound.
+- ``check_consistency``: every location in every index file must name an existing log,
+  a record whose checksum holds, carrying that ledger and entry id, whose entry digest
+  verifies (CRC32C or CRC32 found by trying; HMAC needs the password and is counted as
+  unverified).
+- ``rebuild_index``: a ledger's index regenerated from the entry logs (BookKeeper's
+  regenerate-interleaved-storage-index-file). The newest copy of each entry wins
+  (compaction copies into newer logs; a deleted and re-created ledger's entries are in
+  newer logs than the dead ones).
+
+All read files only; ``rebuild_index`` writes one index file. The bookie must be stopped
+for a rebuild (its cache would overwrite the file); the listing and the check may run
+beside a live bookie, whose index files lag its memory by at most a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import google_crc32c
+
+from disk.compaction import read_entry_log_meta, read_records
+from disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY
+from disk.errors import CorruptRecordError
+from disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
+from wire.entry import ENTRY_HEADER_SIZE, Digester, DigestType
+
+__all__ = ["ConsistencyReport", "EntryLogInfo", "Problem", "RebuildResult",
+           "check_consistency", "entry_log_paths", "index_paths", "list_entry_logs",
+           "rebuild_index"]
+
+_REC = struct.Struct(">II")
+_IDS = struct.Struct(">qq")
+_LOC = struct.Struct(">q")
+
+
+def entry_log_paths(ledger_dirs: Sequence[Path]) -> dict[int, Path]:
+    out: dict[int, Path] = {}
+    for d in ledger_dirs:
+        for p in (Path(d) / "current").glob("*.log"):
+            try:
+                out[int(p.stem, 16)] = p
+            except ValueError:
+                continue
+    return dict(sorted(out.items()))
+
+
+def index_paths(index_dirs: Sequence[Path]) -> dict[int, Path]:
+    out: dict[int, Path] = {}
+    for d in index_dirs:
+        for p in (Path(d) / "current").glob("*/*/*.idx"):
+            try:
+                out[int(p.stem, 16)] = p
+            except ValueError:
+                continue
+    return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class EntryLogInfo:
+    log_id: int
+    path: str
+    size: int
+    rolled: bool
+    ledgers: dict[int, int]  # ledger id -> bytes
+    live_bytes: int
+    problem: str = ""
+
+    @property
+    def live_fraction(self) -> float:
+        total = sum(self.ledgers.values())
+        return self.live_bytes / total if total else 0.0
+
+
+def list_entry_logs(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path]) -> list[EntryLogInfo]:
+    live = set(index_paths(index_dirs))
+    out = []
+    for log_id, path in entry_log_paths(ledger_dirs).items():
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(24)
+            rolled = len(head) >= 24 and struct.unpack_from(">Q", head, 16)[0] != 0
+            meta = read_entry_log_meta(path, log_id)
+        except (OSError, CorruptRecordError) as exc:
+            out.append(EntryLogInfo(log_id, str(path), 0, False, {}, 0, str(exc)))
+            continue
+        out.append(EntryLogInfo(log_id, str(path), size, rolled, meta.ledgers,
+                                meta.live_bytes(live)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    ledger_id: int
+    entry_id: int
+    location: str
+    what: str
+
+
+@dataclass
+class ConsistencyReport:
+    ledgers: int = 0
+    entries: int = 0
+    unverified_digests: int = 0  # HMAC (or unknown) digests: checksum and ids only
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+_DIGESTERS = {t: Digester(t) for t in (DigestType.CRC32C, DigestType.CRC32, DigestType.DUMMY)}
+
+
+def _digest_ok(data: bytes, digest: DigestType | None) -> bool | None:
+    """True/False when the digest was checked, None when it could not be (HMAC)."""
+    kinds = [digest] if digest is not None else [DigestType.CRC32C, DigestType.CRC32]
+    for kind in kinds:
+        d = _DIGESTERS.get(kind)
+        if d is None:
+            return None
+        end = ENTRY_HEADER_SIZE + d.size
+        if len(data) < end:
+            continue
+        if hmac.compare_digest(d.compute(data[:ENTRY_HEADER_SIZE], data[end:]),
+                               data[ENTRY_HEADER_SIZE:end]):
+            return True
+    return False if digest is not None else None
+
+
+def check_consistency(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], *,
+                      digest: DigestType | None = None,
+                      progress: object = None) -> ConsistencyReport:
+    """Check every index location; ``digest`` forces one digest type (None: try the
+    unkeyed ones and count entries matching neither as unverified, not wrong)."""
+    logs = entry_log_paths(ledger_dirs)
+    report = ConsistencyReport()
+    fds: dict[int, int] = {}
+    try:
+        for lid, path in index_paths(index_dirs).items():
+            report.ledgers += 1
+            try:
+                _idx, raw = read_index_file(path)
+            except (OSError, CorruptRecordError) as exc:
+                report.problems.append(Problem(lid, -1, str(path), f"unreadable index: {exc}"))
+                continue
+            for eid in range(len(raw) // 8):
+                (loc,) = _LOC.unpack_from(raw, eid * 8)
+                if not loc:
+                    continue
+                report.entries += 1
+                what = _check_location(lid, eid, loc, logs, fds, digest, report)
+                if what:
+                    log_id, off = loc >> 32, loc & 0xFFFFFFFF
+                    report.problems.append(Problem(lid, eid, f"{log_id:x}.log@{off}", what))
+            if callable(progress):
+                progress()
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return report
+
+
+def _check_location(lid: int, eid: int, loc: int, logs: dict[int, Path], fds: dict[int, int],
+                    digest: DigestType | None, report: ConsistencyReport) -> str:
+    log_id, off = loc >> 32, loc & 0xFFFFFFFF
+    path = logs.get(log_id)
+    if path is None:
+        return "entry log missing (deleted while the index still points at it)"
+    fd = fds.get(log_id)
+    if fd is None:
+        fd = fds[log_id] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if off < ENTRY_LOG_HEADER_SIZE:
+        return "offset inside the entry log header"
+    head = os.pread(fd, 8, off)
+    if len(head) < 8:
+        return "record past the end of the log"
+    n, crc = _REC.unpack(head)
+    if n == 0 or n > MAX_ENTRY:
+        return f"junk record size {n}"
+    data = os.pread(fd, n, off + 8)
+    if len(data) < n:
+        return "record runs past the end of the log"
+    if google_crc32c.value(data) != crc:
+        return "record checksum mismatch"
+    if n < 16:
+        return "record too short for entry ids"
+    got = _IDS.unpack_from(data, 0)
+    if got != (lid, eid):
+        return f"record holds ledger {got[0]} entry {got[1]}"
+    ok = _digest_ok(data, digest)
+    if ok is None:
+        report.unverified_digests += 1
+    elif not ok:
+        return f"entry digest mismatch ({digest.value if digest else 'crc32c/crc32'})"
+    return ""
+
+
+@dataclass
+class RebuildResult:
+    ledger_id: int
+    path: Path
+    entries: int
+    first_entry: int
+    last_entry: int
+    logs_scanned: int
+    kept_header: bool
+    written: bool
+
+
+def _scan_ledger(logs: dict[int, Path], ledger_id: int) -> Iterator[tuple[int, int]]:
+    """(entry id, location) of every record of the ledger, oldest log first."""
+    for log_id, path in logs.items():
+        offset = ENTRY_LOG_HEADER_SIZE
+        base = log_id << 32
+        while offset:
+            records, offset = read_records(path, offset, 4 << 20)
+            for rec_off, body in records:
+                lid, eid = _IDS.unpack_from(body, 0)
+                if lid == ledger_id:
+                    yield eid, base | rec_off
+
+
+def rebuild_index(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], ledger_id: int, *,
+                  master_key: bytes | None = None, dry_run: bool = False) -> RebuildResult:
+    """Regenerate ``ledger_id``'s index from the entry logs.
+
+    The old header (fence bit, key, term) is kept when it still parses; otherwise
+    ``master_key`` must be given. Raises ValueError with the reason when the rebuild
+    would be wrong: no entries found, or an unbounded ledger (a term above 0), whose
+    TRUNCATE records dropped entries that older logs still hold.
+    """
+    logs = entry_log_paths(ledger_dirs)
+    dirs = list(index_dirs)
+    path = index_path(Path(dirs[ledger_id % len(dirs)]), ledger_id)
+    old: LedgerIndex | None = None
+    if path.exists():
+        try:
+            old, _raw = read_index_file(path)
+        except (OSError, CorruptRecordError):
+            old = None
+    if old is not None and old.term > 0:
+        raise ValueError(
+            f"ledger {ledger_id} is unbounded (term {old.term}): a rebuild from the entry "
+            "logs would bring back entries its terms' no-ops truncated. Re-replicate it "
+            "instead (stop this bookie, then `ledgerd shell recover <this bookie> "
+            f"--ledger {ledger_id}`)")
+    if old is None and master_key is None:
+        raise ValueError(
+            f"the index header of ledger {ledger_id} is gone or unreadable, so its master "
+            "key is unknown: pass --password (the ledger's password)")
+    locations: dict[int, int] = {}
+    for eid, loc in _scan_ledger(logs, ledger_id):
+        locations[eid] = loc  # newer logs come later and win
+    if not locations:
+        raise ValueError(f"no entry of ledger {ledger_id} in {len(logs)} entry log(s) under "
+                         f"{', '.join(map(str, ledger_dirs))}")
+    last = max(locations)
+    result = RebuildResult(ledger_id, path, len(locations), min(locations), last, len(logs),
+                           old is not None, False)
+    if dry_run:
+        return result
+    idx = old if old is not None else LedgerIndex(ledger_id, path, master_key=master_key or b"")
+    idx.path = path
+    body = bytearray(8 * (last + 1))
+    for eid, loc in locations.items():
+        _LOC.pack_into(body, 8 * eid, loc)
+    tmp = path.with_suffix(".idx.rebuild")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as f:
+        f.write(idx.header_bytes())
+        assert f.tell() == INDEX_HEADER_SIZE
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    result.written = True
+    return result
