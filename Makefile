@@ -44,7 +44,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 typecheck: setup
-	$(VENV)/bin/mypy --no-error-summary wire native metadata disk appliance ledgerd tools/bookieprocess.py tools/audit.py tools/replication_cmds.py tools/faults
+	$(VENV)/bin/mypy --no-error-summary wire native metadata disk appliance ledgerd tools/bookieprocess.py tools/audit.py tools/replication_cmds.py tools/storage_cmds.py tools/faults
 
 test: setup lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider

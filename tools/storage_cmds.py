@@ -83,7 +83,8 @@ def gc_cmd(bookie: str, kind: str | None, wait: bool, secret: str, timeout: floa
                                      f"{Status(st).name}"
                                      + (" (pass --secret)" if st == Status.UNAUTHORIZED else ""))
                 # A pass already running finishes first; then ours runs.
-                target = before["passes"] + (2 if not resp.started else 1)
+                started = bool(getattr(resp, "started", 1))
+                target = before["passes"] + (1 if started else 2)
                 if not wait:
                     return None
                 with progress(f"gc on {bookie}") as bar, trio.fail_after(timeout):
@@ -122,7 +123,8 @@ def listentrylogs(conf: Path, as_json: bool) -> None:
     cfg = _bookie_config(conf)
     infos = list_entry_logs([Path(d) for d in cfg.ledger_directories],
                             [Path(d) for d in cfg.effective_index_directories])
-    rows = [{"log": f"{i.log_id:x}", "path": i.path, "size": i.size, "rolled": i.rolled,
+    rows: list[dict[str, Any]] = [
+            {"log": f"{i.log_id:x}", "path": i.path, "size": i.size, "rolled": i.rolled,
              "live": round(i.live_fraction, 4), "live_bytes": i.live_bytes,
              "ledgers": sorted(i.ledgers), "problem": i.problem} for i in infos]
     total = sum(i.size for i in infos)
