@@ -200,9 +200,18 @@ class GarbageCollector:
             live.add(lid)
         deleted = 0
         for lid in sorted(local - live):
+            idx = self.storage.ledger(lid)
+            if idx is None:
+                continue
+            seen = idx.changes
             if await self.ledgers.exists(lid):
                 continue
-            await self.storage.delete_ledger(lid)
+            # A ledger re-created with this id may have written here while we asked
+            # (BookKeeper's classic GC race): then it is not garbage; the next pass
+            # finds its metadata.
+            if not await self.storage.delete_ledger(lid, if_changes=seen):
+                log.info("ledger_gc_skipped_changed", extra=fields(ledger_id=lid))
+                continue
             deleted += 1
             log.info("ledger_garbage_collected", extra=fields(ledger_id=lid))
             crash_point("gc.deleting_ledgers")

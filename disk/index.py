@@ -66,6 +66,10 @@ class LedgerIndex:
     last_entry_id: int = -1
     lac: int = -1
     header_dirty: bool = True
+    # Bumped by every add, fence, term or LAC change: GC deletes a ledger only if this
+    # did not move while it asked the metadata store (a re-created ledger's first writes
+    # may arrive meanwhile).
+    changes: int = 0
     pages: dict[int, bytearray] = field(default_factory=dict)
     dirty_pages: set[int] = field(default_factory=set)
     needs_sync: bool = False

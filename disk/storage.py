@@ -301,6 +301,7 @@ class LedgerStorage:
         """The ledger's index, with ``bind_key`` bound and ``new_term`` adopted (if given),
         and the journal records of those changes."""
         idx = self.cache.get_or_create(ledger_id)
+        idx.changes += 1
         records: list[tuple[int, bytes]] = []
         if bind_key and not idx.master_key:
             idx.master_key = bind_key
@@ -337,6 +338,7 @@ class LedgerStorage:
             idx, records = self._state_records(ledger_id, bind_key, new_term)
         else:
             records = []
+        idx.changes += 1
         if len(entries) == 1:
             self._insert(idx, first_entry_id, entries[0])
         else:
@@ -387,6 +389,7 @@ class LedgerStorage:
         """Store a writer's explicit LAC (the body is returned to ReadLac as is); ``lac``
         raises the LAC this bookie reports, so long polls see an idle writer's last entry."""
         idx = self._require(ledger_id)
+        idx.changes += 1
         idx.explicit_lac = lac_body[:64]
         if lac > idx.lac:
             idx.lac = lac
@@ -410,12 +413,21 @@ class LedgerStorage:
         await self.journal.append([(RecordType.PADDING, b"")])
         return self.journal.durable
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Forget a ledger (its index file goes now; entry log space at GC)."""
+    async def delete_ledger(self, ledger_id: int, *, if_changes: int | None = None) -> bool:
+        """Forget a ledger (its index file goes now; entry log space at GC). With
+        ``if_changes``, only if the ledger's change counter still has that value (and
+        False, deleting nothing, otherwise)."""
+        idx = self.cache.get(ledger_id)
+        if if_changes is not None and (idx is None or idx.changes != if_changes):
+            return False
         path = self.cache.delete(ledger_id)
         if path is not None:
-            await trio.to_thread.run_sync(partial(path.unlink, missing_ok=True))
+            # In this thread: a re-created ledger's first checkpoint must not race the
+            # unlink of the old file (one syscall; GC yields between ledgers).
+            path.unlink(missing_ok=True)
             self._unlinked_dirs.add(path.parent)
+        await trio.sleep(0)
+        return True
 
     def trim_ledger(self, ledger_id: int, first_kept: int) -> int:
         """Forget a ledger's entries below ``first_kept`` (retention deleted its front
