@@ -171,7 +171,15 @@ async def compact_entry_logs(storage: LedgerStorage, *, threshold: float,
         progress.phase = "deleting"
         # Index files unlinked and entries trimmed since the last checkpoint must be
         # durably gone before the logs they pointed into are.
-        await storage.checkpoint(sync_index_dirs=True)
+        try:
+            await storage.checkpoint(sync_index_dirs=True)
+        except DiskFullError as exc:
+            # Deleting dead logs is how a full disk gets room back. The unlinks only
+            # need their directories synced; a trim needs the index written, so logs
+            # of trimmed ledgers wait for room.
+            await storage.sync_unlinked_dirs()
+            dead = [m for m in dead if not any(lid in live for lid in m.ledgers)]
+            result.stopped = f"ledger directory full: {exc}"
         crash_point("gc.deleting_logs")
         for meta in dead:
             await storage.remove_entry_log(meta.log_id)
@@ -185,8 +193,7 @@ async def compact_entry_logs(storage: LedgerStorage, *, threshold: float,
     try:
         for meta in candidates:
             progress.current_log = meta.log_id
-            if storage.disk_full is not None:
-                result.stopped = f"ledger directory full: {storage.disk_full}"
+            if result.stopped:
                 break
             try:
                 moved, nbytes = await _compact_one(storage, meta, limits, progress)

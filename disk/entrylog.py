@@ -110,6 +110,7 @@ class _Writer:
         # Set while a write waits for space (ENOSPC/EDQUOT): the segment stays queued and
         # is retried every DISK_FULL_RETRY_S or on ``retry()``; nothing is dropped.
         self.full: DiskFullError | None = None
+        self.full_attempts = 0  # writes that met ENOSPC (so a waiter can tell a fresh one)
         self._stopping = False
         self.thread = threading.Thread(target=self._run, name="entrylog-writer", daemon=True)
         self.thread.start()
@@ -132,6 +133,7 @@ class _Writer:
                 if exc.errno in _NO_SPACE:
                     with self.cond:
                         self.full = DiskFullError(str(log.path), str(exc))
+                        self.full_attempts += 1
                         self.cond.notify_all()
                         self.cond.wait(DISK_FULL_RETRY_S)
                         if self._stopping:
@@ -152,9 +154,19 @@ class _Writer:
     def wait_written(self, log: _Log, size: int) -> None:
         """Block until ``log`` reached ``size``; raises the writer's error, or
         DiskFullError while it waits for space (the data stays queued)."""
+        def pending() -> bool:
+            return log.written < size or (log.rolled and not log.header_written)
+
         with self.cond:
-            while (log.written < size or (log.rolled and not log.header_written)) \
-                    and self.error is None and self.full is None:
+            if self.full is not None and pending():
+                # The last attempt met a full disk: have the writer try again now and
+                # judge by that attempt, not by a failure from before space came back.
+                seen = self.full_attempts
+                self.cond.notify_all()
+                while pending() and self.error is None and self.full is not None \
+                        and self.full_attempts == seen and not self._stopping:
+                    self.cond.wait()
+            while pending() and self.error is None and self.full is None:
                 self.cond.wait()
             full = self.full
         if self.error is not None:

@@ -230,11 +230,6 @@ class LedgerStorage:
                 if self.on_disk_full is not None:
                     self.on_disk_full(exc)
                 self.entry_logger.retry_writes()
-            else:
-                if self.disk_full is not None:
-                    log.warning("ledger_dir_writable_again", extra=fields(
-                        path=self.disk_full.path))
-                    self.disk_full = None
 
     async def checkpoint(self, *, sync_index_dirs: bool = False) -> JournalPosition:
         """Flush entry logs and index, persist the mark, drop old journal files.
@@ -254,9 +249,8 @@ class LedgerStorage:
                 if self.compacting:
                     crash_point("compaction.index_flush")
                 await trio.to_thread.run_sync(LedgerCache.sync_paths, paths)
-                if sync_index_dirs and self._unlinked_dirs:
-                    dirs, self._unlinked_dirs = self._unlinked_dirs, set()
-                    await trio.to_thread.run_sync(_sync_dirs, sorted(dirs))
+                if sync_index_dirs:
+                    await self.sync_unlinked_dirs()
                 if mark.file_id:
                     await trio.to_thread.run_sync(self._persist_mark, mark)
             except OSError as exc:
@@ -266,7 +260,16 @@ class LedgerStorage:
                 raise
             self.last_checkpoint = mark
             self.checkpoints += 1
+            if self.disk_full is not None:
+                log.warning("ledger_dir_writable_again", extra=fields(path=self.disk_full.path))
+                self.disk_full = None
             return mark
+
+    async def sync_unlinked_dirs(self) -> None:
+        """fsync the directories of index files unlinked since the last call."""
+        if self._unlinked_dirs:
+            dirs, self._unlinked_dirs = self._unlinked_dirs, set()
+            await trio.to_thread.run_sync(_sync_dirs, sorted(dirs))
 
     def _persist_mark(self, mark: JournalPosition) -> None:
         write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -144,3 +145,75 @@ async def test_enospc_from_a_ledger_directory_goes_read_only_and_back(
 
 async def _health(port: int) -> tuple[int, str]:
     return await admin_get(port, "/health")
+
+
+async def test_disk_filling_up_mid_compaction_stops_it_cleanly(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str, small_disk: Path,
+        tmp_path: Path) -> None:
+    """A compaction with no room to copy into: the pass stops and says why, the bookie
+    stays up (read-only), every kept entry reads back; with room again the next pass
+    finishes the job."""
+    from metadata.ledger import LedgerMetadata
+    from metadata.ledgers import LedgerManager
+    from tests.integration.test_compaction_crash import _shell
+
+    async with metadata_store(zk_chroot) as store:
+        ledgers_dir = small_disk / "ledgers"
+        bookie = bookie_factory(
+            journal_directory=str(tmp_path / "journal"), ledger_directories=[str(ledgers_dir)],
+            log_size_limit=256 * 1024, write_buffer_size_bytes=64 * 1024,
+            disk_check_interval_ms=200, flush_interval_ms=60_000,
+            gc_wait_time_ms=3_600_000, minor_compaction_interval_s=0,
+            major_compaction_interval_s=0, major_compaction_threshold=0.9,
+            minor_compaction_threshold=0.6,
+            compaction_rate=1_000_000, compaction_max_outstanding_requests=200,
+            disk_usage_threshold=0.99, disk_usage_lwm_threshold=0.98)
+        manager = LedgerManager(store, "/ledgers")
+        md = LedgerMetadata(ensemble_size=1, write_quorum=1, ack_quorum=1,
+                            ensembles=((0, (bookie.bookie_id,)),))
+        kept, dropped = [(await manager.create(md))[0] for _ in range(2)]
+        bookie.start()
+        await wait_registered(store, bookie)
+        payload = b"q" * 3000
+        async with open_bookie_client(bookie.address) as c:
+            for first in range(0, 2000, 20):
+                for lid in (kept, dropped):
+                    status, _ = await c.call(AddRequest(
+                        ledger_id=lid, first_entry_id=first, master_key=KEY,
+                        entries=tuple(entry(lid, first + i, payload=payload) for i in range(20))))
+                    assert status == Status.OK
+        # A clean restart checkpoints: every log rolled so far is durable, a candidate.
+        assert await trio.to_thread.run_sync(bookie.terminate) == 0
+        bookie.start()
+        await wait_registered(store, bookie)
+        await manager.delete(dropped)
+        ballast = _fill_completely(small_disk)
+        await wait_registered(store, bookie, read_only=True)
+        # A full disk suspends major compaction; a forced minor one still runs (as
+        # BookKeeper's forced GC with no space) and meets ENOSPC copying.
+        code, out, err = await _shell("gc", "--bookie", bookie.address, "--minor", "--wait",
+                                      "--json")
+        assert code == 0, err
+        first_pass = json.loads(out)
+        assert "full" in first_pass["stopped"], json.dumps(first_pass)
+        assert first_pass["ledgers_deleted"] == 1
+        assert bookie.running
+        async with open_bookie_client(bookie.address) as c:
+            for eid in range(0, 2000, 7):
+                status, resp = await c.call(ReadRequest(ledger_id=kept, entry_id=eid))
+                assert status == Status.OK, (eid, Status(status).name)
+                assert resp.entry == entry(kept, eid, payload=payload)  # type: ignore[union-attr]
+        ballast.unlink()
+        await wait_registered(store, bookie, read_only=False)
+        code, out, err = await _shell("gc", "--bookie", bookie.address, "--major", "--wait",
+                                      "--json")
+        assert code == 0, err
+        second = json.loads(out)
+        assert second["stopped"] == "" and second["logs_compacted"] > 0, json.dumps(second)
+        async with open_bookie_client(bookie.address) as c:
+            for eid in range(2000):
+                status, resp = await c.call(ReadRequest(ledger_id=kept, entry_id=eid))
+                assert status == Status.OK, (eid, Status(status).name)
+                assert resp.entry == entry(kept, eid, payload=payload)  # type: ignore[union-attr]
+        assert await trio.to_thread.run_sync(bookie.terminate) == 0
+        assert "Traceback" not in bookie.log_path.read_text(), bookie.log_tail()
