@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -80,7 +81,8 @@ class Bookie:
                                    disk_full=lambda: self.disk_checker.full)
         self.disk_checker = DiskChecker(
             self.storage.usage, self._on_disk_change, threshold=config.disk_usage_threshold,
-            lwm=config.disk_usage_lwm_threshold, interval_s=config.disk_check_interval_ms / 1000)
+            lwm=config.disk_usage_lwm_threshold, interval_s=config.disk_check_interval_ms / 1000,
+            on_dirs=self._on_dirs)
         self.storage.on_disk_full = lambda exc: self.disk_checker.force_full(
             f"{exc} (writable again under {config.disk_usage_lwm_threshold:.0%} used)")
         self.admin = AdminHooks(trigger=self.gc.trigger, status=self.status,
@@ -223,6 +225,10 @@ class Bookie:
             return
         self.state.set(full, reason if full else "")
 
+    def _on_dirs(self, unusable: set[Path], failed: set[Path]) -> None:
+        self.storage.set_full_dirs(unusable)
+        self.storage.set_failed_dirs(failed)
+
     def _healthy(self) -> bool:
         return not self.state.storage_failed
 
@@ -332,6 +338,8 @@ class Bookie:
             "checkpoints": self.storage.checkpoints,
             "gc": self.gc.status(),
             "disk": {"full": self.disk_checker.full, "checks": self.disk_checker.checks,
+                     "full_dirs": sorted(map(str, self.disk_checker.verdict.full)),
+                     "failed_dirs": sorted(map(str, self.disk_checker.verdict.failed)),
                      "worst": (str(self.disk_checker.worst.path), self.disk_checker.worst.fraction)
                      if self.disk_checker.worst else None},
             "add_latency_p99_s": self.metrics.add_latency.quantile(0.99),

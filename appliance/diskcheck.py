@@ -1,51 +1,98 @@
-"""Disk checker: over ``disk_usage_threshold`` the bookie goes read-only; it comes back
-only under ``disk_usage_lwm_threshold`` (hysteresis, so it does not flap).
+"""Disk checker: per directory, over ``disk_usage_threshold`` a directory is full; it is
+writable again only under ``disk_usage_lwm_threshold`` (hysteresis, so it does not
+flap). A directory whose probe write fails is out of service.
 
-Storage can also report a full disk itself (ENOSPC from a ledger directory that filled
-faster than the checker samples): ``force_full`` makes the bookie read-only at once with
-that reason, and the checker then samples every second until usage is under the
-low-water mark, when the bookie is writable again."""
+The bookie goes read-only only when it cannot write at all (BookKeeper's rule): its
+journal directory is full or failing, or every ledger directory is, or every index
+directory is (when index directories are configured apart). Otherwise new entry logs
+go to the ledger directories that have room (``on_dirs``).
+
+Storage can also report a full disk itself (ENOSPC that came faster than the checker
+samples): ``force_full`` makes the bookie read-only at once with that reason, and the
+checker then samples every second until no directory it needs is full.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
 from disk.storage import DirUsage
 from ledgerd.base.logs import fields
 
-__all__ = ["DiskChecker", "full_after"]
+__all__ = ["DiskChecker", "DiskVerdict", "disk_verdict", "full_after"]
 
 log = logging.getLogger(__name__)
 
 
 def full_after(usage: list[DirUsage], was_full: bool, threshold: float, lwm: float) -> bool:
-    """Whether the disks count as full now, given whether they did before."""
+    """Whether one directory counts as full now, given whether it did before."""
     worst = max((u.fraction for u in usage), default=0.0)
     if was_full:
         return worst >= lwm
     return worst > threshold
 
 
+@dataclass(frozen=True, slots=True)
+class DiskVerdict:
+    full: frozenset[Path]     # over the threshold (until under the low-water mark)
+    failed: frozenset[Path]   # the probe write failed
+    read_only: bool
+    reason: str
+
+    @property
+    def unusable(self) -> frozenset[Path]:
+        return self.full | self.failed
+
+
+def disk_verdict(usage: list[DirUsage], was_full: frozenset[Path], threshold: float,
+                 lwm: float) -> DiskVerdict:
+    full = frozenset(u.path for u in usage
+                     if full_after([u], u.path in was_full, threshold, lwm))
+    failed = frozenset(u.path for u in usage if u.error)
+    bad = full | failed
+    reasons = []
+    by_role: dict[str, list[DirUsage]] = {}
+    for u in usage:
+        by_role.setdefault(u.role, []).append(u)
+    for role, dirs in by_role.items():
+        if dirs and all(u.path in bad for u in dirs):
+            what = "; ".join(
+                f"{u.path}: {u.error}" if u.error else
+                f"{u.path} is {u.fraction:.1%} full" for u in dirs)
+            plural = "directory" if len(dirs) == 1 else f"all {len(dirs)} directories"
+            reasons.append(f"{role} {plural} unusable ({what}; threshold {threshold:.0%}, "
+                           f"writable again under {lwm:.0%})")
+    return DiskVerdict(full, failed, bool(reasons), "; ".join(reasons))
+
+
 class DiskChecker:
     def __init__(self, usage: Callable[[], list[DirUsage]],
                  on_change: Callable[[bool, str], None], *, threshold: float, lwm: float,
-                 interval_s: float) -> None:
+                 interval_s: float,
+                 on_dirs: Callable[[set[Path], set[Path]], None] | None = None) -> None:
         self.usage = usage
         self.on_change = on_change
+        self.on_dirs = on_dirs
         self.threshold = threshold
         self.lwm = lwm
         self.interval_s = interval_s
-        self.full = False
+        self.full = False  # the bookie must be read-only for its disks
+        self.verdict = DiskVerdict(frozenset(), frozenset(), False, "")
         self.worst: DirUsage | None = None
         self.checks = 0
         self._forced = trio.Event()
+        self._forced_reason = ""
 
     def force_full(self, reason: str) -> None:
-        """Storage hit ENOSPC: full now; writable again only under the low-water mark."""
+        """Storage hit ENOSPC: read-only now; writable again once a check finds every
+        directory it needs under the low-water mark."""
         self._forced.set()
+        self._forced_reason = reason
         if not self.full:
             self.full = True
             log.warning("disk_full", extra=fields(reason=reason))
@@ -55,24 +102,38 @@ class DiskChecker:
         usage = await trio.to_thread.run_sync(self.usage)
         self.checks += 1
         self.worst = max(usage, key=lambda u: u.fraction, default=None)
-        full = full_after(usage, self.full, self.threshold, self.lwm)
-        if full != self.full:
-            self.full = full
-            worst = self.worst
-            reason = (f"disk {worst.path} is {worst.fraction:.1%} full "
-                      f"(threshold {self.threshold:.0%}, writable again under {self.lwm:.0%})"
-                      if worst else "disk usage")
-            log.warning("disk_full" if full else "disk_space_back", extra=fields(
-                path=str(worst.path) if worst else "", used=f"{worst.fraction:.3f}" if worst else ""))
-            self.on_change(full, reason)
-        return full
+        old = self.verdict
+        if self._forced_reason:
+            # After ENOSPC: every directory counts as full until under the low-water mark.
+            old = DiskVerdict(frozenset(u.path for u in usage), old.failed, True, "")
+        v = disk_verdict(usage, old.full, self.threshold, self.lwm)
+        self.verdict = v
+        for path in sorted(v.failed - old.failed):
+            log.error("directory_out_of_service", extra=fields(
+                path=str(path), error=next(u.error for u in usage if u.path == path)))
+        for path in sorted(old.failed - v.failed):
+            log.warning("directory_back_in_service", extra=fields(path=str(path)))
+        for path in sorted(v.full - old.full):
+            log.warning("directory_full", extra=fields(path=str(path)))
+        for path in sorted(old.full - v.full):
+            log.warning("directory_space_back", extra=fields(path=str(path)))
+        if self.on_dirs is not None:
+            self.on_dirs(set(v.unusable), set(v.failed))
+        if v.read_only != self.full or (not v.read_only and self._forced_reason):
+            self.full = v.read_only
+            self._forced_reason = ""
+            log.warning("disk_full" if v.read_only else "disk_space_back",
+                        extra=fields(reason=v.reason))
+            self.on_change(v.read_only, v.reason)
+        return self.full
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.check()
         task_status.started()
         while True:
             # While full, sample at least every second, so a freed disk is seen soon.
-            wait = min(self.interval_s, 1.0) if self.full else self.interval_s
+            wait = min(self.interval_s, 1.0) if self.full or self.verdict.unusable \
+                else self.interval_s
             with trio.move_on_after(wait):
                 await self._forced.wait()
             self._forced = trio.Event()

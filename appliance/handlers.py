@@ -102,7 +102,11 @@ def status_for_storage_error(exc: BaseException) -> Status:
     bookie's storage; anything else goes through the one table (``wire.status``) in
     reverse, which makes an unexpected storage failure IO_ERROR."""
     status = _STORAGE_STATUS.get(type(exc))
-    return status if status is not None else status_for_error(exc)
+    if status is not None:
+        return status
+    if isinstance(exc, StorageError):
+        return Status.IO_ERROR  # this bookie's disk failed the request, not the client
+    return status_for_error(exc)
 
 
 class RequestHandler:

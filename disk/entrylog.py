@@ -198,6 +198,7 @@ class EntryLogger:
         self._current: _Log | None = None
         self._unsynced: list[_Log] = []
         self.full_dirs: set[Path] = set()
+        self._roll_requested = False
         self._lock = threading.Lock()
         self._writer: _Writer | None = None
 
@@ -220,7 +221,16 @@ class EntryLogger:
 
     def _pick_dir(self) -> Path:
         writable = [d for d in self.dirs if d not in self.full_dirs] or self.dirs
-        return max(writable, key=lambda d: shutil.disk_usage(d).free)
+        return max(writable, key=_free_bytes)
+
+    def set_full_dirs(self, full: set[Path]) -> None:
+        """Directories new logs must skip; if the current log is in one and another
+        has room, the next add rolls to a new log there."""
+        self.full_dirs = set(full)
+        cur = self._current
+        self._roll_requested = bool(
+            cur is not None and cur.path.parent in full
+            and any(d not in full for d in self.dirs))
 
     def _create(self, log_id: int) -> _Log:
         d = self._pick_dir()
@@ -259,6 +269,10 @@ class EntryLogger:
                 raise StorageError(f"entry of {n} bytes exceeds the {MAX_ENTRY}-byte maximum")
             total += n + 8
         offset = log.size + len(log.buffer)
+        if self._roll_requested and offset > ENTRY_LOG_HEADER_SIZE:
+            self._roll_requested = False
+            log = self._roll()
+            offset = log.size
         if offset + total > self.limit and offset > ENTRY_LOG_HEADER_SIZE:
             if len(entries) > 1:
                 return [loc for e in entries for loc in self.add_many(ledger_id, (e,))]
@@ -534,3 +548,10 @@ def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, str,
             pos += 8 + n
 
     return ledgers, map_problem, records()
+
+
+def _free_bytes(d: Path) -> int:
+    try:
+        return shutil.disk_usage(d).free
+    except OSError:
+        return -1

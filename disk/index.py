@@ -110,12 +110,18 @@ class LedgerCache:
         # Ledgers trimmed from the front: ledger id -> first entry kept (in memory; the
         # ledger GC sets it from the metadata's start entry on every pass).
         self.trimmed: dict[int, int] = {}
+        self.full_dirs: set[Path] = set()  # index dirs new ledgers skip
         self._lru: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     def _dir_for(self, ledger_id: int) -> Path:
-        return self.index_dirs[ledger_id % len(self.index_dirs)]
+        """Where a new ledger's index file goes: by id, unless that directory is full or
+        out of service (start-up finds index files in any directory)."""
+        d = self.index_dirs[ledger_id % len(self.index_dirs)]
+        if d in self.full_dirs:
+            d = next((x for x in self.index_dirs if x not in self.full_dirs), d)
+        return d
 
     def load_all(self) -> None:
         """Read every index file's header (start-up)."""

@@ -317,6 +317,13 @@ class Journal:
             await self._run_loop()
         finally:
             self._running = False
+            if self._failed is None and not self._closed:
+                # Stopped under its callers (the storage service failed or was
+                # cancelled): fail the waiting group instead of leaving adds hanging.
+                err = StorageClosedError("the journal stopped (the storage service ended)")
+                self._failed = err
+                self._group.error = err
+                self._group.finish()
             self._run_done.set()
 
     async def _run_loop(self) -> None:

@@ -19,24 +19,38 @@ _MARK = struct.Struct(">4sQQ")
 _MAGIC = b"LDLM"
 
 
-def write_last_mark(ledger_dirs: list[Path], file_id: int, offset: int) -> None:
+def write_last_mark(ledger_dirs: list[Path], file_id: int, offset: int, *,
+                    skip: set[Path] | frozenset[Path] = frozenset()) -> None:
+    """Write the mark into every ledger directory but those in ``skip`` (out of
+    service). A directory that fails is passed over as long as one took the mark
+    (start-up reads the highest); if none did, the first error is raised."""
     body = _MARK.pack(_MAGIC, file_id, offset)
     data = body + struct.pack(">I", google_crc32c.value(body))
-    for d in ledger_dirs:
-        cur = Path(d) / "current"
-        tmp = cur / "lastMark.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    dirs = [d for d in ledger_dirs if Path(d) not in skip] or list(ledger_dirs)
+    errors: list[OSError] = []
+    for d in dirs:
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, cur / "lastMark")
-        dfd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+            _write_one(Path(d) / "current", data)
+        except OSError as exc:
+            errors.append(exc)
+    if len(errors) == len(dirs):
+        raise errors[0]
+
+
+def _write_one(cur: Path, data: bytes) -> None:
+    tmp = cur / "lastMark.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, cur / "lastMark")
+    dfd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def read_last_mark(ledger_dirs: list[Path]) -> tuple[int, int] | None:

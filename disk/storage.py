@@ -70,6 +70,8 @@ class DirUsage:
     total: int
     used: int
     free: int
+    role: str = "ledger"  # journal, ledger or index (a directory with several: the first)
+    error: str = ""  # the probe write failed: the directory is out of service
 
     @property
     def fraction(self) -> float:
@@ -95,6 +97,7 @@ class LedgerStorage:
         self._fencing: dict[int, JournalGroup] = {}  # fences being journaled, by ledger
         self._unlinked_dirs: set[Path] = set()  # index dirs with unlinks not yet synced
         self.compacting = False  # a compaction's index checkpoint is running
+        self.failed_dirs: frozenset[Path] = frozenset()  # out of service (disk checker)
         # A ledger directory out of space (the last checkpoint's error), and whom to tell.
         self.disk_full: DiskFullError | None = None
         self.on_disk_full: Callable[[DiskFullError], None] | None = None
@@ -272,7 +275,8 @@ class LedgerStorage:
             await trio.to_thread.run_sync(_sync_dirs, sorted(dirs))
 
     def _persist_mark(self, mark: JournalPosition) -> None:
-        write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset)
+        write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset,
+                        skip=self.failed_dirs)
         self.journal.remove_old(mark)
 
     async def close(self) -> None:
@@ -541,12 +545,37 @@ class LedgerStorage:
     # -- disks -------------------------------------------------------------------------
 
     def usage(self) -> list[DirUsage]:
-        """Disk usage of every directory, for the disk checker."""
+        """Disk usage of every directory, for the disk checker (a worker thread): its
+        role, and whether a probe file can be written and synced there (a directory
+        on a failing or read-only-remounted disk is taken out of service)."""
+        o = self.options
+        roles = {o.journal_dir: "journal"}
+        for d in o.ledger_dirs:
+            roles.setdefault(d, "ledger")
+        for d in o.index_dirs:
+            roles.setdefault(d, "index")
         out = []
-        for d in self.all_dirs():
-            u = shutil.disk_usage(d)
-            out.append(DirUsage(d, u.total, u.total - u.free, u.free))
+        for d, role in roles.items():
+            error = _probe(d / "current")
+            try:
+                u = shutil.disk_usage(d)
+                total, free = u.total, u.free
+            except OSError as exc:
+                total = free = 0
+                error = error or str(exc)
+            out.append(DirUsage(d, total, total - free, free, role, error))
         return out
+
+    def set_full_dirs(self, full: set[Path]) -> None:
+        """The directories that are full or out of service (from the disk checker): new
+        entry logs and new ledgers' index files go elsewhere, and the current entry log
+        rolls away from one."""
+        self.entry_logger.set_full_dirs({Path(d) / "current" for d in full})
+        self.cache.full_dirs = {Path(d) for d in full}
+
+    def set_failed_dirs(self, failed: set[Path]) -> None:
+        """Directories out of service: checkpoints stop writing the mark there."""
+        self.failed_dirs = frozenset(Path(d) for d in failed)
 
 
 def _sync_dirs(dirs: list[Path]) -> None:
@@ -560,3 +589,21 @@ def _sync_dirs(dirs: list[Path]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _probe(d: Path) -> str:
+    """Write, sync and remove a small file in ``d``; "" if that works, else why not."""
+    path = d / ".ledgerd-probe"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ""  # full, not failing: the usage says so
+        return f"{exc.strerror or exc} ({path})"
+    return ""

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from appliance.diskcheck import DiskChecker, full_after
+from appliance.diskcheck import DiskChecker, disk_verdict, full_after
 from appliance.handlers import AdminHooks, ServingState
 from appliance.http import AdminHttp
 from appliance.metrics import BookieMetrics, FastHistogram
@@ -158,3 +158,46 @@ def test_fast_histogram_buckets_and_quantiles() -> None:
     fam = h.family("x_seconds", "doc")
     values = {s.labels.get("le"): s.value for s in fam.samples if s.name == "x_seconds_bucket"}
     assert values == {"0.001": 90, "0.01": 90, "0.1": 100, "+Inf": 100}
+
+
+def _dirs(**fractions: float) -> list[DirUsage]:
+    """journal=0.5, l1=0.97, ... -> usage rows (role from the name's first letter)."""
+    roles = {"j": "journal", "l": "ledger", "i": "index"}
+    return [DirUsage(Path(f"/{name}"), 1000, int(1000 * abs(f)), 1000 - int(1000 * abs(f)),
+                     roles[name[0]], "EIO" if f < 0 else "")
+            for name, f in fractions.items()]
+
+
+def test_read_only_only_when_every_ledger_directory_is_full() -> None:
+    """BookKeeper's rule: one full ledger directory is skipped, not fatal; all full (or
+    failing), or the journal's, makes the bookie read-only."""
+    none: frozenset[Path] = frozenset()
+    v = disk_verdict(_dirs(j=0.5, l1=0.97, l2=0.5), none, 0.95, 0.90)
+    assert v.full == {Path("/l1")} and not v.read_only
+    v = disk_verdict(_dirs(j=0.5, l1=0.97, l2=0.96), none, 0.95, 0.90)
+    assert v.read_only and "all 2 directories" in v.reason and "/l1 is 97.0% full" in v.reason
+    v2 = disk_verdict(_dirs(j=0.5, l1=0.92, l2=0.89), v.full, 0.95, 0.90)
+    assert v2.full == {Path("/l1")} and not v2.read_only  # hysteresis, per directory
+    v = disk_verdict(_dirs(j=0.96, l1=0.1, l2=0.1), none, 0.95, 0.90)
+    assert v.read_only and v.reason.startswith("journal directory unusable")
+    v = disk_verdict(_dirs(j=0.5, l1=-0.1, l2=0.2), none, 0.95, 0.90)
+    assert v.failed == {Path("/l1")} and not v.read_only and v.unusable == {Path("/l1")}
+    v = disk_verdict(_dirs(j=0.5, l1=-0.1, l2=0.97), none, 0.95, 0.90)
+    assert v.read_only and "/l1: EIO" in v.reason
+
+
+async def test_disk_checker_tells_storage_which_directories_to_skip(autojump_clock: Any) -> None:
+    levels = iter([(0.5, 0.5), (0.97, 0.5), (0.97, 0.97), (0.85, 0.97), (0.85, 0.5)])
+    changes: list[bool] = []
+    skipped: list[set[Path]] = []
+
+    def usage() -> list[DirUsage]:
+        a, b = next(levels)
+        return _dirs(j=0.1, l1=a, l2=b)
+    checker = DiskChecker(usage, lambda full, _r: changes.append(full), threshold=0.95,
+                          lwm=0.90, interval_s=1.0,
+                          on_dirs=lambda unusable, _failed: skipped.append(unusable))
+    for _ in range(5):
+        await checker.check()
+    assert changes == [True, False]
+    assert skipped == [set(), {Path("/l1")}, {Path("/l1"), Path("/l2")}, {Path("/l2")}, set()]

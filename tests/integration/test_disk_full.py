@@ -8,13 +8,14 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
 from tests.appliance.harness import KEY, entry
-from tests.cluster import admin_get, metadata_store, wait_registered
+from tests.cluster import EVENT_BOUND_S, admin_get, metadata_store, wait_registered
 from tools.bookieprocess import BookieProcess
 from wire.messages import AddRequest, GetBookieInfoRequest, ReadRequest
 from wire.status import Status
@@ -217,3 +218,109 @@ async def test_disk_filling_up_mid_compaction_stops_it_cleanly(
                 assert resp.entry == entry(kept, eid, payload=payload)  # type: ignore[union-attr]
         assert await trio.to_thread.run_sync(bookie.terminate) == 0
         assert "Traceback" not in bookie.log_path.read_text(), bookie.log_tail()
+
+
+@pytest.fixture
+def two_small_disks(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    mounts = []
+    for name in ("d1", "d2"):
+        m = tmp_path / name
+        m.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(m)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr.strip()}"
+        mounts.append(m)
+    try:
+        yield mounts[0], mounts[1]
+    finally:
+        for m in mounts:
+            subprocess.run(["umount", "-l", str(m)], check=False)
+
+
+async def _disk_status(bookie: BookieProcess, until: Callable[[dict[str, Any]], bool]) -> None:
+    """Poll the bookie's /status until ``until(status["disk"])`` (bounded)."""
+    with trio.fail_after(EVENT_BOUND_S):
+        while True:
+            code, body = await admin_get(bookie.admin_port, "/status")
+            if code == 200 and until(json.loads(body)["disk"]):
+                return
+            await trio.sleep(0.05)
+
+
+def _logs(d: Path) -> set[str]:
+    return {p.name for p in (d / "ledgers" / "current").glob("*.log")}
+
+
+async def test_several_ledger_directories_fill_and_fail_one_at_a_time(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str,
+        two_small_disks: tuple[Path, Path], tmp_path: Path) -> None:
+    """New entry logs skip a full directory; the bookie turns read-only only when every
+    ledger directory is full, writable again when one has room; a directory whose disk
+    fails (remounted read-only) is taken out of service: no new logs or index files go
+    there, and what it holds still reads."""
+    d1, d2 = two_small_disks
+    async with metadata_store(zk_chroot) as store:
+        bookie = bookie_factory(
+            journal_directory=str(tmp_path / "journal"),
+            ledger_directories=[str(d1 / "ledgers"), str(d2 / "ledgers")],
+            log_size_limit=128 * 1024, write_buffer_size_bytes=16 * 1024, flush_interval_ms=200,
+            disk_check_interval_ms=100, disk_usage_threshold=0.90, disk_usage_lwm_threshold=0.80)
+        bookie.start()
+        await wait_registered(store, bookie)
+        payload = b"m" * 2000
+        next_id = 0
+        async with open_bookie_client(bookie.address) as c:
+
+            async def write(n: int) -> None:
+                nonlocal next_id
+                for _ in range(n):
+                    st, _ = await c.call(AddRequest(
+                        ledger_id=2, first_entry_id=next_id, master_key=KEY,
+                        entries=(entry(2, next_id, payload=payload),)))
+                    assert st == Status.OK, Status(st).name
+                    next_id += 1
+
+            await write(200)
+            ballast1 = _fill_to(d1, 0.95)
+            await _disk_status(bookie, lambda d: any("d1" in p for p in d["full_dirs"]))
+            before1, before2 = _logs(d1), _logs(d2)
+            await write(400)  # several logs' worth, all of them on d2
+            assert _logs(d1) == before1 and len(_logs(d2) - before2) >= 3
+            ballast2 = _fill_to(d2, 0.95)
+            await wait_registered(store, bookie, read_only=True)
+            st, _ = await c.call(add(10**6))
+            assert st == Status.READ_ONLY
+            ballast1.unlink()
+            await wait_registered(store, bookie, read_only=False)
+            before1 = _logs(d1)
+            await write(200)
+            assert len(_logs(d1) - before1) >= 1
+
+            ballast2.unlink()
+            # The remount succeeds once no log on d2 is open for writing (the next
+            # checkpoint syncs and closes the last one).
+            with trio.fail_after(EVENT_BOUND_S):
+                while subprocess.run(["mount", "-o", "remount,ro", str(d2)],
+                                     capture_output=True).returncode != 0:
+                    await trio.sleep(0.05)
+            try:
+                await _disk_status(bookie, lambda d: any("d2" in p for p in d["failed_dirs"]))
+                _code, body = await admin_get(bookie.admin_port, "/status")
+                assert json.loads(body)["state"] == "writable"
+                before1, before2 = _logs(d1), _logs(d2)
+                await write(300)
+                assert _logs(d2) == before2 and len(_logs(d1) - before1) >= 2
+                for eid in range(0, next_id, 13):  # the failed disk still reads
+                    st, _ = await c.call(ReadRequest(ledger_id=2, entry_id=eid))
+                    assert st == Status.OK, (eid, Status(st).name)
+                # A new ledger whose index would go to d2 by its id goes to d1.
+                st, _ = await c.call(AddRequest(ledger_id=3, first_entry_id=0, master_key=KEY,
+                                                entries=(entry(3, 0),)))
+                assert st == Status.OK
+            finally:
+                subprocess.run(["mount", "-o", "remount,rw", str(d2)], check=False)
+            log = bookie.log_path.read_text()
+            assert "directory_out_of_service" in log and "Read-only file system" in log
+        assert await trio.to_thread.run_sync(bookie.terminate) == 0
+        assert (d1 / "ledgers" / "current" / "00" / "03" / "3.idx").exists()
+        assert "critical_service_failed" not in bookie.log_path.read_text()
