@@ -143,7 +143,9 @@ class BookieConfig(ZooKeeperSettings):
         -1, bk="pageLimit", minimum=-1,
         doc="Index pages held in memory; -1 means 64 MiB worth of pages.")
     open_file_limit: int = setting(
-        20000, bk="openFileLimit", minimum=1, doc="Index files kept open at once.")
+        20000, bk="openFileLimit", minimum=16,
+        doc="Index and entry-log files kept open for reading at once (least recently used "
+            "closed first); the logs being written and the journal are apart.")
     # -- garbage collection and compaction ----------------------------------------
     gc_wait_time_ms: int = setting(
         600000, bk="gcWaitTime", minimum=1000,
@@ -325,6 +327,7 @@ class BookieConfig(ZooKeeperSettings):
             page_limit=self.page_limit,
             flush_interval_ms=self.flush_interval_ms,
             skip_invalid_journal_records=self.journal_skip_invalid_records,
+            open_file_limit=self.open_file_limit,
         )
 
     def gc_options(self) -> GcOptions:

@@ -40,6 +40,7 @@ import google_crc32c
 
 import native
 from disk.errors import CorruptRecordError, DiskFullError, StorageError
+from disk.fdcache import FdCache
 
 __all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log",
            "read_ledgers_map", "read_log_ledgers"]
@@ -189,12 +190,12 @@ class _Writer:
 
 class EntryLogger:
     def __init__(self, ledger_dirs: list[Path], *, log_size_limit: int,
-                 write_buffer_size: int) -> None:
+                 write_buffer_size: int, readers: FdCache | None = None) -> None:
         self.dirs = [Path(d) / "current" for d in ledger_dirs]
         self.limit = log_size_limit
         self.buffer_size = write_buffer_size
         self.paths: dict[int, Path] = {}
-        self._readers: dict[int, int] = {}
+        self._readers = readers if readers is not None else FdCache(4096)
         self._current: _Log | None = None
         self._unsynced: list[_Log] = []
         self.full_dirs: set[Path] = set()
@@ -366,14 +367,11 @@ class EntryLogger:
         for log in self._unsynced:
             if log.log_id == log_id:
                 return log.fd
-        fd = self._readers.get(log_id)
-        if fd is None:
-            path = self.paths.get(log_id)
-            if path is None:
-                raise StorageError(f"entry log {log_id:x} is missing")
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self._readers[log_id] = fd
-        return fd
+        path = self.paths.get(log_id)
+        if path is None:
+            raise StorageError(f"entry log {log_id:x} is missing")
+        return self._readers.get(("log", log_id),
+                                 lambda: os.open(path, os.O_RDONLY | os.O_CLOEXEC))
 
     def flush(self) -> None:
         """Write the buffer and fdatasync every log written since the last flush."""
@@ -434,9 +432,7 @@ class EntryLogger:
 
     def remove_log(self, log_id: int) -> Path | None:
         """Forget a rolled log; returns its path for the caller to unlink."""
-        fd = self._readers.pop(log_id, None)
-        if fd is not None:
-            os.close(fd)
+        self._readers.close(("log", log_id))
         return self.paths.pop(log_id, None)
 
     def retry_writes(self) -> None:
@@ -454,9 +450,7 @@ class EntryLogger:
             os.close(log.fd)
         self._unsynced = []
         self._current = None
-        for fd in self._readers.values():
-            os.close(fd)
-        self._readers.clear()
+        self._readers.close_all()
 
     def close(self) -> None:
         if self._current is not None:
@@ -466,9 +460,7 @@ class EntryLogger:
         if self._writer is not None:
             self._writer.stop()
             self._writer = None
-        for fd in self._readers.values():
-            os.close(fd)
-        self._readers.clear()
+        self._readers.close_all()
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from pathlib import Path
 import google_crc32c
 
 from disk.errors import CorruptRecordError
+from disk.fdcache import FdCache
 
 __all__ = ["INDEX_HEADER_SIZE", "LedgerCache", "LedgerIndex", "index_path", "read_index_file"]
 
@@ -77,6 +78,7 @@ class LedgerIndex:
     # when that page is evicted.
     hot_page_no: int = -1
     hot_page: bytearray | None = None
+    header_written: bool = False  # this process wrote the header (or loaded it from disk)
 
     def header_bytes(self) -> bytes:
         head = _HEAD.pack(_MAGIC, 1, FENCED if self.fenced else 0, self.ledger_id, self.term,
@@ -96,12 +98,14 @@ def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
     if magic != _MAGIC or version != 1 or crc != google_crc32c.value(data[: _HEAD.size]):
         raise CorruptRecordError(str(path), 0, "bad index header (magic, version or checksum)")
     idx = LedgerIndex(lid, path, key[:klen], bool(state & FENCED), term, lac[:llen],
-                      header_dirty=False)
+                      header_dirty=False, header_written=True)
     return idx, data[INDEX_HEADER_SIZE:]
 
 
 class LedgerCache:
-    def __init__(self, index_dirs: list[Path], *, page_size: int, page_limit: int) -> None:
+    def __init__(self, index_dirs: list[Path], *, page_size: int, page_limit: int,
+                 fds: FdCache | None = None) -> None:
+        self.fds = fds if fds is not None else FdCache(4096)
         self.index_dirs = [Path(d) for d in index_dirs]
         self.page_size = page_size
         self.per_page = page_size // 8
@@ -153,10 +157,9 @@ class LedgerCache:
             return page
         self.misses += 1
         data = b""
-        if idx.path.exists():
-            with open(idx.path, "rb") as f:
-                f.seek(INDEX_HEADER_SIZE + page_no * self.page_size)
-                data = f.read(self.page_size)
+        fd = self._fd(idx, create=False)
+        if fd is not None:
+            data = os.pread(fd, self.page_size, INDEX_HEADER_SIZE + page_no * self.page_size)
         if not data and not create:
             return None
         page = bytearray(data.ljust(self.page_size, b"\0"))
@@ -262,20 +265,38 @@ class LedgerCache:
             idx.dirty_pages.add(page_no)
         return dropped
 
-    def _write_pages(self, idx: LedgerIndex, page_nos: list[int]) -> None:
-        idx.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(idx.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def _fd(self, idx: LedgerIndex, *, create: bool) -> int | None:
+        """The index file's descriptor (kept in the shared LRU of open files); None if
+        the file does not exist and ``create`` is false."""
+        key = ("idx", idx.ledger_id)
+        fd = self.fds.peek(key)
+        if fd is not None:
+            return self.fds.get(key, lambda: fd)
+
+        def opener() -> int:
+            if create:
+                idx.path.parent.mkdir(parents=True, exist_ok=True)
+                return os.open(idx.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            return os.open(idx.path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            if idx.header_dirty or os.fstat(fd).st_size < INDEX_HEADER_SIZE:
-                os.pwrite(fd, idx.header_bytes(), 0)
-                idx.header_dirty = False
-            for p in page_nos:
-                os.pwrite(fd, idx.pages[p], INDEX_HEADER_SIZE + p * self.page_size)
-                idx.dirty_pages.discard(p)
-                if idx.hot_page_no == p:  # the next write must mark it dirty again
-                    idx.hot_page_no, idx.hot_page = -1, None
-        finally:
-            os.close(fd)
+            return self.fds.get(key, opener)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+
+    def _write_pages(self, idx: LedgerIndex, page_nos: list[int]) -> None:
+        fd = self._fd(idx, create=True)
+        assert fd is not None
+        if idx.header_dirty or not idx.header_written:
+            os.pwrite(fd, idx.header_bytes(), 0)
+            idx.header_dirty = False
+            idx.header_written = True
+        for p in page_nos:
+            os.pwrite(fd, idx.pages[p], INDEX_HEADER_SIZE + p * self.page_size)
+            idx.dirty_pages.discard(p)
+            if idx.hot_page_no == p:  # the next write must mark it dirty again
+                idx.hot_page_no, idx.hot_page = -1, None
 
     def flush(self) -> None:
         """Write every dirty page and header, then fsync those files (checkpoint step 2)."""
@@ -318,6 +339,7 @@ class LedgerCache:
         """Forget a ledger; returns its index file for the caller to unlink (or None)."""
         idx = self.ledgers.pop(ledger_id, None)
         self.trimmed.pop(ledger_id, None)
+        self.fds.close(("idx", ledger_id))
         if idx is None:
             return None
         for p in list(idx.pages):

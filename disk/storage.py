@@ -37,6 +37,7 @@ from disk.cookie import Cookie, check_cookies, stamp_cookies
 from disk.crashpoints import crash_point
 from disk.entrylog import EntryLogger
 from disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
+from disk.fdcache import FdCache
 from disk.index import LedgerCache, LedgerIndex
 from disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
 from disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
@@ -62,6 +63,7 @@ class StorageOptions:
     page_limit: int = -1
     flush_interval_ms: int = 10000
     skip_invalid_journal_records: bool = False
+    open_file_limit: int = 20000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +84,15 @@ class LedgerStorage:
     def __init__(self, options: StorageOptions) -> None:
         self.options = options
         self.journal = Journal(options.journal_dir, options.journal)
+        # Entry logs being read and index files share ``open_file_limit`` descriptors.
+        self.open_files = FdCache(options.open_file_limit)
         self.entry_logger = EntryLogger(list(options.ledger_dirs),
                                         log_size_limit=options.log_size_limit,
-                                        write_buffer_size=options.write_buffer_size)
+                                        write_buffer_size=options.write_buffer_size,
+                                        readers=self.open_files)
         self.cache = LedgerCache(list(options.index_dirs or options.ledger_dirs),
-                                 page_size=options.page_size, page_limit=options.page_limit)
+                                 page_size=options.page_size, page_limit=options.page_limit,
+                                 fds=self.open_files)
         self._checkpoint_lock = trio.Lock()
         self.replayed_records = 0
         self.last_checkpoint: JournalPosition | None = None

@@ -259,3 +259,34 @@ async def test_batched_adds_roll_logs_and_replay(tmp_path: Path) -> None:
     for e in range(0, 640, 7):
         assert decode_entry(D, s2.read_entry(5, e)).entry_id == e
     await s2.close()
+
+
+def _open_fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_open_file_limit_bounds_index_and_log_descriptors(tmp_path: Path) -> None:
+    """300 ledgers over many small logs, read back in a scattered order with a tiny page
+    cache: descriptors kept open never pass ``open_file_limit``, and every entry reads."""
+    s = LedgerStorage(_opts(tmp_path, open_file_limit=16, page_limit=4, page_size=512,
+                            log_size_limit=64 * 1024))
+    await s.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        for e in range(4):
+            for lid in range(300):
+                await s.add_entries(lid, e, [_entry(lid, e, 200)], bind_key=KEY)
+        await s.checkpoint()
+        base = _open_fds() - len(s.open_files)
+        assert len({p.parent for p in s.entry_logger.paths.values()}) == 1
+        for e in (3, 0, 2, 1):
+            for lid in range(299, -1, -7):
+                got = decode_entry(D, s.read_entry(lid, e))
+                assert (got.ledger_id, got.entry_id) == (lid, e)
+                assert len(s.open_files) <= 16
+                assert _open_fds() <= base + 16
+        assert s.open_files.evictions > 0
+        nursery.cancel_scope.cancel()
+    await s.close()

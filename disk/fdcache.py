@@ -1,0 +1,53 @@
+"""Open file descriptors kept for reuse, at most ``limit`` of them (least recently used
+closed first): entry logs being read and index files, so a read does not pay an open
+and a close, and a bookie with more ledgers than ``open_file_limit`` stays under it.
+
+Used from the trio thread only (workers open their own descriptors by path).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+__all__ = ["FdCache"]
+
+
+class FdCache:
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._fds: OrderedDict[Hashable, int] = OrderedDict()
+        self.opens = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def get(self, key: Hashable, opener: Callable[[], int]) -> int:
+        """The descriptor for ``key``, opened with ``opener()`` on a miss."""
+        fd = self._fds.get(key)
+        if fd is not None:
+            self._fds.move_to_end(key)
+            return fd
+        fd = opener()
+        self.opens += 1
+        self._fds[key] = fd
+        while len(self._fds) > self.limit:
+            _old, old_fd = self._fds.popitem(last=False)
+            os.close(old_fd)
+            self.evictions += 1
+        return fd
+
+    def peek(self, key: Hashable) -> int | None:
+        return self._fds.get(key)
+
+    def close(self, key: Hashable) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close_all(self) -> None:
+        while self._fds:
+            _key, fd = self._fds.popitem()
+            os.close(fd)
