@@ -86,7 +86,8 @@ class BookieConfig(ZooKeeperSettings):
         doc="Journal space pre-zeroed ahead of the write position, per step.")
     journal_write_buffer_size_kb: int = setting(
         64, bk="journalWriteBufferSizeKB", minimum=4, maximum=1 << 20,
-        doc="Initial size of the journal's aligned write buffer.")
+        doc="Initial size of the journal's aligned write buffer (one buffer, reused; it "
+            "grows to the largest group written).")
     journal_alignment_size: int = setting(
         4096, bk="journalAlignmentSize", choices=None, minimum=512, maximum=65536,
         doc="Group writes are padded to this size; 4096 matches the physical block (BK: 512).")
@@ -127,7 +128,8 @@ class BookieConfig(ZooKeeperSettings):
         doc="An entry log rolls over at this size (at most 1 GiB).")
     entry_log_file_preallocation_enabled: bool = setting(
         True, bk="entryLogFilePreallocationEnabled",
-        doc="Create the next entry log before the current one is full.")
+        doc="Create the next entry log (file, header, lastId) in the writer thread "
+            "while the current one fills, so a roll does not wait for it.")
     write_buffer_size_bytes: int = setting(
         64 * 1024, bk="writeBufferSizeBytes", minimum=512,
         doc="Entry log write buffer; entries still in it are readable.")
@@ -313,6 +315,7 @@ class BookieConfig(ZooKeeperSettings):
             sync_data=self.journal_sync_data,
             max_memory_bytes=self.journal_max_memory_mb * MiB,
             remove_from_page_cache=self.journal_remove_from_page_cache,
+            write_buffer_size=self.journal_write_buffer_size_kb * 1024,
         )
 
     def storage_options(self) -> StorageOptions:
@@ -328,6 +331,7 @@ class BookieConfig(ZooKeeperSettings):
             flush_interval_ms=self.flush_interval_ms,
             skip_invalid_journal_records=self.journal_skip_invalid_records,
             open_file_limit=self.open_file_limit,
+            preallocate_entry_logs=self.entry_log_file_preallocation_enabled,
         )
 
     def gc_options(self) -> GcOptions:

@@ -32,7 +32,7 @@ import shutil
 import struct
 import threading
 from collections import defaultdict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,7 +106,8 @@ class _Writer:
     def __init__(self, lock: threading.Lock) -> None:
         self.lock = lock
         self.cond = threading.Condition(lock)
-        self.queue: queue.SimpleQueue[tuple[_Log, int, bytearray] | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[_Log, int, bytearray] | Callable[[], None] | None] \
+            = queue.SimpleQueue()
         self.error: BaseException | None = None
         # Set while a write waits for space (ENOSPC/EDQUOT): the segment stays queued and
         # is retried every DISK_FULL_RETRY_S or on ``retry()``; nothing is dropped.
@@ -119,13 +120,25 @@ class _Writer:
     def submit(self, log: _Log, offset: int, data: bytearray) -> None:
         self.queue.put((log, offset, data))
 
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the writer thread after what is queued (errors are dropped:
+        preallocation is an optimisation, and the roll creates the log itself)."""
+        self.queue.put(fn)
+
     def _run(self) -> None:
-        item: tuple[_Log, int, bytearray] | None = None
+        item: tuple[_Log, int, bytearray] | Callable[[], None] | None = None
         while True:
             if item is None:
                 item = self.queue.get()
                 if item is None:
                     return
+            if callable(item):
+                try:
+                    item()
+                except Exception:
+                    pass
+                item = None
+                continue
             log, offset, data = item
             try:
                 if self.error is None:
@@ -190,7 +203,13 @@ class _Writer:
 
 class EntryLogger:
     def __init__(self, ledger_dirs: list[Path], *, log_size_limit: int,
-                 write_buffer_size: int, readers: FdCache | None = None) -> None:
+                 write_buffer_size: int, readers: FdCache | None = None,
+                 preallocate: bool = True) -> None:
+        self.preallocate = preallocate
+        # The next log, created ahead by the writer thread (under the lock).
+        self._next: _Log | None = None
+        self._pending_next: int | None = None  # the id the writer thread was asked to make
+        self.preallocated = 0  # rolls that found their next log ready
         self.dirs = [Path(d) / "current" for d in ledger_dirs]
         self.limit = log_size_limit
         self.buffer_size = write_buffer_size
@@ -219,6 +238,49 @@ class EntryLogger:
             except (OSError, ValueError):
                 pass
         self._current = self._create(last + 1)
+        self._prepare_next()
+
+    def _prepare_next(self) -> None:
+        """With preallocation on, have the writer thread create the log after the
+        current one (file, header, lastId), so a roll does not pay for it."""
+        cur, writer = self._current, self._writer
+        if not self.preallocate or cur is None or writer is None:
+            return
+        log_id = cur.log_id + 1
+        with self._lock:
+            self._pending_next = log_id
+
+        def make() -> None:
+            with self._lock:
+                if self._pending_next != log_id:
+                    return  # the roll came first and took another id
+            log = self._create_file(log_id, exclusive=True)
+            with self._lock:
+                if self._pending_next == log_id:
+                    self._next, self._pending_next = log, None
+                    return
+            # Given up on while being made: nobody else uses this id (the roll skipped
+            # it), so the file can go.
+            os.close(log.fd)
+            log.path.unlink(missing_ok=True)
+        writer.call(make)
+
+    def _next_log(self, log_id: int) -> _Log:
+        """The log to roll to: the preallocated one when ready; else a new one, made
+        here, with an id past any the writer thread may still be making."""
+        with self._lock:
+            nxt, self._next = self._next, None
+            pending, self._pending_next = self._pending_next, None
+        if nxt is not None and nxt.log_id == log_id and nxt.path.parent not in self.full_dirs:
+            self.paths[log_id] = nxt.path
+            self.preallocated += 1
+            return nxt
+        if nxt is not None:  # in a directory now full: drop it
+            os.close(nxt.fd)
+            nxt.path.unlink(missing_ok=True)
+        if pending is not None and pending >= log_id:
+            log_id = pending + 1
+        return self._create(log_id)
 
     def _pick_dir(self) -> Path:
         writable = [d for d in self.dirs if d not in self.full_dirs] or self.dirs
@@ -234,10 +296,16 @@ class EntryLogger:
             and any(d not in full for d in self.dirs))
 
     def _create(self, log_id: int) -> _Log:
+        log = self._create_file(log_id)
+        self.paths[log_id] = log.path
+        return log
+
+    def _create_file(self, log_id: int, *, exclusive: bool = False) -> _Log:
         d = self._pick_dir()
         path = d / f"{log_id:x}.log"
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if exclusive else os.O_TRUNC)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, flags, 0o644)
             native.tag_fd(fd, "entrylog")
             native.pwrite_fd(fd, _header(log_id), 0, path)
             (d / "lastId").write_text(f"{log_id:x}\n")
@@ -245,7 +313,6 @@ class EntryLogger:
             if exc.errno in _NO_SPACE:
                 raise DiskFullError(str(path), str(exc)) from exc
             raise
-        self.paths[log_id] = path
         return _Log(log_id, path, fd, ENTRY_LOG_HEADER_SIZE, bytearray(), defaultdict(int),
                     written=ENTRY_LOG_HEADER_SIZE)
 
@@ -327,7 +394,8 @@ class EntryLogger:
         old.rolled = True
         self._writer.submit(old, 0, bytearray(_header(old.log_id, map_offset, len(old.ledgers))))
         self._unsynced.append(old)
-        self._current = self._create(old.log_id + 1)
+        self._current = self._next_log(old.log_id + 1)
+        self._prepare_next()
         return self._current
 
     def read(self, location: int) -> bytes:
@@ -450,6 +518,7 @@ class EntryLogger:
             os.close(log.fd)
         self._unsynced = []
         self._current = None
+        self._drop_next()
         self._readers.close_all()
 
     def close(self) -> None:
@@ -460,7 +529,17 @@ class EntryLogger:
         if self._writer is not None:
             self._writer.stop()
             self._writer = None
+        self._drop_next()
         self._readers.close_all()
+
+    def _drop_next(self) -> None:
+        """The preallocated log goes (the writer has stopped, so nothing makes another)."""
+        with self._lock:
+            nxt, self._next = self._next, None
+            self._pending_next = None
+        if nxt is not None:
+            os.close(nxt.fd)
+            nxt.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ class JournalOptions:
     sync_data: bool = True
     max_memory_bytes: int = 256 * MiB
     remove_from_page_cache: bool = True
+    write_buffer_size: int = 64 * 1024  # the aligned write buffer's first size (it grows)
 
 
 class JournalGroup:
@@ -157,6 +158,7 @@ class Journal:
         self._direct = True
         self._zero: native.AlignedBuffer | None = None
         self._buf: native.AlignedBuffer | None = None
+        self.buffer_allocations = 0
         self._syncer: native.Syncer | None = None
         # Counters for metrics.
         self.groups_written = 0
@@ -448,7 +450,9 @@ class Journal:
         buf = self._buf
         if buf is None or buf.size < size:
             # One buffer, reused group after group (one group is written at a time).
-            buf = self._buf = native.alloc_aligned(max(size, 1 << 20), align)
+            start = max(size, self.options.write_buffer_size, align)
+            buf = self._buf = native.alloc_aligned(-(-start // align) * align, align)
+            self.buffer_allocations += 1
         view = buf.view[:size]
         fid = f.file_id
         data = encode_records(fid, records)

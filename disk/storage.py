@@ -64,6 +64,7 @@ class StorageOptions:
     flush_interval_ms: int = 10000
     skip_invalid_journal_records: bool = False
     open_file_limit: int = 20000
+    preallocate_entry_logs: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,8 @@ class LedgerStorage:
         self.entry_logger = EntryLogger(list(options.ledger_dirs),
                                         log_size_limit=options.log_size_limit,
                                         write_buffer_size=options.write_buffer_size,
-                                        readers=self.open_files)
+                                        readers=self.open_files,
+                                        preallocate=options.preallocate_entry_logs)
         self.cache = LedgerCache(list(options.index_dirs or options.ledger_dirs),
                                  page_size=options.page_size, page_limit=options.page_limit,
                                  fds=self.open_files)

@@ -208,3 +208,24 @@ async def test_o_direct_refused_falls_back_to_buffered(tmp_path: Path,
     monkeypatch.setattr(native, "open_file", refusing)
     path = await _write(tmp_path, [[b"a"], [b"b"]])
     assert _payloads(path) == [b"a", b"b"]
+
+
+async def test_write_buffer_starts_at_its_setting_and_grows_to_the_largest_group(
+        tmp_path: Path) -> None:
+    j = Journal(tmp_path, JournalOptions(write_buffer_size=256 * 1024, prealloc_mb=1))
+    await j.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        for i in range(5):
+            await j.append([(RecordType.ENTRY, entry_body(1, i, b"x" * 100))])
+        assert j.buffer_allocations == 1 and j._buf is not None
+        assert j._buf.size == 256 * 1024
+        await j.append([(RecordType.ENTRY, entry_body(1, 5, b"y" * 300_000))])
+        assert j.buffer_allocations == 2 and j._buf.size >= 300_000
+        await j.append([(RecordType.ENTRY, entry_body(1, 6, b"z" * 1000))])
+        assert j.buffer_allocations == 2  # reused, never shrunk
+        nursery.cancel_scope.cancel()
+    await j.close()
+    path = tmp_path / "current" / f"{journal_file_ids(tmp_path / 'current')[0]:x}.txn"
+    assert [r.value for r in scan_journal_file(path, HEADER_SIZE)
+            if r.type is RecordType.ENTRY] == list(range(7))

@@ -290,3 +290,33 @@ async def test_open_file_limit_bounds_index_and_log_descriptors(tmp_path: Path) 
         assert s.open_files.evictions > 0
         nursery.cancel_scope.cancel()
     await s.close()
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+async def test_entry_log_preallocation(tmp_path: Path, preallocate: bool) -> None:
+    """On: the next log exists before the roll that uses it; off: only at the roll.
+    Either way every entry reads back after a restart, and no empty log is left."""
+    opts = _opts(tmp_path, log_size_limit=64 * 1024, preallocate_entry_logs=preallocate)
+    s = LedgerStorage(opts)
+    await s.open()
+    current = tmp_path / "ledgers" / "current"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        for e in range(400):
+            await s.add_entries(1, e, [_entry(1, e, 500)], bind_key=KEY)
+            if e % 100 == 99:
+                await s.checkpoint()
+        rolls = s.entry_logger.current_log_id - 1
+        assert rolls >= 3
+        await s.checkpoint()  # the writer thread has run what was queued
+        nxt = current / f"{s.entry_logger.current_log_id + 1:x}.log"
+        assert nxt.exists() == preallocate
+        assert s.entry_logger.preallocated == (rolls if preallocate else 0)
+        nursery.cancel_scope.cancel()
+    await s.close()
+    assert sorted(int(p.stem, 16) for p in current.glob("*.log")) == list(range(1, rolls + 2))
+    s2 = LedgerStorage(opts)
+    await s2.open()
+    for e in range(400):
+        assert decode_entry(D, s2.read_entry(1, e)).entry_id == e
+    await s2.close()

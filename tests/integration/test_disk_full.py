@@ -285,7 +285,7 @@ async def test_several_ledger_directories_fill_and_fail_one_at_a_time(
             await _disk_status(bookie, lambda d: any("d1" in p for p in d["full_dirs"]))
             before1, before2 = _logs(d1), _logs(d2)
             await write(400)  # several logs' worth, all of them on d2
-            assert _logs(d1) == before1 and len(_logs(d2) - before2) >= 3
+            assert not _logs(d1) - before1 and len(_logs(d2) - before2) >= 3
             ballast2 = _fill_to(d2, 0.95)
             await wait_registered(store, bookie, read_only=True)
             st, _ = await c.call(add(10**6))
@@ -309,7 +309,7 @@ async def test_several_ledger_directories_fill_and_fail_one_at_a_time(
                 assert json.loads(body)["state"] == "writable"
                 before1, before2 = _logs(d1), _logs(d2)
                 await write(300)
-                assert _logs(d2) == before2 and len(_logs(d1) - before1) >= 2
+                assert not _logs(d2) - before2 and len(_logs(d1) - before1) >= 2
                 for eid in range(0, next_id, 13):  # the failed disk still reads
                     st, _ = await c.call(ReadRequest(ledger_id=2, entry_id=eid))
                     assert st == Status.OK, (eid, Status(st).name)
