@@ -155,6 +155,7 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
 
 
 BENCHES = ("wire_codec", "journal", "metadata", "bookie", "latency", "client", "recovery", "logs",
+           "compaction",
            "pipeline", "rereplication", "soak")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from appliance.gc import GarbageCollector, GcOptions
 from metadata.cluster import init_new_cluster
@@ -188,3 +189,34 @@ async def test_a_ledger_deleted_while_compaction_copies_it(tmp_path: Path) -> No
         assert all(m.usage(b.storage.cache.ledgers) >= 0.9 for m in metas)
         for e in range(150):
             assert b.storage.read_entry(a, e) == entry(a, e, payload=b"p" * 400)
+
+
+async def test_minor_and_major_passes_keep_their_own_intervals(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """Two hours of trio's clock with a pass every minute: a major pass every 30 min
+    (it also counts as the minor), a minor one every 5 min between, plain GC otherwise;
+    an admin's forced major comes at once and restarts both intervals."""
+    async with running_bookie(tmp_path) as b:
+        gc = GarbageCollector(b.storage, None, GcOptions(
+            wait_s=60, minor_interval_s=300, major_interval_s=1800, rate=0))
+        kinds: list[tuple[int, str]] = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(gc.run)
+            t0 = trio.current_time()
+            while trio.current_time() - t0 < 7200:
+                await gc.pass_done.wait()
+                assert gc.last is not None
+                kinds.append((round(trio.current_time() - t0), gc.last.kind))
+            gc.trigger(AdminKind.MAJOR_COMPACTION)
+            await gc.pass_done.wait()
+            forced_at = trio.current_time()
+            assert gc.last is not None and gc.last.kind == "major"
+            await gc.pass_done.wait()
+            assert gc.last.kind == "gc"  # the intervals restarted at the forced pass
+            assert trio.current_time() - forced_at <= 61
+            nursery.cancel_scope.cancel()
+    majors = [t for t, k in kinds if k == "major"]
+    minors = [t for t, k in kinds if k == "minor"]
+    assert majors == [1800, 3600, 5400, 7200]
+    assert all(t % 300 == 0 and t % 1800 != 0 for t in minors) and len(minors) == 20
+    assert sum(1 for _, k in kinds if k == "gc") == len(kinds) - 24
