@@ -123,7 +123,8 @@ def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None) -> C
             "Restore the directory; or, with the bookie stopped, run `ledgerd shell "
             "recover <this bookie>` (its ledgers are copied from their other replicas), "
             "then `ledgerd shell bookieformat` to start it empty.")
-    if not missing and remote_cookie is None and found_any:
+    # (A bookie without ZooKeeper, instance id "", keeps its cookies on disk only.)
+    if not missing and remote_cookie is None and found_any and expected.instance_id:
         raise CookieMismatchError(
             "every directory has a cookie but ZooKeeper has none for "
             f"{expected.bookie_id}: this bookie was formatted against another cluster "

@@ -1,0 +1,141 @@
+"""`ledgerd shell` storage verbs on real bookie files: rebuildindex, localconsistencycheck
+and listentrylogs, run as a user runs them (a `python -m tools.cli` process)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import trio
+
+from disk.index import index_path
+from disk.storage import LedgerStorage
+from tests.appliance.harness import KEY, entry
+from tests.tools.test_shell import _ok, _one_line_error, ledgerd_cli
+from tools.bookieprocess import BookieProcess
+
+
+async def _bookie_files(tmp_path: Path, *, unbounded: int = 0) -> tuple[BookieProcess, Path]:
+    """A real bookie (no ZooKeeper) given ledgers 1..3, interleaved over several entry
+    logs (``unbounded``: that ledger's adds carry term 1), then stopped; returns it and
+    its ledger directory."""
+    from ledgerd.bookie_client import open_bookie_client
+    from wire.messages import AddRequest
+    from wire.status import Status
+
+    b = BookieProcess(tmp_path / "b", "", settings={"log_size_limit": 64 * 1024})
+    b.start()
+    with trio.fail_after(60):
+        while not _listening(b.port):
+            assert b.running, b.log_tail()
+            await trio.sleep(0.05)
+    async with open_bookie_client(b.address) as c:
+        for e in range(200):
+            for lid in (1, 2, 3):
+                st, _ = await c.call(AddRequest(
+                    ledger_id=lid, first_entry_id=e, master_key=KEY,
+                    term=1 if lid == unbounded else 0,
+                    entries=(entry(lid, e, payload=b"%d" % lid * 300),)))
+                assert st == Status.OK
+    assert await trio.to_thread.run_sync(b.terminate) == 0
+    return b, tmp_path / "b" / "ledgers"
+
+
+async def _entries(conf: Path, lid: int) -> list[bytes]:
+    from appliance.config import BookieConfig
+    from ledgerd.base.settings import load_config
+
+    s = LedgerStorage(load_config(BookieConfig, path=conf).storage_options())
+    await s.open()
+    try:
+        return [s.read_entry(lid, e) for e in range(s.last_entry_id(lid) + 1)]
+    finally:
+        await s.close()
+
+
+async def test_rebuildindex_regenerates_a_lost_index_from_the_entry_logs(tmp_path: Path) -> None:
+    b, ledgers = await _bookie_files(tmp_path)
+    conf = b.config_path
+    before = await _entries(conf, 2)
+    idx = index_path(ledgers, 2)
+    header = idx.read_bytes()[:1024]
+
+    # Corrupt: the check names each broken location and exits 1.
+    data = bytearray(idx.read_bytes())
+    data[1024 + 8 * 5: 1024 + 8 * 6] = (77 << 32 | 1024).to_bytes(8, "big")  # no log 0x4d
+    idx.write_bytes(bytes(data))
+    r = ledgerd_cli("localconsistencycheck", "--conf", str(conf))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "entry log missing" in r.stdout and "1 problem(s)" in r.stdout
+
+    dry = json.loads(_ok(ledgerd_cli("rebuildindex", "2", "--conf", str(conf), "--dry-run",
+                                     "--json")))
+    assert dry["entries"] == 200 and not dry["written"] and dry["kept_header"]
+    out = _ok(ledgerd_cli("rebuildindex", "2", "--conf", str(conf)))
+    assert "wrote" in out and "200 entries (0..199)" in out
+    assert idx.read_bytes()[:1024] == header  # key and state kept
+    assert await _entries(conf, 2) == before
+    out = _ok(ledgerd_cli("localconsistencycheck", "--conf", str(conf)))
+    assert "3 ledger(s), 600 entries checked: consistent" in out
+
+    # Lost entirely: the key must come from the password (and a wrong id says so).
+    idx.unlink()
+    _one_line_error(ledgerd_cli("rebuildindex", "2", "--conf", str(conf)), "--password")
+    _ok(ledgerd_cli("rebuildindex", "2", "--conf", str(conf), "--password", "secret"))
+    assert await _entries(conf, 2) == before
+    _one_line_error(ledgerd_cli("rebuildindex", "9", "--conf", str(conf), "--password", "x"),
+                    "no entry of ledger 9")
+
+
+async def test_rebuildindex_refuses_an_unbounded_ledger_and_a_running_bookie(
+        tmp_path: Path) -> None:
+    b, _ = await _bookie_files(tmp_path, unbounded=3)
+    conf = b.config_path
+    _one_line_error(ledgerd_cli("rebuildindex", "3", "--conf", str(conf)),
+                    "unbounded (term 1)", "recover")
+    b.start()
+    try:
+        with trio.fail_after(60):
+            while not _listening(b.port):
+                assert b.running, b.log_tail()
+                await trio.sleep(0.05)
+        _one_line_error(ledgerd_cli("rebuildindex", "1", "--conf", str(conf)),
+                        "is running: stop it first")
+    finally:
+        b.terminate()
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+    except OSError:
+        return False
+
+
+async def test_localconsistencycheck_finds_a_corrupt_record_and_listentrylogs_lists(
+        tmp_path: Path) -> None:
+    b, ledgers = await _bookie_files(tmp_path)
+    conf = b.config_path
+    logs = json.loads(_ok(ledgerd_cli("listentrylogs", "--conf", str(conf), "--json")))
+    rolled = [g for g in logs["logs"] if g["rolled"]]
+    assert len(rolled) >= 3 and all(g["live"] == 1.0 for g in rolled)
+    assert all(set(g["ledgers"]) <= {1, 2, 3} for g in logs["logs"])
+    index_path(ledgers, 3).unlink()  # ledger 3 "deleted": its bytes are dead now
+    logs = json.loads(_ok(ledgerd_cli("listentrylogs", "--conf", str(conf), "--json")))
+    assert all(0.6 <= g["live"] <= 0.7 for g in logs["logs"] if g["rolled"]), logs
+    path = Path(rolled[0]["path"])
+    with open(path, "r+b") as f:  # flip a payload byte of the first record
+        f.seek(1024 + 8 + 40)
+        byte = f.read(1)
+        f.seek(1024 + 8 + 40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+        os.fsync(f.fileno())
+    r = ledgerd_cli("localconsistencycheck", "--conf", str(conf), "--json")
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert not report["ok"] and len(report["problems"]) == 1
+    assert report["problems"][0]["problem"] == "record checksum mismatch"
