@@ -3,6 +3,8 @@ leader taken over while it writes, fragments rolled by the cap and trimmed."""
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -102,7 +104,7 @@ async def test_takeover_while_the_leader_writes_loses_nothing(bookie_factory: Fa
 
 async def test_fragments_roll_at_the_cap_and_trim_from_the_front(bookie_factory: Factory,
                                                                  zk_chroot: str) -> None:
-    await start_bookies(bookie_factory, zk_chroot, 4)
+    bookies = await start_bookies(bookie_factory, zk_chroot, 4)
     async with ledgerd.open_client(zk_chroot, throttle=0, unbounded_fragment_entries=50) as c:
         w = await c.create_unbounded_ledger(3, 2, 2)
         ids = await w.append_many([b"e-%d" % i for i in range(260)])
@@ -121,3 +123,13 @@ async def test_fragments_roll_at_the_cap_and_trim_from_the_front(bookie_factory:
         with pytest.raises(LedgerdError, match="unbounded"):
             await c.open_ledger(w.ledger_id)
         await w.append(b"after trim")
+        # Each bookie's GC drops the trimmed entries it held: ids 0..99 at Qw = 2.
+        trimmed = 0
+        for b in bookies:
+            done = await trio.run_process(
+                [sys.executable, "-m", "tools.cli", "shell", "gc", "--bookie", b.address,
+                 "--wait", "--json"], capture_stdout=True, capture_stderr=True)
+            trimmed += json.loads(done.stdout)["entries_trimmed"]
+        assert trimmed == 100 * 2
+        assert await rh.read_entry(100) == b"e-100"
+        assert await rh.read_entry(259) == b"e-259"
