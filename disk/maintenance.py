@@ -5,9 +5,9 @@
   exists; trims of unbounded ledgers are not visible offline, so the figure is an
   upper bound.
 - ``check_consistency``: every location in every index file must name an existing log,
-  a record whose checksum holds, carrying that ledger and entry id, whose entry digest
-  verifies (CRC32C or CRC32 found by trying; HMAC needs the password and is counted as
-  unverified).
+  a record whose checksum holds, carrying that ledger and entry id, and (with a
+  ``verify`` function: the entry format is the wire layer's, above this one) whose
+  entry digest verifies.
 - ``rebuild_index``: a ledger's index regenerated from the entry logs (BookKeeper's
   regenerate-interleaved-storage-index-file). The newest copy of each entry wins
   (compaction copies into newer logs; a deleted and re-created ledger's entries are in
@@ -20,10 +20,9 @@ beside a live bookie, whose index files lag its memory by at most a checkpoint.
 
 from __future__ import annotations
 
-import hmac
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +32,6 @@ from disk.compaction import read_entry_log_meta, read_records
 from disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY
 from disk.errors import CorruptRecordError
 from disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
-from wire.entry import ENTRY_HEADER_SIZE, Digester, DigestType
 
 __all__ = ["ConsistencyReport", "EntryLogInfo", "Problem", "RebuildResult",
            "check_consistency", "entry_log_paths", "index_paths", "list_entry_logs",
@@ -120,30 +118,15 @@ class ConsistencyReport:
         return not self.problems
 
 
-_DIGESTERS = {t: Digester(t) for t in (DigestType.CRC32C, DigestType.CRC32, DigestType.DUMMY)}
-
-
-def _digest_ok(data: bytes, digest: DigestType | None) -> bool | None:
-    """True/False when the digest was checked, None when it could not be (HMAC)."""
-    kinds = [digest] if digest is not None else [DigestType.CRC32C, DigestType.CRC32]
-    for kind in kinds:
-        d = _DIGESTERS.get(kind)
-        if d is None:
-            return None
-        end = ENTRY_HEADER_SIZE + d.size
-        if len(data) < end:
-            continue
-        if hmac.compare_digest(d.compute(data[:ENTRY_HEADER_SIZE], data[end:]),
-                               data[ENTRY_HEADER_SIZE:end]):
-            return True
-    return False if digest is not None else None
+# An entry's digest check: True/False when checked, None when it cannot be (HMAC).
+Verify = Callable[[bytes], "bool | None"]
 
 
 def check_consistency(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], *,
-                      digest: DigestType | None = None,
+                      verify: Verify | None = None, digest_name: str = "digest",
                       progress: object = None) -> ConsistencyReport:
-    """Check every index location; ``digest`` forces one digest type (None: try the
-    unkeyed ones and count entries matching neither as unverified, not wrong)."""
+    """Check every index location; ``verify`` checks each entry's digest (None from it
+    counts the entry as unverified, not wrong)."""
     logs = entry_log_paths(ledger_dirs)
     report = ConsistencyReport()
     fds: dict[int, int] = {}
@@ -160,7 +143,7 @@ def check_consistency(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], *
                 if not loc:
                     continue
                 report.entries += 1
-                what = _check_location(lid, eid, loc, logs, fds, digest, report)
+                what = _check_location(lid, eid, loc, logs, fds, verify, digest_name, report)
                 if what:
                     log_id, off = loc >> 32, loc & 0xFFFFFFFF
                     report.problems.append(Problem(lid, eid, f"{log_id:x}.log@{off}", what))
@@ -173,7 +156,7 @@ def check_consistency(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], *
 
 
 def _check_location(lid: int, eid: int, loc: int, logs: dict[int, Path], fds: dict[int, int],
-                    digest: DigestType | None, report: ConsistencyReport) -> str:
+                    verify: Verify | None, digest_name: str, report: ConsistencyReport) -> str:
     log_id, off = loc >> 32, loc & 0xFFFFFFFF
     path = logs.get(log_id)
     if path is None:
@@ -199,11 +182,11 @@ def _check_location(lid: int, eid: int, loc: int, logs: dict[int, Path], fds: di
     got = _IDS.unpack_from(data, 0)
     if got != (lid, eid):
         return f"record holds ledger {got[0]} entry {got[1]}"
-    ok = _digest_ok(data, digest)
+    ok = verify(data) if verify is not None else None
     if ok is None:
         report.unverified_digests += 1
     elif not ok:
-        return f"entry digest mismatch ({digest.value if digest else 'crc32c/crc32'})"
+        return f"entry digest mismatch ({digest_name})"
     return ""
 
 

@@ -152,15 +152,15 @@ def localconsistencycheck(conf: Path, digest: str, as_json: bool) -> None:
     """Check that every index entry points at a readable entry with a valid checksum
     and digest. Exits 1 when anything is wrong."""
     from disk.maintenance import check_consistency, index_paths
-    from wire.entry import DigestType
 
     cfg = _bookie_config(conf)
     index_dirs = [Path(d) for d in cfg.effective_index_directories]
     n = len(index_paths(index_dirs))
     with progress("ledgers checked", n) as bar:
-        report = check_consistency([Path(d) for d in cfg.ledger_directories], index_dirs,
-                                   digest=None if digest == "auto" else DigestType(digest),
-                                   progress=bar.advance)
+        report = check_consistency(
+            [Path(d) for d in cfg.ledger_directories], index_dirs,
+            verify=_digest_check(digest), digest_name="crc32c/crc32" if digest == "auto"
+            else digest, progress=bar.advance)
     problems = [{"ledger": p.ledger_id, "entry": p.entry_id, "location": p.location,
                  "problem": p.what} for p in report.problems]
     human = ""
@@ -178,6 +178,26 @@ def localconsistencycheck(conf: Path, digest: str, as_json: bool) -> None:
                    "problems": problems}, human)
     if not report.ok:
         sys.exit(1)
+
+
+def _digest_check(name: str) -> Any:
+    """The entry digest check for ``--digest``: "auto" tries the unkeyed CRCs and says
+    None (not verifiable) when neither matches, since the entry may be HMAC'd."""
+    import hmac
+
+    from wire.entry import ENTRY_HEADER_SIZE, Digester, DigestType
+
+    kinds = [DigestType.CRC32C, DigestType.CRC32] if name == "auto" else [DigestType(name)]
+    digesters = [Digester(k) for k in kinds]
+
+    def check(data: bytes) -> bool | None:
+        for d in digesters:
+            end = ENTRY_HEADER_SIZE + d.size
+            if len(data) >= end and hmac.compare_digest(
+                    d.compute(data[:ENTRY_HEADER_SIZE], data[end:]), data[ENTRY_HEADER_SIZE:end]):
+                return True
+        return None if name == "auto" else False
+    return check
 
 
 @shell.command("rebuildindex")
