@@ -105,6 +105,7 @@ class Bookie:
         self._stop = trio.Event()
         self._draining = False
         self._readers: set[trio.CancelScope] = set()
+        self._listeners: list[trio.SocketListener] = []
         self._accept_scope = trio.CancelScope()
         self._connections_done = trio.Event()
         self._register_metrics()
@@ -119,6 +120,9 @@ class Bookie:
     async def run(self, *, task_status: trio.TaskStatus[Bookie] = trio.TASK_STATUS_IGNORED) -> int:
         """Run until asked to stop; returns the process exit code."""
         try:
+            # Bind first: a bookie that cannot take its port registers nothing, cookie
+            # included, and its id (port 0) is known before the cookie names it.
+            await self._bind()
             await self._connect_metadata()
             create_cookie = await self.storage.open(*await self._cookies())
             if create_cookie and self.store is not None:
@@ -149,6 +153,10 @@ class Bookie:
                 await self._shutdown(sup)
                 root.cancel_scope.cancel()
         finally:
+            for listener in self._listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+            self._listeners = []
             with trio.CancelScope(shield=True):
                 if not self.storage.closed:
                     try:
@@ -234,17 +242,23 @@ class Bookie:
 
     # -- services ----------------------------------------------------------------------
 
-    async def _listener(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        address = f"{self.config.listen_address}:{self.config.bookie_port}"
+    async def _bind(self) -> None:
+        """Open the listening sockets (``_listener`` serves them)."""
+        port = self.port if self.port else self.config.bookie_port
+        address = f"{self.config.listen_address}:{port}"
         try:
-            listeners = await trio.open_tcp_listeners(self.config.bookie_port,
-                                                      host=self.config.listen_address)
+            self._listeners = await trio.open_tcp_listeners(port, host=self.config.listen_address)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {address}: {exc.strerror}") from exc
-        self.port = listeners[0].socket.getsockname()[1]
+        self.port = self._listeners[0].socket.getsockname()[1]
         if not self.config.bookie_id and self.config.bookie_port == 0:
             host = self.config.advertised_address or self.config.listen_address
             self.bookie_id = f"{host}:{self.port}"
+
+    async def _listener(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if not self._listeners:  # a restart of this service binds the same port again
+            await self._bind()
+        listeners, self._listeners = self._listeners, []
         log.info("listening", extra=fields(address=f"{self.config.listen_address}:{self.port}"))
         open_connections = 0
 

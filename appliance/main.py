@@ -23,11 +23,22 @@ log = logging.getLogger(__name__)
 
 
 async def connect_metadata(config: BookieConfig) -> MetadataStore | None:
-    """The cluster's metadata store for ``config`` (None when ``zk_servers`` is empty)."""
+    """The cluster's metadata store for ``config`` (None when ``zk_servers`` is empty).
+
+    Gives up after ``zk_timeout_ms`` (as BookKeeper and Kafka do) with one error naming
+    the servers; kazoo's own retry warnings are held back meanwhile (they would precede
+    that line with a dozen of its own)."""
     if not config.zk_servers:
         return None
-    return await ZooKeeperStore.connect(config.zk_servers,
-                                        session_timeout=config.zk_timeout_ms / 1000)
+    timeout = config.zk_timeout_ms / 1000
+    kazoo_log = logging.getLogger("kazoo.client")
+    level = kazoo_log.level
+    kazoo_log.setLevel(logging.CRITICAL)
+    try:
+        return await ZooKeeperStore.connect(config.zk_servers, session_timeout=timeout,
+                                            connect_timeout=timeout)
+    finally:
+        kazoo_log.setLevel(level)
 
 
 async def _main(config: BookieConfig) -> int:

@@ -100,6 +100,7 @@ class LedgerStorage:
         self.last_checkpoint: JournalPosition | None = None
         self.checkpoints = 0
         self.closed = False
+        self.opened = False  # ``open`` finished
         self._run_scope: trio.CancelScope | None = None
         self._log_metas: dict[int, EntryLogMeta] = {}
         self._fencing: dict[int, JournalGroup] = {}  # fences being journaled, by ledger
@@ -139,6 +140,7 @@ class LedgerStorage:
         await trio.to_thread.run_sync(self._open_sync)
         await self.journal.open()
         await self.checkpoint()
+        self.opened = True
         return create_remote
 
     def _open_sync(self) -> None:
@@ -292,6 +294,14 @@ class LedgerStorage:
         if self.closed:
             return
         self.closed = True
+        if not self.opened:
+            # ``open`` failed part way (a cookie mismatch, an unreadable directory):
+            # nothing was written, so release what it opened and stop there.
+            with trio.CancelScope(shield=True):
+                await self.journal.close()
+                if self.entry_logger._writer is not None or self.entry_logger._current:
+                    self.entry_logger.abandon()
+            return
         with trio.CancelScope(shield=True):
             await self.journal.close()
             async with self._checkpoint_lock:

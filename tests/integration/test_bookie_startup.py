@@ -1,0 +1,97 @@
+"""A bookie that cannot start says why in one line and exits non-zero (issue #19).
+
+Each case runs the real `ledgerd bookie` and reads its whole stderr: the bookie's log
+lines (``ts=...``) may precede the error, but no traceback, no kazoo chatter, and
+exactly one other line, the error, naming the cause. A bookie that failed to bind has
+registered nothing in ZooKeeper, its cookie included.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from metadata.cookies import CookieStore
+from tests.cluster import metadata_store, wait_registered
+from tools.bookieprocess import BookieProcess
+from tools.zkserver import find_free_port
+
+
+def _run(conf: Path, timeout: float = 60) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "tools.cli", "bookie", "--conf", str(conf)],
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    return done.returncode, done.stderr, time.monotonic() - t0
+
+
+def _the_error(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    assert "kazoo.client" not in stderr and "Connection dropped" not in stderr, stderr
+    others = [line for line in stderr.splitlines() if line and not line.startswith("ts=")]
+    assert len(others) == 1, stderr
+    return others[0]
+
+
+def test_zookeeper_unreachable_within_zk_timeout(tmp_path: Path) -> None:
+    b = BookieProcess(tmp_path / "b", f"127.0.0.1:{find_free_port()}",
+                      settings={"zk_timeout_ms": 1500})
+    code, stderr, took = _run(b.config_path)
+    line = _the_error(stderr)
+    assert stderr.count("\n") == 1  # nothing but the error
+    assert code == 1 and took < 20, (code, took)
+    assert line.startswith("Error: bookie did not start: metadata service unavailable"), line
+    assert "no session within 1.5s" in line, line
+
+
+def test_bad_config_and_unusable_directory(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('bookie_port = "three"\n')
+    code, stderr, _ = _run(bad)
+    line = _the_error(stderr)
+    assert code == 2 and "bookie_port" in line and "three" in line, line
+
+    (tmp_path / "afile").write_text("not a directory")
+    b = BookieProcess(tmp_path / "b", "", settings={
+        "ledger_directories": [str(tmp_path / "afile")]})
+    code, stderr, _ = _run(b.config_path)
+    line = _the_error(stderr)
+    assert code == 1 and "afile" in line, line
+
+
+async def test_cookie_mismatch_is_one_line(bookie_factory: Callable[..., BookieProcess],
+                                           zk_chroot: str, tmp_path: Path) -> None:
+    async with metadata_store(zk_chroot) as store:
+        b = bookie_factory()
+        b.start()
+        await wait_registered(store, b)
+        assert b.terminate() == 0
+        b.settings["ledger_directories"] = [*b.settings["ledger_directories"],
+                                            str(tmp_path / "another")]
+        b.write_config()
+        code, stderr, _ = _run(b.config_path)
+        line = _the_error(stderr)
+        assert code == 1 and "cookie" in line and "ledger_dirs" in line, line
+        assert "AssertionError" not in stderr
+
+
+async def test_port_in_use_registers_nothing(bookie_factory: Callable[..., BookieProcess],
+                                             zk_chroot: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        async with metadata_store(zk_chroot) as store:
+            b = bookie_factory()
+            b.settings["bookie_port"] = port
+            b.write_config()
+            code, stderr, _ = _run(b.config_path)
+            line = _the_error(stderr)
+            assert code == 1 and line == (f"Error: bookie did not start: [Errno 98] cannot "
+                                          f"listen on 127.0.0.1:{port}: Address already in use")
+            assert await CookieStore(store, "/ledgers").get(f"127.0.0.1:{port}") is None
+            assert not (Path(b.settings["journal_directory"]) / "current").exists()
