@@ -104,6 +104,17 @@ def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None) -> C
             found_any = True
             cookie = Cookie.from_bytes(version.read_bytes(), str(version))
             diff = expected.differences(cookie)
+            if expected.instance_id and cookie.instance_id \
+                    and cookie.instance_id != expected.instance_id:
+                # Not a configuration change: `cookie update` here would stamp another
+                # cluster's data into this one.
+                raise CookieMismatchError(
+                    f"the data in {d} belongs to cluster instance {cookie.instance_id}, but "
+                    f"ZooKeeper holds cluster {expected.instance_id} (it was formatted with "
+                    "metaformat, or zk_servers names another cluster). Its ledgers are not "
+                    "in this cluster's metadata, so it cannot join: point zk_servers at its "
+                    "own cluster, or empty it with `ledgerd shell bookieformat --conf FILE "
+                    "--force` to start it new in this one.")
             if diff:
                 raise CookieMismatchError(
                     f"cookie in {d} does not match the configuration: " + "; ".join(diff)

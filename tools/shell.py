@@ -62,6 +62,17 @@ def shell(ctx: click.Context, zk: str) -> None:
         logging.getLogger("kazoo.client").setLevel(logging.CRITICAL)  # the error line says it
 
 
+def _accepts_connections(address: str) -> bool:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=1):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def _zk(ctx: click.Context) -> str:
     return str(ctx.obj["zk"])
 
@@ -88,10 +99,13 @@ def initnewcluster(ctx: click.Context) -> None:
 
 @shell.command("metaformat")
 @click.option("--force", is_flag=True, help="Required: this deletes every ledger's metadata.")
+@click.option("--allow-live-bookies", is_flag=True,
+              help="Format even though bookies are registered (their data is orphaned).")
 @click.pass_context
-def metaformat_cmd(ctx: click.Context, force: bool) -> None:
+def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool) -> None:
     """Wipe the cluster metadata and initialise a new cluster."""
     from metadata.cluster import metaformat
+    from metadata.registry import BookieRegistry
 
     if not force:
         raise ShellError("metaformat deletes all cluster metadata; pass --force to do it")
@@ -99,6 +113,20 @@ def metaformat_cmd(ctx: click.Context, force: bool) -> None:
     async def run() -> str:
         store = await _store(_zk(ctx))
         try:
+            if not allow_live_bookies:
+                from metadata.errors import NoNodeError
+
+                try:
+                    live = await BookieRegistry(store, ROOT).list_bookies()
+                except NoNodeError:  # no cluster yet: nothing registered
+                    live = None
+                names = sorted({*live.writable, *live.read_only}) if live else []
+                if names:
+                    raise ShellError(
+                        f"{len(names)} bookie(s) are registered ({', '.join(names[:5])}): "
+                        "stop them first; their data will not belong to the new cluster "
+                        "(format each with `ledgerd shell bookieformat`), or pass "
+                        "--allow-live-bookies")
             return await metaformat(store, ROOT)
         finally:
             await store.close()
@@ -712,10 +740,19 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
         raise ShellError(f"bookieformat deletes everything in {', '.join(map(str, dirs))}; "
                          "pass --force")
     bookie_id = cfg.effective_bookie_id
+    if _accepts_connections(bookie_id):
+        raise ShellError(f"bookie {bookie_id} is running (its port accepts connections): "
+                         "stop it first; formatting a live bookie loses what it acknowledges")
 
     async def run() -> None:
         store = await _store(_zk(ctx))
         try:
+            from metadata.registry import BookieRegistry
+
+            live = await BookieRegistry(store, ROOT).list_bookies()
+            if bookie_id in live.writable or bookie_id in live.read_only:
+                raise ShellError(f"bookie {bookie_id} is registered in ZooKeeper (running, "
+                                 "or killed less than a session timeout ago): stop it first")
             if not allow_underreplication:
                 from metadata.cluster import check_layout
                 from metadata.ledgers import LedgerManager

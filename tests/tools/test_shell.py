@@ -198,11 +198,16 @@ async def test_bookie_on_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> No
 
 async def test_cookie_update_bookieformat_and_metaformat(bookie_factory: Factory,
                                                          zk_chroot: str) -> None:
-    (b,) = await _cluster(bookie_factory, zk_chroot, 1)
+    b, stale = await _cluster(bookie_factory, zk_chroot, 2)
     zk = zk_chroot
     old_iid = _ok(await _run("whatisinstanceid", zk=zk)).strip()
-    b.terminate()
     conf = str(b.config_path)
+    # Destructive commands check for a live target.
+    _one_line_error(await _run("bookieformat", "--conf", conf, "--force", zk=zk),
+                    f"bookie {b.bookie_id} is running")
+    _one_line_error(await _run("metaformat", "--force", zk=zk), "2 bookie(s) are registered")
+    b.terminate()
+    stale.terminate()
     out = _ok(await _run("cookie", "update", "--conf", conf, zk=zk))
     assert f"cookie of {b.bookie_id} updated" in out
     assert "(version 1)" in _ok(await _run("cookie", "get", b.bookie_id, zk=zk))
@@ -221,6 +226,14 @@ async def test_cookie_update_bookieformat_and_metaformat(bookie_factory: Factory
     async with metadata_store(zk, init=False) as store:
         b.start()
         await wait_registered(store, b)
+    # The other still holds the old cluster's data: it must not be told to `cookie update`.
+    r = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(stale.config_path)],
+        capture_output=True, text=True, timeout=120))
+    err = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"belongs to cluster instance {old_iid}" in err and new_iid in err, err
+    assert "bookieformat" in err and "cookie update" not in err, err
 
 
 async def test_log_commands(bookie_factory: Factory, zk_chroot: str) -> None:
