@@ -159,7 +159,8 @@ def test_cookie_matrix(tmp_path: Path) -> None:
     stamp_cookies(cookie, dirs)
     remote = cookie.to_bytes()
     assert check_cookies(cookie, dirs, remote).stamp == ()
-    with pytest.raises(CookieMismatchError, match="instance_id"):
+    with pytest.raises(CookieMismatchError, match="belongs to cluster instance iid-1, but "
+                       "ZooKeeper holds cluster other"):
         check_cookies(_cookie(tmp_path, instance_id="other"), dirs, None)
     with pytest.raises(CookieMismatchError, match="ZooKeeper has none"):
         check_cookies(cookie, dirs, None)
