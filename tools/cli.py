@@ -43,12 +43,58 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 @cli.command("config")
-@click.option("--defaults", is_flag=True, required=True,
+@click.option("--defaults", is_flag=True,
               help="Print a commented TOML file with every key and its default.")
+@click.option("--check", "check", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Validate FILE (with LEDGERD_* variables): every problem, then exit 2.")
+@click.option("--effective", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Print what a process would run with: FILE + LEDGERD_* over the defaults.")
 @click.option("--client", is_flag=True, help="Client settings instead of bookie settings.")
-def config_cmd(defaults: bool, client: bool) -> None:
-    """Print configuration defaults."""
-    click.echo(defaults_toml(ClientConfig if client else BookieConfig), nl=False)
+def config_cmd(defaults: bool, check: Path | None, effective: Path | None, client: bool) -> None:
+    """Print configuration defaults, validate a file, or show the effective settings."""
+    import dataclasses
+
+    from ledgerd.base import settings as st
+
+    cls = ClientConfig if client else BookieConfig
+    if sum((defaults, check is not None, effective is not None)) != 1:
+        raise CliError("name one of --defaults, --check FILE, --effective FILE")
+    if defaults:
+        click.echo(defaults_toml(cls), nl=False)
+        return
+    path = check or effective
+    cfg = load_config(cls, path=path)  # a ConfigError lists every problem, exit 2
+    for note in st.alias_notes:
+        click.echo(f"note: {note}", err=True)
+    if check is not None:
+        changed = sum(1 for f in dataclasses.fields(cls)
+                      if getattr(cfg, f.name) != f.default)
+        click.echo(f"ok: {path} is a valid {cls.__name__} ({changed} setting(s) differ "
+                   "from the defaults)")
+        return
+    lines = [f"# effective {cls.__name__}: {path} and LEDGERD_* over the defaults"]
+    for f in dataclasses.fields(cls):
+        value = getattr(cfg, f.name)
+        mark = "" if value == f.default else "  # set"
+        lines.append(f"{f.name} = {st.toml_value(value)}{mark}")
+    click.echo("\n".join(lines))
+
+
+def _log_effective(config: BookieConfig) -> None:
+    """The bookie's settings that differ from the defaults, and BookKeeper names read."""
+    import dataclasses
+    import logging
+
+    from ledgerd.base import settings as st
+    from ledgerd.base.logs import fields
+
+    log = logging.getLogger("appliance.config")
+    for note in st.alias_notes:
+        log.warning("config_bookkeeper_name", extra=fields(note=note))
+    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+               if getattr(config, f.name) != f.default and "secret" not in f.name}
+    log.info("config_effective", extra=fields(**{k: st.toml_value(v) for k, v in
+                                                 changed.items()}))
 
 
 @cli.command("bookie")
@@ -63,6 +109,7 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
     config = load_config(BookieConfig, path=conf, overrides=overrides)
     configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level)
+    _log_effective(config)
     try:
         code = run_bookie(config)
     except BaseException as exc:

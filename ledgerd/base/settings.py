@@ -16,6 +16,7 @@ raise :class:`ConfigError`, which names the key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 import types
@@ -51,8 +52,26 @@ class ConfigError(LedgerdError, ValueError):
         self.value = value
         self.allowed = allowed
         self.source = source
+        self.problems: list[ConfigError] = [self]
         where = f" (from {source})" if source else ""
         super().__init__(f"config key {key!r}{where}: got {value!r}; allowed: {allowed}")
+
+    @classmethod
+    def several(cls, problems: list[ConfigError]) -> ConfigError:
+        """One error reporting every problem found (the first's key and value)."""
+        if len(problems) == 1:
+            return problems[0]
+        first = problems[0]
+        err = cls(first.key, first.value, first.allowed, first.source)
+        err.problems = list(problems)
+        err.args = (f"{len(problems)} config problems: "
+                    + "; ".join(str(p) for p in problems),)
+        return err
+
+
+# BookKeeper names pasted into a ledgerd file (``bookiePort = 3181``) are accepted for
+# their snake_case keys; each use is noted here (and logged by the bookie at start).
+alias_notes: list[str] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +88,15 @@ class Spec:
         parts = [kind]
         if self.choices is not None:
             parts = ["one of " + ", ".join(repr(c) for c in self.choices)]
+
+        def num(v: float) -> str:
+            return str(int(v)) if kind == "int" else f"{v:g}"
         if self.minimum is not None and self.maximum is not None:
-            parts.append(f"between {self.minimum:g} and {self.maximum:g}")
+            parts.append(f"between {num(self.minimum)} and {num(self.maximum)}")
         elif self.minimum is not None:
-            parts.append(f">= {self.minimum:g}")
+            parts.append(f">= {num(self.minimum)}")
         elif self.maximum is not None:
-            parts.append(f"<= {self.maximum:g}")
+            parts.append(f"<= {num(self.maximum)}")
         return " ".join(parts)
 
 
@@ -217,18 +239,34 @@ def load_config(
     if overrides:
         layers.append(("override", dict(overrides), True))
 
+    aliases = {spec.bk: name for name, (spec, _kind, _d) in fields.items()
+               if spec.bk.isidentifier()}
+    problems: list[ConfigError] = []
     for source, layer, strict in layers:
         for key, value in layer.items():
+            if key not in fields and key in aliases and strict:
+                note = f"{source}: BookKeeper's {key!r} read as {aliases[key]!r}"
+                if note not in alias_notes:
+                    alias_notes.append(note)
+                key = aliases[key]
             if key not in fields:
                 if strict:
-                    known = ", ".join(sorted(fields))
-                    raise ConfigError(key, value, f"a known key ({known})", source)
+                    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+                    hint = (f"did you mean {close[0]!r}?" if close else
+                            "a known key (`ledgerd config --defaults` lists them)")
+                    problems.append(ConfigError(key, value, hint, source))
                 continue
             spec, kind, _ = fields[key]
             src = f"env {ENV_PREFIX}{key.upper()}" if source == "env" else source
-            coerced = _coerce(key, kind, value, src)
-            _check_range(key, spec, kind, coerced, src)
+            try:
+                coerced = _coerce(key, kind, value, src)
+                _check_range(key, spec, kind, coerced, src)
+            except ConfigError as exc:
+                problems.append(exc)
+                continue
             values[key] = coerced
+    if problems:
+        raise ConfigError.several(problems)
     try:
         return cls(**values)
     except ConfigError:

@@ -40,3 +40,30 @@ def test_bad_config_env_gives_one_line_error() -> None:
     )
     assert proc.returncode != 0
     assert "LEDGERD_DISK_USAGE_THRESHOLD" in proc.stderr
+
+
+def test_config_check_and_effective(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    good = tmp_path / "good.toml"
+    good.write_text('bookiePort = 3199\njournal_directory = "/srv/j"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tools.cli", "config", *args],
+                              capture_output=True, text=True, env={**env, **extra})
+    r = run("--check", str(good))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"ok: {good} is a valid BookieConfig (2 setting(s) differ " \
+                               "from the defaults)"
+    assert "BookKeeper's 'bookiePort' read as 'bookie_port'" in r.stderr
+    r = run("--effective", str(good), LEDGERD_GC_WAIT_TIME_MS="5000")
+    assert "bookie_port = 3199  # set" in r.stdout and "gc_wait_time_ms = 5000  # set" in r.stdout
+    assert "flush_interval_ms = 10000\n" in r.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('bookie_prot = 1\ndisk_usage_threshold = 3\nzk_servers = 7\n')
+    r = run("--check", str(bad))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("ledgerd: error: 3 config problems:")
+    assert "did you mean 'bookie_port'?" in r.stderr and "between 0 and 1" in r.stderr
+    assert run().returncode != 0
