@@ -43,6 +43,7 @@ class PoolOptions:
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
     failure_memory: float = 30.0  # seconds a failure counts in ``recent_failures``
+    reorder_reads: bool = True  # reads ask recently failed replicas last
 
 
 @dataclass
@@ -160,7 +161,10 @@ class BookiePool:
         return {a for a, t in self._failed_at.items() if t >= horizon}
 
     def order_replicas(self, bookies: Iterable[str]) -> list[str]:
-        """Replicas with the recently failed ones last (stable otherwise)."""
+        """Replicas with the recently failed ones last (stable otherwise); in write-set
+        order when ``reorder_reads`` is off."""
+        if not self.options.reorder_reads:
+            return list(bookies)
         horizon = trio.current_time() - self.options.failure_memory
         failed = {a: t for a, t in self._failed_at.items() if t >= horizon}
         return sorted(bookies, key=lambda b: failed.get(b, float("-inf")))

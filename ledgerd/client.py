@@ -78,7 +78,8 @@ class Client:
         self.pool = BookiePool(nursery, PoolOptions(
             connect_timeout=config.connect_timeout_ms / 1000,
             max_inflight=config.max_inflight_per_bookie,
-            max_frame_bytes=config.max_frame_bytes), connect=connect)
+            max_frame_bytes=config.max_frame_bytes,
+            reorder_reads=config.reorder_read_sequence_enabled), connect=connect)
         self._bookies: BookieSet | None = None
         self._bookies_seen = trio.Event()
         self.flusher = SendFlusher()  # batches the write handles' sends per loop pass

@@ -216,3 +216,16 @@ async def test_entries_submitted_in_one_pass_share_add_requests(tmp_path: Path) 
             bookie = cluster[name]
             assert bookie.harness.metrics.entries_added == 64
             assert bookie.count(ApiKey.ADD, Status.OK) == 1  # one AddRequest of 64 entries
+
+
+async def test_reads_order_replicas_by_recent_failure_unless_turned_off() -> None:
+    async with trio.open_nursery() as nursery:
+        on = BookiePool(nursery, PoolOptions())
+        off = BookiePool(nursery, PoolOptions(reorder_reads=False))
+        for pool in (on, off):
+            pool._failed_at["b:1"] = trio.current_time()
+        assert on.order_replicas(["b:1", "b:2", "b:3"]) == ["b:2", "b:3", "b:1"]
+        assert off.order_replicas(["b:1", "b:2", "b:3"]) == ["b:1", "b:2", "b:3"]
+        on.close()
+        off.close()
+        nursery.cancel_scope.cancel()
