@@ -42,7 +42,6 @@ def test_zookeeper_unreachable_within_zk_timeout(tmp_path: Path) -> None:
                       settings={"zk_timeout_ms": 1500})
     code, stderr, took = _run(b.config_path)
     line = _the_error(stderr)
-    assert stderr.count("\n") == 1  # nothing but the error
     assert code == 1 and took < 20, (code, took)
     assert line.startswith("Error: bookie did not start: metadata service unavailable"), line
     assert "no session within 1.5s" in line, line

@@ -115,11 +115,12 @@ async def test_operator_verbs_and_a_standalone_autorecovery(
     assert dry["dry_run"] and len(dry["ledgers"]) == len(before)
     assert await _references(zk_chroot, source) == before
     _one_line_error(await _run("recover", source, zk=zk_chroot), "--secret-file")
-    # The bookie still runs: bookieformat refuses while ledgers list it.
+    # The bookie still runs: bookieformat refuses a live bookie (and, stopped, one
+    # that ledgers still list: the next check below the liveness one).
     r = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--zk", zk_chroot,
                         "bookieformat", "--conf", str(by_id[source].config_path), "--force"],
                        capture_output=True, text=True, timeout=60)
-    _one_line_error(r, "still list", "recover")
+    _one_line_error(r, f"bookie {source} is running", "stop it first")
     done = json.loads(_ok(await _run("recover", source, "--secret-file", str(secret),
                                      "--json", zk=zk_chroot)))
     assert {d["outcome"] for d in done["ledgers"]} == {"replicated"}
