@@ -8,7 +8,6 @@ files, with ``--conf``); the file logic is ``disk.maintenance``.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import click
 import trio
 
 from tools.output import emit, progress, table
-from tools.shell import ShellError, _bookie_config, _run, shell
+from tools.shell import ShellError, _accepts_connections, _bookie_config, _run, shell
 
 __all__ = ["register"]
 
@@ -215,7 +214,7 @@ def rebuildindex(ledger_id: int, conf: Path, password: str | None, dry_run: bool
     from wire.entry import master_key
 
     cfg = _bookie_config(conf)
-    if not dry_run and _listening(cfg.effective_bookie_id):
+    if not dry_run and _accepts_connections(cfg.effective_bookie_id):
         raise ShellError(f"bookie {cfg.effective_bookie_id} is running: stop it first (its "
                          "index cache would overwrite the rebuilt file)")
     try:
@@ -235,15 +234,6 @@ def rebuildindex(ledger_id: int, conf: Path, password: str | None, dry_run: bool
              + (f", {gaps} missing" if gaps else "") + f") from {r.logs_scanned} entry "
              f"log(s); header {'kept' if r.kept_header else 'new (key from --password)'}")
     emit(as_json, data, human)
-
-
-def _listening(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=1):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 def register() -> None:
