@@ -37,10 +37,11 @@ from appliance.diskcheck import DiskChecker
 from appliance.gc import GarbageCollector
 from appliance.handlers import AdminHooks, RequestHandler, ServingState
 from appliance.http import AdminHttp
+from appliance.hub import ConnectionHub
 from appliance.looplag import loop_lag_monitor
 from appliance.metrics import BookieMetrics
 from appliance.sdnotify import notify, watchdog_service
-from appliance.server import ConnectionOptions, serve_connection
+from appliance.server import ConnectionOptions, is_loopback, serve_connection
 from appliance.supervisor import Supervisor
 from disk.cookie import Cookie
 from disk.errors import StorageError
@@ -283,8 +284,12 @@ class Bookie:
                     reader_scope.cancel()
                 self._readers.add(reader_scope)
                 try:
-                    await serve_connection(stream, self.handler, self.conn_options,
-                                           reader_scope=reader_scope)
+                    if hub is not None and isinstance(stream, trio.SocketStream):
+                        await hub.serve(stream, trusted=is_loopback(stream),
+                                        reader_scope=reader_scope)
+                    else:
+                        await serve_connection(stream, self.handler, self.conn_options,
+                                               reader_scope=reader_scope)
                 finally:
                     self._readers.discard(reader_scope)
             except Exception as exc:  # one connection's bug must not stop the listener
@@ -296,6 +301,10 @@ class Bookie:
 
         self._connections_done.set()
         async with trio.open_nursery() as connections:
+            hub: ConnectionHub | None = None
+            if self.config.connection_hub_enabled:
+                hub = ConnectionHub(self.handler, self.conn_options)
+                await connections.start(hub.run)
             with self._accept_scope:
                 async with trio.open_nursery() as accept:
                     await accept.start(partial(trio.serve_listeners, on_connection, listeners,

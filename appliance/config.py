@@ -59,6 +59,11 @@ class BookieConfig(ZooKeeperSettings):
         600.0, bk="(ledgerd)", minimum=0,
         doc="Close a connection with nothing in flight after this long without a "
             "request (0 = never); clients reconnect on their next request.")
+    connection_hub_enabled: bool = setting(
+        True, bk="(ledgerd)",
+        doc="Serve plain TCP connections from one task over an epoll set (one wake-up "
+            "serves every connection with data; add replies go out from the journal "
+            "group's completion). false: a reader and a writer task per connection.")
     server_tcp_no_delay: bool = setting(
         True, bk="serverTcpNoDelay", doc="Disable Nagle's algorithm on bookie sockets.")
     # -- directories ---------------------------------------------------------------

@@ -7,6 +7,7 @@ when a test needs to see backpressure) through the real ``serve_connection``.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -18,6 +19,7 @@ import trio.testing
 
 from appliance.core import BookieCore
 from appliance.handlers import AdminHooks, RequestHandler, ServingState
+from appliance.hub import ConnectionHub
 from appliance.metrics import BookieMetrics
 from appliance.server import ConnectionOptions, serve_connection
 from disk.journal import JournalOptions
@@ -37,6 +39,12 @@ def entry(ledger: int, eid: int, lac: int | None = None, payload: bytes = b"") -
     return encode_entry(D, ledger, eid, eid - 1 if lac is None else lac, 0, body)
 
 
+# How ``running_bookie`` serves connections: "tasks" (``serve_connection`` over memory
+# streams) or "hub" (the ``ConnectionHub`` over real socket pairs). Handler tests run
+# under both (their ``transport`` fixture sets this).
+TRANSPORT = "tasks"
+
+
 class BookieHarness:
     def __init__(self, storage: LedgerStorage, options: ConnectionOptions,
                  admin_secret: str = "", core: BookieCore | None = None) -> None:
@@ -50,6 +58,7 @@ class BookieHarness:
                                       max_frame_bytes=options.max_frame_bytes, core=core)
         self.options = options
         self.nursery: trio.Nursery | None = None
+        self.hub: ConnectionHub | None = None
 
     def _trigger(self, kind: AdminKind) -> bool:
         self.triggered.append(kind)
@@ -69,13 +78,33 @@ class BookieHarness:
         self.nursery.start_soon(serve)
         return done
 
+    def _pair(self, *, trusted: bool, lockstep: bool = False
+              ) -> tuple[trio.abc.Stream, trio.Event]:
+        """A client end and the event that fires when the server side is over."""
+        if self.hub is None:
+            pair = trio.testing.lockstep_stream_pair if lockstep else \
+                trio.testing.memory_stream_pair
+            client_end, server_end = pair()
+            return client_end, self.serve_stream(server_end, trusted=trusted)
+        assert self.nursery is not None
+        hub = self.hub
+        mine, theirs = socket.socketpair()
+        done = trio.Event()
+
+        async def serve() -> None:
+            try:
+                await hub.serve_socket(theirs, trusted=trusted)
+            finally:
+                done.set()
+
+        self.nursery.start_soon(serve)
+        return trio.SocketStream(trio.socket.from_stdlib_socket(mine)), done
+
     @asynccontextmanager
     async def connect(self, *, trusted: bool = True, lockstep: bool = False,
                       max_inflight: int = 1024) -> AsyncIterator[BookieClient]:
         """A client over a fresh in-memory connection to this bookie."""
-        pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
-        client_end, server_end = pair()
-        self.serve_stream(server_end, trusted=trusted)
+        client_end, _ = self._pair(trusted=trusted, lockstep=lockstep)
         client = BookieClient("memory", client_end,  # type: ignore[arg-type]
                               ClientConnection(max_inflight=max_inflight))
         async with trio.open_nursery() as nursery:
@@ -97,8 +126,7 @@ class BookieHarness:
 
     def raw_connection(self, *, trusted: bool = True) -> tuple[trio.abc.Stream, trio.Event]:
         """The client end of a connection and the event that fires when it is over."""
-        client_end, server_end = trio.testing.memory_stream_pair()
-        return client_end, self.serve_stream(server_end, trusted=trusted)
+        return self._pair(trusted=trusted)
 
 
 @asynccontextmanager
@@ -113,6 +141,9 @@ async def running_bookie(tmp: Path, *, options: ConnectionOptions | None = None,
     async with trio.open_nursery() as nursery:
         harness.nursery = nursery
         await nursery.start(storage.run)
+        if TRANSPORT == "hub":
+            harness.hub = ConnectionHub(harness.handler, harness.options)
+            await nursery.start(harness.hub.run)
         try:
             yield harness
         finally:

@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from appliance.server import ConnectionOptions
+from tests.appliance import harness
 from tests.appliance.harness import KEY, OTHER_KEY, D, entry, running_bookie, small_journal
 from wire.entry import decode_entry
 from wire.frames import encode_request
@@ -32,6 +33,14 @@ from wire.messages import (
 from wire.status import Status
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
+
+
+@pytest.fixture(autouse=True, params=["tasks", "hub"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every rule holds over both ways of serving connections: a task pair per
+    connection over memory streams, and the connection hub over real sockets."""
+    monkeypatch.setattr(harness, "TRANSPORT", request.param)
+    return str(request.param)
 
 
 def add(ledger: int, first: int, n: int = 1, *, key: bytes = KEY, flags: int = 0,
