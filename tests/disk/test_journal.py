@@ -229,3 +229,20 @@ async def test_write_buffer_starts_at_its_setting_and_grows_to_the_largest_group
     path = tmp_path / "current" / f"{journal_file_ids(tmp_path / 'current')[0]:x}.txn"
     assert [r.value for r in scan_journal_file(path, HEADER_SIZE)
             if r.type is RecordType.ENTRY] == list(range(7))
+
+
+async def test_zeroing_ahead_runs_beside_the_groups(tmp_path: Path) -> None:
+    """Groups stay on the fast path while the next prealloc step is zeroed beside them;
+    only the file's first group zeroes for itself, and every record replays."""
+    j = Journal(tmp_path, JournalOptions(prealloc_mb=1))
+    await j.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        for i in range(600):  # ~8 KiB a group: about 4.7 MiB, several prealloc steps
+            await j.append([(RecordType.ENTRY, entry_body(1, i, bytes(8000)))])
+        nursery.cancel_scope.cancel()
+    await j.close()
+    assert j.background_zero_bytes >= 3 << 20
+    assert j.slow_groups == 1
+    got = [r.value for r in scan_journal_file(j.files()[-1])]
+    assert got == list(range(600))
