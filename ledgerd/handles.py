@@ -465,7 +465,10 @@ class WriteHandle(_HandleBase):
         w = self._pipeline.writer
         now = trio.current_time()
         if (w.published_lac > self._lac_written and not self._waiters
-                and now - self._last_activity >= self._lac_interval):
+                and now >= self._last_activity + self._lac_interval):
+            # The same sum as the deadline's: ``now - last >= interval`` can be False at
+            # that very deadline (1.2 - 1.0 < 0.2 in floating point), and the service
+            # task then spun on a deadline that never passed (a mock clock stays there).
             req = self._lac_request(w.published_lac)
             for bookie in w.ensemble:
                 self.client.pool.send(bookie, req, lambda *_a: None)
