@@ -206,6 +206,11 @@ class Journal:
         ids = journal_file_ids(self.dir)
         file_id = max([int(time.time() * 1000), *(i + 1 for i in ids)])
         self._file = self._new_file(file_id)
+        # The first prealloc step is zeroed here, before the journal serves: the first
+        # group would otherwise wait for it (16 MiB and a sync), and the background
+        # zeroer keeps the space ahead from then on.
+        self._zero_ahead(self._file, HEADER_SIZE)
+        self._file.handle.fdatasync()
         self._durable = JournalPosition(file_id, HEADER_SIZE)
         if self._syncer is None:
             self._syncer = native.Syncer()
