@@ -60,6 +60,7 @@ from wire.messages import (
     ReadFlags,
     ReadRangeRequest,
     ReadRequest,
+    ReadStrideRequest,
     WriteLacRequest,
 )
 from wire.status import Status
@@ -222,7 +223,7 @@ class BookieCore:
             return Status.UNAUTHORIZED
         return Accept(fence=True)
 
-    def on_recovery_read(self, req: ReadRequest | ReadRangeRequest,
+    def on_recovery_read(self, req: ReadRequest | ReadRangeRequest | ReadStrideRequest,
                          ledger: LedgerState | None) -> Decision:
         """A read's term and fence, combined: the term is adopted first, then the fence.
         A plain read (no fence, no term) passes; one with a term needs the key."""
@@ -266,7 +267,7 @@ class BookieCore:
         """True for a read answered at once; False if it fences, carries a term or waits."""
         if type(req) is ReadRequest:
             return not (req.flags & _FENCE or req.term or req.timeout_ms > 0)
-        if type(req) is ReadRangeRequest:
+        if type(req) is ReadRangeRequest or type(req) is ReadStrideRequest:
             return not (req.flags & _FENCE or req.term)
         return False
 
@@ -278,7 +279,7 @@ class BookieCore:
         if type(req) is ReadRequest:
             if req.timeout_ms > 0:
                 return False
-        elif type(req) is not ReadRangeRequest:
+        elif type(req) is not ReadRangeRequest and type(req) is not ReadStrideRequest:
             return False
         if not durably_fenced or not req.flags & _FENCE:
             return False
@@ -292,7 +293,7 @@ class BookieCore:
         return last_entry_id if entry_id == -1 else entry_id
 
     @staticmethod
-    def range_budget(req: ReadRangeRequest, max_frame_bytes: int
+    def range_budget(req: ReadRangeRequest | ReadStrideRequest, max_frame_bytes: int
                      ) -> tuple[int, int, int] | Status:
         """(max entries, byte budget, bytes charged per entry besides its own) for a
         range read, or BAD_REQUEST.
@@ -302,7 +303,7 @@ class BookieCore:
         field too. (Charging it per entry *asked for* left a read with a count above
         max_bytes / 4, "as many as fit", a single entry.)
         """
-        if req.max_count < 1 or req.first_entry_id < 0:
+        if req.max_count < 1 or req.first_entry_id < 0 or getattr(req, "stride", 1) < 1:
             return Status.BAD_REQUEST
         max_bytes = min(req.max_bytes, max_frame_bytes - RANGE_OVERHEAD)
         return req.max_count, max(0, max_bytes), RANGE_PER_ENTRY

@@ -50,6 +50,8 @@ from wire.messages import (
     ReadRangeResponse,
     ReadRequest,
     ReadResponse,
+    ReadStrideRequest,
+    ReadStrideResponse,
     WriteLacRequest,
     WriteLacResponse,
 )
@@ -126,6 +128,7 @@ class RequestHandler:
         self._slow: dict[ApiKey, Callable[[Any, bool], Awaitable[Reply]]] = {
             ApiKey.READ: self._read,
             ApiKey.READ_RANGE: self._read_range,
+            ApiKey.READ_STRIDE: self._read_range,
             ApiKey.READ_LAC: self._read_lac,
             ApiKey.WRITE_LAC: self._write_lac,
             ApiKey.FORCE_LEDGER: self._force_ledger,
@@ -195,18 +198,21 @@ class RequestHandler:
             return status_for_storage_error(exc), None
         return Status.OK, ReadResponse(ledger_id=ledger_id, entry_id=eid, max_lac=lac, entry=data)
 
-    def _read_range_now(self, req: ReadRangeRequest) -> Reply:
+    def _read_range_now(self, req: ReadRangeRequest | ReadStrideRequest) -> Reply:
+        """ReadRange, and ReadStride (every ``stride``-th entry): the same budget rules."""
         budget = self.core.range_budget(req, self.max_frame_bytes)
         if not isinstance(budget, tuple):
             return budget, None
+        stride = req.stride if type(req) is ReadStrideRequest else 1
         try:
-            entries = self.storage.read_range(req.ledger_id, req.first_entry_id, *budget)
+            entries = self.storage.read_range(req.ledger_id, req.first_entry_id, *budget,
+                                              stride=stride)
             lac = self.storage.lac(req.ledger_id)
         except StorageError as exc:
             return status_for_storage_error(exc), None
-        return Status.OK, ReadRangeResponse(ledger_id=req.ledger_id,
-                                            first_entry_id=req.first_entry_id,
-                                            max_lac=lac, entries=tuple(entries))
+        resp = ReadStrideResponse if type(req) is ReadStrideRequest else ReadRangeResponse
+        return Status.OK, resp(ledger_id=req.ledger_id, first_entry_id=req.first_entry_id,
+                               max_lac=lac, entries=tuple(entries))
 
     # -- everything else ---------------------------------------------------------------
 
@@ -222,7 +228,8 @@ class RequestHandler:
         except StorageError as exc:
             return status_for_storage_error(exc), None
 
-    async def _recovery_flags(self, req: ReadRequest | ReadRangeRequest) -> Status:
+    async def _recovery_flags(self, req: ReadRequest | ReadRangeRequest | ReadStrideRequest
+                              ) -> Status:
         """Fence and/or adopt the term, durably, before a recovery read is answered (a
         plain read passes straight through)."""
         decision = self.core.on_recovery_read(req, self.storage.ledger(req.ledger_id))
@@ -271,7 +278,8 @@ class RequestHandler:
         return Status.OK, ReadResponse(ledger_id=lid, entry_id=req.previous_lac + 1,
                                        max_lac=lac, entry=entry)
 
-    async def _read_range(self, req: ReadRangeRequest, trusted: bool) -> Reply:
+    async def _read_range(self, req: ReadRangeRequest | ReadStrideRequest,
+                          trusted: bool) -> Reply:
         status = await self._recovery_flags(req)
         if status != Status.OK:
             return status, None

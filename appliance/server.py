@@ -46,6 +46,7 @@ from wire.messages import (
     ReadLacResponse,
     ReadRangeResponse,
     ReadResponse,
+    ReadStrideResponse,
 )
 from wire.status import Status
 
@@ -68,7 +69,7 @@ class ConnectionOptions:
 
 def reply_bytes(resp: Message | None) -> int:
     """What a reply holds in memory until it is sent (entries dominate)."""
-    if isinstance(resp, ReadRangeResponse):
+    if isinstance(resp, (ReadRangeResponse, ReadStrideResponse)):
         return 64 + sum(map(len, resp.entries))
     if isinstance(resp, ReadResponse):
         return 64 + len(resp.entry)
@@ -92,7 +93,7 @@ def is_loopback(stream: trio.abc.Stream) -> bool:
 class _Outbox:
     """Replies waiting to be written, with the journal groups they wait for."""
 
-    __slots__ = ("bytes", "closing", "items", "more", "space", "waiting_on")
+    __slots__ = ("bytes", "closing", "items", "more", "space", "unsent", "waiting_on")
 
     def __init__(self) -> None:
         # (correlation id, api key, status, response, group or None, started at); an
@@ -102,6 +103,9 @@ class _Outbox:
         self.space = trio.Event()
         self.closing = False
         self.bytes = 0  # reply_bytes of the non-add replies queued
+        # Replies encoded (so no longer in ``conn.inflight``) but still being sent: they
+        # count toward max_inflight until the peer has taken them.
+        self.unsent = 0
         self.waiting_on: JournalGroup | None = None  # the group that will wake the writer
 
     def wake(self) -> None:
@@ -161,13 +165,16 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
     read_now = handler.read_now
     put = outbox.put
     max_reply_bytes = max_reply
+    max_inflight = conn.max_inflight
     now = time.perf_counter()
     while True:
-        if conn.is_at_capacity or outbox.bytes >= max_reply_bytes:
+        if (len(conn.inflight) + outbox.unsent >= max_inflight
+                or outbox.bytes >= max_reply_bytes):
             # Stop taking requests (frames already read wait in ``conn``) until the
             # writer sends replies: a peer that does not read stalls only itself.
             outbox.more.set()
-            while conn.is_at_capacity or outbox.bytes >= max_reply_bytes:
+            while (len(conn.inflight) + outbox.unsent >= max_inflight
+                   or outbox.bytes >= max_reply_bytes):
                 outbox.space = trio.Event()
                 await outbox.space.wait()
         try:
@@ -278,12 +285,14 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
         if ok_adds:
             count(_ADD, 0, ok_adds)
         data = b"".join(chunks)
+        outbox.unsent = len(items)
         del chunks, items  # the replies' entries are in ``data`` now
         try:
             await stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             scope.cancel()  # the peer is gone; what it sent is stored all the same
             return
+        outbox.unsent = 0
         outbox.bytes -= sent_bytes
         outbox.space.set()
         if outbox.closing and not outbox.items and not conn.inflight:

@@ -10,6 +10,10 @@ durable on its ack quorum (each bookie acknowledges after its journal fdatasync)
 latency is from ``submit`` to completion. Rounds alternate the two layouts; medians are
 reported.
 
+Reads: a closed ledger of ``--read-entries`` 1 KiB entries per layout (E1, and E3/Qw2
+striped over three bookies), read whole through ``ReadHandle.read`` from a fresh client
+in every round, the two layouts alternating. Goal (#22): E3 >= 0.8x E1.
+
 Then the tail-read latency: a writer appends one entry every 20 ms (explicit LAC after
 10 ms idle) while a reader in another client follows with ``wait_lac_beyond``; the
 latency is from the writer's completion to the reader's long poll returning with a LAC
@@ -80,6 +84,30 @@ async def _tail(zk: str, entries: int) -> dict[str, float]:
         return {"p50_ms": 1000 * percentile(lat, 0.5), "p99_ms": 1000 * percentile(lat, 0.99)}
 
 
+async def _write_ledger(zk: str, e: int, qw: int, qa: int, entries: int) -> int:
+    """A closed ledger of ``entries`` 1 KiB entries, for the read rounds."""
+    payload = bytes(range(256)) * (ENTRY // 256)
+    async with ledgerd.open_client(zk) as client:
+        lh = await client.create_ledger(e, qw, qa)
+        for start in range(0, entries, 1000):
+            await lh.append_many([payload] * min(1000, entries - start))
+        await lh.close()
+        return lh.ledger_id
+
+
+async def _reads(zk: str, ledger_id: int) -> dict[str, float]:
+    """Entries/s reading the whole ledger from a fresh client, verified."""
+    async with ledgerd.open_client(zk) as client:
+        rh = await client.open_ledger(ledger_id, recovery=False)
+        t0 = trio.current_time()
+        n = nbytes = 0
+        async for entry in rh.read():
+            n += 1
+            nbytes += len(entry.payload)
+        seconds = trio.current_time() - t0
+    return {"entries_per_s": n / seconds, "mb_per_s": nbytes / seconds / 1e6, "entries": n}
+
+
 async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     zk_server = ZooKeeperServer(data_dir=base / "zk")
     zk_server.start()
@@ -96,7 +124,10 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                     for i in range(3)]
         await start_writable(store, bookies)
         await store.close()
-        runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": [], "raw": []}
+        runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": [], "raw": [],
+                                                   "read_e1": [], "read_e3": []}
+        read_ledgers = {"read_e1": await _write_ledger(zk, 1, 1, 1, args.read_entries),
+                        "read_e3": await _write_ledger(zk, 3, 2, 2, args.read_entries)}
         for rnd in range(args.rounds):
             for key, quorums in (("e1", (1, 1, 1)), ("e3", (3, 2, 2))):
                 os.sync()
@@ -107,6 +138,13 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             raw = await trio.to_thread.run_sync(_run_ledgerd, bookies[0].port, 1, 200,
                                                 args.seconds)
             runs["raw"].append({k: raw[k] for k in ("entries_per_s", "p50_ms", "p99_ms")})
+            order = list(read_ledgers) if rnd % 2 == 0 else list(reversed(read_ledgers))
+            for key in order:
+                runs[key].append(await _reads(zk, read_ledgers[key]))
+            print(f"round {rnd + 1}: reads E1 {runs['read_e1'][-1]['entries_per_s']:,.0f}/s, "
+                  f"E3/Qw2 {runs['read_e3'][-1]['entries_per_s']:,.0f}/s (E3 / E1 "
+                  f"{runs['read_e3'][-1]['entries_per_s'] / runs['read_e1'][-1]['entries_per_s']:.2f})",
+                  flush=True)
             print(f"round {rnd + 1}: E1 {runs['e1'][-1]['appends_per_s']:,.0f}/s, "
                   f"E3/Qw2/Qa2 {runs['e3'][-1]['appends_per_s']:,.0f}/s, raw bookie "
                   f"{raw['entries_per_s']:,.0f}/s (E3 / raw "
@@ -115,7 +153,10 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
         ratios = [e3["appends_per_s"] / raw["entries_per_s"]
                   for e3, raw in zip(runs["e3"], runs["raw"], strict=True)]
-        return {"appends": med, "tail": tail, "e3_over_raw": ratios, "rounds": runs}
+        read_ratios = [e3["entries_per_s"] / e1["entries_per_s"]
+                       for e3, e1 in zip(runs["read_e3"], runs["read_e1"], strict=True)]
+        return {"appends": med, "tail": tail, "e3_over_raw": ratios, "rounds": runs,
+                "read_e3_over_e1": read_ratios}
     finally:
         for b in bookies:
             if b.running:
@@ -129,6 +170,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=int, default=500)
     parser.add_argument("--tail-entries", type=int, default=300)
+    parser.add_argument("--read-entries", type=int, default=50_000,
+                        help="entries of the ledgers read in each round (1 KiB each)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ledgerd-client-bench-", dir=os.environ.get("BENCH_DIR")))
@@ -157,6 +200,13 @@ def main() -> None:
     r = result["e3_over_raw"]
     print(f"E3/Qw2/Qa2 / raw bookie per round: {', '.join(f'{x:.2f}' for x in r)}; median "
           f"{statistics.median(r):.2f} (goal >= 0.6)")
+    print("\n| reads, whole ledger, fresh client | entries/s (median) | MB/s |")
+    print("|---|---|---|")
+    for key, name in (("read_e1", "E=Qw=1, one bookie"), ("read_e3", "E=3 Qw=2, three bookies")):
+        print(f"| {name} | {a[key]['entries_per_s']:,.0f} | {a[key]['mb_per_s']:.1f} |")
+    rr = result["read_e3_over_e1"]
+    print(f"read E3 / E1 per round: {', '.join(f'{x:.2f}' for x in rr)}; median "
+          f"{statistics.median(rr):.2f} (goal >= 0.8)")
 
 
 if __name__ == "__main__":

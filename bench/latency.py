@@ -2,7 +2,8 @@
 
     python bench/latency.py [--rounds 3] [--seconds 5] [--json]
 
-One bookie process (no ZooKeeper), 1 KiB single-entry Add frames from a driver process.
+One bookie process (no ZooKeeper), 1 KiB single-entry Add frames from a driver process
+(``bench/drivers.py``: plain sockets over one epoll, like redis-benchmark's C client).
 
 - **Open loop**: entries are due on a fixed schedule (``--conns`` 4 connections, the
   rate split between them) and latency counts from the *scheduled* time, so a stall
@@ -37,80 +38,10 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio
 
-from bench.bookie import _drive, _run_redis, _Template, _wait_listening, take_replies
+from bench.bookie import _run_redis, _wait_listening
+from bench.drivers import closed_loop, open_loop, percentiles
 from tools.bookieprocess import BookieProcess
-
-
-def _percentiles(lat: list[float]) -> dict[str, float]:
-    lat = sorted(lat)
-    if not lat:
-        return {"p50_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0, "max_ms": 0.0}
-    return {"p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[int(len(lat) * 0.99)],
-            "p999_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.999))],
-            "max_ms": 1000 * lat[-1]}
-
-
-# -- open-loop driver (its own process) -------------------------------------------------
-
-async def _open_connection(port: int, index: int, template: _Template, rate: float,
-                           t_start: float, seconds: float, out: dict[str, list[float]]
-                           ) -> None:
-    """Send entries due every ``1 / rate`` s from ``t_start``; latency from the due time."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    ledger = 2000 + index
-    due_at: dict[int, float] = {}
-    interval = 1.0 / rate
-    total = int(seconds * rate)
-    lat: list[float] = []
-    errors = 0
-    done = trio.Event()
-    sent = 0
-
-    async def sender() -> None:
-        nonlocal sent
-        tick = max(interval, 0.0005)
-        while sent < total:
-            now = time.perf_counter()
-            due = min(total, int((now - t_start) / interval) + 1)
-            if due > sent:
-                chunks = []
-                for k in range(sent, due):
-                    due_at[k] = t_start + k * interval
-                    chunks.append(template.make(k, ledger, k))
-                sent = due
-                await stream.send_all(b"".join(chunks))
-            next_due = t_start + sent * interval
-            await trio.sleep(max(0.0, min(next_due - time.perf_counter(), tick)))
-
-    async def receiver() -> None:
-        nonlocal errors
-        buf = bytearray()
-        got = 0
-        while got < total:
-            data = await stream.receive_some(1 << 20)
-            if not data:
-                return
-            buf += data
-            now = time.perf_counter()
-            for cid, status in take_replies(buf):
-                t0 = due_at.pop(cid)
-                got += 1
-                if status:
-                    errors += 1
-                else:
-                    lat.append(now - t0)
-        done.set()
-
-    async with stream, trio.open_nursery() as nursery:
-        nursery.start_soon(sender)
-        nursery.start_soon(receiver)
-        with trio.move_on_after(seconds + 30):
-            await done.wait()
-        nursery.cancel_scope.cancel()
-    out["latencies"].extend(lat)
-    out["errors"].append(errors)
 
 
 def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:
@@ -128,26 +59,19 @@ def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:
         path.unlink(missing_ok=True)
 
 
-async def _drive_open(port: int, rate: float, conns: int, seconds: float,
-                      sync_path: Path) -> dict[str, Any]:
-    template = _Template(1, 1024)
-    out: dict[str, list[float]] = {"latencies": [], "errors": []}
+def _drive_open(port: int, rate: float, conns: int, seconds: float,
+                sync_path: Path) -> dict[str, Any]:
+    """The open loop, with the raw disk timed by a thread of the same process meanwhile."""
     syncs: list[float] = []
     stop = threading.Event()
     raw = threading.Thread(target=_raw_syncs, args=(sync_path, stop, syncs), daemon=True)
     raw.start()
-    t_start = time.perf_counter() + 0.2
     try:
-        async with trio.open_nursery() as nursery:
-            for i in range(conns):
-                nursery.start_soon(_open_connection, port, i, template, rate / conns,
-                                   t_start + i * (1.0 / rate), seconds, out)
+        result = open_loop(port, rate, conns, seconds)
     finally:
         stop.set()
         raw.join()
-    result: dict[str, Any] = {"rate": rate, "errors": sum(out["errors"]),
-                              "entries": len(out["latencies"]), **_percentiles(out["latencies"])}
-    fs = _percentiles(syncs)
+    fs = percentiles(syncs)
     result.update({"fsync_p50_ms": fs["p50_ms"], "fsync_p99_ms": fs["p99_ms"],
                    "fsyncs": len(syncs)})
     return result
@@ -204,11 +128,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.cmd == "closed":
-        print(json.dumps(trio.run(_drive, args.port, 1, args.conns, args.window, args.seconds)))
+        print(json.dumps(closed_loop(args.port, args.conns, args.window, args.seconds)))
         return
     if args.cmd == "open":
-        print(json.dumps(trio.run(_drive_open, args.port, args.rate, args.conns, args.seconds,
-                                  args.sync_path)))
+        print(json.dumps(_drive_open(args.port, args.rate, args.conns, args.seconds,
+                                     args.sync_path)))
         return
     if not args.no_redis and shutil.which("redis-benchmark") is None:
         sys.exit("redis-benchmark is missing: `make bench-deps` installs redis-server and "

@@ -540,12 +540,13 @@ class LedgerStorage:
         return self.entry_logger.read(location)
 
     def read_range(self, ledger_id: int, first_entry_id: int, max_count: int,
-                   max_bytes: int, per_entry: int = 0) -> list[bytes]:
-        """Consecutive entries from ``first_entry_id`` while each one's bytes plus
-        ``per_entry`` fit ``max_bytes`` in all; at least one if the first exists."""
+                   max_bytes: int, per_entry: int = 0, *, stride: int = 1) -> list[bytes]:
+        """Entries ``first_entry_id``, ``+ stride``, ... (consecutive with stride 1) up to
+        the first one not held, while each one's bytes plus ``per_entry`` fit
+        ``max_bytes`` in all; at least one if the first exists."""
         out: list[bytes] = []
         total = 0
-        for e in range(first_entry_id, first_entry_id + max(1, max_count)):
+        for e in range(first_entry_id, first_entry_id + max(1, max_count) * stride, stride):
             try:
                 data = self.read_entry(ledger_id, e)
             except EntryNotFoundError:

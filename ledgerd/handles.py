@@ -59,6 +59,7 @@ __all__ = ["PendingAppend", "ReadHandle", "WriteHandle"]
 
 log = logging.getLogger(__name__)
 _READ_WINDOW = 64
+_READ_WINDOW_MAX = 1024
 
 
 class PendingAppend:
@@ -137,12 +138,19 @@ class _HandleBase:
 
     async def read(self, first: int = 0, last: int | None = None) -> AsyncIterator[Entry]:
         """Entries ``first..last`` (default: up to the last confirmed entry), verified,
-        fetched 64 at a time. An unbounded ledger's no-op entries (the ends of its terms'
-        recoveries) are skipped."""
+        fetched 64 at a time at first, then in windows doubling up to 1024. An
+        unbounded ledger's no-op entries (the ends of its terms' recoveries) are
+        skipped."""
         last = self._bounds(first, last)
-        for start in range(first, last + 1, _READ_WINDOW):
-            for entry in await self.read_batch(start, min(last, start + _READ_WINDOW - 1)):
+        start, window = first, _READ_WINDOW
+        while start <= last:
+            end = min(last, start + window - 1)
+            for entry in await self.read_batch(start, end):
                 yield entry
+            start = end + 1
+            # A long read grows its window (one round of requests each), so the first
+            # entries come soon and a whole-ledger scan pays few round trips.
+            window = min(window * 2, _READ_WINDOW_MAX)
 
     async def read_batch(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` at once: ReadRange per run, per-entry failover."""

@@ -55,6 +55,8 @@ from wire.messages import (
     ReadRangeResponse,
     ReadRequest,
     ReadResponse,
+    ReadStrideRequest,
+    ReadStrideResponse,
 )
 from wire.status import Status, error_for_status
 
@@ -72,6 +74,7 @@ class LedgerView:
     read_timeout: float = 5.0
     speculative_timeout: float = 2.0
     max_entry_bytes: int = 8 << 20
+    strided_reads: bool = True  # ReadStride for striped fragments (Qw < E)
 
     def decode(self, entry_id: int, data: bytes) -> Entry:
         """Verify (digest, ids) and decompress; raises WireError subclasses."""
@@ -156,39 +159,49 @@ async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int
     machine = RangeReads(md.fragments(), first, last, ensemble_size=md.ensemble_size,
                          write_quorum=md.write_quorum, run_limit=run_limit,
                          skip=frozenset(pool.recent_failures()),
-                         speculative_timeout=view.speculative_timeout or view.read_timeout)
+                         speculative_timeout=view.speculative_timeout or view.read_timeout,
+                         strided=view.strided_reads)
     found: dict[int, Entry] = {}
     sleep = DeadlineSleep()
     budget = max(1, min(max_bytes, view.max_entry_bytes // 2))
 
     def send(sends: list[SendRange]) -> None:
         for s in sends:
-            pool.send(s.bookie, ReadRangeRequest(
-                ledger_id=view.ledger_id, first_entry_id=s.first_entry_id,
-                max_count=s.max_count, max_bytes=budget), partial(on_reply, s.run,
-                                                                   s.first_entry_id))
+            req: Message
+            if s.stride > 1:
+                req = ReadStrideRequest(ledger_id=view.ledger_id, first_entry_id=s.first_entry_id,
+                                        stride=s.stride, max_count=s.max_count,
+                                        max_bytes=budget)
+            else:
+                req = ReadRangeRequest(ledger_id=view.ledger_id, first_entry_id=s.first_entry_id,
+                                       max_count=s.max_count, max_bytes=budget)
+            pool.send(s.bookie, req, partial(on_reply, s.run, s.first_entry_id, s.stride))
 
-    def on_reply(run: int, first_id: int, status: int, response: Message | None,
-                 error: BookieConnectionError | None) -> None:
+    def on_reply(run: int, first_id: int, stride: int, status: int,
+                 response: Message | None, error: BookieConnectionError | None) -> None:
         wanted = machine.wanted(run)
         if not wanted:
             return
         if (error is not None or status != Status.OK
-                or not isinstance(response, ReadRangeResponse)
+                or not isinstance(response, (ReadRangeResponse, ReadStrideResponse))
                 or response.first_entry_id != first_id):
+            # A bookie that predates ReadStride answers UNSUPPORTED_VERSION: what the
+            # run did not deliver is read entry by entry from the replicas.
             send(machine.on_answer(run, 0, True, trio.current_time()))
             if machine.is_done:
                 sleep.interrupt()
             return
         delivered = 0
         failed = False
+        eid = first_id
         for data in response.entries[:wanted]:
             try:
-                found[first_id + delivered] = view.decode(first_id + delivered, data)
+                found[eid] = view.decode(eid, data)
             except WireError:
                 failed = True
                 break
             delivered += 1
+            eid += stride
         send(machine.on_answer(run, delivered, failed, trio.current_time()))
         if machine.is_done:
             sleep.interrupt()

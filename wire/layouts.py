@@ -32,7 +32,8 @@ __all__ = [
     "API_VERSIONS_RESPONSE", "ENTRY_HEADER", "FORCE_LEDGER_REQUEST", "FORCE_LEDGER_RESPONSE",
     "GET_BOOKIE_INFO_REQUEST", "GET_BOOKIE_INFO_RESPONSE", "MASTER_KEY_SIZE",
     "READ_LAC_REQUEST", "READ_LAC_RESPONSE", "READ_RANGE_REQUEST", "READ_RANGE_RESPONSE",
-    "READ_REQUEST", "READ_RESPONSE", "REQUEST_HEADER", "RESPONSE_HEADER",
+    "READ_REQUEST", "READ_RESPONSE", "READ_STRIDE_REQUEST", "READ_STRIDE_RESPONSE",
+    "REQUEST_HEADER", "RESPONSE_HEADER",
     "WRITE_LAC_REQUEST", "WRITE_LAC_RESPONSE",
 ]
 
@@ -200,6 +201,32 @@ READ_RANGE_RESPONSE = Struct(
     "entries" / BlobArray,
     Terminated,
 )
+
+# ---------------------------------------------------------------------------------------
+# ReadStride (key 10): every ``stride``-th entry from first_entry_id (first, first +
+# stride, ...), stopping at max_count entries, at max_bytes of entry bytes (at least one
+# entry is always returned), or at the first such entry the bookie does not hold. With a
+# striped ledger (Qw < E) a bookie stores runs of only Qw consecutive entries, so a
+# reader asks each bookie of the ensemble for the entries it holds first in their write
+# set, one request per bookie, instead of one ReadRange per run. The response is laid
+# out as ReadRange's; its entries are first_entry_id + i * stride.
+#
+#  request   0           8                16       20          24          28      30           50
+#            +-----------+----------------+--------+-----------+-----------+-------+------------+-------+
+#            | ledger_id | first_entry_id | stride | max_count | max_bytes | flags | master_key | term  |
+#            | int64     | int64          | int32  | int32     | int32     | int16 | 20 bytes   | int64 |
+READ_STRIDE_REQUEST = Struct(
+    "ledger_id" / Int64sb,
+    "first_entry_id" / Int64sb,
+    "stride" / Int32sb,
+    "max_count" / Int32sb,
+    "max_bytes" / Int32sb,
+    "flags" / Int16ub,
+    "master_key" / Bytes(MASTER_KEY_SIZE),
+    "term" / Int64sb,
+    Terminated,
+)
+READ_STRIDE_RESPONSE = READ_RANGE_RESPONSE
 
 # ---------------------------------------------------------------------------------------
 # ReadLac (key 4).

@@ -22,6 +22,7 @@ __all__ = [
     "ForceLedgerRequest", "ForceLedgerResponse", "GetBookieInfoRequest",
     "GetBookieInfoResponse", "Message", "ReadFlags", "ReadLacRequest", "ReadLacResponse",
     "ReadRangeRequest", "ReadRangeResponse", "ReadRequest", "ReadResponse",
+    "ReadStrideRequest", "ReadStrideResponse",
     "WriteLacRequest", "WriteLacResponse",
 ]
 
@@ -40,6 +41,7 @@ class ApiKey(enum.IntEnum):
     GET_BOOKIE_INFO = 7
     ADMIN_TRIGGER = 8
     ADMIN_STATUS = 9
+    READ_STRIDE = 10
 
 
 class AddFlags(enum.IntFlag):
@@ -210,6 +212,33 @@ class ReadRangeResponse(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReadStrideRequest(Message):
+    LAYOUT: ClassVar[Any] = layouts.READ_STRIDE_REQUEST
+    API_KEY: ClassVar[ApiKey] = ApiKey.READ_STRIDE
+    ledger_id: int
+    first_entry_id: int
+    stride: int
+    max_count: int
+    max_bytes: int
+    flags: int = ReadFlags.NONE
+    master_key: bytes = NO_MASTER_KEY
+    term: int = 0
+
+    def __post_init__(self) -> None:
+        _check_key("ReadStrideRequest", self.master_key)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadStrideResponse(Message):
+    LAYOUT: ClassVar[Any] = layouts.READ_STRIDE_RESPONSE
+    API_KEY: ClassVar[ApiKey] = ApiKey.READ_STRIDE
+    ledger_id: int
+    first_entry_id: int
+    max_lac: int
+    entries: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReadLacRequest(Message):
     LAYOUT: ClassVar[Any] = layouts.READ_LAC_REQUEST
     API_KEY: ClassVar[ApiKey] = ApiKey.READ_LAC
@@ -324,6 +353,7 @@ REQUEST_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.GET_BOOKIE_INFO: GetBookieInfoRequest,
     ApiKey.ADMIN_TRIGGER: AdminTriggerRequest,
     ApiKey.ADMIN_STATUS: AdminStatusRequest,
+    ApiKey.READ_STRIDE: ReadStrideRequest,
 }
 RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
@@ -336,6 +366,7 @@ RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.GET_BOOKIE_INFO: GetBookieInfoResponse,
     ApiKey.ADMIN_TRIGGER: AdminTriggerResponse,
     ApiKey.ADMIN_STATUS: AdminStatusResponse,
+    ApiKey.READ_STRIDE: ReadStrideResponse,
 }
 assert set(REQUEST_TYPES) == set(RESPONSE_TYPES) == set(ApiKey)
 

@@ -40,6 +40,29 @@ def is_definite(status: int) -> bool:
         status == Status.NO_SUCH_LEDGER
 
 
+def stride_runs(first: int, last: int, ensemble_size: int, write_quorum: int,
+                run_limit: int) -> list[tuple[int, int, int]]:
+    """For a striped fragment (Qw < E): ``(bookie index, first, last)`` runs of every
+    E-th entry, one residue class per bookie, each read with one ReadStride.
+
+    Entry e goes to the bookie at ``(e + Qw - 1) % E``, the last of its write set (the
+    same bookie ``range_runs`` picks), so the E classes split the range with no entry
+    asked twice. A class longer than ``run_limit`` entries is cut into several runs.
+    """
+    if run_limit < 1:
+        raise ValueError(f"run_limit must be at least 1, got {run_limit}")
+    e, qw = ensemble_size, write_quorum
+    out = []
+    for start in range(first, min(last, first + e - 1) + 1):
+        cls_last = last - (last - start) % e
+        a = start
+        while a <= cls_last:
+            b = min(cls_last, a + (run_limit - 1) * e)
+            out.append(((a + qw - 1) % e, a, b))
+            a = b + e
+    return out
+
+
 def range_runs(first: int, last: int, ensemble_size: int, write_quorum: int,
                run_limit: int) -> list[tuple[int, int, int]]:
     """Split entries ``first..last`` of one fragment into ``(bookie index, first, last)``

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ledgerd.machines.quorum import EnsembleCoverage, is_definite, range_runs
+from ledgerd.machines.quorum import EnsembleCoverage, is_definite, range_runs, stride_runs
 
 __all__ = [
     "EntryReads",
@@ -50,6 +50,7 @@ class SendRange:
     bookie: str
     first_entry_id: int
     max_count: int
+    stride: int = 1   # > 1: a ReadStride (every stride-th entry)
 
 
 @dataclass
@@ -165,6 +166,7 @@ class RangeRun:
     bookie: str
     next: int
     last: int
+    stride: int = 1
     sent_at: float = 0.0
     over: bool = False
 
@@ -174,13 +176,20 @@ class RangeReads:
 
     def __init__(self, fragments: Sequence[tuple[int, int, Sequence[str]]], first: int,
                  last: int, *, ensemble_size: int, write_quorum: int, run_limit: int,
-                 skip: frozenset[str], speculative_timeout: float) -> None:
+                 skip: frozenset[str], speculative_timeout: float,
+                 strided: bool = False) -> None:
         self.runs: list[RangeRun] = []
+        # Striped fragments (Qw < E) hold runs of only Qw consecutive entries on a
+        # bookie: with ``strided``, each bookie is asked once for every E-th entry.
+        stride = ensemble_size if strided and write_quorum < ensemble_size else 1
+        cut = stride_runs if stride > 1 else range_runs
         for f_first, f_last, ensemble in fragments:
             lo, hi = max(first, f_first), (last if f_last < 0 else min(last, f_last))
-            for index, a, b in range_runs(lo, hi, ensemble_size, write_quorum, run_limit):
+            if lo > hi:
+                continue
+            for index, a, b in cut(lo, hi, ensemble_size, write_quorum, run_limit):
                 if ensemble[index] not in skip:  # left to the per-entry reads
-                    self.runs.append(RangeRun(ensemble[index], a, b))
+                    self.runs.append(RangeRun(ensemble[index], a, b, stride))
         self.speculative = speculative_timeout
         self.pending = len(self.runs)
         self.avoid: set[str] = set()  # bookies whose runs failed: asked last afterwards
@@ -195,7 +204,8 @@ class RangeReads:
     def _send(self, i: int, now: float) -> SendRange:
         run = self.runs[i]
         run.sent_at = now
-        return SendRange(i, run.bookie, run.next, run.last - run.next + 1)
+        return SendRange(i, run.bookie, run.next, (run.last - run.next) // run.stride + 1,
+                         run.stride)
 
     def _end(self, run: RangeRun, failed: bool) -> None:
         run.over = True
@@ -206,15 +216,16 @@ class RangeReads:
     def wanted(self, i: int) -> int:
         """How many entries run ``i`` still wants (0: it is over)."""
         run = self.runs[i]
-        return 0 if run.over else run.last - run.next + 1
+        return 0 if run.over else (run.last - run.next) // run.stride + 1
 
     def on_answer(self, i: int, delivered: int, failed: bool, now: float) -> list[SendRange]:
-        """Run ``i`` answered with ``delivered`` verified consecutive entries from its next
-        one; ``failed`` if the answer was an error, empty, or an entry did not verify."""
+        """Run ``i`` answered with ``delivered`` verified entries from its next one (every
+        ``stride``-th); ``failed`` if the answer was an error, empty, or an entry did not
+        verify."""
         run = self.runs[i]
         if run.over:
             return []
-        run.next += delivered
+        run.next += delivered * run.stride
         if failed or delivered == 0:
             self._end(run, failed=True)
             return []

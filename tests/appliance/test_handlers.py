@@ -28,6 +28,8 @@ from wire.messages import (
     ReadLacRequest,
     ReadRangeRequest,
     ReadRequest,
+    ReadStrideRequest,
+    ReadStrideResponse,
     WriteLacRequest,
 )
 from wire.status import Status
@@ -189,6 +191,25 @@ async def test_read_range_honours_count_and_bytes(tmp_path: Path) -> None:
                                                      max_bytes=sum(len(entry(1, e)) + 4
                                                                    for e in range(20))))
         assert len(resp.entries) == 20  # type: ignore[union-attr]
+
+
+async def test_read_stride_returns_every_stride_th_entry(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        assert (await c.call(add(1, 0, 10)))[0] == Status.OK
+        status, resp = await c.call(ReadStrideRequest(ledger_id=1, first_entry_id=1, stride=3,
+                                                      max_count=10, max_bytes=1 << 20))
+        assert status == Status.OK and isinstance(resp, ReadStrideResponse)
+        assert [decode_entry(D, e).entry_id for e in resp.entries] == [1, 4, 7]  # 10: absent
+        # The byte budget counts as for ReadRange: at least one entry comes back.
+        status, resp = await c.call(ReadStrideRequest(ledger_id=1, first_entry_id=0, stride=2,
+                                                      max_count=10, max_bytes=1))
+        assert status == Status.OK and len(resp.entries) == 1
+        status, _ = await c.call(ReadStrideRequest(ledger_id=1, first_entry_id=0, stride=0,
+                                                   max_count=10, max_bytes=100))
+        assert status == Status.BAD_REQUEST
+        status, _ = await c.call(ReadStrideRequest(ledger_id=1, first_entry_id=20, stride=2,
+                                                   max_count=10, max_bytes=100))
+        assert status == Status.NO_SUCH_ENTRY
 
 
 async def test_write_lac_read_lac_and_force_ledger(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from ledgerd.machines.quorum import (
     ReadOutcome,
     RecoveryRead,
     range_runs,
+    stride_runs,
     write_set,
 )
 from ledgerd.machines.recovery import (
@@ -388,6 +389,22 @@ def test_range_runs_cover_the_range_once_on_bookies_that_hold_each_run() -> None
     assert {i for i, _, _ in range_runs(0, 299, 3, 3, 100)} == {0, 1, 2}
     with pytest.raises(ValueError, match="run_limit"):
         range_runs(0, 1, 3, 3, 0)
+
+
+def test_stride_runs_cover_the_range_once_one_class_per_bookie() -> None:
+    for e, qw in [(3, 2), (5, 3), (5, 1), (4, 2), (2, 1)]:
+        for first, last, limit in [(0, 99, 7), (13, 200, 1000), (5, 5, 3), (9, 8, 4),
+                                   (0, 1, 1)]:
+            runs = stride_runs(first, last, e, qw, limit)
+            covered = sorted(x for _, a, b in runs for x in range(a, b + 1, e))
+            assert covered == list(range(first, last + 1))
+            for index, a, b in runs:
+                assert (b - a) % e == 0 and (b - a) // e + 1 <= limit
+                assert all(index in write_set(x, e, qw) for x in range(a, b + 1, e))
+    # A long range: one request per bookie, not one per run of Qw entries.
+    assert sorted(i for i, _, _ in stride_runs(0, 1022, 3, 2, 1024)) == [0, 1, 2]
+    with pytest.raises(ValueError, match="run_limit"):
+        stride_runs(0, 1, 3, 2, 0)
 
 
 def test_writer_next_deadline_is_the_earliest_unanswered_add() -> None:

@@ -60,6 +60,24 @@ def test_range_runs_continue_short_answers_and_end_failed_ones() -> None:
     assert m.is_done and m.avoid == {"b"}
 
 
+def test_strided_runs_ask_each_bookie_once_and_advance_by_the_stride() -> None:
+    m = RangeReads([(0, -1, ("a", "b", "c"))], 0, 11, ensemble_size=3, write_quorum=2,
+                   run_limit=100, skip=frozenset(), speculative_timeout=2.0, strided=True)
+    sends = m.begin(0.0)
+    # Entry e is asked of the last bookie of its write set: (e + 1) % 3.
+    assert sorted(sends, key=lambda s: s.first_entry_id) == [
+        SendRange(0, "b", 0, 4, 3), SendRange(1, "c", 1, 4, 3), SendRange(2, "a", 2, 4, 3)]
+    run = next(s.run for s in sends if s.first_entry_id == 1)
+    # Two entries (1, 4) and the byte limit: the rest (7, 10) is asked for next.
+    assert m.on_answer(run, 2, False, 0.1) == [SendRange(run, "c", 7, 2, 3)]
+    assert m.wanted(run) == 2
+    assert m.on_answer(run, 2, False, 0.2) == [] and m.wanted(run) == 0
+    # Without ``strided`` the same range is a ReadRange per run of Qw entries.
+    plain = RangeReads([(0, -1, ("a", "b", "c"))], 0, 11, ensemble_size=3, write_quorum=2,
+                       run_limit=100, skip=frozenset(), speculative_timeout=2.0)
+    assert len(plain.begin(0.0)) == 6 and all(s.stride == 1 for s in plain.begin(0.0))
+
+
 def test_silent_range_run_ends_at_the_speculative_timeout() -> None:
     m = RangeReads([(0, -1, ("a",))], 0, 3, ensemble_size=1, write_quorum=1, run_limit=10,
                    skip=frozenset(), speculative_timeout=2.0)

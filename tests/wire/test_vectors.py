@@ -39,6 +39,8 @@ from wire.messages import (
     ReadRangeResponse,
     ReadRequest,
     ReadResponse,
+    ReadStrideRequest,
+    ReadStrideResponse,
     WriteLacRequest,
     WriteLacResponse,
 )
@@ -56,6 +58,8 @@ REQUESTS: dict[str, Message] = {
                                 term=1, previous_lac=17, timeout_ms=500),
     "read_range_request": ReadRangeRequest(ledger_id=42, first_entry_id=5, max_count=100,
                                            max_bytes=1 << 20, flags=ReadFlags.HIGH_PRIORITY),
+    "read_stride_request": ReadStrideRequest(ledger_id=42, first_entry_id=5, stride=3,
+                                             max_count=100, max_bytes=1 << 20),
     "read_lac_request": ReadLacRequest(ledger_id=42),
     "write_lac_request": WriteLacRequest(ledger_id=42, lac=12, master_key=KEY, term=0,
                                          lac_body=b"lacbody"),
@@ -73,6 +77,8 @@ RESPONSES: dict[str, tuple[ApiKey, Status, Message]] = {
                                                            entry=b"entry-bytes")),
     "read_range_response": (ApiKey.READ_RANGE, Status.OK, ReadRangeResponse(
         ledger_id=42, first_entry_id=5, max_lac=6, entries=(b"e5", b"e6"))),
+    "read_stride_response": (ApiKey.READ_STRIDE, Status.OK, ReadStrideResponse(
+        ledger_id=42, first_entry_id=5, max_lac=9, entries=(b"e5", b"e8"))),
     "read_lac_response": (ApiKey.READ_LAC, Status.OK, ReadLacResponse(
         ledger_id=42, explicit_lac=b"", last_entry=b"last")),
     "write_lac_response": (ApiKey.WRITE_LAC, Status.OK, WriteLacResponse(ledger_id=42)),
