@@ -14,6 +14,7 @@ from appliance.gc import GcOptions
 from disk.journal import JournalOptions
 from disk.storage import StorageOptions
 from ledgerd.base.credentials import read_cluster_secret
+from ledgerd.base.logs import LOG_FORMATS
 from ledgerd.base.settings import LOG_LEVELS, ConfigError, setting
 from ledgerd.machines.placement import RACK
 from metadata.settings import ZooKeeperSettings
@@ -260,6 +261,10 @@ class BookieConfig(ZooKeeperSettings):
         doc="Secret that admin requests from other hosts must carry; empty = loopback only.")
     log_level: str = setting(
         "INFO", bk="(log4j level)", choices=LOG_LEVELS, doc="Logging level.")
+    log_format: str = setting(
+        "kv", bk="(ledgerd)", choices=LOG_FORMATS,
+        doc="Log lines as key=value (kv) or one JSON object a line (json); "
+            "`ledgerd --log-format` overrides it.")
 
     def __post_init__(self) -> None:
         if not RACK.match(self.bookie_rack):

@@ -47,6 +47,11 @@ warnings.filterwarnings("ignore", message="No chroot path exists", category=User
 __all__ = ["ZooKeeperStore"]
 
 log = logging.getLogger(__name__)
+# A library must not print on an application's stderr: without a handler of the
+# application's own, kazoo's warnings ("Connection dropped: socket connection broken")
+# went to Python's last-resort handler. The CLI and the bookie route them through their
+# own logging (configure_logging); an application that configures logging sees them.
+logging.getLogger("kazoo").addHandler(logging.NullHandler())
 T = TypeVar("T")
 
 _RETRYABLE = (kz.ConnectionLoss, kz.OperationTimeoutError, KazooTimeoutError)
@@ -290,7 +295,10 @@ class ZooKeeperStore:
             return
 
         def deliver() -> None:
-            log.info("zookeeper_session", extra=fields(event=event.value, servers=self._servers))
+            if self._closed:
+                return  # our own close ends the session: nothing was lost
+            log.info("zookeeper_session", extra=fields(state=event.value,
+                                                       servers=self._servers))
             self._sessions.emit(event)
 
         self._hand_to_trio(deliver)

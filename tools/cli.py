@@ -19,7 +19,7 @@ import click
 from appliance.config import BookieConfig
 from disk.errors import StorageError
 from ledgerd import __version__
-from ledgerd.base.logs import configure_logging
+from ledgerd.base.logs import LOG_FORMATS, configure_logging
 from ledgerd.base.settings import ConfigError, defaults_toml, load_config
 from ledgerd.config import ClientConfig
 from ledgerd.errors import LedgerdError, single_exception
@@ -34,12 +34,16 @@ class CliError(click.ClickException):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--log-format", type=click.Choice(LOG_FORMATS), default=None,
+              envvar="LEDGERD_LOG_FORMAT",
+              help="Log lines as key=value (default) or JSON objects (a bookie's "
+                   "log_format setting otherwise).")
 @click.version_option(__version__, prog_name="ledgerd")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, log_format: str | None) -> None:
     """ledgerd: a replicated journal appliance after Apache BookKeeper."""
-    ctx.obj = {"debug": debug}
-    configure_logging("DEBUG" if debug else "INFO")
+    ctx.obj = {"debug": debug, "log_format": log_format}
+    configure_logging("DEBUG" if debug else "INFO", fmt=log_format or "kv")
 
 
 @cli.command("config")
@@ -108,7 +112,8 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
 
     overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
     config = load_config(BookieConfig, path=conf, overrides=overrides)
-    configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level)
+    configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level,
+                      fmt=ctx.obj["log_format"] or config.log_format)
     _log_effective(config)
     try:
         code = run_bookie(config)
@@ -136,7 +141,8 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
     from appliance.main import run_autorecovery_process
 
     config = load_config(BookieConfig, path=conf)
-    configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level)
+    configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level,
+                      fmt=ctx.obj["log_format"] or config.log_format)
     name = worker_id or f"{socket.gethostname()}:{os.getpid()}"
     try:
         code = run_autorecovery_process(config, name)

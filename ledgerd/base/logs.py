@@ -7,18 +7,38 @@ Call sites log an event name and fields::
 
 and the formatter renders ``ts=... level=INFO logger=disk.journal event=journal_rolled
 file=/x/1.txn size=123``. Values with spaces or quotes are quoted, so each line parses back.
+``--log-format json`` (``log_format = "json"``) writes the same record as one JSON object
+a line, for log shippers. A field named like one of the line's own keys (``ts``,
+``level``, ``logger``, ``event``, ``exc``) is written with a trailing underscore, so no
+line carries a key twice.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
 from typing import Any
 
-__all__ = ["KeyValueFormatter", "configure_logging", "fields", "format_value"]
+__all__ = ["LOG_FORMATS", "JsonFormatter", "KeyValueFormatter", "configure_logging", "fields",
+           "format_value"]
 
 _FIELDS_ATTR = "ledgerd_fields"
+_RESERVED = frozenset({"ts", "level", "logger", "event", "exc"})
+LOG_FORMATS = ("kv", "json")
+
+
+def _fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    kv: dict[str, Any] = getattr(record, _FIELDS_ATTR, {})
+    if _RESERVED.isdisjoint(kv):
+        return kv
+    return {(f"{k}_" if k in _RESERVED else k): v for k, v in kv.items()}
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{ts}.{int(record.msecs):03d}Z"
 
 
 def fields(**kv: Any) -> dict[str, Any]:
@@ -38,24 +58,40 @@ class KeyValueFormatter(logging.Formatter):
     """Formats a record as one ``key=value`` line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         parts = [
-            f"ts={ts}.{int(record.msecs):03d}Z",
+            f"ts={_timestamp(record)}",
             f"level={record.levelname}",
             f"logger={record.name}",
             f"event={format_value(record.getMessage())}",
         ]
-        for key, value in getattr(record, _FIELDS_ATTR, {}).items():
+        for key, value in _fields_of(record).items():
             parts.append(f"{key}={format_value(value)}")
         if record.exc_info:
             parts.append(f"exc={format_value(self.formatException(record.exc_info))}")
         return " ".join(parts)
 
 
-def configure_logging(level: str = "INFO", stream: Any = None) -> None:
-    """Send every ledgerd logger to ``stream`` (stderr) at ``level``, one line per event."""
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object (values that JSON cannot hold as strings)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname,
+                               "logger": record.name, "event": record.getMessage()}
+        for key, value in _fields_of(record).items():
+            out[key] = value if isinstance(value, (bool, int, float, type(None))) else \
+                value if isinstance(value, str) else str(value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", stream: Any = None, fmt: str = "kv") -> None:
+    """Send every ledgerd logger to ``stream`` (stderr) at ``level``, one line per event,
+    as ``key=value`` (``fmt="kv"``) or JSON (``fmt="json"``)."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -94,3 +94,30 @@ async def test_port_in_use_registers_nothing(bookie_factory: Callable[..., Booki
                                           f"listen on 127.0.0.1:{port}: Address already in use")
             assert await CookieStore(store, "/ledgers").get(f"127.0.0.1:{port}") is None
             assert not (Path(b.settings["journal_directory"]) / "current").exists()
+
+
+def test_json_logs_are_one_object_a_line(tmp_path: Path) -> None:
+    """``log_format = "json"``: every log line of a real bookie, from start to a
+    graceful stop, is one JSON object with ts, level, logger and event."""
+    import json
+
+    b = BookieProcess(tmp_path / "b", "", settings={"log_format": "json"})
+    b.start()
+    try:
+        for _ in range(600):  # bounded: at most 30 s for the port to answer
+            if not b.running:
+                break
+            try:
+                with socket.create_connection(("127.0.0.1", b.port), 0.1):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        assert b.running, b.log_tail()
+    finally:
+        code = b.terminate()
+    assert code == 0
+    lines = [line for line in b.log_path.read_text().splitlines() if line]
+    records = [json.loads(line) for line in lines]
+    assert {"ts", "level", "logger", "event"} <= set(records[0])
+    events = [r["event"] for r in records]
+    assert "listening" in events and "bookie_stopping" in events, events

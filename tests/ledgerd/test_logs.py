@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
+
+import pytest
 
 from ledgerd.base.logs import configure_logging, fields
 
@@ -30,3 +33,56 @@ def test_level_filters() -> None:
     logging.getLogger("x").warning("shown")
     assert "hidden" not in out.getvalue()
     assert "event=shown" in out.getvalue()
+
+
+def test_json_lines_carry_the_same_record() -> None:
+    import json
+
+    out = io.StringIO()
+    configure_logging("INFO", stream=out, fmt="json")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("disk.journal").exception(
+            "journal_failed", extra=fields(path=Path("/j/1.txn"), size=12, ok=True))
+    line = out.getvalue().strip()
+    assert "\n" not in line
+    record = json.loads(line)
+    assert record["level"] == "ERROR" and record["logger"] == "disk.journal"
+    assert record["event"] == "journal_failed"
+    assert record["path"] == "/j/1.txn" and record["size"] == 12 and record["ok"] is True
+    assert "ValueError: boom" in record["exc"]
+    with pytest.raises(ValueError, match="log format"):
+        configure_logging("INFO", stream=out, fmt="xml")
+
+
+def test_a_field_named_like_a_line_key_is_not_written_twice() -> None:
+    out = io.StringIO()
+    configure_logging("INFO", stream=out)
+    logging.getLogger("metadata.zookeeper").info(
+        "zookeeper_session", extra=fields(event="lost", level=3))
+    line = out.getvalue().strip()
+    keys = [part.split("=", 1)[0] for part in line.split(" ")]
+    assert len(keys) == len(set(keys)), line
+    assert "event=zookeeper_session" in line and "event_=lost" in line
+
+
+def test_an_application_without_logging_sees_no_kazoo_lines(tmp_path: Path) -> None:
+    """A script that uses the client against a ZooKeeper that is not there gets the
+    client's one error, and kazoo's warnings stay off its stderr."""
+    import subprocess
+    import sys
+
+    from tools.zkserver import find_free_port
+
+    port = find_free_port()
+    script = (
+        "import ledgerd\n"
+        "try:\n"
+        f"    ledgerd.SyncClient('127.0.0.1:{port}', zk_timeout_ms=1500)\n"
+        "except ledgerd.LedgerdError as exc:\n"
+        "    print('error:', type(exc).__name__)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.stdout.startswith("error:"), done.stdout + done.stderr
+    assert done.stderr == "", done.stderr
