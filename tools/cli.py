@@ -156,14 +156,20 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
     sys.exit(code)
 
 
-@cli.command("local")
+@cli.group("local", invoke_without_command=True)
 @click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 64),
               help="Number of bookie processes to start.")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep ZooKeeper and bookie data here (survives restarts).")
 @click.option("--zk", default=None, help="Use this ZooKeeper instead of starting one.")
-def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
-    """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C."""
+@click.pass_context
+def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | None) -> None:
+    """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C.
+
+    While it runs, `ledgerd local ctl kill|stop|start N` and `ledgerd local ctl status`
+    (in another terminal) control its bookies by index."""
+    if ctx.invoked_subcommand is not None:
+        return
     from tools.localcluster import LocalCluster, LocalClusterError
 
     base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
@@ -182,6 +188,10 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
             click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"
                        f"{b.admin_port}/metrics, log {b.log_path}")
         click.echo(f"data: {base}")
+        cluster.serve_control()
+        click.echo("\nWatch a bookie die and come back, in another terminal: "
+                   "ledgerd local ctl kill 1; ledgerd local ctl status; "
+                   "ledgerd local ctl start 1")
         e = min(3, len(cluster.bookies))
         q = min(2, e)
         click.echo("\nTry it (Python, in another terminal):\n"
@@ -198,13 +208,43 @@ def local_cmd(bookies: int, data: Path | None, zk: str | None) -> None:
                 code = b.process.returncode if b.process is not None else None
                 click.echo(f"{b.name} {b.bookie_id} (pid {b.pid}) exited with {code}; the "
                            "others go on, and their autorecovery copies its ledgers to the "
-                           "rest (`ledgerd shell listunderreplicated`). Log: "
+                           "rest (`ledgerd shell listunderreplicated`); `ledgerd local ctl "
+                           f"start {cluster.bookies.index(b)}` brings it back. Log: "
                            f"{b.log_path}", err=True)
     except LocalClusterError as exc:
         raise CliError(str(exc)) from exc
     finally:
         cluster.stop()
         click.echo("stopped.")
+
+
+@local_cmd.command("ctl")
+@click.argument("action", type=click.Choice(["kill", "stop", "start", "status"]))
+@click.argument("index", type=int, required=False)
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The running cluster's data directory (default: the one running "
+                   "`ledgerd local` under the temp directory).")
+def local_ctl_cmd(action: str, index: int | None, data: Path | None) -> None:
+    """Control a running `ledgerd local`: kill (SIGKILL), stop (SIGTERM), start a bookie
+    by index, or print every bookie's status."""
+    from tools.localcluster import CTL_SOCKET, LocalClusterError, send_control
+
+    if data is None:
+        running = sorted(Path(tempfile.gettempdir()).glob(f"ledgerd-local-*/{CTL_SOCKET}"),
+                         key=lambda p: p.stat().st_mtime)
+        if not running:
+            raise CliError("no `ledgerd local` is running under "
+                           f"{tempfile.gettempdir()}; give --data DIR")
+        if len(running) > 1:
+            raise CliError("several `ledgerd local` clusters run: give --data, one of "
+                           + ", ".join(str(p.parent) for p in running))
+        data = running[0].parent
+    if action != "status" and index is None:
+        raise CliError(f"`ctl {action}` needs a bookie index (see `ledgerd local ctl status`)")
+    try:
+        click.echo(send_control(data, action, index))
+    except LocalClusterError as exc:
+        raise CliError(str(exc)) from exc
 
 
 BENCHES = ("wire_codec", "journal", "metadata", "bookie", "latency", "client", "recovery", "logs",

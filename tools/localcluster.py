@@ -2,11 +2,21 @@
 
 ``ledgerd local`` runs it in the foreground; stops are by PID (SIGTERM to bookies, then
 ZooKeeper). With ``--data`` the directories survive, so a restart finds its ledgers.
+
+While it runs, ``ledgerd local ctl`` controls its bookies by index through a Unix socket
+in the data directory (``ctl.sock``): ``kill N`` (SIGKILL, as a crash), ``stop N``
+(SIGTERM, the graceful path), ``start N`` (the same configuration and directories, and
+waits until it is registered), ``status``. The cluster goes on when a bookie dies, so a
+newcomer can watch the others re-replicate its ledgers and the bookie come back.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import socketserver
 import subprocess
+import threading
 from pathlib import Path
 
 import trio
@@ -18,9 +28,11 @@ from metadata.zookeeper import ZooKeeperStore
 from tools.bookieprocess import BookieProcess
 from tools.zkserver import ZooKeeperError, ZooKeeperServer, find_free_port
 
-__all__ = ["LocalCluster", "LocalClusterError"]
+__all__ = ["CTL_SOCKET", "LocalCluster", "LocalClusterError", "send_control"]
 
 BASE_PORT = 3181
+CTL_SOCKET = "ctl.sock"
+CTL_ACTIONS = ("kill", "stop", "start", "status")
 
 
 class LocalClusterError(RuntimeError):
@@ -37,6 +49,8 @@ class LocalCluster:
         self.bookies: list[BookieProcess] = []
         self.register_timeout = register_timeout
         self._dead: set[str] = set()
+        self._lock = threading.Lock()
+        self._ctl: socketserver.UnixStreamServer | None = None
 
     def start(self) -> None:
         if not self.zk:
@@ -79,9 +93,12 @@ class LocalCluster:
         finally:
             await store.close()
 
-    async def _wait_registered(self) -> None:
+    async def _wait_registered(self, bookies: list[BookieProcess] | None = None) -> None:
+        """Wait until ``bookies`` (default: all) are registered; LocalClusterError if one
+        exits first or the register timeout passes."""
         store = await ZooKeeperStore.connect(self.zk)
-        ids = {b.bookie_id for b in self.bookies}
+        waited = self.bookies if bookies is None else bookies
+        ids = {b.bookie_id for b in waited}
 
         async def all_registered(listed: BookieSet) -> bool:
             return ids <= listed.writable | listed.read_only
@@ -94,7 +111,7 @@ class LocalCluster:
             with trio.move_on_after(self.register_timeout) as scope:
                 try:
                     async with trio.open_nursery() as nursery:
-                        for bookie in self.bookies:
+                        for bookie in waited:
                             nursery.start_soon(died, bookie)
                         await BookieRegistry(store, "/ledgers").wait_for(all_registered)
                         nursery.cancel_scope.cancel()
@@ -128,7 +145,69 @@ class LocalCluster:
         self._dead.update(b.name for b in out)
         return out
 
+    # -- control --------------------------------------------------------------------
+
+    def control(self, action: str, index: int | None = None) -> str:
+        """Carry out one ``ledgerd local ctl`` request; the answer is what to print.
+        Raises LocalClusterError for a request that cannot be done (said to the user)."""
+        with self._lock:
+            if action == "status":
+                return "\n".join(
+                    f"{i}  {b.name}  {b.bookie_id}  "
+                    + (f"running  pid {b.pid}" if b.running else
+                       f"exited ({b.process.returncode if b.process else 'never started'})")
+                    for i, b in enumerate(self.bookies))
+            if action not in CTL_ACTIONS:
+                raise LocalClusterError(f"unknown action {action!r}: one of "
+                                        f"{', '.join(CTL_ACTIONS)}")
+            if index is None or not 0 <= index < len(self.bookies):
+                raise LocalClusterError(f"{action} needs a bookie index, 0 to "
+                                        f"{len(self.bookies) - 1}")
+            b = self.bookies[index]
+            if action == "start":
+                if b.running:
+                    raise LocalClusterError(f"{b.name} is already running (pid {b.pid})")
+                b.start()
+                self._dead.discard(b.name)
+                trio.run(self._wait_registered, [b])
+                return f"{b.name} {b.bookie_id} started (pid {b.pid}) and registered"
+            if not b.running:
+                raise LocalClusterError(f"{b.name} is not running")
+            pid = b.pid
+            if action == "kill":
+                code = b.kill9()
+                return f"{b.name} {b.bookie_id} (pid {pid}) killed with SIGKILL: exit {code}"
+            code = b.terminate(timeout=60)
+            return f"{b.name} {b.bookie_id} (pid {pid}) stopped: exit {code}"
+
+    def serve_control(self) -> Path:
+        """Answer ``ledgerd local ctl`` on ``<base>/ctl.sock`` from a thread of its own."""
+        path = self.base / CTL_SOCKET
+        path.unlink(missing_ok=True)
+        cluster = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                words = self.rfile.readline(1024).decode(errors="replace").split()
+                try:
+                    if not words:
+                        raise LocalClusterError("empty request")
+                    index = int(words[1]) if len(words) > 1 else None
+                    reply = "ok " + cluster.control(words[0], index)
+                except (LocalClusterError, ValueError, subprocess.TimeoutExpired) as exc:
+                    reply = f"error {exc}"
+                self.wfile.write(reply.encode() + b"\n")
+
+        self._ctl = socketserver.UnixStreamServer(str(path), Handler)
+        os.chmod(path, 0o600)
+        threading.Thread(target=self._ctl.serve_forever, name="local-ctl", daemon=True).start()
+        return path
+
     def stop(self) -> None:
+        if self._ctl is not None:
+            self._ctl.shutdown()
+            self._ctl.server_close()
+            (self.base / CTL_SOCKET).unlink(missing_ok=True)
         for b in self.bookies:
             if b.running:
                 try:
@@ -137,3 +216,27 @@ class LocalCluster:
                     b.kill9()
         if self.server is not None:
             self.server.stop()
+
+
+def send_control(base: Path, action: str, index: int | None = None,
+                 timeout: float = 180.0) -> str:
+    """Send one request to the ``ledgerd local`` running on ``base``; its answer.
+    Raises LocalClusterError when none runs there or it refused the request."""
+    path = Path(base) / CTL_SOCKET
+    line = action if index is None else f"{action} {index}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(path))
+            sock.sendall(line.encode() + b"\n")
+            reply = sock.makefile("rb").read().decode().rstrip("\n")
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        raise LocalClusterError(f"no `ledgerd local` is running on {base} ({exc.strerror})"
+                                ) from None
+    except TimeoutError:
+        raise LocalClusterError(f"`ledgerd local` on {base} did not answer in "
+                                f"{timeout:.0f}s") from None
+    status, _, text = reply.partition(" ")
+    if status != "ok":
+        raise LocalClusterError(text or "no answer")
+    return text

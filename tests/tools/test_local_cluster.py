@@ -136,3 +136,50 @@ def test_a_dead_bookie_does_not_stop_the_local_cluster(tmp_path: Path) -> None:
         assert "every bookie exited" in cluster.check()
     finally:
         cluster.stop()
+
+
+async def test_local_ctl_kills_and_restarts_a_bookie_while_the_cluster_goes_on(
+        zk_chroot: str, tmp_path: Path) -> None:
+    data = tmp_path / "local"
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "2",
+                             "--data", str(data), "--zk", zk_chroot],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tools.cli", "local", "ctl", *args,
+                               "--data", str(data)], capture_output=True, text=True,
+                              timeout=180)
+
+    try:
+        lines = await _until_running(proc)
+        bookie_ids = [ln.split()[1].rstrip(":") for ln in lines if ln.startswith("bookie ")]
+        status = await trio.to_thread.run_sync(ctl, "status")
+        assert status.returncode == 0 and status.stdout.count("running") == 2, status.stdout
+        killed = await trio.to_thread.run_sync(ctl, "kill", "1")
+        assert killed.returncode == 0 and "killed with SIGKILL" in killed.stdout
+        # The foreground says so, and goes on.
+        assert proc.stdout is not None
+        line = await trio.to_thread.run_sync(proc.stdout.readline)
+        assert line.startswith(f"bookie1 {bookie_ids[1]}") and "exited with -9" in line, line
+        again = await trio.to_thread.run_sync(ctl, "kill", "1")
+        assert again.returncode == 1 and "bookie1 is not running" in again.stderr
+        bad = await trio.to_thread.run_sync(ctl, "start", "5")
+        assert bad.returncode == 1 and "a bookie index, 0 to 1" in bad.stderr
+        started = await trio.to_thread.run_sync(ctl, "start", "1")
+        assert started.returncode == 0 and "registered" in started.stdout, started.stderr
+        store = await ZooKeeperStore.connect(zk_chroot)
+        try:
+            listed = await BookieRegistry(store).list_bookies()
+            assert set(bookie_ids) <= listed.writable
+        finally:
+            await store.close()
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGINT)
+        assert await trio.to_thread.run_sync(proc.wait, 120) == 0
+        gone = await trio.to_thread.run_sync(ctl, "status")
+        assert gone.returncode == 1 and "no `ledgerd local` is running" in gone.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
