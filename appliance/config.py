@@ -69,10 +69,10 @@ class BookieConfig(ZooKeeperSettings):
         True, bk="serverTcpNoDelay", doc="Disable Nagle's algorithm on bookie sockets.")
     # -- directories ---------------------------------------------------------------
     journal_directory: str = setting(
-        "/tmp/bk-txn", bk="journalDirectory",
+        "/var/lib/ledgerd/journal", bk="journalDirectory",
         doc="Write-ahead journal directory, ideally on a dedicated device.")
     ledger_directories: tuple[str, ...] = setting(
-        ("/tmp/bk-data",), bk="ledgerDirectories",
+        ("/var/lib/ledgerd/ledgers",), bk="ledgerDirectories",
         doc="Directories for entry logs; new logs go to the least full writable one.")
     index_directories: tuple[str, ...] = setting(
         (), bk="indexDirectories", doc="Directories for index files; empty means the ledger dirs.")
