@@ -31,9 +31,9 @@ system-deps:
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(VENV)/bin/python pyproject.toml setup.py native/_build.py
+$(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt setup.py native/_build.py
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,spark]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,spark]'
 	$(PY) -c 'import native._native' || { echo "native helper failed to build" >&2; exit 1; }
 	touch $(STAMP)
 
