@@ -96,28 +96,19 @@ async def test_port_in_use_registers_nothing(bookie_factory: Callable[..., Booki
             assert not (Path(b.settings["journal_directory"]) / "current").exists()
 
 
-def test_json_logs_are_one_object_a_line(tmp_path: Path) -> None:
+async def test_json_logs_are_one_object_a_line(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str) -> None:
     """``log_format = "json"``: every log line of a real bookie, from start to a
     graceful stop, is one JSON object with ts, level, logger and event."""
     import json
 
-    b = BookieProcess(tmp_path / "b", "", settings={"log_format": "json"})
-    b.start()
-    try:
-        for _ in range(600):  # bounded: at most 30 s for the port to answer
-            if not b.running:
-                break
-            try:
-                with socket.create_connection(("127.0.0.1", b.port), 0.1):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        assert b.running, b.log_tail()
-    finally:
-        code = b.terminate()
-    assert code == 0
+    b = bookie_factory(log_format="json")
+    async with metadata_store(zk_chroot) as store:
+        b.start()
+        await wait_registered(store, b)
+    assert b.terminate() == 0
     lines = [line for line in b.log_path.read_text().splitlines() if line]
     records = [json.loads(line) for line in lines]
-    assert {"ts", "level", "logger", "event"} <= set(records[0])
+    assert all({"ts", "level", "logger", "event"} <= set(r) for r in records)
     events = [r["event"] for r in records]
     assert "listening" in events and "bookie_stopping" in events, events
