@@ -44,12 +44,11 @@ import select
 import socket
 import time
 from functools import partial
-from typing import Any
 
 import trio
 
 from appliance.handlers import RequestHandler
-from appliance.server import ConnectionOptions, reply_bytes
+from appliance.server import ConnectionOptions, ReplyItem, encode_replies, reply_bytes
 from disk.journal import JournalGroup
 from ledgerd.base.logs import fields
 from wire.connection import (
@@ -61,7 +60,6 @@ from wire.connection import (
 from wire.errors import FrameSizeError
 from wire.frames import DecodedRequest
 from wire.messages import AddRequest, ApiKey, Message
-from wire.status import Status
 
 __all__ = ["ConnectionHub"]
 
@@ -69,7 +67,6 @@ log = logging.getLogger(__name__)
 _RECEIVE = 256 * 1024
 _CLOSE_GRACE_S = 5.0
 _ADD = int(ApiKey.ADD)
-_READ = int(ApiKey.READ)
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
 _GONE = select.EPOLLHUP | select.EPOLLERR
@@ -90,7 +87,7 @@ class _Connection:
         self.trusted = trusted
         # (correlation id, api key, status, response, group or None, started at); an
         # add's "response" is (ledger id, first entry id, count).
-        self.items: list[tuple[int, int, int, Any, JournalGroup | None, float]] = []
+        self.items: list[ReplyItem] = []
         self.queued_bytes = 0       # reply_bytes of the non-add replies in ``items``
         self.wbuf = bytearray()     # encoded replies the socket has not taken yet
         self.mask = _IN
@@ -332,7 +329,7 @@ class ConnectionHub:
             batch, c.items = items, []
         else:
             batch, c.items = items[:ready], items[ready:]
-        data, sent_bytes = self._encode(c, batch)
+        data, sent_bytes = encode_replies(c.conn, self.handler.metrics, batch)
         c.queued_bytes -= sent_bytes
         del batch
         if c.wbuf:
@@ -357,46 +354,6 @@ class ConnectionHub:
         except Exception as exc:  # never fail the journal task for one connection
             log.exception("connection_failed", extra=fields(error=repr(exc)))
             self._close(c)
-
-    def _encode(self, c: _Connection, items: list[tuple[int, int, int, Any,
-                                                       JournalGroup | None, float]]
-                ) -> tuple[bytes, int]:
-        conn = c.conn
-        metrics = self.handler.metrics
-        count = metrics.count
-        add_latency = metrics.add_latency
-        read_latency = metrics.read_latency
-        send_add_ok = conn.send_add_ok
-        chunks = []
-        now = time.perf_counter()
-        adds = ok_adds = sent_bytes = 0
-        add_t0 = 0.0
-        for cid, api, status, resp, group, t0 in items:
-            if api == _ADD:
-                if group is not None and group.error is not None:
-                    status = Status.IO_ERROR
-                if status == 0:
-                    chunks.append(send_add_ok(cid, *resp))
-                    ok_adds += 1
-                else:
-                    chunks.append(conn.send(cid, status, None))
-                    count(api, status)
-                if adds and t0 != add_t0:
-                    add_latency.observe(now - add_t0, adds)
-                    adds = 0
-                add_t0 = t0
-                adds += 1
-            else:
-                chunks.append(conn.send(cid, status, resp))
-                sent_bytes += reply_bytes(resp)
-                count(api, status)
-                if api == _READ and t0:  # slow-path reads time themselves
-                    read_latency.observe(now - t0)
-        if adds:
-            add_latency.observe(now - add_t0, adds)
-        if ok_adds:
-            count(_ADD, 0, ok_adds)
-        return b"".join(chunks), sent_bytes
 
     def _send_buffered(self, c: _Connection) -> None:
         if c.closed or not c.wbuf:

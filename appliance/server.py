@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 from appliance.handlers import RequestHandler
+from appliance.metrics import BookieMetrics
 from disk.journal import JournalGroup
 from ledgerd.base.logs import fields
 from wire.connection import (
@@ -50,7 +51,8 @@ from wire.messages import (
 )
 from wire.status import Status
 
-__all__ = ["ConnectionOptions", "is_loopback", "serve_connection"]
+__all__ = ["ConnectionOptions", "ReplyItem", "encode_replies", "is_loopback", "reply_bytes",
+           "serve_connection"]
 
 log = logging.getLogger(__name__)
 _RECEIVE = 256 * 1024
@@ -78,6 +80,53 @@ def reply_bytes(resp: Message | None) -> int:
     return 64
 
 
+ReplyItem = tuple[int, int, int, Any, "JournalGroup | None", float]
+
+
+def encode_replies(conn: ServerConnection, metrics: BookieMetrics, items: list[ReplyItem]
+                   ) -> tuple[bytes, int]:
+    """The bytes of ``items``' replies, in order, and the ``reply_bytes`` of the non-add
+    ones among them; counts each by api and status and observes the add and read
+    latencies. An item is (correlation id, api key, status, response, journal group or
+    None, started at); an add's "response" is (ledger id, first entry id, count), and a
+    failed journal group turns its OK into IO_ERROR. Shared by the per-connection writer
+    and the connection hub."""
+    count = metrics.count
+    add_latency = metrics.add_latency
+    read_latency = metrics.read_latency
+    send_add_ok = conn.send_add_ok
+    chunks = []
+    now = time.perf_counter()
+    adds = ok_adds = sent_bytes = 0
+    add_t0 = 0.0
+    for cid, api, status, resp, group, t0 in items:
+        if api == _ADD:
+            if group is not None and group.error is not None:
+                status = Status.IO_ERROR
+            if status == 0:
+                chunks.append(send_add_ok(cid, *resp))
+                ok_adds += 1
+            else:
+                chunks.append(conn.send(cid, status, None))
+                count(api, status)
+            if adds and t0 != add_t0:
+                add_latency.observe(now - add_t0, adds)
+                adds = 0
+            add_t0 = t0
+            adds += 1
+        else:
+            chunks.append(conn.send(cid, status, resp))
+            sent_bytes += reply_bytes(resp)
+            count(api, status)
+            if api == _READ and t0:  # slow-path reads time themselves
+                read_latency.observe(now - t0)
+    if adds:
+        add_latency.observe(now - add_t0, adds)
+    if ok_adds:
+        count(_ADD, 0, ok_adds)
+    return b"".join(chunks), sent_bytes
+
+
 def is_loopback(stream: trio.abc.Stream) -> bool:
     """True for a TCP peer on a loopback address (or a non-socket test stream)."""
     sock = getattr(stream, "socket", None)
@@ -98,7 +147,7 @@ class _Outbox:
     def __init__(self) -> None:
         # (correlation id, api key, status, response, group or None, started at); an
         # add's "response" is (ledger id, first entry id, count).
-        self.items: list[tuple[int, int, int, Any, JournalGroup | None, float]] = []
+        self.items: list[ReplyItem] = []
         self.more = trio.Event()
         self.space = trio.Event()
         self.closing = False
@@ -230,10 +279,6 @@ async def _slow(handler: RequestHandler, outbox: _Outbox, ev: DecodedRequest, tr
 async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outbox,
                   handler: RequestHandler, scope: trio.CancelScope) -> None:
     metrics = handler.metrics
-    count = metrics.count
-    add_latency = metrics.add_latency
-    read_latency = metrics.read_latency
-    send_add_ok = conn.send_add_ok
     while True:
         if not outbox.items:
             if outbox.closing and not conn.inflight:
@@ -255,38 +300,9 @@ async def _writer(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
                 if not group.done.is_set():
                     await group.done.wait()
                 last = group
-        chunks = []
-        now = time.perf_counter()
-        adds = ok_adds = sent_bytes = 0
-        add_t0 = 0.0
-        for cid, api, status, resp, group, t0 in items:
-            if api == _ADD:
-                if group is not None and group.error is not None:
-                    status = Status.IO_ERROR
-                if status == 0:
-                    chunks.append(send_add_ok(cid, *resp))
-                    ok_adds += 1
-                else:
-                    chunks.append(conn.send(cid, status, None))
-                    count(api, status)
-                if adds and t0 != add_t0:
-                    add_latency.observe(now - add_t0, adds)
-                    adds = 0
-                add_t0 = t0
-                adds += 1
-            else:
-                chunks.append(conn.send(cid, status, resp))
-                sent_bytes += reply_bytes(resp)
-                count(api, status)
-                if api == _READ and t0:  # slow-path reads time themselves
-                    read_latency.observe(now - t0)
-        if adds:
-            add_latency.observe(now - add_t0, adds)
-        if ok_adds:
-            count(_ADD, 0, ok_adds)
-        data = b"".join(chunks)
+        data, sent_bytes = encode_replies(conn, metrics, items)
         outbox.unsent = len(items)
-        del chunks, items  # the replies' entries are in ``data`` now
+        del items  # the replies' entries are in ``data`` now
         try:
             await stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
