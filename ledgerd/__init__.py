@@ -95,3 +95,8 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __dir__() -> list[str]:
+    """The public API (``dir(ledgerd)``), not this module's own imports."""
+    return sorted(__all__)

@@ -15,7 +15,7 @@ failover across each entry's write set; ``read_lac`` asks the bookies;
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Generator, Iterable
+from collections.abc import AsyncIterator, Callable, Generator, Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -66,7 +66,8 @@ class PendingAppend:
     """An append in flight: ``await p`` (or ``await p.wait()``) gives its entry id once
     durable, or raises the handle's error."""
 
-    __slots__ = ("_error", "_event", "completed_at", "done", "entry_id", "submitted_at")
+    __slots__ = ("_callback", "_error", "_event", "completed_at", "done", "entry_id",
+                 "submitted_at")
 
     def __init__(self, entry_id: int, submitted_at: float) -> None:
         self.entry_id = entry_id
@@ -75,6 +76,7 @@ class PendingAppend:
         self.completed_at = 0.0  # trio.current_time() when it became durable (or failed)
         self._error: BaseException | None = None
         self._event: trio.Event | None = None
+        self._callback: Callable[[PendingAppend], None] | None = None
 
     def _finish(self, at: float, error: BaseException | None = None) -> None:
         self.done = True
@@ -82,6 +84,21 @@ class PendingAppend:
         self._error = error
         if self._event is not None:
             self._event.set()
+        if self._callback is not None:
+            self._callback(self)
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the append failed (None while pending or once durable)."""
+        return self._error
+
+    def on_done(self, callback: Callable[[PendingAppend], None]) -> None:
+        """Call ``callback(self)`` (in the client's trio thread) once the append is durable
+        or failed; at once if it already is. One callback per append: no task waits."""
+        if self.done:
+            callback(self)
+        else:
+            self._callback = callback
 
     async def wait(self) -> int:
         if not self.done:

@@ -28,7 +28,7 @@ from ledgerd import ledgerlog
 from ledgerd.base.logs import fields
 from ledgerd.client import Client, open_client
 from ledgerd.errors import ClientClosedError
-from ledgerd.handles import ReadHandle, WriteHandle
+from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogCursor, LogEntry, LogPosition, LogWriter, log_segments
 from metadata.ledger import LedgerMetadata
 from wire.entry import Entry
@@ -259,6 +259,31 @@ class SyncWriteHandle(_SyncHandle):
 
     def append_many(self, items: Iterable[bytes]) -> list[int]:
         return self._client._run(self._handle.append_many, list(items))
+
+    def submit(self, data: bytes) -> Future[int]:
+        """Send one entry and return once it is sent (after the handle's throttle and
+        outstanding cap): a ``concurrent.futures.Future`` of its entry id, done once it
+        is durable on its ack quorum (or failed with the handle's error). Submits
+        pipeline, where ``append`` waits for each entry in turn::
+
+            futures = [lh.submit(b"event %d" % i) for i in range(10_000)]
+            ids = [f.result() for f in futures]
+
+        Raises at once what ``WriteHandle.submit`` raises (MessageTooLargeError, a
+        handle that failed or closed)."""
+        future: Future[int] = Future()
+
+        def settle(p: PendingAppend) -> None:
+            if p.error is not None:
+                future.set_exception(p.error)
+            else:
+                future.set_result(p.entry_id)
+
+        async def send() -> None:
+            (await self._handle.submit(data)).on_done(settle)
+
+        self._client._run(send)
+        return future
 
 
 class SyncLogWriter:

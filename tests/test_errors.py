@@ -70,3 +70,12 @@ def test_status_table_both_ways(status: Status) -> None:
     assert isinstance(exc, WireError)
     # A status is an answer, not a protocol fault of either side.
     assert not isinstance(exc, LocalProtocolError | RemoteProtocolError)
+
+
+def test_dir_of_ledgerd_is_its_public_api() -> None:
+    import ledgerd
+
+    names = dir(ledgerd)
+    assert {"SyncClient", "open_client", "LedgerdError", "WriteHandle"} <= set(names)
+    assert "importlib" not in names and "TYPE_CHECKING" not in names
+    assert all(hasattr(ledgerd, n) for n in names)

@@ -45,6 +45,16 @@ def test_sync_client_round_trip(bookie_factory: Callable[..., BookieProcess],
             t.join()
         assert results == [[b"x", b"y", b"z"]] * 3
 
+        # submit pipelines: every future settles with its id, in order, durable.
+        with client.create_ledger(3, 2, 2) as fast:
+            futures = [fast.submit(b"p%d" % i) for i in range(2000)]
+            assert [f.result(timeout=60) for f in futures] == list(range(2000))
+            assert fast.last_add_confirmed == 1999
+        with pytest.raises(ledgerd.LedgerdError):
+            fast.submit(b"after close")
+        assert [e.payload for e in client.open_ledger(fast.ledger_id).read(1998)] == \
+            [b"p1998", b"p1999"]
+
         with pytest.raises(ledgerd.BadPasswordError):
             client.open_ledger(ledger_id, password=b"nope")
         client.delete_ledger(ledger_id)
