@@ -5,6 +5,7 @@ from __future__ import annotations
 from ledgerd.base.errors import LedgerdError
 
 __all__ = [
+    "BadServersError",
     "BadVersionError",
     "BookieIdInUseError",
     "ChangeRejectedError",
@@ -60,6 +61,14 @@ class MetadataUnavailableError(MetadataError):
     def __init__(self, servers: str, reason: str) -> None:
         self.servers = servers
         super().__init__(f"metadata service unavailable (tried {servers}): {reason}")
+
+
+class BadServersError(MetadataError):
+    """A ZooKeeper connection string that cannot work: a bad port, no host that resolves."""
+
+    def __init__(self, servers: str, reason: str) -> None:
+        self.servers = servers
+        super().__init__(f"bad ZooKeeper address {servers!r}: {reason}")
 
 
 class CorruptMetadataError(MetadataError):

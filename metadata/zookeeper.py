@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -30,6 +31,7 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from ledgerd.base.logs import fields
 from metadata.errors import (
+    BadServersError,
     BadVersionError,
     MetadataError,
     MetadataUnavailableError,
@@ -89,6 +91,7 @@ class ZooKeeperStore:
         Raises MetadataUnavailableError naming the servers if no session is established
         within ``connect_timeout``. If cancelled, the half-started client is stopped.
         """
+        await trio.to_thread.run_sync(check_servers, servers, abandon_on_cancel=True)
         client = KazooClient(hosts=servers, timeout=session_timeout,
                              logger=logging.getLogger("kazoo.client"))
         try:
@@ -314,6 +317,45 @@ class ZooKeeperStore:
         self._sessions.close()
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_stop_client, self._client)
+
+
+def check_servers(servers: str) -> None:
+    """Raise BadServersError for a connection string that cannot work: an empty one, a
+    port that is not a number in 1-65535, a chroot not starting with "/", or no host
+    that resolves (blocking: name resolution; call it in a thread). Without this a
+    port out of range ended in kazoo's ValueError traceback and an unknown host in a
+    session timeout that named neither."""
+    hosts, slash, chroot = servers.partition("/")
+    if not hosts.strip():
+        raise BadServersError(servers, "no host:port given")
+    if slash and not chroot.strip():
+        raise BadServersError(servers, "an empty chroot after '/'")
+    unresolved = []
+    resolved = 0
+    several = "," in hosts
+    for item in hosts.split(","):
+        item = item.strip()
+        where = f"{item!r}: " if several else ""
+        host, sep, port_text = item.rpartition(":")
+        if not sep or "]" in port_text:
+            host, port_text = item, "2181"
+        host = host.strip("[]")
+        if not host:
+            raise BadServersError(servers, f"{item!r} has no host")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise BadServersError(servers, f"{where}the port {port_text!r} is not a "
+                                           "number") from None
+        if not 1 <= port <= 65535:
+            raise BadServersError(servers, f"{where}port {port} is out of range 1-65535")
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            resolved += 1
+        except (socket.gaierror, UnicodeError):
+            unresolved.append(host)
+    if not resolved:
+        raise BadServersError(servers, "cannot resolve " + ", ".join(map(repr, unresolved)))
 
 
 def _stop_client(client: KazooClient) -> None:

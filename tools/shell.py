@@ -37,10 +37,21 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     return trio.run(fn, *args)
 
 
-async def _store(zk: str) -> Any:
+async def _store(zk: str, *, need_cluster: bool = True) -> Any:
+    """A session to ``zk``; with ``need_cluster``, one where a cluster exists under the
+    root (else LayoutMismatchError, one line: "no cluster at /ledgers on ...; run
+    `ledgerd shell initnewcluster` first", not a missing node deep in some command)."""
+    from metadata.cluster import check_layout
     from metadata.zookeeper import ZooKeeperStore
 
-    return await ZooKeeperStore.connect(zk, connect_timeout=5.0, retries=2)
+    store = await ZooKeeperStore.connect(zk, connect_timeout=5.0, retries=2)
+    if need_cluster:
+        try:
+            await check_layout(store, ROOT)
+        except BaseException:
+            await store.close()
+            raise
+    return store
 
 
 def _bookie_config(conf: Path | None) -> BookieConfig:
@@ -52,6 +63,7 @@ def _bookie_config(conf: Path | None) -> BookieConfig:
 
 @click.group("shell")
 @click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181", show_default=True,
+              show_envvar=True,
               help="ZooKeeper connection string (host:port[,...][/chroot]).")
 @click.pass_context
 def shell(ctx: click.Context, zk: str) -> None:
@@ -87,7 +99,7 @@ def initnewcluster(ctx: click.Context) -> None:
     from metadata.cluster import init_new_cluster, instance_id
 
     async def run() -> str:
-        store = await _store(_zk(ctx))
+        store = await _store(_zk(ctx), need_cluster=False)
         try:
             iid = await init_new_cluster(store, ROOT)
             return f"initialised a new cluster, instance id {iid}" if iid else \
@@ -111,7 +123,7 @@ def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool) ->
         raise ShellError("metaformat deletes all cluster metadata; pass --force to do it")
 
     async def run() -> str:
-        store = await _store(_zk(ctx))
+        store = await _store(_zk(ctx), need_cluster=False)
         try:
             if not allow_live_bookies:
                 from metadata.errors import NoNodeError
@@ -745,7 +757,7 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
                          "stop it first; formatting a live bookie loses what it acknowledges")
 
     async def run() -> None:
-        store = await _store(_zk(ctx))
+        store = await _store(_zk(ctx), need_cluster=False)  # no cluster: nothing to check
         try:
             from metadata.registry import BookieRegistry
 

@@ -67,3 +67,31 @@ def test_config_check_and_effective(tmp_path) -> None:  # type: ignore[no-untype
     assert r.stderr.startswith("ledgerd: error: 3 config problems:")
     assert "did you mean 'bookie_port'?" in r.stderr and "between 0 and 1" in r.stderr
     assert run().returncode != 0
+
+
+def test_a_bad_zk_address_is_one_line_naming_the_problem(zookeeper) -> None:  # type: ignore[no-untyped-def]
+    """A port out of range, a port that is no number, a host that does not resolve, an
+    empty chroot, and a ZooKeeper without a cluster: each one line, exit 1, no
+    traceback; and --help names the environment variable."""
+    import subprocess
+    import sys
+
+    def shell(zk: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--zk", zk, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    cases = {
+        "127.0.0.1:99999": "port 99999 is out of range 1-65535",
+        "127.0.0.1:x": "the port 'x' is not a number",
+        "nosuchhost.invalid:2181": "cannot resolve 'nosuchhost.invalid'",
+        f"{zookeeper.connect_string}/": "an empty chroot",
+        f"{zookeeper.connect_string}/no-cluster-here": "no cluster at /ledgers on",
+    }
+    for zk, expected in cases.items():
+        done = shell(zk, "listbookies")
+        assert done.returncode == 1, (zk, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (zk, done.stderr)
+    helped = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert "LEDGERD_ZK_SERVERS" in helped.stdout
