@@ -8,6 +8,7 @@ storage layer's own decoders (``--conf`` names the bookie's TOML file). Listings
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -287,13 +288,18 @@ def ledgermetadata(ctx: click.Context, ledger_id: int, as_json: bool) -> None:
     if as_json:
         emit(True, d, "")
         return
-    lines = [f"{k:16} {d[k]}" for k in ("ledger_id", "state", "last_entry_id", "length",
-                                          "ensemble_size", "write_quorum", "ack_quorum",
-                                          "digest_type", "compression", "ctime_ms", "term")]
+    lines = [f"{k:16} {'none' if d[k] is None else d[k]}"
+             for k in ("ledger_id", "state", "last_entry_id", "length", "ensemble_size",
+                       "write_quorum", "ack_quorum", "digest_type", "compression", "term")
+             if k in d]
+    ctime = d.get("ctime_ms")
+    if isinstance(ctime, int) and ctime > 0:
+        iso = datetime.datetime.fromtimestamp(ctime / 1000, datetime.UTC)
+        lines.append(f"{'created':16} {iso.isoformat(timespec='milliseconds')}")
     lines.append("ensembles:")
     lines += [f"  from entry {first}: {', '.join(bookies)}" for first, bookies in d["ensembles"]]
-    if d["custom_metadata"]:
-        lines.append(f"custom_metadata  {d['custom_metadata']}")
+    for key, value in sorted((d.get("custom_metadata") or {}).items()):
+        lines.append(f"custom {key:9} {value}")
     click.echo("\n".join(lines))
 
 
@@ -307,11 +313,23 @@ def ledgermetadata(ctx: click.Context, ledger_id: int, as_json: bool) -> None:
 def readledger(ctx: click.Context, ledger_id: int, first: int, last: int | None, password: str,
                as_json: bool) -> None:
     """Entries of a ledger (read without recovery: a ledger being written stays open)."""
+    if last is not None and first > last:
+        raise ShellError(f"--from {first} is past --to {last}: nothing to read")
+
     async def run(client: Any) -> list[dict[str, Any]]:
         rh = await client.open_ledger(ledger_id, password, recovery=False)
         if not rh.is_closed:
             await rh.read_lac()
-        end = rh.last_add_confirmed if last is None else last
+        lac = rh.last_add_confirmed
+        end = lac if last is None else min(last, lac)
+        if last is not None and last > lac:
+            # BookKeeper's reader clamps to the last confirmed entry too; say so.
+            click.echo(f"ledger {ledger_id}: reading to entry {lac}, its last confirmed "
+                       f"entry (--to {last} is past it)", err=True)
+        if first > end:
+            raise ShellError(f"ledger {ledger_id}: --from {first} is past its last confirmed "
+                             f"entry {lac}: nothing to read" if lac >= 0 else
+                             f"ledger {ledger_id} has no confirmed entries yet")
         out = []
         with progress(f"ledger {ledger_id}", max(0, end - first + 1)) as bar:
             async for e in rh.read(first, end):
@@ -677,8 +695,9 @@ def cookie() -> None:
 
 @cookie.command("get")
 @click.argument("bookie_id")
+@click.option("--json", "as_json", is_flag=True, help="The cookie and its znode version as JSON.")
 @click.pass_context
-def cookie_get(ctx: click.Context, bookie_id: str) -> None:
+def cookie_get(ctx: click.Context, bookie_id: str, as_json: bool) -> None:
     """Print the cookie ZooKeeper holds for BOOKIE_ID."""
     from metadata.cookies import CookieStore
 
@@ -691,8 +710,20 @@ def cookie_get(ctx: click.Context, bookie_id: str) -> None:
     got = _run(run)
     if got is None:
         raise ShellError(f"no cookie for bookie {bookie_id} under {ROOT}/cookies")
-    click.echo(got[0].decode("utf-8", "replace"))
-    click.echo(f"(version {got[1]})")
+    try:
+        doc: Any = json.loads(got[0])
+    except ValueError:
+        doc = got[0].decode("utf-8", "replace")  # not ours: shown as it is
+    if as_json:
+        emit(True, {"bookie_id": bookie_id, "cookie": doc, "version": got[1]}, "")
+        return
+    cookie = doc.get("cookie") if isinstance(doc, dict) else None
+    if not isinstance(cookie, dict):
+        click.echo(f"{doc}\n(version {got[1]})")
+        return
+    click.echo("\n".join(f"{k:16} {', '.join(v) if isinstance(v, list) else v}"
+                         for k, v in sorted(cookie.items()))
+               + f"\n(znode version {got[1]})")
 
 
 @cookie.command("update")

@@ -76,6 +76,18 @@ async def test_shell_commands_on_a_real_cluster(bookie_factory: Factory, zk_chro
             "ensemble": "3/2/2"} in ledgers
     md = _ok(await _run("ledgermetadata", str(lid), zk=zk))
     assert "state            CLOSED" in md and "from entry 0:" in md
+    assert "compression      none" in md and "None" not in md  # no Python reprs
+    created = next(ln.split()[1] for ln in md.splitlines() if ln.startswith("created "))
+    assert created.endswith("+00:00") and created[:4].isdigit()  # ISO 8601, UTC
+    # readledger clamps to the last confirmed entry, as BookKeeper's does, and says so.
+    clamped = await _run("readledger", str(lid), "--password", "pw", "--from", "10",
+                         "--to", "99", "--json", zk=zk)
+    assert [e["entry_id"] for e in json.loads(_ok(clamped))] == [10, 11]
+    assert "reading to entry 11, its last confirmed entry (--to 99 is past it)" in clamped.stderr
+    _one_line_error(await _run("readledger", str(lid), "--password", "pw", "--from", "5",
+                               "--to", "2", zk=zk), "--from 5 is past --to 2")
+    _one_line_error(await _run("readledger", str(lid), "--password", "pw", "--from", "20",
+                               zk=zk), "past its last confirmed entry 11")
     entries = json.loads(_ok(await _run("readledger", str(lid), "--password", "pw",
                                         "--from", "2", "--to", "4", "--json", zk=zk)))
     assert [(e["entry_id"], e["payload"]) for e in entries] == [
@@ -88,6 +100,9 @@ async def test_shell_commands_on_a_real_cluster(bookie_factory: Factory, zk_chro
 
     cookie = _ok(await _run("cookie", "get", ids[0], zk=zk))
     assert iid in cookie and ids[0] in cookie
+    as_json = json.loads(_ok(await _run("cookie", "get", ids[0], "--json", zk=zk)))
+    assert as_json["bookie_id"] == ids[0] and as_json["version"] == 0
+    assert as_json["cookie"]["cookie"]["instance_id"] == iid
     _one_line_error(await _run("cookie", "get", "127.0.0.1:1", zk=zk), "no cookie")
 
     # The bookie's own files: a checkpoint happens at SIGTERM.
@@ -210,7 +225,7 @@ async def test_cookie_update_bookieformat_and_metaformat(bookie_factory: Factory
     stale.terminate()
     out = _ok(await _run("cookie", "update", "--conf", conf, zk=zk))
     assert f"cookie of {b.bookie_id} updated" in out
-    assert "(version 1)" in _ok(await _run("cookie", "get", b.bookie_id, zk=zk))
+    assert "(znode version 1)" in _ok(await _run("cookie", "get", b.bookie_id, zk=zk))
 
     _one_line_error(await _run("bookieformat", "--conf", conf, zk=zk), "--force")
     out = _ok(await _run("bookieformat", "--conf", conf, "--force", zk=zk))
