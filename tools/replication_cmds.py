@@ -369,3 +369,53 @@ def gensecret(path: Path) -> None:
 
 def register() -> None:
     """The commands are declared on ``shell`` at import; this makes the import explicit."""
+
+
+@shell.command("clusterinfo")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def clusterinfo(ctx: click.Context, as_json: bool) -> None:
+    """One screen of cluster health: instance id, layout, bookies writable and read-only,
+    ledger count, under-replicated ledgers, the auditor and the autorecovery switch."""
+    from metadata.cluster import check_layout, instance_id
+    from metadata.ledgers import LedgerManager
+    from metadata.registry import BookieRegistry
+    from metadata.underreplication import AuditorElection, UnderreplicationManager
+
+    async def run() -> dict[str, Any]:
+        store = await _store(_zk(ctx))
+        try:
+            layout = await check_layout(store, ROOT)
+            listed = await BookieRegistry(store, ROOT).list_bookies()
+            urm = UnderreplicationManager(store, ROOT)
+            ledgers = 0
+            async for _ in LedgerManager(store, ROOT, layout).iter_ledger_ids():
+                ledgers += 1
+            return {"zk": _zk(ctx), "instance_id": await instance_id(store, ROOT),
+                    "layout": layout, "writable": sorted(listed.writable),
+                    "read_only": sorted(listed.read_only), "ledgers": ledgers,
+                    "underreplicated": await urm.count(),
+                    "auditor": await AuditorElection(store, ROOT).current_auditor(),
+                    "autorecovery_enabled": await urm.is_enabled()}
+        finally:
+            await store.close()
+
+    d = _run(run)
+    health = "OK"
+    if not d["writable"]:
+        health = "NO WRITABLE BOOKIES"
+    elif d["underreplicated"] or d["read_only"]:
+        health = "DEGRADED"
+    lines = [
+        f"cluster          {d['zk']}{ROOT}  ({health})",
+        f"instance id      {d['instance_id']}",
+        f"layout           {d['layout']}",
+        f"bookies          {len(d['writable'])} writable, {len(d['read_only'])} read-only",
+        *(f"  {b}  writable" for b in d["writable"]),
+        *(f"  {b}  READ-ONLY" for b in d["read_only"]),
+        f"ledgers          {d['ledgers']}",
+        f"under-replicated {d['underreplicated']}",
+        f"auditor          {d['auditor'] or 'none'}",
+        f"autorecovery     {'enabled' if d['autorecovery_enabled'] else 'DISABLED'}",
+    ]
+    emit(as_json, {**d, "health": health}, "\n".join(lines))

@@ -61,6 +61,10 @@ async def test_shell_commands_on_a_real_cluster(bookie_factory: Factory, zk_chro
     listed = json.loads(_ok(await _run("listbookies", "--json", zk=zk)))
     assert sorted(r["bookie"] for r in listed) == ids
     assert json.loads(_ok(await _run("listbookies", "--readonly", "--json", zk=zk))) == []
+    info = json.loads(_ok(await _run("clusterinfo", "--json", zk=zk)))
+    assert info["writable"] == ids and info["read_only"] == [] and info["health"] == "OK"
+    assert info["layout"] == "hierarchical" and info["autorecovery_enabled"] is True
+    assert "3 writable, 0 read-only" in _ok(await _run("clusterinfo", zk=zk))
     info = json.loads(_ok(await _run("bookieinfo", "--json", zk=zk)))
     assert len(info) == 3 and all(r["total_bytes"] > r["free_bytes"] > 0 for r in info)
     assert "wrote and read back 40 entries" in _ok(await _run("simpletest", "-n", "40", zk=zk))
