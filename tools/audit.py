@@ -220,7 +220,7 @@ def run_audit(spark: Any, client_options: Mapping[str, str], *,
     # The DataFrame holds the merged rows: it agrees with the summary and does not
     # check the bookies again each time it is used.
     report = AuditReport(spark.createDataFrame(rows, AUDIT_SCHEMA), rows,
-                         _summary(metas, tasks, rows), skipped)
+                         summarize(metas, tasks, rows), skipped)
     if mark:
         manager = UnderreplicationManager(client.client.store,
                                           client.client.config.zk_ledgers_root_path)
@@ -253,7 +253,7 @@ def _adjacent(prev: Row, row: Row, md: LedgerMetadata) -> bool:
     return not bookie_runs(prev[2] + 1, row[1] - 1, md.ensemble_size, md.write_quorum, index)
 
 
-def _summary(metas: Mapping[int, LedgerMetadata], tasks: list[AuditTask],
+def summarize(metas: Mapping[int, LedgerMetadata], tasks: list[AuditTask],
              rows: list[Row]) -> list[dict[str, Any]]:
     expected: dict[int, int] = {}
     for t in tasks:
@@ -266,12 +266,24 @@ def _summary(metas: Mapping[int, LedgerMetadata], tasks: list[AuditTask],
     out = []
     for lid, md in sorted(metas.items()):
         n = lost.get(lid, 0)
+        checked = expected.get(lid, 0)
+        status, note = ("UNDERREPLICATED" if n else "OK"), ""
+        if not md.is_closed:
+            # Its last fragment is (or was, if the writer died) being written: what is
+            # there is not known until recovery closes it, so it is not audited. Never
+            # call a ledger OK when nothing of it could be checked.
+            tail = md.last_ensemble[0]
+            note = (f"open: entries from {tail} (its last fragment) not checked; close or "
+                    f"recover the ledger (`ledgerd shell recover` or open_ledger) to audit "
+                    f"them")
+            if not checked and not n:
+                status = "NOT CHECKED"
         out.append({
             "ledger_id": lid, "state": md.state.value,
             "fragments": len(md.ensembles),
-            "replicas_checked": expected.get(lid, 0), "missing": n,
+            "replicas_checked": checked, "missing": n,
             "bookies_short": ",".join(sorted(short.get(lid, ()))),
-            "status": "UNDERREPLICATED" if n else "OK",
+            "status": status, "note": note,
         })
     return out
 
@@ -331,6 +343,7 @@ def audit_cmd(ctx: click.Context, zk: str, master: str, ledgers: str | None,
                    [[s["ledger_id"], s["state"], s["fragments"], s["replicas_checked"],
                      s["missing"], s["bookies_short"] or "-", s["status"]]
                     for s in report.summary]) if report.summary else "no ledgers to audit"]
+    human += [f"ledger {s['ledger_id']}: {s['note']}" for s in report.summary if s["note"]]
     if missing:
         human.append("")
         human.append(table(["LEDGER", "FIRST", "LAST", "BOOKIE", "MISSING", "REASON"],

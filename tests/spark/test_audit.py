@@ -18,7 +18,7 @@ from metadata.ledger import LedgerMetadata, LedgerState
 from metadata.underreplication import UnderreplicationManager
 from tests.cluster import metadata_store, wait_registered
 from tests.spark.conftest import SparkCluster
-from tools.audit import AuditTask, bookie_runs, plan_ledger, run_audit
+from tools.audit import AuditTask, bookie_runs, plan_ledger, run_audit, summarize
 from tools.cli import main
 
 
@@ -44,6 +44,27 @@ def test_bookie_runs_and_plans() -> None:
     still_open = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
                                 ensembles=md.ensembles)
     assert {t.last for t in plan_ledger(7, still_open, 1000)} == {49}  # not the last fragment
+
+
+def test_an_open_ledger_is_never_ok_unchecked() -> None:
+    """An OPEN ledger with one fragment (its writer may be dead) has nothing the audit
+    may check: it says so instead of reporting OK after checking 0 entries."""
+    one = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                         ensembles=((0, ("a:1", "b:1", "c:1")),))
+    assert plan_ledger(8, one, 100) == []
+    (s,) = summarize({8: one}, [], [])
+    assert s["status"] == "NOT CHECKED" and s["replicas_checked"] == 0
+    assert "entries from 0 (its last fragment) not checked" in s["note"]
+    two = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                         ensembles=((0, ("a:1", "b:1", "c:1")), (50, ("a:1", "d:1", "c:1"))))
+    tasks = plan_ledger(9, two, 1000)
+    (s,) = summarize({9: two}, tasks, [])
+    assert s["status"] == "OK" and "entries from 50" in s["note"]
+    closed = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                            ensembles=two.ensembles, state=LedgerState.CLOSED,
+                            last_entry_id=60)
+    (s,) = summarize({9: closed}, plan_ledger(9, closed, 1000), [])
+    assert s["status"] == "OK" and s["note"] == ""
 
 
 def _drop_entries(bookie_dir: Path, ledger_id: int, entries: list[int]) -> None:
