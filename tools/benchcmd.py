@@ -2,8 +2,10 @@
 
 In the spirit of BookKeeper's BenchThroughputLatency and BenchReadThroughputLatency:
 ``writes`` keeps ``--outstanding`` appends in flight over ``--ledgers`` ledgers from one
-task (``WriteHandle.submit``) for ``--duration`` seconds, printing a live progress line,
-then a table of throughput and latency percentiles. ``reads`` writes ``--entries``
+task (``WriteHandle.submit``) for ``--duration`` seconds, printing progress (a live line
+on a terminal, a line a second otherwise), then a table of throughput and latency
+percentiles; Ctrl-C ends it early with the partial result, and its ledgers are deleted
+unless ``--keep``. ``reads`` writes ``--entries``
 entries to one ledger, closes it and reads it back ``--passes`` times.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from typing import Any
 
 import click
@@ -40,49 +43,98 @@ def _live(text: str) -> None:
         sys.stderr.flush()
 
 
+class _Progress:
+    """Progress on stderr: a live line on a terminal, else one plain line a second."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+
+    def show(self, now: float, text: str) -> None:
+        if self.tty and now - self.last >= 0.5:
+            _live(text)
+            self.last = now
+        elif not self.tty and now - self.last >= 1.0:
+            print(text, file=sys.stderr, flush=True)
+            self.last = now
+
+    def done(self) -> None:
+        _live("")
+
+
 async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
-                     outstanding: int, duration: float, warmup: float = 0.0) -> dict[str, Any]:
+                     outstanding: int, duration: float, warmup: float = 0.0, *,
+                     keep: bool = False, interruptible: bool = False) -> dict[str, Any]:
     """Keep ``outstanding`` appends in flight for ``warmup + duration`` seconds; counts
-    and latencies cover appends submitted after the warm-up and durable before the end."""
+    and latencies cover appends submitted after the warm-up and durable before the end.
+
+    The ledgers are closed, then deleted unless ``keep``. With ``interruptible``, SIGINT
+    (Ctrl-C) ends the run early: what is in flight completes, the ledgers are closed
+    (and deleted), and the result covers the seconds actually run (``interrupted``)."""
     payload = os.urandom(size)
+    progress = _Progress()
+    interrupted = False
     async with ledgerd.open_client(zk, throttle=0,
-                                   max_inflight_per_bookie=max(1000, 4 * outstanding)) as client:
+                                   max_inflight_per_bookie=max(1000, 4 * outstanding)) as client, \
+            trio.open_nursery() as nursery:
         handles = [await client.create_ledger(e, qw, qa) for _ in range(ledgers)]
-        inflight: list[ledgerd.PendingAppend] = []
-        lat: list[float] = []
         start = trio.current_time() + warmup
         end = start + duration
-        last_report = trio.current_time()
+
+        if interruptible:
+            async def on_sigint() -> None:
+                nonlocal end, interrupted
+                import signal
+
+                with trio.open_signal_receiver(signal.SIGINT) as signals:
+                    async for _ in signals:
+                        interrupted = True
+                        end = min(end, trio.current_time())
+                        return
+
+            nursery.start_soon(on_sigint)
+        inflight: list[ledgerd.PendingAppend] = []
+        lat: list[float] = []
         count = i = 0
         while trio.current_time() < end:
             while len(inflight) < outstanding:
                 inflight.append(await handles[i % ledgers].submit(payload))
                 i += 1
             await inflight[0]
-            keep = []
+            keep_ = []
             for p in inflight:
                 if not p.done:
-                    keep.append(p)
+                    keep_.append(p)
                 elif p.submitted_at >= start and p.completed_at < end:
                     count += 1
                     lat.append(p.completed_at - p.submitted_at)
-            inflight = keep
+            inflight = keep_
             now = trio.current_time()
-            if now - last_report >= 0.5 and now > start:
-                last_report = now
-                _live(f"{now - start:5.1f}s  {count:,} appends  {count / (now - start):,.0f}/s")
+            if now > start:
+                progress.show(now, f"{now - start:5.1f}s  {count:,} appends  "
+                                   f"{count / (now - start):,.0f}/s")
         for p in inflight:
             await p
         for h in handles:
             await h.close()
         changes = sum(h.ensemble_changes for h in handles)
-    _live("")
-    return {"kind": "writes", "ensemble": e, "write_quorum": qw, "ack_quorum": qa,
-            "entry_size": size, "ledgers": ledgers, "outstanding": outstanding,
-            "seconds": duration, "appends": count,
-            "appends_per_s": round(count / duration, 1),
-            "mb_per_s": round(count * size / duration / 1e6, 2), **latency_summary(lat),
-            "ensemble_changes": changes}
+        ran = max(1e-9, min(duration, end - start))
+        if not keep:
+            for h in handles:
+                await client.delete_ledger(h.ledger_id)
+        nursery.cancel_scope.cancel()
+    progress.done()
+    result = {"kind": "writes", "ensemble": e, "write_quorum": qw, "ack_quorum": qa,
+              "entry_size": size, "ledgers": ledgers, "outstanding": outstanding,
+              "seconds": round(ran, 3), "appends": count,
+              "appends_per_s": round(count / ran, 1),
+              "mb_per_s": round(count * size / ran / 1e6, 2), **latency_summary(lat),
+              "ensemble_changes": changes}
+    if interrupted:
+        result["interrupted"] = True
+    if keep:
+        result["ledger_ids"] = ",".join(str(h.ledger_id) for h in handles)
+    return result
 
 
 async def _reads(zk: str, e: int, qw: int, qa: int, size: int, entries: int,
@@ -126,7 +178,9 @@ def _show(result: dict[str, Any], as_json: bool) -> None:
         return
     width = max(map(len, result))
     for k, v in result.items():
-        click.echo(f"{k:{width}}  {v:,}" if isinstance(v, int | float) else f"{k:{width}}  {v}")
+        shown = ("yes" if v else "no") if isinstance(v, bool) else \
+            f"{v:,}" if isinstance(v, int | float) else v
+        click.echo(f"{k:{width}}  {shown}")
 
 
 _common = [
@@ -151,12 +205,16 @@ def _with_common(f: Any) -> Any:
 @click.option("--ledgers", default=1, show_default=True)
 @click.option("--outstanding", default=500, show_default=True, help="Appends in flight.")
 @click.option("--duration", default=10.0, show_default=True, help="Seconds.")
+@click.option("--keep", is_flag=True, help="Keep the ledgers written (default: deleted).")
 def writes_cmd(zk: str, ensemble: int, write_quorum: int, ack_quorum: int, entry_size: int,
-               as_json: bool, ledgers: int, outstanding: int, duration: float) -> None:
-    """Write throughput and latency."""
+               as_json: bool, ledgers: int, outstanding: int, duration: float,
+               keep: bool) -> None:
+    """Write throughput and latency (progress each second; Ctrl-C ends it early and
+    prints what was measured; the ledgers are deleted unless --keep)."""
     _quiet()
-    _show(trio.run(run_writes, zk, ensemble, write_quorum, ack_quorum, entry_size, ledgers,
-                   outstanding, duration), as_json)
+    _show(trio.run(partial(run_writes, zk, ensemble, write_quorum, ack_quorum, entry_size,
+                           ledgers, outstanding, duration, keep=keep, interruptible=True)),
+          as_json)
 
 
 @click.command("reads")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -135,6 +136,25 @@ async def test_bench_writes_and_reads(bookie_factory: Factory, zk_chroot: str) -
          "--duration", "2", "--outstanding", "100", "--ledgers", "2", "--json"],
         capture_output=True, text=True, timeout=120))))
     assert w["appends"] > 0 and w["p99_ms"] >= w["p50_ms"] > 0
+    assert "interrupted" not in w
+    # Its ledgers are gone afterwards (unless --keep), and progress went to stderr.
+    assert json.loads(_ok(await _run("listledgers", "--json", zk=zk_chroot))) == []
+    # Ctrl-C ends it early: the ledger is closed and the partial result printed.
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "bench", "writes", "--zk",
+                             zk_chroot, "--duration", "60", "--outstanding", "50", "--keep",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    line = await trio.to_thread.run_sync(proc.stderr.readline)  # the first progress line
+    assert "appends" in line, line
+    proc.send_signal(signal.SIGINT)
+    out, _ = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=120))
+    assert proc.returncode == 0
+    partial = json.loads(out)
+    assert partial["interrupted"] is True and partial["seconds"] < 60
+    kept = int(partial["ledger_ids"])
+    async with ledgerd.open_client(zk_chroot) as client:
+        assert (await client.ledger_metadata(kept)).is_closed
     r = json.loads(_ok(await trio.to_thread.run_sync(lambda: subprocess.run(
         [sys.executable, "-m", "tools.cli", "bench", "reads", "--zk", zk_chroot,
          "--entries", "600", "--passes", "1", "--json"],
