@@ -238,6 +238,10 @@ class Bookie:
         self.storage.set_full_dirs(unusable)
         self.storage.set_failed_dirs(failed)
 
+    def _zk_connected(self) -> bool:
+        store = self.store
+        return store is not None and bool(getattr(store, "is_connected", True))
+
     def _healthy(self) -> bool:
         return not self.state.storage_failed
 
@@ -378,6 +382,20 @@ class Bookie:
         m.gauge("ledgerd_bookie_read_only", "1 while the bookie refuses writes.",
                 lambda: float(self.state.read_only))
         m.gauge("ledgerd_bookie_ledgers", "Ledgers held.", lambda: len(cache.ledgers))
+        # BookKeeper's names for the same facts (existing dashboards and alerts).
+        m.gauge("bookie_SERVER_STATUS", "1 writable, 0 read-only (BookKeeper's name).",
+                lambda: float(not self.state.read_only))
+        m.gauge("bookie_ledgers_count", "Ledgers held (BookKeeper's name).",
+                lambda: len(cache.ledgers))
+        m.gauge("bookie_journal_JOURNAL_QUEUE_SIZE", "Journal records waiting for the next "
+                "group (BookKeeper's name).", lambda: float(j.pending_records))
+        ledger_dirs = [Path(d) for d in self.config.ledger_directories]
+        m.gauge("bookie_ledger_writable_dirs", "Ledger directories taking new entry logs "
+                "(BookKeeper's name).", lambda: float(sum(
+                    1 for d in ledger_dirs if d not in self.disk_checker.verdict.unusable)))
+        m.gauge("ledgerd_zookeeper_connected", "1 while the bookie holds a ZooKeeper "
+                "session (0 without one, or without a metadata store).",
+                lambda: float(self._zk_connected()))
         m.counter("ledgerd_ledger_cache_hits", "Index page hits.", lambda: cache.hits)
         m.counter("ledgerd_ledger_cache_misses", "Index page misses.", lambda: cache.misses)
         m.counter("ledgerd_gc_ledgers_deleted", "Ledgers garbage collected.",

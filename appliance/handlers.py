@@ -164,7 +164,8 @@ class RequestHandler:
                                            decision.truncate)
         except StorageError as exc:
             return status_for_storage_error(exc), None
-        self.metrics.entries_added += len(entries)
+        self.metrics.entries_added += n
+        self.metrics.entry_bytes_added += nbytes
         if self._lac_waiters:
             waiter = self._lac_waiters.pop(lid, None)
             if waiter is not None:

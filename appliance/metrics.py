@@ -4,6 +4,17 @@ The hot path counts into plain ints and list buckets (``observe_many`` records a
 frame's entries in one call); a custom collector turns them into metric families when
 Prometheus scrapes. prometheus_client's own Histogram costs a lock and a label lookup
 per observation, which at 100k adds/s would be a tenth of a core.
+
+Besides the ``ledgerd_*`` families, the names BookKeeper's Prometheus provider exports
+for the same facts are exported too, so dashboards and alerts written for BookKeeper or
+Pulsar bookies work unchanged: ``bookie_SERVER_STATUS`` (1 writable, 0 read-only),
+``bookkeeper_server_ADD_ENTRY_REQUEST`` and ``bookkeeper_server_READ_ENTRY_REQUEST``
+(latency in milliseconds as BookKeeper's OpStatsLogger summaries: ``success`` label,
+``quantile`` 0.5 ... 1.0, ``_count``, ``_sum``), ``bookie_journal_JOURNAL_SYNC``,
+``bookie_journal_JOURNAL_QUEUE_SIZE``, ``bookie_ledgers_count``,
+``bookie_ledger_writable_dirs`` and ``bookie_WRITE_BYTES``. Quantiles come from the
+histograms' buckets (each is its bucket's upper bound), not from a sliding window.
+The process and Python collectors (``process_*``, ``python_*``) come along.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
@@ -24,11 +36,12 @@ from prometheus_client.exposition import generate_latest
 from wire.messages import ApiKey
 from wire.status import Status
 
-__all__ = ["LATENCY_BUCKETS", "BookieMetrics", "FastHistogram"]
+__all__ = ["BK_QUANTILES", "LATENCY_BUCKETS", "BookieMetrics", "FastHistogram"]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+BK_QUANTILES = (0.5, 0.75, 0.95, 0.99, 0.999, 0.9999, 1.0)
 
 
 @dataclass
@@ -55,6 +68,20 @@ class FastHistogram:
             cumulative.append((_fmt(bound), running))
         cumulative.append(("+Inf", self.count))
         return HistogramMetricFamily(name, doc, buckets=cumulative, sum_value=self.total)
+
+    def bk_summary(self, name: str, doc: str, failures: int = 0) -> Metric:
+        """This histogram as a BookKeeper OpStatsLogger summary, in milliseconds, with
+        ``success="true"``; ``failures`` are counted under ``success="false"``."""
+        fam = Metric(name, doc, "summary")
+        for q in BK_QUANTILES:
+            bound = self.quantile(q)
+            value = 1000 * bound if bound != float("inf") else 1000 * self.buckets[-1]
+            fam.add_sample(name, {"success": "true", "quantile": repr(q)}, value)
+        fam.add_sample(name + "_count", {"success": "true"}, float(self.count))
+        fam.add_sample(name + "_sum", {"success": "true"}, 1000 * self.total)
+        fam.add_sample(name + "_count", {"success": "false"}, float(failures))
+        fam.add_sample(name + "_sum", {"success": "false"}, 0.0)
+        return fam
 
     def quantile(self, q: float) -> float:
         """Upper bound of the bucket holding quantile ``q`` (for status output)."""
@@ -85,6 +112,7 @@ class BookieMetrics:
         self.loop_lag = FastHistogram(LATENCY_BUCKETS)
         self.journal_bytes = 0
         self.entries_added = 0
+        self.entry_bytes_added = 0
         self.connections_opened = 0
         self.connections_refused = 0      # over max_connections
         self.connections_idle_closed = 0  # idle past connection_idle_timeout_s
@@ -94,6 +122,9 @@ class BookieMetrics:
         self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
     def count(self, api: int, status: int, n: int = 1) -> None:
         key = (api, status)
@@ -136,6 +167,23 @@ class _Collector:
                                             "Journal write + fdatasync time per group.")
         yield m.loop_lag.family("ledgerd_bookie_event_loop_lag_seconds",
                                 "How late the event loop ran a task due every 10 ms.")
+        failed_adds = sum(n for (api, status), n in m.requests.items()
+                          if api == ApiKey.ADD and status)
+        failed_reads = sum(n for (api, status), n in m.requests.items()
+                           if api == ApiKey.READ and status)
+        yield m.add_latency.bk_summary("bookkeeper_server_ADD_ENTRY_REQUEST",
+                                       "Add request latency, ms (BookKeeper's name).",
+                                       failed_adds)
+        yield m.read_latency.bk_summary("bookkeeper_server_READ_ENTRY_REQUEST",
+                                        "Read request latency, ms (BookKeeper's name).",
+                                        failed_reads)
+        yield m.journal_sync_latency.bk_summary("bookie_journal_JOURNAL_SYNC",
+                                                "Journal write + fdatasync per group, ms "
+                                                "(BookKeeper's name).")
+        write_bytes = Metric("bookie_WRITE_BYTES", "Entry bytes stored by adds "
+                             "(BookKeeper's name, without the _total suffix).", "counter")
+        write_bytes.add_sample("bookie_WRITE_BYTES", {}, float(m.entry_bytes_added))
+        yield write_bytes
         yield CounterMetricFamily("ledgerd_journal_written_bytes",
                                   "Bytes of journal records made durable.", value=m.journal_bytes)
         yield CounterMetricFamily("ledgerd_bookie_entries_added", "Entries stored by adds.",

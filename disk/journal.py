@@ -187,6 +187,10 @@ class Journal:
         return self._pending_bytes
 
     @property
+    def pending_records(self) -> int:
+        return len(self._pending)
+
+    @property
     def is_failed(self) -> bool:
         return self._failed is not None
 

@@ -121,6 +121,11 @@ class ZooKeeperStore:
     def servers(self) -> str:
         return self._servers
 
+    @property
+    def is_connected(self) -> bool:
+        """True while the session is connected (not suspended, lost or closed)."""
+        return bool(self._client.connected) and not self._closed
+
     # -- the bridge -------------------------------------------------------------------
 
     async def _call(self, what: str, path: str, fn: Callable[[], T], *,

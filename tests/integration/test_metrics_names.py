@@ -1,0 +1,70 @@
+"""BookKeeper's metric names on a real bookie, and the Grafana dashboard built on them:
+every series a panel queries is exported."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from ledgerd.bookie_client import open_bookie_client
+from tests.appliance.harness import KEY, entry
+from tests.cluster import admin_get, metadata_store, wait_registered
+from tools.bookieprocess import BookieProcess
+from wire.messages import AddRequest
+from wire.status import Status
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "ledgerd-bookies.json"
+# PromQL words in the dashboard's expressions that are not series names.
+PROMQL = {"rate", "sum", "max", "by", "histogram_quantile", "instance", "le", "success",
+          "quantile", "true", "false"}
+
+
+def _samples(text: str) -> dict[str, list[tuple[str, float]]]:
+    """Series name -> [(labels, value)] of a Prometheus text exposition."""
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)", line)
+        assert m, line
+        out.setdefault(m.group(1), []).append((m.group(2) or "", float(m.group(3))))
+    return out
+
+
+async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., BookieProcess],
+                                                  zk_chroot: str) -> None:
+    b = bookie_factory()
+    async with metadata_store(zk_chroot) as store:
+        b.start()
+        await wait_registered(store, b)
+    async with open_bookie_client(b.bookie_id) as c:
+        for e in range(20):
+            req = AddRequest(ledger_id=5, first_entry_id=e, master_key=KEY,
+                             entries=(entry(5, e),))
+            assert (await c.call(req))[0] == Status.OK
+    code, body = await admin_get(b.admin_port, "/metrics")
+    assert code == 200
+    series = _samples(body)
+    assert series["bookie_SERVER_STATUS"] == [("", 1.0)]
+    assert series["ledgerd_zookeeper_connected"] == [("", 1.0)]
+    assert series["bookie_ledgers_count"] == [("", 1.0)]
+    assert series["bookie_ledger_writable_dirs"] == [("", 1.0)]
+    adds = dict(series["bookkeeper_server_ADD_ENTRY_REQUEST_count"])
+    assert adds['{success="true"}'] >= 20 and adds['{success="false"}'] == 0
+    p99 = dict(series["bookkeeper_server_ADD_ENTRY_REQUEST"])['{quantile="0.99",success="true"}']
+    assert 0 < p99 <= 10_000  # milliseconds, as BookKeeper's summaries
+    assert series["bookie_WRITE_BYTES"][0][1] >= 20 * len(entry(5, 0))
+    assert "process_resident_memory_bytes" in series and "python_info" in series
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    wanted = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = re.sub(r'\{[^}]*\}|"[^"]*"|\[[^\]]*\]', " ", target["expr"])
+            wanted |= {w for w in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr)
+                       if w not in PROMQL}
+    assert len(wanted) >= 15
+    missing = sorted(w for w in wanted if w not in series)
+    assert not missing, f"the dashboard queries series this bookie does not export: {missing}"
