@@ -73,7 +73,9 @@ class Client:
         root = config.zk_ledgers_root_path
         self.ledgers = LedgerManager(store, root, layout)
         self.registry = BookieRegistry(store, root)
-        self.logs = LogStore(store, "/logs")
+        # Logs belong to their cluster: under its root, so a second cluster in the same
+        # ZooKeeper keeps its own and metaformat wipes them with the ledgers they list.
+        self.logs = LogStore(store, f"{root.rstrip('/')}/logs")
         self.rng = rng or random.Random()
         self.pool = BookiePool(nursery, PoolOptions(
             connect_timeout=config.connect_timeout_ms / 1000,

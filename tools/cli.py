@@ -162,8 +162,13 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep ZooKeeper and bookie data here (survives restarts).")
 @click.option("--zk", default=None, help="Use this ZooKeeper instead of starting one.")
+@click.option("--zk-root", "zk_root", default="/ledgers", show_default=True,
+              help="The cluster's root znode (zk_ledgers_root_path).")
+@click.option("--layout", type=click.Choice(["hierarchical", "flat"]), default="hierarchical",
+              show_default=True, help="Ledger znode layout (ledger_manager_type).")
 @click.pass_context
-def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | None) -> None:
+def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | None,
+              zk_root: str, layout: str) -> None:
     """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C.
 
     While it runs, `ledgerd local ctl kill|stop|start N` and `ledgerd local ctl status`
@@ -173,7 +178,10 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     from tools.localcluster import LocalCluster, LocalClusterError
 
     base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
-    cluster = LocalCluster(base, bookies=bookies, zk=zk)
+    if not zk_root.startswith("/") or zk_root.endswith("/"):
+        raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
+                                 param_hint="--zk-root")
+    cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: Any) -> None:
@@ -194,9 +202,11 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
                    "ledgerd local ctl start 1")
         e = min(3, len(cluster.bookies))
         q = min(2, e)
+        root_arg = "" if zk_root == "/ledgers" else f", zk_ledgers_root_path={zk_root!r}"
         click.echo("\nTry it (Python, in another terminal):\n"
                    "  import ledgerd\n"
-                   f"  c = ledgerd.SyncClient({cluster.zk!r}); lh = c.create_ledger({e}, {q}, {q})\n"
+                   f"  c = ledgerd.SyncClient({cluster.zk!r}{root_arg}); "
+                   f"lh = c.create_ledger({e}, {q}, {q})\n"
                    "  lh.append(b'hello'); lh.close(); "
                    "print([e.payload for e in c.open_ledger(lh.ledger_id).read()]); c.close()\n")
         click.echo("Running; press Ctrl-C to stop.")

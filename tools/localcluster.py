@@ -41,8 +41,11 @@ class LocalClusterError(RuntimeError):
 
 class LocalCluster:
     def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
-                 register_timeout: float = 60.0) -> None:
+                 register_timeout: float = 60.0, root: str = "/ledgers",
+                 layout: str = "hierarchical") -> None:
         self.base = Path(base)
+        self.root = root
+        self.layout = layout
         self.count = bookies
         self.zk = zk or ""
         self.server: ZooKeeperServer | None = None
@@ -68,6 +71,7 @@ class LocalCluster:
         # Autorecovery in every bookie, no delay: a killed bookie's ledgers are copied
         # back to full replication at once (docs/autorecovery.md).
         settings = {"cluster_secret_file": str(secret), "auto_recovery_daemon_enabled": True,
+                    "zk_ledgers_root_path": self.root, "ledger_manager_type": self.layout,
                     "lost_bookie_recovery_delay_s": 0,
                     "open_ledger_rereplication_grace_period_ms": 10000}
         for i in range(self.count):
@@ -89,7 +93,7 @@ class LocalCluster:
     async def _init(self) -> None:
         store = await ZooKeeperStore.connect(self.zk)
         try:
-            await init_new_cluster(store, "/ledgers")
+            await init_new_cluster(store, self.root, self.layout)
         finally:
             await store.close()
 
@@ -113,7 +117,7 @@ class LocalCluster:
                     async with trio.open_nursery() as nursery:
                         for bookie in waited:
                             nursery.start_soon(died, bookie)
-                        await BookieRegistry(store, "/ledgers").wait_for(all_registered)
+                        await BookieRegistry(store, self.root).wait_for(all_registered)
                         nursery.cancel_scope.cancel()
                 except ExceptionGroup as group:
                     dead = group.subgroup(LocalClusterError)

@@ -16,7 +16,7 @@ import click
 import trio
 
 from tools.output import emit, progress, table
-from tools.shell import ROOT, ShellError, _run, _store, _zk, shell
+from tools.shell import ShellError, _root, _run, _store, _zk, shell
 
 __all__ = ["register"]
 
@@ -100,7 +100,7 @@ def recover_cmd(ctx: click.Context, bookies: str, target: str | None, ledger_id:
     opts = ReplicationOptions(rate_bytes=rate)
 
     async def run() -> list[dict[str, Any]]:
-        async with ledgerd.open_client(_zk(ctx)) as client:
+        async with ledgerd.open_client(_zk(ctx), zk_ledgers_root_path=_root(ctx)) as client:
             if target is not None and target not in (await client.bookies()).writable:
                 raise ShellError(f"target {target} is not a writable registered bookie")
             ids = [ledger_id] if ledger_id is not None else await client.ledgers.listing(bad)
@@ -165,13 +165,13 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
     (b,) = _bookie_list(bookie)
 
     async def run() -> tuple[int, str]:
-        async with ledgerd.open_client(_zk(ctx)) as client:
+        async with ledgerd.open_client(_zk(ctx), zk_ledgers_root_path=_root(ctx)) as client:
             members = await client.registry.list_bookies()
             if b in members.all and not live:
                 raise ShellError(f"{b} is still registered (running); stop it first, or pass "
                                  "--live to drain it while it runs")
-            urm = UnderreplicationManager(client.store, ROOT)
-            auditor = await AuditorElection(client.store, ROOT).current_auditor()
+            urm = UnderreplicationManager(client.store, _root(ctx))
+            auditor = await AuditorElection(client.store, _root(ctx)).current_auditor()
             by_workers = auditor is not None and await urm.is_enabled() and not live
             creds = None if by_workers else _credentials(conf, secret_file, password)
             assert by_workers or creds is not None
@@ -202,7 +202,7 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
                     for lid in pending:
                         await urm.mark_replicated(lid)
             try:
-                await CookieStore(client.store, ROOT).delete(b)
+                await CookieStore(client.store, _root(ctx)).delete(b)
                 cookie = "cookie removed"
             except NoNodeError:
                 cookie = "no cookie"
@@ -227,9 +227,9 @@ def listunderreplicated(ctx: click.Context, missing_replica: str | None, count_o
     from metadata.underreplication import UnderreplicationManager
 
     async def run() -> list[dict[str, Any]]:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            urm = UnderreplicationManager(store, ROOT)
+            urm = UnderreplicationManager(store, _root(ctx))
             rows = []
             async for rec in urm.list_underreplicated():
                 if missing_replica and missing_replica not in rec.missing_replicas:
@@ -259,9 +259,9 @@ def whoisauditor(ctx: click.Context) -> None:
     from metadata.underreplication import AuditorElection
 
     async def run() -> str | None:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            return await AuditorElection(store, ROOT).current_auditor()
+            return await AuditorElection(store, _root(ctx)).current_auditor()
         finally:
             await store.close()
 
@@ -278,13 +278,13 @@ def triggeraudit(ctx: click.Context) -> None:
     from metadata.underreplication import AuditorElection, UnderreplicationManager
 
     async def run() -> str:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            urm = UnderreplicationManager(store, ROOT)
+            urm = UnderreplicationManager(store, _root(ctx))
             if not await urm.is_enabled():
                 raise ShellError("autorecovery is disabled (`ledgerd shell autorecovery "
                                  "--enable`)")
-            who = await AuditorElection(store, ROOT).current_auditor()
+            who = await AuditorElection(store, _root(ctx)).current_auditor()
             if who is None:
                 raise ShellError("no auditor is elected (is autorecovery running anywhere?)")
             await urm.set_lost_bookie_delay(await urm.get_lost_bookie_delay() or 0)
@@ -306,13 +306,13 @@ def autorecovery_switch(ctx: click.Context, action: str, as_json: bool) -> None:
     from metadata.underreplication import AuditorElection, UnderreplicationManager
 
     async def run() -> dict[str, Any]:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            urm = UnderreplicationManager(store, ROOT)
+            urm = UnderreplicationManager(store, _root(ctx))
             if action != "status":
                 await urm.set_enabled(action == "enable")
             return {"enabled": await urm.is_enabled(),
-                    "auditor": await AuditorElection(store, ROOT).current_auditor(),
+                    "auditor": await AuditorElection(store, _root(ctx)).current_auditor(),
                     "underreplicated": await urm.count(),
                     "lost_bookie_recovery_delay_s": await urm.get_lost_bookie_delay()}
         finally:
@@ -338,9 +338,9 @@ def lostbookierecoverydelay(ctx: click.Context, get_: bool, set_: int | None) ->
         raise click.UsageError("pass exactly one of --get and --set SECONDS")
 
     async def run() -> int | None:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            urm = UnderreplicationManager(store, ROOT)
+            urm = UnderreplicationManager(store, _root(ctx))
             if set_ is not None:
                 await urm.set_lost_bookie_delay(set_)
             return await urm.get_lost_bookie_delay()
@@ -383,19 +383,19 @@ def clusterinfo(ctx: click.Context, as_json: bool) -> None:
     from metadata.underreplication import AuditorElection, UnderreplicationManager
 
     async def run() -> dict[str, Any]:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            layout = await check_layout(store, ROOT)
-            listed = await BookieRegistry(store, ROOT).list_bookies()
-            urm = UnderreplicationManager(store, ROOT)
+            layout = await check_layout(store, _root(ctx))
+            listed = await BookieRegistry(store, _root(ctx)).list_bookies()
+            urm = UnderreplicationManager(store, _root(ctx))
             ledgers = 0
-            async for _ in LedgerManager(store, ROOT, layout).iter_ledger_ids():
+            async for _ in LedgerManager(store, _root(ctx), layout).iter_ledger_ids():
                 ledgers += 1
-            return {"zk": _zk(ctx), "instance_id": await instance_id(store, ROOT),
+            return {"zk": _zk(ctx), "instance_id": await instance_id(store, _root(ctx)),
                     "layout": layout, "writable": sorted(listed.writable),
                     "read_only": sorted(listed.read_only), "ledgers": ledgers,
                     "underreplicated": await urm.count(),
-                    "auditor": await AuditorElection(store, ROOT).current_auditor(),
+                    "auditor": await AuditorElection(store, _root(ctx)).current_auditor(),
                     "autorecovery_enabled": await urm.is_enabled()}
         finally:
             await store.close()
@@ -407,7 +407,7 @@ def clusterinfo(ctx: click.Context, as_json: bool) -> None:
     elif d["underreplicated"] or d["read_only"]:
         health = "DEGRADED"
     lines = [
-        f"cluster          {d['zk']}{ROOT}  ({health})",
+        f"cluster          {d['zk']}{_root(ctx)}  ({health})",
         f"instance id      {d['instance_id']}",
         f"layout           {d['layout']}",
         f"bookies          {len(d['writable'])} writable, {len(d['read_only'])} read-only",

@@ -38,17 +38,18 @@ def _run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     return trio.run(fn, *args)
 
 
-async def _store(zk: str, *, need_cluster: bool = True) -> Any:
-    """A session to ``zk``; with ``need_cluster``, one where a cluster exists under the
-    root (else LayoutMismatchError, one line: "no cluster at /ledgers on ...; run
-    `ledgerd shell initnewcluster` first", not a missing node deep in some command)."""
+async def _store(ctx: click.Context, *, need_cluster: bool = True) -> Any:
+    """A session to the shell's ZooKeeper; with ``need_cluster``, one where a cluster
+    exists under the root (else LayoutMismatchError, one line: "no cluster at /ledgers on
+    ...; run `ledgerd shell initnewcluster` first", not a missing node deep in some
+    command)."""
     from metadata.cluster import check_layout
     from metadata.zookeeper import ZooKeeperStore
 
-    store = await ZooKeeperStore.connect(zk, connect_timeout=5.0, retries=2)
+    store = await ZooKeeperStore.connect(_zk(ctx), connect_timeout=5.0, retries=2)
     if need_cluster:
         try:
-            await check_layout(store, ROOT)
+            await check_layout(store, _root(ctx))
         except BaseException:
             await store.close()
             raise
@@ -66,10 +67,16 @@ def _bookie_config(conf: Path | None) -> BookieConfig:
 @click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181", show_default=True,
               show_envvar=True,
               help="ZooKeeper connection string (host:port[,...][/chroot]).")
+@click.option("--zk-root", "zk_root", envvar="LEDGERD_ZK_LEDGERS_ROOT_PATH", default=ROOT,
+              show_default=True, show_envvar=True,
+              help="The cluster's root znode (zk_ledgers_root_path).")
 @click.pass_context
-def shell(ctx: click.Context, zk: str) -> None:
+def shell(ctx: click.Context, zk: str, zk_root: str) -> None:
     """Cluster administration and file inspection."""
-    ctx.obj = {**(ctx.obj or {}), "zk": zk}
+    if not zk_root.startswith("/") or zk_root.endswith("/"):
+        raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
+                                 param_hint="--zk-root")
+    ctx.obj = {**(ctx.obj or {}), "zk": zk, "root": zk_root}
     if not ctx.obj.get("debug"):
         logging.getLogger().setLevel(logging.WARNING)  # client events are noise here
         logging.getLogger("kazoo.client").setLevel(logging.CRITICAL)  # the error line says it
@@ -90,21 +97,33 @@ def _zk(ctx: click.Context) -> str:
     return str(ctx.obj["zk"])
 
 
+def _root(ctx: click.Context) -> str:
+    """The cluster's root znode (``--zk-root``, zk_ledgers_root_path)."""
+    return str(ctx.obj.get("root") or ROOT)
+
+
 # -- cluster ---------------------------------------------------------------------------
 
 
+_LAYOUT_OPTION = click.option(
+    "--layout", type=click.Choice(["hierarchical", "flat"]), default="hierarchical",
+    show_default=True, help="How ledger znodes are laid out (ledger_manager_type).")
+
+
 @shell.command("initnewcluster")
+@_LAYOUT_OPTION
 @click.pass_context
-def initnewcluster(ctx: click.Context) -> None:
-    """Create the cluster's nodes under /ledgers (no-op if they exist)."""
+def initnewcluster(ctx: click.Context, layout: str) -> None:
+    """Create the cluster's nodes under the root, /ledgers by default (no-op if they
+    exist with the same layout)."""
     from metadata.cluster import init_new_cluster, instance_id
 
     async def run() -> str:
-        store = await _store(_zk(ctx), need_cluster=False)
+        store = await _store(ctx, need_cluster=False)
         try:
-            iid = await init_new_cluster(store, ROOT)
+            iid = await init_new_cluster(store, _root(ctx), layout)
             return f"initialised a new cluster, instance id {iid}" if iid else \
-                f"a cluster already exists, instance id {await instance_id(store, ROOT)}"
+                f"a cluster already exists, instance id {await instance_id(store, _root(ctx))}"
         finally:
             await store.close()
     click.echo(_run(run))
@@ -114,8 +133,10 @@ def initnewcluster(ctx: click.Context) -> None:
 @click.option("--force", is_flag=True, help="Required: this deletes every ledger's metadata.")
 @click.option("--allow-live-bookies", is_flag=True,
               help="Format even though bookies are registered (their data is orphaned).")
+@_LAYOUT_OPTION
 @click.pass_context
-def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool) -> None:
+def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool,
+                   layout: str) -> None:
     """Wipe the cluster metadata and initialise a new cluster."""
     from metadata.cluster import metaformat
     from metadata.registry import BookieRegistry
@@ -124,13 +145,13 @@ def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool) ->
         raise ShellError("metaformat deletes all cluster metadata; pass --force to do it")
 
     async def run() -> str:
-        store = await _store(_zk(ctx), need_cluster=False)
+        store = await _store(ctx, need_cluster=False)
         try:
             if not allow_live_bookies:
                 from metadata.errors import NoNodeError
 
                 try:
-                    live = await BookieRegistry(store, ROOT).list_bookies()
+                    live = await BookieRegistry(store, _root(ctx)).list_bookies()
                 except NoNodeError:  # no cluster yet: nothing registered
                     live = None
                 names = sorted({*live.writable, *live.read_only}) if live else []
@@ -140,7 +161,7 @@ def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool) ->
                         "stop them first; their data will not belong to the new cluster "
                         "(format each with `ledgerd shell bookieformat`), or pass "
                         "--allow-live-bookies")
-            return await metaformat(store, ROOT)
+            return await metaformat(store, _root(ctx), layout)
         finally:
             await store.close()
     click.echo(f"formatted; new instance id {_run(run)}")
@@ -153,10 +174,10 @@ def whatisinstanceid(ctx: click.Context) -> None:
     from metadata.cluster import check_layout, instance_id
 
     async def run() -> str:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            await check_layout(store, ROOT)
-            return await instance_id(store, ROOT)
+            await check_layout(store, _root(ctx))
+            return await instance_id(store, _root(ctx))
         finally:
             await store.close()
     click.echo(_run(run))
@@ -172,9 +193,9 @@ def listbookies(ctx: click.Context, readonly: bool, all_: bool, as_json: bool) -
     from metadata.registry import BookieRegistry
 
     async def run() -> list[dict[str, Any]]:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            reg = BookieRegistry(store, ROOT)
+            reg = BookieRegistry(store, _root(ctx))
             s = await reg.list_bookies()
             out = []
             for state, ids in (("writable", s.writable), ("read-only", s.read_only)):
@@ -205,9 +226,9 @@ def bookieinfo(ctx: click.Context, as_json: bool) -> None:
     from wire.messages import GetBookieInfoRequest, GetBookieInfoResponse
 
     async def run() -> list[dict[str, Any]]:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            s = await BookieRegistry(store, ROOT).list_bookies()
+            s = await BookieRegistry(store, _root(ctx)).list_bookies()
         finally:
             await store.close()
         out = []
@@ -242,7 +263,7 @@ def _client_run(ctx: click.Context, fn: Callable[[Any], Awaitable[T]]) -> T:
     import ledgerd
 
     async def run() -> T:
-        async with ledgerd.open_client(_zk(ctx)) as client:
+        async with ledgerd.open_client(_zk(ctx), zk_ledgers_root_path=_root(ctx)) as client:
             return await fn(client)
     return _run(run)
 
@@ -702,14 +723,14 @@ def cookie_get(ctx: click.Context, bookie_id: str, as_json: bool) -> None:
     from metadata.cookies import CookieStore
 
     async def run() -> tuple[bytes, int] | None:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
-            return await CookieStore(store, ROOT).get(bookie_id)
+            return await CookieStore(store, _root(ctx)).get(bookie_id)
         finally:
             await store.close()
     got = _run(run)
     if got is None:
-        raise ShellError(f"no cookie for bookie {bookie_id} under {ROOT}/cookies")
+        raise ShellError(f"no cookie for bookie {bookie_id} under {_root(ctx)}/cookies")
     try:
         doc: Any = json.loads(got[0])
     except ValueError:
@@ -740,13 +761,13 @@ def cookie_update(ctx: click.Context, conf: Path) -> None:
     bookie_id = cfg.effective_bookie_id
 
     async def run() -> Cookie:
-        store = await _store(_zk(ctx))
+        store = await _store(ctx)
         try:
             cookie = Cookie(bookie_id=bookie_id, journal_dir=cfg.journal_directory,
                             ledger_dirs=tuple(cfg.ledger_directories),
                             index_dirs=tuple(cfg.effective_index_directories),
-                            instance_id=await instance_id(store, ROOT))
-            cookies = CookieStore(store, ROOT)
+                            instance_id=await instance_id(store, _root(ctx)))
+            cookies = CookieStore(store, _root(ctx))
             got = await cookies.get(bookie_id)
             if got is None:
                 await cookies.create(bookie_id, cookie.to_bytes())
@@ -788,11 +809,11 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
                          "stop it first; formatting a live bookie loses what it acknowledges")
 
     async def run() -> None:
-        store = await _store(_zk(ctx), need_cluster=False)  # no cluster: nothing to check
+        store = await _store(ctx, need_cluster=False)  # no cluster: nothing to check
         try:
             from metadata.registry import BookieRegistry
 
-            live = await BookieRegistry(store, ROOT).list_bookies()
+            live = await BookieRegistry(store, _root(ctx)).list_bookies()
             if bookie_id in live.writable or bookie_id in live.read_only:
                 raise ShellError(f"bookie {bookie_id} is registered in ZooKeeper (running, "
                                  "or killed less than a session timeout ago): stop it first")
@@ -800,14 +821,14 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
                 from metadata.cluster import check_layout
                 from metadata.ledgers import LedgerManager
 
-                ledgers = LedgerManager(store, ROOT, await check_layout(store, ROOT))
+                ledgers = LedgerManager(store, _root(ctx), await check_layout(store, _root(ctx)))
                 listing = len(await ledgers.listing({bookie_id}))
                 if listing:
                     raise ShellError(
                         f"{listing} ledger(s) still list {bookie_id}; formatting would leave "
                         f"them one copy short. With the bookie stopped, run `ledgerd shell "
                         f"recover {bookie_id}` first (or pass --allow-underreplication)")
-            await CookieStore(store, ROOT).delete(bookie_id)
+            await CookieStore(store, _root(ctx)).delete(bookie_id)
         except NoNodeError:
             pass
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -179,6 +180,53 @@ async def test_local_ctl_kills_and_restarts_a_bookie_while_the_cluster_goes_on(
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
         gone = await trio.to_thread.run_sync(ctl, "status")
         assert gone.returncode == 1 and "no `ledgerd local` is running" in gone.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_a_cluster_under_another_root_with_the_flat_layout(zk_chroot: str,
+                                                                  tmp_path: Path) -> None:
+    """`ledgerd local --zk-root /other --layout flat`: bookies, the printed example, the
+    shell (`--zk-root`) and logs all live under that root; the default root has nothing."""
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "2",
+                             "--data", str(tmp_path / "local"), "--zk", zk_chroot,
+                             "--zk-root", "/other", "--layout", "flat"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def shell(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--zk", zk_chroot,
+                               *args], capture_output=True, text=True, timeout=120)
+
+    try:
+        lines = await _until_running(proc)
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Try it"))
+        code = "".join(ln[2:] for ln in lines[start + 1:] if ln.startswith("  "))
+        assert "zk_ledgers_root_path='/other'" in code
+        ran = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120))
+        assert ran.returncode == 0 and ran.stdout.strip() == "[b'hello']", ran.stderr
+        info = await trio.to_thread.run_sync(shell, "--zk-root", "/other", "clusterinfo",
+                                             "--json")
+        assert info.returncode == 0, info.stderr
+        d = json.loads(info.stdout)
+        assert d["layout"] == "flat" and len(d["writable"]) == 2 and d["ledgers"] == 1
+        default = await trio.to_thread.run_sync(shell, "listbookies")
+        assert default.returncode == 1 and "no cluster at /ledgers" in default.stderr
+        bad = await trio.to_thread.run_sync(shell, "--zk-root", "other", "listbookies")
+        assert bad.returncode == 2 and "a znode path such as /ledgers" in bad.stderr
+        import ledgerd
+
+        async with ledgerd.open_client(zk_chroot, zk_ledgers_root_path="/other") as client:
+            writer = await client.open_log_writer("events", 2, 2, 2)
+            await writer.append(b"e0")
+            await writer.close()
+            assert await client.store.exists("/other/logs/events") is not None
+            assert await client.store.exists("/logs/events") is None
+        os.kill(proc.pid, signal.SIGINT)
+        assert await trio.to_thread.run_sync(proc.wait, 120) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
