@@ -42,6 +42,7 @@ from ledgerd.ledgerlog import LogPosition, LogWriter
 from ledgerd.machines.changes import ClosedChangeError
 from ledgerd.machines.placement import Placement, adheres, choose_ensemble
 from ledgerd.machines.quorum import check_quorums
+from ledgerd.metrics import ClientMetrics
 from ledgerd.pipeline import SendFlusher
 from ledgerd.reads import LedgerView
 from ledgerd.recovery import recover_ledger, take_over
@@ -77,6 +78,7 @@ class Client:
         # ZooKeeper keeps its own and metaformat wipes them with the ledgers they list.
         self.logs = LogStore(store, f"{root.rstrip('/')}/logs")
         self.rng = rng or random.Random()
+        self.metrics = ClientMetrics()
         self.pool = BookiePool(nursery, PoolOptions(
             connect_timeout=config.connect_timeout_ms / 1000,
             max_inflight=config.max_inflight_per_bookie,
@@ -259,6 +261,12 @@ class Client:
         except NoNodeError:
             raise NoSuchLedgerError(ledger_id) from None
         log.info("ledger_deleted", extra=fields(ledger=ledger_id))
+
+    def metrics_collector(self) -> ClientMetrics:
+        """A Prometheus collector of this client's metrics (``ledgerd.metrics``); asking
+        for it turns the latency histograms on. Register it in the application's
+        registry: ``prometheus_client.REGISTRY.register(client.metrics_collector())``."""
+        return self.metrics.collector()
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         return (await self._read_metadata(ledger_id))[0]

@@ -174,7 +174,11 @@ class _HandleBase:
         last = self._bounds(first, last)
         if first > last:
             return []
+        metrics = self.client.metrics
+        t0 = trio.current_time() if metrics.enabled else 0.0
         entries = await fetch_range(self._sync_view(), first, last)
+        if metrics.enabled:
+            metrics.read_latency.observe(trio.current_time() - t0)
         if self.metadata.unbounded:
             return [e for e in entries if e.length >= 0]
         return entries
@@ -360,8 +364,10 @@ class WriteHandle(_HandleBase):
         p = PendingAppend(eid, now)
         if self._error is not None:  # failed while sending (a synchronous failure)
             p._finish(now, self._error)
+            self.client.metrics.adds_failed += 1
         else:
             self._waiters[eid] = p
+            self.client.metrics.outstanding += 1
         self._last_activity = now
         self._sleep.wake()
         return p
@@ -399,10 +405,18 @@ class WriteHandle(_HandleBase):
     def _completed(self, entry_ids: tuple[int, ...], lac: int) -> None:
         waiters = self._waiters
         now = trio.current_time()  # once per completed batch, not per entry
+        metrics = self.client.metrics
+        done = 0
+        observe = metrics.add_latency.observe if metrics.enabled else None
         for eid in entry_ids:
             p = waiters.pop(eid, None)
             if p is not None:
                 p._finish(now)
+                done += 1
+                if observe is not None:
+                    observe(now - p.submitted_at)
+        metrics.adds_ok += done
+        metrics.outstanding -= done
         self._progress.set()
         if self._lac_interval:
             # An explicit-LAC deadline may start now, earlier than the add timeout the
@@ -428,6 +442,8 @@ class WriteHandle(_HandleBase):
         now = trio.current_time()
         for p in waiters.values():
             p._finish(now, error)
+        self.client.metrics.adds_failed += len(waiters)
+        self.client.metrics.outstanding -= len(waiters)
         self._progress.set()
 
     # -- ensemble change ---------------------------------------------------------------
@@ -456,6 +472,7 @@ class WriteHandle(_HandleBase):
             raise EnsembleChangeError(failure_kind(exc), str(exc)) from exc
         except MetadataError as exc:
             raise EnsembleChangeError(FailureKind.METADATA, str(exc)) from exc
+        client.metrics.ensemble_changes += 1
         return new
 
     # -- background: add timeouts and explicit LAC -------------------------------------

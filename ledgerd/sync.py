@@ -118,6 +118,10 @@ class SyncClient:
         assert self._client is not None
         return self._client
 
+    def metrics_collector(self) -> Any:
+        """The client's Prometheus collector (see ``Client.metrics_collector``)."""
+        return self.client.metrics_collector()
+
     def create_ledger(self, ensemble_size: int | None = None, write_quorum: int | None = None,
                       ack_quorum: int | None = None, **kwargs: Any) -> SyncWriteHandle:
         lh = self._run(self.client.create_ledger, ensemble_size, write_quorum, ack_quorum,

@@ -229,3 +229,34 @@ async def test_reads_order_replicas_by_recent_failure_unless_turned_off() -> Non
         on.close()
         off.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_client_metrics_when_asked(tmp_path: Path) -> None:
+    """The client's collector: append and read latencies (only once asked), outcomes,
+    outstanding appends, and the ensemble change that replaced a silent bookie."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    settings = client_settings(connect_timeout_ms=60_000)
+    async with memory_cluster(tmp_path, 4) as cluster, ledgerd.open_client(
+            store=cluster.store, connect=cluster.connect, **settings) as client:
+        lh = await client.create_ledger(3, 3, 3)
+        await lh.append(b"before asking")
+        assert client.metrics.add_latency.count == 0  # not asked yet: nothing observed
+        registry = CollectorRegistry()
+        registry.register(client.metrics_collector())
+        silent = lh.metadata.ensembles[0][1][0]
+        cluster[silent].gate.freeze()
+        with trio.fail_after(30):
+            pending = [await lh.submit(b"entry %d" % i) for i in range(10)]
+            assert client.metrics.outstanding == 10
+            for p in pending:
+                await p
+        async for _ in lh.read(0, 5):
+            pass
+        text = generate_latest(registry).decode()
+        assert "ledgerd_client_add_latency_seconds_count 10.0" in text
+        assert 'ledgerd_client_adds_total{outcome="ok"} 11.0' in text
+        assert "ledgerd_client_outstanding_appends 0.0" in text
+        assert "ledgerd_client_ensemble_changes_total 1.0" in text
+        assert "ledgerd_client_read_latency_seconds_count 1.0" in text
+        cluster[silent].gate.thaw()
