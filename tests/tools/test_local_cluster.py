@@ -19,6 +19,18 @@ from wire.messages import AddRequest
 from wire.status import Status
 
 
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End a `ledgerd local` a failed test left running: SIGINT first, so it stops its
+    bookies (they run in sessions of their own and would outlive a SIGKILL of it)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 async def _until_running(proc: subprocess.Popen[str]) -> list[str]:
     """``ledgerd local``'s output up to its "Running" line."""
     assert proc.stdout is not None
@@ -62,9 +74,7 @@ async def test_local_cluster_runs_bookies_and_stops_cleanly(zk_chroot: str, tmp_
         finally:
             await store.close()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 def _alive(pid: int) -> bool:
@@ -118,9 +128,7 @@ async def test_new_user_flow_end_to_end(tmp_path: Path) -> None:
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
         assert [p for p in pids if _alive(p)] == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 def test_a_dead_bookie_does_not_stop_the_local_cluster(tmp_path: Path) -> None:
@@ -181,9 +189,7 @@ async def test_local_ctl_kills_and_restarts_a_bookie_while_the_cluster_goes_on(
         gone = await trio.to_thread.run_sync(ctl, "status")
         assert gone.returncode == 1 and "no `ledgerd local` is running" in gone.stderr
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
 
 
 async def test_a_cluster_under_another_root_with_the_flat_layout(zk_chroot: str,
@@ -228,6 +234,4 @@ async def test_a_cluster_under_another_root_with_the_flat_layout(zk_chroot: str,
         os.kill(proc.pid, signal.SIGINT)
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
