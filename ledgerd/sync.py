@@ -16,10 +16,12 @@ the ``with`` block) stops the thread and the client's connections.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
+from functools import partial
 from typing import Any, TypeVar
 
 import trio
@@ -27,7 +29,7 @@ import trio
 from ledgerd import ledgerlog
 from ledgerd.base.logs import fields
 from ledgerd.client import Client, open_client
-from ledgerd.errors import ClientClosedError
+from ledgerd.errors import ClientClosedError, LedgerClosedError
 from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogCursor, LogEntry, LogPosition, LogWriter, log_segments
 from metadata.ledger import LedgerMetadata
@@ -258,6 +260,19 @@ class _SyncHandle:
 class SyncWriteHandle(_SyncHandle):
     _handle: WriteHandle
 
+    # Submits handed to the client's thread and not yet sent: the caller blocks past this
+    # many (the handle's own outstanding cap then applies on the client's side).
+    SUBMIT_QUEUE = 4096
+
+    def __init__(self, client: SyncClient, handle: WriteHandle) -> None:
+        super().__init__(client, handle)
+        self._room = threading.BoundedSemaphore(self.SUBMIT_QUEUE)
+        self._pending: collections.deque[tuple[bytes, Future[int]] | None] = \
+            collections.deque()
+        self._pump_waiting = False  # the pump sleeps: the next submit must wake it
+        self._pump_kick: trio.Event | None = None
+        self._pump_done: trio.Event | None = None
+
     def append(self, data: bytes) -> int:
         return self._client._run(self._handle.append, data)
 
@@ -265,29 +280,94 @@ class SyncWriteHandle(_SyncHandle):
         return self._client._run(self._handle.append_many, list(items))
 
     def submit(self, data: bytes) -> Future[int]:
-        """Send one entry and return once it is sent (after the handle's throttle and
-        outstanding cap): a ``concurrent.futures.Future`` of its entry id, done once it
-        is durable on its ack quorum (or failed with the handle's error). Submits
-        pipeline, where ``append`` waits for each entry in turn::
+        """Send one entry without waiting: a ``concurrent.futures.Future`` of its entry
+        id, done once it is durable on its ack quorum (or failed: MessageTooLargeError,
+        the handle's error). Submits pipeline, in order, where ``append`` waits for each
+        entry in turn::
 
             futures = [lh.submit(b"event %d" % i) for i in range(10_000)]
             ids = [f.result() for f in futures]
 
-        Raises at once what ``WriteHandle.submit`` raises (MessageTooLargeError, a
-        handle that failed or closed)."""
+        Entries go to the client's thread through a queue of ``SUBMIT_QUEUE`` entries
+        (the caller blocks when it is full); one task there sends them in order and is
+        woken only when it has run dry, so submits pay a thread hand-off per batch, not
+        per entry."""
+        if self._pump_done is not None and self._pump_done.is_set():
+            raise LedgerClosedError(self.ledger_id, "handle is closed")
+        self._handle._check_usable()  # a closed or failed handle raises here, at once
+        if self._pump_done is None:
+            self._client._run(self._start_pump)
         future: Future[int] = Future()
+        self._room.acquire()
+        self._pending.append((data, future))
+        if self._pump_waiting:
+            self._pump_waiting = False
+            self._wake_pump()
+        return future
 
-        def settle(p: PendingAppend) -> None:
+    def _wake_pump(self) -> None:
+        token = self._client._token
+        kick = self._pump_kick
+        assert token is not None and kick is not None
+        try:
+            token.run_sync_soon(kick.set)
+        except trio.RunFinishedError:
+            raise ClientClosedError("the SyncClient is closed") from None
+
+    async def _start_pump(self) -> None:
+        if self._pump_done is None:
+            self._pump_kick = trio.Event()
+            self._pump_done = trio.Event()
+            self._client.client.nursery.start_soon(self._pump)
+
+    async def _pump(self) -> None:
+        """Send queued entries in order; each future settles when its entry does."""
+        def settle(future: Future[int], p: PendingAppend) -> None:
             if p.error is not None:
                 future.set_exception(p.error)
             else:
                 future.set_result(p.entry_id)
 
-        async def send() -> None:
-            (await self._handle.submit(data)).on_done(settle)
+        pending = self._pending
+        try:
+            while True:
+                if not pending:
+                    # Say we sleep, then look again: a submit that came in between
+                    # either is seen here or sees the flag and wakes us.
+                    self._pump_waiting = True
+                    if not pending:
+                        assert self._pump_kick is not None
+                        await self._pump_kick.wait()
+                        self._pump_kick = trio.Event()
+                    self._pump_waiting = False
+                    continue
+                item = pending.popleft()
+                if item is None:
+                    return
+                data, future = item
+                try:
+                    p = await self._handle.submit(data)
+                except Exception as exc:
+                    future.set_exception(exc)
+                else:
+                    p.on_done(partial(settle, future))
+                finally:
+                    self._room.release()
+        finally:
+            assert self._pump_done is not None
+            self._pump_done.set()
 
-        self._client._run(send)
-        return future
+    async def _close_pump(self) -> None:
+        """Send what is queued, then end the pump (before the handle closes)."""
+        if self._pump_done is not None and not self._pump_done.is_set():
+            assert self._pump_kick is not None
+            self._pending.append(None)
+            self._pump_kick.set()
+            await self._pump_done.wait()
+
+    def close(self) -> None:
+        self._client._run(self._close_pump)
+        super().close()
 
 
 class SyncLogWriter:

@@ -14,7 +14,7 @@ from tools.bookieprocess import BookieProcess
 
 
 def test_sync_client_round_trip(bookie_factory: Callable[..., BookieProcess],
-                                zk_chroot: str) -> None:
+                                zk_chroot: str, monkeypatch: pytest.MonkeyPatch) -> None:
     bookies = [bookie_factory() for _ in range(3)]
 
     async def up() -> None:
@@ -45,15 +45,20 @@ def test_sync_client_round_trip(bookie_factory: Callable[..., BookieProcess],
             t.join()
         assert results == [[b"x", b"y", b"z"]] * 3
 
-        # submit pipelines: every future settles with its id, in order, durable.
+        # submit pipelines: every future settles with its id, in order, durable; a
+        # small hand-off queue makes the caller wait for room many times on the way.
+        monkeypatch.setattr(ledgerd.SyncWriteHandle, "SUBMIT_QUEUE", 16)
         with client.create_ledger(3, 2, 2) as fast:
             futures = [fast.submit(b"p%d" % i) for i in range(2000)]
             assert [f.result(timeout=60) for f in futures] == list(range(2000))
             assert fast.last_add_confirmed == 1999
+            with pytest.raises(ledgerd.MessageTooLargeError):  # that one fails, alone
+                fast.submit(bytes(9 << 20)).result(timeout=60)
+            assert fast.submit(b"p2000").result(timeout=60) == 2000
         with pytest.raises(ledgerd.LedgerdError):
             fast.submit(b"after close")
-        assert [e.payload for e in client.open_ledger(fast.ledger_id).read(1998)] == \
-            [b"p1998", b"p1999"]
+        assert [e.payload for e in client.open_ledger(fast.ledger_id).read(1999)] == \
+            [b"p1999", b"p2000"]
 
         with pytest.raises(ledgerd.BadPasswordError):
             client.open_ledger(ledger_id, password=b"nope")
