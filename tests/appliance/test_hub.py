@@ -82,7 +82,7 @@ async def test_a_peer_that_does_not_read_is_paused_at_its_reply_bytes(tmp_path: 
                          for cid in range(1, n + 1))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(s.send_all, reads)
-            await trio.sleep(5)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
             assert b.hub is not None
             (c,) = b.hub._conns.values()
             assert c.paused
