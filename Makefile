@@ -21,6 +21,9 @@ system-deps:
 	if [ ! -f $(ZK_JAR) ]; then missing="$$missing zookeeper"; fi; \
 	if ! command -v java >/dev/null 2>&1; then missing="$$missing default-jre-headless"; fi; \
 	if ! $(PYTHON) -c 'import venv, ensurepip' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
+	if ! command -v gcc >/dev/null 2>&1; then missing="$$missing gcc"; fi; \
+	if ! $(PYTHON) -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then \
+		missing="$$missing python3-dev"; fi; \
 	if [ -n "$$missing" ]; then \
 		echo "installing system packages:$$missing"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
@@ -34,7 +37,7 @@ $(VENV)/bin/python:
 $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt setup.py native/_build.py
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,spark]'
-	$(PY) -c 'import native._native' || { echo "native helper failed to build" >&2; exit 1; }
+	$(PY) -c 'import ledgerd.native._native' || { echo "native helper failed to build (needs gcc and python3-dev)" >&2; exit 1; }
 	touch $(STAMP)
 
 run: setup
@@ -44,13 +47,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 typecheck: setup
-	$(VENV)/bin/mypy --no-error-summary wire native metadata disk appliance ledgerd tools/bookieprocess.py tools/audit.py tools/replication_cmds.py tools/storage_cmds.py tools/faults
+	$(VENV)/bin/mypy --no-error-summary --exclude "ledgerd/tools/(?!bookieprocess|audit|replication_cmds|storage_cmds|faults)" ledgerd
 
 test: setup lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c
+	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/ledgerd
 
 # Benchmarks (not part of `make test`): Redis is the side-by-side anchor for bench/bookie.py.
 bench-deps: setup

@@ -8,12 +8,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from appliance.config import BookieConfig
+    from ledgerd.appliance.config import BookieConfig
 
 __all__ = ["BookieConfig"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "BookieConfig":
-        return importlib.import_module("appliance.config").BookieConfig
+        return importlib.import_module("ledgerd.appliance.config").BookieConfig
     raise AttributeError(f"module 'appliance' has no attribute {name!r}")

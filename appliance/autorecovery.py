@@ -49,9 +49,9 @@ from functools import partial
 
 import trio
 
-from appliance.audit_schedule import AuditSchedule
-from appliance.config import BookieConfig
-from appliance.metrics import BookieMetrics
+from ledgerd.appliance.audit_schedule import AuditSchedule
+from ledgerd.appliance.config import BookieConfig
+from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.base.settings import ConfigError
 from ledgerd.bookie_client import Connect, tcp_connect
@@ -61,6 +61,10 @@ from ledgerd.errors import first_of
 from ledgerd.machines.checker import fragments
 from ledgerd.machines.placement import Placement, rack_violations
 from ledgerd.machines.throttle import TokenBucket
+from ledgerd.metadata.errors import MetadataError, NoNodeError
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.store import MetadataStore, SessionEvent, WatchKind
+from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
 from ledgerd.replication import (
     Credentials,
     Outcome,
@@ -68,10 +72,6 @@ from ledgerd.replication import (
     probe_failures,
     rereplicate_ledger,
 )
-from metadata.errors import MetadataError, NoNodeError
-from metadata.ledger import LedgerMetadata
-from metadata.store import MetadataStore, SessionEvent, WatchKind
-from metadata.underreplication import AuditorElection, UnderreplicationManager
 
 __all__ = [
     "Auditor",
@@ -562,8 +562,7 @@ def client_config_for(config: BookieConfig) -> ClientConfig:
     """The client settings autorecovery runs with (the bookie's cluster, its frame size)."""
     return ClientConfig(zk_servers=config.zk_servers, zk_timeout_ms=config.zk_timeout_ms,
                         zk_ledgers_root_path=config.zk_ledgers_root_path,
-                        max_frame_bytes=config.max_frame_bytes, throttle=0,
-                        log_level=config.log_level)
+                        max_frame_bytes=config.max_frame_bytes, throttle=0)
 
 
 def require_secret(config: BookieConfig) -> bytes:

@@ -26,32 +26,32 @@ from typing import Any
 
 import trio
 
-from appliance.autorecovery import (
+from ledgerd.appliance.autorecovery import (
     AutoRecoveryStats,
     register_autorecovery_metrics,
     run_autorecovery,
 )
-from appliance.config import BookieConfig
-from appliance.core import BookieCore
-from appliance.diskcheck import DiskChecker
-from appliance.gc import GarbageCollector
-from appliance.handlers import AdminHooks, RequestHandler, ServingState
-from appliance.http import AdminHttp
-from appliance.hub import ConnectionHub
-from appliance.looplag import loop_lag_monitor
-from appliance.metrics import BookieMetrics
-from appliance.sdnotify import notify, watchdog_service
-from appliance.server import ConnectionOptions, is_loopback, serve_connection
-from appliance.supervisor import Supervisor
-from disk.cookie import Cookie
-from disk.errors import StorageError
-from disk.storage import LedgerStorage
+from ledgerd.appliance.config import BookieConfig
+from ledgerd.appliance.core import BookieCore
+from ledgerd.appliance.diskcheck import DiskChecker
+from ledgerd.appliance.gc import GarbageCollector
+from ledgerd.appliance.handlers import AdminHooks, RequestHandler, ServingState
+from ledgerd.appliance.http import AdminHttp
+from ledgerd.appliance.hub import ConnectionHub
+from ledgerd.appliance.looplag import loop_lag_monitor
+from ledgerd.appliance.metrics import BookieMetrics
+from ledgerd.appliance.sdnotify import notify, watchdog_service
+from ledgerd.appliance.server import ConnectionOptions, is_loopback, serve_connection
+from ledgerd.appliance.supervisor import Supervisor
 from ledgerd.base.logs import fields
-from metadata.cluster import check_layout, instance_id
-from metadata.cookies import CookieStore
-from metadata.ledgers import LedgerManager
-from metadata.registry import BookieRegistry
-from metadata.store import MetadataStore
+from ledgerd.disk.cookie import Cookie
+from ledgerd.disk.errors import StorageError
+from ledgerd.disk.storage import LedgerStorage
+from ledgerd.metadata.cluster import check_layout, instance_id
+from ledgerd.metadata.cookies import CookieStore
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.registry import BookieRegistry
+from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["VERSION", "Bookie"]
 
@@ -105,6 +105,8 @@ class Bookie:
         self.ready = trio.Event()
         self._stop = trio.Event()
         self._draining = False
+        self._cookie_bytes = b""
+        self._cookie_version = -1  # the ZooKeeper cookie's version, for its compare-and-set
         self._readers: set[trio.CancelScope] = set()
         self._listeners: list[trio.SocketListener] = []
         self._accept_scope = trio.CancelScope()
@@ -125,10 +127,17 @@ class Bookie:
             # included, and its id (port 0) is known before the cookie names it.
             await self._bind()
             await self._connect_metadata()
-            create_cookie = await self.storage.open(*await self._cookies())
-            if create_cookie and self.store is not None:
-                await CookieStore(self.store, self.config.zk_ledgers_root_path).create(
-                    self.bookie_id, self._cookie_bytes)
+            check = await self.storage.open(*await self._cookies())
+            if check is not None and self.store is not None:
+                cookies = CookieStore(self.store, self.config.zk_ledgers_root_path)
+                if check.create_remote:
+                    await cookies.create(self.bookie_id, self._cookie_bytes)
+                elif check.update_remote:  # compare-and-set on the version read above
+                    await cookies.update(self.bookie_id, self._cookie_bytes,
+                                         self._cookie_version)
+            if check is not None and check.added:
+                log.warning("storage_expanded", extra=fields(
+                    bookie_id=self.bookie_id, added=[str(d) for d in check.added]))
             async with trio.open_nursery() as root:
                 sup = Supervisor(root, on_critical=self._on_critical,
                                  on_restart=self._count_restart)
@@ -187,6 +196,7 @@ class Bookie:
             iid = await instance_id(self.store, cfg.zk_ledgers_root_path)
             got = await CookieStore(self.store, cfg.zk_ledgers_root_path).get(self.bookie_id)
             remote = got[0] if got else None
+            self._cookie_version = got[1] if got else -1
         cookie = Cookie(bookie_id=self.bookie_id, journal_dir=cfg.journal_directory,
                         ledger_dirs=tuple(cfg.ledger_directories),
                         index_dirs=tuple(cfg.effective_index_directories), instance_id=iid)

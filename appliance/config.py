@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from appliance.gc import GcOptions
-from disk.journal import JournalOptions
-from disk.storage import StorageOptions
 from ledgerd.base.credentials import read_cluster_secret
 from ledgerd.base.logs import LOG_FORMATS
 from ledgerd.base.settings import LOG_LEVELS, ConfigError, setting
 from ledgerd.machines.placement import RACK
-from metadata.settings import ZooKeeperSettings
+from ledgerd.metadata.settings import ZooKeeperSettings
+
+if TYPE_CHECKING:  # imported where built: reading a config needs no native helper
+    from ledgerd.appliance.gc import GcOptions
+    from ledgerd.disk.journal import JournalOptions
+    from ledgerd.disk.storage import StorageOptions
 
 __all__ = ["BookieConfig"]
 
@@ -140,7 +143,10 @@ class BookieConfig(ZooKeeperSettings):
         64 * 1024, bk="writeBufferSizeBytes", minimum=512,
         doc="Entry log write buffer; entries still in it are readable.")
     read_buffer_size_bytes: int = setting(
-        512, bk="readBufferSizeBytes", minimum=64, doc="Entry log read buffer.")
+        512, bk="readBufferSizeBytes", minimum=64, maximum=1 << 20,
+        doc="Bytes an entry-log read takes with the record header in one pread: an "
+            "entry up to this size minus 8 is read with one system call, a larger one "
+            "with two.")
     flush_interval_ms: int = setting(
         10000, bk="flushInterval", minimum=10,
         doc="Checkpoint period: flush entry logs and index, then persist the last mark.")
@@ -194,7 +200,9 @@ class BookieConfig(ZooKeeperSettings):
         10000, bk="diskCheckInterval", minimum=10, doc="Period of the disk checker.")
     allow_storage_expansion: bool = setting(
         False, bk="allowStorageExpansion",
-        doc="Accept new empty directories added to the configured set.")
+        doc="Accept new empty ledger or index directories added to the configured set "
+            "at start (their cookies, and ZooKeeper's, are rewritten); a directory "
+            "removed or swapped is still refused.")
     # -- autorecovery --------------------------------------------------------------
     auto_recovery_daemon_enabled: bool = setting(
         False, bk="autoRecoveryDaemonEnabled",
@@ -312,6 +320,8 @@ class BookieConfig(ZooKeeperSettings):
     # -- what the bookie's parts are built with ----------------------------------------
 
     def journal_options(self) -> JournalOptions:
+        from ledgerd.disk.journal import JournalOptions
+
         return JournalOptions(
             max_group_wait_ms=self.journal_max_group_wait_ms,
             buffered_writes_threshold=self.journal_buffered_writes_threshold,
@@ -329,6 +339,8 @@ class BookieConfig(ZooKeeperSettings):
         )
 
     def storage_options(self) -> StorageOptions:
+        from ledgerd.disk.storage import StorageOptions
+
         return StorageOptions(
             journal_dir=Path(self.journal_directory),
             ledger_dirs=tuple(Path(d) for d in self.ledger_directories),
@@ -342,9 +354,13 @@ class BookieConfig(ZooKeeperSettings):
             skip_invalid_journal_records=self.journal_skip_invalid_records,
             open_file_limit=self.open_file_limit,
             preallocate_entry_logs=self.entry_log_file_preallocation_enabled,
+            allow_storage_expansion=self.allow_storage_expansion,
+            read_buffer_size=self.read_buffer_size_bytes,
         )
 
     def gc_options(self) -> GcOptions:
+        from ledgerd.appliance.gc import GcOptions
+
         return GcOptions(wait_s=self.gc_wait_time_ms / 1000.0,
                          minor_interval_s=float(self.minor_compaction_interval_s),
                          minor_threshold=self.minor_compaction_threshold,

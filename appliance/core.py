@@ -50,8 +50,8 @@ import struct
 from dataclasses import dataclass, fields
 from typing import Protocol
 
-from wire.entry import ENTRY_HEADER_SIZE, recovery_key
-from wire.messages import (
+from ledgerd.wire.entry import ENTRY_HEADER_SIZE, recovery_key
+from ledgerd.wire.messages import (
     NO_MASTER_KEY,
     AddFlags,
     AddRequest,
@@ -63,7 +63,7 @@ from wire.messages import (
     ReadStrideRequest,
     WriteLacRequest,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 __all__ = [
     "ACCEPT",

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import trio
 
-from disk.storage import DirUsage
 from ledgerd.base.logs import fields
+from ledgerd.disk.storage import DirUsage
 
 __all__ = ["DiskChecker", "DiskVerdict", "disk_verdict", "full_after"]
 

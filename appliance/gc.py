@@ -24,13 +24,13 @@ from typing import Any
 
 import trio
 
-from disk.compaction import CompactionLimits, CompactionProgress, compact_entry_logs
-from disk.crashpoints import crash_point
-from disk.storage import LedgerStorage
 from ledgerd.base.logs import fields
-from metadata.errors import NoNodeError
-from metadata.ledgers import LedgerManager
-from wire.messages import AdminKind
+from ledgerd.disk.compaction import CompactionLimits, CompactionProgress, compact_entry_logs
+from ledgerd.disk.crashpoints import crash_point
+from ledgerd.disk.storage import LedgerStorage
+from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.wire.messages import AdminKind
 
 __all__ = ["GarbageCollector", "GcOptions", "GcPass"]
 

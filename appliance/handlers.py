@@ -22,14 +22,14 @@ from typing import Any
 
 import trio
 
-from appliance.core import Accept, BookieCore
-from appliance.metrics import BookieMetrics
-from disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
-from disk.journal import JournalGroup
-from disk.storage import LedgerStorage
+from ledgerd.appliance.core import Accept, BookieCore
+from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
-from wire.connection import api_versions_response
-from wire.messages import (
+from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
+from ledgerd.disk.journal import JournalGroup
+from ledgerd.disk.storage import LedgerStorage
+from ledgerd.wire.connection import api_versions_response
+from ledgerd.wire.messages import (
     AddRequest,
     AdminKind,
     AdminStatusRequest,
@@ -55,7 +55,7 @@ from wire.messages import (
     WriteLacRequest,
     WriteLacResponse,
 )
-from wire.status import Status, status_for_error
+from ledgerd.wire.status import Status, status_for_error
 
 __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_error"]
 

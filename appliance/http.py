@@ -17,11 +17,11 @@ import logging
 
 import trio
 
-from appliance.handlers import AdminHooks, ServingState
-from appliance.metrics import BookieMetrics
-from appliance.server import is_loopback
+from ledgerd.appliance.handlers import AdminHooks, ServingState
+from ledgerd.appliance.metrics import BookieMetrics
+from ledgerd.appliance.server import is_loopback
 from ledgerd.base.logs import fields
-from wire.messages import AdminKind
+from ledgerd.wire.messages import AdminKind
 
 __all__ = ["AdminHttp"]
 

@@ -47,19 +47,19 @@ from functools import partial
 
 import trio
 
-from appliance.handlers import RequestHandler
-from appliance.server import ConnectionOptions, ReplyItem, encode_replies, reply_bytes
-from disk.journal import JournalGroup
+from ledgerd.appliance.handlers import RequestHandler
+from ledgerd.appliance.server import ConnectionOptions, ReplyItem, encode_replies, reply_bytes
 from ledgerd.base.logs import fields
-from wire.connection import (
+from ledgerd.disk.journal import JournalGroup
+from ledgerd.wire.connection import (
     NEED_DATA,
     ConnectionEnded,
     RequestRejected,
     ServerConnection,
 )
-from wire.errors import FrameSizeError
-from wire.frames import DecodedRequest
-from wire.messages import AddRequest, ApiKey, Message
+from ledgerd.wire.errors import FrameSizeError
+from ledgerd.wire.frames import DecodedRequest
+from ledgerd.wire.messages import AddRequest, ApiKey, Message
 
 __all__ = ["ConnectionHub"]
 

@@ -15,7 +15,7 @@ import time
 
 import trio
 
-from appliance.metrics import FastHistogram
+from ledgerd.appliance.metrics import FastHistogram
 from ledgerd.base.logs import fields
 
 __all__ = ["loop_lag_monitor"]

@@ -8,14 +8,14 @@ from functools import partial
 
 import trio
 
-from appliance.bookie import Bookie
-from appliance.config import BookieConfig
-from disk.storage import LedgerStorage
+from ledgerd.appliance.bookie import Bookie
+from ledgerd.appliance.config import BookieConfig
 from ledgerd.base.logs import fields
 from ledgerd.base.settings import ConfigError
-from metadata.store import MetadataStore
-from metadata.zookeeper import ZooKeeperStore
-from native import faults as native_faults
+from ledgerd.disk.storage import LedgerStorage
+from ledgerd.metadata.store import MetadataStore
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.native import faults as native_faults
 
 __all__ = ["connect_metadata", "run_autorecovery_process", "run_bookie"]
 
@@ -73,16 +73,16 @@ def run_bookie(config: BookieConfig) -> int:
 async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
     from dataclasses import asdict
 
-    from appliance.autorecovery import (
+    from ledgerd.appliance.autorecovery import (
         AutoRecoveryStats,
         register_autorecovery_metrics,
         require_secret,
         run_autorecovery,
     )
-    from appliance.handlers import AdminHooks, ServingState
-    from appliance.http import AdminHttp
-    from appliance.metrics import BookieMetrics
-    from appliance.sdnotify import notify, watchdog_service
+    from ledgerd.appliance.handlers import AdminHooks, ServingState
+    from ledgerd.appliance.http import AdminHttp
+    from ledgerd.appliance.metrics import BookieMetrics
+    from ledgerd.appliance.sdnotify import notify, watchdog_service
 
     require_secret(config)  # a missing or bad secret is a one-line error before connecting
     store = await connect_metadata(config)

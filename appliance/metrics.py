@@ -31,8 +31,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 
 from ledgerd.base.histogram import BK_QUANTILES, LATENCY_BUCKETS, FastHistogram
-from wire.messages import ApiKey
-from wire.status import Status
+from ledgerd.wire.messages import ApiKey
+from ledgerd.wire.status import Status
 
 __all__ = ["BK_QUANTILES", "LATENCY_BUCKETS", "BookieMetrics", "FastHistogram"]
 

@@ -28,19 +28,19 @@ from typing import Any
 
 import trio
 
-from appliance.handlers import RequestHandler
-from appliance.metrics import BookieMetrics
-from disk.journal import JournalGroup
+from ledgerd.appliance.handlers import RequestHandler
+from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
-from wire.connection import (
+from ledgerd.disk.journal import JournalGroup
+from ledgerd.wire.connection import (
     NEED_DATA,
     ConnectionEnded,
     RequestRejected,
     ServerConnection,
 )
-from wire.errors import FrameSizeError
-from wire.frames import DecodedRequest
-from wire.messages import (
+from ledgerd.wire.errors import FrameSizeError
+from ledgerd.wire.frames import DecodedRequest
+from ledgerd.wire.messages import (
     AddRequest,
     ApiKey,
     Message,
@@ -49,7 +49,7 @@ from wire.messages import (
     ReadResponse,
     ReadStrideResponse,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 __all__ = ["ConnectionOptions", "ReplyItem", "encode_replies", "is_loopback", "reply_bytes",
            "serve_connection"]

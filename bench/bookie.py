@@ -42,11 +42,11 @@ if __package__ in (None, ""):
 
 import trio
 
-from tools.bookieprocess import BookieProcess
-from tools.zkserver import find_free_port
-from wire.entry import Digester, DigestType, encode_entry, master_key
-from wire.frames import encode_request
-from wire.messages import AddRequest
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import find_free_port
+from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
+from ledgerd.wire.frames import encode_request
+from ledgerd.wire.messages import AddRequest
 
 KEY = master_key(b"bench")
 _I32 = struct.Struct(">i")

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import trio
 
-from appliance.handlers import RequestHandler, ServingState
-from appliance.metrics import BookieMetrics
-from disk.journal import JournalOptions
-from disk.storage import LedgerStorage, StorageOptions
-from wire.entry import Digester, DigestType, encode_entry, master_key
-from wire.frames import decode_request, encode_request
-from wire.messages import AddRequest, Message
+from ledgerd.appliance.handlers import RequestHandler, ServingState
+from ledgerd.appliance.metrics import BookieMetrics
+from ledgerd.disk.journal import JournalOptions
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
+from ledgerd.wire.frames import decode_request, encode_request
+from ledgerd.wire.messages import AddRequest, Message
 
 
 def _frames(ledger_id: int, frames: int, batch: int) -> list[Message]:

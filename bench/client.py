@@ -42,11 +42,11 @@ import trio
 
 import ledgerd
 from bench.bookie import _run_ledgerd
-from metadata.cluster import init_new_cluster
-from metadata.zookeeper import ZooKeeperStore
-from tools.benchcmd import percentile, run_writes
-from tools.bookieprocess import BookieProcess, start_writable
-from tools.zkserver import ZooKeeperServer
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.benchcmd import percentile, run_writes
+from ledgerd.tools.bookieprocess import BookieProcess, start_writable
+from ledgerd.tools.zkserver import ZooKeeperServer
 
 ENTRY = 1024
 

@@ -41,15 +41,15 @@ if __package__ in (None, ""):
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
-from metadata.cluster import init_new_cluster
-from metadata.ledger import LedgerMetadata
-from metadata.ledgers import LedgerManager
-from metadata.zookeeper import ZooKeeperStore
-from tools.bookieprocess import BookieProcess, start_writable
-from tools.zkserver import ZooKeeperServer
-from wire.entry import Digester, DigestType, encode_entry, master_key
-from wire.messages import AddRequest, AdminKind, AdminStatusRequest, AdminTriggerRequest
-from wire.status import Status
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.bookieprocess import BookieProcess, start_writable
+from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
+from ledgerd.wire.messages import AddRequest, AdminKind, AdminStatusRequest, AdminTriggerRequest
+from ledgerd.wire.status import Status
 
 KEY = master_key(b"bench")
 D = Digester(DigestType.CRC32C)

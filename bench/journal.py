@@ -23,9 +23,9 @@ from pathlib import Path
 
 import trio
 
-import native
-from disk.journal import Journal, JournalOptions
-from disk.journal_format import RecordType, entry_body
+from ledgerd import native
+from ledgerd.disk.journal import Journal, JournalOptions
+from ledgerd.disk.journal_format import RecordType, entry_body
 
 
 def raw_loop(directory: Path, entry_size: int, seconds: float) -> dict[str, float]:

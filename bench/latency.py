@@ -41,7 +41,7 @@ if __package__ in (None, ""):
 
 from bench.bookie import _run_redis, _wait_listening
 from bench.drivers import closed_loop, open_loop, percentiles
-from tools.bookieprocess import BookieProcess
+from ledgerd.tools.bookieprocess import BookieProcess
 
 
 def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:

@@ -39,11 +39,11 @@ if __package__ in (None, ""):
 import trio
 
 import ledgerd
-from metadata.cluster import init_new_cluster
-from metadata.ledger import LedgerMetadata
-from metadata.zookeeper import ZooKeeperStore
-from tools.bookieprocess import BookieProcess, start_writable
-from tools.zkserver import ZooKeeperServer
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.bookieprocess import BookieProcess, start_writable
+from ledgerd.tools.zkserver import ZooKeeperServer
 
 PAYLOAD = os.urandom(1024)
 

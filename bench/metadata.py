@@ -25,11 +25,11 @@ import time  # noqa: E402
 
 import trio  # noqa: E402
 
-from metadata.cluster import init_new_cluster  # noqa: E402
-from metadata.ledger import LedgerMetadata  # noqa: E402
-from metadata.ledgers import LedgerManager  # noqa: E402
-from metadata.zookeeper import ZooKeeperStore  # noqa: E402
-from tools.zkserver import ZooKeeperServer  # noqa: E402
+from ledgerd.metadata.cluster import init_new_cluster  # noqa: E402
+from ledgerd.metadata.ledger import LedgerMetadata  # noqa: E402
+from ledgerd.metadata.ledgers import LedgerManager  # noqa: E402
+from ledgerd.metadata.zookeeper import ZooKeeperStore  # noqa: E402
+from ledgerd.tools.zkserver import ZooKeeperServer  # noqa: E402
 
 
 async def run(servers: str, seconds: float, concurrency: int) -> dict[str, float]:

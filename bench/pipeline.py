@@ -35,7 +35,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ledgerd
-from tools.localcluster import LocalCluster
+from ledgerd.tools.localcluster import LocalCluster
 
 LOG = "bench-pipeline"
 

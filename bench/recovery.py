@@ -35,15 +35,15 @@ import trio
 import ledgerd
 from ledgerd.bookie_client import open_bookie_client
 from ledgerd.machines.quorum import write_set
-from metadata.cluster import init_new_cluster
-from metadata.ledger import LedgerMetadata, password_check
-from metadata.ledgers import LedgerManager
-from metadata.zookeeper import ZooKeeperStore
-from tools.bookieprocess import BookieProcess, start_writable
-from tools.zkserver import ZooKeeperServer
-from wire.entry import Digester, DigestType, encode_entry, master_key
-from wire.messages import AddRequest
-from wire.status import Status
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.ledger import LedgerMetadata, password_check
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.bookieprocess import BookieProcess, start_writable
+from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
+from ledgerd.wire.messages import AddRequest
+from ledgerd.wire.status import Status
 
 ENTRY = 1024
 PASSWORD = b"bench"

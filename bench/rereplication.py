@@ -46,13 +46,13 @@ import trio
 
 import ledgerd
 from ledgerd.base.credentials import generate_secret
-from metadata.cluster import init_new_cluster
-from metadata.registry import BookieRegistry, BookieSet
-from metadata.underreplication import UnderreplicationManager
-from metadata.zookeeper import ZooKeeperStore
-from tools.benchcmd import run_writes
-from tools.bookieprocess import BookieProcess, start_writable
-from tools.zkserver import ZooKeeperServer, find_free_port
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.metadata.underreplication import UnderreplicationManager
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.benchcmd import run_writes
+from ledgerd.tools.bookieprocess import BookieProcess, start_writable
+from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
 
 ENTRY = 1024
 
@@ -112,7 +112,7 @@ async def _round(args: argparse.Namespace, server: ZooKeeperServer, base: Path, 
         conf = bookies[0].config_path.read_text().replace(
             f"admin_port = {bookies[0].admin_port}", f"admin_port = {ar_port}")
         (base / f"ar{n}.toml").write_text(conf)
-        ar = subprocess.Popen([sys.executable, "-m", "tools.cli", "autorecovery", "--conf",
+        ar = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "autorecovery", "--conf",
                                str(base / f"ar{n}.toml"), "--id", "bench"],
                               stdout=open(base / f"ar{n}.log", "wb"), stderr=subprocess.STDOUT)
         quorums = tuple(int(x) for x in args.quorums.split(","))

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
 
-from tools.faults.cluster import FaultCluster
-from tools.faults.nemesis import KINDS
-from tools.faults.rounds import RoundResult, run_round
+from ledgerd.tools.faults.cluster import FaultCluster
+from ledgerd.tools.faults.nemesis import KINDS
+from ledgerd.tools.faults.rounds import RoundResult, run_round
 
 
 def _args() -> argparse.Namespace:

@@ -13,9 +13,9 @@ import os
 import time
 from collections.abc import Callable
 
-from wire.codec import construct_decode
-from wire.entry import Digester, DigestType, encode_entry
-from wire.frames import (
+from ledgerd.wire.codec import construct_decode
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
+from ledgerd.wire.frames import (
     construct_decode_request,
     construct_encode_request,
     construct_encode_response,
@@ -24,8 +24,8 @@ from wire.frames import (
     encode_request,
     encode_response,
 )
-from wire.messages import AddRequest, ApiKey, ReadRequest, ReadResponse
-from wire.status import Status
+from ledgerd.wire.messages import AddRequest, ApiKey, ReadRequest, ReadResponse
+from ledgerd.wire.status import Status
 
 
 def _rate(fn: Callable[[], None], seconds: float) -> float:

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from disk.crashpoints import crash_point
-from disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY, read_log_ledgers
-from disk.errors import DiskFullError
 from ledgerd.base.logs import fields
+from ledgerd.disk.crashpoints import crash_point
+from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY, read_log_ledgers
+from ledgerd.disk.errors import DiskFullError
 
 if TYPE_CHECKING:
-    from disk.storage import LedgerStorage
+    from ledgerd.disk.storage import LedgerStorage
 
 __all__ = ["CompactionLimits", "CompactionProgress", "CompactionResult", "EntryLogMeta",
            "compact_entry_logs", "read_entry_log_meta", "read_records"]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import google_crc32c
 
-from disk.errors import CookieMismatchError
+from ledgerd.disk.errors import CookieMismatchError
 
 __all__ = ["LAYOUT_VERSION", "Cookie", "CookieCheck", "check_cookies", "stamp_cookies"]
 
@@ -74,10 +74,13 @@ class Cookie:
 
 @dataclass(frozen=True, slots=True)
 class CookieCheck:
-    """What start-up must do: stamp these directories, and create the ZooKeeper cookie."""
+    """What start-up must do: stamp these directories, then create the ZooKeeper cookie
+    (a new bookie) or replace it (directories added under ``allow_storage_expansion``)."""
 
     stamp: tuple[Path, ...]
     create_remote: bool
+    update_remote: bool = False
+    added: tuple[Path, ...] = ()  # directories this start adds to the bookie
 
 
 def _is_empty(current: Path) -> bool:
@@ -86,17 +89,50 @@ def _is_empty(current: Path) -> bool:
     return not any(p.name not in ("VERSION",) for p in current.iterdir())
 
 
-def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None) -> CookieCheck:
-    """Validate every directory's cookie; raise CookieMismatchError saying what differs."""
+def _added_dirs(old: Cookie, new: Cookie) -> set[str] | None:
+    """The directories ``new`` adds to ``old``, or None when it changes anything else
+    (identity, journal, cluster, or a directory removed)."""
+    if any(getattr(old, n) != getattr(new, n)
+           for n in ("layout_version", "bookie_id", "journal_dir", "instance_id")):
+        return None
+    before = {str(d) for d in (*old.ledger_dirs, *old.index_dirs)}
+    after = {str(d) for d in (*new.ledger_dirs, *new.index_dirs)}
+    if not (set(map(str, old.ledger_dirs)) <= set(map(str, new.ledger_dirs))
+            and set(map(str, old.index_dirs)) <= set(map(str, new.index_dirs))):
+        return None
+    return after - before
+
+
+EXPANSION_HINT = (" Only directories were added: set allow_storage_expansion = true to "
+                  "let the bookie take new empty ones.")
+
+
+def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None, *,
+                  allow_expansion: bool = False) -> CookieCheck:
+    """Validate every directory's cookie; raise CookieMismatchError saying what differs.
+
+    With ``allow_expansion`` (BookKeeper's allowStorageExpansion) a configuration that
+    only adds ledger or index directories to the cookie's is accepted when the added
+    directories are empty: every directory is stamped with the new cookie and the
+    ZooKeeper copy is replaced. A directory removed or swapped is refused as before.
+    """
     remote_cookie = Cookie.from_bytes(remote, "ZooKeeper") if remote is not None else None
+    added: set[str] | None = None  # set once an old cookie is found that expected expands
     if remote_cookie is not None:
         diff = expected.differences(remote_cookie)
         if diff:
-            raise CookieMismatchError(
-                "the cookie in ZooKeeper does not match this configuration: " + "; ".join(diff)
-                + ". If the change is intended, run `ledgerd shell cookie update`; if this "
-                "bookie belongs to another cluster, fix zk_servers.")
+            grows = _added_dirs(remote_cookie, expected)
+            if grows and allow_expansion:
+                added = grows
+            else:
+                raise CookieMismatchError(
+                    "the cookie in ZooKeeper does not match this configuration: "
+                    + "; ".join(diff)
+                    + ". If the change is intended, run `ledgerd shell cookie update`; if this "
+                    "bookie belongs to another cluster, fix zk_servers."
+                    + (EXPANSION_HINT if grows else ""))
     missing: list[Path] = []
+    restamp: list[Path] = []
     found_any = False
     for d in dirs:
         version = Path(d) / "current" / "VERSION"
@@ -116,16 +152,32 @@ def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None) -> C
                     "own cluster, or empty it with `ledgerd shell bookieformat --conf FILE "
                     "--force` to start it new in this one.")
             if diff:
+                grows = _added_dirs(cookie, expected)
+                if grows and allow_expansion and (added is None or added == grows):
+                    added = grows
+                    restamp.append(Path(d))
+                    continue
                 raise CookieMismatchError(
                     f"cookie in {d} does not match the configuration: " + "; ".join(diff)
                     + ". A directory was added, removed or swapped: restore it, or run "
-                    "`ledgerd shell cookie update` if the change is intended.")
+                    "`ledgerd shell cookie update` if the change is intended."
+                    + (EXPANSION_HINT if grows else ""))
         else:
             if not _is_empty(Path(d) / "current"):
                 raise CookieMismatchError(
                     f"{d} holds data but no cookie (current/VERSION); it is not this "
                     "bookie's directory, or its cookie was deleted")
             missing.append(Path(d))
+    if added is not None and not (remote_cookie is None and expected.instance_id):
+        strays = [m for m in missing if str(m) not in added]
+        if strays:
+            raise CookieMismatchError(
+                "directories without a cookie that the old configuration already had: "
+                + ", ".join(map(str, strays)) + ". Storage expansion adds empty "
+                "directories; it does not replace wiped ones.")
+        return CookieCheck((*missing, *restamp), create_remote=remote_cookie is None,
+                           update_remote=remote_cookie is not None,
+                           added=tuple(Path(a) for a in sorted(added)))
     if missing and (found_any or remote_cookie is not None):
         raise CookieMismatchError(
             "directories without a cookie while this bookie already has one: "

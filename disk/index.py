@@ -31,8 +31,8 @@ from pathlib import Path
 
 import google_crc32c
 
-from disk.errors import CorruptRecordError
-from disk.fdcache import FdCache
+from ledgerd.disk.errors import CorruptRecordError
+from ledgerd.disk.fdcache import FdCache
 
 __all__ = ["INDEX_HEADER_SIZE", "LedgerCache", "LedgerIndex", "index_path", "read_index_file"]
 

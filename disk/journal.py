@@ -36,17 +36,17 @@ from pathlib import Path
 
 import trio
 
-import native
-from disk.errors import DiskFullError, StorageClosedError, StorageError
-from disk.journal_format import (
+from ledgerd import native
+from ledgerd.base.logs import fields
+from ledgerd.disk.errors import DiskFullError, StorageClosedError, StorageError
+from ledgerd.disk.journal_format import (
     HEADER_SIZE,
     RecordType,
     encode_header,
     encode_record,
     encode_records,
 )
-from disk.journal_scan import journal_file_ids
-from ledgerd.base.logs import fields
+from ledgerd.disk.journal_scan import journal_file_ids
 
 __all__ = ["Journal", "JournalGroup", "JournalOptions", "JournalPosition"]
 

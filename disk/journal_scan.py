@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from disk.errors import CorruptRecordError
-from disk.journal_format import (
+from ledgerd.disk.errors import CorruptRecordError
+from ledgerd.disk.journal_format import (
     HEADER_SIZE,
     MAX_RECORD,
     Record,

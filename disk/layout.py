@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from disk.cookie import Cookie, stamp_cookies
-from disk.errors import CookieMismatchError
+from ledgerd.disk.cookie import Cookie, stamp_cookies
+from ledgerd.disk.errors import CookieMismatchError
 
 __all__ = ["finalize", "rollback", "upgrade"]
 

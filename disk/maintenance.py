@@ -28,10 +28,10 @@ from pathlib import Path
 
 import google_crc32c
 
-from disk.compaction import read_entry_log_meta, read_records
-from disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY
-from disk.errors import CorruptRecordError
-from disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
+from ledgerd.disk.compaction import read_entry_log_meta, read_records
+from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY
+from ledgerd.disk.errors import CorruptRecordError
+from ledgerd.disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
 
 __all__ = ["ConsistencyReport", "EntryLogInfo", "Problem", "RebuildResult",
            "check_consistency", "entry_log_paths", "index_paths", "list_entry_logs",

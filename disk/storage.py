@@ -32,18 +32,18 @@ from typing import Any
 
 import trio
 
-from disk.compaction import EntryLogMeta, read_entry_log_meta
-from disk.cookie import Cookie, check_cookies, stamp_cookies
-from disk.crashpoints import crash_point
-from disk.entrylog import EntryLogger
-from disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
-from disk.fdcache import FdCache
-from disk.index import LedgerCache, LedgerIndex
-from disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
-from disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
-from disk.journal_scan import journal_file_ids, scan_journal_file
-from disk.lastmark import read_last_mark, write_last_mark
 from ledgerd.base.logs import fields
+from ledgerd.disk.compaction import EntryLogMeta, read_entry_log_meta
+from ledgerd.disk.cookie import Cookie, CookieCheck, check_cookies, stamp_cookies
+from ledgerd.disk.crashpoints import crash_point
+from ledgerd.disk.entrylog import EntryLogger
+from ledgerd.disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
+from ledgerd.disk.fdcache import FdCache
+from ledgerd.disk.index import LedgerCache, LedgerIndex
+from ledgerd.disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
+from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
+from ledgerd.disk.journal_scan import journal_file_ids, scan_journal_file
+from ledgerd.disk.lastmark import read_last_mark, write_last_mark
 
 __all__ = ["DirUsage", "LedgerStorage", "StorageOptions"]
 
@@ -65,6 +65,8 @@ class StorageOptions:
     skip_invalid_journal_records: bool = False
     open_file_limit: int = 20000
     preallocate_entry_logs: bool = True
+    allow_storage_expansion: bool = False
+    read_buffer_size: int = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,8 @@ class LedgerStorage:
                                         log_size_limit=options.log_size_limit,
                                         write_buffer_size=options.write_buffer_size,
                                         readers=self.open_files,
-                                        preallocate=options.preallocate_entry_logs)
+                                        preallocate=options.preallocate_entry_logs,
+                                        read_buffer_size=options.read_buffer_size)
         self.cache = LedgerCache(list(options.index_dirs or options.ledger_dirs),
                                  page_size=options.page_size, page_limit=options.page_limit,
                                  fds=self.open_files)
@@ -121,27 +124,29 @@ class LedgerStorage:
                 out.append(d)
         return out
 
-    async def open(self, cookie: Cookie | None = None, remote_cookie: bytes | None = None) -> bool:
+    async def open(self, cookie: Cookie | None = None,
+                   remote_cookie: bytes | None = None) -> CookieCheck | None:
         """Check cookies, load index headers, replay the journal from the mark, checkpoint.
 
         With ``cookie`` (built from the configuration and the cluster's instance id) every
         directory's cookie is checked against it and ``remote_cookie`` (ZooKeeper's copy);
         a mismatch raises CookieMismatchError saying what differs and how to fix it, and
-        a brand-new bookie gets its cookies stamped. Returns True when the caller must
-        create the ZooKeeper cookie. Raises CorruptRecordError (naming file and offset)
+        a brand-new bookie gets its cookies stamped (and, with
+        ``allow_storage_expansion``, a bookie given new empty directories). Returns the
+        check, which says whether the caller must create or replace the ZooKeeper cookie. Raises CorruptRecordError (naming file and offset)
         for a corrupt journal unless skipping is configured.
         """
-        create_remote = False
+        check = None
         if cookie is not None:
-            check = check_cookies(cookie, self.all_dirs(), remote_cookie)
+            check = check_cookies(cookie, self.all_dirs(), remote_cookie,
+                                  allow_expansion=self.options.allow_storage_expansion)
             if check.stamp:
                 stamp_cookies(cookie, list(check.stamp))
-            create_remote = check.create_remote
         await trio.to_thread.run_sync(self._open_sync)
         await self.journal.open()
         await self.checkpoint()
         self.opened = True
-        return create_remote
+        return check
 
     def _open_sync(self) -> None:
         for d in self.all_dirs():

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
     from ledgerd.ledgerlog import LogFencedError, LogPosition, LogWriter, NoSuchLogError
     from ledgerd.sync import SyncClient, SyncLogWriter, SyncReadHandle, SyncWriteHandle
-    from wire.entry import Entry
-    from wire.errors import MessageTooLargeError
+    from ledgerd.wire.entry import Entry
+    from ledgerd.wire.errors import MessageTooLargeError
 
 # Imported on first use (PEP 562), so that ``import ledgerd.base.logs`` from the bookie's own
 # modules does not pull in the whole client (and its imports of those same modules).
@@ -48,7 +48,7 @@ _EXPORTS = {
     "ClientClosedError": "ledgerd.errors",
     "ClientConfig": "ledgerd.config",
     "ConfigError": "ledgerd.config",
-    "Entry": "wire.entry",
+    "Entry": "ledgerd.wire.entry",
     "EntryUnavailableError": "ledgerd.errors",
     "LedgerClosedError": "ledgerd.errors",
     "LedgerFencedError": "ledgerd.errors",
@@ -58,7 +58,7 @@ _EXPORTS = {
     "LogFencedError": "ledgerd.ledgerlog",
     "LogPosition": "ledgerd.ledgerlog",
     "LogWriter": "ledgerd.ledgerlog",
-    "MessageTooLargeError": "wire.errors",
+    "MessageTooLargeError": "ledgerd.wire.errors",
     "NoSuchLedgerError": "ledgerd.errors",
     "NoSuchLogError": "ledgerd.ledgerlog",
     "NotEnoughBookiesError": "ledgerd.errors",

@@ -25,14 +25,14 @@ import trio
 
 from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
-from wire.connection import (
+from ledgerd.wire.connection import (
     NEED_DATA,
     ClientConnection,
     ConnectionEnded,
     ResponseReceived,
 )
-from wire.errors import WireError
-from wire.messages import ApiVersionsRequest, Message
+from ledgerd.wire.errors import WireError
+from ledgerd.wire.messages import ApiVersionsRequest, Message
 
 __all__ = ["BookieClient", "BookieConnectionError", "Callback", "Connect", "open_bookie_client",
            "parse_address", "tcp_connect"]

@@ -28,7 +28,7 @@ from ledgerd.bookie_client import (
     open_bookie_client,
     tcp_connect,
 )
-from wire.messages import Message
+from ledgerd.wire.messages import Message
 
 __all__ = ["BookiePool", "PoolOptions"]
 

@@ -42,18 +42,18 @@ from ledgerd.ledgerlog import LogPosition, LogWriter
 from ledgerd.machines.changes import ClosedChangeError
 from ledgerd.machines.placement import Placement, adheres, choose_ensemble
 from ledgerd.machines.quorum import check_quorums
+from ledgerd.metadata.cluster import check_layout
+from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.ledger import LedgerMetadata, password_check
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.logs import LogStore
+from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.metadata.store import MetadataStore
 from ledgerd.metrics import ClientMetrics
 from ledgerd.pipeline import SendFlusher
 from ledgerd.reads import LedgerView
 from ledgerd.recovery import recover_ledger, take_over
-from metadata.cluster import check_layout
-from metadata.errors import NoNodeError
-from metadata.ledger import LedgerMetadata, password_check
-from metadata.ledgers import LedgerManager
-from metadata.logs import LogStore
-from metadata.registry import BookieRegistry, BookieSet
-from metadata.store import MetadataStore
-from wire.entry import Digester, DigestType, Entry, master_key
+from ledgerd.wire.entry import Digester, DigestType, Entry, master_key
 
 __all__ = ["Client", "open_client"]
 
@@ -356,7 +356,7 @@ async def open_client(zk_servers: str | None = None, *, config: ClientConfig | N
         raise ConfigError("open_client", None, "pass either config= or settings, not both")
     own_store = store is None
     if store is None:
-        from metadata.zookeeper import ZooKeeperStore
+        from ledgerd.metadata.zookeeper import ZooKeeperStore
         store = await ZooKeeperStore.connect(config.zk_servers,
                                              session_timeout=config.zk_timeout_ms / 1000,
                                              connect_timeout=config.zk_timeout_ms / 1000)

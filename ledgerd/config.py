@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledgerd.base.settings import (
-    LOG_LEVELS,
     ConfigError,
     defaults_toml,
     load_config,
     markdown_table,
     setting,
 )
-from metadata.settings import ZooKeeperSettings
+from ledgerd.metadata.settings import ZooKeeperSettings
 
 __all__ = [
     "ClientConfig",
@@ -82,8 +81,6 @@ class ClientConfig(ZooKeeperSettings):
     reorder_read_sequence_enabled: bool = setting(
         True, bk="reorderReadSequenceEnabled",
         doc="Read first from the replicas that have failed least recently.")
-    log_level: str = setting(
-        "INFO", bk="(log4j level)", choices=LOG_LEVELS, doc="Logging level.")
 
     def __post_init__(self) -> None:
         if not (self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1):

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from ledgerd.base.errors import LedgerdError
 from ledgerd.machines.placement import NotEnoughBookiesError
 from ledgerd.machines.writer import FailureKind
-from wire import status as wire_status
-from wire.status import FencedError, UnauthorizedError
+from ledgerd.wire import status as wire_status
+from ledgerd.wire.status import FencedError, UnauthorizedError
 
 __all__ = [
     "BadPasswordError",

@@ -42,15 +42,15 @@ from ledgerd.machines.changes import (
 from ledgerd.machines.placement import choose_ensemble, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.machines.writer import FailureKind, LedgerWriter
+from ledgerd.metadata.errors import ChangeRejectedError, MetadataError
+from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
 from ledgerd.reads import LedgerView, fetch_range, long_poll, read_lac
-from metadata.errors import ChangeRejectedError, MetadataError
-from metadata.ledger import LedgerMetadata
-from wire.compression import compress_payload
-from wire.entry import ENTRY_HEADER_SIZE, Entry, encode_entry, encode_lac_body
-from wire.errors import MessageTooLargeError
-from wire.frames import encode_request
-from wire.messages import NO_MASTER_KEY, AddFlags, AddRequest, WriteLacRequest
+from ledgerd.wire.compression import compress_payload
+from ledgerd.wire.entry import ENTRY_HEADER_SIZE, Entry, encode_entry, encode_lac_body
+from ledgerd.wire.errors import MessageTooLargeError
+from ledgerd.wire.frames import encode_request
+from ledgerd.wire.messages import NO_MASTER_KEY, AddFlags, AddRequest, WriteLacRequest
 
 if TYPE_CHECKING:
     from ledgerd.client import Client

@@ -40,11 +40,11 @@ import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
-from metadata.errors import BadVersionError, NodeExistsError, NoNodeError
-from metadata.ledger import LedgerMetadata
-from metadata.logs import CursorRecord, LogRecord
-from wire.entry import Entry
-from wire.status import FencedError
+from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.logs import CursorRecord, LogRecord
+from ledgerd.wire.entry import Entry
+from ledgerd.wire.status import FencedError
 
 if TYPE_CHECKING:
     from ledgerd.client import Client

@@ -36,8 +36,8 @@ from ledgerd.machines.writer import (
     Released,
     SendAdd,
 )
-from wire.messages import AddRequest, Message
-from wire.status import Status
+from ledgerd.wire.messages import AddRequest, Message
+from ledgerd.wire.status import Status
 
 __all__ = ["AddPipeline", "EnsembleChangeError", "SendFlusher"]
 

@@ -43,11 +43,11 @@ from ledgerd.machines.reads import (
     SendRange,
     SendRead,
 )
-from metadata.ledger import LedgerMetadata
-from wire.compression import decompress_payload
-from wire.entry import Digester, Entry, decode_entry, decode_lac_body
-from wire.errors import WireError
-from wire.messages import (
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.wire.compression import decompress_payload
+from ledgerd.wire.entry import Digester, Entry, decode_entry, decode_lac_body
+from ledgerd.wire.errors import WireError
+from ledgerd.wire.messages import (
     Message,
     ReadLacRequest,
     ReadLacResponse,
@@ -58,7 +58,7 @@ from wire.messages import (
     ReadStrideRequest,
     ReadStrideResponse,
 )
-from wire.status import Status, error_for_status
+from ledgerd.wire.status import Status, error_for_status
 
 __all__ = ["LedgerView", "fetch_entries", "fetch_range", "long_poll", "read_lac"]
 

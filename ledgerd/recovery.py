@@ -42,12 +42,12 @@ from ledgerd.machines.placement import NotEnoughBookiesError
 from ledgerd.machines.recovery import Aborted, Finished
 from ledgerd.machines.recovery_run import RecoveryRun
 from ledgerd.machines.writer import FailureKind, LedgerWriter
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
-from metadata.ledger import LedgerMetadata
-from metadata.ledgers import LedgerManager
-from wire.entry import Digester
-from wire.messages import AddFlags, Message, ReadRequest, ReadResponse
-from wire.status import Status
+from ledgerd.wire.entry import Digester
+from ledgerd.wire.messages import AddFlags, Message, ReadRequest, ReadResponse
+from ledgerd.wire.status import Status
 
 __all__ = ["TakeOver", "recover_ledger", "take_over"]
 

@@ -53,12 +53,12 @@ from ledgerd.machines.checker import (
 )
 from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
+from ledgerd.metadata.errors import ChangeRejectedError, NoNodeError
+from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.recovery import recover_ledger
-from metadata.errors import ChangeRejectedError, NoNodeError
-from metadata.ledger import LedgerMetadata
-from wire.entry import Digester, DigestType, decode_entry, master_key, recovery_key
-from wire.errors import WireError
-from wire.messages import (
+from ledgerd.wire.entry import Digester, DigestType, decode_entry, master_key, recovery_key
+from ledgerd.wire.errors import WireError
+from ledgerd.wire.messages import (
     AddFlags,
     AddRequest,
     ForceLedgerRequest,
@@ -66,7 +66,7 @@ from wire.messages import (
     ReadRangeResponse,
     ReadRequest,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 if TYPE_CHECKING:
     from ledgerd.client import Client

@@ -32,8 +32,8 @@ from ledgerd.client import Client, open_client
 from ledgerd.errors import ClientClosedError, LedgerClosedError
 from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
 from ledgerd.ledgerlog import LogCursor, LogEntry, LogPosition, LogWriter, log_segments
-from metadata.ledger import LedgerMetadata
-from wire.entry import Entry
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.wire.entry import Entry
 
 __all__ = ["SyncClient", "SyncLogWriter", "SyncReadHandle", "SyncWriteHandle"]
 

@@ -11,8 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from metadata.cas import cas_update
-    from metadata.errors import (
+    from ledgerd.metadata.cas import cas_update
+    from ledgerd.metadata.errors import (
         BadVersionError,
         ChangeRejectedError,
         CorruptMetadataError,
@@ -21,22 +21,22 @@ if TYPE_CHECKING:
         NodeExistsError,
         NoNodeError,
     )
-    from metadata.ledger import LedgerMetadata, LedgerState
-    from metadata.ledgers import LedgerManager
-    from metadata.memory import InMemoryCluster, InMemoryStore
-    from metadata.paths import LedgerLayout
-    from metadata.store import MetadataStore, SessionEvent, WatchEvent, WatchKind
+    from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+    from ledgerd.metadata.ledgers import LedgerManager
+    from ledgerd.metadata.memory import InMemoryCluster, InMemoryStore
+    from ledgerd.metadata.paths import LedgerLayout
+    from ledgerd.metadata.store import MetadataStore, SessionEvent, WatchEvent, WatchKind
 
 _EXPORTS = {
-    "BadVersionError": "metadata.errors", "ChangeRejectedError": "metadata.errors",
-    "CorruptMetadataError": "metadata.errors", "MetadataError": "metadata.errors",
-    "MetadataUnavailableError": "metadata.errors", "NodeExistsError": "metadata.errors",
-    "NoNodeError": "metadata.errors", "InMemoryCluster": "metadata.memory",
-    "InMemoryStore": "metadata.memory", "LedgerLayout": "metadata.paths",
-    "LedgerManager": "metadata.ledgers", "LedgerMetadata": "metadata.ledger",
-    "LedgerState": "metadata.ledger", "MetadataStore": "metadata.store",
-    "SessionEvent": "metadata.store", "WatchEvent": "metadata.store",
-    "WatchKind": "metadata.store", "cas_update": "metadata.cas",
+    "BadVersionError": "ledgerd.metadata.errors", "ChangeRejectedError": "ledgerd.metadata.errors",
+    "CorruptMetadataError": "ledgerd.metadata.errors", "MetadataError": "ledgerd.metadata.errors",
+    "MetadataUnavailableError": "ledgerd.metadata.errors", "NodeExistsError": "ledgerd.metadata.errors",
+    "NoNodeError": "ledgerd.metadata.errors", "InMemoryCluster": "ledgerd.metadata.memory",
+    "InMemoryStore": "ledgerd.metadata.memory", "LedgerLayout": "ledgerd.metadata.paths",
+    "LedgerManager": "ledgerd.metadata.ledgers", "LedgerMetadata": "ledgerd.metadata.ledger",
+    "LedgerState": "ledgerd.metadata.ledger", "MetadataStore": "ledgerd.metadata.store",
+    "SessionEvent": "ledgerd.metadata.store", "WatchEvent": "ledgerd.metadata.store",
+    "WatchKind": "ledgerd.metadata.store", "cas_update": "ledgerd.metadata.cas",
 }
 __all__ = [
     "BadVersionError", "ChangeRejectedError", "CorruptMetadataError", "InMemoryCluster",

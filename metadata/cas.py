@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from metadata.errors import BadVersionError, MetadataError
-from metadata.store import MetadataStore
+from ledgerd.metadata.errors import BadVersionError, MetadataError
+from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["cas_update"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 
-from metadata.errors import LayoutMismatchError, NodeExistsError
-from metadata.paths import LedgerLayout
-from metadata.store import MetadataStore
+from ledgerd.metadata.errors import LayoutMismatchError, NodeExistsError
+from ledgerd.metadata.paths import LedgerLayout
+from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["FIXED_NODES", "check_layout", "init_new_cluster", "instance_id", "metaformat",
            "read_layout"]

@@ -6,8 +6,8 @@ layer; here it is opaque bytes with compare-and-set updates.
 
 from __future__ import annotations
 
-from metadata.ledger import check_bookie_id
-from metadata.store import MetadataStore
+from ledgerd.metadata.ledger import check_bookie_id
+from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["CookieStore"]
 

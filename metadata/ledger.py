@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from metadata.errors import ChangeRejectedError, CorruptMetadataError
+from ledgerd.metadata.errors import ChangeRejectedError, CorruptMetadataError
 
 __all__ = [
     "FORMAT_VERSION",

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from metadata.cas import cas_update
-from metadata.errors import NodeExistsError, NoNodeError
-from metadata.ledger import LedgerMetadata
-from metadata.paths import LEGACY_LIMIT, LedgerLayout, ledger_id_from_path, ledger_path
-from metadata.store import MetadataStore, WatchEvent, WatchKind
+from ledgerd.metadata.cas import cas_update
+from ledgerd.metadata.errors import NodeExistsError, NoNodeError
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.paths import LEGACY_LIMIT, LedgerLayout, ledger_id_from_path, ledger_path
+from ledgerd.metadata.store import MetadataStore, WatchEvent, WatchKind
 
 __all__ = ["LedgerManager"]
 

@@ -19,9 +19,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from metadata.cas import cas_update
-from metadata.errors import CorruptMetadataError, NoNodeError
-from metadata.store import MetadataStore
+from ledgerd.metadata.cas import cas_update
+from ledgerd.metadata.errors import CorruptMetadataError, NoNodeError
+from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["CursorRecord", "LogRecord", "LogStore"]
 

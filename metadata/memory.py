@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from metadata.errors import (
+from ledgerd.metadata.errors import (
     BadVersionError,
     MetadataError,
     NodeExistsError,
@@ -25,7 +25,7 @@ from metadata.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
+from ledgerd.metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
 
 __all__ = ["InMemoryCluster", "InMemoryStore"]
 

@@ -19,9 +19,9 @@ from typing import Any
 import trio
 
 from ledgerd.base.logs import fields
-from metadata.errors import BookieIdInUseError, NodeExistsError, NoNodeError
-from metadata.ledger import check_bookie_id
-from metadata.store import MetadataStore, SessionEvent, WatchKind
+from ledgerd.metadata.errors import BookieIdInUseError, NodeExistsError, NoNodeError
+from ledgerd.metadata.ledger import check_bookie_id
+from ledgerd.metadata.store import MetadataStore, SessionEvent, WatchKind
 
 __all__ = ["BookieRegistry", "BookieSet"]
 
@@ -185,9 +185,17 @@ class BookieRegistry:
                         await self.register(bookie_id, info(), read_only=is_read_only())
                         log.info("re_registered", extra=fields(bookie_id=bookie_id))
             finally:
-                with trio.move_on_after(5, shield=True):
-                    try:
-                        await self.unregister(bookie_id)
-                    except Exception as exc:  # the session may be gone already
-                        log.warning("unregister_failed", extra=fields(
-                            bookie_id=bookie_id, error=repr(exc)))
+                if not getattr(self.store, "is_connected", True):
+                    # Waiting for a session that may not come back would hold up a
+                    # stop (SIGTERM, systemd) for the client's whole retry budget; the
+                    # registration is ephemeral and goes when ZooKeeper expires it.
+                    log.warning("unregister_skipped", extra=fields(
+                        bookie_id=bookie_id, reason="ZooKeeper session not connected; the "
+                        "registration goes when the session expires"))
+                else:
+                    with trio.move_on_after(5, shield=True):
+                        try:
+                            await self.unregister(bookie_id)
+                        except Exception as exc:  # the session may be gone already
+                            log.warning("unregister_failed", extra=fields(
+                                bookie_id=bookie_id, error=repr(exc)))

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import trio
 
-from metadata.cas import cas_update
-from metadata.errors import (
+from ledgerd.metadata.cas import cas_update
+from ledgerd.metadata.errors import (
     BadVersionError,
     CorruptMetadataError,
     NodeExistsError,
@@ -38,8 +38,8 @@ from metadata.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from metadata.paths import underreplicated_path
-from metadata.store import MetadataStore, WatchKind
+from ledgerd.metadata.paths import underreplicated_path
+from ledgerd.metadata.store import MetadataStore, WatchKind
 
 __all__ = ["AuditorElection", "UnderreplicatedLedger", "UnderreplicationManager"]
 

@@ -30,7 +30,7 @@ from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from ledgerd.base.logs import fields
-from metadata.errors import (
+from ledgerd.metadata.errors import (
     BadServersError,
     BadVersionError,
     MetadataError,
@@ -40,7 +40,7 @@ from metadata.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
+from ledgerd.metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
 
 # A chroot that does not exist yet is normal here (a new cluster's, created on init);
 # what matters is reported by check_layout, in one line.

@@ -1,7 +1,9 @@
 """Native I/O helper: aligned buffers, O_DIRECT, pwrite(v), fdatasync, fallocate, fadvise.
 
 The C side lives in ``native/_build.py`` and is compiled by cffi at install time into
-``native._native``. Every call releases the GIL while the kernel works, so a journal
+``ledgerd.native._native``. A host without a C compiler still installs ledgerd (the
+client never imports this package); importing it there raises ``NativeHelperMissing``,
+an ImportError whose message says what to install. Every call releases the GIL while the kernel works, so a journal
 fdatasync in a worker thread never stalls the trio thread. Failures raise ``OSError``
 carrying errno and the path of the file involved; nothing here retries or hides an error.
 
@@ -15,7 +17,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from native._native import ffi, lib
+
+class NativeHelperMissing(ImportError):
+    """The compiled helper is absent: ledgerd was installed without a C compiler."""
+
+
+try:
+    from ledgerd.native._native import ffi, lib
+except ModuleNotFoundError as e:
+    if e.name != "ledgerd.native._native":
+        raise
+    raise NativeHelperMissing(
+        "ledgerd's native I/O helper was not built (no C compiler when ledgerd was "
+        "installed): the client works without it, a bookie needs it; install gcc and "
+        "python3-dev, then reinstall ledgerd", name=e.name) from None
 
 __all__ = [
     "FALLOC_FL_KEEP_SIZE",
@@ -24,6 +39,7 @@ __all__ = [
     "SYNC_FILE_RANGE_WRITE",
     "AlignedBuffer",
     "NativeFile",
+    "NativeHelperMissing",
     "Syncer",
     "alloc_aligned",
     "fdatasync_fd",
@@ -212,7 +228,7 @@ def fdatasync_fd(fd: int, path: str | os.PathLike[str]) -> None:
 def tag_fd(fd: int, target: str) -> None:
     """Mark what ``fd`` holds ("journal", "entrylog") for injected faults
     (``native.faults``); the helper's ``close`` clears it, a new tag replaces it."""
-    from native.faults import TAGS
+    from ledgerd.native.faults import TAGS
     lib.ldn_fd_tag(fd, TAGS[target])
 
 

@@ -1,4 +1,4 @@
-"""cffi API-mode build script for ``native._native``.
+"""cffi API-mode build script for ``ledgerd.native._native``.
 
 setuptools runs this at install time (``cffi_modules`` in setup.py). The C
 functions return ``-errno`` on failure instead of touching ``errno`` so the
@@ -56,7 +56,7 @@ ffibuilder.cdef(
 )
 
 ffibuilder.set_source(
-    "native._native",
+    "ledgerd.native._native",
     r"""
     #ifndef _GNU_SOURCE
     #define _GNU_SOURCE
@@ -415,6 +415,9 @@ ffibuilder.set_source(
     }
     """,
     extra_compile_args=["-O2", "-Wall", "-Werror"],
+    # A failed compile (no C compiler on a client-only host) does not fail the install:
+    # the client never imports this module, and a bookie says what is missing.
+    optional=True,
 )
 
 if __name__ == "__main__":

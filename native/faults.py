@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from native._native import ffi, lib
+from ledgerd.native._native import ffi, lib
 
 __all__ = ["ENV_VAR", "TAGS", "FaultRule", "arm", "disarm", "injected", "install_from_env"]
 

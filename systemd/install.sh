@@ -100,6 +100,10 @@ fi
 "$prefix/bin/ledgerd" --help >/dev/null || die "$prefix/bin/ledgerd does not run"
 mkdir -p "$prefix/share/doc/ledgerd"
 cp "$checkout"/docs/*.md "$prefix/share/doc/ledgerd/" 2>/dev/null || true
+if [ -d "$checkout/docs/grafana" ]; then
+    mkdir -p "$prefix/share/doc/ledgerd/grafana"
+    cp "$checkout"/docs/grafana/*.json "$prefix/share/doc/ledgerd/grafana/"
+fi
 
 # 3. Configuration (never overwritten) and data.
 mkdir -p "$etc" "$data"

@@ -16,16 +16,16 @@ from contextlib import asynccontextmanager, contextmanager
 import trio
 from kazoo.client import KazooClient
 
-from metadata.cluster import check_layout, init_new_cluster
-from metadata.errors import NoNodeError
-from metadata.ledgers import LedgerManager
-from metadata.paths import underreplicated_path
-from metadata.registry import BookieRegistry, BookieSet
-from metadata.store import MetadataStore, WatchKind
-from metadata.underreplication import AuditorElection
-from metadata.zookeeper import ZooKeeperStore
-from tools.bookieprocess import BookieProcess
-from tools.zkserver import ZooKeeperServer
+from ledgerd.metadata.cluster import check_layout, init_new_cluster
+from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.paths import underreplicated_path
+from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.metadata.store import MetadataStore, WatchKind
+from ledgerd.metadata.underreplication import AuditorElection
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import ZooKeeperServer
 
 __all__ = ["BookieDied", "admin_get", "fresh_chroot", "metadata_store", "start_bookies", "wait_auditor",
            "wait_registered", "wait_unreferenced"]

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
-from tools.bookieprocess import BookieProcess
-from tools.zkserver import ZooKeeperServer
 
 
 @pytest.fixture(scope="session")

@@ -29,28 +29,35 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Modules that must import without trio and kazoo (STYLE 4): the protocol, the formats,
 # the metadata model, the client's decisions and the bookie's rules.
-PURE = ["wire.layouts", "wire.codec", "wire.messages", "wire.frames", "wire.connection",
-        "wire.entry", "wire.status", "wire.errors", "disk.journal_format", "metadata.ledger",
-        "metadata.errors", "ledgerd.machines.writer", "ledgerd.machines.recovery",
+PURE = ["ledgerd.wire.layouts", "ledgerd.wire.codec", "ledgerd.wire.messages", "ledgerd.wire.frames", "ledgerd.wire.connection",
+        "ledgerd.wire.entry", "ledgerd.wire.status", "ledgerd.wire.errors", "ledgerd.disk.journal_format", "ledgerd.metadata.ledger",
+        "ledgerd.metadata.errors", "ledgerd.machines.writer", "ledgerd.machines.recovery",
         "ledgerd.machines.quorum", "ledgerd.machines.placement", "ledgerd.machines.changes",
         "ledgerd.machines.throttle", "ledgerd.machines.reads", "ledgerd.machines.recovery_run",
-        "ledgerd.machines.checker", "appliance.core", "appliance.audit_schedule",
+        "ledgerd.machines.checker", "ledgerd.appliance.core", "ledgerd.appliance.audit_schedule",
         "ledgerd.base.logs", "ledgerd.base.credentials",
         "ledgerd.base.settings"]
+
+
+# The repository's top-level folders install as ``ledgerd.<folder>`` (pyproject's
+# package-dir): ``ledgerd.wire`` is the unit "wire", and the rest of ``ledgerd`` the client.
+FOLDERS = ("wire", "native", "disk", "metadata", "appliance", "tools")
 
 
 def unit_of(module: str) -> str | None:
     if module == "ledgerd.base" or module.startswith("ledgerd.base."):
         return "ledgerd.base"
-    top = module.split(".")[0]
-    return top if top in PACKAGES else None
+    parts = module.split(".")
+    if parts[0] != "ledgerd":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else "ledgerd"
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join(parts if parts[0] == "ledgerd" else ["ledgerd", *parts])
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -58,6 +65,9 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "ledgerd":
+            # `from ledgerd import native` imports the package ledgerd.native
+            out += [(node.lineno, f"ledgerd.{alias.name}") for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.lineno, node.module))
     return out
@@ -85,11 +95,12 @@ def test_imports_point_down_only() -> None:
 
 def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "m.py"
-    bad.write_text("from appliance.core import BookieCore\nimport wire.entry\n")
-    assert [t for _, t in imports_of(bad)] == ["appliance.core", "wire.entry"]
-    assert unit_of("appliance.core") not in ALLOWED["disk"]
+    bad.write_text("from ledgerd.appliance.core import BookieCore\nimport ledgerd.wire.entry\n")
+    assert [t for _, t in imports_of(bad)] == ["ledgerd.appliance.core", "ledgerd.wire.entry"]
+    assert unit_of("ledgerd.appliance.core") not in ALLOWED["disk"]
     assert unit_of("ledgerd.base.logs") in ALLOWED["disk"]
     assert unit_of("ledgerd.client") not in ALLOWED["metadata"]
+    assert unit_of(".".join(("wire", "entry"))) is None  # only ledgerd.wire is ours
 
 
 @pytest.mark.parametrize("module", PURE)

@@ -17,13 +17,20 @@ the bookies that lack entries.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import signal
 import struct
 import sys
-from collections.abc import Iterable, Mapping
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -32,11 +39,11 @@ import trio
 from ledgerd.client import Client
 from ledgerd.errors import NoSuchLedgerError
 from ledgerd.machines.checker import stored_runs as bookie_runs
-from metadata.ledger import LedgerMetadata
-from metadata.underreplication import UnderreplicationManager
-from tools.output import emit, table
-from wire.messages import ReadRangeRequest, ReadRangeResponse
-from wire.status import Status
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.underreplication import UnderreplicationManager
+from ledgerd.tools.output import Progress, emit, table
+from ledgerd.wire.messages import ReadRangeRequest, ReadRangeResponse
+from ledgerd.wire.status import Status
 
 __all__ = ["AUDIT_SCHEMA", "AuditReport", "AuditTask", "audit_cmd", "bookie_runs",
            "check_task", "plan_ledger", "run_audit"]
@@ -187,8 +194,13 @@ class AuditReport:
 
 def run_audit(spark: Any, client_options: Mapping[str, str], *,
               ledgers: Iterable[int] | None = None, log: str | None = None,
-              entries_per_task: int = 100_000, mark: bool = False) -> AuditReport:
-    """Plan on the driver, check on the executors, summarise (and mark) on the driver."""
+              entries_per_task: int = 100_000, mark: bool = False,
+              say: Callable[[str], None] | None = None,
+              on_tasks: Callable[[int, int], None] | None = None) -> AuditReport:
+    """Plan on the driver, check on the executors, summarise (and mark) on the driver.
+
+    ``say`` hears what it is doing (one line per step); ``on_tasks(done, total)`` hears
+    the Spark tasks finish, about twice a second."""
     from ledgerd.spark.worker import client_for
 
     client = client_for(client_options)
@@ -212,9 +224,13 @@ def run_audit(spark: Any, client_options: Mapping[str, str], *,
         metas[lid] = md
         tasks += plan_ledger(lid, md, entries_per_task)
     slices = max(1, min(len(tasks), spark.sparkContext.defaultParallelism * 4))
+    if say is not None:
+        say(f"checking {len(metas)} ledger(s): {len(tasks)} fragment replica(s) in {slices} "
+            f"Spark task(s)")
     rdd = spark.sparkContext.parallelize(tasks, slices).flatMap(
         functools.partial(check_on_worker, dict(client_options)))
-    found = spark.createDataFrame(rdd, AUDIT_SCHEMA).collect() if tasks else []
+    with _watch_tasks(spark, on_tasks):
+        found = spark.createDataFrame(rdd, AUDIT_SCHEMA).collect() if tasks else []
     rows = _merge([(r.ledger_id, r.first_entry, r.last_entry, r.bookie, r.missing, r.reason)
                    for r in found], metas)
     # The DataFrame holds the merged rows: it agrees with the summary and does not
@@ -288,15 +304,69 @@ def summarize(metas: Mapping[int, LedgerMetadata], tasks: list[AuditTask],
     return out
 
 
-def spark_session(master: str) -> Any:
-    """A session whose workers run this Python (ledgerd importable there too)."""
+@contextmanager
+def _watch_tasks(spark: Any, on_tasks: Callable[[int, int], None] | None) -> Iterator[None]:
+    """Poll Spark's status tracker from a thread while the caller's job runs."""
+    if on_tasks is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def poll() -> None:
+        tracker = spark.sparkContext.statusTracker()
+        while not stop.wait(0.5):
+            try:
+                infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            except Exception:  # the context is stopping (Ctrl-C): nothing more to show
+                return
+            infos = [i for i in infos if i is not None]
+            if infos:
+                on_tasks(sum(i.numCompletedTasks for i in infos),
+                         sum(i.numTasks for i in infos))
+
+    watcher = threading.Thread(target=poll, name="audit-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join(timeout=2)
+
+
+@contextmanager
+def jvm_output_to(path: Path | None) -> Iterator[None]:
+    """Start Spark's JVM with its stdout and stderr in ``path``: it inherits the file
+    descriptors it is started with, and its start-up banners, warnings and stack traces
+    (and its Python workers') are not the user's output. None leaves them alone."""
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+
+
+def spark_session(master: str, log_path: Path | None = None) -> Any:
+    """A session whose workers run this Python (ledgerd importable there too); with
+    ``log_path``, Spark's own output goes there."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master(master).appName("ledgerd-audit")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    with jvm_output_to(log_path):
+        session = (SparkSession.builder.master(master).appName("ledgerd-audit")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     return session
 
@@ -331,12 +401,48 @@ def audit_cmd(ctx: click.Context, zk: str, master: str, ledgers: str | None,
                                      "ids", param_hint="--ledgers") from None
     if ids is not None and log_name is not None:
         raise click.BadParameter("pass --ledgers or --log, not both", param_hint="--log")
-    spark = spark_session(master)
-    import ledgerd.spark
+    debug = bool((ctx.obj or {}).get("debug"))
 
-    ledgerd.spark.register(spark)
-    report = run_audit(spark, {"zk": zk}, ledgers=ids, log=log_name,
-                       entries_per_task=entries_per_task, mark=mark)
+    def say(line: str) -> None:
+        click.echo(f"audit: {line}", err=True)
+
+    started = time.monotonic()
+    log_path = None if debug else Path(tempfile.gettempdir()) / f"ledgerd-audit-{os.getpid()}.log"
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        # Replaces pyspark's handler, whose job cancel re-enters the py4j call being
+        # interrupted and logs both as ERRORs: Ctrl-C is the user's wish, not an error.
+        interrupted.set()
+        logging.disable(logging.CRITICAL)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    bar = Progress("audit: checking (Spark tasks)", None)
+    spark = None
+    try:
+        say(f"starting Spark ({master})" + (f"; its own log: {log_path}" if log_path else ""))
+        spark = spark_session(master, log_path)
+        signal.signal(signal.SIGINT, on_sigint)  # starting a context installs pyspark's
+        import ledgerd.spark
+
+        ledgerd.spark.register(spark)
+        report = run_audit(spark, {"zk": zk}, ledgers=ids, log=log_name,
+                           entries_per_task=entries_per_task, mark=mark, say=say,
+                           on_tasks=lambda done, total: bar.set(done, total))
+    except BaseException as exc:
+        if not (interrupted.is_set() or isinstance(exc, KeyboardInterrupt)):
+            raise
+        bar.close()
+        say("interrupted (Ctrl-C): no result" + (", nothing marked" if mark else ""))
+        if spark is not None:
+            with contextlib.suppress(BaseException):
+                spark.stop()
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    bar.close()
+    say(f"done in {time.monotonic() - started:.1f}s")
     missing = [dict(zip(("ledger_id", "first_entry", "last_entry", "bookie", "missing",
                          "reason"), r, strict=True)) for r in report.rows]
     human = [table(["LEDGER", "STATE", "FRAGMENTS", "REPLICAS", "MISSING", "SHORT", "STATUS"],

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ledgerd.base.settings import toml_value
-from metadata.store import MetadataStore
-from tools.zkserver import find_free_port
+from ledgerd.metadata.store import MetadataStore
+from ledgerd.tools.zkserver import find_free_port
 
 __all__ = ["BookieProcess", "start_writable"]
 
@@ -66,7 +66,7 @@ class BookieProcess:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(self.config_path)],
+            [sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf", str(self.config_path)],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, start_new_session=True, cwd=cwd)
 
@@ -125,7 +125,7 @@ async def start_writable(store: MetadataStore, bookies: list[BookieProcess], *,
     registered writable; raises trio.TooSlowError after ``timeout`` seconds."""
     import trio
 
-    from metadata.registry import BookieRegistry, BookieSet
+    from ledgerd.metadata.registry import BookieRegistry, BookieSet
 
     for b in bookies:
         b.start()

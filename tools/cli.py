@@ -16,14 +16,14 @@ from typing import Any
 
 import click
 
-from appliance.config import BookieConfig
-from disk.errors import StorageError
 from ledgerd import __version__
+from ledgerd.appliance.config import BookieConfig
 from ledgerd.base.logs import LOG_FORMATS, configure_logging
 from ledgerd.base.settings import ConfigError, defaults_toml, load_config
 from ledgerd.config import ClientConfig
+from ledgerd.disk.errors import StorageError
 from ledgerd.errors import LedgerdError, single_exception
-from metadata.errors import MetadataError
+from ledgerd.metadata.errors import MetadataError
 
 __all__ = ["main"]
 
@@ -92,7 +92,7 @@ def _log_effective(config: BookieConfig) -> None:
     from ledgerd.base import settings as st
     from ledgerd.base.logs import fields
 
-    log = logging.getLogger("appliance.config")
+    log = logging.getLogger("ledgerd.appliance.config")
     for note in st.alias_notes:
         log.warning("config_bookkeeper_name", extra=fields(note=note))
     changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
@@ -108,7 +108,7 @@ def _log_effective(config: BookieConfig) -> None:
 @click.pass_context
 def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     """Run a bookie in the foreground until SIGTERM or SIGINT."""
-    from appliance.main import run_bookie
+    from ledgerd.appliance.main import run_bookie
 
     overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
     config = load_config(BookieConfig, path=conf, overrides=overrides)
@@ -138,7 +138,7 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
     import os
     import socket
 
-    from appliance.main import run_autorecovery_process
+    from ledgerd.appliance.main import run_autorecovery_process
 
     config = load_config(BookieConfig, path=conf)
     configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level,
@@ -175,7 +175,7 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     (in another terminal) control its bookies by index."""
     if ctx.invoked_subcommand is not None:
         return
-    from tools.localcluster import LocalCluster, LocalClusterError
+    from ledgerd.tools.localcluster import LocalCluster, LocalClusterError
 
     base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
     if not zk_root.startswith("/") or zk_root.endswith("/"):
@@ -237,7 +237,7 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
 def local_ctl_cmd(action: str, index: int | None, data: Path | None) -> None:
     """Control a running `ledgerd local`: kill (SIGKILL), stop (SIGTERM), start a bookie
     by index, or print every bookie's status."""
-    from tools.localcluster import CTL_SOCKET, LocalClusterError, send_control
+    from ledgerd.tools.localcluster import CTL_SOCKET, LocalClusterError, send_control
 
     if data is None:
         running = sorted(Path(tempfile.gettempdir()).glob(f"ledgerd-local-*/{CTL_SOCKET}"),
@@ -287,11 +287,11 @@ for _name in BENCHES:
 
 
 def _register() -> None:
-    from tools.audit import audit_cmd
-    from tools.benchcmd import reads_cmd, writes_cmd
-    from tools.replication_cmds import register as register_replication
-    from tools.shell import shell
-    from tools.storage_cmds import register as register_storage
+    from ledgerd.tools.audit import audit_cmd
+    from ledgerd.tools.benchcmd import reads_cmd, writes_cmd
+    from ledgerd.tools.replication_cmds import register as register_replication
+    from ledgerd.tools.shell import shell
+    from ledgerd.tools.storage_cmds import register as register_storage
 
     register_replication()
     register_storage()
@@ -327,6 +327,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except OSError as exc:
         if debug:
+            raise
+        click.echo(f"ledgerd: error: {exc}", err=True)
+        sys.exit(1)
+    except ImportError as exc:  # a client-only install (no C compiler) asked to run a bookie
+        if debug or exc.name != "ledgerd.native._native":
             raise
         click.echo(f"ledgerd: error: {exc}", err=True)
         sys.exit(1)

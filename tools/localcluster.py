@@ -22,11 +22,11 @@ from pathlib import Path
 import trio
 
 from ledgerd.base.credentials import generate_secret
-from metadata.cluster import init_new_cluster
-from metadata.registry import BookieRegistry, BookieSet
-from metadata.zookeeper import ZooKeeperStore
-from tools.bookieprocess import BookieProcess
-from tools.zkserver import ZooKeeperError, ZooKeeperServer, find_free_port
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import ZooKeeperError, ZooKeeperServer, find_free_port
 
 __all__ = ["CTL_SOCKET", "LocalCluster", "LocalClusterError", "send_control"]
 

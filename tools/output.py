@@ -59,6 +59,12 @@ class Progress:
             sys.stderr.write(f"\r{self.label}: {self.done}{of} {note}\x1b[K")
             sys.stderr.flush()
 
+    def set(self, done: int, total: int | None = None) -> None:
+        """Show ``done`` (of ``total``) as it is now."""
+        if total is not None:
+            self.total = total
+        self.advance(done - self.done)
+
     def close(self) -> None:
         if self.tty:
             sys.stderr.write("\r\x1b[K")

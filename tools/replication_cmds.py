@@ -15,14 +15,14 @@ from typing import Any
 import click
 import trio
 
-from tools.output import emit, progress, table
-from tools.shell import ShellError, _root, _run, _store, _zk, shell
+from ledgerd.tools.output import emit, progress, table
+from ledgerd.tools.shell import ShellError, _root, _run, _store, _zk, shell
 
 __all__ = ["register"]
 
 
 def _credentials(conf: Path | None, secret_file: Path | None, password: str | None) -> Any:
-    from appliance.config import BookieConfig
+    from ledgerd.appliance.config import BookieConfig
     from ledgerd.base.credentials import read_cluster_secret
     from ledgerd.base.settings import load_config
     from ledgerd.replication import Credentials
@@ -40,7 +40,7 @@ def _credentials(conf: Path | None, secret_file: Path | None, password: str | No
 
 
 def _bookie_list(value: str) -> set[str]:
-    from metadata.ledger import check_bookie_id
+    from ledgerd.metadata.ledger import check_bookie_id
 
     out = set()
     for b in value.split(","):
@@ -157,10 +157,10 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
     running and autorecovery enabled, the workers do the copying (an audit is
     triggered); otherwise this command copies itself (credentials needed)."""
     import ledgerd
+    from ledgerd.metadata.cookies import CookieStore
+    from ledgerd.metadata.errors import NoNodeError
+    from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
     from ledgerd.replication import ReplicationOptions, rereplicate_ledger
-    from metadata.cookies import CookieStore
-    from metadata.errors import NoNodeError
-    from metadata.underreplication import AuditorElection, UnderreplicationManager
 
     (b,) = _bookie_list(bookie)
 
@@ -224,7 +224,7 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
 def listunderreplicated(ctx: click.Context, missing_replica: str | None, count_only: bool,
                         as_json: bool) -> None:
     """Ledgers queued for re-replication, the bookies they miss, and the worker on each."""
-    from metadata.underreplication import UnderreplicationManager
+    from ledgerd.metadata.underreplication import UnderreplicationManager
 
     async def run() -> list[dict[str, Any]]:
         store = await _store(ctx)
@@ -256,7 +256,7 @@ def listunderreplicated(ctx: click.Context, missing_replica: str | None, count_o
 @click.pass_context
 def whoisauditor(ctx: click.Context) -> None:
     """The autorecovery process currently elected auditor."""
-    from metadata.underreplication import AuditorElection
+    from ledgerd.metadata.underreplication import AuditorElection
 
     async def run() -> str | None:
         store = await _store(ctx)
@@ -275,7 +275,7 @@ def whoisauditor(ctx: click.Context) -> None:
 @click.pass_context
 def triggeraudit(ctx: click.Context) -> None:
     """Make the auditor audit lost bookies now (skipping lostbookierecoverydelay)."""
-    from metadata.underreplication import AuditorElection, UnderreplicationManager
+    from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
 
     async def run() -> str:
         store = await _store(ctx)
@@ -303,7 +303,7 @@ def triggeraudit(ctx: click.Context) -> None:
 @click.pass_context
 def autorecovery_switch(ctx: click.Context, action: str, as_json: bool) -> None:
     """The cluster-wide autorecovery switch (every auditor and worker obeys it)."""
-    from metadata.underreplication import AuditorElection, UnderreplicationManager
+    from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
 
     async def run() -> dict[str, Any]:
         store = await _store(ctx)
@@ -332,7 +332,7 @@ def autorecovery_switch(ctx: click.Context, action: str, as_json: bool) -> None:
 @click.pass_context
 def lostbookierecoverydelay(ctx: click.Context, get_: bool, set_: int | None) -> None:
     """How long the auditor waits before re-replicating a single lost bookie."""
-    from metadata.underreplication import UnderreplicationManager
+    from ledgerd.metadata.underreplication import UnderreplicationManager
 
     if (set_ is None) == (not get_):
         raise click.UsageError("pass exactly one of --get and --set SECONDS")
@@ -377,10 +377,10 @@ def register() -> None:
 def clusterinfo(ctx: click.Context, as_json: bool) -> None:
     """One screen of cluster health: instance id, layout, bookies writable and read-only,
     ledger count, under-replicated ledgers, the auditor and the autorecovery switch."""
-    from metadata.cluster import check_layout, instance_id
-    from metadata.ledgers import LedgerManager
-    from metadata.registry import BookieRegistry
-    from metadata.underreplication import AuditorElection, UnderreplicationManager
+    from ledgerd.metadata.cluster import check_layout, instance_id
+    from ledgerd.metadata.ledgers import LedgerManager
+    from ledgerd.metadata.registry import BookieRegistry
+    from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
 
     async def run() -> dict[str, Any]:
         store = await _store(ctx)

@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import shutil
+import sys
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,9 +22,9 @@ from typing import Any, TypeVar
 import click
 import trio
 
-from appliance.config import BookieConfig
+from ledgerd.appliance.config import BookieConfig
 from ledgerd.base.settings import load_config
-from tools.output import emit, progress, table
+from ledgerd.tools.output import emit, progress, table
 
 __all__ = ["shell"]
 
@@ -43,8 +45,8 @@ async def _store(ctx: click.Context, *, need_cluster: bool = True) -> Any:
     exists under the root (else LayoutMismatchError, one line: "no cluster at /ledgers on
     ...; run `ledgerd shell initnewcluster` first", not a missing node deep in some
     command)."""
-    from metadata.cluster import check_layout
-    from metadata.zookeeper import ZooKeeperStore
+    from ledgerd.metadata.cluster import check_layout
+    from ledgerd.metadata.zookeeper import ZooKeeperStore
 
     store = await ZooKeeperStore.connect(_zk(ctx), connect_timeout=5.0, retries=2)
     if need_cluster:
@@ -116,7 +118,7 @@ _LAYOUT_OPTION = click.option(
 def initnewcluster(ctx: click.Context, layout: str) -> None:
     """Create the cluster's nodes under the root, /ledgers by default (no-op if they
     exist with the same layout)."""
-    from metadata.cluster import init_new_cluster, instance_id
+    from ledgerd.metadata.cluster import init_new_cluster, instance_id
 
     async def run() -> str:
         store = await _store(ctx, need_cluster=False)
@@ -138,8 +140,8 @@ def initnewcluster(ctx: click.Context, layout: str) -> None:
 def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool,
                    layout: str) -> None:
     """Wipe the cluster metadata and initialise a new cluster."""
-    from metadata.cluster import metaformat
-    from metadata.registry import BookieRegistry
+    from ledgerd.metadata.cluster import metaformat
+    from ledgerd.metadata.registry import BookieRegistry
 
     if not force:
         raise ShellError("metaformat deletes all cluster metadata; pass --force to do it")
@@ -148,7 +150,7 @@ def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool,
         store = await _store(ctx, need_cluster=False)
         try:
             if not allow_live_bookies:
-                from metadata.errors import NoNodeError
+                from ledgerd.metadata.errors import NoNodeError
 
                 try:
                     live = await BookieRegistry(store, _root(ctx)).list_bookies()
@@ -171,7 +173,7 @@ def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool,
 @click.pass_context
 def whatisinstanceid(ctx: click.Context) -> None:
     """Print the cluster's instance id."""
-    from metadata.cluster import check_layout, instance_id
+    from ledgerd.metadata.cluster import check_layout, instance_id
 
     async def run() -> str:
         store = await _store(ctx)
@@ -190,7 +192,7 @@ def whatisinstanceid(ctx: click.Context) -> None:
 @click.pass_context
 def listbookies(ctx: click.Context, readonly: bool, all_: bool, as_json: bool) -> None:
     """Bookies registered in ZooKeeper."""
-    from metadata.registry import BookieRegistry
+    from ledgerd.metadata.registry import BookieRegistry
 
     async def run() -> list[dict[str, Any]]:
         store = await _store(ctx)
@@ -222,8 +224,8 @@ def listbookies(ctx: click.Context, readonly: bool, all_: bool, as_json: bool) -
 def bookieinfo(ctx: click.Context, as_json: bool) -> None:
     """Disk use of every registered bookie (asked over the wire)."""
     from ledgerd.bookie_client import BookieConnectionError, open_bookie_client
-    from metadata.registry import BookieRegistry
-    from wire.messages import GetBookieInfoRequest, GetBookieInfoResponse
+    from ledgerd.metadata.registry import BookieRegistry
+    from ledgerd.wire.messages import GetBookieInfoRequest, GetBookieInfoResponse
 
     async def run() -> list[dict[str, Any]]:
         store = await _store(ctx)
@@ -536,34 +538,75 @@ def truncatelog(ctx: click.Context, name: str, before: int, force: bool,
 @click.option("--ensemble", "-e", default=3, show_default=True)
 @click.option("--write-quorum", "-w", default=2, show_default=True)
 @click.option("--ack-quorum", "-a", default=2, show_default=True)
-@click.option("--entries", "-n", default=100, show_default=True)
+@click.option("--entries", "-n", default=100, show_default=True, type=click.IntRange(1, None))
 @click.pass_context
 def simpletest(ctx: click.Context, ensemble: int, write_quorum: int, ack_quorum: int,
                entries: int) -> None:
-    """Create a ledger, write N entries, read them back, delete it."""
+    """Create a ledger, write N entries, read them back, delete it.
+
+    Progress shows on a terminal; Ctrl-C stops early, still deletes the ledger, and says
+    how far it got (exit 130)."""
+    import signal
+
+    window = 1000  # appends in flight
+    stopped = False
+
     async def run(client: Any) -> str:
+        nonlocal stopped
         lh = await client.create_ledger(ensemble, write_quorum, ack_quorum,
                                         password=b"simpletest")
-        with progress("writing", entries) as bar:
-            pending = []
-            for i in range(entries):
-                pending.append(await lh.submit(b"simpletest entry %d" % i))
-            for p in pending:
-                await p
-                bar.advance()
-        await lh.close()
-        rh = await client.open_ledger(lh.ledger_id, b"simpletest")
-        n = 0
-        async for e in rh.read():
-            if e.payload != b"simpletest entry %d" % e.entry_id:
-                raise ShellError(f"entry {e.entry_id} read back different bytes")
-            n += 1
+        async with trio.open_nursery() as nursery:
+            async def on_sigint() -> None:
+                nonlocal stopped
+                with trio.open_signal_receiver(signal.SIGINT) as signals:
+                    async for _ in signals:
+                        stopped = True
+                        return
+
+            nursery.start_soon(on_sigint)
+            written = n = 0
+            try:
+                with progress("writing", entries) as bar:
+                    pending: deque[Any] = deque()
+                    for i in range(entries):
+                        if stopped:
+                            break
+                        pending.append(await lh.submit(b"simpletest entry %d" % i))
+                        if len(pending) >= window:
+                            await pending.popleft()
+                            written += 1
+                            bar.advance()
+                    while pending:
+                        await pending.popleft()
+                        written += 1
+                        bar.advance()
+                await lh.close()
+                rh = await client.open_ledger(lh.ledger_id, b"simpletest")
+                with progress("reading", written) as bar:
+                    if stopped:  # interrupted while writing: nothing to read back for
+                        return (f"interrupted: ledger {lh.ledger_id}: wrote {written} of "
+                                f"{entries} entries, deleted")
+                    async for e in rh.read():
+                        if e.payload != b"simpletest entry %d" % e.entry_id:
+                            raise ShellError(f"entry {e.entry_id} read back different bytes")
+                        n += 1
+                        bar.advance()
+                        if stopped:
+                            break
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client.delete_ledger(lh.ledger_id)
+            nursery.cancel_scope.cancel()
+        where = f"ledger {lh.ledger_id} on {', '.join(lh.ensemble)}"
+        if stopped:
+            return (f"interrupted: {where}: wrote {entries} entries, read back {n} of "
+                    f"them, deleted")
         if n != entries:
             raise ShellError(f"wrote {entries} entries, read back {n}")
-        await client.delete_ledger(lh.ledger_id)
-        return (f"ok: ledger {lh.ledger_id} on {', '.join(lh.ensemble)}: wrote and read back "
-                f"{entries} entries, deleted")
+        return f"ok: {where}: wrote and read back {entries} entries, deleted"
     click.echo(_client_run(ctx, run))
+    if stopped:
+        sys.exit(130)
 
 
 @shell.command("bookiesanity")
@@ -575,9 +618,9 @@ def bookiesanity(bookie: str | None, conf: Path | None, entries: int) -> None:
     import random
 
     from ledgerd.bookie_client import open_bookie_client
-    from wire.entry import Digester, DigestType, decode_entry, encode_entry, master_key
-    from wire.messages import AddRequest, ReadRequest
-    from wire.status import Status
+    from ledgerd.wire.entry import Digester, DigestType, decode_entry, encode_entry, master_key
+    from ledgerd.wire.messages import AddRequest, ReadRequest
+    from ledgerd.wire.status import Status
 
     if bookie is None:
         cfg = _bookie_config(conf)
@@ -615,7 +658,7 @@ def bookiesanity(bookie: str | None, conf: Path | None, entries: int) -> None:
 @click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
 def lastmark(conf: Path) -> None:
     """The journal position the last checkpoint covers."""
-    from disk.lastmark import read_last_mark
+    from ledgerd.disk.lastmark import read_last_mark
 
     cfg = _bookie_config(conf)
     mark = read_last_mark([Path(d) for d in cfg.ledger_directories])
@@ -630,8 +673,8 @@ def lastmark(conf: Path) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def readjournal(path: Path, as_json: bool) -> None:
     """Every record of a journal file: offset, type, ledger, entry, size, CRC status."""
-    from disk.journal_format import RecordType
-    from disk.journal_scan import inspect_journal
+    from ledgerd.disk.journal_format import RecordType
+    from ledgerd.disk.journal_scan import inspect_journal
 
     rows = []
     torn_at = None
@@ -660,7 +703,7 @@ def readjournal(path: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def readlog(path: Path, as_json: bool) -> None:
     """Every entry of an entry log and its ledgers map."""
-    from disk.entrylog import inspect_entry_log
+    from ledgerd.disk.entrylog import inspect_entry_log
 
     ledgers, map_problem, records = inspect_entry_log(path)
     rows = [{"offset": r.offset, "ledger": r.ledger_id, "entry": r.entry_id, "size": r.size,
@@ -685,7 +728,7 @@ def readindex(ledger_id: int, conf: Path, as_json: bool) -> None:
     """A ledger's index file: state and the location of every entry."""
     import struct
 
-    from disk.index import index_path, read_index_file
+    from ledgerd.disk.index import index_path, read_index_file
 
     cfg = _bookie_config(conf)
     found = [p for d in cfg.effective_index_directories
@@ -720,7 +763,7 @@ def cookie() -> None:
 @click.pass_context
 def cookie_get(ctx: click.Context, bookie_id: str, as_json: bool) -> None:
     """Print the cookie ZooKeeper holds for BOOKIE_ID."""
-    from metadata.cookies import CookieStore
+    from ledgerd.metadata.cookies import CookieStore
 
     async def run() -> tuple[bytes, int] | None:
         store = await _store(ctx)
@@ -753,9 +796,9 @@ def cookie_get(ctx: click.Context, bookie_id: str, as_json: bool) -> None:
 def cookie_update(ctx: click.Context, conf: Path) -> None:
     """Rewrite the bookie's cookie (ZooKeeper and every directory) from its configuration,
     e.g. after moving a directory. The bookie must be stopped."""
-    from disk.cookie import Cookie, stamp_cookies
-    from metadata.cluster import instance_id
-    from metadata.cookies import CookieStore
+    from ledgerd.disk.cookie import Cookie, stamp_cookies
+    from ledgerd.metadata.cluster import instance_id
+    from ledgerd.metadata.cookies import CookieStore
 
     cfg = _bookie_config(conf)
     bookie_id = cfg.effective_bookie_id
@@ -794,8 +837,8 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
     """Delete a (stopped) bookie's journal, ledger and index data and its cookie, so it
     starts empty. Refuses while ledgers list it: run `ledgerd shell recover BOOKIE`
     first, so their copies are restored on other bookies."""
-    from metadata.cookies import CookieStore
-    from metadata.errors import NoNodeError
+    from ledgerd.metadata.cookies import CookieStore
+    from ledgerd.metadata.errors import NoNodeError
 
     cfg = _bookie_config(conf)
     dirs = [Path(cfg.journal_directory), *map(Path, cfg.ledger_directories),
@@ -811,15 +854,15 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
     async def run() -> None:
         store = await _store(ctx, need_cluster=False)  # no cluster: nothing to check
         try:
-            from metadata.registry import BookieRegistry
+            from ledgerd.metadata.registry import BookieRegistry
 
             live = await BookieRegistry(store, _root(ctx)).list_bookies()
             if bookie_id in live.writable or bookie_id in live.read_only:
                 raise ShellError(f"bookie {bookie_id} is registered in ZooKeeper (running, "
                                  "or killed less than a session timeout ago): stop it first")
             if not allow_underreplication:
-                from metadata.cluster import check_layout
-                from metadata.ledgers import LedgerManager
+                from ledgerd.metadata.cluster import check_layout
+                from ledgerd.metadata.ledgers import LedgerManager
 
                 ledgers = LedgerManager(store, _root(ctx), await check_layout(store, _root(ctx)))
                 listing = len(await ledgers.listing({bookie_id}))

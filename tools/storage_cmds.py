@@ -15,8 +15,8 @@ from typing import Any
 import click
 import trio
 
-from tools.output import emit, progress, table
-from tools.shell import ShellError, _accepts_connections, _bookie_config, _run, shell
+from ledgerd.tools.output import emit, progress, table
+from ledgerd.tools.shell import ShellError, _accepts_connections, _bookie_config, _run, shell
 
 __all__ = ["register"]
 
@@ -59,8 +59,8 @@ def gc_cmd(bookie: str, kind: str | None, wait: bool, secret: str, timeout: floa
     """Start a garbage-collection pass on a live bookie (deleted ledgers, retention
     trims, dead entry logs; --minor/--major also compact sparse logs)."""
     from ledgerd.bookie_client import open_bookie_client
-    from wire.messages import AdminKind, AdminStatusRequest, AdminTriggerRequest
-    from wire.status import Status
+    from ledgerd.wire.messages import AdminKind, AdminStatusRequest, AdminTriggerRequest
+    from ledgerd.wire.status import Status
 
     admin_kind = AdminKind[_KINDS[kind or "gc"]]
     key = secret.encode()
@@ -117,7 +117,7 @@ def gc_cmd(bookie: str, kind: str | None, wait: bool, secret: str, timeout: floa
 @click.option("--json", "as_json", is_flag=True)
 def listentrylogs(conf: Path, as_json: bool) -> None:
     """Every entry log of a bookie: size, live fraction and ledgers."""
-    from disk.maintenance import list_entry_logs
+    from ledgerd.disk.maintenance import list_entry_logs
 
     cfg = _bookie_config(conf)
     infos = list_entry_logs([Path(d) for d in cfg.ledger_directories],
@@ -150,7 +150,7 @@ def _ledgers(ids: list[int]) -> str:
 def localconsistencycheck(conf: Path, digest: str, as_json: bool) -> None:
     """Check that every index entry points at a readable entry with a valid checksum
     and digest. Exits 1 when anything is wrong."""
-    from disk.maintenance import check_consistency, index_paths
+    from ledgerd.disk.maintenance import check_consistency, index_paths
 
     cfg = _bookie_config(conf)
     index_dirs = [Path(d) for d in cfg.effective_index_directories]
@@ -184,7 +184,7 @@ def _digest_check(name: str) -> Any:
     None (not verifiable) when neither matches, since the entry may be HMAC'd."""
     import hmac
 
-    from wire.entry import ENTRY_HEADER_SIZE, Digester, DigestType
+    from ledgerd.wire.entry import ENTRY_HEADER_SIZE, Digester, DigestType
 
     kinds = [DigestType.CRC32C, DigestType.CRC32] if name == "auto" else [DigestType(name)]
     digesters = [Digester(k) for k in kinds]
@@ -210,8 +210,8 @@ def rebuildindex(ledger_id: int, conf: Path, password: str | None, dry_run: bool
                  as_json: bool) -> None:
     """Regenerate a ledger's lost or corrupt index file from the entry logs (the
     bookie must be stopped)."""
-    from disk.maintenance import rebuild_index
-    from wire.entry import master_key
+    from ledgerd.disk.maintenance import rebuild_index
+    from ledgerd.wire.entry import master_key
 
     cfg = _bookie_config(conf)
     if not dry_run and _accepts_connections(cfg.effective_bookie_id):

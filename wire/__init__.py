@@ -11,7 +11,7 @@ Nothing in this package does I/O or imports trio. The pieces:
 - :mod:`wire.status`: status codes and the one status <-> exception table.
 """
 
-from wire.connection import (
+from ledgerd.wire.connection import (
     NEED_DATA,
     ClientConnection,
     ConnectionEnded,
@@ -20,10 +20,10 @@ from wire.connection import (
     ResponseReceived,
     ServerConnection,
 )
-from wire.entry import Digester, DigestType, Entry, decode_entry, encode_entry, master_key
-from wire.errors import WireError
-from wire.messages import AddFlags, ApiKey, ReadFlags
-from wire.status import BookieError, Status, error_for_status
+from ledgerd.wire.entry import Digester, DigestType, Entry, decode_entry, encode_entry, master_key
+from ledgerd.wire.errors import WireError
+from ledgerd.wire.messages import AddFlags, ApiKey, ReadFlags
+from ledgerd.wire.status import BookieError, Status, error_for_status
 
 __all__ = [
     "NEED_DATA", "AddFlags", "ApiKey", "BookieError", "ClientConnection", "ConnectionEnded",

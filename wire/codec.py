@@ -25,13 +25,13 @@ from typing import Any
 
 import construct
 
-from wire.errors import (
+from ledgerd.wire.errors import (
     EntryCountMismatchError,
     MalformedBodyError,
     TruncatedFrameError,
     UnencodableMessageError,
 )
-from wire.messages import REQUEST_TYPES, RESPONSE_TYPES, Message
+from ledgerd.wire.messages import REQUEST_TYPES, RESPONSE_TYPES, Message
 
 __all__ = [
     "BodyCodec",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import zstandard
 
-from wire.errors import DecompressionError
+from ledgerd.wire.errors import DecompressionError
 
 __all__ = ["compress_payload", "decompress_payload"]
 

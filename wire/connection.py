@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Final
 
-from wire.errors import (
+from ledgerd.wire.errors import (
     ConnectionClosedError,
     FrameSizeError,
     FrameTooLargeError,
@@ -36,7 +36,7 @@ from wire.errors import (
     UnsupportedVersionError,
     WireError,
 )
-from wire.frames import (
+from ledgerd.wire.frames import (
     DecodedRequest,
     decode_request,
     decode_response,
@@ -45,8 +45,8 @@ from wire.frames import (
     encode_response,
     request_header,
 )
-from wire.messages import SUPPORTED_VERSIONS, ApiKey, ApiVersionsResponse, Message
-from wire.status import Status
+from ledgerd.wire.messages import SUPPORTED_VERSIONS, ApiKey, ApiVersionsResponse, Message
+from ledgerd.wire.status import Status
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -340,7 +340,7 @@ class ClientConnection:
 
 def api_versions_response() -> ApiVersionsResponse:
     """What a server answers to ApiVersions: every key this build serves."""
-    from wire.messages import ApiVersionRange
+    from ledgerd.wire.messages import ApiVersionRange
 
     return ApiVersionsResponse(versions=tuple(
         ApiVersionRange(api_key=int(k), min_version=lo, max_version=hi)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import google_crc32c
 
-from wire import layouts
-from wire.errors import DigestMismatchError, EntryFormatError
+from ledgerd.wire import layouts
+from ledgerd.wire.errors import DigestMismatchError, EntryFormatError
 
 __all__ = [
     "ENTRY_HEADER_SIZE",

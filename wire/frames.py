@@ -11,17 +11,17 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from wire import layouts
-from wire.codec import construct_decode, construct_encode, fast_codec
-from wire.errors import (
+from ledgerd.wire import layouts
+from ledgerd.wire.codec import construct_decode, construct_encode, fast_codec
+from ledgerd.wire.errors import (
     FrameSizeError,
     MalformedBodyError,
     TruncatedFrameError,
     UnknownApiKeyError,
     UnsupportedVersionError,
 )
-from wire.messages import REQUEST_TYPES, RESPONSE_TYPES, SUPPORTED_VERSIONS, ApiKey, Message
-from wire.status import Status
+from ledgerd.wire.messages import REQUEST_TYPES, RESPONSE_TYPES, SUPPORTED_VERSIONS, ApiKey, Message
+from ledgerd.wire.status import Status
 
 __all__ = [
     "REQUEST_HEADER_SIZE",

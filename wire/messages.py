@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from wire import layouts
+from ledgerd.wire import layouts
 
 __all__ = [
     "NO_MASTER_KEY", "REQUEST_TYPES", "RESPONSE_TYPES", "SUPPORTED_VERSIONS",

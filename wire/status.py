@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 
-from wire.errors import WireError
+from ledgerd.wire.errors import WireError
 
 __all__ = [
     "STATUS_ERRORS",

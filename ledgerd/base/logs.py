@@ -5,7 +5,7 @@ Call sites log an event name and fields::
     log = logging.getLogger(__name__)
     log.info("journal_rolled", extra=fields(file=path, size=n))
 
-and the formatter renders ``ts=... level=INFO logger=disk.journal event=journal_rolled
+and the formatter renders ``ts=... level=INFO logger=ledgerd.disk.journal event=journal_rolled
 file=/x/1.txn size=123``. Values with spaces or quotes are quoted, so each line parses back.
 ``--log-format json`` (``log_format = "json"``) writes the same record as one JSON object
 a line, for log shippers. A field named like one of the line's own keys (``ts``,

@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ledgerd.machines.writer import FailureKind
-from metadata.errors import ChangeRejectedError
-from metadata.ledger import LedgerMetadata, LedgerState
-from wire.status import FencedError
+from ledgerd.metadata.errors import ChangeRejectedError
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.wire.status import FencedError
 
 __all__ = [
     "ClosedChangeError",

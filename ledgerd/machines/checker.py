@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from ledgerd.machines.quorum import write_set
-from metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledger import LedgerMetadata
 
 __all__ = ["CopyBatch", "Fragment", "Probe", "bad_fragments", "copy_batches", "fragments",
            "last_fragment_at_risk", "probes", "stored_runs"]

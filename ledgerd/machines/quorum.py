@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 __all__ = ["EnsembleCoverage", "ReadOutcome", "RecoveryRead", "check_quorums", "is_definite",
            "range_runs",

@@ -57,9 +57,9 @@ from ledgerd.machines.quorum import (
     write_set,
 )
 from ledgerd.machines.writer import FailureKind
-from wire.entry import Digester, Entry, decode_entry
-from wire.errors import WireError
-from wire.status import Status
+from ledgerd.wire.entry import Digester, Entry, decode_entry
+from ledgerd.wire.errors import WireError
+from ledgerd.wire.status import Status
 
 __all__ = ["Aborted", "Finished", "LedgerRecovery", "Phase", "Rewrite", "SendFenceRead",
            "SendRecoveryRead", "WriteNoop", "noop_length", "real_length"]

@@ -33,9 +33,9 @@ from ledgerd.machines.recovery import (
     noop_length,
 )
 from ledgerd.machines.writer import FailureKind, LedgerWriter
-from metadata.ledger import LedgerMetadata
-from wire.entry import Digester, Entry, encode_entry
-from wire.messages import ReadFlags, ReadRequest
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.wire.entry import Digester, Entry, encode_entry
+from ledgerd.wire.messages import ReadFlags, ReadRequest
 
 __all__ = ["RECOVERY_READ_FLAGS", "RecoveryRun", "Rewriter"]
 

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ledgerd.machines.quorum import check_quorums, write_set
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 __all__ = ["ChangeEnsemble", "Completed", "Effect", "Failed", "FailureKind", "LedgerWriter",
            "Released", "SendAdd"]

@@ -58,7 +58,7 @@ from ledgerd.spark.options import (
 )
 from ledgerd.spark.worker import client_for
 from ledgerd.sync import SyncClient
-from wire.entry import Entry
+from ledgerd.wire.entry import Entry
 
 __all__ = ["LedgerdDataSource", "LedgerdReader", "LedgerdStreamReader", "LedgerdWriter"]
 

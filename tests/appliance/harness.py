@@ -17,17 +17,17 @@ from typing import Any
 import trio
 import trio.testing
 
-from appliance.core import BookieCore
-from appliance.handlers import AdminHooks, RequestHandler, ServingState
-from appliance.hub import ConnectionHub
-from appliance.metrics import BookieMetrics
-from appliance.server import ConnectionOptions, serve_connection
-from disk.journal import JournalOptions
-from disk.storage import LedgerStorage, StorageOptions
+from ledgerd.appliance.core import BookieCore
+from ledgerd.appliance.handlers import AdminHooks, RequestHandler, ServingState
+from ledgerd.appliance.hub import ConnectionHub
+from ledgerd.appliance.metrics import BookieMetrics
+from ledgerd.appliance.server import ConnectionOptions, serve_connection
 from ledgerd.bookie_client import BookieClient
-from wire.connection import ClientConnection
-from wire.entry import Digester, DigestType, encode_entry, master_key
-from wire.messages import AdminKind
+from ledgerd.disk.journal import JournalOptions
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.wire.connection import ClientConnection
+from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
+from ledgerd.wire.messages import AdminKind
 
 KEY = master_key(b"secret")
 OTHER_KEY = master_key(b"other")

@@ -19,12 +19,12 @@ import trio
 import trio.testing
 
 import ledgerd
-from appliance.autorecovery import AutoRecoveryStats, run_autorecovery
-from appliance.config import BookieConfig
+from ledgerd.appliance.autorecovery import AutoRecoveryStats, run_autorecovery
+from ledgerd.appliance.config import BookieConfig
 from ledgerd.client import Client
-from metadata.memory import InMemoryStore
-from metadata.registry import BookieRegistry
-from metadata.underreplication import AuditorElection, UnderreplicationManager
+from ledgerd.metadata.memory import InMemoryStore
+from ledgerd.metadata.registry import BookieRegistry
+from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
 from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
 from tests.ledgerd.test_replication import lose, whole
 
@@ -296,7 +296,7 @@ async def test_periodic_check_finds_a_bookie_that_lost_a_ledger(
 
 async def test_a_stopped_worker_releases_the_locks_it_kept(
         tmp_path: Path, clock: trio.testing.MockClock) -> None:
-    from appliance.autorecovery import AutoRecoveryOptions, ReplicationWorker
+    from ledgerd.appliance.autorecovery import AutoRecoveryOptions, ReplicationWorker
     from ledgerd.replication import Credentials
 
     async with memory_cluster(tmp_path, 3, cluster_secret=SECRET) as cluster, \

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.core import ACCEPT, MAX_LONG_POLL_S, Accept, BookieCore, RuleBreaks
-from wire.entry import Digester, DigestType, encode_entry
-from wire.messages import (
+from ledgerd.appliance.core import ACCEPT, MAX_LONG_POLL_S, Accept, BookieCore, RuleBreaks
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
+from ledgerd.wire.messages import (
     NO_MASTER_KEY,
     AddFlags,
     AddRequest,
@@ -19,7 +19,7 @@ from wire.messages import (
     ReadRequest,
     WriteLacRequest,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 KEY = b"k" * 20
 OTHER = b"o" * 20
@@ -217,7 +217,7 @@ recovering = BookieCore(recovery_secret=SECRET)
 
 
 def test_recovery_credential_copies_without_binding_and_is_refused_for_plain_adds() -> None:
-    from wire.entry import recovery_key
+    from ledgerd.wire.entry import recovery_key
 
     cred = recovery_key(SECRET, 1)
     rec = int(AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY)
@@ -242,7 +242,7 @@ def test_recovery_credential_copies_without_binding_and_is_refused_for_plain_add
 
 
 def test_recovery_credential_fences_without_binding() -> None:
-    from wire.entry import recovery_key
+    from ledgerd.wire.entry import recovery_key
 
     cred = recovery_key(SECRET, 1)
     assert recovering.on_fence(cred, None, 1) == Accept(fence=True)

@@ -9,14 +9,14 @@ import pytest
 import trio
 import trio.testing
 
-from appliance.gc import GarbageCollector, GcOptions
-from metadata.cluster import init_new_cluster
-from metadata.errors import SessionExpiredError
-from metadata.ledger import LedgerMetadata
-from metadata.ledgers import LedgerManager
-from metadata.memory import InMemoryCluster, InMemoryStore
+from ledgerd.appliance.gc import GarbageCollector, GcOptions
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.errors import SessionExpiredError
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.memory import InMemoryCluster, InMemoryStore
+from ledgerd.wire.messages import AdminKind
 from tests.appliance.harness import KEY, entry, running_bookie
-from wire.messages import AdminKind
 
 
 def _meta() -> LedgerMetadata:

@@ -10,12 +10,10 @@ import pytest
 import trio
 import trio.testing
 
-from appliance.server import ConnectionOptions
-from tests.appliance import harness
-from tests.appliance.harness import KEY, OTHER_KEY, D, entry, running_bookie, small_journal
-from wire.entry import decode_entry
-from wire.frames import encode_request
-from wire.messages import (
+from ledgerd.appliance.server import ConnectionOptions
+from ledgerd.wire.entry import decode_entry
+from ledgerd.wire.frames import encode_request
+from ledgerd.wire.messages import (
     AddFlags,
     AddRequest,
     AdminKind,
@@ -32,7 +30,9 @@ from wire.messages import (
     ReadStrideResponse,
     WriteLacRequest,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
+from tests.appliance import harness
+from tests.appliance.harness import KEY, OTHER_KEY, D, entry, running_bookie, small_journal
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 

@@ -16,12 +16,12 @@ import pytest
 import trio
 import trio.testing
 
-from appliance.server import ConnectionOptions
+from ledgerd.appliance.server import ConnectionOptions
+from ledgerd.wire.frames import encode_request
+from ledgerd.wire.messages import AddRequest, ReadRequest
+from ledgerd.wire.status import Status
 from tests.appliance import harness
 from tests.appliance.harness import KEY, entry, running_bookie
-from wire.frames import encode_request
-from wire.messages import AddRequest, ReadRequest
-from wire.status import Status
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 

@@ -12,14 +12,14 @@ import pytest
 import trio
 import trio.testing
 
-from appliance.diskcheck import DiskChecker, disk_verdict, full_after
-from appliance.handlers import AdminHooks, ServingState
-from appliance.http import AdminHttp
-from appliance.metrics import BookieMetrics, FastHistogram
-from appliance.sdnotify import notify, watchdog_interval, watchdog_service
-from appliance.supervisor import Supervisor
-from disk.storage import DirUsage
-from wire.messages import AdminKind
+from ledgerd.appliance.diskcheck import DiskChecker, disk_verdict, full_after
+from ledgerd.appliance.handlers import AdminHooks, ServingState
+from ledgerd.appliance.http import AdminHttp
+from ledgerd.appliance.metrics import BookieMetrics, FastHistogram
+from ledgerd.appliance.sdnotify import notify, watchdog_interval, watchdog_service
+from ledgerd.appliance.supervisor import Supervisor
+from ledgerd.disk.storage import DirUsage
+from ledgerd.wire.messages import AdminKind
 
 
 class Boom(Exception):

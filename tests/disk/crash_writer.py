@@ -16,14 +16,14 @@ from pathlib import Path
 
 import trio
 
-from disk.storage import LedgerStorage, StorageOptions
-from wire.entry import Digester, DigestType, encode_entry
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
 
 KEY = b"c" * 20
 
 
 def options(base: Path) -> StorageOptions:
-    from disk.journal import JournalOptions
+    from ledgerd.disk.journal import JournalOptions
 
     return StorageOptions(journal_dir=base / "journal", ledger_dirs=(base / "ledgers",),
                           index_dirs=(base / "index",), flush_interval_ms=200,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import trio
 
-from disk.compaction import CompactionLimits, compact_entry_logs, read_entry_log_meta
-from disk.storage import LedgerStorage, StorageOptions
-from wire.entry import Digester, DigestType, decode_entry, encode_entry
+from ledgerd.disk.compaction import CompactionLimits, compact_entry_logs, read_entry_log_meta
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.wire.entry import Digester, DigestType, decode_entry, encode_entry
 
 KEY = b"k" * 20
 D = Digester(DigestType.CRC32C)
@@ -176,7 +176,7 @@ def test_first_version_ledgers_maps_still_read(tmp_path: Path) -> None:
 
     import google_crc32c
 
-    from disk.entrylog import ENTRY_LOG_HEADER_SIZE, _header, read_log_ledgers
+    from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE, _header, read_log_ledgers
     body = struct.pack(">qqI", -1, -2, 1) + struct.pack(">qq", 5, 1000)
     rec = struct.pack(">II", len(body), google_crc32c.value(body)) + body
     path = tmp_path / "1.log"

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from disk.storage import LedgerStorage
+from ledgerd.disk.storage import LedgerStorage
 from tests.disk.crash_writer import options
 
 ROOT = Path(__file__).parents[2]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from disk.errors import CorruptRecordError, DiskFullError, StorageClosedError
-from disk.journal import Journal, JournalOptions
-from disk.journal_format import HEADER_SIZE, RecordType, entry_body
-from disk.journal_scan import inspect_journal, journal_file_ids, scan_journal_file
+from ledgerd.disk.errors import CorruptRecordError, DiskFullError, StorageClosedError
+from ledgerd.disk.journal import Journal, JournalOptions
+from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body
+from ledgerd.disk.journal_scan import inspect_journal, journal_file_ids, scan_journal_file
 
 
 async def _write(d: Path, batches: list[list[bytes]], **opts: object) -> Path:
@@ -196,7 +196,7 @@ async def test_o_direct_refused_falls_back_to_buffered(tmp_path: Path,
     """Filesystems that refuse O_DIRECT (EINVAL) get buffered writes + fdatasync."""
     import errno
 
-    import native
+    from ledgerd import native
 
     real = native.open_file
 

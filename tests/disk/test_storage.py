@@ -8,11 +8,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from disk.cookie import Cookie, check_cookies, stamp_cookies
-from disk.entrylog import inspect_entry_log
-from disk.errors import CookieMismatchError, EntryNotFoundError, LedgerNotFoundError
-from disk.storage import LedgerStorage, StorageOptions
-from wire.entry import Digester, DigestType, decode_entry, encode_entry
+from ledgerd.disk.cookie import Cookie, check_cookies, stamp_cookies
+from ledgerd.disk.entrylog import inspect_entry_log
+from ledgerd.disk.errors import (
+    CookieMismatchError,
+    CorruptRecordError,
+    EntryNotFoundError,
+    LedgerNotFoundError,
+)
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.wire.entry import Digester, DigestType, decode_entry, encode_entry
 
 KEY = b"k" * 20
 D = Digester(DigestType.CRC32C)
@@ -132,7 +137,7 @@ async def test_entry_logs_roll_with_ledgers_map(tmp_path: Path) -> None:
     assert before[-1].problem.startswith("truncated")
     from click.testing import CliRunner
 
-    from tools.shell import readlog
+    from ledgerd.tools.shell import readlog
     out = CliRunner().invoke(readlog, [str(cut)])
     assert out.exit_code == 0, out.output
     assert f"{len(before)} record(s), 1 with problems" in out.output
@@ -180,7 +185,7 @@ def test_cookie_matrix(tmp_path: Path) -> None:
 def test_layout_upgrade_rollback_finalize(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from disk.layout import finalize, rollback, upgrade
+    from ledgerd.disk.layout import finalize, rollback, upgrade
 
     dirs = [tmp_path / "j", tmp_path / "l"]
     v1 = _cookie(tmp_path)
@@ -210,7 +215,8 @@ async def test_deleted_ledger_directory_refuses_start(tmp_path: Path) -> None:
                     ledger_dirs=tuple(map(str, opts.ledger_dirs)),
                     index_dirs=tuple(map(str, opts.index_dirs)), instance_id="iid")
     s = LedgerStorage(opts)
-    assert await s.open(cookie, None) is True  # new bookie: stamp, create the remote copy
+    check = await s.open(cookie, None)
+    assert check is not None and check.create_remote  # new bookie: stamp, create the remote copy
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
         await s.add_entries(1, 0, [_entry(1, 0)], bind_key=KEY)
@@ -218,7 +224,8 @@ async def test_deleted_ledger_directory_refuses_start(tmp_path: Path) -> None:
     await s.close()
     remote = cookie.to_bytes()
     s2 = LedgerStorage(opts)
-    assert await s2.open(cookie, remote) is False
+    check = await s2.open(cookie, remote)
+    assert check is not None and not check.create_remote and not check.update_remote
     await s2.close()
     shutil.rmtree(tmp_path / "ledgers")
     with pytest.raises(CookieMismatchError, match="wiped"):
@@ -235,7 +242,7 @@ async def test_missing_marked_journal_file_refuses_start(tmp_path: Path) -> None
     await s.close()
     for f in (tmp_path / "journal" / "current").glob("*.txn"):
         f.unlink()
-    from disk.errors import StorageError
+    from ledgerd.disk.errors import StorageError
     with pytest.raises(StorageError, match="named by lastMark is missing"):
         await LedgerStorage(opts).open()
 
@@ -321,3 +328,62 @@ async def test_entry_log_preallocation(tmp_path: Path, preallocate: bool) -> Non
     for e in range(400):
         assert decode_entry(D, s2.read_entry(1, e)).entry_id == e
     await s2.close()
+
+
+def test_cookie_expansion_takes_only_new_empty_dirs(tmp_path: Path) -> None:
+    old = _cookie(tmp_path)
+    dirs = [tmp_path / "j", tmp_path / "l"]
+    stamp_cookies(old, dirs)
+    grown = _cookie(tmp_path, ledger_dirs=(str(tmp_path / "l"), str(tmp_path / "l2")),
+                    index_dirs=(str(tmp_path / "l"), str(tmp_path / "l2")))
+    wider = [*dirs, tmp_path / "l2"]
+    with pytest.raises(CookieMismatchError, match="set allow_storage_expansion = true"):
+        check_cookies(grown, wider, old.to_bytes())
+    check = check_cookies(grown, wider, old.to_bytes(), allow_expansion=True)
+    assert set(check.stamp) == set(wider) and check.update_remote and not check.create_remote
+    assert check.added == (tmp_path / "l2",)
+    # Stamped, ZooKeeper not yet replaced (a crash between): the next start finishes it.
+    stamp_cookies(grown, list(check.stamp))
+    again = check_cookies(grown, wider, old.to_bytes(), allow_expansion=True)
+    assert again.stamp == () and again.update_remote
+    assert check_cookies(grown, wider, grown.to_bytes()).stamp == ()
+    # A new directory that holds data is not "empty"; a swap is not an expansion.
+    (tmp_path / "l3" / "current").mkdir(parents=True)
+    (tmp_path / "l3" / "current" / "7.log").write_bytes(b"x")
+    three = _cookie(tmp_path, ledger_dirs=(str(tmp_path / "l"), str(tmp_path / "l2"),
+                                           str(tmp_path / "l3")),
+                    index_dirs=(str(tmp_path / "l"), str(tmp_path / "l2"), str(tmp_path / "l3")))
+    with pytest.raises(CookieMismatchError, match="holds data but no cookie"):
+        check_cookies(three, [*wider, tmp_path / "l3"], grown.to_bytes(), allow_expansion=True)
+    swapped = _cookie(tmp_path, ledger_dirs=(str(tmp_path / "l2"),),
+                      index_dirs=(str(tmp_path / "l2"),))
+    with pytest.raises(CookieMismatchError) as info:
+        check_cookies(swapped, [tmp_path / "j", tmp_path / "l2"], grown.to_bytes(),
+                      allow_expansion=True)
+    assert "allow_storage_expansion" not in str(info.value)
+
+
+async def test_read_buffer_takes_small_entries_in_one_pread(tmp_path: Path) -> None:
+    opts = _opts(tmp_path, read_buffer_size=512)
+    s = await _open(opts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [_entry(1, i, 100 if i % 2 else 2000) for i in range(10)],
+                            bind_key=KEY)
+        nursery.cancel_scope.cancel()
+    await s.close()
+    s = await _open(opts)  # everything on disk now, none in write buffers
+    assert [s.read_entry(1, i) for i in range(10)] == \
+        [_entry(1, i, 100 if i % 2 else 2000) for i in range(10)]
+    assert s.entry_logger.short_reads == 5  # the 100-byte ones; the 2000-byte took two
+    await s.close()
+    # A corrupt small entry is still caught when the one pread covered it.
+    log = next((tmp_path / "ledgers" / "current").glob("*.log"))
+    raw = bytearray(log.read_bytes())
+    at = raw.find(_entry(1, 1, 100))
+    raw[at + 50] ^= 0xFF
+    log.write_bytes(bytes(raw))
+    s = await _open(opts)
+    with pytest.raises(CorruptRecordError, match="checksum"):
+        s.read_entry(1, 1)
+    await s.close()

@@ -3,7 +3,7 @@ its report shows the smallest failing window."""
 
 from __future__ import annotations
 
-from tools.faults.history import History, check, report
+from ledgerd.tools.faults.history import History, check, report
 
 
 def _base() -> History:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import trio
 
-from tools.faults.cluster import FaultCluster
-from tools.faults.nemesis import KINDS
-from tools.faults.rounds import RoundResult, run_round
+from ledgerd.tools.faults.cluster import FaultCluster
+from ledgerd.tools.faults.nemesis import KINDS
+from ledgerd.tools.faults.rounds import RoundResult, run_round
 
 
 async def test_every_fault_kind_loses_nothing(tmp_path: Path) -> None:

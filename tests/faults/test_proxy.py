@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from tools.faults.proxy import FaultProxy
+from ledgerd.tools.faults.proxy import FaultProxy
 
 
 async def _echo(stream: trio.SocketStream) -> None:

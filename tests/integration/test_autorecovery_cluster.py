@@ -21,12 +21,12 @@ import ledgerd
 from ledgerd.client import Client
 from ledgerd.handles import WriteHandle
 from ledgerd.machines.checker import fragments, stored_runs
-from metadata.cookies import CookieStore
+from ledgerd.metadata.cookies import CookieStore
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.wire.entry import Digester, DigestType, decode_entry
+from ledgerd.wire.messages import ReadRequest, ReadResponse
+from ledgerd.wire.status import Status
 from tests.cluster import metadata_store, start_bookies, wait_unreferenced
-from tools.bookieprocess import BookieProcess
-from wire.entry import Digester, DigestType, decode_entry
-from wire.messages import ReadRequest, ReadResponse
-from wire.status import Status
 
 Factory = Callable[..., BookieProcess]
 SECRET = b"integration-cluster-secret-0123456789"
@@ -143,7 +143,7 @@ async def test_killed_bookies_are_rereplicated_under_load_and_decommission_drain
         # Decommission drains a live bookie: nothing references it, its cookie is gone.
         live = next(b for b in by_id if by_id[b].running)
         cli = subprocess.run(
-            [sys.executable, "-m", "tools.cli", "shell", "--zk", zk_chroot,
+            [sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk", zk_chroot,
              "decommissionbookie", live, "--live", "--conf", str(by_id[live].config_path),
              "--timeout", "120"], capture_output=True, text=True, timeout=180)
         assert cli.returncode == 0, cli.stderr

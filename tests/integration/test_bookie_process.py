@@ -10,14 +10,14 @@ from typing import Any
 import trio
 
 from ledgerd.bookie_client import BookieClient, open_bookie_client
-from metadata.registry import BookieRegistry
-from metadata.zookeeper import ZooKeeperStore
+from ledgerd.metadata.registry import BookieRegistry
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.wire.entry import decode_entry
+from ledgerd.wire.messages import AddFlags, AddRequest, ReadFlags, ReadRequest
+from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, D, entry
 from tests.cluster import metadata_store, wait_registered
-from tools.bookieprocess import BookieProcess
-from wire.entry import decode_entry
-from wire.messages import AddFlags, AddRequest, ReadFlags, ReadRequest
-from wire.status import Status
 
 Factory = Callable[..., BookieProcess]
 
@@ -185,7 +185,7 @@ async def _garbage_connection(address: str, seed: int) -> None:
 
 
 def _frame(msg: Any) -> bytes:
-    from wire.frames import encode_request
+    from ledgerd.wire.frames import encode_request
     return encode_request(msg, 1, 0)
 
 

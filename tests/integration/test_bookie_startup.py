@@ -15,15 +15,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from metadata.cookies import CookieStore
+import trio
+
+import ledgerd
+from ledgerd.disk.cookie import Cookie
+from ledgerd.metadata.cookies import CookieStore
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
 from tests.cluster import metadata_store, wait_registered
-from tools.bookieprocess import BookieProcess
-from tools.zkserver import find_free_port
 
 
 def _run(conf: Path, timeout: float = 60) -> tuple[int, str, float]:
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "tools.cli", "bookie", "--conf", str(conf)],
+    done = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf", str(conf)],
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
     return done.returncode, done.stderr, time.monotonic() - t0
@@ -62,20 +66,50 @@ def test_bad_config_and_unusable_directory(tmp_path: Path) -> None:
     assert code == 1 and "afile" in line, line
 
 
-async def test_cookie_mismatch_is_one_line(bookie_factory: Callable[..., BookieProcess],
-                                           zk_chroot: str, tmp_path: Path) -> None:
+async def test_cookie_mismatch_is_one_line_and_expansion_takes_a_new_dir(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str, tmp_path: Path) -> None:
     async with metadata_store(zk_chroot) as store:
         b = bookie_factory()
         b.start()
         await wait_registered(store, b)
+        async with ledgerd.open_client(zk_chroot, throttle=0) as client:
+            lh = await client.create_ledger(1, 1, 1, password=b"pw")
+            for i in range(50):
+                await lh.append(b"before %d" % i)
+            await lh.close()
         assert b.terminate() == 0
-        b.settings["ledger_directories"] = [*b.settings["ledger_directories"],
-                                            str(tmp_path / "another")]
+        old_dir = b.settings["ledger_directories"][0]
+        new_dir = str(tmp_path / "another")
+        b.settings["ledger_directories"] = [old_dir, new_dir]
         b.write_config()
         code, stderr, _ = _run(b.config_path)
         line = _the_error(stderr)
         assert code == 1 and "cookie" in line and "ledger_dirs" in line, line
+        assert "set allow_storage_expansion = true" in line, line
         assert "AssertionError" not in stderr
+
+        # BookKeeper's allowStorageExpansion: the new empty directory is taken, the
+        # cookies (disk and ZooKeeper) name both, and the old data is still served.
+        b.settings["allow_storage_expansion"] = True
+        b.write_config()
+        b.start()
+        await wait_registered(store, b)
+        got = await CookieStore(store).get(b.bookie_id)
+        assert got is not None
+        assert Cookie.from_bytes(got[0], "zk").ledger_dirs == (old_dir, new_dir)
+        assert Cookie.from_bytes((Path(new_dir) / "current/VERSION").read_bytes(),
+                                 "new").ledger_dirs == (old_dir, new_dir)
+        async with ledgerd.open_client(zk_chroot, throttle=0) as client:
+            rh = await client.open_ledger(lh.ledger_id, password=b"pw")
+            assert [e.payload async for e in rh.read()] == [b"before %d" % i for i in range(50)]
+        assert b.terminate() == 0
+
+        # Removing a directory is still refused, expansion or not.
+        b.settings["ledger_directories"] = [new_dir]
+        b.write_config()
+        code, stderr, _ = _run(b.config_path)
+        line = _the_error(stderr)
+        assert code == 1 and "ledger_dirs" in line and "allow_storage_expansion" not in line
 
 
 async def test_port_in_use_registers_nothing(bookie_factory: Callable[..., BookieProcess],
@@ -112,3 +146,35 @@ async def test_json_logs_are_one_object_a_line(
     assert all({"ts", "level", "logger", "event"} <= set(r) for r in records)
     events = [r["event"] for r in records]
     assert "listening" in events and "bookie_stopping" in events, events
+
+
+def test_sigterm_with_zookeeper_gone_stops_promptly(tmp_path: Path) -> None:
+    """ZooKeeper down, then SIGTERM (systemctl stop): the bookie checkpoints and exits 0
+    at once instead of waiting out the ZooKeeper client's retries to unregister (its
+    registration is ephemeral: it goes when the session expires)."""
+    zk = ZooKeeperServer(tmp_path / "zk")
+    zk.start()
+    b = BookieProcess(tmp_path / "b", zk.connect_string, settings={"zk_timeout_ms": 6000})
+    try:
+        done = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk",
+                               zk.connect_string, "initnewcluster"], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        b.start()
+
+        async def registered() -> None:
+            async with metadata_store(zk.connect_string, init=False) as store:
+                await wait_registered(store, b)
+        trio.run(registered)
+    finally:
+        zk.stop()
+    try:
+        t0 = time.monotonic()
+        assert b.terminate(timeout=60) == 0
+        took = time.monotonic() - t0
+    finally:
+        if b.running:
+            b.kill9()
+    assert took < 5, took
+    log = (b.base / "bookie.log").read_text()
+    assert "event=unregister_skipped" in log and "event=bookie_stopped" in log

@@ -15,10 +15,10 @@ import pytest
 import trio
 
 import ledgerd
-from metadata.ledgers import LedgerManager
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.tools.bookieprocess import BookieProcess
 from tests.cluster import EVENT_BOUND_S, metadata_store, start_bookies
 from tests.integration.writer_proc import payload
-from tools.bookieprocess import BookieProcess
 
 Factory = Callable[..., BookieProcess]
 

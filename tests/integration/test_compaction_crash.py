@@ -23,13 +23,13 @@ from pathlib import Path
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
-from metadata.ledger import LedgerMetadata
-from metadata.ledgers import LedgerManager
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.wire.messages import AddRequest, ReadRequest
+from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, entry
 from tests.cluster import EVENT_BOUND_S, metadata_store, wait_registered
-from tools.bookieprocess import BookieProcess
-from wire.messages import AddRequest, ReadRequest
-from wire.status import Status
 
 SEED = int(os.environ.get("LEDGERD_CRASH_SEED", "1"))
 # step -> how many times it can be reached in one pass (the seed picks which one dies)
@@ -38,7 +38,7 @@ STEPS = {"gc.deleting_ledgers": 3, "gc.deleting_logs": 1, "compaction.copying": 
 
 
 async def _shell(*args: str, conf: Path | None = None) -> tuple[int, str, str]:
-    cmd = [sys.executable, "-m", "tools.cli", "shell", *args]
+    cmd = [sys.executable, "-m", "ledgerd.tools.cli", "shell", *args]
     done = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 

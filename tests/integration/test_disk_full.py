@@ -14,11 +14,11 @@ import pytest
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.wire.messages import AddRequest, GetBookieInfoRequest, ReadRequest
+from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, entry
 from tests.cluster import EVENT_BOUND_S, admin_get, metadata_store, wait_registered
-from tools.bookieprocess import BookieProcess
-from wire.messages import AddRequest, GetBookieInfoRequest, ReadRequest
-from wire.status import Status
 
 
 @pytest.fixture
@@ -154,8 +154,8 @@ async def test_disk_filling_up_mid_compaction_stops_it_cleanly(
     """A compaction with no room to copy into: the pass stops and says why, the bookie
     stays up (read-only), every kept entry reads back; with room again the next pass
     finishes the job."""
-    from metadata.ledger import LedgerMetadata
-    from metadata.ledgers import LedgerManager
+    from ledgerd.metadata.ledger import LedgerMetadata
+    from ledgerd.metadata.ledgers import LedgerManager
     from tests.integration.test_compaction_crash import _shell
 
     async with metadata_store(zk_chroot) as store:

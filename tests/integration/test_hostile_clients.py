@@ -11,13 +11,13 @@ from pathlib import Path
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.wire.entry import encode_entry
+from ledgerd.wire.frames import encode_request
+from ledgerd.wire.messages import AddRequest, ReadRangeRequest, ReadRequest
+from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, D
 from tests.cluster import admin_get, metadata_store, wait_registered
-from tools.bookieprocess import BookieProcess
-from wire.entry import encode_entry
-from wire.frames import encode_request
-from wire.messages import AddRequest, ReadRangeRequest, ReadRequest
-from wire.status import Status
 
 Factory = Callable[..., BookieProcess]
 MiB = 1 << 20

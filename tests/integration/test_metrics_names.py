@@ -9,11 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ledgerd.bookie_client import open_bookie_client
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.wire.messages import AddRequest
+from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, entry
 from tests.cluster import admin_get, metadata_store, wait_registered
-from tools.bookieprocess import BookieProcess
-from wire.messages import AddRequest
-from wire.status import Status
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "ledgerd-bookies.json"
 # PromQL words in the dashboard's expressions that are not series names.

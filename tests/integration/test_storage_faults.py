@@ -14,14 +14,14 @@ from collections.abc import Callable
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
-from native.faults import FaultRule
+from ledgerd.native.faults import FaultRule
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.faults.cluster import arm_bookie, fault_env
+from ledgerd.wire.messages import AddRequest, ReadRequest
+from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, entry
 from tests.cluster import metadata_store, wait_registered
 from tests.integration.test_disk_full import _health
-from tools.bookieprocess import BookieProcess
-from tools.faults.cluster import arm_bookie, fault_env
-from wire.messages import AddRequest, ReadRequest
-from wire.status import Status
 
 
 def add(first: int, n: int = 1, size: int = 100) -> AddRequest:

@@ -9,8 +9,8 @@ import pytest
 import trio
 
 import ledgerd
+from ledgerd.tools.bookieprocess import BookieProcess
 from tests.cluster import metadata_store, wait_registered
-from tools.bookieprocess import BookieProcess
 
 
 def test_sync_client_round_trip(bookie_factory: Callable[..., BookieProcess],

@@ -12,8 +12,8 @@ import trio
 
 import ledgerd
 from ledgerd.errors import LeadershipLostError, LedgerdError
+from ledgerd.tools.bookieprocess import BookieProcess
 from tests.cluster import start_bookies
-from tools.bookieprocess import BookieProcess
 
 Factory = Callable[..., BookieProcess]
 
@@ -127,7 +127,7 @@ async def test_fragments_roll_at_the_cap_and_trim_from_the_front(bookie_factory:
         trimmed = 0
         for b in bookies:
             done = await trio.run_process(
-                [sys.executable, "-m", "tools.cli", "shell", "gc", "--bookie", b.address,
+                [sys.executable, "-m", "ledgerd.tools.cli", "shell", "gc", "--bookie", b.address,
                  "--wait", "--json"], capture_stdout=True, capture_stderr=True)
             trimmed += json.loads(done.stdout)["entries_trimmed"]
         assert trimmed == 100 * 2

@@ -15,14 +15,14 @@ from typing import Any
 
 import trio
 
-from appliance.bookie import Bookie
-from appliance.config import BookieConfig
-from appliance.main import connect_metadata
-from disk.storage import LedgerStorage
+from ledgerd.appliance.bookie import Bookie
+from ledgerd.appliance.config import BookieConfig
+from ledgerd.appliance.main import connect_metadata
 from ledgerd.base.settings import load_config
-from metadata.registry import BookieRegistry, BookieSet
+from ledgerd.disk.storage import LedgerStorage
+from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.tools.zkserver import find_free_port
 from tests.cluster import EVENT_BOUND_S, metadata_store
-from tools.zkserver import find_free_port
 
 __all__ = ["InProcessCluster", "inprocess_cluster"]
 

@@ -22,13 +22,13 @@ from typing import Any
 import trio
 import trio.testing
 
-from appliance.core import BookieCore
-from appliance.server import ConnectionOptions
-from disk.journal import JournalOptions
-from disk.storage import LedgerStorage, StorageOptions
-from metadata.cluster import init_new_cluster
-from metadata.memory import InMemoryCluster, InMemoryStore
-from metadata.registry import BookieRegistry
+from ledgerd.appliance.core import BookieCore
+from ledgerd.appliance.server import ConnectionOptions
+from ledgerd.disk.journal import JournalOptions
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.memory import InMemoryCluster, InMemoryStore
+from ledgerd.metadata.registry import BookieRegistry
 from tests.appliance.harness import BookieHarness
 
 ROOT = "/ledgers"
@@ -164,4 +164,4 @@ def client_settings(**overrides: Any) -> dict[str, Any]:
     """Client settings for memory clusters: short timeouts (the clock is virtual)."""
     return {"zk_servers": "memory", "add_entry_timeout_ms": 1000, "read_timeout_ms": 1000,
             "speculative_read_timeout_ms": 400, "connect_timeout_ms": 1000,
-            "throttle": 0, "log_level": "WARNING", **overrides}
+            "throttle": 0, **overrides}

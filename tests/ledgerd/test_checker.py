@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from appliance.audit_schedule import AuditSchedule
+from ledgerd.appliance.audit_schedule import AuditSchedule
 from ledgerd.machines.changes import FragmentChangedError, replace_in_fragment
 from ledgerd.machines.checker import (
     Fragment,
@@ -22,7 +22,7 @@ from ledgerd.machines.checker import (
 )
 from ledgerd.machines.placement import Placement, adheres, choose_ensemble, choose_replacements
 from ledgerd.machines.quorum import write_set
-from metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 
 A, B, C, D, E = (f"b{i}:1" for i in range(5))
 

@@ -16,7 +16,7 @@ from ledgerd import (
     NotEnoughBookiesError,
     ReadBeyondLacError,
 )
-from metadata.ledger import LedgerState
+from ledgerd.metadata.ledger import LedgerState
 from tests.ledgerd.inproc import inprocess_cluster
 
 

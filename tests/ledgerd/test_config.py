@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from appliance.config import BookieConfig
+from ledgerd.appliance.config import BookieConfig
 from ledgerd.config import ClientConfig, ConfigError, defaults_toml, load_config, markdown_table
 
 
@@ -142,7 +142,7 @@ def test_every_bad_key_is_reported_and_bookkeeper_names_are_aliases() -> None:
 
 
 def test_integer_ranges_print_as_integers() -> None:
-    from appliance.config import BookieConfig as B
+    from ledgerd.appliance.config import BookieConfig as B
     from ledgerd.base.settings import _fields
 
     spec, kind, _ = _fields(B)["log_size_limit"]

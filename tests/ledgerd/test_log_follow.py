@@ -12,7 +12,7 @@ import ledgerd
 from ledgerd import LedgerdError
 from ledgerd.errors import LeadershipLostError, LedgerFencedError
 from ledgerd.ledgerlog import LogEntry
-from metadata.logs import LogRecord
+from ledgerd.metadata.logs import LogRecord
 from tests.ledgerd.inproc import inprocess_cluster
 
 

@@ -14,12 +14,12 @@ from ledgerd.base.logs import configure_logging, fields
 def test_event_line_has_key_value_fields() -> None:
     out = io.StringIO()
     configure_logging("DEBUG", stream=out)
-    logging.getLogger("disk.journal").info(
+    logging.getLogger("ledgerd.disk.journal").info(
         "journal_rolled", extra=fields(file="/j/1.txn", size=12, note="two words"))
     line = out.getvalue().strip()
     assert "\n" not in line
     assert "level=INFO" in line
-    assert "logger=disk.journal" in line
+    assert "logger=ledgerd.disk.journal" in line
     assert "event=journal_rolled" in line
     assert "file=/j/1.txn" in line
     assert "size=12" in line
@@ -43,12 +43,12 @@ def test_json_lines_carry_the_same_record() -> None:
     try:
         raise ValueError("boom")
     except ValueError:
-        logging.getLogger("disk.journal").exception(
+        logging.getLogger("ledgerd.disk.journal").exception(
             "journal_failed", extra=fields(path=Path("/j/1.txn"), size=12, ok=True))
     line = out.getvalue().strip()
     assert "\n" not in line
     record = json.loads(line)
-    assert record["level"] == "ERROR" and record["logger"] == "disk.journal"
+    assert record["level"] == "ERROR" and record["logger"] == "ledgerd.disk.journal"
     assert record["event"] == "journal_failed"
     assert record["path"] == "/j/1.txn" and record["size"] == 12 and record["ok"] is True
     assert "ValueError: boom" in record["exc"]
@@ -59,7 +59,7 @@ def test_json_lines_carry_the_same_record() -> None:
 def test_a_field_named_like_a_line_key_is_not_written_twice() -> None:
     out = io.StringIO()
     configure_logging("INFO", stream=out)
-    logging.getLogger("metadata.zookeeper").info(
+    logging.getLogger("ledgerd.metadata.zookeeper").info(
         "zookeeper_session", extra=fields(event="lost", level=3))
     line = out.getvalue().strip()
     keys = [part.split("=", 1)[0] for part in line.split(" ")]
@@ -73,7 +73,7 @@ def test_an_application_without_logging_sees_no_kazoo_lines(tmp_path: Path) -> N
     import subprocess
     import sys
 
-    from tools.zkserver import find_free_port
+    from ledgerd.tools.zkserver import find_free_port
 
     port = find_free_port()
     script = (

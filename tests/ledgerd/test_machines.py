@@ -29,7 +29,7 @@ from ledgerd.machines.writer import (
     LedgerWriter,
     SendAdd,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 B = ["b0", "b1", "b2", "b3", "b4"]
 
@@ -294,8 +294,8 @@ from ledgerd.machines.changes import (  # noqa: E402
     close_recovered,
 )
 from ledgerd.machines.throttle import TokenBucket  # noqa: E402
-from metadata.errors import ChangeRejectedError  # noqa: E402
-from metadata.ledger import LedgerMetadata, LedgerState  # noqa: E402
+from ledgerd.metadata.errors import ChangeRejectedError  # noqa: E402
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState  # noqa: E402
 
 
 def _md(**kw: object) -> LedgerMetadata:

@@ -16,7 +16,7 @@ from ledgerd.machines.reads import (
     SendRange,
     SendRead,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 
 def test_entry_read_fails_over_in_order_and_the_first_good_answer_wins() -> None:

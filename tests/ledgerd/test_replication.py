@@ -13,8 +13,10 @@ import trio
 import trio.testing
 
 import ledgerd
-from disk.errors import EntryNotFoundError, LedgerNotFoundError
+from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError
 from ledgerd.machines.checker import fragments, stored_runs
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.replication import (
     Credentials,
     LedgerResult,
@@ -22,8 +24,6 @@ from ledgerd.replication import (
     ReplicationOptions,
     rereplicate_ledger,
 )
-from metadata.ledger import LedgerMetadata
-from metadata.registry import BookieRegistry
 from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
 
 SECRET = b"cluster-secret-for-tests-0123456789"

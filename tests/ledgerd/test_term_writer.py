@@ -11,7 +11,7 @@ from ledgerd.machines.writer import (
     Released,
     SendAdd,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 ENSEMBLE = ["a", "b", "c"]
 

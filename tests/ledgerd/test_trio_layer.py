@@ -11,12 +11,12 @@ import trio
 import trio.testing
 
 import ledgerd
-from disk.journal import JournalOptions
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool, PoolOptions
+from ledgerd.disk.journal import JournalOptions
+from ledgerd.wire.messages import ApiKey, Message, ReadLacRequest
+from ledgerd.wire.status import FencedError, Status
 from tests.ledgerd.memcluster import client_settings, memory_cluster
-from wire.messages import ApiKey, Message, ReadLacRequest
-from wire.status import FencedError, Status
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +161,7 @@ async def test_recovery_with_a_silent_bookie_finishes_by_its_deadlines(tmp_path:
 
 async def test_an_append_larger_than_a_frame_fails_alone(
         tmp_path: Path, clock: trio.testing.MockClock) -> None:
-    from wire.errors import MessageTooLargeError
+    from ledgerd.wire.errors import MessageTooLargeError
 
     settings = client_settings(max_frame_bytes=64 * 1024)
     async with memory_cluster(tmp_path, 3) as cluster, ledgerd.open_client(

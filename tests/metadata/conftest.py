@@ -13,9 +13,9 @@ import pytest
 import trio
 from kazoo.client import KazooClient
 
-from metadata.memory import InMemoryCluster, InMemoryStore
-from metadata.store import MetadataStore
-from metadata.zookeeper import ZooKeeperStore
+from ledgerd.metadata.memory import InMemoryCluster, InMemoryStore
+from ledgerd.metadata.store import MetadataStore
+from ledgerd.metadata.zookeeper import ZooKeeperStore
 
 
 class StoreFactory:

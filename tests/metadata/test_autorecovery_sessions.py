@@ -9,12 +9,12 @@ from pathlib import Path
 
 import trio
 
-from appliance.autorecovery import AutoRecoveryStats, run_autorecovery
-from appliance.config import BookieConfig
-from metadata.cluster import init_new_cluster
-from metadata.paths import underreplicated_path
-from metadata.store import WatchKind
-from metadata.underreplication import UnderreplicationManager
+from ledgerd.appliance.autorecovery import AutoRecoveryStats, run_autorecovery
+from ledgerd.appliance.config import BookieConfig
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.paths import underreplicated_path
+from ledgerd.metadata.store import WatchKind
+from ledgerd.metadata.underreplication import UnderreplicationManager
 from tests.cluster import wait_auditor
 from tests.metadata.conftest import StoreFactory
 

@@ -6,22 +6,22 @@ import pytest
 import trio
 import trio.testing
 
-from metadata.cluster import check_layout, init_new_cluster, instance_id, metaformat
-from metadata.cookies import CookieStore
-from metadata.errors import (
+from ledgerd.metadata.cluster import check_layout, init_new_cluster, instance_id, metaformat
+from ledgerd.metadata.cookies import CookieStore
+from ledgerd.metadata.errors import (
     BadVersionError,
     ChangeRejectedError,
     CorruptMetadataError,
     LayoutMismatchError,
     NodeExistsError,
 )
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.ledgers import LedgerManager
-from metadata.logs import LogRecord, LogStore
-from metadata.paths import LedgerLayout
-from metadata.registry import BookieRegistry, BookieSet
-from metadata.store import WatchKind
-from metadata.underreplication import AuditorElection, UnderreplicationManager
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.logs import LogRecord, LogStore
+from ledgerd.metadata.paths import LedgerLayout
+from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.metadata.store import WatchKind
+from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
 from tests.metadata.conftest import StoreFactory
 
 ROOT = "/ledgers"
@@ -190,7 +190,7 @@ async def test_registry_refuses_id_held_by_live_session(stores: StoreFactory) ->
     s = await stores.open()
     await init_new_cluster(s, ROOT)
     await BookieRegistry(s, ROOT).register("b:1", {})
-    from metadata.errors import BookieIdInUseError
+    from ledgerd.metadata.errors import BookieIdInUseError
     with pytest.raises(BookieIdInUseError, match="b:1"):
         await BookieRegistry(await stores.open(), ROOT).register("b:1", {}, stale_wait=0.5)
 

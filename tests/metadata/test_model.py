@@ -8,9 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metadata.errors import ChangeRejectedError, CorruptMetadataError
-from metadata.ledger import TRANSITIONS, LedgerMetadata, LedgerState, password_check
-from metadata.paths import LedgerLayout, ledger_id_from_path, ledger_path, underreplicated_path
+from ledgerd.metadata.errors import ChangeRejectedError, CorruptMetadataError
+from ledgerd.metadata.ledger import TRANSITIONS, LedgerMetadata, LedgerState, password_check
+from ledgerd.metadata.paths import (
+    LedgerLayout,
+    ledger_id_from_path,
+    ledger_path,
+    underreplicated_path,
+)
 
 ENS = ("a:1", "b:2", "c:3")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from metadata.errors import MetadataUnavailableError
-from metadata.zookeeper import ZooKeeperStore
-from tools.zkserver import ZooKeeperServer, find_free_port
+from ledgerd.metadata.errors import MetadataUnavailableError
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
 
 
 async def test_unreachable_servers_are_named() -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import trio
 
-from metadata.errors import (
+from ledgerd.metadata.errors import (
     BadVersionError,
     MetadataError,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
 )
-from metadata.store import SessionEvent, WatchKind
+from ledgerd.metadata.store import SessionEvent, WatchKind
 from tests.metadata.conftest import StoreFactory
 
 

@@ -11,8 +11,8 @@ from ledgerd.machines.changes import (
     close_as_writer,
     open_term,
 )
-from metadata.errors import ChangeRejectedError
-from metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.metadata.errors import ChangeRejectedError
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 
 BOOKIES = [f"10.0.0.{i}:3181" for i in range(6)]
 

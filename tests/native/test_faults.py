@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import native
-from native import faults
-from native.faults import FaultRule
+from ledgerd import native
+from ledgerd.native import faults
+from ledgerd.native.faults import FaultRule
 
 
 @pytest.fixture(autouse=True)

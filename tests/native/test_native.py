@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import native
+from ledgerd import native
 
 
 def test_aligned_buffer_is_aligned_and_zeroed() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from appliance.core import Accept, BookieCore, RuleBreaks
+from ledgerd.appliance.core import Accept, BookieCore, RuleBreaks
 from ledgerd.machines.changes import (
     begin_recovery,
     change_ensemble,
@@ -36,10 +36,9 @@ from ledgerd.machines.writer import (
     LedgerWriter,
     SendAdd,
 )
-from metadata.errors import ChangeRejectedError
-from metadata.ledger import LedgerMetadata, LedgerState
-from tests.sim.world import World
-from wire.entry import (
+from ledgerd.metadata.errors import ChangeRejectedError
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.wire.entry import (
     Digester,
     DigestType,
     decode_entry,
@@ -47,8 +46,9 @@ from wire.entry import (
     master_key,
     peek_entry_header,
 )
-from wire.messages import AddFlags, AddRequest, ReadFlags, ReadRequest
-from wire.status import Status
+from ledgerd.wire.messages import AddFlags, AddRequest, ReadFlags, ReadRequest
+from ledgerd.wire.status import Status
+from tests.sim.world import World
 
 __all__ = ["SimBookie", "SimLedger", "SimMetadata", "SimReader", "SimRecoverer", "SimWriter", "payload_for"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledgerd.machines.quorum import write_set
-from metadata.ledger import LedgerState
+from ledgerd.metadata.ledger import LedgerState
 from tests.sim.actors import (
     SimBookie,
     SimMetadata,

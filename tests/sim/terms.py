@@ -46,8 +46,11 @@ from ledgerd.machines.writer import (
     Released,
     SendAdd,
 )
-from metadata.errors import ChangeRejectedError
-from metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.metadata.errors import ChangeRejectedError
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.wire.entry import decode_entry, encode_entry, peek_entry_header
+from ledgerd.wire.messages import ReadRequest
+from ledgerd.wire.status import Status
 from tests.sim.actors import (
     ADD_TIMEOUT,
     DIGEST,
@@ -63,9 +66,6 @@ from tests.sim.actors import (
 )
 from tests.sim.scenario import CONFIGS
 from tests.sim.world import Mutations, Violation, World
-from wire.entry import decode_entry, encode_entry, peek_entry_header
-from wire.messages import ReadRequest
-from wire.status import Status
 
 __all__ = ["TERM_SCENARIOS", "TermResult", "run_stale_tail_scenario", "run_term_seed"]
 

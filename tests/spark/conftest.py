@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import trio
 
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot, start_bookies
-from tools.bookieprocess import BookieProcess
-from tools.zkserver import ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

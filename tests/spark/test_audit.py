@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +15,14 @@ import pytest
 import trio
 
 import ledgerd
-from disk.index import INDEX_HEADER_SIZE, index_path
+from ledgerd.disk.index import INDEX_HEADER_SIZE, index_path
 from ledgerd.machines.quorum import write_set
-from metadata.ledger import LedgerMetadata, LedgerState
-from metadata.underreplication import UnderreplicationManager
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.metadata.underreplication import UnderreplicationManager
+from ledgerd.tools.audit import AuditTask, bookie_runs, plan_ledger, run_audit, summarize
+from ledgerd.tools.cli import main
 from tests.cluster import metadata_store, wait_registered
 from tests.spark.conftest import SparkCluster
-from tools.audit import AuditTask, bookie_runs, plan_ledger, run_audit, summarize
-from tools.cli import main
 
 
 def test_bookie_runs_and_plans() -> None:
@@ -142,3 +145,41 @@ def test_audit_of_a_healthy_cluster_reports_nothing(spark: Any, cluster: SparkCl
     report = run_audit(spark, {"zk": cluster.zk}, ledgers=[lh.ledger_id])
     assert report.rows == [] and report.summary[0]["status"] == "OK"
     assert report.summary[0]["replicas_checked"] == 400
+
+
+def _audit_process(zk: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "audit", "--zk", zk,
+                             "--master", "local[1]", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_the_command_says_what_it_does_and_nothing_of_spark(cluster: SparkCluster) -> None:
+    with ledgerd.SyncClient(cluster.zk) as client:
+        lh = client.create_ledger(3, 2, 2)
+        lh.append_many(b"%d" % i for i in range(50))
+        lh.close()
+    proc = _audit_process(cluster.zk, "--ledgers", str(lh.ledger_id), "--json")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["summary"][0]["status"] == "OK"
+    lines = err.splitlines()
+    # Spark's banners and warnings go to its own log, named in the first line.
+    assert all(line.startswith("audit: ") for line in lines), err
+    assert lines[0].startswith("audit: starting Spark (local[1]); its own log: /")
+    assert lines[1] == "audit: checking 1 ledger(s): 3 fragment replica(s) in 3 Spark task(s)"
+    assert lines[-1].startswith("audit: done in ")
+    spark_log = Path(lines[0].split("its own log: ")[1])
+    assert "log4j" in spark_log.read_text()
+    spark_log.unlink()
+
+
+def test_ctrl_c_is_not_an_error(cluster: SparkCluster) -> None:
+    proc = _audit_process(cluster.zk)
+    assert proc.stderr is not None
+    first = proc.stderr.readline()
+    assert first.startswith("audit: starting Spark"), first
+    proc.send_signal(signal.SIGINT)  # while Spark starts (it takes seconds)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert out == "" and err == "audit: interrupted (Ctrl-C): no result\n", err
+    Path(first.split("its own log: ")[1].strip()).unlink(missing_ok=True)

@@ -80,7 +80,7 @@ def test_json_decode_needs_a_schema(spark: Any, cluster: SparkCluster) -> None:
 
 def test_bad_input_fails_the_job_naming_the_ledger_and_the_cause(
         spark: Any, cluster: SparkCluster) -> None:
-    from tools.zkserver import find_free_port
+    from ledgerd.tools.zkserver import find_free_port
 
     with ledgerd.SyncClient(cluster.zk) as client:
         lh = client.create_ledger(3, 2, 2, password=b"pw")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from appliance.config import BookieConfig
+from ledgerd.appliance.config import BookieConfig
 from ledgerd.base.settings import load_config
 
 
 def test_config_defaults_prints_loadable_toml() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "tools.cli", "config", "--defaults"],
+        [sys.executable, "-m", "ledgerd.tools.cli", "config", "--defaults"],
         check=True, capture_output=True, text=True,
     ).stdout
     assert "journal_max_group_wait_ms = 0.0" in out
@@ -21,7 +21,7 @@ def test_config_defaults_prints_loadable_toml() -> None:
 
 def test_version_prints() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.cli", "--version"],
+        [sys.executable, "-m", "ledgerd.tools.cli", "--version"],
         capture_output=True, text=True,
     )
     assert proc.returncode == 0
@@ -50,7 +50,7 @@ def test_config_check_and_effective(tmp_path) -> None:  # type: ignore[no-untype
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
 
     def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tools.cli", "config", *args],
+        return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "config", *args],
                               capture_output=True, text=True, env={**env, **extra})
     r = run("--check", str(good))
     assert r.returncode == 0, r.stderr
@@ -77,7 +77,7 @@ def test_a_bad_zk_address_is_one_line_naming_the_problem(zookeeper) -> None:  # 
     import sys
 
     def shell(zk: str, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--zk", zk, *args],
+        return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk", zk, *args],
                               capture_output=True, text=True, timeout=60)
 
     cases = {
@@ -92,6 +92,6 @@ def test_a_bad_zk_address_is_one_line_naming_the_problem(zookeeper) -> None:  # 
         assert done.returncode == 1, (zk, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], (zk, done.stderr)
-    helped = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--help"],
+    helped = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert "LEDGERD_ZK_SERVERS" in helped.stdout

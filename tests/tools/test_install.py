@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from metadata.registry import BookieRegistry, BookieSet
+from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.tools.zkserver import find_free_port
 from tests.cluster import metadata_store
-from tools.zkserver import find_free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "systemd" / "install.sh"
@@ -48,6 +48,7 @@ def test_layout_and_a_second_run_changes_nothing(installed: Path) -> None:
     root = installed
     assert (root / "opt/ledgerd/bin/ledgerd").is_file()
     assert (root / "opt/ledgerd/share/doc/ledgerd/operations.md").is_file()
+    assert (root / "opt/ledgerd/share/doc/ledgerd/grafana/ledgerd-bookies.json").is_file()
     for unit in UNITS:
         assert (root / "etc/systemd/system" / unit).is_file()
     assert (root / "var/lib/ledgerd").is_dir()

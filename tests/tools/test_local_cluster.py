@@ -12,11 +12,11 @@ from pathlib import Path
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
-from metadata.registry import BookieRegistry
-from metadata.zookeeper import ZooKeeperStore
+from ledgerd.metadata.registry import BookieRegistry
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.wire.messages import AddRequest
+from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, entry
-from wire.messages import AddRequest
-from wire.status import Status
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -43,7 +43,7 @@ async def _until_running(proc: subprocess.Popen[str]) -> list[str]:
 
 
 async def test_local_cluster_runs_bookies_and_stops_cleanly(zk_chroot: str, tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "2",
                              "--data", str(tmp_path / "local"), "--zk", zk_chroot],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -96,7 +96,7 @@ async def test_new_user_flow_end_to_end(tmp_path: Path) -> None:
     import json
     import re
 
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "3",
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
                              "--data", str(tmp_path / "local")],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -108,7 +108,7 @@ async def test_new_user_flow_end_to_end(tmp_path: Path) -> None:
         assert len(pids) == 4, text  # ZooKeeper (from its log line) and three bookies
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "tools.cli", *args],
+            return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", *args],
                                   capture_output=True, text=True, timeout=120)
 
         start = next(i for i, ln in enumerate(lines) if ln.startswith("Try it"))
@@ -132,7 +132,7 @@ async def test_new_user_flow_end_to_end(tmp_path: Path) -> None:
 
 
 def test_a_dead_bookie_does_not_stop_the_local_cluster(tmp_path: Path) -> None:
-    from tools.localcluster import LocalCluster
+    from ledgerd.tools.localcluster import LocalCluster
 
     cluster = LocalCluster(tmp_path, bookies=2)
     try:
@@ -150,13 +150,13 @@ def test_a_dead_bookie_does_not_stop_the_local_cluster(tmp_path: Path) -> None:
 async def test_local_ctl_kills_and_restarts_a_bookie_while_the_cluster_goes_on(
         zk_chroot: str, tmp_path: Path) -> None:
     data = tmp_path / "local"
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "2",
                              "--data", str(data), "--zk", zk_chroot],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
     def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tools.cli", "local", "ctl", *args,
+        return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "local", "ctl", *args,
                                "--data", str(data)], capture_output=True, text=True,
                               timeout=180)
 
@@ -196,14 +196,14 @@ async def test_a_cluster_under_another_root_with_the_flat_layout(zk_chroot: str,
                                                                   tmp_path: Path) -> None:
     """`ledgerd local --zk-root /other --layout flat`: bookies, the printed example, the
     shell (`--zk-root`) and logs all live under that root; the default root has nothing."""
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "local", "--bookies", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "2",
                              "--data", str(tmp_path / "local"), "--zk", zk_chroot,
                              "--zk-root", "/other", "--layout", "flat"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
     def shell(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--zk", zk_chroot,
+        return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk", zk_chroot,
                                *args], capture_output=True, text=True, timeout=120)
 
     try:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ledgerd
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import find_free_port
 from tests.cluster import (
     metadata_store,
     start_bookies,
@@ -19,8 +21,6 @@ from tests.cluster import (
     wait_unreferenced,
 )
 from tests.tools.test_shell import _ok, _one_line_error, _run
-from tools.bookieprocess import BookieProcess
-from tools.zkserver import find_free_port
 
 Factory = Callable[..., BookieProcess]
 
@@ -47,7 +47,7 @@ async def test_operator_verbs_and_a_standalone_autorecovery(
     # Standalone autorecovery without a secret: one line, exit 2 (a config error).
     noconf = tmp_path / "nosecret.toml"
     noconf.write_text(f'zk_servers = "{zk_chroot}"\nledger_directories = ["{tmp_path}"]\n')
-    r = subprocess.run([sys.executable, "-m", "tools.cli", "autorecovery", "--conf",
+    r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "autorecovery", "--conf",
                         str(noconf)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cluster_secret_file" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -67,7 +67,7 @@ async def test_operator_verbs_and_a_standalone_autorecovery(
     arconf.write_text(bookies[0].config_path.read_text().replace(
         f"admin_port = {bookies[0].admin_port}", f"admin_port = {admin_port}"))
     log = open(tmp_path / "autorecovery.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "autorecovery", "--conf",
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "autorecovery", "--conf",
                              str(arconf), "--id", "ar-test"], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -117,7 +117,7 @@ async def test_operator_verbs_and_a_standalone_autorecovery(
     _one_line_error(await _run("recover", source, zk=zk_chroot), "--secret-file")
     # The bookie still runs: bookieformat refuses a live bookie (and, stopped, one
     # that ledgers still list: the next check below the liveness one).
-    r = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "--zk", zk_chroot,
+    r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk", zk_chroot,
                         "bookieformat", "--conf", str(by_id[source].config_path), "--force"],
                        capture_output=True, text=True, timeout=60)
     _one_line_error(r, f"bookie {source} is running", "stop it first")

@@ -1,6 +1,6 @@
 """`ledgerd shell` and `ledgerd bench` on a real cluster, and the inspection commands on
 real bookie files made torn and corrupt. Every command runs as a user would run it: a
-`python -m tools.cli` process, its output and exit status checked."""
+`python -m ledgerd.tools.cli` process, its output and exit status checked."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from pathlib import Path
 import trio
 
 import ledgerd
+from ledgerd.tools.bookieprocess import BookieProcess
 from tests.cluster import metadata_store, start_bookies, wait_registered
-from tools.bookieprocess import BookieProcess
 
 Factory = Callable[..., BookieProcess]
 
 
 def ledgerd_cli(*args: str, zk: str | None = None) -> subprocess.CompletedProcess[str]:
     env_args = ["shell", "--zk", zk] if zk is not None else ["shell"]
-    return subprocess.run([sys.executable, "-m", "tools.cli", *env_args, *args],
+    return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", *env_args, *args],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -132,7 +132,7 @@ async def test_cluster_errors_are_one_line(zk_chroot: str, tmp_path: Path) -> No
 async def test_bench_writes_and_reads(bookie_factory: Factory, zk_chroot: str) -> None:
     await _cluster(bookie_factory, zk_chroot, 3)
     w = json.loads(_ok(await trio.to_thread.run_sync(lambda: subprocess.run(
-        [sys.executable, "-m", "tools.cli", "bench", "writes", "--zk", zk_chroot,
+        [sys.executable, "-m", "ledgerd.tools.cli", "bench", "writes", "--zk", zk_chroot,
          "--duration", "2", "--outstanding", "100", "--ledgers", "2", "--json"],
         capture_output=True, text=True, timeout=120))))
     assert w["appends"] > 0 and w["p99_ms"] >= w["p50_ms"] > 0
@@ -140,7 +140,7 @@ async def test_bench_writes_and_reads(bookie_factory: Factory, zk_chroot: str) -
     # Its ledgers are gone afterwards (unless --keep), and progress went to stderr.
     assert json.loads(_ok(await _run("listledgers", "--json", zk=zk_chroot))) == []
     # Ctrl-C ends it early: the ledger is closed and the partial result printed.
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "bench", "writes", "--zk",
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "bench", "writes", "--zk",
                              zk_chroot, "--duration", "60", "--outstanding", "50", "--keep",
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -156,10 +156,33 @@ async def test_bench_writes_and_reads(bookie_factory: Factory, zk_chroot: str) -
     async with ledgerd.open_client(zk_chroot) as client:
         assert (await client.ledger_metadata(kept)).is_closed
     r = json.loads(_ok(await trio.to_thread.run_sync(lambda: subprocess.run(
-        [sys.executable, "-m", "tools.cli", "bench", "reads", "--zk", zk_chroot,
+        [sys.executable, "-m", "ledgerd.tools.cli", "bench", "reads", "--zk", zk_chroot,
          "--entries", "600", "--passes", "1", "--json"],
         capture_output=True, text=True, timeout=120))))
     assert r["entries_read"] == 600
+
+
+async def test_simpletest_interrupted_deletes_its_ledger(bookie_factory: Factory,
+                                                         zk_chroot: str) -> None:
+    await _cluster(bookie_factory, zk_chroot, 3)
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk",
+                             zk_chroot, "simpletest", "-n", "10000000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    async with ledgerd.open_client(zk_chroot) as client:
+        with trio.fail_after(60):
+            while True:  # wait until it is writing: its ledger has entries
+                ids = [lid async for lid in client.list_ledgers()]
+                if ids and (await client.ledger_metadata(ids[0])).ensembles:
+                    handle = await client.open_ledger(ids[0], b"simpletest", recovery=False)
+                    if await handle.read_lac() > 100:
+                        break
+                await trio.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=120))
+        assert proc.returncode == 130, err
+        assert out.startswith(f"interrupted: ledger {ids[0]}: wrote "), out
+        assert out.rstrip().endswith(" of 10000000 entries, deleted"), out
+        assert [lid async for lid in client.list_ledgers()] == []
 
 
 async def test_inspection_of_torn_and_corrupt_files(bookie_factory: Factory, zk_chroot: str,
@@ -227,7 +250,7 @@ async def test_bookie_on_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> No
                         f'ledger_directories = ["{tmp_path}/l"]\nadmin_port = 0\n'
                         "journal_prealloc_mb = 4\n")
         r = await trio.to_thread.run_sync(lambda: subprocess.run(
-            [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(conf)],
+            [sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf", str(conf)],
             capture_output=True, text=True, timeout=120))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
@@ -267,7 +290,7 @@ async def test_cookie_update_bookieformat_and_metaformat(bookie_factory: Factory
         await wait_registered(store, b)
     # The other still holds the old cluster's data: it must not be told to `cookie update`.
     r = await trio.to_thread.run_sync(lambda: subprocess.run(
-        [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(stale.config_path)],
+        [sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf", str(stale.config_path)],
         capture_output=True, text=True, timeout=120))
     err = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr

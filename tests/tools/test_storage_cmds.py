@@ -1,5 +1,5 @@
 """`ledgerd shell` storage verbs on real bookie files: rebuildindex, localconsistencycheck
-and listentrylogs, run as a user runs them (a `python -m tools.cli` process)."""
+and listentrylogs, run as a user runs them (a `python -m ledgerd.tools.cli` process)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import trio
 
-from disk.index import index_path
-from disk.storage import LedgerStorage
+from ledgerd.disk.index import index_path
+from ledgerd.disk.storage import LedgerStorage
+from ledgerd.tools.bookieprocess import BookieProcess
 from tests.appliance.harness import KEY, entry
 from tests.tools.test_shell import _ok, _one_line_error, ledgerd_cli
-from tools.bookieprocess import BookieProcess
 
 
 async def _bookie_files(tmp_path: Path, *, unbounded: int = 0) -> tuple[BookieProcess, Path]:
@@ -21,8 +21,8 @@ async def _bookie_files(tmp_path: Path, *, unbounded: int = 0) -> tuple[BookiePr
     logs (``unbounded``: that ledger's adds carry term 1), then stopped; returns it and
     its ledger directory."""
     from ledgerd.bookie_client import open_bookie_client
-    from wire.messages import AddRequest
-    from wire.status import Status
+    from ledgerd.wire.messages import AddRequest
+    from ledgerd.wire.status import Status
 
     b = BookieProcess(tmp_path / "b", "", settings={"log_size_limit": 64 * 1024})
     b.start()
@@ -43,7 +43,7 @@ async def _bookie_files(tmp_path: Path, *, unbounded: int = 0) -> tuple[BookiePr
 
 
 async def _entries(conf: Path, lid: int) -> list[bytes]:
-    from appliance.config import BookieConfig
+    from ledgerd.appliance.config import BookieConfig
     from ledgerd.base.settings import load_config
 
     s = LedgerStorage(load_config(BookieConfig, path=conf).storage_options())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import configparser
 from pathlib import Path
 
-from appliance.config import BookieConfig
+from ledgerd.appliance.config import BookieConfig
 from ledgerd.base.settings import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
-from tools.zkserver import ZooKeeperServer, ruok
+from ledgerd.tools.zkserver import ZooKeeperServer, ruok
 
 
 def _client(hosts: str) -> KazooClient:

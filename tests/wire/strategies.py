@@ -7,8 +7,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from wire.codec import FixedField, build_plan
-from wire.messages import Message
+from ledgerd.wire.codec import FixedField, build_plan
+from ledgerd.wire.messages import Message
 
 
 def _int_range(fmt: str) -> st.SearchStrategy[int]:

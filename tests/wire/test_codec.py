@@ -6,10 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.wire.strategies import message_strategy
-from wire.codec import build_plan, construct_decode, construct_encode, fast_codec
-from wire.errors import MalformedBodyError, TruncatedFrameError, WireError
-from wire.frames import (
+from ledgerd.wire.codec import build_plan, construct_decode, construct_encode, fast_codec
+from ledgerd.wire.errors import MalformedBodyError, TruncatedFrameError, WireError
+from ledgerd.wire.frames import (
     construct_decode_request,
     construct_encode_request,
     construct_encode_response,
@@ -18,8 +17,9 @@ from wire.frames import (
     encode_request,
     encode_response,
 )
-from wire.messages import REQUEST_TYPES, RESPONSE_TYPES, AddRequest, ApiKey, Message
-from wire.status import Status
+from ledgerd.wire.messages import REQUEST_TYPES, RESPONSE_TYPES, AddRequest, ApiKey, Message
+from ledgerd.wire.status import Status
+from tests.wire.strategies import message_strategy
 
 ALL_TYPES = [*REQUEST_TYPES.values(), *RESPONSE_TYPES.values()]
 
@@ -113,8 +113,8 @@ def test_bad_values_refuse_to_encode() -> None:
 
 
 def test_fast_add_response_matches_the_codec() -> None:
-    from wire.frames import encode_add_response, encode_response
-    from wire.messages import AddResponse
+    from ledgerd.wire.frames import encode_add_response, encode_response
+    from ledgerd.wire.messages import AddResponse
 
     for cid, lid, first, count in ((0, 1, 0, 1), (2**31 - 1, 2**63 - 1, 2**40, 64), (7, 0, -1, 0)):
         msg = AddResponse(ledger_id=lid, first_entry_id=first, count=count)

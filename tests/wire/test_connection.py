@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wire.connection import (
+from ledgerd.wire.connection import (
     NEED_DATA,
     ClientConnection,
     ConnectionEnded,
@@ -14,7 +14,7 @@ from wire.connection import (
     ServerConnection,
     api_versions_response,
 )
-from wire.errors import (
+from ledgerd.wire.errors import (
     ConnectionClosedError,
     FrameSizeError,
     FrameTooLargeError,
@@ -25,8 +25,8 @@ from wire.errors import (
     TooManyInflightError,
     UnexpectedResponseError,
 )
-from wire.frames import encode_request, encode_response
-from wire.messages import (
+from ledgerd.wire.frames import encode_request, encode_response
+from ledgerd.wire.messages import (
     AddRequest,
     AddResponse,
     ApiKey,
@@ -37,7 +37,7 @@ from wire.messages import (
     ReadRequest,
     ReadResponse,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 
 def _drain(conn: ServerConnection | ClientConnection) -> list[object]:

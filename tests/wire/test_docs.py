@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wire.docs import render_protocol_doc
-from wire.status import STATUS_ERRORS, BookieError, Status, error_for_status, status_for_error
+from ledgerd.wire.docs import render_protocol_doc
+from ledgerd.wire.status import (
+    STATUS_ERRORS,
+    BookieError,
+    Status,
+    error_for_status,
+    status_for_error,
+)
 
 
 def test_protocol_doc_matches_declarations() -> None:
     doc = Path(__file__).parents[2] / "docs" / "protocol.md"
-    assert doc.read_text() == render_protocol_doc(), "run: python -m wire.docs > docs/protocol.md"
+    assert doc.read_text() == render_protocol_doc(), "run: python -m ledgerd.wire.docs > docs/protocol.md"
 
 
 def test_status_table_round_trips() -> None:

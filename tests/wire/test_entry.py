@@ -12,8 +12,8 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wire.compression import compress_payload, decompress_payload
-from wire.entry import (
+from ledgerd.wire.compression import compress_payload, decompress_payload
+from ledgerd.wire.entry import (
     Digester,
     DigestType,
     decode_entry,
@@ -24,7 +24,7 @@ from wire.entry import (
     master_key,
     peek_entry_header,
 )
-from wire.errors import DecompressionError, DigestMismatchError, EntryFormatError
+from ledgerd.wire.errors import DecompressionError, DigestMismatchError, EntryFormatError
 
 
 def _crc32c_reference(data: bytes) -> int:

@@ -9,9 +9,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.wire.strategies import message_strategy
-from tests.wire.test_vectors import REQUESTS
-from wire.connection import (
+from ledgerd.wire.connection import (
     NEED_DATA,
     ClientConnection,
     ConnectionEnded,
@@ -19,10 +17,12 @@ from wire.connection import (
     RequestRejected,
     ServerConnection,
 )
-from wire.errors import WireError
-from wire.frames import encode_request, encode_response
-from wire.messages import REQUEST_TYPES, RESPONSE_TYPES, ApiKey
-from wire.status import Status
+from ledgerd.wire.errors import WireError
+from ledgerd.wire.frames import encode_request, encode_response
+from ledgerd.wire.messages import REQUEST_TYPES, RESPONSE_TYPES, ApiKey
+from ledgerd.wire.status import Status
+from tests.wire.strategies import message_strategy
+from tests.wire.test_vectors import REQUESTS
 
 valid_request_frames = st.sampled_from(list(ApiKey)).flatmap(
     lambda k: message_strategy(REQUEST_TYPES[k], max_items=3)).map(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from wire.frames import decode_request, decode_response, encode_request, encode_response
-from wire.messages import (
+from ledgerd.wire.frames import decode_request, decode_response, encode_request, encode_response
+from ledgerd.wire.messages import (
     AddFlags,
     AddRequest,
     AddResponse,
@@ -44,7 +44,7 @@ from wire.messages import (
     WriteLacRequest,
     WriteLacResponse,
 )
-from wire.status import Status
+from ledgerd.wire.status import Status
 
 VECTORS = Path(__file__).parent / "vectors"
 KEY = bytes(range(20))

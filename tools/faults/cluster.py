@@ -22,13 +22,13 @@ import trio
 import ledgerd
 from ledgerd.bookie_client import tcp_connect
 from ledgerd.client import Client
-from metadata.cluster import init_new_cluster
-from metadata.registry import BookieRegistry
-from metadata.zookeeper import ZooKeeperStore
-from native.faults import ENV_VAR, FaultRule
-from tools.bookieprocess import BookieProcess
-from tools.faults.proxy import FaultProxy, Link
-from tools.zkserver import ZooKeeperServer
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.registry import BookieRegistry
+from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.native.faults import ENV_VAR, FaultRule
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.faults.proxy import FaultProxy, Link
+from ledgerd.tools.zkserver import ZooKeeperServer
 
 __all__ = ["FaultCluster", "arm_bookie", "fault_env"]
 

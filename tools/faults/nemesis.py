@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import trio
 
-from native.faults import FaultRule
-from tools.faults.cluster import ZK_TIMEOUT_MS, FaultCluster
-from tools.faults.history import History
+from ledgerd.native.faults import FaultRule
+from ledgerd.tools.faults.cluster import ZK_TIMEOUT_MS, FaultCluster
+from ledgerd.tools.faults.history import History
 
 __all__ = ["KINDS", "inject"]
 

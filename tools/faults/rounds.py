@@ -22,10 +22,10 @@ import trio
 
 from ledgerd.client import Client
 from ledgerd.errors import NoSuchLedgerError
-from tools.faults import nemesis
-from tools.faults.cluster import FaultCluster
-from tools.faults.history import History, Violation, check, report
-from tools.faults.workload import PASSWORD, Workload
+from ledgerd.tools.faults import nemesis
+from ledgerd.tools.faults.cluster import FaultCluster
+from ledgerd.tools.faults.history import History, Violation, check, report
+from ledgerd.tools.faults.workload import PASSWORD, Workload
 
 __all__ = ["RoundResult", "run_round"]
 

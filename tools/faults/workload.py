@@ -21,7 +21,7 @@ import trio
 from ledgerd.client import Client
 from ledgerd.handles import PendingAppend
 from ledgerd.ledgerlog import LogPosition
-from tools.faults.history import History
+from ledgerd.tools.faults.history import History
 
 __all__ = ["PASSWORD", "Workload"]
 
