@@ -16,6 +16,15 @@ Starts a real ZooKeeper and three bookie processes (``tools.localcluster``), wri
 Rows/s and MB/s are of payload bytes; the Spark figure includes planning and the job,
 not the session start nor the first (untimed) query that starts the Python workers.
 Medians over the rounds.
+
+Then the streaming copy (``--stream-rate`` entries/s for ``--stream-seconds``; 0 skips
+it): a writer appends to log ``bench-src`` at a steady rate, each payload starting with
+its send time; a streaming query (``readStream`` ledgerd -> ``writeStream`` ledgerd, the
+exactly-once sink, ``--trigger``) copies it to ``bench-dst``; a follower polls
+``bench-dst``'s ledger list every 20 ms, and an entry's lag is the time its ledger
+appeared in the list (the batch's CAS: the moment a reader of B can see it) minus its
+send time. Reported: entries/s copied (from the first send to the last entry visible)
+and lag p50/p99/max.
 """
 
 from __future__ import annotations
@@ -69,11 +78,86 @@ def _spark_read(spark: Any, zk: str) -> tuple[float, int, int]:
     return time.perf_counter() - t0, int(row.n), int(row.bytes)
 
 
+def _stream_copy(spark: Any, zk: str, rate: float, seconds: float, size: int,
+                 trigger: str, base: Path) -> dict[str, float]:
+    import struct
+    import threading
+
+    src, dst = "bench-src", "bench-dst"
+    total = int(rate * seconds)
+    pad = b"x" * max(0, size - 8)
+    visible: dict[int, float] = {}  # dst ledger -> when it appeared in the list
+    stop = threading.Event()
+    with ledgerd.SyncClient(zk, throttle=0) as client:
+        client.call(client.client.logs.create, dst)
+
+        def follow() -> None:
+            while not stop.is_set():
+                now = time.perf_counter()
+                for lid in client.log_ledgers(dst):
+                    visible.setdefault(lid, now)
+                stop.wait(0.02)
+
+        query = (spark.readStream.format("ledgerd").option("zk", zk).option("log", src)
+                 .load().select("payload")
+                 .writeStream.format("ledgerd").option("zk", zk).option("log", dst)
+                 .option("ensemble_size", "3").option("write_quorum", "2")
+                 .option("ack_quorum", "2")
+                 .option("checkpointLocation", str(base / "stream-ckpt"))
+                 .trigger(processingTime=trigger))
+        with client.open_log_writer(src, 3, 2, 2, roll_entries=20_000) as writer:
+            writer.append(struct.pack(">d", time.perf_counter()) + pad)  # the log exists
+            running = query.start()
+            follower = threading.Thread(target=follow, daemon=True)
+            follower.start()
+            while not visible:  # the query's first batch (the first entry) is through
+                if not running.isActive:
+                    raise SystemExit(f"streaming copy failed: {running.exception()}")
+                time.sleep(0.05)
+            t0 = time.perf_counter()
+            sent = 1
+            while sent < total:  # every 10 ms, the entries due by now, stamped when due
+                now = time.perf_counter()
+                due = min(total, 1 + int((now - t0) * rate))
+                if due > sent:
+                    writer.append_many([struct.pack(">d", t0 + k / rate) + pad
+                                        for k in range(sent, due)])
+                    sent = due
+                time.sleep(0.01)
+        deadline = time.perf_counter() + 120
+        while time.perf_counter() < deadline:
+            if sum(client.ledger_metadata(lid).last_entry_id + 1
+                   for lid in list(visible)) >= total:
+                break
+            time.sleep(0.1)
+        stop.set()
+        follower.join()
+        running.stop()
+        lags, last_visible, copied = [], 0.0, 0
+        for lid, seen in visible.items():
+            for entry in client.open_ledger(lid).read():
+                copied += 1
+                stamp = struct.unpack(">d", entry.payload[:8])[0]
+                if stamp >= t0:  # not the first entry, copied before the clock started
+                    lags.append(seen - stamp)
+                    last_visible = max(last_visible, seen)
+    if copied != total:
+        raise SystemExit(f"streaming copy: {copied} entries in {dst}, {total} sent")
+    lags.sort()
+    return {"entries": total, "entries_per_s": (total - 1) / (last_visible - t0),
+            "lag_p50_s": lags[len(lags) // 2], "lag_p99_s": lags[int(len(lags) * 0.99)],
+            "lag_max_s": lags[-1], "rate": rate, "trigger": trigger}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--entry-size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stream-rate", type=float, default=2000,
+                        help="entries/s into the streaming copy's source (0: skip it)")
+    parser.add_argument("--stream-seconds", type=float, default=30)
+    parser.add_argument("--trigger", default="1 second", help="the copy's processingTime")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     entries = args.mib * (1 << 20) // args.entry_size
@@ -111,6 +195,14 @@ def main() -> None:
                 runs[name].append(secs)
                 print(f"round {rnd + 1} {name}: {secs:.1f} s, {rows / secs:,.0f} rows/s, "
                       f"{size / secs / 1e6:.1f} MB/s", flush=True)
+        stream = None
+        if args.stream_rate > 0:
+            stream = _stream_copy(spark, cluster.zk, args.stream_rate, args.stream_seconds,
+                                  args.entry_size, args.trigger, base)
+            print(f"streaming copy at {args.stream_rate:,.0f}/s for {args.stream_seconds:.0f} s "
+                  f"(trigger {args.trigger}): {stream['entries_per_s']:,.0f} entries/s, lag "
+                  f"p50 {stream['lag_p50_s']:.2f} s, p99 {stream['lag_p99_s']:.2f} s, max "
+                  f"{stream['lag_max_s']:.2f} s", flush=True)
         spark.stop()
     finally:
         cluster.stop()
@@ -120,6 +212,8 @@ def main() -> None:
                      "rows_per_s": entries / statistics.median(v),
                      "mb_per_s": total / statistics.median(v) / 1e6} for name, v in runs.items()}
     result["write"] = {"seconds": write_s, "entries_per_s": entries / write_s}
+    if stream is not None:
+        result["stream"] = stream
     if args.json:
         print(json.dumps(result))
         return
@@ -132,6 +226,12 @@ def main() -> None:
         print(f"| {label} | {r['seconds']:.1f} | {r['rows_per_s']:,.0f} | "
               f"{r['mb_per_s']:.1f} |")
     print(f"\nSpark / client: {result['spark']['rows_per_s'] / result['client']['rows_per_s']:.2f}")
+    if stream is not None:
+        print(f"\n| streaming copy (trigger {stream['trigger']}) | input /s | copied /s | lag p50 s "
+              "| lag p99 s | lag max s |\n|---|---|---|---|---|---|\n"
+              f"| ledgerd -> ledgerd, exactly once | {stream['rate']:,.0f} | "
+              f"{stream['entries_per_s']:,.0f} | {stream['lag_p50_s']:.2f} | "
+              f"{stream['lag_p99_s']:.2f} | {stream['lag_max_s']:.2f} |")
 
 
 if __name__ == "__main__":

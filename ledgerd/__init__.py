@@ -35,7 +35,13 @@ if TYPE_CHECKING:
         ReplicaTimeoutError,
     )
     from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
-    from ledgerd.ledgerlog import LogFencedError, LogPosition, LogWriter, NoSuchLogError
+    from ledgerd.ledgerlog import (
+        BatchAlreadyAppendedError,
+        LogFencedError,
+        LogPosition,
+        LogWriter,
+        NoSuchLogError,
+    )
     from ledgerd.sync import SyncClient, SyncLogWriter, SyncReadHandle, SyncWriteHandle
     from ledgerd.wire.entry import Entry
     from ledgerd.wire.errors import MessageTooLargeError
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
 # modules does not pull in the whole client (and its imports of those same modules).
 _EXPORTS = {
     "BadPasswordError": "ledgerd.errors",
+    "BatchAlreadyAppendedError": "ledgerd.ledgerlog",
     "Client": "ledgerd.client",
     "ClientClosedError": "ledgerd.errors",
     "ClientConfig": "ledgerd.config",
@@ -85,7 +92,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BadPasswordError", "Client", "ClientClosedError", "ClientConfig", "ConfigError", "Entry",
+    "BadPasswordError", "BatchAlreadyAppendedError", "Client", "ClientClosedError", "ClientConfig", "ConfigError", "Entry",
     "EntryUnavailableError", "LedgerClosedError", "LedgerFencedError", "LedgerHandleError",
     "LedgerRecoveryError", "LedgerdError", "LogFencedError", "LogPosition", "LogWriter",
     "MessageTooLargeError",

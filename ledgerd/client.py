@@ -293,10 +293,13 @@ class Client:
         return await self.logs.names()
 
     async def append_ledgers_to_log(self, name: str, ledger_ids: list[int], *,
-                                    password: bytes | str = b"",
-                                    create: bool = True) -> tuple[int, ...]:
+                                    password: bytes | str = b"", create: bool = True,
+                                    batch: tuple[str, int] | None = None) -> tuple[int, ...]:
+        """Add closed ledgers to the log's end (one CAS, the tail fenced first). With
+        ``batch=(writer, n)`` the CAS also records batch ``n`` of ``writer``; a batch
+        appended before raises ``BatchAlreadyAppendedError`` and changes nothing."""
         return await ledgerlog.append_ledgers(self, name, ledger_ids, password=password,
-                                              create=create)
+                                              create=create, batch=batch)
 
     async def truncate_log(self, name: str, before_ledger: int) -> list[int]:
         return await ledgerlog.truncate_log(self, name, before_ledger)

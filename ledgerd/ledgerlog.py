@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ledgerd.client import Client
     from ledgerd.handles import WriteHandle
 
-__all__ = ["LogCursor", "LogEntry", "LogFencedError", "LogPosition", "LogSegment", "LogWriter",
+__all__ = ["BatchAlreadyAppendedError", "LogCursor", "LogEntry", "LogFencedError", "LogPosition", "LogSegment", "LogWriter",
            "NoSuchLogError", "append_ledgers", "follow_log", "log_layout", "log_ledgers",
            "log_segments", "open_log_cursor", "open_log_writer", "read_log",
            "truncate_log", "truncate_log_before"]
@@ -64,6 +64,15 @@ class NoSuchLogError(LedgerdError):
     def __init__(self, name: str) -> None:
         super().__init__(f"log {name!r} does not exist")
         self.name = name
+
+
+class BatchAlreadyAppendedError(LedgerdError):
+    """A numbered batch was appended to the log before (a replay): nothing changed."""
+
+    def __init__(self, log: str, writer: str, batch: int, last: int) -> None:
+        super().__init__(f"log {log!r}: writer {writer!r} already appended batch {batch} "
+                         f"(its last is {last})")
+        self.log, self.writer, self.batch, self.last = log, writer, batch, last
 
 
 class LogFencedError(FencedError):
@@ -126,12 +135,18 @@ def _append_after(tail: int | None, new: tuple[int, ...],
 
 
 async def append_ledgers(client: Client, name: str, ledger_ids: Iterable[int], *,
-                         password: bytes | str = b"", create: bool = True) -> tuple[int, ...]:
+                         password: bytes | str = b"", create: bool = True,
+                         batch: tuple[str, int] | None = None) -> tuple[int, ...]:
     """Add closed ledgers to the end of the log with one CAS; returns the new list.
 
     The log's last ledgers are fenced first, so a writer still adding to the tail fails
-    instead of writing behind the new ledgers."""
+    instead of writing behind the new ledgers. With ``batch = (writer, n)`` the same CAS
+    records that ``writer`` appended its batch ``n``; a batch at or below the last one
+    recorded for that writer raises BatchAlreadyAppendedError and changes nothing (a
+    replay after a crash: the ledgers are the caller's to delete)."""
     new = tuple(ledger_ids)
+    if batch is not None and (not batch[0] or batch[1] < 0):
+        raise ValueError(f"batch must be (a writer name, a number >= 0), got {batch!r}")
     for lid in new:
         if not (await client.ledger_metadata(lid)).is_closed:
             raise LedgerdError(f"log {name!r}: ledger {lid} must be closed before it is "
@@ -143,7 +158,13 @@ async def append_ledgers(client: Client, name: str, ledger_ids: Iterable[int], *
         if record.unbounded:
             raise LedgerdError(f"log {name!r} is backed by an unbounded ledger; ledgers "
                                "cannot be added to it")
-        return replace(record, ledgers=record.ledgers + new)
+        if batch is None:
+            return replace(record, ledgers=record.ledgers + new)
+        writer, n = batch
+        if record.last_batch(writer) >= n:
+            raise BatchAlreadyAppendedError(name, writer, n, record.last_batch(writer))
+        return replace(record, ledgers=record.ledgers + new,
+                       commits=record.with_batch(writer, n))
 
     record, _ = await client.logs.update(name, change)
     log.info("log_ledgers_appended", extra=fields(log=name, ledgers=",".join(map(str, new))))

@@ -7,6 +7,11 @@ dense offset of the first listed ledger's entry 0 (the count of entries truncate
 away), so offsets stay stable across truncation. A log backed by one unbounded ledger
 lists just that ledger and says ``"unbounded": true``.
 
+``"commits": {"<writer>": N}`` remembers, for writers that append ledgers in numbered
+batches (a Spark streaming query, by its id), the last batch appended: the same CAS
+that adds a batch's ledgers records its number, so a batch replayed after a crash is
+recognised and not appended twice. The most recent ``MAX_COMMITS`` writers are kept.
+
 Cursors (a consumer's durable position) live under ``<logs root>/<name>/cursors/<cursor>``
 as ``{"format": 1, "offset": N, "ledger": L, "entry": E}`` (the next entry to read),
 changed by compare-and-set.
@@ -23,7 +28,9 @@ from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import CorruptMetadataError, NoNodeError
 from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["CursorRecord", "LogRecord", "LogStore"]
+__all__ = ["MAX_COMMITS", "CursorRecord", "LogRecord", "LogStore"]
+
+MAX_COMMITS = 64  # writers whose last batch a log record remembers
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -33,6 +40,7 @@ class LogRecord:
     ledgers: tuple[int, ...] = ()
     base: int = 0
     unbounded: bool = False
+    commits: tuple[tuple[str, int], ...] = ()  # (writer, last batch), oldest first
 
     def to_json(self) -> bytes:
         doc: dict[str, object] = {"format": 1, "ledgers": list(self.ledgers)}
@@ -40,7 +48,19 @@ class LogRecord:
             doc["base"] = self.base
         if self.unbounded:
             doc["unbounded"] = True
+        if self.commits:
+            doc["commits"] = dict(self.commits)
         return json.dumps(doc).encode()
+
+    def last_batch(self, writer: str) -> int:
+        """The last batch ``writer`` appended, or -1."""
+        return dict(self.commits).get(writer, -1)
+
+    def with_batch(self, writer: str, batch: int) -> tuple[tuple[str, int], ...]:
+        """``commits`` with ``writer`` at ``batch`` (moved to the newest end, the oldest
+        writers beyond MAX_COMMITS forgotten)."""
+        kept = [(w, b) for w, b in self.commits if w != writer] + [(writer, batch)]
+        return tuple(kept[-MAX_COMMITS:])
 
     @classmethod
     def from_json(cls, raw: bytes, path: str) -> LogRecord:
@@ -58,7 +78,12 @@ class LogRecord:
             unbounded = doc.get("unbounded", False) is True
             if unbounded and len(ledgers) != 1:
                 raise ValueError("an unbounded log lists exactly one ledger")
-            return cls(ledgers, base, unbounded)
+            commits = doc.get("commits", {})
+            if not isinstance(commits, dict) or not all(
+                    isinstance(w, str) and isinstance(b, int) and not isinstance(b, bool)
+                    and b >= 0 for w, b in commits.items()):
+                raise ValueError("commits must map writer names to batch numbers >= 0")
+            return cls(ledgers, base, unbounded, tuple(commits.items()))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a log record: {exc}") from exc
 

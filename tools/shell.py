@@ -534,6 +534,58 @@ def truncatelog(ctx: click.Context, name: str, before: int, force: bool,
     emit(as_json, d, f"dropped {what}; log {name} now starts at offset {d['start']}")
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, option: str) -> float:
+    """``90``, ``90s``, ``30m``, ``12h``, ``7d`` -> seconds (BadParameter naming the option)."""
+    t = text.strip().lower()
+    unit = _DURATION_UNITS.get(t[-1:], None) if t else None
+    number = t[:-1] if unit is not None else t
+    try:
+        value = float(number) * (unit or 1)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise click.BadParameter(f"{text!r} is not a duration (90, 90s, 30m, 12h, 7d)",
+                                 param_hint=option)
+    return value
+
+
+@shell.command("sweepspark")
+@click.option("--older-than", "older_than", required=True,
+              help="Delete unlisted Spark-written ledgers at least this old (90s, 30m, 12h, "
+                   "7d); a streaming query's are deleted at any age once the log recorded "
+                   "a later batch of that query.")
+@click.option("--log", "log_name", default=None, help="Only ledgers written for this log.")
+@click.option("--dry-run", is_flag=True, help="List them, delete nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def sweepspark(ctx: click.Context, older_than: str, log_name: str | None, dry_run: bool,
+               as_json: bool) -> None:
+    """Delete ledgers a Spark write left behind: tagged by the write, listed by no log.
+
+    A task killed between creating its ledger and its job's cleanup leaves such a
+    ledger (docs/spark.md). Ledgers listed in any log are never touched."""
+    from ledgerd.spark.orphans import delete_quietly, find_orphans
+    from ledgerd.sync import SyncClient
+
+    age = parse_duration(older_than, "--older-than")
+    with SyncClient(_zk(ctx), zk_ledgers_root_path=_root(ctx)) as client:
+        found = find_orphans(client, older_than_s=age, log_name=log_name)
+        if not dry_run:
+            for orphan in found:
+                delete_quietly(client, orphan.ledger_id)
+    rows = [{"ledger_id": o.ledger_id, "log": o.log, "write": o.write, "batch": o.batch,
+             "age_s": round(o.age_s, 1), "why": o.why, "deleted": not dry_run}
+            for o in found]
+    verb = "would delete" if dry_run else "deleted"
+    emit(as_json, rows, (table(["LEDGER", "LOG", "WRITE", "BATCH", "AGE_S", "WHY"],
+                               [[r["ledger_id"], r["log"], r["write"], r["batch"], r["age_s"],
+                                 r["why"]] for r in rows]) + "\n" if rows else "")
+         + f"{verb} {len(rows)} orphaned ledger(s)")
+
+
 @shell.command("simpletest")
 @click.option("--ensemble", "-e", default=3, show_default=True)
 @click.option("--write-quorum", "-w", default=2, show_default=True)

@@ -145,10 +145,13 @@ class WriteOptions:
         quorums = [(_int(opts, k, 0, 1) if k in opts else None)
                    for k in ("ensemble_size", "write_quorum", "ack_quorum")]
         client_config(opts)
+        client = {k: v for k, v in opts.items()
+                  if k in ("zk", "zk_servers") or k.startswith("client.")}
+        # A writer task is a bulk loader: the client's per-handle default of 5000
+        # adds/s would make it one. `client.throttle` asks for a limit.
+        client.setdefault("client.throttle", "0")
         return cls(log, quorums[0], quorums[1], quorums[2], opts.get("password", ""),
-                   _int(opts, "batch", 1000, 1),
-                   {k: v for k, v in opts.items()
-                    if k in ("zk", "zk_servers") or k.startswith("client.")})
+                   _int(opts, "batch", 1000, 1), client)
 
 
 @dataclass(frozen=True, slots=True)

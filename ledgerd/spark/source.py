@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -27,9 +25,9 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -40,12 +38,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import (
     BinaryType,
     LongType,
-    Row,
     StringType,
     StructType,
 )
 
-from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
 from ledgerd.spark.options import (
     ID_COLUMNS,
@@ -56,11 +52,13 @@ from ledgerd.spark.options import (
     WriteOptions,
     plan_ranges,
 )
+from ledgerd.spark.sink import LedgerdStreamWriter, LedgerdWriter
 from ledgerd.spark.worker import client_for
 from ledgerd.sync import SyncClient
 from ledgerd.wire.entry import Entry
 
-__all__ = ["LedgerdDataSource", "LedgerdReader", "LedgerdStreamReader", "LedgerdWriter"]
+__all__ = ["LedgerdDataSource", "LedgerdReader", "LedgerdStreamReader", "LedgerdStreamWriter",
+           "LedgerdWriter"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +89,12 @@ class LedgerdDataSource(DataSource):
         if overwrite:
             raise SourceOptionError("mode", "overwrite", "append (a log is only appended to)")
         return LedgerdWriter(WriteOptions.parse(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if overwrite:
+            raise SourceOptionError("outputMode", "complete", "append (a log is only "
+                                    "appended to)")
+        return LedgerdStreamWriter(WriteOptions.parse(self.options), schema)
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -337,111 +341,3 @@ class LedgerdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         """The process's client stays for the next query (see ledgerd.spark.worker)."""
-
-
-# -- writing ---------------------------------------------------------------------------
-
-@dataclass
-class LedgerdCommit(WriterCommitMessage):
-    partition: int
-    ledger_id: int | None
-    entries: int
-
-
-class LedgerdWriter(DataSourceWriter):
-    """Each task writes its rows into a ledger of its own and closes it; the commit adds
-    the ledgers to the log with one CAS, in partition order; abort deletes them."""
-
-    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
-        self.opts = opts
-        self.write_id = uuid.uuid4().hex  # tags this job's ledgers (the driver's abort scan)
-        names = [f.name for f in schema.fields]
-        self.payload: int | None = names.index("payload") if "payload" in names else None
-        if self.payload is not None:
-            kind = schema.fields[self.payload].dataType
-            if not isinstance(kind, (BinaryType, StringType)):
-                raise SourceOptionError("schema", f"payload {kind.simpleString()}",
-                                        "a binary or string payload column (or no payload "
-                                        "column: each row is written as a JSON object)")
-
-    def _encode(self, row: Row) -> bytes:
-        if self.payload is None:
-            return json.dumps(row.asDict(recursive=True), default=str,
-                              separators=(",", ":")).encode()
-        value = row[self.payload]
-        if value is None:
-            raise LedgerdError(f"log {self.opts.log!r}: a row has a null payload")
-        return value.encode() if isinstance(value, str) else bytes(value)
-
-    def write(self, iterator: Iterator[Row]) -> LedgerdCommit:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        partition = ctx.partitionId() if ctx is not None else 0
-        opts = self.opts
-        client = client_for(opts.client)
-        lh = None
-        count = 0
-        try:
-            batch: list[bytes] = []
-            for row in iterator:
-                batch.append(self._encode(row))
-                if len(batch) >= opts.batch:
-                    if lh is None:
-                        lh = self._create(client, partition)
-                    count += len(lh.append_many(batch))
-                    batch = []
-            if batch:
-                if lh is None:
-                    lh = self._create(client, partition)
-                count += len(lh.append_many(batch))
-            if lh is not None:
-                lh.close()
-        except BaseException:
-            if lh is not None:
-                _delete_quietly(client, lh.ledger_id)  # a failed task leaves no ledger
-            raise
-        return LedgerdCommit(partition, lh.ledger_id if lh is not None else None, count)
-
-    def _create(self, client: SyncClient, partition: int) -> Any:
-        o = self.opts
-        return client.create_ledger(o.ensemble_size, o.write_quorum, o.ack_quorum,
-                                    password=o.password,
-                                    custom_metadata={"log": o.log,
-                                                     "spark_partition": str(partition),
-                                                     "spark_write": self.write_id})
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        done = sorted((m for m in messages if isinstance(m, LedgerdCommit)),
-                      key=lambda m: m.partition)
-        ids = [m.ledger_id for m in done if m.ledger_id is not None]
-        client = client_for(self.opts.client)
-        if ids:
-            client.append_ledgers_to_log(self.opts.log, ids, password=self.opts.password)
-        elif self.opts.log not in client.list_logs():
-            client.call(client.client.logs.create, self.opts.log)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """Delete the finished tasks' ledgers, then any other ledger tagged with this
-        write: a task Spark killed when the job failed never ran its own cleanup."""
-        client = client_for(self.opts.client)
-        for m in messages:
-            if isinstance(m, LedgerdCommit) and m.ledger_id is not None:
-                _delete_quietly(client, m.ledger_id)
-        for lid in client.list_ledgers():
-            try:
-                tag = client.ledger_metadata(lid).custom_metadata.get("spark_write")
-            except NoSuchLedgerError:
-                continue
-            if tag == self.write_id:
-                _delete_quietly(client, lid)
-
-
-def _delete_quietly(client: SyncClient, ledger_id: int) -> None:
-    try:
-        client.delete_ledger(ledger_id)
-    except NoSuchLedgerError:
-        pass
-    except Exception as exc:  # the task's own error matters more
-        log.warning("ledger_delete_failed", extra=fields(ledger=ledger_id, error=str(exc)))
-
