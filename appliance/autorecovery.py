@@ -46,6 +46,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -560,9 +561,18 @@ def register_autorecovery_metrics(m: BookieMetrics, stats: AutoRecoveryStats) ->
 
 def client_config_for(config: BookieConfig) -> ClientConfig:
     """The client settings autorecovery runs with (the bookie's cluster, its frame size)."""
+    # With TLS on, autorecovery connects to other bookies with TLS too, trusting the
+    # bookie's trust file and presenting the bookie's own certificate (issue bookie
+    # certificates with the roles autorecovery needs: OU "0:bookie,recovery").
+    tls: dict[str, Any] = {}
+    if config.tls_certificate_path and config.tls_trust_path:
+        tls = {"tls_trust_path": config.tls_trust_path,
+               "tls_certificate_path": config.tls_certificate_path,
+               "tls_key_path": config.tls_key_path,
+               "tls_enabled_protocols": config.tls_enabled_protocols}
     return ClientConfig(zk_servers=config.zk_servers, zk_timeout_ms=config.zk_timeout_ms,
                         zk_ledgers_root_path=config.zk_ledgers_root_path,
-                        max_frame_bytes=config.max_frame_bytes, throttle=0)
+                        max_frame_bytes=config.max_frame_bytes, throttle=0, **tls)
 
 
 def require_secret(config: BookieConfig) -> bytes:

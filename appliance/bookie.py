@@ -41,6 +41,7 @@ from ledgerd.appliance.hub import ConnectionHub
 from ledgerd.appliance.looplag import loop_lag_monitor
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.appliance.sdnotify import notify, watchdog_service
+from ledgerd.appliance.security import ConnectionSecurity
 from ledgerd.appliance.server import ConnectionOptions, is_loopback, serve_connection
 from ledgerd.appliance.supervisor import Supervisor
 from ledgerd.base.logs import fields
@@ -100,6 +101,8 @@ class Bookie:
             max_inflight=config.max_inflight_per_connection,
             max_reply_bytes=config.max_reply_bytes_per_connection,
             idle_timeout=config.connection_idle_timeout_s)
+        # TLS files are read now: a bad one stops the start with one line naming it.
+        self.security = ConnectionSecurity.from_config(config)
         self.port = config.bookie_port
         self.exit_code = 0
         self.ready = trio.Event()
@@ -156,7 +159,10 @@ class Bookie:
                 self.ready.set()
                 log.info("bookie_ready", extra=fields(
                     bookie_id=self.bookie_id, port=self.port, admin_port=self.http.bound_port,
-                    replayed=self.storage.replayed_records, read_only=self.state.read_only))
+                    replayed=self.storage.replayed_records, read_only=self.state.read_only,
+                    tls=("required" if self.security.required else
+                         "start_tls" if self.security.tls else "off"),
+                    authorization=self.security.authorization))
                 task_status.started(self)
                 await self._stop.wait()
                 notify("STOPPING=1")
@@ -303,7 +309,8 @@ class Bookie:
                                         reader_scope=reader_scope)
                     else:
                         await serve_connection(stream, self.handler, self.conn_options,
-                                               reader_scope=reader_scope)
+                                               reader_scope=reader_scope,
+                                               security=self.security)
                 finally:
                     self._readers.discard(reader_scope)
             except Exception as exc:  # one connection's bug must not stop the listener
@@ -316,7 +323,10 @@ class Bookie:
         self._connections_done.set()
         async with trio.open_nursery() as connections:
             hub: ConnectionHub | None = None
-            if self.config.connection_hub_enabled:
+            # The hub serves plain TCP only: with TLS or authorization on, every
+            # connection gets its own reader and writer (START_TLS upgrades in place).
+            secured = self.security.active or self.security.authorization
+            if self.config.connection_hub_enabled and not secured:
                 hub = ConnectionHub(self.handler, self.conn_options)
                 await connections.start(hub.run)
             with self._accept_scope:

@@ -267,6 +267,46 @@ class BookieConfig(ZooKeeperSettings):
     admin_secret: str = setting(
         "", bk="(ledgerd)",
         doc="Secret that admin requests from other hosts must carry; empty = loopback only.")
+    # -- TLS and authorization ------------------------------------------------------
+    tls_certificate_path: str = setting(
+        "", bk="tlsCertificatePath",
+        doc="PEM certificate chain of this bookie; set, it turns TLS on: clients upgrade a "
+            "connection with START_TLS on bookie_port (BookKeeper's way, one port).")
+    tls_key_path: str = setting(
+        "", bk="tlsKeyStore (PEM)", doc="PEM private key of tls_certificate_path.")
+    tls_trust_path: str = setting(
+        "", bk="tlsTrustStore (PEM)",
+        doc="PEM CA certificates that client certificates must chain to (mutual TLS); "
+            "also what this bookie's own autorecovery trusts in other bookies.")
+    tls_client_authentication: bool = setting(
+        False, bk="tlsClientAuthentication",
+        doc="Require a client certificate from tls_trust_path's CA (mutual TLS); false "
+            "still verifies one a client offers.")
+    tls_required: bool = setting(
+        False, bk="(ledgerd)",
+        doc="Serve TLS connections only: a connection whose first request is not "
+            "START_TLS is answered TLS_REQUIRED and closed.")
+    tls_enabled_protocols: str = setting(
+        "TLSv1.2,TLSv1.3", bk="tlsEnabledProtocols",
+        doc="TLS versions allowed (comma list; the lowest and highest named count).")
+    tls_enabled_cipher_suites: str = setting(
+        "", bk="tlsEnabledCipherSuites",
+        doc="OpenSSL cipher list for TLS 1.2 (empty: Python's defaults; TLS 1.3 suites "
+            "are not configurable in Python).")
+    tls_cert_refresh_seconds: int = setting(
+        0, bk="tlsCertFilesRefreshDurationSeconds", minimum=0,
+        doc="Re-read the certificate, key and trust files when they change, checked at "
+            "most this often (0 = never); open connections keep their session.")
+    authorization_enabled: bool = setting(
+        False, bk="bookieAuthProviderFactoryClass = BookieAuthZFactory",
+        doc="Check every request against its principal's roles (client, recovery, "
+            "admin, bookie): from the client certificate's OU 0:role,... as BookKeeper's "
+            "CertUtils writes it, else anonymous_roles. Refused requests get "
+            "UNAUTHORIZED and a log line naming the principal.")
+    anonymous_roles: tuple[str, ...] = setting(
+        (), bk="(ledgerd)",
+        doc="Roles of a connection without a client certificate when "
+            "authorization_enabled (empty: such a connection can do nothing).")
     log_level: str = setting(
         "INFO", bk="(log4j level)", choices=LOG_LEVELS, doc="Logging level.")
     log_format: str = setting(
@@ -294,6 +334,17 @@ class BookieConfig(ZooKeeperSettings):
                               "a power of two between 512 and 65536")
         if self.page_size % 8:
             raise ConfigError("page_size", self.page_size, "a multiple of 8")
+        if self.tls_required and not self.tls_certificate_path:
+            raise ConfigError("tls_required", True, "tls_certificate_path set (TLS on)")
+        if self.tls_client_authentication and not self.tls_trust_path:
+            raise ConfigError("tls_client_authentication", True,
+                              "tls_trust_path set (the CA client certificates must chain to)")
+        try:
+            from ledgerd.appliance.authz import parse_roles
+
+            parse_roles(self.anonymous_roles, "anonymous_roles")
+        except ValueError as exc:
+            raise ConfigError("anonymous_roles", list(self.anonymous_roles), str(exc)) from None
         if 0 < self.minor_compaction_interval_s and 0 < self.major_compaction_interval_s \
                 and self.minor_compaction_interval_s >= self.major_compaction_interval_s:
             raise ConfigError(

@@ -56,6 +56,9 @@ class BookieMetrics:
         self.connections_refused = 0      # over max_connections
         self.connections_idle_closed = 0  # idle past connection_idle_timeout_s
         self.connections_rejected_frames = 0
+        self.tls_handshakes = 0           # connections upgraded with START_TLS
+        self.tls_failures = 0             # handshakes that failed, TLS_REQUIRED refusals
+        self.requests_unauthorized = 0    # refused by authorization (the principal's roles)
         self.service_restarts: dict[str, int] = {}
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
@@ -135,6 +138,15 @@ class _Collector:
         yield CounterMetricFamily("ledgerd_bookie_connections_idle_closed",
                                   "Connections closed after connection_idle_timeout_s idle.",
                                   value=m.connections_idle_closed)
+        yield CounterMetricFamily("ledgerd_bookie_tls_handshakes",
+                                  "Connections upgraded to TLS (START_TLS).",
+                                  value=m.tls_handshakes)
+        yield CounterMetricFamily("ledgerd_bookie_tls_failures",
+                                  "TLS handshakes that failed, and plaintext connections "
+                                  "refused by tls_required.", value=m.tls_failures)
+        yield CounterMetricFamily("ledgerd_bookie_requests_unauthorized",
+                                  "Requests refused because the principal lacks the role.",
+                                  value=m.requests_unauthorized)
         restarts = CounterMetricFamily("ledgerd_bookie_service_restarts",
                                        "Supervised service restarts.", labels=["service"])
         for name, n in sorted(m.service_restarts.items()):

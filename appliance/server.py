@@ -28,9 +28,12 @@ from typing import Any
 
 import trio
 
+from ledgerd.appliance.authz import allowed, needed_roles
 from ledgerd.appliance.handlers import RequestHandler
 from ledgerd.appliance.metrics import BookieMetrics
+from ledgerd.appliance.security import ConnectionSecurity, negotiate
 from ledgerd.base.logs import fields
+from ledgerd.base.tls import Principal
 from ledgerd.disk.journal import JournalGroup
 from ledgerd.wire.connection import (
     NEED_DATA,
@@ -51,8 +54,8 @@ from ledgerd.wire.messages import (
 )
 from ledgerd.wire.status import Status
 
-__all__ = ["ConnectionOptions", "ReplyItem", "encode_replies", "is_loopback", "reply_bytes",
-           "serve_connection"]
+__all__ = ["ConnectionOptions", "ReplyItem", "encode_replies", "is_loopback", "peer_name",
+           "reply_bytes", "serve_connection"]
 
 log = logging.getLogger(__name__)
 _RECEIVE = 256 * 1024
@@ -179,27 +182,51 @@ class _Outbox:
         self.more.set()
 
 
+def peer_name(stream: trio.abc.Stream) -> str:
+    sock = getattr(stream, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("memory", 0)
+    except OSError:
+        return "unknown"
+    return f"{host}:{port}"
+
+
 async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
                            options: ConnectionOptions, *, trusted: bool | None = None,
-                           reader_scope: trio.CancelScope | None = None) -> None:
+                           reader_scope: trio.CancelScope | None = None,
+                           security: ConnectionSecurity | None = None) -> None:
     """Serve one connection until the peer closes it or breaks the protocol.
 
     Cancelling ``reader_scope`` stops reading requests; replies to those already read
-    still go out (the bookie's drain on shutdown).
+    still go out (the bookie's drain on shutdown). With ``security``, TLS is settled
+    first (START_TLS, or TLS_REQUIRED) and, with authorization on, every request is
+    checked against the principal's roles.
     """
     conn = ServerConnection(max_frame_bytes=options.max_frame_bytes,
                             max_inflight=options.max_inflight)
     if trusted is None:
-        trusted = is_loopback(stream)
+        trusted = is_loopback(stream)  # the socket's peer, before any TLS wrapping
     outbox = _Outbox()
     metrics = handler.metrics
     metrics.connections_opened += 1
+    guard: _Guard | None = None
+    first = None
     try:
+        if security is not None:
+            principal = security.anonymous
+            if security.active:
+                got = await negotiate(stream, conn, security, metrics, peer_name(stream))
+                stream = got.stream
+                if got.closed:
+                    return
+                principal, first = got.principal, got.first
+            if security.authorization:
+                guard = _Guard(principal, peer_name(stream), metrics)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_writer, stream, conn, outbox, handler, nursery.cancel_scope)
             with reader_scope or trio.CancelScope():
                 await _reader(stream, conn, outbox, handler, nursery, trusted,
-                              options.max_reply_bytes, options.idle_timeout)
+                              options.max_reply_bytes, options.idle_timeout, first, guard)
             outbox.closing = True
             outbox.more.set()
     finally:
@@ -207,9 +234,34 @@ async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
             await stream.aclose()
 
 
+class _Guard:
+    """Authorization of one connection: its principal's roles against each request."""
+
+    __slots__ = ("metrics", "peer", "principal", "refused")
+
+    def __init__(self, principal: Principal, peer: str, metrics: BookieMetrics) -> None:
+        self.principal = principal
+        self.peer = peer
+        self.metrics = metrics
+        self.refused = 0
+
+    def allows(self, api_key: int, req: Message | None) -> bool:
+        if allowed(self.principal.roles, api_key, req):
+            return True
+        self.refused += 1
+        self.metrics.requests_unauthorized += 1
+        if self.refused <= 3 or self.refused % 1000 == 0:  # bounded: a loop cannot flood
+            log.warning("request_unauthorized", extra=fields(
+                principal=self.principal.name, peer=self.peer, api=ApiKey(api_key).name,
+                roles=",".join(sorted(self.principal.roles)) or "-",
+                needs=",".join(sorted(needed_roles(api_key, req))), refused=self.refused))
+        return False
+
+
 async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outbox,
                   handler: RequestHandler, nursery: trio.Nursery, trusted: bool,
-                  max_reply: int, idle_timeout: float) -> None:
+                  max_reply: int, idle_timeout: float, first: Any = None,
+                  guard: _Guard | None = None) -> None:
     add = handler.add
     read_now = handler.read_now
     put = outbox.put
@@ -227,7 +279,10 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
                 outbox.space = trio.Event()
                 await outbox.space.wait()
         try:
-            ev = conn.next_event()
+            if first is not None:  # the first request, already read by the TLS negotiation
+                ev, first = first, None
+            else:
+                ev = conn.next_event()
         except FrameSizeError as exc:
             log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
             return
@@ -249,6 +304,9 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
             continue
         if type(ev) is DecodedRequest:
             req: Message = ev.message
+            if guard is not None and not guard.allows(ev.api_key, req):
+                put(ev.correlation_id, ev.api_key, Status.UNAUTHORIZED, None, None, now)
+                continue
             if type(req) is AddRequest:
                 status, group = add(req)
                 outbox.items.append((ev.correlation_id, _ADD, status,

@@ -132,6 +132,8 @@ def _stream_copy(spark: Any, zk: str, rate: float, seconds: float, size: int,
             time.sleep(0.1)
         stop.set()
         follower.join()
+        progress = running.lastProgress or {}
+        source = (progress.get("sources") or [{}])[0]
         running.stop()
         lags, last_visible, copied = [], 0.0, 0
         for lid, seen in visible.items():
@@ -146,7 +148,10 @@ def _stream_copy(spark: Any, zk: str, rate: float, seconds: float, size: int,
     lags.sort()
     return {"entries": total, "entries_per_s": (total - 1) / (last_visible - t0),
             "lag_p50_s": lags[len(lags) // 2], "lag_p99_s": lags[int(len(lags) * 0.99)],
-            "lag_max_s": lags[-1], "rate": rate, "trigger": trigger}
+            "lag_max_s": lags[-1], "rate": rate, "trigger": trigger,
+            "last_progress_source": {k: source.get(k) for k in
+                                     ("startOffset", "endOffset", "latestOffset",
+                                      "numInputRows")}}
 
 
 def main() -> None:

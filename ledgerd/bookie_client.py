@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -32,10 +33,11 @@ from ledgerd.wire.connection import (
     ResponseReceived,
 )
 from ledgerd.wire.errors import WireError
-from ledgerd.wire.messages import ApiVersionsRequest, Message
+from ledgerd.wire.messages import ApiVersionsRequest, Message, StartTlsRequest
+from ledgerd.wire.status import Status
 
 __all__ = ["BookieClient", "BookieConnectionError", "Callback", "Connect", "open_bookie_client",
-           "parse_address", "tcp_connect"]
+           "parse_address", "start_tls", "tcp_connect"]
 
 log = logging.getLogger(__name__)
 Reply = tuple[int, Message | None]
@@ -149,7 +151,7 @@ class BookieClient:
                 try:
                     await self.stream.send_all(b"".join(chunks))
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    self._fail(f"send failed: {exc!r}")
+                    self._fail(f"send failed: {_io_reason(exc)}")
 
     async def _read_loop(self) -> None:
         conn = self.conn
@@ -158,7 +160,7 @@ class BookieClient:
             try:
                 data = await self.stream.receive_some(256 * 1024)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                self._fail(f"receive failed: {exc!r}")
+                self._fail(f"receive failed: {_io_reason(exc)}")
                 return
             try:
                 conn.receive_data(data)
@@ -209,23 +211,96 @@ async def tcp_connect(address: str) -> trio.abc.Stream:
     return stream
 
 
+async def start_tls(address: str, stream: trio.abc.Stream, conn: ClientConnection,
+                    context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream]:
+    """Upgrade a fresh connection: START_TLS in clear, the bookie's OK, then the TLS
+    handshake (the bookie verified against the context's trust, and its host name or
+    IP address unless hostname verification is off). BookieConnectionError says which
+    step failed and why."""
+    try:
+        await stream.send_all(conn.send(StartTlsRequest()))
+        while True:
+            ev = conn.next_event()
+            if ev is NEED_DATA:
+                data = await stream.receive_some(4096)  # nothing follows the reply yet
+                if not data:
+                    raise BookieConnectionError(address, "closed the connection at START_TLS")
+                conn.receive_data(data)
+                continue
+            if isinstance(ev, ResponseReceived):
+                break
+            raise BookieConnectionError(address, "closed the connection at START_TLS")
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, WireError) as exc:
+        raise BookieConnectionError(address, f"START_TLS failed: {exc!r}") from exc
+    if ev.status == Status.BAD_REQUEST:
+        raise BookieConnectionError(address, "has no TLS configured (tls_certificate_path); "
+                                    "connect without tls_trust_path")
+    if ev.status == Status.UNSUPPORTED_VERSION:
+        raise BookieConnectionError(address, "does not speak START_TLS (an older ledgerd)")
+    if ev.status != Status.OK:
+        raise BookieConnectionError(address, f"refused START_TLS: {Status(ev.status).name}")
+    host = parse_address(address)[0]
+    tls = trio.SSLStream(stream, context,
+                         server_hostname=host if context.check_hostname else None)
+    try:
+        await tls.do_handshake()
+    except trio.BrokenResourceError as exc:
+        raise BookieConnectionError(address, "TLS handshake failed: "
+                                    + _handshake_reason(exc.__cause__ or exc)) from exc
+    return tls
+
+
+def _io_reason(exc: BaseException) -> str:
+    """A failed send or receive, said plainly (a TLS alert from the bookie by its name)."""
+    cause = exc.__cause__
+    if isinstance(cause, ssl.SSLError):
+        return "TLS: " + _handshake_reason(cause)
+    return repr(exc)
+
+
+def _handshake_reason(cause: BaseException) -> str:
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return (f"the bookie's certificate did not verify ({cause.verify_message}): is "
+                "tls_trust_path the CA that issued it, for this host?")
+    if isinstance(cause, ssl.SSLError):
+        reason = cause.reason or str(cause)
+        if "CERTIFICATE_REQUIRED" in reason:
+            return "the bookie requires a client certificate (tls_certificate_path)"
+        if "UNEXPECTED_EOF" in reason:
+            return ("the bookie closed the TLS connection (does it require a client "
+                    "certificate? tls_certificate_path)")
+        if "UNKNOWN_CA" in reason or "BAD_CERTIFICATE" in reason:
+            return f"the bookie refused our certificate ({reason})"
+        return reason
+    return str(cause) or type(cause).__name__
+
+
 @asynccontextmanager
 async def open_bookie_client(address: str, *, connect: Connect = tcp_connect,
                              connect_timeout: float = 10.0,
                              max_inflight: int = 1024, max_frame_bytes: int = 8 << 20,
-                             negotiate: bool = True) -> AsyncIterator[BookieClient]:
+                             negotiate: bool = True,
+                             tls: ssl.SSLContext | None = None) -> AsyncIterator[BookieClient]:
     """Connect to ``address`` with ``connect`` (TCP by default; tests pass memory
-    streams); with ``negotiate``, exchange ApiVersions first. Raises
-    BookieConnectionError (never inside an exception group) when the connect fails or the
-    bookie does not answer ApiVersions within ``connect_timeout``. If cancelled while
-    connecting, nothing is left open."""
+    streams), upgrade to TLS first when given a ``tls`` context (START_TLS); with
+    ``negotiate``, exchange ApiVersions. Raises BookieConnectionError (never inside an
+    exception group) when the connect, the upgrade or the ApiVersions exchange fails
+    within ``connect_timeout``. If cancelled while connecting, nothing is left open."""
+    conn = ClientConnection(max_frame_bytes=max_frame_bytes, max_inflight=max_inflight)
     try:
         with trio.fail_after(connect_timeout):
-            stream = await connect(address)
+            stream: trio.abc.Stream = await connect(address)
+            if tls is not None:
+                try:
+                    stream = await start_tls(address, stream, conn, tls)
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+    except BookieConnectionError:
+        raise
     except (OSError, trio.TooSlowError) as exc:
         raise BookieConnectionError(address, f"connect failed: {exc!r}") from exc
-    client = BookieClient(address, stream, ClientConnection(max_frame_bytes=max_frame_bytes,
-                                                            max_inflight=max_inflight))
+    client = BookieClient(address, stream, conn)
     failure: BookieConnectionError | None = None
     async with stream, trio.open_nursery() as nursery:
         await nursery.start(client.run)
@@ -237,8 +312,12 @@ async def open_bookie_client(address: str, *, connect: Connect = tcp_connect,
             failure = BookieConnectionError(address, "no ApiVersions reply")
             with trio.move_on_after(connect_timeout):
                 try:
-                    await client.call(ApiVersionsRequest())
+                    status, _ = await client.call(ApiVersionsRequest())
                     failure = None
+                    if status == Status.TLS_REQUIRED:
+                        failure = BookieConnectionError(
+                            address, "requires TLS (tls_required): set tls_trust_path to "
+                            "the CA that issued the bookies' certificates")
                 except BookieConnectionError as exc:
                     failure = exc
         if failure is not None:

@@ -14,6 +14,7 @@ try healthy replicas first and ensemble changes prefer bookies that answer.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -44,6 +45,7 @@ class PoolOptions:
     backoff_max: float = 5.0
     failure_memory: float = 30.0  # seconds a failure counts in ``recent_failures``
     reorder_reads: bool = True  # reads ask recently failed replicas last
+    tls: ssl.SSLContext | None = None  # START_TLS on every connection (ClientConfig.tls_*)
 
 
 @dataclass
@@ -126,7 +128,8 @@ class BookiePool:
             async with open_bookie_client(address, connect=self._connect,
                                           connect_timeout=opts.connect_timeout,
                                           max_inflight=opts.max_inflight,
-                                          max_frame_bytes=opts.max_frame_bytes) as client:
+                                          max_frame_bytes=opts.max_frame_bytes,
+                                          tls=opts.tls) as client:
                 slot.client = client
                 slot.connecting = False
                 slot.failed_connects = 0

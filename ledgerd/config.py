@@ -6,6 +6,7 @@ the ZooKeeper keys are the ones the bookie declares too (``metadata.settings``).
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 from ledgerd.base.settings import (
@@ -15,6 +16,7 @@ from ledgerd.base.settings import (
     markdown_table,
     setting,
 )
+from ledgerd.base.tls import client_context
 from ledgerd.metadata.settings import ZooKeeperSettings
 
 __all__ = [
@@ -81,8 +83,37 @@ class ClientConfig(ZooKeeperSettings):
     reorder_read_sequence_enabled: bool = setting(
         True, bk="reorderReadSequenceEnabled",
         doc="Read first from the replicas that have failed least recently.")
+    tls_trust_path: str = setting(
+        "", bk="clientTrustStore (PEM)",
+        doc="PEM CA certificates the bookies' certificates must chain to; set, it turns "
+            "TLS on: every bookie connection starts with START_TLS.")
+    tls_certificate_path: str = setting(
+        "", bk="clientKeyStore (PEM)",
+        doc="PEM certificate chain this client presents (mutual TLS; its OU 0:roles "
+            "gives its roles where bookies authorize).")
+    tls_key_path: str = setting(
+        "", bk="clientKeyStore (PEM)", doc="PEM private key of tls_certificate_path.")
+    tls_hostname_verification: bool = setting(
+        True, bk="tlsHostnameVerificationEnabled",
+        doc="Check a bookie's certificate names the host (or IP address) of its id; "
+            "BookKeeper's default is false, ledgerd's true.")
+    tls_enabled_protocols: str = setting(
+        "TLSv1.2,TLSv1.3", bk="tlsEnabledProtocols",
+        doc="TLS versions allowed (comma list; the lowest and highest named count).")
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client TLS context, or None when tls_trust_path is empty (plaintext)."""
+        if not self.tls_trust_path:
+            return None
+        return client_context(self.tls_trust_path, certificate=self.tls_certificate_path,
+                              key=self.tls_key_path,
+                              verify_hostname=self.tls_hostname_verification,
+                              protocols=self.tls_enabled_protocols)
 
     def __post_init__(self) -> None:
+        if self.tls_certificate_path and not self.tls_trust_path:
+            raise ConfigError("tls_certificate_path", self.tls_certificate_path,
+                              "tls_trust_path set as well (a client certificate is for TLS)")
         if not (self.ensemble_size >= self.write_quorum_size >= self.ack_quorum_size >= 1):
             raise ConfigError(
                 "ensemble_size/write_quorum_size/ack_quorum_size",

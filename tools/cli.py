@@ -20,6 +20,7 @@ from ledgerd import __version__
 from ledgerd.appliance.config import BookieConfig
 from ledgerd.base.logs import LOG_FORMATS, configure_logging
 from ledgerd.base.settings import ConfigError, defaults_toml, load_config
+from ledgerd.base.tls import TlsConfigError
 from ledgerd.config import ClientConfig
 from ledgerd.disk.errors import StorageError
 from ledgerd.errors import LedgerdError, single_exception
@@ -119,7 +120,8 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
         code = run_bookie(config)
     except BaseException as exc:
         leaf = single_exception(exc)
-        if ctx.obj["debug"] or not isinstance(leaf, StorageError | MetadataError | OSError):
+        if ctx.obj["debug"] or not isinstance(leaf, StorageError | MetadataError | OSError
+                                              | TlsConfigError):
             raise
         raise CliError(f"bookie did not start: {leaf}") from exc
     sys.exit(code)

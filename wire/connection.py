@@ -165,6 +165,11 @@ class ServerConnection:
         self.closed = False
 
     @property
+    def buffered(self) -> int:
+        """Bytes received and not yet taken as frames."""
+        return self._frames.buffered
+
+    @property
     def is_at_capacity(self) -> bool:
         return len(self.inflight) >= self.max_inflight
 

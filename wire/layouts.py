@@ -33,7 +33,7 @@ __all__ = [
     "GET_BOOKIE_INFO_REQUEST", "GET_BOOKIE_INFO_RESPONSE", "MASTER_KEY_SIZE",
     "READ_LAC_REQUEST", "READ_LAC_RESPONSE", "READ_RANGE_REQUEST", "READ_RANGE_RESPONSE",
     "READ_REQUEST", "READ_RESPONSE", "READ_STRIDE_REQUEST", "READ_STRIDE_RESPONSE",
-    "REQUEST_HEADER", "RESPONSE_HEADER",
+    "REQUEST_HEADER", "RESPONSE_HEADER", "START_TLS_REQUEST", "START_TLS_RESPONSE",
     "WRITE_LAC_REQUEST", "WRITE_LAC_RESPONSE",
 ]
 
@@ -321,3 +321,15 @@ ADMIN_TRIGGER_RESPONSE = Struct("started" / Int8ub, Terminated)
 #  response  | len int32 | status_json bytes (utf-8 JSON object) |
 ADMIN_STATUS_REQUEST = Struct("secret" / ShortBlob, Terminated)
 ADMIN_STATUS_RESPONSE = Struct("status_json" / Blob, Terminated)
+
+# ---------------------------------------------------------------------------------------
+# StartTls (key 11): upgrade this connection to TLS, as BookKeeper's START_TLS does.
+# The first request on a connection, or none at all. The bookie answers OK in clear (or
+# BAD_REQUEST: no TLS configured there, or not the first request), and both sides then
+# run the TLS handshake on the same socket; every later frame is inside TLS. A bookie
+# with ``tls_required`` answers any other first request TLS_REQUIRED and closes.
+#
+#  request   (empty)
+#  response  (empty)
+START_TLS_REQUEST = Struct(Terminated)
+START_TLS_RESPONSE = Struct(Terminated)

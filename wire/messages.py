@@ -22,7 +22,7 @@ __all__ = [
     "ForceLedgerRequest", "ForceLedgerResponse", "GetBookieInfoRequest",
     "GetBookieInfoResponse", "Message", "ReadFlags", "ReadLacRequest", "ReadLacResponse",
     "ReadRangeRequest", "ReadRangeResponse", "ReadRequest", "ReadResponse",
-    "ReadStrideRequest", "ReadStrideResponse",
+    "ReadStrideRequest", "ReadStrideResponse", "StartTlsRequest", "StartTlsResponse",
     "WriteLacRequest", "WriteLacResponse",
 ]
 
@@ -42,6 +42,7 @@ class ApiKey(enum.IntEnum):
     ADMIN_TRIGGER = 8
     ADMIN_STATUS = 9
     READ_STRIDE = 10
+    START_TLS = 11
 
 
 class AddFlags(enum.IntFlag):
@@ -342,6 +343,18 @@ class AdminStatusResponse(Message):
     status_json: bytes
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTlsRequest(Message):
+    LAYOUT: ClassVar[Any] = layouts.START_TLS_REQUEST
+    API_KEY: ClassVar[ApiKey] = ApiKey.START_TLS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTlsResponse(Message):
+    LAYOUT: ClassVar[Any] = layouts.START_TLS_RESPONSE
+    API_KEY: ClassVar[ApiKey] = ApiKey.START_TLS
+
+
 REQUEST_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.ADD: AddRequest,
@@ -354,6 +367,7 @@ REQUEST_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.ADMIN_TRIGGER: AdminTriggerRequest,
     ApiKey.ADMIN_STATUS: AdminStatusRequest,
     ApiKey.READ_STRIDE: ReadStrideRequest,
+    ApiKey.START_TLS: StartTlsRequest,
 }
 RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
@@ -367,6 +381,7 @@ RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.ADMIN_TRIGGER: AdminTriggerResponse,
     ApiKey.ADMIN_STATUS: AdminStatusResponse,
     ApiKey.READ_STRIDE: ReadStrideResponse,
+    ApiKey.START_TLS: StartTlsResponse,
 }
 assert set(REQUEST_TYPES) == set(RESPONSE_TYPES) == set(ApiKey)
 

@@ -26,6 +26,7 @@ __all__ = [
     "NoSuchLedgerError",
     "ReadOnlyError",
     "Status",
+    "TlsRequiredError",
     "TooManyRequestsError",
     "UnauthorizedError",
     "UnknownLedgerStateError",
@@ -48,6 +49,7 @@ class Status(enum.IntEnum):
     TOO_MANY_REQUESTS = 106
     UNKNOWN_LEDGER_STATE = 107
     INVALID_TERM = 108
+    TLS_REQUIRED = 109
 
 
 class BookieError(WireError):
@@ -116,12 +118,19 @@ class InvalidTermError(BookieError):
     status = Status.INVALID_TERM
 
 
+class TlsRequiredError(BookieError):
+    """The bookie serves TLS connections only (``tls_required``): this one did not start
+    TLS (the client has no ``tls_trust_path``)."""
+
+    status = Status.TLS_REQUIRED
+
+
 STATUS_ERRORS: dict[Status, type[BookieError]] = {
     cls.status: cls
     for cls in (
         NoSuchLedgerError, NoSuchEntryError, BadRequestError, BookieIOError, UnauthorizedError,
         VersionRejectedError, FencedError, ReadOnlyError, TooManyRequestsError,
-        UnknownLedgerStateError, InvalidTermError,
+        UnknownLedgerStateError, InvalidTermError, TlsRequiredError,
     )
 }
 assert set(STATUS_ERRORS) == set(Status) - {Status.OK}

@@ -23,8 +23,8 @@ import pytest
 
 import ledgerd
 from ledgerd.metadata.errors import NoNodeError
-from ledgerd.spark.sink import PAUSE_ENV, LedgerdStreamCommit, LedgerdStreamWriter
 from ledgerd.spark.options import WriteOptions
+from ledgerd.spark.sink import PAUSE_ENV, LedgerdStreamCommit, LedgerdStreamWriter
 from ledgerd.tools.cli import main
 from tests.spark.conftest import ROOT, SparkCluster
 

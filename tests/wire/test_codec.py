@@ -52,7 +52,9 @@ def test_frames_round_trip(key: ApiKey, data: st.DataObject, cid: int) -> None:
     rframe = encode_response(cid, status, resp)
     assert rframe == construct_encode_response(cid, status, resp)
     back = decode_response(rframe[4:], key)
-    assert (back.correlation_id, back.status, back.message) == (cid, status, resp)
+    # An error with an empty body decodes to no message (StartTls has an empty body).
+    want = None if status != Status.OK and len(rframe) == 10 else resp
+    assert (back.correlation_id, back.status, back.message) == (cid, status, want)
 
 
 def test_error_response_may_have_empty_body() -> None:

@@ -41,6 +41,8 @@ from ledgerd.wire.messages import (
     ReadResponse,
     ReadStrideRequest,
     ReadStrideResponse,
+    StartTlsRequest,
+    StartTlsResponse,
     WriteLacRequest,
     WriteLacResponse,
 )
@@ -67,8 +69,9 @@ REQUESTS: dict[str, Message] = {
     "get_bookie_info_request": GetBookieInfoRequest(),
     "admin_trigger_request": AdminTriggerRequest(kind=AdminKind.MAJOR_COMPACTION, secret=b"s3"),
     "admin_status_request": AdminStatusRequest(secret=b""),
+    "start_tls_request": StartTlsRequest(),
 }
-RESPONSES: dict[str, tuple[ApiKey, Status, Message]] = {
+RESPONSES: dict[str, tuple[ApiKey, Status, Message | None]] = {
     "api_versions_response": (ApiKey.API_VERSIONS, Status.OK, ApiVersionsResponse(versions=(
         ApiVersionRange(api_key=1, min_version=0, max_version=0),
         ApiVersionRange(api_key=2, min_version=0, max_version=1)))),
@@ -88,6 +91,8 @@ RESPONSES: dict[str, tuple[ApiKey, Status, Message]] = {
     "admin_trigger_response": (ApiKey.ADMIN_TRIGGER, Status.OK, AdminTriggerResponse(started=1)),
     "admin_status_response": (ApiKey.ADMIN_STATUS, Status.OK,
                               AdminStatusResponse(status_json=b'{"state":"writable"}')),
+    "start_tls_response": (ApiKey.START_TLS, Status.OK, StartTlsResponse()),
+    "tls_required_response": (ApiKey.API_VERSIONS, Status.TLS_REQUIRED, None),
     "read_error_response": (ApiKey.READ, Status.NO_SUCH_ENTRY, ReadResponse(
         ledger_id=42, entry_id=11, max_lac=9, entry=b"")),
 }

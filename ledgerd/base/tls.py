@@ -1,0 +1,192 @@
+"""TLS for every ledgerd endpoint: contexts from PEM files, principals from certificates.
+
+One place builds the standard library's ``ssl.SSLContext`` for the bookie (server side),
+the client and the tools, from PEM paths, so every endpoint has the same rules:
+
+- protocols from a comma list (``TLSv1.2,TLSv1.3``: the lowest and highest allowed);
+  cipher suites (OpenSSL names) for TLS 1.2 and below (Python's ``ssl`` offers no
+  choice of TLS 1.3 suites);
+- a server verifies client certificates against its trust file when client
+  authentication is asked for (``required``: no certificate, no connection);
+- a client verifies the bookie against its trust file, and its host name (or IP
+  address, for ids like ``127.0.0.1:3181``) unless told not to.
+
+A peer's principal is its certificate's subject common name; its roles come from the
+organizational unit as BookKeeper's ``CertUtils`` writes them, ``0:role1,role2``
+(code 0 = roles; ``1:cluster`` is ignored). :class:`ReloadingContext` rebuilds a context
+when its files change (checked at most every ``refresh_s``), so certificates are rotated
+without a restart; connections already open keep the context they started with.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledgerd.base.errors import LedgerdError
+
+__all__ = ["ANONYMOUS", "Principal", "ReloadingContext", "TlsConfigError", "client_context",
+           "principal_of", "server_context"]
+
+_PROTOCOLS = {
+    "TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,
+    "TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3,
+}
+
+
+class TlsConfigError(LedgerdError, ValueError):
+    """A TLS file or setting cannot be used; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is on the other end: a name for the logs, and the roles it was given."""
+
+    name: str
+    roles: frozenset[str] = field(default_factory=frozenset)
+    authenticated: bool = False  # proved by a certificate (or a token)
+
+
+ANONYMOUS = Principal("anonymous")
+
+
+def _versions(protocols: str) -> tuple[ssl.TLSVersion, ssl.TLSVersion]:
+    names = [p.strip() for p in protocols.split(",") if p.strip()]
+    bad = [n for n in names if n not in _PROTOCOLS]
+    if bad or not names:
+        raise TlsConfigError(f"tls_enabled_protocols: {protocols!r}: use a comma list of "
+                             + ", ".join(_PROTOCOLS))
+    chosen = sorted(_PROTOCOLS[n] for n in names)
+    return chosen[0], chosen[-1]
+
+
+def _readable(path: str, key: str) -> str:
+    if not os.path.isfile(path):
+        raise TlsConfigError(f"{key}: {path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise TlsConfigError(f"{key}: {path}: not readable by this user")
+    return path
+
+
+def _common(ctx: ssl.SSLContext, protocols: str, ciphers: str) -> None:
+    ctx.minimum_version, ctx.maximum_version = _versions(protocols)
+    if ciphers:
+        try:
+            ctx.set_ciphers(ciphers)
+        except ssl.SSLError as exc:
+            raise TlsConfigError(f"tls_enabled_cipher_suites: {ciphers!r}: {exc}") from None
+
+
+def _load_chain(ctx: ssl.SSLContext, cert: str, key: str, cert_key: str, key_key: str) -> None:
+    try:
+        ctx.load_cert_chain(_readable(cert, cert_key), _readable(key, key_key) if key else None)
+    except ssl.SSLError as exc:
+        raise TlsConfigError(f"{cert_key}/{key_key}: {cert}, {key}: not a PEM certificate "
+                             f"chain and its private key ({exc.reason or exc})") from None
+
+
+def _load_trust(ctx: ssl.SSLContext, trust: str, key: str) -> None:
+    try:
+        ctx.load_verify_locations(cafile=_readable(trust, key))
+    except ssl.SSLError as exc:
+        raise TlsConfigError(f"{key}: {trust}: not PEM CA certificates "
+                             f"({exc.reason or exc})") from None
+
+
+def server_context(certificate: str, key: str, *, trust: str = "", client_auth: str = "none",
+                   protocols: str = "TLSv1.2,TLSv1.3", ciphers: str = "") -> ssl.SSLContext:
+    """A server context; ``client_auth`` is ``none``, ``optional`` or ``required``."""
+    if not certificate:
+        raise TlsConfigError("tls_certificate_path is empty: a TLS server needs a certificate")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _common(ctx, protocols, ciphers)
+    _load_chain(ctx, certificate, key, "tls_certificate_path", "tls_key_path")
+    if client_auth != "none":
+        if not trust:
+            raise TlsConfigError("tls_trust_path is empty: verifying client certificates "
+                                 "needs the CA that issued them")
+        _load_trust(ctx, trust, "tls_trust_path")
+        ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" else ssl.CERT_OPTIONAL
+    return ctx
+
+
+def client_context(trust: str, *, certificate: str = "", key: str = "",
+                   verify_hostname: bool = True, protocols: str = "TLSv1.2,TLSv1.3",
+                   ciphers: str = "") -> ssl.SSLContext:
+    """A client context that verifies servers against ``trust`` (and presents
+    ``certificate`` when given: mutual TLS)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    _common(ctx, protocols, ciphers)
+    _load_trust(ctx, trust, "tls_trust_path")
+    ctx.check_hostname = verify_hostname
+    if not verify_hostname:
+        ctx.verify_mode = ssl.CERT_REQUIRED  # still a certificate from the trusted CA
+    if certificate:
+        _load_chain(ctx, certificate, key, "tls_certificate_path", "tls_key_path")
+    return ctx
+
+
+def _rdn(subject: Iterable[Any], name: str) -> list[str]:
+    return [value for rdn in subject for (key, value) in rdn if key == name]
+
+
+def principal_of(peercert: dict[str, Any] | None) -> Principal:
+    """The principal of a verified peer certificate (``SSLObject.getpeercert()``);
+    ANONYMOUS without one."""
+    if not peercert:
+        return ANONYMOUS
+    subject = peercert.get("subject", ())
+    names = _rdn(subject, "commonName")
+    roles: set[str] = set()
+    for ou in _rdn(subject, "organizationalUnitName"):
+        for part in ou.split(";"):
+            code, _, value = part.partition(":")
+            if code.strip() == "0":
+                roles.update(r.strip() for r in value.split(",") if r.strip())
+    return Principal(names[0] if names else "unnamed-certificate", frozenset(roles), True)
+
+
+class ReloadingContext:
+    """``build()`` again when any of ``paths`` changed (mtime or size), checked at most
+    every ``refresh_s`` seconds (0: never). A rebuild that fails keeps the old context
+    and reports the error through ``on_error``."""
+
+    def __init__(self, build: Callable[[], ssl.SSLContext], paths: Iterable[str],
+                 refresh_s: float = 0.0,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
+        self._build = build
+        self._paths = [p for p in paths if p]
+        self.refresh_s = refresh_s
+        self._on_error = on_error
+        self._stamp = self._stamps()
+        self.context = build()
+        self._checked = time.monotonic()
+        self.reloads = 0
+
+    def _stamps(self) -> tuple[tuple[float, int], ...]:
+        out = []
+        for p in self._paths:
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime, st.st_size))
+            except OSError:
+                out.append((0.0, -1))
+        return tuple(out)
+
+    def current(self) -> ssl.SSLContext:
+        if self.refresh_s > 0 and time.monotonic() - self._checked >= self.refresh_s:
+            self._checked = time.monotonic()
+            stamp = self._stamps()
+            if stamp != self._stamp:
+                try:
+                    self.context = self._build()
+                    self._stamp = stamp
+                    self.reloads += 1
+                except (TlsConfigError, OSError, ssl.SSLError) as exc:
+                    if self._on_error is not None:
+                        self._on_error(exc)
+        return self.context

@@ -1,0 +1,175 @@
+"""TLS on the bookie protocol (START_TLS), principals and roles, with trustme certificates.
+
+Real bookies in the test's trio loop (real sockets, real ZooKeeper); the client and the
+bookie build their contexts from PEM files as in production.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+import ledgerd
+from ledgerd.base.logs import _FIELDS_ATTR
+from ledgerd.base.tls import Principal, TlsConfigError, client_context, principal_of
+from ledgerd.bookie_client import BookieConnectionError, open_bookie_client
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
+from ledgerd.wire.messages import (
+    AddFlags,
+    AddRequest,
+    AdminStatusRequest,
+    GetBookieInfoRequest,
+    ReadRangeRequest,
+)
+from ledgerd.wire.status import Status
+from tests.ledgerd.inproc import inprocess_cluster
+
+KEY = b"k" * 20
+
+
+class Pki:
+    """A CA and PEM files for a bookie certificate and client certificates."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.ca = trustme.CA()
+        self.ca_path = str(base / "ca.pem")
+        self.ca.cert_pem.write_to_path(self.ca_path)
+        self.bookie = self.issue("bookie", "127.0.0.1", "localhost", ou="0:bookie,recovery")
+
+    def issue(self, name: str, *hosts: str, ou: str | None = None, ca: Any = None,
+              **kw: Any) -> tuple[str, str]:
+        cert = (ca or self.ca).issue_cert(*(hosts or (f"{name}.example",)), common_name=name,
+                                          organization_unit_name=ou, **kw)
+        chain, key = self.base / f"{name}.pem", self.base / f"{name}.key"
+        chain.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+        cert.private_key_pem.write_to_path(str(key))
+        return str(chain), str(key)
+
+    def bookie_settings(self, **more: Any) -> dict[str, Any]:
+        return {"tls_certificate_path": self.bookie[0], "tls_key_path": self.bookie[1],
+                "tls_trust_path": self.ca_path, **more}
+
+    def client(self, cert: tuple[str, str] | None = None) -> Any:
+        return client_context(self.ca_path, certificate=cert[0] if cert else "",
+                              key=cert[1] if cert else "")
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path)
+
+
+def _add(ledger: int, entry: int, flags: int = 0) -> AddRequest:
+    body = encode_entry(Digester(DigestType.CRC32C), ledger, entry, entry - 1, 0,
+                        b"e%d" % entry)
+    return AddRequest(ledger_id=ledger, first_entry_id=entry, flags=flags, master_key=KEY,
+                      term=0, entries=(body,))
+
+
+async def test_round_trip_through_a_tls_only_cluster(pki: Pki, zk_chroot: str,
+                                                     tmp_path: Path) -> None:
+    async with inprocess_cluster(zk_chroot, tmp_path, 3,
+                                 **pki.bookie_settings(tls_required=True)) as cluster:
+        async with ledgerd.open_client(zk_chroot, tls_trust_path=pki.ca_path,
+                                       throttle=0) as client:
+            lh = await client.create_ledger(3, 2, 2, password=b"pw")
+            await lh.append_many([b"over tls %d" % i for i in range(200)])
+            await lh.close()
+            rh = await client.open_ledger(lh.ledger_id, b"pw")
+            assert [e.payload async for e in rh.read()] == [b"over tls %d" % i
+                                                           for i in range(200)]
+        assert all(b.metrics.tls_handshakes >= 1 for b in cluster.bookies)
+
+        # Plaintext to a TLS-only bookie: a clear refusal, not silence.
+        with pytest.raises(BookieConnectionError, match=r"requires TLS .tls_required.: set "
+                                                        r"tls_trust_path"):
+            async with open_bookie_client(cluster.address(0)):
+                pass
+        assert cluster.bookies[0].metrics.tls_failures >= 1
+
+
+async def test_wrong_ca_wrong_host_and_expired_certificates_fail_clearly(
+        pki: Pki, zk_chroot: str, tmp_path: Path) -> None:
+    async with inprocess_cluster(zk_chroot, tmp_path, 1, **pki.bookie_settings()) as cluster:
+        address = cluster.address(0)
+        (tmp_path / "other").mkdir()
+        other = Pki(tmp_path / "other")
+        with pytest.raises(BookieConnectionError,
+                           match=r"TLS handshake failed: the bookie's certificate did not "
+                                 r"verify .self-signed certificate in certificate chain.: is "
+                                 "tls_trust_path the CA"):
+            async with open_bookie_client(address, tls=other.client()):
+                pass
+        # Plaintext still works on a bookie that does not require TLS.
+        async with open_bookie_client(address) as c:
+            status, _ = await c.call(GetBookieInfoRequest())
+            assert status == Status.OK
+
+    # A bookie whose certificate names another host; then one whose certificate expired.
+    for name, hosts, kw, needle in [
+            ("elsewhere", ("elsewhere.example",), {}, "IP address mismatch"),
+            ("expired", ("127.0.0.1",), {
+                "not_before": datetime.datetime(2020, 1, 1),
+                "not_after": datetime.datetime(2021, 1, 1)}, "certificate has expired")]:
+        cert = pki.issue(name, *hosts, **kw)
+        async with inprocess_cluster(zk_chroot, tmp_path / name, 1,
+                                     tls_certificate_path=cert[0],
+                                     tls_key_path=cert[1]) as cluster:
+            with pytest.raises(BookieConnectionError, match=f"TLS handshake failed: .*{needle}"):
+                async with open_bookie_client(cluster.address(0), tls=pki.client()):
+                    pass
+
+
+async def test_roles_from_client_certificates(pki: Pki, zk_chroot: str, tmp_path: Path,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="ledgerd.appliance.server")
+    writer = pki.issue("app-writer", ou="0:client")
+    auditor = pki.issue("auditor", ou="0:recovery")
+    operator = pki.issue("ops", ou="0:admin;1:cluster-a")
+    settings = pki.bookie_settings(tls_required=True, tls_client_authentication=True,
+                                   authorization_enabled=True)
+    async with inprocess_cluster(zk_chroot, tmp_path, 1, **settings) as cluster:
+        address = cluster.address(0)
+        async with open_bookie_client(address, tls=pki.client(writer)) as c:
+            assert (await c.call(_add(7, 0)))[0] == Status.OK
+            assert (await c.call(ReadRangeRequest(ledger_id=7, first_entry_id=0, max_count=1,
+                                                  max_bytes=1 << 20)))[0] == Status.OK
+            assert (await c.call(AdminStatusRequest()))[0] == Status.UNAUTHORIZED
+        async with open_bookie_client(address, tls=pki.client(auditor)) as c:
+            assert (await c.call(_add(7, 1)))[0] == Status.UNAUTHORIZED  # no plain adds
+            assert (await c.call(_add(7, 1, AddFlags.RECOVERY_ADD)))[0] == Status.OK
+            assert (await c.call(ReadRangeRequest(ledger_id=7, first_entry_id=0, max_count=2,
+                                                  max_bytes=1 << 20)))[0] == Status.OK
+        lines = [getattr(r, _FIELDS_ATTR) for r in caplog.records
+                 if r.getMessage() == "request_unauthorized"]
+        assert [(x["principal"], x["api"], x["needs"]) for x in lines] == [
+            ("app-writer", "ADMIN_STATUS", "admin"), ("auditor", "ADD", "client")]
+        async with open_bookie_client(address, tls=pki.client(operator)) as c:
+            assert (await c.call(AdminStatusRequest()))[0] == Status.OK
+            assert (await c.call(_add(7, 2)))[0] == Status.UNAUTHORIZED
+        # No client certificate: the bookie requires one, the handshake fails.
+        with pytest.raises(BookieConnectionError, match=r"require a client certificate. "
+                                                        r"tls_certificate_path"):
+            async with open_bookie_client(address, tls=pki.client()) as c:
+                await c.call(GetBookieInfoRequest())
+        assert cluster.bookies[0].metrics.requests_unauthorized == 3
+
+
+def test_principal_from_a_certificate_and_bad_files(pki: Pki, tmp_path: Path) -> None:
+    assert principal_of({"subject": ((("commonName", "svc"),),
+                                     (("organizationalUnitName", "0:client,admin;1:c"),))}) \
+        == Principal("svc", frozenset({"client", "admin"}), True)
+    assert principal_of(None).name == "anonymous" and not principal_of(None).roles
+    with pytest.raises(TlsConfigError, match=r"tls_trust_path: .*missing.pem: no such file"):
+        client_context(str(tmp_path / "missing.pem"))
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(TlsConfigError, match=r"tls_trust_path: .*junk.pem: not PEM CA"):
+        client_context(str(tmp_path / "junk.pem"))
+    with pytest.raises(TlsConfigError, match=r"tls_enabled_protocols: 'SSLv3'"):
+        client_context(pki.ca_path, protocols="SSLv3")
