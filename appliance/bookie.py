@@ -88,7 +88,7 @@ class Bookie:
         self.storage.on_disk_full = lambda exc: self.disk_checker.force_full(
             f"{exc} (writable again under {config.disk_usage_lwm_threshold:.0%} used)")
         self.admin = AdminHooks(trigger=self.gc.trigger, status=self.status,
-                                secret=config.admin_secret)
+                                secret=config.admin_token())
         self.handler = RequestHandler(self.storage, self.state, self.metrics, admin=self.admin,
                                       max_frame_bytes=config.max_frame_bytes,
                                       version=VERSION.encode(),

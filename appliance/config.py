@@ -266,7 +266,14 @@ class BookieConfig(ZooKeeperSettings):
         True, bk="enableStatistics", doc="Serve Prometheus metrics on the admin endpoint.")
     admin_secret: str = setting(
         "", bk="(ledgerd)",
-        doc="Secret that admin requests from other hosts must carry; empty = loopback only.")
+        doc="Token every state-changing admin request must carry (HTTP: Authorization: "
+            "Bearer, or X-Ledgerd-Secret; the wire's admin calls: their secret field), "
+            "loopback included; empty (and no admin_secret_file) = loopback only, no token. "
+            "Prefer admin_secret_file: a config file is often world-readable.")
+    admin_secret_file: str = setting(
+        "", bk="(ledgerd)",
+        doc="File holding the admin token (its first line); wins over admin_secret. Never "
+            "logged.")
     # -- TLS and authorization ------------------------------------------------------
     tls_certificate_path: str = setting(
         "", bk="tlsCertificatePath",
@@ -350,6 +357,21 @@ class BookieConfig(ZooKeeperSettings):
             raise ConfigError(
                 "minor_compaction_interval_s", self.minor_compaction_interval_s,
                 f"less than major_compaction_interval_s ({self.major_compaction_interval_s})")
+
+    def admin_token(self) -> str:
+        """The admin token: admin_secret_file's first line, else admin_secret."""
+        if not self.admin_secret_file:
+            return self.admin_secret
+        try:
+            with open(self.admin_secret_file, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except OSError as exc:
+            raise ConfigError("admin_secret_file", self.admin_secret_file,
+                              f"a readable file ({exc.strerror})") from None
+        if not token:
+            raise ConfigError("admin_secret_file", self.admin_secret_file,
+                              "a file whose first line is the token")
+        return token
 
     def cluster_secret(self) -> bytes:
         """The cluster secret's bytes (b"" when ``cluster_secret_file`` is empty);

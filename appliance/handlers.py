@@ -13,6 +13,7 @@ ForceLedger, admin) goes through ``handle`` in a task of its own.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import time
@@ -82,6 +83,15 @@ class ServingState:
         self.changed.set()
         self.changed = trio.Event()
         return True
+
+
+def admin_allowed(token: str, presented: str, loopback: bool) -> bool:
+    """The admin rule: with a token configured, a request must present it (from anywhere,
+    loopback too: any local user could otherwise run admin calls); without one, only
+    loopback peers may (the development default). Compared in constant time."""
+    if token:
+        return hmac.compare_digest(presented.encode(), token.encode())
+    return loopback
 
 
 @dataclass
@@ -337,9 +347,7 @@ class RequestHandler:
     def _admin_allowed(self, secret: bytes, trusted: bool) -> bool:
         if self.admin is None:
             return False
-        if trusted:
-            return True
-        return bool(self.admin.secret) and secret == self.admin.secret.encode()
+        return admin_allowed(self.admin.secret, secret.decode("utf-8", "replace"), trusted)
 
     async def _admin_trigger(self, req: AdminTriggerRequest, trusted: bool) -> Reply:
         if not self._admin_allowed(req.secret, trusted):

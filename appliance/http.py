@@ -5,9 +5,11 @@
     GET  /health                 200 "ok" when writable, 503 with the reason otherwise
     POST /admin/gc               start a GC pass (also /admin/compaction/minor|major)
 
-It binds to ``admin_address`` (127.0.0.1 by default). POSTs from other hosts must carry
-``X-Ledgerd-Secret: <admin_secret>``. One request per connection; requests are bounded
-(16 KiB of head, no body read).
+It binds to ``admin_address`` (127.0.0.1 by default). The GETs are open (metrics for
+Prometheus); a POST changes state and must carry the admin token when one is configured
+(``Authorization: Bearer <token>`` or ``X-Ledgerd-Secret: <token>``), from any peer;
+without a token only loopback peers may POST. The token is never logged. One request per
+connection; requests are bounded (16 KiB of head, no body read).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 
 import trio
 
-from ledgerd.appliance.handlers import AdminHooks, ServingState
+from ledgerd.appliance.handlers import AdminHooks, ServingState, admin_allowed
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.appliance.server import is_loopback
 from ledgerd.base.logs import fields
@@ -92,9 +94,14 @@ class AdminHttp:
         if path in _TRIGGERS:
             if method != "POST":
                 return 405, "text/plain", b"use POST\n"
-            secret = headers.get("x-ledgerd-secret", "")
-            if not trusted and not (self.admin.secret and secret == self.admin.secret):
-                return 403, "text/plain", b"admin requests need loopback or the admin secret\n"
+            presented = headers.get("x-ledgerd-secret", "")
+            auth = headers.get("authorization", "")
+            if auth[:7].lower() == "bearer ":
+                presented = auth[7:].strip()
+            if not admin_allowed(self.admin.secret, presented, trusted):
+                why = ("a valid admin token (Authorization: Bearer)" if self.admin.secret
+                       else "a loopback peer, or an admin_secret_file on the bookie")
+                return 403, "text/plain", f"admin requests need {why}\n".encode()
             started = self.admin.trigger(_TRIGGERS[path])
             return 202, "application/json", json.dumps({"started": started}).encode() + b"\n"
         return 404, "text/plain", b"not found\n"

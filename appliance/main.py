@@ -36,7 +36,9 @@ async def connect_metadata(config: BookieConfig) -> MetadataStore | None:
     kazoo_log.setLevel(logging.CRITICAL)
     try:
         return await ZooKeeperStore.connect(config.zk_servers, session_timeout=timeout,
-                                            connect_timeout=timeout)
+                                            connect_timeout=timeout,
+                                            credentials=config.zk_credentials(),
+                                            secure=config.zk_enable_security)
     finally:
         kazoo_log.setLevel(level)
 

@@ -33,7 +33,7 @@ from ledgerd.appliance.handlers import RequestHandler
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.appliance.security import ConnectionSecurity, negotiate
 from ledgerd.base.logs import fields
-from ledgerd.base.tls import Principal
+from ledgerd.base.tls import Principal, drain_decrypted
 from ledgerd.disk.journal import JournalGroup
 from ledgerd.wire.connection import (
     NEED_DATA,
@@ -265,6 +265,7 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
     add = handler.add
     read_now = handler.read_now
     put = outbox.put
+    tls = isinstance(stream, trio.SSLStream)
     max_reply_bytes = max_reply
     max_inflight = conn.max_inflight
     now = time.perf_counter()
@@ -293,6 +294,8 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
             try:
                 with trio.move_on_after(idle) as waited:
                     data = await stream.receive_some(_RECEIVE)
+                    if tls:
+                        data = drain_decrypted(stream, data, _RECEIVE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             if waited.cancelled_caught:

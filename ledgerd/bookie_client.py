@@ -26,6 +26,7 @@ import trio
 
 from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
+from ledgerd.base.tls import drain_decrypted
 from ledgerd.wire.connection import (
     NEED_DATA,
     ClientConnection,
@@ -156,9 +157,12 @@ class BookieClient:
     async def _read_loop(self) -> None:
         conn = self.conn
         callbacks = self._callbacks
+        tls = isinstance(self.stream, trio.SSLStream)
         while self.error is None:
             try:
                 data = await self.stream.receive_some(256 * 1024)
+                if tls:
+                    data = drain_decrypted(self.stream, data, 256 * 1024)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._fail(f"receive failed: {_io_reason(exc)}")
                 return

@@ -159,6 +159,11 @@ class BookiePool:
     def note_failure(self, address: str) -> None:
         self._failed_at[address] = trio.current_time()
 
+    def last_error(self, address: str) -> str | None:
+        """Why the last connection to ``address`` failed (None: it has not)."""
+        slot = self._slots.get(address)
+        return slot.last_error.reason if slot is not None and slot.last_error else None
+
     def recent_failures(self) -> set[str]:
         horizon = trio.current_time() - self.options.failure_memory
         return {a for a, t in self._failed_at.items() if t >= horizon}

@@ -363,7 +363,9 @@ async def open_client(zk_servers: str | None = None, *, config: ClientConfig | N
         from ledgerd.metadata.zookeeper import ZooKeeperStore
         store = await ZooKeeperStore.connect(config.zk_servers,
                                              session_timeout=config.zk_timeout_ms / 1000,
-                                             connect_timeout=config.zk_timeout_ms / 1000)
+                                             connect_timeout=config.zk_timeout_ms / 1000,
+                                             credentials=config.zk_credentials(),
+                                             secure=config.zk_enable_security)
     try:
         layout = await check_layout(store, config.zk_ledgers_root_path)
         try:

@@ -280,9 +280,15 @@ class AddPipeline:
         try:
             new = await self.replace(eff.first_entry_id, eff.failed, tuple(w.ensemble))
         except EnsembleChangeError as exc:
+            # Say why the bookies were replaced too: "not enough bookies" alone hides
+            # a cause the user can fix (TLS required, a wrong CA, a refused role).
+            causes = sorted({f"{a}: {self.pool.last_error(a)}" for a in eff.failed.values()
+                             if self.pool.last_error(a)})
+            reason = exc.reason + (f" (the bookies failed: {'; '.join(causes[:3])})"
+                                   if causes else "")
             log.warning("ensemble_change_failed", extra=fields(
-                ledger=self.ledger_id, first=eff.first_entry_id, reason=exc.reason))
-            self.apply(w.ensemble_change_failed(exc.kind, exc.reason))
+                ledger=self.ledger_id, first=eff.first_entry_id, reason=reason))
+            self.apply(w.ensemble_change_failed(exc.kind, reason))
             self.on_timer_changed()
             return
         self.ensemble_changes += 1

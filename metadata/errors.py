@@ -15,6 +15,7 @@ __all__ = [
     "MetadataUnavailableError",
     "NoNodeError",
     "NodeExistsError",
+    "NotAuthorizedError",
     "NotEmptyError",
     "SessionExpiredError",
 ]
@@ -53,6 +54,16 @@ class BadVersionError(MetadataError):
 
 class SessionExpiredError(MetadataError):
     """The session that owned ephemeral nodes ended; they are gone."""
+
+
+class NotAuthorizedError(MetadataError):
+    """ZooKeeper refused the operation: the node's ACL does not admit this session."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"ZooKeeper refused access to {path} (its ACL): set "
+                         "zk_digest_auth_file (LEDGERD_ZK_DIGEST_AUTH_FILE) to the "
+                         "cluster's ZooKeeper credentials")
+        self.path = path
 
 
 class MetadataUnavailableError(MetadataError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledgerd.base.settings import setting
+from ledgerd.base.settings import ConfigError, setting
 
 __all__ = ["ZooKeeperSettings"]
 
@@ -21,3 +21,30 @@ class ZooKeeperSettings:
         doc="ZooKeeper session timeout in milliseconds.")
     zk_ledgers_root_path: str = setting(
         "/ledgers", bk="zkLedgersRootPath", doc="Root znode of the cluster's metadata.")
+    zk_enable_security: bool = setting(
+        False, bk="zkEnableSecurity",
+        doc="Create every znode with an ACL that gives all rights to the digest user of "
+            "zk_digest_auth_file and nothing to anyone else (BookKeeper's CREATOR_ALL_ACL). "
+            "`ledgerd shell zkacl --apply` moves an existing cluster over.")
+    zk_digest_auth_file: str = setting(
+        "", bk="(JAAS Client section)",
+        doc="File holding user:password for ZooKeeper digest authentication; the session "
+            "authenticates with it when set (needed to read a secured cluster).")
+
+    def zk_credentials(self) -> tuple[str, str] | None:
+        """(user, password) from zk_digest_auth_file, or None when it is empty."""
+        if not self.zk_digest_auth_file:
+            if self.zk_enable_security:
+                raise ConfigError("zk_enable_security", True,
+                                  "zk_digest_auth_file set (the user the ACLs name)")
+            return None
+        try:
+            text = open(self.zk_digest_auth_file, encoding="utf-8").read().strip()
+        except OSError as exc:
+            raise ConfigError("zk_digest_auth_file", self.zk_digest_auth_file,
+                              f"a readable file ({exc.strerror})") from None
+        user, sep, password = text.partition(":")
+        if not sep or not user or not password or "\n" in text:
+            raise ConfigError("zk_digest_auth_file", self.zk_digest_auth_file,
+                              "one line user:password")
+        return user, password

@@ -28,6 +28,7 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl
 
 from ledgerd.base.logs import fields
 from ledgerd.metadata.errors import (
@@ -37,6 +38,7 @@ from ledgerd.metadata.errors import (
     MetadataUnavailableError,
     NodeExistsError,
     NoNodeError,
+    NotAuthorizedError,
     NotEmptyError,
     SessionExpiredError,
 )
@@ -85,15 +87,27 @@ class ZooKeeperStore:
     @classmethod
     async def connect(cls, servers: str, *, session_timeout: float = 10.0,
                       connect_timeout: float = 15.0, operation_timeout: float = 10.0,
-                      retries: int = 5) -> ZooKeeperStore:
+                      retries: int = 5, credentials: tuple[str, str] | None = None,
+                      secure: bool = False) -> ZooKeeperStore:
         """Open a session to ``servers`` (``host:port,...[/chroot]``).
 
-        Raises MetadataUnavailableError naming the servers if no session is established
-        within ``connect_timeout``. If cancelled, the half-started client is stopped.
+        With ``credentials`` (user, password) the session authenticates by digest; with
+        ``secure`` too, every node it creates gets an ACL giving all rights to that user
+        and none to anyone else. Raises MetadataUnavailableError naming the servers if no
+        session is established within ``connect_timeout``. If cancelled, the
+        half-started client is stopped.
         """
         await trio.to_thread.run_sync(check_servers, servers, abandon_on_cancel=True)
+        extra: dict[str, Any] = {}
+        if credentials is not None:
+            user, password = credentials
+            extra["auth_data"] = [("digest", f"{user}:{password}")]
+            if secure:
+                extra["default_acl"] = [make_digest_acl(user, password, all=True)]
+        elif secure:
+            raise ValueError("secure ZooKeeper ACLs need credentials")
         client = KazooClient(hosts=servers, timeout=session_timeout,
-                             logger=logging.getLogger("kazoo.client"))
+                             logger=logging.getLogger("kazoo.client"), **extra)
         try:
             await trio.to_thread.run_sync(client.start, connect_timeout, abandon_on_cancel=False)
         except (KazooTimeoutError, kz.KazooException, OSError) as exc:
@@ -146,6 +160,8 @@ class ZooKeeperStore:
                 raise BadVersionError(path, -1) from None
             except kz.NotEmptyError:
                 raise NotEmptyError(path) from None
+            except (kz.NoAuthError, kz.AuthFailedError):
+                raise NotAuthorizedError(path) from None
             except kz.SessionExpiredError as exc:
                 raise SessionExpiredError(f"{what} {path}: session expired") from exc
             except kz.NoChildrenForEphemeralsError as exc:
@@ -190,6 +206,28 @@ class ZooKeeperStore:
 
         # Sequential creates are not retried: a lost reply may have made a node already.
         return await self._call("create", path, run, retry=not sequential)
+
+    async def set_acl(self, path: str, secure: bool) -> None:
+        """Give ``path`` this session's digest-only ACL (``secure``) or the open one."""
+        c, t = self._client, self._op_timeout
+        acl = list(c.default_acl) if secure else list(OPEN_ACL_UNSAFE)
+        if secure and acl == list(OPEN_ACL_UNSAFE):
+            raise ValueError("this session has no digest ACL (zk_enable_security)")
+
+        def run() -> None:
+            c.set_acls_async(path, acl).get(timeout=t)
+
+        await self._call("set_acl", path, run)
+
+    async def get_acl(self, path: str) -> list[str]:
+        """The ACL of ``path`` as ``scheme:id:perms`` strings (tests, the migration)."""
+        c, t = self._client, self._op_timeout
+
+        def run() -> list[str]:
+            acls, _ = c.get_acls_async(path).get(timeout=t)
+            return [f"{a.id.scheme}:{a.id.id}:{a.perms}" for a in acls]
+
+        return await self._call("get_acl", path, run)
 
     async def get(self, path: str) -> tuple[bytes, NodeStat]:
         c, t = self._client, self._op_timeout

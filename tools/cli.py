@@ -168,9 +168,12 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
               help="The cluster's root znode (zk_ledgers_root_path).")
 @click.option("--layout", type=click.Choice(["hierarchical", "flat"]), default="hierarchical",
               show_default=True, help="Ledger znode layout (ledger_manager_type).")
+@click.option("--tls", is_flag=True,
+              help="TLS-only bookies, with a throwaway CA and certificates made under "
+                   "<data>/tls (clients need tls_trust_path=<data>/tls/ca.pem).")
 @click.pass_context
 def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | None,
-              zk_root: str, layout: str) -> None:
+              zk_root: str, layout: str, tls: bool) -> None:
     """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C.
 
     While it runs, `ledgerd local ctl kill|stop|start N` and `ledgerd local ctl status`
@@ -183,7 +186,7 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     if not zk_root.startswith("/") or zk_root.endswith("/"):
         raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
                                  param_hint="--zk-root")
-    cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout)
+    cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: Any) -> None:
@@ -205,6 +208,10 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
         e = min(3, len(cluster.bookies))
         q = min(2, e)
         root_arg = "" if zk_root == "/ledgers" else f", zk_ledgers_root_path={zk_root!r}"
+        if tls:
+            root_arg += f", tls_trust_path={cluster.tls_files['ca']!r}"
+            click.echo(f"TLS: every bookie requires it; CA {cluster.tls_files['ca']}, a client "
+                       f"certificate in {cluster.tls_files['client_cert']} (role client)")
         click.echo("\nTry it (Python, in another terminal):\n"
                    "  import ledgerd\n"
                    f"  c = ledgerd.SyncClient({cluster.zk!r}{root_arg}); "

@@ -18,6 +18,7 @@ import socketserver
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -39,11 +40,39 @@ class LocalClusterError(RuntimeError):
     pass
 
 
+def make_local_certificates(where: Path) -> dict[str, str]:
+    """A CA, a bookie certificate (127.0.0.1, localhost; roles bookie, recovery, admin)
+    and a client certificate (role client) as PEM files under ``where``, made once and
+    reused: for trying TLS locally, not for production (trustme's throwaway CA)."""
+    files = {"ca": where / "ca.pem", "bookie_cert": where / "bookie.pem",
+             "bookie_key": where / "bookie.key", "client_cert": where / "client.pem",
+             "client_key": where / "client.key"}
+    if not all(p.exists() for p in files.values()):
+        try:
+            import trustme
+        except ImportError:
+            raise LocalClusterError("ledgerd local --tls makes its certificates with trustme: "
+                                    "pip install trustme (make setup installs it)") from None
+        where.mkdir(parents=True, exist_ok=True)
+        ca = trustme.CA(organization_name="ledgerd local")
+        ca.cert_pem.write_to_path(str(files["ca"]))
+        for name, ou, hosts in (("bookie", "0:bookie,recovery,admin", ("127.0.0.1", "localhost")),
+                                ("client", "0:client", ("client.local",))):
+            cert = ca.issue_cert(*hosts, common_name=f"ledgerd-local-{name}",
+                                 organization_unit_name=ou)
+            files[f"{name}_cert"].write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+            cert.private_key_pem.write_to_path(str(files[f"{name}_key"]))
+            files[f"{name}_key"].chmod(0o600)
+    return {k: str(v) for k, v in files.items()}
+
+
 class LocalCluster:
     def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
                  register_timeout: float = 60.0, root: str = "/ledgers",
-                 layout: str = "hierarchical") -> None:
+                 layout: str = "hierarchical", tls: bool = False) -> None:
         self.base = Path(base)
+        self.tls = tls
+        self.tls_files: dict[str, str] = {}
         self.root = root
         self.layout = layout
         self.count = bookies
@@ -70,10 +99,15 @@ class LocalCluster:
             generate_secret(secret)
         # Autorecovery in every bookie, no delay: a killed bookie's ledgers are copied
         # back to full replication at once (docs/autorecovery.md).
-        settings = {"cluster_secret_file": str(secret), "auto_recovery_daemon_enabled": True,
-                    "zk_ledgers_root_path": self.root, "ledger_manager_type": self.layout,
-                    "lost_bookie_recovery_delay_s": 0,
-                    "open_ledger_rereplication_grace_period_ms": 10000}
+        settings: dict[str, Any] = {
+            "cluster_secret_file": str(secret), "auto_recovery_daemon_enabled": True,
+            "zk_ledgers_root_path": self.root, "ledger_manager_type": self.layout,
+            "lost_bookie_recovery_delay_s": 0, "open_ledger_rereplication_grace_period_ms": 10000}
+        if self.tls:
+            self.tls_files = make_local_certificates(self.base / "tls")
+            settings.update(tls_certificate_path=self.tls_files["bookie_cert"],
+                            tls_key_path=self.tls_files["bookie_key"],
+                            tls_trust_path=self.tls_files["ca"], tls_required=True)
         for i in range(self.count):
             bookie = BookieProcess(self.base / f"bookie{i}", self.zk, port=self._port(i),
                                    name=f"bookie{i}", settings=settings)

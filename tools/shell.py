@@ -45,10 +45,16 @@ async def _store(ctx: click.Context, *, need_cluster: bool = True) -> Any:
     exists under the root (else LayoutMismatchError, one line: "no cluster at /ledgers on
     ...; run `ledgerd shell initnewcluster` first", not a missing node deep in some
     command)."""
+    from ledgerd.config import ClientConfig
     from ledgerd.metadata.cluster import check_layout
     from ledgerd.metadata.zookeeper import ZooKeeperStore
 
-    store = await ZooKeeperStore.connect(_zk(ctx), connect_timeout=5.0, retries=2)
+    # ZooKeeper credentials as a client has them (LEDGERD_ZK_DIGEST_AUTH_FILE,
+    # LEDGERD_ZK_ENABLE_SECURITY): a secured cluster is read, and written, as its own.
+    cfg = load_config(ClientConfig, overrides={"zk_servers": _zk(ctx)})
+    store = await ZooKeeperStore.connect(_zk(ctx), connect_timeout=5.0, retries=2,
+                                         credentials=cfg.zk_credentials(),
+                                         secure=cfg.zk_enable_security)
     if need_cluster:
         try:
             await check_layout(store, _root(ctx))
@@ -584,6 +590,45 @@ def sweepspark(ctx: click.Context, older_than: str, log_name: str | None, dry_ru
                                [[r["ledger_id"], r["log"], r["write"], r["batch"], r["age_s"],
                                  r["why"]] for r in rows]) + "\n" if rows else "")
          + f"{verb} {len(rows)} orphaned ledger(s)")
+
+
+@shell.command("zkacl")
+@click.option("--apply", "mode", flag_value="secure",
+              help="Give every node under the root the digest-only ACL of this session "
+                   "(needs LEDGERD_ZK_DIGEST_AUTH_FILE and LEDGERD_ZK_ENABLE_SECURITY=true).")
+@click.option("--open", "mode", flag_value="open",
+              help="Give them the open ACL again (turning zk_enable_security off).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def zkacl(ctx: click.Context, mode: str | None, as_json: bool) -> None:
+    """Show, or change, the ACLs of the cluster's znodes (the migration to and from
+    zk_enable_security; BookKeeper leaves this step to the operator)."""
+    async def walk(store: Any, path: str, out: list[str]) -> None:
+        out.append(path)
+        for child in sorted(await store.children(path)):
+            await walk(store, f"{path.rstrip('/')}/{child}", out)
+
+    async def run() -> dict[str, Any]:
+        store = await _store(ctx)
+        try:
+            paths: list[str] = []
+            await walk(store, _root(ctx), paths)
+            kinds: dict[str, int] = {}
+            for path in paths:
+                if mode is not None:
+                    await store.set_acl(path, secure=mode == "secure")
+                acl = ",".join(sorted(await store.get_acl(path)))
+                kind = "open" if acl.startswith("world:anyone") else "digest" \
+                    if acl.startswith("digest:") else acl
+                kinds[kind] = kinds.get(kind, 0) + 1
+            return {"root": _root(ctx), "nodes": len(paths), "acls": kinds,
+                    "changed": len(paths) if mode else 0}
+        finally:
+            await store.close()
+    d = _run(run)
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(d["acls"].items()))
+    verb = f"set {d['changed']} node(s); now " if mode else ""
+    emit(as_json, d, f"{d['root']}: {d['nodes']} node(s): {verb}{summary}")
 
 
 @shell.command("simpletest")

@@ -30,7 +30,7 @@ from typing import Any
 from ledgerd.base.errors import LedgerdError
 
 __all__ = ["ANONYMOUS", "Principal", "ReloadingContext", "TlsConfigError", "client_context",
-           "principal_of", "server_context"]
+           "drain_decrypted", "principal_of", "server_context"]
 
 _PROTOCOLS = {
     "TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,
@@ -128,6 +128,35 @@ def client_context(trust: str, *, certificate: str = "", key: str = "",
     if certificate:
         _load_chain(ctx, certificate, key, "tls_certificate_path", "tls_key_path")
     return ctx
+
+
+def drain_decrypted(stream: Any, first: bytes | bytearray, max_bytes: int) -> bytes | bytearray:
+    """``first`` (what ``receive_some`` returned) plus whatever more is already
+    decryptable, up to ``max_bytes``, without waiting.
+
+    ``trio.SSLStream.receive_some`` returns one TLS record (16 KiB at most) per call, so a
+    256 KiB burst of pipelined adds costs sixteen trips through trio's retry loop and
+    locks; the records after the first are already in the stream's incoming buffer and
+    decrypt with plain ``SSLObject.read`` calls. Measured (bench/tls.py): this is most of
+    TLS's cost for batched adds. A stream without an ``_ssl_object`` (plain TCP) is
+    returned as it was."""
+    obj = getattr(stream, "_ssl_object", None)
+    if obj is None or not first or len(first) >= max_bytes:
+        return first
+    chunks = [first]
+    total = len(first)
+    while total < max_bytes:
+        try:
+            more = obj.read(max_bytes - total)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            break
+        except ssl.SSLError:
+            break  # the next receive_some raises it, through trio, as it should
+        if not more:
+            break
+        chunks.append(more)
+        total += len(more)
+    return b"".join(chunks) if len(chunks) > 1 else first
 
 
 def _rdn(subject: Iterable[Any], name: str) -> list[str]:

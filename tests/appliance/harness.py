@@ -8,6 +8,7 @@ when a test needs to see backpressure) through the real ``serve_connection``.
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -21,8 +22,10 @@ from ledgerd.appliance.core import BookieCore
 from ledgerd.appliance.handlers import AdminHooks, RequestHandler, ServingState
 from ledgerd.appliance.hub import ConnectionHub
 from ledgerd.appliance.metrics import BookieMetrics
+from ledgerd.appliance.security import ConnectionSecurity
 from ledgerd.appliance.server import ConnectionOptions, serve_connection
-from ledgerd.bookie_client import BookieClient
+from ledgerd.base.tls import ReloadingContext, client_context, server_context
+from ledgerd.bookie_client import BookieClient, start_tls
 from ledgerd.disk.journal import JournalOptions
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.connection import ClientConnection
@@ -40,9 +43,67 @@ def entry(ledger: int, eid: int, lac: int | None = None, payload: bytes = b"") -
 
 
 # How ``running_bookie`` serves connections: "tasks" (``serve_connection`` over memory
-# streams) or "hub" (the ``ConnectionHub`` over real socket pairs). Handler tests run
-# under both (their ``transport`` fixture sets this).
+# streams), "hub" (the ``ConnectionHub`` over real socket pairs) or "tls" (
+# ``serve_connection`` with TLS required: every client connection upgrades with
+# START_TLS first). Handler tests run under all three (their ``transport`` fixture sets
+# this; tests marked ``no_tls`` are deselected for "tls": half-close does not exist in
+# TLS streams).
 TRANSPORT = "tasks"
+
+
+class _Pki:
+    """One throwaway CA and bookie certificate for the whole test session."""
+
+    _made: _Pki | None = None
+
+    def __init__(self) -> None:
+        import tempfile
+
+        import trustme
+
+        self.dir = Path(tempfile.mkdtemp(prefix="ledgerd-test-tls-"))
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", common_name="test-bookie")
+        self.ca, self.cert, self.key = (str(self.dir / n) for n in ("ca.pem", "b.pem", "b.key"))
+        ca.cert_pem.write_to_path(self.ca)
+        Path(self.cert).write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+        cert.private_key_pem.write_to_path(self.key)
+
+    @classmethod
+    def get(cls) -> _Pki:
+        if cls._made is None:
+            cls._made = cls()
+        return cls._made
+
+
+class UpgradingStream(trio.abc.Stream):
+    """A client end that runs START_TLS and the handshake on first use, then is the
+    TLS stream (so the harness's sync ``_pair`` can hand it out)."""
+
+    def __init__(self, raw: trio.abc.Stream, context: ssl.SSLContext) -> None:
+        self._raw = raw
+        self._context = context
+        self._tls: trio.abc.Stream | None = None
+        self._lock = trio.Lock()
+
+    async def _ready(self) -> trio.abc.Stream:
+        async with self._lock:
+            if self._tls is None:
+                self._tls = await start_tls("127.0.0.1:1", self._raw, ClientConnection(),
+                                            self._context)
+            return self._tls
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await (await self._ready()).send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await (await self._ready()).wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await (await self._ready()).receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await (self._tls or self._raw).aclose()
 
 
 class BookieHarness:
@@ -69,9 +130,16 @@ class BookieHarness:
         assert self.nursery is not None
         done = trio.Event()
 
+        security = None
+        if TRANSPORT == "tls":
+            pki = _Pki.get()
+            security = ConnectionSecurity(ReloadingContext(
+                lambda: server_context(pki.cert, pki.key), ()), required=True)
+
         async def serve() -> None:
             try:
-                await serve_connection(stream, self.handler, self.options, trusted=trusted)
+                await serve_connection(stream, self.handler, self.options, trusted=trusted,
+                                       security=security)
             finally:
                 done.set()
 
@@ -85,7 +153,10 @@ class BookieHarness:
             pair = trio.testing.lockstep_stream_pair if lockstep else \
                 trio.testing.memory_stream_pair
             client_end, server_end = pair()
-            return client_end, self.serve_stream(server_end, trusted=trusted)
+            done = self.serve_stream(server_end, trusted=trusted)
+            if TRANSPORT == "tls":
+                return UpgradingStream(client_end, client_context(_Pki.get().ca)), done
+            return client_end, done
         assert self.nursery is not None
         hub = self.hub
         mine, theirs = socket.socketpair()

@@ -37,10 +37,11 @@ from tests.appliance.harness import KEY, OTHER_KEY, D, entry, running_bookie, sm
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
 
-@pytest.fixture(autouse=True, params=["tasks", "hub"])
+@pytest.fixture(autouse=True, params=["tasks", "hub", "tls"])
 def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every rule holds over both ways of serving connections: a task pair per
-    connection over memory streams, and the connection hub over real sockets."""
+    """Every rule holds over every way of serving connections: a task pair per
+    connection over memory streams, the connection hub over real sockets, and a
+    TLS-only bookie (START_TLS, then the same task pair over TLS)."""
     monkeypatch.setattr(harness, "TRANSPORT", request.param)
     return str(request.param)
 
@@ -295,6 +296,7 @@ async def test_journal_memory_cap_answers_too_many_requests(tmp_path: Path) -> N
         assert (await c.call(add(1, 0)))[0] == Status.OK
 
 
+@pytest.mark.no_tls  # drives the raw stream byte by byte (a lockstep pair of its own)
 async def test_backpressure_stops_reading_a_connection_at_its_cap(tmp_path: Path) -> None:
     options = ConnectionOptions(max_inflight=4)
     async with running_bookie(tmp_path, options=options) as b:
@@ -403,10 +405,15 @@ async def test_admin_needs_loopback_or_secret(tmp_path: Path) -> None:
             status, resp = await remote.call(with_secret)
             assert status == Status.OK and resp.started == 1  # type: ignore[union-attr]
         async with b.connect(trusted=True) as local:
-            status, resp = await local.call(AdminStatusRequest())
+            # A token is configured: loopback must present it too.
+            assert (await local.call(AdminStatusRequest()))[0] == Status.UNAUTHORIZED
+            status, resp = await local.call(AdminStatusRequest(secret=b"s3cret"))
             assert status == Status.OK and json.loads(resp.status_json) == {"ok": True}  # type: ignore[union-attr]
-            assert (await local.call(AdminTriggerRequest(kind=42)))[0] == Status.BAD_REQUEST
+            assert (await local.call(AdminTriggerRequest(kind=42, secret=b"s3cret")))[0] \
+                == Status.BAD_REQUEST
         assert b.triggered == [AdminKind.GC]
+    async with running_bookie(tmp_path / "open") as b, b.connect(trusted=True) as local:
+        assert (await local.call(AdminStatusRequest()))[0] == Status.OK  # no token: loopback
 
 
 async def test_metrics_count_requests_by_api_and_status(tmp_path: Path) -> None:

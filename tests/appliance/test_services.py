@@ -142,12 +142,25 @@ def test_admin_http_routes() -> None:
     state.set(True, "disk full")
     assert http.respond(b"GET /health HTTP/1.1", trusted=False)[:1] == (503,)
     assert http.respond(b"POST /admin/gc HTTP/1.1", trusted=False)[0] == 403
+    # With a token configured, loopback is no pass: the token is.
+    denied = http.respond(b"POST /admin/compaction/major HTTP/1.1", trusted=True)
+    assert denied[0] == 403 and b"admin token" in denied[2]
+    assert http.respond(b"POST /admin/gc HTTP/1.1\r\nAuthorization: Bearer nope",
+                        trusted=True)[0] == 403
     assert http.respond(b"POST /admin/gc HTTP/1.1\r\nX-Ledgerd-Secret: pw", trusted=False)[0] == 202
-    assert http.respond(b"POST /admin/compaction/major HTTP/1.1", trusted=True)[0] == 202
+    assert http.respond(b"POST /admin/compaction/major HTTP/1.1\r\nauthorization: bearer pw",
+                        trusted=False)[0] == 202
     assert http.respond(b"GET /admin/gc HTTP/1.1", trusted=True)[0] == 405
     assert http.respond(b"GET /nope HTTP/1.1", trusted=True)[0] == 404
     assert http.respond(b"garbage", trusted=True)[0] == 400
     assert triggered == [AdminKind.GC, AdminKind.MAJOR_COMPACTION]
+    # No token configured: loopback peers only (the development default).
+    open_admin = AdminHttp(metrics, state, AdminHooks(trigger=lambda k: True,
+                                                      status=lambda: {}), host="127.0.0.1",
+                           port=0)
+    assert open_admin.respond(b"POST /admin/gc HTTP/1.1", trusted=True)[0] == 202
+    refused = open_admin.respond(b"POST /admin/gc HTTP/1.1", trusted=False)
+    assert refused[0] == 403 and b"admin_secret_file" in refused[2]
 
 
 def test_fast_histogram_buckets_and_quantiles() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 import trustme
 
 import ledgerd
@@ -173,3 +174,34 @@ def test_principal_from_a_certificate_and_bad_files(pki: Pki, tmp_path: Path) ->
         client_context(str(tmp_path / "junk.pem"))
     with pytest.raises(TlsConfigError, match=r"tls_enabled_protocols: 'SSLv3'"):
         client_context(pki.ca_path, protocols="SSLv3")
+
+
+async def test_rotated_certificate_files_are_picked_up(pki: Pki, zk_chroot: str,
+                                                       tmp_path: Path) -> None:
+    """tls_cert_refresh_seconds: the bookie re-reads its files when they change; new
+    connections get the new certificate, with no restart."""
+    settings = pki.bookie_settings(tls_cert_refresh_seconds=1)
+    async with inprocess_cluster(zk_chroot, tmp_path, 1, **settings) as cluster:
+        address = cluster.address(0)
+        (tmp_path / "next").mkdir()
+        successor = Pki(tmp_path / "next")  # a new CA and bookie certificate
+        with pytest.raises(BookieConnectionError, match="did not verify"):
+            async with open_bookie_client(address, tls=successor.client()):
+                pass
+        # Rotate in place: the bookie's files now hold the successor's certificate.
+        for new, old in zip(successor.bookie, pki.bookie, strict=True):
+            Path(old).write_bytes(Path(new).read_bytes())
+        contexts = cluster.bookies[0].security.contexts
+        assert contexts is not None
+        with trio.fail_after(10):
+            while True:  # the next connection after the refresh interval uses the new one
+                try:
+                    async with open_bookie_client(address, tls=successor.client()) as c:
+                        assert (await c.call(GetBookieInfoRequest()))[0] == Status.OK
+                    break
+                except BookieConnectionError:
+                    await trio.sleep(0.2)
+        assert contexts.reloads == 1
+        with pytest.raises(BookieConnectionError, match="did not verify"):
+            async with open_bookie_client(address, tls=pki.client()):
+                pass

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import trio
 
-from ledgerd.bookie_client import open_bookie_client
+from ledgerd.bookie_client import BookieConnectionError, open_bookie_client
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.zookeeper import ZooKeeperStore
 from ledgerd.wire.messages import AddRequest
@@ -231,6 +232,34 @@ async def test_a_cluster_under_another_root_with_the_flat_layout(zk_chroot: str,
             await writer.close()
             assert await client.store.exists("/other/logs/events") is not None
             assert await client.store.exists("/logs/events") is None
+        os.kill(proc.pid, signal.SIGINT)
+        assert await trio.to_thread.run_sync(proc.wait, 120) == 0
+    finally:
+        _stop(proc)
+
+
+async def test_local_tls_cluster(zk_chroot: str, tmp_path: Path) -> None:
+    """`ledgerd local --tls`: TLS-only bookies with generated certificates; the printed
+    example (which names the CA) works as printed, a plaintext connection is refused."""
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "2",
+                             "--data", str(tmp_path / "local"), "--zk", zk_chroot, "--tls"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = await _until_running(proc)
+        assert any(ln.startswith("TLS: every bookie requires it; CA ") for ln in lines), lines
+        assert (tmp_path / "local" / "tls" / "ca.pem").is_file()
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Try it"))
+        code = "".join(ln[2:] for ln in lines[start + 1:] if ln.startswith("  "))
+        assert "tls_trust_path=" in code
+        ran = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120))
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout.strip() == "[b'hello']"
+        bid = next(ln.split()[1].rstrip(":") for ln in lines if ln.startswith("bookie "))
+        with pytest.raises(BookieConnectionError, match="requires TLS"):
+            async with open_bookie_client(bid):
+                pass
         os.kill(proc.pid, signal.SIGINT)
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
     finally:
