@@ -47,3 +47,43 @@ async def test_every_fault_kind_loses_nothing(tmp_path: Path) -> None:
     for r in results:
         assert r.history.count("ok", "add") > 0 and r.history.count("ok", "read") > 0, \
             r.summary()
+
+
+async def test_fault_rounds_over_tls(tmp_path: Path) -> None:
+    """The same rounds against TLS-only bookies (START_TLS through the fault proxy,
+    certificates from a trustme CA), three fault kinds a run, chosen by the seed."""
+    import trustme
+
+    seed = int(os.environ.get("LEDGERD_FAULTS_SEED") or random.randrange(1 << 31))
+    print(f"fault rounds over TLS: LEDGERD_FAULTS_SEED={seed}")
+    rng = random.Random(seed)
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", common_name="fault-bookie",
+                         organization_unit_name="0:bookie,recovery")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "bookie.pem").write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
+    cert.private_key_pem.write_to_path(str(tmp_path / "bookie.key"))
+    tls = {"tls_certificate_path": str(tmp_path / "bookie.pem"),
+           "tls_key_path": str(tmp_path / "bookie.key"),
+           "tls_trust_path": str(tmp_path / "ca.pem"), "tls_required": True}
+    results: list[RoundResult] = []
+    async with trio.open_nursery() as nursery:
+        cluster = FaultCluster(tmp_path / "cluster", nursery, bookie_settings=tls,
+                               client_settings={"tls_trust_path": str(tmp_path / "ca.pem")})
+        try:
+            await cluster.start()
+            for kind in rng.sample(list(KINDS), 3):
+                result = await run_round(cluster, kind, rng.randrange(1 << 31), warmup_s=1.0,
+                                         hold_s=2.5, settle_s=1.0,
+                                         dump=tmp_path / f"history-tls-{kind}.jsonl")
+                print(result.summary())
+                results.append(result)
+        finally:
+            cluster.stop()
+            nursery.cancel_scope.cancel()
+    failed = [r for r in results if not r.ok]
+    assert not failed, (f"LEDGERD_FAULTS_SEED={seed} replays this run\n" + "\n\n".join(
+        f"{r.summary()}\n{r.explain()}" for r in failed))
+    for r in results:
+        assert r.history.count("ok", "add") > 0 and r.history.count("ok", "read") > 0, \
+            r.summary()

@@ -74,11 +74,13 @@ async def arm_bookie(bookie: BookieProcess, rules: list[FaultRule], generation: 
 
 class FaultCluster:
     def __init__(self, base: Path, nursery: trio.Nursery, *, bookies: int = 5,
-                 bookie_settings: dict[str, Any] | None = None) -> None:
+                 bookie_settings: dict[str, Any] | None = None,
+                 client_settings: dict[str, Any] | None = None) -> None:
         self.base = base
         self.nursery = nursery
         self.n = bookies
         self.bookie_settings = bookie_settings or {}
+        self.client_settings = client_settings or {}  # every client's (TLS, for one)
         self.proxy = FaultProxy(nursery)
         self.zk = ZooKeeperServer(data_dir=base / "zookeeper")
         self.bookies: list[BookieProcess] = []
@@ -161,7 +163,8 @@ class FaultCluster:
             return await tcp_connect(link.address if link else address)
 
         opts = {"zk_timeout_ms": ZK_TIMEOUT_MS, "add_entry_timeout_ms": 2000,
-                "read_timeout_ms": 2000, "connect_timeout_ms": 2000, **settings}
+                "read_timeout_ms": 2000, "connect_timeout_ms": 2000, **self.client_settings,
+                **settings}
         async with ledgerd.open_client(self.client_zk[name].address, connect=connect,
                                        **opts) as client:
             yield client
