@@ -13,7 +13,7 @@ what kind of caller may ask, the key which ledger it may touch.
 - ``admin``: garbage collection and compaction triggers, the admin status;
 - ``bookie``: bookie-to-bookie calls (none today; reserved, as BookKeeper has it).
 
-ApiVersions and StartTls are open to everyone: they come before anyone is known.
+ApiVersions, StartTls and Auth are open to everyone: they come before anyone is known.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _READERS = frozenset({"client", "recovery"})
 _BY_API: dict[int, frozenset[str]] = {
     ApiKey.API_VERSIONS: _OPEN,
     ApiKey.START_TLS: _OPEN,
+    ApiKey.AUTH: _OPEN,
     ApiKey.READ: _READERS,
     ApiKey.READ_RANGE: _READERS,
     ApiKey.READ_STRIDE: _READERS,

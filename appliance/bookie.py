@@ -325,7 +325,8 @@ class Bookie:
             hub: ConnectionHub | None = None
             # The hub serves plain TCP only: with TLS or authorization on, every
             # connection gets its own reader and writer (START_TLS upgrades in place).
-            secured = self.security.active or self.security.authorization
+            secured = (self.security.active or self.security.authorization
+                       or bool(self.security.tokens))
             if self.config.connection_hub_enabled and not secured:
                 hub = ConnectionHub(self.handler, self.conn_options)
                 await connections.start(hub.run)

@@ -310,6 +310,11 @@ class BookieConfig(ZooKeeperSettings):
             "admin, bookie): from the client certificate's OU 0:role,... as BookKeeper's "
             "CertUtils writes it, else anonymous_roles. Refused requests get "
             "UNAUTHORIZED and a log line naming the principal.")
+    principals_file: str = setting(
+        "", bk="(ledgerd)",
+        doc="TOML file of principals that authenticate with a token instead of a client "
+            "certificate ([principals.NAME] token_sha256 = hex, roles = [...]; "
+            "`ledgerd shell gentoken` writes an entry); read at start.")
     anonymous_roles: tuple[str, ...] = setting(
         (), bk="(ledgerd)",
         doc="Roles of a connection without a client certificate when "

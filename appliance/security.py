@@ -11,9 +11,11 @@ the first thing said, so no plaintext reply can follow a TLS one.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import ssl
-from dataclasses import dataclass
+import tomllib
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -22,17 +24,43 @@ from ledgerd.appliance.authz import parse_roles
 from ledgerd.appliance.config import BookieConfig
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
+from ledgerd.base.settings import ConfigError
 from ledgerd.base.tls import ANONYMOUS, Principal, ReloadingContext, principal_of, server_context
 from ledgerd.wire.connection import NEED_DATA, RequestRejected, ServerConnection
 from ledgerd.wire.frames import DecodedRequest
-from ledgerd.wire.messages import ApiKey, StartTlsResponse
+from ledgerd.wire.messages import ApiKey, AuthRequest, AuthResponse, Message, StartTlsResponse
 from ledgerd.wire.status import Status
 
-__all__ = ["ConnectionSecurity", "Negotiated", "negotiate"]
+__all__ = ["ConnectionSecurity", "Negotiated", "load_principals", "negotiate"]
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0  # BookKeeper's startTLSTimeoutSecs
 _RECEIVE = 64 * 1024
+
+
+def load_principals(path: str) -> dict[str, Principal]:
+    """token SHA-256 (hex) -> principal, from a principals file (ConfigError naming the
+    file and the entry that is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError("principals_file", path, f"a readable TOML file ({exc})") from None
+    out: dict[str, Principal] = {}
+    for name, entry in (doc.get("principals") or {}).items():
+        digest = str(entry.get("token_sha256", "")).lower() if isinstance(entry, dict) else ""
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ConfigError("principals_file", path,
+                              f"[principals.{name}] with token_sha256 = 64 hex digits")
+        try:
+            roles = parse_roles(entry.get("roles", []), f"[principals.{name}] roles")
+        except ValueError as exc:
+            raise ConfigError("principals_file", path, str(exc)) from None
+        if digest in out:
+            raise ConfigError("principals_file", path,
+                              f"[principals.{name}]: the same token as {out[digest].name}")
+        out[digest] = Principal(name, roles, True)
+    return out
 
 
 @dataclass
@@ -41,6 +69,17 @@ class ConnectionSecurity:
     required: bool = False
     authorization: bool = False
     anonymous: Principal = ANONYMOUS
+    tokens: dict[str, Principal] = field(default_factory=dict)  # sha256 hex -> principal
+
+    def authenticate(self, req: AuthRequest) -> tuple[int, Message | None, Principal | None]:
+        """AUTH: (status, reply, principal). BAD_REQUEST without a principals file or for
+        another mechanism; UNAUTHORIZED for a token nobody has."""
+        if not self.tokens or req.mechanism != b"token":
+            return Status.BAD_REQUEST, None, None
+        principal = self.tokens.get(hashlib.sha256(req.token).hexdigest())
+        if principal is None:
+            return Status.UNAUTHORIZED, None, None
+        return Status.OK, AuthResponse(principal=principal.name.encode()), principal
 
     @classmethod
     def from_config(cls, config: BookieConfig) -> ConnectionSecurity:
@@ -63,8 +102,9 @@ class ConnectionSecurity:
                 build, (config.tls_certificate_path, config.tls_key_path, config.tls_trust_path),
                 float(config.tls_cert_refresh_seconds), failed)
         roles = parse_roles(config.anonymous_roles, "anonymous_roles")
+        tokens = load_principals(config.principals_file) if config.principals_file else {}
         return cls(contexts, config.tls_required, config.authorization_enabled,
-                   Principal("anonymous", roles))
+                   Principal("anonymous", roles), tokens)
 
     @property
     def tls(self) -> bool:

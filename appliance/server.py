@@ -46,6 +46,7 @@ from ledgerd.wire.frames import DecodedRequest
 from ledgerd.wire.messages import (
     AddRequest,
     ApiKey,
+    AuthRequest,
     Message,
     ReadLacResponse,
     ReadRangeResponse,
@@ -214,14 +215,14 @@ async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
     try:
         if security is not None:
             principal = security.anonymous
+            peer = peer_name(stream)  # the socket's, before any TLS wrapping
             if security.active:
-                got = await negotiate(stream, conn, security, metrics, peer_name(stream))
+                got = await negotiate(stream, conn, security, metrics, peer)
                 stream = got.stream
                 if got.closed:
                     return
                 principal, first = got.principal, got.first
-            if security.authorization:
-                guard = _Guard(principal, peer_name(stream), metrics)
+            guard = _Guard(principal, peer, metrics, security)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_writer, stream, conn, outbox, handler, nursery.cancel_scope)
             with reader_scope or trio.CancelScope():
@@ -235,18 +236,29 @@ async def serve_connection(stream: trio.abc.Stream, handler: RequestHandler,
 
 
 class _Guard:
-    """Authorization of one connection: its principal's roles against each request."""
+    """One connection's principal: set by its certificate or an AUTH, and checked
+    against each request's roles when authorization is on."""
 
-    __slots__ = ("metrics", "peer", "principal", "refused")
+    __slots__ = ("metrics", "peer", "principal", "refused", "security")
 
-    def __init__(self, principal: Principal, peer: str, metrics: BookieMetrics) -> None:
+    def __init__(self, principal: Principal, peer: str, metrics: BookieMetrics,
+                 security: ConnectionSecurity) -> None:
         self.principal = principal
         self.peer = peer
         self.metrics = metrics
+        self.security = security
         self.refused = 0
 
+    def authenticate(self, req: AuthRequest) -> tuple[int, Message | None]:
+        status, reply, principal = self.security.authenticate(req)
+        if principal is not None:
+            self.principal = principal
+        else:
+            log.warning("auth_refused", extra=fields(peer=self.peer, status=Status(status).name))
+        return status, reply
+
     def allows(self, api_key: int, req: Message | None) -> bool:
-        if allowed(self.principal.roles, api_key, req):
+        if not self.security.authorization or allowed(self.principal.roles, api_key, req):
             return True
         self.refused += 1
         self.metrics.requests_unauthorized += 1
@@ -307,9 +319,14 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
             continue
         if type(ev) is DecodedRequest:
             req: Message = ev.message
-            if guard is not None and not guard.allows(ev.api_key, req):
-                put(ev.correlation_id, ev.api_key, Status.UNAUTHORIZED, None, None, now)
-                continue
+            if guard is not None:
+                if type(req) is AuthRequest:
+                    status, reply_msg = guard.authenticate(req)
+                    put(ev.correlation_id, ev.api_key, status, reply_msg, None, now)
+                    continue
+                if not guard.allows(ev.api_key, req):
+                    put(ev.correlation_id, ev.api_key, Status.UNAUTHORIZED, None, None, now)
+                    continue
             if type(req) is AddRequest:
                 status, group = add(req)
                 outbox.items.append((ev.correlation_id, _ADD, status,

@@ -34,11 +34,26 @@ from ledgerd.wire.connection import (
     ResponseReceived,
 )
 from ledgerd.wire.errors import WireError
-from ledgerd.wire.messages import ApiVersionsRequest, Message, StartTlsRequest
+from ledgerd.wire.messages import (
+    ApiVersionsRequest,
+    AuthRequest,
+    AuthResponse,
+    Message,
+    StartTlsRequest,
+)
 from ledgerd.wire.status import Status
 
-__all__ = ["BookieClient", "BookieConnectionError", "Callback", "Connect", "open_bookie_client",
-           "parse_address", "start_tls", "tcp_connect"]
+__all__ = [
+    "BookieClient",
+    "BookieConnectionError",
+    "Callback",
+    "Connect",
+    "authenticate",
+    "open_bookie_client",
+    "parse_address",
+    "start_tls",
+    "tcp_connect",
+]
 
 log = logging.getLogger(__name__)
 Reply = tuple[int, Message | None]
@@ -215,27 +230,50 @@ async def tcp_connect(address: str) -> trio.abc.Stream:
     return stream
 
 
+async def _exchange(address: str, stream: trio.abc.Stream, conn: ClientConnection,
+                    request: Message, what: str) -> ResponseReceived:
+    """One request and its reply, on a connection nothing else uses yet."""
+    try:
+        await stream.send_all(conn.send(request))
+        while True:
+            ev = conn.next_event()
+            if ev is NEED_DATA:
+                data = await stream.receive_some(4096)  # nothing follows the reply yet
+                if not data:
+                    raise BookieConnectionError(address, f"closed the connection at {what}")
+                conn.receive_data(data)
+                continue
+            if isinstance(ev, ResponseReceived):
+                return ev
+            raise BookieConnectionError(address, f"closed the connection at {what}")
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, WireError) as exc:
+        if isinstance(exc, BookieConnectionError):
+            raise
+        raise BookieConnectionError(address, f"{what} failed: {_io_reason(exc)}") from exc
+
+
+async def authenticate(address: str, stream: trio.abc.Stream, conn: ClientConnection,
+                       token: bytes) -> str:
+    """AUTH with a token (after START_TLS); returns the principal the bookie named."""
+    ev = await _exchange(address, stream, conn, AuthRequest(mechanism=b"token", token=token),
+                         "AUTH")
+    if ev.status == Status.OK and isinstance(ev.response, AuthResponse):
+        return ev.response.principal.decode("utf-8", "replace")
+    if ev.status == Status.UNAUTHORIZED:
+        raise BookieConnectionError(address, "refused our token: it is not in the bookie's "
+                                    "principals_file (auth_token_file)")
+    if ev.status == Status.BAD_REQUEST:
+        raise BookieConnectionError(address, "takes no tokens (no principals_file)")
+    raise BookieConnectionError(address, f"refused AUTH: {Status(ev.status).name}")
+
+
 async def start_tls(address: str, stream: trio.abc.Stream, conn: ClientConnection,
                     context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream]:
     """Upgrade a fresh connection: START_TLS in clear, the bookie's OK, then the TLS
     handshake (the bookie verified against the context's trust, and its host name or
     IP address unless hostname verification is off). BookieConnectionError says which
     step failed and why."""
-    try:
-        await stream.send_all(conn.send(StartTlsRequest()))
-        while True:
-            ev = conn.next_event()
-            if ev is NEED_DATA:
-                data = await stream.receive_some(4096)  # nothing follows the reply yet
-                if not data:
-                    raise BookieConnectionError(address, "closed the connection at START_TLS")
-                conn.receive_data(data)
-                continue
-            if isinstance(ev, ResponseReceived):
-                break
-            raise BookieConnectionError(address, "closed the connection at START_TLS")
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, WireError) as exc:
-        raise BookieConnectionError(address, f"START_TLS failed: {exc!r}") from exc
+    ev = await _exchange(address, stream, conn, StartTlsRequest(), "START_TLS")
     if ev.status == Status.BAD_REQUEST:
         raise BookieConnectionError(address, "has no TLS configured (tls_certificate_path); "
                                     "connect without tls_trust_path")
@@ -283,8 +321,8 @@ def _handshake_reason(cause: BaseException) -> str:
 async def open_bookie_client(address: str, *, connect: Connect = tcp_connect,
                              connect_timeout: float = 10.0,
                              max_inflight: int = 1024, max_frame_bytes: int = 8 << 20,
-                             negotiate: bool = True,
-                             tls: ssl.SSLContext | None = None) -> AsyncIterator[BookieClient]:
+                             negotiate: bool = True, tls: ssl.SSLContext | None = None,
+                             auth_token: bytes | None = None) -> AsyncIterator[BookieClient]:
     """Connect to ``address`` with ``connect`` (TCP by default; tests pass memory
     streams), upgrade to TLS first when given a ``tls`` context (START_TLS); with
     ``negotiate``, exchange ApiVersions. Raises BookieConnectionError (never inside an
@@ -294,12 +332,14 @@ async def open_bookie_client(address: str, *, connect: Connect = tcp_connect,
     try:
         with trio.fail_after(connect_timeout):
             stream: trio.abc.Stream = await connect(address)
-            if tls is not None:
-                try:
+            try:
+                if tls is not None:
                     stream = await start_tls(address, stream, conn, tls)
-                except BaseException:
-                    await trio.aclose_forcefully(stream)
-                    raise
+                if auth_token:
+                    await authenticate(address, stream, conn, auth_token)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
     except BookieConnectionError:
         raise
     except (OSError, trio.TooSlowError) as exc:

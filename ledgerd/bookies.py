@@ -46,6 +46,7 @@ class PoolOptions:
     failure_memory: float = 30.0  # seconds a failure counts in ``recent_failures``
     reorder_reads: bool = True  # reads ask recently failed replicas last
     tls: ssl.SSLContext | None = None  # START_TLS on every connection (ClientConfig.tls_*)
+    auth_token: bytes | None = None  # AUTH with it on every connection (auth_token_file)
 
 
 @dataclass
@@ -129,7 +130,8 @@ class BookiePool:
                                           connect_timeout=opts.connect_timeout,
                                           max_inflight=opts.max_inflight,
                                           max_frame_bytes=opts.max_frame_bytes,
-                                          tls=opts.tls) as client:
+                                          tls=opts.tls,
+                                          auth_token=opts.auth_token) as client:
                 slot.client = client
                 slot.connecting = False
                 slot.failed_connects = 0

@@ -84,7 +84,7 @@ class Client:
             max_inflight=config.max_inflight_per_bookie,
             max_frame_bytes=config.max_frame_bytes,
             reorder_reads=config.reorder_read_sequence_enabled,
-            tls=config.tls_context()), connect=connect)
+            tls=config.tls_context(), auth_token=config.auth_token()), connect=connect)
         self._bookies: BookieSet | None = None
         self._bookies_seen = trio.Event()
         self.flusher = SendFlusher()  # batches the write handles' sends per loop pass

@@ -101,6 +101,27 @@ class ClientConfig(ZooKeeperSettings):
         "TLSv1.2,TLSv1.3", bk="tlsEnabledProtocols",
         doc="TLS versions allowed (comma list; the lowest and highest named count).")
 
+    auth_token_file: str = setting(
+        "", bk="(ledgerd)",
+        doc="File holding this client's token (its first line): every bookie connection "
+            "authenticates with it (AUTH, after START_TLS), for bookies that authorize "
+            "by principal without client certificates.")
+
+    def auth_token(self) -> bytes | None:
+        """The token of auth_token_file, or None."""
+        if not self.auth_token_file:
+            return None
+        try:
+            with open(self.auth_token_file, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except OSError as exc:
+            raise ConfigError("auth_token_file", self.auth_token_file,
+                              f"a readable file ({exc.strerror})") from None
+        if not token:
+            raise ConfigError("auth_token_file", self.auth_token_file,
+                              "a file whose first line is the token")
+        return token.encode()
+
     def tls_context(self) -> ssl.SSLContext | None:
         """The client TLS context, or None when tls_trust_path is empty (plaintext)."""
         if not self.tls_trust_path:

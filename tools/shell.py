@@ -631,6 +631,43 @@ def zkacl(ctx: click.Context, mode: str | None, as_json: bool) -> None:
     emit(as_json, d, f"{d['root']}: {d['nodes']} node(s): {verb}{summary}")
 
 
+@shell.command("gentoken")
+@click.argument("name")
+@click.option("--roles", required=True,
+              help="Comma-separated roles: client, recovery, admin, bookie.")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the token here (mode 0600; the client's auth_token_file) instead "
+                   "of printing it.")
+def gentoken(name: str, roles: str, token_file: Path | None) -> None:
+    """Make a token for a principal: the token for the client, and the entry (its
+    SHA-256, never the token) to append to the bookies' principals_file."""
+    import hashlib
+    import re
+    import secrets
+
+    from ledgerd.appliance.authz import parse_roles
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+        raise click.BadParameter(f"{name!r}: letters, digits, . _ - (a TOML key)",
+                                 param_hint="NAME")
+    try:
+        chosen = sorted(parse_roles(roles.split(","), "--roles"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--roles") from None
+    token = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    if token_file is not None:
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        click.echo(f"token written to {token_file} (auth_token_file = \"{token_file}\")",
+                   err=True)
+    else:
+        click.echo(f"token (give it to the client, once): {token}", err=True)
+    click.echo(f"[principals.{name}]\ntoken_sha256 = \"{digest}\"\n"
+               f"roles = [{', '.join(repr(r).replace(chr(39), chr(34)) for r in chosen)}]")
+
+
 @shell.command("simpletest")
 @click.option("--ensemble", "-e", default=3, show_default=True)
 @click.option("--write-quorum", "-w", default=2, show_default=True)

@@ -27,14 +27,36 @@ from construct import (
 )
 
 __all__ = [
-    "ADD_REQUEST", "ADD_RESPONSE", "ADMIN_STATUS_REQUEST", "ADMIN_STATUS_RESPONSE",
-    "ADMIN_TRIGGER_REQUEST", "ADMIN_TRIGGER_RESPONSE", "API_VERSIONS_REQUEST",
-    "API_VERSIONS_RESPONSE", "ENTRY_HEADER", "FORCE_LEDGER_REQUEST", "FORCE_LEDGER_RESPONSE",
-    "GET_BOOKIE_INFO_REQUEST", "GET_BOOKIE_INFO_RESPONSE", "MASTER_KEY_SIZE",
-    "READ_LAC_REQUEST", "READ_LAC_RESPONSE", "READ_RANGE_REQUEST", "READ_RANGE_RESPONSE",
-    "READ_REQUEST", "READ_RESPONSE", "READ_STRIDE_REQUEST", "READ_STRIDE_RESPONSE",
-    "REQUEST_HEADER", "RESPONSE_HEADER", "START_TLS_REQUEST", "START_TLS_RESPONSE",
-    "WRITE_LAC_REQUEST", "WRITE_LAC_RESPONSE",
+    "ADD_REQUEST",
+    "ADD_RESPONSE",
+    "ADMIN_STATUS_REQUEST",
+    "ADMIN_STATUS_RESPONSE",
+    "ADMIN_TRIGGER_REQUEST",
+    "ADMIN_TRIGGER_RESPONSE",
+    "API_VERSIONS_REQUEST",
+    "API_VERSIONS_RESPONSE",
+    "AUTH_REQUEST",
+    "AUTH_RESPONSE",
+    "ENTRY_HEADER",
+    "FORCE_LEDGER_REQUEST",
+    "FORCE_LEDGER_RESPONSE",
+    "GET_BOOKIE_INFO_REQUEST",
+    "GET_BOOKIE_INFO_RESPONSE",
+    "MASTER_KEY_SIZE",
+    "READ_LAC_REQUEST",
+    "READ_LAC_RESPONSE",
+    "READ_RANGE_REQUEST",
+    "READ_RANGE_RESPONSE",
+    "READ_REQUEST",
+    "READ_RESPONSE",
+    "READ_STRIDE_REQUEST",
+    "READ_STRIDE_RESPONSE",
+    "REQUEST_HEADER",
+    "RESPONSE_HEADER",
+    "START_TLS_REQUEST",
+    "START_TLS_RESPONSE",
+    "WRITE_LAC_REQUEST",
+    "WRITE_LAC_RESPONSE",
 ]
 
 MASTER_KEY_SIZE = 20
@@ -333,3 +355,15 @@ ADMIN_STATUS_RESPONSE = Struct("status_json" / Blob, Terminated)
 #  response  (empty)
 START_TLS_REQUEST = Struct(Terminated)
 START_TLS_RESPONSE = Struct(Terminated)
+
+# ---------------------------------------------------------------------------------------
+# Auth (key 12): prove who this connection is without a client certificate. Sent after
+# START_TLS (a token in clear can be copied) and before anything else. mechanism
+# "token": the bookie looks the token up (by SHA-256) in its principals_file; OK names
+# the principal, UNAUTHORIZED means no such token. The connection then has that
+# principal's roles.
+#
+#  request   | len int16 | mechanism (utf-8) | len int16 | token bytes |
+#  response  | len int16 | principal (utf-8) |
+AUTH_REQUEST = Struct("mechanism" / ShortBlob, "token" / ShortBlob, Terminated)
+AUTH_RESPONSE = Struct("principal" / ShortBlob, Terminated)

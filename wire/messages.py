@@ -18,7 +18,8 @@ __all__ = [
     "NO_MASTER_KEY", "REQUEST_TYPES", "RESPONSE_TYPES", "SUPPORTED_VERSIONS",
     "AddFlags", "AddRequest", "AddResponse", "AdminKind", "AdminStatusRequest",
     "AdminStatusResponse", "AdminTriggerRequest", "AdminTriggerResponse", "ApiKey",
-    "ApiVersionRange", "ApiVersionsRequest", "ApiVersionsResponse", "BookieState",
+    "ApiVersionRange", "ApiVersionsRequest", "ApiVersionsResponse", "AuthRequest",
+    "AuthResponse", "BookieState",
     "ForceLedgerRequest", "ForceLedgerResponse", "GetBookieInfoRequest",
     "GetBookieInfoResponse", "Message", "ReadFlags", "ReadLacRequest", "ReadLacResponse",
     "ReadRangeRequest", "ReadRangeResponse", "ReadRequest", "ReadResponse",
@@ -43,6 +44,7 @@ class ApiKey(enum.IntEnum):
     ADMIN_STATUS = 9
     READ_STRIDE = 10
     START_TLS = 11
+    AUTH = 12
 
 
 class AddFlags(enum.IntFlag):
@@ -355,6 +357,21 @@ class StartTlsResponse(Message):
     API_KEY: ClassVar[ApiKey] = ApiKey.START_TLS
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthRequest(Message):
+    LAYOUT: ClassVar[Any] = layouts.AUTH_REQUEST
+    API_KEY: ClassVar[ApiKey] = ApiKey.AUTH
+    mechanism: bytes = b"token"
+    token: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthResponse(Message):
+    LAYOUT: ClassVar[Any] = layouts.AUTH_RESPONSE
+    API_KEY: ClassVar[ApiKey] = ApiKey.AUTH
+    principal: bytes = b""
+
+
 REQUEST_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.ADD: AddRequest,
@@ -368,6 +385,7 @@ REQUEST_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.ADMIN_STATUS: AdminStatusRequest,
     ApiKey.READ_STRIDE: ReadStrideRequest,
     ApiKey.START_TLS: StartTlsRequest,
+    ApiKey.AUTH: AuthRequest,
 }
 RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
@@ -382,6 +400,7 @@ RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.ADMIN_STATUS: AdminStatusResponse,
     ApiKey.READ_STRIDE: ReadStrideResponse,
     ApiKey.START_TLS: StartTlsResponse,
+    ApiKey.AUTH: AuthResponse,
 }
 assert set(REQUEST_TYPES) == set(RESPONSE_TYPES) == set(ApiKey)
 

@@ -7,7 +7,10 @@ bookie build their contexts from PEM files as in production.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +208,62 @@ async def test_rotated_certificate_files_are_picked_up(pki: Pki, zk_chroot: str,
         with pytest.raises(BookieConnectionError, match="did not verify"):
             async with open_bookie_client(address, tls=pki.client()):
                 pass
+
+
+async def test_token_principals_without_client_certificates(pki: Pki, zk_chroot: str,
+                                                            tmp_path: Path) -> None:
+    """AUTH with a token after START_TLS: the principals file names who it is and its
+    roles; an unknown token is refused at connect, no token is the anonymous principal."""
+    tokens = {"writer": b"tok-writer-0123456789", "reader": b"tok-reader-9876543210"}
+    roles = {"writer": '["client"]', "reader": '["recovery"]'}
+    principals = tmp_path / "principals.toml"
+    principals.write_text("".join(
+        f'[principals.{n}]\ntoken_sha256 = "{hashlib.sha256(t).hexdigest()}"\n'
+        f"roles = {roles[n]}\n" for n, t in tokens.items()))
+    settings = pki.bookie_settings(tls_required=True, authorization_enabled=True,
+                                   principals_file=str(principals))
+    async with inprocess_cluster(zk_chroot, tmp_path, 1, **settings) as cluster:
+        address = cluster.address(0)
+        async with open_bookie_client(address, tls=pki.client(),
+                                      auth_token=tokens["writer"]) as c:
+            assert (await c.call(_add(9, 0)))[0] == Status.OK
+        async with open_bookie_client(address, tls=pki.client(),
+                                      auth_token=tokens["reader"]) as c:
+            assert (await c.call(_add(9, 1)))[0] == Status.UNAUTHORIZED
+            assert (await c.call(ReadRangeRequest(ledger_id=9, first_entry_id=0, max_count=1,
+                                                  max_bytes=1 << 20)))[0] == Status.OK
+        with pytest.raises(BookieConnectionError, match=r"refused our token: it is not in "
+                                                        r"the bookie's principals_file"):
+            async with open_bookie_client(address, tls=pki.client(), auth_token=b"guess"):
+                pass
+        async with open_bookie_client(address, tls=pki.client()) as c:  # anonymous
+            assert (await c.call(GetBookieInfoRequest()))[0] == Status.UNAUTHORIZED
+        # The whole client, with the token in a file as an application would have it.
+        token_file = tmp_path / "writer.token"
+        token_file.write_bytes(tokens["writer"] + b"\n")
+        async with ledgerd.open_client(zk_chroot, tls_trust_path=pki.ca_path,
+                                       auth_token_file=str(token_file)) as client:
+            lh = await client.create_ledger(1, 1, 1, password=b"pw")
+            await lh.append(b"by token")
+            await lh.close()
+
+
+def test_gentoken_writes_what_the_principals_file_reads(tmp_path: Path) -> None:
+    from ledgerd.appliance.security import load_principals
+    from ledgerd.base.settings import ConfigError
+
+    token_file = tmp_path / "svc.token"
+    done = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "gentoken", "svc",
+                           "--roles", "client,admin", "--token-file", str(token_file)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "p.toml").write_text(done.stdout)
+    loaded = load_principals(str(tmp_path / "p.toml"))
+    token = token_file.read_text().strip().encode()
+    assert token.decode() not in done.stdout  # only its hash goes into the file
+    assert loaded == {hashlib.sha256(token).hexdigest():
+                      Principal("svc", frozenset({"client", "admin"}), True)}
+    (tmp_path / "bad.toml").write_text('[principals.x]\ntoken_sha256 = "abc"\n')
+    with pytest.raises(ConfigError, match=r"\[principals.x\] with token_sha256 = 64 hex"):
+        load_principals(str(tmp_path / "bad.toml"))

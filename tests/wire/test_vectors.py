@@ -26,6 +26,8 @@ from ledgerd.wire.messages import (
     ApiVersionRange,
     ApiVersionsRequest,
     ApiVersionsResponse,
+    AuthRequest,
+    AuthResponse,
     BookieState,
     ForceLedgerRequest,
     ForceLedgerResponse,
@@ -70,6 +72,7 @@ REQUESTS: dict[str, Message] = {
     "admin_trigger_request": AdminTriggerRequest(kind=AdminKind.MAJOR_COMPACTION, secret=b"s3"),
     "admin_status_request": AdminStatusRequest(secret=b""),
     "start_tls_request": StartTlsRequest(),
+    "auth_request": AuthRequest(mechanism=b"token", token=b"t0ken"),
 }
 RESPONSES: dict[str, tuple[ApiKey, Status, Message | None]] = {
     "api_versions_response": (ApiKey.API_VERSIONS, Status.OK, ApiVersionsResponse(versions=(
@@ -92,6 +95,7 @@ RESPONSES: dict[str, tuple[ApiKey, Status, Message | None]] = {
     "admin_status_response": (ApiKey.ADMIN_STATUS, Status.OK,
                               AdminStatusResponse(status_json=b'{"state":"writable"}')),
     "start_tls_response": (ApiKey.START_TLS, Status.OK, StartTlsResponse()),
+    "auth_response": (ApiKey.AUTH, Status.OK, AuthResponse(principal=b"svc-writer")),
     "tls_required_response": (ApiKey.API_VERSIONS, Status.TLS_REQUIRED, None),
     "read_error_response": (ApiKey.READ, Status.NO_SUCH_ENTRY, ReadResponse(
         ledger_id=42, entry_id=11, max_lac=9, entry=b"")),
