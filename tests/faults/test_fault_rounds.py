@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -20,33 +22,43 @@ from ledgerd.tools.faults.nemesis import KINDS
 from ledgerd.tools.faults.rounds import RoundResult, run_round
 
 
-async def test_every_fault_kind_loses_nothing(tmp_path: Path) -> None:
+async def _rounds(base: Path, label: str, pick: Callable[[random.Random], list[str]],
+                  **cluster: Any) -> None:
+    """Run the rounds ``pick`` chooses on one fault cluster; assert none found a
+    violation and every one did work (writes acknowledged and read back)."""
     seed = int(os.environ.get("LEDGERD_FAULTS_SEED") or random.randrange(1 << 31))
-    print(f"fault rounds: LEDGERD_FAULTS_SEED={seed}")
+    print(f"{label}: LEDGERD_FAULTS_SEED={seed}")
     rng = random.Random(seed)
-    kinds = list(KINDS)
-    rng.shuffle(kinds)
     results: list[RoundResult] = []
     async with trio.open_nursery() as nursery:
-        cluster = FaultCluster(tmp_path, nursery)
+        fc = FaultCluster(base / "cluster", nursery, **cluster)
         try:
-            await cluster.start()
-            for kind in kinds:
-                result = await run_round(cluster, kind, rng.randrange(1 << 31), warmup_s=1.0,
+            await fc.start()
+            for kind in pick(rng):
+                result = await run_round(fc, kind, rng.randrange(1 << 31), warmup_s=1.0,
                                          hold_s=2.5, settle_s=1.0,
-                                         dump=tmp_path / f"history-{kind}.jsonl")
+                                         dump=base / f"history-{kind}.jsonl")
                 print(result.summary())
                 results.append(result)
         finally:
-            cluster.stop()
+            fc.stop()
             nursery.cancel_scope.cancel()
     failed = [r for r in results if not r.ok]
     assert not failed, (f"LEDGERD_FAULTS_SEED={seed} replays this run\n" + "\n\n".join(
         f"{r.summary()}\n{r.explain()}" for r in failed))
-    # The rounds did work: writes were acknowledged and read back under every fault.
     for r in results:
         assert r.history.count("ok", "add") > 0 and r.history.count("ok", "read") > 0, \
             r.summary()
+
+
+def _every_kind(rng: random.Random) -> list[str]:
+    kinds = list(KINDS)
+    rng.shuffle(kinds)
+    return kinds
+
+
+async def test_every_fault_kind_loses_nothing(tmp_path: Path) -> None:
+    await _rounds(tmp_path, "fault rounds", _every_kind)
 
 
 async def test_fault_rounds_over_tls(tmp_path: Path) -> None:
@@ -54,9 +66,6 @@ async def test_fault_rounds_over_tls(tmp_path: Path) -> None:
     certificates from a trustme CA), three fault kinds a run, chosen by the seed."""
     import trustme
 
-    seed = int(os.environ.get("LEDGERD_FAULTS_SEED") or random.randrange(1 << 31))
-    print(f"fault rounds over TLS: LEDGERD_FAULTS_SEED={seed}")
-    rng = random.Random(seed)
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", common_name="fault-bookie",
                          organization_unit_name="0:bookie,recovery")
@@ -66,24 +75,5 @@ async def test_fault_rounds_over_tls(tmp_path: Path) -> None:
     tls = {"tls_certificate_path": str(tmp_path / "bookie.pem"),
            "tls_key_path": str(tmp_path / "bookie.key"),
            "tls_trust_path": str(tmp_path / "ca.pem"), "tls_required": True}
-    results: list[RoundResult] = []
-    async with trio.open_nursery() as nursery:
-        cluster = FaultCluster(tmp_path / "cluster", nursery, bookie_settings=tls,
-                               client_settings={"tls_trust_path": str(tmp_path / "ca.pem")})
-        try:
-            await cluster.start()
-            for kind in rng.sample(list(KINDS), 3):
-                result = await run_round(cluster, kind, rng.randrange(1 << 31), warmup_s=1.0,
-                                         hold_s=2.5, settle_s=1.0,
-                                         dump=tmp_path / f"history-tls-{kind}.jsonl")
-                print(result.summary())
-                results.append(result)
-        finally:
-            cluster.stop()
-            nursery.cancel_scope.cancel()
-    failed = [r for r in results if not r.ok]
-    assert not failed, (f"LEDGERD_FAULTS_SEED={seed} replays this run\n" + "\n\n".join(
-        f"{r.summary()}\n{r.explain()}" for r in failed))
-    for r in results:
-        assert r.history.count("ok", "add") > 0 and r.history.count("ok", "read") > 0, \
-            r.summary()
+    await _rounds(tmp_path, "fault rounds over TLS", lambda rng: rng.sample(list(KINDS), 3),
+                  bookie_settings=tls, client_settings={"tls_trust_path": str(tmp_path / "ca.pem")})
