@@ -155,7 +155,8 @@ class BookieConfig(ZooKeeperSettings):
         doc="Index page size in bytes (page_size / 8 entries per page).")
     page_limit: int = setting(
         -1, bk="pageLimit", minimum=-1,
-        doc="Index pages held in memory; -1 means 64 MiB worth of pages.")
+        doc="Index pages held in memory; -1 means a third of the host's memory (at most "
+            "4 GiB) worth of pages, as BookKeeper sizes it from a third of direct memory.")
     open_file_limit: int = setting(
         20000, bk="openFileLimit", minimum=16,
         doc="Index and entry-log files kept open for reading at once (least recently used "

@@ -59,9 +59,12 @@ def _send(s: socket.socket, data: bytes) -> None:
 
 
 def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: int = 1,
-                warmup: float = 1.0, ledger_base: int = 1000) -> dict[str, Any]:
+                warmup: float = 1.0, ledger_base: int = 1000, ledgers: int = 0
+                ) -> dict[str, Any]:
     """Adds/s and latency with ``window`` adds of ``batch`` entries in flight per
-    connection; counts the replies that arrive in the measured ``seconds``."""
+    connection; counts the replies that arrive in the measured ``seconds``. With
+    ``ledgers``, the adds go round-robin over that many ledgers (shared by the
+    connections), else each connection writes a ledger of its own."""
     template = _Template(batch, 1024)
     ep, socks = _connect(port, conns)
     by_fd = {s.fileno(): i for i, s in enumerate(socks)}
@@ -69,6 +72,8 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
     bufs = [bytearray() for _ in socks]
     next_cid = [0] * conns
     next_entry = [0] * conns
+    ledger_entry = [0] * ledgers  # next entry of each shared ledger
+    rr = [0]
     t_start = time.perf_counter() + warmup
     t_end = t_start + seconds
     lat: list[float] = []
@@ -83,10 +88,16 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
         ledger = ledger_base + i
         for _ in range(n):
             cid = next_cid[i]
-            chunks.append(template.make(cid, ledger, next_entry[i]))
+            if ledgers:
+                k = rr[0] % ledgers
+                rr[0] += 1
+                chunks.append(template.make(cid, ledger_base + k, ledger_entry[k]))
+                ledger_entry[k] += batch
+            else:
+                chunks.append(template.make(cid, ledger, next_entry[i]))
+                next_entry[i] += batch
             pending[cid] = now
             next_cid[i] = cid + 1
-            next_entry[i] += batch
         _send(socks[i], b"".join(chunks))
 
     try:

