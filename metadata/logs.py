@@ -14,7 +14,10 @@ recognised and not appended twice. The most recent ``MAX_COMMITS`` writers are k
 
 Cursors (a consumer's durable position) live under ``<logs root>/<name>/cursors/<cursor>``
 as ``{"format": 1, "offset": N, "ledger": L, "entry": E}`` (the next entry to read),
-changed by compare-and-set.
+changed by compare-and-set. A Kafka consumer group's cursor (kept by the Kafka gateway)
+also holds ``"kafka": {"offset": K, "metadata": M}``: the committed Kafka offset (which
+counts records, not entries) and the client's metadata string; its entry fields point at
+the batch holding K, so a ledgerd reader can resume there too.
 """
 
 from __future__ import annotations
@@ -95,10 +98,15 @@ class CursorRecord:
     offset: int
     ledger_id: int
     entry_id: int
+    kafka_offset: int | None = None  # a Kafka group's committed offset (gateway)
+    kafka_metadata: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({"format": 1, "offset": self.offset, "ledger": self.ledger_id,
-                           "entry": self.entry_id}).encode()
+        doc: dict[str, object] = {"format": 1, "offset": self.offset,
+                                  "ledger": self.ledger_id, "entry": self.entry_id}
+        if self.kafka_offset is not None:
+            doc["kafka"] = {"offset": self.kafka_offset, "metadata": self.kafka_metadata}
+        return json.dumps(doc).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, path: str) -> CursorRecord:
@@ -106,11 +114,18 @@ class CursorRecord:
             doc = json.loads(raw)
             if doc.get("format") != 1:
                 raise ValueError(f"unknown format {doc.get('format')!r}")
-            values = [doc["offset"], doc["ledger"], doc["entry"]]
+            values: list[int] = [doc["offset"], doc["ledger"], doc["entry"]]
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                        for v in values):
                 raise ValueError("offset, ledger and entry must be non-negative integers")
-            return cls(*values)
+            kafka = doc.get("kafka")
+            if kafka is None:
+                return cls(values[0], values[1], values[2])
+            k_offset, k_meta = kafka["offset"], kafka.get("metadata")
+            if (not isinstance(k_offset, int) or isinstance(k_offset, bool) or k_offset < 0
+                    or not (k_meta is None or isinstance(k_meta, str))):
+                raise ValueError("kafka must hold an offset >= 0 and a metadata string")
+            return cls(values[0], values[1], values[2], k_offset, k_meta)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a cursor record: {exc}") from exc
 

@@ -128,6 +128,31 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
 
 
 
+@cli.command("gateway")
+@click.option("--conf", "conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="TOML file with client keys (zk_servers, quorums, TLS to bookies) and "
+                   "gateway keys (gateway_port, ...); LEDGERD_<KEY> variables override it.")
+@click.option("--port", type=int, default=None, help="Override gateway_port.")
+@click.pass_context
+def gateway_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
+    """Run a Kafka gateway: stock Kafka clients produce and consume ledgerd logs."""
+    from ledgerd.kafka.config import GatewayConfig
+    from ledgerd.kafka.gateway import run_gateway
+
+    overrides: dict[str, Any] = {} if port is None else {"gateway_port": port}
+    config = load_config(GatewayConfig, path=conf, overrides=overrides)
+    configure_logging("DEBUG" if ctx.obj["debug"] else "INFO",
+                      fmt=ctx.obj["log_format"] or "kv")
+    try:
+        code = run_gateway(config)
+    except BaseException as exc:
+        leaf = single_exception(exc)
+        if ctx.obj["debug"] or not isinstance(leaf, LedgerdError | OSError):
+            raise
+        raise CliError(f"gateway did not start: {leaf}") from exc
+    sys.exit(code)
+
+
 @cli.command("autorecovery")
 @click.option("--conf", "conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The bookie's TOML file (zk_servers, cluster_secret_file, autorecovery "

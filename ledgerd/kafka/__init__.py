@@ -1,0 +1,12 @@
+"""The Kafka gateway: the Kafka wire protocol over ledgerd logs (docs/kafka.md).
+
+- ``schema`` / ``api``: Kafka message schemas declared once, the codec that walks them;
+- ``records``: RecordBatch v2 (split, CRC-32C, re-offset);
+- ``partitions``: a partition as a log (appends, offsets, reads);
+- ``groups``: the classic consumer-group protocol as a state machine;
+- ``gateway``: the trio server (``ledgerd gateway --conf F``).
+"""
+
+from ledgerd.kafka.config import GatewayConfig
+
+__all__ = ["GatewayConfig"]

@@ -1,0 +1,319 @@
+"""The Kafka APIs the gateway speaks: keys, advertised versions, error codes, schemas.
+
+Every request and response body is declared once here (``schema.Field`` with the
+versions that carry it, transcribed from Kafka's ``clients/src/main/resources/common/
+message/*.json``); the gateway decodes and encodes through :mod:`ledgerd.kafka.schema`.
+
+Versions are chosen so that librdkafka (kcat, confluent-kafka), kafka-python and
+aiokafka all negotiate without flexible encodings except ApiVersions v3-v4
+(``../shared/reference``: the client caps and gates). Produce advertises 0-7 but
+answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka drops compression
+unless Produce's minimum is 0.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from ledgerd.kafka.schema import (
+    BOOL,
+    BYTES,
+    INT8,
+    INT16,
+    INT32,
+    INT64,
+    NULLABLE_BYTES,
+    NULLABLE_STRING,
+    STRING,
+    Array,
+    Field,
+    Message,
+    array,
+)
+
+__all__ = ["REQUESTS", "RESPONSES", "SUPPORTED", "ApiKey", "ErrorCode"]
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    SASL_AUTHENTICATE = 36
+
+
+class ErrorCode(enum.IntEnum):
+    """Kafka's error codes (numbers as in kafka-python's ``kafka/errors.py``)."""
+
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
+    OFFSET_METADATA_TOO_LARGE = 12
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    NOT_ENOUGH_REPLICAS = 19
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REQUEST = 42
+    INVALID_TIMESTAMP = 32
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
+    UNSUPPORTED_COMPRESSION_TYPE = 76
+    INVALID_RECORD = 87
+
+
+# Versions advertised (ApiVersions) and, where narrower, served.
+SUPPORTED: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.PRODUCE: (0, 7),
+    ApiKey.FETCH: (4, 11),
+    ApiKey.LIST_OFFSETS: (1, 5),
+    ApiKey.METADATA: (0, 4),
+    ApiKey.OFFSET_COMMIT: (2, 7),
+    ApiKey.OFFSET_FETCH: (1, 5),
+    ApiKey.FIND_COORDINATOR: (0, 2),
+    ApiKey.JOIN_GROUP: (0, 3),
+    ApiKey.HEARTBEAT: (0, 2),
+    ApiKey.LEAVE_GROUP: (0, 1),
+    ApiKey.SYNC_GROUP: (0, 2),
+    ApiKey.SASL_HANDSHAKE: (0, 1),
+    ApiKey.API_VERSIONS: (0, 4),
+    ApiKey.CREATE_TOPICS: (0, 4),
+    ApiKey.DELETE_TOPICS: (0, 3),
+    ApiKey.INIT_PRODUCER_ID: (0, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 1),
+}
+PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
+
+THROTTLE = Field("throttle_time_ms", INT32, default=0)
+ERROR = Field("error_code", INT16, default=0)
+
+# -- request header (v1; v2 = v1 + tags when the body is flexible) ----------------------
+REQUEST_HEADER = Message((
+    Field("api_key", INT16), Field("api_version", INT16), Field("correlation_id", INT32),
+    Field("client_id", NULLABLE_STRING)))
+
+REQUESTS: dict[ApiKey, Message] = {
+    ApiKey.API_VERSIONS: Message((
+        Field("client_software_name", STRING, since=3, default=""),
+        Field("client_software_version", STRING, since=3, default="")), flexible_from=3),
+    ApiKey.METADATA: Message((
+        Field("topics", array(Field("name", STRING), nullable=True)),
+        Field("allow_auto_topic_creation", BOOL, since=4, default=True))),
+    ApiKey.PRODUCE: Message((
+        Field("transactional_id", NULLABLE_STRING, since=3),
+        Field("acks", INT16), Field("timeout_ms", INT32),
+        Field("topic_data", array(
+            Field("name", STRING),
+            Field("partition_data", array(Field("index", INT32),
+                                          Field("records", NULLABLE_BYTES))))))),
+    ApiKey.FETCH: Message((
+        Field("replica_id", INT32), Field("max_wait_ms", INT32), Field("min_bytes", INT32),
+        Field("max_bytes", INT32, since=3, default=0x7FFFFFFF),
+        Field("isolation_level", INT8, since=4, default=0),
+        Field("session_id", INT32, since=7, default=0),
+        Field("session_epoch", INT32, since=7, default=-1),
+        Field("topics", array(
+            Field("topic", STRING),
+            Field("partitions", array(
+                Field("partition", INT32),
+                Field("current_leader_epoch", INT32, since=9, default=-1),
+                Field("fetch_offset", INT64),
+                Field("log_start_offset", INT64, since=5, default=-1),
+                Field("partition_max_bytes", INT32))))),
+        Field("forgotten_topics_data", array(
+            Field("topic", STRING), Field("partitions", Array.of_scalar(INT32))),
+            since=7, default=()),
+        Field("rack_id", STRING, since=11, default=""))),
+    ApiKey.LIST_OFFSETS: Message((
+        Field("replica_id", INT32),
+        Field("isolation_level", INT8, since=2, default=0),
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(
+                Field("partition_index", INT32),
+                Field("current_leader_epoch", INT32, since=4, default=-1),
+                Field("timestamp", INT64))))))),
+    ApiKey.INIT_PRODUCER_ID: Message((
+        Field("transactional_id", NULLABLE_STRING),
+        Field("transaction_timeout_ms", INT32))),
+    ApiKey.FIND_COORDINATOR: Message((
+        Field("key", STRING), Field("key_type", INT8, since=1, default=0))),
+    ApiKey.JOIN_GROUP: Message((
+        Field("group_id", STRING), Field("session_timeout_ms", INT32),
+        Field("rebalance_timeout_ms", INT32, since=1, default=-1),
+        Field("member_id", STRING), Field("protocol_type", STRING),
+        Field("protocols", array(Field("name", STRING), Field("metadata", BYTES))))),
+    ApiKey.SYNC_GROUP: Message((
+        Field("group_id", STRING), Field("generation_id", INT32), Field("member_id", STRING),
+        Field("assignments", array(Field("member_id", STRING),
+                                   Field("assignment", BYTES))))),
+    ApiKey.HEARTBEAT: Message((
+        Field("group_id", STRING), Field("generation_id", INT32),
+        Field("member_id", STRING))),
+    ApiKey.LEAVE_GROUP: Message((Field("group_id", STRING), Field("member_id", STRING))),
+    ApiKey.OFFSET_COMMIT: Message((
+        Field("group_id", STRING),
+        Field("generation_id", INT32, since=1, default=-1),
+        Field("member_id", STRING, since=1, default=""),
+        Field("retention_time_ms", INT64, since=2, until=4, default=-1),
+        Field("group_instance_id", NULLABLE_STRING, since=7),
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(
+                Field("partition_index", INT32), Field("committed_offset", INT64),
+                Field("committed_leader_epoch", INT32, since=6, default=-1),
+                Field("committed_metadata", NULLABLE_STRING))))))),
+    ApiKey.OFFSET_FETCH: Message((
+        Field("group_id", STRING),
+        Field("topics", array(Field("name", STRING),
+                              Field("partition_indexes", Array.of_scalar(INT32)),
+                              nullable=True)))),
+    ApiKey.CREATE_TOPICS: Message((
+        Field("topics", array(
+            Field("name", STRING), Field("num_partitions", INT32),
+            Field("replication_factor", INT16),
+            Field("assignments", array(Field("partition_index", INT32),
+                                       Field("broker_ids", Array.of_scalar(INT32)))),
+            Field("configs", array(Field("name", STRING),
+                                   Field("value", NULLABLE_STRING))))),
+        Field("timeout_ms", INT32),
+        Field("validate_only", BOOL, since=1, default=False))),
+    ApiKey.DELETE_TOPICS: Message((
+        Field("topic_names", Array.of_scalar(STRING)), Field("timeout_ms", INT32))),
+    ApiKey.SASL_HANDSHAKE: Message((Field("mechanism", STRING),)),
+    ApiKey.SASL_AUTHENTICATE: Message((Field("auth_bytes", BYTES),)),
+}
+
+RESPONSES: dict[ApiKey, Message] = {
+    ApiKey.API_VERSIONS: Message((
+        ERROR,
+        Field("api_keys", array(Field("api_key", INT16), Field("min_version", INT16),
+                                Field("max_version", INT16))),
+        Field("throttle_time_ms", INT32, since=1, default=0)), flexible_from=3),
+    ApiKey.METADATA: Message((
+        Field("throttle_time_ms", INT32, since=3, default=0),
+        Field("brokers", array(Field("node_id", INT32), Field("host", STRING),
+                               Field("port", INT32),
+                               Field("rack", NULLABLE_STRING, since=1))),
+        Field("cluster_id", NULLABLE_STRING, since=2),
+        Field("controller_id", INT32, since=1, default=-1),
+        Field("topics", array(
+            ERROR, Field("name", STRING),
+            Field("is_internal", BOOL, since=1, default=False),
+            Field("partitions", array(
+                ERROR, Field("partition_index", INT32), Field("leader_id", INT32),
+                Field("replica_nodes", Array.of_scalar(INT32)),
+                Field("isr_nodes", Array.of_scalar(INT32)))))))),
+    ApiKey.PRODUCE: Message((
+        Field("responses", array(
+            Field("name", STRING),
+            Field("partition_responses", array(
+                Field("index", INT32), ERROR, Field("base_offset", INT64, default=-1),
+                Field("log_append_time_ms", INT64, since=2, default=-1),
+                Field("log_start_offset", INT64, since=5, default=-1))))),
+        Field("throttle_time_ms", INT32, since=1, default=0))),
+    ApiKey.FETCH: Message((
+        Field("throttle_time_ms", INT32, since=1, default=0),
+        Field("error_code", INT16, since=7, default=0),
+        Field("session_id", INT32, since=7, default=0),
+        Field("responses", array(
+            Field("topic", STRING),
+            Field("partitions", array(
+                Field("partition_index", INT32), ERROR, Field("high_watermark", INT64),
+                Field("last_stable_offset", INT64, since=4, default=-1),
+                Field("log_start_offset", INT64, since=5, default=-1),
+                Field("aborted_transactions", array(Field("producer_id", INT64),
+                                                    Field("first_offset", INT64),
+                                                    nullable=True), since=4),
+                Field("preferred_read_replica", INT32, since=11, default=-1),
+                Field("records", NULLABLE_BYTES))))))),
+    ApiKey.LIST_OFFSETS: Message((
+        Field("throttle_time_ms", INT32, since=2, default=0),
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(
+                Field("partition_index", INT32), ERROR,
+                Field("timestamp", INT64, default=-1), Field("offset", INT64, default=-1),
+                Field("leader_epoch", INT32, since=4, default=-1))))))),
+    ApiKey.INIT_PRODUCER_ID: Message((
+        THROTTLE, ERROR, Field("producer_id", INT64, default=-1),
+        Field("producer_epoch", INT16, default=-1))),
+    ApiKey.FIND_COORDINATOR: Message((
+        Field("throttle_time_ms", INT32, since=1, default=0), ERROR,
+        Field("error_message", NULLABLE_STRING, since=1),
+        Field("node_id", INT32, default=-1), Field("host", STRING, default=""),
+        Field("port", INT32, default=-1))),
+    ApiKey.JOIN_GROUP: Message((
+        Field("throttle_time_ms", INT32, since=2, default=0), ERROR,
+        Field("generation_id", INT32, default=-1), Field("protocol_name", STRING, default=""),
+        Field("leader", STRING, default=""), Field("member_id", STRING, default=""),
+        Field("members", array(Field("member_id", STRING), Field("metadata", BYTES)),
+              default=()))),
+    ApiKey.SYNC_GROUP: Message((
+        Field("throttle_time_ms", INT32, since=1, default=0), ERROR,
+        Field("assignment", BYTES, default=b""))),
+    ApiKey.HEARTBEAT: Message((Field("throttle_time_ms", INT32, since=1, default=0), ERROR)),
+    ApiKey.LEAVE_GROUP: Message((Field("throttle_time_ms", INT32, since=1, default=0),
+                                 ERROR)),
+    ApiKey.OFFSET_COMMIT: Message((
+        Field("throttle_time_ms", INT32, since=3, default=0),
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(Field("partition_index", INT32), ERROR)))))),
+    ApiKey.OFFSET_FETCH: Message((
+        Field("throttle_time_ms", INT32, since=3, default=0),
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(
+                Field("partition_index", INT32), Field("committed_offset", INT64),
+                Field("committed_leader_epoch", INT32, since=5, default=-1),
+                Field("metadata", NULLABLE_STRING), ERROR)))),
+        Field("error_code", INT16, since=2, default=0))),
+    ApiKey.CREATE_TOPICS: Message((
+        Field("throttle_time_ms", INT32, since=2, default=0),
+        Field("topics", array(Field("name", STRING), ERROR,
+                              Field("error_message", NULLABLE_STRING, since=1))))),
+    ApiKey.DELETE_TOPICS: Message((
+        Field("throttle_time_ms", INT32, since=1, default=0),
+        Field("responses", array(Field("name", STRING), ERROR)))),
+    ApiKey.SASL_HANDSHAKE: Message((ERROR, Field("mechanisms", Array.of_scalar(STRING)))),
+    ApiKey.SASL_AUTHENTICATE: Message((
+        ERROR, Field("error_message", NULLABLE_STRING), Field("auth_bytes", BYTES, default=b""),
+        Field("session_lifetime_ms", INT64, since=1, default=0))),
+}
+assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED)

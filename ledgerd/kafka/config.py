@@ -1,0 +1,108 @@
+"""The Kafka gateway's configuration: the client's keys (ZooKeeper, quorums, TLS to the
+bookies) plus the gateway's own, in one file (``ledgerd gateway --conf F``)."""
+
+from __future__ import annotations
+
+import ssl
+import zlib
+from dataclasses import dataclass
+
+from ledgerd.base.settings import ConfigError, setting
+from ledgerd.base.tls import server_context
+from ledgerd.config import ClientConfig
+
+__all__ = ["GatewayConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayConfig(ClientConfig):
+    """Settings of ``ledgerd gateway``."""
+
+    gateway_host: str = setting(
+        "127.0.0.1", bk="(Kafka: listeners)", doc="Address the gateway listens on.")
+    gateway_port: int = setting(
+        9092, bk="(Kafka: listeners)", minimum=0, maximum=65535,
+        doc="Port the gateway listens on (0 = any free port).")
+    advertised_host: str = setting(
+        "", bk="(Kafka: advertised.listeners)",
+        doc="Host name clients are told to connect to (empty = gateway_host).")
+    node_id: int = setting(
+        -1, bk="(Kafka: node.id)", minimum=-1, maximum=2**31 - 1,
+        doc="This gateway's broker id in Metadata (-1 = derived from its advertised "
+            "host and port).")
+    default_partitions: int = setting(
+        1, bk="(Kafka: num.partitions)", minimum=1, maximum=10000,
+        doc="Partitions of a topic created automatically or without a count.")
+    auto_create_topics: bool = setting(
+        True, bk="(Kafka: auto.create.topics.enable)",
+        doc="Create a topic the first time a client asks for it in Metadata.")
+    log_roll_bytes: int = setting(
+        256 << 20, bk="(ledgerd: log roll)", minimum=1 << 20,
+        doc="A partition's log moves to a new ledger after this many bytes.")
+    tail_cache_bytes: int = setting(
+        8 << 20, bk="(ledgerd)", minimum=0,
+        doc="Recently written batches each partition keeps in memory for consumers at "
+            "the tail (per partition this gateway writes).")
+    max_append_bytes: int = setting(
+        4 << 20, bk="(ledgerd)", minimum=1 << 16,
+        doc="Queued produce batches sent to the bookies as one group append, at most.")
+    max_batch_bytes: int = setting(
+        1 << 20, bk="(Kafka: message.max.bytes)", minimum=1024, maximum=1 << 30,
+        doc="Largest record batch accepted (a larger one gets MESSAGE_TOO_LARGE); at most "
+            "max_frame_bytes minus the entry header.")
+    max_request_bytes: int = setting(
+        16 << 20, bk="(Kafka: socket.request.max.bytes)", minimum=1024, maximum=1 << 30,
+        doc="Largest request accepted; a larger one closes the connection.")
+    max_inflight_requests: int = setting(
+        16, bk="(Kafka: queued.max.requests, per connection)", minimum=1, maximum=1024,
+        doc="Requests of one connection being handled at once before reading pauses.")
+    max_connections: int = setting(
+        1000, bk="(Kafka: max.connections)", minimum=1,
+        doc="Client connections served at once; more are closed on accept.")
+    group_initial_rebalance_delay_ms: int = setting(
+        3000, bk="(Kafka: group.initial.rebalance.delay.ms)", minimum=0, maximum=300000,
+        doc="A new group's first rebalance waits this long for more members.")
+    group_min_session_timeout_ms: int = setting(
+        6000, bk="(Kafka: group.min.session.timeout.ms)", minimum=1,
+        doc="Smallest session timeout a consumer may ask for.")
+    group_max_session_timeout_ms: int = setting(
+        300000, bk="(Kafka: group.max.session.timeout.ms)", minimum=1,
+        doc="Largest session timeout a consumer may ask for.")
+    gateway_tls_certificate_path: str = setting(
+        "", bk="(Kafka: ssl.keystore.location, PEM)",
+        doc="PEM certificate chain of the gateway's listener; set, the listener speaks "
+            "TLS only (Kafka's SSL / SASL_SSL).")
+    gateway_tls_key_path: str = setting(
+        "", bk="(Kafka: ssl.keystore.location, PEM)", doc="PEM key of the certificate.")
+    gateway_tls_client_auth: str = setting(
+        "none", bk="(Kafka: ssl.client.auth)", choices=("none", "optional", "required"),
+        doc="Ask Kafka clients for certificates (verified against tls_trust_path).")
+    gateway_sasl_users_file: str = setting(
+        "", bk="(Kafka: sasl.enabled.mechanisms=PLAIN, JAAS users)",
+        doc="Lines 'user:sha256(password) roles': set, every connection must "
+            "authenticate with SASL PLAIN before any other request but ApiVersions.")
+
+    def tls_server_context(self) -> ssl.SSLContext | None:
+        if not self.gateway_tls_certificate_path:
+            return None
+        return server_context(self.gateway_tls_certificate_path, self.gateway_tls_key_path,
+                              trust=self.tls_trust_path,
+                              client_auth=self.gateway_tls_client_auth,
+                              protocols=self.tls_enabled_protocols)
+
+    def effective_node_id(self, port: int) -> int:
+        if self.node_id >= 0:
+            return self.node_id
+        return zlib.crc32(f"{self.advertised(port)[0]}:{port}".encode()) & 0x7FFFFFFF
+
+    def advertised(self, port: int) -> tuple[str, int]:
+        return (self.advertised_host or self.gateway_host, port)
+
+    def __post_init__(self) -> None:
+        ClientConfig.__post_init__(self)
+        if self.max_batch_bytes + 4096 > self.max_frame_bytes:
+            raise ConfigError("max_batch_bytes", self.max_batch_bytes,
+                              f"at most max_frame_bytes - 4096 ({self.max_frame_bytes - 4096})")
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ConfigError("group_min_session_timeout_ms", self.group_min_session_timeout_ms,
+                              "at most group_max_session_timeout_ms")

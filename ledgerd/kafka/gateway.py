@@ -1,0 +1,988 @@
+"""The Kafka gateway: stock Kafka clients produce to and consume from ledgerd logs.
+
+A topic is a set of logs, one per partition (``partitions.py``); a Kafka offset counts
+records across the log's batches. Several gateways may serve one cluster: each
+registers ``<root>/kafka/gateways/<node id>`` (ephemeral) and the owner of a partition
+(its only writer, its "leader" in Metadata) or of a consumer group (its coordinator) is
+chosen by rendezvous hashing over the live gateways, so every gateway computes the same
+answer and a dead gateway's share moves to the others. Any gateway serves reads.
+
+Per connection, requests are read in order, each handled in its own task (a parked
+Fetch or a Produce awaiting its quorum does not stop the next request), and responses
+are written in request order, as Kafka requires. At most ``max_inflight_requests``
+are handled at once per connection; reading pauses beyond that. Produce admission
+(validation, queueing on the partition) happens in the reading task, so batches of
+pipelined requests reach their partition in the order they were sent.
+
+State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count),
+``gateways/<id>``, ``groups/<group>`` (generation), ``producer_ids`` (a CAS counter).
+Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import struct
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ledgerd.base.logs import fields
+from ledgerd.errors import LedgerdError
+from ledgerd.kafka.api import (
+    PRODUCE_SERVED_FROM,
+    REQUEST_HEADER,
+    REQUESTS,
+    RESPONSES,
+    SUPPORTED,
+    ApiKey,
+    ErrorCode,
+)
+from ledgerd.kafka.groups import Group, GroupSettings, Reply
+from ledgerd.kafka.partitions import (
+    OffsetOutOfRangeError,
+    PartitionLog,
+    PartitionSettings,
+    log_name,
+)
+from ledgerd.kafka.records import BatchError, split_batches
+from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+from ledgerd.ledgerlog import log_layout
+from ledgerd.metadata.cas import cas_update
+from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
+from ledgerd.metadata.logs import CursorRecord
+from ledgerd.wire.status import FencedError
+
+if TYPE_CHECKING:
+    from ledgerd.client import Client
+    from ledgerd.kafka.config import GatewayConfig
+
+__all__ = ["Gateway", "serve_gateway"]
+
+log = logging.getLogger(__name__)
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
+_SIZE = struct.Struct(">i")
+MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
+
+
+def _key_name(name: str) -> str:
+    """A group id as a ZooKeeper/cursor name: itself when plain, else hex."""
+    return name if _SAFE.match(name) else "x-" + name.encode().hex()[:180]
+
+
+def _rank(node: int, key: str) -> int:
+    return zlib.crc32(f"{node}/{key}".encode())
+
+
+class SaslUsers:
+    """``gateway_sasl_users_file``: ``user:sha256-hex-of-password roles`` per line."""
+
+    def __init__(self, path: str) -> None:
+        self.users: dict[str, str] = {}
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line or line.startswith("#"):
+                    continue
+                user, _, rest = line.partition(":")
+                digest = rest.split()[0] if rest.split() else ""
+                if not user or len(digest) != 64:
+                    raise LedgerdError(f"{path}:{n}: expected 'user:sha256hex [roles]'")
+                self.users[user] = digest
+
+    def check(self, auth: bytes) -> str | None:
+        """The user a PLAIN message (authzid NUL user NUL password) proves, or None."""
+        parts = auth.split(b"\x00")
+        if len(parts) != 3:
+            return None
+        user = parts[1].decode("utf-8", "replace")
+        want = self.users.get(user)
+        got = hashlib.sha256(parts[2]).hexdigest()
+        if want is None or not _consteq(want, got):
+            return None
+        return user
+
+
+def _consteq(a: str, b: str) -> bool:
+    import hmac
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+@dataclass(slots=True)
+class _Conn:
+    peer: str
+    client_id: str = ""
+    authenticated: bool = False
+    sasl_mechanism: str = ""
+    user: str = ""
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One request's place in its connection's response order."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    frame: bytes | None = None  # None: no response (acks=0)
+    close: bool = False
+
+
+class Gateway:
+    def __init__(self, client: Client, config: GatewayConfig) -> None:
+        self.client = client
+        self.config = config
+        self.store = client.store
+        self.root = f"{config.zk_ledgers_root_path.rstrip('/')}/kafka"
+        self.port = 0
+        self.node_id = -1
+        self.nodes: dict[int, tuple[str, int]] = {}
+        self.topics: dict[str, int] = {}
+        self.partitions: dict[tuple[str, int], PartitionLog] = {}
+        self.groups: dict[str, Group] = {}
+        self.group_settings = GroupSettings(config.group_initial_rebalance_delay_ms / 1000,
+                                            config.group_min_session_timeout_ms,
+                                            config.group_max_session_timeout_ms)
+        self.part_settings = PartitionSettings(
+            config.ensemble_size, config.write_quorum_size, config.ack_quorum_size,
+            config.log_roll_bytes, config.tail_cache_bytes, config.max_append_bytes)
+        self.sasl = SaslUsers(config.gateway_sasl_users_file) \
+            if config.gateway_sasl_users_file else None
+        self.connections = 0
+        self.nursery: trio.Nursery | None = None
+        self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
+                                             Awaitable[dict[str, Any] | None]]] = {
+            ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
+            ApiKey.FETCH: self.fetch, ApiKey.LIST_OFFSETS: self.list_offsets,
+            ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
+            ApiKey.FIND_COORDINATOR: self.find_coordinator,
+            ApiKey.JOIN_GROUP: self.join_group, ApiKey.SYNC_GROUP: self.sync_group,
+            ApiKey.HEARTBEAT: self.heartbeat, ApiKey.LEAVE_GROUP: self.leave_group,
+            ApiKey.OFFSET_COMMIT: self.offset_commit, ApiKey.OFFSET_FETCH: self.offset_fetch,
+            ApiKey.CREATE_TOPICS: self.create_topics, ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
+            ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
+        }
+
+    # -- membership and ownership -------------------------------------------------------
+
+    def owner(self, key: str) -> int:
+        if not self.nodes:
+            return self.node_id
+        return max(self.nodes, key=lambda n: _rank(n, key))
+
+    def owns(self, key: str) -> bool:
+        return self.owner(key) == self.node_id
+
+    async def _register(self) -> None:
+        path = f"{self.root}/gateways/{self.node_id}"
+        host, port = self.config.advertised(self.port)
+        data = json.dumps({"host": host, "port": port}).encode()
+        try:
+            await self.store.create(path, data, ephemeral=True, make_parents=True)
+        except NodeExistsError:  # our previous session's node, not yet expired
+            await self.store.delete(path)
+            await self.store.create(path, data, ephemeral=True, make_parents=True)
+
+    async def _refresh(self) -> None:
+        path = f"{self.root}/gateways"
+        nodes: dict[int, tuple[str, int]] = {}
+        for child in await self.store.children(path):
+            try:
+                raw, _ = await self.store.get(f"{path}/{child}")
+            except NoNodeError:
+                continue
+            doc = json.loads(raw)
+            nodes[int(child)] = (doc["host"], int(doc["port"]))
+        if self.node_id not in nodes:
+            await self._register()
+            nodes[self.node_id] = self.config.advertised(self.port)
+        self.nodes = nodes
+        for (topic, p), part in list(self.partitions.items()):
+            if part.writer is not None and not self.owns(f"{topic}/{p}"):
+                log.info("kafka_partition_moved", extra=fields(topic=topic, partition=p,
+                                                               owner=self.owner(f"{topic}/{p}")))
+                await part.release()
+
+    async def _membership(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            try:
+                await self._refresh()
+            except Exception as exc:  # ZooKeeper away: keep the last view
+                log.warning("kafka_membership_refresh_failed", extra=fields(error=repr(exc)))
+
+    async def _tick_groups(self) -> None:
+        while True:
+            await trio.sleep(0.1)
+            now = trio.current_time()
+            for group in list(self.groups.values()):
+                group.tick(now)
+                if group.generation > group.persisted:
+                    try:
+                        await self._store_group(group)
+                    except Exception as exc:
+                        log.warning("kafka_group_store_failed", extra=fields(
+                            group=group.group_id, error=repr(exc)))
+
+    # -- serving ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+                  ) -> None:
+        """Listen, register, serve until cancelled; ``task_status.started(port)``."""
+        cfg = self.config
+        listeners = await trio.open_tcp_listeners(cfg.gateway_port, host=cfg.gateway_host)
+        self.port = listeners[0].socket.getsockname()[1]
+        self.node_id = cfg.effective_node_id(self.port)
+        tls = cfg.tls_server_context()
+        await self._register()
+        await self._refresh()
+        log.info("kafka_gateway_listening", extra=fields(
+            host=cfg.gateway_host, port=self.port, node_id=self.node_id,
+            tls=tls is not None, sasl=self.sasl is not None))
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self._membership)
+                nursery.start_soon(self._tick_groups)
+                served: list[Any] = listeners
+                if tls is not None:
+                    served = [trio.SSLListener(lst, tls, https_compatible=False)
+                              for lst in listeners]
+                await nursery.start(trio.serve_listeners, self._serve, served)
+                task_status.started(self.port)
+        finally:
+            with trio.move_on_after(10, shield=True):
+                for part in self.partitions.values():
+                    await part.release()
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        peer = _peer(stream)
+        if self.connections >= self.config.max_connections:
+            log.warning("kafka_connection_refused", extra=fields(
+                peer=peer, reason="max_connections"))
+            await trio.aclose_forcefully(stream)
+            return
+        self.connections += 1
+        conn = _Conn(peer, authenticated=self.sasl is None)
+        try:
+            await self._connection(stream, conn)
+        except Exception as exc:  # one connection closes; the gateway goes on
+            leaves = _leaves(exc)
+            if all(isinstance(e, trio.BrokenResourceError | trio.ClosedResourceError | OSError)
+                   for e in leaves):
+                pass  # the peer went away
+            elif all(isinstance(e, KafkaDecodeError) for e in leaves):
+                log.warning("kafka_bad_request", extra=fields(peer=peer, error=str(leaves[0])))
+            else:
+                log.exception("kafka_connection_failed", extra=fields(peer=peer))
+        finally:
+            self.connections -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def _connection(self, stream: trio.abc.Stream, conn: _Conn) -> None:
+        send, receive = trio.open_memory_channel[_Slot](self.config.max_inflight_requests)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._responder, stream, receive, nursery.cancel_scope)
+            buf = bytearray()
+            async with send:
+                while True:
+                    while len(buf) < 4 or len(buf) < 4 + _SIZE.unpack_from(buf)[0]:
+                        if len(buf) >= 4:
+                            size = _SIZE.unpack_from(buf)[0]
+                            if not 8 <= size <= self.config.max_request_bytes:
+                                log.warning("kafka_bad_frame", extra=fields(
+                                    peer=conn.peer, size=size,
+                                    limit=self.config.max_request_bytes))
+                                return
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            return
+                        buf += data
+                    size = _SIZE.unpack_from(buf)[0]
+                    frame = bytes(buf[4:4 + size])
+                    del buf[:4 + size]
+                    slot = _Slot()
+                    await send.send(slot)  # waits while max_inflight_requests are open
+                    if not await self._admit(conn, frame, slot, nursery):
+                        return
+
+    async def _responder(self, stream: trio.abc.Stream,
+                         slots: trio.MemoryReceiveChannel[_Slot],
+                         scope: trio.CancelScope) -> None:
+        async with slots:
+            async for slot in slots:
+                await slot.done.wait()
+                if slot.frame is not None:
+                    await stream.send_all(slot.frame)
+                if slot.close:
+                    break
+        scope.cancel()
+
+    async def _admit(self, conn: _Conn, frame: bytes, slot: _Slot,
+                     nursery: trio.Nursery) -> bool:
+        """Parse one request and start handling it; False closes the connection."""
+        r = Reader(frame)
+        header = decode(REQUEST_HEADER, 1, r, "request header")
+        key, version, cid = header["api_key"], header["api_version"], header["correlation_id"]
+        conn.client_id = header["client_id"] or ""
+        try:
+            api = ApiKey(key)
+        except ValueError:
+            log.warning("kafka_unknown_api", extra=fields(peer=conn.peer, api_key=key))
+            slot.close = True
+            slot.done.set()
+            return False
+        low, high = SUPPORTED[api]
+        if api is ApiKey.API_VERSIONS and version > high:
+            slot.frame = self._frame(api, 0, cid, {"error_code": ErrorCode.UNSUPPORTED_VERSION,
+                                                   "api_keys": _advertised()})
+            slot.done.set()
+            return True
+        if not low <= version <= high:
+            log.warning("kafka_unsupported_version", extra=fields(
+                peer=conn.peer, api=api.name, version=version, supported=f"{low}-{high}"))
+            slot.close = True
+            slot.done.set()
+            return False
+        req_msg = REQUESTS[api]
+        if req_msg.is_flexible(version):
+            r.skip_tags("request header")
+        body = decode(req_msg, version, r, api.name)
+        if not conn.authenticated and api not in (ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE,
+                                                  ApiKey.SASL_AUTHENTICATE):
+            log.warning("kafka_unauthenticated_request", extra=fields(
+                peer=conn.peer, api=api.name))
+            slot.close = True
+            slot.done.set()
+            return False
+        if api is ApiKey.PRODUCE:
+            if version < PRODUCE_SERVED_FROM:
+                reply = _produce_error(body, ErrorCode.UNSUPPORTED_VERSION)
+                slot.frame = self._frame(api, version, cid, reply)
+                slot.done.set()
+                return True
+            work = await self._admit_produce(conn, body)
+            nursery.start_soon(self._finish, slot, api, version, cid,
+                               self._complete_produce, (body, work))
+            return True
+        nursery.start_soon(self._finish, slot, api, version, cid,
+                           self.handlers[api], (conn, version, body))
+        return True
+
+    async def _finish(self, slot: _Slot, api: ApiKey, version: int, cid: int,
+                      handler: Callable[..., Awaitable[dict[str, Any] | None]],
+                      args: tuple[Any, ...]) -> None:
+        try:
+            reply = await handler(*args)
+        except Exception:
+            log.exception("kafka_request_failed", extra=fields(api=api.name))
+            slot.close = True
+            slot.done.set()
+            return
+        if reply is not None:
+            slot.frame = self._frame(api, version, cid, reply)
+        slot.done.set()
+
+    def _frame(self, api: ApiKey, version: int, cid: int, body: dict[str, Any]) -> bytes:
+        pieces = encode(RESPONSES[api], version, body)
+        head = struct.pack(">i", cid)
+        if RESPONSES[api].is_flexible(version) and api is not ApiKey.API_VERSIONS:
+            head += b"\x00"
+        size = len(head) + sum(len(p) for p in pieces)
+        return b"".join([_SIZE.pack(size), head, *pieces])
+
+    # -- topics -------------------------------------------------------------------------
+
+    async def partition_count(self, topic: str) -> int | None:
+        n = self.topics.get(topic)
+        if n is not None:
+            return n
+        try:
+            raw, _ = await self.store.get(f"{self.root}/topics/{topic}")
+        except NoNodeError:
+            return None
+        n = int(json.loads(raw)["partitions"])
+        self.topics[topic] = n
+        return n
+
+    async def all_topics(self) -> list[str]:
+        try:
+            names = await self.store.children(f"{self.root}/topics")
+        except NoNodeError:
+            return []
+        for name in names:
+            await self.partition_count(name)
+        return sorted(names)
+
+    async def create_topic(self, topic: str, partitions: int) -> None:
+        doc = json.dumps({"format": 1, "partitions": partitions}).encode()
+        await self.store.create(f"{self.root}/topics/{topic}", doc, make_parents=True)
+        self.topics[topic] = partitions
+        log.info("kafka_topic_created", extra=fields(topic=topic, partitions=partitions))
+
+    def partition(self, topic: str, p: int) -> PartitionLog:
+        part = self.partitions.get((topic, p))
+        if part is None:
+            part = self.partitions[(topic, p)] = PartitionLog(
+                self.client, topic, p, self.part_settings)
+        return part
+
+    # -- handlers -----------------------------------------------------------------------
+
+    async def api_versions(self, conn: _Conn, version: int, body: dict[str, Any],
+                           ) -> dict[str, Any]:
+        return {"error_code": 0, "api_keys": _advertised()}
+
+    async def metadata(self, conn: _Conn, version: int, body: dict[str, Any],
+                       ) -> dict[str, Any]:
+        wanted = body["topics"]
+        if wanted is None or (version == 0 and not wanted):
+            names = await self.all_topics()
+        else:
+            names = [t["name"] for t in wanted]
+        topics = []
+        for name in names:
+            count = await self.partition_count(name) if _TOPIC.match(name) else None
+            if count is None:
+                if not _TOPIC.match(name):
+                    topics.append({"error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                   "name": name, "partitions": []})
+                    continue
+                if self.config.auto_create_topics and body["allow_auto_topic_creation"]:
+                    try:
+                        await self.create_topic(name, self.config.default_partitions)
+                    except NodeExistsError:
+                        pass
+                    count = await self.partition_count(name)
+            if count is None:
+                topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                               "name": name, "partitions": []})
+                continue
+            parts = []
+            for p in range(count):
+                leader = self.owner(f"{name}/{p}")
+                parts.append({"error_code": 0, "partition_index": p, "leader_id": leader,
+                              "replica_nodes": [leader], "isr_nodes": [leader]})
+            topics.append({"error_code": 0, "name": name, "partitions": parts})
+        brokers = [{"node_id": n, "host": h, "port": p, "rack": None}
+                   for n, (h, p) in sorted(self.nodes.items())]
+        return {"brokers": brokers, "cluster_id": "ledgerd", "controller_id": self.node_id,
+                "topics": topics}
+
+    async def _admit_produce(self, conn: _Conn, body: dict[str, Any],
+                             ) -> dict[tuple[str, int], Any]:
+        """Validate and queue each partition's batches (called in request order);
+        returns per partition an error code or the queued item."""
+        assert self.nursery is not None
+        work: dict[tuple[str, int], Any] = {}
+        if body["transactional_id"] is not None:
+            for t in body["topic_data"]:
+                for pd in t["partition_data"]:
+                    work[(t["name"], pd["index"])] = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            return work
+        for t in body["topic_data"]:
+            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            for pd in t["partition_data"]:
+                key = (t["name"], pd["index"])
+                if count is None or not 0 <= pd["index"] < count:
+                    work[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not self.owns(f"{t['name']}/{pd['index']}"):
+                    work[key] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    continue
+                if pd["records"] is None:
+                    work[key] = ErrorCode.INVALID_RECORD
+                    continue
+                try:
+                    batches = split_batches(pd["records"],
+                                            max_batch_bytes=self.config.max_batch_bytes)
+                except BatchError as exc:
+                    log.warning("kafka_bad_batch", extra=fields(
+                        peer=conn.peer, topic=t["name"], partition=pd["index"],
+                        error=str(exc)))
+                    work[key] = exc.code
+                    continue
+                part = self.partition(*key)
+                if part.queued_bytes > 8 * self.config.max_append_bytes:
+                    work[key] = ErrorCode.REQUEST_TIMED_OUT  # shed load; the client retries
+                    continue
+                work[key] = part.enqueue(batches, self.nursery)
+        return work
+
+    async def _complete_produce(self, body: dict[str, Any],
+                                work: dict[tuple[str, int], Any]) -> dict[str, Any] | None:
+        deadline = trio.current_time() + max(body["timeout_ms"], 0) / 1000
+        out: dict[str, list[dict[str, Any]]] = {}
+        for (topic, p), item in work.items():
+            entry: dict[str, Any] = {"index": p, "error_code": 0, "base_offset": -1}
+            if isinstance(item, int):
+                entry["error_code"] = item
+            else:
+                with trio.move_on_at(deadline):
+                    await item.done.wait()
+                if not item.done.is_set():
+                    entry["error_code"] = ErrorCode.REQUEST_TIMED_OUT
+                elif item.error is not None:
+                    entry["error_code"] = _storage_error(item.error)
+                else:
+                    entry["base_offset"] = item.base_offset
+                    entry["log_start_offset"] = -1
+            out.setdefault(topic, []).append(entry)
+        if body["acks"] == 0:
+            return None
+        return {"responses": [{"name": t, "partition_responses": parts}
+                              for t, parts in out.items()]}
+
+    async def fetch(self, conn: _Conn, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
+        while True:
+            budget = body["max_bytes"] if body["max_bytes"] > 0 else 0x7FFFFFFF
+            total = 0
+            responses = []
+            waits: list[trio.Event] = []
+            poll = False  # a partition another gateway writes: look again soon
+            for t in body["topics"]:
+                count = await self.partition_count(t["topic"]) if _TOPIC.match(t["topic"]) \
+                    else None
+                parts = []
+                for pr in t["partitions"]:
+                    res: dict[str, Any] = {"partition_index": pr["partition"], "error_code": 0,
+                                           "high_watermark": -1, "aborted_transactions": [],
+                                           "records": None}
+                    parts.append(res)
+                    if count is None or not 0 <= pr["partition"] < count:
+                        res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                        continue
+                    part = self.partition(t["topic"], pr["partition"])
+                    limit = max(1, min(pr["partition_max_bytes"], budget - total))
+                    try:
+                        records, hw = await part.read(pr["fetch_offset"], limit)
+                    except OffsetOutOfRangeError as exc:
+                        res.update(error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
+                                   high_watermark=exc.end, last_stable_offset=exc.end,
+                                   log_start_offset=exc.start)
+                        continue
+                    except (LedgerdError, FencedError) as exc:
+                        res["error_code"] = _storage_error(exc)
+                        continue
+                    res.update(high_watermark=hw, last_stable_offset=hw,
+                               log_start_offset=await part.start_offset(), records=records)
+                    total += len(records)
+                    if not records and part.writer is not None:
+                        waits.append(part.changed)
+                    elif not records:
+                        poll = True
+                responses.append({"topic": t["topic"], "partitions": parts})
+            now = trio.current_time()
+            if total >= body["min_bytes"] or total > 0 or now >= deadline or not (
+                    waits or poll):
+                return {"session_id": 0, "responses": responses}
+            await _wait_any(waits, min(deadline, now + 0.1) if poll else deadline)
+
+    async def list_offsets(self, conn: _Conn, version: int, body: dict[str, Any],
+                           ) -> dict[str, Any]:
+        topics = []
+        for t in body["topics"]:
+            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            parts = []
+            for pr in t["partitions"]:
+                res: dict[str, Any] = {"partition_index": pr["partition_index"],
+                                       "error_code": 0, "timestamp": -1, "offset": -1}
+                parts.append(res)
+                if count is None or not 0 <= pr["partition_index"] < count:
+                    res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                part = self.partition(t["name"], pr["partition_index"])
+                ts = pr["timestamp"]
+                try:
+                    if ts == -1:
+                        res["offset"] = await part.high_watermark()
+                    elif ts == -2:
+                        res["offset"] = await part.start_offset()
+                    elif ts < 0:
+                        res["error_code"] = ErrorCode.INVALID_REQUEST
+                    else:
+                        found = await part.offset_for_time(ts)
+                        if found is not None:
+                            res["timestamp"], res["offset"] = found
+                except (LedgerdError, FencedError) as exc:
+                    res["error_code"] = _storage_error(exc)
+            topics.append({"name": t["name"], "partitions": parts})
+        return {"topics": topics}
+
+    async def init_producer_id(self, conn: _Conn, version: int, body: dict[str, Any],
+                               ) -> dict[str, Any]:
+        if body["transactional_id"] is not None:
+            return {"error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+        path = f"{self.root}/producer_ids"
+        try:
+            await self.store.create(path, b"0", make_parents=True)
+        except NodeExistsError:
+            pass
+        got: list[int] = []
+
+        def bump(current: int) -> int:
+            got[:] = [current]
+            return current + 1
+
+        await cas_update(self.store, path, bump, decode=lambda raw, _p: int(raw),
+                         encode=lambda n: str(n).encode())
+        return {"error_code": 0, "producer_id": got[0], "producer_epoch": 0}
+
+    # -- groups -------------------------------------------------------------------------
+
+    async def find_coordinator(self, conn: _Conn, version: int, body: dict[str, Any],
+                               ) -> dict[str, Any]:
+        if body["key_type"] != 0:
+            return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                    "error_message": "transactions are not supported"}
+        node = self.owner(f"group/{body['key']}")
+        host, port = self.nodes.get(node, self.config.advertised(self.port))
+        return {"error_code": 0, "node_id": node, "host": host, "port": port}
+
+    async def _group(self, group_id: str) -> Group | int:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        if not self.owns(f"group/{group_id}"):
+            return ErrorCode.NOT_COORDINATOR
+        group = self.groups.get(group_id)
+        if group is None:
+            group = Group(group_id, self.group_settings)
+            try:
+                raw, _ = await self.store.get(f"{self.root}/groups/{_key_name(group_id)}")
+                doc = json.loads(raw)
+                group.generation = group.persisted = int(doc["generation"])
+            except NoNodeError:
+                pass
+            group = self.groups.setdefault(group_id, group)
+        return group
+
+    async def _store_group(self, group: Group) -> None:
+        path = f"{self.root}/groups/{_key_name(group.group_id)}"
+        gen = group.generation
+        doc = json.dumps({"format": 1, "group": group.group_id, "generation": gen,
+                          "protocol_type": group.protocol_type}).encode()
+        try:
+            await self.store.set(path, doc)
+        except NoNodeError:
+            await self.store.create(path, doc, make_parents=True)
+        group.persisted = max(group.persisted, gen)
+
+    async def _wait(self, reply: Reply) -> dict[str, Any]:
+        if reply.value is None:
+            reply.waiter = trio.Event()
+            await reply.waiter.wait()
+        assert reply.value is not None
+        return reply.value
+
+    async def join_group(self, conn: _Conn, version: int, body: dict[str, Any],
+                         ) -> dict[str, Any]:
+        group = await self._group(body["group_id"])
+        if isinstance(group, int):
+            return {"error_code": group, "member_id": body["member_id"]}
+        reply = group.join(member_id=body["member_id"], client_id=conn.client_id,
+                           protocol_type=body["protocol_type"],
+                           protocols=[(p["name"], p["metadata"]) for p in body["protocols"]],
+                           session_timeout_ms=body["session_timeout_ms"],
+                           rebalance_timeout_ms=body["rebalance_timeout_ms"],
+                           now=trio.current_time())
+        return await self._wait(reply)
+
+    async def sync_group(self, conn: _Conn, version: int, body: dict[str, Any],
+                         ) -> dict[str, Any]:
+        group = await self._group(body["group_id"])
+        if isinstance(group, int):
+            return {"error_code": group}
+        reply = group.sync(member_id=body["member_id"], generation=body["generation_id"],
+                           assignments=[(a["member_id"], a["assignment"])
+                                        for a in body["assignments"]],
+                           now=trio.current_time())
+        return await self._wait(reply)
+
+    async def heartbeat(self, conn: _Conn, version: int, body: dict[str, Any],
+                        ) -> dict[str, Any]:
+        group = await self._group(body["group_id"])
+        if isinstance(group, int):
+            return {"error_code": group}
+        return {"error_code": group.heartbeat(member_id=body["member_id"],
+                                              generation=body["generation_id"],
+                                              now=trio.current_time())}
+
+    async def leave_group(self, conn: _Conn, version: int, body: dict[str, Any],
+                          ) -> dict[str, Any]:
+        group = await self._group(body["group_id"])
+        if isinstance(group, int):
+            return {"error_code": group}
+        return {"error_code": group.leave(member_id=body["member_id"],
+                                          now=trio.current_time())}
+
+    async def offset_commit(self, conn: _Conn, version: int, body: dict[str, Any],
+                            ) -> dict[str, Any]:
+        group = await self._group(body["group_id"])
+        error = group if isinstance(group, int) else group.check_commit(
+            member_id=body["member_id"], generation=body["generation_id"])
+        topics = []
+        for t in body["topics"]:
+            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            parts = []
+            for pr in t["partitions"]:
+                code = error
+                meta = pr["committed_metadata"]
+                if code == 0 and (count is None or not 0 <= pr["partition_index"] < count):
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif code == 0 and meta is not None and len(meta.encode()) > MAX_METADATA:
+                    code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                elif code == 0:
+                    try:
+                        await self._commit(body["group_id"], t["name"], pr["partition_index"],
+                                           pr["committed_offset"], meta)
+                    except (LedgerdError, FencedError) as exc:
+                        code = _storage_error(exc)
+                parts.append({"partition_index": pr["partition_index"], "error_code": code})
+            topics.append({"name": t["name"], "partitions": parts})
+        return {"topics": topics}
+
+    async def _commit(self, group_id: str, topic: str, p: int, offset: int,
+                      metadata: str | None) -> None:
+        part = self.partition(topic, p)
+        name = log_name(topic, p)
+        cursor = "kafka." + _key_name(group_id)
+        lid = eid = entry_offset = 0
+        hw = await part.high_watermark()
+        try:
+            if 0 <= offset < hw:
+                lid, eid = await part.locate(offset)
+            elif offset >= hw > 0:
+                lid, eid = await part.locate(hw - 1)
+                eid += 1
+            if lid:
+                for seg in await log_layout(self.client, name):
+                    if seg.ledger_id == lid and seg.first_offset is not None:
+                        entry_offset = seg.first_offset + eid
+        except LedgerdError:
+            pass  # the position is a hint for ledgerd readers; the Kafka offset is kept
+        try:
+            await self.client.logs.get(name)
+        except NoNodeError:
+            try:
+                await self.client.logs.create(name)
+            except NodeExistsError:
+                pass
+        record = CursorRecord(entry_offset, lid, eid, kafka_offset=max(offset, 0),
+                              kafka_metadata=metadata)
+        while True:
+            got = await self.client.logs.get_cursor(name, cursor)
+            try:
+                await self.client.logs.put_cursor(name, cursor, record,
+                                                  None if got is None else got[1])
+                return
+            except (BadVersionError, NodeExistsError):
+                continue
+
+    async def offset_fetch(self, conn: _Conn, version: int, body: dict[str, Any],
+                           ) -> dict[str, Any]:
+        group = await self._group(body["group_id"])
+        if isinstance(group, int):
+            return {"error_code": group, "topics": []}
+        cursor = "kafka." + _key_name(body["group_id"])
+        wanted = body["topics"]
+        if wanted is None:
+            wanted = []
+            for name in await self.all_topics():
+                wanted.append({"name": name,
+                               "partition_indexes": list(range(self.topics[name]))})
+        topics = []
+        for t in wanted:
+            parts = []
+            for p in t["partition_indexes"]:
+                res: dict[str, Any] = {"partition_index": p, "committed_offset": -1,
+                                       "metadata": "", "error_code": 0}
+                try:
+                    got = await self.client.logs.get_cursor(log_name(t["name"], p), cursor)
+                except (NoNodeError, ValueError):
+                    got = None
+                if got is not None and got[0].kafka_offset is not None:
+                    res["committed_offset"] = got[0].kafka_offset
+                    res["metadata"] = got[0].kafka_metadata or ""
+                if body["topics"] is None and res["committed_offset"] < 0:
+                    continue
+                parts.append(res)
+            topics.append({"name": t["name"], "partitions": parts})
+        return {"topics": topics, "error_code": 0}
+
+    # -- topics admin -------------------------------------------------------------------
+
+    async def create_topics(self, conn: _Conn, version: int, body: dict[str, Any],
+                            ) -> dict[str, Any]:
+        out = []
+        for t in body["topics"]:
+            name, n = t["name"], t["num_partitions"]
+            res: dict[str, Any] = {"name": name, "error_code": 0, "error_message": None}
+            out.append(res)
+            if n == -1:
+                n = self.config.default_partitions
+            if not _TOPIC.match(name):
+                res.update(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION,
+                           error_message="topic names are 1-180 of [A-Za-z0-9._-]")
+            elif not 1 <= n <= 10000:
+                res.update(error_code=ErrorCode.INVALID_PARTITIONS,
+                           error_message=f"{n} partitions: allowed 1-10000")
+            elif t["assignments"]:
+                res.update(error_code=ErrorCode.INVALID_REQUEST,
+                           error_message="manual replica assignment does not apply: "
+                                         "ledgerd places replicas per ledger")
+            elif await self.partition_count(name) is not None:
+                res.update(error_code=ErrorCode.TOPIC_ALREADY_EXISTS,
+                           error_message=f"topic {name!r} already exists")
+            elif not body["validate_only"]:
+                try:
+                    await self.create_topic(name, n)
+                except NodeExistsError:
+                    res.update(error_code=ErrorCode.TOPIC_ALREADY_EXISTS,
+                               error_message=f"topic {name!r} already exists")
+        return {"topics": out}
+
+    async def delete_topics(self, conn: _Conn, version: int, body: dict[str, Any],
+                            ) -> dict[str, Any]:
+        out = []
+        for name in body["topic_names"]:
+            count = await self.partition_count(name) if _TOPIC.match(name) else None
+            if count is None:
+                out.append({"name": name, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+                continue
+            await self.store.delete(f"{self.root}/topics/{name}")
+            self.topics.pop(name, None)
+            for p in range(count):
+                part = self.partitions.pop((name, p), None)
+                if part is not None:
+                    await part.release()
+                await _delete_log(self.client, log_name(name, p))
+            log.info("kafka_topic_deleted", extra=fields(topic=name, partitions=count))
+            out.append({"name": name, "error_code": 0})
+        return {"responses": out}
+
+    # -- SASL ---------------------------------------------------------------------------
+
+    async def sasl_handshake(self, conn: _Conn, version: int, body: dict[str, Any],
+                             ) -> dict[str, Any]:
+        if self.sasl is None or body["mechanism"] != "PLAIN":
+            return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                    "mechanisms": ["PLAIN"] if self.sasl is not None else []}
+        conn.sasl_mechanism = "PLAIN"
+        return {"error_code": 0, "mechanisms": ["PLAIN"]}
+
+    async def sasl_authenticate(self, conn: _Conn, version: int, body: dict[str, Any],
+                                ) -> dict[str, Any]:
+        if self.sasl is None or conn.sasl_mechanism != "PLAIN":
+            return {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
+                    "error_message": "SaslHandshake with mechanism PLAIN first"}
+        user = self.sasl.check(body["auth_bytes"])
+        if user is None:
+            log.warning("kafka_sasl_failed", extra=fields(peer=conn.peer))
+            return {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
+                    "error_message": "Authentication failed: invalid user name or password"}
+        conn.authenticated, conn.user = True, user
+        return {"error_code": 0, "error_message": None}
+
+
+async def _delete_log(client: Client, name: str) -> None:
+    try:
+        record, _ = await client.logs.get(name)
+    except NoNodeError:
+        return
+    await client.logs.delete(name)
+    for lid in record.ledgers:
+        try:
+            await client.delete_ledger(lid)
+        except LedgerdError:
+            pass
+
+
+def _advertised() -> list[dict[str, int]]:
+    return [{"api_key": int(k), "min_version": lo, "max_version": hi}
+            for k, (lo, hi) in sorted(SUPPORTED.items())]
+
+
+def _produce_error(body: dict[str, Any], code: int) -> dict[str, Any]:
+    return {"responses": [{"name": t["name"], "partition_responses": [
+        {"index": pd["index"], "error_code": code} for pd in t["partition_data"]]}
+        for t in body["topic_data"]]}
+
+
+def _storage_error(exc: BaseException) -> int:
+    from ledgerd.ledgerlog import LogFencedError
+    if isinstance(exc, LogFencedError | FencedError):
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
+    name = type(exc).__name__
+    if "NotEnough" in name or "Timeout" in name:
+        return ErrorCode.NOT_ENOUGH_REPLICAS
+    log.warning("kafka_storage_error", extra=fields(error=repr(exc)))
+    return ErrorCode.KAFKA_STORAGE_ERROR
+
+
+async def _wait_any(events: list[trio.Event], until: float) -> None:
+    with trio.move_on_at(until):
+        async with trio.open_nursery() as nursery:
+            async def one(ev: trio.Event) -> None:
+                await ev.wait()
+                nursery.cancel_scope.cancel()
+            for ev in events:
+                nursery.start_soon(one, ev)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _peer(stream: trio.abc.Stream) -> str:
+    inner: Any = getattr(stream, "transport_stream", stream)
+    try:
+        host, port = inner.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except (AttributeError, OSError):
+        return "?"
+
+
+async def serve_gateway(client: Client, config: GatewayConfig, *,
+                        task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED,
+                        ) -> None:
+    """Run a gateway on ``client``'s cluster until cancelled; ``started(gateway)``."""
+    gw = Gateway(client, config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gw.run)
+        task_status.started(gw)
+
+
+async def _gateway_main(config: GatewayConfig) -> int:
+    import signal
+
+    from ledgerd.appliance.sdnotify import notify
+    from ledgerd.client import open_client
+
+    async with open_client(config=config) as client:
+        async with trio.open_nursery() as nursery:
+            gw = await nursery.start(serve_gateway, client, config)
+            notify("READY=1")
+            print(f"kafka gateway on {config.gateway_host}:{gw.port} (node {gw.node_id})",
+                  flush=True)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("signal", extra=fields(signal=signal.Signals(signum).name))
+                    break
+            notify("STOPPING=1")
+            nursery.cancel_scope.cancel()
+    return 0
+
+
+def run_gateway(config: GatewayConfig) -> int:
+    """``ledgerd gateway --conf F``: serve Kafka clients until SIGTERM or SIGINT."""
+    return trio.run(_gateway_main, config)

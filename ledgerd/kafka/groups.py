@@ -1,0 +1,287 @@
+"""Kafka's classic consumer-group protocol, as a state machine per group.
+
+The states and rules are Kafka's ``GroupCoordinator`` (``../shared/reference``, C2):
+
+- ``EMPTY`` --join--> ``PREPARING_REBALANCE``: the first join waits the initial
+  rebalance delay (more members join meanwhile); a rebalance of a group that had
+  members completes when every known member has rejoined or the largest rebalance
+  timeout passes (members that did not rejoin are dropped).
+- Completing the join bumps the generation, picks the protocol every member supports
+  (by the members' votes), names a leader (the previous one if still there) and answers
+  every pending JoinGroup at once, the member list only to the leader ->
+  ``COMPLETING_REBALANCE``.
+- The leader's SyncGroup carries every member's assignment; each member's SyncGroup
+  is answered with its own -> ``STABLE``.
+- A join, a leave or an expired session starts a new rebalance; members learn of it
+  from Heartbeat (REBALANCE_IN_PROGRESS) and rejoin.
+
+The machine takes ``now`` and returns replies; the gateway performs them and calls
+:meth:`Group.tick` so deadlines fire. Assignments and member metadata are opaque
+bytes (client-side assignors). Only the generation survives a gateway restart (the
+gateway stores it): members of a restarted coordinator get UNKNOWN_MEMBER_ID and
+rejoin, and committed offsets live in the partitions' cursors.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ledgerd.kafka.api import ErrorCode
+
+__all__ = ["Group", "GroupSettings", "GroupState", "Reply"]
+
+
+class GroupState(enum.Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    initial_rebalance_delay_s: float = 3.0
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 300000
+
+
+class Reply:
+    """A response that may come later (a join or sync held until the group moves)."""
+
+    __slots__ = ("value", "waiter")
+
+    def __init__(self) -> None:
+        self.value: dict[str, Any] | None = None
+        self.waiter: Any = None  # set by the I/O layer (a trio.Event)
+
+    def resolve(self, value: dict[str, Any]) -> None:
+        if self.value is None:
+            self.value = value
+            if self.waiter is not None:
+                self.waiter.set()
+
+
+def _now_reply(value: dict[str, Any]) -> Reply:
+    r = Reply()
+    r.value = value
+    return r
+
+
+@dataclass(slots=True)
+class Member:
+    member_id: str
+    session_timeout_s: float
+    rebalance_timeout_s: float
+    protocols: list[tuple[str, bytes]]
+    last_seen: float
+    join: Reply | None = None
+    sync: Reply | None = None
+    assignment: bytes = b""
+
+
+@dataclass(slots=True)
+class Group:
+    group_id: str
+    settings: GroupSettings
+    generation: int = 0
+    protocol_type: str = ""
+    protocol: str = ""
+    state: GroupState = GroupState.EMPTY
+    leader: str = ""
+    members: dict[str, Member] = field(default_factory=dict)
+    rebalance_deadline: float = 0.0
+    initial_until: float = 0.0  # a first join waits at least until then
+    persisted: int = -1  # the generation last stored; the I/O layer stores newer ones
+
+    # -- requests -----------------------------------------------------------------------
+
+    def join(self, *, member_id: str, client_id: str, protocol_type: str,
+             protocols: list[tuple[str, bytes]], session_timeout_ms: int,
+             rebalance_timeout_ms: int, now: float) -> Reply:
+        s = self.settings
+        if not s.min_session_timeout_ms <= session_timeout_ms <= s.max_session_timeout_ms:
+            return _now_reply(_join_error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id))
+        if not protocol_type or not protocols:
+            return _now_reply(_join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
+        if self.members and (protocol_type != self.protocol_type or not self._shared(
+                [p for p, _ in protocols], exclude=member_id)):
+            return _now_reply(_join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
+        if member_id and member_id not in self.members:
+            return _now_reply(_join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
+        if not member_id:
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+        rebalance_s = (rebalance_timeout_ms if rebalance_timeout_ms > 0
+                       else session_timeout_ms) / 1000
+        member = self.members.get(member_id)
+        if member is None:
+            member = Member(member_id, session_timeout_ms / 1000, rebalance_s,
+                            protocols, now)
+            self.members[member_id] = member
+        else:
+            member.protocols = protocols
+            member.session_timeout_s = session_timeout_ms / 1000
+            member.rebalance_timeout_s = rebalance_s
+            member.last_seen = now
+        self.protocol_type = protocol_type
+        if member.join is not None:
+            member.join.resolve(_join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
+        reply = member.join = Reply()
+        if self.state is not GroupState.PREPARING_REBALANCE:
+            self._prepare(now)
+        self._maybe_complete(now)
+        return reply
+
+    def sync(self, *, member_id: str, generation: int,
+             assignments: list[tuple[str, bytes]], now: float) -> Reply:
+        error = self._check(member_id, generation)
+        if error is not None:
+            return _now_reply({"error_code": error})
+        member = self.members[member_id]
+        member.last_seen = now
+        if self.state is GroupState.PREPARING_REBALANCE:
+            return _now_reply({"error_code": ErrorCode.REBALANCE_IN_PROGRESS})
+        if self.state is GroupState.STABLE:
+            return _now_reply({"error_code": 0, "assignment": member.assignment})
+        reply = member.sync = Reply()
+        if member_id == self.leader:
+            given = dict(assignments)
+            for m in self.members.values():
+                m.assignment = given.get(m.member_id, b"")
+            self.state = GroupState.STABLE
+            for m in self.members.values():
+                if m.sync is not None:
+                    m.sync.resolve({"error_code": 0, "assignment": m.assignment})
+                    m.sync = None
+        return reply
+
+    def heartbeat(self, *, member_id: str, generation: int, now: float) -> int:
+        error = self._check(member_id, generation)
+        if error is not None:
+            return error
+        self.members[member_id].last_seen = now
+        if self.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def leave(self, *, member_id: str, now: float) -> int:
+        if member_id not in self.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        self._remove(member_id, now)
+        return ErrorCode.NONE
+
+    def check_commit(self, *, member_id: str, generation: int) -> int:
+        """May this member commit offsets now? (generation -1: a simple commit, allowed
+        while the group has no members)."""
+        if generation < 0 and not member_id:
+            return ErrorCode.NONE if not self.members else ErrorCode.ILLEGAL_GENERATION
+        error = self._check(member_id, generation)
+        if error is not None:
+            return error
+        if self.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    # -- time ---------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Expire sessions and complete a rebalance whose time has come."""
+        for m in list(self.members.values()):
+            waiting = self.state is GroupState.PREPARING_REBALANCE and m.join is not None
+            if not waiting and now - m.last_seen > m.session_timeout_s:
+                self._remove(m.member_id, now)
+        if self.state is GroupState.PREPARING_REBALANCE:
+            if now >= self.rebalance_deadline:
+                for m in [m for m in self.members.values() if m.join is None]:
+                    del self.members[m.member_id]
+                self._complete(now)
+            else:
+                self._maybe_complete(now)
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.members
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _check(self, member_id: str, generation: int) -> int | None:
+        if member_id not in self.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if generation != self.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        return None
+
+    def _shared(self, names: list[str], exclude: str = "") -> set[str]:
+        common = set(names)
+        for m in self.members.values():
+            if m.member_id != exclude:
+                common &= {p for p, _ in m.protocols}
+        return common
+
+    def _prepare(self, now: float) -> None:
+        first = self.state is GroupState.EMPTY
+        self.state = GroupState.PREPARING_REBALANCE
+        timeout = max((m.rebalance_timeout_s for m in self.members.values()), default=0.0)
+        self.rebalance_deadline = now + timeout
+        self.initial_until = now + self.settings.initial_rebalance_delay_s if first else now
+        for m in self.members.values():
+            if m.sync is not None:
+                m.sync.resolve({"error_code": ErrorCode.REBALANCE_IN_PROGRESS})
+                m.sync = None
+
+    def _maybe_complete(self, now: float) -> None:
+        if (self.state is GroupState.PREPARING_REBALANCE and now >= self.initial_until
+                and all(m.join is not None for m in self.members.values())):
+            self._complete(now)
+
+    def _complete(self, now: float) -> None:
+        if not self.members:
+            self.state = GroupState.EMPTY
+            self.leader = self.protocol = ""
+            return
+        self.generation += 1
+        ids = list(self.members)
+        if self.leader not in self.members:
+            self.leader = ids[0]
+        common = self._shared(list(self._ranked(ids[0])))
+        votes = Counter(next(p for p, _ in m.protocols if p in common)
+                        for m in self.members.values())
+        top = max(votes.values())
+        self.protocol = next(p for p in self._ranked(self.leader) if votes.get(p) == top)
+        self.state = GroupState.COMPLETING_REBALANCE
+        listing = [{"member_id": m.member_id, "metadata": dict(m.protocols)[self.protocol]}
+                   for m in self.members.values()]
+        for m in self.members.values():
+            m.last_seen = now
+            if m.join is not None:
+                m.join.resolve({
+                    "error_code": 0, "generation_id": self.generation,
+                    "protocol_name": self.protocol, "leader": self.leader,
+                    "member_id": m.member_id,
+                    "members": listing if m.member_id == self.leader else []})
+                m.join = None
+
+    def _ranked(self, member_id: str) -> list[str]:
+        return [p for p, _ in self.members[member_id].protocols]
+
+    def _remove(self, member_id: str, now: float) -> None:
+        m = self.members.pop(member_id)
+        for reply in (m.join, m.sync):
+            if reply is not None:
+                reply.resolve({"error_code": ErrorCode.UNKNOWN_MEMBER_ID})
+        if self.leader == member_id:
+            self.leader = ""
+        if not self.members:
+            self.state = GroupState.EMPTY
+            self.protocol = ""
+            return
+        if self.state is not GroupState.PREPARING_REBALANCE:
+            self._prepare(now)
+        self._maybe_complete(now)
+
+
+def _join_error(code: int, member_id: str) -> dict[str, Any]:
+    return {"error_code": code, "member_id": member_id}

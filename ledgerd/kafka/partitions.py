@@ -1,0 +1,416 @@
+"""A Kafka partition kept as a ledgerd log: appends, offsets, reads.
+
+Partition ``p`` of topic ``t`` is the log ``kafka.<t>.<p>`` (ledger-backed). Each
+produced RecordBatch is one entry, stored byte for byte with its baseOffset set to the
+Kafka offset of its first record, so the entries themselves are the offset index:
+
+- The *high watermark* is the next offset after the last acknowledged entry: known to
+  the writing gateway as it acknowledges, read from the log's last entry (at the LAC)
+  by any other.
+- *Locating* an offset finds the ledger whose entry 0 starts at or before it (entry 0
+  of each ledger is read once and cached), then the entry by binary search over that
+  ledger's entries (a handful of reads), and remembers "next offset -> entry" so a
+  consumer reading on does no search at all.
+- The writing gateway keeps its recently acknowledged batches in a bounded tail cache,
+  so consumers at the tail are served without a bookie read.
+
+Writes go through one appender per partition: produce requests queue their batches
+and the appender sends everything queued as one ``append_many`` (group append). Only
+the partition's leader gateway writes; opening the log writer fences any previous one,
+whose next append then fails and whose clients are told NOT_LEADER_OR_FOLLOWER.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from ledgerd.base.logs import fields
+from ledgerd.errors import LedgerdError, NoSuchLedgerError
+from ledgerd.kafka.records import BatchHeader, with_base_offset
+from ledgerd.ledgerlog import LogWriter, open_log_writer
+from ledgerd.metadata.errors import NoNodeError
+
+if TYPE_CHECKING:
+    from ledgerd.client import Client
+    from ledgerd.handles import ReadHandle, WriteHandle
+
+__all__ = ["OffsetOutOfRangeError", "PartitionLog", "PartitionSettings", "log_name"]
+
+log = logging.getLogger(__name__)
+
+
+def log_name(topic: str, partition: int) -> str:
+    return f"kafka.{topic}.{partition}"
+
+
+class OffsetOutOfRangeError(LedgerdError):
+    def __init__(self, offset: int, start: int, end: int) -> None:
+        self.offset, self.start, self.end = offset, start, end
+        super().__init__(f"offset {offset} is outside the partition's [{start}, {end}]")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSettings:
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    roll_bytes: int
+    tail_cache_bytes: int
+    max_append_bytes: int  # one append_many's batches at most (several entries)
+
+
+@dataclass(slots=True)
+class _Produce:
+    batches: list[tuple[BatchHeader, bytes]]
+    done: trio.Event = field(default_factory=trio.Event)
+    base_offset: int = -1
+    error: BaseException | None = None
+    producer: tuple[int, int, int] | None = None  # (pid, epoch, base sequence)
+
+
+class PartitionLog:
+    """One partition's state on this gateway; see the module docstring."""
+
+    def __init__(self, client: Client, topic: str, partition: int,
+                 settings: PartitionSettings) -> None:
+        self.client = client
+        self.topic = topic
+        self.partition = partition
+        self.name = log_name(topic, partition)
+        self.settings = settings
+        self.writer: LogWriter | None = None
+        self.next_offset = -1  # assigned to the next batch (writer only)
+        self.acked_end = -1  # high watermark while this gateway writes
+        self.queue: deque[_Produce] = deque()
+        self.queued_bytes = 0
+        self.appending = False
+        self.changed = trio.Event()  # set (and replaced) whenever acked_end moves
+        self.first_offsets: dict[int, int | None] = {}  # ledger -> offset of entry 0
+        self.positions: OrderedDict[int, tuple[int, int]] = OrderedDict()  # next off -> pos
+        self.tail: deque[tuple[int, int, bytes]] = deque()  # (base, next offset, batch)
+        self.tail_bytes = 0
+        self.handles: OrderedDict[int, ReadHandle] = OrderedDict()
+        self.producers: dict[int, tuple[int, int, int]] = {}  # pid -> (epoch, seq, offset)
+        self._remote_end: tuple[float, int] | None = None
+
+    # -- writing ------------------------------------------------------------------------
+
+    def enqueue(self, batches: list[tuple[BatchHeader, bytes]], nursery: trio.Nursery,
+                ) -> _Produce:
+        """Queue one request's batches (in the order requests arrive) and make sure the
+        appender runs; await ``item.done`` for the outcome."""
+        item = _Produce(batches)
+        h = batches[0][0]
+        if h.producer_id >= 0:
+            item.producer = (h.producer_id, h.producer_epoch, h.base_sequence)
+        self.queue.append(item)
+        self.queued_bytes += sum(len(b) for _, b in batches)
+        if not self.appending:
+            self.appending = True
+            nursery.start_soon(self._append_loop)
+        return item
+
+    async def _append_loop(self) -> None:
+        try:
+            while self.queue:
+                take: list[_Produce] = []
+                size = 0
+                while self.queue and (not take or size < self.settings.max_append_bytes):
+                    item = self.queue.popleft()
+                    size += sum(len(b) for _, b in item.batches)
+                    take.append(item)
+                self.queued_bytes -= size
+                await self._append(take)
+        finally:
+            self.appending = False
+
+    async def _append(self, items: list[_Produce]) -> None:
+        try:
+            if self.writer is None:
+                await self.open_writer()
+            assert self.writer is not None
+            payloads: list[bytes] = []
+            fresh: list[_Produce] = []
+            for item in items:
+                dup = self._duplicate(item)
+                if dup is not None:
+                    item.base_offset = dup
+                    continue
+                item.base_offset = self.next_offset
+                for h, raw in item.batches:
+                    payloads.append(with_base_offset(raw, self.next_offset))
+                    self.next_offset += h.record_count
+                fresh.append(item)
+            if payloads:
+                await self.writer.append_many(payloads)
+        except BaseException as exc:
+            for item in items:
+                item.error = exc
+                item.done.set()
+            await self._drop_writer(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        offset = self.acked_end
+        for item in fresh:
+            for h, raw in item.batches:
+                self._remember(offset, offset + h.record_count, with_base_offset(raw, offset))
+                offset += h.record_count
+            if item.producer is not None:
+                pid, epoch, seq = item.producer
+                self.producers[pid] = (epoch, seq, item.base_offset)
+        self.acked_end = offset
+        for item in items:
+            item.done.set()
+        self._wake()
+
+    def _duplicate(self, item: _Produce) -> int | None:
+        """The offset an idempotent producer's retried batch got the first time."""
+        if item.producer is None or item.producer[2] < 0:
+            return None
+        pid, epoch, seq = item.producer
+        last = self.producers.get(pid)
+        if last is not None and last[0] == epoch and last[1] == seq:
+            return last[2]
+        return None
+
+    def _remember(self, base: int, nxt: int, batch: bytes) -> None:
+        self.tail.append((base, nxt, batch))
+        self.tail_bytes += len(batch)
+        while self.tail and self.tail_bytes > self.settings.tail_cache_bytes:
+            self.tail_bytes -= len(self.tail.popleft()[2])
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def open_writer(self) -> None:
+        """Become the partition's writer: fence the previous one, find the log's end.
+        If cancelled, the log may hold a new empty ledger (harmless)."""
+        s = self.settings
+        writer = await open_log_writer(self.client, self.name, s.ensemble_size,
+                                       s.write_quorum, s.ack_quorum, roll_bytes=s.roll_bytes,
+                                       create=True)
+        try:
+            end = await self._end_before(writer.handle.ledger_id)
+        except BaseException:
+            await writer.close()
+            raise
+        self.writer = writer
+        self.next_offset = self.acked_end = end
+        self.tail.clear()
+        self.tail_bytes = 0
+        log.info("kafka_partition_writer", extra=fields(
+            topic=self.topic, partition=self.partition, ledger=writer.ledger_id,
+            next_offset=end))
+
+    async def _drop_writer(self, exc: BaseException) -> None:
+        writer, self.writer = self.writer, None
+        self.next_offset = self.acked_end = -1
+        self.producers.clear()
+        self._remote_end = None
+        if writer is not None:
+            log.warning("kafka_partition_writer_lost", extra=fields(
+                topic=self.topic, partition=self.partition, ledger=writer.ledger_id,
+                error=repr(exc)))
+            with trio.move_on_after(5, shield=True):
+                try:
+                    await writer.handle.abandon()
+                except Exception:
+                    pass
+
+    async def release(self) -> None:
+        """Stop writing (leadership moved elsewhere, or shutdown): close the ledger."""
+        writer, self.writer = self.writer, None
+        self.next_offset = self.acked_end = -1
+        if writer is not None:
+            with trio.move_on_after(5, shield=True):
+                try:
+                    await writer.close()
+                except Exception as exc:
+                    log.warning("kafka_partition_close_failed", extra=fields(
+                        topic=self.topic, partition=self.partition, error=repr(exc)))
+        for rh in self.handles.values():
+            await rh.close()
+        self.handles.clear()
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def _ledgers(self) -> tuple[int, ...]:
+        try:
+            record, _ = await self.client.logs.get(self.name)
+        except NoNodeError:
+            return ()  # created with the topic, no ledger written yet
+        return record.ledgers
+
+    async def _handle(self, lid: int) -> WriteHandle | ReadHandle:
+        if self.writer is not None and self.writer.ledger_id == lid:
+            return self.writer.handle
+        rh = self.handles.get(lid)
+        if rh is None:
+            rh = await self.client.open_ledger(lid, recovery=False)
+            self.handles[lid] = rh
+            while len(self.handles) > 8:
+                _, old = self.handles.popitem(last=False)
+                await old.close()
+        else:
+            self.handles.move_to_end(lid)
+        return rh
+
+    async def _last_entry(self, lid: int, *, refresh: bool = True) -> int:
+        """The ledger's last readable entry (its LAC while open)."""
+        h = await self._handle(lid)
+        if h.is_closed or (self.writer is not None and h is self.writer.handle):
+            return h.last_add_confirmed
+        if refresh:
+            return await h.read_lac()  # type: ignore[union-attr]
+        return h.last_add_confirmed
+
+    async def _header(self, lid: int, eid: int) -> BatchHeader:
+        h = await self._handle(lid)
+        return BatchHeader.parse((await h.read_batch(eid, eid))[0].payload)
+
+    async def _first_offset(self, lid: int) -> int | None:
+        """The offset of the ledger's entry 0 (None: the ledger holds no entry yet)."""
+        if lid in self.first_offsets:
+            return self.first_offsets[lid]
+        if await self._last_entry(lid) < 0:
+            return None
+        first = (await self._header(lid, 0)).base_offset
+        self.first_offsets[lid] = first
+        return first
+
+    async def _end_before(self, skip: int | None) -> int:
+        """The next offset after the log's last readable entry (ledgers other than
+        ``skip``, the writer's new one)."""
+        for lid in reversed(await self._ledgers()):
+            if lid == skip:
+                continue
+            try:
+                last = await self._last_entry(lid)
+            except NoSuchLedgerError:
+                continue
+            if last >= 0:
+                return (await self._header(lid, last)).next_offset
+        return 0
+
+    async def high_watermark(self) -> int:
+        """The next offset after the last acknowledged batch."""
+        if self.writer is not None:
+            return self.acked_end
+        now = trio.current_time()
+        if self._remote_end is not None and now - self._remote_end[0] < 0.05:
+            return self._remote_end[1]
+        end = await self._end_before(None)
+        self._remote_end = (now, end)
+        return end
+
+    async def start_offset(self) -> int:
+        for lid in await self._ledgers():
+            try:
+                first = await self._first_offset(lid)
+            except NoSuchLedgerError:
+                continue
+            if first is not None:
+                return first
+        return await self.high_watermark()
+
+    async def locate(self, offset: int) -> tuple[int, int]:
+        """``(ledger, entry)`` of the batch holding ``offset`` (which is below the high
+        watermark)."""
+        hit = self.positions.get(offset)
+        if hit is not None:
+            return hit
+        ledgers = await self._ledgers()
+        for lid in reversed(ledgers):
+            first = await self._first_offset(lid)
+            if first is None or first > offset:
+                continue
+            lo, hi = 0, await self._last_entry(lid)
+            while lo < hi:  # the last entry whose base offset is <= offset
+                mid = (lo + hi + 1) // 2
+                if (await self._header(lid, mid)).base_offset <= offset:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lid, lo
+        raise OffsetOutOfRangeError(offset, await self.start_offset(),
+                                    await self.high_watermark())
+
+    def _note_position(self, next_offset: int, lid: int, eid: int) -> None:
+        self.positions[next_offset] = (lid, eid)
+        while len(self.positions) > 256:
+            self.positions.popitem(last=False)
+
+    async def read(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole batches from the one holding ``offset``, about ``max_bytes`` (at least
+        one batch), and the high watermark. Raises OffsetOutOfRangeError."""
+        hw = await self.high_watermark()
+        if offset == hw:
+            return b"", hw
+        if offset > hw or offset < 0:
+            raise OffsetOutOfRangeError(offset, await self.start_offset(), hw)
+        if self.tail and self.tail[0][0] <= offset < self.tail[-1][1]:
+            return self._from_tail(offset, max_bytes), hw
+        lid, eid = await self.locate(offset)
+        h = await self._handle(lid)
+        last = await self._last_entry(lid, refresh=False)
+        out: list[bytes] = []
+        size = 0
+        while eid <= last and (not out or size < max_bytes):
+            top = min(last, eid + 63)
+            for entry in await h.read_batch(eid, top):
+                if out and size + len(entry.payload) > max_bytes:
+                    top = entry.entry_id - 1
+                    break
+                out.append(entry.payload)
+                size += len(entry.payload)
+            nxt = BatchHeader.parse(out[-1]).next_offset
+            self._note_position(nxt, lid, top + 1)
+            eid = top + 1
+            if size >= max_bytes:
+                break
+        return b"".join(out), hw
+
+    def _from_tail(self, offset: int, max_bytes: int) -> bytes:
+        bases = [b for b, _, _ in self.tail]
+        i = bisect.bisect_right(bases, offset) - 1
+        out: list[bytes] = []
+        size = 0
+        for _, _, batch in list(self.tail)[i:]:
+            if out and size + len(batch) > max_bytes:
+                break
+            out.append(batch)
+            size += len(batch)
+        return b"".join(out)
+
+    async def offset_for_time(self, timestamp: int) -> tuple[int, int] | None:
+        """``(timestamp, offset)`` of the first batch whose max timestamp is at or after
+        ``timestamp`` (batches are searched, not records within a compressed batch)."""
+        for lid in await self._ledgers():
+            last = await self._last_entry(lid)
+            if last < 0 or (await self._header(lid, last)).max_timestamp < timestamp:
+                continue
+            lo, hi = 0, last
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if (await self._header(lid, mid)).max_timestamp >= timestamp:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            h = await self._header(lid, lo)
+            return h.max_timestamp, h.base_offset
+        return None
+
+
+def settings_from(get: Callable[[str], int]) -> PartitionSettings:
+    return PartitionSettings(get("ensemble_size"), get("write_quorum_size"),
+                             get("ack_quorum_size"), get("log_roll_bytes"),
+                             get("tail_cache_bytes"), get("max_append_bytes"))

@@ -1,0 +1,121 @@
+"""Kafka RecordBatch v2, as far as the gateway needs it: split, check, re-offset.
+
+One produced batch becomes one ledger entry, byte for byte, with its ``baseOffset``
+set to the Kafka offset the gateway assigned; compressed batches pass through
+untouched. Layout (``DefaultRecordBatch.java``), big-endian::
+
+    0  baseOffset i64   8 batchLength i32 (bytes after this field)   12 leaderEpoch i32
+    16 magic i8 (=2)   17 crc u32 (CRC-32C of bytes 21..end)          21 attributes i16
+    23 lastOffsetDelta i32   27 baseTimestamp i64   35 maxTimestamp i64
+    43 producerId i64   51 producerEpoch i16   53 baseSequence i32   57 recordCount i32
+    61 records...
+
+The CRC leaves out baseOffset, batchLength, leaderEpoch and magic, so rewriting the
+base offset keeps it valid. attributes: bits 0-2 compression (0 none, 1 gzip,
+2 snappy, 3 lz4, 4 zstd), bit 3 LogAppendTime, bit 4 transactional, bit 5 control.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import google_crc32c
+
+__all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "split_batches", "with_base_offset"]
+
+HEADER_SIZE = 61
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+assert _HEADER.size == HEADER_SIZE
+TRANSACTIONAL = 0x10
+CONTROL = 0x20
+CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+
+class BatchError(ValueError):
+    """A produced record set that is not a valid RecordBatch v2; ``code`` is the Kafka
+    error to answer (CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_*)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        self.code = code
+        super().__init__(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    length: int  # whole batch, header included
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def codec(self) -> str:
+        return CODECS.get(self.attributes & 7, f"codec {self.attributes & 7}")
+
+    @classmethod
+    def parse(cls, data: bytes | memoryview, at: int = 0) -> BatchHeader:
+        if len(data) - at < HEADER_SIZE:
+            raise BatchError(2, f"record batch of {len(data) - at} bytes is shorter than "
+                                f"its {HEADER_SIZE}-byte header")
+        (base, blen, _epoch, magic, crc, attrs, lod, bts, mts, pid, pep, seq,
+         count) = _HEADER.unpack_from(data, at)
+        return cls(base, blen + 12, magic, crc, attrs, lod, bts, mts, pid, pep, seq, count)
+
+
+def split_batches(records: bytes, *, max_batch_bytes: int) -> list[tuple[BatchHeader, bytes]]:
+    """The batches of a produced record set, each checked: magic 2, length within the
+    set and under ``max_batch_bytes``, CRC-32C, no control or transactional batch, a
+    record count that matches lastOffsetDelta. Raises BatchError naming the fault."""
+    out: list[tuple[BatchHeader, bytes]] = []
+    view = memoryview(records)
+    at = 0
+    while at < len(view):
+        if len(view) - at < 17:
+            raise BatchError(2, f"{len(view) - at} trailing bytes after batch {len(out)}")
+        magic = view[at + 16]
+        if magic != 2:
+            raise BatchError(35, f"message format magic {magic}: only RecordBatch v2 "
+                                 "(magic 2, Kafka 0.11+) is accepted")
+        h = BatchHeader.parse(view, at)
+        if h.length < HEADER_SIZE or at + h.length > len(view):
+            raise BatchError(2, f"batch {len(out)} claims {h.length} bytes; "
+                                f"{len(view) - at} are there")
+        if h.length > max_batch_bytes:
+            raise BatchError(10, f"batch of {h.length} bytes is over the gateway's "
+                                 f"{max_batch_bytes}-byte limit (max_batch_bytes)")
+        body = view[at:at + h.length]
+        if google_crc32c.value(bytes(body[21:])) != h.crc:
+            raise BatchError(2, f"batch {len(out)} fails its CRC-32C")
+        if h.attributes & (TRANSACTIONAL | CONTROL):
+            raise BatchError(87, "transactional and control batches are not supported")
+        if h.attributes & 7 not in CODECS:
+            raise BatchError(76, f"unknown compression codec {h.attributes & 7}")
+        if h.record_count <= 0 or h.last_offset_delta != h.record_count - 1:
+            raise BatchError(87, f"batch {len(out)} has {h.record_count} records but "
+                                 f"lastOffsetDelta {h.last_offset_delta}")
+        out.append((h, bytes(body)))
+        at += h.length
+    if not out:
+        raise BatchError(87, "empty record set")
+    return out
+
+
+def with_base_offset(batch: bytes, base_offset: int) -> bytes:
+    """The batch with its baseOffset rewritten (the CRC does not cover it)."""
+    return struct.pack(">q", base_offset) + batch[8:]
