@@ -7,9 +7,11 @@ registers ``<root>/kafka/gateways/<node id>`` (ephemeral) and the owner of a par
 chosen by rendezvous hashing over the live gateways, so every gateway computes the same
 answer and a dead gateway's share moves to the others. Any gateway serves reads.
 
-Per connection, requests are read in order, each handled in its own task (a parked
-Fetch or a Produce awaiting its quorum does not stop the next request), and responses
-are written in request order, as Kafka requires. At most ``max_inflight_requests``
+Per connection, requests are read in order; Fetch and Produce are handled in tasks of
+their own (a parked Fetch or a Produce awaiting its quorum does not stop the next
+request), every other request in turn, before the next is read (so a group's commit
+lands before the leave that follows it); responses are written in request order, as
+Kafka requires. At most ``max_inflight_requests``
 are handled at once per connection; reading pauses beyond that. Produce admission
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
@@ -372,8 +374,12 @@ class Gateway:
             nursery.start_soon(self._finish, slot, api, version, cid,
                                self._complete_produce, (body, work))
             return True
-        nursery.start_soon(self._finish, slot, api, version, cid,
-                           self.handlers[api], (conn, version, body))
+        if api is ApiKey.FETCH:  # a parked fetch must not hold up what follows it
+            nursery.start_soon(self._finish, slot, api, version, cid,
+                               self.handlers[api], (conn, version, body))
+        else:  # one at a time, in order, as Kafka does (a commit before its leave)
+            await self._finish(slot, api, version, cid, self.handlers[api],
+                               (conn, version, body))
         return True
 
     async def _finish(self, slot: _Slot, api: ApiKey, version: int, cid: int,
@@ -746,6 +752,10 @@ class Gateway:
                     except (LedgerdError, FencedError) as exc:
                         code = _storage_error(exc)
                 parts.append({"partition_index": pr["partition_index"], "error_code": code})
+                if code:
+                    log.info("kafka_commit_refused", extra=fields(
+                        group=body["group_id"], topic=t["name"],
+                        partition=pr["partition_index"], error=ErrorCode(code).name))
             topics.append({"name": t["name"], "partitions": parts})
         return {"topics": topics}
 

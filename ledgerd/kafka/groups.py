@@ -181,7 +181,9 @@ class Group:
         error = self._check(member_id, generation)
         if error is not None:
             return error
-        if self.state is GroupState.PREPARING_REBALANCE:
+        if self.state is GroupState.COMPLETING_REBALANCE:
+            # (Kafka's rule: a member commits what it consumed while the group prepares a
+            # rebalance, before it rejoins; only between join and sync is it refused)
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 

@@ -45,6 +45,9 @@ __all__ = ["OffsetOutOfRangeError", "PartitionLog", "PartitionSettings", "log_na
 
 log = logging.getLogger(__name__)
 
+PRODUCER_BATCHES = 5  # batches remembered per producer (Kafka: max.in.flight 5)
+PRODUCER_SCAN = 1000  # batches read back at takeover to rebuild producer state
+
 
 def log_name(topic: str, partition: int) -> str:
     return f"kafka.{topic}.{partition}"
@@ -97,7 +100,9 @@ class PartitionLog:
         self.tail: deque[tuple[int, int, bytes]] = deque()  # (base, next offset, batch)
         self.tail_bytes = 0
         self.handles: OrderedDict[int, ReadHandle] = OrderedDict()
-        self.producers: dict[int, tuple[int, int, int]] = {}  # pid -> (epoch, seq, offset)
+        # pid -> its last batches' (epoch, base sequence, base offset): a retried batch
+        # (same epoch and sequence) is answered with its first offset, not appended again
+        self.producers: dict[int, deque[tuple[int, int, int]]] = {}
         self._remote_end: tuple[float, int] | None = None
 
     # -- writing ------------------------------------------------------------------------
@@ -164,8 +169,7 @@ class PartitionLog:
                 self._remember(offset, offset + h.record_count, with_base_offset(raw, offset))
                 offset += h.record_count
             if item.producer is not None:
-                pid, epoch, seq = item.producer
-                self.producers[pid] = (epoch, seq, item.base_offset)
+                self._note_producer(*item.producer, item.base_offset)
         self.acked_end = offset
         for item in items:
             item.done.set()
@@ -176,10 +180,41 @@ class PartitionLog:
         if item.producer is None or item.producer[2] < 0:
             return None
         pid, epoch, seq = item.producer
-        last = self.producers.get(pid)
-        if last is not None and last[0] == epoch and last[1] == seq:
-            return last[2]
+        for e, s, offset in self.producers.get(pid, ()):
+            if e == epoch and s == seq:
+                return offset
         return None
+
+    def _note_producer(self, pid: int, epoch: int, seq: int, offset: int) -> None:
+        if seq >= 0:
+            self.producers.setdefault(pid, deque(maxlen=PRODUCER_BATCHES)).append(
+                (epoch, seq, offset))
+
+    async def _rebuild_producers(self, skip: int) -> None:
+        """Producer state from the log's last ``PRODUCER_SCAN`` batches, as Kafka
+        rebuilds it from its log: a producer retrying a batch that the previous writer
+        stored (its acknowledgement lost with that gateway) gets the stored offset."""
+        self.producers.clear()
+        found: list[BatchHeader] = []
+        for lid in reversed(await self._ledgers()):
+            if lid == skip or len(found) >= PRODUCER_SCAN:
+                continue
+            try:
+                last = await self._last_entry(lid)
+            except NoSuchLedgerError:
+                continue
+            first = max(0, last - (PRODUCER_SCAN - len(found)) + 1)
+            h = await self._handle(lid)
+            eid = last
+            while eid >= first:
+                lo = max(first, eid - 255)
+                batch = await h.read_batch(lo, eid)
+                found.extend(BatchHeader.parse(e.payload) for e in reversed(batch))
+                eid = lo - 1
+        for bh in reversed(found):
+            if bh.producer_id >= 0:
+                self._note_producer(bh.producer_id, bh.producer_epoch, bh.base_sequence,
+                                    bh.base_offset)
 
     def _remember(self, base: int, nxt: int, batch: bytes) -> None:
         self.tail.append((base, nxt, batch))
@@ -200,6 +235,7 @@ class PartitionLog:
                                        create=True)
         try:
             end = await self._end_before(writer.handle.ledger_id)
+            await self._rebuild_producers(writer.handle.ledger_id)
         except BaseException:
             await writer.close()
             raise

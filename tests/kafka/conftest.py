@@ -1,0 +1,117 @@
+"""A real cluster for the Kafka gateway tests: ZooKeeper, four bookie processes and a
+``ledgerd gateway`` process, shared by a module (starting one per test would triple the
+suite's time). Every test uses its own topics and groups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import pytest
+import trio
+
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
+from tests.cluster import fresh_chroot, metadata_store, wait_registered
+
+GATEWAY_ENV = {
+    "LEDGERD_GROUP_INITIAL_REBALANCE_DELAY_MS": "200",
+    "LEDGERD_EXPLICIT_LAC_INTERVAL_MS": "100",
+}
+
+
+@dataclass
+class GatewayProcess:
+    """``ledgerd gateway`` on a fixed port (so a restart keeps the clients' address)."""
+
+    zk: str
+    log_path: Path
+    port: int = field(default_factory=find_free_port)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ledgerd.tools.cli", "gateway", "--port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **GATEWAY_ENV, "LEDGERD_ZK_SERVERS": self.zk, **self.env},
+            start_new_session=True)
+        deadline = time.monotonic() + 60
+        while b"kafka gateway on" not in self.log_path.read_bytes():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("gateway did not start:\n" + self.log_text())
+            time.sleep(0.05)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+        code = self.process.wait(30)
+        if self._log is not None:
+            self._log.close()
+        self.log_path.write_bytes(self.log_path.read_bytes().replace(
+            b"kafka gateway on", b"kafka gateway was on"))
+        return code
+
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        self.stop(sig)
+        self.start()
+
+
+@dataclass
+class KafkaCluster:
+    zk: str
+    bookies: list[BookieProcess]
+    gateway: GatewayProcess
+
+    @property
+    def bootstrap(self) -> str:
+        return self.gateway.bootstrap
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> Iterator[KafkaCluster]:
+    base = tmp_path_factory.mktemp("kafka")
+    with fresh_chroot(zookeeper, "kafka") as zk:
+        bookies = [BookieProcess(base / f"bookie{i}", zk, settings={
+            "zk_timeout_ms": 4000, "journal_prealloc_mb": 4}) for i in range(4)]
+
+        async def up() -> None:
+            async with metadata_store(zk) as store:
+                for b in bookies:
+                    b.start()
+                for b in bookies:
+                    await wait_registered(store, b)
+
+        gateway = GatewayProcess(zk, base / "gateway.log")
+        try:
+            trio.run(up)
+            gateway.start()
+            yield KafkaCluster(zk, bookies, gateway)
+        finally:
+            if gateway.running:
+                gateway.stop(signal.SIGKILL)
+            for b in bookies:
+                if b.running:
+                    b.kill9()

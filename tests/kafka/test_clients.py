@@ -1,0 +1,160 @@
+"""Stock Kafka clients against a real gateway, bookies and ZooKeeper: kcat (librdkafka
+from Debian), kafka-python (idempotence on by default), confluent-kafka and aiokafka.
+What a user of each does first: produce with keys, headers and compression, consume
+from the beginning, consume in a group that rebalances, resume after the committed
+offset across a gateway restart, seek by timestamp, list topics."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+
+from tests.kafka.conftest import KafkaCluster
+
+BOUND_S = 60  # every client call below is bounded; reaching it fails the test
+
+
+def kcat(cluster: KafkaCluster, *args: str, stdin: str = "") -> str:
+    done = subprocess.run(["kcat", "-b", cluster.bootstrap, *args], input=stdin.encode(),
+                          capture_output=True, timeout=BOUND_S)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode()
+
+
+def test_kcat_produce_consume_and_list(kafka_cluster: KafkaCluster) -> None:
+    lines = [f"key{i}:value {i}" for i in range(200)]
+    kcat(kafka_cluster, "-P", "-t", "kc-plain", "-K:", stdin="\n".join(lines) + "\n")
+    out = kcat(kafka_cluster, "-C", "-t", "kc-plain", "-o", "beginning", "-e", "-K:",
+               "-f", "%k:%s:%o\n")
+    assert out.splitlines() == [f"{line}:{i}" for i, line in enumerate(lines)]
+    listing = kcat(kafka_cluster, "-L")
+    assert 'topic "kc-plain" with 1 partitions' in listing
+    # -o -5: the last five, by offsets from the end
+    tail = kcat(kafka_cluster, "-C", "-t", "kc-plain", "-o", "-5", "-e", "-f", "%o\n")
+    assert tail.split() == ["195", "196", "197", "198", "199"]
+
+
+def test_kcat_group_resumes_after_the_committed_offset_across_a_restart(
+        kafka_cluster: KafkaCluster) -> None:
+    kcat(kafka_cluster, "-P", "-t", "kc-group", stdin="".join(f"a{i}\n" for i in range(10)))
+    # (-o with -G would override the committed offset; the reset policy does not)
+    earliest = ("-X", "auto.offset.reset=earliest")
+    first = kcat(kafka_cluster, "-G", "g-kcat", *earliest, "-e", "kc-group")
+    assert first.split() == [f"a{i}" for i in range(10)]
+    kafka_cluster.gateway.restart()  # group state and offsets must survive it
+    kcat(kafka_cluster, "-P", "-t", "kc-group", stdin="".join(f"b{i}\n" for i in range(5)))
+    second = kcat(kafka_cluster, "-G", "g-kcat", *earliest, "-e", "kc-group")
+    assert second.split() == [f"b{i}" for i in range(5)]
+
+
+def test_kafka_python_idempotent_compressed_with_headers_and_timestamps(
+        kafka_cluster: KafkaCluster) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    sent = []
+    for codec in ("gzip", "zstd", "lz4"):
+        producer = KafkaProducer(bootstrap_servers=kafka_cluster.bootstrap,
+                                 compression_type=codec, acks="all", linger_ms=5)
+        assert producer.config["enable_idempotence"]  # the 3.x default, needs InitProducerId
+        futures = [producer.send("kp-topic", key=f"{codec}{i}".encode(), value=b"v" * i,
+                                 headers=[("codec", codec.encode())]) for i in range(100)]
+        producer.flush(BOUND_S)
+        sent += [(f.get(BOUND_S).offset, f"{codec}{i}") for i, f in enumerate(futures)]
+        producer.close()
+        time.sleep(0.05)  # the codecs' batches get distinct timestamps
+    assert [o for o, _ in sent] == list(range(300))
+    consumer = KafkaConsumer(bootstrap_servers=kafka_cluster.bootstrap, group_id=None,
+                             enable_auto_commit=False, consumer_timeout_ms=5000)
+    tp = TopicPartition("kp-topic", 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    got = [m for _, m in zip(range(300), consumer, strict=False)]
+    assert [(m.offset, m.key.decode()) for m in got] == sent
+    assert got[150].headers == [("codec", b"zstd")] and got[150].value == b"v" * 50
+    # seek by time: the zstd batch's timestamp finds its first offset
+    found = consumer.offsets_for_times({tp: got[100].timestamp})[tp]
+    assert found is not None and 0 < found.offset <= 100
+    consumer.close()
+
+
+def test_confluent_kafka_group_of_two_rebalances_when_one_leaves(
+        kafka_cluster: KafkaCluster) -> None:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    admin.create_topics([NewTopic("ck-two", num_partitions=2,
+                                  replication_factor=1)])["ck-two"].result(BOUND_S)
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap,
+                         "compression.type": "zstd"})
+    for i in range(400):
+        producer.produce("ck-two", key=str(i).encode(), value=f"m{i}".encode(),
+                         partition=i % 2)
+    assert producer.flush(BOUND_S) == 0
+    conf = {"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "ck-g",
+            "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500}
+    a, b = Consumer(conf), Consumer(conf)
+    a.subscribe(["ck-two"])
+    b.subscribe(["ck-two"])
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+    deadline = time.monotonic() + BOUND_S
+    while (not a.assignment() or not b.assignment()) and time.monotonic() < deadline:
+        for name, c in (("a", a), ("b", b)):
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                seen[name].append(m.value().decode())
+    assert len(a.assignment()) == 1 and len(b.assignment()) == 1  # one partition each
+    while len(seen["a"]) + len(seen["b"]) < 200 and time.monotonic() < deadline:
+        for name, c in (("a", a), ("b", b)):
+            m = c.poll(0.1)
+            if m is not None and not m.error():
+                seen[name].append(m.value().decode())
+    b.close()  # commits and leaves: a gets both partitions
+    while len(seen["a"]) + len(seen["b"]) < 400 and time.monotonic() < deadline:
+        m = a.poll(0.2)
+        if m is not None and not m.error():
+            seen["a"].append(m.value().decode())
+    assert len(a.assignment()) == 2
+    a.close()
+    everything = seen["a"] + seen["b"]
+    from collections import Counter
+    dup = [k for k, n in Counter(everything).items() if n > 1]
+    missing = {f"m{i}" for i in range(400)} - set(everything)
+    assert not dup and not missing, (len(everything), dup[:10], sorted(missing)[:10])
+    assert sorted(everything) == sorted(f"m{i}" for i in range(400))  # each once
+
+
+def test_aiokafka_produces_and_consumes_in_a_group(kafka_cluster: KafkaCluster) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    async def main() -> list[bytes]:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_cluster.bootstrap,
+                                    compression_type="gzip", enable_idempotence=True)
+        await producer.start()
+        try:
+            for i in range(50):
+                await producer.send_and_wait("ak-topic", f"n{i}".encode(), key=b"k",
+                                             headers=[("h", b"1")])
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer("ak-topic", bootstrap_servers=kafka_cluster.bootstrap,
+                                    group_id="ak-g", auto_offset_reset="earliest",
+                                    enable_auto_commit=False)
+        await consumer.start()
+        got: list[bytes] = []
+        try:
+            async with asyncio.timeout(BOUND_S):
+                async for m in consumer:
+                    got.append(m.value)
+                    if len(got) == 50:
+                        break
+            await consumer.commit()
+            committed = await consumer.committed(next(iter(consumer.assignment())))
+            assert committed == 50
+        finally:
+            await consumer.stop()
+        return got
+
+    assert asyncio.run(main()) == [f"n{i}".encode() for i in range(50)]
