@@ -22,6 +22,7 @@ system-deps:
 	if ! command -v java >/dev/null 2>&1; then missing="$$missing default-jre-headless"; fi; \
 	if ! $(PYTHON) -c 'import venv, ensurepip' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
 	if ! command -v gcc >/dev/null 2>&1; then missing="$$missing gcc"; fi; \
+	if ! command -v kcat >/dev/null 2>&1; then missing="$$missing kcat"; fi; \
 	if ! $(PYTHON) -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then \
 		missing="$$missing python3-dev"; fi; \
 	if [ -n "$$missing" ]; then \

@@ -16,6 +16,7 @@ import pytest
 
 from ledgerd.appliance.config import BookieConfig
 from ledgerd.config import ClientConfig
+from ledgerd.kafka.config import GatewayConfig
 from ledgerd.metadata.settings import ZooKeeperSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,12 +32,15 @@ def _sources(*folders: str) -> dict[Path, str]:
 CLIENT = _sources("ledgerd", "tools")  # (rglob does not follow ledgerd/appliance etc.)
 BOOKIE = _sources("appliance", "disk", "tools")
 ZOOKEEPER = _sources("appliance", "disk", "ledgerd", "metadata", "tools")
+GATEWAY = _sources("ledgerd/kafka")
 CASES = sorted(
     {("zookeeper", f.name) for f in dataclasses.fields(ZooKeeperSettings)}
     | {("bookie", f.name) for f in dataclasses.fields(BookieConfig)
        if f.name not in {z.name for z in dataclasses.fields(ZooKeeperSettings)}}
     | {("client", f.name) for f in dataclasses.fields(ClientConfig)
-       if f.name not in {z.name for z in dataclasses.fields(ZooKeeperSettings)}})
+       if f.name not in {z.name for z in dataclasses.fields(ZooKeeperSettings)}}
+    | {("gateway", f.name) for f in dataclasses.fields(GatewayConfig)
+       if f.name not in {c.name for c in dataclasses.fields(ClientConfig)}})
 
 
 def readers_of(key: str, text: dict[Path, str]) -> list[str]:
@@ -47,7 +51,7 @@ def readers_of(key: str, text: dict[Path, str]) -> list[str]:
 
 @pytest.mark.parametrize(("side", "key"), CASES)
 def test_key_is_read(side: str, key: str) -> None:
-    text = {"client": CLIENT, "bookie": BOOKIE, "zookeeper": ZOOKEEPER}[side]
+    text = {"client": CLIENT, "bookie": BOOKIE, "zookeeper": ZOOKEEPER, "gateway": GATEWAY}[side]
     assert readers_of(key, text), f"{side} key {key} is declared but nothing reads it"
 
 

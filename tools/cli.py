@@ -136,8 +136,8 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
 @click.pass_context
 def gateway_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     """Run a Kafka gateway: stock Kafka clients produce and consume ledgerd logs."""
+    from ledgerd.appliance.kafka_gateway import run_gateway
     from ledgerd.kafka.config import GatewayConfig
-    from ledgerd.kafka.gateway import run_gateway
 
     overrides: dict[str, Any] = {} if port is None else {"gateway_port": port}
     config = load_config(GatewayConfig, path=conf, overrides=overrides)

@@ -1,0 +1,40 @@
+"""``ledgerd gateway --conf F``: the Kafka gateway as a supervised process (systemd
+notify, SIGTERM/SIGINT stop); the gateway itself is ``ledgerd.kafka.gateway``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+
+from ledgerd.appliance.sdnotify import notify
+from ledgerd.base.logs import fields
+from ledgerd.client import open_client
+from ledgerd.kafka.config import GatewayConfig
+from ledgerd.kafka.gateway import serve_gateway
+
+__all__ = ["run_gateway"]
+
+log = logging.getLogger("ledgerd.kafka.gateway")
+
+
+async def _gateway_main(config: GatewayConfig) -> int:
+    async with open_client(config=config) as client:
+        async with trio.open_nursery() as nursery:
+            gw = await nursery.start(serve_gateway, client, config)
+            notify("READY=1")
+            print(f"kafka gateway on {config.gateway_host}:{gw.port} (node {gw.node_id})",
+                  flush=True)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("signal", extra=fields(signal=signal.Signals(signum).name))
+                    break
+            notify("STOPPING=1")
+            nursery.cancel_scope.cancel()
+    return 0
+
+
+def run_gateway(config: GatewayConfig) -> int:
+    """``ledgerd gateway --conf F``: serve Kafka clients until SIGTERM or SIGINT."""
+    return trio.run(_gateway_main, config)

@@ -1,0 +1,144 @@
+"""The gateway under faults and hostile input: kill -9 of the gateway (and of a bookie)
+during an acks=all produce loop loses and duplicates nothing acknowledged; malformed,
+oversized and unsupported requests get Kafka's error or a closed connection, and the
+gateway goes on serving."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+
+from ledgerd.kafka.api import REQUESTS, RESPONSES, ApiKey, ErrorCode
+from ledgerd.kafka.schema import Reader, decode, encode
+from tests.kafka.conftest import KafkaCluster
+
+
+def test_kill9_of_the_gateway_and_a_bookie_during_acks_all_produce(
+        kafka_cluster: KafkaCluster) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+
+    count = 1500
+    proc = subprocess.Popen([sys.executable, "-m", "tests.kafka.producer_proc",
+                             kafka_cluster.bootstrap, "crash-topic", str(count)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    acked: set[int] = set()
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if line.startswith(b"acked "):
+                acked.add(int(line.split()[1]))
+            if len(acked) == 300:
+                kafka_cluster.gateway.stop(signal.SIGKILL)  # acks in flight are lost
+                victim = next(b for b in kafka_cluster.bookies if b.running)
+                victim.kill9()  # and a bookie of the (E3 of 4) ensembles with it
+                time.sleep(0.5)
+                kafka_cluster.gateway.start()
+            if line.startswith(b"done"):
+                break
+        assert proc.wait(150) == 0, proc.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert len(acked) > 300  # it went on after the crash
+    consumer = KafkaConsumer(bootstrap_servers=kafka_cluster.bootstrap, group_id=None,
+                             enable_auto_commit=False, consumer_timeout_ms=5000)
+    tp = TopicPartition("crash-topic", 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    got = [int(m.value[1:]) for m in consumer]
+    consumer.close()
+    dups = [v for v, n in Counter(got).items() if n > 1]
+    assert not dups, f"duplicated: {dups[:20]}"
+    assert acked <= set(got), f"acknowledged but lost: {sorted(acked - set(got))[:20]}"
+    offsets_in_order = got == sorted(got)  # one producer, retries in order
+    assert offsets_in_order
+
+
+def _request(api: ApiKey, version: int, body: dict[str, object], cid: int = 7) -> bytes:
+    header = struct.pack(">hhih", api, version, cid, 4) + b"test"
+    if REQUESTS[api].is_flexible(version):
+        header += b"\x00"
+    payload = header + b"".join(encode(REQUESTS[api], version, body))
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _reply(sock: socket.socket, api: ApiKey, version: int) -> dict[str, object]:
+    size = struct.unpack(">i", _recv(sock, 4))[0]
+    data = _recv(sock, size)
+    r = Reader(data, 4)  # after the correlation id
+    return decode(RESPONSES[api], version, r)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+def _connect(cluster: KafkaCluster) -> socket.socket:
+    host, port = cluster.bootstrap.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _produce(topic: str, records: bytes) -> dict[str, object]:
+    return {"transactional_id": None, "acks": -1, "timeout_ms": 10000,
+            "topic_data": [{"name": topic, "partition_data": [
+                {"index": 0, "records": records}]}]}
+
+
+def test_bad_requests_get_kafka_errors_and_the_gateway_goes_on(
+        kafka_cluster: KafkaCluster) -> None:
+    from tests.kafka.test_protocol import _batch
+
+    with _connect(kafka_cluster) as sock:
+        # ApiVersions above ours: error 35 in a v0 body listing what we support
+        sock.sendall(_request(ApiKey.API_VERSIONS, 9, {}))
+        reply = _reply(sock, ApiKey.API_VERSIONS, 0)
+        assert reply["error_code"] == ErrorCode.UNSUPPORTED_VERSION and reply["api_keys"]
+        # a batch with a bad CRC, an unknown topic, a v2 produce: per-partition errors
+        sock.sendall(_request(ApiKey.METADATA, 4, {"topics": [{"name": "bad-in"}],
+                                                   "allow_auto_topic_creation": True}))
+        _reply(sock, ApiKey.METADATA, 4)
+        good = _batch()
+        bad = good[:-1] + bytes([good[-1] ^ 0xFF])
+        for topic, records, version, code in (
+                ("bad-in", bad, 7, ErrorCode.CORRUPT_MESSAGE),
+                ("no-such-topic", good, 7, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                ("bad-in", good, 2, ErrorCode.UNSUPPORTED_VERSION),
+                ("bad-in", good, 7, ErrorCode.NONE)):
+            sock.sendall(_request(ApiKey.PRODUCE, version, _produce(topic, records)))
+            reply = _reply(sock, ApiKey.PRODUCE, version)
+            part = reply["responses"][0]["partition_responses"][0]  # type: ignore[index]
+            assert part["error_code"] == code, (topic, version, part)
+    hostile = [
+        struct.pack(">i", 1 << 30),  # a frame over max_request_bytes
+        struct.pack(">ihhih", 10 + 8, 1, 3, 1, 0) + bytes(8),  # Fetch v3: below what we serve
+        struct.pack(">ihhih", 14, 3, 1, 1, 0) + struct.pack(">i", 5),  # Metadata: 5 topics, no bytes
+        struct.pack(">ihhih", 10, 999, 0, 1, 0),  # an API key nobody has
+    ]
+    for frame in hostile:
+        with _connect(kafka_cluster) as sock:
+            sock.sendall(frame)
+            assert _closed(sock), frame
+    with _connect(kafka_cluster) as sock:  # and the gateway still answers
+        sock.sendall(_request(ApiKey.API_VERSIONS, 2, {}))
+        assert _reply(sock, ApiKey.API_VERSIONS, 2)["error_code"] == 0

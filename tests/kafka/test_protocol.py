@@ -1,0 +1,170 @@
+"""The gateway's pure parts: message schemas (round trips, hostile bytes), RecordBatch
+checks with kafka-python's batch builder as the oracle, and the group state machine."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledgerd.kafka.api import REQUESTS, RESPONSES, SUPPORTED, ApiKey, ErrorCode
+from ledgerd.kafka.groups import Group, GroupSettings, GroupState
+from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_base_offset
+from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+
+
+def _batch(n: int = 3, compression: int = 0, pid: int = -1) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=compression, is_transactional=False,
+                                  producer_id=pid, producer_epoch=0 if pid >= 0 else -1,
+                                  base_sequence=0 if pid >= 0 else -1, batch_size=1 << 20)
+    for i in range(n):
+        b.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=b"v" * i,
+                 headers=[("h", b"x")])
+    return bytes(b.build())
+
+
+def test_batches_built_by_kafka_python_pass_and_survive_a_new_base_offset() -> None:
+    one, two = _batch(3), _batch(5, compression=1)  # plain and gzip
+    got = split_batches(one + two, max_batch_bytes=1 << 20)
+    assert [h.record_count for h, _ in got] == [3, 5]
+    moved = with_base_offset(got[1][1], 1234)
+    assert split_batches(moved, max_batch_bytes=1 << 20)[0][0].base_offset == 1234
+    from kafka.record.default_records import DefaultRecordBatch
+
+    batch = DefaultRecordBatch(moved)
+    assert batch.validate_crc() and batch.base_offset == 1234
+    assert [r.offset for r in batch] == [1234, 1235, 1236, 1237, 1238]
+
+
+@pytest.mark.parametrize(("mangle", "code"), [
+    (lambda b: b[:30], ErrorCode.CORRUPT_MESSAGE),  # shorter than its header
+    (lambda b: b[:-1] + bytes([b[-1] ^ 1]), ErrorCode.CORRUPT_MESSAGE),  # CRC
+    (lambda b: b[:16] + b"\x01" + b[17:], ErrorCode.UNSUPPORTED_VERSION),  # magic 1
+    (lambda b: b + b"\x00" * 5, ErrorCode.CORRUPT_MESSAGE),  # trailing bytes
+    (lambda b: b"", ErrorCode.INVALID_RECORD),
+])
+def test_bad_batches_name_their_kafka_error(mangle: object, code: int) -> None:
+    with pytest.raises(BatchError) as info:
+        split_batches(mangle(_batch()), max_batch_bytes=1 << 20)  # type: ignore[operator]
+    assert info.value.code == code
+
+
+def test_oversized_batch_is_message_too_large() -> None:
+    with pytest.raises(BatchError) as info:
+        split_batches(_batch(50), max_batch_bytes=200)
+    assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_header_parse_reads_the_producer_fields() -> None:
+    h = BatchHeader.parse(_batch(2, pid=77))
+    assert (h.producer_id, h.base_sequence, h.record_count, h.next_offset) == (77, 0, 2, 2)
+
+
+@pytest.mark.parametrize("api", list(ApiKey))
+def test_every_message_round_trips_at_every_version(api: ApiKey) -> None:
+    low, high = SUPPORTED[api]
+    for version in range(low, high + 1):
+        for message in (REQUESTS[api], RESPONSES[api]):
+            empty = b"".join(encode(message, version, _defaults(message.fields)))
+            back = decode(message, version, Reader(empty))
+            again = b"".join(encode(message, version, back))
+            assert again == empty, (api, version)
+
+
+def _defaults(fields: tuple[object, ...]) -> dict[str, object]:
+    from ledgerd.kafka.schema import BYTES, STRING, Array, Field
+    out: dict[str, object] = {}
+    for f in fields:
+        assert isinstance(f, Field)
+        if isinstance(f.kind, Array):
+            out[f.name] = [] if f.default is None else list(f.default)
+        elif f.kind in (STRING,):
+            out[f.name] = f.default if f.default is not None else "s"
+        elif f.kind in (BYTES,):
+            out[f.name] = f.default if f.default is not None else b"b"
+        else:
+            out[f.name] = f.default if f.default is not None else (
+                0 if f.kind.fmt else None)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(api=st.sampled_from(list(ApiKey)), version=st.integers(0, 11),
+       data=st.binary(max_size=200))
+def test_hostile_bytes_raise_only_decode_errors(api: ApiKey, version: int, data: bytes) -> None:
+    try:
+        decode(REQUESTS[api], version, Reader(data))
+    except KafkaDecodeError:
+        pass
+
+
+def test_a_huge_array_count_is_refused_without_allocating() -> None:
+    body = struct.pack(">i", 2**31 - 1)  # Metadata v1: topics
+    with pytest.raises(KafkaDecodeError, match="elements"):
+        decode(REQUESTS[ApiKey.METADATA], 1, Reader(body))
+
+
+# -- the group machine -----------------------------------------------------------------
+
+def _group() -> Group:
+    return Group("g", GroupSettings(initial_rebalance_delay_s=1.0))
+
+
+def _join(g: Group, member: str, now: float) -> object:
+    return g.join(member_id=member, client_id="c", protocol_type="consumer",
+                  protocols=[("range", b"meta-" + member.encode())],
+                  session_timeout_ms=10000, rebalance_timeout_ms=5000, now=now)
+
+
+def test_first_join_waits_the_initial_delay_then_a_sync_makes_it_stable() -> None:
+    g = _group()
+    r1 = _join(g, "", 0.0)
+    assert r1.value is None and g.state is GroupState.PREPARING_REBALANCE  # type: ignore[attr-defined]
+    r2 = _join(g, "", 0.5)
+    g.tick(1.1)
+    a, b = r1.value, r2.value  # type: ignore[attr-defined]
+    assert a["generation_id"] == b["generation_id"] == 1 and a["leader"] == a["member_id"]
+    assert len(a["members"]) == 2 and b["members"] == []  # the list goes to the leader only
+    follower = g.sync(member_id=b["member_id"], generation=1, assignments=[], now=1.2)
+    assert follower.value is None
+    g.sync(member_id=a["member_id"], generation=1,
+           assignments=[(a["member_id"], b"A"), (b["member_id"], b"B")], now=1.3)
+    assert follower.value == {"error_code": 0, "assignment": b"B"}
+    assert g.state is GroupState.STABLE
+    assert g.heartbeat(member_id=b["member_id"], generation=1, now=2) == 0
+    assert g.heartbeat(member_id=b["member_id"], generation=0, now=2) == ErrorCode.ILLEGAL_GENERATION
+    assert g.heartbeat(member_id="nobody", generation=1, now=2) == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_a_leave_rebalances_and_a_silent_member_expires() -> None:
+    g = _group()
+    r1, r2 = _join(g, "", 0.0), _join(g, "", 0.0)
+    g.tick(1.0)
+    a, b = r1.value["member_id"], r2.value["member_id"]  # type: ignore[attr-defined]
+    g.sync(member_id=a, generation=1, assignments=[(a, b"A"), (b, b"B")], now=1.0)
+    assert g.leave(member_id=b, now=2.0) == 0
+    assert g.heartbeat(member_id=a, generation=1, now=2.1) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert g.check_commit(member_id=a, generation=1) == 0  # may commit before rejoining
+    again = _join(g, a, 2.2)
+    assert again.value["generation_id"] == 2 and again.value["leader"] == a  # type: ignore[attr-defined]
+    g.sync(member_id=a, generation=2, assignments=[(a, b"AB")], now=2.3)
+    g.tick(20.0)  # a went silent for longer than its 10 s session
+    assert g.members == {} and g.state is GroupState.EMPTY
+
+
+def test_joins_with_a_bad_session_timeout_or_unknown_protocol_are_refused() -> None:
+    g = _group()
+    bad = g.join(member_id="", client_id="c", protocol_type="consumer",
+                 protocols=[("range", b"")], session_timeout_ms=10, rebalance_timeout_ms=0,
+                 now=0)
+    assert bad.value["error_code"] == ErrorCode.INVALID_SESSION_TIMEOUT  # type: ignore[index]
+    _join(g, "", 0.0)
+    other = g.join(member_id="", client_id="c", protocol_type="consumer",
+                   protocols=[("sticky", b"")], session_timeout_ms=10000,
+                   rebalance_timeout_ms=0, now=0)
+    assert other.value["error_code"] == ErrorCode.INCONSISTENT_GROUP_PROTOCOL  # type: ignore[index]
+    assert g.check_commit(member_id="", generation=-1) == ErrorCode.ILLEGAL_GENERATION
