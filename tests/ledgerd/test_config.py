@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,12 @@ def test_docs_table_matches_declarations() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     assert markdown_table(BookieConfig) in doc
     assert markdown_table(ClientConfig) in doc
+    from ledgerd.kafka.config import GatewayConfig
+
+    client = {f.name for f in dataclasses.fields(ClientConfig)}
+    lines = markdown_table(GatewayConfig).splitlines()
+    gateway_only = lines[:2] + [r for r in lines[2:] if r.split("`")[1] not in client]
+    assert len(gateway_only) > 10 and "\n".join(gateway_only) in doc
 
 
 def test_every_bad_key_is_reported_and_bookkeeper_names_are_aliases() -> None:
