@@ -400,19 +400,21 @@ class PartitionLog:
         last = await self._last_entry(lid, refresh=False)
         out: list[bytes] = []
         size = 0
-        while eid <= last and (not out or size < max_bytes):
-            top = min(last, eid + 63)
+        full = False
+        while eid <= last and not full:
+            # as many entries as the budget holds at the sizes seen so far (batches run
+            # from a few bytes to max_batch_bytes: never read 64 MiB to send 1)
+            fits = 1 if not out else (max_bytes - size) * len(out) // size
+            top = min(last, eid + max(0, min(63, fits - 1)))
             for entry in await h.read_batch(eid, top):
                 if out and size + len(entry.payload) > max_bytes:
-                    top = entry.entry_id - 1
+                    top, full = entry.entry_id - 1, True  # the next fetch starts there
                     break
                 out.append(entry.payload)
                 size += len(entry.payload)
-            nxt = BatchHeader.parse(out[-1]).next_offset
-            self._note_position(nxt, lid, top + 1)
+            self._note_position(BatchHeader.parse(out[-1]).next_offset, lid, top + 1)
             eid = top + 1
-            if size >= max_bytes:
-                break
+            full = full or size >= max_bytes
         return b"".join(out), hw
 
     def _from_tail(self, offset: int, max_bytes: int) -> bytes:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import google_crc32c
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "split_batches", "with_base_offset"]
 
 HEADER_SIZE = 61
@@ -32,7 +34,7 @@ CONTROL = 0x20
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 
 
-class BatchError(ValueError):
+class BatchError(LedgerdError, ValueError):
     """A produced record set that is not a valid RecordBatch v2; ``code`` is the Kafka
     error to answer (CORRUPT_MESSAGE, INVALID_RECORD, UNSUPPORTED_*)."""
 

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = [
     "BOOL", "BYTES", "INT8", "INT16", "INT32", "INT64", "NULLABLE_BYTES", "NULLABLE_STRING",
     "STRING", "UINT32", "Array", "Field", "KafkaDecodeError", "Message", "Reader", "decode",
@@ -35,7 +37,7 @@ __all__ = [
 ]
 
 
-class KafkaDecodeError(ValueError):
+class KafkaDecodeError(LedgerdError, ValueError):
     """The peer sent bytes that do not parse as the declared message (close or answer
     INVALID_REQUEST / CORRUPT_MESSAGE; never a bug of ours)."""
 
