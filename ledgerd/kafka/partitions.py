@@ -358,10 +358,11 @@ class PartitionLog:
                 return first
         return await self.high_watermark()
 
-    async def locate(self, offset: int) -> tuple[int, int]:
+    async def locate(self, offset: int, *, cached: bool = True) -> tuple[int, int]:
         """``(ledger, entry)`` of the batch holding ``offset`` (which is below the high
-        watermark)."""
-        hit = self.positions.get(offset)
+        watermark); ``cached`` first asks the "next offset -> entry" memory, whose entry
+        may be one past a ledger's end."""
+        hit = self.positions.get(offset) if cached else None
         if hit is not None:
             return hit
         ledgers = await self._ledgers()
@@ -398,6 +399,11 @@ class PartitionLog:
         lid, eid = await self.locate(offset)
         h = await self._handle(lid)
         last = await self._last_entry(lid, refresh=False)
+        if eid > last:  # remembered at a ledger's end: the batch opens the next ledger
+            self.positions.pop(offset, None)
+            lid, eid = await self.locate(offset, cached=False)
+            h = await self._handle(lid)
+            last = await self._last_entry(lid, refresh=False)
         out: list[bytes] = []
         size = 0
         full = False

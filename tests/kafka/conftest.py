@@ -24,6 +24,10 @@ from tests.cluster import fresh_chroot, metadata_store, wait_registered
 GATEWAY_ENV = {
     "LEDGERD_GROUP_INITIAL_REBALANCE_DELAY_MS": "200",
     "LEDGERD_EXPLICIT_LAC_INTERVAL_MS": "100",
+    # small ledgers and a small tail cache: reads cross ledger rolls and go to bookies
+    "LEDGERD_LOG_ROLL_BYTES": str(1 << 20),
+    "LEDGERD_TAIL_CACHE_BYTES": str(64 << 10),
+    "LEDGERD_MAX_APPEND_BYTES": str(64 << 10),
 }
 
 

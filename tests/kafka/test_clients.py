@@ -158,3 +158,28 @@ def test_aiokafka_produces_and_consumes_in_a_group(kafka_cluster: KafkaCluster) 
         return got
 
     assert asyncio.run(main()) == [f"n{i}".encode() for i in range(50)]
+
+
+def test_a_consumer_reads_across_ledger_rolls_from_the_bookies(
+        kafka_cluster: KafkaCluster) -> None:
+    """The module's gateway rolls a partition's ledger every MiB and caches only 64 KiB:
+    4 MiB read from the beginning, one batch per fetch, come from bookies across four
+    ledgers (a fetch at a ledger's end once found nothing, for ever)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 20})
+    for i in range(4096):
+        producer.produce("kc-rolls", value=b"%06d" % i + bytes(1018))
+    assert producer.flush(BOUND_S) == 0
+    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "rolls",
+                         "enable.auto.commit": False,
+                         "max.partition.fetch.bytes": 1000})  # one batch per fetch
+    consumer.assign([TopicPartition("kc-rolls", 0, 0)])
+    got: list[int] = []
+    deadline = time.monotonic() + BOUND_S
+    while len(got) < 4096 and time.monotonic() < deadline:
+        for m in consumer.consume(500, 1):
+            assert not m.error(), m.error()
+            got.append(int(m.value()[:6]))
+    consumer.close()
+    assert got == list(range(4096))
