@@ -11,8 +11,9 @@ interleaved in every round (order alternates):
   gateway; messages/s from the first send to the last delivery report.
 - **native**: the ledgerd client appends the same number of 1 KiB payloads to a log
   (``LogWriter.append_many`` in chunks of 1,000: one entry per message, pipelined).
-- **consume** (after the rounds): a confluent-kafka consumer reads a topic of
-  ``--consume-mb`` MiB from the beginning (assign, no group); MB/s.
+- **consume** (after the rounds): a topic of ``--consume-mb`` MiB read from the beginning
+  by kcat (librdkafka in C: the gateway's figure) and by a confluent-kafka consumer in
+  Python (assign, no group; there the Python loop over messages is the limit); MB/s.
 
 Every round is printed, then the medians, with the 1-minute load at start and end.
 """
@@ -105,11 +106,23 @@ def _consume(bootstrap: str, topic: str, total_bytes: int) -> float:
     return got / elapsed / 1e6
 
 
+def _kcat_consume(bootstrap: str, topic: str, messages: int, total_bytes: int) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(["kcat", "-b", bootstrap, "-C", "-t", topic, "-o", "beginning",
+                           "-e", "-q", "-f", "%o\n"], capture_output=True, timeout=600,
+                          check=True)
+    elapsed = time.perf_counter() - start
+    offsets = done.stdout.split()
+    if len(offsets) != messages or int(offsets[-1]) != messages - 1:
+        raise RuntimeError(f"kcat read {len(offsets)} of {messages} messages")
+    return total_bytes / elapsed / 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--messages", type=int, default=50000)
-    parser.add_argument("--consume-mb", type=int, default=256)
+    parser.add_argument("--consume-mb", type=int, default=1024)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ledgerd-gw-bench-", dir=os.environ.get("BENCH_DIR")))
@@ -121,6 +134,8 @@ def main() -> None:
                for i in range(3)]
     port = find_free_port()
     gateway: subprocess.Popen[bytes] | None = None
+    kcat_mbs: list[float] = []
+    mbs = 0.0
     results: list[dict[str, Any]] = []
 
     async def up() -> None:
@@ -159,8 +174,12 @@ def main() -> None:
                   f"{row['native_appends_s']:,} appends/s, ratio {row['ratio']}", flush=True)
         size = args.consume_mb << 20
         _kafka_produce(bootstrap, "consume", size // len(PAYLOAD))
+        count = size // len(PAYLOAD) + 1  # and the warm-up message
+        kcat_mbs = [round(_kcat_consume(bootstrap, "consume", count, size), 1)
+                    for _ in range(args.rounds)]
         mbs = round(_consume(bootstrap, "consume", size), 1)
-        print(f"consume: {args.consume_mb} MiB from the beginning at {mbs} MB/s", flush=True)
+        print(f"consume: {args.consume_mb} MiB from the beginning: kcat {kcat_mbs} MB/s, "
+              f"confluent-kafka (Python loop) {mbs} MB/s", flush=True)
     finally:
         if gateway is not None and gateway.poll() is None:
             gateway.send_signal(signal.SIGTERM)
@@ -175,6 +194,7 @@ def main() -> None:
                for k in ("kafka_msgs_s", "native_appends_s", "ratio")}
     if args.json:
         print(json.dumps({"rounds": results, "median": summary, "consume_mb_s": mbs,
+                          "kcat_consume_mb_s": kcat_mbs,
                           "load": [load_start, load_end]}))
         return
     print(f"\nload average (1 min): {load_start:.2f} at start, {load_end:.2f} at end")

@@ -43,6 +43,10 @@ class GatewayConfig(ClientConfig):
         8 << 20, bk="(ledgerd)", minimum=0,
         doc="Recently written batches each partition keeps in memory for consumers at "
             "the tail (per partition this gateway writes).")
+    read_ahead_bytes: int = setting(
+        4 << 20, bk="(ledgerd; BookKeeper: dbStorage_readAheadCacheMaxSizeMb)", minimum=0,
+        doc="Batches read from the bookies ahead of a consumer, per partition being read "
+            "(0 = off): the next fetch is answered from memory while this one is sent.")
     max_append_bytes: int = setting(
         4 << 20, bk="(ledgerd)", minimum=1 << 16,
         doc="Queued produce batches sent to the bookies as one group append, at most.")

@@ -153,7 +153,8 @@ class Gateway:
                                             config.group_max_session_timeout_ms)
         self.part_settings = PartitionSettings(
             config.ensemble_size, config.write_quorum_size, config.ack_quorum_size,
-            config.log_roll_bytes, config.tail_cache_bytes, config.max_append_bytes)
+            config.log_roll_bytes, config.tail_cache_bytes, config.max_append_bytes,
+            config.read_ahead_bytes)
         self.sasl = SaslUsers(config.gateway_sasl_users_file) \
             if config.gateway_sasl_users_file else None
         self.connections = 0
@@ -437,7 +438,7 @@ class Gateway:
         part = self.partitions.get((topic, p))
         if part is None:
             part = self.partitions[(topic, p)] = PartitionLog(
-                self.client, topic, p, self.part_settings)
+                self.client, topic, p, self.part_settings, self.nursery)
         return part
 
     # -- handlers -----------------------------------------------------------------------

@@ -67,6 +67,7 @@ class PartitionSettings:
     roll_bytes: int
     tail_cache_bytes: int
     max_append_bytes: int  # one append_many's batches at most (several entries)
+    read_ahead_bytes: int = 4 << 20  # batches read ahead of a consumer (0 = off)
 
 
 @dataclass(slots=True)
@@ -82,8 +83,9 @@ class PartitionLog:
     """One partition's state on this gateway; see the module docstring."""
 
     def __init__(self, client: Client, topic: str, partition: int,
-                 settings: PartitionSettings) -> None:
+                 settings: PartitionSettings, nursery: trio.Nursery | None = None) -> None:
         self.client = client
+        self.nursery = nursery  # runs the read-ahead
         self.topic = topic
         self.partition = partition
         self.name = log_name(topic, partition)
@@ -104,6 +106,16 @@ class PartitionLog:
         # (same epoch and sequence) is answered with its first offset, not appended again
         self.producers: dict[int, deque[tuple[int, int, int]]] = {}
         self._remote_end: tuple[float, int] | None = None
+        self._start: int | None = None  # the log's first offset, once it has one
+        # read-ahead: consecutive batches (base, next offset, bytes) read from the bookies
+        # ahead of the consumer, and where the next read starts; one run at a time
+        self.ahead: deque[tuple[int, int, bytes]] = deque()
+        self.ahead_bytes = 0
+        self.ahead_from: tuple[int, int] | None = None
+        self.ahead_generation = 0
+        self.ahead_running = False
+        self.ahead_expect = -1  # the offset the consumer asks for next
+        self.ahead_progress = trio.Event()
 
     # -- writing ------------------------------------------------------------------------
 
@@ -349,12 +361,16 @@ class PartitionLog:
         return end
 
     async def start_offset(self) -> int:
+        """The log's first offset (cached once known: the gateway never truncates)."""
+        if self._start is not None:
+            return self._start
         for lid in await self._ledgers():
             try:
                 first = await self._first_offset(lid)
             except NoSuchLedgerError:
                 continue
             if first is not None:
+                self._start = first
                 return first
         return await self.high_watermark()
 
@@ -396,6 +412,14 @@ class PartitionLog:
             raise OffsetOutOfRangeError(offset, await self.start_offset(), hw)
         if self.tail and self.tail[0][0] <= offset < self.tail[-1][1]:
             return self._from_tail(offset, max_bytes), hw
+        while True:
+            ahead = self._from_ahead(offset, max_bytes)
+            if ahead is not None:
+                self._read_ahead()
+                return ahead, hw
+            if not (self.ahead_running and offset == self.ahead_expect):
+                break
+            await self.ahead_progress.wait()  # the read-ahead is fetching exactly this
         lid, eid = await self.locate(offset)
         h = await self._handle(lid)
         last = await self._last_entry(lid, refresh=False)
@@ -421,7 +445,72 @@ class PartitionLog:
             self._note_position(BatchHeader.parse(out[-1]).next_offset, lid, top + 1)
             eid = top + 1
             full = full or size >= max_bytes
+        self.ahead_generation += 1  # a read-ahead from elsewhere is of no use now
+        self.ahead.clear()
+        self.ahead_bytes = 0
+        self.ahead_from = (lid, eid)
+        self.ahead_expect = BatchHeader.parse(out[-1]).next_offset
+        self._read_ahead()
         return b"".join(out), hw
+
+    def _from_ahead(self, offset: int, max_bytes: int) -> bytes | None:
+        """Batches from the read-ahead, from the one holding ``offset`` (None: it does
+        not hold that offset)."""
+        while self.ahead and self.ahead[0][1] <= offset:
+            self.ahead_bytes -= len(self.ahead.popleft()[2])
+        if not self.ahead or self.ahead[0][0] > offset:
+            return None
+        out: list[bytes] = []
+        size = 0
+        while self.ahead and (not out or size + len(self.ahead[0][2]) <= max_bytes):
+            _, nxt, batch = self.ahead.popleft()
+            self.ahead_bytes -= len(batch)
+            out.append(batch)
+            size += len(batch)
+            self.ahead_expect = nxt
+        return b"".join(out)
+
+    def _read_ahead(self) -> None:
+        if (self.settings.read_ahead_bytes and not self.ahead_running
+                and self.nursery is not None and self.ahead_from is not None):
+            self.ahead_running = True
+            self.nursery.start_soon(self._ahead_loop, self.ahead_generation)
+
+    async def _ahead_loop(self, generation: int) -> None:
+        """Read the entries after the consumer's last fetch into ``ahead`` while it
+        processes that one, up to ``read_ahead_bytes``; stops at a ledger's last
+        readable entry (the next fetch finds the way on)."""
+        try:
+            while (generation == self.ahead_generation and self.ahead_from is not None
+                   and self.ahead_bytes < self.settings.read_ahead_bytes):
+                lid, eid = self.ahead_from
+                last = await self._last_entry(lid, refresh=False)
+                if eid > last:
+                    return
+                h = await self._handle(lid)
+                room = self.settings.read_ahead_bytes - self.ahead_bytes
+                fits = max(1, room * len(self.ahead) // self.ahead_bytes) \
+                    if self.ahead else 1
+                top = min(last, eid + min(63, fits - 1))
+                entries = await h.read_batch(eid, top)
+                if generation != self.ahead_generation:
+                    return
+                for entry in entries:
+                    bh = BatchHeader.parse(entry.payload)
+                    self.ahead.append((bh.base_offset, bh.next_offset, entry.payload))
+                    self.ahead_bytes += len(entry.payload)
+                self.ahead_from = (lid, top + 1)
+                self._ahead_moved()
+        except Exception as exc:  # a read-ahead that fails costs only its speed-up
+            log.debug("kafka_read_ahead_failed", extra=fields(
+                topic=self.topic, partition=self.partition, error=repr(exc)))
+        finally:
+            self.ahead_running = False
+            self._ahead_moved()
+
+    def _ahead_moved(self) -> None:
+        self.ahead_progress.set()
+        self.ahead_progress = trio.Event()
 
     def _from_tail(self, offset: int, max_bytes: int) -> bytes:
         bases = [b for b, _, _ in self.tail]
