@@ -4,12 +4,10 @@ notify, SIGTERM/SIGINT stop); the gateway itself is ``ledgerd.kafka.gateway``.""
 from __future__ import annotations
 
 import logging
-import signal
 
 import trio
 
-from ledgerd.appliance.sdnotify import notify
-from ledgerd.base.logs import fields
+from ledgerd.appliance.sdnotify import notify, wait_stop_signal
 from ledgerd.client import open_client
 from ledgerd.kafka.config import GatewayConfig
 from ledgerd.kafka.gateway import serve_gateway
@@ -26,10 +24,7 @@ async def _gateway_main(config: GatewayConfig) -> int:
             notify("READY=1")
             print(f"kafka gateway on {config.gateway_host}:{gw.port} (node {gw.node_id})",
                   flush=True)
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("signal", extra=fields(signal=signal.Signals(signum).name))
-                    break
+            await wait_stop_signal()
             notify("STOPPING=1")
             nursery.cancel_scope.cancel()
     return 0

@@ -84,7 +84,7 @@ async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
     from ledgerd.appliance.handlers import AdminHooks, ServingState
     from ledgerd.appliance.http import AdminHttp
     from ledgerd.appliance.metrics import BookieMetrics
-    from ledgerd.appliance.sdnotify import notify, watchdog_service
+    from ledgerd.appliance.sdnotify import notify, wait_stop_signal, watchdog_service
 
     require_secret(config)  # a missing or bad secret is a one-line error before connecting
     store = await connect_metadata(config)
@@ -109,10 +109,7 @@ async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
             notify("READY=1")
             log.info("autorecovery_ready", extra=fields(worker=worker_id,
                                                         admin_port=http.bound_port))
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("signal", extra=fields(signal=signal.Signals(signum).name))
-                    break
+            await wait_stop_signal()
             notify("STOPPING=1")
             nursery.cancel_scope.cancel()
     finally:

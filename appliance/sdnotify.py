@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from collections.abc import Callable, Mapping
 
@@ -72,3 +73,11 @@ async def watchdog_service(healthy: Callable[[], bool], *,
         if healthy():
             notify("WATCHDOG=1", env)
         await trio.sleep(interval)
+
+
+async def wait_stop_signal() -> None:
+    """Return at the first SIGTERM (systemd's stop) or SIGINT, logged."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("signal", extra=fields(signal=signal.Signals(signum).name))
+            return

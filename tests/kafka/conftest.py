@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -98,24 +99,31 @@ def kafka_cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathF
                   ) -> Iterator[KafkaCluster]:
     base = tmp_path_factory.mktemp("kafka")
     with fresh_chroot(zookeeper, "kafka") as zk:
-        bookies = [BookieProcess(base / f"bookie{i}", zk, settings={
-            "zk_timeout_ms": 4000, "journal_prealloc_mb": 4}) for i in range(4)]
+        with running_cluster(base, zk, 4, GatewayProcess(zk, base / "gateway.log")) as c:
+            yield c
 
-        async def up() -> None:
-            async with metadata_store(zk) as store:
-                for b in bookies:
-                    b.start()
-                for b in bookies:
-                    await wait_registered(store, b)
 
-        gateway = GatewayProcess(zk, base / "gateway.log")
-        try:
-            trio.run(up)
-            gateway.start()
-            yield KafkaCluster(zk, bookies, gateway)
-        finally:
-            if gateway.running:
-                gateway.stop(signal.SIGKILL)
+@contextmanager
+def running_cluster(base: Path, zk: str, n: int, gateway: GatewayProcess,
+                    ) -> Iterator[KafkaCluster]:
+    """``n`` registered bookie processes and ``gateway`` started; all killed after."""
+    bookies = [BookieProcess(base / f"bookie{i}", zk, settings={
+        "zk_timeout_ms": 4000, "journal_prealloc_mb": 4}) for i in range(n)]
+
+    async def up() -> None:
+        async with metadata_store(zk) as store:
             for b in bookies:
-                if b.running:
-                    b.kill9()
+                b.start()
+            for b in bookies:
+                await wait_registered(store, b)
+
+    try:
+        trio.run(up)
+        gateway.start()
+        yield KafkaCluster(zk, bookies, gateway)
+    finally:
+        if gateway.running:
+            gateway.stop(signal.SIGKILL)
+        for b in bookies:
+            if b.running:
+                b.kill9()

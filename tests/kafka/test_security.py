@@ -6,18 +6,15 @@ cluster would take over half of its partitions."""
 from __future__ import annotations
 
 import hashlib
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
 
-from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import ZooKeeperServer
-from tests.cluster import fresh_chroot, metadata_store, wait_registered
-from tests.kafka.conftest import GatewayProcess
+from tests.cluster import fresh_chroot
+from tests.kafka.conftest import GatewayProcess, running_cluster
 
 
 @pytest.fixture(scope="module")
@@ -33,30 +30,12 @@ def secure_gateway(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPath
     users = base / "users"
     users.write_text(f"alice:{hashlib.sha256(b'wonderland').hexdigest()} client\n")
     with fresh_chroot(zookeeper, "kafka_tls") as zk:
-        bookies = [BookieProcess(base / f"bookie{i}", zk, settings={
-            "zk_timeout_ms": 4000, "journal_prealloc_mb": 4}) for i in range(3)]
-
-        async def up() -> None:
-            async with metadata_store(zk) as store:
-                for b in bookies:
-                    b.start()
-                for b in bookies:
-                    await wait_registered(store, b)
-
         gateway = GatewayProcess(zk, base / "gateway.log", env={
             "LEDGERD_GATEWAY_TLS_CERTIFICATE_PATH": str(base / "gateway.pem"),
             "LEDGERD_GATEWAY_TLS_KEY_PATH": str(base / "gateway.pem"),
             "LEDGERD_GATEWAY_SASL_USERS_FILE": str(users)})
-        try:
-            trio.run(up)
-            gateway.start()
+        with running_cluster(base, zk, 3, gateway):
             yield gateway, base / "ca.pem"
-        finally:
-            if gateway.running:
-                gateway.stop(signal.SIGKILL)
-            for b in bookies:
-                if b.running:
-                    b.kill9()
 
 
 def _kcat(gw: GatewayProcess, *args: str, stdin: str = "") -> subprocess.CompletedProcess[bytes]:
