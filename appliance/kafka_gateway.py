@@ -7,7 +7,7 @@ import logging
 
 import trio
 
-from ledgerd.appliance.sdnotify import notify, wait_stop_signal
+from ledgerd.appliance.sdnotify import notify, wait_stop_signal, watchdog_service
 from ledgerd.client import open_client
 from ledgerd.kafka.config import GatewayConfig
 from ledgerd.kafka.gateway import serve_gateway
@@ -21,6 +21,7 @@ async def _gateway_main(config: GatewayConfig) -> int:
     async with open_client(config=config) as client:
         async with trio.open_nursery() as nursery:
             gw = await nursery.start(serve_gateway, client, config)
+            nursery.start_soon(watchdog_service, lambda: True)  # pings from the event loop
             notify("READY=1")
             print(f"kafka gateway on {config.gateway_host}:{gw.port} (node {gw.node_id})",
                   flush=True)

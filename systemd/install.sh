@@ -56,9 +56,10 @@ systemd_live() { [ -z "$root" ] && [ -d /run/systemd/system ]; }
 if [ "$uninstall" = 1 ]; then
     if systemd_live; then
         systemctl disable --now ledgerd-bookie.service ledgerd-autorecovery.service \
+            ledgerd-gateway.service \
             >/dev/null 2>&1 || true
     fi
-    for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service; do
+    for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service ledgerd-gateway.service; do
         [ -e "$units/$u" ] && rm -f "$units/$u" && say "removed $units/$u"
     done
     rm -rf "$units/ledgerd-bookie.service.d" "$units/ledgerd-bookie@.service.d" \
@@ -107,7 +108,7 @@ fi
 
 # 3. Configuration (never overwritten) and data.
 mkdir -p "$etc" "$data"
-for f in bookie.toml bookie.env; do
+for f in bookie.toml bookie.env gateway.toml; do
     if [ ! -e "$etc/$f" ]; then
         install -m 0640 "$here/$f" "$etc/$f"
         say "wrote $etc/$f (edit it)"
@@ -124,7 +125,7 @@ fi
 
 # 4. Units (always refreshed: they belong to the product, not to the operator).
 mkdir -p "$units"
-for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service; do
+for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service ledgerd-gateway.service; do
     if ! cmp -s "$here/$u" "$units/$u"; then
         install -m 0644 "$here/$u" "$units/$u"
         say "installed $units/$u"
@@ -132,7 +133,7 @@ for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.ser
 done
 version="$(systemctl --version 2>/dev/null | awk 'NR==1 {print $2}')"
 if [ -n "$version" ] && [ "$version" -ge 254 ] 2>/dev/null; then
-    for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service; do
+    for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service ledgerd-gateway.service; do
         mkdir -p "$units/$u.d"
         printf '[Service]\nRestartSteps=6\nRestartMaxDelaySec=300\n' > "$units/$u.d/backoff.conf"
     done

@@ -25,7 +25,8 @@ from tests.cluster import metadata_store
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "systemd" / "install.sh"
-UNITS = ("ledgerd-bookie.service", "ledgerd-bookie@.service", "ledgerd-autorecovery.service")
+UNITS = ("ledgerd-bookie.service", "ledgerd-bookie@.service", "ledgerd-autorecovery.service",
+         "ledgerd-gateway.service")
 RATINGS = ("PERFECT", "SAFE", "OK")
 
 

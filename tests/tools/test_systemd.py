@@ -34,3 +34,17 @@ def test_autorecovery_unit_runs_the_standalone_command_with_notify() -> None:
     assert service["Type"] == "notify"
     argv = service["ExecStart"].split()
     assert argv[0].endswith("/ledgerd") and argv[1:3] == ["autorecovery", "--conf"]
+
+
+def test_gateway_unit_and_example_config() -> None:
+    from ledgerd.kafka.config import GatewayConfig
+
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(ROOT / "systemd" / "ledgerd-gateway.service")
+    service = unit["Service"]
+    assert service["Type"] == "notify" and int(service["WatchdogSec"]) > 0
+    argv = service["ExecStart"].split()
+    assert argv[0].endswith("/ledgerd") and argv[1:4] == ["gateway", "--conf",
+                                                          "/etc/ledgerd/gateway.toml"]
+    cfg = load_config(GatewayConfig, path=ROOT / "systemd" / "gateway.toml")
+    assert cfg.gateway_port == 9092 and cfg.throttle == 0
