@@ -18,13 +18,11 @@ ApiVersions, StartTls and Auth are open to everyone: they come before anyone is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
+from ledgerd.base.principals import ROLES, parse_roles
 from ledgerd.wire.messages import AddFlags, AddRequest, ApiKey, Message
 
 __all__ = ["ROLES", "allowed", "needed_roles", "parse_roles"]
 
-ROLES = frozenset({"client", "recovery", "admin", "bookie"})
 
 _OPEN: frozenset[str] = frozenset()  # no role needed
 _READERS = frozenset({"client", "recovery"})
@@ -59,11 +57,3 @@ def allowed(roles: frozenset[str], api_key: int, message: Message | None = None)
     return not need or not need.isdisjoint(roles)
 
 
-def parse_roles(names: Iterable[str], what: str) -> frozenset[str]:
-    """Validate role names from configuration (ValueError naming the unknown ones)."""
-    roles = frozenset(n.strip() for n in names if n.strip())
-    unknown = sorted(roles - ROLES)
-    if unknown:
-        raise ValueError(f"{what}: unknown role(s) {', '.join(unknown)}; roles are "
-                         + ", ".join(sorted(ROLES)))
-    return roles

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import ssl
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from ledgerd.appliance.authz import parse_roles
 from ledgerd.appliance.config import BookieConfig
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
-from ledgerd.base.settings import ConfigError
+from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, ReloadingContext, principal_of, server_context
 from ledgerd.wire.connection import NEED_DATA, RequestRejected, ServerConnection
 from ledgerd.wire.frames import DecodedRequest
@@ -36,31 +35,6 @@ __all__ = ["ConnectionSecurity", "Negotiated", "load_principals", "negotiate"]
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0  # BookKeeper's startTLSTimeoutSecs
 _RECEIVE = 64 * 1024
-
-
-def load_principals(path: str) -> dict[str, Principal]:
-    """token SHA-256 (hex) -> principal, from a principals file (ConfigError naming the
-    file and the entry that is wrong)."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError("principals_file", path, f"a readable TOML file ({exc})") from None
-    out: dict[str, Principal] = {}
-    for name, entry in (doc.get("principals") or {}).items():
-        digest = str(entry.get("token_sha256", "")).lower() if isinstance(entry, dict) else ""
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise ConfigError("principals_file", path,
-                              f"[principals.{name}] with token_sha256 = 64 hex digits")
-        try:
-            roles = parse_roles(entry.get("roles", []), f"[principals.{name}] roles")
-        except ValueError as exc:
-            raise ConfigError("principals_file", path, str(exc)) from None
-        if digest in out:
-            raise ConfigError("principals_file", path,
-                              f"[principals.{name}]: the same token as {out[digest].name}")
-        out[digest] = Principal(name, roles, True)
-    return out
 
 
 @dataclass

@@ -81,10 +81,12 @@ class GatewayConfig(ClientConfig):
     gateway_tls_client_auth: str = setting(
         "none", bk="(Kafka: ssl.client.auth)", choices=("none", "optional", "required"),
         doc="Ask Kafka clients for certificates (verified against tls_trust_path).")
-    gateway_sasl_users_file: str = setting(
-        "", bk="(Kafka: sasl.enabled.mechanisms=PLAIN, JAAS users)",
-        doc="Lines 'user:sha256(password) roles': set, every connection must "
-            "authenticate with SASL PLAIN before any other request but ApiVersions.")
+    gateway_principals_file: str = setting(
+        "", bk="(Kafka: sasl.enabled.mechanisms=PLAIN)",
+        doc="A principals file in the bookies' format (ledgerd shell gentoken): set, every "
+            "connection must authenticate with SASL PLAIN (user = principal name, "
+            "password = its token) or a client certificate before any request but "
+            "ApiVersions, and requests need the client role (topics: admin).")
 
     def tls_server_context(self) -> ssl.SSLContext | None:
         if not self.gateway_tls_certificate_path:

@@ -24,6 +24,7 @@ Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -36,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ledgerd.base.logs import fields
+from ledgerd.base.principals import load_principals
+from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import (
     PRODUCE_SERVED_FROM,
@@ -84,47 +87,37 @@ def _rank(node: int, key: str) -> int:
     return zlib.crc32(f"{node}/{key}".encode())
 
 
-class SaslUsers:
-    """``gateway_sasl_users_file``: ``user:sha256-hex-of-password roles`` per line."""
-
-    def __init__(self, path: str) -> None:
-        self.users: dict[str, str] = {}
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if not line or line.startswith("#"):
-                    continue
-                user, _, rest = line.partition(":")
-                digest = rest.split()[0] if rest.split() else ""
-                if not user or len(digest) != 64:
-                    raise LedgerdError(f"{path}:{n}: expected 'user:sha256hex [roles]'")
-                self.users[user] = digest
-
-    def check(self, auth: bytes) -> str | None:
-        """The user a PLAIN message (authzid NUL user NUL password) proves, or None."""
-        parts = auth.split(b"\x00")
-        if len(parts) != 3:
-            return None
-        user = parts[1].decode("utf-8", "replace")
-        want = self.users.get(user)
-        got = hashlib.sha256(parts[2]).hexdigest()
-        if want is None or not _consteq(want, got):
-            return None
-        return user
+def _plain_check(tokens: dict[str, Principal], auth: bytes) -> Principal | None:
+    """The principal a SASL PLAIN message (authzid NUL user NUL password) proves: the
+    password is a token of the principals file and the user its principal's name."""
+    parts = auth.split(b"\x00")
+    if len(parts) != 3:
+        return None
+    principal = tokens.get(hashlib.sha256(parts[2]).hexdigest())
+    if principal is None or not hmac.compare_digest(principal.name.encode(), parts[1]):
+        return None
+    return principal
 
 
-def _consteq(a: str, b: str) -> bool:
-    import hmac
-    return hmac.compare_digest(a.encode(), b.encode())
+# Roles any one of which a request needs when the gateway authenticates (empty: anyone)
+_CLIENT = frozenset({"client", "admin"})
+_NEEDS: dict[ApiKey, frozenset[str]] = {
+    ApiKey.API_VERSIONS: frozenset(), ApiKey.SASL_HANDSHAKE: frozenset(),
+    ApiKey.SASL_AUTHENTICATE: frozenset(),
+    ApiKey.CREATE_TOPICS: frozenset({"admin"}), ApiKey.DELETE_TOPICS: frozenset({"admin"}),
+}
 
 
 @dataclass(slots=True)
 class _Conn:
     peer: str
     client_id: str = ""
-    authenticated: bool = False
+    principal: Principal = ANONYMOUS
     sasl_mechanism: str = ""
-    user: str = ""
+
+    @property
+    def authenticated(self) -> bool:
+        return self.principal.authenticated
 
 
 @dataclass(slots=True)
@@ -155,8 +148,12 @@ class Gateway:
             config.ensemble_size, config.write_quorum_size, config.ack_quorum_size,
             config.log_roll_bytes, config.tail_cache_bytes, config.max_append_bytes,
             config.read_ahead_bytes)
-        self.sasl = SaslUsers(config.gateway_sasl_users_file) \
-            if config.gateway_sasl_users_file else None
+        self.tokens = load_principals(config.gateway_principals_file,
+                                      "gateway_principals_file") \
+            if config.gateway_principals_file else None
+        # who must prove themselves: everyone, with a principals file or client certificates
+        self.authorizing = self.tokens is not None or \
+            config.gateway_tls_client_auth == "required"
         self.connections = 0
         self.nursery: trio.Nursery | None = None
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
@@ -248,7 +245,7 @@ class Gateway:
         await self._refresh()
         log.info("kafka_gateway_listening", extra=fields(
             host=cfg.gateway_host, port=self.port, node_id=self.node_id,
-            tls=tls is not None, sasl=self.sasl is not None))
+            tls=tls is not None, sasl=self.tokens is not None))
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
@@ -273,8 +270,14 @@ class Gateway:
             await trio.aclose_forcefully(stream)
             return
         self.connections += 1
-        conn = _Conn(peer, authenticated=self.sasl is None)
+        conn = _Conn(peer)
         try:
+            if isinstance(stream, trio.SSLStream):
+                with trio.fail_after(10):
+                    await stream.do_handshake()
+                cert = stream.getpeercert()
+                if cert:
+                    conn.principal = principal_of(cert)
             await self._connection(stream, conn)
         except Exception as exc:  # one connection closes; the gateway goes on
             leaves = _leaves(exc)
@@ -358,13 +361,26 @@ class Gateway:
         if req_msg.is_flexible(version):
             r.skip_tags("request header")
         body = decode(req_msg, version, r, api.name)
-        if not conn.authenticated and api not in (ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE,
-                                                  ApiKey.SASL_AUTHENTICATE):
-            log.warning("kafka_unauthenticated_request", extra=fields(
-                peer=conn.peer, api=api.name))
-            slot.close = True
-            slot.done.set()
-            return False
+        if self.authorizing:
+            need = _NEEDS.get(api, _CLIENT)
+            if need and not conn.authenticated:
+                log.warning("kafka_unauthenticated_request", extra=fields(
+                    peer=conn.peer, api=api.name))
+                slot.close = True
+                slot.done.set()
+                return False
+            if need and need.isdisjoint(conn.principal.roles):
+                log.warning("kafka_unauthorized", extra=fields(
+                    peer=conn.peer, principal=conn.principal.name, api=api.name,
+                    roles=",".join(sorted(conn.principal.roles)) or "-",
+                    needs=",".join(sorted(need))))
+                if api in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS):
+                    slot.frame = self._frame(api, version, cid, _denied(api, body))
+                    slot.done.set()
+                    return True
+                slot.close = True  # no error code fits every API: the client sees a close
+                slot.done.set()
+                return False
         if api is ApiKey.PRODUCE:
             if version < PRODUCE_SERVED_FROM:
                 reply = _produce_error(body, ErrorCode.UNSUPPORTED_VERSION)
@@ -883,23 +899,24 @@ class Gateway:
 
     async def sasl_handshake(self, conn: _Conn, version: int, body: dict[str, Any],
                              ) -> dict[str, Any]:
-        if self.sasl is None or body["mechanism"] != "PLAIN":
+        if self.tokens is None or body["mechanism"] != "PLAIN":
             return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
-                    "mechanisms": ["PLAIN"] if self.sasl is not None else []}
+                    "mechanisms": ["PLAIN"] if self.tokens is not None else []}
         conn.sasl_mechanism = "PLAIN"
         return {"error_code": 0, "mechanisms": ["PLAIN"]}
 
     async def sasl_authenticate(self, conn: _Conn, version: int, body: dict[str, Any],
                                 ) -> dict[str, Any]:
-        if self.sasl is None or conn.sasl_mechanism != "PLAIN":
+        if self.tokens is None or conn.sasl_mechanism != "PLAIN":
             return {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
                     "error_message": "SaslHandshake with mechanism PLAIN first"}
-        user = self.sasl.check(body["auth_bytes"])
-        if user is None:
+        principal = _plain_check(self.tokens, body["auth_bytes"])
+        if principal is None:
             log.warning("kafka_sasl_failed", extra=fields(peer=conn.peer))
             return {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
                     "error_message": "Authentication failed: invalid user name or password"}
-        conn.authenticated, conn.user = True, user
+        conn.principal = principal
+        log.info("kafka_authenticated", extra=fields(peer=conn.peer, principal=principal.name))
         return {"error_code": 0, "error_message": None}
 
 
@@ -919,6 +936,17 @@ async def _delete_log(client: Client, name: str) -> None:
 def _advertised() -> list[dict[str, int]]:
     return [{"api_key": int(k), "min_version": lo, "max_version": hi}
             for k, (lo, hi) in sorted(SUPPORTED.items())]
+
+
+def _denied(api: ApiKey, body: dict[str, Any]) -> dict[str, Any]:
+    """The reply to a request the principal's roles do not allow."""
+    if api is ApiKey.CREATE_TOPICS:
+        return {"topics": [{"name": t["name"],
+                            "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                            "error_message": "creating topics needs the admin role"}
+                           for t in body["topics"]]}
+    return {"responses": [{"name": n, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+                          for n in body["topic_names"]]}
 
 
 def _produce_error(body: dict[str, Any], code: int) -> dict[str, Any]:

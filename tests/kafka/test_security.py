@@ -1,12 +1,14 @@
-"""The gateway's listener with TLS and SASL PLAIN (issue #24's Kafka side): kcat over
-``sasl_ssl`` produces and consumes; a wrong password, plaintext to the TLS port and TLS
-without SASL are each refused. Its own cluster: a second gateway on the module's
-cluster would take over half of its partitions."""
+"""The gateway's listener with TLS and SASL PLAIN on the bookies' principals (issue #24's
+Kafka side): tokens made by ``ledgerd shell gentoken`` are SASL PLAIN passwords; kcat
+over ``sasl_ssl`` produces and consumes as a client; creating a topic needs the admin
+role; a wrong password, plaintext to the TLS port and TLS without SASL are each refused.
+Its own cluster: a second gateway on the module's cluster would take over half of its
+partitions."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,15 +29,20 @@ def secure_gateway(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPath
     cert = ca.issue_cert("127.0.0.1", "localhost")
     ca.cert_pem.write_to_path(str(base / "ca.pem"))
     cert.private_key_and_cert_chain_pem.write_to_path(str(base / "gateway.pem"))
-    users = base / "users"
-    users.write_text(f"alice:{hashlib.sha256(b'wonderland').hexdigest()} client\n")
+    principals = base / "principals.toml"
+    for name, roles in (("alice", "client"), ("root", "admin")):
+        made = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "gentoken",
+                               name, "--roles", roles, "--token-file", str(base / name)],
+                              capture_output=True, text=True, timeout=60, check=True)
+        with principals.open("a") as f:
+            f.write(made.stdout)
     with fresh_chroot(zookeeper, "kafka_tls") as zk:
         gateway = GatewayProcess(zk, base / "gateway.log", env={
             "LEDGERD_GATEWAY_TLS_CERTIFICATE_PATH": str(base / "gateway.pem"),
             "LEDGERD_GATEWAY_TLS_KEY_PATH": str(base / "gateway.pem"),
-            "LEDGERD_GATEWAY_SASL_USERS_FILE": str(users)})
+            "LEDGERD_GATEWAY_PRINCIPALS_FILE": str(principals)})
         with running_cluster(base, zk, 3, gateway):
-            yield gateway, base / "ca.pem"
+            yield gateway, base
 
 
 def _kcat(gw: GatewayProcess, *args: str, stdin: str = "") -> subprocess.CompletedProcess[bytes]:
@@ -43,29 +50,57 @@ def _kcat(gw: GatewayProcess, *args: str, stdin: str = "") -> subprocess.Complet
                           input=stdin.encode(), capture_output=True, timeout=60)
 
 
-def _sasl(ca: Path, password: str) -> list[str]:
-    return ["-X", "security.protocol=sasl_ssl", "-X", f"ssl.ca.location={ca}",
-            "-X", "sasl.mechanisms=PLAIN", "-X", "sasl.username=alice",
+def _sasl(base: Path, user: str, password: str | None = None) -> list[str]:
+    if password is None:
+        password = (base / user).read_text().strip()  # the token gentoken wrote
+    return ["-X", "security.protocol=sasl_ssl", "-X", f"ssl.ca.location={base / 'ca.pem'}",
+            "-X", "sasl.mechanisms=PLAIN", "-X", f"sasl.username={user}",
             "-X", f"sasl.password={password}"]
 
 
 def test_kcat_over_sasl_ssl(secure_gateway: tuple[GatewayProcess, Path]) -> None:
-    gw, ca = secure_gateway
-    put = _kcat(gw, *_sasl(ca, "wonderland"), "-P", "-t", "secure",
+    gw, base = secure_gateway
+    put = _kcat(gw, *_sasl(base, "alice"), "-P", "-t", "secure",
                 stdin="".join(f"s{i}\n" for i in range(20)))
     assert put.returncode == 0, put.stderr.decode()
-    got = _kcat(gw, *_sasl(ca, "wonderland"), "-C", "-t", "secure", "-o", "beginning", "-e")
+    got = _kcat(gw, *_sasl(base, "alice"), "-C", "-t", "secure", "-o", "beginning", "-e")
     assert got.returncode == 0, got.stderr.decode()
     assert got.stdout.decode().split() == [f"s{i}" for i in range(20)]
 
 
 def test_wrong_password_plaintext_and_missing_sasl_are_refused(
         secure_gateway: tuple[GatewayProcess, Path]) -> None:
-    gw, ca = secure_gateway
-    wrong = _kcat(gw, *_sasl(ca, "guess"), "-L")
+    gw, base = secure_gateway
+    wrong = _kcat(gw, *_sasl(base, "alice", "guess"), "-L")
     assert wrong.returncode != 0 and b"Authentication failed" in wrong.stderr
+    other = _kcat(gw, *_sasl(base, "root", (base / "alice").read_text().strip()), "-L")
+    assert other.returncode != 0  # alice's token does not make you root
     plain = _kcat(gw, "-L")
     assert plain.returncode != 0
-    no_sasl = _kcat(gw, "-X", "security.protocol=ssl", "-X", f"ssl.ca.location={ca}", "-L")
+    no_sasl = _kcat(gw, "-X", "security.protocol=ssl", "-X", f"ssl.ca.location={base / 'ca.pem'}",
+                    "-L")
     assert no_sasl.returncode != 0
     assert "kafka_unauthenticated_request" in gw.log_text()
+
+
+def test_creating_topics_needs_the_admin_role(secure_gateway: tuple[GatewayProcess, Path],
+                                              ) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    gw, base = secure_gateway
+
+    def admin(user: str) -> AdminClient:
+        token = (base / user).read_text().strip()
+        return AdminClient({"bootstrap.servers": gw.bootstrap,
+                            "security.protocol": "sasl_ssl",
+                            "ssl.ca.location": str(base / "ca.pem"),
+                            "sasl.mechanisms": "PLAIN", "sasl.username": user,
+                            "sasl.password": token})
+
+    alice, root = admin("alice"), admin("root")  # (a collected client cancels its futures)
+    refused = alice.create_topics([NewTopic("by-alice", 1)])["by-alice"]
+    with pytest.raises(KafkaException, match="CLUSTER_AUTHORIZATION_FAILED"):
+        refused.result(60)
+    assert "principal=alice api=CREATE_TOPICS roles=client needs=admin" in gw.log_text()
+    root.create_topics([NewTopic("by-root", 3)])["by-root"].result(60)
