@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import Callable
 
 from tests.kafka.conftest import KafkaCluster
 
@@ -183,3 +184,130 @@ def test_a_consumer_reads_across_ledger_rolls_from_the_bookies(
             got.append(int(m.value()[:6]))
     consumer.close()
     assert got == list(range(4096))
+
+
+def _two_partition_topic(cluster: KafkaCluster, topic: str, count: int) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=2)])[topic].result(BOUND_S)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap})
+    for i in range(count):
+        producer.produce(topic, value=f"m{i}".encode(), partition=i % 2)
+    assert producer.flush(BOUND_S) == 0
+
+
+def test_kafka_python_group_of_two_rebalances_and_seeks_by_time(
+        kafka_cluster: KafkaCluster) -> None:
+    from kafka import KafkaConsumer
+
+    _two_partition_topic(kafka_cluster, "kp-two", 400)
+
+    def consumer() -> KafkaConsumer:
+        return KafkaConsumer("kp-two", bootstrap_servers=kafka_cluster.bootstrap,
+                             group_id="kp-g", auto_offset_reset="earliest",
+                             session_timeout_ms=6000, heartbeat_interval_ms=500)
+
+    # One thread per consumer, as applications run them: kafka-python's poll() blocks
+    # in a rebalance until the whole group has rejoined.
+    import threading
+
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+    sizes: dict[str, int] = {}
+    stop = {"a": threading.Event(), "b": threading.Event()}
+    consumers = {"a": consumer(), "b": consumer()}
+
+    def run(name: str) -> None:
+        c = consumers[name]
+        while not stop[name].is_set():
+            for records in c.poll(timeout_ms=100).values():
+                seen[name] += [r.value.decode() for r in records]
+            sizes[name] = len(c.assignment())
+        if name == "b":
+            c.close()  # commits, leaves: a takes both partitions
+
+    threads = {n: threading.Thread(target=run, args=(n,), daemon=True) for n in "ab"}
+    for t in threads.values():
+        t.start()
+
+    def until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + BOUND_S
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done(), (sizes, len(seen["a"]), len(seen["b"]))
+
+    until(lambda: sizes.get("a") == 1 and sizes.get("b") == 1
+          and len(seen["a"]) + len(seen["b"]) >= 200)
+    stop["b"].set()
+    threads["b"].join(BOUND_S)
+    until(lambda: sizes.get("a") == 2 and len(seen["a"]) + len(seen["b"]) >= 400)
+    stop["a"].set()
+    threads["a"].join(BOUND_S)
+    a = consumers["a"]
+    everything = seen["a"] + seen["b"]
+    assert sorted(everything) == sorted(f"m{i}" for i in range(400))  # each once
+    tp = next(iter(a.assignment()))
+    found = a.offsets_for_times({tp: 0})[tp]  # the first batch is after time 0
+    assert found is not None and found.offset == 0
+    assert a.offsets_for_times({tp: int(time.time() * 1000) + 60000})[tp] is None
+    a.close()
+
+
+def test_aiokafka_group_of_two_rebalances_and_seeks_by_time(
+        kafka_cluster: KafkaCluster) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    _two_partition_topic(kafka_cluster, "ak-two", 400)
+
+    async def main() -> None:
+        def consumer() -> AIOKafkaConsumer:
+            return AIOKafkaConsumer("ak-two", bootstrap_servers=kafka_cluster.bootstrap,
+                                    group_id="ak-two-g", auto_offset_reset="earliest",
+                                    session_timeout_ms=6000, heartbeat_interval_ms=500)
+
+        a, b = consumer(), consumer()
+        await a.start()
+        await b.start()
+        seen: dict[str, list[str]] = {"a": [], "b": []}
+
+        async def take(name: str, c: AIOKafkaConsumer) -> None:
+            for records in (await c.getmany(timeout_ms=100)).values():
+                seen[name] += [r.value.decode() for r in records]
+
+        async with asyncio.timeout(BOUND_S):
+            while len(seen["a"]) + len(seen["b"]) < 200 or not (
+                    a.assignment() and b.assignment()):
+                await asyncio.gather(take("a", a), take("b", b))
+            assert len(a.assignment()) == 1 and len(b.assignment()) == 1
+            await b.stop()  # commits, leaves: a takes both partitions
+            while len(seen["a"]) + len(seen["b"]) < 400 or len(a.assignment()) < 2:
+                await take("a", a)
+        assert len(a.assignment()) == 2
+        everything = seen["a"] + seen["b"]
+        assert sorted(everything) == sorted(f"m{i}" for i in range(400))
+        tp = TopicPartition("ak-two", 0)
+        found = await a.offsets_for_times({tp: 0})
+        assert found[tp] is not None and found[tp].offset == 0
+        await a.stop()
+
+    asyncio.run(main())
+
+
+def test_confluent_kafka_seeks_by_time(kafka_cluster: KafkaCluster) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 0})
+    stamps = []
+    for i in range(5):
+        stamps.append(int(time.time() * 1000))
+        producer.produce("ck-time", value=f"t{i}".encode(), timestamp=stamps[-1])
+        producer.flush(BOUND_S)
+        time.sleep(0.02)
+    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "ck-t"})
+    found = consumer.offsets_for_times([TopicPartition("ck-time", 0, stamps[3])], BOUND_S)
+    assert found[0].offset == 3  # one message per batch: the batch search is exact here
+    later = consumer.offsets_for_times([TopicPartition("ck-time", 0, stamps[4] + 60000)],
+                                       BOUND_S)
+    assert later[0].offset == -1  # none that late: Kafka's "no such offset"
+    consumer.close()
