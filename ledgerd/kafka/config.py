@@ -80,7 +80,12 @@ class GatewayConfig(ClientConfig):
         "", bk="(Kafka: ssl.keystore.location, PEM)", doc="PEM key of the certificate.")
     gateway_tls_client_auth: str = setting(
         "none", bk="(Kafka: ssl.client.auth)", choices=("none", "optional", "required"),
-        doc="Ask Kafka clients for certificates (verified against tls_trust_path).")
+        doc="Ask Kafka clients for certificates (verified against gateway_tls_trust_path); "
+            "a certificate's CN and OU 0:roles make its principal.")
+    gateway_tls_trust_path: str = setting(
+        "", bk="(Kafka: ssl.truststore.location, PEM)",
+        doc="PEM CA certificates Kafka clients' certificates must chain to (tls_trust_path "
+            "is for the bookies' certificates).")
     gateway_principals_file: str = setting(
         "", bk="(Kafka: sasl.enabled.mechanisms=PLAIN)",
         doc="A principals file in the bookies' format (ledgerd shell gentoken): set, every "
@@ -92,7 +97,7 @@ class GatewayConfig(ClientConfig):
         if not self.gateway_tls_certificate_path:
             return None
         return server_context(self.gateway_tls_certificate_path, self.gateway_tls_key_path,
-                              trust=self.tls_trust_path,
+                              trust=self.gateway_tls_trust_path,
                               client_auth=self.gateway_tls_client_auth,
                               protocols=self.tls_enabled_protocols)
 

@@ -10,6 +10,7 @@ import asyncio
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tests.kafka.conftest import KafkaCluster
 
@@ -87,12 +88,14 @@ def test_confluent_kafka_group_of_two_rebalances_when_one_leaves(
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     admin.create_topics([NewTopic("ck-two", num_partitions=2,
                                   replication_factor=1)])["ck-two"].result(BOUND_S)
-    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap,
-                         "compression.type": "zstd"})
-    for i in range(400):
-        producer.produce("ck-two", key=str(i).encode(), value=f"m{i}".encode(),
-                         partition=i % 2)
-    assert producer.flush(BOUND_S) == 0
+    for codec in ("gzip", "zstd", "lz4", "snappy"):  # 100 messages each
+        producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap,
+                             "compression.type": codec})
+        for i in range(100):
+            n = {"gzip": 0, "zstd": 100, "lz4": 200, "snappy": 300}[codec] + i
+            producer.produce("ck-two", key=str(n).encode(), value=f"m{n}".encode(),
+                             headers=[("codec", codec.encode())], partition=n % 2)
+        assert producer.flush(BOUND_S) == 0
     conf = {"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "ck-g",
             "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
             "heartbeat.interval.ms": 500}
@@ -100,23 +103,28 @@ def test_confluent_kafka_group_of_two_rebalances_when_one_leaves(
     a.subscribe(["ck-two"])
     b.subscribe(["ck-two"])
     seen: dict[str, list[str]] = {"a": [], "b": []}
+
+    def take(name: str, m: Any) -> None:
+        seen[name].append(m.value().decode())
+        codec = ("gzip", "zstd", "lz4", "snappy")[int(m.key()) // 100]
+        assert m.headers() == [("codec", codec.encode())]  # passed through, per codec
     deadline = time.monotonic() + BOUND_S
     while (not a.assignment() or not b.assignment()) and time.monotonic() < deadline:
         for name, c in (("a", a), ("b", b)):
             m = c.poll(0.2)
             if m is not None and not m.error():
-                seen[name].append(m.value().decode())
+                take(name, m)
     assert len(a.assignment()) == 1 and len(b.assignment()) == 1  # one partition each
     while len(seen["a"]) + len(seen["b"]) < 200 and time.monotonic() < deadline:
         for name, c in (("a", a), ("b", b)):
             m = c.poll(0.1)
             if m is not None and not m.error():
-                seen[name].append(m.value().decode())
+                take(name, m)
     b.close()  # commits and leaves: a gets both partitions
     while len(seen["a"]) + len(seen["b"]) < 400 and time.monotonic() < deadline:
         m = a.poll(0.2)
         if m is not None and not m.error():
-            seen["a"].append(m.value().decode())
+            take("a", m)
     assert len(a.assignment()) == 2
     a.close()
     everything = seen["a"] + seen["b"]

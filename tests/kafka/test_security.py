@@ -29,6 +29,9 @@ def secure_gateway(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPath
     cert = ca.issue_cert("127.0.0.1", "localhost")
     ca.cert_pem.write_to_path(str(base / "ca.pem"))
     cert.private_key_and_cert_chain_pem.write_to_path(str(base / "gateway.pem"))
+    # a client certificate: CN names the principal, OU "0:client" gives its role
+    mine = ca.issue_cert("etl.example", common_name="etl", organization_unit_name="0:client")
+    mine.private_key_and_cert_chain_pem.write_to_path(str(base / "etl.pem"))
     principals = base / "principals.toml"
     for name, roles in (("alice", "client"), ("root", "admin")):
         made = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "gentoken",
@@ -40,7 +43,9 @@ def secure_gateway(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPath
         gateway = GatewayProcess(zk, base / "gateway.log", env={
             "LEDGERD_GATEWAY_TLS_CERTIFICATE_PATH": str(base / "gateway.pem"),
             "LEDGERD_GATEWAY_TLS_KEY_PATH": str(base / "gateway.pem"),
-            "LEDGERD_GATEWAY_PRINCIPALS_FILE": str(principals)})
+            "LEDGERD_GATEWAY_PRINCIPALS_FILE": str(principals),
+            "LEDGERD_GATEWAY_TLS_CLIENT_AUTH": "optional",
+            "LEDGERD_GATEWAY_TLS_TRUST_PATH": str(base / "ca.pem")})
         with running_cluster(base, zk, 3, gateway):
             yield gateway, base
 
@@ -66,6 +71,18 @@ def test_kcat_over_sasl_ssl(secure_gateway: tuple[GatewayProcess, Path]) -> None
     got = _kcat(gw, *_sasl(base, "alice"), "-C", "-t", "secure", "-o", "beginning", "-e")
     assert got.returncode == 0, got.stderr.decode()
     assert got.stdout.decode().split() == [f"s{i}" for i in range(20)]
+
+
+def test_kcat_over_ssl_with_a_client_certificate(
+        secure_gateway: tuple[GatewayProcess, Path]) -> None:
+    gw, base = secure_gateway
+    ssl = ["-X", "security.protocol=ssl", "-X", f"ssl.ca.location={base / 'ca.pem'}",
+           "-X", f"ssl.certificate.location={base / 'etl.pem'}",
+           "-X", f"ssl.key.location={base / 'etl.pem'}"]
+    put = _kcat(gw, *ssl, "-P", "-t", "by-cert", stdin="c0\nc1\n")
+    assert put.returncode == 0, put.stderr.decode()
+    got = _kcat(gw, *ssl, "-C", "-t", "by-cert", "-o", "beginning", "-e")
+    assert got.returncode == 0 and got.stdout.decode().split() == ["c0", "c1"]
 
 
 def test_wrong_password_plaintext_and_missing_sasl_are_refused(
