@@ -193,12 +193,14 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
               help="The cluster's root znode (zk_ledgers_root_path).")
 @click.option("--layout", type=click.Choice(["hierarchical", "flat"]), default="hierarchical",
               show_default=True, help="Ledger znode layout (ledger_manager_type).")
+@click.option("--kafka", "kafka_port", type=click.IntRange(0, 65535), default=None,
+              help="Also run a Kafka gateway on this port (docs/kafka.md).")
 @click.option("--tls", is_flag=True,
               help="TLS-only bookies, with a throwaway CA and certificates made under "
                    "<data>/tls (clients need tls_trust_path=<data>/tls/ca.pem).")
 @click.pass_context
 def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | None,
-              zk_root: str, layout: str, tls: bool) -> None:
+              zk_root: str, layout: str, kafka_port: int | None, tls: bool) -> None:
     """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C.
 
     While it runs, `ledgerd local ctl kill|stop|start N` and `ledgerd local ctl status`
@@ -211,7 +213,8 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     if not zk_root.startswith("/") or zk_root.endswith("/"):
         raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
                                  param_hint="--zk-root")
-    cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls)
+    cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls,
+                           kafka_port=kafka_port)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: Any) -> None:
@@ -225,6 +228,9 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
         for b in cluster.bookies:
             click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"
                        f"{b.admin_port}/metrics, log {b.log_path}")
+        if kafka_port is not None:
+            click.echo(f"Kafka gateway: 127.0.0.1:{kafka_port}, log {base / 'gateway.log'} "
+                       f"(try: kcat -b 127.0.0.1:{kafka_port} -L)")
         click.echo(f"data: {base}")
         cluster.serve_control()
         click.echo("\nWatch a bookie die and come back, in another terminal: "

@@ -16,7 +16,9 @@ import os
 import socket
 import socketserver
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +71,11 @@ def make_local_certificates(where: Path) -> dict[str, str]:
 class LocalCluster:
     def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
                  register_timeout: float = 60.0, root: str = "/ledgers",
-                 layout: str = "hierarchical", tls: bool = False) -> None:
+                 layout: str = "hierarchical", tls: bool = False,
+                 kafka_port: int | None = None) -> None:
         self.base = Path(base)
+        self.kafka_port = kafka_port  # a Kafka gateway on this port (None: none)
+        self.gateway: subprocess.Popen[bytes] | None = None
         self.tls = tls
         self.tls_files: dict[str, str] = {}
         self.root = root
@@ -114,6 +119,31 @@ class LocalCluster:
             self.bookies.append(bookie)
             bookie.start()
         trio.run(self._wait_registered)
+        if self.kafka_port is not None:
+            self._start_gateway()
+
+    def _start_gateway(self) -> None:
+        """``ledgerd gateway`` on ``kafka_port``, a client of this cluster (with TLS, it
+        reaches the bookies with the local client certificate)."""
+        env = {**os.environ, "LEDGERD_ZK_SERVERS": self.zk,
+               "LEDGERD_ZK_LEDGERS_ROOT_PATH": self.root, "LEDGERD_THROTTLE": "0"}
+        if self.tls:
+            env.update(LEDGERD_TLS_TRUST_PATH=self.tls_files["ca"],
+                       LEDGERD_TLS_CERTIFICATE_PATH=self.tls_files["client_cert"],
+                       LEDGERD_TLS_KEY_PATH=self.tls_files["client_key"])
+        log_path = self.base / "gateway.log"
+        before = log_path.stat().st_size if log_path.exists() else 0  # an earlier run's
+        with open(log_path, "ab") as log:
+            self.gateway = subprocess.Popen(
+                [sys.executable, "-m", "ledgerd.tools.cli", "gateway", "--port",
+                 str(self.kafka_port)], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        deadline = time.monotonic() + self.register_timeout
+        while b"kafka gateway on" not in log_path.read_bytes()[before:]:
+            if self.gateway.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                raise LocalClusterError("the Kafka gateway did not start: " + " | ".join(tail))
+            time.sleep(0.05)
 
     def _port(self, i: int) -> int:
         """A stable port per bookie when free (cookies name it), else any free one."""
@@ -242,6 +272,13 @@ class LocalCluster:
         return path
 
     def stop(self) -> None:
+        if self.gateway is not None and self.gateway.poll() is None:
+            self.gateway.terminate()
+            try:
+                self.gateway.wait(30)
+            except subprocess.TimeoutExpired:
+                self.gateway.kill()
+                self.gateway.wait()
         if self._ctl is not None:
             self._ctl.shutdown()
             self._ctl.server_close()

@@ -264,3 +264,39 @@ async def test_local_tls_cluster(zk_chroot: str, tmp_path: Path) -> None:
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
     finally:
         _stop(proc)
+
+
+async def test_local_cluster_with_a_kafka_gateway(zk_chroot: str, tmp_path: Path) -> None:
+    """`ledgerd local --kafka PORT`: the printed kcat line works, messages round-trip,
+    and Ctrl-C stops the gateway with the bookies."""
+    from ledgerd.tools.zkserver import find_free_port
+
+    port = find_free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
+                             "--data", str(tmp_path / "local"), "--zk", zk_chroot,
+                             "--kafka", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = await _until_running(proc)
+        hint = next(ln for ln in lines if ln.startswith("Kafka gateway: "))
+        listing = hint.split("(try: ")[1].rstrip(")\n").split()
+        assert listing == ["kcat", "-b", f"127.0.0.1:{port}", "-L"]
+
+        def kcat(*args: str, stdin: str = "") -> str:
+            done = subprocess.run(["kcat", "-b", f"127.0.0.1:{port}", *args], input=stdin,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        assert "brokers" in await trio.to_thread.run_sync(lambda: kcat("-L"))
+        await trio.to_thread.run_sync(lambda: kcat("-P", "-t", "hello", stdin="a\nb\n"))
+        out = await trio.to_thread.run_sync(
+            lambda: kcat("-C", "-t", "hello", "-o", "beginning", "-e"))
+        assert out.split() == ["a", "b"]
+        os.kill(proc.pid, signal.SIGINT)
+        assert await trio.to_thread.run_sync(proc.wait, 120) == 0
+        gateway_log = (tmp_path / "local" / "gateway.log").read_text()
+        assert "event=signal signal=SIGTERM" in gateway_log  # stopped, not orphaned
+    finally:
+        _stop(proc)
