@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Protocol
 
 import trio
 
 from ledgerd.appliance.handlers import AdminHooks, ServingState, admin_allowed
-from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.appliance.server import is_loopback
 from ledgerd.base.logs import fields
 from ledgerd.wire.messages import AdminKind
@@ -35,8 +35,12 @@ _REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
+class Exposes(Protocol):
+    def exposition(self) -> bytes: ...
+
+
 class AdminHttp:
-    def __init__(self, metrics: BookieMetrics, state: ServingState, admin: AdminHooks, *,
+    def __init__(self, metrics: Exposes, state: ServingState, admin: AdminHooks, *,
                  host: str, port: int, metrics_enabled: bool = True) -> None:
         self.metrics = metrics
         self.state = state

@@ -7,6 +7,8 @@ import logging
 
 import trio
 
+from ledgerd.appliance.handlers import AdminHooks, ServingState
+from ledgerd.appliance.http import AdminHttp
 from ledgerd.appliance.sdnotify import notify, wait_stop_signal, watchdog_service
 from ledgerd.client import open_client
 from ledgerd.kafka.config import GatewayConfig
@@ -21,10 +23,19 @@ async def _gateway_main(config: GatewayConfig) -> int:
     async with open_client(config=config) as client:
         async with trio.open_nursery() as nursery:
             gw = await nursery.start(serve_gateway, client, config)
+            admin = ""
+            if config.gateway_admin_port >= 0:
+                hooks = AdminHooks(trigger=lambda _kind: False, status=gw.status)
+                http = AdminHttp(gw.metrics, ServingState(), hooks,
+                                 host=config.gateway_admin_address,
+                                 port=config.gateway_admin_port)
+                await nursery.start(http.run)
+                admin = (f", metrics http://{config.gateway_admin_address}:"
+                         f"{http.bound_port}/metrics")
             nursery.start_soon(watchdog_service, lambda: True)  # pings from the event loop
             notify("READY=1")
-            print(f"kafka gateway on {config.gateway_host}:{gw.port} (node {gw.node_id})",
-                  flush=True)
+            print(f"kafka gateway on {config.gateway_host}:{gw.port} (node {gw.node_id})"
+                  f"{admin}", flush=True)
             await wait_stop_signal()
             notify("STOPPING=1")
             nursery.cancel_scope.cancel()

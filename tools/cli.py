@@ -229,8 +229,9 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
             click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"
                        f"{b.admin_port}/metrics, log {b.log_path}")
         if kafka_port is not None:
-            click.echo(f"Kafka gateway: 127.0.0.1:{kafka_port}, log {base / 'gateway.log'} "
-                       f"(try: kcat -b 127.0.0.1:{kafka_port} -L)")
+            metrics = cluster.gateway_line.rsplit("metrics ", 1)[-1]
+            click.echo(f"Kafka gateway: 127.0.0.1:{kafka_port}, metrics {metrics}, log "
+                       f"{base / 'gateway.log'} (try: kcat -b 127.0.0.1:{kafka_port} -L)")
         click.echo(f"data: {base}")
         cluster.serve_control()
         click.echo("\nWatch a bookie die and come back, in another terminal: "

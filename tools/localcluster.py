@@ -76,6 +76,7 @@ class LocalCluster:
         self.base = Path(base)
         self.kafka_port = kafka_port  # a Kafka gateway on this port (None: none)
         self.gateway: subprocess.Popen[bytes] | None = None
+        self.gateway_line = ""  # what the gateway printed when it started
         self.tls = tls
         self.tls_files: dict[str, str] = {}
         self.root = root
@@ -126,7 +127,8 @@ class LocalCluster:
         """``ledgerd gateway`` on ``kafka_port``, a client of this cluster (with TLS, it
         reaches the bookies with the local client certificate)."""
         env = {**os.environ, "LEDGERD_ZK_SERVERS": self.zk,
-               "LEDGERD_ZK_LEDGERS_ROOT_PATH": self.root, "LEDGERD_THROTTLE": "0"}
+               "LEDGERD_ZK_LEDGERS_ROOT_PATH": self.root, "LEDGERD_THROTTLE": "0",
+               "LEDGERD_GATEWAY_ADMIN_PORT": "0"}
         if self.tls:
             env.update(LEDGERD_TLS_TRUST_PATH=self.tls_files["ca"],
                        LEDGERD_TLS_CERTIFICATE_PATH=self.tls_files["client_cert"],
@@ -144,6 +146,9 @@ class LocalCluster:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
                 raise LocalClusterError("the Kafka gateway did not start: " + " | ".join(tail))
             time.sleep(0.05)
+        started = log_path.read_bytes()[before:].decode(errors="replace")
+        self.gateway_line = next(ln for ln in started.splitlines()
+                                 if ln.startswith("kafka gateway on"))
 
     def _port(self, i: int) -> int:
         """A stable port per bookie when free (cookies name it), else any free one."""

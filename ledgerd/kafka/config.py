@@ -26,6 +26,12 @@ class GatewayConfig(ClientConfig):
     advertised_host: str = setting(
         "", bk="(Kafka: advertised.listeners)",
         doc="Host name clients are told to connect to (empty = gateway_host).")
+    gateway_admin_address: str = setting(
+        "127.0.0.1", bk="(ledgerd: admin_address)",
+        doc="Address of the gateway's HTTP endpoint (/metrics, /status, /health).")
+    gateway_admin_port: int = setting(
+        8001, bk="(ledgerd: admin_port)", minimum=-1, maximum=65535,
+        doc="Port of that endpoint (0 = any free port, -1 = none).")
     node_id: int = setting(
         -1, bk="(Kafka: node.id)", minimum=-1, maximum=2**31 - 1,
         doc="This gateway's broker id in Metadata (-1 = derived from its advertised "

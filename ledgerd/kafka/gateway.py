@@ -50,6 +50,7 @@ from ledgerd.kafka.api import (
     ErrorCode,
 )
 from ledgerd.kafka.groups import Group, GroupSettings, Reply
+from ledgerd.kafka.metrics import GatewayMetrics
 from ledgerd.kafka.partitions import (
     OffsetOutOfRangeError,
     PartitionLog,
@@ -155,6 +156,19 @@ class Gateway:
         self.authorizing = self.tokens is not None or \
             config.gateway_tls_client_auth == "required"
         self.connections = 0
+        self.metrics = GatewayMetrics()
+        self.metrics.gauge("ledgerd_kafka_open_connections", "Client connections open.",
+                           lambda: self.connections)
+        self.metrics.gauge("ledgerd_kafka_partitions_written",
+                           "Partitions this gateway writes (leads).",
+                           lambda: sum(p.writer is not None for p in self.partitions.values()))
+        self.metrics.gauge("ledgerd_kafka_groups", "Consumer groups this gateway coordinates "
+                           "that have members.",
+                           lambda: sum(not g.is_idle for g in self.groups.values()))
+        self.metrics.gauge("ledgerd_kafka_group_members", "Members of those groups.",
+                           lambda: sum(len(g.members) for g in self.groups.values()))
+        self.metrics.gauge("ledgerd_kafka_live_gateways", "Gateways registered in ZooKeeper.",
+                           lambda: len(self.nodes))
         self.nursery: trio.Nursery | None = None
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
                                              Awaitable[dict[str, Any] | None]]] = {
@@ -171,6 +185,17 @@ class Gateway:
         }
 
     # -- membership and ownership -------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """``/status``: this gateway, the live ones, what it writes and coordinates."""
+        return {"gateway": self.node_id, "port": self.port,
+                "gateways": {str(n): f"{h}:{p}" for n, (h, p) in sorted(self.nodes.items())},
+                "connections": self.connections,
+                "partitions_written": sorted(f"{t}/{p}" for (t, p), part
+                                             in self.partitions.items() if part.writer),
+                "groups": {g.group_id: {"state": g.state.value, "generation": g.generation,
+                                        "members": len(g.members)}
+                           for g in self.groups.values() if not g.is_idle}}
 
     def owner(self, key: str) -> int:
         if not self.nodes:
@@ -265,11 +290,13 @@ class Gateway:
     async def _serve(self, stream: trio.abc.Stream) -> None:
         peer = _peer(stream)
         if self.connections >= self.config.max_connections:
+            self.metrics.connections_refused += 1
             log.warning("kafka_connection_refused", extra=fields(
                 peer=peer, reason="max_connections"))
             await trio.aclose_forcefully(stream)
             return
         self.connections += 1
+        self.metrics.connections_opened += 1
         conn = _Conn(peer)
         try:
             if isinstance(stream, trio.SSLStream):
@@ -285,6 +312,7 @@ class Gateway:
                    for e in leaves):
                 pass  # the peer went away
             elif all(isinstance(e, KafkaDecodeError) for e in leaves):
+                self.metrics.connections_closed_bad += 1
                 log.warning("kafka_bad_request", extra=fields(peer=peer, error=str(leaves[0])))
             else:
                 log.exception("kafka_connection_failed", extra=fields(peer=peer))
@@ -303,6 +331,7 @@ class Gateway:
                         if len(buf) >= 4:
                             size = _SIZE.unpack_from(buf)[0]
                             if not 8 <= size <= self.config.max_request_bytes:
+                                self.metrics.connections_closed_bad += 1
                                 log.warning("kafka_bad_frame", extra=fields(
                                     peer=conn.peer, size=size,
                                     limit=self.config.max_request_bytes))
@@ -341,17 +370,20 @@ class Gateway:
         try:
             api = ApiKey(key)
         except ValueError:
+            self.metrics.connections_closed_bad += 1
             log.warning("kafka_unknown_api", extra=fields(peer=conn.peer, api_key=key))
             slot.close = True
             slot.done.set()
             return False
         low, high = SUPPORTED[api]
+        self.metrics.requests[api] = self.metrics.requests.get(api, 0) + 1
         if api is ApiKey.API_VERSIONS and version > high:
             slot.frame = self._frame(api, 0, cid, {"error_code": ErrorCode.UNSUPPORTED_VERSION,
                                                    "api_keys": _advertised()})
             slot.done.set()
             return True
         if not low <= version <= high:
+            self.metrics.connections_closed_bad += 1
             log.warning("kafka_unsupported_version", extra=fields(
                 peer=conn.peer, api=api.name, version=version, supported=f"{low}-{high}"))
             slot.close = True
@@ -389,7 +421,7 @@ class Gateway:
                 return True
             work = await self._admit_produce(conn, body)
             nursery.start_soon(self._finish, slot, api, version, cid,
-                               self._complete_produce, (body, work))
+                               self._complete_produce, (body, work, trio.current_time()))
             return True
         if api is ApiKey.FETCH:  # a parked fetch must not hold up what follows it
             nursery.start_soon(self._finish, slot, api, version, cid,
@@ -410,6 +442,8 @@ class Gateway:
             slot.done.set()
             return
         if reply is not None:
+            if api not in (ApiKey.PRODUCE, ApiKey.FETCH):
+                self.metrics.error(api, reply.get("error_code", 0))
             slot.frame = self._frame(api, version, cid, reply)
         slot.done.set()
 
@@ -539,8 +573,8 @@ class Gateway:
                 work[key] = part.enqueue(batches, self.nursery)
         return work
 
-    async def _complete_produce(self, body: dict[str, Any],
-                                work: dict[tuple[str, int], Any]) -> dict[str, Any] | None:
+    async def _complete_produce(self, body: dict[str, Any], work: dict[tuple[str, int], Any],
+                                started: float) -> dict[str, Any] | None:
         deadline = trio.current_time() + max(body["timeout_ms"], 0) / 1000
         out: dict[str, list[dict[str, Any]]] = {}
         for (topic, p), item in work.items():
@@ -557,13 +591,27 @@ class Gateway:
                 else:
                     entry["base_offset"] = item.base_offset
                     entry["log_start_offset"] = -1
+                    self.metrics.records_in += sum(h.record_count for h, _ in item.batches)
+                    self.metrics.bytes_in += sum(len(raw) for _, raw in item.batches)
+            self.metrics.error(ApiKey.PRODUCE, entry["error_code"])
             out.setdefault(topic, []).append(entry)
+        self.metrics.produce_latency.observe(trio.current_time() - started)
         if body["acks"] == 0:
             return None
         return {"responses": [{"name": t, "partition_responses": parts}
                               for t, parts in out.items()]}
 
     async def fetch(self, conn: _Conn, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        started = trio.current_time()
+        reply = await self._fetch(body)
+        self.metrics.fetch_latency.observe(trio.current_time() - started)
+        for t in reply["responses"]:
+            for part in t["partitions"]:
+                self.metrics.error(ApiKey.FETCH, part["error_code"])
+                self.metrics.bytes_out += len(part["records"] or b"")
+        return reply
+
+    async def _fetch(self, body: dict[str, Any]) -> dict[str, Any]:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         while True:
             budget = body["max_bytes"] if body["max_bytes"] > 0 else 0x7FFFFFFF
@@ -912,6 +960,7 @@ class Gateway:
                     "error_message": "SaslHandshake with mechanism PLAIN first"}
         principal = _plain_check(self.tokens, body["auth_bytes"])
         if principal is None:
+            self.metrics.auth_failures += 1
             log.warning("kafka_sasl_failed", extra=fields(peer=conn.peer))
             return {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
                     "error_message": "Authentication failed: invalid user name or password"}

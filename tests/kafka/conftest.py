@@ -29,6 +29,7 @@ GATEWAY_ENV = {
     "LEDGERD_LOG_ROLL_BYTES": str(1 << 20),
     "LEDGERD_TAIL_CACHE_BYTES": str(64 << 10),
     "LEDGERD_MAX_APPEND_BYTES": str(64 << 10),
+    "LEDGERD_GATEWAY_ADMIN_PORT": "0",
 }
 
 
@@ -59,6 +60,13 @@ class GatewayProcess:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError("gateway did not start:\n" + self.log_text())
             time.sleep(0.05)
+
+    @property
+    def metrics_url(self) -> str:
+        """From the start line: "kafka gateway on H:P (node N), metrics URL"."""
+        line = next(ln for ln in self.log_path.read_text().splitlines()
+                    if ln.startswith("kafka gateway on"))
+        return line.rsplit("metrics ", 1)[1]
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

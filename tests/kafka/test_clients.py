@@ -319,3 +319,23 @@ def test_confluent_kafka_seeks_by_time(kafka_cluster: KafkaCluster) -> None:
                                        BOUND_S)
     assert later[0].offset == -1  # none that late: Kafka's "no such offset"
     consumer.close()
+
+
+def test_metrics_and_status_show_what_the_gateway_did(kafka_cluster: KafkaCluster) -> None:
+    import json
+    import urllib.request
+
+    kcat(kafka_cluster, "-P", "-t", "kc-metrics", stdin="".join(f"x{i}\n" for i in range(30)))
+    kcat(kafka_cluster, "-C", "-t", "kc-metrics", "-o", "beginning", "-e")
+    url = kafka_cluster.gateway.metrics_url
+    text = urllib.request.urlopen(url, timeout=30).read().decode()
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+              for line in text.splitlines() if line and not line.startswith("#")}
+    assert values['ledgerd_kafka_requests_total{api="PRODUCE"}'] >= 1
+    assert values['ledgerd_kafka_requests_total{api="FETCH"}'] >= 1
+    assert values["ledgerd_kafka_records_produced_total"] >= 30
+    assert values["ledgerd_kafka_partitions_written"] >= 1
+    assert values["ledgerd_kafka_produce_latency_seconds_count"] >= 1
+    status = json.loads(urllib.request.urlopen(url.replace("/metrics", "/status"),
+                                               timeout=30).read())
+    assert "kc-metrics/0" in status["partitions_written"]
