@@ -32,7 +32,7 @@ def _sources(*folders: str) -> dict[Path, str]:
 CLIENT = _sources("ledgerd", "tools")  # (rglob does not follow ledgerd/appliance etc.)
 BOOKIE = _sources("appliance", "disk", "tools")
 ZOOKEEPER = _sources("appliance", "disk", "ledgerd", "metadata", "tools")
-GATEWAY = _sources("ledgerd/kafka")
+GATEWAY = _sources("ledgerd/kafka", "appliance")  # (the process entry is in appliance)
 CASES = sorted(
     {("zookeeper", f.name) for f in dataclasses.fields(ZooKeeperSettings)}
     | {("bookie", f.name) for f in dataclasses.fields(BookieConfig)
