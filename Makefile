@@ -11,6 +11,7 @@ STAMP := $(VENV)/.ledgerd-installed
 ZK_JAR := /usr/share/java/zookeeper.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BOOKIES ?= 3
+KAFKA ?=
 
 .PHONY: run test setup system-deps lint typecheck clean bench bench-deps
 
@@ -42,7 +43,7 @@ $(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt setup.py native/_bui
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/ledgerd local --bookies $(BOOKIES)
+	$(VENV)/bin/ledgerd local --bookies $(BOOKIES) $(if $(KAFKA),--kafka $(KAFKA))
 
 lint: setup
 	$(VENV)/bin/ruff check .
