@@ -5,11 +5,7 @@ acknowledged is lost or written twice when a gateway joins and when one is kille
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +19,7 @@ from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot, start_bookies
 from tests.kafka.conftest import GatewayProcess, running_cluster
+from tests.kafka.producer_proc import produce_through_faults, read_exactly_once
 from tests.kafka.test_protocol import _batch
 
 SETTINGS = PartitionSettings(3, 2, 2, 1 << 20, 1 << 20, 1 << 20)
@@ -83,40 +80,17 @@ def two_gateway_cluster(zookeeper: ZooKeeperServer, tmp_path: Path):  # type: ig
 
 def test_a_gateway_joining_then_one_killed_during_produce(two_gateway_cluster) -> None:  # type: ignore[no-untyped-def]
     from confluent_kafka.admin import AdminClient, NewTopic
-    from kafka import KafkaConsumer, TopicPartition
 
     _, a, b = two_gateway_cluster
     admin = AdminClient({"bootstrap.servers": a.bootstrap})
     admin.create_topics([NewTopic("shared", num_partitions=8)])["shared"].result(60)
-    count = 3000
-    proc = subprocess.Popen([sys.executable, "-m", "tests.kafka.producer_proc",
-                             f"{a.bootstrap},{b.bootstrap}", "shared", str(count)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    acked: set[int] = set()
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            if line.startswith(b"acked "):
-                acked.add(int(line.split()[1]))
-            if len(acked) == 300 and not b.running:
-                b.start()  # takes over about half of the partitions
-            if len(acked) == 1500 and a.running:
-                a.stop(signal.SIGKILL)  # then b writes them all
-            if line.startswith(b"done"):
-                break
-        assert proc.wait(150) == 0, proc.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    def faults(n: int) -> None:
+        if n == 300 and not b.running:
+            b.start()  # takes over about half of the partitions
+        if n == 1500 and a.running:
+            a.stop(signal.SIGKILL)  # then b writes them all
+
+    acked = produce_through_faults(f"{a.bootstrap},{b.bootstrap}", "shared", 3000, faults)
     assert "kafka_partition_moved" in a.log_text()  # a gave partitions up to b
-    consumer = KafkaConsumer(bootstrap_servers=b.bootstrap, group_id=None,
-                             enable_auto_commit=False, consumer_timeout_ms=5000)
-    parts = [TopicPartition("shared", p) for p in range(8)]
-    consumer.assign(parts)
-    consumer.seek_to_beginning(*parts)
-    got = [int(m.value[1:]) for m in consumer]
-    consumer.close()
-    dups = [v for v, n in Counter(got).items() if n > 1]
-    assert not dups, f"duplicated: {dups[:20]}"
-    assert acked <= set(got), f"acknowledged but lost: {sorted(acked - set(got))[:20]}"
+    read_exactly_once(b.bootstrap, "shared", 8, acked)
