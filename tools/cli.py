@@ -55,13 +55,19 @@ def cli(ctx: click.Context, debug: bool, log_format: str | None) -> None:
 @click.option("--effective", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Print what a process would run with: FILE + LEDGERD_* over the defaults.")
 @click.option("--client", is_flag=True, help="Client settings instead of bookie settings.")
-def config_cmd(defaults: bool, check: Path | None, effective: Path | None, client: bool) -> None:
+@click.option("--gateway", is_flag=True,
+              help="Kafka gateway settings (client keys + gateway keys) instead of bookie settings.")
+def config_cmd(defaults: bool, check: Path | None, effective: Path | None, client: bool,
+               gateway: bool) -> None:
     """Print configuration defaults, validate a file, or show the effective settings."""
     import dataclasses
 
     from ledgerd.base import settings as st
+    from ledgerd.kafka.config import GatewayConfig
 
-    cls = ClientConfig if client else BookieConfig
+    if client and gateway:
+        raise CliError("name one of --client, --gateway")
+    cls: type[Any] = GatewayConfig if gateway else ClientConfig if client else BookieConfig
     if sum((defaults, check is not None, effective is not None)) != 1:
         raise CliError("name one of --defaults, --check FILE, --effective FILE")
     if defaults:

@@ -67,6 +67,14 @@ def test_config_check_and_effective(tmp_path) -> None:  # type: ignore[no-untype
     assert r.stderr.startswith("ledgerd: error: 3 config problems:")
     assert "did you mean 'bookie_port'?" in r.stderr and "between 0 and 1" in r.stderr
     assert run().returncode != 0
+    gateway = tmp_path / "gateway.toml"
+    gateway.write_text('gateway_port = 9094\nensemble_size = 2\nwrite_quorum_size = 2\n'
+                       'ack_quorum_size = 1\ngateway_prot = 1\n')
+    r = run("--check", str(gateway), "--gateway")
+    assert r.returncode == 2 and "did you mean 'gateway_port'?" in r.stderr, r.stderr
+    gateway.write_text(gateway.read_text().replace("gateway_prot = 1\n", ""))
+    r = run("--check", str(gateway), "--gateway")
+    assert r.returncode == 0 and "valid GatewayConfig (3 setting(s)" in r.stdout, r.stderr
 
 
 def test_a_bad_zk_address_is_one_line_naming_the_problem(zookeeper) -> None:  # type: ignore[no-untyped-def]
