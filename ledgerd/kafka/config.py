@@ -48,7 +48,8 @@ class GatewayConfig(ClientConfig):
     tail_cache_bytes: int = setting(
         8 << 20, bk="(ledgerd)", minimum=0,
         doc="Recently written batches each partition keeps in memory for consumers at "
-            "the tail (per partition this gateway writes).")
+            "the tail (per partition this gateway writes; memory is about partitions "
+            "written x this + partitions read in the last minute x read_ahead_bytes).")
     read_ahead_bytes: int = setting(
         4 << 20, bk="(ledgerd; BookKeeper: dbStorage_readAheadCacheMaxSizeMb)", minimum=0,
         doc="Batches read from the bookies ahead of a consumer, per partition being read "

@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 _SIZE = struct.Struct(">i")
+IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
 
 
@@ -242,6 +243,19 @@ class Gateway:
                 await self._refresh()
             except Exception as exc:  # ZooKeeper away: keep the last view
                 log.warning("kafka_membership_refresh_failed", extra=fields(error=repr(exc)))
+            await self._sweep_idle()
+
+    async def _sweep_idle(self) -> None:
+        """Partitions nobody produced to or fetched from for IDLE_S: their reader state
+        goes (and the partition itself unless this gateway writes it), so memory follows
+        the partitions in use, not every partition ever touched."""
+        now = trio.current_time()
+        for key, part in list(self.partitions.items()):
+            if now - part.last_used < IDLE_S or part.appending:
+                continue
+            await part.shed()
+            if part.writer is None:
+                del self.partitions[key]
 
     async def _tick_groups(self) -> None:
         while True:

@@ -107,6 +107,7 @@ class PartitionLog:
         self.producers: dict[int, deque[tuple[int, int, int]]] = {}
         self._remote_end: tuple[float, int] | None = None
         self._start: int | None = None  # the log's first offset, once it has one
+        self.last_used = trio.current_time()
         # read-ahead: consecutive batches (base, next offset, bytes) read from the bookies
         # ahead of the consumer, and where the next read starts; one run at a time
         self.ahead: deque[tuple[int, int, bytes]] = deque()
@@ -123,6 +124,7 @@ class PartitionLog:
                 ) -> _Produce:
         """Queue one request's batches (in the order requests arrive) and make sure the
         appender runs; await ``item.done`` for the outcome."""
+        self.last_used = trio.current_time()
         item = _Produce(batches)
         h = batches[0][0]
         if h.producer_id >= 0:
@@ -274,6 +276,18 @@ class PartitionLog:
                 except Exception:
                     pass
 
+    async def shed(self) -> None:
+        """Drop what an idle partition keeps for readers (read-ahead, read handles,
+        remembered positions); a writer keeps its ledger and tail cache."""
+        self.ahead_generation += 1
+        self.ahead.clear()
+        self.ahead_bytes = 0
+        self.ahead_from = None
+        self.positions.clear()
+        for rh in self.handles.values():
+            await rh.close()
+        self.handles.clear()
+
     async def release(self) -> None:
         """Stop writing (leadership moved elsewhere, or shutdown): close the ledger."""
         writer, self.writer = self.writer, None
@@ -405,6 +419,7 @@ class PartitionLog:
     async def read(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` (at least
         one batch), and the high watermark. Raises OffsetOutOfRangeError."""
+        self.last_used = trio.current_time()
         hw = await self.high_watermark()
         if offset == hw:
             return b"", hw

@@ -168,3 +168,30 @@ def test_joins_with_a_bad_session_timeout_or_unknown_protocol_are_refused() -> N
                    rebalance_timeout_ms=0, now=0)
     assert other.value["error_code"] == ErrorCode.INCONSISTENT_GROUP_PROTOCOL  # type: ignore[index]
     assert g.check_commit(member_id="", generation=-1) == ErrorCode.ILLEGAL_GENERATION
+
+
+async def test_idle_partitions_shed_reader_state_and_readers_are_dropped() -> None:
+    import trio
+
+    from ledgerd.kafka.config import GatewayConfig
+    from ledgerd.kafka.gateway import IDLE_S, Gateway
+
+    class Part:
+        def __init__(self, writer: object, idle: float) -> None:
+            self.writer, self.appending = writer, False
+            self.last_used = trio.current_time() - idle
+            self.shed_calls = 0
+
+        async def shed(self) -> None:
+            self.shed_calls += 1
+
+    class Client:
+        store = None
+
+    gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
+    parts = {("read", 0): Part(None, IDLE_S + 1), ("written", 0): Part(object(), IDLE_S + 1),
+             ("busy", 0): Part(None, 1.0)}
+    gw.partitions.update(parts)  # type: ignore[arg-type]
+    await gw._sweep_idle()
+    assert set(gw.partitions) == {("written", 0), ("busy", 0)}  # a writer stays
+    assert [parts[k].shed_calls for k in (("read", 0), ("written", 0), ("busy", 0))] == [1, 1, 0]
