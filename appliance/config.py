@@ -150,6 +150,12 @@ class BookieConfig(ZooKeeperSettings):
     flush_interval_ms: int = setting(
         10000, bk="flushInterval", minimum=10,
         doc="Checkpoint period: flush entry logs and index, then persist the last mark.")
+    ledger_storage_class: str = setting(
+        "interleaved", bk="ledgerStorageClass", choices=("interleaved", "db"),
+        doc="interleaved: an index file per ledger (pages cached by page_size/page_limit); "
+            "db: one embedded index store (LMDB) for every ledger, for hundreds of "
+            "thousands of ledgers per bookie (BookKeeper's DbLedgerStorage). Existing data "
+            "is converted with 'ledgerd shell convertstorage'.")
     page_size: int = setting(
         8192, bk="pageSize", minimum=512, maximum=1 << 20,
         doc="Index page size in bytes (page_size / 8 entries per page).")
@@ -435,6 +441,7 @@ class BookieConfig(ZooKeeperSettings):
             preallocate_entry_logs=self.entry_log_file_preallocation_enabled,
             allow_storage_expansion=self.allow_storage_expansion,
             read_buffer_size=self.read_buffer_size_bytes,
+            ledger_storage_class=self.ledger_storage_class,
         )
 
     def gc_options(self) -> GcOptions:

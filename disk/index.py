@@ -34,7 +34,8 @@ import google_crc32c
 from ledgerd.disk.errors import CorruptRecordError
 from ledgerd.disk.fdcache import FdCache
 
-__all__ = ["INDEX_HEADER_SIZE", "LedgerCache", "LedgerIndex", "index_path", "read_index_file"]
+__all__ = ["INDEX_HEADER_SIZE", "LedgerCache", "LedgerIndex", "index_path", "parse_index_header",
+           "read_index_file"]
 
 INDEX_HEADER_SIZE = 1024
 _MAGIC = b"LDIX"
@@ -88,18 +89,22 @@ class LedgerIndex:
             INDEX_HEADER_SIZE - _HEAD.size - 4)
 
 
-def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
-    """Parse an index file: its header state and raw location bytes."""
-    data = path.read_bytes()
+def parse_index_header(data: bytes, path: Path) -> LedgerIndex:
+    """A ledger's state from an index header (an index file's, or the db index's)."""
     if len(data) < INDEX_HEADER_SIZE:
         raise CorruptRecordError(str(path), 0, "index file shorter than its header")
     magic, version, state, lid, term, klen, key, llen, lac = _HEAD.unpack_from(data, 0)
     (crc,) = struct.unpack_from(">I", data, _HEAD.size)
     if magic != _MAGIC or version != 1 or crc != google_crc32c.value(data[: _HEAD.size]):
         raise CorruptRecordError(str(path), 0, "bad index header (magic, version or checksum)")
-    idx = LedgerIndex(lid, path, key[:klen], bool(state & FENCED), term, lac[:llen],
-                      header_dirty=False, header_written=True)
-    return idx, data[INDEX_HEADER_SIZE:]
+    return LedgerIndex(lid, path, key[:klen], bool(state & FENCED), term, lac[:llen],
+                       header_dirty=False, header_written=True)
+
+
+def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
+    """Parse an index file: its header state and raw location bytes."""
+    data = path.read_bytes()
+    return parse_index_header(data, path), data[INDEX_HEADER_SIZE:]
 
 
 DEFAULT_CACHE_CAP = 4 << 30
@@ -337,6 +342,9 @@ class LedgerCache:
                 exc.filename = str(idx.path)
             raise
         return paths
+
+    def close(self) -> None:
+        """Nothing beyond the shared descriptor cache (its owner closes it)."""
 
     @staticmethod
     def sync_paths(paths: list[Path]) -> None:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import google_crc32c
 
@@ -33,9 +34,23 @@ from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY
 from ledgerd.disk.errors import CorruptRecordError
 from ledgerd.disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
 
-__all__ = ["ConsistencyReport", "EntryLogInfo", "Problem", "RebuildResult",
-           "check_consistency", "entry_log_paths", "index_paths", "list_entry_logs",
-           "rebuild_index"]
+if TYPE_CHECKING:
+    from ledgerd.disk.dbindex import DbLedgerCache
+
+__all__ = [
+    "ConsistencyReport",
+    "ConversionResult",
+    "EntryLogInfo",
+    "Problem",
+    "RebuildResult",
+    "check_consistency",
+    "convert_storage",
+    "entry_log_paths",
+    "index_paths",
+    "list_entry_logs",
+    "rebuild_index",
+    "stored_ledgers",
+]
 
 _REC = struct.Struct(">II")
 _IDS = struct.Struct(">qq")
@@ -80,8 +95,57 @@ class EntryLogInfo:
         return self.live_bytes / total if total else 0.0
 
 
+def stored_ledgers(index_dirs: Sequence[Path]) -> list[int]:
+    """Every ledger the index holds (index files, or the db storage's store)."""
+    ids = set(index_paths(index_dirs))
+    db = _open_db(index_dirs)
+    if db is not None:
+        ids |= set(db.ledgers)
+        db.close()
+    return sorted(ids)
+
+
+def _open_db(index_dirs: Sequence[Path]) -> DbLedgerCache | None:
+    from ledgerd.disk.dbindex import DB_DIR, DbLedgerCache
+
+    if not (Path(index_dirs[0]) / "current" / DB_DIR / "data.mdb").exists():
+        return None
+    db = DbLedgerCache([Path(d) for d in index_dirs])
+    db.load_all()
+    return db
+
+
+LocationsOrError = Iterator[tuple[int, int]] | Exception
+
+
+def _stored_locations(index_dirs: Sequence[Path],
+                      ) -> Iterator[tuple[int, str, LocationsOrError]]:
+    """(ledger, where its index is, its (entry, location) pairs or why they cannot be
+    read) for every ledger of either storage's index."""
+    for lid, path in index_paths(index_dirs).items():
+        try:
+            _idx, raw = read_index_file(path)
+        except (OSError, CorruptRecordError) as exc:
+            yield lid, str(path), exc
+            continue
+        locs = _locs_struct(len(raw) // 8).unpack_from(raw)
+        yield lid, str(path), ((e, loc) for e, loc in enumerate(locs) if loc)
+    db = _open_db(index_dirs)
+    if db is None:
+        return
+    try:
+        for lid in sorted(db.ledgers):
+            yield lid, str(db.path), db.locations(lid)
+    finally:
+        db.close()
+
+
+def _locs_struct(n: int) -> struct.Struct:
+    return struct.Struct(f">{n}q")
+
+
 def list_entry_logs(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path]) -> list[EntryLogInfo]:
-    live = set(index_paths(index_dirs))
+    live = set(stored_ledgers(index_dirs))
     out = []
     for log_id, path in entry_log_paths(ledger_dirs).items():
         try:
@@ -131,17 +195,13 @@ def check_consistency(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], *
     report = ConsistencyReport()
     fds: dict[int, int] = {}
     try:
-        for lid, path in index_paths(index_dirs).items():
+        for lid, where, locations in _stored_locations(index_dirs):
             report.ledgers += 1
-            try:
-                _idx, raw = read_index_file(path)
-            except (OSError, CorruptRecordError) as exc:
-                report.problems.append(Problem(lid, -1, str(path), f"unreadable index: {exc}"))
+            if isinstance(locations, Exception):
+                report.problems.append(Problem(lid, -1, where,
+                                               f"unreadable index: {locations}"))
                 continue
-            for eid in range(len(raw) // 8):
-                (loc,) = _LOC.unpack_from(raw, eid * 8)
-                if not loc:
-                    continue
+            for eid, loc in locations:
                 report.entries += 1
                 what = _check_location(lid, eid, loc, logs, fds, verify, digest_name, report)
                 if what:
@@ -275,3 +335,94 @@ def rebuild_index(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], ledge
         os.close(dfd)
     result.written = True
     return result
+
+
+@dataclass
+class ConversionResult:
+    to: str
+    ledgers: int = 0
+    entries: int = 0
+    removed: int = 0  # index files, or the db store (1), removed after the copy was synced
+
+
+def convert_storage(index_dirs: Sequence[Path], to: str, *,
+                    progress: Callable[[int, int], None] | None = None) -> ConversionResult:
+    """Convert a stopped bookie's index between the storages (BookKeeper's
+    convert-to-db-storage and back): every ledger's state and locations are copied into
+    the other form, synced, and only then is the old form removed, so an interrupted
+    run leaves the old index whole (run it again). Entry logs and the journal are the
+    same for both and stay as they are."""
+    from ledgerd.disk.dbindex import DB_DIR, DbLedgerCache
+    from ledgerd.disk.index import LedgerCache
+
+    if to not in ("db", "interleaved"):
+        raise ValueError(f"--to {to!r}: db or interleaved")
+    dirs = [Path(d) for d in index_dirs]
+    db_path = dirs[0] / "current" / DB_DIR
+    out = ConversionResult(to)
+    if to == "db":
+        files = index_paths(dirs)
+        target = DbLedgerCache(dirs)
+        target.load_all()
+        try:
+            for n, (lid, path) in enumerate(sorted(files.items()), 1):
+                src, body = read_index_file(path)
+                idx = target.get_or_create(lid)
+                idx.master_key, idx.fenced, idx.term = src.master_key, src.fenced, src.term
+                idx.explicit_lac, idx.header_dirty = src.explicit_lac, True
+                locs = struct.unpack(f">{len(body) // 8}q", body[: len(body) // 8 * 8])
+                for eid, loc in enumerate(locs):
+                    if loc:
+                        target.set_location(lid, eid, loc)
+                        out.entries += 1
+                out.ledgers += 1
+                if n % 1000 == 0:
+                    target.write_out()
+                if progress is not None:
+                    progress(n, len(files))
+            target.sync_paths(target.write_out() or [target.path])
+        finally:
+            target.close()
+        for path in files.values():
+            path.unlink()
+            out.removed += 1
+        _sync_dirs_of(files.values())
+        return out
+    if not (db_path / "data.mdb").exists():
+        raise ValueError(f"{db_path}: no db index to convert")
+    source = DbLedgerCache(dirs)
+    source.load_all()
+    target_files = LedgerCache(dirs, page_size=8192, page_limit=4096)
+    try:
+        ledgers = sorted(source.ledgers)
+        for n, lid in enumerate(ledgers, 1):
+            src = source.ledgers[lid]
+            idx = target_files.get_or_create(lid)
+            idx.master_key, idx.fenced, idx.term = src.master_key, src.fenced, src.term
+            idx.explicit_lac, idx.header_dirty = src.explicit_lac, True
+            for eid, loc in source.locations(lid):
+                target_files.set_location(lid, eid, loc)
+                out.entries += 1
+            target_files.sync_paths(target_files.write_out())
+            out.ledgers += 1
+            if progress is not None:
+                progress(n, len(ledgers))
+    finally:
+        source.close()
+    import shutil
+    shutil.rmtree(db_path)
+    out.removed = 1
+    _sync_dirs_of([db_path])
+    return out
+
+
+def _sync_dirs_of(paths: Iterable[Path]) -> None:
+    for d in sorted({p.parent for p in paths}):
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -36,6 +36,7 @@ from ledgerd.base.logs import fields
 from ledgerd.disk.compaction import EntryLogMeta, read_entry_log_meta
 from ledgerd.disk.cookie import Cookie, CookieCheck, check_cookies, stamp_cookies
 from ledgerd.disk.crashpoints import crash_point
+from ledgerd.disk.dbindex import DB_DIR, DbLedgerCache
 from ledgerd.disk.entrylog import EntryLogger
 from ledgerd.disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
 from ledgerd.disk.fdcache import FdCache
@@ -67,6 +68,7 @@ class StorageOptions:
     preallocate_entry_logs: bool = True
     allow_storage_expansion: bool = False
     read_buffer_size: int = 512
+    ledger_storage_class: str = "interleaved"  # or "db": one LMDB index (dbindex.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +97,13 @@ class LedgerStorage:
                                         readers=self.open_files,
                                         preallocate=options.preallocate_entry_logs,
                                         read_buffer_size=options.read_buffer_size)
-        self.cache = LedgerCache(list(options.index_dirs or options.ledger_dirs),
-                                 page_size=options.page_size, page_limit=options.page_limit,
-                                 fds=self.open_files)
+        index_dirs = list(options.index_dirs or options.ledger_dirs)
+        self.cache: LedgerCache | DbLedgerCache
+        if options.ledger_storage_class == "db":
+            self.cache = DbLedgerCache(index_dirs)
+        else:
+            self.cache = LedgerCache(index_dirs, page_size=options.page_size,
+                                     page_limit=options.page_limit, fds=self.open_files)
         self._checkpoint_lock = trio.Lock()
         self.replayed_records = 0
         self.last_checkpoint: JournalPosition | None = None
@@ -151,6 +157,7 @@ class LedgerStorage:
     def _open_sync(self) -> None:
         for d in self.all_dirs():
             (d / "current").mkdir(parents=True, exist_ok=True)
+        self._check_storage_class()
         self.cache.load_all()
         self.entry_logger.open()
         mark = read_last_mark(list(self.options.ledger_dirs))
@@ -266,7 +273,7 @@ class LedgerStorage:
                 paths = self.cache.write_out()
                 if self.compacting:
                     crash_point("compaction.index_flush")
-                await trio.to_thread.run_sync(LedgerCache.sync_paths, paths)
+                await trio.to_thread.run_sync(self.cache.sync_paths, paths)
                 if sync_index_dirs:
                     await self.sync_unlinked_dirs()
                 if mark.file_id:
@@ -294,6 +301,21 @@ class LedgerStorage:
                         skip=self.failed_dirs)
         self.journal.remove_old(mark)
 
+    def _check_storage_class(self) -> None:
+        """Refuse to open one storage's data as the other's: the index would be missing
+        and every ledger look empty."""
+        dirs = list(self.options.index_dirs or self.options.ledger_dirs)
+        has_files = any(next((d / "current").glob("*/*/*.idx"), None) is not None
+                        for d in dirs)
+        has_db = any((d / "current" / DB_DIR / "data.mdb").exists() for d in dirs)
+        kind = self.options.ledger_storage_class
+        if (kind == "db" and has_files) or (kind != "db" and has_db):
+            found = "index files" if kind == "db" else "a db index (ledgers.lmdb)"
+            raise StorageError(
+                f"ledger_storage_class = {kind!r} but {dirs[0]} holds {found}: convert "
+                f"with 'ledgerd shell convertstorage --to {'db' if kind == 'db' else 'interleaved'}' "
+                "(bookie stopped), or set ledger_storage_class back")
+
     async def close(self) -> None:
         """Write what the journal holds, checkpoint, close files (shielded)."""
         if self.closed:
@@ -320,6 +342,7 @@ class LedgerStorage:
                 self.entry_logger.abandon()
                 return
             await trio.to_thread.run_sync(self.entry_logger.close)
+            self.cache.close()
 
     # -- writes ------------------------------------------------------------------------
     #

@@ -62,11 +62,14 @@ def bookie_factory(zk_chroot: str, tmp_path: Path) -> Iterator[Callable[..., Boo
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect (not skip) the TLS variant of handler tests marked ``no_tls``: they drive
-    a raw stream of their own, which a TLS-only bookie refuses by design."""
+    a raw stream of their own, which a TLS-only bookie refuses by design; and the db
+    variant of storage tests marked ``interleaved_only`` (about index files)."""
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("transport") == "tls" and item.get_closest_marker("no_tls"):
+        if (params.get("transport") == "tls" and item.get_closest_marker("no_tls")) or (
+                params.get("storage_class") == "db"
+                and item.get_closest_marker("interleaved_only")):
             drop.append(item)
         else:
             keep.append(item)

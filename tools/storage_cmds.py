@@ -150,11 +150,11 @@ def _ledgers(ids: list[int]) -> str:
 def localconsistencycheck(conf: Path, digest: str, as_json: bool) -> None:
     """Check that every index entry points at a readable entry with a valid checksum
     and digest. Exits 1 when anything is wrong."""
-    from ledgerd.disk.maintenance import check_consistency, index_paths
+    from ledgerd.disk.maintenance import check_consistency, stored_ledgers
 
     cfg = _bookie_config(conf)
     index_dirs = [Path(d) for d in cfg.effective_index_directories]
-    n = len(index_paths(index_dirs))
+    n = len(stored_ledgers(index_dirs))
     with progress("ledgers checked", n) as bar:
         report = check_consistency(
             [Path(d) for d in cfg.ledger_directories], index_dirs,
@@ -233,6 +233,32 @@ def rebuildindex(ledger_id: int, conf: Path, password: str | None, dry_run: bool
              f"({r.first_entry}..{r.last_entry}"
              + (f", {gaps} missing" if gaps else "") + f") from {r.logs_scanned} entry "
              f"log(s); header {'kept' if r.kept_header else 'new (key from --password)'}")
+    emit(as_json, data, human)
+
+
+@shell.command("convertstorage")
+@click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--to", "to", type=click.Choice(["db", "interleaved"]), required=True,
+              help="db: one LMDB index for every ledger; interleaved: an index file each.")
+@click.option("--json", "as_json", is_flag=True)
+def convertstorage(conf: Path, to: str, as_json: bool) -> None:
+    """Convert a stopped bookie's index to the other ledger storage (BookKeeper's
+    convert-to-db-storage); then set ledger_storage_class to match and start it."""
+    from ledgerd.disk.maintenance import convert_storage
+
+    cfg = _bookie_config(conf)
+    if _accepts_connections(cfg.effective_bookie_id):
+        raise ShellError(f"bookie {cfg.effective_bookie_id} is running: stop it first (it "
+                         "writes the index being converted)")
+    dirs = [Path(d) for d in cfg.effective_index_directories]
+    try:
+        with progress(f"ledgers converted to {to}") as bar:
+            r = convert_storage(dirs, to, progress=bar.set)
+    except ValueError as exc:
+        raise ShellError(str(exc)) from None
+    data = {"to": r.to, "ledgers": r.ledgers, "entries": r.entries, "removed": r.removed}
+    human = (f"converted {r.ledgers} ledger(s), {r.entries} entries to {to}; now set "
+             f"ledger_storage_class = \"{to}\" in {conf} and start the bookie")
     emit(as_json, data, human)
 
 

@@ -22,17 +22,18 @@ from ledgerd.wire.entry import Digester, DigestType, encode_entry
 KEY = b"c" * 20
 
 
-def options(base: Path) -> StorageOptions:
+def options(base: Path, storage_class: str = "interleaved") -> StorageOptions:
     from ledgerd.disk.journal import JournalOptions
 
     return StorageOptions(journal_dir=base / "journal", ledger_dirs=(base / "ledgers",),
                           index_dirs=(base / "index",), flush_interval_ms=200,
+                          ledger_storage_class=storage_class,
                           log_size_limit=256 * 1024,
                           journal=JournalOptions(max_size_mb=1, prealloc_mb=1, max_backups=1))
 
 
-async def main(base: Path, round_no: int, side: Path) -> None:
-    storage = LedgerStorage(options(base))
+async def main(base: Path, round_no: int, side: Path, storage_class: str) -> None:
+    storage = LedgerStorage(options(base, storage_class))
     await storage.open()
     out = open(side, "a", buffering=1)
     digester = Digester(DigestType.CRC32C)
@@ -63,4 +64,5 @@ async def main(base: Path, round_no: int, side: Path) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
+    trio.run(main, Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]),
+             sys.argv[4] if len(sys.argv) > 4 else "interleaved")

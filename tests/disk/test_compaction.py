@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from ledgerd.disk.compaction import CompactionLimits, compact_entry_logs, read_entry_log_meta
@@ -14,9 +15,20 @@ KEY = b"k" * 20
 D = Digester(DigestType.CRC32C)
 
 
+STORAGE_CLASS = "interleaved"
+
+
+@pytest.fixture(autouse=True, params=["interleaved", "db"])
+def storage_class(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """GC and compaction run against both ledger storages."""
+    monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "STORAGE_CLASS", request.param)
+    return str(request.param)
+
+
 def _opts(base: Path) -> StorageOptions:
     return StorageOptions(journal_dir=base / "journal", ledger_dirs=(base / "ledgers",),
-                          log_size_limit=32 * 1024, write_buffer_size=4096)
+                          log_size_limit=32 * 1024, write_buffer_size=4096,
+                          ledger_storage_class=STORAGE_CLASS)
 
 
 def _entry(ledger: int, entry: int) -> bytes:

@@ -16,17 +16,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ledgerd.disk.storage import LedgerStorage
 from tests.disk.crash_writer import options
 
 ROOT = Path(__file__).parents[2]
 
 
-def _check(base: Path, side: Path) -> tuple[int, int]:
+def _check(base: Path, side: Path, storage_class: str) -> tuple[int, int]:
     import trio
 
     async def verify() -> tuple[int, int]:
-        storage = LedgerStorage(options(base))
+        storage = LedgerStorage(options(base, storage_class))
         await storage.open()
         entries = fences = 0
         try:
@@ -47,7 +49,8 @@ def _check(base: Path, side: Path) -> tuple[int, int]:
     return trio.run(verify)
 
 
-def test_sigkill_rounds_lose_nothing_acknowledged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage_class", ["interleaved", "db"])
+def test_sigkill_rounds_lose_nothing_acknowledged(tmp_path: Path, storage_class: str) -> None:
     seed = int(os.environ.get("CRASH_SEED", random.randrange(1 << 30)))
     print(f"CRASH_SEED={seed}")
     rng = random.Random(seed)
@@ -57,7 +60,7 @@ def test_sigkill_rounds_lose_nothing_acknowledged(tmp_path: Path) -> None:
     for round_no in range(30):
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.disk.crash_writer", str(tmp_path / "data"),
-             str(round_no), str(side)],
+             str(round_no), str(side), storage_class],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None
@@ -68,7 +71,7 @@ def test_sigkill_rounds_lose_nothing_acknowledged(tmp_path: Path) -> None:
         finally:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-        entries, fences = _check(tmp_path / "data", side)
+        entries, fences = _check(tmp_path / "data", side, storage_class)
         assert fences == round_no
         assert entries >= total_entries
         total_entries = entries

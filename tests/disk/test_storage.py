@@ -23,7 +23,20 @@ KEY = b"k" * 20
 D = Digester(DigestType.CRC32C)
 
 
+STORAGE_CLASS = "interleaved"
+
+
+@pytest.fixture(autouse=True, params=["interleaved", "db"])
+def storage_class(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs against both ledger storages (index files, and the db
+    index), unless marked ``interleaved_only`` (about index files themselves: the db
+    variant is deselected in tests/conftest.py)."""
+    monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "STORAGE_CLASS", request.param)
+    return str(request.param)
+
+
 def _opts(base: Path, **kw: object) -> StorageOptions:
+    kw.setdefault("ledger_storage_class", STORAGE_CLASS)
     return StorageOptions(journal_dir=base / "journal", ledger_dirs=(base / "ledgers",),
                           index_dirs=(base / "index",), **kw)  # type: ignore[arg-type]
 
@@ -114,6 +127,8 @@ async def test_entry_logs_roll_with_ledgers_map(tmp_path: Path) -> None:
         for e in range(300):
             await s.add_entries(e % 3, e // 3, [_entry(e % 3, e // 3, 1000)], bind_key=KEY)
         # Entries still in the write buffer and in evicted index pages read back.
+        if STORAGE_CLASS == "db":
+            await s.checkpoint()  # locations move from memory to the store
         assert s.read_entry(2, 99) == _entry(2, 99, 1000)
         assert s.read_entry(0, 0) == _entry(0, 0, 1000)
         assert s.cache.misses > 0
@@ -275,6 +290,7 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.interleaved_only
 async def test_open_file_limit_bounds_index_and_log_descriptors(tmp_path: Path) -> None:
     """300 ledgers over many small logs, read back in a scattered order with a tiny page
     cache: descriptors kept open never pass ``open_file_limit``, and every entry reads."""
