@@ -48,6 +48,7 @@ __all__ = [
     "entry_log_paths",
     "index_paths",
     "list_entry_logs",
+    "open_db_index",
     "rebuild_index",
     "stored_ledgers",
 ]
@@ -98,14 +99,14 @@ class EntryLogInfo:
 def stored_ledgers(index_dirs: Sequence[Path]) -> list[int]:
     """Every ledger the index holds (index files, or the db storage's store)."""
     ids = set(index_paths(index_dirs))
-    db = _open_db(index_dirs)
+    db = open_db_index(index_dirs)
     if db is not None:
         ids |= set(db.ledgers)
         db.close()
     return sorted(ids)
 
 
-def _open_db(index_dirs: Sequence[Path]) -> DbLedgerCache | None:
+def open_db_index(index_dirs: Sequence[Path]) -> DbLedgerCache | None:
     from ledgerd.disk.dbindex import DB_DIR, DbLedgerCache
 
     if not (Path(index_dirs[0]) / "current" / DB_DIR / "data.mdb").exists():
@@ -130,7 +131,7 @@ def _stored_locations(index_dirs: Sequence[Path],
             continue
         locs = _locs_struct(len(raw) // 8).unpack_from(raw)
         yield lid, str(path), ((e, loc) for e, loc in enumerate(locs) if loc)
-    db = _open_db(index_dirs)
+    db = open_db_index(index_dirs)
     if db is None:
         return
     try:

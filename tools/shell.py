@@ -865,6 +865,9 @@ def readindex(ledger_id: int, conf: Path, as_json: bool) -> None:
     from ledgerd.disk.index import index_path, read_index_file
 
     cfg = _bookie_config(conf)
+    if cfg.ledger_storage_class == "db":
+        _readindex_db(cfg, ledger_id, as_json)
+        return
     found = [p for d in cfg.effective_index_directories
              if (p := index_path(Path(d), ledger_id)).exists()]
     if not found:
@@ -879,6 +882,31 @@ def readindex(ledger_id: int, conf: Path, as_json: bool) -> None:
             log_id, offset = loc >> 32, loc & 0xFFFFFFFF
             locs.append({"entry": eid, "log": f"{log_id:x}.log", "offset": offset})
     head = {"ledger_id": idx.ledger_id, "file": str(found[0]), "fenced": idx.fenced,
+            "term": idx.term, "has_master_key": bool(idx.master_key),
+            "explicit_lac_bytes": len(idx.explicit_lac), "entries": len(locs)}
+    human = "\n".join(f"{k:18} {v}" for k, v in head.items()) + "\n" + table(
+        ["ENTRY", "LOG", "OFFSET"], [list(r.values()) for r in locs])
+    emit(as_json, {**head, "locations": locs}, human)
+
+
+def _readindex_db(cfg: Any, ledger_id: int, as_json: bool) -> None:
+    """readindex on the db storage: the ledger's record in the LMDB store."""
+    from ledgerd.disk.maintenance import open_db_index
+
+    db = open_db_index([Path(d) for d in cfg.effective_index_directories])
+    if db is None or ledger_id not in db.ledgers:
+        if db is not None:
+            db.close()
+        raise ShellError(f"no ledger {ledger_id} in the db index under "
+                         f"{cfg.effective_index_directories[0]} (a bookie writes it at its "
+                         "checkpoints; newer entries are in its journal)")
+    try:
+        idx = db.ledgers[ledger_id]
+        locs = [{"entry": eid, "log": f"{loc >> 32:x}.log", "offset": loc & 0xFFFFFFFF}
+                for eid, loc in db.locations(ledger_id)]
+    finally:
+        db.close()
+    head = {"ledger_id": ledger_id, "file": str(db.path), "fenced": idx.fenced,
             "term": idx.term, "has_master_key": bool(idx.master_key),
             "explicit_lac_bytes": len(idx.explicit_lac), "entries": len(locs)}
     human = "\n".join(f"{k:18} {v}" for k, v in head.items()) + "\n" + table(

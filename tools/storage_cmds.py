@@ -214,6 +214,10 @@ def rebuildindex(ledger_id: int, conf: Path, password: str | None, dry_run: bool
     from ledgerd.wire.entry import master_key
 
     cfg = _bookie_config(conf)
+    if cfg.ledger_storage_class == "db":
+        raise ShellError("rebuildindex writes an index file, which the db storage does not "
+                         "use: convert to interleaved, rebuild, convert back "
+                         "(ledgerd shell convertstorage)")
     if not dry_run and _accepts_connections(cfg.effective_bookie_id):
         raise ShellError(f"bookie {cfg.effective_bookie_id} is running: stop it first (its "
                          "index cache would overwrite the rebuilt file)")

@@ -158,6 +158,9 @@ async def test_convertstorage_both_ways_keeps_every_entry(tmp_path: Path) -> Non
     assert {lid: await _entries(conf, lid) for lid in (1, 2, 3)} == before
     report = _ok(ledgerd_cli("localconsistencycheck", "--conf", str(conf)))
     assert "3 ledger(s), 600 entries checked: consistent" in report
+    one = json.loads(_ok(ledgerd_cli("readindex", "2", "--conf", str(conf), "--json")))
+    assert one["entries"] == 200 and one["has_master_key"] and one["file"].endswith(".lmdb")
+    _one_line_error(ledgerd_cli("rebuildindex", "2", "--conf", str(conf)), "convertstorage")
     b.start()  # a real bookie process on the db storage
     try:
         with trio.fail_after(60):

@@ -1,0 +1,168 @@
+"""Many ledgers per bookie: the interleaved storage (an index file per ledger) beside the
+db storage (one LMDB index), in one run.
+
+    python bench/ledgers_scale.py [--counts 1,1000,10000,100000] [--seconds 5]
+                                  [--restart-ledgers 100000] [--json]
+
+Two parts, each storage in turn (the order alternates per size):
+
+- **adds** (wire): one bookie process per case, E1 single-entry 1 KiB adds, 2
+  connections x 400 in flight (800), written round-robin over N ledgers
+  (``bench/drivers.closed_loop``): adds/s, p99 latency, the bookie's RSS after the run.
+- **restart and GC** (storage API, in process): ``--restart-ledgers`` ledgers of one
+  entry each are written through ``LedgerStorage.add_entries`` (batched, concurrent),
+  then the storage is closed and opened again (time to ready), a checkpoint after
+  touching every ledger once more is timed, and half of the ledgers are deleted
+  (``delete_ledger`` + the checkpoint that makes it durable): ledgers/s.
+
+Every case is printed as it finishes, then a table; the 1-minute load at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio
+
+from bench.drivers import closed_loop
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
+
+KEY = b"k" * 20
+KINDS = ("interleaved", "db")
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def _adds(base: Path, kind: str, ledgers: int, seconds: float) -> dict[str, Any]:
+    b = BookieProcess(base / f"{kind}-{ledgers}", "", settings={
+        "ledger_storage_class": kind, "log_level": "INFO", "journal_prealloc_mb": 64})
+    b.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                import socket
+                socket.create_connection(("127.0.0.1", b.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or not b.running:
+                    raise RuntimeError(b.log_tail()) from None
+                time.sleep(0.05)
+        r = closed_loop(b.port, 2, 400, seconds, ledgers=ledgers, warmup=1.0)
+        rss = _rss_mb(b.pid or 0)
+    finally:
+        b.terminate(timeout=300)
+    shutil.rmtree(base / f"{kind}-{ledgers}", ignore_errors=True)
+    return {"case": "adds", "storage": kind, "ledgers": ledgers,
+            "adds_s": round(r["entries_per_s"]), "p99_ms": round(r["p99_ms"], 1),
+            "rss_mb": rss}
+
+
+async def _restart_and_gc(base: Path, kind: str, n: int) -> dict[str, Any]:
+    d = Digester(DigestType.CRC32C)
+    opts = StorageOptions(journal_dir=base / "journal", ledger_dirs=(base / "ledgers",),
+                          ledger_storage_class=kind, flush_interval_ms=3_600_000)
+    s = LedgerStorage(opts)
+    await s.open()
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        batch = 2000
+
+        async def write(lo: int, hi: int, entry_id: int) -> None:
+            for lid in range(lo, hi):
+                await s.add_entries(lid, entry_id, [encode_entry(d, lid, entry_id, -1, 8,
+                                                                 b"x" * 8)], bind_key=KEY)
+
+        for lo in range(1, n + 1, batch):
+            async with trio.open_nursery() as group:
+                for k in range(lo, min(lo + batch, n + 1), batch // 16):
+                    group.start_soon(write, k, min(k + batch // 16, lo + batch, n + 1), 0)
+        write_s = time.perf_counter() - t0
+        t = time.perf_counter()
+        await s.checkpoint()
+        first_checkpoint_s = time.perf_counter() - t
+        nursery.cancel_scope.cancel()
+    await s.close()
+    t = time.perf_counter()
+    s = LedgerStorage(opts)
+    await s.open()
+    restart_s = time.perf_counter() - t
+    assert len(s.list_ledgers()) == n
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        for lo in range(1, n + 1, batch):  # one more entry in every ledger
+            async with trio.open_nursery() as group:
+                for k in range(lo, min(lo + batch, n + 1), batch // 16):
+                    group.start_soon(write, k, min(k + batch // 16, lo + batch, n + 1), 1)
+        t = time.perf_counter()
+        await s.checkpoint()
+        touched_checkpoint_s = time.perf_counter() - t
+        t = time.perf_counter()
+        for lid in range(1, n + 1, 2):
+            await s.delete_ledger(lid)
+        await s.checkpoint(sync_index_dirs=True)
+        gc_s = time.perf_counter() - t
+        nursery.cancel_scope.cancel()
+    await s.close()
+    return {"case": "restart", "storage": kind, "ledgers": n,
+            "write_s": round(write_s, 1), "first_checkpoint_s": round(first_checkpoint_s, 2),
+            "restart_s": round(restart_s, 2),
+            "checkpoint_all_touched_s": round(touched_checkpoint_s, 2),
+            "gc_ledgers_s": round((n // 2) / gc_s)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default="1,1000,10000,100000")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--restart-ledgers", type=int, default=100000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="ledgerd-scale-", dir=os.environ.get("BENCH_DIR")))
+    load_start = os.getloadavg()[0]
+    results: list[dict[str, Any]] = []
+    try:
+        for i, n in enumerate(int(c) for c in args.counts.split(",")):
+            for kind in KINDS if i % 2 == 0 else tuple(reversed(KINDS)):
+                r = _adds(base, kind, n, args.seconds)
+                results.append(r)
+                print(json.dumps(r), flush=True)
+        if args.restart_ledgers:
+            for kind in KINDS:
+                r = trio.run(_restart_and_gc, base / f"restart-{kind}", kind,
+                             args.restart_ledgers)
+                results.append(r)
+                print(json.dumps(r), flush=True)
+                shutil.rmtree(base / f"restart-{kind}", ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    load_end = os.getloadavg()[0]
+    if args.json:
+        print(json.dumps({"results": results, "load": [load_start, load_end]}))
+        return
+    print(f"\nload average (1 min): {load_start:.2f} at start, {load_end:.2f} at end")
+    for r in results:
+        print("  ".join(f"{k}={v}" for k, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()
