@@ -85,12 +85,29 @@ class DirUsage:
         return self.used / self.total if self.total else 1.0
 
 
+FD_HEADROOM = 1024  # descriptors left for connections, the journal and logs being written
+
+
+def _fd_budget(open_file_limit: int) -> int:
+    """``open_file_limit``, or what RLIMIT_NOFILE leaves after FD_HEADROOM (logged)."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or open_file_limit + FD_HEADROOM <= soft:
+        return open_file_limit
+    budget = max(16, soft - FD_HEADROOM)
+    log.warning("open_file_limit_lowered", extra=fields(
+        open_file_limit=open_file_limit, rlimit_nofile=soft, using=budget))
+    return budget
+
+
 class LedgerStorage:
     def __init__(self, options: StorageOptions) -> None:
         self.options = options
         self.journal = Journal(options.journal_dir, options.journal)
-        # Entry logs being read and index files share ``open_file_limit`` descriptors.
-        self.open_files = FdCache(options.open_file_limit)
+        # Entry logs being read and index files share ``open_file_limit`` descriptors,
+        # fewer if the process may not open that many (sockets and the journal need some).
+        self.open_files = FdCache(_fd_budget(options.open_file_limit))
         self.entry_logger = EntryLogger(list(options.ledger_dirs),
                                         log_size_limit=options.log_size_limit,
                                         write_buffer_size=options.write_buffer_size,

@@ -403,3 +403,14 @@ async def test_read_buffer_takes_small_entries_in_one_pread(tmp_path: Path) -> N
     with pytest.raises(CorruptRecordError, match="checksum"):
         s.read_entry(1, 1)
     await s.close()
+
+
+def test_open_file_limit_is_lowered_to_what_the_process_may_open(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from ledgerd.disk.storage import FD_HEADROOM, _fd_budget
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (20000, 20000))
+    assert _fd_budget(20000) == 20000 - FD_HEADROOM  # else EMFILE at 20,000 ledgers
+    assert _fd_budget(4096) == 4096
