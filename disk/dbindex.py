@@ -7,8 +7,9 @@ missed the page cache, checkpoints wrote and synced thousands of files, creating
 files stalled requests for seconds). Here one LMDB environment holds everything:
 
     <first index dir>/current/ledgers.lmdb/
-      meta: ledger id (8 B, big-endian) -> the index-file header (1024 B: key, fence,
-            term, explicit LAC; see ``index.py``) + last entry id (8 B)
+      meta: ledger id (8 B, big-endian) -> the index-file header's first 115 bytes
+            (key, fence, term, explicit LAC, CRC; see ``index.py``; the rest of its
+            1024 bytes is padding) + last entry id (8 B)
       loc:  ledger id (8 B) + entry id (8 B), big-endian -> location (8 B)
 
 Big-endian keys sort by (ledger, entry), so a ledger's entries are one key range:
@@ -43,11 +44,78 @@ _KEY = struct.Struct(">qq")
 _LID = struct.Struct(">q")
 _LOC = struct.Struct(">q")
 _END = (1 << 63) - 1
+HEAD_BYTES = 115  # the index header's fields and CRC; the rest of its 1024 bytes is padding
+META_SIZE = HEAD_BYTES + 8
 # LMDB allows one environment per file per process: a storage opened again in the same
 # process (a restart in tests, after the old object was abandoned as a crash would) uses
 # the open one. Committed transactions are what a crashed process leaves in the page
 # cache too. path -> [env, meta db, loc db, users]
 _OPEN: dict[str, list[Any]] = {}
+
+
+class LazyLedgers:
+    """Ledger id -> LedgerIndex, built on first use from the raw ``meta`` records read at
+    start-up: opening a bookie with a million ledgers reads the store once and makes
+    objects only for the ledgers then touched. The dict operations the storage uses."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.raw: dict[int, bytes] = {}  # not yet built
+        self.built: dict[int, LedgerIndex] = {}
+
+    def _build(self, lid: int) -> LedgerIndex | None:
+        value = self.raw.pop(lid, None)
+        if value is None:
+            return None
+        if len(value) != META_SIZE:
+            raise CorruptRecordError(str(self.path), lid,
+                                     f"ledger meta record of {len(value)} bytes")
+        idx = parse_index_header(value[:HEAD_BYTES].ljust(INDEX_HEADER_SIZE, b"\0"),
+                                 self.path)
+        idx.last_entry_id = _LOC.unpack_from(value, HEAD_BYTES)[0]
+        self.built[lid] = idx
+        return idx
+
+    def get(self, lid: int, default: LedgerIndex | None = None) -> LedgerIndex | None:
+        idx = self.built.get(lid)
+        if idx is None:
+            idx = self._build(lid)
+        return default if idx is None else idx
+
+    def __getitem__(self, lid: int) -> LedgerIndex:
+        idx = self.get(lid)
+        if idx is None:
+            raise KeyError(lid)
+        return idx
+
+    def __setitem__(self, lid: int, idx: LedgerIndex) -> None:
+        self.raw.pop(lid, None)
+        self.built[lid] = idx
+
+    def __contains__(self, lid: object) -> bool:
+        return lid in self.built or lid in self.raw
+
+    def __iter__(self) -> Iterator[int]:
+        yield from list(self.built)
+        yield from list(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.built) + len(self.raw)
+
+    def pop(self, lid: int, default: LedgerIndex | None = None) -> LedgerIndex | None:
+        idx = self.get(lid)
+        self.built.pop(lid, None)
+        return default if idx is None else idx
+
+    def values(self) -> list[LedgerIndex]:
+        """Every ledger (builds them all: for tools, not the write path)."""
+        for lid in list(self.raw):
+            self._build(lid)
+        return list(self.built.values())
+
+    def touched(self) -> Iterator[LedgerIndex]:
+        """The ledgers built so far (only these can have changed)."""
+        return iter(list(self.built.values()))
 
 
 class DbLedgerCache:
@@ -61,7 +129,7 @@ class DbLedgerCache:
         self.loc: Any = None
         self._key = ""
         self.closed = False
-        self.ledgers: dict[int, LedgerIndex] = {}
+        self.ledgers = LazyLedgers(self.path)
         self.trimmed: dict[int, int] = {}
         self.full_dirs: set[Path] = set()
         self.pending: dict[tuple[int, int], int] = {}  # locations since the last write_out
@@ -99,14 +167,10 @@ class DbLedgerCache:
         if self.env is None:
             self._open_env()
         with self.env.begin(db=self.meta) as txn:
+            raw = self.ledgers.raw
+            unpack = _LID.unpack
             for key, value in txn.cursor():
-                (lid,) = _LID.unpack(key)
-                if len(value) != INDEX_HEADER_SIZE + 8:
-                    raise CorruptRecordError(str(self.path), lid, "ledger meta record of "
-                                             f"{len(value)} bytes")
-                idx = parse_index_header(bytes(value[:INDEX_HEADER_SIZE]), self.path)
-                idx.last_entry_id = _LOC.unpack_from(value, INDEX_HEADER_SIZE)[0]
-                self.ledgers[lid] = idx
+                raw[unpack(key)[0]] = value
 
     def get(self, ledger_id: int) -> LedgerIndex | None:
         return self.ledgers.get(ledger_id)
@@ -191,7 +255,7 @@ class DbLedgerCache:
         """One transaction: range deletes, the new locations (sorted), the changed
         ledgers' meta. Committed unsynced; returns what ``sync_paths`` must sync."""
         if not (self.pending or self.ranges or self.gone or self.touched
-                or any(i.header_dirty for i in self.ledgers.values())):
+                or any(i.header_dirty for i in self.ledgers.touched())):
             return []
         import lmdb
 
@@ -214,11 +278,11 @@ class DbLedgerCache:
                     cursor = txn.cursor(db=self.loc)
                     cursor.putmulti(sorted((_KEY.pack(lid, eid), _LOC.pack(loc))
                                            for (lid, eid), loc in self.pending.items()))
-                for idx in self.ledgers.values():
+                for idx in self.ledgers.touched():
                     if idx.header_dirty or idx.ledger_id in self.touched:
                         txn.put(_LID.pack(idx.ledger_id),
-                                idx.header_bytes() + _LOC.pack(idx.last_entry_id),
-                                db=self.meta)
+                                idx.header_bytes()[:HEAD_BYTES]
+                                + _LOC.pack(idx.last_entry_id), db=self.meta)
                         idx.header_dirty = False
                         idx.header_written = True
         except lmdb.MapFullError as exc:
