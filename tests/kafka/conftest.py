@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,31 +42,43 @@ class GatewayProcess:
     port: int = field(default_factory=find_free_port)
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = None
+    start_line: str = ""
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self._log = open(self.log_path, "ab")
+        """Start it and wait (on its output, not the clock) for its "kafka gateway on"
+        line; its output goes on to ``log_path`` from a thread."""
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ledgerd.tools.cli", "gateway", "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **GATEWAY_ENV, "LEDGERD_ZK_SERVERS": self.zk, **self.env},
             start_new_session=True)
-        deadline = time.monotonic() + 60
-        while b"kafka gateway on" not in self.log_path.read_bytes():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("gateway did not start:\n" + self.log_text())
-            time.sleep(0.05)
+        started = threading.Event()  # the start line, or end of output
+        self.start_line = ""
+
+        def copy(stream: IO[bytes]) -> None:
+            with open(self.log_path, "ab") as log:
+                for line in stream:
+                    log.write(line)
+                    log.flush()
+                    if line.startswith(b"kafka gateway on"):
+                        self.start_line = line.decode().strip()
+                        started.set()
+            started.set()
+
+        assert self.process.stdout is not None
+        threading.Thread(target=copy, args=(self.process.stdout,), daemon=True).start()
+        started.wait(60)
+        if not self.start_line:
+            raise AssertionError("gateway did not start:\n" + self.log_text())
 
     @property
     def metrics_url(self) -> str:
         """From the start line: "kafka gateway on H:P (node N), metrics URL"."""
-        line = next(ln for ln in self.log_path.read_text().splitlines()
-                    if ln.startswith("kafka gateway on"))
-        return line.rsplit("metrics ", 1)[1]
+        return self.start_line.rsplit("metrics ", 1)[1]
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -79,12 +91,7 @@ class GatewayProcess:
         assert self.process is not None
         if self.process.poll() is None:
             os.kill(self.process.pid, sig)
-        code = self.process.wait(30)
-        if self._log is not None:
-            self._log.close()
-        self.log_path.write_bytes(self.log_path.read_bytes().replace(
-            b"kafka gateway on", b"kafka gateway was on"))
-        return code
+        return self.process.wait(30)
 
     def restart(self, sig: int = signal.SIGTERM) -> None:
         self.stop(sig)

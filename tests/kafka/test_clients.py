@@ -55,16 +55,17 @@ def test_kafka_python_idempotent_compressed_with_headers_and_timestamps(
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     sent = []
-    for codec in ("gzip", "zstd", "lz4"):
+    base_ms = int(time.time() * 1000)
+    for n, codec in enumerate(("gzip", "zstd", "lz4")):  # a second apart, by timestamp
         producer = KafkaProducer(bootstrap_servers=kafka_cluster.bootstrap,
                                  compression_type=codec, acks="all", linger_ms=5)
         assert producer.config["enable_idempotence"]  # the 3.x default, needs InitProducerId
         futures = [producer.send("kp-topic", key=f"{codec}{i}".encode(), value=b"v" * i,
-                                 headers=[("codec", codec.encode())]) for i in range(100)]
+                                 headers=[("codec", codec.encode())],
+                                 timestamp_ms=base_ms + 1000 * n) for i in range(100)]
         producer.flush(BOUND_S)
         sent += [(f.get(BOUND_S).offset, f"{codec}{i}") for i, f in enumerate(futures)]
         producer.close()
-        time.sleep(0.05)  # the codecs' batches get distinct timestamps
     assert [o for o, _ in sent] == list(range(300))
     consumer = KafkaConsumer(bootstrap_servers=kafka_cluster.bootstrap, group_id=None,
                              enable_auto_commit=False, consumer_timeout_ms=5000)
@@ -74,9 +75,9 @@ def test_kafka_python_idempotent_compressed_with_headers_and_timestamps(
     got = [m for _, m in zip(range(300), consumer, strict=False)]
     assert [(m.offset, m.key.decode()) for m in got] == sent
     assert got[150].headers == [("codec", b"zstd")] and got[150].value == b"v" * 50
-    # seek by time: the zstd batch's timestamp finds its first offset
-    found = consumer.offsets_for_times({tp: got[100].timestamp})[tp]
-    assert found is not None and 0 < found.offset <= 100
+    # seek by time: the zstd messages' timestamp finds the first of them
+    found = consumer.offsets_for_times({tp: base_ms + 1000})[tp]
+    assert found is not None and found.offset == 100
     consumer.close()
 
 
@@ -225,13 +226,17 @@ def test_kafka_python_group_of_two_rebalances_and_seeks_by_time(
     sizes: dict[str, int] = {}
     stop = {"a": threading.Event(), "b": threading.Event()}
     consumers = {"a": consumer(), "b": consumer()}
+    changed = threading.Condition()  # notified after every poll of either consumer
 
     def run(name: str) -> None:
         c = consumers[name]
         while not stop[name].is_set():
-            for records in c.poll(timeout_ms=100).values():
-                seen[name] += [r.value.decode() for r in records]
-            sizes[name] = len(c.assignment())
+            records = c.poll(timeout_ms=100)
+            with changed:
+                for batch in records.values():
+                    seen[name] += [r.value.decode() for r in batch]
+                sizes[name] = len(c.assignment())
+                changed.notify_all()
         if name == "b":
             c.close()  # commits, leaves: a takes both partitions
 
@@ -240,10 +245,8 @@ def test_kafka_python_group_of_two_rebalances_and_seeks_by_time(
         t.start()
 
     def until(done: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + BOUND_S
-        while not done() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert done(), (sizes, len(seen["a"]), len(seen["b"]))
+        with changed:
+            assert changed.wait_for(done, BOUND_S), (sizes, len(seen["a"]), len(seen["b"]))
 
     until(lambda: sizes.get("a") == 1 and sizes.get("b") == 1
           and len(seen["a"]) + len(seen["b"]) >= 200)
@@ -306,12 +309,11 @@ def test_confluent_kafka_seeks_by_time(kafka_cluster: KafkaCluster) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 0})
-    stamps = []
+    base_ms = int(time.time() * 1000)
+    stamps = [base_ms + 10 * i for i in range(5)]
     for i in range(5):
-        stamps.append(int(time.time() * 1000))
-        producer.produce("ck-time", value=f"t{i}".encode(), timestamp=stamps[-1])
-        producer.flush(BOUND_S)
-        time.sleep(0.02)
+        producer.produce("ck-time", value=f"t{i}".encode(), timestamp=stamps[i])
+        producer.flush(BOUND_S)  # one batch per message
     consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "ck-t"})
     found = consumer.offsets_for_times([TopicPartition("ck-time", 0, stamps[3])], BOUND_S)
     assert found[0].offset == 3  # one message per batch: the batch search is exact here
