@@ -689,6 +689,8 @@ def simpletest(ctx: click.Context, ensemble: int, write_quorum: int, ack_quorum:
         nonlocal stopped
         lh = await client.create_ledger(ensemble, write_quorum, ack_quorum,
                                         password=b"simpletest")
+        click.echo(f"ledger {lh.ledger_id}: writing {entries} entries "
+                   f"(E{ensemble}/Qw{write_quorum}/Qa{ack_quorum})", err=True)
         async with trio.open_nursery() as nursery:
             async def on_sigint() -> None:
                 nonlocal stopped

@@ -168,15 +168,15 @@ async def test_simpletest_interrupted_deletes_its_ledger(bookie_factory: Factory
     proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk",
                              zk_chroot, "simpletest", "-n", "10000000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = await trio.to_thread.run_sync(proc.stderr.readline)
+    assert first.startswith("ledger ") and "writing 10000000 entries" in first, first
+    ids = [int(first.split()[1].rstrip(":"))]
     async with ledgerd.open_client(zk_chroot) as client:
-        with trio.fail_after(60):
-            while True:  # wait until it is writing: its ledger has entries
-                ids = [lid async for lid in client.list_ledgers()]
-                if ids and (await client.ledger_metadata(ids[0])).ensembles:
-                    handle = await client.open_ledger(ids[0], b"simpletest", recovery=False)
-                    if await handle.read_lac() > 100:
-                        break
-                await trio.sleep(0.05)
+        handle = await client.open_ledger(ids[0], b"simpletest", recovery=False)
+        with trio.fail_after(60):  # wait until it is writing (a long poll on the LAC)
+            while await handle.wait_lac_beyond(100, timeout=30) <= 100:
+                pass
         proc.send_signal(signal.SIGINT)
         out, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=120))
         assert proc.returncode == 130, err

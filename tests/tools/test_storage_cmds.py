@@ -25,11 +25,7 @@ async def _bookie_files(tmp_path: Path, *, unbounded: int = 0) -> tuple[BookiePr
     from ledgerd.wire.status import Status
 
     b = BookieProcess(tmp_path / "b", "", settings={"log_size_limit": 64 * 1024})
-    b.start()
-    with trio.fail_after(60):
-        while not _listening(b.port):
-            assert b.running, b.log_tail()
-            await trio.sleep(0.05)
+    await _start_ready(b)
     async with open_bookie_client(b.address) as c:
         for e in range(200):
             for lid in (1, 2, 3):
@@ -95,26 +91,41 @@ async def test_rebuildindex_refuses_an_unbounded_ledger_and_a_running_bookie(
     conf = b.config_path
     _one_line_error(ledgerd_cli("rebuildindex", "3", "--conf", str(conf)),
                     "unbounded (term 1)", "recover")
-    b.start()
+    await _start_ready(b)
     try:
-        with trio.fail_after(60):
-            while not _listening(b.port):
-                assert b.running, b.log_tail()
-                await trio.sleep(0.05)
         _one_line_error(ledgerd_cli("rebuildindex", "1", "--conf", str(conf)),
                         "is running: stop it first")
     finally:
         b.terminate()
 
 
-def _listening(port: int) -> bool:
+async def _start_ready(b: BookieProcess) -> None:
+    """Start the bookie and wait for its READY=1 (sd_notify, to a socket of ours): it
+    listens then, after replay and checkpoint."""
     import socket
+    import tempfile
 
-    try:
-        with socket.create_connection(("127.0.0.1", port), 0.2):
-            return True
-    except OSError:
-        return False
+    path = tempfile.mktemp(prefix="ledgerd-notify-", dir="/tmp")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        try:
+            b.start(env={"NOTIFY_SOCKET": path})
+
+            async def died() -> None:
+                code = await b.exited()
+                raise AssertionError(f"bookie exited {code} before READY:\n{b.log_tail()}")
+
+            with trio.fail_after(60):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(died)
+                    while True:
+                        got = await trio.to_thread.run_sync(sock.recv, 4096,
+                                                            abandon_on_cancel=True)
+                        if b"READY=1" in got.split(b"\n"):
+                            nursery.cancel_scope.cancel()
+                            break
+        finally:
+            os.unlink(path)
 
 
 async def test_localconsistencycheck_finds_a_corrupt_record_and_listentrylogs_lists(
@@ -161,12 +172,8 @@ async def test_convertstorage_both_ways_keeps_every_entry(tmp_path: Path) -> Non
     one = json.loads(_ok(ledgerd_cli("readindex", "2", "--conf", str(conf), "--json")))
     assert one["entries"] == 200 and one["has_master_key"] and one["file"].endswith(".lmdb")
     _one_line_error(ledgerd_cli("rebuildindex", "2", "--conf", str(conf)), "convertstorage")
-    b.start()  # a real bookie process on the db storage
+    await _start_ready(b)  # a real bookie process on the db storage
     try:
-        with trio.fail_after(60):
-            while not _listening(b.port):
-                assert b.running, b.log_tail()
-                await trio.sleep(0.05)
         _one_line_error(ledgerd_cli("convertstorage", "--conf", str(conf), "--to",
                                     "interleaved"), "is running: stop it first")
     finally:
