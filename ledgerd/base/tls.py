@@ -191,9 +191,10 @@ class ReloadingContext:
         self._paths = [p for p in paths if p]
         self.refresh_s = refresh_s
         self._on_error = on_error
+        self.clock: Callable[[], float] = time.monotonic  # (tests move it on)
         self._stamp = self._stamps()
         self.context = build()
-        self._checked = time.monotonic()
+        self._checked = self.clock()
         self.reloads = 0
 
     def _stamps(self) -> tuple[tuple[float, int], ...]:
@@ -207,8 +208,8 @@ class ReloadingContext:
         return tuple(out)
 
     def current(self) -> ssl.SSLContext:
-        if self.refresh_s > 0 and time.monotonic() - self._checked >= self.refresh_s:
-            self._checked = time.monotonic()
+        if self.refresh_s > 0 and self.clock() - self._checked >= self.refresh_s:
+            self._checked = self.clock()
             stamp = self._stamps()
             if stamp != self._stamp:
                 try:
