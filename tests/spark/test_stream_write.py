@@ -15,30 +15,44 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import ledgerd
 from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.logs import LogRecord
+from ledgerd.metadata.store import WatchKind
 from ledgerd.spark.options import WriteOptions
 from ledgerd.spark.sink import PAUSE_ENV, LedgerdStreamCommit, LedgerdStreamWriter
 from ledgerd.tools.cli import main
 from tests.spark.conftest import ROOT, SparkCluster
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    """Poll ``check`` until it returns something true (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+def _await_log(client: ledgerd.SyncClient, name: str, what: str,
+               check: Callable[[LogRecord], Awaitable[Any]], timeout: float) -> Any:
+    """Wait on a ZooKeeper watch of the log's record (no clock polling) until
+    ``check(record)`` returns something true; returns that (AssertionError naming
+    ``what`` after ``timeout``)."""
+    inner = client.client
+
+    async def run() -> Any:
+        with trio.move_on_after(timeout):
+            async with inner.store.watch(inner.logs.path(name), WatchKind.DATA) as events:
+                async for _ in events:  # the first one at once, then on every change
+                    try:
+                        record, _ = await inner.logs.get(name)
+                    except NoNodeError:
+                        continue
+                    got = await check(record)
+                    if got:
+                        return got
+        raise AssertionError(f"timed out waiting for {what}")
+
+    return client.call(run)
 
 
 def _tagged(client: ledgerd.SyncClient, log: str, query: str, batch: int) -> int:
@@ -150,23 +164,18 @@ def test_driver_killed_mid_batch_then_restarted_copies_exactly_once(
             def keep_writing() -> None:  # ~1,000 entries/s while the queries run
                 for start in range(300, total, 50):
                     w.append_many(b"a%d" % i for i in range(start, start + 50))
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # the source's rate (an open-loop schedule)
 
             appender = threading.Thread(target=keep_writing)
             appender.start()
             first = _driver(cluster, ckpt, out, **{PAUSE_ENV: "600"})
             try:
                 # A batch's CAS is in the log; its commit sleeps before Spark records it.
-                query = _until("the query id", lambda: (ckpt / "metadata").is_file() and
-                               json.loads((ckpt / "metadata").read_text())["id"])
-
-                def committed() -> int:
-                    try:
-                        record, _ = client.call(client.client.logs.get, "B")
-                    except NoNodeError:
-                        return 0
-                    return record.last_batch(query) + 1
-                n = _until("a batch appended to B", committed, timeout=180) - 1
+                async def first_commit(record: LogRecord) -> tuple[str, int] | None:
+                    return record.commits[-1] if record.commits else None  # (query, batch)
+                query, n = _await_log(client, "B", "a batch appended to B", first_commit,
+                                      timeout=180)
+                assert query == json.loads((ckpt / "metadata").read_text())["id"]
             finally:
                 _kill(first)
             # The window: Spark planned batch n and B holds it, but Spark's commit log
@@ -179,13 +188,11 @@ def test_driver_killed_mid_batch_then_restarted_copies_exactly_once(
                 _kill(second)
                 raise
         try:  # A's writer is closed: every entry of A is readable now
-            def copied() -> bool:
-                try:
-                    return len(client.log_ledgers("B")) > 0 and sum(
-                        1 for _ in client.read_log("B", b"pw")) >= total
-                except ledgerd.NoSuchLogError:
-                    return False
-            _until("B to catch up with A", copied, timeout=240)
+            async def copied(record: LogRecord) -> bool:  # B's ledgers are closed ones
+                counts = [(await client.client.ledger_metadata(lid)).last_entry_id + 1
+                          for lid in record.ledgers]
+                return sum(counts) >= total
+            _await_log(client, "B", "B to catch up with A", copied, timeout=240)
         finally:
             _kill(second)
         got = [e.payload for e in client.read_log("B", b"pw")]
