@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 _SIZE = struct.Struct(">i")
+FETCH_MAX_BYTES = 50 << 20  # one fetch response at most (Kafka: fetch.max.bytes)
 IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
 
@@ -269,6 +270,8 @@ class Gateway:
                     except Exception as exc:
                         log.warning("kafka_group_store_failed", extra=fields(
                             group=group.group_id, error=repr(exc)))
+                elif group.is_idle:  # stored, no members: reloaded from ZooKeeper if used
+                    del self.groups[group.group_id]  # (any group id a client names)
 
     # -- serving ------------------------------------------------------------------------
 
@@ -628,7 +631,9 @@ class Gateway:
     async def _fetch(self, body: dict[str, Any]) -> dict[str, Any]:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         while True:
-            budget = body["max_bytes"] if body["max_bytes"] > 0 else 0x7FFFFFFF
+            # the client's limit, within Kafka's broker-side fetch.max.bytes
+            budget = min(body["max_bytes"] if body["max_bytes"] > 0 else FETCH_MAX_BYTES,
+                         FETCH_MAX_BYTES)
             total = 0
             responses = []
             waits: list[trio.Event] = []
@@ -646,6 +651,10 @@ class Gateway:
                         res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                         continue
                     part = self.partition(t["topic"], pr["partition"])
+                    if total >= budget:  # full: the rest get no records this time
+                        hw = await part.high_watermark()
+                        res.update(high_watermark=hw, last_stable_offset=hw, records=b"")
+                        continue
                     limit = max(1, min(pr["partition_max_bytes"], budget - total))
                     try:
                         records, hw = await part.read(pr["fetch_offset"], limit)

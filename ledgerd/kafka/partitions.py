@@ -23,6 +23,7 @@ whose next append then fails and whose clients are told NOT_LEADER_OR_FOLLOWER.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PRODUCER_BATCHES = 5  # batches remembered per producer (Kafka: max.in.flight 5)
 PRODUCER_SCAN = 1000  # batches read back at takeover to rebuild producer state
+MAX_PRODUCERS = 10000  # idempotent producers remembered per partition (LRU)
 
 
 def log_name(topic: str, partition: int) -> str:
@@ -104,7 +106,7 @@ class PartitionLog:
         self.handles: OrderedDict[int, ReadHandle] = OrderedDict()
         # pid -> its last batches' (epoch, base sequence, base offset): a retried batch
         # (same epoch and sequence) is answered with its first offset, not appended again
-        self.producers: dict[int, deque[tuple[int, int, int]]] = {}
+        self.producers: OrderedDict[int, deque[tuple[int, int, int]]] = OrderedDict()
         self._remote_end: tuple[float, int] | None = None
         self._start: int | None = None  # the log's first offset, once it has one
         self.last_used = trio.current_time()
@@ -156,6 +158,7 @@ class PartitionLog:
                 await self.open_writer()
             assert self.writer is not None
             payloads: list[bytes] = []
+            placed: list[tuple[int, int, bytes]] = []  # (base, next offset, batch) written
             fresh: list[_Produce] = []
             for item in items:
                 dup = self._duplicate(item)
@@ -164,7 +167,9 @@ class PartitionLog:
                     continue
                 item.base_offset = self.next_offset
                 for h, raw in item.batches:
-                    payloads.append(with_base_offset(raw, self.next_offset))
+                    batch = with_base_offset(raw, self.next_offset)
+                    payloads.append(batch)
+                    placed.append((self.next_offset, self.next_offset + h.record_count, batch))
                     self.next_offset += h.record_count
                 fresh.append(item)
             if payloads:
@@ -177,14 +182,13 @@ class PartitionLog:
             if not isinstance(exc, Exception):
                 raise
             return
-        offset = self.acked_end
+        for base, nxt, batch in placed:  # the bytes written, not rewritten again
+            self._remember(base, nxt, batch)
         for item in fresh:
-            for h, raw in item.batches:
-                self._remember(offset, offset + h.record_count, with_base_offset(raw, offset))
-                offset += h.record_count
             if item.producer is not None:
                 self._note_producer(*item.producer, item.base_offset)
-        self.acked_end = offset
+        if placed:
+            self.acked_end = placed[-1][1]
         for item in items:
             item.done.set()
         self._wake()
@@ -200,9 +204,16 @@ class PartitionLog:
         return None
 
     def _note_producer(self, pid: int, epoch: int, seq: int, offset: int) -> None:
-        if seq >= 0:
-            self.producers.setdefault(pid, deque(maxlen=PRODUCER_BATCHES)).append(
-                (epoch, seq, offset))
+        if seq < 0:
+            return
+        recent = self.producers.get(pid)
+        if recent is None:
+            recent = self.producers[pid] = deque(maxlen=PRODUCER_BATCHES)
+            while len(self.producers) > MAX_PRODUCERS:  # the least recently heard go
+                self.producers.popitem(last=False)
+        else:
+            self.producers.move_to_end(pid)
+        recent.append((epoch, seq, offset))
 
     async def _rebuild_producers(self, skip: int) -> None:
         """Producer state from the log's last ``PRODUCER_SCAN`` batches, as Kafka
@@ -528,11 +539,10 @@ class PartitionLog:
         self.ahead_progress = trio.Event()
 
     def _from_tail(self, offset: int, max_bytes: int) -> bytes:
-        bases = [b for b, _, _ in self.tail]
-        i = bisect.bisect_right(bases, offset) - 1
+        i = bisect.bisect_right(self.tail, offset, key=lambda t: t[0]) - 1
         out: list[bytes] = []
         size = 0
-        for _, _, batch in list(self.tail)[i:]:
+        for _, _, batch in itertools.islice(self.tail, i, None):
             if out and size + len(batch) > max_bytes:
                 break
             out.append(batch)

@@ -195,3 +195,16 @@ async def test_idle_partitions_shed_reader_state_and_readers_are_dropped() -> No
     await gw._sweep_idle()
     assert set(gw.partitions) == {("written", 0), ("busy", 0)}  # a writer stays
     assert [parts[k].shed_calls for k in (("read", 0), ("written", 0), ("busy", 0))] == [1, 1, 0]
+
+
+async def test_producer_memory_is_bounded_and_recent_producers_stay() -> None:
+    from ledgerd.kafka.partitions import MAX_PRODUCERS, PartitionLog, PartitionSettings
+
+    part = PartitionLog(None, "t", 0, PartitionSettings(1, 1, 1, 1 << 20, 0, 1 << 20))  # type: ignore[arg-type]
+    for pid in range(MAX_PRODUCERS + 5):
+        part._note_producer(pid, 0, 0, pid)
+        if pid == 2:
+            part._note_producer(0, 0, 1, 100)  # producer 0 is heard again: it stays
+    assert len(part.producers) == MAX_PRODUCERS
+    assert 0 in part.producers and 6 in part.producers  # the five least recent went:
+    assert not {1, 2, 3, 4, 5} & set(part.producers)
