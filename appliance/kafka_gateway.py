@@ -10,6 +10,7 @@ import trio
 from ledgerd.appliance.handlers import AdminHooks, ServingState
 from ledgerd.appliance.http import AdminHttp
 from ledgerd.appliance.sdnotify import notify, wait_stop_signal, watchdog_service
+from ledgerd.base.principals import load_principals
 from ledgerd.client import open_client
 from ledgerd.kafka.config import GatewayConfig
 from ledgerd.kafka.gateway import serve_gateway
@@ -43,5 +44,12 @@ async def _gateway_main(config: GatewayConfig) -> int:
 
 
 def run_gateway(config: GatewayConfig) -> int:
-    """``ledgerd gateway --conf F``: serve Kafka clients until SIGTERM or SIGINT."""
+    """``ledgerd gateway --conf F``: serve Kafka clients until SIGTERM or SIGINT. The
+    files the configuration names are checked first (one line naming a bad one), before
+    anything connects."""
+    if config.gateway_principals_file:
+        load_principals(config.gateway_principals_file, "gateway_principals_file")
+    config.tls_server_context()
+    config.tls_context()
+    config.auth_token()
     return trio.run(_gateway_main, config)

@@ -98,18 +98,21 @@ def _load_trust(ctx: ssl.SSLContext, trust: str, key: str) -> None:
 
 
 def server_context(certificate: str, key: str, *, trust: str = "", client_auth: str = "none",
-                   protocols: str = "TLSv1.2,TLSv1.3", ciphers: str = "") -> ssl.SSLContext:
-    """A server context; ``client_auth`` is ``none``, ``optional`` or ``required``."""
+                   protocols: str = "TLSv1.2,TLSv1.3", ciphers: str = "",
+                   prefix: str = "") -> ssl.SSLContext:
+    """A server context; ``client_auth`` is ``none``, ``optional`` or ``required``.
+    Errors name the settings ``<prefix>tls_certificate_path`` and so on."""
     if not certificate:
-        raise TlsConfigError("tls_certificate_path is empty: a TLS server needs a certificate")
+        raise TlsConfigError(f"{prefix}tls_certificate_path is empty: a TLS server needs a "
+                             "certificate")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     _common(ctx, protocols, ciphers)
-    _load_chain(ctx, certificate, key, "tls_certificate_path", "tls_key_path")
+    _load_chain(ctx, certificate, key, f"{prefix}tls_certificate_path", f"{prefix}tls_key_path")
     if client_auth != "none":
         if not trust:
-            raise TlsConfigError("tls_trust_path is empty: verifying client certificates "
-                                 "needs the CA that issued them")
-        _load_trust(ctx, trust, "tls_trust_path")
+            raise TlsConfigError(f"{prefix}tls_trust_path is empty: verifying client "
+                                 "certificates needs the CA that issued them")
+        _load_trust(ctx, trust, f"{prefix}tls_trust_path")
         ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" else ssl.CERT_OPTIONAL
     return ctx
 

@@ -106,7 +106,7 @@ class GatewayConfig(ClientConfig):
         return server_context(self.gateway_tls_certificate_path, self.gateway_tls_key_path,
                               trust=self.gateway_tls_trust_path,
                               client_auth=self.gateway_tls_client_auth,
-                              protocols=self.tls_enabled_protocols)
+                              protocols=self.tls_enabled_protocols, prefix="gateway_")
 
     def effective_node_id(self, port: int) -> int:
         if self.node_id >= 0:

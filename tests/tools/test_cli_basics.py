@@ -103,3 +103,17 @@ def test_a_bad_zk_address_is_one_line_naming_the_problem(zookeeper) -> None:  # 
     helped = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--help"],
                             capture_output=True, text=True, timeout=60)
     assert "LEDGERD_ZK_SERVERS" in helped.stdout
+
+
+def test_gateway_names_a_bad_file_in_one_line_before_connecting(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
+    for key, want in (("LEDGERD_GATEWAY_PRINCIPALS_FILE", "'gateway_principals_file'"),
+                      ("LEDGERD_GATEWAY_TLS_CERTIFICATE_PATH", "gateway_tls_certificate_path")):
+        r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "gateway"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**env, key: str(tmp_path / "missing"),
+                                "LEDGERD_ZK_SERVERS": "127.0.0.1:1"})
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert want in r.stderr and "gateway did not start" in r.stderr
