@@ -7,6 +7,7 @@ CLI flags). Defaults come from the seed documents and BookKeeper's
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -156,6 +157,20 @@ class BookieConfig(ZooKeeperSettings):
             "db: one embedded index store (LMDB) for every ledger, for hundreds of "
             "thousands of ledgers per bookie (BookKeeper's DbLedgerStorage). Existing data "
             "is converted with 'ledgerd shell convertstorage'.")
+    db_write_cache_max_size_mb: int = setting(
+        -1, bk="dbStorage_writeCacheMaxSizeMb", minimum=-1,
+        doc="db storage: memory for entries waiting for a checkpoint, which writes them "
+            "sorted by ledger (two halves: one filling, one being written). Past half, "
+            "adds write straight to the entry log. -1: a sixteenth of the host's memory, "
+            "at most 1 GiB (BookKeeper: a quarter of direct memory).")
+    db_read_ahead_cache_max_size_mb: int = setting(
+        -1, bk="dbStorage_readAheadCacheMaxSizeMb", minimum=-1,
+        doc="db storage: memory for entries read ahead. -1: a thirty-second of the "
+            "host's memory, at most 512 MiB.")
+    db_read_ahead_batch_size: int = setting(
+        100, bk="dbStorage_readAheadCacheBatchSize", minimum=0, maximum=10000,
+        doc="db storage: entries a read that misses the caches reads ahead of the one "
+            "asked for (one read of at most 1 MiB of the entry log); 0 turns it off.")
     page_size: int = setting(
         8192, bk="pageSize", minimum=512, maximum=1 << 20,
         doc="Index page size in bytes (page_size / 8 entries per page).")
@@ -442,6 +457,10 @@ class BookieConfig(ZooKeeperSettings):
             allow_storage_expansion=self.allow_storage_expansion,
             read_buffer_size=self.read_buffer_size_bytes,
             ledger_storage_class=self.ledger_storage_class,
+            write_cache_max_bytes=_memory_share(self.db_write_cache_max_size_mb, 16, 1 << 30),
+            read_cache_max_bytes=_memory_share(self.db_read_ahead_cache_max_size_mb, 32,
+                                               512 << 20),
+            read_ahead_batch=self.db_read_ahead_batch_size,
         )
 
     def gc_options(self) -> GcOptions:
@@ -455,3 +474,14 @@ class BookieConfig(ZooKeeperSettings):
                          rate=self.compaction_rate,
                          rate_bytes=self.compaction_rate_by_bytes,
                          max_outstanding=self.compaction_max_outstanding_requests)
+
+
+def _memory_share(mb: int, divisor: int, cap: int) -> int:
+    """``mb`` MiB, or for -1 the host's memory / ``divisor`` up to ``cap`` bytes."""
+    if mb >= 0:
+        return mb * MiB
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        memory = 1 << 30
+    return max(MiB, min(memory // divisor, cap))

@@ -49,6 +49,7 @@ class BookieMetrics:
         self.journal_group_records = FastHistogram(GROUP_BUCKETS)
         self.journal_sync_latency = FastHistogram(LATENCY_BUCKETS)
         self.loop_lag = FastHistogram(LATENCY_BUCKETS)
+        self.checkpoint_latency = FastHistogram(LATENCY_BUCKETS)
         self.journal_bytes = 0
         self.entries_added = 0
         self.entry_bytes_added = 0
@@ -109,6 +110,9 @@ class _Collector:
                                             "Journal write + fdatasync time per group.")
         yield m.loop_lag.family("ledgerd_bookie_event_loop_lag_seconds",
                                 "How late the event loop ran a task due every 10 ms.")
+        yield m.checkpoint_latency.family("ledgerd_storage_checkpoint_seconds",
+                                          "Checkpoint time: write cache or buffers to "
+                                          "entry logs, index, syncs, last mark.")
         failed_adds = sum(n for (api, status), n in m.requests.items()
                           if api == ApiKey.ADD and status)
         failed_reads = sum(n for (api, status), n in m.requests.items()

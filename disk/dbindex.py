@@ -9,8 +9,13 @@ files stalled requests for seconds). Here one LMDB environment holds everything:
     <first index dir>/current/ledgers.lmdb/
       meta: ledger id (8 B, big-endian) -> the index-file header's first 115 bytes
             (key, fence, term, explicit LAC, CRC; see ``index.py``; the rest of its
-            1024 bytes is padding) + last entry id (8 B)
+            1024 bytes is padding). Written when that state changes, not per add.
       loc:  ledger id (8 B) + entry id (8 B), big-endian -> location (8 B)
+
+A ledger's last entry is its last ``loc`` key (one seek, when the ledger is first used
+after a start), as BookKeeper's ``getLastEntry``: adds change no meta record, so a
+checkpoint writes the new locations and the few changed headers, nothing per ledger
+touched. (Stores written before this keep 8 more bytes in each meta record, ignored.)
 
 Big-endian keys sort by (ledger, entry), so a ledger's entries are one key range:
 deleting a ledger, truncating or trimming it is one range walk, and a checkpoint writes
@@ -21,22 +26,27 @@ copy-on-write commits, and a maintained binding with wheels (``lmdb``); the choi
 measured in ``bench/ledgers_scale.py``.
 
 The same rules as the index files: locations and headers are as durable as the last
-checkpoint (``write_out`` commits without syncing; ``sync_paths`` syncs); the journal
-covers the rest on replay. ``DbLedgerCache`` has ``LedgerCache``'s interface, so the
+checkpoint (the commit does not sync; ``sync_paths`` syncs); the journal covers the rest
+on replay. A checkpoint's transaction runs in a worker thread: ``begin_write_out`` (event
+loop) moves what changed into a ``Commit`` and starts a new generation, ``Commit.run``
+(a thread) writes it, ``end_write_out`` (the loop) retires it. Lookups meanwhile see the
+new generation, then the commit in flight, then the store. ``DbLedgerCache`` has ``LedgerCache``'s interface, so the
 storage, GC, compaction and replay code is the same for both.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ledgerd.disk.errors import CorruptRecordError, StorageError
 from ledgerd.disk.index import INDEX_HEADER_SIZE, LedgerIndex, parse_index_header
 
-__all__ = ["DB_DIR", "DbLedgerCache"]
+__all__ = ["DB_DIR", "Commit", "DbLedgerCache"]
 
 DB_DIR = "ledgers.lmdb"
 MAP_SIZE = 1 << 40  # address space reserved, not disk: LMDB grows its file as it fills
@@ -45,7 +55,7 @@ _LID = struct.Struct(">q")
 _LOC = struct.Struct(">q")
 _END = (1 << 63) - 1
 HEAD_BYTES = 115  # the index header's fields and CRC; the rest of its 1024 bytes is padding
-META_SIZE = HEAD_BYTES + 8
+OLD_META_SIZE = HEAD_BYTES + 8  # with a last entry id, as the first version wrote
 # LMDB allows one environment per file per process: a storage opened again in the same
 # process (a restart in tests, after the old object was abandoned as a crash would) uses
 # the open one. Committed transactions are what a crashed process leaves in the page
@@ -58,21 +68,22 @@ class LazyLedgers:
     start-up: opening a bookie with a million ledgers reads the store once and makes
     objects only for the ledgers then touched. The dict operations the storage uses."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, last_entry: Callable[[int], int]) -> None:
         self.path = path
         self.raw: dict[int, bytes] = {}  # not yet built
         self.built: dict[int, LedgerIndex] = {}
+        self._last_entry = last_entry
 
     def _build(self, lid: int) -> LedgerIndex | None:
         value = self.raw.pop(lid, None)
         if value is None:
             return None
-        if len(value) != META_SIZE:
+        if len(value) not in (HEAD_BYTES, OLD_META_SIZE):
             raise CorruptRecordError(str(self.path), lid,
                                      f"ledger meta record of {len(value)} bytes")
         idx = parse_index_header(value[:HEAD_BYTES].ljust(INDEX_HEADER_SIZE, b"\0"),
                                  self.path)
-        idx.last_entry_id = _LOC.unpack_from(value, HEAD_BYTES)[0]
+        idx.last_entry_id = self._last_entry(lid)
         self.built[lid] = idx
         return idx
 
@@ -118,6 +129,90 @@ class LazyLedgers:
         return iter(list(self.built.values()))
 
 
+def _dropped(ranges: dict[int, list[tuple[int, int]]], ledger_id: int, entry_id: int) -> bool:
+    return any(lo <= entry_id <= hi for lo, hi in ranges.get(ledger_id, ()))
+
+
+@dataclass
+class Commit:
+    """One checkpoint's index changes: range deletes, dropped meta, new locations,
+    changed headers. Built on the event loop, written by ``run`` in a worker thread."""
+
+    env: Any
+    meta_db: Any
+    loc_db: Any
+    path: Path
+    ranges: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    gone: set[int] = field(default_factory=set)
+    pending: dict[tuple[int, int], int] = field(default_factory=dict)
+    metas: dict[int, bytes] = field(default_factory=dict)
+    done: bool = False
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges or self.gone or self.pending or self.metas)
+
+    def location(self, ledger_id: int, entry_id: int) -> int | None:
+        """The location this commit holds (None: ask the store; 0: dropped here)."""
+        loc = self.pending.get((ledger_id, entry_id))
+        if loc is not None:
+            return loc
+        if self.ranges and _dropped(self.ranges, ledger_id, entry_id):
+            return 0
+        return None
+
+    def absorb(self, later: Commit) -> None:
+        """Add a later generation's changes after this (unwritten) commit's."""
+        for lid, spans in later.ranges.items():
+            for key in [k for k in self.pending if k[0] == lid
+                        and any(lo <= k[1] <= hi for lo, hi in spans)]:
+                del self.pending[key]
+            self.ranges.setdefault(lid, []).extend(spans)
+        for lid in later.gone:
+            self.metas.pop(lid, None)
+        self.gone |= later.gone
+        self.pending.update(later.pending)
+        self.metas.update(later.metas)
+
+    def run(self) -> None:
+        """Write it as one transaction, committed unsynced (any thread)."""
+        import lmdb
+
+        if not self:
+            self.done = True
+            return
+        started = time.perf_counter()
+        try:
+            with self.env.begin(write=True) as txn:
+                for lid, spans in self.ranges.items():
+                    for lo, hi in spans:
+                        cursor = txn.cursor(db=self.loc_db)
+                        if cursor.set_range(_KEY.pack(lid, lo)):
+                            while True:
+                                k = cursor.key()  # (empty past the last record)
+                                if len(k) != _KEY.size:
+                                    break
+                                got_lid, eid = _KEY.unpack(k)
+                                if got_lid != lid or eid > hi or not cursor.delete():
+                                    break
+                for lid in self.gone:
+                    txn.delete(_LID.pack(lid), db=self.meta_db)
+                if self.pending:
+                    pack, loc = _KEY.pack, _LOC.pack
+                    cursor = txn.cursor(db=self.loc_db)
+                    cursor.putmulti([(pack(lid, eid), loc(location)) for (lid, eid), location
+                                     in sorted(self.pending.items())])
+                put = txn.put
+                for lid, value in sorted(self.metas.items()):
+                    put(_LID.pack(lid), value, db=self.meta_db)
+        except lmdb.MapFullError as exc:
+            raise OSError(28, f"ledger index store full: {exc}", str(self.path)) from exc
+        except lmdb.Error as exc:
+            raise OSError(5, f"ledger index store: {exc}", str(self.path)) from exc
+        self.seconds = time.perf_counter() - started
+        self.done = True
+
+
 class DbLedgerCache:
     """``LedgerCache`` over LMDB; see the module docstring."""
 
@@ -129,15 +224,19 @@ class DbLedgerCache:
         self.loc: Any = None
         self._key = ""
         self.closed = False
-        self.ledgers = LazyLedgers(self.path)
+        self.ledgers = LazyLedgers(self.path, self._stored_last_entry)
         self.trimmed: dict[int, int] = {}
         self.full_dirs: set[Path] = set()
-        self.pending: dict[tuple[int, int], int] = {}  # locations since the last write_out
+        # This generation's changes (written by the next checkpoint):
+        self.pending: dict[tuple[int, int], int] = {}  # new locations
         self.ranges: dict[int, list[tuple[int, int]]] = {}  # ledger -> (first, last) to delete
-        self.gone: set[int] = set()  # ledgers whose meta goes at the next write_out
-        self.touched: set[int] = set()  # ledgers whose meta (last entry) must be written
+        self.gone: set[int] = set()  # ledgers whose meta goes
+        self.touched: set[int] = set()  # ledgers whose meta (header) must be written
+        self.committing: Commit | None = None  # the checkpoint's, being written (or failed)
         self.hits = 0
         self.misses = 0
+        self.commits = 0
+        self.commit_seconds = 0.0
 
     # -- the LedgerCache interface -------------------------------------------------------
 
@@ -172,6 +271,18 @@ class DbLedgerCache:
             for key, value in txn.cursor():
                 raw[unpack(key)[0]] = value
 
+    def _stored_last_entry(self, ledger_id: int) -> int:
+        """The ledger's highest entry id in the store (-1 if none): one seek."""
+        with self.env.begin(db=self.loc) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(_KEY.pack(ledger_id + 1, 0)):
+                if not cursor.prev():
+                    return -1
+            elif not cursor.last():
+                return -1
+            lid, eid = _KEY.unpack(cursor.key())
+            return eid if lid == ledger_id else -1
+
     def get(self, ledger_id: int) -> LedgerIndex | None:
         return self.ledgers.get(ledger_id)
 
@@ -179,16 +290,19 @@ class DbLedgerCache:
         idx = self.ledgers.get(ledger_id)
         if idx is None:
             idx = self.ledgers[ledger_id] = LedgerIndex(ledger_id, self.path)
-            self.gone.discard(ledger_id)
             self.touched.add(ledger_id)
         return idx
+
+    def dirty(self, idx: LedgerIndex) -> None:
+        """The ledger's header (key, fence, term, explicit LAC) changed."""
+        idx.header_dirty = True
+        self.touched.add(idx.ledger_id)
 
     def set_location(self, ledger_id: int, entry_id: int, location: int) -> None:
         idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
         self.pending[(ledger_id, entry_id)] = location
         if entry_id > idx.last_entry_id:
             idx.last_entry_id = entry_id
-        self.touched.add(ledger_id)
 
     def set_locations(self, ledger_id: int, first_entry_id: int, locations: list[int]) -> None:
         idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
@@ -198,7 +312,20 @@ class DbLedgerCache:
         last = first_entry_id + len(locations) - 1
         if last > idx.last_entry_id:
             idx.last_entry_id = last
-        self.touched.add(ledger_id)
+
+    def put_locations(self, ledger_id: int, entry_ids: list[int], locations: list[int]) -> None:
+        """Locations of entries already counted in the ledger's last entry (the write
+        cache's flush)."""
+        pending = self.pending
+        for eid, loc in zip(entry_ids, locations, strict=True):
+            pending[(ledger_id, eid)] = loc
+
+    def note_entry(self, ledger_id: int, entry_id: int) -> LedgerIndex:
+        """An entry held in the write cache: the ledger's last entry moves."""
+        idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
+        if entry_id > idx.last_entry_id:
+            idx.last_entry_id = entry_id
+        return idx
 
     def location(self, ledger_id: int, entry_id: int) -> int:
         idx = self.ledgers.get(ledger_id)
@@ -210,15 +337,41 @@ class DbLedgerCache:
         if loc is not None:
             self.hits += 1
             return loc
-        if self._dropped(ledger_id, entry_id):
+        if self.ranges and _dropped(self.ranges, ledger_id, entry_id):
             return 0
+        job = self.committing
+        if job is not None and not job.done:
+            held = job.location(ledger_id, entry_id)
+            if held is not None:
+                self.hits += 1
+                return held
         self.misses += 1
         with self.env.begin(db=self.loc) as txn:
             raw = txn.get(_KEY.pack(ledger_id, entry_id))
         return 0 if raw is None else int(_LOC.unpack(raw)[0])
 
-    def _dropped(self, ledger_id: int, entry_id: int) -> bool:
-        return any(lo <= entry_id <= hi for lo, hi in self.ranges.get(ledger_id, ()))
+    def following(self, ledger_id: int, entry_id: int, count: int) -> list[tuple[int, int]]:
+        """Up to ``count`` (entry, location) of the ledger's stored entries after
+        ``entry_id``, in order, stopping at the first one this generation or the commit
+        in flight changed (read-ahead reads only what the store says)."""
+        out: list[tuple[int, int]] = []
+        job = self.committing if self.committing is not None and \
+            not self.committing.done else None
+        with self.env.begin(db=self.loc) as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(_KEY.pack(ledger_id, entry_id + 1)):
+                return out
+            unpack, unloc = _KEY.unpack, _LOC.unpack
+            for k, v in cursor:
+                lid, eid = unpack(k)
+                if lid != ledger_id or len(out) >= count:
+                    break
+                if (ledger_id, eid) in self.pending or (
+                        self.ranges and _dropped(self.ranges, ledger_id, eid)) or (
+                        job is not None and job.location(ledger_id, eid) is not None):
+                    break
+                out.append((eid, unloc(v)[0]))
+        return out
 
     def truncate_after(self, ledger_id: int, last_kept: int) -> None:
         idx = self.ledgers.get(ledger_id)
@@ -228,7 +381,6 @@ class DbLedgerCache:
             del self.pending[key]
         self.ranges.setdefault(ledger_id, []).append((last_kept + 1, _END))
         idx.last_entry_id = min(idx.last_entry_id, last_kept)
-        self.touched.add(ledger_id)
 
     def trim_before(self, ledger_id: int, first_kept: int) -> int:
         idx = self.ledgers.get(ledger_id)
@@ -251,48 +403,45 @@ class DbLedgerCache:
         self.ranges.setdefault(ledger_id, []).append((0, first_kept - 1))
         return dropped
 
-    def write_out(self) -> list[Path]:
-        """One transaction: range deletes, the new locations (sorted), the changed
-        ledgers' meta. Committed unsynced; returns what ``sync_paths`` must sync."""
-        if not (self.pending or self.ranges or self.gone or self.touched
-                or any(i.header_dirty for i in self.ledgers.touched())):
-            return []
-        import lmdb
+    def begin_write_out(self) -> Commit:
+        """Event loop: move this generation's changes into a Commit (a failed one not
+        yet written absorbs them) and start the next generation."""
+        job = Commit(self.env, self.meta, self.loc, self.path, self.ranges, self.gone,
+                     self.pending)
+        built = self.ledgers.built
+        for lid in self.touched:
+            idx = built.get(lid)
+            if idx is not None:
+                job.metas[lid] = idx.header_bytes()[:HEAD_BYTES]
+                idx.header_dirty = False
+                idx.header_written = True
+        old = self.committing
+        if old is not None and not old.done:
+            old.absorb(job)
+            job = old
+        self.committing = job
+        self.pending, self.ranges, self.gone, self.touched = {}, {}, set(), set()
+        return job
 
-        try:
-            with self.env.begin(write=True) as txn:
-                for lid, lo, hi in ((lid, lo, hi) for lid, spans in self.ranges.items()
-                                    for lo, hi in spans):
-                    cursor = txn.cursor(db=self.loc)
-                    if cursor.set_range(_KEY.pack(lid, lo)):
-                        while True:
-                            k = cursor.key()  # (empty past the last record)
-                            if len(k) != _KEY.size:
-                                break
-                            got_lid, eid = _KEY.unpack(k)
-                            if got_lid != lid or eid > hi or not cursor.delete():
-                                break
-                for lid in self.gone:
-                    txn.delete(_LID.pack(lid), db=self.meta)
-                if self.pending:
-                    cursor = txn.cursor(db=self.loc)
-                    cursor.putmulti(sorted((_KEY.pack(lid, eid), _LOC.pack(loc))
-                                           for (lid, eid), loc in self.pending.items()))
-                for idx in self.ledgers.touched():
-                    if idx.header_dirty or idx.ledger_id in self.touched:
-                        txn.put(_LID.pack(idx.ledger_id),
-                                idx.header_bytes()[:HEAD_BYTES]
-                                + _LOC.pack(idx.last_entry_id), db=self.meta)
-                        idx.header_dirty = False
-                        idx.header_written = True
-        except lmdb.MapFullError as exc:
-            raise OSError(28, f"ledger index store full: {exc}", str(self.path)) from exc
-        except lmdb.Error as exc:
-            raise OSError(5, f"ledger index store: {exc}", str(self.path)) from exc
-        self.pending.clear()
-        self.ranges.clear()
-        self.gone.clear()
-        self.touched.clear()
+    def end_write_out(self, job: Commit) -> None:
+        """Event loop, after ``job.run``: lookups go to the store again. A job that
+        failed stays, and the next ``begin_write_out`` adds to it."""
+        if job.done and self.committing is job:
+            self.committing = None
+            if job.seconds:
+                self.commits += 1
+                self.commit_seconds += job.seconds
+
+    def write_out(self) -> list[Path]:
+        """Begin, run and end a commit in this thread (tools; the storage runs the
+        commit in a worker). Returns what ``sync_paths`` must sync."""
+        job = self.begin_write_out()
+        if not job:
+            job.done = True
+            self.end_write_out(job)
+            return []
+        job.run()
+        self.end_write_out(job)
         return [self.path]
 
     def locations(self, ledger_id: int) -> Iterator[tuple[int, int]]:
@@ -312,6 +461,14 @@ class DbLedgerCache:
         """Make the committed transactions durable (any thread)."""
         if paths:
             self.env.sync(True)
+
+    def store_bytes(self) -> int:
+        """Bytes the store's pages take (for metrics)."""
+        if self.env is None or self.closed:
+            return 0
+        info = self.env.info()
+        stat = self.env.stat()
+        return int((info["last_pgno"] + 1) * stat["psize"])
 
     def delete(self, ledger_id: int) -> Path | None:
         """Forget a ledger: its meta and its whole key range go at the next write_out

@@ -345,7 +345,8 @@ class EntryLogger:
             self._roll_requested = False
             log = self._roll()
             offset = log.size
-        if offset + total > self.limit and offset > ENTRY_LOG_HEADER_SIZE:
+        if offset + total > self.limit and (offset > ENTRY_LOG_HEADER_SIZE
+                                            or len(entries) > 1):
             if len(entries) > 1:
                 return [loc for e in entries for loc in self.add_many(ledger_id, (e,))]
             log = self._roll()
@@ -435,6 +436,60 @@ class EntryLogger:
         if len(data) < n or google_crc32c.value(data) != crc:
             raise CorruptRecordError(path, offset, "entry checksum mismatch")
         return data
+
+    def read_ahead(self, location: int, following: Sequence[tuple[int, int]],
+                   max_bytes: int) -> Iterator[tuple[int, bytes]]:
+        """Entries after the one at ``location`` with one read: ``following`` is
+        (entry id, location) in order; those in the same log, past ``location`` and
+        within ``max_bytes`` of the first are read as one span (what the writer thread
+        has not written yet is left out). Yields (entry id, bytes) while they check;
+        stops at the first that does not (a read-ahead is a guess, never an error)."""
+        log_id, offset = location >> 32, location & 0xFFFFFFFF
+        limit: int | None = None
+        for log in (self._current, *self._unsynced):
+            if log is not None and log.log_id == log_id:
+                limit = log.written
+        wanted: list[tuple[int, int]] = []
+        for eid, loc in following:
+            off = loc & 0xFFFFFFFF
+            if loc >> 32 != log_id or off <= offset:
+                break
+            if wanted and off - wanted[0][1] > max_bytes:
+                break
+            wanted.append((eid, off))
+        if not wanted:
+            return
+        start = wanted[0][1]
+        length = wanted[-1][1] - start + self.read_buffer_size
+        if limit is not None:
+            length = min(length, limit - start)
+        if length <= 8:
+            return
+        try:
+            fd = self._reader(log_id)
+            buf = os.pread(fd, length, start)
+        except (OSError, StorageError):
+            return
+        view = memoryview(buf)
+        for eid, off in wanted:
+            rel = off - start
+            if rel + 8 > len(buf):
+                return
+            n, crc = _REC.unpack_from(buf, rel)
+            if n > MAX_ENTRY:
+                return
+            if rel + 8 + n <= len(buf):
+                data = bytes(view[rel + 8: rel + 8 + n])
+            elif eid == wanted[-1][0] and (limit is None or off + 8 + n <= limit):
+                try:  # the last one is longer than the read buffer
+                    data = os.pread(fd, n, off + 8)
+                except OSError:
+                    return
+            else:
+                return
+            if google_crc32c.value(data) != crc:
+                return
+            yield eid, data
 
     def _reader(self, log_id: int) -> int:
         cur = self._current

@@ -162,6 +162,10 @@ class LedgerCache:
     def get(self, ledger_id: int) -> LedgerIndex | None:
         return self.ledgers.get(ledger_id)
 
+    def dirty(self, idx: LedgerIndex) -> None:
+        """The ledger's header (key, fence, term, explicit LAC) changed."""
+        idx.header_dirty = True
+
     def get_or_create(self, ledger_id: int) -> LedgerIndex:
         idx = self.ledgers.get(ledger_id)
         if idx is None:

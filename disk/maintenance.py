@@ -370,7 +370,8 @@ def convert_storage(index_dirs: Sequence[Path], to: str, *,
                 src, body = read_index_file(path)
                 idx = target.get_or_create(lid)
                 idx.master_key, idx.fenced, idx.term = src.master_key, src.fenced, src.term
-                idx.explicit_lac, idx.header_dirty = src.explicit_lac, True
+                idx.explicit_lac = src.explicit_lac
+                target.dirty(idx)
                 locs = struct.unpack(f">{len(body) // 8}q", body[: len(body) // 8 * 8])
                 for eid, loc in enumerate(locs):
                     if loc:
@@ -400,7 +401,8 @@ def convert_storage(index_dirs: Sequence[Path], to: str, *,
             src = source.ledgers[lid]
             idx = target_files.get_or_create(lid)
             idx.master_key, idx.fenced, idx.term = src.master_key, src.fenced, src.term
-            idx.explicit_lac, idx.header_dirty = src.explicit_lac, True
+            idx.explicit_lac = src.explicit_lac
+            target_files.dirty(idx)
             for eid, loc in source.locations(lid):
                 target_files.set_location(lid, eid, loc)
                 out.entries += 1

@@ -45,11 +45,14 @@ from ledgerd.disk.journal import Journal, JournalGroup, JournalOptions, JournalP
 from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
 from ledgerd.disk.journal_scan import journal_file_ids, scan_journal_file
 from ledgerd.disk.lastmark import read_last_mark, write_last_mark
+from ledgerd.disk.writecache import ReadAheadCache, WriteCache
 
 __all__ = ["DirUsage", "LedgerStorage", "StorageOptions"]
 
 log = logging.getLogger(__name__)
 _LAC_AT = struct.Struct(">q")
+READ_AHEAD_MAX_BYTES = 1 << 20  # one read-ahead reads at most this span of an entry log
+FLUSH_YIELD_BYTES = 1 << 20  # a write-cache flush lets requests run after this many bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +72,12 @@ class StorageOptions:
     allow_storage_expansion: bool = False
     read_buffer_size: int = 512
     ledger_storage_class: str = "interleaved"  # or "db": one LMDB index (dbindex.py)
+    # The db storage's entry caches (writecache.py): the write cache's bound (both of
+    # its halves: the one filling and the one being flushed), the read-ahead cache's,
+    # and how many entries a read-ahead takes.
+    write_cache_max_bytes: int = 64 << 20
+    read_cache_max_bytes: int = 32 << 20
+    read_ahead_batch: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +125,20 @@ class LedgerStorage:
                                         read_buffer_size=options.read_buffer_size)
         index_dirs = list(options.index_dirs or options.ledger_dirs)
         self.cache: LedgerCache | DbLedgerCache
-        if options.ledger_storage_class == "db":
+        self.db = options.ledger_storage_class == "db"
+        # db storage: entries wait in the write cache until a checkpoint writes them
+        # sorted; ``flushing`` is the half being written; reads that miss both and hit
+        # the entry log read ahead into ``read_cache``.
+        self.write_cache = WriteCache()
+        self.flushing: WriteCache | None = None
+        self._write_cache_half = max(1, options.write_cache_max_bytes // 2)
+        self.read_cache = ReadAheadCache(options.read_cache_max_bytes)
+        self.write_cache_flushes = 0
+        self.write_cache_flushed_bytes = 0
+        self.write_through = 0  # adds that found the write cache full
+        self._flush_wanted: trio.Event | None = None
+        self.on_checkpoint: Callable[[float], None] | None = None  # its duration, for metrics
+        if self.db:
             self.cache = DbLedgerCache(index_dirs)
         else:
             self.cache = LedgerCache(index_dirs, page_size=options.page_size,
@@ -213,34 +235,57 @@ class LedgerStorage:
             idx = self.cache.get_or_create(rec.ledger_id)
             if not idx.master_key:
                 idx.master_key = rec.payload
-                idx.header_dirty = True
+                self.cache.dirty(idx)
         elif t is RecordType.FENCE:
             idx = self.cache.get_or_create(rec.ledger_id)
             idx.fenced = True
-            idx.header_dirty = True
+            self.cache.dirty(idx)
         elif t is RecordType.EXPLICIT_LAC:
             idx = self.cache.get_or_create(rec.ledger_id)
             idx.explicit_lac = rec.payload[:64]
-            idx.header_dirty = True
+            self.cache.dirty(idx)
         elif t is RecordType.TERM:
             idx = self.cache.get_or_create(rec.ledger_id)
             idx.term = max(idx.term, rec.value)
-            idx.header_dirty = True
+            self.cache.dirty(idx)
         elif t is RecordType.TRUNCATE:
-            self.cache.truncate_after(rec.ledger_id, rec.value)
+            self._truncate_after(rec.ledger_id, rec.value)
 
     def _insert(self, idx: LedgerIndex, entry_id: int, entry: bytes) -> None:
         # One entry: kept apart from ``_insert_many`` because routing single-entry adds
         # through the batch path measured 10% slower (bench/bookie.py, 1 entry/frame).
-        location = self.entry_logger.add(idx.ledger_id, entry)
-        self.cache.set_location(idx.ledger_id, entry_id, location)
+        if self.db and self._cache_entry(idx.ledger_id, entry_id, entry):
+            pass
+        else:
+            location = self.entry_logger.add(idx.ledger_id, entry)
+            self.cache.set_location(idx.ledger_id, entry_id, location)
         if len(entry) >= 24:
             (lac,) = _LAC_AT.unpack_from(entry, 16)
             if lac > idx.lac:
                 idx.lac = lac
 
+    def _cache_entry(self, ledger_id: int, entry_id: int, entry: bytes) -> bool:
+        """db storage: hold the entry in the write cache (False: the cache is full, the
+        caller writes it through). Past half the cache, ask for an early checkpoint."""
+        wc = self.write_cache
+        if wc.size >= self._write_cache_half:
+            self.write_through += 1
+            wc.discard(ledger_id, entry_id)
+            return False
+        wc.put(ledger_id, entry_id, entry if type(entry) is bytes else bytes(entry))
+        self.cache.note_entry(ledger_id, entry_id)  # type: ignore[union-attr]
+        if wc.size >= self._write_cache_half // 2:
+            wanted = self._flush_wanted
+            if wanted is not None and not wanted.is_set():
+                wanted.set()
+        return True
+
     def _insert_many(self, idx: LedgerIndex, first_entry_id: int,
                      entries: Sequence[bytes]) -> None:
+        if self.db:
+            for i, entry in enumerate(entries):
+                self._insert(idx, first_entry_id + i, entry)
+            return
         locations = self.entry_logger.add_many(idx.ledger_id, entries)
         self.cache.set_locations(idx.ledger_id, first_entry_id, locations)
         unpack = _LAC_AT.unpack_from
@@ -257,12 +302,16 @@ class LedgerStorage:
             task_status.started()
 
     async def _checkpoint_loop(self) -> None:
-        """Checkpoint every ``flush_interval_ms``. A ledger directory out of space
-        (ENOSPC/EDQUOT) does not end this service: ``on_disk_full`` is told (the bookie
-        goes read-only, naming the directory and the errno), the unwritten data stays in
-        memory (and in the journal), and the next checkpoint tries again."""
+        """Checkpoint every ``flush_interval_ms``, or sooner when the db storage's write
+        cache is half full. A ledger directory out of space (ENOSPC/EDQUOT) does not end
+        this service: ``on_disk_full`` is told (the bookie goes read-only, naming the
+        directory and the errno), the unwritten data stays in memory (and in the
+        journal), and the next checkpoint tries again."""
         while True:
-            await trio.sleep(self.options.flush_interval_ms / 1000.0)
+            self._flush_wanted = trio.Event()
+            if self.write_cache.size < self._write_cache_half // 2:
+                with trio.move_on_after(self.options.flush_interval_ms / 1000.0):
+                    await self._flush_wanted.wait()
             try:
                 await self.checkpoint()
             except DiskFullError as exc:
@@ -282,12 +331,34 @@ class LedgerStorage:
         (GC does, before it deletes the entry logs those files pointed into).
         """
         async with self._checkpoint_lock:
+            started = trio.current_time()
             mark = self.journal.durable
+            if self.db:
+                # Everything journaled before the mark is in this half (or written
+                # through): swap it out before anything else can run.
+                flushing = self.write_cache
+                self.write_cache = WriteCache()
+                if self.flushing is not None:  # a failed flush left entries: keep order
+                    for lid, d in flushing.ledgers.items():
+                        for eid, data in d.items():
+                            self.flushing.put(lid, eid, data)
+                else:
+                    self.flushing = flushing
             try:
+                if self.db:
+                    await self._flush_write_cache()
                 logs = self.entry_logger.write_out()
                 await trio.to_thread.run_sync(self.entry_logger.sync, logs)
                 self.entry_logger.release(logs)
-                paths = self.cache.write_out()
+                if isinstance(self.cache, DbLedgerCache):
+                    job = self.cache.begin_write_out()
+                    paths = [self.cache.path] if job else []
+                    try:
+                        await trio.to_thread.run_sync(job.run)
+                    finally:
+                        self.cache.end_write_out(job)
+                else:
+                    paths = self.cache.write_out()
                 if self.compacting:
                     crash_point("compaction.index_flush")
                 await trio.to_thread.run_sync(self.cache.sync_paths, paths)
@@ -302,10 +373,58 @@ class LedgerStorage:
                 raise
             self.last_checkpoint = mark
             self.checkpoints += 1
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(trio.current_time() - started)
             if self.disk_full is not None:
                 log.warning("ledger_dir_writable_again", extra=fields(path=self.disk_full.path))
                 self.disk_full = None
             return mark
+
+    async def _flush_write_cache(self) -> None:
+        """Write the ``flushing`` half into the entry log sorted by (ledger, entry),
+        noting each location, then forget it. Requests run between chunks; an entry a
+        truncate or delete dropped meanwhile (or the ledger, re-created) is skipped."""
+        flushing = self.flushing
+        if flushing is None:
+            return
+        if not flushing.count:
+            self.flushing = None
+            return
+        cache = self.cache
+        assert isinstance(cache, DbLedgerCache)
+        add_many = self.entry_logger.add_many
+        since_yield = 0
+        for lid in flushing.sorted_ledgers():
+            items = flushing.sorted_entries(lid)
+            i = 0
+            while i < len(items):
+                d = flushing.ledgers.get(lid)
+                if d is None:
+                    break
+                chunk: list[tuple[int, bytes]] = []
+                nbytes = 0
+                while i < len(items) and nbytes < FLUSH_YIELD_BYTES:
+                    eid, data = items[i]
+                    i += 1
+                    if d.get(eid) is data:
+                        chunk.append((eid, data))
+                        nbytes += len(data)
+                if chunk:
+                    locations = add_many(lid, [data for _eid, data in chunk])
+                    cache.put_locations(lid, [eid for eid, _data in chunk], locations)
+                    for eid, _data in chunk:
+                        del d[eid]
+                    flushing.size -= nbytes
+                    flushing.count -= len(chunk)
+                    if not d:
+                        del flushing.ledgers[lid]
+                    self.write_cache_flushed_bytes += nbytes
+                since_yield += nbytes
+                if since_yield >= FLUSH_YIELD_BYTES:
+                    since_yield = 0
+                    await trio.sleep(0)
+        self.flushing = None
+        self.write_cache_flushes += 1
 
     async def sync_unlinked_dirs(self) -> None:
         """fsync the directories of index files unlinked since the last call."""
@@ -375,11 +494,11 @@ class LedgerStorage:
         records: list[tuple[int, bytes]] = []
         if bind_key and not idx.master_key:
             idx.master_key = bind_key
-            idx.header_dirty = True
+            self.cache.dirty(idx)
             records.append((RecordType.MASTER_KEY, ledger_body(ledger_id, bind_key)))
         if new_term > idx.term:
             idx.term = new_term
-            idx.header_dirty = True
+            self.cache.dirty(idx)
             records.append((RecordType.TERM, ledger_body(ledger_id, _LAC_AT.pack(new_term))))
         return idx, records
 
@@ -417,7 +536,7 @@ class LedgerStorage:
             records.append((RecordType.ENTRY, entry_body(ledger_id, first_entry_id + i, entry)))
         if truncate and entries:
             last = first_entry_id + len(entries) - 1
-            self.cache.truncate_after(ledger_id, last)
+            self._truncate_after(ledger_id, last)
             records.append((RecordType.TRUNCATE, ledger_body(ledger_id, _LAC_AT.pack(last))))
         return self.journal.submit(records)
 
@@ -440,7 +559,7 @@ class LedgerStorage:
             return
         if not (idx.fenced and ledger_id not in self._fencing):
             idx.fenced = True
-            idx.header_dirty = True
+            self.cache.dirty(idx)
             records.append((RecordType.FENCE, ledger_body(ledger_id)))
         group = self.journal.submit(records)
         self._fencing[ledger_id] = group
@@ -463,7 +582,7 @@ class LedgerStorage:
         idx.explicit_lac = lac_body[:64]
         if lac > idx.lac:
             idx.lac = lac
-        idx.header_dirty = True
+        self.cache.dirty(idx)
         await self.journal.append([(RecordType.EXPLICIT_LAC, ledger_body(ledger_id, lac_body))])
 
     async def set_term(self, ledger_id: int, term: int) -> None:
@@ -474,9 +593,21 @@ class LedgerStorage:
 
     async def truncate(self, ledger_id: int, last_kept_entry_id: int) -> None:
         """Drop every entry after ``last_kept_entry_id`` (unbounded ledgers' no-op end)."""
-        self.cache.truncate_after(ledger_id, last_kept_entry_id)
+        self._truncate_after(ledger_id, last_kept_entry_id)
         await self.journal.append([(RecordType.TRUNCATE, ledger_body(
             ledger_id, _LAC_AT.pack(last_kept_entry_id)))])
+
+    def _truncate_after(self, ledger_id: int, last_kept: int) -> None:
+        self.cache.truncate_after(ledger_id, last_kept)
+        if self.db:
+            self._drop_cached(ledger_id, last_kept + 1)
+
+    def _drop_cached(self, ledger_id: int, lo: int = 0, hi: int = (1 << 63) - 1) -> None:
+        """Forget the ledger's entries ``lo``..``hi`` in the db storage's caches."""
+        self.write_cache.drop(ledger_id, lo, hi)
+        if self.flushing is not None:
+            self.flushing.drop(ledger_id, lo, hi)
+        self.read_cache.drop(ledger_id, lo, hi)
 
     async def force(self) -> JournalPosition:
         """A journal barrier: returns once everything journaled before it is durable."""
@@ -491,6 +622,8 @@ class LedgerStorage:
         if if_changes is not None and (idx is None or idx.changes != if_changes):
             return False
         path = self.cache.delete(ledger_id)
+        if self.db:
+            self._drop_cached(ledger_id)
         if path is not None:
             # In this thread: a re-created ledger's first checkpoint must not race the
             # unlink of the old file (one syscall; GC yields between ledgers).
@@ -504,6 +637,8 @@ class LedgerStorage:
         fragments); returns how many. The index change is durable at the next
         checkpoint (GC takes one before deleting any log), and until then a restart
         only brings back entries the next GC pass drops again."""
+        if self.db:
+            self._drop_cached(ledger_id, 0, first_kept - 1)
         return self.cache.trim_before(ledger_id, first_kept)
 
     # -- garbage collection ------------------------------------------------------------
@@ -565,11 +700,9 @@ class LedgerStorage:
         """
         idx = self._require(ledger_id)
         if idx.lac < 0 and idx.last_entry_id >= 0:
-            location = self.cache.location(ledger_id, idx.last_entry_id)
-            if location:
-                entry = self.entry_logger.read(location)
-                if len(entry) >= 24:
-                    idx.lac = max(idx.lac, _LAC_AT.unpack_from(entry, 16)[0])
+            entry = self._fetch(ledger_id, idx.last_entry_id, read_ahead=False)
+            if entry is not None and len(entry) >= 24:
+                idx.lac = max(idx.lac, _LAC_AT.unpack_from(entry, 16)[0])
         return idx.lac
 
     def explicit_lac(self, ledger_id: int) -> bytes:
@@ -579,10 +712,47 @@ class LedgerStorage:
         """Entry bytes (EntryNotFoundError if not stored here, LedgerNotFoundError if the
         ledger is not)."""
         self._require(ledger_id)
+        data = self._fetch(ledger_id, entry_id)
+        if data is None:
+            raise EntryNotFoundError(ledger_id, entry_id)
+        return data
+
+    def _fetch(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True) -> bytes | None:
+        """An entry's bytes or None. The db storage looks in its write cache (the half
+        filling, then the one being flushed), then the read-ahead cache, then the entry
+        log, reading the ledger's next stored entries ahead."""
+        if not self.db:
+            location = self.cache.location(ledger_id, entry_id)
+            return self.entry_logger.read(location) if location else None
+        idx = self.cache.ledgers.get(ledger_id)
+        if idx is None or entry_id < 0 or entry_id > idx.last_entry_id \
+                or entry_id < self.cache.trimmed.get(ledger_id, 0):
+            return None
+        data = self.write_cache.get(ledger_id, entry_id)
+        if data is None and self.flushing is not None:
+            data = self.flushing.get(ledger_id, entry_id)
+        if data is not None:
+            return data
+        data = self.read_cache.get(ledger_id, entry_id)
+        if data is not None:
+            return data
         location = self.cache.location(ledger_id, entry_id)
         if not location:
-            raise EntryNotFoundError(ledger_id, entry_id)
-        return self.entry_logger.read(location)
+            return None
+        data = self.entry_logger.read(location)
+        batch = self.options.read_ahead_batch
+        if read_ahead and batch > 0:
+            cache = self.cache
+            assert isinstance(cache, DbLedgerCache)
+            following = cache.following(ledger_id, entry_id, batch)
+            if following:
+                put = self.read_cache.put
+                # At most half the cache: a read-ahead must not push out its own
+                # first entries before they are asked for.
+                span = min(READ_AHEAD_MAX_BYTES, self.read_cache.max_bytes // 2)
+                for eid, entry in self.entry_logger.read_ahead(location, following, span):
+                    put(ledger_id, eid, entry)
+        return data
 
     def read_range(self, ledger_id: int, first_entry_id: int, max_count: int,
                    max_bytes: int, per_entry: int = 0, *, stride: int = 1) -> list[bytes]:
