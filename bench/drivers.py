@@ -18,11 +18,14 @@ from __future__ import annotations
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.bookie import _Template, take_replies
+from ledgerd.wire.frames import encode_request
+from ledgerd.wire.messages import ReadRequest
 
-__all__ = ["closed_loop", "open_loop", "percentiles"]
+__all__ = ["closed_loop", "open_loop", "percentiles", "read_loop"]
 
 
 def percentiles(lat: list[float]) -> dict[str, float]:
@@ -74,8 +77,12 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
     next_entry = [0] * conns
     ledger_entry = [0] * ledgers  # next entry of each shared ledger
     rr = [0]
-    t_start = time.perf_counter() + warmup
+    # With shared ledgers the first round creates them (a key bind each): the warm-up
+    # and the measured seconds start once every ledger has its first entry acked.
+    created = ledgers == 0
+    t_start = time.perf_counter() + warmup if created else float("inf")
     t_end = t_start + seconds
+    acked_total = 0
     lat: list[float] = []
     acked = errors = 0
 
@@ -108,6 +115,73 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
             now = time.perf_counter()
             if now >= t_end:
                 break
+            if not created and acked_total >= ledgers:
+                created = True
+                t_start = now + warmup
+                t_end = t_start + seconds
+            for fd, _ in ep.poll(min(0.1, t_end - now)):
+                i = by_fd[fd]
+                data = socks[i].recv(1 << 20)
+                if not data:
+                    raise ConnectionError("the bookie closed a connection")
+                buf = bufs[i]
+                buf += data
+                now = time.perf_counter()
+                pending = sent_at[i]
+                counted = t_start <= now < t_end
+                for cid, status in take_replies(buf):
+                    t0 = pending.pop(cid)
+                    acked_total += 1
+                    if status:
+                        errors += 1
+                    elif counted:
+                        acked += batch
+                        lat.append(now - t0)
+                if now < t_end and len(pending) <= window // 2:
+                    refill(i, now)
+    finally:
+        for s in socks:
+            s.close()
+        ep.close()
+    return {"entries_per_s": acked / seconds, "errors": errors,
+            "entries_written": min(ledger_entry) if ledgers else 0, **percentiles(lat)}
+
+
+def read_loop(port: int, conns: int, window: int, seconds: float,
+              pick: Callable[[], tuple[int, int]], *, warmup: float = 0.5) -> dict[str, Any]:
+    """Reads/s and latency with ``window`` single-entry reads in flight per connection,
+    each of the (ledger, entry) ``pick`` returns; counts OK replies in the measured
+    ``seconds`` (any other status is an error)."""
+    ep, socks = _connect(port, conns)
+    by_fd = {s.fileno(): i for i, s in enumerate(socks)}
+    sent_at: list[dict[int, float]] = [{} for _ in socks]
+    bufs = [bytearray() for _ in socks]
+    next_cid = [0] * conns
+    t_start = time.perf_counter() + warmup
+    t_end = t_start + seconds
+    lat: list[float] = []
+    done = errors = 0
+
+    def refill(i: int, now: float) -> None:
+        pending = sent_at[i]
+        frames = []
+        for _ in range(window - len(pending)):
+            cid = next_cid[i]
+            lid, eid = pick()
+            frames.append(encode_request(ReadRequest(ledger_id=lid, entry_id=eid), cid, 0))
+            pending[cid] = now
+            next_cid[i] = cid + 1
+        if frames:
+            _send(socks[i], b"".join(frames))
+
+    try:
+        now = time.perf_counter()
+        for i in range(conns):
+            refill(i, now)
+        while True:
+            now = time.perf_counter()
+            if now >= t_end:
+                break
             for fd, _ in ep.poll(min(0.1, t_end - now)):
                 i = by_fd[fd]
                 data = socks[i].recv(1 << 20)
@@ -123,7 +197,7 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
                     if status:
                         errors += 1
                     elif counted:
-                        acked += batch
+                        done += 1
                         lat.append(now - t0)
                 if now < t_end and len(pending) <= window // 2:
                     refill(i, now)
@@ -131,7 +205,7 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
         for s in socks:
             s.close()
         ep.close()
-    return {"entries_per_s": acked / seconds, "errors": errors, **percentiles(lat)}
+    return {"reads_per_s": done / seconds, "errors": errors, **percentiles(lat)}
 
 
 def open_loop(port: int, rate: float, conns: int, seconds: float, *,

@@ -8,7 +8,12 @@ Two parts, each storage in turn (the order alternates per size):
 
 - **adds** (wire): one bookie process per case, E1 single-entry 1 KiB adds, 2
   connections x 400 in flight (800), written round-robin over N ledgers
-  (``bench/drivers.closed_loop``): adds/s, p99 latency, the bookie's RSS after the run.
+  (``bench/drivers.closed_loop``; the measured seconds start after a first round has
+  created every ledger, and checkpoints run every ``--flush-ms`` inside them): adds/s,
+  p99 latency, checkpoints and their mean time, the bookie's RSS after the run. Then
+  random single-entry reads of what was written (2 x 64 in flight,
+  ``bench/drivers.read_loop``), warm, and cold: the bookie restarted with its files
+  evicted from the page cache (``posix_fadvise``, only its own files).
 - **restart and GC** (storage API, in process): ``--restart-ledgers`` ledgers of one
   entry each are written through ``LedgerStorage.add_entries`` (batched, concurrent),
   then the storage is closed and opened again (time to ready), a checkpoint after
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -35,7 +41,7 @@ if __package__ in (None, ""):
 
 import trio
 
-from bench.drivers import closed_loop
+from bench.drivers import closed_loop, read_loop
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
@@ -51,29 +57,99 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _adds(base: Path, kind: str, ledgers: int, seconds: float) -> dict[str, Any]:
-    b = BookieProcess(base / f"{kind}-{ledgers}", "", settings={
-        "ledger_storage_class": kind, "log_level": "INFO", "journal_prealloc_mb": 64})
+def _wait_port(b: BookieProcess) -> None:
+    import socket
+
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", b.port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or not b.running:
+                raise RuntimeError(b.log_tail()) from None
+            time.sleep(0.05)
+
+
+def _metrics(b: BookieProcess) -> dict[str, float]:
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:  # the admin endpoint may start a moment after the bookie port
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{b.admin_port}/metrics",
+                                        timeout=30) as r:
+                text = r.read().decode()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("ledgerd_") and " " in line and "{" not in line}
+
+
+def _drop_page_cache(root: Path) -> None:
+    """Evict the bookie's own files from the OS page cache (posix_fadvise DONTNEED on
+    each; nothing else on the host is touched), so reads after it come from the disk."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _adds(base: Path, kind: str, ledgers: int, seconds: float,
+          flush_ms: int) -> dict[str, Any]:
+    """Adds round-robin over ``ledgers`` (after a first round that creates them), with
+    checkpoints every ``flush_ms`` inside the measured seconds; then random single-entry
+    reads of what was written, warm (right after) and cold (bookie restarted and its
+    files evicted from the page cache)."""
+    root = base / f"{kind}-{ledgers}"
+    b = BookieProcess(root, "", settings={
+        "ledger_storage_class": kind, "log_level": "INFO", "journal_prealloc_mb": 64,
+        "flush_interval_ms": flush_ms})
     b.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                import socket
-                socket.create_connection(("127.0.0.1", b.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or not b.running:
-                    raise RuntimeError(b.log_tail()) from None
-                time.sleep(0.05)
+        _wait_port(b)
+        before = _metrics(b)
         r = closed_loop(b.port, 2, 400, seconds, ledgers=ledgers, warmup=1.0)
         rss = _rss_mb(b.pid or 0)
+        after = _metrics(b)
+        n_cp = after["ledgerd_storage_checkpoint_seconds_count"] - \
+            before["ledgerd_storage_checkpoint_seconds_count"]
+        cp_s = after["ledgerd_storage_checkpoint_seconds_sum"] - \
+            before["ledgerd_storage_checkpoint_seconds_sum"]
+        written = r["entries_written"]
+        rng = random.Random(ledgers)
+
+        def pick() -> tuple[int, int]:
+            return 1000 + rng.randrange(ledgers), rng.randrange(written)
+
+        warm = read_loop(b.port, 2, 64, min(seconds, 3.0), pick)
+        b.terminate(timeout=300)
+        _drop_page_cache(root)
+        b.start()
+        _wait_port(b)
+        cold = read_loop(b.port, 2, 64, min(seconds, 3.0), pick, warmup=0.0)
+        rss_after_reads = _rss_mb(b.pid or 0)
     finally:
         b.terminate(timeout=300)
-    shutil.rmtree(base / f"{kind}-{ledgers}", ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
     return {"case": "adds", "storage": kind, "ledgers": ledgers,
             "adds_s": round(r["entries_per_s"]), "p99_ms": round(r["p99_ms"], 1),
-            "rss_mb": rss}
+            "errors": r["errors"] + warm["errors"] + cold["errors"],
+            "checkpoints": int(n_cp), "checkpoint_mean_s": round(cp_s / n_cp, 3) if n_cp else None,
+            "rss_mb": rss, "reads_warm_s": round(warm["reads_per_s"]),
+            "reads_warm_p99_ms": round(warm["p99_ms"], 1),
+            "reads_cold_s": round(cold["reads_per_s"]),
+            "reads_cold_p99_ms": round(cold["p99_ms"], 1), "rss_after_reads_mb": rss_after_reads}
 
 
 async def _restart_and_gc(base: Path, kind: str, n: int) -> dict[str, Any]:
@@ -134,6 +210,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="1,1000,10000,100000")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--flush-ms", type=int, default=2000,
+                        help="checkpoint interval of the adds part (several inside the "
+                             "measured seconds)")
     parser.add_argument("--restart-ledgers", type=int, default=100000)
     parser.add_argument("--restart-kinds", default="interleaved,db",
                         help="storages for the restart part (1M ledgers: db alone; the "
@@ -146,7 +225,7 @@ def main() -> None:
     try:
         for i, n in enumerate(int(c) for c in args.counts.split(",") if c):
             for kind in KINDS if i % 2 == 0 else tuple(reversed(KINDS)):
-                r = _adds(base, kind, n, args.seconds)
+                r = _adds(base, kind, n, args.seconds, args.flush_ms)
                 results.append(r)
                 print(json.dumps(r), flush=True)
         if args.restart_ledgers:

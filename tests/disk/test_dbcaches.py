@@ -156,14 +156,19 @@ async def test_a_read_that_misses_reads_the_ledger_ahead(tmp_path: Path) -> None
     await s.close()
     s = await _open(opts)  # caches empty, entries in the log sorted by ledger
     rc = s.read_cache
+    assert s.read_entry(1, 7) == _entry(1, 7)
+    assert s.read_entry(2, 90) == _entry(2, 90)
+    assert rc.inserted == 0  # reads that do not follow one another read one entry
     assert s.read_entry(1, 0) == _entry(1, 0)
+    assert s.read_entry(1, 1) == _entry(1, 1)  # going forward: the next 50 come along
     assert rc.inserted == 50 and len(rc) == 50
-    for e in range(1, 51):
+    for e in range(2, 52):
         assert decode_entry(D, s.read_entry(1, e)).entry_id == e
     assert rc.hits == 50
-    assert s.read_entry(1, 51) == _entry(1, 51)  # a miss: the next 50 come along
+    assert s.read_entry(1, 52) == _entry(1, 52)  # a miss after a hit: the next 50
     assert rc.inserted == 100
     s.read_entry(2, 0)
+    s.read_entry(2, 1)
     assert set(rc.by_ledger) == {1, 2}
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
@@ -171,7 +176,7 @@ async def test_a_read_that_misses_reads_the_ledger_ahead(tmp_path: Path) -> None
         assert 1 not in rc.by_ledger and all(k[0] == 2 for k in rc)
         with trio.fail_after(10):
             await s.truncate(2, 5)
-        assert sorted(rc.by_ledger[2]) == [1, 2, 3, 4, 5]
+        assert sorted(rc.by_ledger[2]) == [2, 3, 4, 5]
         with pytest.raises(EntryNotFoundError):
             s.read_entry(2, 6)
         nursery.cancel_scope.cancel()
