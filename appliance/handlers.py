@@ -192,9 +192,25 @@ class RequestHandler:
             if not self.core.is_settled_recovery_read(req, storage.ledger(lid),
                                                       storage.is_durably_fenced(lid)):
                 return None
+        if self._index_pages(req, self.storage.pages_missing):
+            return None  # an index page to read from a file: off the event loop
         if type(req) is ReadRequest:
             return self._read_entry(req.ledger_id, req.entry_id)
         return self._read_range_now(req)  # type: ignore[arg-type]
+
+    def _index_pages(self, req: Message, fn: Callable[..., Any]) -> Any:
+        """``fn(ledger, first entry, count, stride)`` for the entries a read needs, or
+        False for other requests and ledgers not held here."""
+        if type(req) is ReadRequest:
+            idx = self.storage.ledger(req.ledger_id)
+            if idx is None:
+                return False
+            return fn(req.ledger_id, self.core.entry_to_read(req.entry_id, idx.last_entry_id),
+                      1, 1)
+        if type(req) is ReadRangeRequest or type(req) is ReadStrideRequest:
+            return fn(req.ledger_id, req.first_entry_id, req.max_count,
+                      getattr(req, "stride", 1))
+        return False
 
     def _read_entry(self, ledger_id: int, entry_id: int) -> Reply:
         storage = self.storage
@@ -260,6 +276,7 @@ class RequestHandler:
             return status, None
         if req.timeout_ms > 0:
             return await self._long_poll(req)
+        await self._page_in(req)
         reply = self._read_entry(req.ledger_id, req.entry_id)
         self.metrics.read_latency.observe(time.perf_counter() - t0)
         return reply
@@ -294,7 +311,14 @@ class RequestHandler:
         status = await self._recovery_flags(req)
         if status != Status.OK:
             return status, None
+        await self._page_in(req)
         return self._read_range_now(req)
+
+    async def _page_in(self, req: Message) -> None:
+        """Read the index pages a read needs in a worker thread (interleaved storage)."""
+        pending = self._index_pages(req, lambda *a: a)
+        if pending:
+            await self.storage.page_in(*pending)
 
     async def _read_lac(self, req: ReadLacRequest, trusted: bool) -> Reply:
         storage = self.storage

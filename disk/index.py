@@ -139,6 +139,8 @@ class LedgerCache:
         self._lru: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.page_writes = 0  # pages written to files (a page read off the loop checks it)
+        self.paged_in = 0  # pages read by a worker thread for a read
 
     def _dir_for(self, ledger_id: int) -> Path:
         """Where a new ledger's index file goes: by id, unless that directory is full or
@@ -310,7 +312,57 @@ class LedgerCache:
                 raise
             return None
 
+    # -- page misses off the event loop (reads) ------------------------------------------
+
+    def missing_pages(self, ledger_id: int, first: int, last: int) -> list[int]:
+        """Pages holding entries ``first``..``last`` of the ledger that are not cached
+        (and exist in its file as far as memory knows: entries up to its last)."""
+        idx = self.ledgers.get(ledger_id)
+        if idx is None:
+            return []
+        last = min(last, idx.last_entry_id)
+        if first < 0 or last < first:
+            return []
+        per = self.per_page
+        pages = idx.pages
+        return [p for p in range(first // per, last // per + 1) if p not in pages]
+
+    def read_pages(self, path: Path, page_nos: list[int]) -> dict[int, bytes]:
+        """Any thread: the pages as the index file holds them now (its own descriptor;
+        the shared ones may be closed by the event loop meanwhile). Absent: left out."""
+        out: dict[int, bytes] = {}
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return out
+        try:
+            for p in page_nos:
+                data = os.pread(fd, self.page_size, INDEX_HEADER_SIZE + p * self.page_size)
+                if data:
+                    out[p] = data
+        finally:
+            os.close(fd)
+        return out
+
+    def install_pages(self, idx: LedgerIndex, pages: dict[int, bytes], writes_seen: int) -> int:
+        """Event loop, after ``read_pages``: cache the pages still missing, unless any page
+        was written to a file since (``page_writes`` moved: the read may be older than
+        the file) or the ledger was deleted. Returns how many were cached."""
+        if writes_seen != self.page_writes or self.ledgers.get(idx.ledger_id) is not idx:
+            return 0
+        n = 0
+        for page_no, data in pages.items():
+            if page_no in idx.pages:
+                continue
+            idx.pages[page_no] = bytearray(data.ljust(self.page_size, b"\0"))
+            self._lru[(idx.ledger_id, page_no)] = None
+            n += 1
+        self.paged_in += n
+        self._evict()
+        return n
+
     def _write_pages(self, idx: LedgerIndex, page_nos: list[int]) -> None:
+        self.page_writes += 1
         fd = self._fd(idx, create=True)
         assert fd is not None
         if idx.header_dirty or not idx.header_written:

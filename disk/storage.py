@@ -765,6 +765,32 @@ class LedgerStorage:
                     put(ledger_id, eid, entry)
         return data
 
+    def pages_missing(self, ledger_id: int, first_entry_id: int, count: int = 1,
+                      stride: int = 1) -> bool:
+        """True when reading these entries would read index pages from a file
+        (interleaved storage): ``page_in`` reads them off the event loop first."""
+        if self.db:
+            return False
+        last = first_entry_id + (max(1, count) - 1) * stride
+        return bool(self.cache.missing_pages(ledger_id, first_entry_id, last))  # type: ignore[union-attr]
+
+    async def page_in(self, ledger_id: int, first_entry_id: int, count: int = 1,
+                      stride: int = 1) -> None:
+        """Read the index pages these entries need in a worker thread and cache them
+        (interleaved storage; a no-op for db). A page a checkpoint or eviction wrote
+        meanwhile is left to the synchronous path."""
+        cache = self.cache
+        if self.db or not isinstance(cache, LedgerCache):
+            return
+        last = first_entry_id + (max(1, count) - 1) * stride
+        pages = cache.missing_pages(ledger_id, first_entry_id, last)
+        idx = cache.ledgers.get(ledger_id)
+        if not pages or idx is None:
+            return
+        seen = cache.page_writes
+        data = await trio.to_thread.run_sync(cache.read_pages, idx.path, pages)
+        cache.install_pages(idx, data, seen)
+
     def read_range(self, ledger_id: int, first_entry_id: int, max_count: int,
                    max_bytes: int, per_entry: int = 0, *, stride: int = 1) -> list[bytes]:
         """Entries ``first_entry_id``, ``+ stride``, ... (consecutive with stride 1) up to
