@@ -221,6 +221,10 @@ def main() -> None:
     parser.add_argument("--flush-ms", type=int, default=2000,
                         help="checkpoint interval of the adds part (several inside the "
                              "measured seconds)")
+    parser.add_argument("--kinds", default="interleaved,db",
+                        help="storages for the adds part")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the adds part (cases alternate within a round)")
     parser.add_argument("--restart-ledgers", type=int, default=100000)
     parser.add_argument("--restart-kinds", default="interleaved,db",
                         help="storages for the restart part (1M ledgers: db alone; the "
@@ -231,11 +235,13 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     results: list[dict[str, Any]] = []
     try:
-        for i, n in enumerate(int(c) for c in args.counts.split(",") if c):
-            for kind in KINDS if i % 2 == 0 else tuple(reversed(KINDS)):
-                r = _adds(base, kind, n, args.seconds, args.flush_ms)
-                results.append(r)
-                print(json.dumps(r), flush=True)
+        kinds = tuple(k for k in args.kinds.split(",") if k)
+        for rnd in range(args.rounds):
+            for i, n in enumerate(int(c) for c in args.counts.split(",") if c):
+                for kind in kinds if (i + rnd) % 2 == 0 else tuple(reversed(kinds)):
+                    r = {"round": rnd + 1, **_adds(base, kind, n, args.seconds, args.flush_ms)}
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
         if args.restart_ledgers:
             for kind in args.restart_kinds.split(","):
                 r = trio.run(_restart_and_gc, base / f"restart-{kind}", kind,

@@ -313,13 +313,6 @@ class DbLedgerCache:
         if last > idx.last_entry_id:
             idx.last_entry_id = last
 
-    def put_locations(self, ledger_id: int, entry_ids: list[int], locations: list[int]) -> None:
-        """Locations of entries already counted in the ledger's last entry (the write
-        cache's flush)."""
-        pending = self.pending
-        for eid, loc in zip(entry_ids, locations, strict=True):
-            pending[(ledger_id, eid)] = loc
-
     def note_entry(self, ledger_id: int, entry_id: int) -> LedgerIndex:
         """An entry held in the write cache: the ledger's last entry moves."""
         idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)

@@ -370,6 +370,44 @@ class EntryLogger:
             self._write_buffer(log)
         return locations
 
+    def add_sorted(self, items: Sequence[tuple[int, int, bytes]]) -> list[int]:
+        """Append (ledger, entry id, bytes) records of many ledgers in the order given
+        (the db storage's sorted flush); their locations, in order. One loop for all
+        of them: a flush of 100,000 ledgers with an entry each made as many calls of
+        ``add_many``, and those calls were most of its time."""
+        log = self._current
+        assert log is not None
+        if self._roll_requested and log.size + len(log.buffer) > ENTRY_LOG_HEADER_SIZE:
+            self._roll_requested = False
+            log = self._roll()
+        out: list[int] = []
+        append = out.append
+        pack, crc = _REC.pack, google_crc32c.value
+        limit, bufsize = self.limit, self.buffer_size
+        buf = log.buffer
+        offset = log.size + len(buf)
+        base = log.log_id << 32
+        ledgers, lasts = log.ledgers, log.last_entries
+        for lid, eid, e in items:
+            n = len(e)
+            if n > MAX_ENTRY:
+                raise StorageError(f"entry of {n} bytes exceeds the {MAX_ENTRY}-byte maximum")
+            if offset + n + 8 > limit and offset > ENTRY_LOG_HEADER_SIZE:
+                log = self._roll()
+                buf, offset, base = log.buffer, log.size, log.log_id << 32
+                ledgers, lasts = log.ledgers, log.last_entries
+            buf += pack(n, crc(e))
+            buf += e
+            append(base | offset)
+            offset += 8 + n
+            ledgers[lid] += n + 8
+            if eid > lasts.get(lid, -1):
+                lasts[lid] = eid
+            if len(buf) >= bufsize:
+                self._write_buffer(log)
+                buf = log.buffer
+        return out
+
     def _write_buffer(self, log: _Log) -> None:
         """Hand the buffer to the writer thread (it stays readable until written)."""
         writer = self._writer

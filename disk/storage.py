@@ -384,8 +384,9 @@ class LedgerStorage:
 
     async def _flush_write_cache(self) -> None:
         """Write the ``flushing`` half into the entry log sorted by (ledger, entry),
-        noting each location, then forget it. Requests run between chunks; an entry a
-        truncate or delete dropped meanwhile (or the ledger, re-created) is skipped."""
+        noting each location, then forget it. Requests run between 1 MiB chunks; an
+        entry a truncate or delete dropped meanwhile (or its ledger, re-created) is
+        skipped: each chunk takes only entries still held, by identity."""
         flushing = self.flushing
         if flushing is None:
             return
@@ -394,37 +395,36 @@ class LedgerStorage:
             return
         cache = self.cache
         assert isinstance(cache, DbLedgerCache)
-        add_many = self.entry_logger.add_many
-        since_yield = 0
-        for lid in flushing.sorted_ledgers():
-            items = flushing.sorted_entries(lid)
-            i = 0
-            while i < len(items):
-                d = flushing.ledgers.get(lid)
-                if d is None:
-                    break
-                chunk: list[tuple[int, bytes]] = []
-                nbytes = 0
-                while i < len(items) and nbytes < FLUSH_YIELD_BYTES:
-                    eid, data = items[i]
-                    i += 1
-                    if d.get(eid) is data:
-                        chunk.append((eid, data))
-                        nbytes += len(data)
-                if chunk:
-                    locations = add_many(lid, [data for _eid, data in chunk])
-                    cache.put_locations(lid, [eid for eid, _data in chunk], locations)
-                    for eid, _data in chunk:
-                        del d[eid]
-                    flushing.size -= nbytes
-                    flushing.count -= len(chunk)
+        add_sorted = self.entry_logger.add_sorted
+        pending = cache.pending
+        held = flushing.ledgers
+        items = [(lid, eid, data) for lid in sorted(held)
+                 for eid, data in sorted(held[lid].items())]
+        i, n = 0, len(items)
+        while i < n:
+            chunk: list[tuple[int, int, bytes]] = []
+            nbytes = 0
+            while i < n and nbytes < FLUSH_YIELD_BYTES:
+                item = items[i]
+                i += 1
+                d = held.get(item[0])
+                if d is not None and d.get(item[1]) is item[2]:
+                    chunk.append(item)
+                    nbytes += len(item[2])
+            if chunk:
+                locations = add_sorted(chunk)
+                pending = cache.pending  # (a new generation may have started)
+                for (lid, eid, _data), loc in zip(chunk, locations, strict=True):
+                    pending[(lid, eid)] = loc
+                    d = held[lid]
+                    del d[eid]
                     if not d:
-                        del flushing.ledgers[lid]
-                    self.write_cache_flushed_bytes += nbytes
-                since_yield += nbytes
-                if since_yield >= FLUSH_YIELD_BYTES:
-                    since_yield = 0
-                    await trio.sleep(0)
+                        del held[lid]
+                flushing.size -= nbytes
+                flushing.count -= len(chunk)
+                self.write_cache_flushed_bytes += nbytes
+            if i < n:
+                await trio.sleep(0)
         self.flushing = None
         self.write_cache_flushes += 1
 

@@ -113,19 +113,21 @@ async def test_truncate_delete_and_recreate_between_flush_chunks(
         await nursery.start(s.run)
         for lid in (1, 2, 3):
             await s.add_entries(lid, 0, [_entry(lid, e) for e in range(20)], bind_key=KEY)
-        real_add_many = s.entry_logger.add_many
+        real_add_sorted = s.entry_logger.add_sorted
         fired = []
 
-        def add_many(lid: int, entries: list[bytes]) -> list[int]:
-            if lid == 1 and not fired:  # between chunks, as a request would
+        def add_sorted(items: list[tuple[int, int, bytes]]) -> list[int]:
+            out = real_add_sorted(items)
+            if not fired:  # after ledger 1's first chunk, as a request between chunks
+                assert [(lid, eid) for lid, eid, _ in items] == [(1, 0)]
                 fired.append(1)
                 s._truncate_after(2, 9)
                 s.cache.delete(3)
                 s._drop_cached(3)
                 s.submit_entries(3, 0, [_entry(3, 100)], bind_key=KEY)
-            return real_add_many(lid, entries)
+            return out
 
-        monkeypatch.setattr(s.entry_logger, "add_many", add_many)
+        monkeypatch.setattr(s.entry_logger, "add_sorted", add_sorted)
         await s.checkpoint()
         assert fired and s.flushing is None
         assert s.last_entry_id(2) == 9 and s.read_entry(2, 9) == _entry(2, 9)
