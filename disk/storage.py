@@ -396,7 +396,6 @@ class LedgerStorage:
         cache = self.cache
         assert isinstance(cache, DbLedgerCache)
         add_sorted = self.entry_logger.add_sorted
-        pending = cache.pending
         held = flushing.ledgers
         items = [(lid, eid, data) for lid in sorted(held)
                  for eid, data in sorted(held[lid].items())]
@@ -413,15 +412,10 @@ class LedgerStorage:
                     nbytes += len(item[2])
             if chunk:
                 locations = add_sorted(chunk)
-                pending = cache.pending  # (a new generation may have started)
-                for (lid, eid, _data), loc in zip(chunk, locations, strict=True):
-                    pending[(lid, eid)] = loc
-                    d = held[lid]
-                    del d[eid]
-                    if not d:
-                        del held[lid]
-                flushing.size -= nbytes
-                flushing.count -= len(chunk)
+                # Written entries stay readable in ``flushing`` (the same bytes) until
+                # the end: dropping each one cost as much as writing it.
+                cache.pending.update(zip([(lid, eid) for lid, eid, _data in chunk],
+                                         locations, strict=True))
                 self.write_cache_flushed_bytes += nbytes
             if i < n:
                 await trio.sleep(0)
