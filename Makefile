@@ -64,6 +64,7 @@ bench-deps: setup
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			redis-server redis-tools </dev/null || exit 1; \
 	fi
+	@$(PY) -c 'import rocksdict' 2>/dev/null || $(VENV)/bin/pip install -q -c constraints.txt 'rocksdict>=0.3,<1'
 
 bench: bench-deps
 	$(PY) bench/wire_codec.py
