@@ -55,7 +55,7 @@ def index_path(index_dir: Path, ledger_id: int) -> Path:
             / f"{ledger_id:x}.idx")
 
 
-@dataclass
+@dataclass(slots=True)
 class LedgerIndex:
     """One ledger's state as the bookie keeps it."""
 
