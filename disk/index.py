@@ -26,6 +26,7 @@ import functools
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,7 @@ class LedgerIndex:
     hot_page_no: int = -1
     hot_page: bytearray | None = None
     header_written: bool = False  # this process wrote the header (or loaded it from disk)
+    file_writes: int = 0  # pages written to its file (a page read off the loop checks it)
 
     def header_bytes(self) -> bytes:
         head = _HEAD.pack(_MAGIC, 1, FENCED if self.fenced else 0, self.ledger_id, self.term,
@@ -108,6 +110,7 @@ def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
 
 
 DEFAULT_CACHE_CAP = 4 << 30
+MAX_DEFERRED = 100_000  # locations waiting for their pages; past it, adds read the page
 
 
 def default_page_limit(page_size: int) -> int:
@@ -139,8 +142,15 @@ class LedgerCache:
         self._lru: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.hits = 0
         self.misses = 0
-        self.page_writes = 0  # pages written to files (a page read off the loop checks it)
         self.paged_in = 0  # pages read by a worker thread for a read
+        # Adds whose page is not in memory (its file has it): with ``defer_misses`` set
+        # (the storage runs a page-in task), the location waits here and the page is
+        # read off the event loop; lookups see it here; ``write_out`` applies every one
+        # before writing pages (so a checkpoint's mark never passes an unindexed entry).
+        self.defer_misses = False
+        self.deferred: dict[int, dict[int, int]] = {}  # ledger -> entry -> location
+        self.deferred_count = 0
+        self.on_deferred: Callable[[], None] | None = None
 
     def _dir_for(self, ledger_id: int) -> Path:
         """Where a new ledger's index file goes: by id, unless that directory is full or
@@ -211,9 +221,71 @@ class LedgerCache:
     def set_location(self, ledger_id: int, entry_id: int, location: int) -> None:
         idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
         page_no, slot = divmod(entry_id, self.per_page)
+        if self._defer(idx, page_no, entry_id, location):
+            return
         _LOC.pack_into(self._hot_page(idx, page_no), slot * 8, location)
         if entry_id > idx.last_entry_id:
             idx.last_entry_id = entry_id
+
+    def _defer(self, idx: LedgerIndex, page_no: int, entry_id: int, location: int) -> bool:
+        """Keep the location aside when its page would be read from the file now."""
+        if (not self.defer_misses or page_no == idx.hot_page_no or page_no in idx.pages
+                or not idx.header_written or self.deferred_count >= MAX_DEFERRED):
+            return False
+        d = self.deferred.get(idx.ledger_id)
+        if d is None:
+            d = self.deferred[idx.ledger_id] = {}
+        if entry_id not in d:
+            self.deferred_count += 1
+        d[entry_id] = location
+        if entry_id > idx.last_entry_id:
+            idx.last_entry_id = entry_id
+        if self.on_deferred is not None:
+            self.on_deferred()
+        return True
+
+    def deferred_pages(self) -> dict[int, tuple[LedgerIndex, list[int]]]:
+        """Ledger -> (its index, the pages its deferred locations need, not in memory)."""
+        out = {}
+        per = self.per_page
+        for lid, d in self.deferred.items():
+            idx = self.ledgers.get(lid)
+            if idx is None:
+                continue
+            pages = sorted({e // per for e in d} - idx.pages.keys())
+            out[lid] = (idx, pages)
+        return out
+
+    def apply_deferred(self, ledger_id: int | None = None) -> int:
+        """Write deferred locations into their pages (reading a page from the file if it
+        is still not in memory); all ledgers', or one's. Returns how many."""
+        lids = list(self.deferred) if ledger_id is None else [ledger_id]
+        n = 0
+        per = self.per_page
+        for lid in lids:
+            d = self.deferred.pop(lid, None)
+            idx = self.ledgers.get(lid)
+            if not d:
+                continue
+            self.deferred_count -= len(d)
+            if idx is None:
+                continue
+            for eid, loc in sorted(d.items()):
+                page_no, slot = divmod(eid, per)
+                _LOC.pack_into(self._hot_page(idx, page_no), slot * 8, loc)
+                n += 1
+        return n
+
+    def _drop_deferred(self, ledger_id: int, lo: int, hi: int) -> None:
+        d = self.deferred.get(ledger_id)
+        if not d:
+            return
+        gone = [e for e in d if lo <= e <= hi]
+        for e in gone:
+            del d[e]
+        self.deferred_count -= len(gone)
+        if not d:
+            del self.deferred[ledger_id]
 
     def _hot_page(self, idx: LedgerIndex, page_no: int) -> bytearray:
         """The page to write into (the ledger's hot page when it is that one), dirty."""
@@ -231,6 +303,14 @@ class LedgerCache:
         """``set_location`` for consecutive entries: one pack per page they span."""
         idx = self.ledgers.get(ledger_id) or self.get_or_create(ledger_id)
         n = len(locations)
+        if self.defer_misses and idx.header_written:
+            first_page, last_page = divmod(first_entry_id, self.per_page)[0], \
+                (first_entry_id + n - 1) // self.per_page
+            if any(p != idx.hot_page_no and p not in idx.pages
+                   for p in range(first_page, last_page + 1)):
+                for i, loc in enumerate(locations):
+                    self.set_location(ledger_id, first_entry_id + i, loc)
+                return
         i = 0
         per_page = self.per_page
         while i < n:
@@ -248,6 +328,10 @@ class LedgerCache:
         idx = self.ledgers.get(ledger_id)
         if idx is None or entry_id < 0 or entry_id > idx.last_entry_id:
             return 0
+        if self.deferred:
+            d = self.deferred.get(ledger_id)
+            if d is not None and entry_id in d:
+                return d[entry_id]
         page_no, slot = divmod(entry_id, self.per_page)
         page = self._page(idx, page_no, create=False)
         if page is None:
@@ -259,6 +343,7 @@ class LedgerCache:
         idx = self.ledgers.get(ledger_id)
         if idx is None:
             return
+        self._drop_deferred(ledger_id, last_kept + 1, 1 << 62)
         for e in range(last_kept + 1, idx.last_entry_id + 1):
             page_no, slot = divmod(e, self.per_page)
             page = self._page(idx, page_no, create=True)
@@ -275,6 +360,7 @@ class LedgerCache:
         if idx is None or first_kept <= self.trimmed.get(ledger_id, 0):
             return 0
         self.trimmed[ledger_id] = first_kept
+        self.apply_deferred(ledger_id)  # (counted below with the rest)
         dropped = 0
         upto = min(first_kept, idx.last_entry_id + 1)
         zero = bytes(self.page_size)
@@ -345,10 +431,10 @@ class LedgerCache:
         return out
 
     def install_pages(self, idx: LedgerIndex, pages: dict[int, bytes], writes_seen: int) -> int:
-        """Event loop, after ``read_pages``: cache the pages still missing, unless any page
-        was written to a file since (``page_writes`` moved: the read may be older than
-        the file) or the ledger was deleted. Returns how many were cached."""
-        if writes_seen != self.page_writes or self.ledgers.get(idx.ledger_id) is not idx:
+        """Event loop, after ``read_pages``: cache the pages still missing, unless a page
+        was written to the ledger's file since (``idx.file_writes`` moved: the read may
+        be older than the file) or the ledger was deleted. Returns how many were cached."""
+        if writes_seen != idx.file_writes or self.ledgers.get(idx.ledger_id) is not idx:
             return 0
         n = 0
         for page_no, data in pages.items():
@@ -362,7 +448,7 @@ class LedgerCache:
         return n
 
     def _write_pages(self, idx: LedgerIndex, page_nos: list[int]) -> None:
-        self.page_writes += 1
+        idx.file_writes += 1
         fd = self._fd(idx, create=True)
         assert fd is not None
         if idx.header_dirty or not idx.header_written:
@@ -380,7 +466,10 @@ class LedgerCache:
         self.sync_paths(self.write_out())
 
     def write_out(self) -> list[Path]:
-        """Write dirty pages and headers (owner's thread); returns the files to fsync."""
+        """Write dirty pages and headers (owner's thread); returns the files to fsync.
+        Deferred locations go into their pages first."""
+        if self.deferred:
+            self.apply_deferred()
         paths = []
         written: list[LedgerIndex] = []
         try:
@@ -417,6 +506,7 @@ class LedgerCache:
 
     def delete(self, ledger_id: int) -> Path | None:
         """Forget a ledger; returns its index file for the caller to unlink (or None)."""
+        self._drop_deferred(ledger_id, 0, 1 << 62)
         idx = self.ledgers.pop(ledger_id, None)
         self.trimmed.pop(ledger_id, None)
         self.fds.close(("idx", ledger_id))

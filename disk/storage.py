@@ -138,6 +138,8 @@ class LedgerStorage:
         self.write_cache_flushes = 0
         self.write_cache_flushed_bytes = 0
         self.write_through = 0  # adds that found the write cache full
+        self.deferred_applied = 0  # page-in passes for adds' deferred locations
+        self._deferred_done = trio.Event()  # set (and replaced) when none are left
         self._flush_wanted: trio.Event | None = None
         self.on_checkpoint: Callable[[float], None] | None = None  # its duration, for metrics
         if self.db:
@@ -296,12 +298,56 @@ class LedgerStorage:
             idx.lac = lac
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The storage services: the journal writer and the periodic checkpoint."""
+        """The storage services: the journal writer, the periodic checkpoint, and (the
+        interleaved storage) the reader of index pages adds found missing."""
         async with trio.open_nursery() as nursery:
             self._run_scope = nursery.cancel_scope
             await nursery.start(self.journal.run)
             nursery.start_soon(self._checkpoint_loop)
+            if isinstance(self.cache, LedgerCache):
+                nursery.start_soon(self._page_in_loop, self.cache)
             task_status.started()
+
+    async def deferred_applied_wait(self) -> None:
+        """Return once no add's index location waits for its page (interleaved)."""
+        cache = self.cache
+        while isinstance(cache, LedgerCache) and cache.deferred and cache.defer_misses:
+            await self._deferred_done.wait()
+
+    async def _page_in_loop(self, cache: LedgerCache) -> None:
+        """Adds whose index page is not in memory leave the location aside
+        (``LedgerCache.deferred``); this task reads those pages in a worker thread and
+        writes the locations into them, so no add waits for an index read on the event
+        loop. A page written to its file meanwhile is read again on the loop."""
+        wanted = trio.Event()
+        cache.on_deferred = wanted.set
+        cache.defer_misses = True
+        try:
+            while True:
+                await wanted.wait()
+                wanted = trio.Event()
+                cache.on_deferred = wanted.set
+                while cache.deferred:
+                    work = cache.deferred_pages()
+                    seen = {lid: idx.file_writes for lid, (idx, _pages) in work.items()}
+
+                    def read_all(work: dict[int, tuple[LedgerIndex, list[int]]] = work
+                                 ) -> dict[int, dict[int, bytes]]:
+                        return {lid: cache.read_pages(idx.path, pages)
+                                for lid, (idx, pages) in work.items() if pages}
+
+                    pages = await trio.to_thread.run_sync(read_all)
+                    for lid, (idx, _pages) in work.items():
+                        if lid in pages:
+                            cache.install_pages(idx, pages[lid], seen[lid])
+                        cache.apply_deferred(lid)
+                    self.deferred_applied += 1
+                    await trio.sleep(0)
+                self._deferred_done.set()
+                self._deferred_done = trio.Event()
+        finally:
+            cache.defer_misses = False
+            cache.on_deferred = None
 
     async def _checkpoint_loop(self) -> None:
         """Checkpoint every ``flush_interval_ms``, or sooner when the db storage's write
@@ -781,7 +827,7 @@ class LedgerStorage:
         idx = cache.ledgers.get(ledger_id)
         if not pages or idx is None:
             return
-        seen = cache.page_writes
+        seen = idx.file_writes
         data = await trio.to_thread.run_sync(cache.read_pages, idx.path, pages)
         cache.install_pages(idx, data, seen)
 

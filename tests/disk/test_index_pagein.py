@@ -1,6 +1,12 @@
-"""Index pages read off the event loop (interleaved storage): a page read by a worker
-thread is cached only if no page was written to a file meanwhile (the read could be
-older than the file) and the ledger is still the same one."""
+"""Index pages read off the event loop (interleaved storage).
+
+- Reads: a page read by a worker thread is cached only if its ledger's file was not
+  written meanwhile (the read could be older than the file) and the ledger is still the
+  same one.
+- Adds: a location whose page is not in memory waits aside (readable at once) while
+  the page-in task reads the page in a worker thread; a checkpoint writes every waiting
+  location first; nothing is lost to a crash either way.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from pathlib import Path
 
 import trio
 
+from ledgerd.disk.index import LedgerCache
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
 
@@ -19,10 +26,14 @@ def _entry(ledger: int, entry: int) -> bytes:
     return encode_entry(D, ledger, entry, entry - 1, 0, b"x" * 20)
 
 
-async def test_a_page_read_off_the_loop_is_dropped_if_pages_were_written_meanwhile(
+def _opts(tmp_path: Path) -> StorageOptions:
+    return StorageOptions(journal_dir=tmp_path / "j", ledger_dirs=(tmp_path / "l",),
+                          page_limit=2, page_size=512, flush_interval_ms=3_600_000)
+
+
+async def test_a_page_read_off_the_loop_is_dropped_if_its_file_was_written_meanwhile(
         tmp_path: Path) -> None:
-    s = LedgerStorage(StorageOptions(journal_dir=tmp_path / "j", ledger_dirs=(tmp_path / "l",),
-                                     page_limit=2, page_size=512))
+    s = LedgerStorage(_opts(tmp_path))
     await s.open()
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
@@ -30,25 +41,73 @@ async def test_a_page_read_off_the_loop_is_dropped_if_pages_were_written_meanwhi
             await s.add_entries(lid, 0, [_entry(lid, e) for e in range(10)], bind_key=KEY)
         await s.checkpoint()
         cache = s.cache
+        assert isinstance(cache, LedgerCache)
         assert s.pages_missing(1, 5)
         idx = cache.ledgers[1]
-        seen = cache.page_writes
+        seen = idx.file_writes
         pages = cache.read_pages(idx.path, cache.missing_pages(1, 0, 9))
         assert list(pages) == [0]
-        await s.add_entries(2, 10, [_entry(2, 10)])
-        await s.checkpoint()  # writes ledger 2's page: the read above may be stale now
-        assert cache.install_pages(idx, pages, seen) == 0 and s.pages_missing(1, 5)
-        await s.page_in(1, 0, 10)
-        assert not s.pages_missing(1, 5) and cache.paged_in == 1
+        await s.add_entries(1, 10, [_entry(1, 10)])
+        await s.checkpoint()  # writes ledger 1's page: the read above may be stale now
+        assert cache.install_pages(idx, pages, seen) == 0
+        for lid in (2, 3, 4):  # push ledger 1's page out again
+            s.read_entry(lid, 0)
+        assert s.pages_missing(1, 5)
+        paged = cache.paged_in
+        await s.page_in(1, 0, 11)
+        assert not s.pages_missing(1, 5) and cache.paged_in == paged + 1
         misses = cache.misses
-        assert s.read_entry(1, 5) == _entry(1, 5) and cache.misses == misses
+        assert s.read_entry(1, 10) == _entry(1, 10) and cache.misses == misses
         idx4 = cache.ledgers[4]
-        seen = cache.page_writes
-        pages4 = cache.read_pages(idx4.path, cache.missing_pages(4, 0, 9))
+        seen = idx4.file_writes
+        idx4.pages.clear()  # (as if evicted)
+        pages4 = cache.read_pages(idx4.path, [0])
         assert list(pages4) == [0]
         await s.delete_ledger(4)  # deleted while its page was read
         assert cache.install_pages(idx4, pages4, seen) == 0
-        gone = cache.read_pages(tmp_path / "l" / "nope.idx", [0])
-        assert gone == {}
+        assert cache.read_pages(tmp_path / "l" / "nope.idx", [0]) == {}
         nursery.cancel_scope.cancel()
     await s.close()
+
+
+async def test_adds_whose_page_is_not_in_memory_do_not_read_it_on_the_loop(
+        tmp_path: Path) -> None:
+    opts = _opts(tmp_path)
+    s = LedgerStorage(opts)
+    await s.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        for lid in range(1, 41):
+            await s.add_entries(lid, 0, [_entry(lid, e) for e in range(10)], bind_key=KEY)
+        await s.checkpoint()  # every file written; two pages stay in memory
+        cache = s.cache
+        assert isinstance(cache, LedgerCache)
+        misses = cache.misses
+        groups = [s.submit_entries(lid, 10, [_entry(lid, 10)]) for lid in range(1, 41)]
+        assert cache.deferred_count >= 38 and cache.misses == misses  # no page read
+        assert s.read_entry(7, 10) == _entry(7, 10) and s.last_entry_id(7) == 10
+        for g in groups:
+            await g.wait()
+        with trio.fail_after(10):
+            await s.deferred_applied_wait()
+        assert not cache.deferred and s.deferred_applied >= 1
+        assert cache.paged_in >= 38
+        # Deferred again, then a checkpoint writes them into their pages first.
+        for lid in range(1, 41):
+            await s.add_entries(lid, 11, [_entry(lid, 11)])
+        await s.checkpoint()
+        assert not cache.deferred
+        # And some left waiting at a crash: the journal brings them back.
+        groups = [s.submit_entries(lid, 12, [_entry(lid, 12)]) for lid in range(1, 41)]
+        for g in groups:
+            await g.wait()
+        nursery.cancel_scope.cancel()
+    s.journal._closed = True  # as a crash: no close, no final checkpoint
+    s.entry_logger.close()
+    s2 = LedgerStorage(opts)
+    await s2.open()
+    for lid in range(1, 41):
+        assert s2.last_entry_id(lid) == 12
+        for e in range(13):
+            assert s2.read_entry(lid, e) == _entry(lid, e)
+    await s2.close()
