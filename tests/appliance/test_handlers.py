@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -428,22 +429,28 @@ async def test_metrics_count_requests_by_api_and_status(tmp_path: Path) -> None:
 
 async def test_reads_that_miss_index_pages_read_them_off_the_event_loop(tmp_path: Path) -> None:
     """Interleaved storage with a 4-page cache: 40 ledgers, so every page a read needs
-    was evicted. ``read_now`` declines such reads; the slow path reads the pages in a
-    worker thread, caches them, and answers from memory (no page miss on the loop)."""
+    was evicted, and evicted from the OS page cache too. ``read_now`` declines such
+    reads; the slow path reads the pages in a worker thread, caches them, answers."""
     async with running_bookie(tmp_path, page_limit=4, page_size=512) as b, \
             b.connect() as c:
         replies = await c.call_many([add(lid, 0, 70) for lid in range(1, 41)])
         assert [s for s, _ in replies] == [Status.OK] * 40
         await b.storage.checkpoint()  # pages written; the cache holds only the last few
         cache = b.storage.cache
-        assert b.storage.pages_missing(3, 65)
+        for lid in (3, 5):  # and the OS page cache does not hold theirs
+            fd = os.open(cache.ledgers[lid].path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        # (Only the first look can be sure the page is cold: a RWF_NOWAIT read that
+        # finds it on disk starts reading it.)
         assert b.handler.read_now(ReadRequest(ledger_id=3, entry_id=65)) is None
-        misses, paged = cache.misses, cache.paged_in
         status, resp = await c.call(ReadRequest(ledger_id=3, entry_id=65))
         assert status == Status.OK and resp is not None
         assert decode_entry(D, resp.entry).entry_id == 65
+        assert b.handler.read_now(ReadRangeRequest(ledger_id=5, first_entry_id=0,
+                                                   max_count=70, max_bytes=1 << 20)) is None
         status, resp = await c.call(ReadRangeRequest(ledger_id=5, first_entry_id=0,
                                                      max_count=70, max_bytes=1 << 20))
         assert status == Status.OK and resp is not None and len(resp.entries) == 70
-        assert cache.misses == misses  # no page read on the event loop
-        assert cache.paged_in == paged + 1 + 2  # 64 entries per page: 1, then 2 pages
+        assert [decode_entry(D, e).entry_id for e in resp.entries] == list(range(70))
+        assert not b.storage.pages_missing(5, 0, 70)  # both pages in memory now
