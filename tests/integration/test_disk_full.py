@@ -21,18 +21,29 @@ from tests.appliance.harness import KEY, entry
 from tests.cluster import EVENT_BOUND_S, admin_get, metadata_store, wait_registered
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 48 MiB tmpfs mounted for this test (the tests run as root, in CI too)."""
-    mount = tmp_path / "disk"
+def _tmpfs(mount: Path, size: str) -> Iterator[Path]:
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                           capture_output=True, text=True)
     assert done.returncode == 0, f"cannot mount a tmpfs (root needed): {done.stderr.strip()}"
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB tmpfs mounted for this test (the tests run as root, in CI too)."""
+    yield from _tmpfs(tmp_path / "disk", "48m")
+
+
+@pytest.fixture
+def journal_disk(tmp_path: Path) -> Iterator[Path]:
+    """A roomy tmpfs for a journal that must stay writable: on the host's own disk the
+    verdict would follow how full that disk happens to be (past the 80% low-water mark,
+    the bookie rightly stayed read-only after the ledger disk had space again)."""
+    yield from _tmpfs(tmp_path / "journal-disk", "256m")
 
 
 def _fill_to(path: Path, fraction: float) -> Path:
@@ -95,14 +106,14 @@ def _fill_completely(path: Path) -> Path:
 
 async def test_enospc_from_a_ledger_directory_goes_read_only_and_back(
         bookie_factory: Callable[..., BookieProcess], zk_chroot: str, small_disk: Path,
-        tmp_path: Path) -> None:
+        journal_disk: Path) -> None:
     # The ledger directory fills faster than the checker samples (once a minute): the
     # entry log's writes meet ENOSPC first. The bookie must say so (directory, errno),
     # keep what it acknowledged, and be writable again once space is back.
     async with metadata_store(zk_chroot) as store:
         ledgers = small_disk / "ledgers"
         bookie = bookie_factory(
-            journal_directory=str(tmp_path / "journal"), ledger_directories=[str(ledgers)],
+            journal_directory=str(journal_disk / "journal"), ledger_directories=[str(ledgers)],
             disk_check_interval_ms=60_000, flush_interval_ms=100,
             write_buffer_size_bytes=64 * 1024,
             disk_usage_threshold=0.95, disk_usage_lwm_threshold=0.80)
@@ -150,7 +161,7 @@ async def _health(port: int) -> tuple[int, str]:
 
 async def test_disk_filling_up_mid_compaction_stops_it_cleanly(
         bookie_factory: Callable[..., BookieProcess], zk_chroot: str, small_disk: Path,
-        tmp_path: Path) -> None:
+        journal_disk: Path) -> None:
     """A compaction with no room to copy into: the pass stops and says why, the bookie
     stays up (read-only), every kept entry reads back; with room again the next pass
     finishes the job."""
@@ -161,7 +172,8 @@ async def test_disk_filling_up_mid_compaction_stops_it_cleanly(
     async with metadata_store(zk_chroot) as store:
         ledgers_dir = small_disk / "ledgers"
         bookie = bookie_factory(
-            journal_directory=str(tmp_path / "journal"), ledger_directories=[str(ledgers_dir)],
+            journal_directory=str(journal_disk / "journal"),
+            ledger_directories=[str(ledgers_dir)],
             log_size_limit=256 * 1024, write_buffer_size_bytes=64 * 1024,
             disk_check_interval_ms=200, flush_interval_ms=60_000,
             gc_wait_time_ms=3_600_000, minor_compaction_interval_s=0,
@@ -253,7 +265,7 @@ def _logs(d: Path) -> set[str]:
 
 async def test_several_ledger_directories_fill_and_fail_one_at_a_time(
         bookie_factory: Callable[..., BookieProcess], zk_chroot: str,
-        two_small_disks: tuple[Path, Path], tmp_path: Path) -> None:
+        two_small_disks: tuple[Path, Path], journal_disk: Path) -> None:
     """New entry logs skip a full directory; the bookie turns read-only only when every
     ledger directory is full, writable again when one has room; a directory whose disk
     fails (remounted read-only) is taken out of service: no new logs or index files go
@@ -261,7 +273,7 @@ async def test_several_ledger_directories_fill_and_fail_one_at_a_time(
     d1, d2 = two_small_disks
     async with metadata_store(zk_chroot) as store:
         bookie = bookie_factory(
-            journal_directory=str(tmp_path / "journal"),
+            journal_directory=str(journal_disk / "journal"),
             ledger_directories=[str(d1 / "ledgers"), str(d2 / "ledgers")],
             log_size_limit=128 * 1024, write_buffer_size_bytes=16 * 1024, flush_interval_ms=200,
             disk_check_interval_ms=100, disk_usage_threshold=0.90, disk_usage_lwm_threshold=0.80)
