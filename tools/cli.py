@@ -304,9 +304,9 @@ def local_ctl_cmd(action: str, index: int | None, data: Path | None) -> None:
         raise CliError(str(exc)) from exc
 
 
-BENCHES = ("wire_codec", "journal", "metadata", "bookie", "latency", "client", "recovery", "logs",
-           "compaction",
-           "pipeline", "rereplication", "soak")
+BENCHES = ("wire_codec", "journal", "metadata", "bookie", "bookie_cpu", "latency", "client",
+           "recovery", "logs", "compaction", "pipeline", "rereplication", "soak", "tls",
+           "gateway", "ledgers_scale", "index_store", "open_handles")
 
 
 @cli.group("bench")

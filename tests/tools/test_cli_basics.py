@@ -117,3 +117,18 @@ def test_gateway_names_a_bad_file_in_one_line_before_connecting(tmp_path) -> Non
                                 "LEDGERD_ZK_SERVERS": "127.0.0.1:1"})
         assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert want in r.stderr and "gateway did not start" in r.stderr
+
+
+def test_every_bench_script_runs_from_ledgerd_bench() -> None:
+    """`ledgerd bench <name>` reaches every benchmark script in bench/ (drivers.py is a
+    library of the others, not a benchmark)."""
+    from pathlib import Path
+
+    from ledgerd.tools.cli import BENCHES
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    scripts = {p.stem for p in bench.glob("*.py")} - {"__init__", "drivers"}
+    assert scripts == set(BENCHES)
+    r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "bench", "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and all(f"  {name} " in r.stdout for name in BENCHES)
