@@ -57,34 +57,35 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _wait_port(b: BookieProcess) -> None:
+def _start_ready(b: BookieProcess) -> None:
+    """Start the bookie and wait for its READY=1 (sd_notify to a socket of ours): it is
+    listening on both ports then, after replay and the start-up checkpoint."""
     import socket
 
-    deadline = time.monotonic() + 120
-    while True:
+    path = tempfile.mktemp(prefix="ledgerd-notify-", dir="/tmp")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(1.0)
         try:
-            socket.create_connection(("127.0.0.1", b.port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline or not b.running:
-                raise RuntimeError(b.log_tail()) from None
-            time.sleep(0.05)
+            b.start(env={"NOTIFY_SOCKET": path})
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if b"READY=1" in sock.recv(4096).split(b"\n"):
+                        return
+                except TimeoutError:
+                    pass
+                if time.monotonic() > deadline or not b.running:
+                    raise RuntimeError(f"bookie not ready:\n{b.log_tail()}")
+        finally:
+            os.unlink(path)
 
 
 def _metrics(b: BookieProcess) -> dict[str, float]:
     import urllib.request
 
-    deadline = time.monotonic() + 60
-    while True:  # the admin endpoint may start a moment after the bookie port
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{b.admin_port}/metrics",
-                                        timeout=30) as r:
-                text = r.read().decode()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    with urllib.request.urlopen(f"http://127.0.0.1:{b.admin_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line.startswith("ledgerd_") and " " in line and "{" not in line}
 
@@ -115,9 +116,8 @@ def _adds(base: Path, kind: str, ledgers: int, seconds: float,
     b = BookieProcess(root, "", settings={
         "ledger_storage_class": kind, "log_level": "INFO", "journal_prealloc_mb": 64,
         "flush_interval_ms": flush_ms})
-    b.start()
     try:
-        _wait_port(b)
+        _start_ready(b)
         before = _metrics(b)
         r = closed_loop(b.port, 2, 400, seconds, ledgers=ledgers, warmup=1.0)
         rss = _rss_mb(b.pid or 0)
@@ -135,8 +135,7 @@ def _adds(base: Path, kind: str, ledgers: int, seconds: float,
         warm = read_loop(b.port, 2, 64, min(seconds, 3.0), pick)
         b.terminate(timeout=300)
         _drop_page_cache(root)
-        b.start()
-        _wait_port(b)
+        _start_ready(b)
         t = time.monotonic()
         # The port opens before the storage is ready (the interleaved storage reads
         # every index file): wait for one read to be answered (a few entries warm).
