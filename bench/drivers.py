@@ -62,12 +62,13 @@ def _send(s: socket.socket, data: bytes) -> None:
 
 
 def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: int = 1,
-                warmup: float = 1.0, ledger_base: int = 1000, ledgers: int = 0
-                ) -> dict[str, Any]:
+                warmup: float = 1.0, ledger_base: int = 1000, ledgers: int = 0,
+                make_frame: Callable[[int], bytes] | None = None) -> dict[str, Any]:
     """Adds/s and latency with ``window`` adds of ``batch`` entries in flight per
     connection; counts the replies that arrive in the measured ``seconds``. With
     ``ledgers``, the adds go round-robin over that many ledgers (shared by the
-    connections), else each connection writes a ledger of its own."""
+    connections), else each connection writes a ledger of its own. ``make_frame(cid)``
+    sends other requests instead (``read_loop``)."""
     template = _Template(batch, 1024)
     ep, socks = _connect(port, conns)
     by_fd = {s.fileno(): i for i, s in enumerate(socks)}
@@ -95,7 +96,9 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
         ledger = ledger_base + i
         for _ in range(n):
             cid = next_cid[i]
-            if ledgers:
+            if make_frame is not None:
+                chunks.append(make_frame(cid))
+            elif ledgers:
                 k = rr[0] % ledgers
                 rr[0] += 1
                 chunks.append(template.make(cid, ledger_base + k, ledger_entry[k]))
@@ -152,60 +155,15 @@ def read_loop(port: int, conns: int, window: int, seconds: float,
     """Reads/s and latency with ``window`` single-entry reads in flight per connection,
     each of the (ledger, entry) ``pick`` returns; counts OK replies in the measured
     ``seconds`` (any other status is an error)."""
-    ep, socks = _connect(port, conns)
-    by_fd = {s.fileno(): i for i, s in enumerate(socks)}
-    sent_at: list[dict[int, float]] = [{} for _ in socks]
-    bufs = [bytearray() for _ in socks]
-    next_cid = [0] * conns
-    t_start = time.perf_counter() + warmup
-    t_end = t_start + seconds
-    lat: list[float] = []
-    done = errors = 0
 
-    def refill(i: int, now: float) -> None:
-        pending = sent_at[i]
-        frames = []
-        for _ in range(window - len(pending)):
-            cid = next_cid[i]
-            lid, eid = pick()
-            frames.append(encode_request(ReadRequest(ledger_id=lid, entry_id=eid), cid, 0))
-            pending[cid] = now
-            next_cid[i] = cid + 1
-        if frames:
-            _send(socks[i], b"".join(frames))
+    def frame(cid: int) -> bytes:
+        lid, eid = pick()
+        return encode_request(ReadRequest(ledger_id=lid, entry_id=eid), cid, 0)
 
-    try:
-        now = time.perf_counter()
-        for i in range(conns):
-            refill(i, now)
-        while True:
-            now = time.perf_counter()
-            if now >= t_end:
-                break
-            for fd, _ in ep.poll(min(0.1, t_end - now)):
-                i = by_fd[fd]
-                data = socks[i].recv(1 << 20)
-                if not data:
-                    raise ConnectionError("the bookie closed a connection")
-                buf = bufs[i]
-                buf += data
-                now = time.perf_counter()
-                pending = sent_at[i]
-                counted = t_start <= now < t_end
-                for cid, status in take_replies(buf):
-                    t0 = pending.pop(cid)
-                    if status:
-                        errors += 1
-                    elif counted:
-                        done += 1
-                        lat.append(now - t0)
-                if now < t_end and len(pending) <= window // 2:
-                    refill(i, now)
-    finally:
-        for s in socks:
-            s.close()
-        ep.close()
-    return {"reads_per_s": done / seconds, "errors": errors, **percentiles(lat)}
+    r = closed_loop(port, conns, window, seconds, warmup=warmup, make_frame=frame)
+    r["reads_per_s"] = r.pop("entries_per_s")
+    r.pop("entries_written")
+    return r
 
 
 def open_loop(port: int, rate: float, conns: int, seconds: float, *,
