@@ -69,13 +69,6 @@ class WriteCache:
         if not d:
             del self.ledgers[ledger_id]
 
-    def sorted_ledgers(self) -> list[int]:
-        return sorted(self.ledgers)
-
-    def sorted_entries(self, ledger_id: int) -> list[tuple[int, bytes]]:
-        d = self.ledgers.get(ledger_id)
-        return sorted(d.items()) if d else []
-
     def __len__(self) -> int:
         return self.count
 
