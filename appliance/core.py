@@ -74,6 +74,7 @@ __all__ = [
     "Decision",
     "LedgerState",
     "RuleBreaks",
+    "entry_ids",
 ]
 
 MAX_LONG_POLL_S = 60.0
@@ -88,8 +89,28 @@ _IDS = struct.Struct(">qq")
 _RECOVERY = int(AddFlags.RECOVERY_ADD)
 _ADD_HIGH_PRIORITY = int(AddFlags.HIGH_PRIORITY)
 _TRUNCATE = int(AddFlags.TRUNCATE)
+_SPARSE = int(AddFlags.SPARSE)
 _FENCE = int(ReadFlags.FENCE)
 _PIGGYBACK = int(ReadFlags.PIGGYBACK)
+
+
+def entry_ids(req: AddRequest) -> list[int] | None:
+    """A SPARSE add's entry ids, from its entries' headers: None unless every entry
+    names the request's ledger, the first is ``first_entry_id`` and the ids strictly
+    ascend (a sparse add never truncates)."""
+    lid = req.ledger_id
+    unpack = _IDS.unpack_from
+    ids: list[int] = []
+    previous = req.first_entry_id - 1
+    for entry in req.entries:
+        if len(entry) < ENTRY_HEADER_SIZE:
+            return None
+        elid, eid = unpack(entry)
+        if elid != lid or eid <= previous or (not ids and eid != req.first_entry_id):
+            return None
+        ids.append(eid)
+        previous = eid
+    return None if req.flags & _TRUNCATE else ids
 
 
 class LedgerState(Protocol):
@@ -160,9 +181,13 @@ class BookieCore:
         if first < 0 or not entries:
             return Status.BAD_REQUEST
         unpack = _IDS.unpack_from
-        for i, entry in enumerate(entries):
-            if len(entry) < ENTRY_HEADER_SIZE or unpack(entry) != (lid, first + i):
+        if flags & _SPARSE:
+            if entry_ids(req) is None:
                 return Status.BAD_REQUEST
+        else:
+            for i, entry in enumerate(entries):
+                if len(entry) < ENTRY_HEADER_SIZE or unpack(entry) != (lid, first + i):
+                    return Status.BAD_REQUEST
         truncate = flags & _TRUNCATE != 0
         if ledger is None:
             bind = req.master_key

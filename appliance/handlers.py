@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from ledgerd.appliance.core import Accept, BookieCore
+from ledgerd.appliance.core import Accept, BookieCore, entry_ids
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
@@ -31,6 +31,7 @@ from ledgerd.disk.journal import JournalGroup
 from ledgerd.disk.storage import LedgerStorage
 from ledgerd.wire.connection import api_versions_response
 from ledgerd.wire.messages import (
+    AddFlags,
     AddRequest,
     AdminKind,
     AdminStatusRequest,
@@ -63,6 +64,7 @@ __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_e
 log = logging.getLogger(__name__)
 
 Reply = tuple[int, Message | None]
+_SPARSE = int(AddFlags.SPARSE)
 
 
 @dataclass
@@ -171,7 +173,8 @@ class RequestHandler:
         try:
             group = storage.submit_entries(lid, req.first_entry_id, entries,
                                            decision.bind_key, decision.new_term,
-                                           decision.truncate)
+                                           decision.truncate,
+                                           entry_ids(req) if req.flags & _SPARSE else None)
         except StorageError as exc:
             return status_for_storage_error(exc), None
         self.metrics.entries_added += n

@@ -5,7 +5,9 @@
 Starts a real ZooKeeper and three bookie processes (temp directories on the work disk),
 then, in this process, one client task appends 1 KiB entries through
 ``WriteHandle.submit`` with ``--window`` appends in flight (pipelined from one task, no
-task per entry) for ``--seconds`` after a 1 s warm-up. An append counts when it is
+task per entry) for ``--seconds`` after a 1 s warm-up; and again through
+``submit_many`` in batches of ``--batch`` with ``--batch-window`` in flight (goal, #22:
+>= 100k appends/s to one bookie). An append counts when it is
 durable on its ack quorum (each bookie acknowledges after its journal fdatasync);
 latency is from ``submit`` to completion. Rounds alternate the two layouts; medians are
 reported.
@@ -52,8 +54,8 @@ ENTRY = 1024
 
 
 async def _appends(zk: str, e: int, qw: int, qa: int, seconds: float,
-                   window: int) -> dict[str, float]:
-    r = await run_writes(zk, e, qw, qa, ENTRY, 1, window, seconds, warmup=1.0)
+                   window: int, batch: int = 1) -> dict[str, float]:
+    r = await run_writes(zk, e, qw, qa, ENTRY, 1, window, seconds, warmup=1.0, batch=batch)
     return {k: r[k] for k in ("appends_per_s", "p50_ms", "p99_ms", "ensemble_changes")}
 
 
@@ -125,6 +127,7 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         await start_writable(store, bookies)
         await store.close()
         runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": [], "raw": [],
+                                                   "e1_batch": [], "e3_batch": [],
                                                    "read_e1": [], "read_e3": []}
         read_ledgers = {"read_e1": await _write_ledger(zk, 1, 1, 1, args.read_entries),
                         "read_e3": await _write_ledger(zk, 3, 2, 2, args.read_entries)}
@@ -132,6 +135,10 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             for key, quorums in (("e1", (1, 1, 1)), ("e3", (3, 2, 2))):
                 os.sync()
                 runs[key].append(await _appends(zk, *quorums, args.seconds, args.window))
+                # submit_many in batches of --batch, --batch-window appends in flight.
+                os.sync()
+                runs[key + "_batch"].append(await _appends(
+                    zk, *quorums, args.seconds, args.batch_window, args.batch))
             os.sync()
             # The raw bookie beside them: one of the same bookies, 1 KiB one-entry frames
             # from a separate driver process, 4 connections x 200 in flight.
@@ -145,6 +152,9 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                   f"E3/Qw2 {runs['read_e3'][-1]['entries_per_s']:,.0f}/s (E3 / E1 "
                   f"{runs['read_e3'][-1]['entries_per_s'] / runs['read_e1'][-1]['entries_per_s']:.2f})",
                   flush=True)
+            print(f"round {rnd + 1}: submit_many x {args.batch}: E1 "
+                  f"{runs['e1_batch'][-1]['appends_per_s']:,.0f}/s, E3/Qw2/Qa2 "
+                  f"{runs['e3_batch'][-1]['appends_per_s']:,.0f}/s", flush=True)
             print(f"round {rnd + 1}: E1 {runs['e1'][-1]['appends_per_s']:,.0f}/s, "
                   f"E3/Qw2/Qa2 {runs['e3'][-1]['appends_per_s']:,.0f}/s, raw bookie "
                   f"{raw['entries_per_s']:,.0f}/s (E3 / raw "
@@ -169,6 +179,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=100,
+                        help="appends per submit_many call in the batched runs")
+    parser.add_argument("--batch-window", type=int, default=4000,
+                        help="appends in flight in the batched runs")
     parser.add_argument("--tail-entries", type=int, default=300)
     parser.add_argument("--read-entries", type=int, default=50_000,
                         help="entries of the ledgers read in each round (1 KiB each)")
@@ -191,6 +205,10 @@ def main() -> None:
           f"{a['e1']['p50_ms']:.2f} | {a['e1']['p99_ms']:.2f} |")
     print(f"| E=3 Qw=2 Qa=2, three bookies | {a['e3']['appends_per_s']:,.0f} | "
           f"{a['e3']['p50_ms']:.2f} | {a['e3']['p99_ms']:.2f} |")
+    for key, name in (("e1_batch", "E=Qw=Qa=1"), ("e3_batch", "E=3 Qw=2 Qa=2")):
+        print(f"| {name}, submit_many x {args.batch}, {args.batch_window} in flight | "
+              f"{a[key]['appends_per_s']:,.0f} | {a[key]['p50_ms']:.2f} | "
+              f"{a[key]['p99_ms']:.2f} |")
     print(f"| tail read (writer ack -> reader's long poll) | | {t['p50_ms']:.2f} | "
           f"{t['p99_ms']:.2f} |")
     print(f"| raw bookie, 1 entry/frame, 4 conns x 200 (driver process) | "

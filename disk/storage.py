@@ -33,6 +33,7 @@ from typing import Any
 import trio
 
 from ledgerd.base.logs import fields
+from ledgerd.base.runs import consecutive_runs
 from ledgerd.disk.compaction import EntryLogMeta, read_entry_log_meta
 from ledgerd.disk.cookie import Cookie, CookieCheck, check_cookies, stamp_cookies
 from ledgerd.disk.crashpoints import crash_point
@@ -558,18 +559,29 @@ class LedgerStorage:
 
     def submit_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
                        bind_key: bytes = b"", new_term: int = 0,
-                       truncate: bool = False) -> JournalGroup:
+                       truncate: bool = False,
+                       entry_ids: Sequence[int] | None = None) -> JournalGroup:
         """Store consecutive entries now (readable at once); the returned journal group
         says when they are durable. ``bind_key`` binds the ledger's master key and
         ``new_term`` raises its term (both journaled before the entries); with
         ``truncate`` every entry after the last one given is dropped (the
-        unbounded-ledger recovery's final no-op entry)."""
+        unbounded-ledger recovery's final no-op entry). ``entry_ids`` (ascending, one
+        per entry) stores entries that are not consecutive (a SPARSE add)."""
         idx = self.cache.ledgers.get(ledger_id)
         if idx is None or bind_key or new_term:
             idx, records = self._state_records(ledger_id, bind_key, new_term)
         else:
             records = []
         idx.changes += 1
+        if entry_ids is not None:
+            for start, stop in consecutive_runs(entry_ids):
+                if stop - start == 1:
+                    self._insert(idx, entry_ids[start], entries[start])
+                else:
+                    self._insert_many(idx, entry_ids[start], entries[start:stop])
+            for eid, entry in zip(entry_ids, entries, strict=True):
+                records.append((RecordType.ENTRY, entry_body(ledger_id, eid, entry)))
+            return self.journal.submit(records)
         if len(entries) == 1:
             self._insert(idx, first_entry_id, entries[0])
         else:
@@ -918,3 +930,4 @@ def _probe(d: Path) -> str:
             return ""  # full, not failing: the usage says so
         return f"{exc.strerror or exc} ({path})"
     return ""
+

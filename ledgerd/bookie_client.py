@@ -14,9 +14,11 @@ client is closed; ``ended`` fires.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import ssl
+import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -26,6 +28,7 @@ import trio
 
 from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
+from ledgerd.base.runs import consecutive_runs
 from ledgerd.base.tls import drain_decrypted
 from ledgerd.wire.connection import (
     NEED_DATA,
@@ -35,6 +38,10 @@ from ledgerd.wire.connection import (
 )
 from ledgerd.wire.errors import WireError
 from ledgerd.wire.messages import (
+    AddFlags,
+    AddRequest,
+    AddResponse,
+    ApiKey,
     ApiVersionsRequest,
     AuthRequest,
     AuthResponse,
@@ -58,6 +65,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 Reply = tuple[int, Message | None]
 Callback = Callable[[int, "Message | None", "BookieConnectionError | None"], None]
+_SPARSE = int(AddFlags.SPARSE)
+_IDS = struct.Struct(">qq")  # an entry's header starts with its ledger and entry ids
 
 
 class BookieConnectionError(LedgerdError, ConnectionError):
@@ -97,6 +106,33 @@ class _Batch:
             self.done.set()
 
 
+class _RunsReply:
+    """One reply for a SPARSE add sent as consecutive runs (a bookie without ADD v1):
+    OK with the sparse request's echo once every run is OK, else the first failure."""
+
+    __slots__ = ("callback", "failure", "remaining", "request")
+
+    def __init__(self, request: AddRequest, runs: int, callback: Callback) -> None:
+        self.request = request
+        self.remaining = runs
+        self.callback = callback
+        self.failure: tuple[int, Message | None, BookieConnectionError | None] | None = None
+
+    def deliver(self, status: int, response: Message | None,
+                error: BookieConnectionError | None) -> None:
+        if self.failure is None and (error is not None or status != Status.OK):
+            self.failure = (status, response, error)
+        self.remaining -= 1
+        if not self.remaining:
+            if self.failure is not None:
+                self.callback(*self.failure)
+            else:
+                req = self.request
+                self.callback(Status.OK, AddResponse(ledger_id=req.ledger_id,
+                                                     first_entry_id=req.first_entry_id,
+                                                     count=len(req.entries)), None)
+
+
 class BookieClient:
     def __init__(self, address: str, stream: trio.abc.Stream, conn: ClientConnection) -> None:
         self.address = address
@@ -119,9 +155,24 @@ class BookieClient:
         """
         if self.error is not None:
             raise self.error
-        self._queue.append((message, callback))
+        if type(message) is AddRequest and message.flags & _SPARSE \
+                and self.conn.version_for(ApiKey.ADD) < 1:
+            self._send_runs(message, callback)
+        else:
+            self._queue.append((message, callback))
         if not self._wake.is_set():
             self._wake.set()
+
+    def _send_runs(self, req: AddRequest, callback: Callback) -> None:
+        """A SPARSE add to a bookie that does not speak ADD v1: its consecutive runs."""
+        ids = [_IDS.unpack_from(e)[1] for e in req.entries]
+        runs = consecutive_runs(ids)
+        joined = _RunsReply(req, len(runs), callback)
+        flags = req.flags & ~_SPARSE
+        for start, stop in runs:
+            self._queue.append((dataclasses.replace(
+                req, first_entry_id=ids[start], flags=flags, entries=req.entries[start:stop]),
+                joined.deliver))
 
     async def call(self, message: Message) -> Reply:
         return (await self.call_many([message]))[0]

@@ -2,7 +2,8 @@
 
 An ``AddPipeline`` owns one ``LedgerWriter`` and the encoded bytes of its pending
 entries. ``append`` asks the machine for an entry id and the sends to make; sends are
-grouped per bookie into AddRequests of consecutive entries and handed to the
+grouped per bookie into AddRequests (SPARSE where a striped ledger's ids have gaps:
+one request per bookie per flush, not one per run of Qw entries) and handed to the
 ``BookiePool`` with a callback, so replies feed straight back into the machine from the
 connection's reader, and completions reach ``on_completed`` in entry order. No quorum
 logic lives here: this is I/O.
@@ -17,7 +18,7 @@ timeout still applies.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 import trio
@@ -35,8 +36,9 @@ from ledgerd.machines.writer import (
     LedgerWriter,
     Released,
     SendAdd,
+    SendAdds,
 )
-from ledgerd.wire.messages import AddRequest, Message
+from ledgerd.wire.messages import AddFlags, AddRequest, Message
 from ledgerd.wire.status import Status
 
 __all__ = ["AddPipeline", "EnsembleChangeError", "SendFlusher"]
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 _MAX_RUN_ENTRIES = 256
 _MAX_RUN_BYTES = 2 << 20
 _BUSY_RETRY_S = 0.01
+_SPARSE = int(AddFlags.SPARSE)
+_TRUNCATE = int(AddFlags.TRUNCATE)
 
 
 class EnsembleChangeError(LedgerdError):
@@ -126,6 +130,23 @@ class AddPipeline:
         self.apply(effects)
         return eid
 
+    def append_many(self, payloads: Sequence[bytes],
+                    encode: Callable[[int, int, list[int], Sequence[bytes]], list[bytes]],
+                    now: float) -> int:
+        """``append`` for several entries in one pass: ``encode(first_id, lac,
+        cumulative_lengths, payloads)`` gives their bytes; returns the first id."""
+        w = self.writer
+        first, effects = w.append_many([len(p) for p in payloads], now)
+        lengths = w.lengths
+        encoded = encode(first, w.published_lac,
+                         [lengths[eid] for eid in range(first, first + len(payloads))],
+                         payloads)
+        entries = self.entries
+        for eid, data in enumerate(encoded, first):
+            entries[eid] = data
+        self.apply(effects)
+        return first
+
     def append_encoded(self, entries: list[bytes], now: float) -> int:
         """Add entries already encoded (recovery's rewrites, byte for byte) in one pass,
         so consecutive ones share AddRequests; returns the first one's id."""
@@ -163,6 +184,12 @@ class AddPipeline:
                     out[eff.bookie] = [eff.entry_id]
                 else:
                     ids.append(eff.entry_id)
+            elif type(eff) is SendAdds:
+                ids = out.get(eff.bookie)
+                if ids is None:
+                    out[eff.bookie] = list(eff.entry_ids)
+                else:
+                    ids.extend(eff.entry_ids)
             elif type(eff) is Completed:
                 # Sends queued before this completion need the bytes it drops: after an
                 # ensemble change the writer re-sends entries to the new bookie and then
@@ -209,57 +236,71 @@ class AddPipeline:
     def _flush(self) -> None:
         out, self._out = self._out, {}
         entries = self.entries
+        # One AddRequest per bookie and up to _MAX_RUN_ENTRIES / _MAX_RUN_BYTES: SPARSE
+        # when the ids have gaps (a striped ledger's, or re-sends after a change). The
+        # bookie client splits a sparse request into runs for a bookie without ADD v1.
+        sparse = not self.flags & _TRUNCATE
         for bookie, ids in out.items():
-            ids.sort()
+            ids = sorted(set(ids)) if len(ids) > 1 else ids  # a re-send may repeat an id
+            n = len(ids)
             i = 0
-            while i < len(ids):
+            while i < n:
                 first = ids[i]
-                run = [entries[first]]
-                nbytes = len(run[0])
+                data = entries[first]
+                run = [data]
+                nbytes = len(data)
                 j = i + 1
-                while (j < len(ids) and ids[j] == first + (j - i) and j - i < _MAX_RUN_ENTRIES
-                       and nbytes + len(entries[ids[j]]) <= _MAX_RUN_BYTES):
-                    run.append(entries[ids[j]])
-                    nbytes += len(run[-1])
+                gaps = False
+                while j < n and j - i < _MAX_RUN_ENTRIES:
+                    eid = ids[j]
+                    if eid != first + (j - i):
+                        if not sparse:
+                            break
+                        gaps = True
+                    data = entries[eid]
+                    if nbytes + len(data) > _MAX_RUN_BYTES:
+                        break
+                    run.append(data)
+                    nbytes += len(data)
                     j += 1
-                self._send(bookie, first, tuple(run))
+                self._send(bookie, ids[i:j] if gaps else range(first, j - i + first),
+                           tuple(run))
                 i = j
 
-    def _send(self, bookie: str, first: int, run: tuple[bytes, ...]) -> None:
-        req = AddRequest(ledger_id=self.ledger_id, first_entry_id=first, flags=self.flags,
+    def _send(self, bookie: str, ids: Sequence[int], run: tuple[bytes, ...]) -> None:
+        flags = self.flags | _SPARSE if type(ids) is not range else self.flags
+        req = AddRequest(ledger_id=self.ledger_id, first_entry_id=ids[0], flags=flags,
                          master_key=self.key, term=self.term, entries=run)
-        self.pool.send(bookie, req, partial(self._on_reply, bookie, first, len(run), req))
+        self.pool.send(bookie, req, partial(self._on_reply, bookie, ids, req))
 
-    def _on_reply(self, bookie: str, first: int, count: int, req: AddRequest, status: int,
+    def _on_reply(self, bookie: str, ids: Sequence[int], req: AddRequest, status: int,
                   response: Message | None, error: BookieConnectionError | None) -> None:
         w = self.writer
         now = trio.current_time()
         effects: list[Effect] = []
         if error is None and status == Status.OK:
-            effects = w.on_ack_run(first, count, bookie, now)
+            effects = w.on_ack_entries(ids, bookie, now)
         elif error is None and status == Status.TOO_MANY_REQUESTS and not self.pool.closed:
-            self.nursery.start_soon(self._retry_busy, bookie, req)
+            self.nursery.start_soon(self._retry_busy, bookie, ids, req)
             return
         else:
             if error is not None:
                 self.pool.note_failure(bookie)
             code = Status.IO_ERROR if error is not None else status
             log.info("add_failed", extra=fields(ledger=self.ledger_id, bookie=bookie,
-                                                first=first, count=count,
+                                                first=ids[0], count=len(ids),
                                                 status=error.reason if error else code))
-            for eid in range(first, first + count):
+            for eid in ids:
                 effects += w.on_error(eid, bookie, code, now)
         if effects:
             self.apply(effects)
 
-    async def _retry_busy(self, bookie: str, req: AddRequest) -> None:
+    async def _retry_busy(self, bookie: str, ids: Sequence[int], req: AddRequest) -> None:
         await trio.sleep(_BUSY_RETRY_S)
-        first = req.first_entry_id
         # Only entries the machine still waits for from this bookie.
         if self.writer.failed is None and bookie in self.writer.ensemble and all(
-                eid in self.writer.pending for eid in range(first, first + len(req.entries))):
-            self.pool.send(bookie, req, partial(self._on_reply, bookie, first,
-                                                len(req.entries), req))
+                eid in self.writer.pending for eid in ids):
+            self.pool.send(bookie, req, partial(self._on_reply, bookie, ids, req))
 
     def _start_change(self, eff: ChangeEnsemble) -> None:
         """Start an ensemble change, unless the client is closing: closing fails every

@@ -2,7 +2,8 @@
 
 In the spirit of BookKeeper's BenchThroughputLatency and BenchReadThroughputLatency:
 ``writes`` keeps ``--outstanding`` appends in flight over ``--ledgers`` ledgers from one
-task (``WriteHandle.submit``) for ``--duration`` seconds, printing progress (a live line
+task (``WriteHandle.submit``, or ``submit_many`` in batches of ``--batch``) for
+``--duration`` seconds, printing progress (a live line
 on a terminal, a line a second otherwise), then a table of throughput and latency
 percentiles; Ctrl-C ends it early with the partial result, and its ledgers are deleted
 unless ``--keep``. ``reads`` writes ``--entries``
@@ -64,7 +65,8 @@ class _Progress:
 
 async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
                      outstanding: int, duration: float, warmup: float = 0.0, *,
-                     keep: bool = False, interruptible: bool = False) -> dict[str, Any]:
+                     keep: bool = False, interruptible: bool = False,
+                     batch: int = 1) -> dict[str, Any]:
     """Keep ``outstanding`` appends in flight for ``warmup + duration`` seconds; counts
     and latencies cover appends submitted after the warm-up and durable before the end.
 
@@ -98,7 +100,11 @@ async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
         count = i = 0
         while trio.current_time() < end:
             while len(inflight) < outstanding:
-                inflight.append(await handles[i % ledgers].submit(payload))
+                if batch > 1:
+                    inflight += await handles[i % ledgers].submit_many(
+                        [payload] * min(batch, outstanding - len(inflight)))
+                else:
+                    inflight.append(await handles[i % ledgers].submit(payload))
                 i += 1
             await inflight[0]
             keep_ = []
@@ -126,6 +132,7 @@ async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
     progress.done()
     result = {"kind": "writes", "ensemble": e, "write_quorum": qw, "ack_quorum": qa,
               "entry_size": size, "ledgers": ledgers, "outstanding": outstanding,
+              "batch": batch,
               "seconds": round(ran, 3), "appends": count,
               "appends_per_s": round(count / ran, 1),
               "mb_per_s": round(count * size / ran / 1e6, 2), **latency_summary(lat),
@@ -205,15 +212,18 @@ def _with_common(f: Any) -> Any:
 @click.option("--ledgers", default=1, show_default=True)
 @click.option("--outstanding", default=500, show_default=True, help="Appends in flight.")
 @click.option("--duration", default=10.0, show_default=True, help="Seconds.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100_000),
+              help="Appends per submit_many call (1: one submit per append).")
 @click.option("--keep", is_flag=True, help="Keep the ledgers written (default: deleted).")
 def writes_cmd(zk: str, ensemble: int, write_quorum: int, ack_quorum: int, entry_size: int,
                as_json: bool, ledgers: int, outstanding: int, duration: float,
-               keep: bool) -> None:
+               batch: int, keep: bool) -> None:
     """Write throughput and latency (progress each second; Ctrl-C ends it early and
     prints what was measured; the ledgers are deleted unless --keep)."""
     _quiet()
     _show(trio.run(partial(run_writes, zk, ensemble, write_quorum, ack_quorum, entry_size,
-                           ledgers, outstanding, duration, keep=keep, interruptible=True)),
+                           ledgers, outstanding, duration, keep=keep, interruptible=True,
+                           batch=batch)),
           as_json)
 
 

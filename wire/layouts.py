@@ -130,15 +130,19 @@ API_VERSIONS_RESPONSE = Struct(
 )
 
 # ---------------------------------------------------------------------------------------
-# Add (key 1): one or more consecutive entries of one ledger.
+# Add (key 1): one or more entries of one ledger, consecutive unless SPARSE.
 #
 #  request   0           8                16      18            38      46
 #            +-----------+----------------+-------+-------------+-------+-------+-----------------
 #            | ledger_id | first_entry_id | flags | master_key  | term  | count | (len int32 | entry
 #            | int64     | int64          | int16 | 20 bytes    | int64 | int32 |  bytes) * count
 #
-#  flags: RECOVERY_ADD=1, HIGH_PRIORITY=2, TRUNCATE=4 (unbounded-ledger no-op entry).
+#  flags: RECOVERY_ADD=1, HIGH_PRIORITY=2, TRUNCATE=4 (unbounded-ledger no-op entry),
+#  SPARSE=8 (version 1).
 #  Entry i has entry id first_entry_id + i; each is the full entry bytes (see ENTRY_HEADER).
+#  With SPARSE, the ids are the entries' own (their headers), strictly ascending from
+#  first_entry_id with gaps allowed: a striped ledger's entries for one bookie (E3/Qw2:
+#  runs of two, every third entry skipped) go in one request instead of one per run.
 #
 #  response  0           8                16
 #            +-----------+----------------+--------+

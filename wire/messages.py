@@ -52,6 +52,7 @@ class AddFlags(enum.IntFlag):
     RECOVERY_ADD = 1
     HIGH_PRIORITY = 2
     TRUNCATE = 4
+    SPARSE = 8  # ADD v1: ascending entry ids, not necessarily consecutive (see layouts)
 
 
 class ReadFlags(enum.IntFlag):
@@ -112,7 +113,8 @@ class ApiVersionsResponse(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AddRequest(Message):
-    """Consecutive entries of one ledger; entry i has id ``first_entry_id + i``."""
+    """Entries of one ledger: consecutive (entry i has id ``first_entry_id + i``), or
+    with the SPARSE flag any ascending ids, each read from its entry's header."""
 
     LAYOUT: ClassVar[Any] = layouts.ADD_REQUEST
     API_KEY: ClassVar[ApiKey] = ApiKey.ADD
@@ -406,3 +408,6 @@ assert set(REQUEST_TYPES) == set(RESPONSE_TYPES) == set(ApiKey)
 
 # The versions this build speaks, per api key: (min, max).
 SUPPORTED_VERSIONS: dict[ApiKey, tuple[int, int]] = {key: (0, 0) for key in ApiKey}
+# ADD v1: the SPARSE flag. A client sends it only to a bookie that answered ApiVersions
+# with ADD v1; to an older one the same entries go as consecutive runs.
+SUPPORTED_VERSIONS[ApiKey.ADD] = (0, 1)

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledgerd.appliance.core import ACCEPT, MAX_LONG_POLL_S, Accept, BookieCore, RuleBreaks
+from ledgerd.appliance.core import (
+    ACCEPT,
+    MAX_LONG_POLL_S,
+    Accept,
+    BookieCore,
+    RuleBreaks,
+    entry_ids,
+)
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
 from ledgerd.wire.messages import (
     NO_MASTER_KEY,
@@ -115,6 +122,25 @@ def test_entry_headers_must_carry_the_requests_ids() -> None:
     short = AddRequest(ledger_id=1, first_entry_id=3, master_key=KEY, entries=(b"\0" * 31,))
     for req in (wrong_id, other_ledger, short):
         assert decide(req, Ledger()) == Status.BAD_REQUEST
+
+
+def test_sparse_adds_take_ascending_ids_from_the_entries() -> None:
+    def sparse(ids: list[int], *, first: int | None = None, flags: int = 0,
+               ledger_id: int = 1) -> AddRequest:
+        return AddRequest(ledger_id=1, first_entry_id=ids[0] if first is None else first,
+                          flags=AddFlags.SPARSE | flags, master_key=KEY, entries=tuple(
+                              encode_entry(D, ledger_id, e, -1, 0, b"x") for e in ids))
+
+    assert decide(sparse([3, 4, 6, 7, 9]), Ledger()) is ACCEPT
+    assert entry_ids(sparse([3, 4, 6, 7, 9])) == [3, 4, 6, 7, 9]
+    assert decide(sparse([5]), None) == Accept(bind_key=KEY)
+    for bad in (sparse([3, 4, 4]), sparse([4, 3]), sparse([3, 5], first=2),
+                sparse([3, 5], ledger_id=2), sparse([3, 5], flags=AddFlags.TRUNCATE)):
+        assert decide(bad, Ledger()) == Status.BAD_REQUEST
+    # Without the flag, the same entries are refused: ids must then be consecutive.
+    gappy = sparse([3, 5])
+    plain = AddRequest(ledger_id=1, first_entry_id=3, master_key=KEY, entries=gappy.entries)
+    assert decide(plain, Ledger()) == Status.BAD_REQUEST
 
 
 def test_fencing_read_needs_the_key_and_binds_it_on_an_unknown_ledger() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -17,9 +18,11 @@ from ledgerd.wire.frames import encode_request
 from ledgerd.wire.messages import (
     AddFlags,
     AddRequest,
+    AddResponse,
     AdminKind,
     AdminStatusRequest,
     AdminTriggerRequest,
+    ApiKey,
     ApiVersionsRequest,
     ForceLedgerRequest,
     GetBookieInfoRequest,
@@ -287,6 +290,37 @@ async def test_entries_must_match_the_request(tmp_path: Path) -> None:
         short = AddRequest(ledger_id=1, first_entry_id=0, master_key=KEY, entries=(b"tiny",))
         assert (await c.call(short))[0] == Status.BAD_REQUEST
         assert not b.storage.ledger_exists(1)
+
+
+async def test_sparse_adds_store_a_striped_bookies_entries_in_one_request(
+        tmp_path: Path) -> None:
+    """ADD v1's SPARSE flag: one request carries entries with gaps (what a bookie of an
+    E3/Qw2 ledger gets); a client that has not seen ADD v1 sends the same as runs."""
+    ids = [0, 2, 3, 5, 6, 8]
+    req = AddRequest(ledger_id=4, first_entry_id=0, flags=AddFlags.SPARSE, master_key=KEY,
+                     entries=tuple(entry(4, e) for e in ids))
+    async with running_bookie(tmp_path) as b:
+        async with b.connect() as c:  # no ApiVersions: the client splits into runs
+            status, resp = await c.call(req)
+            assert status == Status.OK and resp == AddResponse(ledger_id=4, first_entry_id=0,
+                                                               count=6)
+            assert b.handler.metrics.requests[ApiKey.ADD, Status.OK] == 4  # runs
+        async with b.connect() as c:
+            await c.call(ApiVersionsRequest())
+            assert c.conn.version_for(ApiKey.ADD) == 1
+            more = dataclasses.replace(req, ledger_id=5, entries=tuple(
+                entry(5, e) for e in ids))
+            status, resp = await c.call(more)
+            assert status == Status.OK and resp == AddResponse(ledger_id=5, first_entry_id=0,
+                                                               count=6)
+            assert b.handler.metrics.requests[ApiKey.ADD, Status.OK] == 5  # one request
+            backwards = dataclasses.replace(more, entries=more.entries[::-1],
+                                            first_entry_id=8)
+            assert (await c.call(backwards))[0] == Status.BAD_REQUEST
+            for lid in (4, 5):
+                for e in range(9):
+                    status, resp = await c.call(ReadRequest(ledger_id=lid, entry_id=e))
+                    assert (status == Status.OK) == (e in ids), (lid, e, status)
 
 
 async def test_journal_memory_cap_answers_too_many_requests(tmp_path: Path) -> None:

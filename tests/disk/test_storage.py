@@ -299,6 +299,32 @@ async def test_batched_adds_roll_logs_and_replay(tmp_path: Path) -> None:
     await s2.close()
 
 
+async def test_sparse_entries_are_stored_at_their_own_ids_and_replayed(tmp_path: Path) -> None:
+    """A SPARSE add's entries (a striped ledger's runs with gaps) land at their ids,
+    in the entry logs (or write cache) and in the journal, and replay restores them."""
+    opts = _opts(tmp_path)
+    s = await _open(opts)
+    ids = [0, 2, 3, 5, 6, 8, 9, 40]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.submit_entries(7, 0, [_entry(7, e) for e in ids], KEY, entry_ids=ids).wait()
+        for e in ids:
+            assert s.read_entry(7, e) == _entry(7, e)
+        for e in (1, 4, 7, 39):
+            with pytest.raises(EntryNotFoundError):
+                s.read_entry(7, e)
+        assert s.last_entry_id(7) == 40 and s.lac(7) == 39
+        nursery.cancel_scope.cancel()
+    s.journal._closed = True  # as a crash: replay from the journal
+    s.entry_logger.close()
+    s2 = await _open(opts)
+    assert s2.replayed_records > 0 and s2.master_key(7) == KEY
+    assert [decode_entry(D, s2.read_entry(7, e)).entry_id for e in ids] == ids
+    with pytest.raises(EntryNotFoundError):
+        s2.read_entry(7, 1)
+    await s2.close()
+
+
 def _open_fds() -> int:
     import os
 

@@ -181,6 +181,40 @@ async def test_an_append_larger_than_a_frame_fails_alone(
         assert [len(e.payload) async for e in rh.read()] == [6, 5, 60 * 1024]
 
 
+async def test_submit_many_sends_all_or_none_and_respects_the_outstanding_cap(
+        tmp_path: Path) -> None:
+    from ledgerd.wire.errors import MessageTooLargeError
+
+    settings = client_settings(max_frame_bytes=64 * 1024, max_inflight_per_bookie=16,
+                               throttle=0)
+    async with memory_cluster(tmp_path, 3) as cluster, ledgerd.open_client(
+            store=cluster.store, connect=cluster.connect, **settings) as client:
+        lh = await client.create_ledger(3, 2, 2)
+        with pytest.raises(MessageTooLargeError):
+            await lh.submit_many([b"fits", bytes(100 * 1024)])
+        assert lh.length == 0 and lh.outstanding == 0  # nothing of that batch went out
+        # 100 entries through a cap of 8 outstanding: chunked by the cap, in order.
+        assert lh.max_outstanding == 8
+        seen: list[int] = []
+
+        async def watch() -> None:
+            while len(seen) < 100:
+                seen.append(lh.outstanding)
+                await trio.sleep(0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            ids = await lh.append_many(b"m%d" % i for i in range(100))
+        assert ids == list(range(100)) and max(seen) <= 8
+        assert lh.last_add_confirmed == 99 and lh.ensemble_changes == 0
+        pending = await lh.submit_many([b"x", b"y"])
+        assert [await p for p in pending] == [100, 101]
+        await lh.close()
+        rh = await client.open_ledger(lh.ledger_id)
+        assert [e.payload async for e in rh.read()] == \
+            [b"m%d" % i for i in range(100)] + [b"x", b"y"]
+
+
 async def test_leaving_the_client_with_adds_in_flight_fails_them_and_raises_nothing(
         tmp_path: Path) -> None:
     # Closing the client fails every connection; each failure asks for an ensemble

@@ -205,8 +205,9 @@ def test_api_versions_negotiation() -> None:
                                     api_versions_response()))
     (resp,) = _drain(client)
     assert isinstance(resp, ResponseReceived)
-    assert client.peer_versions is not None and client.peer_versions[ApiKey.ADD] == (0, 0)
+    assert client.peer_versions is not None and client.peer_versions[ApiKey.ADD] == (0, 1)
     assert client.version_for(ApiKey.READ) == 0
+    assert client.version_for(ApiKey.ADD) == 1  # SPARSE adds
 
 
 def test_api_missing_on_peer_refuses_to_send() -> None:
