@@ -280,13 +280,18 @@ class LedgerWriter:
         pending = self.pending
         touched = False
         late = False
+        failed = self.failed is not None
+        e = self.e
+        ensemble = self.ensemble
+        # The bookie's index in each write set (by entry id % E), None where it is not.
+        where = [next((i for i in ws if ensemble[i] == bookie), None) for ws in self._sets]
         for entry_id in entry_ids:
             p = pending.get(entry_id)
-            if p is None or self.failed is not None:
+            if p is None or failed:
                 if self.lagging and self._late_answer(entry_id, bookie) is not None:
                     late = True
                 continue
-            index = self._index_of(bookie, entry_id)
+            index = where[entry_id % e]
             if index is None:
                 continue
             p.waiting.discard(index)
