@@ -71,6 +71,7 @@ class StorageOptions:
     skip_invalid_journal_records: bool = False
     open_file_limit: int = 20000
     preallocate_entry_logs: bool = True
+    flush_entrylog_bytes: int = 8 << 20  # entry-log write-behind step (0: off)
     allow_storage_expansion: bool = False
     read_buffer_size: int = 512
     ledger_storage_class: str = "interleaved"  # or "db": one LMDB index (dbindex.py)
@@ -124,7 +125,8 @@ class LedgerStorage:
                                         write_buffer_size=options.write_buffer_size,
                                         readers=self.open_files,
                                         preallocate=options.preallocate_entry_logs,
-                                        read_buffer_size=options.read_buffer_size)
+                                        read_buffer_size=options.read_buffer_size,
+                                        writeback_bytes=options.flush_entrylog_bytes)
         index_dirs = list(options.index_dirs or options.ledger_dirs)
         self.cache: LedgerCache | DbLedgerCache
         self.db = options.ledger_storage_class == "db"

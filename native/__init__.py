@@ -46,6 +46,7 @@ __all__ = [
     "logical_block_size",
     "open_file",
     "pwrite_fd",
+    "sync_file_range_fd",
     "tag_fd",
 ]
 
@@ -217,6 +218,15 @@ def pwrite_fd(fd: int, data: BytesLike, offset: int, path: str | os.PathLike[str
     if rc < 0:
         _raise(rc, path, f"pwrite({len(data)} bytes at {offset})")
     return int(rc)
+
+
+def sync_file_range_fd(fd: int, offset: int, length: int, flags: int,
+                       path: str | os.PathLike[str]) -> None:
+    """``NativeFile.sync_file_range`` for a descriptor opened elsewhere (the entry logs'
+    write-behind)."""
+    rc = lib.ldn_sync_file_range(fd, offset, length, flags)
+    if rc < 0:
+        _raise(rc, path, f"sync_file_range({offset}, {length}, {flags})")
 
 
 def fdatasync_fd(fd: int, path: str | os.PathLike[str]) -> None:

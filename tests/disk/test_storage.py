@@ -325,6 +325,44 @@ async def test_sparse_entries_are_stored_at_their_own_ids_and_replayed(tmp_path:
     await s2.close()
 
 
+async def test_entry_log_write_behind_starts_write_out_in_contiguous_steps(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flush_entrylog_bytes: the writer thread starts the write-out of each step it has
+    written (sync_file_range WRITE, no wait), in order and without gaps, so the
+    checkpoint's fdatasync finds little left; with 0 it never does."""
+    from ledgerd import native
+
+    calls: list[tuple[int, int, int, int]] = []
+    real = native.sync_file_range_fd
+
+    def spy(fd: int, offset: int, length: int, flags: int, path: object) -> None:
+        calls.append((fd, offset, length, flags))
+        real(fd, offset, length, flags, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native, "sync_file_range_fd", spy)
+    for step, base in ((64 * 1024, tmp_path / "on"), (0, tmp_path / "off")):
+        calls.clear()
+        s = await _open(_opts(base, flush_entrylog_bytes=step, write_buffer_size=8192))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run)
+            for first in range(0, 400, 50):
+                await s.add_entries(3, first, [_entry(3, e, 1000) for e in range(first, first + 50)],
+                                    bind_key=KEY)
+            await s.checkpoint()
+            nursery.cancel_scope.cancel()
+        if step:
+            assert len(calls) >= 3
+            assert all(flags == native.SYNC_FILE_RANGE_WRITE for *_, flags in calls)
+            ends = [off + n for _, off, n, _ in calls]
+            assert [off for _, off, _, _ in calls] == [0, *ends[:-1]]  # contiguous
+            assert all(n >= step for _, _, n, _ in calls)
+            assert ends[-1] > 400 * 1000 - step - 8192
+        else:
+            assert calls == []
+        assert decode_entry(D, s.read_entry(3, 399)).entry_id == 399
+        await s.close()
+
+
 def _open_fds() -> int:
     import os
 

@@ -1,0 +1,71 @@
+"""The C add driver (``bench/adddriver.c``): built on first use, run as a process.
+
+redis-benchmark drives Redis from C and costs it a few percent of a core; the Python
+drivers of ``bench/drivers.py`` took 80-100% of a core at 64 connections x 1 add on this
+2-core machine, CPU the bookie then did not have. The C driver does the same work
+(patched copies of one template frame made by the real codec, replies parsed by header)
+for a like-for-like comparison. ``closed_loop`` and ``open_loop`` return what their
+Python namesakes return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.bookie import _Template
+
+__all__ = ["build", "closed_loop", "open_loop"]
+
+_SOURCE = Path(__file__).with_name("adddriver.c")
+
+
+def build() -> Path:
+    """The driver binary, compiled once per source version into the temp directory."""
+    source = _SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:12]
+    binary = Path(tempfile.gettempdir()) / f"ledgerd-adddriver-{digest}"
+    if not binary.exists():
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            raise RuntimeError("no C compiler (cc/gcc) to build bench/adddriver.c: "
+                               "`make bench-deps` installs gcc")
+        tmp = binary.with_suffix(".building")
+        subprocess.run([cc, "-O2", "-Wall", "-o", str(tmp), str(_SOURCE)], check=True)
+        tmp.replace(binary)
+    return binary
+
+
+def _template() -> tuple[str, str]:
+    t = _Template(1, 1024)
+    return bytes(t.frame).hex(), str(t.entry_offsets[0])
+
+
+def _run(*args: str, timeout: float) -> dict[str, Any]:
+    done = subprocess.run([str(build()), *args], capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"adddriver failed ({done.returncode}): {done.stderr.strip()}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def closed_loop(port: int, conns: int, window: int, seconds: float, *, warmup: float = 1.0,
+                ledger_base: int = 1000) -> dict[str, Any]:
+    """``conns`` connections each keeping ``window`` one-entry adds in flight."""
+    hexed, offset = _template()
+    return _run("closed", str(port), str(conns), str(window), str(seconds), str(warmup),
+                str(ledger_base), hexed, offset, timeout=seconds + warmup + 60)
+
+
+def open_loop(port: int, rate: float, conns: int, seconds: float, *,
+              ledger_base: int = 2000) -> dict[str, Any]:
+    """One-entry adds due every ``1 / rate`` s; latency from the due time."""
+    hexed, offset = _template()
+    return _run("open", str(port), str(conns), str(rate), str(seconds), str(ledger_base),
+                hexed, offset, timeout=seconds + 60)
