@@ -2,8 +2,11 @@
 
     python bench/latency.py [--rounds 3] [--seconds 5] [--json]
 
-One bookie process (no ZooKeeper), 1 KiB single-entry Add frames from a driver process
-(``bench/drivers.py``: plain sockets over one epoll, like redis-benchmark's C client).
+One bookie process (no ZooKeeper), 1 KiB single-entry Add frames from a driver process:
+by default ``bench/adddriver.c`` (C over epoll, like redis-benchmark; ``bench/cdriver.py``
+builds it), or ``--driver python`` (``bench/drivers.py``, which costs the machine most of
+a core at 64 x 1 and adds ~0.15 ms to light-load latencies: its waits round up to the
+millisecond).
 
 - **Open loop**: entries are due on a fixed schedule (``--conns`` 4 connections, the
   rate split between them) and latency counts from the *scheduled* time, so a stall
@@ -39,6 +42,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+from bench import cdriver
 from bench.bookie import _run_redis, _wait_listening
 from bench.drivers import closed_loop, open_loop, percentiles
 from ledgerd.tools.bookieprocess import BookieProcess
@@ -60,14 +64,18 @@ def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:
 
 
 def _drive_open(port: int, rate: float, conns: int, seconds: float,
-                sync_path: Path) -> dict[str, Any]:
-    """The open loop, with the raw disk timed by a thread of the same process meanwhile."""
+                sync_path: Path, driver: str) -> dict[str, Any]:
+    """The open loop, with the raw disk timed by a thread of this process meanwhile
+    (with the C driver, the loop itself runs in a process of its own)."""
     syncs: list[float] = []
     stop = threading.Event()
     raw = threading.Thread(target=_raw_syncs, args=(sync_path, stop, syncs), daemon=True)
     raw.start()
     try:
-        result = open_loop(port, rate, conns, seconds)
+        if driver == "c":
+            result = cdriver.open_loop(port, rate, conns, seconds)
+        else:
+            result = open_loop(port, rate, conns, seconds)
     finally:
         stop.set()
         raw.join()
@@ -86,14 +94,19 @@ def _driver(*args: str) -> dict[str, Any]:
     return result
 
 
+DRIVER = "c"  # the orchestrator's --driver
+
+
 def _closed(port: int, conns: int, window: int, seconds: float) -> dict[str, Any]:
+    if DRIVER == "c":
+        return cdriver.closed_loop(port, conns, window, seconds)
     return _driver("closed", "--port", str(port), "--conns", str(conns), "--window",
                    str(window), "--seconds", str(seconds))
 
 
 def _open(port: int, rate: float, seconds: float, sync_path: Path) -> dict[str, Any]:
     return _driver("open", "--port", str(port), "--rate", str(rate), "--seconds", str(seconds),
-                   "--sync-path", str(sync_path))
+                   "--sync-path", str(sync_path), "--driver", DRIVER)
 
 
 def _redis(base: Path, seconds: float, conns: int, pipeline: int) -> dict[str, Any]:
@@ -117,6 +130,10 @@ def main() -> None:
     opened.add_argument("--conns", type=int, default=4)
     opened.add_argument("--seconds", type=float, default=5.0)
     opened.add_argument("--sync-path", type=Path, required=True)
+    opened.add_argument("--driver", choices=("c", "python"), default="c")
+    parser.add_argument("--driver", choices=("c", "python"), default="c",
+                        help="c: bench/adddriver.c (like redis-benchmark); python: "
+                             "bench/drivers.py")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--loads", default="0.1,0.5", help="open-loop loads, fractions of max")
@@ -132,8 +149,12 @@ def main() -> None:
         return
     if args.cmd == "open":
         print(json.dumps(_drive_open(args.port, args.rate, args.conns, args.seconds,
-                                     args.sync_path)))
+                                     args.sync_path, args.driver)))
         return
+    global DRIVER
+    DRIVER = args.driver
+    if DRIVER == "c":
+        cdriver.build()  # a missing compiler says so before any bookie starts
     if not args.no_redis and shutil.which("redis-benchmark") is None:
         sys.exit("redis-benchmark is missing: `make bench-deps` installs redis-server and "
                  "redis-tools (or pass --no-redis)")
