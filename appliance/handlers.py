@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 
 Reply = tuple[int, Message | None]
 _SPARSE = int(AddFlags.SPARSE)
+_NOT_MERGED = int(AddFlags.SPARSE | AddFlags.TRUNCATE)  # add_batch keeps these whole
 
 
 @dataclass
@@ -184,6 +185,45 @@ class RequestHandler:
             if waiter is not None:
                 waiter.set()
         return Status.OK, group
+
+    def add_batch(self, reqs: list[AddRequest]) -> list[tuple[int, JournalGroup | None]]:
+        """``add`` for the adds of one connection read together, in order: each run of
+        them that continues one ledger (consecutive ids, the same flags, key and term)
+        is stored as one add, so its entries take the batched storage path (one index
+        and entry-log call) instead of one call per frame. Each request gets its own
+        answer: when a merged run is refused, its requests are decided one by one
+        (nothing of a refused add is stored)."""
+        out: list[tuple[int, JournalGroup | None]] = []
+        add = self.add
+        i = 0
+        n = len(reqs)
+        while i < n:
+            first = reqs[i]
+            nxt = first.first_entry_id + len(first.entries)
+            j = i + 1
+            if not first.flags & _NOT_MERGED:
+                while j < n:
+                    r = reqs[j]
+                    if (r.first_entry_id != nxt or r.ledger_id != first.ledger_id
+                            or r.flags != first.flags or r.term != first.term
+                            or r.master_key != first.master_key):
+                        break
+                    nxt += len(r.entries)
+                    j += 1
+            if j - i == 1:
+                out.append(add(first))
+            else:
+                merged = AddRequest(ledger_id=first.ledger_id,
+                                    first_entry_id=first.first_entry_id, flags=first.flags,
+                                    master_key=first.master_key, term=first.term,
+                                    entries=tuple(e for r in reqs[i:j] for e in r.entries))
+                status, group = add(merged)
+                if status == Status.OK:
+                    out += [(status, group)] * (j - i)
+                else:
+                    out += [add(r) for r in reqs[i:j]]
+            i = j
+        return out
 
     # -- reads that can be answered now ------------------------------------------------
 

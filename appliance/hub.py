@@ -230,8 +230,10 @@ class ConnectionHub:
         """Handle every complete frame received, as the per-connection reader does."""
         conn = c.conn
         handler = self.handler
-        add = handler.add
         max_reply_bytes = self.options.max_reply_bytes
+        # Adds wait here until a request of another kind (or the end of what was
+        # received): handled together, consecutive ones of a ledger are stored as one.
+        adds: list[DecodedRequest] = []
         while True:
             if conn.is_at_capacity or c.queued_bytes + len(c.wbuf) >= max_reply_bytes:
                 self._pause(c)
@@ -239,21 +241,23 @@ class ConnectionHub:
             try:
                 ev = conn.next_event()
             except FrameSizeError as exc:
+                if adds:
+                    self._add_batch(c, adds, now)  # stored before the bad frame came
                 log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
                 self._close(c)
                 return
+            if type(ev) is DecodedRequest and type(ev.message) is AddRequest:
+                adds.append(ev)
+                continue
+            if adds:
+                self._add_batch(c, adds, now)
+                adds = []
             if ev is NEED_DATA:
                 if c.paused:
                     self._unpause(c)
                 break
             if type(ev) is DecodedRequest:
                 req: Message = ev.message
-                if type(req) is AddRequest:
-                    status, group = add(req)
-                    c.items.append((ev.correlation_id, _ADD, status,
-                                  (req.ledger_id, req.first_entry_id, len(req.entries)),
-                                  group, now))
-                    continue
                 reply = handler.read_now(req)
                 if reply is not None:
                     self._put(c, ev.correlation_id, ev.api_key, reply[0], reply[1], now)
@@ -270,10 +274,27 @@ class ConnectionHub:
             elif isinstance(ev, ConnectionEnded):
                 self._stop_reading(c)
                 break
+        if adds:
+            self._add_batch(c, adds, now)
         if c.items:
             self._flush(c)
         elif c.closing:
             self._close_if_done(c)
+
+    def _add_batch(self, c: _Connection, evs: list[DecodedRequest], now: float) -> None:
+        items = c.items
+        if len(evs) == 1:
+            ev = evs[0]
+            req: AddRequest = ev.message  # type: ignore[assignment]
+            status, group = self.handler.add(req)
+            items.append((ev.correlation_id, _ADD, status,
+                          (req.ledger_id, req.first_entry_id, len(req.entries)), group, now))
+            return
+        results = self.handler.add_batch([ev.message for ev in evs])  # type: ignore[misc]
+        for ev, (status, group) in zip(evs, results, strict=True):
+            req = ev.message  # type: ignore[assignment]
+            items.append((ev.correlation_id, _ADD, status,
+                          (req.ledger_id, req.first_entry_id, len(req.entries)), group, now))
 
     def _put(self, c: _Connection, cid: int, api: int, status: int, resp: Message | None,
              t0: float) -> None:

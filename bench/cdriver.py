@@ -59,13 +59,17 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, warmup: f
                 ledger_base: int = 1000) -> dict[str, Any]:
     """``conns`` connections each keeping ``window`` one-entry adds in flight."""
     hexed, offset = _template()
-    return _run("closed", str(port), str(conns), str(window), str(seconds), str(warmup),
-                str(ledger_base), hexed, offset, timeout=seconds + warmup + 60)
+    result = _run("closed", str(port), str(conns), str(window), str(seconds), str(warmup),
+                  str(ledger_base), hexed, offset, timeout=seconds + warmup + 60)
+    result["entries_written"] = 0  # as drivers.closed_loop without shared ledgers
+    return result
 
 
 def open_loop(port: int, rate: float, conns: int, seconds: float, *,
               ledger_base: int = 2000) -> dict[str, Any]:
     """One-entry adds due every ``1 / rate`` s; latency from the due time."""
     hexed, offset = _template()
-    return _run("open", str(port), str(conns), str(rate), str(seconds), str(ledger_base),
-                hexed, offset, timeout=seconds + 60)
+    result = _run("open", str(port), str(conns), str(rate), str(seconds), str(ledger_base),
+                  hexed, offset, timeout=seconds + 60)
+    del result["entries_per_s"]
+    return {"rate": rate, **result}

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from ledgerd.appliance.server import ConnectionOptions
+from ledgerd.disk.errors import EntryNotFoundError
 from ledgerd.wire.entry import decode_entry
 from ledgerd.wire.frames import encode_request
 from ledgerd.wire.messages import (
@@ -321,6 +322,60 @@ async def test_sparse_adds_store_a_striped_bookies_entries_in_one_request(
                 for e in range(9):
                     status, resp = await c.call(ReadRequest(ledger_id=lid, entry_id=e))
                     assert (status == Status.OK) == (e in ids), (lid, e, status)
+
+
+async def test_add_batch_stores_a_run_as_one_and_answers_each_request(tmp_path: Path) -> None:
+    """The hub hands a connection's adds read together to ``add_batch``: a run that
+    continues one ledger is stored as one add; a refused run is decided request by
+    request, so one bad frame fails alone; other ledgers and flags break the run."""
+    async with running_bookie(tmp_path) as b:
+        bad = AddRequest(ledger_id=1, first_entry_id=6, master_key=KEY, entries=(entry(1, 9),))
+        reqs = [add(1, 0, 2), add(1, 2), add(1, 3, 3), add(2, 0), add(1, 6), add(1, 7),
+                add(1, 8, flags=AddFlags.RECOVERY_ADD), add(3, 0), bad, add(3, 1)]
+        stored: list[tuple[int, int, int]] = []
+        submit = b.storage.submit_entries
+
+        def spy(lid: int, first: int, entries: tuple[bytes, ...], *a: object) -> object:
+            stored.append((lid, first, len(entries)))
+            return submit(lid, first, entries, *a)  # type: ignore[arg-type]
+
+        b.storage.submit_entries = spy  # type: ignore[method-assign]
+        results = b.handler.add_batch(reqs)
+        assert [s for s, _ in results] == [Status.OK] * 8 + [Status.BAD_REQUEST, Status.OK]
+        # The first run (entries 0-5 of ledger 1) and entries 6-7 were stored as one add
+        # each; the recovery add, the other ledgers and the bad frame went alone.
+        assert stored == [(1, 0, 6), (2, 0, 1), (1, 6, 2), (1, 8, 1), (3, 0, 1), (3, 1, 1)]
+        b.storage.submit_entries = submit  # type: ignore[method-assign]
+        for _, group in results:
+            if group is not None:
+                await group.wait()
+        # A run whose middle frame is bad: refused as a whole, then decided one by one.
+        bad4 = AddRequest(ledger_id=4, first_entry_id=1, master_key=KEY, entries=(entry(4, 5),))
+        results = b.handler.add_batch([add(4, 0), bad4, add(4, 2)])
+        assert [s for s, _ in results] == [Status.OK, Status.BAD_REQUEST, Status.OK]
+        for _, group in results:
+            if group is not None:
+                await group.wait()
+        with pytest.raises(EntryNotFoundError):
+            b.storage.read_entry(4, 1)
+        assert b.storage.read_entry(4, 2) == entry(4, 2)
+        for lid, last in ((1, 8), (2, 0), (3, 1)):
+            for e in range(last + 1):
+                got = decode_entry(D, b.storage.read_entry(lid, e), ledger_id=lid, entry_id=e)
+                assert got.payload == f"entry {lid}/{e}".encode()
+        assert b.handler.metrics.entries_added == 14
+
+
+async def test_pipelined_adds_and_reads_keep_their_order(tmp_path: Path) -> None:
+    """Adds are held back to be stored together only until a request of another kind:
+    a read pipelined behind adds sees them, and every reply keeps its request's order."""
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        replies = await c.call_many([add(1, 0), add(1, 1), ReadRequest(ledger_id=1, entry_id=1),
+                                     add(1, 2), ReadRequest(ledger_id=1, entry_id=-1)])
+        assert [s for s, _ in replies] == [Status.OK] * 5
+        assert replies[1][1] == AddResponse(ledger_id=1, first_entry_id=1, count=1)
+        assert decode_entry(D, replies[2][1].entry).entry_id == 1  # type: ignore[union-attr]
+        assert replies[4][1].entry_id == 2  # type: ignore[union-attr]
 
 
 async def test_journal_memory_cap_answers_too_many_requests(tmp_path: Path) -> None:
