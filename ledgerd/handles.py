@@ -52,7 +52,6 @@ from ledgerd.wire.entry import (
     ENTRY_HEADER_SIZE,
     Entry,
     encode_entries,
-    encode_entry,
     encode_lac_body,
 )
 from ledgerd.wire.errors import MessageTooLargeError
@@ -288,7 +287,9 @@ class WriteHandle(_HandleBase):
                                      on_completed=self._completed, on_failed=self._failed,
                                      on_released=self._progress_made,
                                      on_timer_changed=self._wake_service,
-                                     flusher=client.flusher)
+                                     flusher=client.flusher,
+                                     encode_many=partial(encode_entries, self._digester,
+                                                         ledger_id))
         self._waiters: dict[int, PendingAppend] = {}
         self._error: LedgerHandleError | BadPasswordError | None = None
         self._closing = False
@@ -398,8 +399,9 @@ class WriteHandle(_HandleBase):
         return out
 
     def _submit_chunk(self, payloads: list[bytes], now: float) -> list[PendingAppend]:
-        first = self._pipeline.append_many(
-            payloads, partial(encode_entries, self._digester, self.ledger_id), now)
+        pipeline = self._pipeline
+        assert pipeline.encode_many is not None
+        first = pipeline.append_many(payloads, pipeline.encode_many, now)
         pending = [PendingAppend(eid, now) for eid in range(first, first + len(payloads))]
         if self._error is not None:  # failed while sending (a synchronous failure)
             for p in pending:
@@ -427,10 +429,7 @@ class WriteHandle(_HandleBase):
 
     def _submit_now(self, data: bytes, now: float) -> PendingAppend:
         payload = self._payload(data)
-        lid = self.ledger_id
-        digester = self._digester
-        eid = self._pipeline.append(len(payload), lambda e, lac, length: encode_entry(
-            digester, lid, e, lac, length, payload), now)
+        eid = self._pipeline.defer(payload)
         p = PendingAppend(eid, now)
         if self._error is not None:  # failed while sending (a synchronous failure)
             p._finish(now, self._error)

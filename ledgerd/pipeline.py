@@ -59,6 +59,8 @@ class EnsembleChangeError(LedgerdError):
         self.reason = reason
 
 
+# encode_many(first entry id, lac, cumulative lengths, payloads) -> the entries' bytes
+Encoder = Callable[[int, int, list[int], Sequence[bytes]], list[bytes]]
 Replace = Callable[[int, dict[int, str], tuple[str, ...]], Awaitable[tuple[str, ...]]]
 
 
@@ -99,7 +101,8 @@ class AddPipeline:
                  on_failed: Callable[[FailureKind, str, tuple[int, ...]], None],
                  on_timer_changed: Callable[[], None] = lambda: None,
                  on_released: Callable[[], None] = lambda: None,
-                 flusher: SendFlusher | None = None) -> None:
+                 flusher: SendFlusher | None = None,
+                 encode_many: Encoder | None = None) -> None:
         self.pool = pool
         self.nursery = nursery
         self.ledger_id = ledger_id
@@ -120,21 +123,48 @@ class AddPipeline:
         self._flusher = flusher
         self._marked = False
         self.ensemble_changes = 0
+        # ``defer``'s payloads, appended (``encode_many``) at the flusher's next pass.
+        self.encode_many = encode_many
+        self._deferred: list[bytes] = []
+
+    def defer(self, payload: bytes) -> int:
+        """Add one entry (``encode_many`` makes its bytes), returning its id at once;
+        the machine takes it, with every entry deferred beside it, in one
+        ``append_many`` at the flusher's next pass: a task submitting entries one by
+        one pays the batched path's cost per entry, not ``append``'s."""
+        eid = self.writer.last_pushed + 1 + len(self._deferred)
+        self._deferred.append(payload)
+        if self._flusher is None:
+            self._take_deferred()
+        elif not self._marked:
+            self._marked = True
+            self._flusher.mark(self)
+        return eid
+
+    def _take_deferred(self) -> None:
+        payloads, self._deferred = self._deferred, []
+        if self.writer.failed is not None:
+            return  # the handle failed meanwhile, and their appends with it
+        assert self.encode_many is not None, "defer needs encode_many"
+        self.append_many(payloads, self.encode_many, trio.current_time())
+        self.on_timer_changed()  # their add timeout: a driver sleeping idle recomputes
 
     def append(self, length: int, encode: Callable[[int, int, int], bytes],
                now: float) -> int:
         """Add one entry: ``encode(entry_id, lac, cumulative_length)`` gives its bytes."""
+        if self._deferred:
+            self._take_deferred()  # ids in order: what was deferred goes first
         w = self.writer
         eid, effects = w.append(length, now)
         self.entries[eid] = encode(eid, w.published_lac, w.lengths[eid])
         self.apply(effects)
         return eid
 
-    def append_many(self, payloads: Sequence[bytes],
-                    encode: Callable[[int, int, list[int], Sequence[bytes]], list[bytes]],
-                    now: float) -> int:
+    def append_many(self, payloads: Sequence[bytes], encode: Encoder, now: float) -> int:
         """``append`` for several entries in one pass: ``encode(first_id, lac,
         cumulative_lengths, payloads)`` gives their bytes; returns the first id."""
+        if self._deferred:
+            self._take_deferred()
         w = self.writer
         first, effects = w.append_many([len(p) for p in payloads], now)
         lengths = w.lengths
@@ -150,6 +180,8 @@ class AddPipeline:
     def append_encoded(self, entries: list[bytes], now: float) -> int:
         """Add entries already encoded (recovery's rewrites, byte for byte) in one pass,
         so consecutive ones share AddRequests; returns the first one's id."""
+        if self._deferred:
+            self._take_deferred()
         w = self.writer
         first = -1
         effects: list[Effect] = []
@@ -228,7 +260,9 @@ class AddPipeline:
                 self._flusher.mark(self)
 
     def flush(self) -> None:
-        """Send what waits (the flusher's pass)."""
+        """Append what was deferred and send what waits (the flusher's pass)."""
+        if self._deferred:
+            self._take_deferred()
         if self._out:
             self._flush()
         self._marked = False
