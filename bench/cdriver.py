@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -35,7 +36,7 @@ def build() -> Path:
         if cc is None:
             raise RuntimeError("no C compiler (cc/gcc) to build bench/adddriver.c: "
                                "`make bench-deps` installs gcc")
-        tmp = binary.with_suffix(".building")
+        tmp = binary.with_name(f"{binary.name}.{os.getpid()}.building")
         subprocess.run([cc, "-O2", "-Wall", "-o", str(tmp), str(_SOURCE)], check=True)
         tmp.replace(binary)
     return binary
