@@ -336,8 +336,9 @@ class WriteHandle(_HandleBase):
     # -- appends -----------------------------------------------------------------------
 
     async def submit(self, data: bytes) -> PendingAppend:
-        """Send one entry; returns at once (after the throttle and the outstanding cap)
-        with a PendingAppend to await for durability.
+        """Append one entry; returns at once (after the throttle and the outstanding cap)
+        with its id in a PendingAppend to await for durability. The entry goes out with
+        every entry submitted beside it once this task yields (the client's flusher).
 
         Raises MessageTooLargeError (the handle stays usable) for an entry that cannot
         fit one frame of ``max_frame_bytes`` with its headers.

@@ -1,7 +1,8 @@
 """The sending side of a ledger writer: carries out what ``LedgerWriter`` asks for.
 
 An ``AddPipeline`` owns one ``LedgerWriter`` and the encoded bytes of its pending
-entries. ``append`` asks the machine for an entry id and the sends to make; sends are
+entries. ``defer`` / ``append_many`` ask the machine for entry ids and the sends to
+make (``append_encoded`` for recovery's rewrites); sends are
 grouped per bookie into AddRequests (SPARSE where a striped ledger's ids have gaps:
 one request per bookie per flush, not one per run of Qw entries) and handed to the
 ``BookiePool`` with a callback, so replies feed straight back into the machine from the
@@ -148,17 +149,6 @@ class AddPipeline:
         assert self.encode_many is not None, "defer needs encode_many"
         self.append_many(payloads, self.encode_many, trio.current_time())
         self.on_timer_changed()  # their add timeout: a driver sleeping idle recomputes
-
-    def append(self, length: int, encode: Callable[[int, int, int], bytes],
-               now: float) -> int:
-        """Add one entry: ``encode(entry_id, lac, cumulative_length)`` gives its bytes."""
-        if self._deferred:
-            self._take_deferred()  # ids in order: what was deferred goes first
-        w = self.writer
-        eid, effects = w.append(length, now)
-        self.entries[eid] = encode(eid, w.published_lac, w.lengths[eid])
-        self.apply(effects)
-        return eid
 
     def append_many(self, payloads: Sequence[bytes], encode: Encoder, now: float) -> int:
         """``append`` for several entries in one pass: ``encode(first_id, lac,
