@@ -169,7 +169,11 @@ async def test_long_poll_times_out_with_current_lac_and_no_entry(tmp_path: Path)
         start = trio.current_time()
         status, resp = await c.call(ReadRequest(ledger_id=1, entry_id=2, previous_lac=5,
                                                 flags=ReadFlags.PIGGYBACK, timeout_ms=3000))
-        assert trio.current_time() - start == pytest.approx(3.0, abs=0.01)
+        # The poll's own 3 s, and no more than a jump or two of the autojump clock: it
+        # jumps to other services' deadlines whenever every task waits on real I/O or a
+        # worker thread (the journal's zeroer), which under CI load can happen while the
+        # request is in flight (seen: 3.016 and 3.019 s).
+        assert 3.0 <= trio.current_time() - start < 3.5
         assert status == Status.OK and resp.max_lac == 1 and resp.entry == b""  # type: ignore[union-attr]
 
 
