@@ -48,7 +48,10 @@ async def test_takeover_while_the_leader_writes_loses_nothing(bookie_factory: Fa
                     while pending and pending[0][0].done:
                         p0, d0 = pending.pop(0)
                         acked_a[await p0] = d0
-                    if n == 500:
+                    if len(acked_a) >= 500:
+                        # B takes over once A has 500 acknowledged (not merely sent:
+                        # under CI load B's takeover once won the race against A's
+                        # first acks, and there was nothing of A's left to check).
                         enough.set()
                     if n % 50 == 0:
                         await trio.lowlevel.checkpoint()  # let the takeover in
