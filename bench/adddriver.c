@@ -205,18 +205,28 @@ static void refill(conn_t *c, long ledger, unsigned char *out) {
     send_all(c->fd, out, (size_t)n * tmpl_len);
 }
 
-static int closed_loop(int port, int conns, double seconds, double warmup, long base) {
-    int ep = epoll_create1(0);
+/* ``conns`` connections in one epoll set, each with ``slots`` send-time slots. */
+static conn_t *open_conns(int port, int conns, long slots, int *ep) {
+    *ep = epoll_create1(0);
+    if (*ep < 0) die("epoll_create1");
     conn_t *cs = calloc((size_t)conns, sizeof *cs);
-    unsigned char *out = malloc((size_t)window * tmpl_len);
-    if (!ep || !cs || !out) die("alloc");
+    if (!cs) die("alloc");
     for (int i = 0; i < conns; i++) {
         cs[i].fd = connect_to(port);
-        cs[i].sent = calloc((size_t)window, sizeof(double));
+        cs[i].sent = calloc((size_t)slots, sizeof(double));
         cs[i].rbuf = malloc(RBUF);
+        if (!cs[i].sent || !cs[i].rbuf) die("alloc");
         struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
-        if (epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &ev) < 0) die("epoll_ctl");
+        if (epoll_ctl(*ep, EPOLL_CTL_ADD, cs[i].fd, &ev) < 0) die("epoll_ctl");
     }
+    return cs;
+}
+
+static int closed_loop(int port, int conns, double seconds, double warmup, long base) {
+    int ep;
+    conn_t *cs = open_conns(port, conns, window, &ep);
+    unsigned char *out = malloc((size_t)window * tmpl_len);
+    if (!out) die("alloc");
     t_start = now_s() + warmup;
     t_end = t_start + seconds;
     for (int i = 0; i < conns; i++) refill(&cs[i], base + i, out);
@@ -263,17 +273,8 @@ static int wait_until(int ep, struct epoll_event *evs, double due) {
 static int open_loop(int port, int conns, double rate, double seconds, long base) {
     long total = (long)(rate * seconds);
     long per_conn = total / conns + 2;
-    int ep = epoll_create1(0);
-    conn_t *cs = calloc((size_t)conns, sizeof *cs);
-    unsigned char *out = malloc(4096 * tmpl_len);
-    if (!ep || !cs || !out) die("alloc");
-    for (int i = 0; i < conns; i++) {
-        cs[i].fd = connect_to(port);
-        cs[i].sent = calloc((size_t)per_conn, sizeof(double));
-        cs[i].rbuf = malloc(RBUF);
-        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
-        if (epoll_ctl(ep, EPOLL_CTL_ADD, cs[i].fd, &ev) < 0) die("epoll_ctl");
-    }
+    int ep;
+    conn_t *cs = open_conns(port, conns, per_conn, &ep);
     double interval = 1.0 / rate;
     double t0 = now_s() + 0.2;
     double deadline = t0 + seconds + 30;

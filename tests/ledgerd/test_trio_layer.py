@@ -200,7 +200,7 @@ async def test_submit_many_sends_all_or_none_and_respects_the_outstanding_cap(
         async def watch() -> None:
             while len(seen) < 100:
                 seen.append(lh.outstanding)
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch)
