@@ -111,6 +111,17 @@ class BookieConfig(ZooKeeperSettings):
             "free, and what arrives during its sync forms the next group, so groups grow "
             "with load by themselves (bench/latency.py: 5x one-writer throughput, half "
             "the light-load p99; a wait makes larger groups near saturation).")
+    journal_groups_in_flight: int = setting(
+        1, bk="(ledgerd; BookKeeper has one journal thread)", minimum=1, maximum=16,
+        doc="Groups written and synced at once, each by its own native thread; they "
+            "complete (and are acknowledged) in the order they were started. 1, like "
+            "BookKeeper: measured here (bench/RESULTS.md), 2 did not lower the open-loop "
+            "p99 at 10% or 50% load, where the event loop, not the sync, is the limit. "
+            "More may help a disk whose syncs are slow next to the CPU's work per add. "
+            "Caveat: after a power loss during overlapping syncs, an older group can be "
+            "torn while a newer one is whole; replay then refuses to start (a bad record "
+            "with valid ones after it) until journal_skip_invalid_records is set. None "
+            "of those records were acknowledged.")
     journal_buffered_writes_threshold: int = setting(
         512 * 1024, bk="journalBufferedWritesThreshold", minimum=0,
         doc="Write the group once this many bytes are waiting.")
@@ -141,14 +152,15 @@ class BookieConfig(ZooKeeperSettings):
         doc="Create the next entry log (file, header, lastId) in the writer thread "
             "while the current one fills, so a roll does not wait for it.")
     flush_entrylog_bytes: int = setting(
-        8 * MiB, bk="flushEntrylogBytes", minimum=0, maximum=GiB,
+        MiB, bk="flushEntrylogBytes", minimum=0, maximum=GiB,
         doc="Start writing an entry log's data out to disk every this many bytes "
             "(sync_file_range, no wait; 0 = off), so the checkpoint's fdatasync finds "
             "little to flush: on a disk the journal shares, a checkpoint that flushed "
             "seconds of entries at once held the journal's syncs (and every add) behind "
             "it. Not a durability step: the checkpoint still syncs. BookKeeper's default "
-            "is 0; 8 MiB here took the open-loop p99 at half load from 18-63 ms to 7-11 ms "
-            "(bench/RESULTS.md).")
+            "is 0. 1 MiB (bench/RESULTS.md): with none, the open-loop p99 at half load "
+            "was 18-63 ms; with 8 MiB, 7-11 ms, and each 8 MiB write-out held the "
+            "journal's syncs for 6-8 ms; with 1 MiB, 3.5-5.4 ms.")
     write_buffer_size_bytes: int = setting(
         64 * 1024, bk="writeBufferSizeBytes", minimum=512,
         doc="Entry log write buffer; entries still in it are readable.")
@@ -445,6 +457,7 @@ class BookieConfig(ZooKeeperSettings):
             max_memory_bytes=self.journal_max_memory_mb * MiB,
             remove_from_page_cache=self.journal_remove_from_page_cache,
             write_buffer_size=self.journal_write_buffer_size_kb * 1024,
+            groups_in_flight=self.journal_groups_in_flight,
         )
 
     def storage_options(self) -> StorageOptions:

@@ -170,31 +170,40 @@ class ConnectionHub:
         conns = self._conns
         wake_fd = self._wake_fd
         efd = epoll.fileno()
+        journal = self.handler.storage.journal
         while True:
             await trio.lowlevel.wait_readable(efd)
-            now = time.perf_counter()
-            for fd, mask in epoll.poll(0):
-                if fd == wake_fd:
-                    try:
-                        os.eventfd_read(wake_fd)
-                    except BlockingIOError:
-                        pass
-                    continue
-                c = conns.get(fd)
-                if c is None:
-                    continue
-                if mask & _GONE and (c.paused or c.closing):
-                    self._close(c)  # hung up or reset while not reading: nobody to answer
-                    continue
-                if mask & _OUT:
-                    self._send_buffered(c)
-                if mask & ~_OUT and not c.closed:
-                    self._receive(c, now)
-            while self._resume:
-                resume, self._resume = self._resume, []
-                for c in resume:
-                    if not c.closed:
-                        self._take_requests(c, time.perf_counter())
+            journal.hold()  # this pass's adds: one journal group, started at its end
+            try:
+                self._pass(epoll, conns, wake_fd)
+            finally:
+                journal.release()
+
+    def _pass(self, epoll: select.epoll, conns: dict[int, _Connection], wake_fd: int) -> None:
+        """Serve every connection the hub's epoll set reports ready, once."""
+        now = time.perf_counter()
+        for fd, mask in epoll.poll(0):
+            if fd == wake_fd:
+                try:
+                    os.eventfd_read(wake_fd)
+                except BlockingIOError:
+                    pass
+                continue
+            c = conns.get(fd)
+            if c is None:
+                continue
+            if mask & _GONE and (c.paused or c.closing):
+                self._close(c)  # hung up or reset while not reading: nobody to answer
+                continue
+            if mask & _OUT:
+                self._send_buffered(c)
+            if mask & ~_OUT and not c.closed:
+                self._receive(c, now)
+        while self._resume:
+            resume, self._resume = self._resume, []
+            for c in resume:
+                if not c.closed:
+                    self._take_requests(c, time.perf_counter())
 
     async def _sweeper(self) -> None:
         """Idle timeouts and the close grace of connections whose peer has gone."""

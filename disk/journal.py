@@ -7,13 +7,22 @@ durable. The writer service (``run``) takes everything waiting as one group when
 - ``buffered_writes_threshold`` bytes or ``buffered_entries_threshold`` records wait, or
 - ``flush_when_queue_empty`` is set (then it writes as soon as it has anything),
 
-encodes it into one aligned buffer padded to ``alignment``, and hands it to the native
-helper's syncer thread for one ``pwrite`` + one ``fdatasync``; the event loop waits on
-the syncer's eventfd. That thread never takes the GIL: a Python worker thread needed
-it to start and to return, and under load each group cycle waited 1-3 ms for it
-around a 0.3 ms sync (bench/latency.py). While a group syncs, the next accumulates, so
-under load groups grow by themselves and the hand-off is paid per group, never per
-record. A group that rolls the file or must zero ahead first takes a worker thread.
+encodes it into an aligned buffer padded to ``alignment``, and hands it to one of the
+native helper's syncer threads for one ``pwrite`` + one ``fdatasync``; the event loop
+waits on the syncer's eventfd. That thread never takes the GIL: a Python worker thread
+needed it to start and to return, and under load each group cycle waited 1-3 ms for
+it around a 0.3 ms sync (bench/latency.py). ``groups_in_flight`` syncers (each with its
+own buffer) write and sync groups side by side; groups finish in the order they were
+started, so the durable mark only moves forward, and a group whose sync succeeded
+after an earlier one failed fails too. When every syncer is busy, the next group
+accumulates, so under load groups grow by themselves and the hand-off is paid per
+group, never per record. A group that rolls the file or must zero ahead first waits
+for the groups in flight, then takes a worker thread.
+
+``hold``/``release`` let the connection hub make one pass's adds one group and start
+it itself at the end of the pass (when no group wait is configured and a syncer is
+free): no task wakes to start it, and the collector that finishes groups already
+waits on the syncer it will take, so the event loop's next wake-up is the sync's end.
 
 Space ahead of the write position is pre-zeroed in ``prealloc_mb`` steps: overwriting
 zeroed blocks syncs about twice as fast on this disk as appending or writing into
@@ -30,6 +39,7 @@ import errno
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +88,7 @@ class JournalOptions:
     max_memory_bytes: int = 256 * MiB
     remove_from_page_cache: bool = True
     write_buffer_size: int = 64 * 1024  # the aligned write buffer's first size (it grows)
+    groups_in_flight: int = 1  # groups written and synced at once (completed in order)
 
 
 class JournalGroup:
@@ -123,6 +134,29 @@ class JournalGroup:
         return self.check()
 
 
+class _Slot:
+    """A native syncer thread and the aligned buffer its groups are encoded into."""
+
+    __slots__ = ("buf", "syncer")
+
+    def __init__(self, syncer: native.Syncer) -> None:
+        self.syncer = syncer
+        self.buf: native.AlignedBuffer | None = None
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A group its syncer is writing: where it ends, what it holds."""
+
+    slot: _Slot
+    group: JournalGroup
+    position: JournalPosition  # the durable mark once this group is done
+    start: int
+    records: int
+    nbytes: int
+    size: int
+
+
 class _File:
     """The current journal file: descriptor, write offset and zeroed extent."""
 
@@ -162,11 +196,17 @@ class Journal:
         self._zero_wanted = trio.Event()
         self._zeroing: trio.Event | None = None
         self._slow_path = False
+        self._held = False  # between ``hold`` and ``release``: submissions wake nobody
+        self._starting = False  # the writer has taken a group and not yet started it
         self.background_zero_bytes = 0
         self.slow_groups = 0  # groups that rolled the file or zeroed ahead themselves
-        self._buf: native.AlignedBuffer | None = None
         self.buffer_allocations = 0
-        self._syncer: native.Syncer | None = None
+        # One slot per group that may be in flight: a native syncer thread and the
+        # aligned buffer it writes from. ``_free`` is a stack (the warmest on top).
+        self._slots: list[_Slot] = []
+        self._free: list[_Slot] = []
+        self._inflight: deque[_InFlight] = deque()
+        self._slot_freed = trio.Event()  # a group in flight finished (or one failed)
         # Counters for metrics.
         self.groups_written = 0
         self.records_written = 0
@@ -216,8 +256,10 @@ class Journal:
         self._zero_ahead(self._file, HEADER_SIZE)
         self._file.handle.fdatasync()
         self._durable = JournalPosition(file_id, HEADER_SIZE)
-        if self._syncer is None:
-            self._syncer = native.Syncer()
+        while len(self._slots) < self.options.groups_in_flight:
+            slot = _Slot(native.Syncer())
+            self._slots.append(slot)
+            self._free.append(slot)
 
     def _open_handle(self, path: Path) -> native.NativeFile:
         handle = self._open_untagged(path)
@@ -320,8 +362,35 @@ class Journal:
         if n >= o.buffered_writes_threshold or (
                 o.buffered_entries_threshold and len(self._pending) >= o.buffered_entries_threshold):
             self._threshold.set()
-        self._wakeup.set()
+        if not self._held:
+            self._wakeup.set()
         return self._group
+
+    def hold(self) -> None:
+        """Submissions from here to ``release`` join one group and wake nobody.
+
+        The connection hub holds the journal for one pass over its ready sockets and
+        releases it at the end of the pass, in the same step (no task runs between).
+        """
+        self._held = True
+
+    def release(self) -> None:
+        """End a ``hold``: start the group at once when the writer would start it
+        without waiting (no group wait, a syncer free, the fast path), else wake the
+        writer. Starting it here saves the writer task's wake-up and the event-loop
+        pass it costs: at light load, one pass per add."""
+        self._held = False
+        if not self._pending:
+            return
+        o = self.options
+        if (self._running and not self._starting and self._free
+                and self._failed is None and not self._closed
+                and o.max_group_wait_ms <= 0 and not o.flush_when_queue_empty
+                and self._fits_fast(self._pending_bytes)):
+            group, records, nbytes = self._take()
+            self._start_native(group, records, nbytes)
+        else:
+            self._wakeup.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer service. Runs until cancelled or closed; an I/O failure ends it
@@ -337,6 +406,7 @@ class Journal:
             with shield:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._zero_service)
+                    nursery.start_soon(self._collect_service)
                     try:
                         await self._run_loop()
                     except BaseException as exc:  # re-raised as itself, not as a group
@@ -349,6 +419,7 @@ class Journal:
                 raise failure
         finally:
             self._running = False
+            await self._drain()
             if self._failed is None and not self._closed:
                 # Stopped under its callers (the storage service failed or was
                 # cancelled): fail the waiting group instead of leaving adds hanging.
@@ -361,20 +432,30 @@ class Journal:
     async def _run_loop(self) -> None:
         wait = self.options.max_group_wait_ms / 1000.0
         while True:
+            if self._failed is not None:
+                raise self._failed
             if not self._pending:
                 if self._closed:
+                    while self._inflight and self._failed is None:
+                        await self._slot_freed.wait()
+                    if self._failed is not None:
+                        raise self._failed
                     return
                 await self._wakeup.wait()
                 self._wakeup = trio.Event()
                 continue
+            if not self._free:
+                await self._slot_freed.wait()  # every syncer has a group in flight
+                continue
             if self.options.flush_when_queue_empty:
                 await self._wait_queue_empty()
-            elif not self._threshold.is_set() and not self._closed:
+            elif wait > 0 and not self._threshold.is_set() and not self._closed:
                 with trio.move_on_at(self._oldest + wait):
                     await self._threshold.wait()
-            await self._write_group()
-            if self._failed is not None:
-                raise self._failed
+            # No wait policy, no yield since the checks above: ``release`` (which starts
+            # groups only under that policy) cannot have taken the records or the slot.
+            if self._pending and self._free:
+                await self._start_group()
 
     async def _wait_queue_empty(self) -> None:
         """Let every runnable appender run; return once a pass adds nothing new.
@@ -389,53 +470,189 @@ class Journal:
             if len(self._pending) == before:
                 return
 
-    async def _write_group(self) -> None:
+    async def _start_group(self) -> None:
+        """Take everything waiting as one group and start writing it.
+
+        On the fast path the group goes to a free syncer and this returns at once; the
+        collector (``_collect_oldest``) finishes groups in the order they were started.
+        A group that must roll the file or zero ahead waits for the groups in flight and
+        for the zeroer, then is written and synced by a worker thread before returning.
+        """
+        group, records, nbytes = self._take()
+        self._starting = True  # ``release`` must not start a group ahead of this one
+        try:
+            await self._start_taken(group, records, nbytes)
+        finally:
+            self._starting = False
+
+    def _take(self) -> tuple[JournalGroup, list[tuple[int, bytes]], int]:
+        """Everything waiting, as the next group (and a new group for what follows)."""
         records, self._pending = self._pending, []
-        self._writing_bytes, self._pending_bytes = self._pending_bytes, 0
-        nbytes = self._writing_bytes
+        nbytes, self._pending_bytes = self._pending_bytes, 0
+        self._writing_bytes += nbytes
         group, self._group = self._group, JournalGroup()
         self._threshold = trio.Event()
+        return group, records, nbytes
+
+    async def _start_taken(self, group: JournalGroup, records: list[tuple[int, bytes]],
+                           nbytes: int) -> None:
         try:
-            position = await self._write_native(records, nbytes)
-            if position is None and self._zeroing is not None:
+            while True:
+                if self._fits_fast(nbytes):
+                    self._start_native(group, records, nbytes)
+                    return
+                if self._zeroing is None:
+                    break
                 # Never zero ahead or roll under the background zeroer: let it finish
                 # (its chunks are what this group needs), then try the fast path again.
                 with trio.CancelScope(shield=True):
                     await self._zeroing.wait()
-                position = await self._write_native(records, nbytes)
-            if position is None:
-                self._slow_path = True  # the zeroer stays off the file meanwhile
-                self.slow_groups += 1
-                try:
-                    position = await trio.to_thread.run_sync(self._write_sync, records, nbytes,
-                                                             abandon_on_cancel=False)
-                finally:
-                    self._slow_path = False
-            self._writing_bytes = 0
+            # The slow path touches the file's end (and may close it): nothing else
+            # may be writing it, so the groups in flight finish first.
+            with trio.CancelScope(shield=True):
+                while self._inflight and self._failed is None:
+                    await self._slot_freed.wait()
+            if self._failed is not None:
+                self._writing_bytes -= nbytes
+                group.error = self._failed
+                group.finish()
+                return
+            self._slow_path = True  # the zeroer stays off the file meanwhile
+            self.slow_groups += 1
+            try:
+                position = await trio.to_thread.run_sync(self._write_sync, records, nbytes,
+                                                         abandon_on_cancel=False)
+            finally:
+                self._slow_path = False
+                self._writing_bytes -= nbytes
         except BaseException as exc:
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                err: BaseException = DiskFullError(str(self._file.path if self._file else self.dir),
-                                                   str(exc))
-            elif isinstance(exc, (OSError, StorageError)):
-                err = StorageError(f"journal write failed: {exc}")
-            else:
-                err = exc
-            self._failed = err
-            group.error = err
-            group.finish()
-            # Everyone who joined after this group fails too.
-            self._group.error = err
-            self._group.finish()
-            log.error("journal_failed", extra=fields(error=repr(exc)))
-            if not isinstance(err, (OSError, StorageError)):
+            self._fail(exc, group)
+            if not isinstance(exc, (OSError, StorageError)):
                 raise
             return
         self._durable = position
         group.position = position
         group.finish()
         if self.on_group is not None:
-            self.on_group(len(records), nbytes,
-                          self.last_sync_seconds)
+            self.on_group(len(records), nbytes, self.last_sync_seconds)
+
+    def _fits_fast(self, total: int) -> bool:
+        """Whether a group of ``total`` bytes can take the fast path now: a syncer is
+        free and the group neither rolls the file nor reaches unzeroed space."""
+        f = self._file
+        if f is None or not self._free:
+            return False
+        o = self.options
+        end = f.offset + -(-total // o.alignment) * o.alignment
+        return not ((end > o.max_size_mb * MiB and f.offset > HEADER_SIZE)
+                    or end > f.zeroed_until)
+
+    def _start_native(self, group: JournalGroup, records: list[tuple[int, bytes]],
+                      total: int) -> None:
+        """The fast path (``_fits_fast`` said so): encode here, then a syncer's own
+        thread writes and syncs without the GIL."""
+        f = self._file
+        assert f is not None
+        o = self.options
+        size = -(-total // o.alignment) * o.alignment
+        end = f.offset + size
+        slot = self._free.pop()  # the slot freed last: its buffer is warm
+        view = self._encode(f, records, total, slot)
+        slot.syncer.submit(f.handle, view, f.offset, sync=o.sync_data)
+        self._inflight.append(_InFlight(slot, group, JournalPosition(f.file_id, end),
+                                        f.offset, len(records), total, size))
+        f.offset = end  # the next group starts here, before this one is durable
+        if self._running:
+            self._want_zero_ahead(f, end)
+
+    async def _collect_service(self) -> None:
+        """Finish the groups in flight, oldest first, as their syncers report.
+
+        With nothing in flight it waits on the syncer the next group will take (the
+        top of the free stack: only this task pushes onto it), so a group's start
+        wakes no task: the first the event loop hears of it is its completion.
+        """
+        while True:
+            if self._inflight:
+                await self._collect_oldest()
+            elif self._free:
+                await trio.lowlevel.wait_readable(self._free[-1].syncer)
+            else:
+                await trio.sleep_forever()  # closed: no syncers left
+
+    async def _collect_oldest(self) -> None:
+        """Wait for the oldest group in flight and finish it (shielded: the write runs
+        on regardless, and its callers must hear how it ended).
+
+        Groups finish in the order they were started, so the durable mark only moves
+        forward and a group is never acknowledged before one written ahead of it. A
+        group whose sync succeeded after an earlier one failed fails too.
+        """
+        item = self._inflight[0]
+        syncer = item.slot.syncer
+        error: OSError | None = None
+        seconds: float | None = None
+        with trio.CancelScope(shield=True):
+            try:
+                # Often done already (the idle wait was on this syncer): no extra pass.
+                seconds = syncer.collect()
+                while seconds is None:
+                    await trio.lowlevel.wait_readable(syncer)
+                    seconds = syncer.collect()
+            except OSError as exc:
+                error = exc
+        self._inflight.popleft()
+        self._free.append(item.slot)
+        self._writing_bytes -= item.nbytes
+        if error is not None:
+            self._fail(error, item.group)
+        elif self._failed is not None:
+            item.group.error = self._failed
+            item.group.finish()
+        else:
+            assert seconds is not None
+            self.last_sync_seconds = seconds
+            if not self._direct and self.options.remove_from_page_cache and self._file:
+                self._file.handle.fadvise_dontneed(0, item.start)
+            self.groups_written += 1
+            self.records_written += item.records
+            self.bytes_written += item.size
+            self._durable = item.position
+            item.group.position = item.position
+            item.group.finish()
+            if self.on_group is not None:
+                self.on_group(item.records, item.nbytes, seconds)
+        self._slot_freed.set()
+        self._slot_freed = trio.Event()
+
+    def _fail(self, exc: BaseException, group: JournalGroup) -> None:
+        """The journal could not make ``group`` durable: fail it, everything after it,
+        and every later append (the bookie turns read-only)."""
+        if self._failed is None:
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                err: BaseException = DiskFullError(
+                    str(self._file.path if self._file else self.dir), str(exc))
+            elif isinstance(exc, (OSError, StorageError)):
+                err = StorageError(f"journal write failed: {exc}")
+            else:
+                err = exc
+            self._failed = err
+            log.error("journal_failed", extra=fields(error=repr(exc)))
+        group.error = self._failed
+        group.finish()
+        # Everyone who joined after this group fails too; the writer wakes to stop.
+        self._group.error = self._failed
+        self._group.finish()
+        self._wakeup.set()
+        self._threshold.set()
+        self._slot_freed.set()
+        self._slot_freed = trio.Event()
+
+    async def _drain(self) -> None:
+        """Finish every group still in flight (shielded; used when the writer stops)."""
+        with trio.CancelScope(shield=True):
+            while self._inflight:
+                await self._collect_oldest()
 
     async def _zero_service(self) -> None:
         """Zero the next prealloc step ahead of the write position, off the group path.
@@ -485,7 +702,8 @@ class Journal:
 
     def _write_sync(self, records: list[tuple[int, bytes]], total: int) -> JournalPosition:
         """Worker thread: encode, pad, write, zero ahead, fdatasync. Returns the new mark.
-        The slow path, for groups that roll the file or need zeroing ahead first."""
+        The slow path, for groups that roll the file or need zeroing ahead first; it
+        runs with no group in flight, so every slot's buffer is free."""
         f = self._file
         assert f is not None
         o = self.options
@@ -493,7 +711,7 @@ class Journal:
         if f.offset + size > o.max_size_mb * MiB and f.offset > HEADER_SIZE:
             f.handle.close()
             f = self._file = self._new_file(f.file_id + 1)
-        view = self._encode(f, records, total)
+        view = self._encode(f, records, total, self._free[-1])
         end = f.offset + size
         if end > f.zeroed_until:
             self._zero_ahead(f, end)
@@ -502,45 +720,24 @@ class Journal:
         if o.sync_data:
             f.handle.fdatasync()
         self.last_sync_seconds = time.perf_counter() - t0
-        return self._written(f, end, len(records), size)
+        if not self._direct and o.remove_from_page_cache:
+            f.handle.fadvise_dontneed(0, f.offset)
+        f.offset = end
+        self.groups_written += 1
+        self.records_written += len(records)
+        self.bytes_written += size
+        return JournalPosition(f.file_id, end)
 
-    async def _write_native(self, records: list[tuple[int, bytes]],
-                            total: int) -> JournalPosition | None:
-        """The fast path: encode here, then the native syncer's own thread writes and
-        syncs without the GIL while the event loop waits on its eventfd. None (nothing
-        written) when the group must roll the file or zero ahead: the slow path does."""
-        f = self._file
-        syncer = self._syncer
-        assert f is not None
-        if syncer is None:
-            return None
-        o = self.options
-        size = -(-total // o.alignment) * o.alignment
-        end = f.offset + size
-        if (end > o.max_size_mb * MiB and f.offset > HEADER_SIZE) or end > f.zeroed_until:
-            return None
-        view = self._encode(f, records, total)
-        syncer.submit(f.handle, view, f.offset, sync=o.sync_data)
-        if self._running:
-            self._want_zero_ahead(f, end)
-        seconds: float | None = None
-        with trio.CancelScope(shield=True):  # the write runs on; so does the wait for it
-            while seconds is None:
-                await trio.lowlevel.wait_readable(syncer)
-                seconds = syncer.collect()
-        assert seconds is not None
-        self.last_sync_seconds = seconds
-        return self._written(f, end, len(records), size)
-
-    def _encode(self, f: _File, records: list[tuple[int, bytes]], total: int) -> memoryview:
-        """The group's records, padded to the alignment, in the reused aligned buffer."""
+    def _encode(self, f: _File, records: list[tuple[int, bytes]], total: int,
+                slot: _Slot) -> memoryview:
+        """The group's records, padded to the alignment, in the slot's aligned buffer."""
         align = self.options.alignment
         size = -(-total // align) * align
-        buf = self._buf
+        buf = slot.buf
         if buf is None or buf.size < size:
-            # One buffer, reused group after group (one group is written at a time).
+            # One buffer per slot, reused group after group (it never shrinks).
             start = max(size, self.options.write_buffer_size, align)
-            buf = self._buf = native.alloc_aligned(-(-start // align) * align, align)
+            buf = slot.buf = native.alloc_aligned(-(-start // align) * align, align)
             self.buffer_allocations += 1
         view = buf.view[:size]
         fid = f.file_id
@@ -555,15 +752,6 @@ class Journal:
             # read as the end of this group's block; the next group starts aligned.
             view[pos:size] = bytes(size - pos)
         return view
-
-    def _written(self, f: _File, end: int, records: int, size: int) -> JournalPosition:
-        if not self._direct and self.options.remove_from_page_cache:
-            f.handle.fadvise_dontneed(0, f.offset)
-        f.offset = end
-        self.groups_written += 1
-        self.records_written += records
-        self.bytes_written += size
-        return JournalPosition(f.file_id, end)
 
     def _zero_ahead(self, f: _File, end: int) -> None:
         step = self.options.prealloc_mb * MiB
@@ -591,10 +779,11 @@ class Journal:
             if self._running:
                 await self._run_done.wait()
             elif self._pending and self._failed is None:
-                await self._write_group()
-            if self._syncer is not None:
-                syncer, self._syncer = self._syncer, None
-                syncer.close()  # idle: every group it took was collected
+                await self._start_group()
+                await self._drain()
+            slots, self._slots, self._free = self._slots, [], []
+            for slot in slots:
+                slot.syncer.close()  # idle: every group it took was collected
             if self._file is not None:
                 handle = self._file.handle
                 self._file = None

@@ -71,7 +71,7 @@ class StorageOptions:
     skip_invalid_journal_records: bool = False
     open_file_limit: int = 20000
     preallocate_entry_logs: bool = True
-    flush_entrylog_bytes: int = 8 << 20  # entry-log write-behind step (0: off)
+    flush_entrylog_bytes: int = 1 << 20  # entry-log write-behind step (0: off)
     allow_storage_expansion: bool = False
     read_buffer_size: int = 512
     ledger_storage_class: str = "interleaved"  # or "db": one LMDB index (dbindex.py)

@@ -257,7 +257,7 @@ ffibuilder.set_source(
        without the GIL. A thread from Python's pool needs the GIL to start and again to
        return, and under load the event loop holds it, so each group cycle waited 1-3 ms
        for the GIL around a 0.3 ms sync (bench/latency.py). This thread never runs Python:
-       it takes one job (the journal has one group in flight), runs it, and signals an
+       it takes one job (the journal's group on this syncer), runs it, and signals an
        eventfd the event loop waits on. */
     struct ldn_syncer {
         pthread_mutex_t mu;

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
-from ledgerd.disk.errors import CorruptRecordError, DiskFullError, StorageClosedError
-from ledgerd.disk.journal import Journal, JournalOptions
+from ledgerd import native
+from ledgerd.disk.errors import (
+    CorruptRecordError,
+    DiskFullError,
+    StorageClosedError,
+    StorageError,
+)
+from ledgerd.disk.journal import Journal, JournalOptions, JournalPosition
 from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body
 from ledgerd.disk.journal_scan import inspect_journal, journal_file_ids, scan_journal_file
 
@@ -218,10 +228,12 @@ async def test_write_buffer_starts_at_its_setting_and_grows_to_the_largest_group
         await nursery.start(j.run)
         for i in range(5):
             await j.append([(RecordType.ENTRY, entry_body(1, i, b"x" * 100))])
-        assert j.buffer_allocations == 1 and j._buf is not None
-        assert j._buf.size == 256 * 1024
+        # One append at a time: every group reuses the slot (and buffer) freed last.
+        assert j.buffer_allocations == 1
+        assert max(s.buf.size for s in j._slots if s.buf is not None) == 256 * 1024
         await j.append([(RecordType.ENTRY, entry_body(1, 5, b"y" * 300_000))])
-        assert j.buffer_allocations == 2 and j._buf.size >= 300_000
+        assert j.buffer_allocations == 2
+        assert max(s.buf.size for s in j._slots if s.buf is not None) >= 300_000
         await j.append([(RecordType.ENTRY, entry_body(1, 6, b"z" * 1000))])
         assert j.buffer_allocations == 2  # reused, never shrunk
         nursery.cancel_scope.cancel()
@@ -246,3 +258,180 @@ async def test_zeroing_ahead_runs_beside_the_groups(tmp_path: Path) -> None:
     assert j.slow_groups == 0
     got = [r.value for r in scan_journal_file(j.files()[-1])]
     assert got == list(range(600))
+
+
+def _entry(ledger: int, entry: int, size: int = 100) -> list[tuple[int, bytes]]:
+    return [(RecordType.ENTRY, entry_body(ledger, entry, b"e" * size))]
+
+
+async def test_release_starts_the_held_group_and_groups_complete_in_order(
+        tmp_path: Path) -> None:
+    """What is submitted under ``hold`` is one group, started by ``release`` itself; with
+    two syncers a second group starts while the first syncs, and they finish in order."""
+    j = Journal(tmp_path, JournalOptions(groups_in_flight=2))
+    await j.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        j.hold()
+        first = j.submit(_entry(1, 0))
+        assert j.submit(_entry(2, 0)) is first
+        assert not j._inflight  # nothing starts while held
+        j.release()
+        assert len(j._inflight) == 1  # started here, in this step
+        j.hold()
+        second = j.submit(_entry(1, 1))
+        j.release()
+        assert second is not first and len(j._inflight) == 2
+        end = await second.wait()
+        assert first.is_durable and first.position < second.position == end == j.durable
+        assert j.groups_written == 2 and j.records_written == 3
+        # A third group waits for a free syncer when both are busy.
+        j.hold()
+        j.submit(_entry(1, 2))
+        j.submit(_entry(1, 3))  # same group
+        j.release()
+        j.hold()
+        last = j.submit(_entry(1, 4))
+        j.release()
+        j.hold()
+        j.submit(_entry(1, 5))
+        j.release()
+        assert len(j._inflight) == 2 and j.pending_records == 1
+        await last.wait()
+        await j.close()
+        nursery.cancel_scope.cancel()
+    path = j.files()[-1]
+    assert [(r.ledger_id, r.value) for r in scan_journal_file(path)
+            if r.type is RecordType.ENTRY] == [
+        (1, 0), (2, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]
+
+
+async def test_one_syncer_keeps_one_group_in_flight(tmp_path: Path) -> None:
+    j = Journal(tmp_path, JournalOptions(groups_in_flight=1))
+    await j.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        j.hold()
+        first = j.submit(_entry(1, 0))
+        j.release()
+        j.hold()
+        second = j.submit(_entry(1, 1))
+        j.release()
+        assert len(j._inflight) == 1 and j.pending_records == 1
+        await second.wait()
+        assert first.position < second.position
+        await j.close()
+        nursery.cancel_scope.cancel()
+
+
+class _FailingFirstCollect:
+    """A real syncer whose first finished job reports EIO (the disk failed the write)."""
+
+    failures = 1
+
+    def __init__(self, syncer: native.Syncer) -> None:
+        self._syncer = syncer
+
+    def fileno(self) -> int:
+        return self._syncer.fileno()
+
+    def submit(self, *args: Any, **kwargs: Any) -> None:
+        self._syncer.submit(*args, **kwargs)
+
+    def collect(self) -> float | None:
+        seconds = self._syncer.collect()
+        if seconds is not None and _FailingFirstCollect.failures:
+            _FailingFirstCollect.failures -= 1
+            raise OSError(errno.EIO, "journal write + fdatasync: Input/output error")
+        return seconds
+
+    def close(self) -> None:
+        self._syncer.close()
+
+
+async def test_a_failed_group_fails_the_groups_in_flight_after_it(tmp_path: Path) -> None:
+    """The second group's sync succeeded, but the first's failed: both fail, and so does
+    everything after, since the journal cannot hold a hole before durable records."""
+    j = Journal(tmp_path, JournalOptions(groups_in_flight=2))
+    await j.open()
+    for slot in j._slots:
+        slot.syncer = _FailingFirstCollect(slot.syncer)  # type: ignore[assignment]
+    ended: list[BaseException] = []
+
+    async def writer(task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await j.run(task_status=task_status)
+        except StorageError as exc:
+            ended.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(writer)
+        j.hold()
+        first = j.submit(_entry(1, 0))
+        j.release()
+        j.hold()
+        second = j.submit(_entry(1, 1))
+        j.release()
+        assert len(j._inflight) == 2
+        with pytest.raises(StorageError, match="Input/output error"):
+            await second.wait()
+        with pytest.raises(StorageError, match="Input/output error"):
+            first.check()
+        with pytest.raises(StorageClosedError):
+            j.submit(_entry(1, 2))
+    assert len(ended) == 1 and "Input/output error" in str(ended[0])  # the writer stops
+    assert j.durable.offset == HEADER_SIZE  # never moved past the failed group
+    await j.close()
+
+
+async def test_release_never_starts_a_group_ahead_of_one_the_writer_took(
+        tmp_path: Path) -> None:
+    """A group on the slow path (here: it needs zeroing ahead) is being written by a
+    worker thread; adds released meanwhile must wait for it, or they would be written
+    and acknowledged ahead of it, past a hole a crash could leave."""
+    j = Journal(tmp_path, JournalOptions(prealloc_mb=1, groups_in_flight=2))
+    await j.open()
+    gate = threading.Event()
+    real = j._write_sync
+
+    def gated(records: list[tuple[int, bytes]], total: int) -> JournalPosition:
+        gate.wait(30)
+        return real(records, total)
+
+    j._write_sync = gated  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        big = j.submit(_entry(1, 0, size=1_500_000))  # beyond the zeroed first MiB
+        await trio.testing.wait_all_tasks_blocked()
+        assert j.slow_groups == 1  # the writer is in the slow path, held at the gate
+        j.hold()
+        small = j.submit(_entry(1, 1))
+        j.release()
+        assert not j._inflight and j.pending_records == 1
+        gate.set()
+        await small.wait()
+        assert big.is_durable and big.position < small.position
+        await j.close()
+        nursery.cancel_scope.cancel()
+    assert [r.value for r in scan_journal_file(j.files()[-1])
+            if r.type is RecordType.ENTRY] == [0, 1]
+
+
+async def test_the_writer_wakes_to_find_its_group_started_by_release(tmp_path: Path) -> None:
+    """A plain ``submit`` wakes the writer; a ``release`` in the same step starts the
+    group (both records) before the writer runs. The writer then finds nothing to do: no
+    second, empty group (it would take the slow path, as no syncer is free)."""
+    j = Journal(tmp_path, JournalOptions(groups_in_flight=1))
+    await j.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        for i in range(3):
+            j.submit(_entry(1, 2 * i))  # wakes the writer
+            j.hold()
+            group = j.submit(_entry(1, 2 * i + 1))
+            j.release()  # starts both records as one group, in this step
+            assert len(j._inflight) == 1 and not j.pending_records
+            await group.wait()
+        assert (j.groups_written, j.slow_groups, j.records_written) == (3, 0, 6)
+        await j.close()
+        nursery.cancel_scope.cancel()
