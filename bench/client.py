@@ -1,11 +1,13 @@
 """Client throughput and latency: E=Qw=Qa=1 on one bookie vs E=3 Qw=2 Qa=2 on three.
 
-    python bench/client.py [--seconds 8] [--rounds 3] [--window 500]
+    python bench/client.py [--seconds 8] [--rounds 3] [--window 800]
 
 Starts a real ZooKeeper and three bookie processes (temp directories on the work disk),
 then, in this process, one client task appends 1 KiB entries through
 ``WriteHandle.submit`` with ``--window`` appends in flight (pipelined from one task, no
-task per entry) for ``--seconds`` after a 1 s warm-up; and again through
+task per entry; 800 by default, the raw bookie's 4 connections x 200, so the two sides
+of the E3 / raw comparison have the same concurrency) for ``--seconds`` after a 1 s
+warm-up; and again through
 ``submit_many`` in batches of ``--batch`` with ``--batch-window`` in flight (goal, #22:
 >= 100k appends/s to one bookie). An append counts when it is
 durable on its ack quorum (each bookie acknowledges after its journal fdatasync);
@@ -178,7 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window", type=int, default=500)
+    parser.add_argument("--window", type=int, default=800)
     parser.add_argument("--batch", type=int, default=100,
                         help="appends per submit_many call in the batched runs")
     parser.add_argument("--batch-window", type=int, default=4000,

@@ -288,13 +288,27 @@ class LedgerStorage:
         return True
 
     def _insert_many(self, idx: LedgerIndex, first_entry_id: int,
-                     entries: Sequence[bytes]) -> None:
+                     entries: Sequence[bytes], entry_ids: Sequence[int] | None = None) -> None:
+        """Several entries: consecutive from ``first_entry_id``, or with ``entry_ids``
+        (ascending, a SPARSE add's). The entry log takes them in one append either way;
+        the index takes each consecutive run at once."""
         if self.db:
-            for i, entry in enumerate(entries):
-                self._insert(idx, first_entry_id + i, entry)
+            ids = entry_ids if entry_ids is not None else range(
+                first_entry_id, first_entry_id + len(entries))
+            for eid, entry in zip(ids, entries, strict=True):
+                self._insert(idx, eid, entry)
             return
-        locations = self.entry_logger.add_many(idx.ledger_id, entries)
-        self.cache.set_locations(idx.ledger_id, first_entry_id, locations)
+        ledger_id = idx.ledger_id
+        locations = self.entry_logger.add_many(ledger_id, entries)
+        if entry_ids is None:
+            self.cache.set_locations(ledger_id, first_entry_id, locations)
+        else:
+            for start, stop in consecutive_runs(entry_ids):
+                if stop - start == 1:
+                    self.cache.set_location(ledger_id, entry_ids[start], locations[start])
+                else:
+                    self.cache.set_locations(ledger_id, entry_ids[start],
+                                             locations[start:stop])
         unpack = _LAC_AT.unpack_from
         lac = max(unpack(e, 16)[0] if len(e) >= 24 else -1 for e in entries)
         if lac > idx.lac:
@@ -576,11 +590,10 @@ class LedgerStorage:
             records = []
         idx.changes += 1
         if entry_ids is not None:
-            for start, stop in consecutive_runs(entry_ids):
-                if stop - start == 1:
-                    self._insert(idx, entry_ids[start], entries[start])
-                else:
-                    self._insert_many(idx, entry_ids[start], entries[start:stop])
+            if len(entries) == 1:
+                self._insert(idx, entry_ids[0], entries[0])
+            else:
+                self._insert_many(idx, entry_ids[0], entries, entry_ids)
             for eid, entry in zip(entry_ids, entries, strict=True):
                 records.append((RecordType.ENTRY, entry_body(ledger_id, eid, entry)))
             return self.journal.submit(records)
