@@ -22,7 +22,7 @@ from ledgerd.disk.errors import (
     StorageClosedError,
     StorageError,
 )
-from ledgerd.disk.journal import Journal, JournalOptions, JournalPosition
+from ledgerd.disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
 from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body
 from ledgerd.disk.journal_scan import inspect_journal, journal_file_ids, scan_journal_file
 
@@ -39,6 +39,16 @@ async def _write(d: Path, batches: list[list[bytes]], **opts: object) -> Path:
         nursery.cancel_scope.cancel()
     ids = journal_file_ids(d / "current")
     return d / "current" / f"{ids[-1]:x}.txn"
+
+
+async def _writer(j: Journal, failure: type[BaseException], errors: list[BaseException],
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The writer service, whose failure ends it (a supervisor would go read-only):
+    recorded in ``errors`` instead of failing the test's nursery."""
+    try:
+        await j.run(task_status=task_status)
+    except failure as exc:
+        errors.append(exc)
 
 
 def _payloads(path: Path) -> list[bytes]:
@@ -175,15 +185,8 @@ async def test_full_disk_is_a_clear_error_and_loses_nothing_acknowledged(tmp_pat
         acked: list[int] = []
         service_errors: list[BaseException] = []
 
-        async def supervised(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            # The writer service ends with the failure; a supervisor would go read-only.
-            try:
-                await j.run(task_status=task_status)
-            except DiskFullError as exc:
-                service_errors.append(exc)
-
         async with trio.open_nursery() as nursery:
-            await nursery.start(supervised)
+            await nursery.start(_writer, j, DiskFullError, service_errors)
             with pytest.raises(DiskFullError, match="no space left"):
                 for i in range(100):
                     await j.append([(RecordType.ENTRY, entry_body(1, i, bytes(100_000)))])
@@ -264,6 +267,14 @@ def _entry(ledger: int, entry: int, size: int = 100) -> list[tuple[int, bytes]]:
     return [(RecordType.ENTRY, entry_body(ledger, entry, b"e" * size))]
 
 
+def _pass(j: Journal, *records: list[tuple[int, bytes]]) -> JournalGroup:
+    """What the connection hub does in one pass: submit under ``hold``, then ``release``."""
+    j.hold()
+    groups = [j.submit(r) for r in records]
+    j.release()
+    return groups[-1]
+
+
 async def test_release_starts_the_held_group_and_groups_complete_in_order(
         tmp_path: Path) -> None:
     """What is submitted under ``hold`` is one group, started by ``release`` itself; with
@@ -278,24 +289,15 @@ async def test_release_starts_the_held_group_and_groups_complete_in_order(
         assert not j._inflight  # nothing starts while held
         j.release()
         assert len(j._inflight) == 1  # started here, in this step
-        j.hold()
-        second = j.submit(_entry(1, 1))
-        j.release()
+        second = _pass(j, _entry(1, 1))
         assert second is not first and len(j._inflight) == 2
         end = await second.wait()
         assert first.is_durable and first.position < second.position == end == j.durable
         assert j.groups_written == 2 and j.records_written == 3
         # A third group waits for a free syncer when both are busy.
-        j.hold()
-        j.submit(_entry(1, 2))
-        j.submit(_entry(1, 3))  # same group
-        j.release()
-        j.hold()
-        last = j.submit(_entry(1, 4))
-        j.release()
-        j.hold()
-        j.submit(_entry(1, 5))
-        j.release()
+        _pass(j, _entry(1, 2), _entry(1, 3))  # one group
+        last = _pass(j, _entry(1, 4))
+        _pass(j, _entry(1, 5))
         assert len(j._inflight) == 2 and j.pending_records == 1
         await last.wait()
         await j.close()
@@ -311,12 +313,8 @@ async def test_one_syncer_keeps_one_group_in_flight(tmp_path: Path) -> None:
     await j.open()
     async with trio.open_nursery() as nursery:
         await nursery.start(j.run)
-        j.hold()
-        first = j.submit(_entry(1, 0))
-        j.release()
-        j.hold()
-        second = j.submit(_entry(1, 1))
-        j.release()
+        first = _pass(j, _entry(1, 0))
+        second = _pass(j, _entry(1, 1))
         assert len(j._inflight) == 1 and j.pending_records == 1
         await second.wait()
         assert first.position < second.position
@@ -357,21 +355,10 @@ async def test_a_failed_group_fails_the_groups_in_flight_after_it(tmp_path: Path
     for slot in j._slots:
         slot.syncer = _FailingFirstCollect(slot.syncer)  # type: ignore[assignment]
     ended: list[BaseException] = []
-
-    async def writer(task_status: trio.TaskStatus[None]) -> None:
-        try:
-            await j.run(task_status=task_status)
-        except StorageError as exc:
-            ended.append(exc)
-
     async with trio.open_nursery() as nursery:
-        await nursery.start(writer)
-        j.hold()
-        first = j.submit(_entry(1, 0))
-        j.release()
-        j.hold()
-        second = j.submit(_entry(1, 1))
-        j.release()
+        await nursery.start(_writer, j, StorageError, ended)
+        first = _pass(j, _entry(1, 0))
+        second = _pass(j, _entry(1, 1))
         assert len(j._inflight) == 2
         with pytest.raises(StorageError, match="Input/output error"):
             await second.wait()
@@ -404,9 +391,7 @@ async def test_release_never_starts_a_group_ahead_of_one_the_writer_took(
         big = j.submit(_entry(1, 0, size=1_500_000))  # beyond the zeroed first MiB
         await trio.testing.wait_all_tasks_blocked()
         assert j.slow_groups == 1  # the writer is in the slow path, held at the gate
-        j.hold()
-        small = j.submit(_entry(1, 1))
-        j.release()
+        small = _pass(j, _entry(1, 1))
         assert not j._inflight and j.pending_records == 1
         gate.set()
         await small.wait()
