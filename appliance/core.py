@@ -129,6 +129,7 @@ class Accept:
     new_term: int = 0         # adopt this higher term
     fence: bool = False       # set the fence bit
     truncate: bool = False    # drop every entry after the last one of this add
+    entry_ids: list[int] | None = None  # a SPARSE add's ids, read from its entries
 
 
 ACCEPT = Accept()
@@ -181,8 +182,10 @@ class BookieCore:
         if first < 0 or not entries:
             return Status.BAD_REQUEST
         unpack = _IDS.unpack_from
+        ids: list[int] | None = None
         if flags & _SPARSE:
-            if entry_ids(req) is None:
+            ids = entry_ids(req)
+            if ids is None:
                 return Status.BAD_REQUEST
         else:
             for i, entry in enumerate(entries):
@@ -193,7 +196,8 @@ class BookieCore:
             bind = req.master_key
             if flags & _RECOVERY and self.is_recovery_credential(lid, bind):
                 bind = b""
-            return Accept(bind_key=bind, new_term=req.term, truncate=truncate)
+            return Accept(bind_key=bind, new_term=req.term, truncate=truncate,
+                          entry_ids=ids)
         key = ledger.master_key
         sent = req.master_key
         if key != sent:
@@ -214,9 +218,9 @@ class BookieCore:
             elif not self.breaks.stale_term_accepted:
                 return Status.INVALID_TERM
         bind = b"" if key else sent
-        if not bind and not new_term and not truncate:
+        if not bind and not new_term and not truncate and ids is None:
             return ACCEPT
-        return Accept(bind_key=bind, new_term=new_term, truncate=truncate)
+        return Accept(bind_key=bind, new_term=new_term, truncate=truncate, entry_ids=ids)
 
     def on_term(self, term: int, ledger: LedgerState | None) -> Decision:
         """A request's term against the ledger's: refuse a lower one (term 0 included,

@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from ledgerd.appliance.core import Accept, BookieCore, entry_ids
+from ledgerd.appliance.core import Accept, BookieCore
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
@@ -64,7 +64,6 @@ __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_e
 log = logging.getLogger(__name__)
 
 Reply = tuple[int, Message | None]
-_SPARSE = int(AddFlags.SPARSE)
 _NOT_MERGED = int(AddFlags.SPARSE | AddFlags.TRUNCATE)  # add_batch keeps these whole
 
 
@@ -174,8 +173,7 @@ class RequestHandler:
         try:
             group = storage.submit_entries(lid, req.first_entry_id, entries,
                                            decision.bind_key, decision.new_term,
-                                           decision.truncate,
-                                           entry_ids(req) if req.flags & _SPARSE else None)
+                                           decision.truncate, decision.entry_ids)
         except StorageError as exc:
             return status_for_storage_error(exc), None
         self.metrics.entries_added += n

@@ -131,9 +131,10 @@ def test_sparse_adds_take_ascending_ids_from_the_entries() -> None:
                           flags=AddFlags.SPARSE | flags, master_key=KEY, entries=tuple(
                               encode_entry(D, ledger_id, e, -1, 0, b"x") for e in ids))
 
-    assert decide(sparse([3, 4, 6, 7, 9]), Ledger()) is ACCEPT
+    # The ids come out with the decision: the handler stores by them, no second read.
+    assert decide(sparse([3, 4, 6, 7, 9]), Ledger()) == Accept(entry_ids=[3, 4, 6, 7, 9])
     assert entry_ids(sparse([3, 4, 6, 7, 9])) == [3, 4, 6, 7, 9]
-    assert decide(sparse([5]), None) == Accept(bind_key=KEY)
+    assert decide(sparse([5]), None) == Accept(bind_key=KEY, entry_ids=[5])
     for bad in (sparse([3, 4, 4]), sparse([4, 3]), sparse([3, 5], first=2),
                 sparse([3, 5], ledger_id=2), sparse([3, 5], flags=AddFlags.TRUNCATE)):
         assert decide(bad, Ledger()) == Status.BAD_REQUEST
