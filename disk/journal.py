@@ -388,7 +388,12 @@ class Journal:
                 and o.max_group_wait_ms <= 0 and not o.flush_when_queue_empty
                 and self._fits_fast(self._pending_bytes)):
             group, records, nbytes = self._take()
-            self._start_native(group, records, nbytes)
+            try:
+                self._start_native(group, records, nbytes)
+            except BaseException as exc:  # as on the writer's path: the journal fails
+                self._fail(exc, group)
+                if not isinstance(exc, (OSError, StorageError)):
+                    raise
         else:
             self._wakeup.set()
 

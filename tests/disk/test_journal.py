@@ -420,3 +420,28 @@ async def test_the_writer_wakes_to_find_its_group_started_by_release(tmp_path: P
         assert (j.groups_written, j.slow_groups, j.records_written) == (3, 0, 6)
         await j.close()
         nursery.cancel_scope.cancel()
+
+
+class _RefusingSubmit(_FailingFirstCollect):
+    """A real syncer that refuses the job it is handed (the write never starts)."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EBADF, "journal write: Bad file descriptor")
+
+
+async def test_a_group_release_cannot_start_fails_the_journal(tmp_path: Path) -> None:
+    """``release`` runs in the hub's pass: a group it cannot start fails as one the
+    writer could not write (the bookie turns read-only), and the hub's pass goes on."""
+    j = Journal(tmp_path, JournalOptions())
+    await j.open()
+    for slot in j._slots:
+        slot.syncer = _RefusingSubmit(slot.syncer)  # type: ignore[assignment]
+    ended: list[BaseException] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_writer, j, StorageError, ended)
+        group = _pass(j, _entry(1, 0))  # raises nothing here
+        with pytest.raises(StorageError, match="Bad file descriptor"):
+            await group.wait()
+        with pytest.raises(StorageClosedError):
+            j.submit(_entry(1, 1))
+    assert len(ended) == 1 and "Bad file descriptor" in str(ended[0])
