@@ -23,6 +23,8 @@ for the groups in flight, then takes a worker thread.
 it itself at the end of the pass (when no group wait is configured and a syncer is
 free): no task wakes to start it, and the collector that finishes groups already
 waits on the syncer it will take, so the event loop's next wake-up is the sync's end.
+The collector, in turn, starts what arrived during a sync as soon as that sync ends,
+before the finished group's callbacks send its replies.
 
 Space ahead of the write position is pre-zeroed in ``prealloc_mb`` steps: overwriting
 zeroed blocks syncs about twice as fast on this disk as appending or writing into
@@ -380,22 +382,27 @@ class Journal:
         writer. Starting it here saves the writer task's wake-up and the event-loop
         pass it costs: at light load, one pass per add."""
         self._held = False
-        if not self._pending:
-            return
+        if self._pending and not self._start_ready():
+            self._wakeup.set()
+
+    def _start_ready(self) -> bool:
+        """Start what is waiting as a group now, if the writer would start it without
+        waiting: no group wait or queue-empty policy, a syncer free, the fast path, and
+        no group the writer has taken and not yet started (this one would pass it)."""
         o = self.options
-        if (self._running and not self._starting and self._free
-                and self._failed is None and not self._closed
+        if not (self._pending and self._running and not self._held and not self._starting
+                and self._free and self._failed is None and not self._closed
                 and o.max_group_wait_ms <= 0 and not o.flush_when_queue_empty
                 and self._fits_fast(self._pending_bytes)):
-            group, records, nbytes = self._take()
-            try:
-                self._start_native(group, records, nbytes)
-            except BaseException as exc:  # as on the writer's path: the journal fails
-                self._fail(exc, group)
-                if not isinstance(exc, (OSError, StorageError)):
-                    raise
-        else:
-            self._wakeup.set()
+            return False
+        group, records, nbytes = self._take()
+        try:
+            self._start_native(group, records, nbytes)
+        except BaseException as exc:  # as on the writer's path: the journal fails
+            self._fail(exc, group)
+            if not isinstance(exc, (OSError, StorageError)):
+                raise
+        return True
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer service. Runs until cancelled or closed; an I/O failure ends it
@@ -609,6 +616,10 @@ class Journal:
         self._inflight.popleft()
         self._free.append(item.slot)
         self._writing_bytes -= item.nbytes
+        # What arrived during this sync goes to the freed syncer before this group's
+        # callers hear back (their replies): the next sync overlaps the replies, and
+        # the writer task need not wake to start it.
+        started = error is None and self._start_ready()
         if error is not None:
             self._fail(error, item.group)
         elif self._failed is not None:
@@ -627,8 +638,9 @@ class Journal:
             item.group.finish()
             if self.on_group is not None:
                 self.on_group(item.records, item.nbytes, seconds)
-        self._slot_freed.set()
-        self._slot_freed = trio.Event()
+        if not started or self._free:  # a writer waiting for a free syncer would find none
+            self._slot_freed.set()
+            self._slot_freed = trio.Event()
 
     def _fail(self, exc: BaseException, group: JournalGroup) -> None:
         """The journal could not make ``group`` durable: fail it, everything after it,

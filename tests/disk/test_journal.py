@@ -309,6 +309,9 @@ async def test_release_starts_the_held_group_and_groups_complete_in_order(
 
 
 async def test_one_syncer_keeps_one_group_in_flight(tmp_path: Path) -> None:
+    """What arrives during a sync waits for it, and goes to the syncer as soon as the
+    sync ends: before the finished group's callers hear back (the next sync overlaps
+    their replies)."""
     j = Journal(tmp_path, JournalOptions(groups_in_flight=1))
     await j.open()
     async with trio.open_nursery() as nursery:
@@ -316,7 +319,10 @@ async def test_one_syncer_keeps_one_group_in_flight(tmp_path: Path) -> None:
         first = _pass(j, _entry(1, 0))
         second = _pass(j, _entry(1, 1))
         assert len(j._inflight) == 1 and j.pending_records == 1
+        seen: list[tuple[int, int]] = []
+        first.call_when_done(lambda: seen.append((len(j._inflight), j.pending_records)))
         await second.wait()
+        assert seen == [(1, 0)]  # the second group was in flight when the first finished
         assert first.position < second.position
         await j.close()
         nursery.cancel_scope.cancel()
