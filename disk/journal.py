@@ -65,6 +65,10 @@ __all__ = ["Journal", "JournalGroup", "JournalOptions", "JournalPosition"]
 log = logging.getLogger(__name__)
 MiB = 1 << 20
 _ZERO_CHUNK = 1 * MiB
+# The collector starts the next group itself (as its sync's end is heard) up to this many
+# records; a larger one waits for the writer's next pass, and grows meanwhile: under
+# saturation, starting at once measured ~5% fewer adds/s (smaller groups).
+_EARLY_START_RECORDS = 64
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -619,7 +623,8 @@ class Journal:
         # What arrived during this sync goes to the freed syncer before this group's
         # callers hear back (their replies): the next sync overlaps the replies, and
         # the writer task need not wake to start it.
-        started = error is None and self._start_ready()
+        started = (error is None and len(self._pending) <= _EARLY_START_RECORDS
+                   and self._start_ready())
         if error is not None:
             self._fail(error, item.group)
         elif self._failed is not None:
