@@ -23,7 +23,8 @@ for the groups in flight, then takes a worker thread.
 it itself at the end of the pass (when no group wait is configured and a syncer is
 free): no task wakes to start it, and the collector that finishes groups already
 waits on the syncer it will take, so the event loop's next wake-up is the sync's end.
-The collector, in turn, starts what arrived during a sync as soon as that sync ends,
+The collector, in turn, starts what arrived during a sync as soon as that sync ends
+(up to ``_EARLY_START_RECORDS``; a larger group waits for the writer's next pass),
 before the finished group's callbacks send its replies.
 
 Space ahead of the write position is pre-zeroed in ``prealloc_mb`` steps: overwriting
