@@ -634,11 +634,8 @@ class Journal:
         else:
             assert seconds is not None
             self.last_sync_seconds = seconds
-            if not self._direct and self.options.remove_from_page_cache and self._file:
-                self._file.handle.fadvise_dontneed(0, item.start)
-            self.groups_written += 1
-            self.records_written += item.records
-            self.bytes_written += item.size
+            if self._file is not None:
+                self._count_written(self._file, item.start, item.records, item.size)
             self._durable = item.position
             item.group.position = item.position
             item.group.finish()
@@ -743,13 +740,18 @@ class Journal:
         if o.sync_data:
             f.handle.fdatasync()
         self.last_sync_seconds = time.perf_counter() - t0
-        if not self._direct and o.remove_from_page_cache:
-            f.handle.fadvise_dontneed(0, f.offset)
+        self._count_written(f, f.offset, len(records), size)
         f.offset = end
-        self.groups_written += 1
-        self.records_written += len(records)
-        self.bytes_written += size
         return JournalPosition(f.file_id, end)
+
+    def _count_written(self, f: _File, start: int, records: int, size: int) -> None:
+        """A group made durable at ``start``: the counters, and (buffered fallback) the
+        page cache dropped up to it."""
+        if not self._direct and self.options.remove_from_page_cache:
+            f.handle.fadvise_dontneed(0, start)
+        self.groups_written += 1
+        self.records_written += records
+        self.bytes_written += size
 
     def _encode(self, f: _File, records: list[tuple[int, bytes]], total: int,
                 slot: _Slot) -> memoryview:
