@@ -353,13 +353,20 @@ class _FailingFirstCollect:
         self._syncer.close()
 
 
+async def _journal_with(tmp_path: Path, wrapper: type[_FailingFirstCollect],
+                        **opts: Any) -> Journal:
+    """An open journal whose syncers are wrapped in ``wrapper`` (an injected fault)."""
+    j = Journal(tmp_path, JournalOptions(**opts))
+    await j.open()
+    for slot in j._slots:
+        slot.syncer = wrapper(slot.syncer)  # type: ignore[assignment]
+    return j
+
+
 async def test_a_failed_group_fails_the_groups_in_flight_after_it(tmp_path: Path) -> None:
     """The second group's sync succeeded, but the first's failed: both fail, and so does
     everything after, since the journal cannot hold a hole before durable records."""
-    j = Journal(tmp_path, JournalOptions(groups_in_flight=2))
-    await j.open()
-    for slot in j._slots:
-        slot.syncer = _FailingFirstCollect(slot.syncer)  # type: ignore[assignment]
+    j = await _journal_with(tmp_path, _FailingFirstCollect, groups_in_flight=2)
     ended: list[BaseException] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(_writer, j, StorageError, ended)
@@ -438,10 +445,7 @@ class _RefusingSubmit(_FailingFirstCollect):
 async def test_a_group_release_cannot_start_fails_the_journal(tmp_path: Path) -> None:
     """``release`` runs in the hub's pass: a group it cannot start fails as one the
     writer could not write (the bookie turns read-only), and the hub's pass goes on."""
-    j = Journal(tmp_path, JournalOptions())
-    await j.open()
-    for slot in j._slots:
-        slot.syncer = _RefusingSubmit(slot.syncer)  # type: ignore[assignment]
+    j = await _journal_with(tmp_path, _RefusingSubmit)
     ended: list[BaseException] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(_writer, j, StorageError, ended)
