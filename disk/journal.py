@@ -27,9 +27,10 @@ The collector, in turn, starts what arrived during a sync as soon as that sync e
 (up to ``_EARLY_START_RECORDS``; a larger group waits for the writer's next pass),
 before the finished group's callbacks send its replies.
 
-Space ahead of the write position is pre-zeroed in ``prealloc_mb`` steps: overwriting
-zeroed blocks syncs about twice as fast on this disk as appending or writing into
-fallocate()d extents. Files roll at ``max_size_mb``. Where O_DIRECT is refused (tmpfs,
+Space ahead of the write position is kept pre-zeroed a ``prealloc_mb`` step ahead:
+overwriting zeroed blocks syncs about twice as fast on this disk as appending or writing
+into fallocate()d extents. The zeroing trickles, a ``_ZERO_CHUNK`` each time the groups
+have used one, in small writes apart, so no sync has much zeroing to flush with it. Files roll at ``max_size_mb``. Where O_DIRECT is refused (tmpfs,
 some overlays), the journal falls back to buffered writes + fdatasync and logs it once.
 
 An I/O error fails the group's callers and every later append with StorageError (ENOSPC
@@ -65,10 +66,18 @@ __all__ = ["Journal", "JournalGroup", "JournalOptions", "JournalPosition"]
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
+# The zeroer takes a worker thread per ``_ZERO_CHUNK`` and writes it in ``_ZERO_PIECE``
+# writes, ``_ZERO_PAUSE_S`` apart while a half step or more lies zeroed ahead: the
+# journal's next fdatasync flushes the zeros written since the last one from the disk's
+# cache with its own records, so a 1 MiB write at once made that sync ~1 ms instead of
+# ~0.2 ms (bench/RESULTS.md, fifth pass). A thread hop per piece instead cost the event
+# loop too much at 45k adds/s.
 _ZERO_CHUNK = 1 * MiB
+_ZERO_PIECE = 128 * 1024
+_ZERO_PAUSE_S = 0.0005
 # The collector starts the next group itself (as its sync's end is heard) up to this many
-# records; a larger one waits for the writer's next pass, and grows meanwhile: under
-# saturation, starting at once measured ~5% fewer adds/s (smaller groups).
+# records; a larger one waits for the writer's next pass, and grows meanwhile (a
+# precaution: under saturation the difference measured was within the noise).
 _EARLY_START_RECORDS = 64
 
 
@@ -675,14 +684,22 @@ class Journal:
                 await self._collect_oldest()
 
     async def _zero_service(self) -> None:
-        """Zero the next prealloc step ahead of the write position, off the group path.
+        """Keep the file zeroed a prealloc step ahead of the write position, a chunk at a
+        time, off the group path.
 
         Zeroing a whole step inside a group (the slow path) held that group, and every
         add waiting on it, for the 16 MiB write and a sync that flushed it: the 30-40 ms
-        stalls of bench/latency.py's open loop, about once a second at 4.6k adds/s. Here
-        a step is written in ``_ZERO_CHUNK`` pieces by a worker thread while groups go on
-        below ``zeroed_until``; each piece raises ``zeroed_until`` when written, and the
-        next group's fdatasync makes it durable. Groups never write at or above
+        stalls of bench/latency.py's open loop, about once a second at 4.6k adds/s. Zeroing
+        a step at once beside the groups still cost them: each fdatasync flushes from the
+        disk's cache the zeros written since the last one, so the syncs during a 16 MiB
+        burst took ~1 ms instead of ~0.2 ms, and at 5,000 adds/s those bursts made most of
+        the open loop's p99. So the service is asked for once a ``_ZERO_CHUNK`` (at most a
+        quarter step) less than a step lies zeroed ahead, and zeroes until a step does again: at steady state one
+        chunk each time the groups have used as much, written by a worker thread in
+        ``_ZERO_PIECE`` writes with short pauses between them (none while less than half a
+        step is left: then it catches up at full speed). Groups go on below
+        ``zeroed_until`` meanwhile; each chunk raises it when written, and the next
+        group's fdatasync makes it durable. Groups never write at or above
         ``zeroed_until`` on the fast path, and the slow path (roll, or zeroing a group
         that outran this) waits for the zeroer, so the two never touch the same bytes.
         """
@@ -698,13 +715,13 @@ class Journal:
             try:
                 if self._zero is None:
                     self._zero = native.alloc_aligned(_ZERO_CHUNK, 4096)
-                target = (f.zeroed_until // step + 1) * step
                 limit = self.options.max_size_mb * MiB + step
-                while (f.zeroed_until < min(target, limit) and self._file is f
+                while (f.zeroed_until < min(f.offset + step, limit) and self._file is f
                        and not self._closed):
                     pos = f.zeroed_until
-                    n = min(_ZERO_CHUNK, target - pos)
-                    await trio.to_thread.run_sync(f.handle.pwrite, self._zero.view[:n], pos,
+                    n = min(_ZERO_CHUNK, step // 4, limit - pos)
+                    paced = pos - f.offset >= step // 2
+                    await trio.to_thread.run_sync(self._write_zeros, f, pos, n, paced,
                                                   abandon_on_cancel=False)
                     f.zeroed_until = pos + n
                     self.background_zero_bytes += n
@@ -715,9 +732,23 @@ class Journal:
                 self._zeroing.set()
                 self._zeroing = None
 
+    def _write_zeros(self, f: _File, pos: int, n: int, paced: bool) -> None:
+        """Worker thread: zeros at ``pos``, ``_ZERO_PIECE`` at a time, paused between
+        pieces when ``paced``."""
+        assert self._zero is not None
+        end = pos + n
+        while pos < end:
+            k = min(_ZERO_PIECE, end - pos)
+            f.handle.pwrite(self._zero.view[:k], pos)
+            pos += k
+            if paced and pos < end:
+                time.sleep(_ZERO_PAUSE_S)
+
     def _want_zero_ahead(self, f: _File, end: int) -> None:
-        if (self._zeroing is None and f.zeroed_until > 0
-                and f.zeroed_until - end < self.options.prealloc_mb * MiB // 2):
+        step = self.options.prealloc_mb * MiB
+        chunk = min(_ZERO_CHUNK, step // 4)
+        if (self._zeroing is None and 0 < f.zeroed_until < end + step - chunk
+                and f.zeroed_until < self.options.max_size_mb * MiB + step):
             self._zero_wanted.set()
 
     def _write_sync(self, records: list[tuple[int, bytes]], total: int) -> JournalPosition:

@@ -246,6 +246,49 @@ async def test_write_buffer_starts_at_its_setting_and_grows_to_the_largest_group
             if r.type is RecordType.ENTRY] == list(range(7))
 
 
+async def test_zeroing_trickles_a_chunk_at_a_time_in_small_writes(tmp_path: Path) -> None:
+    """The zeroer keeps about one step zeroed ahead, topping it up a chunk at a time as
+    the groups use it (never a step at once), and writes zeros in pieces: each journal
+    fdatasync flushes the zeros written since the last one."""
+    step, chunk = 4 << 20, 1 << 20
+    j = Journal(tmp_path, JournalOptions(prealloc_mb=4))
+    await j.open()
+    sizes: list[int] = []
+    f = j._file
+    assert f is not None
+
+    class Spy:  # the file's handle, noting the zeroer's writes (ahead of the groups)
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def pwrite(self, data: Any, offset: int) -> int:
+            if offset >= f.offset + 4096:
+                sizes.append(len(data))
+            return int(self.handle.pwrite(data, offset))
+
+    f.handle = Spy(f.handle)  # type: ignore[assignment]
+    ahead: list[int] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        for i in range(800):  # ~8 KiB a group: about 6.3 MiB, past a step and a half
+            await j.append([(RecordType.ENTRY, entry_body(1, i, bytes(8000)))])
+            while j._zeroing is not None:
+                await j._zeroing.wait()
+            ahead.append(f.zeroed_until - f.offset)
+        nursery.cancel_scope.cancel()
+    await j.close()
+    assert j.slow_groups == 0
+    assert max(ahead) <= step + chunk  # a whole step at once would reach 1.5 steps
+    assert min(ahead[10:]) >= step - chunk - 8192
+    assert sizes and max(sizes) == 128 * 1024
+    assert sum(sizes) == j.background_zero_bytes >= 6 << 20
+    got = [r.value for r in scan_journal_file(j.files()[-1])]
+    assert got == list(range(800))
+
+
 async def test_zeroing_ahead_runs_beside_the_groups(tmp_path: Path) -> None:
     """Groups stay on the fast path while the next prealloc step is zeroed beside them;
     none zeroes for itself (the first step is zeroed at open), and every record replays."""
