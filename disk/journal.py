@@ -70,8 +70,9 @@ MiB = 1 << 20
 # writes, ``_ZERO_PAUSE_S`` apart while a half step or more lies zeroed ahead: the
 # journal's next fdatasync flushes the zeros written since the last one from the disk's
 # cache with its own records, so a 1 MiB write at once made that sync ~1 ms instead of
-# ~0.2 ms (bench/RESULTS.md, fifth pass). A thread hop per piece instead cost the event
-# loop too much at 45k adds/s.
+# ~0.2 ms (bench/RESULTS.md, fifth pass). The pieces and pauses run in one native call:
+# a thread hop per piece cost the event loop too much at 45k adds/s, and a Python loop
+# of pieces in the worker took the GIL back after every pause.
 _ZERO_CHUNK = 1 * MiB
 _ZERO_PIECE = 128 * 1024
 _ZERO_PAUSE_S = 0.0005
@@ -696,8 +697,8 @@ class Journal:
         the open loop's p99. So the service is asked for once a ``_ZERO_CHUNK`` (at most a
         quarter step) less than a step lies zeroed ahead, and zeroes until a step does again: at steady state one
         chunk each time the groups have used as much, written by a worker thread in
-        ``_ZERO_PIECE`` writes with short pauses between them (none while less than half a
-        step is left: then it catches up at full speed). Groups go on below
+        ``_ZERO_PIECE`` writes with short pauses between them, in one native call (no
+        pauses while less than half a step is left: then it catches up at full speed). Groups go on below
         ``zeroed_until`` meanwhile; each chunk raises it when written, and the next
         group's fdatasync makes it durable. Groups never write at or above
         ``zeroed_until`` on the fast path, and the slow path (roll, or zeroing a group
@@ -720,8 +721,10 @@ class Journal:
                        and not self._closed):
                     pos = f.zeroed_until
                     n = min(_ZERO_CHUNK, step // 4, limit - pos)
-                    paced = pos - f.offset >= step // 2
-                    await trio.to_thread.run_sync(self._write_zeros, f, pos, n, paced,
+                    # Paced while a half step or more is left; else catch up at full speed.
+                    pause = _ZERO_PAUSE_S if pos - f.offset >= step // 2 else 0.0
+                    await trio.to_thread.run_sync(f.handle.pwrite_paced, self._zero.view[:n],
+                                                  pos, _ZERO_PIECE, pause,
                                                   abandon_on_cancel=False)
                     f.zeroed_until = pos + n
                     self.background_zero_bytes += n
@@ -731,18 +734,6 @@ class Journal:
             finally:
                 self._zeroing.set()
                 self._zeroing = None
-
-    def _write_zeros(self, f: _File, pos: int, n: int, paced: bool) -> None:
-        """Worker thread: zeros at ``pos``, ``_ZERO_PIECE`` at a time, paused between
-        pieces when ``paced``."""
-        assert self._zero is not None
-        end = pos + n
-        while pos < end:
-            k = min(_ZERO_PIECE, end - pos)
-            f.handle.pwrite(self._zero.view[:k], pos)
-            pos += k
-            if paced and pos < end:
-                time.sleep(_ZERO_PAUSE_S)
 
     def _want_zero_ahead(self, f: _File, end: int) -> None:
         step = self.options.prealloc_mb * MiB

@@ -138,6 +138,15 @@ class NativeFile:
             _raise(rc, self.path, f"pwrite({len(data)} bytes at {offset})")
         return int(rc)
 
+    def pwrite_paced(self, data: BytesLike, offset: int, piece: int, pause_s: float) -> int:
+        """``pwrite`` in ``piece``-byte writes, ``pause_s`` apart, in one native call."""
+        self._check_open()
+        rc = lib.ldn_pwrite_paced(self.fd, _cbuf(data), len(data), offset, piece,
+                                  int(pause_s * 1e9))
+        if rc < 0:
+            _raise(rc, self.path, f"pwrite({len(data)} bytes at {offset})")
+        return int(rc)
+
     def pwritev(self, parts: Sequence[BytesLike], offset: int) -> int:
         """Write several buffers back to back starting at ``offset`` in one syscall."""
         self._check_open()

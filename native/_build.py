@@ -20,6 +20,8 @@ ffibuilder.cdef(
     int     ldn_open(const char *path, int flags, int mode, int direct);
     int     ldn_close(int fd);
     long long ldn_pwrite(int fd, const void *buf, size_t len, long long offset);
+    long long ldn_pwrite_paced(int fd, const void *buf, size_t len, long long offset,
+                               size_t piece, long long pause_ns);
     long long ldn_pwritev(int fd, const struct ldn_iovec *iov, int count, long long offset);
     long long ldn_pread(int fd, void *buf, size_t len, long long offset);
     int     ldn_fdatasync(int fd);
@@ -192,6 +194,26 @@ ffibuilder.set_source(
             }
             if (n == 0) return -EIO;
             done += (size_t)n;
+        }
+        return (long long)done;
+    }
+
+    /* ldn_pwrite in ``piece``-byte writes with a ``pause_ns`` sleep between them, in one
+       call (so one GIL release): the journal's zeroer, whose writes each fdatasync of the
+       journal flushes from the disk's cache along with its own records. */
+    static long long ldn_pwrite_paced(int fd, const void *buf, size_t len, long long offset,
+                                      size_t piece, long long pause_ns) {
+        size_t done = 0;
+        if (piece == 0) piece = len;
+        while (done < len) {
+            size_t want = len - done < piece ? len - done : piece;
+            long long rc = ldn_pwrite(fd, (const char *)buf + done, want, offset + (long long)done);
+            if (rc < 0) return rc;
+            done += want;
+            if (done < len && pause_ns > 0) {
+                struct timespec ts = {pause_ns / 1000000000LL, pause_ns % 1000000000LL};
+                while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+            }
         }
         return (long long)done;
     }

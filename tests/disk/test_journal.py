@@ -248,26 +248,25 @@ async def test_write_buffer_starts_at_its_setting_and_grows_to_the_largest_group
 
 async def test_zeroing_trickles_a_chunk_at_a_time_in_small_writes(tmp_path: Path) -> None:
     """The zeroer keeps about one step zeroed ahead, topping it up a chunk at a time as
-    the groups use it (never a step at once), and writes zeros in pieces: each journal
-    fdatasync flushes the zeros written since the last one."""
+    the groups use it (never a step at once), and writes each chunk in paced pieces:
+    each journal fdatasync flushes the zeros written since the last one."""
     step, chunk = 4 << 20, 1 << 20
     j = Journal(tmp_path, JournalOptions(prealloc_mb=4))
     await j.open()
-    sizes: list[int] = []
+    writes: list[tuple[int, int, float]] = []  # the zeroer's: (bytes, piece, pause)
     f = j._file
     assert f is not None
 
-    class Spy:  # the file's handle, noting the zeroer's writes (ahead of the groups)
+    class Spy:  # the file's handle, noting the zeroer's writes
         def __init__(self, handle: Any) -> None:
             self.handle = handle
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.handle, name)
 
-        def pwrite(self, data: Any, offset: int) -> int:
-            if offset >= f.offset + 4096:
-                sizes.append(len(data))
-            return int(self.handle.pwrite(data, offset))
+        def pwrite_paced(self, data: Any, offset: int, piece: int, pause: float) -> int:
+            writes.append((len(data), piece, pause))
+            return int(self.handle.pwrite_paced(data, offset, piece, pause))
 
     f.handle = Spy(f.handle)  # type: ignore[assignment]
     ahead: list[int] = []
@@ -283,8 +282,9 @@ async def test_zeroing_trickles_a_chunk_at_a_time_in_small_writes(tmp_path: Path
     assert j.slow_groups == 0
     assert max(ahead) <= step + chunk  # a whole step at once would reach 1.5 steps
     assert min(ahead[10:]) >= step - chunk - 8192
-    assert sizes and max(sizes) == 128 * 1024
-    assert sum(sizes) == j.background_zero_bytes >= 6 << 20
+    assert writes and {w[:2] for w in writes} == {(chunk, 128 * 1024)}
+    assert all(pause > 0 for _, _, pause in writes)  # it kept up: always paced
+    assert sum(w[0] for w in writes) == j.background_zero_bytes >= 6 << 20
     got = [r.value for r in scan_journal_file(j.files()[-1])]
     assert got == list(range(800))
 

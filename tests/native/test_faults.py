@@ -47,6 +47,17 @@ def test_a_write_rule_fails_the_matching_write_only(tmp_path: Path) -> None:
         os.close(log)
 
 
+def test_a_paced_write_stops_at_the_failing_piece(tmp_path: Path) -> None:
+    with native.open_file(tmp_path / "j", os.O_RDWR | os.O_CREAT) as f:
+        native.tag_fd(f.fd, "journal")
+        faults.arm([FaultRule("write", "journal", "ENOSPC", skip=1, times=1)])
+        with pytest.raises(OSError) as raised:
+            f.pwrite_paced(b"z" * 300, 0, 100, 0.0)
+        assert raised.value.errno == errno.ENOSPC
+        assert raised.value.filename == str(tmp_path / "j")
+        assert (tmp_path / "j").read_bytes() == b"z" * 100  # the first piece, no more
+
+
 def test_a_short_write_is_completed_and_fsync_fails(tmp_path: Path) -> None:
     with native.open_file(tmp_path / "j", os.O_RDWR | os.O_CREAT) as f:
         native.tag_fd(f.fd, "journal")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,19 @@ def test_pwritev_writes_parts_back_to_back(scratch_dir: Path) -> None:
         assert f.pwritev([b"abc", bytearray(b"defg"), memoryview(b"hi")], 10) == 9
         f.fdatasync()
         assert f.pread(9, 10) == b"abcdefghi"
+
+
+def test_paced_write_writes_every_piece_with_pauses_between(scratch_dir: Path) -> None:
+    path = scratch_dir / "paced.bin"
+    data = bytes(range(256)) * 40  # 10,240 bytes: pieces of 4096, 4096, 2048
+    with native.open_file(path, os.O_RDWR | os.O_CREAT) as f:
+        t0 = time.perf_counter()
+        assert f.pwrite_paced(data, 4096, 4096, 0.01) == len(data)
+        assert time.perf_counter() - t0 >= 0.02  # two pauses, none after the last piece
+        assert f.pread(len(data), 4096) == data
+        t0 = time.perf_counter()
+        assert f.pwrite_paced(data, 0, 4096, 0.0) == len(data)  # no pauses
+        assert time.perf_counter() - t0 < 0.02
 
 
 def test_unaligned_direct_write_raises_einval_with_path(scratch_dir: Path) -> None:
