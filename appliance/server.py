@@ -33,7 +33,7 @@ from ledgerd.appliance.handlers import RequestHandler
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.appliance.security import ConnectionSecurity, negotiate
 from ledgerd.base.logs import fields
-from ledgerd.base.tls import Principal, drain_decrypted
+from ledgerd.base.tls import Principal, receive_available
 from ledgerd.disk.journal import JournalGroup
 from ledgerd.wire.connection import (
     NEED_DATA,
@@ -59,7 +59,6 @@ __all__ = ["ConnectionOptions", "ReplyItem", "encode_replies", "is_loopback", "p
            "reply_bytes", "serve_connection"]
 
 log = logging.getLogger(__name__)
-_RECEIVE = 256 * 1024
 _CLOSE_GRACE_S = 5.0
 _ADD = int(ApiKey.ADD)
 _READ = int(ApiKey.READ)
@@ -305,9 +304,7 @@ async def _reader(stream: trio.abc.Stream, conn: ServerConnection, outbox: _Outb
             idle = idle_timeout if idle_timeout and not conn.inflight else float("inf")
             try:
                 with trio.move_on_after(idle) as waited:
-                    data = await stream.receive_some(_RECEIVE)
-                    if tls:
-                        data = drain_decrypted(stream, data, _RECEIVE)
+                    data = await receive_available(stream, tls=tls)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             if waited.cancelled_caught:

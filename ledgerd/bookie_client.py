@@ -29,7 +29,7 @@ import trio
 from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
 from ledgerd.base.runs import consecutive_runs
-from ledgerd.base.tls import drain_decrypted
+from ledgerd.base.tls import receive_available
 from ledgerd.wire.connection import (
     NEED_DATA,
     ClientConnection,
@@ -226,9 +226,7 @@ class BookieClient:
         tls = isinstance(self.stream, trio.SSLStream)
         while self.error is None:
             try:
-                data = await self.stream.receive_some(256 * 1024)
-                if tls:
-                    data = drain_decrypted(self.stream, data, 256 * 1024)
+                data = await receive_available(self.stream, tls=tls)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 self._fail(f"receive failed: {_io_reason(exc)}")
                 return

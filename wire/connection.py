@@ -117,7 +117,7 @@ class _FrameBuffer:
         self.eof = False
         self.max_frame_bytes = max_frame_bytes
 
-    def feed(self, data: bytes | bytearray) -> None:
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             self.eof = True
             return
@@ -173,7 +173,7 @@ class ServerConnection:
     def is_at_capacity(self) -> bool:
         return len(self.inflight) >= self.max_inflight
 
-    def receive_data(self, data: bytes | bytearray) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self.closed:
             raise ConnectionClosedError("connection is closed")
         self._frames.feed(data)
@@ -289,7 +289,7 @@ class ClientConnection:
         self._pending[cid] = _Pending(message.API_KEY, message)
         return data
 
-    def receive_data(self, data: bytes | bytearray) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if self.closed:
             raise ConnectionClosedError("connection is closed")
         self._frames.feed(data)
