@@ -93,7 +93,8 @@ class BookieConfig(ZooKeeperSettings):
         doc="Journal files older than the last mark kept after a checkpoint.")
     journal_prealloc_mb: int = setting(
         16, bk="journalPreAllocSizeMB", minimum=1, maximum=1024,
-        doc="Journal space pre-zeroed ahead of the write position, per step.")
+        doc="Journal space kept pre-zeroed ahead of the write position (topped up 1 MiB at "
+            "a time, in paced 128 KiB writes, as groups use it).")
     journal_write_buffer_size_kb: int = setting(
         64, bk="journalWriteBufferSizeKB", minimum=4, maximum=1 << 20,
         doc="Initial size of the journal's aligned write buffer (one buffer, reused; it "
