@@ -16,11 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 import trustme
 
 import ledgerd
 from ledgerd.base.logs import _FIELDS_ATTR
-from ledgerd.base.tls import Principal, TlsConfigError, client_context, principal_of
+from ledgerd.base.tls import (
+    RECEIVE_BYTES,
+    TLS_DRAIN_BYTES,
+    TLS_RECORD_BYTES,
+    Principal,
+    TlsConfigError,
+    client_context,
+    principal_of,
+    receive_available,
+    server_context,
+)
 from ledgerd.bookie_client import BookieConnectionError, open_bookie_client
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
 from ledgerd.wire.messages import (
@@ -163,6 +175,36 @@ async def test_roles_from_client_certificates(pki: Pki, zk_chroot: str, tmp_path
             async with open_bookie_client(address, tls=pki.client()) as c:
                 await c.call(GetBookieInfoRequest())
         assert cluster.bookies[0].metrics.requests_unauthorized == 3
+
+
+async def test_receive_available_takes_what_is_decryptable_in_small_reads(pki: Pki) -> None:
+    """Plain streams are read RECEIVE_BYTES at a time; over TLS one record, then every
+    record already decryptable, up to TLS_DRAIN_BYTES; the bytes come out whole."""
+    payload = bytes(range(256)) * 1200  # 307,200 bytes: more than one drain
+    plain_out, plain_in = trio.testing.memory_stream_pair()
+    await plain_out.send_all(payload)
+    await plain_out.aclose()
+    sizes, got = [], b""
+    while chunk := await receive_available(plain_in, tls=False):
+        sizes.append(len(chunk))
+        got += chunk
+    assert got == payload and max(sizes) == RECEIVE_BYTES
+
+    left, right = trio.testing.memory_stream_pair()
+    server = trio.SSLStream(left, server_context(*pki.bookie), server_side=True)
+    client = trio.SSLStream(right, client_context(pki.ca_path), server_hostname="localhost")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        nursery.start_soon(client.do_handshake)
+    await client.send_all(payload)
+    await client.aclose()
+    sizes, got = [], b""
+    while chunk := await receive_available(server, tls=True):
+        sizes.append(len(chunk))
+        got += chunk
+    assert got == payload
+    assert max(sizes) == TLS_DRAIN_BYTES  # drained many records in one call
+    assert all(n % TLS_RECORD_BYTES == 0 for n in sizes[:-1])
 
 
 def test_principal_from_a_certificate_and_bad_files(pki: Pki, tmp_path: Path) -> None:
