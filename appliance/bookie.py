@@ -438,6 +438,11 @@ class Bookie:
         cache = self.storage.cache
         m.gauge("ledgerd_journal_queue_bytes", "Journal bytes waiting for the next group.",
                 lambda: j.pending_bytes)
+        m.counter("ledgerd_journal_zeroed_ahead_bytes", "Journal space zeroed ahead of the "
+                  "groups by the background zeroer.", lambda: j.background_zero_bytes)
+        m.counter("ledgerd_journal_slow_groups", "Groups that rolled the journal file or "
+                  "zeroed ahead for themselves (the zeroer fell behind).",
+                  lambda: j.slow_groups)
         m.gauge("ledgerd_bookie_read_only", "1 while the bookie refuses writes.",
                 lambda: float(self.state.read_only))
         m.gauge("ledgerd_bookie_ledgers", "Ledgers held.", lambda: len(cache.ledgers))
