@@ -30,8 +30,9 @@ before the finished group's callbacks send its replies.
 Space ahead of the write position is kept pre-zeroed a ``prealloc_mb`` step ahead:
 overwriting zeroed blocks syncs about twice as fast on this disk as appending or writing
 into fallocate()d extents. The zeroing trickles, a ``_ZERO_CHUNK`` each time the groups
-have used one, in small writes apart, so no sync has much zeroing to flush with it. Files roll at ``max_size_mb``. Where O_DIRECT is refused (tmpfs,
-some overlays), the journal falls back to buffered writes + fdatasync and logs it once.
+have used one, in small writes apart, so no sync has much zeroing to flush with it.
+Files roll at ``max_size_mb``. Where O_DIRECT is refused (tmpfs, some overlays), the
+journal falls back to buffered writes + fdatasync and logs it once.
 
 An I/O error fails the group's callers and every later append with StorageError (ENOSPC
 as DiskFullError): the journal never acknowledges what it could not make durable.
@@ -695,14 +696,15 @@ class Journal:
         disk's cache the zeros written since the last one, so the syncs during a 16 MiB
         burst took ~1 ms instead of ~0.2 ms, and at 5,000 adds/s those bursts made most of
         the open loop's p99. So the service is asked for once a ``_ZERO_CHUNK`` (at most a
-        quarter step) less than a step lies zeroed ahead, and zeroes until a step does again: at steady state one
-        chunk each time the groups have used as much, written by a worker thread in
-        ``_ZERO_PIECE`` writes with short pauses between them, in one native call (no
-        pauses while less than half a step is left: then it catches up at full speed). Groups go on below
-        ``zeroed_until`` meanwhile; each chunk raises it when written, and the next
-        group's fdatasync makes it durable. Groups never write at or above
-        ``zeroed_until`` on the fast path, and the slow path (roll, or zeroing a group
-        that outran this) waits for the zeroer, so the two never touch the same bytes.
+        quarter step) less than a step lies zeroed ahead, and zeroes until a step does
+        again: at steady state one chunk each time the groups have used as much, written
+        by a worker thread in ``_ZERO_PIECE`` writes with short pauses between them, in
+        one native call (no pauses while less than half a step is left: then it catches
+        up at full speed). Groups go on below ``zeroed_until`` meanwhile; each chunk
+        raises it when written, and the next group's fdatasync makes it durable. Groups
+        never write at or above ``zeroed_until`` on the fast path, and the slow path
+        (roll, or zeroing a group that outran this) waits for the zeroer, so the two
+        never touch the same bytes.
         """
         step = self.options.prealloc_mb * MiB
         while True:

@@ -207,7 +207,8 @@ ffibuilder.set_source(
         if (piece == 0) piece = len;
         while (done < len) {
             size_t want = len - done < piece ? len - done : piece;
-            long long rc = ldn_pwrite(fd, (const char *)buf + done, want, offset + (long long)done);
+            long long rc = ldn_pwrite(fd, (const char *)buf + done, want,
+                                      offset + (long long)done);
             if (rc < 0) return rc;
             done += want;
             if (done < len && pause_ns > 0) {
