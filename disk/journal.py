@@ -23,9 +23,8 @@ for the groups in flight, then takes a worker thread.
 it itself at the end of the pass (when no group wait is configured and a syncer is
 free): no task wakes to start it, and the collector that finishes groups already
 waits on the syncer it will take, so the event loop's next wake-up is the sync's end.
-The collector, in turn, starts what arrived during a sync as soon as that sync ends
-(up to ``_EARLY_START_RECORDS``; a larger group waits for the writer's next pass),
-before the finished group's callbacks send its replies.
+The collector, in turn, starts what arrived during a sync as soon as that sync ends,
+whatever its size, before the finished group's callbacks send its replies.
 
 Space ahead of the write position is kept pre-zeroed a ``prealloc_mb`` step ahead:
 overwriting zeroed blocks syncs about twice as fast on this disk as appending or writing
@@ -77,10 +76,6 @@ MiB = 1 << 20
 _ZERO_CHUNK = 1 * MiB
 _ZERO_PIECE = 128 * 1024
 _ZERO_PAUSE_S = 0.0005
-# The collector starts the next group itself (as its sync's end is heard) up to this many
-# records; a larger one waits for the writer's next pass, and grows meanwhile (a
-# precaution: under saturation the difference measured was within the noise).
-_EARLY_START_RECORDS = 64
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -635,8 +630,7 @@ class Journal:
         # What arrived during this sync goes to the freed syncer before this group's
         # callers hear back (their replies): the next sync overlaps the replies, and
         # the writer task need not wake to start it.
-        started = (error is None and len(self._pending) <= _EARLY_START_RECORDS
-                   and self._start_ready())
+        started = error is None and self._start_ready()
         if error is not None:
             self._fail(error, item.group)
         elif self._failed is not None:

@@ -351,17 +351,18 @@ async def test_release_starts_the_held_group_and_groups_complete_in_order(
         (1, 0), (2, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5)]
 
 
-async def test_one_syncer_keeps_one_group_in_flight(tmp_path: Path) -> None:
+@pytest.mark.parametrize("waiting", [1, 500])
+async def test_one_syncer_keeps_one_group_in_flight(tmp_path: Path, waiting: int) -> None:
     """What arrives during a sync waits for it, and goes to the syncer as soon as the
-    sync ends: before the finished group's callers hear back (the next sync overlaps
-    their replies)."""
+    sync ends, however many records it holds: before the finished group's callers hear
+    back (the next sync overlaps their replies)."""
     j = Journal(tmp_path, JournalOptions(groups_in_flight=1))
     await j.open()
     async with trio.open_nursery() as nursery:
         await nursery.start(j.run)
         first = _pass(j, _entry(1, 0))
-        second = _pass(j, _entry(1, 1))
-        assert len(j._inflight) == 1 and j.pending_records == 1
+        second = _pass(j, *[_entry(1, 1 + i) for i in range(waiting)])
+        assert len(j._inflight) == 1 and j.pending_records == waiting
         seen: list[tuple[int, int]] = []
         first.call_when_done(lambda: seen.append((len(j._inflight), j.pending_records)))
         await second.wait()
