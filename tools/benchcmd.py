@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -95,7 +96,7 @@ async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
                         return
 
             nursery.start_soon(on_sigint)
-        inflight: list[ledgerd.PendingAppend] = []
+        inflight: deque[ledgerd.PendingAppend] = deque()
         lat: list[float] = []
         count = i = 0
         while trio.current_time() < end:
@@ -107,14 +108,22 @@ async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
                     inflight.append(await handles[i % ledgers].submit(payload))
                 i += 1
             await inflight[0]
-            keep_ = []
-            for p in inflight:
-                if not p.done:
-                    keep_.append(p)
-                elif p.submitted_at >= start and p.completed_at < end:
+            # One ledger's appends complete in order: take the done ones off the front
+            # (scanning all ``outstanding`` after every wake-up cost the client ~5% of
+            # its CPU at 800). Several ledgers complete in any order: keep what is not done.
+            done: list[ledgerd.PendingAppend] = []
+            if ledgers == 1:
+                while inflight and inflight[0].done:
+                    done.append(inflight.popleft())
+            else:
+                pending: deque[ledgerd.PendingAppend] = deque()
+                for p in inflight:
+                    (done if p.done else pending).append(p)
+                inflight = pending
+            for p in done:
+                if p.submitted_at >= start and p.completed_at < end:
                     count += 1
                     lat.append(p.completed_at - p.submitted_at)
-            inflight = keep_
             now = trio.current_time()
             if now > start:
                 progress.show(now, f"{now - start:5.1f}s  {count:,} appends  "
