@@ -44,6 +44,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from ledgerd.machines.quorum import check_quorums, write_set
 from ledgerd.wire.status import Status
@@ -107,18 +108,35 @@ class Released:
 Effect = SendAdd | SendAdds | ChangeEnsemble | Completed | Failed | Released
 
 
+def _mask(indexes: Iterable[int]) -> int:
+    """A set of ensemble indexes as a bit mask (bit ``i`` for index ``i``)."""
+    m = 0
+    for i in indexes:
+        m |= 1 << i
+    return m
+
+
+def _indexes(mask: int) -> list[int]:
+    """The ensemble indexes of a bit mask, ascending."""
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
 class _Pending:
-    """One entry not yet complete (a plain slotted class: one is made per append)."""
+    """One entry not yet complete (a plain slotted class: one is made per append).
+
+    ``acks`` and ``waiting`` are bit masks of ensemble indexes (bit ``i`` for index
+    ``i``): two sets per append were the writer's largest cost in ``append_many``."""
 
     __slots__ = ("acks", "entry_id", "length", "sent", "sent_at", "waiting")
 
-    def __init__(self, entry_id: int, length: int, sent_at: float) -> None:
+    def __init__(self, entry_id: int, length: int, sent_at: float, waiting: int = 0,
+                 sent: bool = False) -> None:
         self.entry_id = entry_id
         self.length = length
         self.sent_at = sent_at
-        self.acks: set[int] = set()      # indexes that acknowledged
-        self.waiting: set[int] = set()   # indexes sent to, not answered
-        self.sent = False
+        self.acks = 0             # indexes that acknowledged
+        self.waiting = waiting    # indexes sent to, not answered
+        self.sent = sent
 
 
 class LedgerWriter:
@@ -134,6 +152,7 @@ class LedgerWriter:
         # Entry e's write set depends only on e % E: computed once, not per entry.
         self._sets = tuple(write_set(i, ensemble_size, write_quorum)
                            for i in range(ensemble_size))
+        self._masks = tuple(_mask(ws) for ws in self._sets)
         self.ensemble = list(ensemble)
         self.lac = last_add_confirmed
         self.last_pushed = last_add_confirmed
@@ -200,29 +219,27 @@ class LedgerWriter:
         pending = self.pending
         cumulative = self.lengths
         total = cumulative.get(first - 1, self.length)
-        sets = self._sets
+        masks = self._masks
         e = self.e
-        by_index: dict[int, list[int]] = {}
         eid = first
         for length in lengths:
             total += length
             cumulative[eid] = total
-            p = _Pending(eid, length, now)
-            p.sent = True
-            ws = sets[eid % e]
-            p.waiting.update(ws)
-            pending[eid] = p
-            for index in ws:
-                ids = by_index.get(index)
-                if ids is None:
-                    by_index[index] = [eid]
-                else:
-                    ids.append(eid)
+            pending[eid] = _Pending(eid, length, now, masks[eid % e], True)
             eid += 1
         self.last_pushed = eid - 1
+        # Each bookie's ids: the entries whose id % E puts it in the write set, one
+        # stride-E range per such residue (merged in order where there are several).
+        runs: dict[int, list[range]] = {}
+        for r, ws in enumerate(self._sets):
+            ids = range(first + (r - first) % e, eid, e)
+            if ids:
+                for index in ws:
+                    runs.setdefault(index, []).append(ids)
         ensemble = self.ensemble
-        return first, [SendAdds(tuple(ids), index, ensemble[index])
-                       for index, ids in sorted(by_index.items())]
+        return first, [SendAdds(tuple(rs[0]) if len(rs) == 1 else tuple(sorted(chain(*rs))),
+                                index, ensemble[index])
+                       for index, rs in sorted(runs.items())]
 
     @property
     def lafr(self) -> int:
@@ -259,7 +276,7 @@ class LedgerWriter:
         for index in self._sets[p.entry_id % self.e]:
             if only is not None and index not in only:
                 continue
-            p.waiting.add(index)
+            p.waiting |= 1 << index
             out.append(SendAdd(p.entry_id, index, self.ensemble[index]))
         return out
 
@@ -283,19 +300,19 @@ class LedgerWriter:
         failed = self.failed is not None
         e = self.e
         ensemble = self.ensemble
-        # The bookie's index in each write set (by entry id % E), None where it is not.
-        where = [next((i for i in ws if ensemble[i] == bookie), None) for ws in self._sets]
+        # The bookie's bit in each write set (by entry id % E), 0 where it is not.
+        where = [next((1 << i for i in ws if ensemble[i] == bookie), 0) for ws in self._sets]
         for entry_id in entry_ids:
             p = pending.get(entry_id)
             if p is None or failed:
                 if self.lagging and self._late_answer(entry_id, bookie) is not None:
                     late = True
                 continue
-            index = where[entry_id % e]
-            if index is None:
+            bit = where[entry_id % e]
+            if not bit:
                 continue
-            p.waiting.discard(index)
-            p.acks.add(index)
+            p.waiting &= ~bit
+            p.acks |= bit
             touched = True
         out = self._complete_prefix() if touched else []
         if late and self.gwq:
@@ -323,7 +340,7 @@ class LedgerWriter:
         index = self._index_of(bookie, entry_id)
         if index is None:
             return []
-        self.pending[entry_id].waiting.discard(index)
+        self.pending[entry_id].waiting &= ~(1 << index)
         return self._replace_or_pin(index)
 
     def next_deadline(self) -> float | None:
@@ -332,12 +349,12 @@ class LedgerWriter:
         if self.failed is not None:
             return None
         # Bookies already being replaced (or queued for it) time out no further.
-        skip = set(self.changing) | set(self.queued_failures) if self.changing else set()
+        skip = _mask(self.changing) | _mask(self.queued_failures) if self.changing else 0
         earliest: float | None = None
         for group in (self.pending, self.lagging):
             for p in group.values():
                 if p.waiting and (earliest is None or p.sent_at < earliest) and (
-                        not skip or p.waiting - skip):
+                        not skip or p.waiting & ~skip):
                     earliest = p.sent_at
         return None if earliest is None else earliest + self.add_timeout
 
@@ -345,7 +362,7 @@ class LedgerWriter:
         """Timeouts: a bookie that has not answered an add within ``add_timeout`` failed."""
         if self.failed is not None:
             return []
-        slow: set[int] = set()
+        slow = 0  # a mask of indexes
         for p in self.pending.values():
             # The same expression as next_deadline, so a timer at that deadline fires.
             if p.waiting and p.sent_at + self.add_timeout <= now:
@@ -358,7 +375,7 @@ class LedgerWriter:
                 else:
                     del self.lagging[eid]
         effects: list[Effect] = []
-        for index in sorted(slow):
+        for index in _indexes(slow):
             if self.gwq and self._is_pinned(index):
                 effects += self._pin(index, now)
             else:
@@ -370,7 +387,8 @@ class LedgerWriter:
         count Qa copies; replaced from the LAFR, a recovery could prove that entry absent
         with the replacement's negative answer (the spec's ``BookiePinned``)."""
         qa = self.qa
-        return any(index in p.acks and len(p.acks) - 1 < qa for p in self.lagging.values())
+        return any(p.acks >> index & 1 and p.acks.bit_count() - 1 < qa
+                   for p in self.lagging.values())
 
     def _replace_or_pin(self, index: int) -> list[Effect]:
         """A bookie failed: replace it, unless (GWQ) it is pinned; then the timeouts send
@@ -388,7 +406,7 @@ class LedgerWriter:
         out: list[Effect] = []
         for group in (self.lagging, self.pending):
             for p in group.values():
-                if index in p.waiting:
+                if p.waiting >> index & 1:
                     p.sent_at = now
                     out.append(SendAdd(p.entry_id, index, bookie))
         return out
@@ -401,12 +419,13 @@ class LedgerWriter:
         if p is None or bookie not in self.ensemble:
             return None
         index = self.ensemble.index(bookie)  # waiting holds write-set indexes only
-        if index not in p.waiting:
+        bit = 1 << index
+        if not p.waiting & bit:
             return None
         if failed and self.gwq:
             return index
-        p.waiting.discard(index)
-        p.acks.add(index)
+        p.waiting &= ~bit
+        p.acks |= bit
         if not p.waiting and not self.gwq:
             del self.lagging[entry_id]
         return index
@@ -425,7 +444,8 @@ class LedgerWriter:
             return self._complete_any()
         nxt = self.lac + 1
         gwq = self.gwq
-        while (p := self.pending.get(nxt)) is not None and len(p.acks) >= self.qa:
+        qa = self.qa
+        while (p := self.pending.get(nxt)) is not None and p.acks.bit_count() >= qa:
             del self.pending[nxt]
             if p.waiting or gwq:
                 self.lagging[nxt] = p
@@ -459,15 +479,15 @@ class LedgerWriter:
                 if self._is_pinned(index):
                     continue
                 self.pinned.discard(index)
-                if any(index in p.waiting for p in self.lagging.values()) or any(
-                        index in p.waiting for p in self.pending.values()):
+                if any(p.waiting >> index & 1 for p in self.lagging.values()) or any(
+                        p.waiting >> index & 1 for p in self.pending.values()):
                     out += self._bookie_failed(index)
         if self.rotate_at >= 0:
             out += self._maybe_rotate()
         return out
 
     def _complete_any(self) -> list[Effect]:
-        done = sorted(e for e, p in self.pending.items() if len(p.acks) >= self.qa)
+        done = sorted(e for e, p in self.pending.items() if p.acks.bit_count() >= self.qa)
         for eid in done:
             if self.pending[eid].waiting:
                 self.lagging[eid] = self.pending[eid]
@@ -505,11 +525,11 @@ class LedgerWriter:
             if not targets:
                 continue
             if self.gwq:  # the replacement gets a copy: the fragment reaches Qw
-                p.acks -= targets
+                p.acks &= ~_mask(targets)
                 p.sent_at = now
                 effects += self._send(p, targets)
                 continue
-            p.waiting -= targets  # what they miss is re-replication's to copy
+            p.waiting &= ~_mask(targets)  # what they miss is re-replication's to copy
             if not p.waiting:
                 del self.lagging[eid]
         for p in sorted(self.pending.values(), key=lambda q: q.entry_id):
@@ -524,8 +544,9 @@ class LedgerWriter:
                 continue
             targets = replaced & set(write_set(p.entry_id, self.e, self.qw))
             if targets:
-                p.acks -= targets
-                p.waiting -= targets
+                tmask = _mask(targets)
+                p.acks &= ~tmask
+                p.waiting &= ~tmask
                 p.sent_at = now
                 effects += self._send(p, targets)
         effects += self._complete_prefix()

@@ -451,7 +451,7 @@ def test_a_run_of_acks_completes_like_the_acks_one_by_one() -> None:
 
 def _state(w: LedgerWriter) -> tuple[object, ...]:
     return (w.last_pushed, dict(w.lengths), w.rotate_at, w.changing,
-            {e: (p.length, p.sent, set(p.waiting), set(p.acks), p.sent_at)
+            {e: (p.length, p.sent, p.waiting, p.acks, p.sent_at)
              for e, p in w.pending.items()})
 
 
