@@ -67,8 +67,9 @@ class BookieConfig(ZooKeeperSettings):
     connection_hub_enabled: bool = setting(
         True, bk="(ledgerd)",
         doc="Serve plain TCP connections from one task over an epoll set (one wake-up "
-            "serves every connection with data; add replies go out from the journal "
-            "group's completion). false: a reader and a writer task per connection.")
+            "serves every connection with data; add replies go out from the journal's "
+            "syncer as soon as their group is durable). false: a reader and a writer "
+            "task per connection.")
     server_tcp_no_delay: bool = setting(
         True, bk="serverTcpNoDelay", doc="Disable Nagle's algorithm on bookie sockets.")
     # -- directories ---------------------------------------------------------------

@@ -8,16 +8,25 @@ hub keeps the connections' sockets in an epoll set of its own and waits, as one 
 task, for that set's descriptor to become readable. One wake-up then serves every
 connection that has data: each socket is read once (``recv`` without a retry on
 EAGAIN), its frames are decoded and handled as by the per-connection reader, and the
-adds of all of them join one journal group. Replies to adds are sent from the journal
-group's completion callback, straight from the journal task that finished the group:
-no task wakes for them. A send that does not complete keeps the rest in a buffer and
-waits for EPOLLOUT. Only requests that wait (long polls, fencing reads that must be
+adds of all of them join one journal group. Replies to adds are encoded as the pass
+handles them and handed to the journal (``Journal.send_after_sync``): the syncer
+thread sends them the moment the group is durable, without the GIL and without
+waiting for the event loop, which under load is busy with the next pass. The group's
+completion callback (in the task that collected the group) then only counts them and
+keeps what a full socket did not take in a buffer that waits for EPOLLOUT; replies
+that could not ride along (a group already in flight, a failed group) are sent from
+that callback, in order. No task wakes for any of them. Only requests that wait (long polls, fencing reads that must be
 journaled, admin calls) get a task of their own, as before.
 
 The rules are the per-connection server's, so the two paths answer alike:
 
 - Replies go out in request order up to the first add whose journal group is not yet
-  durable; what follows waits for that group (groups complete in order).
+  durable; what follows waits for that group (groups complete in order). Replies
+  handed to a syncer are the first ones owed on their connection; nothing else is sent
+  there until the group is collected, and a short send stops the syncers' sends to
+  that socket until the rest went out (``native.SendAfterSync``). A connection closed
+  meanwhile keeps its descriptor open until the group is collected, so a syncer never
+  writes to a reused one.
 - Backpressure: a connection with ``max_inflight`` unanswered requests, or with
   ``max_reply_bytes`` of replies built and not yet sent (queued or in its send buffer),
   is taken out of the read set until replies go out; frames already received wait in
@@ -43,14 +52,22 @@ import os
 import select
 import socket
 import time
+from collections import deque
 from functools import partial
 
 import trio
 
 from ledgerd.appliance.handlers import RequestHandler
-from ledgerd.appliance.server import ConnectionOptions, ReplyItem, encode_replies, reply_bytes
+from ledgerd.appliance.server import (
+    ConnectionOptions,
+    ReplyItem,
+    count_sent_adds,
+    encode_replies,
+    reply_bytes,
+)
 from ledgerd.base.logs import fields
 from ledgerd.disk.journal import JournalGroup
+from ledgerd.native import SendAfterSync
 from ledgerd.wire.connection import (
     NEED_DATA,
     ConnectionEnded,
@@ -76,12 +93,23 @@ _GONE = select.EPOLLHUP | select.EPOLLERR
 _SWEEP_S = 0.5
 
 
+class _Ahead:
+    """Replies to the first ``count`` of a connection's items, handed to a syncer."""
+
+    __slots__ = ("count", "group", "send")
+
+    def __init__(self, group: JournalGroup, send: SendAfterSync, count: int) -> None:
+        self.group = group
+        self.send = send
+        self.count = count
+
+
 class _Connection:
     """One connection's state in the hub."""
 
-    __slots__ = ("closed", "closing", "closing_since", "conn", "done", "fd", "items",
-                 "last_active", "mask", "paused", "queued_bytes", "sock", "trusted",
-                 "waiting_on", "wbuf")
+    __slots__ = ("ahead", "attached", "closed", "closing", "closing_since", "conn", "done",
+                 "fd", "items", "last_active", "mask", "paused", "queued_bytes", "released",
+                 "sends_stopped", "sock", "trusted", "waiting_on", "wbuf")
 
     def __init__(self, sock: socket.socket, conn: ServerConnection, trusted: bool) -> None:
         self.sock = sock
@@ -99,6 +127,12 @@ class _Connection:
         self.closing_since = 0.0
         self.closed = False
         self.waiting_on: JournalGroup | None = None
+        # Replies handed to syncers, oldest first: they answer the first ``attached``
+        # items, which stay in ``items`` until their group is collected.
+        self.ahead: deque[_Ahead] = deque()
+        self.attached = 0
+        self.sends_stopped = False  # a syncer may have stopped sending here: resume
+        self.released = False       # the socket is closed (``_release``)
         self.last_active = time.monotonic()
         self.done = trio.Event()
 
@@ -344,8 +378,14 @@ class ConnectionHub:
 
     def _flush(self, c: _Connection) -> None:
         """Send every reply that can go: in order, up to the first add whose group is
-        not durable yet; that group's completion calls back here."""
+        not durable yet. Adds of the journal's next group from there on go to its
+        syncer; the oldest group waited for calls back here once done."""
         if c.closed:
+            return
+        if c.attached:
+            # Replies in a syncer's hands come first: only more of them can be added.
+            self._attach(c)
+            self._wait(c, c.ahead[0].group)
             return
         items = c.items
         ready = len(items)
@@ -353,41 +393,115 @@ class ConnectionHub:
             group = item[4]
             if group is not None and not group.done.is_set():
                 ready = i
-                if c.waiting_on is not group:
-                    c.waiting_on = group
-                    group.call_when_done(partial(self._on_group_done, c))
                 break
-        if ready == 0:
-            return
-        if ready == len(items):
-            batch, c.items = items, []
-        else:
-            batch, c.items = items[:ready], items[ready:]
-        data, sent_bytes = encode_replies(c.conn, self.handler.metrics, batch)
-        c.queued_bytes -= sent_bytes
-        del batch
-        if c.wbuf:
-            c.wbuf += data
-        else:
-            try:
-                n = c.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                n = 0
-            except OSError:
-                self._close(c)  # the peer is gone; what it sent is stored all the same
+        if ready:
+            if ready == len(items):
+                batch, c.items = items, []
+            else:
+                batch, c.items = items[:ready], items[ready:]
+            data, sent_bytes = encode_replies(c.conn, self.handler.metrics, batch)
+            c.queued_bytes -= sent_bytes
+            del batch
+            self._send(c, data)
+            if c.closed:
                 return
-            if n < len(data):
-                c.wbuf += memoryview(data)[n:]
-                self._set_mask(c, c.mask | _OUT)
-        self._after_send(c)
+        if c.items:
+            self._attach(c)
+            self._wait(c, c.ahead[0].group if c.attached else c.items[0][4])
+        if ready:
+            self._after_send(c)
+
+    def _attach(self, c: _Connection) -> None:
+        """Hand the replies to the unattached items that are OK adds of the journal's
+        next group to that group's syncer (``Journal.send_after_sync``)."""
+        if c.wbuf or c.sends_stopped:
+            return  # bytes are waiting here: the syncer's would overtake them
+        items = c.items
+        start = k = c.attached
+        journal = self.handler.storage.journal
+        group = journal.next_group
+        n = len(items)
+        while k < n and items[k][4] is group and items[k][2] == 0:
+            k += 1
+        if k == start:
+            return
+        send_add_ok = c.conn.send_add_ok
+        data = b"".join([send_add_ok(item[0], *item[3]) for item in items[start:k]])
+        ahead = c.ahead
+        if ahead and ahead[-1].group is group:
+            last = ahead[-1]
+            last.send.data += data
+            last.count += k - start
+        else:
+            send = journal.send_after_sync(c.fd, bytearray(data))
+            if send is None:
+                # Not this descriptor: sent by the usual path, already encoded.
+                return
+            ahead.append(_Ahead(group, send, k - start))
+        c.attached = k
+
+    def _wait(self, c: _Connection, group: JournalGroup | None) -> None:
+        if group is not None and c.waiting_on is not group:
+            c.waiting_on = group
+            group.call_when_done(partial(self._on_group_done, c))
 
     def _on_group_done(self, c: _Connection) -> None:
         c.waiting_on = None
         try:
+            if c.ahead:
+                self._collect_sent(c)
+            if c.closed:
+                if c.ahead:
+                    self._wait(c, c.ahead[0].group)
+                else:
+                    self._release(c)
+                return
             self._flush(c)
         except Exception as exc:  # never fail the journal task for one connection
             log.exception("connection_failed", extra=fields(error=repr(exc)))
             self._close(c)
+
+    def _collect_sent(self, c: _Connection) -> None:
+        """Settle the replies syncers sent for groups now done: count them, send what a
+        socket did not take (and failed groups' replies) in order."""
+        metrics = self.handler.metrics
+        while c.ahead and c.ahead[0].group.done.is_set():
+            a = c.ahead.popleft()
+            if c.closed:
+                continue
+            batch, c.items = c.items[:a.count], c.items[a.count:]
+            c.attached -= a.count
+            if a.group.error is not None:
+                data, _ = encode_replies(c.conn, metrics, batch)  # IO_ERROR, as usual
+                self._send(c, data)
+                continue
+            count_sent_adds(metrics, batch)
+            sent = a.send.sent
+            if sent < len(a.send.data):
+                c.sends_stopped = True
+                self._send(c, memoryview(a.send.data)[sent:])
+        if c.sends_stopped and not c.ahead and not c.wbuf and not c.closed:
+            self._resume_sends(c)
+
+    def _resume_sends(self, c: _Connection) -> None:
+        c.sends_stopped = False
+        self.handler.storage.journal.resume_sends(c.fd)
+
+    def _send(self, c: _Connection, data: bytes | memoryview) -> None:
+        """Send ``data`` after whatever is buffered; keep what the socket does not take."""
+        if c.wbuf:
+            c.wbuf += data
+            return
+        try:
+            n = c.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            self._close(c)  # the peer is gone; what it sent is stored all the same
+            return
+        if n < len(data):
+            c.wbuf += memoryview(data)[n:]
+            self._set_mask(c, c.mask | _OUT)
 
     def _send_buffered(self, c: _Connection) -> None:
         if c.closed or not c.wbuf:
@@ -402,6 +516,8 @@ class ConnectionHub:
         del c.wbuf[:n]
         if not c.wbuf:
             self._set_mask(c, c.mask & ~_OUT)
+            if c.sends_stopped and not c.ahead:
+                self._resume_sends(c)
         self._after_send(c)
 
     def _after_send(self, c: _Connection) -> None:
@@ -430,11 +546,22 @@ class ConnectionHub:
             return
         c.closed = True
         c.items = []
+        c.attached = 0
         self._conns.pop(c.fd, None)
         try:
             self._epoll.unregister(c.fd)
         except (OSError, ValueError) as exc:
             if getattr(exc, "errno", errno.ENOENT) not in (errno.ENOENT, errno.EBADF, None):
                 raise
-        c.sock.close()
+        if c.ahead:
+            # A syncer may still send here: the descriptor stays ours until collected.
+            self._wait(c, c.ahead[0].group)
+        else:
+            self._release(c)
         c.done.set()
+
+    def _release(self, c: _Connection) -> None:
+        if not c.released:
+            c.released = True
+            self._resume_sends(c)  # a syncer may have stopped it; the next accept may reuse it
+            c.sock.close()

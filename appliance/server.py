@@ -55,8 +55,8 @@ from ledgerd.wire.messages import (
 )
 from ledgerd.wire.status import Status
 
-__all__ = ["ConnectionOptions", "ReplyItem", "encode_replies", "is_loopback", "peer_name",
-           "reply_bytes", "serve_connection"]
+__all__ = ["ConnectionOptions", "ReplyItem", "count_sent_adds", "encode_replies", "is_loopback",
+           "peer_name", "reply_bytes", "serve_connection"]
 
 log = logging.getLogger(__name__)
 _CLOSE_GRACE_S = 5.0
@@ -128,6 +128,25 @@ def encode_replies(conn: ServerConnection, metrics: BookieMetrics, items: list[R
     if ok_adds:
         count(_ADD, 0, ok_adds)
     return b"".join(chunks), sent_bytes
+
+
+def count_sent_adds(metrics: BookieMetrics, items: list[ReplyItem]) -> None:
+    """Count and time OK add replies that went out already encoded (the journal's
+    syncer sent them: ``ConnectionHub``), as ``encode_replies`` would have."""
+    observe = metrics.add_latency.observe
+    now = time.perf_counter()
+    adds = 0
+    add_t0 = 0.0
+    for item in items:
+        t0 = item[5]
+        if adds and t0 != add_t0:
+            observe(now - add_t0, adds)
+            adds = 0
+        add_t0 = t0
+        adds += 1
+    if adds:
+        observe(now - add_t0, adds)
+        metrics.count(_ADD, 0, len(items))
 
 
 def is_loopback(stream: trio.abc.Stream) -> bool:

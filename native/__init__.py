@@ -40,12 +40,15 @@ __all__ = [
     "AlignedBuffer",
     "NativeFile",
     "NativeHelperMissing",
+    "SendAfterSync",
     "Syncer",
     "alloc_aligned",
     "fdatasync_fd",
     "logical_block_size",
     "open_file",
     "pwrite_fd",
+    "resume_sends",
+    "stop_sends",
     "sync_file_range_fd",
     "tag_fd",
 ]
@@ -55,6 +58,7 @@ SYNC_FILE_RANGE_WRITE: int = lib.LDN_SYNC_FILE_RANGE_WRITE
 SYNC_FILE_RANGE_WAIT_AFTER: int = lib.LDN_SYNC_FILE_RANGE_WAIT_AFTER
 FALLOC_FL_KEEP_SIZE: int = lib.LDN_FALLOC_FL_KEEP_SIZE
 IOV_MAX: int = lib.LDN_IOV_MAX
+SEND_MAX_FD: int = lib.LDN_SEND_MAX_FD
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -261,6 +265,38 @@ def open_file(
     return NativeFile(path, int(rc), direct)
 
 
+class SendAfterSync:
+    """Bytes a syncer sends to a socket right after its job is durable.
+
+    ``data`` must not change from the submit to the collect; ``sent`` is then how many
+    of its bytes the socket took (0 if the job failed). A send that does not take
+    everything stops the descriptor for every syncer: later jobs send it nothing until
+    ``resume_sends(fd)``, so bytes never overtake the ones left over. The socket must
+    stay open (its descriptor unreused) until the job is collected.
+    """
+
+    __slots__ = ("data", "fd", "sent")
+
+    def __init__(self, fd: int, data: bytearray) -> None:
+        if not 0 <= fd < SEND_MAX_FD:
+            raise ValueError(f"descriptor {fd} is beyond the syncer's send table")
+        self.fd = fd
+        self.data = data
+        self.sent = 0
+
+
+def stop_sends(fd: int) -> None:
+    """Syncers send nothing to ``fd`` until ``resume_sends(fd)``: for replies that
+    will go some other way, which later ones must not overtake."""
+    lib.ldn_send_stop(fd)
+
+
+def resume_sends(fd: int) -> None:
+    """Let syncers send to ``fd`` again (after a short send stopped it, or before the
+    descriptor is closed and may be reused)."""
+    lib.ldn_send_resume(fd)
+
+
 class Syncer:
     """A thread of the helper's own that writes and fdatasyncs one buffer at a time
     without ever taking the GIL; ``fileno()`` becomes readable when the job is done.
@@ -270,7 +306,7 @@ class Syncer:
     alive and unchanged until collected (the object keeps a reference to it).
     """
 
-    __slots__ = ("_buf", "_s", "path")
+    __slots__ = ("_buf", "_s", "_sends", "path")
 
     def __init__(self) -> None:
         s = lib.ldn_syncer_new()
@@ -278,6 +314,7 @@ class Syncer:
             raise OSError("could not start the native syncer thread")
         self._s = s
         self._buf: Any = None
+        self._sends: Any = None
         self.path = ""
 
     def fileno(self) -> int:
@@ -285,21 +322,39 @@ class Syncer:
             raise ValueError("syncer is closed")
         return int(lib.ldn_syncer_fd(self._s))
 
-    def submit(self, handle: NativeFile, data: BytesLike, offset: int, *, sync: bool) -> None:
-        """Start writing ``data`` at ``offset`` of ``handle`` (then fdatasync if ``sync``)."""
+    def submit(self, handle: NativeFile, data: BytesLike, offset: int, *, sync: bool,
+               sends: Sequence[SendAfterSync] = ()) -> None:
+        """Start writing ``data`` at ``offset`` of ``handle`` (then fdatasync if ``sync``);
+        once that succeeded, send each of ``sends`` to its socket (see ``SendAfterSync``).
+        Neither the data nor the sends' bytes may change until collected."""
         if self._s is None:
             raise ValueError("syncer is closed")
         handle._check_open()
         buf = _cbuf(data)
-        rc = lib.ldn_syncer_submit(self._s, handle.fd, buf, len(data), offset, 1 if sync else 0)
+        n = len(sends)
+        if n:
+            keep = [_cbuf(item.data) for item in sends]
+            fds = ffi.new("int[]", [item.fd for item in sends])
+            bufs = ffi.new("void *[]", keep)
+            lens = ffi.new("size_t[]", [len(item.data) for item in sends])
+            sent = ffi.new("long long[]", n)
+            rc = lib.ldn_syncer_submit(self._s, handle.fd, buf, len(data), offset,
+                                       1 if sync else 0, n, fds, bufs, lens, sent)
+            self._sends = (sends, sent, keep, fds, bufs, lens)
+        else:
+            rc = lib.ldn_syncer_submit(self._s, handle.fd, buf, len(data), offset,
+                                       1 if sync else 0, 0, ffi.NULL, ffi.NULL, ffi.NULL,
+                                       ffi.NULL)
         if rc < 0:
+            self._sends = None
             raise RuntimeError("syncer is busy: collect the previous job first")
         self._buf = (buf, data)
         self.path = handle.path
 
     def collect(self) -> float | None:
         """The finished job's write + sync seconds; None while it runs. Raises OSError
-        (errno and path) if it failed."""
+        (errno and path) if it failed (then nothing was sent). Each of the job's sends
+        has its ``sent`` set."""
         if self._s is None:
             raise ValueError("syncer is closed")
         nanos = ffi.new("long long *")
@@ -307,6 +362,11 @@ class Syncer:
         if rc == 1:
             return None
         self._buf = None
+        if self._sends is not None:
+            sends, sent = self._sends[0], self._sends[1]
+            self._sends = None
+            for i, item in enumerate(sends):
+                item.sent = int(sent[i])
         if rc < 0:
             _raise(rc, self.path, "journal write + fdatasync")
         return int(nanos[0]) / 1e9
@@ -317,6 +377,7 @@ class Syncer:
             s, self._s = self._s, None
             lib.ldn_syncer_free(s)
             self._buf = None
+            self._sends = None
 
 
 def _sysfs_block_size(major: int, minor: int) -> int | None:

@@ -44,7 +44,12 @@ ffibuilder.cdef(
     struct ldn_syncer *ldn_syncer_new(void);
     int     ldn_syncer_fd(struct ldn_syncer *s);
     int     ldn_syncer_submit(struct ldn_syncer *s, int fd, const void *buf, size_t len,
-                              long long offset, int sync);
+                              long long offset, int sync, int nsends, const int *send_fds,
+                              void **send_bufs, const size_t *send_lens,
+                              long long *send_sent);
+    void    ldn_send_resume(int fd);
+    void    ldn_send_stop(int fd);
+    #define LDN_SEND_MAX_FD ...
     long long ldn_syncer_collect(struct ldn_syncer *s, long long *nanos);
     void    ldn_syncer_free(struct ldn_syncer *s);
 
@@ -79,6 +84,7 @@ ffibuilder.set_source(
     #include <signal.h>
     #include <stdint.h>
     #include <sys/eventfd.h>
+    #include <sys/socket.h>
     #include <time.h>
     #include <unistd.h>
 
@@ -291,7 +297,51 @@ ffibuilder.set_source(
         const void *buf;
         size_t len;
         long long offset, result, nanos;
+        int nsends;
+        const int *send_fds;
+        void **send_bufs;
+        const size_t *send_lens;
+        long long *send_sent;
     };
+
+    /* Replies sent by a syncer right after its group is durable (the connection hub's
+       adds): no event-loop pass between the sync and the reply. A send that does not
+       take everything stops that socket here: later groups' bytes for it are left
+       unsent (reported as such) until Python, having sent the rest in order, resumes
+       it. One table for every syncer, indexed by descriptor. */
+    #define LDN_SEND_MAX_FD 65536
+    static unsigned char ldn_send_stopped[LDN_SEND_MAX_FD];
+
+    static void ldn_send_resume(int fd) {
+        if (fd >= 0 && fd < LDN_SEND_MAX_FD) __atomic_store_n(&ldn_send_stopped[fd], 0, __ATOMIC_RELEASE);
+    }
+
+    static void ldn_send_stop(int fd) {
+        if (fd >= 0 && fd < LDN_SEND_MAX_FD) __atomic_store_n(&ldn_send_stopped[fd], 1, __ATOMIC_RELEASE);
+    }
+
+    static void ldn_send_replies(int n, const int *fds, void **bufs, const size_t *lens,
+                                 long long *sent) {
+        for (int i = 0; i < n; i++) {
+            int fd = fds[i];
+            size_t done = 0;
+            if (fd >= 0 && fd < LDN_SEND_MAX_FD
+                    && !__atomic_load_n(&ldn_send_stopped[fd], __ATOMIC_ACQUIRE)) {
+                const char *p = (const char *)bufs[i];
+                while (done < lens[i]) {
+                    ssize_t w = send(fd, p + done, lens[i] - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+                    if (w < 0) {
+                        if (errno == EINTR) continue;
+                        break;
+                    }
+                    done += (size_t)w;
+                }
+            }
+            if (done < lens[i] && fd >= 0 && fd < LDN_SEND_MAX_FD)
+                __atomic_store_n(&ldn_send_stopped[fd], 1, __ATOMIC_RELEASE);
+            sent[i] = (long long)done;
+        }
+    }
 
     static long long ldn_now_ns(void) {
         struct timespec ts;
@@ -309,11 +359,15 @@ ffibuilder.set_source(
             const void *buf = s->buf;
             size_t len = s->len;
             long long offset = s->offset;
+            int nsends = s->nsends;
             pthread_mutex_unlock(&s->mu);
             long long t0 = ldn_now_ns();
             long long rc = ldn_pwrite(fd, buf, len, offset);
             if (rc >= 0) rc = sync ? ldn_fdatasync(fd) : 0;
             long long t1 = ldn_now_ns();
+            /* Only what is durable is answered: a failed group's replies stay unsent. */
+            if (rc == 0 && nsends > 0)
+                ldn_send_replies(nsends, s->send_fds, s->send_bufs, s->send_lens, s->send_sent);
             pthread_mutex_lock(&s->mu);
             s->result = rc;
             s->nanos = t1 - t0;
@@ -352,7 +406,9 @@ ffibuilder.set_source(
 
     /* 0: taken; -EBUSY: a job is in flight or its result was not collected. */
     static int ldn_syncer_submit(struct ldn_syncer *s, int fd, const void *buf, size_t len,
-                                 long long offset, int sync) {
+                                 long long offset, int sync, int nsends, const int *send_fds,
+                                 void **send_bufs, const size_t *send_lens,
+                                 long long *send_sent) {
         pthread_mutex_lock(&s->mu);
         if (s->has_job || s->done || s->stop) {
             pthread_mutex_unlock(&s->mu);
@@ -363,6 +419,11 @@ ffibuilder.set_source(
         s->len = len;
         s->offset = offset;
         s->sync = sync;
+        s->nsends = nsends;
+        s->send_fds = send_fds;
+        s->send_bufs = send_bufs;
+        s->send_lens = send_lens;
+        s->send_sent = send_sent;
         s->has_job = 1;
         pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -145,3 +146,97 @@ async def test_garbage_on_one_socket_leaves_the_others_served(tmp_path: Path) ->
             await bad_done.wait()
         await good.send_all(add_frame(1, 0, cid=3))
         assert await read_replies(good, 1) == [(3, Status.OK)]
+
+
+def spy_sends(journal: Any) -> list[Any]:
+    """Record every ``SendAfterSync`` the hub hands the journal."""
+    made: list[Any] = []
+    real = journal.send_after_sync
+
+    def send_after_sync(fd: int, data: bytearray) -> Any:
+        item = real(fd, data)
+        made.append(item)
+        return item
+
+    journal.send_after_sync = send_after_sync
+    return made
+
+
+async def test_add_replies_leave_from_the_syncer(tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b:
+        made = spy_sends(b.storage.journal)
+        streams = [b.raw_pair() for _ in range(4)]
+        for round_ in range(5):
+            for i, s in enumerate(streams):
+                await s.send_all(b"".join(add_frame(10 + i, round_ * 3 + k, cid=round_ * 3 + k)
+                                          for k in range(3)))
+            for s in streams:
+                assert await read_replies(s, 3) == [(round_ * 3 + k, Status.OK)
+                                                    for k in range(3)]
+        # Replies went out from a syncer (a group written on the slow path, while the
+        # journal is still zeroing its first file, leaves them to the hub); the metrics
+        # count every reply however it went.
+        assert any(m.sent == len(m.data) > 0 for m in made)
+        assert b.metrics.add_latency.count == 4 * 15
+
+
+async def test_replies_keep_their_order_when_a_full_socket_stops_the_syncer(
+        tmp_path: Path) -> None:
+    async with running_bookie(tmp_path) as b:
+        assert b.hub is not None
+        made = spy_sends(b.storage.journal)
+        mine, theirs = socket.socketpair()
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        b.nursery.start_soon(lambda: b.hub.serve_socket(theirs, trusted=True))  # type: ignore[union-attr]
+        s = trio.SocketStream(trio.socket.from_stdlib_socket(mine))
+        await s.send_all(add_frame(1, 0, cid=0, payload=b"r" * 3000))
+        assert await read_replies(s, 1) == [(0, Status.OK)]
+        # 400 adds at once, the peer not reading: their replies (~12 KB) do not fit the
+        # socket, the syncer's send comes back short. Then reads (3 KB replies) and adds
+        # interleaved: every later reply waits behind the rest.
+        frames = [add_frame(1, e, cid=e) for e in range(1, 401)]
+        cid = 401
+        for e in range(401, 601):
+            frames.append(add_frame(1, e, cid=cid))
+            frames.append(encode_request(ReadRequest(ledger_id=1, entry_id=0), cid + 1, 0))
+            cid += 2
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(s.send_all, b"".join(frames))
+            await trio.testing.wait_all_tasks_blocked(cushion=0.2)
+            got = await read_replies(s, cid - 1)
+        assert [c for c, _ in got] == list(range(1, cid))
+        assert {status for _, status in got} == {Status.OK}
+        assert any(m.sent < len(m.data) for m in made)  # the short-send path ran
+        assert b.storage.last_entry_id(1) == 600
+        await s.aclose()
+
+
+async def test_a_closed_connection_keeps_its_descriptor_until_the_group_is_collected(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with running_bookie(tmp_path) as b:
+        assert b.hub is not None
+        journal = b.storage.journal
+        gate = trio.Event()
+        collect = journal._collect_oldest
+
+        async def gated_collect() -> None:
+            await gate.wait()
+            await collect()
+
+        monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+        s, done = b.raw_connection()
+        await s.send_all(b"".join(add_frame(1, e, cid=e) for e in range(3)))
+        # The syncer answers once the group is durable, whether or not it is collected.
+        assert await read_replies(s, 3) == [(e, Status.OK) for e in range(3)]
+        # A frame whose size cannot hold a header: the hub closes the connection, but
+        # the socket stays open until the group is collected (a syncer could still be
+        # sending to it; a new connection must not get its number meanwhile).
+        await s.send_all(b"\x00\x00\x00\x01x")
+        with trio.fail_after(5):
+            await done.wait()
+        with trio.move_on_after(1) as waited:
+            await s.receive_some(10)
+        assert waited.cancelled_caught
+        gate.set()
+        with trio.fail_after(5):
+            assert await s.receive_some(10) == b""

@@ -163,3 +163,66 @@ async def test_syncer_writes_and_syncs_off_the_gil_and_reports_errors(tmp_path: 
     syncer.close()
     with pytest.raises(ValueError, match="closed"):
         syncer.fileno()
+
+
+async def test_syncer_sends_replies_once_durable_and_stops_a_full_socket(tmp_path: Path) -> None:
+    import socket
+
+    import trio
+
+    async def job(f: native.NativeFile, sends: list[native.SendAfterSync]) -> None:
+        syncer.submit(f, buf.view, 0, sync=True, sends=sends)
+        await trio.lowlevel.wait_readable(syncer)
+        syncer.collect()
+
+    syncer = native.Syncer()
+    buf = native.alloc_aligned(4096)
+    a, peer = socket.socketpair()
+    full, stalled = socket.socketpair()
+    full.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    try:
+        with native.open_file(tmp_path / "s.bin", os.O_RDWR | os.O_CREAT) as f:
+            first = native.SendAfterSync(a.fileno(), bytearray(b"one"))
+            await job(f, [first, native.SendAfterSync(a.fileno(), bytearray(b"two"))])
+            assert first.sent == 3 and peer.recv(100) == b"onetwo"
+            # A socket that takes only part stops: later jobs send it nothing, in order.
+            big = native.SendAfterSync(full.fileno(), bytearray(1 << 20))
+            after = native.SendAfterSync(full.fileno(), bytearray(b"after"))
+            other = native.SendAfterSync(a.fileno(), bytearray(b"other"))
+            await job(f, [big])
+            assert 0 < big.sent < 1 << 20
+            await job(f, [after, other])
+            assert after.sent == 0 and other.sent == 5 and peer.recv(100) == b"other"
+            native.resume_sends(full.fileno())
+            again = native.SendAfterSync(full.fileno(), bytearray(b"x"))
+            stalled.setblocking(False)
+            try:
+                while stalled.recv(1 << 20):
+                    pass
+            except BlockingIOError:
+                pass
+            await job(f, [again])
+            assert again.sent == 1
+            # stop_sends holds a socket for replies that go another way.
+            native.stop_sends(a.fileno())
+            held = native.SendAfterSync(a.fileno(), bytearray(b"held"))
+            await job(f, [held])
+            assert held.sent == 0
+            native.resume_sends(a.fileno())
+        # A job that fails sends nothing.
+        with native.open_file(tmp_path / "s.bin", os.O_RDONLY) as ro:
+            lost = native.SendAfterSync(a.fileno(), bytearray(b"lost"))
+            syncer.submit(ro, buf.view, 0, sync=True, sends=[lost])
+            await trio.lowlevel.wait_readable(syncer)
+            with pytest.raises(OSError):
+                syncer.collect()
+            assert lost.sent == 0
+        peer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            peer.recv(100)
+        with pytest.raises(ValueError, match="send table"):
+            native.SendAfterSync(native.SEND_MAX_FD, bytearray())
+    finally:
+        syncer.close()
+        for s in (a, peer, full, stalled):
+            s.close()
