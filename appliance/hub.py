@@ -478,8 +478,11 @@ class ConnectionHub:
             count_sent_adds(metrics, batch)
             sent = a.send.sent
             if sent < len(a.send.data):
+                metrics.syncer_short_sends += 1
                 c.sends_stopped = True
                 self._send(c, memoryview(a.send.data)[sent:])
+            else:
+                metrics.syncer_replies += a.count
         if c.sends_stopped and not c.ahead and not c.wbuf and not c.closed:
             self._resume_sends(c)
 

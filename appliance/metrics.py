@@ -57,6 +57,8 @@ class BookieMetrics:
         self.connections_refused = 0      # over max_connections
         self.connections_idle_closed = 0  # idle past connection_idle_timeout_s
         self.connections_rejected_frames = 0
+        self.syncer_replies = 0           # add replies the journal's syncer sent whole
+        self.syncer_short_sends = 0       # syncer sends a full socket did not take whole
         self.tls_handshakes = 0           # connections upgraded with START_TLS
         self.tls_failures = 0             # handshakes that failed, TLS_REQUIRED refusals
         self.requests_unauthorized = 0    # refused by authorization (the principal's roles)
@@ -142,6 +144,13 @@ class _Collector:
         yield CounterMetricFamily("ledgerd_bookie_connections_idle_closed",
                                   "Connections closed after connection_idle_timeout_s idle.",
                                   value=m.connections_idle_closed)
+        yield CounterMetricFamily("ledgerd_bookie_syncer_replies",
+                                  "Add replies the journal's syncer sent the moment their "
+                                  "group was durable.", value=m.syncer_replies)
+        yield CounterMetricFamily("ledgerd_bookie_syncer_short_sends",
+                                  "Syncer sends a socket did not take whole (the rest, and "
+                                  "what followed, went from the event loop).",
+                                  value=m.syncer_short_sends)
         yield CounterMetricFamily("ledgerd_bookie_tls_handshakes",
                                   "Connections upgraded to TLS (START_TLS).",
                                   value=m.tls_handshakes)

@@ -178,6 +178,8 @@ async def test_add_replies_leave_from_the_syncer(tmp_path: Path) -> None:
         # count every reply however it went.
         assert any(m.sent == len(m.data) > 0 for m in made)
         assert b.metrics.add_latency.count == 4 * 15
+        assert b.metrics.syncer_replies == sum(
+            len(replies(bytes(m.data))) for m in made if m.sent == len(m.data))
 
 
 async def test_replies_keep_their_order_when_a_full_socket_stops_the_syncer(
@@ -207,6 +209,7 @@ async def test_replies_keep_their_order_when_a_full_socket_stops_the_syncer(
         assert [c for c, _ in got] == list(range(1, cid))
         assert {status for _, status in got} == {Status.OK}
         assert any(m.sent < len(m.data) for m in made)  # the short-send path ran
+        assert b.metrics.syncer_short_sends >= 1
         assert b.storage.last_entry_id(1) == 600
         await s.aclose()
 

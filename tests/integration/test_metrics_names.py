@@ -60,6 +60,9 @@ async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., 
     # 20 small groups: the first prealloc step (zeroed at open) still covers them.
     assert series["ledgerd_journal_slow_groups_total"] == [("", 0.0)]
     assert series["ledgerd_journal_zeroed_ahead_bytes_total"] == [("", 0.0)]
+    # One add at a time over the hub: every reply left from the journal's syncer.
+    assert series["ledgerd_bookie_syncer_replies_total"][0][1] >= 1
+    assert series["ledgerd_bookie_syncer_short_sends_total"] == [("", 0.0)]
 
     dashboard = json.loads(DASHBOARD.read_text())
     wanted = set()
