@@ -75,7 +75,7 @@ from ledgerd.wire.connection import (
     ServerConnection,
 )
 from ledgerd.wire.errors import FrameSizeError
-from ledgerd.wire.frames import DecodedRequest
+from ledgerd.wire.frames import DecodedRequest, encode_add_response
 from ledgerd.wire.messages import AddRequest, ApiKey, Message
 
 __all__ = ["ConnectionHub"]
@@ -425,8 +425,8 @@ class ConnectionHub:
             k += 1
         if k == start:
             return
-        send_add_ok = c.conn.send_add_ok
-        data = b"".join([send_add_ok(item[0], *item[3]) for item in items[start:k]])
+        # Still unanswered (``max_inflight`` counts them) until their group is collected.
+        data = b"".join([encode_add_response(item[0], 0, *item[3]) for item in items[start:k]])
         ahead = c.ahead
         if ahead and ahead[-1].group is group:
             last = ahead[-1]
@@ -465,16 +465,21 @@ class ConnectionHub:
         """Settle the replies syncers sent for groups now done: count them, send what a
         socket did not take (and failed groups' replies) in order."""
         metrics = self.handler.metrics
+        inflight = c.conn.inflight
+        settled = False
         while c.ahead and c.ahead[0].group.done.is_set():
             a = c.ahead.popleft()
             if c.closed:
                 continue
+            settled = True
             batch, c.items = c.items[:a.count], c.items[a.count:]
             c.attached -= a.count
             if a.group.error is not None:
                 data, _ = encode_replies(c.conn, metrics, batch)  # IO_ERROR, as usual
                 self._send(c, data)
                 continue
+            for item in batch:
+                inflight.discard(item[0])
             count_sent_adds(metrics, batch)
             sent = a.send.sent
             if sent < len(a.send.data):
@@ -485,6 +490,8 @@ class ConnectionHub:
                 metrics.syncer_replies += a.count
         if c.sends_stopped and not c.ahead and not c.wbuf and not c.closed:
             self._resume_sends(c)
+        if settled and not c.closed:
+            self._after_send(c)  # answered: a paused connection may read again
 
     def _resume_sends(self, c: _Connection) -> None:
         c.sends_stopped = False

@@ -243,3 +243,28 @@ async def test_a_closed_connection_keeps_its_descriptor_until_the_group_is_colle
         gate.set()
         with trio.fail_after(5):
             assert await s.receive_some(10) == b""
+
+
+async def test_replies_in_a_syncers_hands_count_as_unanswered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_inflight`` holds adds whose replies a syncer has (or has sent) until their
+    group is collected; then the connection reads again."""
+    async with running_bookie(tmp_path, options=ConnectionOptions(max_inflight=8)) as b:
+        journal = b.storage.journal
+        gate = trio.Event()
+        collect = journal._collect_oldest
+
+        async def gated_collect() -> None:
+            await gate.wait()
+            await collect()
+
+        monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+        s = b.raw_pair()
+        await s.send_all(b"".join(add_frame(1, e, cid=e) for e in range(200)))
+        assert await read_replies(s, 8) == [(e, Status.OK) for e in range(8)]
+        await trio.testing.wait_all_tasks_blocked(cushion=0.1)
+        assert b.storage.last_entry_id(1) == 7  # paused: eight unanswered
+        gate.set()
+        got = await read_replies(s, 192)
+        assert got == [(e, Status.OK) for e in range(8, 200)]
+        assert b.storage.last_entry_id(1) == 199
