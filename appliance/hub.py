@@ -15,8 +15,8 @@ waiting for the event loop, which under load is busy with the next pass. The gro
 completion callback (in the task that collected the group) then only counts them and
 keeps what a full socket did not take in a buffer that waits for EPOLLOUT; replies
 that could not ride along (a group already in flight, a failed group) are sent from
-that callback, in order. No task wakes for any of them. Only requests that wait (long polls, fencing reads that must be
-journaled, admin calls) get a task of their own, as before.
+that callback, in order. No task wakes for any of them. Only requests that wait (long
+polls, fencing reads that must be journaled, admin calls) get a task of their own.
 
 The rules are the per-connection server's, so the two paths answer alike:
 
@@ -425,19 +425,19 @@ class ConnectionHub:
             k += 1
         if k == start:
             return
-        # Still unanswered (``max_inflight`` counts them) until their group is collected.
-        data = b"".join([encode_add_response(item[0], 0, *item[3]) for item in items[start:k]])
         ahead = c.ahead
         if ahead and ahead[-1].group is group:
             last = ahead[-1]
-            last.send.data += data
-            last.count += k - start
         else:
-            send = journal.send_after_sync(c.fd, bytearray(data))
+            send = journal.send_after_sync(c.fd, bytearray())
             if send is None:
-                # Not this descriptor: sent by the usual path, already encoded.
-                return
-            ahead.append(_Ahead(group, send, k - start))
+                return  # not this descriptor: the usual path sends them
+            last = _Ahead(group, send, 0)
+            ahead.append(last)
+        # Still unanswered (``max_inflight`` counts them) until their group is collected.
+        last.send.data += b"".join([encode_add_response(item[0], 0, *item[3])
+                                    for item in items[start:k]])
+        last.count += k - start
         c.attached = k
 
     def _wait(self, c: _Connection, group: JournalGroup | None) -> None:

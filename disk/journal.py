@@ -253,6 +253,11 @@ class Journal:
         return len(self._pending)
 
     @property
+    def groups_in_flight(self) -> int:
+        """Groups started and not yet collected (their callers not yet called back)."""
+        return len(self._inflight)
+
+    @property
     def is_failed(self) -> bool:
         return self._failed is not None
 

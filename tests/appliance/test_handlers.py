@@ -309,6 +309,7 @@ async def test_sparse_adds_store_a_striped_bookies_entries_in_one_request(
             status, resp = await c.call(req)
             assert status == Status.OK and resp == AddResponse(ledger_id=4, first_entry_id=0,
                                                                count=6)
+            await b.settled()
             assert b.handler.metrics.requests[ApiKey.ADD, Status.OK] == 4  # runs
         async with b.connect() as c:
             await c.call(ApiVersionsRequest())
@@ -318,6 +319,7 @@ async def test_sparse_adds_store_a_striped_bookies_entries_in_one_request(
             status, resp = await c.call(more)
             assert status == Status.OK and resp == AddResponse(ledger_id=5, first_entry_id=0,
                                                                count=6)
+            await b.settled()
             assert b.handler.metrics.requests[ApiKey.ADD, Status.OK] == 5  # one request
             backwards = dataclasses.replace(more, entries=more.entries[::-1],
                                             first_entry_id=8)
@@ -514,6 +516,7 @@ async def test_metrics_count_requests_by_api_and_status(tmp_path: Path) -> None:
     async with running_bookie(tmp_path) as b, b.connect() as c:
         await c.call_many([add(1, e) for e in range(4)])
         await c.call(ReadRequest(ledger_id=7, entry_id=0))
+        await b.settled()
         text = b.metrics.exposition().decode()
         assert 'ledgerd_bookie_requests_total{api="ADD",status="OK"} 4.0' in text
         assert 'ledgerd_bookie_requests_total{api="READ",status="NO_SUCH_LEDGER"} 1.0' in text
