@@ -162,6 +162,20 @@ def spy_sends(journal: Any) -> list[Any]:
     return made
 
 
+def gate_collection(journal: Any, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
+    """The journal collects no finished group until the returned event is set (its
+    syncer still writes, syncs and sends the replies it was handed)."""
+    gate = trio.Event()
+    collect = journal._collect_oldest
+
+    async def gated_collect() -> None:
+        await gate.wait()
+        await collect()
+
+    monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+    return gate
+
+
 async def test_add_replies_leave_from_the_syncer(tmp_path: Path) -> None:
     async with running_bookie(tmp_path) as b:
         made = spy_sends(b.storage.journal)
@@ -219,15 +233,7 @@ async def test_a_closed_connection_keeps_its_descriptor_until_the_group_is_colle
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async with running_bookie(tmp_path) as b:
         assert b.hub is not None
-        journal = b.storage.journal
-        gate = trio.Event()
-        collect = journal._collect_oldest
-
-        async def gated_collect() -> None:
-            await gate.wait()
-            await collect()
-
-        monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+        gate = gate_collection(b.storage.journal, monkeypatch)
         s, done = b.raw_connection()
         await s.send_all(b"".join(add_frame(1, e, cid=e) for e in range(3)))
         # The syncer answers once the group is durable, whether or not it is collected.
@@ -251,15 +257,7 @@ async def test_replies_in_a_syncers_hands_count_as_unanswered(
     """``max_inflight`` holds adds whose replies a syncer has (or has sent) until their
     group is collected; then the connection reads again."""
     async with running_bookie(tmp_path, options=ConnectionOptions(max_inflight=8)) as b:
-        journal = b.storage.journal
-        gate = trio.Event()
-        collect = journal._collect_oldest
-
-        async def gated_collect() -> None:
-            await gate.wait()
-            await collect()
-
-        monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+        gate = gate_collection(b.storage.journal, monkeypatch)
         s = b.raw_pair()
         await s.send_all(b"".join(add_frame(1, e, cid=e) for e in range(200)))
         assert await read_replies(s, 8) == [(e, Status.OK) for e in range(8)]
