@@ -252,10 +252,11 @@ class Journal:
     def pending_records(self) -> int:
         return len(self._pending)
 
-    @property
-    def groups_in_flight(self) -> int:
-        """Groups started and not yet collected (their callers not yet called back)."""
-        return len(self._inflight)
+    async def settle(self) -> None:
+        """Return once every group started so far is collected (its callbacks run):
+        groups finish in order, so waiting for the newest is waiting for them all."""
+        if self._inflight:
+            await self._inflight[-1].group.done.wait()
 
     @property
     def is_failed(self) -> bool:

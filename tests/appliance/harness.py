@@ -129,11 +129,7 @@ class BookieHarness:
         """Until every journal group in flight is collected: the hub's add replies leave
         from the syncer when their group is durable and are counted (metrics) when the
         event loop collects it, which may come after the client has its reply."""
-        for _ in range(10_000):
-            if not self.storage.journal.groups_in_flight:
-                return
-            await trio.sleep(0.001)
-        raise AssertionError("journal groups still in flight")
+        await self.storage.journal.settle()
 
     def serve_stream(self, stream: trio.abc.Stream, *, trusted: bool = True) -> trio.Event:
         """Serve ``stream``; the returned event fires when that connection is over."""
