@@ -29,7 +29,8 @@ from ledgerd.base.logs import fields
 from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
 from ledgerd.disk.journal import JournalGroup
 from ledgerd.disk.storage import LedgerStorage
-from ledgerd.wire.connection import api_versions_response
+from ledgerd.wire.connection import AddRun, api_versions_response
+from ledgerd.wire.frames import add_request
 from ledgerd.wire.messages import (
     AddFlags,
     AddRequest,
@@ -64,7 +65,7 @@ __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_e
 log = logging.getLogger(__name__)
 
 Reply = tuple[int, Message | None]
-_NOT_MERGED = int(AddFlags.SPARSE | AddFlags.TRUNCATE)  # add_batch keeps these whole
+UNMERGED_ADD_FLAGS = int(AddFlags.SPARSE | AddFlags.TRUNCATE)  # add_batch keeps these whole
 
 
 @dataclass
@@ -199,7 +200,7 @@ class RequestHandler:
             first = reqs[i]
             nxt = first.first_entry_id + len(first.entries)
             j = i + 1
-            if not first.flags & _NOT_MERGED:
+            if not first.flags & UNMERGED_ADD_FLAGS:
                 while j < n:
                     r = reqs[j]
                     if (r.first_entry_id != nxt or r.ledger_id != first.ledger_id
@@ -222,6 +223,25 @@ class RequestHandler:
                     out += [add(r) for r in reqs[i:j]]
             i = j
         return out
+
+    def add_run(self, run: AddRun) -> list[tuple[int, JournalGroup | None]]:
+        """``add_batch`` for a run of one-entry Adds cut straight from a connection's
+        buffer (``ServerConnection.take_add_run``: one ledger, consecutive ids, the
+        same flags, key and term): stored as one add; if that is refused, each frame is
+        decided on its own, as ``add_batch`` does."""
+        entries = run.entries
+        n = len(entries)
+        # The run's key is MASTER_KEY_SIZE bytes (cut by the frame's layout).
+        status, group = self.add(add_request(run.ledger_id, run.first_entry_id, run.flags,
+                                             run.master_key, run.term, tuple(entries)))
+        if status == Status.OK:
+            return [(status, group)] * n
+        if n == 1:
+            return [(status, group)]
+        first = run.first_entry_id
+        return [self.add(add_request(run.ledger_id, first + i, run.flags, run.master_key,
+                                     run.term, (entry,)))
+                for i, entry in enumerate(entries)]
 
     # -- reads that can be answered now ------------------------------------------------
 

@@ -57,7 +57,7 @@ from functools import partial
 
 import trio
 
-from ledgerd.appliance.handlers import RequestHandler
+from ledgerd.appliance.handlers import UNMERGED_ADD_FLAGS, RequestHandler
 from ledgerd.appliance.server import (
     ConnectionOptions,
     ReplyItem,
@@ -70,6 +70,7 @@ from ledgerd.disk.journal import JournalGroup
 from ledgerd.native import SendAfterSync
 from ledgerd.wire.connection import (
     NEED_DATA,
+    AddRun,
     ConnectionEnded,
     RequestRejected,
     ServerConnection,
@@ -285,6 +286,14 @@ class ConnectionHub:
             if conn.is_at_capacity or c.queued_bytes + len(c.wbuf) >= max_reply_bytes:
                 self._pause(c)
                 break
+            # Most frames are one-entry adds continuing a ledger: cut them out as a run.
+            run = conn.take_add_run(UNMERGED_ADD_FLAGS)
+            if run is not None:
+                if adds:
+                    self._add_batch(c, adds, now)
+                    adds = []
+                self._add_run(c, run, now)
+                continue
             try:
                 ev = conn.next_event()
             except FrameSizeError as exc:
@@ -342,6 +351,18 @@ class ConnectionHub:
             req = ev.message  # type: ignore[assignment]
             items.append((ev.correlation_id, _ADD, status,
                           (req.ledger_id, req.first_entry_id, len(req.entries)), group, now))
+
+    def _add_run(self, c: _Connection, run: AddRun, now: float) -> None:
+        results = self.handler.add_run(run)
+        lid = run.ledger_id
+        eid = run.first_entry_id
+        if len(results) == 1:
+            status, group = results[0]
+            c.items.append((run.correlation_ids[0], _ADD, status, (lid, eid, 1), group, now))
+            return
+        c.items += [(cid, _ADD, status, (lid, eid + i, 1), group, now)
+                    for i, (cid, (status, group)) in enumerate(
+                        zip(run.correlation_ids, results, strict=True))]
 
     def _put(self, c: _Connection, cid: int, api: int, status: int, resp: Message | None,
              t0: float) -> None:

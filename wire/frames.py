@@ -20,7 +20,14 @@ from ledgerd.wire.errors import (
     UnknownApiKeyError,
     UnsupportedVersionError,
 )
-from ledgerd.wire.messages import REQUEST_TYPES, RESPONSE_TYPES, SUPPORTED_VERSIONS, ApiKey, Message
+from ledgerd.wire.messages import (
+    REQUEST_TYPES,
+    RESPONSE_TYPES,
+    SUPPORTED_VERSIONS,
+    AddRequest,
+    ApiKey,
+    Message,
+)
 from ledgerd.wire.status import Status
 
 __all__ = [
@@ -28,6 +35,7 @@ __all__ = [
     "RESPONSE_HEADER_SIZE",
     "DecodedRequest",
     "DecodedResponse",
+    "add_request",
     "construct_encode_request",
     "construct_encode_response",
     "decode_request",
@@ -103,6 +111,27 @@ def encode_add_response(correlation_id: int, status: int, ledger_id: int, first_
     byte-identical to ``encode_response`` with an AddResponse (tested)."""
     return _ADD_OK.pack(_ADD_OK.size - 4, correlation_id, status, ledger_id, first_entry_id,
                         count)
+
+
+_ADD_NEW = object.__new__
+(_SET_LEDGER, _SET_FIRST, _SET_FLAGS, _SET_KEY, _SET_TERM, _SET_ENTRIES) = (
+    AddRequest.__dict__[name].__set__ for name in (
+        "ledger_id", "first_entry_id", "flags", "master_key", "term", "entries"))
+
+
+def add_request(ledger_id: int, first_entry_id: int, flags: int, master_key: bytes,
+                term: int, entries: tuple[bytes, ...]) -> AddRequest:
+    """An AddRequest built as the decoder builds one, through its slots (a third of the
+    dataclass ``__init__``'s cost; the bookie's hot path): the caller vouches for what
+    ``__post_init__`` would check, a ``MASTER_KEY_SIZE``-byte key."""
+    m: AddRequest = _ADD_NEW(AddRequest)
+    _SET_LEDGER(m, ledger_id)
+    _SET_FIRST(m, first_entry_id)
+    _SET_FLAGS(m, flags)
+    _SET_KEY(m, master_key)
+    _SET_TERM(m, term)
+    _SET_ENTRIES(m, entries)
+    return m
 
 
 def request_header(frame: bytes) -> tuple[int, int, int]:
