@@ -289,6 +289,65 @@ async def test_zeroing_trickles_a_chunk_at_a_time_in_small_writes(tmp_path: Path
     assert got == list(range(800))
 
 
+async def test_a_group_that_outran_the_zeroer_waits_for_one_chunk_not_its_run(
+        tmp_path: Path) -> None:
+    """A group reaching past the zeroed space waits for the zeroer's next chunk, not for
+    the whole step it is zeroing: that wait held every add 20-90 ms twice a second at
+    120k adds/s. The zeroer's writes are gated here, a chunk at a time."""
+    j = Journal(tmp_path, JournalOptions(prealloc_mb=4))
+    await j.open()
+    f = j._file
+    assert f is not None
+    gates = [threading.Event() for _ in range(8)]
+    order: list[str] = []
+
+    class Gated:  # the file's handle; the zeroer's n-th write waits for gates[n]
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+            self.writes = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def pwrite_paced(self, data: Any, offset: int, piece: int, pause: float) -> int:
+            n, self.writes = self.writes, self.writes + 1
+            gates[n].wait(10)
+            rc = int(self.handle.pwrite_paced(data, offset, piece, pause))
+            order.append(f"chunk {n}")
+            return rc
+
+    gated = Gated(f.handle)
+    f.handle = gated  # type: ignore[assignment]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(j.run)
+        i = 0
+        while j._zeroing is None:  # ~8 KiB groups until the zeroer starts (gated)
+            await j.append([(RecordType.ENTRY, entry_body(1, i, bytes(8000)))])
+            i += 1
+        ahead = f.zeroed_until - f.offset
+        # One group reaching half a chunk past the zeroed space.
+        records = [(int(RecordType.ENTRY), entry_body(1, i + k, bytes(8000)))
+                   for k in range((ahead + (1 << 19)) // 8000)]
+        j.hold()
+        group = j.submit(records)
+        j.release()
+        await trio.sleep(0.05)
+        assert not group.done.is_set()  # it waits for the zeroer
+        gates[0].set()  # the zeroer's next chunk lands; its second is held
+        await group.wait()
+        order.append("group")
+        for gate in gates:
+            gate.set()
+        while j._zeroing is not None:
+            await j._zeroing.wait()
+        nursery.cancel_scope.cancel()
+    await j.close()
+    assert order[:2] == ["chunk 0", "group"]
+    assert j.slow_groups == 0
+    got = [r.value for r in scan_journal_file(j.files()[-1])]
+    assert got == list(range(i + len(records)))
+
+
 async def test_zeroing_ahead_runs_beside_the_groups(tmp_path: Path) -> None:
     """Groups stay on the fast path while the next prealloc step is zeroed beside them;
     none zeroes for itself (the first step is zeroed at open), and every record replays."""
