@@ -8,7 +8,10 @@ hub keeps the connections' sockets in an epoll set of its own and waits, as one 
 task, for that set's descriptor to become readable. One wake-up then serves every
 connection that has data: each socket is read once (``recv`` without a retry on
 EAGAIN), its frames are decoded and handled as by the per-connection reader, and the
-adds of all of them join one journal group. Replies to adds are encoded as the pass
+adds of all of them join one journal group. What writers mostly send, consecutive
+one-entry adds of one ledger, is cut from the connection's buffer as a run
+(``ServerConnection.take_add_run``: one unpack per frame, no request objects) and stored
+as one add: the 4 x 200 closed loop went from ~80k to ~120k adds/s. Replies to adds are encoded as the pass
 handles them and handed to the journal (``Journal.send_after_sync``): the syncer
 thread sends them the moment the group is durable, without the GIL and without
 waiting for the event loop, which under load is busy with the next pass. The group's

@@ -36,7 +36,8 @@ maximum: p50 4.3-7.3 -> 2.0-3.5 ms, p99 24-102 -> 11-22 ms (bench/RESULTS.md).
 Space ahead of the write position is kept pre-zeroed a ``prealloc_mb`` step ahead:
 overwriting zeroed blocks syncs about twice as fast on this disk as appending or writing
 into fallocate()d extents. The zeroing trickles, a ``_ZERO_CHUNK`` each time the groups
-have used one, in small writes apart, so no sync has much zeroing to flush with it.
+have used one, in small writes apart, so no sync has much zeroing to flush with it. A
+group that outran it waits for its next chunk, not for the rest of its step.
 Files roll at ``max_size_mb``. Where O_DIRECT is refused (tmpfs, some overlays), the
 journal falls back to buffered writes + fdatasync and logs it once.
 
@@ -757,7 +758,8 @@ class Journal:
         up at full speed). Groups go on below ``zeroed_until`` meanwhile; each chunk
         raises it when written, and the next group's fdatasync makes it durable. Groups
         never write at or above ``zeroed_until`` on the fast path, and the slow path
-        (roll, or zeroing a group that outran this) waits for the zeroer, so the two
+        (roll, or zeroing a group that outran this) waits for the zeroer (a group that
+        outran it tries the fast path again after each chunk), so the two
         never touch the same bytes.
         """
         step = self.options.prealloc_mb * MiB
