@@ -151,6 +151,7 @@ class LedgerStorage:
             self.cache = LedgerCache(index_dirs, page_size=options.page_size,
                                      page_limit=options.page_limit, fds=self.open_files)
         self._checkpoint_lock = trio.Lock()
+        self._index_writing: trio.Event | None = None  # a checkpoint's index write runs
         self.replayed_records = 0
         self.last_checkpoint: JournalPosition | None = None
         self.checkpoints = 0
@@ -390,8 +391,9 @@ class LedgerStorage:
     async def checkpoint(self, *, sync_index_dirs: bool = False) -> JournalPosition:
         """Flush entry logs and index, persist the mark, drop old journal files.
 
-        Buffers and index pages are written in the trio thread (adds keep mutating them,
-        so they may not be touched from another thread); only the syncs run in a worker.
+        Entry-log buffers are handed over in the trio thread (adds keep mutating them);
+        index pages are copied there and written by a worker (``begin_write_out``), and
+        the syncs run in a worker.
         ``sync_index_dirs`` also fsyncs the directories of index files unlinked since
         (GC does, before it deletes the entry logs those files pointed into).
         """
@@ -423,7 +425,17 @@ class LedgerStorage:
                     finally:
                         self.cache.end_write_out(job)
                 else:
-                    paths = self.cache.write_out()
+                    # Copied on the loop, written by a worker: with four ledgers at 60k
+                    # adds/s, writing the pages here held the loop 11-12 ms a checkpoint.
+                    index_job = self.cache.begin_write_out()
+                    self._index_writing = trio.Event()
+                    try:
+                        await trio.to_thread.run_sync(index_job.run)
+                    finally:
+                        self.cache.end_write_out(index_job)
+                        self._index_writing.set()
+                        self._index_writing = None
+                    paths = index_job.paths
                 if self.compacting:
                     crash_point("compaction.index_flush")
                 await trio.to_thread.run_sync(self.cache.sync_paths, paths)
@@ -687,6 +699,8 @@ class LedgerStorage:
         """Forget a ledger (its index file goes now; entry log space at GC). With
         ``if_changes``, only if the ledger's change counter still has that value (and
         False, deleting nothing, otherwise)."""
+        while self._index_writing is not None:  # its pages may be in that write
+            await self._index_writing.wait()
         idx = self.cache.get(ledger_id)
         if if_changes is not None and (idx is None or idx.changes != if_changes):
             return False

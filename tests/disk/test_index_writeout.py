@@ -1,0 +1,265 @@
+"""A checkpoint's index write-out off the event loop (interleaved storage).
+
+``begin_write_out`` takes the dirty pages and headers on the loop and marks them clean;
+a worker writes them (``IndexWrite.run``); ``end_write_out`` releases them. Meanwhile
+adds go on: a page they change is copied first and is dirty again for the next
+checkpoint, the pages being written stay in memory (an evicted page read back from the
+file before its write landed would be stale), and only that write writes those
+ledgers' headers.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+from ledgerd.disk.fdcache import FdCache
+from ledgerd.disk.index import INDEX_HEADER_SIZE, IndexWrite, LedgerCache, read_index_file
+from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
+
+PAGE = 512  # 64 locations a page
+
+
+def _cache(tmp_path: Path, page_limit: int = 1000) -> LedgerCache:
+    return LedgerCache([tmp_path], page_size=PAGE, page_limit=page_limit)
+
+
+def _on_disk(cache: LedgerCache, ledger: int, entry: int) -> int:
+    data = cache.ledgers[ledger].path.read_bytes()
+    off = INDEX_HEADER_SIZE + 8 * entry
+    return int(struct.unpack_from(">q", data, off)[0]) if len(data) >= off + 8 else 0
+
+
+def test_what_changes_during_the_write_is_written_by_the_next(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    cache.get_or_create(1).master_key = b"k" * 20
+    cache.set_locations(1, 0, [100 + e for e in range(10)])
+    job = cache.begin_write_out()
+    assert not cache.ledgers[1].dirty_pages and not cache.ledgers[1].header_dirty
+    cache.set_location(1, 5, 555)  # the hot page was handed over: dirty again
+    cache.set_location(1, 10, 110)
+    assert cache.ledgers[1].dirty_pages == {0}
+    job.run()
+    cache.end_write_out(job)
+    assert job.paths == [cache.ledgers[1].path]
+    assert [_on_disk(cache, 1, e) for e in (4, 5, 10)] == [104, 105, 0]  # the copy
+    assert cache.write_out() == [cache.ledgers[1].path]
+    assert [_on_disk(cache, 1, e) for e in (4, 5, 10)] == [104, 555, 110]
+    assert read_index_file(cache.ledgers[1].path)[0].master_key == b"k" * 20
+
+
+def test_truncating_and_trimming_during_the_write_change_a_copy(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    cache.set_locations(1, 0, [100 + e for e in range(10)])
+    cache.set_locations(2, 0, [200 + e for e in range(10)])
+    job = cache.begin_write_out()
+    cache.truncate_after(1, 4)
+    cache.trim_before(2, 5)
+    job.run()
+    cache.end_write_out(job)
+    assert [_on_disk(cache, 1, e) for e in (4, 5)] == [104, 105]  # as taken
+    assert [_on_disk(cache, 2, e) for e in (4, 5)] == [204, 205]
+    cache.write_out()
+    assert [_on_disk(cache, 1, e) for e in (4, 5)] == [104, 0]
+    assert [_on_disk(cache, 2, e) for e in (4, 5)] == [0, 205]
+    assert cache.location(1, 5) == 0 and cache.location(2, 4) == 0
+
+
+def test_pages_being_written_are_not_evicted(tmp_path: Path) -> None:
+    cache = _cache(tmp_path, page_limit=2)
+    cache.set_location(1, 0, 7)
+    job = cache.begin_write_out()  # the copy of ledger 1's page 0 is not written yet
+    for lid in (2, 3, 4, 5):  # more pages than the cache keeps
+        cache.set_location(lid, 0, lid)
+    assert 0 in cache.ledgers[1].pages  # kept: the file does not have it yet
+    assert cache.location(1, 0) == 7
+    job.run()
+    cache.end_write_out(job)
+    for lid in (6, 7):  # now it may go
+        cache.set_location(lid, 0, lid)
+    assert 0 not in cache.ledgers[1].pages
+    assert cache.location(1, 0) == 7  # read back from the file
+    assert len(cache._lru) <= 2
+
+
+def test_an_eviction_during_the_write_leaves_the_header_to_the_next(tmp_path: Path) -> None:
+    """A header copied by the job must not land after a newer one: an eviction meanwhile
+    writes its page but leaves the header dirty for the next checkpoint."""
+    cache = _cache(tmp_path, page_limit=2)
+    idx = cache.get_or_create(1)
+    cache.set_location(1, 0, 7)
+    job = cache.begin_write_out()  # its header copy: not fenced
+    idx.fenced = True
+    cache.dirty(idx)
+    cache.set_location(1, 64, 8)  # page 1, dirty
+    for lid in (2, 3, 4):  # evicts ledger 1's page 1 (written now), never page 0
+        cache.set_location(lid, 0, lid)
+    assert 1 not in idx.pages and 0 in idx.pages
+    assert idx.header_dirty
+    job.run()
+    cache.end_write_out(job)
+    assert not read_index_file(idx.path)[0].fenced  # the copy
+    cache.write_out()
+    assert read_index_file(idx.path)[0].fenced
+    assert _on_disk(cache, 1, 64) == 8
+
+
+def test_a_failed_write_leaves_everything_for_the_next(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    cache = _cache(tmp_path)
+    cache.get_or_create(1).master_key = b"k" * 20
+    cache.set_locations(1, 0, [1, 2, 3])
+    job = cache.begin_write_out()
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError) as info:
+        job.run()
+    assert info.value.filename == str(cache.ledgers[1].path)
+    monkeypatch.undo()
+    cache.end_write_out(job)
+    idx = cache.ledgers[1]
+    assert idx.dirty_pages == {0} and idx.header_dirty and idx.needs_sync
+    assert not idx.header_written
+    assert cache.write_out() == [idx.path]
+    assert [_on_disk(cache, 1, e) for e in range(3)] == [1, 2, 3]
+    assert read_index_file(idx.path)[0].master_key == b"k" * 20
+
+
+def test_one_write_out_at_a_time(tmp_path: Path) -> None:
+    cache = _cache(tmp_path)
+    cache.set_location(1, 0, 1)
+    job = cache.begin_write_out()
+    with pytest.raises(RuntimeError, match="already in flight"):
+        cache.write_out()
+    cache.end_write_out(job)
+    assert cache.ledgers[1].dirty_pages == {0}  # not run: dirty again
+
+
+async def test_adds_during_a_checkpoint_are_indexed_by_the_next(tmp_path: Path) -> None:
+    """Through the storage: adds while the worker writes the copies; every entry reads
+    back, after a restart too."""
+    d = Digester(DigestType.CRC32C)
+    opts = StorageOptions(journal_dir=tmp_path / "j", ledger_dirs=(tmp_path / "l",),
+                          page_size=PAGE, page_limit=4, flush_interval_ms=3_600_000)
+    s = LedgerStorage(opts)
+    await s.open()
+    written: dict[int, int] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+
+        async def writer(lid: int) -> None:
+            for e in range(300):
+                await s.add_entries(lid, e, [encode_entry(d, lid, e, e - 1, 0, b"x" * 30)],
+                                    bind_key=b"k" * 20)
+                written[lid] = e
+
+        async with trio.open_nursery() as adds:
+            for lid in (1, 2, 3):
+                adds.start_soon(writer, lid)
+            for _ in range(20):
+                await s.checkpoint()
+                await trio.sleep(0)
+        await s.checkpoint()
+        nursery.cancel_scope.cancel()
+    await s.close()
+    s = LedgerStorage(opts)
+    await s.open()
+    try:
+        for lid in (1, 2, 3):
+            assert written[lid] == 299
+            for e in (0, 63, 64, 150, 299):
+                entry = s.read_entry(lid, e)
+                assert entry[:16] == struct.pack(">qq", lid, e)
+    finally:
+        await s.close()
+
+
+def test_a_ledger_being_written_is_not_deleted(tmp_path: Path) -> None:
+    """Its copies name the file by path: deleted and re-created meanwhile, the path would
+    be the new ledger's. The cache refuses; the storage waits (below)."""
+    cache = _cache(tmp_path)
+    cache.set_location(1, 0, 7)
+    cache.set_location(2, 0, 8)
+    job = cache.begin_write_out()
+    with pytest.raises(RuntimeError, match="being written"):
+        cache.delete(1)
+    job.run()
+    cache.end_write_out(job)
+    path = cache.delete(1)
+    assert path is not None and path.exists()
+
+
+async def test_a_ledger_deleted_during_a_checkpoint_waits_for_its_index_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = Digester(DigestType.CRC32C)
+    opts = StorageOptions(journal_dir=tmp_path / "j", ledger_dirs=(tmp_path / "l",),
+                          page_size=PAGE, flush_interval_ms=3_600_000)
+    s = LedgerStorage(opts)
+    await s.open()
+    cache = s.cache
+    assert isinstance(cache, LedgerCache)
+    writing, release = threading.Event(), threading.Event()
+    run = IndexWrite.run
+
+    def slow_run(job: IndexWrite) -> None:
+        writing.set()
+        release.wait(10)
+        run(job)
+        order.append("written")
+
+    monkeypatch.setattr(IndexWrite, "run", slow_run)
+    order: list[str] = []  # appended to by the worker thread, then the loop
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [encode_entry(d, 1, 0, -1, 0, b"x")], bind_key=b"k" * 20)
+
+        async def checkpoint() -> None:
+            await s.checkpoint()
+
+        async def delete() -> None:
+            while not writing.is_set():
+                await trio.sleep(0.001)
+            nursery.start_soon(trio.to_thread.run_sync, release.set)
+            await s.delete_ledger(1)
+            order.append("delete")
+
+        async with trio.open_nursery() as both:
+            both.start_soon(checkpoint)
+            both.start_soon(delete)
+        nursery.cancel_scope.cancel()
+    await s.close()
+    assert order[:2] == ["written", "delete"]  # (close checkpoints again)
+    assert 1 not in cache.ledgers
+
+
+def test_many_ledgers_hold_no_descriptor_each(tmp_path: Path) -> None:
+    """More dirty ledgers than the process may open files: the write holds no
+    descriptor per ledger (the shared cache keeps 64 open)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cache = LedgerCache([tmp_path], page_size=PAGE, page_limit=100_000, fds=FdCache(64))
+    limit = len(os.listdir("/proc/self/fd")) + 200
+    ledgers = limit + 100
+    for lid in range(ledgers):
+        cache.set_location(lid, 0, lid + 1)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+        job = cache.begin_write_out()
+        job.run()
+        cache.end_write_out(job)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(job.paths) == ledgers
+    assert _on_disk(cache, ledgers - 1, 0) == ledgers
