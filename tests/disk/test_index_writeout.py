@@ -228,8 +228,7 @@ async def test_a_ledger_deleted_during_a_checkpoint_waits_for_its_index_write(
             await s.checkpoint()
 
         async def delete() -> None:
-            while not writing.is_set():
-                await trio.sleep(0.001)
+            await trio.to_thread.run_sync(writing.wait, 10)  # the write has begun
             nursery.start_soon(trio.to_thread.run_sync, release.set)
             await s.delete_ledger(1)
             order.append("delete")

@@ -331,7 +331,7 @@ async def test_a_group_that_outran_the_zeroer_waits_for_one_chunk_not_its_run(
         j.hold()
         group = j.submit(records)
         j.release()
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
         assert not group.done.is_set()  # it waits for the zeroer
         gates[0].set()  # the zeroer's next chunk lands; its second is held
         await group.wait()
