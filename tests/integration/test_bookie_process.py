@@ -75,6 +75,10 @@ async def test_registers_serves_tcp_and_sigterm_deregisters(
         bookies = await BookieRegistry(store).list_bookies()
         assert bookie.bookie_id not in bookies.writable | bookies.read_only
         assert "bookie_stopped" in bookie.log_tail()
+        # Once serving, the start-up heap is frozen out of the collector's full passes.
+        settled = [line for line in bookie.log_path.read_text().splitlines()
+                   if "event=heap_settled" in line]
+        assert len(settled) == 1 and "frozen=0 " not in settled[0], settled
 
 
 class _Acks:
