@@ -266,7 +266,9 @@ class LedgerCache:
     def _evict(self) -> None:
         pinned = self._writing.pinned if self._writing is not None else None
         kept: list[tuple[int, int]] = []
-        while len(self._lru) + len(kept) > self.page_limit and self._lru:
+        # Never the last one used (the page just read or made, which its caller is about
+        # to use): with the pages being written pinned, it could be the only candidate.
+        while len(self._lru) + len(kept) > self.page_limit and len(self._lru) > 1:
             key, _ = self._lru.popitem(last=False)
             if pinned is not None and key in pinned:
                 kept.append(key)  # being written: it stays

@@ -89,6 +89,21 @@ def test_pages_being_written_are_not_evicted(tmp_path: Path) -> None:
     assert len(cache._lru) <= 2
 
 
+def test_a_page_made_while_the_cache_is_all_pinned_stays(tmp_path: Path) -> None:
+    """Every cached page is being written: the page an add makes next is the only one
+    eviction could take, and it must not (the add writes into it)."""
+    cache = _cache(tmp_path, page_limit=2)
+    cache.set_location(1, 0, 7)
+    cache.set_location(2, 0, 8)
+    job = cache.begin_write_out()
+    cache.set_location(3, 0, 9)
+    assert 0 in cache.ledgers[3].pages and cache.location(3, 0) == 9
+    job.run()
+    cache.end_write_out(job)
+    cache.write_out()  # the new page is dirty and in memory
+    assert _on_disk(cache, 3, 0) == 9
+
+
 def test_an_eviction_during_the_write_leaves_the_header_to_the_next(tmp_path: Path) -> None:
     """A header copied by the job must not land after a newer one: an eviction meanwhile
     writes its page but leaves the header dirty for the next checkpoint."""
@@ -158,19 +173,27 @@ async def test_adds_during_a_checkpoint_are_indexed_by_the_next(tmp_path: Path) 
     async with trio.open_nursery() as nursery:
         await nursery.start(s.run)
 
+        added = trio.Event()  # set by each add; the checkpoints wait for one
+
         async def writer(lid: int) -> None:
+            nonlocal added
             for e in range(300):
                 await s.add_entries(lid, e, [encode_entry(d, lid, e, e - 1, 0, b"x" * 30)],
                                     bind_key=b"k" * 20)
                 written[lid] = e
+                added.set()
 
+        checkpoints = 0
         async with trio.open_nursery() as adds:
             for lid in (1, 2, 3):
                 adds.start_soon(writer, lid)
-            for _ in range(20):
+            while sum(written.values()) < 3 * 299:  # checkpoints among the adds
+                await added.wait()
+                added = trio.Event()
                 await s.checkpoint()
-                await trio.sleep(0)
+                checkpoints += 1
         await s.checkpoint()
+        assert checkpoints >= 20
         nursery.cancel_scope.cancel()
     await s.close()
     s = LedgerStorage(opts)
