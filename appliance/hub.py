@@ -11,12 +11,12 @@ EAGAIN), its frames are decoded and handled as by the per-connection reader, and
 adds of all of them join one journal group. What writers mostly send, consecutive
 one-entry adds of one ledger, is cut from the connection's buffer as a run
 (``ServerConnection.take_add_run``: one unpack per frame, no request objects) and stored
-as one add: the 4 x 200 closed loop went from ~80k to ~120k adds/s. Replies to adds are encoded as the pass
-handles them and handed to the journal (``Journal.send_after_sync``): the syncer
-thread sends them the moment the group is durable, without the GIL and without
-waiting for the event loop, which under load is busy with the next pass. The group's
-completion callback (in the task that collected the group) then only counts them and
-keeps what a full socket did not take in a buffer that waits for EPOLLOUT; replies
+as one add: the 4 x 200 closed loop went from ~80k to ~120k adds/s. Replies to adds are
+encoded as the pass handles them and handed to the journal (``Journal.send_after_sync``):
+the syncer thread sends them the moment the group is durable, without the GIL and
+without waiting for the event loop, which under load is busy with the next pass. The
+group's completion callback (in the task that collected the group) then only counts
+them and keeps what a full socket did not take in a buffer that waits for EPOLLOUT; replies
 that could not ride along (a group already in flight, a failed group) are sent from
 that callback, in order. No task wakes for any of them. Only requests that wait (long
 polls, fencing reads that must be journaled, admin calls) get a task of their own.

@@ -134,6 +134,7 @@ class IndexWrite:
     # those whose object the cache still holds (copied before a change: ``_own``).
     pinned: set[tuple[int, int]] = field(default_factory=set)
     shared: set[tuple[int, int]] = field(default_factory=set)
+    ledgers: set[int] = field(default_factory=set)  # whose headers only this write writes
     done: bool = False
 
     def run(self) -> None:
@@ -207,7 +208,6 @@ class LedgerCache:
         # its ledgers' headers are written by it alone (an older header must not land
         # after a newer header written by an eviction).
         self._writing: IndexWrite | None = None
-        self._writing_ledgers: set[int] = set()
 
     def _dir_for(self, ledger_id: int) -> Path:
         """Where a new ledger's index file goes: by id, unless that directory is full or
@@ -574,7 +574,7 @@ class LedgerCache:
         fd = self._fd(idx, create=True)
         assert fd is not None
         if ((idx.header_dirty or not idx.header_written)
-                and idx.ledger_id not in self._writing_ledgers):
+                and not (self._writing and idx.ledger_id in self._writing.ledgers)):
             os.pwrite(fd, idx.header_bytes(), 0)
             idx.header_dirty = False
             idx.header_written = True
@@ -631,7 +631,7 @@ class LedgerCache:
                 keys = [(lid, p) for p in page_nos]
                 job.pinned.update(keys)
                 job.shared.update(keys)
-                self._writing_ledgers.add(lid)
+                job.ledgers.add(lid)
                 idx.file_writes += 1
                 idx.dirty_pages.clear()
                 if idx.hot_page_no in page_nos:  # the next write must mark it dirty again
@@ -652,7 +652,6 @@ class LedgerCache:
         so the next checkpoint writes them again."""
         if self._writing is job:
             self._writing = None
-            self._writing_ledgers.clear()
         if job.done:
             return
         for idx, header, _, page_nos, header_was_written in job.files:
@@ -683,7 +682,7 @@ class LedgerCache:
     def delete(self, ledger_id: int) -> Path | None:
         """Forget a ledger; returns its index file for the caller to unlink (or None).
         Not while a write-out holding its pages is in flight (``begin_write_out``)."""
-        if ledger_id in self._writing_ledgers:
+        if self._writing is not None and ledger_id in self._writing.ledgers:
             raise RuntimeError(f"ledger {ledger_id}'s index is being written: delete it "
                                "after end_write_out")
         self._drop_deferred(ledger_id, 0, 1 << 62)
