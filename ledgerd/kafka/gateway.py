@@ -436,9 +436,11 @@ class Gateway:
                 slot.frame = self._frame(api, version, cid, reply)
                 slot.done.set()
                 return True
-            work = await self._admit_produce(conn, body)
+            started = trio.current_time()
+            deadline = started + max(body["timeout_ms"], 0) / 1000
+            work = await self._admit_produce(conn, body, deadline)
             nursery.start_soon(self._finish, slot, api, version, cid,
-                               self._complete_produce, (body, work, trio.current_time()))
+                               self._complete_produce, (body, work, started, deadline))
             return True
         if api is ApiKey.FETCH:  # a parked fetch must not hold up what follows it
             nursery.start_soon(self._finish, slot, api, version, cid,
@@ -550,10 +552,12 @@ class Gateway:
         return {"brokers": brokers, "cluster_id": "ledgerd", "controller_id": self.node_id,
                 "topics": topics}
 
-    async def _admit_produce(self, conn: _Conn, body: dict[str, Any],
+    async def _admit_produce(self, conn: _Conn, body: dict[str, Any], deadline: float,
                              ) -> dict[tuple[str, int], Any]:
-        """Validate and queue each partition's batches (called in request order);
-        returns per partition an error code or the queued item."""
+        """Validate and queue each partition's batches (called in request order, so a
+        full partition queue holds this connection's next requests back, as a Kafka
+        broker mutes a channel); returns per partition an error code or the queued
+        item."""
         assert self.nursery is not None
         work: dict[tuple[str, int], Any] = {}
         if body["transactional_id"] is not None:
@@ -584,15 +588,14 @@ class Gateway:
                     work[key] = exc.code
                     continue
                 part = self.partition(*key)
-                if part.queued_bytes > 8 * self.config.max_append_bytes:
-                    work[key] = ErrorCode.REQUEST_TIMED_OUT  # shed load; the client retries
+                if not await part.wait_for_room(sum(len(b) for _, b in batches), deadline):
+                    work[key] = ErrorCode.REQUEST_TIMED_OUT  # the client retries
                     continue
                 work[key] = part.enqueue(batches, self.nursery)
         return work
 
     async def _complete_produce(self, body: dict[str, Any], work: dict[tuple[str, int], Any],
-                                started: float) -> dict[str, Any] | None:
-        deadline = trio.current_time() + max(body["timeout_ms"], 0) / 1000
+                                started: float, deadline: float) -> dict[str, Any] | None:
         out: dict[str, list[dict[str, Any]]] = {}
         for (topic, p), item in work.items():
             entry: dict[str, Any] = {"index": p, "error_code": 0, "base_offset": -1}
@@ -605,6 +608,8 @@ class Gateway:
                     entry["error_code"] = ErrorCode.REQUEST_TIMED_OUT
                 elif item.error is not None:
                     entry["error_code"] = _storage_error(item.error)
+                elif item.code:
+                    entry["error_code"] = item.code
                 else:
                     entry["base_offset"] = item.base_offset
                     entry["log_start_offset"] = -1

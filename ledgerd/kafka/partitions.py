@@ -15,9 +15,20 @@ Kafka offset of its first record, so the entries themselves are the offset index
   so consumers at the tail are served without a bookie read.
 
 Writes go through one appender per partition: produce requests queue their batches
-and the appender sends everything queued as one ``append_many`` (group append). Only
-the partition's leader gateway writes; opening the log writer fences any previous one,
-whose next append then fails and whose clients are told NOT_LEADER_OR_FOLLOWER.
+and the appender sends everything queued as one ``append_many`` (group append). A full
+queue holds the next request back (``wait_for_room``) rather than refusing it: a refusal
+is retried by the client while the batches behind it are written, and would put them
+out of order. Only the partition's leader gateway writes; opening the log writer fences
+any previous one, whose next append then fails and whose clients are told
+NOT_LEADER_OR_FOLLOWER.
+
+Idempotent producers are checked as Kafka's broker checks them: a batch whose
+(producer, epoch, sequence) matches one of that producer's last five is answered with
+its first offset and not written again; a batch that does not continue the producer's
+last sequence gets OUT_OF_ORDER_SEQUENCE_NUMBER (the client resends it after the one
+that failed before it), one from an older epoch INVALID_PRODUCER_EPOCH. A producer this
+gateway knows nothing of (new, forgotten, or older than the log's last 1,000 batches
+read at takeover) is accepted at any sequence, as Kafka does since 2.5.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
+from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.records import BatchHeader, with_base_offset
 from ledgerd.ledgerlog import LogWriter, open_log_writer
 from ledgerd.metadata.errors import NoNodeError
@@ -47,6 +59,7 @@ __all__ = ["OffsetOutOfRangeError", "PartitionLog", "PartitionSettings", "log_na
 log = logging.getLogger(__name__)
 
 PRODUCER_BATCHES = 5  # batches remembered per producer (Kafka: max.in.flight 5)
+SEQUENCE_WRAP = 1 << 31  # a producer's sequence goes on from 2**31 - 1 to 0
 PRODUCER_SCAN = 1000  # batches read back at takeover to rebuild producer state
 MAX_PRODUCERS = 10000  # idempotent producers remembered per partition (LRU)
 
@@ -77,8 +90,9 @@ class _Produce:
     batches: list[tuple[BatchHeader, bytes]]
     done: trio.Event = field(default_factory=trio.Event)
     base_offset: int = -1
-    error: BaseException | None = None
-    producer: tuple[int, int, int] | None = None  # (pid, epoch, base sequence)
+    error: BaseException | None = None  # the append failed
+    code: int = 0  # a Kafka error code refusing the batches (nothing written)
+    producer: tuple[int, int, int, int] | None = None  # (pid, epoch, first seq, last seq)
 
 
 class PartitionLog:
@@ -99,14 +113,16 @@ class PartitionLog:
         self.queued_bytes = 0
         self.appending = False
         self.changed = trio.Event()  # set (and replaced) whenever acked_end moves
+        self.room = trio.Event()  # set (and replaced) whenever the appender takes a group
         self.first_offsets: dict[int, int | None] = {}  # ledger -> offset of entry 0
         self.positions: OrderedDict[int, tuple[int, int]] = OrderedDict()  # next off -> pos
         self.tail: deque[tuple[int, int, bytes]] = deque()  # (base, next offset, batch)
         self.tail_bytes = 0
         self.handles: OrderedDict[int, ReadHandle] = OrderedDict()
-        # pid -> its last batches' (epoch, base sequence, base offset): a retried batch
-        # (same epoch and sequence) is answered with its first offset, not appended again
-        self.producers: OrderedDict[int, deque[tuple[int, int, int]]] = OrderedDict()
+        # pid -> its last batches' (epoch, first sequence, last sequence, base offset): a
+        # retried batch (same epoch and sequence) is answered with its first offset, not
+        # appended again; the next batch must continue the last sequence
+        self.producers: OrderedDict[int, deque[tuple[int, int, int, int]]] = OrderedDict()
         self._remote_end: tuple[float, int] | None = None
         self._start: int | None = None  # the log's first offset, once it has one
         self.last_used = trio.current_time()
@@ -129,14 +145,27 @@ class PartitionLog:
         self.last_used = trio.current_time()
         item = _Produce(batches)
         h = batches[0][0]
-        if h.producer_id >= 0:
-            item.producer = (h.producer_id, h.producer_epoch, h.base_sequence)
+        if h.producer_id >= 0 and h.base_sequence >= 0:
+            records = sum(bh.record_count for bh, _ in batches)
+            item.producer = (h.producer_id, h.producer_epoch, h.base_sequence,
+                             (h.base_sequence + records - 1) % SEQUENCE_WRAP)
         self.queue.append(item)
         self.queued_bytes += sum(len(b) for _, b in batches)
         if not self.appending:
             self.appending = True
             nursery.start_soon(self._append_loop)
         return item
+
+    async def wait_for_room(self, size: int, deadline: float) -> bool:
+        """Wait until the produce queue takes ``size`` more bytes (it holds at most
+        8 x ``max_append_bytes``, or one request of any size when empty); False if it
+        is still full at ``deadline``. Called in a connection's request order, so a
+        producer that outruns the bookies is held back, not refused."""
+        limit = 8 * self.settings.max_append_bytes
+        with trio.move_on_at(deadline):
+            while self.queued_bytes and self.queued_bytes + size > limit:
+                await self.room.wait()
+        return not self.queued_bytes or self.queued_bytes + size <= limit
 
     async def _append_loop(self) -> None:
         try:
@@ -148,6 +177,8 @@ class PartitionLog:
                     size += sum(len(b) for _, b in item.batches)
                     take.append(item)
                 self.queued_bytes -= size
+                self.room.set()
+                self.room = trio.Event()
                 await self._append(take)
         finally:
             self.appending = False
@@ -160,11 +191,25 @@ class PartitionLog:
             payloads: list[bytes] = []
             placed: list[tuple[int, int, bytes]] = []  # (base, next offset, batch) written
             fresh: list[_Produce] = []
+            # idempotent producers' batches placed in this group: pid -> (epoch, last
+            # sequence), and (pid, epoch, first sequence) -> base offset (a retry of a
+            # batch still queued when its request timed out rides on the first copy)
+            last_seq: dict[int, tuple[int, int]] = {}
+            ahead: dict[tuple[int, int, int], int] = {}
             for item in items:
-                dup = self._duplicate(item)
-                if dup is not None:
-                    item.base_offset = dup
-                    continue
+                if item.producer is not None:
+                    pid, epoch, first, last = item.producer
+                    dup = ahead.get((pid, epoch, first))
+                    if dup is None:
+                        dup = self._duplicate(item)
+                    if dup is not None:
+                        item.base_offset = dup
+                        continue
+                    item.code = self._sequence_error(item.producer, last_seq.get(pid))
+                    if item.code:
+                        continue
+                    last_seq[pid] = (epoch, last)
+                    ahead[(pid, epoch, first)] = self.next_offset
                 item.base_offset = self.next_offset
                 for h, raw in item.batches:
                     batch = with_base_offset(raw, self.next_offset)
@@ -195,15 +240,33 @@ class PartitionLog:
 
     def _duplicate(self, item: _Produce) -> int | None:
         """The offset an idempotent producer's retried batch got the first time."""
-        if item.producer is None or item.producer[2] < 0:
+        if item.producer is None:
             return None
-        pid, epoch, seq = item.producer
-        for e, s, offset in self.producers.get(pid, ()):
+        pid, epoch, seq, _ = item.producer
+        for e, s, _, offset in self.producers.get(pid, ()):
             if e == epoch and s == seq:
                 return offset
         return None
 
-    def _note_producer(self, pid: int, epoch: int, seq: int, offset: int) -> None:
+    def _sequence_error(self, producer: tuple[int, int, int, int],
+                        placed: tuple[int, int] | None) -> int:
+        """0 if the batch continues its producer's sequence (``placed``: the producer's
+        (epoch, last sequence) earlier in this group), else the Kafka error code."""
+        pid, epoch, first, _ = producer
+        if placed is None:
+            recent = self.producers.get(pid)
+            if not recent:
+                return 0  # a producer not known here: accepted, as Kafka does since 2.5
+            placed = recent[-1][0], recent[-1][2]
+        known_epoch, last = placed
+        if epoch < known_epoch:
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        if epoch > known_epoch:  # a bumped epoch starts its sequence again
+            return 0 if first == 0 else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        return 0 if first == (last + 1) % SEQUENCE_WRAP \
+            else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+    def _note_producer(self, pid: int, epoch: int, seq: int, last: int, offset: int) -> None:
         if seq < 0:
             return
         recent = self.producers.get(pid)
@@ -213,7 +276,7 @@ class PartitionLog:
                 self.producers.popitem(last=False)
         else:
             self.producers.move_to_end(pid)
-        recent.append((epoch, seq, offset))
+        recent.append((epoch, seq, last, offset))
 
     async def _rebuild_producers(self, skip: int) -> None:
         """Producer state from the log's last ``PRODUCER_SCAN`` batches, as Kafka
@@ -239,6 +302,7 @@ class PartitionLog:
         for bh in reversed(found):
             if bh.producer_id >= 0:
                 self._note_producer(bh.producer_id, bh.producer_epoch, bh.base_sequence,
+                                    (bh.base_sequence + bh.record_count - 1) % SEQUENCE_WRAP,
                                     bh.base_offset)
 
     def _remember(self, base: int, nxt: int, batch: bytes) -> None:

@@ -170,17 +170,32 @@ def test_aiokafka_produces_and_consumes_in_a_group(kafka_cluster: KafkaCluster) 
     assert asyncio.run(main()) == [f"n{i}".encode() for i in range(50)]
 
 
+def _produce_errors(cluster: KafkaCluster) -> dict[str, float]:
+    """The gateway's Produce error counters, by error name."""
+    import urllib.request
+
+    text = urllib.request.urlopen(cluster.gateway.metrics_url, timeout=30).read().decode()
+    prefix = 'ledgerd_kafka_errors_total{api="PRODUCE",error="'
+    return {line[len(prefix):].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(prefix)}
+
+
 def test_a_consumer_reads_across_ledger_rolls_from_the_bookies(
         kafka_cluster: KafkaCluster) -> None:
     """The module's gateway rolls a partition's ledger every MiB and caches only 64 KiB:
     4 MiB read from the beginning, one batch per fetch, come from bookies across four
-    ledgers (a fetch at a ledger's end once found nothing, for ever)."""
+    ledgers (a fetch at a ledger's end once found nothing, for ever). The producer's
+    ~1 MB batches overfill the gateway's 512 KiB produce queue: the gateway holds the
+    next request back, never refuses it (a refused batch was retried after the one
+    behind it, and read out of order)."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
+    refused = _produce_errors(kafka_cluster)
     producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 20})
     for i in range(4096):
         producer.produce("kc-rolls", value=b"%06d" % i + bytes(1018))
     assert producer.flush(BOUND_S) == 0
+    assert _produce_errors(kafka_cluster) == refused
     consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "rolls",
                          "enable.auto.commit": False,
                          "max.partition.fetch.bytes": 1000})  # one batch per fetch

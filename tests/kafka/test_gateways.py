@@ -55,6 +55,91 @@ async def test_a_new_writer_fences_the_old_one_and_continues_its_offsets(
         nursery.cancel_scope.cancel()
 
 
+def _idempotent(seq: int, *, epoch: int = 0, pid: int = 7, n: int = 2,
+                ) -> list[tuple[object, bytes]]:
+    """One batch of ``n`` records from producer ``pid`` at ``epoch``, sequence ``seq``."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                                  batch_size=1 << 20)
+    for i in range(n):
+        b.append(i, timestamp=1_700_000_000_000, key=None, value=b"<s%d>" % (seq + i),
+                 headers=[])
+    return _split(bytes(b.build()))
+
+
+async def test_idempotent_producers_keep_their_order_and_a_full_queue_holds_back(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str) -> None:
+    """Kafka's broker rules for idempotent producers: a retry is answered with its first
+    offset (also when its first copy is still queued), a gap or an old epoch is refused
+    and nothing is written, a new epoch starts at 0, an unknown producer is taken at any
+    sequence; a gateway taking over reads the rules' state back from the log. And a full
+    produce queue holds a request back until the appender takes its group."""
+    import trio
+
+    gap, old = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_PRODUCER_EPOCH
+    await start_bookies(bookie_factory, zk_chroot, 3)
+    async with ledgerd.open_client(zk_chroot) as ca, ledgerd.open_client(zk_chroot) as cb, \
+            trio.open_nursery() as nursery:
+
+        async def produce(part: PartitionLog, *items: list[tuple[object, bytes]],
+                          ) -> list[tuple[int, int]]:
+            """Queue all at once (one group append); (error code, base offset) each."""
+            queued = [part.enqueue(batches, nursery) for batches in items]  # type: ignore[arg-type]
+            for q in queued:
+                await q.done.wait()
+                assert q.error is None
+            return [(q.code, q.base_offset) for q in queued]
+
+        a = PartitionLog(ca, "seq", 0, SETTINGS, nursery)
+        assert await produce(a, _idempotent(0)) == [(0, 0)]  # sequences 0-1 at offsets 0-1
+        assert await produce(a, _idempotent(3)) == [(gap, -1)]  # 2 is missing
+        assert await produce(a, _idempotent(2), _idempotent(2)) == [(0, 2), (0, 2)]  # a retry
+        assert await produce(a, _idempotent(0)) == [(0, 0)]  # an old retry: not written again
+        assert await produce(a, _idempotent(4, epoch=1)) == [(gap, -1)]  # a new epoch: from 0
+        assert await produce(a, _idempotent(0, epoch=1)) == [(0, 4)]
+        assert await produce(a, _idempotent(4, epoch=0)) == [(old, -1)]
+        assert await produce(a, _idempotent(100, pid=8)) == [(0, 6)]  # not known: taken
+        assert a.acked_end == 8
+
+        b = PartitionLog(cb, "seq", 0, SETTINGS, nursery)  # another gateway takes over
+        await b.open_writer()
+        assert await produce(b, _idempotent(0, epoch=1)) == [(0, 4)]
+        assert await produce(b, _idempotent(3, epoch=1), _idempotent(2, epoch=1)) == [
+            (gap, -1), (0, 8)]
+        assert await produce(b, _idempotent(102, pid=8)) == [(0, 10)]
+        records, offset, hw = b"", 0, await b.high_watermark()
+        assert hw == 12
+        while offset < hw:  # a read stops at a ledger's end
+            got, _ = await b.read(offset, 1 << 20)
+            records += got
+            offset = _split(got)[-1][0].next_offset  # type: ignore[attr-defined]
+        assert [records.count(b"<s%d>" % i) for i in (0, 1, 2, 3, 100, 101, 102, 103)] == [
+            2, 2, 2, 2, 1, 1, 1, 1]  # each batch once (epochs 0 and 1 both wrote s0-s3)
+
+        # max_append_bytes 100: the queue holds 800 bytes, or one request when empty
+        small = PartitionLog(ca, "room", 0, PartitionSettings(3, 2, 2, 1 << 20, 0, 100),
+                             nursery)
+        big = _split(_batch(40))
+        size = len(big[0][1])
+        assert size > 800
+        small.appending = True  # the appender held back: the queue stays full
+        first = small.enqueue(big, nursery)  # type: ignore[arg-type]
+        assert not await small.wait_for_room(size, trio.current_time())  # full, no time
+        assert small.queued_bytes == size
+        nursery.start_soon(small._append_loop)
+        deadline = trio.current_time() + 30
+        assert await small.wait_for_room(size, deadline)
+        assert trio.current_time() < deadline  # woken when the appender took the group,
+        assert small.queued_bytes == 0  # not let through by the deadline
+        second = small.enqueue(big, nursery)  # type: ignore[arg-type]
+        for q in (first, second):
+            await q.done.wait()
+        assert (first.base_offset, second.base_offset) == (0, 40)
+        nursery.cancel_scope.cancel()
+
+
 def _split(raw: bytes) -> list[tuple[object, bytes]]:
     from ledgerd.kafka.records import split_batches
     return split_batches(raw, max_batch_bytes=1 << 20)  # type: ignore[return-value]

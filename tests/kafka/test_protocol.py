@@ -202,9 +202,9 @@ async def test_producer_memory_is_bounded_and_recent_producers_stay() -> None:
 
     part = PartitionLog(None, "t", 0, PartitionSettings(1, 1, 1, 1 << 20, 0, 1 << 20))  # type: ignore[arg-type]
     for pid in range(MAX_PRODUCERS + 5):
-        part._note_producer(pid, 0, 0, pid)
+        part._note_producer(pid, 0, 0, 0, pid)
         if pid == MAX_PRODUCERS - 1:  # producer 0 heard again just before the limit
-            part._note_producer(0, 0, 1, 100)
+            part._note_producer(0, 0, 1, 1, 100)
     assert len(part.producers) == MAX_PRODUCERS
     assert 0 in part.producers and 6 in part.producers  # the five least recently heard went:
     assert not {1, 2, 3, 4, 5} & set(part.producers)
