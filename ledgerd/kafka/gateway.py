@@ -591,6 +591,9 @@ class Gateway:
                 if not await part.wait_for_room(sum(len(b) for _, b in batches), deadline):
                     work[key] = ErrorCode.REQUEST_TIMED_OUT  # the client retries
                     continue
+                if not self.owns(f"{t['name']}/{pd['index']}"):  # moved while it waited
+                    work[key] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    continue
                 work[key] = part.enqueue(batches, self.nursery)
         return work
 

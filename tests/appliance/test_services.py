@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
+import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,11 @@ import trio.testing
 from ledgerd.appliance.diskcheck import DiskChecker, disk_verdict, full_after
 from ledgerd.appliance.handlers import AdminHooks, ServingState
 from ledgerd.appliance.http import AdminHttp
+from ledgerd.appliance.looplag import loop_lag_monitor
 from ledgerd.appliance.metrics import BookieMetrics, FastHistogram
 from ledgerd.appliance.sdnotify import notify, watchdog_interval, watchdog_service
 from ledgerd.appliance.supervisor import Supervisor
+from ledgerd.base.logs import _FIELDS_ATTR
 from ledgerd.disk.storage import DirUsage
 from ledgerd.wire.messages import AdminKind
 
@@ -214,3 +219,39 @@ async def test_disk_checker_tells_storage_which_directories_to_skip(autojump_clo
         await checker.check()
     assert changes == [True, False]
     assert skipped == [set(), {Path("/l1")}, {Path("/l1"), Path("/l2")}, {Path("/l2")}, set()]
+
+
+def _hold_the_loop(logged: threading.Event) -> None:
+    """A synchronous step that keeps the event loop until the watchdog has logged it,
+    then for eight more of the watchdog's looks (the stall under test is real time)."""
+    assert logged.wait(30), "the watchdog never logged the held loop"
+    threading.Event().wait(0.2)
+
+
+async def test_a_held_event_loop_is_logged_once_with_the_code_that_held_it() -> None:
+    logged = threading.Event()
+    records: list[logging.LogRecord] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "event_loop_held":
+                records.append(record)
+                logged.set()
+
+    watched = logging.getLogger("ledgerd.appliance.looplag")
+    seen = Seen()
+    watched.addHandler(seen)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(partial(loop_lag_monitor, FastHistogram((0.01, 0.1)),
+                                        warn_after=0.05))
+            _hold_the_loop(logged)
+            held_for = len(records)
+            nursery.cancel_scope.cancel()
+    finally:
+        watched.removeHandler(seen)
+    assert held_for == 1  # once per stall, however long it lasts
+    kv = getattr(records[0], _FIELDS_ATTR)
+    assert kv["held_ms"] >= 50
+    assert kv["stack"].startswith("wait (threading.py:")  # innermost first
+    assert "_hold_the_loop (test_services.py:" in kv["stack"]
