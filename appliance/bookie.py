@@ -155,7 +155,9 @@ class Bookie:
                     if self.config.auto_recovery_daemon_enabled:
                         await sup.start("autorecovery", self._autorecovery)
                 await sup.start("watchdog", partial(watchdog_service, self._healthy))
-                await sup.start("loop-lag", partial(loop_lag_monitor, self.metrics.loop_lag))
+                await sup.start("loop-lag", partial(
+                    loop_lag_monitor, self.metrics.loop_lag,
+                    warn_after=self.config.event_loop_stall_ms / 1000))
                 notify("READY=1")
                 self.ready.set()
                 log.info("bookie_ready", extra=fields(

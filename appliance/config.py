@@ -309,6 +309,11 @@ class BookieConfig(ZooKeeperSettings):
         doc="Port of the metrics/admin HTTP endpoint (0 = pick a free port).")
     metrics_enabled: bool = setting(
         True, bk="enableStatistics", doc="Serve Prometheus metrics on the admin endpoint.")
+    event_loop_stall_ms: int = setting(
+        100, bk="(ledgerd)", minimum=10, maximum=60000,
+        doc="An event-loop lag this long is logged (event_loop_stalled), and while the "
+            "loop is held that long a watchdog thread logs the loop thread's Python stack "
+            "(event_loop_held): what held it.")
     admin_secret: str = setting(
         "", bk="(ledgerd)",
         doc="Token every state-changing admin request must carry (HTTP: Authorization: "
