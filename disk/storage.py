@@ -33,7 +33,6 @@ from typing import Any
 import trio
 
 from ledgerd.base.logs import fields
-from ledgerd.base.runs import consecutive_runs
 from ledgerd.disk.compaction import EntryLogMeta, read_entry_log_meta
 from ledgerd.disk.cookie import Cookie, CookieCheck, check_cookies, stamp_cookies
 from ledgerd.disk.crashpoints import crash_point
@@ -304,12 +303,9 @@ class LedgerStorage:
         if entry_ids is None:
             self.cache.set_locations(ledger_id, first_entry_id, locations)
         else:
-            for start, stop in consecutive_runs(entry_ids):
-                if stop - start == 1:
-                    self.cache.set_location(ledger_id, entry_ids[start], locations[start])
-                else:
-                    self.cache.set_locations(ledger_id, entry_ids[start],
-                                             locations[start:stop])
+            cache = self.cache
+            assert isinstance(cache, LedgerCache)  # (the db storage returned above)
+            cache.set_sparse_locations(ledger_id, entry_ids, locations)
         unpack = _LAC_AT.unpack_from
         lac = max(unpack(e, 16)[0] if len(e) >= 24 else -1 for e in entries)
         if lac > idx.lac:

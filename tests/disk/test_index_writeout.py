@@ -25,6 +25,11 @@ from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
 
 PAGE = 512  # 64 locations a page
+KEY = b"k" * 20
+
+
+def _entry(ledger: int, entry: int) -> bytes:
+    return encode_entry(Digester(DigestType.CRC32C), ledger, entry, entry - 1, 0, b"x" * 30)
 
 
 def _cache(tmp_path: Path, page_limit: int = 1000) -> LedgerCache:
@@ -285,3 +290,48 @@ def test_many_ledgers_hold_no_descriptor_each(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert len(job.paths) == ledgers
     assert _on_disk(cache, ledgers - 1, 0) == ledgers
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sparse_locations_land_as_one_set_location_each(tmp_path: Path, seed: int) -> None:
+    """``set_sparse_locations`` (a SPARSE add's ids, across pages, with gaps) leaves the
+    cache as a ``set_location`` per entry does: locations, last entry, dirty pages."""
+    import random
+
+    rng = random.Random(seed)
+    ids = sorted(rng.sample(range(5, 400), rng.randrange(1, 120)))  # 64 per page
+    locations = [rng.randrange(1, 1 << 40) for _ in ids]
+    sparse, single = _cache(tmp_path / "a"), _cache(tmp_path / "b")
+    for c in (sparse, single):
+        c.set_location(1, 2, 7)  # an earlier entry: the ledger's hot page is page 0
+    sparse.set_sparse_locations(1, ids, locations)
+    for eid, loc in zip(ids, locations, strict=True):
+        single.set_location(1, eid, loc)
+    for eid in range(0, 420):
+        assert sparse.location(1, eid) == single.location(1, eid), eid
+    assert sparse.ledgers[1].last_entry_id == single.ledgers[1].last_entry_id == max(ids)
+    assert sparse.ledgers[1].dirty_pages == single.ledgers[1].dirty_pages
+
+
+def test_sparse_locations_whose_page_would_be_read_wait_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SPARSE add whose pages are not in memory does not read them on the loop (the
+    OS side of it: tests/disk/test_index_pagein.py): its locations wait aside like a
+    single add's, readable at once; with the pages in memory they go in directly."""
+    cache = _cache(tmp_path, page_limit=2)
+    cache.defer_misses = True
+    cache.set_locations(1, 0, list(range(1, 131)))  # pages 0-2 of ledger 1
+    cache.write_out()  # in its file, header written
+    for lid in (2, 3):  # two other ledgers' pages take the two in memory
+        cache.set_location(lid, 0, 9)
+    assert not cache.ledgers[1].pages
+    monkeypatch.setattr(cache, "_page_nowait", lambda idx, page_no: None)  # on disk only
+    ids, locations = [130, 132, 133, 200], [1130, 1132, 1133, 1200]
+    cache.set_sparse_locations(1, ids, locations)
+    assert cache.deferred[1] == dict(zip(ids, locations, strict=True))
+    assert [cache.location(1, e) for e in ids] == locations
+    assert cache.ledgers[1].last_entry_id == 200
+    monkeypatch.undo()  # page 3 is past the file's end: made now, nothing to wait for
+    cache.set_sparse_locations(1, [201, 203], [1201, 1203])
+    assert [cache.location(1, e) for e in (201, 203)] == [1201, 1203]
+    assert set(cache.deferred[1]) == set(ids) and 3 in cache.ledgers[1].pages
