@@ -69,6 +69,7 @@ class _Watchdog:
         self.late = late  # how far past ``due`` a tick is a stall
         self.clock = clock
         self.due = float("inf")  # when the monitor's next tick should run
+        self._reported = -1.0  # the ``due`` of the stall logged last
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledgerd-loop-watchdog",
                                         daemon=True)
@@ -80,19 +81,23 @@ class _Watchdog:
         self._stopped.set()
 
     def _run(self) -> None:
-        clock = self.clock
-        reported = -1.0
-        while not self._stopped.wait(self.late / 2):
-            due = self.due
-            held = clock() - due
-            if held < self.late or due == reported:
-                continue
-            reported = due
-            frame = sys._current_frames().get(self.loop_thread)
-            if frame is None:
-                return  # the loop's thread is gone
-            stack = traceback.extract_stack(frame, limit=_STACK_FRAMES)
-            log.warning("event_loop_held", extra=fields(
-                held_ms=round(held * 1000, 1),
-                stack=" <- ".join(f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
-                                  for f in reversed(stack))))
+        while not self._stopped.wait(self.late / 2) and self.look():
+            pass
+
+    def look(self) -> bool:
+        """One look: log the loop thread's stack if the tick due is ``late`` overdue
+        and this stall was not logged yet. False once the loop's thread is gone."""
+        due = self.due
+        held = self.clock() - due
+        if held < self.late or due == self._reported:
+            return True
+        self._reported = due
+        frame = sys._current_frames().get(self.loop_thread)
+        if frame is None:
+            return False
+        stack = traceback.extract_stack(frame, limit=_STACK_FRAMES)
+        log.warning("event_loop_held", extra=fields(
+            held_ms=round(held * 1000, 1),
+            stack=" <- ".join(f"{f.name} ({f.filename.rsplit('/', 1)[-1]}:{f.lineno})"
+                              for f in reversed(stack))))
+        return True
