@@ -253,23 +253,35 @@ async def test_a_held_event_loop_is_logged_with_the_code_that_held_it() -> None:
     assert "_hold_the_loop (test_services.py:" in kv["stack"]
 
 
-def test_the_watchdog_logs_a_stall_once_and_the_next_one_again(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_the_watchdog_logs_a_stall_once_and_the_next_one_again() -> None:
     from ledgerd.appliance.looplag import _Watchdog
 
-    now = [100.0]
-    watch = _Watchdog(threading.get_ident(), 0.1, lambda: now[0])
-    watch.due = 100.0
-    looks = []
-    for t in (100.05, 100.15, 100.2, 100.5):  # the tick is overdue from 100.1 on
-        now[0] = t
-        assert watch.look()
-        looks.append(len(caplog.records))
-    assert looks == [0, 1, 1, 1]  # logged once, however long it lasts
-    watch.due = 100.51  # the monitor ran, then the loop was held again
-    now[0] = 100.7
-    assert watch.look() and len(caplog.records) == 2
-    assert getattr(caplog.records[1], _FIELDS_ATTR)["held_ms"] == 190.0
-    gone = _Watchdog(-1, 0.1, lambda: now[0])  # no such thread: the watchdog ends
-    gone.due = 0.0
-    assert not gone.look()
+    records: list[logging.LogRecord] = []
+
+    class Mine(logging.Handler):  # this thread's looks only (not another test's thread)
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.thread == threading.get_ident():
+                records.append(record)
+
+    watched = logging.getLogger("ledgerd.appliance.looplag")
+    mine = Mine()
+    watched.addHandler(mine)
+    try:
+        now = [100.0]
+        watch = _Watchdog(threading.get_ident(), 0.1, lambda: now[0])
+        watch.due = 100.0
+        looks = []
+        for t in (100.05, 100.15, 100.2, 100.5):  # the tick is overdue from 100.1 on
+            now[0] = t
+            assert watch.look()
+            looks.append(len(records))
+        assert looks == [0, 1, 1, 1]  # logged once, however long it lasts
+        watch.due = 100.51  # the monitor ran, then the loop was held again
+        now[0] = 100.7
+        assert watch.look() and len(records) == 2
+        assert getattr(records[1], _FIELDS_ATTR)["held_ms"] == 190.0
+        gone = _Watchdog(-1, 0.1, lambda: now[0])  # no such thread: the watchdog ends
+        gone.due = 0.0
+        assert not gone.look()
+    finally:
+        watched.removeHandler(mine)
