@@ -25,11 +25,6 @@ from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
 
 PAGE = 512  # 64 locations a page
-KEY = b"k" * 20
-
-
-def _entry(ledger: int, entry: int) -> bytes:
-    return encode_entry(Digester(DigestType.CRC32C), ledger, entry, entry - 1, 0, b"x" * 30)
 
 
 def _cache(tmp_path: Path, page_limit: int = 1000) -> LedgerCache:
