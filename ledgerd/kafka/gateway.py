@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 _SIZE = struct.Struct(">i")
+# A handler's answer that closes the connection instead of replying (acks=0 errors).
+_CLOSE: dict[str, Any] = {}
 FETCH_MAX_BYTES = 50 << 20  # one fetch response at most (Kafka: fetch.max.bytes)
 IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
@@ -432,6 +434,10 @@ class Gateway:
                 return False
         if api is ApiKey.PRODUCE:
             if version < PRODUCE_SERVED_FROM:
+                if body["acks"] == 0:  # it reads no response: a close tells it (as below)
+                    slot.close = True
+                    slot.done.set()
+                    return False
                 reply = _produce_error(body, ErrorCode.UNSUPPORTED_VERSION)
                 slot.frame = self._frame(api, version, cid, reply)
                 slot.done.set()
@@ -460,7 +466,9 @@ class Gateway:
             slot.close = True
             slot.done.set()
             return
-        if reply is not None:
+        if reply is _CLOSE:
+            slot.close = True
+        elif reply is not None:
             if api not in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self.metrics.error(api, reply.get("error_code", 0))
             slot.frame = self._frame(api, version, cid, reply)
@@ -622,6 +630,14 @@ class Gateway:
             out.setdefault(topic, []).append(entry)
         self.metrics.produce_latency.observe(trio.current_time() - started)
         if body["acks"] == 0:
+            failed = {f"{t}/{e['index']}": ErrorCode(e["error_code"]).name
+                      for t, parts in out.items() for e in parts if e["error_code"]}
+            if failed:
+                # No response tells the producer, so the connection closes (Kafka's rule
+                # for acks=0): it sees the error as a disconnect and refreshes metadata.
+                log.info("kafka_acks0_produce_failed", extra=fields(
+                    partitions=",".join(f"{k}:{v}" for k, v in sorted(failed.items()))))
+                return _CLOSE
             return None
         return {"responses": [{"name": t, "partition_responses": parts}
                               for t, parts in out.items()]}

@@ -98,6 +98,19 @@ def test_bad_requests_get_kafka_errors_and_the_gateway_goes_on(
             reply = _reply(sock, ApiKey.PRODUCE, version)
             part = reply["responses"][0]["partition_responses"][0]  # type: ignore[index]
             assert part["error_code"] == code, (topic, version, part)
+        base = part["base_offset"]
+        # acks=0: no response (the acks=-1 produce after it gets the next reply, 3
+        # records further on), and a partition error closes the connection: Kafka's
+        # rule, the producer learns of it as a disconnect.
+        sock.sendall(_request(ApiKey.PRODUCE, 7, {**_produce("bad-in", good), "acks": 0}))
+        sock.sendall(_request(ApiKey.PRODUCE, 7, _produce("bad-in", good)))
+        reply = _reply(sock, ApiKey.PRODUCE, 7)
+        assert reply["responses"][0]["partition_responses"][0]["base_offset"] == base + 6  # type: ignore[index]
+        sock.sendall(_request(ApiKey.PRODUCE, 7, {**_produce("no-such-topic", good), "acks": 0}))
+        assert _closed(sock)
+    with _connect(kafka_cluster) as sock:  # an old version it cannot answer unread: a close
+        sock.sendall(_request(ApiKey.PRODUCE, 2, {**_produce("bad-in", good), "acks": 0}))
+        assert _closed(sock)
     hostile = [
         struct.pack(">i", 1 << 30),  # a frame over max_request_bytes
         struct.pack(">ihhih", 10 + 8, 1, 3, 1, 0) + bytes(8),  # Fetch v3: below what we serve

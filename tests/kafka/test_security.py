@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,14 +89,16 @@ def test_kcat_over_ssl_with_a_client_certificate(
 def test_wrong_password_plaintext_and_missing_sasl_are_refused(
         secure_gateway: tuple[GatewayProcess, Path]) -> None:
     gw, base = secure_gateway
-    wrong = _kcat(gw, *_sasl(base, "alice", "guess"), "-L")
+    # Each refused kcat waits out its metadata timeout: the four run side by side.
+    with ThreadPoolExecutor(4) as pool:
+        wrong, other, plain, no_sasl = pool.map(lambda args: _kcat(gw, *args, "-L"), [
+            _sasl(base, "alice", "guess"),
+            _sasl(base, "root", (base / "alice").read_text().strip()),
+            [],
+            ["-X", "security.protocol=ssl", "-X", f"ssl.ca.location={base / 'ca.pem'}"]])
     assert wrong.returncode != 0 and b"Authentication failed" in wrong.stderr
-    other = _kcat(gw, *_sasl(base, "root", (base / "alice").read_text().strip()), "-L")
     assert other.returncode != 0  # alice's token does not make you root
-    plain = _kcat(gw, "-L")
     assert plain.returncode != 0
-    no_sasl = _kcat(gw, "-X", "security.protocol=ssl", "-X", f"ssl.ca.location={base / 'ca.pem'}",
-                    "-L")
     assert no_sasl.returncode != 0
     assert "kafka_unauthenticated_request" in gw.log_text()
 
