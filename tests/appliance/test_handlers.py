@@ -412,8 +412,17 @@ async def test_backpressure_stops_reading_a_connection_at_its_cap(tmp_path: Path
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send_fifth)
-            await trio.testing.wait_all_tasks_blocked()
-            await trio.sleep(5)
+            # Every task idle with the four adds durable (their replies wait on the
+            # unread stream): what would read the fifth has had every chance to.
+            journal = b.storage.journal
+            while True:
+                await trio.testing.wait_all_tasks_blocked()
+                if not journal.pending_records:
+                    await journal.settle()
+                    await trio.testing.wait_all_tasks_blocked()
+                    if not journal.pending_records:
+                        break
+            await trio.sleep(0.6)  # and a sweep of the hub's timers (0.5 s)
             assert not sent
             assert b.storage.last_entry_id(1) == 3
             # Reading the replies frees the connection; the fifth goes through.
