@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ledgerd.base.logs import fields
 
-__all__ = ["ZooKeeperError", "ZooKeeperServer", "find_free_port", "ruok"]
+__all__ = ["ZooKeeperError", "ZooKeeperServer", "find_free_port", "ruok", "serving"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,24 @@ def ruok(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+def serving(host: str, port: int, timeout: float = 1.0) -> bool:
+    """True if a ZooKeeper at host:port serves sessions (``srvr`` names its mode).
+
+    ``ruok`` answers ``imok`` as soon as the server listens, about 0.2 s before it takes
+    sessions; a client connecting meanwhile is dropped (kazoo logs "Connection dropped"
+    and retries), so readiness is this, not ``ruok``.
+    """
+    out = b""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"srvr")
+            while len(out) < 4096 and (chunk := s.recv(4096)):
+                out += chunk
+    except OSError:
+        return False
+    return b"\nMode: " in out
+
+
 @dataclass
 class ZooKeeperServer:
     """One standalone ZooKeeper child process on 127.0.0.1."""
@@ -119,7 +137,7 @@ class ZooKeeperServer:
         return cfg
 
     def start(self, ready_timeout: float = 60.0) -> None:
-        """Start the server and wait until it answers ``ruok``.
+        """Start the server and wait until it serves sessions (``serving``).
 
         Raises ZooKeeperError naming what is missing (java, the Debian package) or the
         tail of the server's log if it exits or never becomes ready.
@@ -146,7 +164,7 @@ class ZooKeeperServer:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
                     break
-                if ruok(self.host, self.port):
+                if serving(self.host, self.port):
                     log.info("zookeeper_started", extra=fields(
                         pid=self.process.pid, address=self.connect_string, data=self.data_dir))
                     return

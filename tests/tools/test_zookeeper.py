@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
-from ledgerd.tools.zkserver import ZooKeeperServer, ruok
+from ledgerd.tools.zkserver import ZooKeeperServer, ruok, serving
 
 
 def _client(hosts: str) -> KazooClient:
@@ -18,6 +21,29 @@ def _client(hosts: str) -> KazooClient:
 def test_server_answers_ruok(zookeeper: ZooKeeperServer) -> None:
     assert ruok(zookeeper.host, zookeeper.port)
     assert zookeeper.pid is not None
+
+
+def test_start_returns_once_sessions_are_served(tmp_path: Path) -> None:
+    """``ruok`` answers about 0.2 s before the server takes sessions; ``start`` waits for
+    ``srvr`` to name a mode, so the first client is not dropped (kazoo would log
+    "Connection dropped" and retry: what ``ledgerd local`` showed a new user)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    kazoo_log = logging.getLogger("kazoo")
+    kazoo_log.addHandler(handler)
+    server = ZooKeeperServer(tmp_path / "zk")
+    try:
+        server.start()
+        client = _client(server.connect_string)
+        client.stop()
+        client.close()
+        assert serving(server.host, server.port)
+    finally:
+        server.stop()
+        kazoo_log.removeHandler(handler)
+    assert not [r.getMessage() for r in records if "dropped" in r.getMessage()]
+    assert not serving(server.host, server.port)  # stopped: nothing answers
 
 
 def test_create_and_cas_with_stale_version_fails(zk_chroot: str) -> None:
