@@ -630,7 +630,7 @@ class Gateway:
             out.setdefault(topic, []).append(entry)
         self.metrics.produce_latency.observe(trio.current_time() - started)
         if body["acks"] == 0:
-            failed = {f"{t}/{e['index']}": ErrorCode(e["error_code"]).name
+            failed = {f"{t}/{e['index']}": _code_name(e["error_code"])
                       for t, parts in out.items() for e in parts if e["error_code"]}
             if failed:
                 # No response tells the producer, so the connection closes (Kafka's rule
@@ -1049,6 +1049,13 @@ def _produce_error(body: dict[str, Any], code: int) -> dict[str, Any]:
     return {"responses": [{"name": t["name"], "partition_responses": [
         {"index": pd["index"], "error_code": code} for pd in t["partition_data"]]}
         for t in body["topic_data"]]}
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
 
 
 def _storage_error(exc: BaseException) -> int:
