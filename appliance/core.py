@@ -47,6 +47,7 @@ self-test (the checker must catch each); production never sets one.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Protocol
 
@@ -54,7 +55,6 @@ from ledgerd.wire.entry import ENTRY_HEADER_SIZE, recovery_key
 from ledgerd.wire.messages import (
     NO_MASTER_KEY,
     AddFlags,
-    AddRequest,
     ForceLedgerRequest,
     Message,
     ReadFlags,
@@ -70,6 +70,7 @@ __all__ = [
     "MAX_LONG_POLL_S",
     "RANGE_OVERHEAD",
     "Accept",
+    "AddLike",
     "BookieCore",
     "Decision",
     "LedgerState",
@@ -94,7 +95,7 @@ _FENCE = int(ReadFlags.FENCE)
 _PIGGYBACK = int(ReadFlags.PIGGYBACK)
 
 
-def entry_ids(req: AddRequest) -> list[int] | None:
+def entry_ids(req: AddLike) -> list[int] | None:
     """A SPARSE add's entry ids, from its entries' headers: None unless every entry
     names the request's ledger, the first is ``first_entry_id`` and the ids strictly
     ascend (a sparse add never truncates)."""
@@ -119,6 +120,24 @@ class LedgerState(Protocol):
     master_key: bytes
     fenced: bool
     term: int
+
+
+class AddLike(Protocol):
+    """What the core reads of an Add: an ``AddRequest``, or a run of one-entry Add frames
+    cut from a connection's buffer (``wire.connection.AddRun``), which decodes to one."""
+
+    @property
+    def ledger_id(self) -> int: ...
+    @property
+    def first_entry_id(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def master_key(self) -> bytes: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def entries(self) -> Sequence[bytes]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,7 +184,7 @@ class BookieCore:
 
     # -- writes ------------------------------------------------------------------------
 
-    def on_add(self, req: AddRequest, ledger: LedgerState | None, read_only: bool,
+    def on_add(self, req: AddLike, ledger: LedgerState | None, read_only: bool,
                storage_failed: bool) -> Decision:
         """Decide an Add: refused with a status, or accepted (maybe binding the key,
         adopting a term, truncating after it). Checks in BookKeeper's order: read-only,

@@ -617,6 +617,34 @@ class LedgerStorage:
             records.append((RecordType.TRUNCATE, ledger_body(ledger_id, _LAC_AT.pack(last))))
         return self.journal.submit(records)
 
+    def submit_runs(self, runs: Sequence[tuple[LedgerIndex, int, Sequence[bytes]]]
+                    ) -> tuple[JournalGroup | None, dict[int, StorageError]]:
+        """``submit_entries`` for runs of consecutive entries of ledgers this storage
+        holds, accepted as they are (no key to bind, no term to adopt, no truncate), in
+        order, with one journal submission for all: the group they are durable with
+        (None if nothing was stored) and the runs that failed, by position (nothing of
+        theirs is journaled). The hub's pass stores the one-entry adds of all its
+        connections this way."""
+        records: list[tuple[int, bytes]] = []
+        append = records.append
+        failed: dict[int, StorageError] = {}
+        insert, insert_many, ENTRY = self._insert, self._insert_many, RecordType.ENTRY
+        for i, (idx, first, entries) in enumerate(runs):
+            idx.changes += 1
+            lid = idx.ledger_id
+            try:
+                if len(entries) == 1:
+                    insert(idx, first, entries[0])
+                else:
+                    insert_many(idx, first, entries)
+            except StorageError as exc:
+                failed[i] = exc
+                continue
+            for entry in entries:
+                append((ENTRY, entry_body(lid, first, entry)))
+                first += 1
+        return (self.journal.submit(records) if records else None), failed
+
     async def fence(self, ledger_id: int, *, bind_key: bytes = b"",
                     new_term: int = 0) -> None:
         """Set the fence bit (binding ``bind_key`` and adopting ``new_term`` first, if

@@ -7,13 +7,15 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 from ledgerd.appliance.server import ConnectionOptions
-from ledgerd.disk.errors import EntryNotFoundError
+from ledgerd.disk.errors import EntryNotFoundError, StorageError
+from ledgerd.wire.connection import AddRun
 from ledgerd.wire.entry import decode_entry
 from ledgerd.wire.frames import encode_request
 from ledgerd.wire.messages import (
@@ -370,6 +372,67 @@ async def test_add_batch_stores_a_run_as_one_and_answers_each_request(tmp_path: 
                 got = decode_entry(D, b.storage.read_entry(lid, e), ledger_id=lid, entry_id=e)
                 assert got.payload == f"entry {lid}/{e}".encode()
         assert b.handler.metrics.entries_added == 14
+
+
+async def test_add_runs_store_accepted_runs_together_and_decide_the_rest_in_order(
+        tmp_path: Path) -> None:
+    """The hub hands the one-entry add runs of all its connections to ``add_runs``:
+    runs the core accepts as they are go to storage together (one journal submission);
+    any other is decided in its place, on the state the runs before it left (a key just
+    bound, a term just raised), and a run storage fails fails alone."""
+    async with running_bookie(tmp_path) as b:
+        for req in (add(1, 0), add(2, 0, term=3)):
+            status, group = b.handler.add(req)
+            assert status == Status.OK and group is not None
+            await group.wait()
+
+        def run(lid: int, first: int, n: int = 1, *, key: bytes = KEY,
+                term: int = 0) -> AddRun:
+            return AddRun(lid, first, 0, key, term, list(range(first, first + n)),
+                          [entry(lid, first + i) for i in range(n)])
+
+        runs = [run(1, 1, 2), run(1, 3, key=OTHER_KEY), run(9, 0), run(9, 1, key=OTHER_KEY),
+                run(9, 1), run(2, 1, term=5), run(2, 2, term=4), run(1, 3), run(3, 0),
+                run(4, 0), run(1, 4, term=0)]
+        batches: list[list[tuple[int, int, int]]] = []
+        submit_runs = b.storage.submit_runs
+
+        def spy(batch: list[Any]) -> Any:
+            batches.append([(idx.ledger_id, first, len(es)) for idx, first, es in batch])
+            return submit_runs(batch)
+
+        b.storage.submit_runs = spy  # type: ignore[method-assign]
+        add_many = b.storage.entry_logger.add_many
+
+        def failing(lid: int, entries: Any) -> list[int]:
+            if lid == 3:
+                raise StorageError("injected: ledger 3's entry log write")
+            return add_many(lid, entries)
+
+        b.storage.entry_logger.add_many = failing  # type: ignore[method-assign]
+        for lid in (3, 4):  # held here already, so their runs take the batched path
+            b.storage.cache.get_or_create(lid).master_key = KEY
+        results = b.handler.add_runs(runs)
+        b.storage.entry_logger.add_many = add_many  # type: ignore[method-assign]
+        assert [[s for s, _ in r] for r in results] == [
+            [Status.OK] * 2, [Status.UNAUTHORIZED], [Status.OK],
+            [Status.UNAUTHORIZED],  # ledger 9's key was bound by the run before
+            [Status.OK], [Status.OK],
+            [Status.INVALID_TERM],  # ledger 2's term was raised to 5 by the run before
+            [Status.OK], [Status.IO_ERROR], [Status.OK], [Status.OK]]
+        # Accepted runs are stored together up to the next run decided apart.
+        assert batches == [[(1, 1, 2)], [(9, 1, 1)], [(1, 3, 1), (3, 0, 1), (4, 0, 1), (1, 4, 1)]]
+        groups = {g for r in results for _, g in r if g is not None}
+        assert len(groups) == 1  # one pass: one journal group
+        await groups.pop().wait()
+        for lid, last in ((1, 4), (9, 1), (2, 1), (4, 0)):
+            for e in range(last + 1):
+                got = decode_entry(D, b.storage.read_entry(lid, e), ledger_id=lid, entry_id=e)
+                assert got.payload == f"entry {lid}/{e}".encode()
+        with pytest.raises(EntryNotFoundError):
+            b.storage.read_entry(2, 2)
+        assert b.storage.term(2) == 5
+        assert b.handler.metrics.entries_added == 2 + 8
 
 
 async def test_pipelined_adds_and_reads_keep_their_order(tmp_path: Path) -> None:

@@ -38,6 +38,10 @@ def add_frame(ledger: int, eid: int, cid: int, payload: bytes = b"") -> bytes:
     return encode_request(req, cid, 0)
 
 
+def read_frame(ledger: int, eid: int, cid: int) -> bytes:
+    return encode_request(ReadRequest(ledger_id=ledger, entry_id=eid), cid, 0)
+
+
 def replies(data: bytes) -> list[tuple[int, int]]:
     """(correlation id, status) of each whole reply frame in ``data``."""
     out, pos = [], 0
@@ -70,6 +74,26 @@ async def test_replies_of_many_connections_share_journal_groups(tmp_path: Path) 
             assert await read_replies(s, 1) == [(i, Status.OK)]
         # One wake-up read every connection: far fewer groups than connections.
         assert sum(groups) >= 32 and len(groups) < 32
+
+
+async def test_adds_of_one_pass_are_decided_in_the_order_they_came(tmp_path: Path) -> None:
+    """Runs of one-entry adds wait for the end of the hub's pass to be stored with the
+    other connections' runs, but never past a request behind them: an add with a lower
+    term behind a run that raised the term is refused, as one request at a time would
+    be."""
+    def frame(first: int, n: int, term: int, cid: int) -> bytes:
+        return encode_request(AddRequest(
+            ledger_id=7, first_entry_id=first, master_key=KEY, term=term,
+            entries=tuple(entry(7, first + i) for i in range(n))), cid, 0)
+
+    async with running_bookie(tmp_path) as b:
+        s = b.raw_pair()
+        await s.send_all(frame(0, 1, 5, 0) + frame(1, 1, 5, 1) + frame(2, 2, 4, 2)
+                         + frame(2, 2, 5, 3) + read_frame(7, 3, 4))
+        got = await read_replies(s, 5)
+        assert got == [(0, Status.OK), (1, Status.OK), (2, Status.INVALID_TERM),
+                       (3, Status.OK), (4, Status.OK)]
+        assert b.storage.term(7) == 5
 
 
 async def test_a_peer_that_does_not_read_is_paused_at_its_reply_bytes(tmp_path: Path) -> None:
