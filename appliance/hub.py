@@ -160,6 +160,10 @@ class ConnectionHub:
         self._resume: list[_Connection] = []
         # This pass's runs of one-entry adds, stored together at its end (``_store_deferred``).
         self._deferred: list[tuple[_Connection, AddRun, float]] = []
+        # The connections waiting on each journal group (``_wait``), and while a group's
+        # connections are settled, the add replies its syncer sent (counted once).
+        self._waiting: dict[JournalGroup, list[_Connection]] = {}
+        self._sent_adds: list[ReplyItem] | None = None
         self._received = memoryview(bytearray(_RECEIVE))
         self._nursery: trio.Nursery | None = None
 
@@ -508,9 +512,33 @@ class ConnectionHub:
         c.attached = k
 
     def _wait(self, c: _Connection, group: JournalGroup | None) -> None:
-        if group is not None and c.waiting_on is not group:
-            c.waiting_on = group
-            group.call_when_done(partial(self._on_group_done, c))
+        if group is None or c.waiting_on is group:
+            return
+        c.waiting_on = group
+        if group.done.is_set():
+            self._on_group_done(c)
+            return
+        # One callback per group, for every connection waiting on it (at 64 connections
+        # with one add each, ~40 share each group).
+        waiting = self._waiting.get(group)
+        if waiting is None:
+            self._waiting[group] = waiting = []
+            group.call_when_done(partial(self._on_group_finished, group))
+        waiting.append(c)
+
+    def _on_group_finished(self, group: JournalGroup) -> None:
+        """``group`` is done: settle each connection that waited on it; the OK add
+        replies its syncer sent are counted once for all of them."""
+        outer = self._sent_adds
+        sent: list[ReplyItem] = []
+        self._sent_adds = sent
+        try:
+            for c in self._waiting.pop(group, ()):
+                self._on_group_done(c)
+        finally:
+            self._sent_adds = outer
+            if sent:
+                count_sent_adds(self.handler.metrics, sent)
 
     def _on_group_done(self, c: _Connection) -> None:
         c.waiting_on = None
@@ -547,7 +575,10 @@ class ConnectionHub:
                 continue
             for item in batch:
                 inflight.discard(item[0])
-            count_sent_adds(metrics, batch)
+            if self._sent_adds is not None:
+                self._sent_adds += batch
+            else:
+                count_sent_adds(metrics, batch)
             sent = a.send.sent
             if sent < len(a.send.data):
                 metrics.syncer_short_sends += 1

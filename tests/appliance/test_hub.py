@@ -19,7 +19,7 @@ import trio.testing
 
 from ledgerd.appliance.server import ConnectionOptions
 from ledgerd.wire.frames import encode_request
-from ledgerd.wire.messages import AddRequest, ReadRequest
+from ledgerd.wire.messages import AddRequest, ApiKey, ReadRequest
 from ledgerd.wire.status import Status
 from tests.appliance import harness
 from tests.appliance.harness import KEY, entry, running_bookie
@@ -74,6 +74,9 @@ async def test_replies_of_many_connections_share_journal_groups(tmp_path: Path) 
             assert await read_replies(s, 1) == [(i, Status.OK)]
         # One wake-up read every connection: far fewer groups than connections.
         assert sum(groups) >= 32 and len(groups) < 32
+        await b.settled()  # every group's connections settled: each reply counted once
+        assert b.metrics.add_latency.count == 32
+        assert b.metrics.requests[ApiKey.ADD, Status.OK] == 32
 
 
 async def test_adds_of_one_pass_are_decided_in_the_order_they_came(tmp_path: Path) -> None:
