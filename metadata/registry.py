@@ -117,6 +117,17 @@ class BookieRegistry:
                         racks[name] = rack
         return BookieSet(writable, read_only, racks)
 
+    async def registered_pid(self, bookie_id: str) -> int | None:
+        """The process id a bookie's registration names, or None if it is not registered
+        (or names none). After a bookie was killed and started again, its old
+        registration stays until ZooKeeper expires the dead process's session; the new
+        process registers only then, so the id being listed is not enough."""
+        try:
+            pid = (await self.bookie_info(bookie_id)).get("pid")
+        except NoNodeError:
+            return None
+        return pid if isinstance(pid, int) else None
+
     async def bookie_info(self, bookie_id: str) -> dict[str, Any]:
         for ro in (False, True):
             try:

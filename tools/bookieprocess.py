@@ -130,8 +130,15 @@ async def start_writable(store: MetadataStore, bookies: list[BookieProcess], *,
     for b in bookies:
         b.start()
     wanted = {b.bookie_id for b in bookies}
+    registry = BookieRegistry(store, root)
 
     async def all_up(snapshot: BookieSet) -> bool:
-        return wanted <= snapshot.writable
+        if not wanted <= snapshot.writable:
+            return False
+        # Registered by these processes, not by killed ones whose sessions live on.
+        for b in bookies:
+            if await registry.registered_pid(b.bookie_id) != b.pid:
+                return False
+        return True
     with trio.fail_after(timeout):
-        await BookieRegistry(store, root).wait_for(all_up)
+        await registry.wait_for(all_up)

@@ -173,8 +173,16 @@ class LocalCluster:
         waited = self.bookies if bookies is None else bookies
         ids = {b.bookie_id for b in waited}
 
+        registry = BookieRegistry(store, self.root)
+
         async def all_registered(listed: BookieSet) -> bool:
-            return ids <= listed.writable | listed.read_only
+            if not ids <= listed.writable | listed.read_only:
+                return False
+            # Registered by these processes, not by a killed one whose session lives on.
+            for b in waited:
+                if await registry.registered_pid(b.bookie_id) != b.pid:
+                    return False
+            return True
 
         async def died(bookie: BookieProcess) -> None:
             await bookie.exited()
@@ -186,7 +194,7 @@ class LocalCluster:
                     async with trio.open_nursery() as nursery:
                         for bookie in waited:
                             nursery.start_soon(died, bookie)
-                        await BookieRegistry(store, self.root).wait_for(all_registered)
+                        await registry.wait_for(all_registered)
                         nursery.cancel_scope.cancel()
                 except ExceptionGroup as group:
                     dead = group.subgroup(LocalClusterError)

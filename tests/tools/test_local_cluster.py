@@ -178,10 +178,15 @@ async def test_local_ctl_kills_and_restarts_a_bookie_while_the_cluster_goes_on(
         assert bad.returncode == 1 and "a bookie index, 0 to 1" in bad.stderr
         started = await trio.to_thread.run_sync(ctl, "start", "1")
         assert started.returncode == 0 and "registered" in started.stdout, started.stderr
+        pid = int(started.stdout.split("(pid ")[1].split(")")[0])
         store = await ZooKeeperStore.connect(zk_chroot)
         try:
-            listed = await BookieRegistry(store).list_bookies()
+            registry = BookieRegistry(store)
+            listed = await registry.list_bookies()
             assert set(bookie_ids) <= listed.writable
+            # Registered by the new process, not the killed one's registration that
+            # lives on until ZooKeeper expires its session.
+            assert await registry.registered_pid(bookie_ids[1]) == pid
         finally:
             await store.close()
         assert proc.poll() is None
