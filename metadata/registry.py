@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +127,21 @@ class BookieRegistry:
         except NoNodeError:
             return None
         return pid if isinstance(pid, int) else None
+
+    async def registered_by(self, snapshot: BookieSet, pids: Mapping[str, int | None], *,
+                            writable: bool = True) -> bool:
+        """Whether every bookie id in ``pids`` is in ``snapshot`` (its writable list, or
+        either list if not ``writable``) with a registration naming that process id
+        (None, a process not started, never matches): the test for "these processes are
+        up", since a killed process's registration is listed until its session expires
+        (``registered_pid``)."""
+        listed = snapshot.writable if writable else snapshot.writable | snapshot.read_only
+        if not pids.keys() <= listed:
+            return False
+        for bookie_id, pid in pids.items():
+            if pid is None or await self.registered_pid(bookie_id) != pid:
+                return False
+        return True
 
     async def bookie_info(self, bookie_id: str) -> dict[str, Any]:
         for ro in (False, True):

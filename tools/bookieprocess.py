@@ -129,16 +129,10 @@ async def start_writable(store: MetadataStore, bookies: list[BookieProcess], *,
 
     for b in bookies:
         b.start()
-    wanted = {b.bookie_id for b in bookies}
+    pids = {b.bookie_id: b.pid for b in bookies}
     registry = BookieRegistry(store, root)
 
     async def all_up(snapshot: BookieSet) -> bool:
-        if not wanted <= snapshot.writable:
-            return False
-        # Registered by these processes, not by killed ones whose sessions live on.
-        for b in bookies:
-            if await registry.registered_pid(b.bookie_id) != b.pid:
-                return False
-        return True
+        return await registry.registered_by(snapshot, pids)
     with trio.fail_after(timeout):
         await registry.wait_for(all_up)

@@ -171,18 +171,11 @@ class LocalCluster:
         exits first or the register timeout passes."""
         store = await ZooKeeperStore.connect(self.zk)
         waited = self.bookies if bookies is None else bookies
-        ids = {b.bookie_id for b in waited}
-
+        pids = {b.bookie_id: b.pid for b in waited}
         registry = BookieRegistry(store, self.root)
 
         async def all_registered(listed: BookieSet) -> bool:
-            if not ids <= listed.writable | listed.read_only:
-                return False
-            # Registered by these processes, not by a killed one whose session lives on.
-            for b in waited:
-                if await registry.registered_pid(b.bookie_id) != b.pid:
-                    return False
-            return True
+            return await registry.registered_by(listed, pids, writable=False)
 
         async def died(bookie: BookieProcess) -> None:
             await bookie.exited()

@@ -195,6 +195,27 @@ async def test_registry_refuses_id_held_by_live_session(stores: StoreFactory) ->
         await BookieRegistry(await stores.open(), ROOT).register("b:1", {}, stale_wait=0.5)
 
 
+async def test_registered_by_names_the_registering_process(stores: StoreFactory) -> None:
+    """A listed id is not enough: the registration must name the process waited for (a
+    killed one's stays listed until its session expires); read-only counts only when
+    asked for."""
+    s = await stores.open()
+    await init_new_cluster(s, ROOT)
+    reg = BookieRegistry(s, ROOT)
+    await reg.register("b:1", {"pid": 101})
+    await reg.register("b:2", {"pid": 102}, read_only=True)
+    await reg.register("b:3", {})
+    snap = await reg.list_bookies()
+    assert await reg.registered_by(snap, {"b:1": 101})
+    assert not await reg.registered_by(snap, {"b:1": 999})  # another process's
+    assert not await reg.registered_by(snap, {"b:1": None})  # not started
+    assert not await reg.registered_by(snap, {"b:2": 102})  # read-only
+    assert await reg.registered_by(snap, {"b:1": 101, "b:2": 102}, writable=False)
+    assert not await reg.registered_by(snap, {"b:3": 0})  # names no pid
+    assert not await reg.registered_by(snap, {"b:4": 104})  # not registered
+    assert await reg.registered_pid("b:2") == 102 and await reg.registered_pid("b:4") is None
+
+
 async def test_keep_registered_survives_session_expiry(stores: StoreFactory) -> None:
     s = await stores.open()
     await init_new_cluster(s, ROOT)

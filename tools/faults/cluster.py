@@ -135,13 +135,8 @@ class FaultCluster:
             registry = BookieRegistry(store, "/ledgers")
 
             async def all_up(snapshot: Any) -> bool:
-                for b in self.bookies:
-                    if b.bookie_id not in snapshot.writable:
-                        return False
-                    info = await registry.bookie_info(b.bookie_id)
-                    if info.get("pid") != b.pid:
-                        return False
-                return True
+                return await registry.registered_by(
+                    snapshot, {b.bookie_id: b.pid for b in self.bookies})
 
             with trio.fail_after(EVENT_BOUND_S):
                 await registry.wait_for(all_up)
