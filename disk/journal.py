@@ -63,10 +63,10 @@ from ledgerd.base.logs import fields
 from ledgerd.disk.errors import DiskFullError, StorageClosedError, StorageError
 from ledgerd.disk.journal_format import (
     HEADER_SIZE,
-    RecordType,
     encode_header,
-    encode_record,
     encode_records,
+    group_size,
+    padding_record,
 )
 from ledgerd.disk.journal_scan import journal_file_ids
 
@@ -621,7 +621,7 @@ class Journal:
         if f is None or not self._free:
             return False
         o = self.options
-        end = f.offset + -(-total // o.alignment) * o.alignment
+        end = f.offset + group_size(total, o.alignment)
         return not ((end > o.max_size_mb * MiB and f.offset > HEADER_SIZE)
                     or end > f.zeroed_until)
 
@@ -632,7 +632,7 @@ class Journal:
         f = self._file
         assert f is not None
         o = self.options
-        size = -(-total // o.alignment) * o.alignment
+        size = group_size(total, o.alignment)
         end = f.offset + size
         slot = self._free.pop()  # the slot freed last: its buffer is warm
         view = self._encode(f, records, total, slot)
@@ -813,7 +813,7 @@ class Journal:
         f = self._file
         assert f is not None
         o = self.options
-        size = -(-total // o.alignment) * o.alignment
+        size = group_size(total, o.alignment)
         if f.offset + size > o.max_size_mb * MiB and f.offset > HEADER_SIZE:
             f.handle.close()
             f = self._file = self._new_file(f.file_id + 1)
@@ -841,9 +841,10 @@ class Journal:
 
     def _encode(self, f: _File, records: list[tuple[int, bytes]], total: int,
                 slot: _Slot) -> memoryview:
-        """The group's records, padded to the alignment, in the slot's aligned buffer."""
+        """The group's records and the PADDING record that ends it (``group_size``
+        bytes, see disk/journal_format.py), in the slot's aligned buffer."""
         align = self.options.alignment
-        size = -(-total // align) * align
+        size = group_size(total, align)
         buf = slot.buf
         if buf is None or buf.size < size:
             # One buffer per slot, reused group after group (it never shrinks).
@@ -855,13 +856,7 @@ class Journal:
         data = encode_records(fid, records)
         pos = len(data)
         view[:pos] = data
-        if size - pos >= 9:
-            pad = encode_record(fid, RecordType.PADDING, bytes(size - pos - 9))
-            view[pos:size] = pad
-        elif size > pos:
-            # Fewer than 9 bytes left: zeros (the buffer is reused, so write them), which
-            # read as the end of this group's block; the next group starts aligned.
-            view[pos:size] = bytes(size - pos)
+        view[pos:size] = padding_record(fid, size - pos)
         return view
 
     def _zero_ahead(self, f: _File, end: int) -> None:

@@ -808,28 +808,47 @@ def lastmark(conf: Path) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def readjournal(path: Path, as_json: bool) -> None:
-    """Every record of a journal file: offset, type, ledger, entry, size, CRC status."""
+    """Every record and gap of a journal file: offset, type, ledger, entry, size, CRC
+    status; then where its data ends."""
     from ledgerd.disk.journal_format import RecordType
-    from ledgerd.disk.journal_scan import inspect_journal
+    from ledgerd.disk.journal_scan import ScanKind, inspect_journal
 
     rows = []
     torn_at = None
+    end_at = None
+    gaps = 0
     for item in inspect_journal(path):
+        if item.kind is ScanKind.END:
+            end_at = item.offset
+            continue
         rec = item.record
-        try:
-            rtype = RecordType(item.type).name
-        except ValueError:
-            rtype = f"?{item.type}"
+        if item.kind is ScanKind.GAP:
+            rtype = "GAP"
+            gaps += 1
+        else:
+            try:
+                rtype = RecordType(item.type).name
+            except ValueError:
+                rtype = f"?{item.type}"
         entry = rec.value if rec is not None and rec.type is RecordType.ENTRY else None
         rows.append({"offset": item.offset, "type": rtype,
                      "ledger": rec.ledger_id if rec is not None and rec.ledger_id >= 0 else None,
                      "entry": entry, "size": item.length,
-                     "crc": "ok" if item.crc_ok else "BAD", "problem": item.problem})
+                     "crc": ("-" if item.kind is ScanKind.GAP else
+                             "ok" if item.crc_ok else "BAD"),
+                     "problem": item.problem})
         if item.problem.startswith("torn tail") and torn_at is None:
             torn_at = item.offset
-    summary = f"{len(rows)} record(s)" + (f"; torn tail starts at offset {torn_at}"
-                                          if torn_at is not None else "")
-    emit(as_json, {"records": rows, "torn_tail_offset": torn_at}, table(
+    records = len(rows) - gaps
+    summary = f"{records} record(s)"
+    if gaps:
+        summary += f", {gaps} legacy gap(s) (zero bytes at a group's end, skipped)"
+    if torn_at is not None:
+        summary += f"; torn tail starts at offset {torn_at}"
+    if end_at is not None:
+        summary += f"; data ends at offset {end_at}"
+    emit(as_json, {"records": rows, "gaps": gaps, "torn_tail_offset": torn_at,
+                   "end_offset": end_at}, table(
         ["OFFSET", "TYPE", "LEDGER", "ENTRY", "SIZE", "CRC", "PROBLEM"],
         [list(r.values()) for r in rows]) + "\n" + summary)
 

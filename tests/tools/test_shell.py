@@ -237,6 +237,35 @@ async def test_inspection_of_torn_and_corrupt_files(bookie_factory: Factory, zk_
     shutil.rmtree(tmp_path / "nothing", ignore_errors=True)
 
 
+async def test_readjournal_shows_every_legacy_gap_and_the_end_of_data(tmp_path: Path) -> None:
+    """A journal written before the padding rule (zero gaps at group ends): every
+    record and every gap is listed, and where the data ends."""
+    from ledgerd.disk.journal_format import (
+        HEADER_SIZE,
+        PREFIX_SIZE,
+        RecordType,
+        encode_header,
+        entry_body,
+    )
+    from tests.disk.test_journal_format import _legacy_group
+
+    groups = [[(RecordType.ENTRY, entry_body(3, n, b"p" * (4096 - 8 - PREFIX_SIZE - 16)))]
+              for n in range(5)]
+    path = tmp_path / "legacy.txn"
+    path.write_bytes(encode_header(1) + b"".join(_legacy_group(1, g, 4096) for g in groups)
+                     + bytes(4096))
+    out = json.loads(_ok(await _run("readjournal", str(path), "--json")))
+    assert [(r["type"], r["entry"]) for r in out["records"]] == [
+        (t, e) for n in range(5) for t, e in (("ENTRY", n), ("GAP", None))]
+    assert [r["offset"] for r in out["records"] if r["type"] == "GAP"] == [
+        HEADER_SIZE + 4096 * (n + 1) - 8 for n in range(5)]
+    assert out["gaps"] == 5 and out["end_offset"] == HEADER_SIZE + 5 * 4096
+    human = _ok(await _run("readjournal", str(path)))
+    assert human.rstrip().endswith(
+        f"5 record(s), 5 legacy gap(s) (zero bytes at a group's end, skipped); "
+        f"data ends at offset {HEADER_SIZE + 5 * 4096}"), human
+
+
 async def test_bookie_on_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
     import socket
 
