@@ -1,7 +1,7 @@
 """Soak: the fault harness's rounds (tools/faults) for as long as asked.
 
     python bench/soak.py [--minutes 30] [--rounds N] [--kinds kill-bookie,split-minority]
-                         [--seed S] [--hold 3] [--json out.json] [--keep]
+                         [--seed S] [--hold 3] [--flush-ms 1000] [--json out.json] [--keep]
 
 One cluster (a ZooKeeper and five bookie processes behind the fault proxy) runs round
 after round, each with one fault kind (cycling through ``--kinds``, all by default, in
@@ -10,8 +10,12 @@ under the fault, then heal, recover and read every ledger the round created, and
 the history. It stops after ``--minutes`` or ``--rounds``, whichever comes first, and
 reports per fault kind: rounds, operations, acknowledged adds, reads, recoveries,
 violations (expected: 0). A failing round prints the smallest failing window of its
-history and keeps it as JSON lines next to the cluster (kept with ``--keep``). Exit
-status 1 if any round failed. ``--seed`` replays the same faults with the same aims.
+history and keeps it as JSON lines next to the cluster (kept with ``--keep``). Payload
+sizes run from 1 B to 64 KiB, half of them ending a journal record near a 4096-byte
+boundary (tools/faults/payloads.py); after each round every entry is asked of every
+bookie of its write set, and one on fewer than Qa of them fails the round. ``--flush-ms``
+sets the bookies' checkpoint interval: a long one leaves more to journal replay after a
+kill -9. Exit status 1 if any round failed. ``--seed`` replays the same faults with the same aims.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--hold", type=float, default=3.0, help="seconds each fault is held")
+    p.add_argument("--flush-ms", type=int, default=1000,
+                   help="the bookies' flush_interval_ms (checkpoint interval)")
     p.add_argument("--json", type=Path, default=None, help="write the per-kind table here")
     p.add_argument("--keep", action="store_true", help="keep the cluster directory")
     args = p.parse_args()
@@ -60,7 +66,8 @@ async def soak(args: argparse.Namespace, base: Path) -> list[RoundResult]:
     results: list[RoundResult] = []
     deadline = trio.current_time() + args.minutes * 60
     async with trio.open_nursery() as nursery:
-        cluster = FaultCluster(base, nursery)
+        cluster = FaultCluster(base, nursery,
+                               bookie_settings={"flush_interval_ms": args.flush_ms})
         try:
             await cluster.start()
             order: list[str] = []
@@ -89,7 +96,7 @@ def table(results: list[RoundResult]) -> dict[str, dict[str, Any]]:
     for r in results:
         row = out.setdefault(r.kind, {"rounds": 0, "operations": 0, "adds_acked": 0,
                                       "reads": 0, "recoveries": 0, "violations": 0,
-                                      "unreadable": 0})
+                                      "unreadable": 0, "copies_checked": 0, "short": 0})
         row["rounds"] += 1
         row["operations"] += r.operations
         row["adds_acked"] += r.history.count("ok", "add")
@@ -97,6 +104,8 @@ def table(results: list[RoundResult]) -> dict[str, dict[str, Any]]:
         row["recoveries"] += r.history.count("ok", "recover")
         row["violations"] += len(r.violations)
         row["unreadable"] += len(r.unreadable)
+        row["copies_checked"] += r.copies_checked
+        row["short"] += len(r.short)
     return out
 
 
@@ -106,11 +115,12 @@ def main() -> None:
     results = trio.run(soak, args, base)
     rows = table(results)
     print(f"\n{'fault kind':<24}{'rounds':>7}{'ops':>10}{'acked':>9}{'reads':>9}"
-          f"{'recov':>7}{'viol':>6}")
+          f"{'recov':>7}{'copies':>9}{'short':>6}{'viol':>6}")
     for kind, row in sorted(rows.items()):
         print(f"{kind:<24}{row['rounds']:>7}{row['operations']:>10}{row['adds_acked']:>9}"
-              f"{row['reads']:>9}{row['recoveries']:>7}{row['violations']:>6}")
-    total_v = sum(r["violations"] + r["unreadable"] for r in rows.values())
+              f"{row['reads']:>9}{row['recoveries']:>7}{row['copies_checked']:>9}"
+              f"{row['short']:>6}{row['violations']:>6}")
+    total_v = sum(r["violations"] + r["unreadable"] + r["short"] for r in rows.values())
     print(f"{len(results)} rounds, {sum(r['operations'] for r in rows.values())} operations, "
           f"{len(results)} faults injected, {total_v} violations")
     if args.json:

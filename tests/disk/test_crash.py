@@ -3,7 +3,10 @@
 Every entry the writer acknowledged (its side file) must read back byte-exact after
 restart, and every fence it acknowledged must survive. The kill comes after a random
 number of the writer's ACK lines (0 to 30, i.e. 0 to 240 acknowledged adds), while its 16
-writer tasks have further adds in flight. Seeded: set CRASH_SEED=n to replay the choices.
+writer tasks have further adds in flight. Payload sizes come from a distribution (1 B to
+64 KiB, half of them ending a journal record within 16 bytes of a 4096-byte boundary:
+``payload_size``), and half the rounds checkpoint so rarely that everything the round
+wrote comes back through journal replay. Seeded: set CRASH_SEED=n to replay the choices.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def test_sigkill_rounds_lose_nothing_acknowledged(tmp_path: Path, storage_class:
     for round_no in range(30):
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.disk.crash_writer", str(tmp_path / "data"),
-             str(round_no), str(side), storage_class],
+             str(round_no), str(side), storage_class,
+             str(rng.choice([200, 600_000])), str(rng.randrange(1 << 30))],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None

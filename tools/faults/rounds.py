@@ -6,6 +6,10 @@ undone and the workload goes on for ``settle_s``; the workload stops (adds still
 flight end as they end); the cluster is healed (links, processes, storage); then a
 fresh client opens every ledger the round created with recovery and reads it whole,
 recording the final end and every entry; the checker judges the round's history.
+Reads that succeed from any one replica would hide a bookie that lost entries it
+acknowledged (issue 45's journal padding did exactly that), so every entry of every
+recovered ledger is also asked of each bookie of its write set: fewer than Qa copies of
+an entry is a failed round (``short``).
 
 Seeded: ``RoundPlan(seed)`` decides every fault's kind order and aim and the workload's
 choices, so a failing seed replays the same faults (process timing still varies).
@@ -22,6 +26,10 @@ import trio
 
 from ledgerd.client import Client
 from ledgerd.errors import NoSuchLedgerError
+from ledgerd.machines.checker import fragments
+from ledgerd.machines.quorum import write_set
+from ledgerd.wire.messages import ReadRequest
+from ledgerd.wire.status import Status
 from ledgerd.tools.faults import nemesis
 from ledgerd.tools.faults.cluster import FaultCluster
 from ledgerd.tools.faults.history import History, Violation, check, report
@@ -37,11 +45,13 @@ class RoundResult:
     history: History
     violations: list[Violation]
     unreadable: list[str] = field(default_factory=list)
+    short: list[str] = field(default_factory=list)  # entries on fewer than Qa bookies
     ledgers: int = 0
+    copies_checked: int = 0
 
     @property
     def ok(self) -> bool:
-        return not self.violations and not self.unreadable
+        return not self.violations and not self.unreadable and not self.short
 
     @property
     def operations(self) -> int:
@@ -53,12 +63,15 @@ class RoundResult:
                 f"{h.count('ok', 'add')} adds acked / {h.count('fail', 'add')} failed, "
                 f"{h.count('ok', 'read')} reads, {h.count('ok', 'recover')} recoveries, "
                 f"{len(self.violations)} violations"
-                + (f", unreadable: {self.unreadable}" if self.unreadable else ""))
+                + (f", unreadable: {self.unreadable}" if self.unreadable else "")
+                + (f", short of Qa: {self.short[:5]}" if self.short else ""))
 
     def explain(self) -> str:
         text = report(self.history, self.violations)
         if self.unreadable:
             text += "\nunreadable at the end: " + "; ".join(self.unreadable)
+        if self.short:
+            text += "\nentries on fewer than Qa bookies: " + "; ".join(self.short)
         return text
 
 
@@ -103,6 +116,8 @@ async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: fl
             problem = await _final_read(checker, lid, history, now, cluster.wait_writable)
             if problem:
                 result.unreadable.append(problem)
+            else:
+                result.copies_checked += await _check_copies(checker, lid, result.short)
     result.ledgers = len(work.ledgers)
     result.violations = check(history)
     if dump is not None and not result.ok:
@@ -149,3 +164,39 @@ async def _final_read(client: Client, lid: int, history: History, clock: Callabl
                            entry=e.entry_id, value=bytes(e.payload))
         return None
     return f"L{lid}: {last_error!r}"
+
+
+async def _check_copies(client: Client, lid: int, short: list[str]) -> int:
+    """Ask every bookie of each entry's write set for it (a recovered, closed ledger):
+    an entry with fewer than Qa copies goes to ``short``. Returns the reads made."""
+    try:
+        rh = await client.open_ledger(lid, PASSWORD, recovery=False)
+    except NoSuchLedgerError:
+        return 0
+    md = rh.metadata
+    limit = trio.Semaphore(64)
+    copies: dict[int, int] = {}
+    reads = 0
+
+    async def one(bookie: str, entry: int) -> None:
+        async with limit:
+            for _ in range(3):  # no answer (-1) is asked again; NO_SUCH_ENTRY is final
+                status, _, _ = await client.pool.call(
+                    bookie, ReadRequest(ledger_id=lid, entry_id=entry), 10.0)
+                if status != -1:
+                    break
+        if status == Status.OK:
+            copies[entry] += 1
+
+    async with trio.open_nursery() as nursery:
+        for frag in fragments(md, rh.last_add_confirmed):
+            for entry in range(frag.first, frag.last + 1):
+                copies.setdefault(entry, 0)
+                for i in write_set(entry, md.ensemble_size, md.write_quorum):
+                    reads += 1
+                    nursery.start_soon(one, frag.ensemble[i], entry)
+    for entry, n in sorted(copies.items()):
+        if n < md.ack_quorum:
+            short.append(f"L{lid} entry {entry} on {n} of {md.write_quorum} bookies "
+                         f"(Qa {md.ack_quorum})")
+    return reads

@@ -22,6 +22,7 @@ from ledgerd.client import Client
 from ledgerd.handles import PendingAppend
 from ledgerd.ledgerlog import LogPosition
 from ledgerd.tools.faults.history import History
+from ledgerd.tools.faults.payloads import payload_size
 
 __all__ = ["PASSWORD", "Workload"]
 
@@ -71,8 +72,8 @@ class Workload:
                         break
                     await limit.acquire()
                     seq += 1
-                    payload = b"%s L%d s%d " % (name.encode(), lid, seq) + bytes(
-                        self.rng.randrange(0, 200))
+                    head = b"%s L%d s%d " % (name.encode(), lid, seq)
+                    payload = head + bytes(max(0, payload_size(self.rng) - len(head)))
                     tag = str(seq)
                     self._rec(name, "invoke", "add", ledger=lid, value=payload, detail=tag)
                     try:
@@ -156,7 +157,8 @@ class Workload:
             try:
                 while not self.stop.is_set():
                     seq += 1
-                    payload = b"%s s%d" % (name.encode(), seq)
+                    head = b"%s s%d " % (name.encode(), seq)
+                    payload = head + bytes(max(0, payload_size(self.rng) - len(head)))
                     tag = str(seq)
                     self._rec(name, "invoke", "add", value=payload, detail=tag)
                     try:
