@@ -28,12 +28,12 @@ from ledgerd.client import Client
 from ledgerd.errors import NoSuchLedgerError
 from ledgerd.machines.checker import fragments
 from ledgerd.machines.quorum import write_set
-from ledgerd.wire.messages import ReadRequest
-from ledgerd.wire.status import Status
 from ledgerd.tools.faults import nemesis
 from ledgerd.tools.faults.cluster import FaultCluster
 from ledgerd.tools.faults.history import History, Violation, check, report
 from ledgerd.tools.faults.workload import PASSWORD, Workload
+from ledgerd.wire.messages import ReadRequest
+from ledgerd.wire.status import Status
 
 __all__ = ["RoundResult", "run_round"]
 
