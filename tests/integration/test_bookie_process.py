@@ -12,6 +12,7 @@ import trio
 from ledgerd.bookie_client import BookieClient, open_bookie_client
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.tools.faults.payloads import payload_size
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.wire.entry import decode_entry
 from ledgerd.wire.messages import AddFlags, AddRequest, ReadFlags, ReadRequest
@@ -29,7 +30,10 @@ def add(ledger: int, first: int, n: int = 1, flags: int = 0) -> AddRequest:
 
 
 def _payload(ledger: int, eid: int) -> bytes:
-    return struct.pack(">qq", ledger, eid) * 32
+    """Entry ``eid``'s payload: its ids, then filler to a size drawn (from the ids) from
+    1 B to 64 KiB, half of them ending a journal record near a 4096-byte boundary."""
+    size = payload_size(random.Random(ledger * 1_000_003 + eid))
+    return (struct.pack(">qq", ledger, eid) * (size // 16 + 1))[:size]
 
 
 async def _http_get(port: int, path: str) -> tuple[int, bytes]:
