@@ -11,7 +11,8 @@ The points (see docs/storage-format.md, "Compaction and GC, crash-safe order"):
 ``compaction.index_flush`` (the index written, not yet fsynced),
 ``compaction.deleting`` (the index durable, the old log not yet unlinked),
 ``gc.deleting_ledgers`` (a ledger's index unlinked, the others not yet),
-``gc.deleting_logs`` (dead logs about to be unlinked).
+``gc.deleting_logs`` (dead logs about to be unlinked),
+``index.created`` (a checkpoint made a ledger's index file, its header not yet written).
 """
 
 from __future__ import annotations

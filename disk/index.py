@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import struct
 from collections import OrderedDict
@@ -37,12 +38,15 @@ from pathlib import Path
 
 import google_crc32c
 
+from ledgerd.base.logs import fields
+from ledgerd.disk.crashpoints import crash_point
 from ledgerd.disk.errors import CorruptRecordError
 from ledgerd.disk.fdcache import FdCache
 
 __all__ = ["INDEX_HEADER_SIZE", "IndexWrite", "LedgerCache", "LedgerIndex", "index_path",
            "parse_index_header", "read_index_file"]
 
+log = logging.getLogger(__name__)
 INDEX_HEADER_SIZE = 1024
 _MAGIC = b"LDIX"
 _HEAD = struct.Struct(">4sHHqqB20sH64s")
@@ -107,6 +111,11 @@ def parse_index_header(data: bytes, path: Path) -> LedgerIndex:
         raise CorruptRecordError(str(path), 0, "bad index header (magic, version or checksum)")
     return LedgerIndex(lid, path, key[:klen], bool(state & FENCED), term, lac[:llen],
                        header_dirty=False, header_written=True)
+
+
+def _read_head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(INDEX_HEADER_SIZE)
 
 
 def read_index_file(path: Path) -> tuple[LedgerIndex, bytes]:
@@ -218,9 +227,24 @@ class LedgerCache:
         return d
 
     def load_all(self) -> None:
-        """Read every index file's header (start-up)."""
+        """Read every index file's header (start-up).
+
+        A file whose header was never written (shorter than a header, or a header of
+        zeros) is a crash between creating the file and writing its header: the files
+        are made on the event loop and written by the checkpoint's worker. No
+        checkpoint completed with it (a checkpoint writes and fsyncs the header before
+        it moves the journal mark), so everything of that ledger is in the journal
+        after the mark and replay rebuilds it: the file is removed, with a log line.
+        A header that was written and fails its checks still refuses start-up."""
         for d in self.index_dirs:
             for path in sorted((d / "current").glob("*/*/*.idx")):
+                head = _read_head(path)
+                if len(head) < INDEX_HEADER_SIZE or not any(head):
+                    log.warning("index_file_without_header", extra=fields(
+                        path=path, bytes=path.stat().st_size,
+                        action="removed; journal replay rebuilds the ledger's index"))
+                    path.unlink()
+                    continue
                 idx, body = read_index_file(path)
                 idx.file_exists = True
                 for e in range(len(body) // 8 - 1, -1, -1):
@@ -642,6 +666,7 @@ class LedgerCache:
                 if not idx.file_exists:  # created here, once per ledger
                     self._fd(idx, create=True)
                     idx.file_exists = True
+                    crash_point("index.created")  # the file made, its header not yet
                 header = (idx.header_bytes() if idx.header_dirty or not idx.header_written
                           else None)
                 page_nos = sorted(idx.dirty_pages)

@@ -80,3 +80,27 @@ def test_sigkill_rounds_lose_nothing_acknowledged(tmp_path: Path, storage_class:
         assert entries >= total_entries
         total_entries = entries
     assert total_entries > 100
+
+
+def test_a_kill_between_creating_an_index_file_and_writing_its_header(tmp_path: Path) -> None:
+    """The checkpoint creates a new ledger's index file on the event loop and its worker
+    writes the header: a kill -9 between them left an empty .idx that refused start-up
+    ("index file shorter than its header"), found by bench/soak.py. Start-up drops it
+    and journal replay rebuilds the ledger."""
+    side = tmp_path / "acked.txt"
+    side.touch()
+    env = {**os.environ, "LEDGERD_CRASH_AT": "index.created:2"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.disk.crash_writer", str(tmp_path / "data"), "0",
+         str(side), "interleaved", "200", "1"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.wait(timeout=120) == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    empty = [p for p in (tmp_path / "data" / "index").rglob("*.idx") if p.stat().st_size == 0]
+    assert empty, "the crash point did not leave a header-less index file"
+    entries, _ = _check(tmp_path / "data", side, "interleaved")
+    assert entries > 0
+    assert not [p for p in empty if p.exists() and p.stat().st_size == 0]

@@ -330,3 +330,27 @@ def test_sparse_locations_whose_page_would_be_read_wait_aside(
     cache.set_sparse_locations(1, [201, 203], [1201, 1203])
     assert [cache.location(1, e) for e in (201, 203)] == [1201, 1203]
     assert set(cache.deferred[1]) == set(ids) and 3 in cache.ledgers[1].pages
+
+
+def test_start_up_drops_index_files_whose_header_was_never_written(tmp_path: Path) -> None:
+    """Empty, short or zero-headed files are a crash before the header's first write:
+    dropped (replay rebuilds them). A written header that fails its checks refuses."""
+    from ledgerd.disk.errors import CorruptRecordError
+    from ledgerd.disk.index import index_path
+
+    cache = _cache(tmp_path)
+    cache.set_location(1, 0, 77)
+    cache.flush()
+    made = {lid: index_path(tmp_path, lid) for lid in (2, 3, 4)}
+    for lid, data in ((2, b""), (3, bytes(100)), (4, bytes(INDEX_HEADER_SIZE + PAGE))):
+        made[lid].parent.mkdir(parents=True, exist_ok=True)
+        made[lid].write_bytes(data)
+    again = _cache(tmp_path)
+    again.load_all()
+    assert set(again.ledgers) == {1} and again.location(1, 0) == 77
+    assert not any(p.exists() for p in made.values())
+    bad = index_path(tmp_path, 5)
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    bad.write_bytes(b"LDIX" + bytes(INDEX_HEADER_SIZE - 4))
+    with pytest.raises(CorruptRecordError, match="bad index header"):
+        _cache(tmp_path).load_all()

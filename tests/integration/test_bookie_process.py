@@ -12,8 +12,8 @@ import trio
 from ledgerd.bookie_client import BookieClient, open_bookie_client
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.zookeeper import ZooKeeperStore
-from ledgerd.tools.faults.payloads import payload_size
 from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.faults.payloads import payload_size
 from ledgerd.wire.entry import decode_entry
 from ledgerd.wire.messages import AddFlags, AddRequest, ReadFlags, ReadRequest
 from ledgerd.wire.status import Status
