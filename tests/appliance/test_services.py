@@ -285,3 +285,13 @@ def test_the_watchdog_logs_a_stall_once_and_the_next_one_again() -> None:
         assert not gone.look()
     finally:
         watched.removeHandler(mine)
+
+
+def test_a_draining_bookie_stays_read_only_whatever_the_disks_say() -> None:
+    state = ServingState()
+    state.draining = True
+    assert state.set(True, "read-only by an admin request (draining)")
+    assert not state.set(False, "")  # the disk checker found room: still draining
+    assert state.read_only and "draining" in state.reason
+    state.draining = False
+    assert state.set(False, "") and not state.read_only
