@@ -29,6 +29,7 @@ from functools import partial
 
 import trio
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
@@ -217,7 +218,7 @@ async def _run(pool: BookiePool, ledger_id: int, md: LedgerMetadata, key: bytes,
     return run.run.finished, dict(run.run.ensembles)
 
 
-class _Refused(Exception):
+class _Refused(LedgerdError):
     """The bookies refused the recovery before its fence covered the ledger: its key or
     its principal's role (``error`` says which). Nothing the old writer needs was taken
     from it, so the ledger need not stay IN_RECOVERY."""
