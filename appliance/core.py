@@ -219,7 +219,8 @@ class BookieCore:
             # nothing; on a plain add it is refused even where no key is bound yet, or
             # anyone holding the cluster secret could bind it as a new ledger's key and
             # lock the writer out of that bookie.
-            if self.is_recovery_credential(lid, sent):
+            secret = self.recovery_secret
+            if secret and sent == recovery_key(secret, lid):
                 if not flags & _RECOVERY:
                     return Status.UNAUTHORIZED
                 sent = b""
