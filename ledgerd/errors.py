@@ -92,7 +92,8 @@ class AccessDeniedError(UnauthorizedError):
 ROLE_REFUSED = ("the password is right (it matches the ledger's check hash), so the bookie "
                 "refused this client's principal: it lacks the role the request needs "
                 "(with authorization_enabled, plain adds need 'client'; fencing reads and "
-                "recovery adds 'client' or 'recovery'; the bookie's log names the principal)")
+                "recovery adds 'client' or 'recovery'; the bookie's log names the principal)"
+                ", unless a client that skips the check bound another key there first")
 CREDENTIAL_REFUSED = ("the bookie refused the recovery credential or this principal's role "
                       "(is the same cluster_secret_file configured on every bookie and "
                       "autorecovery process, and does the principal have the 'recovery' "

@@ -19,10 +19,13 @@ import trio.testing
 import ledgerd
 from ledgerd.appliance.security import ConnectionSecurity
 from ledgerd.base.tls import Principal
+from ledgerd.bookie_client import open_bookie_client
 from ledgerd.errors import AccessDeniedError
 from ledgerd.metadata.ledger import LedgerState
 from ledgerd.recovery import recover_ledger
-from ledgerd.wire.entry import Digester, DigestType, recovery_key
+from ledgerd.wire.entry import Digester, DigestType, encode_entry, recovery_key
+from ledgerd.wire.messages import AddRequest
+from ledgerd.wire.status import Status
 from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
 
 SECRET = b"cluster-secret-for-tests-0123456789"
@@ -54,6 +57,31 @@ async def test_a_refused_role_is_not_reported_as_a_wrong_password(
     message = str(caught.value)
     assert "wrong password" not in message
     assert "the password is right" in message and "'client'" in message
+
+
+async def test_the_recovery_credential_cannot_lock_a_writer_out_of_a_new_ledger(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """Anyone holding the cluster secret sends a plain ADD with the recovery credential
+    to a new ledger's bookies before its writer's first add: refused, so the writer's
+    key binds there as it should (it used to bind the credential, and the writer's
+    adds were then UNAUTHORIZED)."""
+    async with memory_cluster(tmp_path, 3, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as writer:
+        lh = await writer.create_ledger(3, 2, 2, password=b"right")
+        lid = lh.ledger_id
+        forged = AddRequest(ledger_id=lid, first_entry_id=0, flags=0,
+                            master_key=recovery_key(SECRET, lid),
+                            entries=(encode_entry(Digester(DigestType.CRC32C), lid, 0, -1, 1,
+                                                  b"x"),))
+        for bookie in lh.metadata.last_ensemble[1]:
+            async with open_bookie_client(bookie, connect=cluster.connect) as c:
+                assert (await c.call(forged))[0] == Status.UNAUTHORIZED
+        for i in range(4):
+            await lh.append(b"%d" % i)
+        await lh.close()
+        rh = await writer.open_ledger(lid, b"right")
+        assert [e.payload async for e in rh.read()] == [b"0", b"1", b"2", b"3"]
 
 
 async def test_a_recovery_the_bookies_refuse_leaves_the_live_writer_writing(
