@@ -281,7 +281,7 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
                                     read_timeout=read_timeout, add_timeout=add_timeout,
                                     writable=writable, rng=rng, read_window=read_window)
     except _Refused as refusal:
-        if was[-1] is LedgerState.OPEN:
+        if was[-1] is LedgerState.OPEN and not md.unbounded:
             await _reopen(ledgers, ledger_id, md, version, str(refusal.error))
         raise refusal.error from None
     md, version = await ledgers.update(
