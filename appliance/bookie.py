@@ -254,9 +254,12 @@ class Bookie:
             changed = self.state.set(True, DRAINING)
         elif kind is AdminKind.WRITABLE:
             self.state.draining = False
-            full = self.disk_checker.full  # a failed storage stays read-only (restart)
-            changed = not self.state.storage_failed and self.state.set(
-                full, self.state.reason if full else "")
+            if self.state.storage_failed or self.disk_checker.full:
+                changed = False  # read-only for its own reason: a restart, or room
+                if self.state.reason == DRAINING:
+                    self.state.reason = "disk full" if self.disk_checker.full else "storage failed"
+            else:
+                changed = self.state.set(False, "")
         else:
             return self.gc.trigger(kind)
         log.warning("bookie_read_only_by_admin" if self.state.draining
