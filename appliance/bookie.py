@@ -35,7 +35,7 @@ from ledgerd.appliance.config import BookieConfig
 from ledgerd.appliance.core import BookieCore
 from ledgerd.appliance.diskcheck import DiskChecker
 from ledgerd.appliance.gc import GarbageCollector
-from ledgerd.appliance.handlers import AdminHooks, RequestHandler, ServingState
+from ledgerd.appliance.handlers import DRAINING, AdminHooks, RequestHandler, ServingState
 from ledgerd.appliance.http import AdminHttp
 from ledgerd.appliance.hub import ConnectionHub
 from ledgerd.appliance.looplag import loop_lag_monitor
@@ -54,6 +54,7 @@ from ledgerd.metadata.cookies import CookieStore
 from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.store import MetadataStore
+from ledgerd.wire.messages import AdminKind
 
 __all__ = ["VERSION", "Bookie"]
 
@@ -88,7 +89,7 @@ class Bookie:
             on_dirs=self._on_dirs)
         self.storage.on_disk_full = lambda exc: self.disk_checker.force_full(
             f"{exc} (writable again under {config.disk_usage_lwm_threshold:.0%} used)")
-        self.admin = AdminHooks(trigger=self.gc.trigger, status=self.status,
+        self.admin = AdminHooks(trigger=self._admin_trigger, status=self.status,
                                 secret=config.admin_token())
         self.handler = RequestHandler(self.storage, self.state, self.metrics, admin=self.admin,
                                       max_frame_bytes=config.max_frame_bytes,
@@ -244,6 +245,28 @@ class Bookie:
     def _count_restart(self, name: str) -> None:
         self.metrics.service_restarts[name] = self.metrics.service_restarts.get(name, 0) + 1
 
+    def _admin_trigger(self, kind: AdminKind) -> bool:
+        """An admin request: GC or compaction, or read-only / writable (draining before
+        a decommission: writers see READ_ONLY and change ensemble themselves, and the
+        registration moves to available/readonly). True if it started or changed it."""
+        if kind is AdminKind.READ_ONLY:
+            self.state.draining = True
+            changed = self.state.set(True, DRAINING)
+        elif kind is AdminKind.WRITABLE:
+            self.state.draining = False
+            if self.state.storage_failed or self.disk_checker.full:
+                changed = False  # read-only for its own reason: a restart, or room
+                if self.state.reason == DRAINING:
+                    self.state.reason = "disk full" if self.disk_checker.full else "storage failed"
+            else:
+                changed = self.state.set(False, "")
+        else:
+            return self.gc.trigger(kind)
+        log.warning("bookie_read_only_by_admin" if self.state.draining
+                    else "bookie_writable_by_admin",
+                    extra=fields(read_only=self.state.read_only, reason=self.state.reason))
+        return changed
+
     def _on_disk_change(self, full: bool, reason: str) -> None:
         if self.state.storage_failed:
             return
@@ -379,6 +402,7 @@ class Bookie:
         return {
             "bookie_id": self.bookie_id,
             "state": "read_only" if self.state.read_only else "writable",
+            "draining": self.state.draining,
             "reason": self.state.reason,
             "storage_failed": self.state.storage_failed,
             "port": self.port,

@@ -9,8 +9,9 @@ BookKeeper's bookie applies them (``../shared/reference/bookkeeper-facts.md`` §
   request with a different key answers UNAUTHORIZED. A fence with no key is refused.
 - **Recovery credential.** With a cluster secret, ``wire.entry.recovery_key(secret,
   ledger)`` stands in for the master key on RECOVERY_ADDs and fencing reads only
-  (autorecovery copies and fences without the ledger's password); it never binds a key,
-  and a plain add carrying it answers UNAUTHORIZED.
+  (autorecovery copies and fences without the ledger's password), and ForceLedger; it
+  never binds a key, and a plain add or a WriteLac carrying it answers UNAUTHORIZED,
+  whether or not the bookie holds a key for the ledger yet.
 - **Fencing.** A plain add to a fenced ledger answers FENCED; RECOVERY_ADD bypasses the
   fence (the recovering client rewrites what it found).
 - **Terms** (unbounded ledgers, seed 002). Term 0 means the request does not use terms.
@@ -211,19 +212,23 @@ class BookieCore:
                 if len(entry) < ENTRY_HEADER_SIZE or unpack(entry) != (lid, first + i):
                     return Status.BAD_REQUEST
         truncate = flags & _TRUNCATE != 0
-        if ledger is None:
-            bind = req.master_key
-            if flags & _RECOVERY and self.is_recovery_credential(lid, bind):
-                bind = b""
-            return Accept(bind_key=bind, new_term=req.term, truncate=truncate,
-                          entry_ids=ids)
-        key = ledger.master_key
+        key = ledger.master_key if ledger is not None else b""
         sent = req.master_key
         if key != sent:
-            if flags & _RECOVERY and self.is_recovery_credential(lid, sent):
-                sent = b""  # the recovery credential: accepted, and it binds nothing
+            # The recovery credential stands in for the key on RECOVERY_ADDs and binds
+            # nothing; on a plain add it is refused even where no key is bound yet, or
+            # anyone holding the cluster secret could bind it as a new ledger's key and
+            # lock the writer out of that bookie.
+            secret = self.recovery_secret
+            if secret and sent == recovery_key(secret, lid):
+                if not flags & _RECOVERY:
+                    return Status.UNAUTHORIZED
+                sent = b""
             elif key:
                 return Status.UNAUTHORIZED
+        if ledger is None:
+            return Accept(bind_key=sent, new_term=req.term, truncate=truncate,
+                          entry_ids=ids)
         if ledger.fenced and not flags & _RECOVERY and not self.breaks.fenced_accepts_adds:
             return Status.FENCED
         term = req.term
@@ -296,8 +301,9 @@ class BookieCore:
         term = self.on_term(req.term, ledger)  # term 0 on a termed ledger: refused
         if not isinstance(term, Accept):
             return term
-        if ledger.master_key and ledger.master_key != req.master_key:
-            return Status.UNAUTHORIZED
+        if ledger.master_key != req.master_key and (
+                ledger.master_key or self.is_recovery_credential(req.ledger_id, req.master_key)):
+            return Status.UNAUTHORIZED  # the recovery credential writes no LAC
         return term
 
     def on_force_ledger(self, req: ForceLedgerRequest, ledger: LedgerState | None) -> Status:

@@ -76,17 +76,25 @@ class ServingState:
     read_only: bool = False
     reason: str = ""
     storage_failed: bool = False
+    draining: bool = False  # read-only by an admin request, whatever the disks say
     changed: trio.Event = field(default_factory=trio.Event)
 
     def set(self, read_only: bool, reason: str, *, storage_failed: bool = False) -> bool:
-        """Change state; True if it changed (listeners wake on ``changed``)."""
+        """Change state; True if it changed (listeners wake on ``changed``). While
+        draining, the bookie stays read-only (a disk check finding room again must not
+        make a bookie being decommissioned take adds)."""
         storage_failed = storage_failed or self.storage_failed
+        if self.draining and not read_only:
+            read_only, reason = True, DRAINING
         if (read_only, storage_failed) == (self.read_only, self.storage_failed):
             return False
         self.read_only, self.reason, self.storage_failed = read_only, reason, storage_failed
         self.changed.set()
         self.changed = trio.Event()
         return True
+
+
+DRAINING = "read-only by an admin request (draining)"
 
 
 def admin_allowed(token: str, presented: str, loopback: bool) -> bool:

@@ -4,6 +4,7 @@
     GET  /status                 JSON: state, bookie id, journal, storage, services
     GET  /health                 200 "ok" when writable, 503 with the reason otherwise
     POST /admin/gc               start a GC pass (also /admin/compaction/minor|major)
+    POST /admin/readonly         refuse new adds until /admin/writable or a restart
 
 It binds to ``admin_address`` (127.0.0.1 by default). The GETs are open (metrics for
 Prometheus); a POST changes state and must carry the admin token when one is configured
@@ -30,7 +31,8 @@ __all__ = ["AdminHttp"]
 log = logging.getLogger(__name__)
 _MAX_HEAD = 16 * 1024
 _TRIGGERS = {"/admin/gc": AdminKind.GC, "/admin/compaction/minor": AdminKind.MINOR_COMPACTION,
-             "/admin/compaction/major": AdminKind.MAJOR_COMPACTION}
+             "/admin/compaction/major": AdminKind.MAJOR_COMPACTION,
+             "/admin/readonly": AdminKind.READ_ONLY, "/admin/writable": AdminKind.WRITABLE}
 _REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 

@@ -109,6 +109,7 @@ async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
     from ledgerd.appliance.http import AdminHttp
     from ledgerd.appliance.metrics import BookieMetrics
     from ledgerd.appliance.sdnotify import notify, wait_stop_signal, watchdog_service
+    from ledgerd.appliance.supervisor import leaves
 
     require_secret(config)  # a missing or bad secret is a one-line error before connecting
     store = await connect_metadata(config)
@@ -124,6 +125,7 @@ async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
                        secret=config.admin_secret)
     http = AdminHttp(metrics, ServingState(), hooks, host=config.admin_address,
                      port=config.admin_port, metrics_enabled=config.metrics_enabled)
+    stopping = False
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(http.run)
@@ -135,7 +137,16 @@ async def _autorecovery_main(config: BookieConfig, worker_id: str) -> int:
                                                         admin_port=http.bound_port))
             await wait_stop_signal()
             notify("STOPPING=1")
+            stopping = True
             nursery.cancel_scope.cancel()
+    except Exception as raised:
+        # Copies the stop cut short may fail as they are cancelled (appliance.supervisor):
+        # one line, exit 0, as a bookie's autorecovery service stops.
+        if not stopping:
+            raise
+        errors = leaves(raised)
+        log.warning("autorecovery_stopped_with_error", extra=fields(
+            worker=worker_id, error=repr(errors[0]), errors=len(errors)))
     finally:
         with trio.CancelScope(shield=True):
             await store.close()

@@ -8,6 +8,12 @@ start. Once running:
 - a critical service that raises calls ``on_critical(name, error)`` and is not restarted;
   the bookie decides (read-only, or stop).
 A service that returns normally is done and is not restarted.
+
+Stopping a service cancels it. A non-critical service may then raise errors besides the
+cancellation (the bookie's own shutdown closes the connections its replication worker
+copies through, so those copies fail while they are being cancelled): whatever is left
+once the cancellation is absorbed is what the stop cut short, logged as one line
+(``service_stopped_with_error``), never a traceback out of the bookie.
 """
 
 from __future__ import annotations
@@ -22,9 +28,16 @@ import trio
 from ledgerd.base.logs import fields
 from ledgerd.errors import single_exception
 
-__all__ = ["Service", "Supervisor"]
+__all__ = ["Service", "Supervisor", "leaves"]
 
 log = logging.getLogger(__name__)
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside nested exception groups, in order (``exc`` if none)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
 
 
 class Service(Protocol):
@@ -85,6 +98,15 @@ class Supervisor:
         try:
             with spec.scope:
                 await self._loop(spec, task_status)
+        except Exception as raised:
+            # Errors the stop itself caused (see the module docstring); Cancelled was
+            # absorbed by the scope. A critical service's, or any raised while no stop
+            # was asked, go on up.
+            if spec.critical or not spec.scope.cancel_called:
+                raise
+            errors = leaves(raised)
+            log.warning("service_stopped_with_error", extra=fields(
+                service=spec.name, error=repr(errors[0]), errors=len(errors)))
         finally:
             spec.finished.set()
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ledgerd.client import Client, open_client
     from ledgerd.config import ClientConfig, ConfigError
     from ledgerd.errors import (
+        AccessDeniedError,
         BadPasswordError,
         ClientClosedError,
         EntryUnavailableError,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 # Imported on first use (PEP 562), so that ``import ledgerd.base.logs`` from the bookie's own
 # modules does not pull in the whole client (and its imports of those same modules).
 _EXPORTS = {
+    "AccessDeniedError": "ledgerd.errors",
     "BadPasswordError": "ledgerd.errors",
     "BatchAlreadyAppendedError": "ledgerd.ledgerlog",
     "Client": "ledgerd.client",
@@ -92,7 +94,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BadPasswordError", "BatchAlreadyAppendedError", "Client", "ClientClosedError", "ClientConfig", "ConfigError", "Entry",
+    "AccessDeniedError", "BadPasswordError", "BatchAlreadyAppendedError", "Client", "ClientClosedError", "ClientConfig", "ConfigError", "Entry",
     "EntryUnavailableError", "LedgerClosedError", "LedgerFencedError", "LedgerHandleError",
     "LedgerRecoveryError", "LedgerdError", "LogFencedError", "LogPosition", "LogWriter",
     "MessageTooLargeError",

@@ -9,7 +9,7 @@ closed under it, a read found no replica that could serve it, and so on. Where s
 decision stands for a bookie status it is also that status's class, so one ``except``
 catches a family: ``wire.status.FencedError`` catches ``LedgerFencedError``,
 ``LogFencedError`` and ``FencedChangeError``; ``UnauthorizedError`` catches
-``BadPasswordError``.
+``BadPasswordError`` and ``AccessDeniedError``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from collections.abc import Sequence
 from ledgerd.base.errors import LedgerdError
 from ledgerd.machines.placement import NotEnoughBookiesError
 from ledgerd.machines.writer import FailureKind
+from ledgerd.metadata.ledger import password_check
 from ledgerd.wire import status as wire_status
 from ledgerd.wire.status import FencedError, UnauthorizedError
 
 __all__ = [
+    "AccessDeniedError",
     "BadPasswordError",
     "ClientClosedError",
     "EntryUnavailableError",
@@ -73,6 +75,41 @@ class BadPasswordError(UnauthorizedError):
     def __init__(self, ledger_id: int) -> None:
         super().__init__(f"ledger {ledger_id}: wrong password (UNAUTHORIZED)")
         self.ledger_id = ledger_id
+
+
+class AccessDeniedError(UnauthorizedError):
+    """A bookie answered UNAUTHORIZED although the key is not the problem: the password
+    matches the ledger's check hash, so the bookie refused this client's principal (it
+    lacks the role the request needs), or it refused the recovery credential (another
+    cluster secret, or none). ``reason`` says which the client could tell."""
+
+    def __init__(self, ledger_id: int, reason: str) -> None:
+        super().__init__(f"ledger {ledger_id}: {reason}")
+        self.ledger_id = ledger_id
+        self.reason = reason
+
+
+ROLE_REFUSED = ("the password is right (it matches the ledger's check hash), so the bookie "
+                "refused this client's principal: it lacks the role the request needs "
+                "(with authorization_enabled, plain adds need 'client'; fencing reads and "
+                "recovery adds 'client' or 'recovery'; the bookie's log names the principal)"
+                ", unless a client that skips the check bound another key there first")
+CREDENTIAL_REFUSED = ("the bookie refused the recovery credential or this principal's role "
+                      "(is the same cluster_secret_file configured on every bookie and "
+                      "autorecovery process, and does the principal have the 'recovery' "
+                      "role?)")
+
+
+def refused(ledger_id: int, reason: str, key: bytes, check: str) -> UnauthorizedError:
+    """What an UNAUTHORIZED answer means, from what the client knows of its key: a key
+    that matches the ledger's check hash ``check`` is right, so a role was refused; one
+    that does not is the recovery credential (clients check passwords before they ask
+    bookies anything); without a check hash (an old ledger) it may be the password."""
+    if not check:
+        return BadPasswordError(ledger_id)
+    if password_check(key) == check:
+        return AccessDeniedError(ledger_id, f"{reason}; {ROLE_REFUSED}")
+    return AccessDeniedError(ledger_id, f"{reason}; {CREDENTIAL_REFUSED}")
 
 
 class NoSuchLedgerError(wire_status.NoSuchLedgerError):

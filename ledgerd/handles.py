@@ -24,13 +24,13 @@ import trio
 from ledgerd.base.logs import fields
 from ledgerd.deadlines import DeadlineSleep
 from ledgerd.errors import (
-    BadPasswordError,
     LeadershipLostError,
     LedgerClosedError,
     LedgerFencedError,
     LedgerHandleError,
     NotEnoughBookiesError,
     ReadBeyondLacError,
+    refused,
 )
 from ledgerd.machines.changes import (
     ClosedChangeError,
@@ -57,6 +57,7 @@ from ledgerd.wire.entry import (
 from ledgerd.wire.errors import MessageTooLargeError
 from ledgerd.wire.frames import encode_request
 from ledgerd.wire.messages import NO_MASTER_KEY, AddFlags, AddRequest, WriteLacRequest
+from ledgerd.wire.status import UnauthorizedError
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
@@ -291,7 +292,7 @@ class WriteHandle(_HandleBase):
                                      encode_many=partial(encode_entries, self._digester,
                                                          ledger_id))
         self._waiters: dict[int, PendingAppend] = {}
-        self._error: LedgerHandleError | BadPasswordError | None = None
+        self._error: LedgerHandleError | UnauthorizedError | None = None
         self._closing = False
         self._closed = False
         self._progress = trio.Event()
@@ -514,7 +515,7 @@ class WriteHandle(_HandleBase):
             self._sleep.interrupt()
 
     def _failed(self, kind: FailureKind, reason: str, entry_ids: tuple[int, ...]) -> None:
-        error: LedgerHandleError | BadPasswordError
+        error: LedgerHandleError | UnauthorizedError
         if kind is FailureKind.FENCED:
             error = LedgerFencedError(self.ledger_id, reason)
         elif kind is FailureKind.TERM:
@@ -522,7 +523,7 @@ class WriteHandle(_HandleBase):
         elif kind is FailureKind.CLOSED:
             error = LedgerClosedError(self.ledger_id, reason)
         elif kind is FailureKind.UNAUTHORIZED:
-            error = BadPasswordError(self.ledger_id)
+            error = refused(self.ledger_id, reason, self._key, self.metadata.password_check)
         else:
             error = LedgerHandleError(self.ledger_id, reason)
         self._error = error

@@ -14,7 +14,10 @@ metadata CASes, the bookie pool, an AddPipeline for the rewrites, and a timer ta
    if another recoverer closed first, its end is adopted.
 
 Anything that stops recovery raises LedgerRecoveryError; the ledger stays IN_RECOVERY
-and a later recovery starts over (fencing is idempotent).
+and a later recovery starts over (fencing is idempotent). The one exception: bookies
+that refuse the recovery (its key or its principal's role) before its fence covers the
+ledger; then the recovery took nothing from the writer and puts the ledger back OPEN
+(``_reopen``), so a caller without the right cannot stop a live writer by trying.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from functools import partial
 
 import trio
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
 from ledgerd.bookie_client import BookieConnectionError
 from ledgerd.bookies import BookiePool
 from ledgerd.deadlines import DeadlineSleep
-from ledgerd.errors import BadPasswordError, LeadershipLostError, LedgerRecoveryError
+from ledgerd.errors import LeadershipLostError, LedgerRecoveryError, refused
 from ledgerd.machines.changes import (
     TermChangedError,
+    abandon_recovery,
     begin_recovery,
     begin_term,
     close_recovered,
@@ -42,12 +47,13 @@ from ledgerd.machines.placement import NotEnoughBookiesError
 from ledgerd.machines.recovery import Aborted, Finished
 from ledgerd.machines.recovery_run import RecoveryRun
 from ledgerd.machines.writer import FailureKind, LedgerWriter
-from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.errors import BadVersionError, NoNodeError
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
 from ledgerd.wire.entry import Digester
 from ledgerd.wire.messages import AddFlags, Message, ReadRequest, ReadResponse
-from ledgerd.wire.status import Status
+from ledgerd.wire.status import Status, UnauthorizedError
 
 __all__ = ["TakeOver", "recover_ledger", "take_over"]
 
@@ -187,8 +193,9 @@ async def _run(pool: BookiePool, ledger_id: int, md: LedgerMetadata, key: bytes,
                writable: Callable[[], Awaitable[set[str]]], rng: random.Random,
                read_window: int, term: int = 0) -> tuple[Finished, dict[int, tuple[str, ...]]]:
     """One recovery run to its end: the Finished outcome and its local ensembles.
-    Raises BadPasswordError, LeadershipLostError (a higher term, with ``term``) or
-    LedgerRecoveryError."""
+    Raises ``_Refused`` (a bookie answered UNAUTHORIZED before the fence covered the
+    ledger), UnauthorizedError (later), LeadershipLostError (a higher term, with
+    ``term``) or LedgerRecoveryError."""
     async with trio.open_nursery() as nursery:
         run = _Run(pool, nursery, ledger_id, md, key, digester, read_timeout=read_timeout,
                    add_timeout=add_timeout, writable=writable, rng=rng,
@@ -201,11 +208,46 @@ async def _run(pool: BookiePool, ledger_id: int, md: LedgerMetadata, key: bytes,
     if run.run.finished is None:
         aborted = run.run.aborted or Aborted(FailureKind.UNAVAILABLE, "stopped")
         if aborted.kind is FailureKind.UNAUTHORIZED:
-            raise BadPasswordError(ledger_id)
+            error = refused(ledger_id, aborted.reason, key, md.password_check)
+            if not run.run.machine.coverage.covered:
+                raise _Refused(error)
+            raise error
         if aborted.kind is FailureKind.TERM:
             raise LeadershipLostError(ledger_id, aborted.reason)
         raise LedgerRecoveryError(ledger_id, aborted.reason, kind=aborted.kind)
     return run.run.finished, dict(run.run.ensembles)
+
+
+class _Refused(LedgerdError):
+    """The bookies refused the recovery before its fence covered the ledger: its key or
+    its principal's role (``error`` says which). Nothing the old writer needs was taken
+    from it, so the ledger need not stay IN_RECOVERY."""
+
+    def __init__(self, error: UnauthorizedError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def _reopen(ledgers: LedgerManager, ledger_id: int, md: LedgerMetadata,
+                  version: int, reason: str) -> None:
+    """Put back OPEN a ledger this recovery moved to IN_RECOVERY and the bookies then
+    refused, with one compare-and-set at the version the recovery wrote: if anyone
+    wrote since (another recoverer's begin, a worker), it stays as they left it.
+
+    Why this is safe: while the version is ours no other recovery has begun (each
+    writes at its begin), so nobody relies on the metadata staying put; a bookie that
+    did accept a fence stays fenced, and the writer that adds there next is stopped
+    by it (FENCED) as by any recovery. Left IN_RECOVERY, the ledger would fail its live
+    writer's next ensemble change or close (LedgerFencedError) for a recovery that
+    never had the right to run."""
+    try:
+        await ledgers.write(ledger_id, abandon_recovery(md), version)
+    except (BadVersionError, NoNodeError):
+        log.info("recovery_refused_left_in_recovery", extra=fields(
+            ledger=ledger_id, reason=reason))
+        return
+    log.warning("recovery_refused_ledger_reopened", extra=fields(ledger=ledger_id,
+                                                                 reason=reason))
 
 
 async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, key: bytes,
@@ -215,18 +257,33 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
                          ) -> tuple[LedgerMetadata, int]:
     """Fence, find the end, rewrite, close; returns the CLOSED metadata and its version.
 
-    Raises BadPasswordError (a bookie refused the key) or LedgerRecoveryError (with the
-    FailureKind that stopped it). If cancelled, the ledger stays IN_RECOVERY and fenced,
-    with any prefix of the rewrites done; running recovery again finishes it.
+    Raises UnauthorizedError (a bookie refused the key or the caller's role:
+    BadPasswordError, or AccessDeniedError saying which) or LedgerRecoveryError (with
+    the FailureKind that stopped it). A recovery the bookies refused before its fence
+    covered the ledger puts the ledger back OPEN if this call moved it to IN_RECOVERY
+    and nobody wrote the metadata since (``_reopen``); any other failure, and
+    cancellation, leave it IN_RECOVERY and fenced, with any prefix of the rewrites
+    done; running recovery again finishes it.
     """
-    md, version = await ledgers.update(ledger_id, begin_recovery)
+    was: list[LedgerState] = []
+
+    def begin(cur: LedgerMetadata) -> LedgerMetadata:
+        was.append(cur.state)
+        return begin_recovery(cur)
+
+    md, version = await ledgers.update(ledger_id, begin)
     if md.is_closed:
         return md, version
     log.info("recovery_started", extra=fields(ledger=ledger_id,
                                               ensemble=",".join(md.last_ensemble[1])))
-    fin, ensembles = await _run(pool, ledger_id, md, key, digester,
-                                read_timeout=read_timeout, add_timeout=add_timeout,
-                                writable=writable, rng=rng, read_window=read_window)
+    try:
+        fin, ensembles = await _run(pool, ledger_id, md, key, digester,
+                                    read_timeout=read_timeout, add_timeout=add_timeout,
+                                    writable=writable, rng=rng, read_window=read_window)
+    except _Refused as refusal:
+        if was[-1] is LedgerState.OPEN and not md.unbounded:
+            await _reopen(ledgers, ledger_id, md, version, str(refusal.error))
+        raise refusal.error from None
     md, version = await ledgers.update(
         ledger_id, lambda cur: close_recovered(cur, ensembles, fin.last_entry_id, fin.length))
     log.info("recovery_finished", extra=fields(ledger=ledger_id, last_entry=md.last_entry_id,
@@ -256,7 +313,7 @@ async def take_over(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, ke
     TRUNCATE no-op), then CAS it OPEN at the next term.
 
     Raises LeadershipLostError if another writer raised the term meanwhile (at a
-    bookie or at either CAS), BadPasswordError, or LedgerRecoveryError. If cancelled,
+    bookie or at either CAS), UnauthorizedError, or LedgerRecoveryError. If cancelled,
     the ledger stays IN_RECOVERY at the raised term; the next takeover starts over.
     """
     try:
@@ -266,10 +323,13 @@ async def take_over(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, ke
     term = md.term
     log.info("term_started", extra=fields(ledger=ledger_id, term=term,
                                           ensemble=",".join(md.last_ensemble[1])))
-    fin, ensembles = await _run(pool, ledger_id, md, key, digester,
-                                read_timeout=read_timeout, add_timeout=add_timeout,
-                                writable=writable, rng=rng, read_window=read_window,
-                                term=term)
+    try:
+        fin, ensembles = await _run(pool, ledger_id, md, key, digester,
+                                    read_timeout=read_timeout, add_timeout=add_timeout,
+                                    writable=writable, rng=rng, read_window=read_window,
+                                    term=term)
+    except _Refused as refusal:
+        raise refusal.error from None
     try:
         md, version = await ledgers.update(
             ledger_id, lambda cur: open_term(cur, term, ensembles, fin.noops))

@@ -40,7 +40,7 @@ import trio
 
 from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
-from ledgerd.errors import BadPasswordError, LedgerRecoveryError, first_of
+from ledgerd.errors import LedgerRecoveryError, first_of
 from ledgerd.machines.changes import FragmentChangedError, replace_in_fragment
 from ledgerd.machines.checker import (
     CopyBatch,
@@ -66,7 +66,7 @@ from ledgerd.wire.messages import (
     ReadRangeResponse,
     ReadRequest,
 )
-from ledgerd.wire.status import Status
+from ledgerd.wire.status import Status, UnauthorizedError
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
@@ -213,7 +213,7 @@ async def rereplicate_ledger(
             result.outcome = Outcome.DELETED
             return result
         except (CopyFailedError, NotEnoughBookiesError, LedgerRecoveryError,
-                BadPasswordError, ChangeRejectedError) as exc:
+                UnauthorizedError, ChangeRejectedError) as exc:
             result.outcome = Outcome.FAILED
             result.unreadable = isinstance(exc, CopyFailedError) and exc.unreadable
             result.detail = str(exc)

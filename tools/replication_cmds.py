@@ -138,31 +138,79 @@ def recover_cmd(ctx: click.Context, bookies: str, target: str | None, ledger_id:
         sys.exit(3)
 
 
+def _grace_s(grace: float | None, conf: Path | None) -> float:
+    """The open-ledger grace period: --grace, else the --conf file's
+    ``open_ledger_rereplication_grace_period_ms``, else its default (30 s)."""
+    from ledgerd.appliance.config import BookieConfig
+    from ledgerd.base.settings import load_config
+
+    if grace is not None:
+        return grace
+    config = load_config(BookieConfig, path=conf) if conf is not None else BookieConfig()
+    return config.open_ledger_rereplication_grace_period_ms / 1000
+
+
+async def _drain(client: Any, bookie: str, admin_secret: str) -> None:
+    """Make a running ``bookie`` refuse new adds (an admin READ_ONLY request) and wait
+    until its registration says read-only: from then on its writers' adds answer
+    READ_ONLY and they replace it in their ensembles themselves, so nothing of theirs
+    needs fencing."""
+    from ledgerd.metadata.registry import BookieSet
+    from ledgerd.wire.messages import AdminKind, AdminTriggerRequest
+    from ledgerd.wire.status import Status
+
+    status, _, error = await client.pool.call(
+        bookie, AdminTriggerRequest(kind=int(AdminKind.READ_ONLY),
+                                    secret=admin_secret.encode()), 10.0)
+    if error is not None or status != Status.OK:
+        why = str(error) if error is not None else Status(status).name
+        hint = {Status.UNAUTHORIZED: " (pass --admin-secret, or run this on its host)",
+                Status.BAD_REQUEST: " (a bookie too old to drain: stop it, then "
+                                    "decommission it without --live)"}.get(status, "")
+        raise ShellError(f"{bookie} refused to turn read-only: {why}{hint}")
+
+    async def read_only(members: BookieSet) -> bool:
+        return bookie in members.read_only or bookie not in members.all
+
+    with trio.fail_after(60):
+        await client.registry.wait_for(read_only)
+
+
 @shell.command("decommissionbookie")
 @click.argument("bookie")
 @click.option("--live", is_flag=True,
-              help="Drain a bookie that is still registered (reading from it as a last "
-                   "resort); stop it afterwards.")
+              help="Drain a bookie that is still registered: it turns read-only first, "
+                   "so its writers move off it themselves; stop it afterwards.")
 @click.option("--timeout", type=float, default=3600.0, show_default=True,
               help="Give up after this many seconds.")
+@click.option("--grace", type=click.FloatRange(0, None), default=None,
+              help="Seconds an open ledger's writer gets to move off the bookie before "
+                   "its ledger is fenced and closed (default: --conf's "
+                   "open_ledger_rereplication_grace_period_ms, else 30).")
+@click.option("--admin-secret", envvar="LEDGERD_ADMIN_SECRET", default="",
+              help="With --live: the bookie's admin secret (needed from other hosts).")
 @_cred_options
 @click.pass_context
 def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float,
-                     conf: Path | None, secret_file: Path | None,
-                     password: str | None) -> None:
+                     grace: float | None, admin_secret: str, conf: Path | None,
+                     secret_file: Path | None, password: str | None) -> None:
     """Take BOOKIE out of the cluster for good: copy every fragment that lists it, wait
     until no ledger and no underreplication record references it, delete its cookie.
 
-    Refuses while BOOKIE is registered (stop it first) unless --live. With an auditor
-    running and autorecovery enabled, the workers do the copying (an audit is
-    triggered); otherwise this command copies itself (credentials needed)."""
+    Refuses while BOOKIE is registered (stop it first) unless --live, which first makes
+    it refuse new adds (read-only) so that writers change ensemble themselves. With an
+    auditor running and autorecovery enabled (and the bookie stopped), the workers do
+    the copying (an audit is triggered); otherwise this command copies itself
+    (credentials needed). Either way an open ledger's writer gets the grace period to
+    move off the bookie before its ledger is fenced, as the workers give it."""
     import ledgerd
     from ledgerd.metadata.cookies import CookieStore
     from ledgerd.metadata.errors import NoNodeError
     from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
-    from ledgerd.replication import ReplicationOptions, rereplicate_ledger
+    from ledgerd.replication import Outcome, ReplicationOptions, rereplicate_ledger
 
     (b,) = _bookie_list(bookie)
+    grace_s = _grace_s(grace, conf)
 
     async def run() -> tuple[int, str]:
         async with ledgerd.open_client(_zk(ctx), zk_ledgers_root_path=_root(ctx)) as client:
@@ -175,8 +223,13 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
             by_workers = auditor is not None and await urm.is_enabled() and not live
             creds = None if by_workers else _credentials(conf, secret_file, password)
             assert by_workers or creds is not None
+            if live and b in members.all:
+                await _drain(client, b, admin_secret)
             if by_workers:
                 await urm.set_lost_bookie_delay(await urm.get_lost_bookie_delay() or 0)
+            # Open ledgers whose last fragment lists the bookie, since when: each is
+            # fenced only once its writer had the grace period to move off.
+            waiting: dict[int, float] = {}
             with trio.fail_after(timeout), progress(f"draining {b}") as bar:
                 while True:
                     left = await client.ledgers.listing({b})
@@ -185,22 +238,32 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
                     if not left and not pending:
                         break
                     bar.advance(0, f"{len(left)} ledger(s) still list it, "
-                                   f"{len(pending)} queued")
+                                   f"{len(pending)} queued"
+                                   + (f", {len(waiting)} open: their writers have "
+                                      f"{grace_s:g}s to move" if waiting else ""))
                     if by_workers:
                         await trio.sleep(3)
                         continue
                     failures = []
                     assert creds is not None
                     for lid in left:
+                        now = trio.current_time()
                         result = await rereplicate_ledger(
                             client, lid, creds, ReplicationOptions(), bad_bookies={b},
-                            check=False, close_open=True)
-                        if result.outcome.value == "failed":
+                            check=False,
+                            close_open=now - waiting.get(lid, now) >= grace_s)
+                        if result.outcome is Outcome.DEFERRED:
+                            waiting.setdefault(lid, now)
+                        elif result.outcome is Outcome.FAILED:
                             failures.append(f"ledger {lid}: {result.detail}")
+                        else:
+                            waiting.pop(lid, None)
                     if failures:
                         raise ShellError(f"could not drain {b}: " + "; ".join(failures[:3]))
                     for lid in pending:
                         await urm.mark_replicated(lid)
+                    if waiting:
+                        await trio.sleep(min(1.0, max(grace_s, 0.05)))
             try:
                 await CookieStore(client.store, _root(ctx)).delete(b)
                 cookie = "cookie removed"
@@ -213,7 +276,8 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
     except trio.TooSlowError:
         raise ShellError(f"{b} still referenced after {timeout:g}s; is autorecovery "
                          "running? (`ledgerd shell listunderreplicated`)") from None
-    click.echo(f"decommissioned {b}: no ledger references it; {cookie}")
+    click.echo(f"decommissioned {b}: no ledger references it; {cookie}"
+               + ("; it refuses adds until restarted: stop it now" if live else ""))
 
 
 @shell.command("listunderreplicated")

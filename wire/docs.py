@@ -139,7 +139,8 @@ def render_protocol_doc() -> str:
         "  A term below the ledger's answers INVALID_TERM; a higher one is stored (journaled)",
         "  before the request proceeds.",
         "- GetBookieInfo `state`: 0 writable, 1 read-only.",
-        "- AdminTrigger `kind`: 0 GC, 1 minor compaction, 2 major compaction.",
+        "- AdminTrigger `kind`: 0 GC, 1 minor compaction, 2 major compaction, 3 read-only "
+        "(refuse new adds until 4 or a restart: draining before a decommission), 4 writable.",
         "",
     ]
     return "\n".join(out)

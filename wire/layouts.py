@@ -328,15 +328,17 @@ GET_BOOKIE_INFO_RESPONSE = Struct(
 )
 
 # ---------------------------------------------------------------------------------------
-# AdminTrigger (key 8): start garbage collection or compaction now.
-# Accepted only from loopback or with the configured admin secret.
+# AdminTrigger (key 8): start garbage collection or compaction now, or turn the bookie
+# read-only (refusing new plain adds, registered under available/readonly: draining it
+# before a decommission) or writable again. A bookie made read-only so stays so until
+# WRITABLE or a restart. Accepted only from loopback or with the configured admin secret.
 #
 #  request   0      1       3
 #            +------+-------+--------
 #            | kind | len   | secret
 #            | int8 | int16 | bytes
-#  kind: 0 GC, 1 minor compaction, 2 major compaction.
-#  response  | started int8 |
+#  kind: 0 GC, 1 minor compaction, 2 major compaction, 3 read-only, 4 writable.
+#  response  | started int8 |  (read-only / writable: 1 if the state changed)
 ADMIN_TRIGGER_REQUEST = Struct("kind" / Int8ub, "secret" / ShortBlob, Terminated)
 ADMIN_TRIGGER_RESPONSE = Struct("started" / Int8ub, Terminated)
 

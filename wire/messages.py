@@ -71,6 +71,8 @@ class AdminKind(enum.IntEnum):
     GC = 0
     MINOR_COMPACTION = 1
     MAJOR_COMPACTION = 2
+    READ_ONLY = 3   # refuse new plain adds until WRITABLE or a restart (draining)
+    WRITABLE = 4
 
 
 class Message:

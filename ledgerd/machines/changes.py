@@ -11,6 +11,8 @@ The rules (seed 000 "Closing a ledger as a writer", bookkeeper-facts §8):
 - writer close: OPEN -> CLOSED at the writer's LAC; IN_RECOVERY -> LedgerFenced;
   CLOSED at the same end -> done; CLOSED at another end -> LedgerClosed;
 - recovery begin: OPEN or IN_RECOVERY -> IN_RECOVERY; CLOSED -> nothing to recover;
+  a recovery the bookies refused before its fence covered the ledger puts OPEN back
+  (``abandon_recovery``), at the version its begin wrote only;
 - recovery close: the ensembles chosen during recovery land together with CLOSED; a
   ledger another recoverer closed first is adopted as it is.
 - terms (unbounded ledgers, seed 002): a writer that takes over raises the term by CAS
@@ -41,6 +43,7 @@ __all__ = [
     "FencedChangeError",
     "FragmentChangedError",
     "TermChangedError",
+    "abandon_recovery",
     "begin_recovery",
     "begin_term",
     "change_ensemble",
@@ -108,6 +111,17 @@ def begin_recovery(md: LedgerMetadata) -> LedgerMetadata:
     if md.state is LedgerState.CLOSED:
         return md
     return md.with_state(LedgerState.IN_RECOVERY)
+
+
+def abandon_recovery(md: LedgerMetadata) -> LedgerMetadata:
+    """IN_RECOVERY back to OPEN: the one move against the state table, for a recovery
+    the bookies refused before its fence covered the ledger. Its caller writes it only
+    at the version its own ``begin_recovery`` wrote (``ledgerd.recovery``), so no other
+    recovery can have begun meanwhile."""
+    if md.state is not LedgerState.IN_RECOVERY or md.unbounded:
+        raise ChangeRejectedError(f"ledger is {md.state.value}; only a bounded ledger in "
+                                  "recovery can be put back OPEN")
+    return replace(md, state=LedgerState.OPEN)
 
 
 def begin_term(md: LedgerMetadata) -> LedgerMetadata:

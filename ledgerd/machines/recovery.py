@@ -224,7 +224,7 @@ class LedgerRecovery:
             return []
         if status == Status.UNAUTHORIZED:
             return self._abort(FailureKind.UNAUTHORIZED,
-                               f"bookie {self.ensemble[index]} refused the master key")
+                               f"bookie {self.ensemble[index]} answered UNAUTHORIZED")
         if status == Status.INVALID_TERM:
             return self._abort(FailureKind.TERM, f"bookie {self.ensemble[index]} holds a "
                                                  "higher term: another writer took over")
@@ -288,7 +288,7 @@ class LedgerRecovery:
             r.negative_answer(index)
         elif status == Status.UNAUTHORIZED:
             return self._abort(FailureKind.UNAUTHORIZED,
-                               f"bookie {self.ensemble[index]} refused the master key")
+                               f"bookie {self.ensemble[index]} answered UNAUTHORIZED")
         elif status == Status.INVALID_TERM:
             return self._abort(FailureKind.TERM, f"bookie {self.ensemble[index]} holds a "
                                                  "higher term: another writer took over")

@@ -336,7 +336,7 @@ class LedgerWriter:
             return self._fail(FailureKind.FENCED, f"bookie {bookie} says the ledger is fenced")
         if status == Status.UNAUTHORIZED:
             return self._fail(FailureKind.UNAUTHORIZED,
-                              f"bookie {bookie} refused the master key (wrong password?)")
+                              f"bookie {bookie} answered UNAUTHORIZED")
         index = self._index_of(bookie, entry_id)
         if index is None:
             return []

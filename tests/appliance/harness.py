@@ -120,6 +120,8 @@ class BookieHarness:
         self.options = options
         self.nursery: trio.Nursery | None = None
         self.hub: ConnectionHub | None = None
+        # Connections served from now on check roles with this (plaintext transport).
+        self.security: ConnectionSecurity | None = None
 
     def _trigger(self, kind: AdminKind) -> bool:
         self.triggered.append(kind)
@@ -136,7 +138,7 @@ class BookieHarness:
         assert self.nursery is not None
         done = trio.Event()
 
-        security = None
+        security = self.security
         if TRANSPORT == "tls":
             pki = _Pki.get()
             security = ConnectionSecurity(ReloadingContext(

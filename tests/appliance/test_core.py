@@ -268,6 +268,28 @@ def test_recovery_credential_copies_without_binding_and_is_refused_for_plain_add
                              False) == Status.UNAUTHORIZED
 
 
+def test_recovery_credential_never_binds_through_a_plain_add() -> None:
+    """A plain add carrying the credential to a bookie that holds no key for the ledger
+    (never saw it, or holds it unbound after a copy) is refused, so nobody holding the
+    cluster secret can bind it and lock the writer out; the writer's key binds later."""
+    from ledgerd.wire.entry import recovery_key
+
+    cred = recovery_key(SECRET, 1)
+    for unbound in (None, Ledger(master_key=b"")):
+        assert recovering.on_add(add(key=cred), unbound, False, False) == Status.UNAUTHORIZED
+        assert recovering.on_add(add(key=cred, flags=int(AddFlags.HIGH_PRIORITY)), unbound,
+                                 False, False) == Status.UNAUTHORIZED
+        assert recovering.on_add(add(), unbound, False, False) == Accept(bind_key=KEY)
+    # Nor does it write an explicit LAC, bound or not (only recovery adds, fencing
+    # reads and ForceLedger take it).
+    lac = WriteLacRequest(ledger_id=1, lac=0, master_key=cred, lac_body=b"")
+    assert recovering.on_write_lac(lac, Ledger(master_key=b""), read_only=False) \
+        == Status.UNAUTHORIZED
+    assert recovering.on_write_lac(lac, Ledger(), read_only=False) == Status.UNAUTHORIZED
+    assert recovering.on_force_ledger(ForceLedgerRequest(ledger_id=1, master_key=cred),
+                                      Ledger()) == Status.OK
+
+
 def test_recovery_credential_fences_without_binding() -> None:
     from ledgerd.wire.entry import recovery_key
 

@@ -69,6 +69,36 @@ async def test_supervisor_critical_failure_calls_back_once(autojump_clock: Any) 
     assert calls == [("journal", "disk gone")]
 
 
+async def test_supervisor_stop_logs_errors_the_stop_caused_as_one_line(
+        autojump_clock: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A replication worker being stopped while the bookie's shutdown closes the
+    connection its copies write through: some copies fail as others are cancelled.
+    The stop absorbs the cancellation; the failures are one log line, not an exception
+    group out of the bookie's root nursery."""
+    async def copy_fails_when_cancelled() -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            raise Boom("did not store entries 151..151: connection closed") from None
+
+    async def worker(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as copies:
+            for _ in range(3):
+                copies.start_soon(copy_fails_when_cancelled)
+            copies.start_soon(trio.sleep_forever)
+            task_status.started()
+
+    caplog.set_level(logging.INFO, "ledgerd.appliance.supervisor")
+    async with trio.open_nursery() as nursery:
+        sup = Supervisor(nursery, on_critical=lambda *_: pytest.fail("not critical"))
+        await sup.start("autorecovery", worker)
+        await trio.sleep(1)
+        await sup.stop("autorecovery")
+    stopped = [r for r in caplog.records if r.getMessage() == "service_stopped_with_error"]
+    assert len(stopped) == 1
+    assert getattr(stopped[0], _FIELDS_ATTR)["errors"] == 3
+
+
 async def test_supervisor_start_failure_raises_to_the_caller() -> None:
     async def broken(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         raise Boom("bad config")
@@ -285,3 +315,13 @@ def test_the_watchdog_logs_a_stall_once_and_the_next_one_again() -> None:
         assert not gone.look()
     finally:
         watched.removeHandler(mine)
+
+
+def test_a_draining_bookie_stays_read_only_whatever_the_disks_say() -> None:
+    state = ServingState()
+    state.draining = True
+    assert state.set(True, "read-only by an admin request (draining)")
+    assert not state.set(False, "")  # the disk checker found room: still draining
+    assert state.read_only and "draining" in state.reason
+    state.draining = False
+    assert state.set(False, "") and not state.read_only
