@@ -177,7 +177,8 @@ async def test_killed_writer_and_lost_bookie_unbounded_ledger_is_healed_within_t
         assert got == {i: acked[i] for i in got} and len(got) == min(lac, 299) + 1
 
 
-@pytest.mark.parametrize("resume_s", [-0.3, 0.3], ids=["before_grace_ends", "during_the_copy"])
+@pytest.mark.parametrize("resume_s", [-0.3, 0.3, 3.0],
+                         ids=["before_grace_ends", "during_the_copy", "after_the_split"])
 async def test_a_live_leader_keeps_writing_while_its_ledger_is_healed(
         bookie_factory: Factory, zk_chroot: str, tmp_path: Path, resume_s: float) -> None:
     settings = _settings(tmp_path)
@@ -204,7 +205,8 @@ async def test_a_live_leader_keeps_writing_while_its_ledger_is_healed(
         # The leader is silent about the grace period, then writes: just before it ends
         # (the leader moves its fragment, the worker copies it as a final one), or while
         # the worker copies the open fragment to split it off (the two race on the
-        # metadata; both must land or the split be redone).
+        # metadata; both must land or the split be redone), or after the split landed
+        # (the leader's next ensemble change goes on from the fragment left to it).
         await trio.sleep(GRACE_S + resume_s)
         end = trio.current_time() + 8
         while trio.current_time() < end:
