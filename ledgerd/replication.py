@@ -329,6 +329,12 @@ async def rereplicate_ledger(
             elif last_fragment_at_risk(md, available):
                 if not close_open:
                     result.outcome = Outcome.DEFERRED
+                elif not creds.checker(md).keyed:
+                    # Recovery verifies what it reads: without the password only the
+                    # finished fragments are copied; the ledger stays FAILED.
+                    result.outcome = Outcome.FAILED
+                    result.detail = "an open HMAC ledger is closed only with its password " \
+                                    "(`ledgerd shell recover BOOKIE --ledger L --password ...`)"
                 elif dry_run:
                     result.plan.append({"action": "fence and close (recovery)"})
                 else:
