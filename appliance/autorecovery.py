@@ -32,7 +32,10 @@ from the queue with a lock (a shuffled walk, so workers spread), and running
   re-mark meanwhile keeps it queued;
 - an open ledger whose last fragment lacks a bookie: the lock is kept for
   ``open_ledger_rereplication_grace_period_ms`` (its writer, if alive, replaces the
-  bookie itself); then the worker fences and closes it and copies the rest;
+  bookie itself; a change of the ledger's metadata ends the wait early for a pass over
+  the finished fragments); then the worker fences and closes it and copies the rest,
+  or, for an unbounded ledger, heals its open fragment up to the LAC without touching
+  its writer (``ledgerd.replication``);
 - a failure: the lock is kept for a time that doubles per failure of that ledger, up to
   ``lock_release_of_failed_ledger_grace_period_ms``, so a ledger nobody can copy (no
   surviving replica: counted as unrecoverable) is not hammered.
@@ -354,6 +357,9 @@ class Auditor:
         try:
             async with self.client.ledgers.watch(lid) as changes:
                 async for _ in changes:
+                    wait = self._meta_bucket.take(trio.current_time())
+                    if wait:
+                        await trio.sleep(wait)
                     try:
                         md, _ = await self.client.ledgers.read(lid)
                     except NoNodeError:
@@ -560,9 +566,12 @@ class ReplicationWorker:
         metadata (the writer moved its last fragment, which is then final) ends the
         wait early for a pass that copies final fragments only."""
         with trio.move_on_at(ends):
-            async with self.client.ledgers.watch(lid) as changes:
-                await changes.__anext__()  # the first notification is immediate
-                await changes.__anext__()
+            try:
+                async with self.client.ledgers.watch(lid) as changes:
+                    await changes.__anext__()  # the first notification is immediate
+                    await changes.__anext__()
+            except (NoNodeError, StopAsyncIteration):
+                pass  # deleted meanwhile: the pass below finds it gone
         await self._process(lid, version, held, close_open=trio.current_time() >= ends)
 
     async def _release_later(self, lid: int, wait: float) -> None:

@@ -420,3 +420,22 @@ async def test_hmac_ledgers_are_copied_without_the_password_never_with_bad_bytes
         md = await client.ledger_metadata(lh.ledger_id)
         target = next(b for b in md.ensembles[0][1] if b not in ensemble)
         assert cluster[target].storage.read_entry(lh.ledger_id, 5) == good
+
+
+async def test_an_open_hmac_ledger_is_not_closed_without_its_password(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
+        for i in range(10):
+            await lh.append(b"x%d" % i)
+        await lose(cluster, lh.metadata.ensembles[0][1][0])
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.FAILED
+        assert "closed only with its password" in result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.state is LedgerState.OPEN  # not left IN_RECOVERY
+        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
+                                          OPTS, close_open=True)
+        assert result.outcome is Outcome.REPLICATED and result.closed_by_recovery
