@@ -249,9 +249,10 @@ class ReplicationOptions:
     read_timeout: float = 10.0
     add_timeout: float = 10.0
     # An unbounded ledger's open fragment with entries above its LAC: how long they must
-    # stay as they are before its writer counts as dead (a live writer's add either
-    # completes, and its explicit LAC follows, or fails and it changes ensemble).
-    writer_settle_s: float = 2.0
+    # stay as they are before its writer counts as dead. A live writer's add completes
+    # (its explicit LAC follows) or fails within its add timeout (add_entry_timeout_ms,
+    # 5 s by default), and it then changes ensemble: the default waits that and 1 s.
+    writer_settle_s: float = 6.0
 
 
 class Outcome(enum.Enum):
