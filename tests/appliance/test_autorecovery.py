@@ -19,9 +19,14 @@ import trio
 import trio.testing
 
 import ledgerd
-from ledgerd.appliance.autorecovery import AutoRecoveryStats, run_autorecovery
+from ledgerd.appliance.autorecovery import (
+    AutoRecoveryStats,
+    final_fragments_missing,
+    run_autorecovery,
+)
 from ledgerd.appliance.config import BookieConfig
 from ledgerd.client import Client
+from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.metadata.memory import InMemoryStore
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
@@ -375,3 +380,13 @@ async def test_unbounded_ledger_of_an_idle_writer_heals_after_the_grace_period_a
 
 async def _unreferenced(client: Client, bookie: str) -> bool:
     return await references(client, bookie) == []
+
+
+def test_final_fragments_missing_names_lost_bookies_of_finished_fragments_only() -> None:
+    a, b, c, d = (f"b{i}:1" for i in range(4))
+    md = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                        ensembles=((0, (a, b, c)),), unbounded=True, term=1)
+    assert final_fragments_missing(md, {a, c, d}) == set()  # still the writer's
+    moved = md.with_ensemble(20, (a, c, d))  # the writer ended it on the lost bookie
+    assert final_fragments_missing(moved, {a, c, d}) == {b}
+    assert final_fragments_missing(moved, {a, b, c, d}) == set()
