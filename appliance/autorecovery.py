@@ -18,7 +18,11 @@ elected it
   entry each available bookie of each final fragment should hold, throttled to
   ``auditor_check_reads_per_s``; a bookie that does not answer OK is marked missing.
   The same pass counts fragments whose write sets break rack placement (reported in
-  metrics and the log; ``recover --ledger`` re-places on request).
+  metrics and the log; ``recover --ledger`` re-places on request);
+- follows each ledger it marks that is still open with a lost bookie in its last
+  fragment (an unbounded ledger's live writer, or one the workers wait for): a watch on
+  its metadata marks it again the moment a writer's ensemble change makes that
+  fragment final, so it is copied now, not at the next periodic check.
 
 **Workers.** ``replication_workers`` loops per process, each taking one ledger at a time
 from the queue with a lock (a shuffled walk, so workers spread), and running
@@ -28,7 +32,10 @@ from the queue with a lock (a shuffled walk, so workers spread), and running
   re-mark meanwhile keeps it queued;
 - an open ledger whose last fragment lacks a bookie: the lock is kept for
   ``open_ledger_rereplication_grace_period_ms`` (its writer, if alive, replaces the
-  bookie itself); then the worker fences and closes it and copies the rest;
+  bookie itself; a change of the ledger's metadata ends the wait early for a pass over
+  the finished fragments); then the worker fences and closes it and copies the rest,
+  or, for an unbounded ledger, heals its open fragment up to the LAC without touching
+  its writer (``ledgerd.replication``);
 - a failure: the lock is kept for a time that doubles per failure of that ledger, up to
   ``lock_release_of_failed_ledger_grace_period_ms``, so a ledger nobody can copy (no
   surviving replica: counted as unrecoverable) is not hammered.
@@ -43,7 +50,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -208,6 +215,8 @@ class Auditor:
         root = client.config.zk_ledgers_root_path
         self.urm = UnderreplicationManager(self.store, root)
         self.election = AuditorElection(self.store, root)
+        self._following: set[int] = set()
+        self._nursery: trio.Nursery | None = None
         self._meta_bucket = TokenBucket(opts.metadata_reads_per_s, now=trio.current_time())
         self._read_bucket = TokenBucket(opts.check_reads_per_s, now=trio.current_time())
 
@@ -230,6 +239,7 @@ class Auditor:
         self.schedule = AuditSchedule(members.all, float(delay))
         self._wake = trio.Event()
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._watch_bookies)
             nursery.start_soon(self._watch_delay)
             nursery.start_soon(self._periodic_bookie_check)
@@ -334,6 +344,38 @@ class Auditor:
         self.stats.kick()
         log.warning("auditor_marked_underreplicated", extra=fields(
             lost=",".join(sorted(lost)), ledgers=len(per_ledger)))
+        if self._nursery is not None:
+            for lid in per_ledger:
+                if lid not in self._following:
+                    self._following.add(lid)
+                    self._nursery.start_soon(self._follow_open, lid)
+
+    async def _follow_open(self, lid: int) -> None:
+        """Until the ledger's last fragment lists no lost bookie (or it is closed or
+        deleted): on every change of its metadata, mark it if a final fragment lists a
+        bookie that is not registered."""
+        try:
+            async with self.client.ledgers.watch(lid) as changes:
+                async for _ in changes:
+                    wait = self._meta_bucket.take(trio.current_time())
+                    if wait:
+                        await trio.sleep(wait)
+                    try:
+                        md, _ = await self.client.ledgers.read(lid)
+                    except NoNodeError:
+                        return
+                    registered = (await self.client.registry.list_bookies()).all
+                    missing = final_fragments_missing(md, registered)
+                    if missing:
+                        await self.urm.mark_underreplicated(lid, sorted(missing))
+                        self.stats.ledgers_marked += 1
+                        self.stats.kick()
+                        log.info("auditor_marked_final_fragment", extra=fields(
+                            ledger=lid, missing=",".join(sorted(missing))))
+                    if md.is_closed or all(b in registered for b in md.last_ensemble[1]):
+                        return
+        finally:
+            self._following.discard(lid)
 
     async def _periodic_bookie_check(self) -> None:
         interval = self.opts.periodic_bookie_check_s
@@ -397,6 +439,12 @@ class Auditor:
         return {starts[first][index] for first, index in failed}
 
 
+def final_fragments_missing(md: LedgerMetadata, registered: Collection[str]) -> set[str]:
+    """The bookies that final fragments of ``md`` list and that are not registered."""
+    return {b for frag in fragments(md) if frag.final
+            for b in frag.ensemble if b not in registered}
+
+
 # -- the workers ------------------------------------------------------------------------
 
 class ReplicationWorker:
@@ -410,6 +458,7 @@ class ReplicationWorker:
         self.rng = rng or random.Random()
         self.urm = UnderreplicationManager(self.store, client.config.zk_ledgers_root_path)
         self.failures: dict[int, int] = {}
+        self.grace_ends: dict[int, float] = {}  # open ledgers waiting for their writer
         self.locked: set[int] = set()  # ledgers whose lock this worker holds
         self._unlocked = trio.Event()
         self.busy = 0  # ledgers being worked on (for tests and status)
@@ -483,6 +532,8 @@ class ReplicationWorker:
         self.stats.fragments_copied += result.fragments
         if result.closed_by_recovery:
             self.stats.open_ledgers_closed += 1
+        if result.outcome is not Outcome.DEFERRED or close_open:
+            self.grace_ends.pop(lid, None)
         if result.outcome in (Outcome.REPLICATED, Outcome.DELETED):
             self.failures.pop(lid, None)
             done = await self.urm.mark_replicated(lid, version)
@@ -493,9 +544,11 @@ class ReplicationWorker:
                 ledger=lid, outcome=result.outcome.value, fragments=result.fragments,
                 entries=result.entries, bytes=result.bytes, record_deleted=done))
         elif result.outcome is Outcome.DEFERRED:
+            ends = self.grace_ends.setdefault(
+                lid, trio.current_time() + self.opts.open_ledger_grace_s)
             log.info("open_ledger_deferred", extra=fields(
-                ledger=lid, grace_s=self.opts.open_ledger_grace_s))
-            held.start_soon(self._after_grace, lid, version, held)
+                ledger=lid, grace_s=self.opts.open_ledger_grace_s, reason=result.detail))
+            held.start_soon(self._after_grace, lid, version, held, ends)
         else:
             n = self.failures[lid] = self.failures.get(lid, 0) + 1
             self.stats.failures += 1
@@ -507,9 +560,19 @@ class ReplicationWorker:
                 unrecoverable=result.unreadable))
             held.start_soon(self._release_later, lid, wait)
 
-    async def _after_grace(self, lid: int, version: int, held: trio.Nursery) -> None:
-        await trio.sleep(self.opts.open_ledger_grace_s)
-        await self._process(lid, version, held, close_open=True)
+    async def _after_grace(self, lid: int, version: int, held: trio.Nursery,
+                           ends: float) -> None:
+        """Wait out the grace period of an open ledger's writer; a change of its
+        metadata (the writer moved its last fragment, which is then final) ends the
+        wait early for a pass that copies final fragments only."""
+        with trio.move_on_at(ends):
+            try:
+                async with self.client.ledgers.watch(lid) as changes:
+                    await changes.__anext__()  # the first notification is immediate
+                    await changes.__anext__()
+            except (NoNodeError, StopAsyncIteration):
+                pass  # deleted meanwhile: the pass below finds it gone
+        await self._process(lid, version, held, close_open=trio.current_time() >= ends)
 
     async def _release_later(self, lid: int, wait: float) -> None:
         await trio.sleep(wait)

@@ -13,7 +13,17 @@ Per ledger (``rereplicate_ledger``):
 2. An open ledger whose last ensemble holds a bad bookie is first closed by recovery
    (fence + close) when the caller allows it (``close_open``: the worker does after its
    grace period; ``recover`` at once unless ``--skip-open``); otherwise only its final
-   fragments are copied and the outcome says DEFERRED.
+   fragments are copied and the outcome says DEFERRED. An *unbounded* ledger is never
+   closed; with ``close_open`` its open fragment is healed where it stands
+   (``_heal_open``): the entries up to the highest LAC its surviving bookies hold are
+   copied to a replacement and split off as a final fragment under a CAS that holds
+   only while the term, the OPEN state and the writer's ensemble are as read
+   (``changes.split_open_fragment``); a live writer goes on untouched. Entries above
+   that LAC are in doubt (a writer that died with adds in flight: acknowledged or not,
+   only recovery can tell); if they are still there, unchanged, after
+   ``writer_settle_s``, the writer is taken to be dead and the ledger is taken over
+   with a new term (``recovery.take_over``: term reads, rewrites at Qw, the TRUNCATE
+   no-op), after which every fragment that lacks the bookie is final and is copied.
 3. For each bad fragment: replacements by placement (never a bookie already in that
    fragment; rack-aware), or the caller's target. Each bad bookie's entries are read
    from surviving replicas in batches (one ReadRange each, digests verified, ids
@@ -23,15 +33,30 @@ Per ledger (``rereplicate_ledger``):
    fragment's ensemble only, re-checking that the fragment is as it was read
    (``replace_in_fragment``); if it changed, the ledger is looked at again.
 
+5. Reported REPLICATED only when, on the metadata read after the copies, no entry is
+   below Qw (``checker.entries_below_qw``: final fragments, and the open one up to the
+   LAC found); anything else is DEFERRED and looked at again.
+
 Credentials (``Credentials``): the worker writes with the recovery credential derived
 from the cluster secret (``wire.entry.recovery_key``), which bookies accept for recovery
 writes and fencing only. An operator may pass the ledger's password instead.
+
+HMAC ledgers without the password (``_Unkeyed``): their digests cannot be checked, so
+each copied entry is checked for everything that needs no key (its ids, a LAC below its
+id, its digest's size, the cumulative length growing by exactly its payload from the
+entry before), and whenever a second surviving replica holds the same entries, the two
+must agree byte for byte; a disagreement fails the copy (never a guess). A source bookie
+checks its own stored CRC32C of every entry it serves, so a rotten copy on disk is an
+error, not bytes. Only recovery needs the key (it writes the TRUNCATE no-op, and
+verifies what it reads): an HMAC ledger that needs a close or a takeover still needs
+``recover --password``.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import struct
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -40,13 +65,18 @@ import trio
 
 from ledgerd.base.errors import LedgerdError
 from ledgerd.base.logs import fields
-from ledgerd.errors import LedgerRecoveryError, first_of
-from ledgerd.machines.changes import FragmentChangedError, replace_in_fragment
+from ledgerd.errors import LeadershipLostError, LedgerRecoveryError, first_of
+from ledgerd.machines.changes import (
+    FragmentChangedError,
+    replace_in_fragment,
+    split_open_fragment,
+)
 from ledgerd.machines.checker import (
     CopyBatch,
     Fragment,
     bad_fragments,
     copy_batches,
+    entries_below_qw,
     fragments,
     last_fragment_at_risk,
     probes,
@@ -55,13 +85,23 @@ from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.metadata.errors import ChangeRejectedError, NoNodeError
 from ledgerd.metadata.ledger import LedgerMetadata
-from ledgerd.recovery import recover_ledger
-from ledgerd.wire.entry import Digester, DigestType, decode_entry, master_key, recovery_key
-from ledgerd.wire.errors import WireError
+from ledgerd.recovery import recover_ledger, take_over
+from ledgerd.wire.entry import (
+    ENTRY_HEADER_SIZE,
+    Digester,
+    DigestType,
+    decode_entry,
+    decode_lac_body,
+    master_key,
+    recovery_key,
+)
+from ledgerd.wire.errors import EntryFormatError, WireError
 from ledgerd.wire.messages import (
     AddFlags,
     AddRequest,
     ForceLedgerRequest,
+    ReadLacRequest,
+    ReadLacResponse,
     ReadRangeRequest,
     ReadRangeResponse,
     ReadRequest,
@@ -78,6 +118,8 @@ log = logging.getLogger(__name__)
 
 _RECOVERY_FLAGS = AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY
 _FRAME_SLACK = 4096  # room in a frame for everything but entry bytes
+_HEADER = struct.Struct(">qqqq")
+_LAC = struct.Struct(">qq")
 
 
 class CopyFailedError(LedgerdError):
@@ -116,6 +158,87 @@ class Credentials:
                 "`ledgerd shell recover BOOKIE --ledger L --password ...`")
         return Digester(kind, self.password or b"")
 
+    def checker(self, md: LedgerMetadata) -> EntryCheck:
+        """How copied entries are checked: their digest, or (an HMAC ledger without its
+        password) everything that needs no key."""
+        kind = DigestType(md.digest_type)
+        if kind is DigestType.HMAC and self.password is None:
+            return _Unkeyed(kind.size)
+        return _Keyed(Digester(kind, self.password or b""))
+
+
+class EntryCheck:
+    """Checks one entry's bytes as a copy reads them."""
+
+    keyed = True
+
+    def entry(self, data: bytes, ledger_id: int, entry_id: int,
+              previous_length: int | None = None) -> tuple[int, int]:
+        """``(lac, length)`` of a sound entry; raises WireError otherwise."""
+        raise NotImplementedError
+
+    def lac_body(self, data: bytes, ledger_id: int) -> int:
+        raise NotImplementedError
+
+
+class _Keyed(EntryCheck):
+    def __init__(self, digester: Digester) -> None:
+        self.digester = digester
+
+    def entry(self, data: bytes, ledger_id: int, entry_id: int,
+              previous_length: int | None = None) -> tuple[int, int]:
+        e = decode_entry(self.digester, data, ledger_id=ledger_id, entry_id=entry_id)
+        return e.lac, e.length
+
+    def lac_body(self, data: bytes, ledger_id: int) -> int:
+        return decode_lac_body(self.digester, data, ledger_id=ledger_id)
+
+
+class _Unkeyed(EntryCheck):
+    """An HMAC ledger's entries without the key: all but the digest's value."""
+
+    keyed = False
+
+    def __init__(self, digest_size: int) -> None:
+        self.digest_size = digest_size
+
+    def entry(self, data: bytes, ledger_id: int, entry_id: int,
+              previous_length: int | None = None) -> tuple[int, int]:
+        return unkeyed_entry(data, self.digest_size, ledger_id, entry_id, previous_length)
+
+    def lac_body(self, data: bytes, ledger_id: int) -> int:
+        if len(data) != _LAC.size + self.digest_size:
+            raise EntryFormatError(f"explicit LAC body of {len(data)} bytes, expected "
+                                   f"{_LAC.size + self.digest_size}")
+        lid, lac = _LAC.unpack_from(data, 0)
+        if lid != ledger_id:
+            raise EntryFormatError(f"explicit LAC carries ledger {lid}, expected {ledger_id}")
+        return int(lac)
+
+
+def unkeyed_entry(data: bytes, digest_size: int, ledger_id: int, entry_id: int,
+                  previous_length: int | None = None) -> tuple[int, int]:
+    """Check what an entry's bytes say about themselves without the digest key; returns
+    ``(lac, length)``. Raises EntryFormatError: too short for header and digest, other
+    ids, a LAC not below the entry, or a cumulative length that does not grow by the
+    payload's size from ``previous_length`` (the entry before's, when known)."""
+    minimum = ENTRY_HEADER_SIZE + digest_size
+    if len(data) < minimum:
+        raise EntryFormatError(f"entry of {len(data)} bytes is shorter than header + "
+                               f"digest ({minimum})")
+    lid, eid, lac, length = _HEADER.unpack_from(data, 0)
+    payload = len(data) - minimum
+    if lid != ledger_id or eid != entry_id:
+        raise EntryFormatError(f"entry carries ledger {lid} entry {eid}, expected ledger "
+                               f"{ledger_id} entry {entry_id}")
+    if not -1 <= lac < eid:
+        raise EntryFormatError(f"entry {eid} carries LAC {lac}")
+    if length < payload or (previous_length is not None
+                            and length - previous_length != payload):
+        raise EntryFormatError(f"entry {eid}: length {length} does not follow "
+                               f"{previous_length} by its {payload}-byte payload")
+    return int(lac), int(length)
+
 
 @dataclass(frozen=True)
 class ReplicationOptions:
@@ -125,6 +248,11 @@ class ReplicationOptions:
     probe_concurrency: int = 16
     read_timeout: float = 10.0
     add_timeout: float = 10.0
+    # An unbounded ledger's open fragment with entries above its LAC: how long they must
+    # stay as they are before its writer counts as dead. A live writer's add completes
+    # (its explicit LAC follows) or fails within its add timeout (add_entry_timeout_ms,
+    # 5 s by default), and it then changes ensemble: the default waits that and 1 s.
+    writer_settle_s: float = 6.0
 
 
 class Outcome(enum.Enum):
@@ -167,6 +295,8 @@ async def rereplicate_ledger(
     opts = options or ReplicationOptions()
     result = LedgerResult(ledger_id)
     for _attempt in range(5):
+        result.outcome = Outcome.REPLICATED
+        result.detail = ""
         try:
             md, _ = await client.ledgers.read(ledger_id)
         except NoNodeError:
@@ -179,28 +309,41 @@ async def rereplicate_ledger(
             result.outcome = Outcome.SKIPPED
             result.detail = "open ledger skipped"
             return result
-        if last_fragment_at_risk(md, available) and md.unbounded:
-            # An unbounded ledger is never closed: its writer's ensemble change (or the
-            # next leader's takeover) moves its last fragment; the rest is copied here.
-            result.detail = "unbounded ledger: its last fragment is its writer's to move"
-        elif last_fragment_at_risk(md, available):
-            if not close_open:
-                result.outcome = Outcome.DEFERRED
-            elif dry_run:
-                result.plan.append({"action": "fence and close (recovery)"})
-                result.outcome = Outcome.REPLICATED
-            else:
-                try:
-                    md = await _close(client, ledger_id, md, creds, opts)
-                except NoNodeError:
-                    result.outcome = Outcome.DELETED
-                    return result
-                result.closed_by_recovery = True
+        known_lac = -1  # the open fragment's entries known acknowledged
         failed: set[tuple[int, int]] = set()
-        if check:
-            failed = await probe_failures(client, ledger_id, md, available, opts)
-        bad = bad_fragments(md, available, failed)
         try:
+            if last_fragment_at_risk(md, available) and md.unbounded:
+                # Never closed: its writer's next add moves the last fragment; after
+                # the grace period the acknowledged part is healed where it stands.
+                if not close_open:
+                    result.outcome = Outcome.DEFERRED
+                    result.detail = "unbounded ledger: its writer may still move its last " \
+                                    "fragment"
+                elif dry_run:
+                    result.plan.append({"action": "heal the open fragment up to its LAC"})
+                else:
+                    healed = await _heal_open(client, ledger_id, md, available, creds, opts,
+                                              target, result, progress)
+                    if healed is None:
+                        continue  # taken over with a new term: its fragments are final now
+                    known_lac = healed
+            elif last_fragment_at_risk(md, available):
+                if not close_open:
+                    result.outcome = Outcome.DEFERRED
+                elif not creds.checker(md).keyed:
+                    # Recovery verifies what it reads: without the password only the
+                    # finished fragments are copied; the ledger stays FAILED.
+                    result.outcome = Outcome.FAILED
+                    result.detail = "an open HMAC ledger is closed only with its password " \
+                                    "(`ledgerd shell recover BOOKIE --ledger L --password ...`)"
+                elif dry_run:
+                    result.plan.append({"action": "fence and close (recovery)"})
+                else:
+                    md = await _close(client, ledger_id, md, creds, opts)
+                    result.closed_by_recovery = True
+            if check:
+                failed = await probe_failures(client, ledger_id, md, available, opts)
+            bad = bad_fragments(md, available, failed)
             for frag in fragments(md):
                 if frag.first in bad:
                     await _repair_fragment(client, ledger_id, md, frag, bad[frag.first],
@@ -209,6 +352,10 @@ async def rereplicate_ledger(
             log.info("rereplication_fragment_changed", extra=fields(
                 ledger=ledger_id, reason=str(exc)))
             continue  # look at the ledger again
+        except LeadershipLostError as exc:
+            log.info("rereplication_term_changed", extra=fields(
+                ledger=ledger_id, reason=str(exc)))
+            continue  # a writer took the ledger over meanwhile: look again
         except NoNodeError:
             result.outcome = Outcome.DELETED
             return result
@@ -218,10 +365,116 @@ async def rereplicate_ledger(
             result.unreadable = isinstance(exc, CopyFailedError) and exc.unreadable
             result.detail = str(exc)
             return result
+        if result.outcome is Outcome.REPLICATED and not dry_run:
+            await _confirm_whole(client, ledger_id, bad_bookies, known_lac, result)
         return result
     result.outcome = Outcome.FAILED
     result.detail = "the ledger's metadata kept changing under the copy"
     return result
+
+
+async def _confirm_whole(client: Client, ledger_id: int, bad_bookies: Collection[str],
+                         known_lac: int, result: LedgerResult) -> None:
+    """REPLICATED stays only if the metadata as it is now has no entry below Qw (a
+    writer may have ended a fragment on the lost bookie meanwhile); else DEFERRED."""
+    try:
+        md, _ = await client.ledgers.read(ledger_id)
+    except NoNodeError:
+        result.outcome = Outcome.DELETED
+        return
+    members = await client.registry.list_bookies()
+    below = entries_below_qw(md, set(members.all) - set(bad_bookies), known_lac)
+    if below:
+        count = sum(b - a + 1 for a, b in below)
+        result.outcome = Outcome.DEFERRED
+        result.detail = f"{count} entries still below Qw (first {below[0][0]}); looked " \
+                        "at again"
+
+
+async def _heal_open(client: Client, ledger_id: int, md: LedgerMetadata,
+                     available: Collection[str], creds: Credentials,
+                     opts: ReplicationOptions, target: str | None, result: LedgerResult,
+                     progress: Progress | None) -> int | None:
+    """Heal an unbounded ledger's open fragment (see the module docstring): returns the
+    LAC it is healed up to, or None once the ledger was taken over with a new term (look
+    again). Raises FragmentChangedError when its writer moved meanwhile."""
+    first, ensemble = md.last_ensemble
+    bad = {i for i, b in enumerate(ensemble) if b not in available}
+    check = creds.checker(md)
+    lac, top = await _open_lac(client, ledger_id, ensemble, bad, check, opts)
+    if top > lac:
+        # Entries above every LAC a bookie holds: a writer with adds in flight, or one
+        # that died with them. Give a live one the time to finish or move.
+        await trio.sleep(opts.writer_settle_s)
+        now, _ = await client.ledgers.read(ledger_id)
+        if now.ensembles != md.ensembles or now.term != md.term or now.state != md.state:
+            raise FragmentChangedError("the writer moved its last fragment")
+        again = await _open_lac(client, ledger_id, ensemble, bad, check, opts)
+        if again == (lac, top):
+            if not check.keyed:
+                # Without the password no no-op can be written: the in-doubt entries
+                # wait for the next leader's takeover; the acknowledged part is healed.
+                result.outcome = Outcome.DEFERRED
+                result.detail = (f"entries {lac + 1}..{top} of the open fragment are above "
+                                 "its LAC and its writer is silent; an HMAC ledger is taken "
+                                 "over only with its password")
+            else:
+                log.warning("rereplication_taking_over", extra=fields(
+                    ledger=ledger_id, term=md.term, lac=lac, highest=top))
+                await take_over(client.ledgers, client.pool, ledger_id,
+                                creds.key(ledger_id), creds.digester(ledger_id, md),
+                                read_timeout=opts.read_timeout, add_timeout=opts.add_timeout,
+                                writable=client.writable_bookies, rng=client.rng)
+                result.closed_by_recovery = True
+                return None
+        lac = again[0]
+    if lac >= first:
+        frag = Fragment(first, lac, ensemble, True)
+        outcome = result.outcome
+        await _repair_fragment(
+            client, ledger_id, md, frag, bad, creds, opts, target, False, result, progress,
+            cas=lambda moves: lambda cur: split_open_fragment(cur, first, lac, moves, md.term))
+        result.outcome = outcome
+        log.info("open_fragment_healed", extra=fields(ledger=ledger_id, first=first, lac=lac))
+    return lac
+
+
+async def _open_lac(client: Client, ledger_id: int, ensemble: tuple[str, ...],
+                    bad: Collection[int], check: EntryCheck,
+                    opts: ReplicationOptions) -> tuple[int, int]:
+    """``(lac, highest entry)`` over the surviving bookies of the open fragment: the
+    highest LAC any of them holds (explicit, or carried by its last entry) and its
+    highest entry. Raises CopyFailedError unless every one of them answers."""
+    lac = top = -1
+    errors: list[str] = []
+
+    async def one(bookie: str) -> None:
+        nonlocal lac, top
+        status, resp, error = await client.pool.call(
+            bookie, ReadLacRequest(ledger_id=ledger_id), opts.read_timeout)
+        if status in (Status.NO_SUCH_LEDGER, Status.NO_SUCH_ENTRY) and error is None:
+            return
+        if status != Status.OK or not isinstance(resp, ReadLacResponse):
+            errors.append(f"{bookie}: {error or _status_name(status)}")
+            return
+        try:
+            if resp.explicit_lac:
+                lac = max(lac, check.lac_body(resp.explicit_lac, ledger_id))
+            if resp.last_entry:
+                eid = _HEADER.unpack_from(resp.last_entry, 0)[1]
+                entry_lac, _ = check.entry(resp.last_entry, ledger_id, eid)
+                lac, top = max(lac, entry_lac), max(top, eid)
+        except (WireError, struct.error) as exc:
+            errors.append(f"{bookie}: {exc}")
+
+    async with trio.open_nursery() as nursery:
+        for i, bookie in enumerate(ensemble):
+            if i not in bad:
+                nursery.start_soon(one, bookie)
+    if errors:
+        raise CopyFailedError(ledger_id, "the open fragment's LAC could not be read from "
+                              f"every surviving bookie ({'; '.join(errors)})")
+    return lac, max(top, lac)
 
 
 async def _close(client: Client, ledger_id: int, md: LedgerMetadata, creds: Credentials,
@@ -265,7 +518,10 @@ async def probe_failures(client: Client, ledger_id: int, md: LedgerMetadata,
 async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
                            frag: Fragment, bad: set[int], creds: Credentials,
                            opts: ReplicationOptions, target: str | None, dry_run: bool,
-                           result: LedgerResult, progress: Progress | None) -> None:
+                           result: LedgerResult, progress: Progress | None,
+                           cas: Callable[[dict[int, tuple[str, str]]],
+                                         Callable[[LedgerMetadata], LedgerMetadata]]
+                           | None = None) -> None:
     # Fresh from ZooKeeper (a long-running worker must not trust a watch it may have
     # lost with a session), with the rack labels.
     members = await client.registry.list_bookies(with_racks=True)
@@ -288,7 +544,7 @@ async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
         result.plan.append({"fragment": [frag.first, frag.last],
                             "replace": {old: nb for old, nb in moves.values()}})
         return
-    digester = creds.digester(ledger_id, md)
+    check = creds.checker(md)
     key = creds.key(ledger_id)
     await _check_credential(client, ledger_id, frag, bad, key, opts)
     try:
@@ -296,12 +552,13 @@ async def _repair_fragment(client: Client, ledger_id: int, md: LedgerMetadata,
             for index, (_old, nb) in moves.items():
                 batches = copy_batches(frag, index, md.ensemble_size, md.write_quorum, bad,
                                        opts.batch_entries)
-                nursery.start_soon(_copy, client, ledger_id, batches, nb, key, digester,
+                nursery.start_soon(_copy, client, ledger_id, batches, nb, key, check,
                                    opts, result, progress, md.term)
     except BaseExceptionGroup as group:  # each copy task stops at its first failure
         raise (first_of(group, CopyFailedError) or group) from None
-    await client.ledgers.update(
-        ledger_id, lambda cur: replace_in_fragment(cur, frag.first, frag.last, moves))
+    change = cas(moves) if cas is not None else (
+        lambda cur: replace_in_fragment(cur, frag.first, frag.last, moves))
+    await client.ledgers.update(ledger_id, change)
     result.fragments += 1
     log.info("fragment_rereplicated", extra=fields(
         ledger=ledger_id, first=frag.first, last=frag.last,
@@ -327,7 +584,7 @@ async def _check_credential(client: Client, ledger_id: int, frag: Fragment, bad:
 
 
 async def _copy(client: Client, ledger_id: int, batches: list[CopyBatch], target: str,
-                key: bytes, digester: Digester, opts: ReplicationOptions,
+                key: bytes, check: EntryCheck, opts: ReplicationOptions,
                 result: LedgerResult, progress: Progress | None, term: int = 0) -> None:
     """Copy ``batches`` to ``target``: at most ``opts.outstanding`` in flight (writes
     carry the ledger's ``term``)."""
@@ -338,7 +595,7 @@ async def _copy(client: Client, ledger_id: int, batches: list[CopyBatch], target
 
     async def one(batch: CopyBatch) -> None:
         try:
-            entries = await _read_batch(client, ledger_id, batch, digester, opts, max_frame)
+            entries = await _read_batch(client, ledger_id, batch, check, opts, max_frame)
             size = sum(len(e) for e in entries)
             if bucket is not None:
                 wait = bucket.take(trio.current_time(), size)
@@ -359,14 +616,16 @@ async def _copy(client: Client, ledger_id: int, batches: list[CopyBatch], target
             nursery.start_soon(one, batch)
 
 
-async def _read_batch(client: Client, ledger_id: int, batch: CopyBatch, digester: Digester,
+async def _read_batch(client: Client, ledger_id: int, batch: CopyBatch, check: EntryCheck,
                       opts: ReplicationOptions, max_frame: int) -> list[bytes]:
-    """Entries ``batch.first..batch.last``, each verified, from the first source that has
-    them (a source may answer part of the range; the rest is asked again)."""
+    """Entries ``batch.first..batch.last``, each checked, from the first source that has
+    them (a source may answer part of the range; the rest is asked again). Unkeyed
+    (HMAC without the password): a second source that holds them must agree."""
     out: list[bytes] = []
     reasons: list[str] = []
     sources = client.pool.order_replicas(batch.sources)
     si = 0
+    used: list[str] = []
     while batch.first + len(out) <= batch.last:
         if si >= len(sources):
             e = batch.first + len(out)
@@ -375,25 +634,53 @@ async def _read_batch(client: Client, ledger_id: int, batch: CopyBatch, digester
                                   unreadable=True)
         source = sources[si]
         e = batch.first + len(out)
-        status, resp, error = await client.pool.call(source, ReadRangeRequest(
-            ledger_id=ledger_id, first_entry_id=e, max_count=batch.last - e + 1,
-            max_bytes=max_frame - _FRAME_SLACK), opts.read_timeout)
-        if status != Status.OK or not isinstance(resp, ReadRangeResponse) or not resp.entries:
-            reasons.append(f"{source}: {error or _status_name(status)}")
-            if error is not None:
-                client.pool.note_failure(source)
+        got, reason = await _read_from(client, ledger_id, source, e, batch.last, check, opts,
+                                       max_frame)
+        out.extend(got)
+        if got:
+            used.append(source)
+        if reason is not None or not got:
+            reasons.append(reason or f"{source}: no entries")
             si += 1
-            continue
-        try:
-            for i, data in enumerate(resp.entries[: batch.last - e + 1]):
-                decode_entry(digester, data, ledger_id=ledger_id, entry_id=e + i)
-                out.append(data)
-        except WireError as exc:
-            reasons.append(f"{source}: {exc}")
-            log.warning("rereplication_bad_replica", extra=fields(
-                ledger=ledger_id, bookie=source, error=str(exc)))
-            si += 1
+    if not check.keyed:
+        for other in sources:
+            if other in used:
+                continue
+            theirs, _ = await _read_from(client, ledger_id, other, batch.first, batch.last,
+                                         check, opts, max_frame)
+            for i, data in enumerate(theirs):
+                if bytes(data) != bytes(out[i]):
+                    raise CopyFailedError(ledger_id, f"entry {batch.first + i}: replicas "
+                                          f"{used[0]} and {other} hold different bytes, and "
+                                          "without the password neither can be verified")
+            if theirs:
+                break
     return out
+
+
+async def _read_from(client: Client, ledger_id: int, source: str, first: int, last: int,
+                     check: EntryCheck, opts: ReplicationOptions, max_frame: int,
+                     ) -> tuple[list[bytes], str | None]:
+    """The checked entries ``first..`` that ``source`` answers with (one ReadRange; maybe
+    fewer than asked), and why it failed (None if it did not)."""
+    status, resp, error = await client.pool.call(source, ReadRangeRequest(
+        ledger_id=ledger_id, first_entry_id=first, max_count=last - first + 1,
+        max_bytes=max_frame - _FRAME_SLACK), opts.read_timeout)
+    if status != Status.OK or not isinstance(resp, ReadRangeResponse) or not resp.entries:
+        if error is not None:
+            client.pool.note_failure(source)
+        return [], f"{source}: {error or _status_name(status)}"
+    out: list[bytes] = []
+    previous: int | None = None
+    try:
+        for i, data in enumerate(resp.entries[: last - first + 1]):
+            _, previous = check.entry(data, ledger_id, first + i, previous)
+            out.append(data)
+    except WireError as exc:
+        log.warning("rereplication_bad_replica", extra=fields(
+            ledger=ledger_id, bookie=source, error=str(exc)))
+        return out, f"{source}: {exc}"
+    return out, None  # maybe fewer than asked (max_bytes): the rest is asked again
 
 
 async def _write(client: Client, ledger_id: int, first: int, entries: list[bytes],

@@ -24,7 +24,13 @@ The rules (seed 000 "Closing a ledger as a writer", bookkeeper-facts §8):
 - re-replication (``replace_in_fragment``): only the copied fragment's ensemble changes,
   and only while that fragment still covers the entries copied (same first and last
   entry, still final) and each replaced bookie still sits where it was read; a bookie
-  already replaced by the same copy is a no-op (the CAS landed before a retry).
+  already replaced by the same copy is a no-op (the CAS landed before a retry);
+- healing an unbounded ledger's open fragment (``split_open_fragment``): its entries up
+  to a LAC the bookies hold become a final fragment on the replacement bookies, and the
+  writer's ensemble goes on from LAC + 1, unchanged. Only while the term, the OPEN
+  state and that ensemble are as read: a live writer's own ensemble change starts at
+  its LAC + 1, never below a LAC a bookie holds, so it lands after the split and the
+  split never lands under it.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ __all__ = [
     "failure_kind",
     "open_term",
     "replace_in_fragment",
+    "split_open_fragment",
 ]
 
 
@@ -203,6 +210,49 @@ def replace_in_fragment(md: LedgerMetadata, first: int, last: int,
         return md
     ensembles = list(md.ensembles)
     ensembles[pos] = (first, tuple(ensemble))
+    return replace(md, ensembles=tuple(ensembles))
+
+
+def split_open_fragment(md: LedgerMetadata, first: int, last: int,
+                        replacements: Mapping[int, tuple[str, str]],
+                        term: int) -> LedgerMetadata:
+    """Heal an unbounded ledger's open fragment up to ``last`` (a LAC some bookie holds:
+    every entry up to it is acknowledged and its writer never sends it again): entries
+    ``first..last`` become a final fragment with ``{index: (old, new)}`` replaced, and
+    the writer's ensemble, unchanged, holds the entries from ``last + 1`` on.
+
+    Rejected (FragmentChangedError, TermChangedError) unless the fragment starting at
+    ``first`` is still the last one, OPEN, at ``term``, with the ``old`` bookies where
+    they were read. A split that landed already (a retry) returns ``md`` unchanged."""
+    starts = [f for f, _ in md.ensembles]
+    if first not in starts:
+        raise FragmentChangedError(f"no fragment starts at entry {first} any more")
+    pos = starts.index(first)
+    ensemble = md.ensembles[pos][1]
+    healed = tuple(replacements[i][1] if i in replacements else b
+                   for i, b in enumerate(ensemble))
+    if pos + 1 < len(starts):
+        if starts[pos + 1] == last + 1 and all(ensemble[i] == new
+                                               for i, (_, new) in replacements.items()):
+            return md  # our split landed before a retry
+        raise FragmentChangedError(f"fragment at entry {first} is final now (its writer "
+                                   "moved on): copy it as a final fragment")
+    if not md.unbounded:
+        raise ChangeRejectedError("only an unbounded ledger's open fragment is split")
+    _check_term(md, term)
+    if md.state is not LedgerState.OPEN:
+        raise FragmentChangedError(f"ledger is {md.state.name}, not OPEN")
+    for index, (old, new) in replacements.items():
+        if ensemble[index] != old:
+            raise FragmentChangedError(f"fragment at entry {first} holds {ensemble[index]} "
+                                       f"at index {index}, not {old}")
+        if new in ensemble:
+            raise FragmentChangedError(f"{new} is already in the fragment at entry {first}")
+    if last < first:
+        return md  # nothing acknowledged in it yet: nothing to re-point
+    ensembles = list(md.ensembles)
+    ensembles[pos] = (first, healed)
+    ensembles.append((last + 1, ensemble))
     return replace(md, ensembles=tuple(ensembles))
 
 

@@ -13,6 +13,11 @@ decide it (``../shared/reference/recovery-terms-kafka-tls.md`` A3, A5):
 - Copying bookie ``i``'s entries to a replacement reads each entry from another member
   of its write set (``copy_batches`` cuts the entries into runs that one source holds
   whole, so each run is one ReadRange and one multi-entry RECOVERY_ADD).
+- An unbounded ledger is never closed, so its open fragment is healed where it stands:
+  its entries up to a LAC the bookies hold are copied and split off as a final fragment
+  (``changes.split_open_fragment``). ``entries_below_qw`` counts what is still short of
+  Qw copies (final fragments, and the open one up to a known LAC): a ledger is reported
+  whole only when it is 0.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from dataclasses import dataclass
 from ledgerd.machines.quorum import write_set
 from ledgerd.metadata.ledger import LedgerMetadata
 
-__all__ = ["CopyBatch", "Fragment", "Probe", "bad_fragments", "copy_batches", "fragments",
-           "last_fragment_at_risk", "probes", "stored_runs"]
+__all__ = ["CopyBatch", "Fragment", "Probe", "bad_fragments", "copy_batches",
+           "entries_below_qw", "fragments", "last_fragment_at_risk", "probes", "stored_runs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,28 @@ def last_fragment_at_risk(md: LedgerMetadata, available: Collection[str]) -> boo
     """An open ledger whose last ensemble holds a bookie that is gone (its writer, if
     alive, should change ensemble; if not, recovery must close the ledger)."""
     return not md.is_closed and any(b not in available for b in md.last_ensemble[1])
+
+
+def entries_below_qw(md: LedgerMetadata, available: Collection[str], lac: int = -1,
+                     failed_probes: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """The runs ``(first, last)`` of entries some member of their write set lacks (a
+    bookie not ``available``, or a failed probe), merged: every final fragment, and an
+    open ledger's last fragment up to ``lac`` (the entries known acknowledged). Empty
+    means every entry is at Qw."""
+    failed = set(failed_probes)
+    runs: list[tuple[int, int]] = []
+    for frag in fragments(md, lac):
+        for i, bookie in enumerate(frag.ensemble):
+            if bookie not in available or (frag.first, i) in failed:
+                runs.extend(stored_runs(frag.first, frag.last, md.ensemble_size,
+                                        md.write_quorum, i))
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(runs):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 def probes(md: LedgerMetadata, available: Collection[str]) -> list[Probe]:

@@ -19,9 +19,14 @@ import trio
 import trio.testing
 
 import ledgerd
-from ledgerd.appliance.autorecovery import AutoRecoveryStats, run_autorecovery
+from ledgerd.appliance.autorecovery import (
+    AutoRecoveryStats,
+    final_fragments_missing,
+    run_autorecovery,
+)
 from ledgerd.appliance.config import BookieConfig
 from ledgerd.client import Client
+from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.metadata.memory import InMemoryStore
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.underreplication import AuditorElection, UnderreplicationManager
@@ -328,3 +333,60 @@ async def test_a_stopped_worker_releases_the_locks_it_kept(
         for lid in ids:
             assert await urm.lock_holder(lid) is None  # same session, lock released
             assert await urm.get(lid) is not None      # the task itself stays queued
+
+
+async def test_unbounded_ledger_of_an_idle_writer_heals_after_the_grace_period_and_its_next_fragment_at_once(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as writer_client, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await writer_client.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        payloads = {i: b"unbounded %d" % i for i in range(40)}
+        for i in range(20):
+            await lh.append(payloads[i])
+        urm = UnderreplicationManager(cluster.store, ROOT)
+        async with autorecovery(cluster, config(tmp_path)) as (stats, _):
+            await until(lambda: _true(stats.is_auditor))
+            # Index 1 is not in entry 20's write set ([2, 0]) but is in entry 21's: the
+            # writer's next adds end a fragment [20..20] that lists the lost bookie.
+            victim = lh.metadata.ensembles[0][1][1]
+            start = trio.current_time()
+            await lose(cluster, victim)  # the writer is idle: it does not notice
+            await until(lambda: _true(stats.ledgers_marked > 0), step=0.1)
+            await until(lambda: _empty(urm), step=0.1)
+            healed_in = trio.current_time() - start
+            assert 5 <= healed_in < 8  # the grace period, then the copy
+            md = await client.ledger_metadata(lh.ledger_id)
+            assert [f for f, _ in md.ensembles] == [0, 20] and md.term == lh.metadata.term
+            assert whole(cluster, lh.ledger_id, md, payloads) == []  # 0..19 at Qw
+            assert stats.open_ledgers_closed == 0
+            # The live writer goes on; the fragment it ends on the lost bookie is marked
+            # by the auditor's watch and copied at once, not at a periodic check (off).
+            for i in range(20, 40):
+                assert await lh.append(payloads[i]) == i
+            moved = trio.current_time()
+            await until(lambda: _unreferenced(client, victim), step=0.1)
+            await until(lambda: _empty(urm), step=0.1)
+            assert trio.current_time() - moved < 3
+            md = await client.ledger_metadata(lh.ledger_id)
+            assert whole(cluster, lh.ledger_id, md, payloads) == []
+        rh = await client.open_ledger(lh.ledger_id, b"pw", recovery=False)
+        await trio.sleep(1)
+        assert await rh.read_lac() == 39
+        assert [e.payload async for e in rh.read(0, 39)] == [payloads[i] for i in range(40)]
+
+
+async def _unreferenced(client: Client, bookie: str) -> bool:
+    return await references(client, bookie) == []
+
+
+def test_final_fragments_missing_names_lost_bookies_of_finished_fragments_only() -> None:
+    a, b, c, d = (f"b{i}:1" for i in range(4))
+    md = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                        ensembles=((0, (a, b, c)),), unbounded=True, term=1)
+    assert final_fragments_missing(md, {a, c, d}) == set()  # still the writer's
+    moved = md.with_ensemble(20, (a, c, d))  # the writer ended it on the lost bookie
+    assert final_fragments_missing(moved, {a, c, d}) == {b}
+    assert final_fragments_missing(moved, {a, b, c, d}) == set()

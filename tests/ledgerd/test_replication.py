@@ -6,6 +6,7 @@ each fragment holds exactly the entries of its write set, byte for byte.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,15 @@ import trio.testing
 
 import ledgerd
 from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError
-from ledgerd.machines.checker import fragments, stored_runs
-from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.errors import LeadershipLostError
+from ledgerd.machines.changes import (
+    FragmentChangedError,
+    TermChangedError,
+    change_ensemble,
+    split_open_fragment,
+)
+from ledgerd.machines.checker import entries_below_qw, fragments, stored_runs
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.replication import (
     Credentials,
@@ -23,7 +31,10 @@ from ledgerd.replication import (
     Outcome,
     ReplicationOptions,
     rereplicate_ledger,
+    unkeyed_entry,
 )
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
+from ledgerd.wire.errors import EntryFormatError
 from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
 
 SECRET = b"cluster-secret-for-tests-0123456789"
@@ -239,3 +250,192 @@ async def test_copy_to_a_given_target_beside_a_live_writers_ensemble_change(
         assert all(lost not in ens for _, ens in md.ensembles[1:])  # the writer replaced it
         assert md.last_entry_id == 59
         assert whole(cluster, lh.ledger_id, md, payloads) == []
+
+
+# -- unbounded ledgers' open fragments ----------------------------------------------------
+
+A, B, C, D = (f"b{i}:1" for i in range(4))
+
+
+def unbounded_md(ensembles: tuple[tuple[int, tuple[str, ...]], ...], term: int = 3,
+                 state: LedgerState = LedgerState.OPEN) -> LedgerMetadata:
+    return LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2, ensembles=ensembles,
+                          unbounded=True, term=term, state=state)
+
+
+def test_split_open_fragment_heals_up_to_the_lac_and_keeps_the_writers_ensemble() -> None:
+    m = unbounded_md(((0, (A, B, C)), (10, (A, B, C))))
+    out = split_open_fragment(m, 10, 29, {1: (B, D)}, term=3)
+    assert out.ensembles == ((0, (A, B, C)), (10, (A, D, C)), (30, (A, B, C)))
+    assert split_open_fragment(out, 10, 29, {1: (B, D)}, term=3) is out  # a retry
+    # The writer's own ensemble change, from its LAC + 1 (never below a bookie's LAC),
+    # lands on top of the split: its last ensemble is as it left it.
+    moved = change_ensemble(out, (A, B, C), 35, (A, C, D), term=3)
+    assert moved.ensembles[-2:] == ((30, (A, B, C)), (35, (A, C, D)))
+    # Nothing acknowledged in the fragment yet: nothing to re-point.
+    assert split_open_fragment(m, 10, 9, {1: (B, D)}, term=3) is m
+
+
+def test_split_open_fragment_refuses_a_moved_writer_a_new_term_or_a_takeover() -> None:
+    m = unbounded_md(((0, (A, B, C)),))
+    with pytest.raises(FragmentChangedError):  # the writer ended that fragment itself
+        split_open_fragment(m.with_ensemble(20, (A, C, D)), 0, 9, {1: (B, D)}, term=3)
+    with pytest.raises(TermChangedError):  # another leader took over
+        split_open_fragment(replace(m, term=4), 0, 9, {1: (B, D)}, term=3)
+    with pytest.raises(FragmentChangedError):  # a takeover is recovering it
+        split_open_fragment(replace(m, state=LedgerState.IN_RECOVERY), 0, 9, {1: (B, D)},
+                            term=3)
+    with pytest.raises(FragmentChangedError):  # someone replaced that bookie already
+        split_open_fragment(m, 0, 9, {1: (C, D)}, term=3)
+
+
+def test_entries_below_qw_counts_final_fragments_and_the_open_one_up_to_the_lac() -> None:
+    m = unbounded_md(((0, (A, B, C)), (10, (A, B, C))))
+    # E3/Qw2: index 1 (B) holds the entries whose write set starts at index 0 or 1.
+    assert entries_below_qw(m, {A, C, D}, lac=-1) == stored_runs(0, 9, 3, 2, 1)
+    assert entries_below_qw(m, {A, C, D}, lac=15) == stored_runs(0, 15, 3, 2, 1)
+    assert entries_below_qw(m, {A, B, C}, lac=15) == []
+    healed = split_open_fragment(m, 10, 15, {1: (B, D)}, term=3)
+    assert entries_below_qw(healed, {A, C, D}, lac=15) == stored_runs(0, 9, 3, 2, 1)
+
+
+def test_unkeyed_checks_catch_what_needs_no_key() -> None:
+    d = Digester(DigestType.HMAC, b"pw")
+    e0 = encode_entry(d, 7, 0, -1, 5, b"hello")
+    e1 = encode_entry(d, 7, 1, 0, 9, b"four")
+    assert unkeyed_entry(e0, 20, 7, 0) == (-1, 5)
+    assert unkeyed_entry(e1, 20, 7, 1, previous_length=5) == (0, 9)
+    with pytest.raises(EntryFormatError):
+        unkeyed_entry(e1, 20, 7, 2)  # another entry
+    with pytest.raises(EntryFormatError):
+        unkeyed_entry(e1 + b"x", 20, 7, 1, previous_length=5)  # a payload grown in place
+    with pytest.raises(EntryFormatError):
+        unkeyed_entry(e1[:40], 20, 7, 1)  # shorter than header + digest
+    with pytest.raises(EntryFormatError):
+        unkeyed_entry(encode_entry(d, 7, 1, 1, 9, b"four"), 20, 7, 1)  # LAC not below it
+
+
+async def test_unbounded_idle_writers_open_fragment_is_healed_and_the_writer_goes_on(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        payloads = {i: b"u%d" % i for i in range(60)}
+        for i in range(30):
+            await lh.append(payloads[i])
+        await trio.sleep(1)  # idle: the explicit LAC tells the bookies entry 29 is in
+        ensemble = lh.metadata.ensembles[0][1]
+        lost = ensemble[1]
+        await lose(cluster, lost)
+        # Before the grace period: not healed, and not reported so.
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.DEFERRED and result.fragments == 0
+        # After it: entries 0..29 are split off onto a replacement; the writer's
+        # ensemble goes on from 30, its term untouched.
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.fragments == 1 and not result.closed_by_recovery
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert [f for f, _ in md.ensembles] == [0, 30] and md.term == lh.metadata.term
+        assert lost not in md.ensembles[0][1] and md.ensembles[1][1] == ensemble
+        assert whole(cluster, lh.ledger_id, replace(md, ensembles=md.ensembles[:1]).closed(
+            29, 0), payloads) == []
+        for i in range(30, 60):  # the live writer: moves its own fragment, loses nothing
+            assert await lh.append(payloads[i]) == i
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert all(lost not in ens for _, ens in md.ensembles[1:][-1:])
+        await trio.sleep(1)
+        rh = await client.open_ledger(lh.ledger_id, b"pw", recovery=False)
+        assert await rh.read_lac() == 59
+        assert [e.payload async for e in rh.read(0, 59)] == [payloads[i] for i in range(60)]
+
+
+async def test_unbounded_dead_writers_tail_above_the_lac_is_taken_over_at_qw(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    # No explicit LAC: the last acknowledged entry is above every LAC a bookie holds,
+    # as with a writer killed with adds in flight.
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings(explicit_lac_interval_ms=0)) as client:
+        lh = await client.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        payloads = {i: b"d%d" % i for i in range(30)}
+        for i in range(30):
+            await lh.append(payloads[i])
+        term = lh.metadata.term
+        lost = lh.metadata.ensembles[0][1][2]
+        await lose(cluster, lost)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.closed_by_recovery
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.term == term + 2 and md.state is LedgerState.OPEN
+        assert all(lost not in ens for _, ens in md.ensembles)
+        noops = set(md.noops)
+        expected = {i: p for i, p in payloads.items()} | {n: b"" for n in noops}
+        assert whole(cluster, lh.ledger_id, md.closed(max(noops), 0), expected) == []
+        with pytest.raises(LeadershipLostError):
+            await lh.append(b"late")  # the silent writer was deposed
+
+
+async def test_hmac_ledgers_are_copied_without_the_password_never_with_bad_bytes(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
+        payloads = {i: b"h%d " % i + bytes(i) for i in range(40)}
+        for i in range(40):
+            await lh.append(payloads[i])
+        await lh.close()
+        await lose(cluster, lh.metadata.ensembles[0][1][0])
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert whole(cluster, lh.ledger_id, md, payloads) == []
+        rh = await client.open_ledger(lh.ledger_id, b"pw")
+        assert [x.payload async for x in rh.read()] == [payloads[i] for i in range(40)]
+
+        # Qw = 3: two survivors hold each entry. One holds a flipped payload byte that
+        # only the digest could catch: without the password the replicas disagree and
+        # nothing is copied; with it, the good replica is copied.
+        lh = await client.create_ledger(3, 3, 2, digest="hmac", password=b"pw")
+        for i in range(10):
+            await lh.append(payloads[i])
+        await lh.close()
+        ensemble = lh.metadata.ensembles[0][1]
+        storage = cluster[ensemble[1]].storage
+        good = storage.read_entry(lh.ledger_id, 5)
+        bad = good[:-1] + bytes([good[-1] ^ 1])
+        await storage.add_entries(lh.ledger_id, 5, [bad])
+        await lose(cluster, ensemble[0])
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.FAILED
+        assert "hold different bytes" in result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.ensembles[0][1] == ensemble  # nothing re-pointed
+        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
+                                          OPTS)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        target = next(b for b in md.ensembles[0][1] if b not in ensemble)
+        assert cluster[target].storage.read_entry(lh.ledger_id, 5) == good
+
+
+async def test_an_open_hmac_ledger_is_not_closed_without_its_password(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
+        for i in range(10):
+            await lh.append(b"x%d" % i)
+        await lose(cluster, lh.metadata.ensembles[0][1][0])
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.FAILED
+        assert "closed only with its password" in result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.state is LedgerState.OPEN  # not left IN_RECOVERY
+        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
+                                          OPTS, close_open=True)
+        assert result.outcome is Outcome.REPLICATED and result.closed_by_recovery
