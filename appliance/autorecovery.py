@@ -475,9 +475,11 @@ class ReplicationWorker:
                        close_open: bool) -> None:
         self.busy += 1
         try:
+            record = await self.urm.get(lid)  # a scrubber's ranges, if any
             result = await rereplicate_ledger(self.client, lid, self.creds,
                                               self.opts.replication, check=True,
-                                              close_open=close_open, progress=self._progress)
+                                              close_open=close_open, progress=self._progress,
+                                              reported=record.missing_entries if record else None)
         finally:
             self.busy -= 1
         self.stats.fragments_copied += result.fragments

@@ -7,10 +7,11 @@ per ledger and a ``DurabilityReport`` over all of them.
 
 **Copies of an entry.** Entry ``e`` of a fragment should be on the Qw bookies of its
 write set ``{(e + k) % E | k < Qw}``. A copy is missing when that bookie is not
-registered (writable or read-only), or when a scrubber (``appliance.scrubber``) or
-the auditor's probe reported it missing there. Entries are counted by residue class
-``e % E`` (every entry of a class has the same write set), so a fragment of a billion
-entries costs E steps; reported entries are then moved one by one.
+registered (writable or read-only), or when a scrubber (``appliance.scrubber``)
+reported it missing there (as ranges of entry ids: a bookie that lost a whole ledger
+reports one range per fragment). Entries are counted by residue class ``e % E`` (every
+entry of a class has the same write set), in pieces cut where a reported range starts
+or ends, so a fragment of a billion entries costs E steps per piece.
 
 - *below Qw*: fewer copies than Qw; *single copy*: exactly one (held by one bookie
   only); *no copy*: none registered (lost unless a bookie comes back).
@@ -37,6 +38,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from ledgerd.machines.checker import fragments
@@ -86,14 +88,14 @@ def _in_class(first: int, last: int, modulus: int, residue: int) -> int:
 
 def ledger_debt(ledger_id: int, md: LedgerMetadata, available: Collection[str], *,
                 lac: int | None = None,
-                reported: Mapping[str, Collection[int]] | None = None,
+                reported: Mapping[str, Collection[tuple[int, int]]] | None = None,
                 reported_unknown: Collection[str] = (),
                 entry_bytes: float = 0.0) -> LedgerDebt:
     """One ledger's debt (see the module docstring).
 
     ``lac``: an open ledger's last confirmed entry (None: not known; only needed when
-    its last fragment is short). ``reported``: bookie id to entry ids reported missing
-    there; ``reported_unknown``: registered bookies reported missing something
+    its last fragment is short). ``reported``: bookie id to ranges ``(first, last)``
+    in which every entry that bookie should hold was reported missing there; ``reported_unknown``: registered bookies reported missing something
     unspecified. ``entry_bytes``: the mean entry size (``mean_entry_bytes``)."""
     e_size, qw = md.ensemble_size, md.write_quorum
     reported = reported or {}
@@ -110,27 +112,30 @@ def ledger_debt(ledger_id: int, md: LedgerMetadata, available: Collection[str], 
         last = min(frag.last, md.last_entry_id) if md.is_closed else frag.last
         if last < frag.first:
             continue  # no entries (a closed ledger may end before its last fragment)
-        # Copies per residue class, then the reported entries one by one.
-        base = [sum(1 for i in write_set(r, e_size, qw) if i not in gone) for r in range(e_size)]
-        counts: dict[int, int] = {}
-        for r in range(e_size):
-            n = _in_class(frag.first, last, e_size, r)
-            if n:
-                counts[base[r]] = counts.get(base[r], 0) + n
-        lacking: dict[int, int] = {}
-        for bookie, entries in reported.items():
+        # The fragment is cut where a reported range starts or ends; within a piece
+        # the reporting bookies are the same, so copies go by residue class again.
+        reporters: list[tuple[int, int, int]] = []  # (first, last, index)
+        for bookie, ranges in reported.items():
             if bookie not in frag.ensemble:
                 continue
             index = frag.ensemble.index(bookie)
             if index in gone:
                 continue  # counted already: the bookie is gone
-            for e in set(entries):
-                if frag.first <= e <= last and index in write_set(e, e_size, qw):
-                    lacking[e] = lacking.get(e, 0) + 1
-        for e, k in lacking.items():
-            c = base[e % e_size]
-            counts[c] -= 1
-            counts[max(0, c - k)] = counts.get(max(0, c - k), 0) + 1
+            for a, b in ranges:
+                a, b = max(a, frag.first), min(b, last)
+                if a <= b:
+                    reporters.append((a, b, index))
+        cuts = sorted({frag.first, last + 1} | {a for a, _, _ in reporters}
+                      | {b + 1 for _, b, _ in reporters})
+        counts: dict[int, int] = {}
+        for lo, hi in pairwise(cuts):
+            lacking = {i for a, b, i in reporters if a <= lo and hi - 1 <= b}
+            for r in range(e_size):
+                n = _in_class(lo, hi - 1, e_size, r)
+                if n:
+                    c = sum(1 for i in write_set(r, e_size, qw)
+                            if i not in gone and i not in lacking)
+                    counts[c] = counts.get(c, 0) + n
         if any(b in reported_unknown and frag.ensemble.index(b) not in gone
                for b in frag.ensemble):
             unknown = True

@@ -15,8 +15,9 @@ Pure (no trio, no I/O), the decision behind the bookie's scrubber
   contributes its runs (``expected_runs``).
 - A pass checks every expected entry, or a sample of ``percentage`` of them chosen by an
   injected ``random.Random`` (``sample``): 100 checks all, 0 checks none.
-- What a scrubber found missing comes back to the replication worker as entry ids per
-  bookie; ``reported_failures`` maps them onto the final fragments of the *current*
+- What a scrubber found missing is kept as ranges of entry ids per bookie
+  (``missing_ranges``: a whole lost ledger is one range per fragment) and comes back to
+  the replication worker; ``reported_failures`` maps them onto the final fragments of the *current*
   metadata as ``(fragment first entry, index)`` pairs, the shape the checker's probes
   use, and drops what no longer applies (the bookie was replaced in that fragment, the
   entry is past the end, or the fragment is still open).
@@ -24,17 +25,16 @@ Pure (no trio, no I/O), the decision behind the bookie's scrubber
 
 from __future__ import annotations
 
-import bisect
 import random
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from ledgerd.machines.checker import fragments, stored_runs
 from ledgerd.machines.quorum import write_set
 from ledgerd.metadata.ledger import LedgerMetadata
 
-__all__ = ["HeldRun", "expected_count", "expected_runs", "holder_index", "reported_failures",
-           "sample"]
+__all__ = ["HeldRun", "expected_count", "expected_runs", "holder_index", "missing_ranges",
+           "reported_failures", "sample"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,24 +103,46 @@ def holder_index(md: LedgerMetadata, bookie_id: str, entry_id: int) -> int | Non
 
 
 def reported_failures(md: LedgerMetadata,
-                      reported: Mapping[str, Collection[int]]) -> set[tuple[int, int]]:
+                      reported: Mapping[str, Collection[tuple[int, int]]]
+                      ) -> set[tuple[int, int]]:
     """The ``(fragment first entry, index)`` pairs of final fragments whose bookie was
-    reported missing one of the entries it should hold there (``reported``: bookie id to
-    entry ids). Reports that no longer apply to ``md`` are dropped."""
+    reported missing entries it should hold there (``reported``: bookie id to ranges
+    ``(first, last)`` of entry ids). Reports that no longer apply to ``md`` are
+    dropped."""
     out: set[tuple[int, int]] = set()
     if not reported:
         return out
-    final = [f for f in fragments(md) if f.final and not f.empty]
     end = md.last_entry_id if md.is_closed else None
-    firsts = [f.first for f in final]
-    for bookie, entries in reported.items():
-        for e in entries:
-            i = bisect.bisect_right(firsts, e) - 1
-            frag = final[i] if i >= 0 else None
-            if frag is None or e > frag.last or (end is not None and e > end) \
-                    or bookie not in frag.ensemble:
+    for frag in fragments(md):
+        last = frag.last if end is None else min(frag.last, end)
+        if not frag.final or last < frag.first:
+            continue
+        for bookie, ranges in reported.items():
+            if bookie not in frag.ensemble:
                 continue
             index = frag.ensemble.index(bookie)
-            if index in write_set(e, md.ensemble_size, md.write_quorum):
-                out.add((frag.first, index))
+            for a, b in ranges:
+                a, b = max(a, frag.first), min(b, last)
+                if a <= b and stored_runs(a, b, md.ensemble_size, md.write_quorum, index):
+                    out.add((frag.first, index))
+                    break
+    return out
+
+
+def missing_ranges(checked: Iterable[tuple[int, bool]]) -> list[tuple[int, int]]:
+    """``(entry id, present)`` in the order a pass checked them, to ranges of missing
+    ids: a range ends at the next entry found present (entries the sample skipped
+    inside a range count as missing with it)."""
+    out: list[tuple[int, int]] = []
+    start = prev = None
+    for e, present in checked:
+        if present:
+            if start is not None and prev is not None:
+                out.append((start, prev))
+            start = prev = None
+        else:
+            start = e if start is None else start
+            prev = e
+    if start is not None and prev is not None:
+        out.append((start, prev))
     return out

@@ -21,6 +21,7 @@ from ledgerd.machines.holdings import (
     expected_count,
     expected_runs,
     holder_index,
+    missing_ranges,
     reported_failures,
     sample,
 )
@@ -86,6 +87,12 @@ def test_expected_runs_match_brute_force(e: int, data: st.DataObject) -> None:
             assert holder_index(m, bookie, x) is not None
 
 
+def test_missing_ranges_break_at_present_entries() -> None:
+    checked = [(0, True), (2, False), (3, False), (5, True), (6, False), (8, False)]
+    assert missing_ranges(checked) == [(2, 3), (6, 8)]
+    assert missing_ranges([(1, True)]) == [] and missing_ranges([]) == []
+
+
 def test_sample_all_none_and_a_share() -> None:
     runs = [HeldRun(0, 0, 0, 999, True)]
     assert len(list(sample(runs, 100, random.Random(1)))) == 1000
@@ -99,12 +106,12 @@ def test_sample_all_none_and_a_share() -> None:
 def test_reported_failures_map_to_current_final_fragments() -> None:
     m = md(((0, (A, B, C)), (6, (D, B, C))), closed_at=11)
     # A holds 2 (positions 2%3=2 -> C, 0 -> A): yes. A was replaced from entry 6 on.
-    assert reported_failures(m, {A: [2]}) == {(0, 0)}
-    assert reported_failures(m, {A: [1]}) == set()  # not in 1's write set {1, 2}
-    assert reported_failures(m, {A: [7]}) == set()  # A no longer in that fragment
-    assert reported_failures(m, {D: [6, 8], B: [40]}) == {(6, 0)}
+    assert reported_failures(m, {A: [(2, 2)]}) == {(0, 0)}
+    assert reported_failures(m, {A: [(1, 1)]}) == set()  # not in 1's write set {1, 2}
+    assert reported_failures(m, {A: [(7, 9)]}) == set()  # A no longer in that fragment
+    assert reported_failures(m, {D: [(6, 8)], B: [(40, 50)]}) == {(6, 0)}
     open_md = md(((0, (A, B, C)), (6, (D, B, C))))
-    assert reported_failures(open_md, {D: [6]}) == set()  # an open fragment is not final
+    assert reported_failures(open_md, {D: [(6, 6)]}) == set()  # an open fragment is not final
 
 
 def test_debt_counts_copies_below_qw_by_write_set() -> None:
@@ -118,7 +125,7 @@ def test_debt_counts_copies_below_qw_by_write_set() -> None:
     both = ledger_debt(1, m, {C})
     assert (both.entries_below_qw, both.entries_single_copy, both.entries_no_copy) == (9, 6, 3)
     # A scrubber on B reports entry 1 missing (B holds 0, 1, 3, 4, 6, 7).
-    rep = ledger_debt(1, m, everyone, reported={B: [1, 2]})
+    rep = ledger_debt(1, m, everyone, reported={B: [(1, 2)]})
     assert (rep.entries_below_qw, rep.entries_single_copy) == (1, 1) and not rep.references_lost
     assert rep.needs_mark
 
@@ -149,14 +156,15 @@ def test_debt_matches_brute_force(e: int, data: st.DataObject) -> None:
     ensembles = tuple((first, tuple(rng.sample(BOOKIES, e))) for first in [0, *starts])
     m = md(ensembles, closed_at=data.draw(st.integers(-1, 50)), e=e, qw=qw)
     available = set(data.draw(st.sets(st.sampled_from(BOOKIES))))
-    reported = {b: data.draw(st.lists(st.integers(0, 50), max_size=5))
-                for b in data.draw(st.sets(st.sampled_from(BOOKIES), max_size=2))}
+    reported = {b: [tuple(sorted(pair)) for pair in data.draw(st.lists(
+                    st.tuples(st.integers(0, 50), st.integers(0, 50)), max_size=3))]
+                for b in data.draw(st.sets(st.sampled_from(BOOKIES), max_size=3))}
     copies = []
     for x in range(m.last_entry_id + 1):
         ensemble = m.ensemble_for(x)
         holders = {ensemble[(x + k) % e] for k in range(qw)}
-        copies.append(sum(1 for h in holders
-                          if h in available and x not in reported.get(h, ())))
+        copies.append(sum(1 for h in holders if h in available and not any(
+            a <= x <= b for a, b in reported.get(h, ()))))
     d = ledger_debt(1, m, available, reported=reported)
     assert d.entries_below_qw == sum(1 for c in copies if c < qw)
     assert d.entries_single_copy == copies.count(1)
