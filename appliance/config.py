@@ -296,6 +296,11 @@ class BookieConfig(ZooKeeperSettings):
         100, bk="auditorLedgerVerificationPercentage", minimum=0, maximum=100,
         doc="Share of the expected entries each scrub pass reads, sampled at random "
             "(100 = every entry).")
+    auditor_durability_interval_s: int = setting(
+        60, bk="(ledgerd)", minimum=0,
+        doc="Period of the auditor's durability report: entries and bytes below Qw, "
+            "held by one bookie only, the oldest under-replicated age and the time to "
+            "full redundancy, as ledgerd_durability_* metrics (0 = off).")
     rereplication_entry_batch_size: int = setting(
         256, bk="rereplicationEntryBatchSize", minimum=1, maximum=65536,
         doc="Entries copied per read/write round trip when re-replicating.")

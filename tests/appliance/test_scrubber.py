@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ledgerd.appliance.config import BookieConfig
-from ledgerd.appliance.scrubber import ScrubOptions, Scrubber
+from ledgerd.appliance.scrubber import Scrubber, ScrubOptions
 from ledgerd.base.settings import ConfigError, load_config
 from ledgerd.metadata.cluster import init_new_cluster
 from ledgerd.metadata.ledger import LedgerMetadata
@@ -36,7 +36,7 @@ async def test_scrubber_finds_missing_and_corrupt_entries_and_marks(tmp_path: Pa
     whole, _ = await ledgers.create(_md((ME, B, C), 2, 29))    # we hold 20 of 30
     holed, _ = await ledgers.create(_md((ME, B, C), 3, 29))    # we hold all 30
     lost, _ = await ledgers.create(_md((B, ME, C), 2, 8))      # never written here
-    other, _ = await ledgers.create(_md((B, C), 2, 9))         # not ours
+    await ledgers.create(_md((B, C), 2, 9))                    # not ours
     opened, _ = await ledgers.create(_md((ME, B), 2, None))    # open: up to our LAC
     async with running_bookie(tmp_path) as b:
         s = b.storage
