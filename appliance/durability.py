@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
@@ -41,8 +42,12 @@ class DurabilityGauges:
     rate: RepairRate = field(default_factory=RepairRate)
 
     def value(self, attr: str) -> float:
+        """A number of the last report (a list's length), 0 without one."""
         r = self.report
-        return float(getattr(r, attr)) if r is not None else 0.0
+        if r is None:
+            return 0.0
+        v = getattr(r, attr)
+        return float(len(v) if isinstance(v, tuple) else v)
 
     def oldest_age_s(self) -> float:
         if self.report is None or self.oldest_mark_ms is None:
@@ -110,11 +115,7 @@ def register_durability_metrics(m: BookieMetrics, gauges: DurabilityGauges) -> N
             ("unmarked_ledgers", "Ledgers short of Qw (or naming a lost bookie) that are "
              "not queued for re-replication (auditor).", "unmarked"),
             ("stale_marks", "Queued ledgers that are not short (auditor).", "stale_marks")):
-        if attr in ("unmarked", "stale_marks"):
-            m.gauge(f"ledgerd_durability_{name}", doc,
-                    lambda a=attr: float(len(getattr(gauges.report, a, ()))))
-        else:
-            m.gauge(f"ledgerd_durability_{name}", doc, lambda a=attr: gauges.value(a))
+        m.gauge(f"ledgerd_durability_{name}", doc, partial(gauges.value, attr))
     m.gauge("ledgerd_durability_oldest_underreplicated_age_seconds",
             "Age of the oldest queued under-replicated ledger (auditor; 0 when none).",
             gauges.oldest_age_s)
