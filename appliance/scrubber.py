@@ -184,7 +184,8 @@ class Scrubber:
         log.warning("scrub_found_missing", extra=fields(
             ledger=lid, bookie_id=self.bookie_id, missing=len(missing), corrupt=corrupt,
             held=held, ranges=",".join(f"{a}-{b}" for a, b in ranges[:8])))
-        if self.marks is not None:
+        if self.marks is not None and self.ledgers is not None \
+                and await self.ledgers.exists(lid):  # not deleted while we read
             await self.marks.mark_underreplicated(lid, [self.bookie_id],
                                                   {self.bookie_id: ranges})
             p.ledgers_marked += 1
