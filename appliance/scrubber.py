@@ -41,7 +41,7 @@ from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
 from ledgerd.disk.storage import LedgerStorage
-from ledgerd.machines.holdings import expected_runs, missing_ranges, sample
+from ledgerd.machines.holdings import MissingRanges, expected_count, iter_expected_runs, sample
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.metadata.errors import NoNodeError
 from ledgerd.metadata.ledger import LedgerMetadata
@@ -154,14 +154,14 @@ class Scrubber:
         storage = self.storage
         held = storage.ledger_exists(lid)
         lac = -1 if md.is_closed or not held else storage.lac(lid)
-        runs = expected_runs(md, self.bookie_id, lac)
         p.ledgers += 1
-        p.entries_expected += sum(r.count for r in runs)
+        p.entries_expected += expected_count(iter_expected_runs(md, self.bookie_id, lac))
         digester = (Digester(DigestType(md.digest_type))
                     if md.digest_type in ("crc32c", "crc32") else None)
-        checked: list[tuple[int, bool]] = []
+        found = MissingRanges()
+        checked = corrupt = 0
         paged = -1
-        corrupt = 0
+        runs = iter_expected_runs(md, self.bookie_id, lac)
         for run, e in sample(runs, self.options.percentage, self.rng):
             await self._pace(self._entries, 1)
             if held and e > paged:  # index pages off the event loop, a chunk at a time
@@ -170,19 +170,19 @@ class Scrubber:
                     await storage.page_in(lid, e, paged - e + 1)
             verdict = self._check(lid, e, digester) if held else "missing"
             corrupt += verdict == "corrupt"
-            checked.append((e, verdict == "ok"))
-        missing = [e for e, ok in checked if not ok]
-        p.entries_checked += len(checked)
-        p.entries_missing += len(missing)
+            checked += 1
+            found.add(e, verdict == "ok")
+        p.entries_checked += checked
+        p.entries_missing += found.missing
         p.entries_corrupt += corrupt
-        self.entries_checked += len(checked)
-        self.entries_missing += len(missing)
+        self.entries_checked += checked
+        self.entries_missing += found.missing
         self.entries_corrupt += corrupt
-        if not missing:
+        if not found.missing:
             return
-        ranges = missing_ranges(checked)
+        ranges = found.ranges
         log.warning("scrub_found_missing", extra=fields(
-            ledger=lid, bookie_id=self.bookie_id, missing=len(missing), corrupt=corrupt,
+            ledger=lid, bookie_id=self.bookie_id, missing=found.missing, corrupt=corrupt,
             held=held, ranges=",".join(f"{a}-{b}" for a, b in ranges[:8])))
         if self.marks is not None and self.ledgers is not None \
                 and await self.ledgers.exists(lid):  # not deleted while we read

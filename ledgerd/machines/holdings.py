@@ -29,12 +29,12 @@ import random
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from ledgerd.machines.checker import fragments, stored_runs
+from ledgerd.machines.checker import fragments
 from ledgerd.machines.quorum import write_set
 from ledgerd.metadata.ledger import LedgerMetadata
 
-__all__ = ["HeldRun", "expected_count", "expected_runs", "holder_index", "missing_ranges",
-           "reported_failures", "sample"]
+__all__ = ["HeldRun", "MissingRanges", "expected_count", "expected_runs", "holder_index",
+           "iter_expected_runs", "missing_ranges", "reported_failures", "sample"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +53,29 @@ class HeldRun:
         return self.last - self.first + 1
 
 
-def expected_runs(md: LedgerMetadata, bookie_id: str, lac: int = -1) -> list[HeldRun]:
+def _runs(first: int, last: int, ensemble_size: int, write_quorum: int,
+          index: int) -> Iterator[tuple[int, int]]:
+    """``checker.stored_runs`` as a generator: a striped fragment of a billion entries
+    yields a run per stripe without holding them all."""
+    if first > last:
+        return
+    if write_quorum == ensemble_size:
+        yield first, last
+        return
+    e, qw = ensemble_size, write_quorum
+    start = first - (first - (index - qw + 1)) % e  # the run start at or before first
+    while start <= last:
+        a, b = max(first, start), min(last, start + qw - 1)
+        if a <= b:
+            yield a, b
+        start += e
+
+
+def iter_expected_runs(md: LedgerMetadata, bookie_id: str, lac: int = -1
+                       ) -> Iterator[HeldRun]:
     """Every run of entries ``bookie_id`` should hold, in entry order. ``lac``: the last
     entry known confirmed, bounding an open ledger's last fragment (ignored when the
-    ledger is closed)."""
-    out: list[HeldRun] = []
+    ledger is closed). A generator: memory does not grow with the ledger."""
     for frag in fragments(md, lac):
         last = min(frag.last, md.last_entry_id) if md.is_closed else frag.last
         if last < frag.first:
@@ -65,17 +83,20 @@ def expected_runs(md: LedgerMetadata, bookie_id: str, lac: int = -1) -> list[Hel
         for index, bookie in enumerate(frag.ensemble):
             if bookie != bookie_id:
                 continue
-            for a, b in stored_runs(frag.first, last, md.ensemble_size,
-                                    md.write_quorum, index):
-                out.append(HeldRun(frag.first, index, a, b, frag.final))
-    return out
+            for a, b in _runs(frag.first, last, md.ensemble_size, md.write_quorum, index):
+                yield HeldRun(frag.first, index, a, b, frag.final)
 
 
-def expected_count(runs: Collection[HeldRun]) -> int:
+def expected_runs(md: LedgerMetadata, bookie_id: str, lac: int = -1) -> list[HeldRun]:
+    """``iter_expected_runs`` as a list."""
+    return list(iter_expected_runs(md, bookie_id, lac))
+
+
+def expected_count(runs: Iterable[HeldRun]) -> int:
     return sum(r.count for r in runs)
 
 
-def sample(runs: Collection[HeldRun], percentage: float,
+def sample(runs: Iterable[HeldRun], percentage: float,
            rng: random.Random) -> Iterator[tuple[HeldRun, int]]:
     """``(run, entry id)`` for the entries a pass checks: all of them at 100, each with
     probability ``percentage / 100`` otherwise (0: none)."""
@@ -123,26 +144,39 @@ def reported_failures(md: LedgerMetadata,
             index = frag.ensemble.index(bookie)
             for a, b in ranges:
                 a, b = max(a, frag.first), min(b, last)
-                if a <= b and stored_runs(a, b, md.ensemble_size, md.write_quorum, index):
+                if a <= b and next(_runs(a, b, md.ensemble_size, md.write_quorum, index), None):
                     out.add((frag.first, index))
                     break
     return out
 
 
-def missing_ranges(checked: Iterable[tuple[int, bool]]) -> list[tuple[int, int]]:
-    """``(entry id, present)`` in the order a pass checked them, to ranges of missing
-    ids: a range ends at the next entry found present (entries the sample skipped
-    inside a range count as missing with it)."""
-    out: list[tuple[int, int]] = []
-    start = prev = None
-    for e, present in checked:
+class MissingRanges:
+    """Ranges of missing entry ids, fed ``(entry id, present)`` in the order a pass
+    checks them, in constant memory per range: a range ends at the next entry found
+    present (entries a sample skipped inside a range count as missing with it). Past
+    ``cap`` ranges a new one is joined to the last (an overestimate, never less)."""
+
+    def __init__(self, cap: int = 4096) -> None:
+        self.cap = cap
+        self.ranges: list[tuple[int, int]] = []
+        self.missing = 0
+        self._open = False
+
+    def add(self, entry_id: int, present: bool) -> None:
         if present:
-            if start is not None and prev is not None:
-                out.append((start, prev))
-            start = prev = None
+            self._open = False
+            return
+        self.missing += 1
+        if self._open or (self.ranges and len(self.ranges) >= self.cap):
+            self.ranges[-1] = (self.ranges[-1][0], entry_id)
         else:
-            start = e if start is None else start
-            prev = e
-    if start is not None and prev is not None:
-        out.append((start, prev))
-    return out
+            self.ranges.append((entry_id, entry_id))
+        self._open = True
+
+
+def missing_ranges(checked: Iterable[tuple[int, bool]]) -> list[tuple[int, int]]:
+    """``MissingRanges`` over a whole sequence."""
+    collector = MissingRanges()
+    for e, present in checked:
+        collector.add(e, present)
+    return collector.ranges

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ledgerd.machines.checker import stored_runs
 from ledgerd.machines.durability import (
     LedgerDebt,
     RepairRate,
@@ -18,6 +19,8 @@ from ledgerd.machines.durability import (
 )
 from ledgerd.machines.holdings import (
     HeldRun,
+    MissingRanges,
+    _runs,
     expected_count,
     expected_runs,
     holder_index,
@@ -91,6 +94,21 @@ def test_missing_ranges_break_at_present_entries() -> None:
     checked = [(0, True), (2, False), (3, False), (5, True), (6, False), (8, False)]
     assert missing_ranges(checked) == [(2, 3), (6, 8)]
     assert missing_ranges([(1, True)]) == [] and missing_ranges([]) == []
+
+
+def test_missing_ranges_past_the_cap_join_the_last() -> None:
+    found = MissingRanges(cap=2)
+    for e in range(10):
+        found.add(e, e % 2 == 0)  # odd ids missing: five ranges of one
+    assert found.ranges == [(1, 1), (3, 9)] and found.missing == 5
+
+
+@given(st.integers(0, 40), st.integers(-1, 60), st.integers(1, 5), st.data())
+def test_lazy_runs_are_the_checkers_runs(first: int, last: int, e: int,
+                                         data: st.DataObject) -> None:
+    qw = data.draw(st.integers(1, e))
+    index = data.draw(st.integers(0, e - 1))
+    assert list(_runs(first, last, e, qw, index)) == stored_runs(first, last, e, qw, index)
 
 
 def test_sample_all_none_and_a_share() -> None:
