@@ -59,6 +59,11 @@ import trio
 
 from ledgerd.appliance.audit_schedule import AuditSchedule
 from ledgerd.appliance.config import BookieConfig
+from ledgerd.appliance.durability import (
+    DurabilityGauges,
+    register_durability_metrics,
+    track_durability,
+)
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.base.settings import ConfigError
@@ -112,6 +117,7 @@ class AutoRecoveryOptions:
     backoff_s: float = 5.0
     failed_lock_cap_s: float = 300.0
     workers: int = 2
+    durability_interval_s: float = 60.0
     max_held_locks: int = 1000  # ledgers a process keeps locked (waiting or backing off)
     replication: ReplicationOptions = field(default_factory=ReplicationOptions)
 
@@ -129,6 +135,7 @@ class AutoRecoveryOptions:
             backoff_s=config.rw_rereplicate_backoff_ms / 1000,
             failed_lock_cap_s=config.lock_release_of_failed_ledger_grace_period_ms / 1000,
             workers=config.replication_workers,
+            durability_interval_s=float(config.auditor_durability_interval_s),
             replication=ReplicationOptions(batch_entries=config.rereplication_entry_batch_size,
                                            outstanding=config.rereplication_outstanding_batches,
                                            rate_bytes=rate))
@@ -153,6 +160,7 @@ class AutoRecoveryStats:
     unrecoverable: int = 0
     open_ledgers_closed: int = 0
     session_restarts: int = 0
+    durability: DurabilityGauges = field(default_factory=DurabilityGauges)
     marked_event: trio.Event = field(default_factory=trio.Event, repr=False)
 
     def kick(self) -> None:
@@ -244,6 +252,8 @@ class Auditor:
             nursery.start_soon(self._watch_delay)
             nursery.start_soon(self._periodic_bookie_check)
             nursery.start_soon(self._periodic_ledger_check)
+            nursery.start_soon(track_durability, self.client, self.stats.durability,
+                               self.opts.durability_interval_s, self.opts.metadata_reads_per_s)
             await self._startup_audit()
             self.stats.is_auditor = True
             await self._scheduler()
@@ -524,9 +534,11 @@ class ReplicationWorker:
                        close_open: bool) -> None:
         self.busy += 1
         try:
+            record = await self.urm.get(lid)  # a scrubber's ranges, if any
             result = await rereplicate_ledger(self.client, lid, self.creds,
                                               self.opts.replication, check=True,
-                                              close_open=close_open, progress=self._progress)
+                                              close_open=close_open, progress=self._progress,
+                                              reported=record.missing_entries if record else None)
         finally:
             self.busy -= 1
         self.stats.fragments_copied += result.fragments
@@ -618,6 +630,7 @@ def register_autorecovery_metrics(m: BookieMetrics, stats: AutoRecoveryStats) ->
             ("session_restarts", "Auditor/worker restarts after a ZooKeeper session loss.",
              "session_restarts")):
         m.counter(f"ledgerd_autorecovery_{name}", doc, partial(_stat, stats, attr))
+    register_durability_metrics(m, stats.durability)
 
 
 # -- the service ------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from ledgerd.appliance.http import AdminHttp
 from ledgerd.appliance.hub import ConnectionHub
 from ledgerd.appliance.looplag import loop_lag_monitor
 from ledgerd.appliance.metrics import BookieMetrics
+from ledgerd.appliance.scrubber import Scrubber, register_scrub_metrics
 from ledgerd.appliance.sdnotify import notify, watchdog_service
 from ledgerd.appliance.security import ConnectionSecurity
 from ledgerd.appliance.server import ConnectionOptions, is_loopback, serve_connection
@@ -54,6 +55,7 @@ from ledgerd.metadata.cookies import CookieStore
 from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.store import MetadataStore
+from ledgerd.metadata.underreplication import UnderreplicationManager
 from ledgerd.wire.messages import AdminKind
 
 __all__ = ["VERSION", "Bookie"]
@@ -83,6 +85,7 @@ class Bookie:
         self.registry: BookieRegistry | None = None
         self.gc = GarbageCollector(self.storage, None, config.gc_options(),
                                    disk_full=lambda: self.disk_checker.full)
+        self.scrubber = Scrubber(self.storage, self.bookie_id, config.scrub_options())
         self.disk_checker = DiskChecker(
             self.storage.usage, self._on_disk_change, threshold=config.disk_usage_threshold,
             lwm=config.disk_usage_lwm_threshold, interval_s=config.disk_check_interval_ms / 1000,
@@ -153,6 +156,8 @@ class Bookie:
                 await sup.start("gc", self.gc.run)
                 if self.registry is not None:
                     await sup.start("registration", self._registration)
+                    # After replay and the first checkpoint (storage.open): a pass now.
+                    await sup.start("scrubber", self.scrubber.run)
                     if self.config.auto_recovery_daemon_enabled:
                         await sup.start("autorecovery", self._autorecovery)
                 await sup.start("watchdog", partial(watchdog_service, self._healthy))
@@ -197,6 +202,8 @@ class Bookie:
         layout = await check_layout(self.store, root, cfg.ledger_manager_type)
         self.registry = BookieRegistry(self.store, root)
         self.gc.ledgers = LedgerManager(self.store, root, layout)
+        self.scrubber.ledgers = self.gc.ledgers
+        self.scrubber.marks = UnderreplicationManager(self.store, root)
 
     async def _cookies(self) -> tuple[Cookie | None, bytes | None]:
         cfg = self.config
@@ -223,7 +230,7 @@ class Bookie:
         with trio.move_on_after(DRAIN_GRACE_S):
             await self._connections_done.wait()
         # 2. Background work that writes.
-        for name in ("autorecovery", "gc", "disk-checker"):
+        for name in ("autorecovery", "scrubber", "gc", "disk-checker"):
             if name in sup.services:
                 await sup.stop(name)
         # 3. Last journal group, checkpoint, close.
@@ -412,6 +419,7 @@ class Bookie:
                         "durable": [j.durable.file_id, j.durable.offset]},
             "checkpoints": self.storage.checkpoints,
             "gc": self.gc.status(),
+            "scrub": self.scrubber.status(),
             "disk": {"full": self.disk_checker.full, "checks": self.disk_checker.checks,
                      "full_dirs": sorted(map(str, self.disk_checker.verdict.full)),
                      "failed_dirs": sorted(map(str, self.disk_checker.verdict.failed)),
@@ -521,3 +529,4 @@ class Bookie:
         m.gauge("ledgerd_entry_log_bytes", "Bytes of entry logs on disk.",
                 lambda: float(logger.disk_bytes()))
         register_autorecovery_metrics(m, self.autorecovery)
+        register_scrub_metrics(m, self.scrubber)

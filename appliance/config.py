@@ -20,6 +20,7 @@ from ledgerd.metadata.settings import ZooKeeperSettings
 
 if TYPE_CHECKING:  # imported where built: reading a config needs no native helper
     from ledgerd.appliance.gc import GcOptions
+    from ledgerd.appliance.scrubber import ScrubOptions
     from ledgerd.disk.journal import JournalOptions
     from ledgerd.disk.storage import StorageOptions
 
@@ -283,6 +284,23 @@ class BookieConfig(ZooKeeperSettings):
     auditor_metadata_reads_per_s: int = setting(
         1000, bk="(ledgerd; auditor metadata throttle)", minimum=1,
         doc="Ledger metadata reads per second the auditor's scans may make.")
+    local_scrub_period_s: int = setting(
+        86400, bk="localScrubPeriod", minimum=0,
+        doc="Period of the scrubber, which reads back every entry this bookie should hold "
+            "by the ledgers' metadata and marks ledgers missing some under-replicated; a "
+            "pass also runs at start (0 = off).")
+    local_scrub_rate_limit: int = setting(
+        1000, bk="localScrubRateLimit", minimum=1,
+        doc="Entries per second the scrubber reads.")
+    local_scrub_verification_percentage: int = setting(
+        100, bk="auditorLedgerVerificationPercentage", minimum=0, maximum=100,
+        doc="Share of the expected entries each scrub pass reads, sampled at random "
+            "(100 = every entry).")
+    auditor_durability_interval_s: int = setting(
+        60, bk="(ledgerd)", minimum=0,
+        doc="Period of the auditor's durability report: entries and bytes below Qw, "
+            "held by one bookie only, the oldest under-replicated age and the time to "
+            "full redundancy, as ledgerd_durability_* metrics (0 = off).")
     rereplication_entry_batch_size: int = setting(
         256, bk="rereplicationEntryBatchSize", minimum=1, maximum=65536,
         doc="Entries copied per read/write round trip when re-replicating.")
@@ -407,6 +425,11 @@ class BookieConfig(ZooKeeperSettings):
             parse_roles(self.anonymous_roles, "anonymous_roles")
         except ValueError as exc:
             raise ConfigError("anonymous_roles", list(self.anonymous_roles), str(exc)) from None
+        if self.local_scrub_period_s > 0 and self.local_scrub_verification_percentage == 0:
+            raise ConfigError("local_scrub_verification_percentage", 0,
+                              "1..100 while local_scrub_period_s is set (a pass that reads "
+                              "nothing proves nothing; local_scrub_period_s = 0 turns the "
+                              "scrubber off)")
         if 0 < self.minor_compaction_interval_s and 0 < self.major_compaction_interval_s \
                 and self.minor_compaction_interval_s >= self.major_compaction_interval_s:
             raise ConfigError(
@@ -492,6 +515,14 @@ class BookieConfig(ZooKeeperSettings):
                                                512 << 20),
             read_ahead_batch=self.db_read_ahead_batch_size,
         )
+
+    def scrub_options(self) -> ScrubOptions:
+        from ledgerd.appliance.scrubber import ScrubOptions
+
+        return ScrubOptions(period_s=float(self.local_scrub_period_s),
+                            rate_per_s=float(self.local_scrub_rate_limit),
+                            percentage=float(self.local_scrub_verification_percentage),
+                            metadata_reads_per_s=float(self.auditor_metadata_reads_per_s))
 
     def gc_options(self) -> GcOptions:
         from ledgerd.appliance.gc import GcOptions

@@ -81,6 +81,7 @@ from ledgerd.machines.checker import (
     last_fragment_at_risk,
     probes,
 )
+from ledgerd.machines.holdings import reported_failures
 from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.metadata.errors import ChangeRejectedError, NoNodeError
@@ -290,8 +291,11 @@ async def rereplicate_ledger(
         options: ReplicationOptions | None = None, *,
         bad_bookies: Collection[str] = (), check: bool = True, close_open: bool = False,
         skip_open: bool = False, target: str | None = None, dry_run: bool = False,
-        progress: Progress | None = None) -> LedgerResult:
-    """Bring one ledger back to Qw copies of every entry (see the module docstring)."""
+        progress: Progress | None = None,
+        reported: Mapping[str, Collection[tuple[int, int]]] | None = None) -> LedgerResult:
+    """Bring one ledger back to Qw copies of every entry (see the module docstring).
+    ``reported``: entry ranges a bookie's scrubber found missing there (from the
+    queue record); the fragments they fall in are copied as if a probe had failed."""
     opts = options or ReplicationOptions()
     result = LedgerResult(ledger_id)
     for _attempt in range(5):
@@ -343,6 +347,7 @@ async def rereplicate_ledger(
                     result.closed_by_recovery = True
             if check:
                 failed = await probe_failures(client, ledger_id, md, available, opts)
+            failed |= reported_failures(md, reported or {})
             bad = bad_fragments(md, available, failed)
             for frag in fragments(md):
                 if frag.first in bad:

@@ -3,7 +3,9 @@
 Layout under ``<root>/underreplication`` (BookKeeper's):
 
 - ``ledgers/<4 x %04x>/urL%010d``: one node per underreplicated ledger, JSON
-  ``{"format": 1, "missing_replicas": [...], "ctime_ms": ...}``;
+  ``{"format": 1, "missing_replicas": [...], "ctime_ms": ...}``, plus
+  ``"missing_entries": {bookie: [[first, last], ...]}`` when a bookie's scrubber found
+  entries missing there (ranges of entry ids; older readers ignore the key);
 - ``locks/urL%010d``: ephemeral; its holder is the one worker re-replicating the ledger;
 - ``disable``: present means autorecovery is off;
 - ``auditorelection/V_<seq>``: ephemeral-sequential candidates; the lowest is the
@@ -23,9 +25,9 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -49,21 +51,47 @@ class UnderreplicatedLedger:
     ledger_id: int
     missing_replicas: tuple[str, ...]
     ctime_ms: int
+    # bookie -> ranges (first, last) of entry ids its scrubber found missing there
+    missing_entries: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+
+MAX_RANGES_PER_BOOKIE = 4096  # a record stays far below ZooKeeper's 1 MB node limit
+
+
+def _merge_ranges(*groups: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The union of ranges, sorted, touching ones joined, at most
+    MAX_RANGES_PER_BOOKIE (the closest are joined first: an overestimate, never less)."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(r for g in groups for r in g):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    while len(merged) > MAX_RANGES_PER_BOOKIE:
+        gaps = min(range(len(merged) - 1), key=lambda i: merged[i + 1][0] - merged[i][1])
+        merged[gaps:gaps + 2] = [(merged[gaps][0], merged[gaps + 1][1])]
+    return tuple(merged)
 
 
 def _decode(raw: bytes, path: str) -> UnderreplicatedLedger:
     try:
         doc = json.loads(raw)
         lid = int(path.rsplit("urL", 1)[1])
+        entries = {str(b): tuple((int(a), int(z)) for a, z in ranges)
+                   for b, ranges in doc.get("missing_entries", {}).items()}
         return UnderreplicatedLedger(lid, tuple(str(b) for b in doc["missing_replicas"]),
-                                     int(doc["ctime_ms"]))
+                                     int(doc["ctime_ms"]), entries)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise CorruptMetadataError(path, f"not an underreplication record: {exc}") from exc
 
 
 def _encode(rec: UnderreplicatedLedger) -> bytes:
-    return json.dumps({"format": 1, "missing_replicas": sorted(rec.missing_replicas),
-                       "ctime_ms": rec.ctime_ms}).encode()
+    doc: dict[str, object] = {"format": 1, "missing_replicas": sorted(rec.missing_replicas),
+                              "ctime_ms": rec.ctime_ms}
+    if rec.missing_entries:
+        doc["missing_entries"] = {b: [list(r) for r in ranges]
+                                  for b, ranges in sorted(rec.missing_entries.items())}
+    return json.dumps(doc).encode()
 
 
 class UnderreplicationManager:
@@ -72,10 +100,16 @@ class UnderreplicationManager:
         self.base = f"{root}/underreplication"
         self.root = root
 
-    async def mark_underreplicated(self, ledger_id: int, missing: list[str]) -> None:
-        """Add ``missing`` replicas to the ledger's record (created if absent)."""
+    async def mark_underreplicated(
+            self, ledger_id: int, missing: list[str],
+            entries: Mapping[str, Iterable[tuple[int, int]]] | None = None) -> None:
+        """Add ``missing`` replicas to the ledger's record (created if absent), and
+        ``entries``: bookie to ranges of entry ids found missing there (a scrubber's)."""
         path = underreplicated_path(self.root, ledger_id)
-        rec = UnderreplicatedLedger(ledger_id, tuple(sorted(set(missing))), int(time.time() * 1000))
+        found = {b: _merge_ranges(r) for b, r in (entries or {}).items()}
+        missing = sorted(set(missing) | set(found))
+        rec = UnderreplicatedLedger(ledger_id, tuple(sorted(set(missing))),
+                                    int(time.time() * 1000), found)
         try:
             await self.store.create(path, _encode(rec), make_parents=True)
             return
@@ -83,8 +117,11 @@ class UnderreplicationManager:
             pass
 
         def merge(cur: UnderreplicatedLedger) -> UnderreplicatedLedger:
+            both = {b: _merge_ranges(cur.missing_entries.get(b, ()), found.get(b, ()))
+                    for b in set(cur.missing_entries) | set(found)}
             return UnderreplicatedLedger(ledger_id, tuple(sorted(set(cur.missing_replicas)
-                                                                 | set(missing))), cur.ctime_ms)
+                                                                 | set(missing))), cur.ctime_ms,
+                                         both)
 
         await cas_update(self.store, path, merge, decode=_decode, encode=_encode)
 

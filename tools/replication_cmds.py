@@ -440,7 +440,8 @@ def register() -> None:
 @click.pass_context
 def clusterinfo(ctx: click.Context, as_json: bool) -> None:
     """One screen of cluster health: instance id, layout, bookies writable and read-only,
-    ledger count, under-replicated ledgers, the auditor and the autorecovery switch."""
+    ledger count, under-replicated ledgers, durability debt (`durability` for more), the
+    auditor and the autorecovery switch."""
     from ledgerd.metadata.cluster import check_layout, instance_id
     from ledgerd.metadata.ledgers import LedgerManager
     from ledgerd.metadata.registry import BookieRegistry
@@ -465,10 +466,13 @@ def clusterinfo(ctx: click.Context, as_json: bool) -> None:
             await store.close()
 
     d = _run(run)
+    from ledgerd.tools.durability_cmds import collect, summary_line
+
+    d["durability"] = collect(ctx)
     health = "OK"
     if not d["writable"]:
         health = "NO WRITABLE BOOKIES"
-    elif d["underreplicated"] or d["read_only"]:
+    elif d["underreplicated"] or d["read_only"] or d["durability"]["short_ledgers"]:
         health = "DEGRADED"
     lines = [
         f"cluster          {d['zk']}{_root(ctx)}  ({health})",
@@ -479,6 +483,7 @@ def clusterinfo(ctx: click.Context, as_json: bool) -> None:
         *(f"  {b}  READ-ONLY" for b in d["read_only"]),
         f"ledgers          {d['ledgers']}",
         f"under-replicated {d['underreplicated']}",
+        f"durability       {summary_line(d['durability'])}",
         f"auditor          {d['auditor'] or 'none'}",
         f"autorecovery     {'enabled' if d['autorecovery_enabled'] else 'DISABLED'}",
     ]

@@ -1,0 +1,136 @@
+"""The scrubber with real bookie processes and the real ZooKeeper (issue 45, section 5).
+
+Four bookies run autorecovery in-process. One bookie is stopped and loses data behind
+its back: ten entries from the middle of one ledger's index (its first and last entry
+stay, so the auditor's probes would see nothing) and another ledger's index file
+whole. It restarts and registers normally; its scrubber's start-up pass finds every
+missing entry and marks both ledgers with the ranges. While autorecovery is disabled
+the marks stay, and ``ledgerd shell durability`` counts exactly those entries below
+Qw, the queue agreeing with it; enabled, the workers copy the fragments back to Qw
+copies on other bookies, and the debt is zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+import ledgerd
+from ledgerd.disk.index import INDEX_HEADER_SIZE, index_path
+from ledgerd.machines.holdings import expected_count, expected_runs
+from ledgerd.metadata.underreplication import UnderreplicationManager
+from ledgerd.tools.bookieprocess import BookieProcess
+from tests.cluster import (
+    EVENT_BOUND_S,
+    admin_get,
+    start_bookies,
+    wait_registered,
+    wait_unreferenced,
+)
+from tests.integration.test_autorecovery_cluster import _copies
+
+Factory = Callable[..., BookieProcess]
+SECRET = b"scrubber-cluster-secret-0123456789"
+
+
+def _settings(tmp: Path) -> dict[str, object]:
+    secret = tmp / "cluster.secret"
+    secret.write_bytes(SECRET)
+    os.chmod(secret, 0o600)
+    return {"cluster_secret_file": str(secret), "auto_recovery_daemon_enabled": True,
+            # A restart is not a loss: only the scrubber may mark here.
+            "lost_bookie_recovery_delay_s": 600, "rw_rereplicate_backoff_ms": 500,
+            "auditor_periodic_check_interval_s": 0,
+            "auditor_periodic_bookie_check_interval_s": 0,
+            "local_scrub_period_s": 3600, "local_scrub_rate_limit": 100000,
+            "auditor_durability_interval_s": 1}
+
+
+def _shell(zk: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "--zk", zk,
+                           *args], capture_output=True, text=True, timeout=120)
+
+
+async def _scrub_status(bookie: BookieProcess) -> dict[str, object]:
+    """The bookie's scrubber status once its first pass is done."""
+    with trio.fail_after(EVENT_BOUND_S):
+        while True:
+            code, body = await admin_get(bookie.admin_port, "/status")
+            if code in (200, 503):
+                scrub = json.loads(body)["scrub"]
+                if scrub["passes"] >= 1:
+                    return dict(scrub)
+            await trio.sleep(0.2)
+
+
+async def test_scrubber_finds_lost_entries_and_autorecovery_brings_the_copies_back(
+        bookie_factory: Factory, zk_chroot: str, tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    bookies = await start_bookies(lambda: bookie_factory(**settings), zk_chroot, 4)
+    by_id = {b.bookie_id: b for b in bookies}
+    async with ledgerd.open_client(zk_chroot, throttle=0) as client:
+        acked: dict[int, dict[int, bytes]] = {}
+        handles = []
+        for quorums, n in (((3, 3, 2), 100), ((3, 2, 2), 60)):
+            lh = await client.create_ledger(*quorums, password=b"pw")
+            acked[lh.ledger_id] = {}
+            for i in range(n):
+                data = b"ledger %d entry %d " % (lh.ledger_id, i) + bytes(100)
+                acked[lh.ledger_id][await lh.append(data)] = data
+            await lh.close()
+            handles.append(lh)
+        holed, lost = (h.ledger_id for h in handles)
+        victim = by_id[sorted(set(handles[0].ensemble) & set(handles[1].ensemble))[0]]
+        urm = UnderreplicationManager(client.store, "/ledgers")
+        await urm.set_enabled(False)  # keep the marks for a look
+
+        victim.terminate()
+        ledger_dir = Path(str(victim.settings["ledger_directories"][0]))  # type: ignore[index]
+        with open(index_path(ledger_dir, holed), "r+b") as f:
+            for e in range(40, 50):
+                f.seek(INDEX_HEADER_SIZE + 8 * e)
+                f.write(struct.pack(">q", 0))
+        index_path(ledger_dir, lost).unlink()
+        victim.restart()
+        await wait_registered(client.store, victim)  # type: ignore[arg-type]
+
+        scrub = await _scrub_status(victim)
+        md_lost = await client.ledger_metadata(lost)
+        held_lost = expected_count(expected_runs(md_lost, victim.bookie_id))
+        assert held_lost > 0
+        assert scrub["entries_missing"] == 10 + held_lost, scrub
+        assert scrub["ledgers_marked"] == 2
+        rec = await urm.get(holed)
+        assert rec is not None and dict(rec.missing_entries) == {victim.bookie_id: ((40, 49),)}
+        assert await urm.get(lost) is not None
+        _, metrics = await admin_get(victim.admin_port, "/metrics")
+        assert f"ledgerd_scrub_entries_missing_total {10 + held_lost}.0" in metrics
+
+        # The debt, from outside: exactly the entries the scrubber found, queued.
+        ran = await trio.to_thread.run_sync(_shell, zk_chroot, "durability", "--json")
+        assert ran.returncode == 3, ran.stderr
+        debt = json.loads(ran.stdout)
+        assert debt["entries_below_qw"] == 10 + held_lost
+        assert debt["short"] == sorted([holed, lost]) and debt["agrees"] is True
+        assert debt["entries_single_copy"] == held_lost  # Qw 2: one copy left
+        info = json.loads((await trio.to_thread.run_sync(
+            _shell, zk_chroot, "clusterinfo", "--json")).stdout)
+        assert info["health"] == "DEGRADED" and info["durability"]["short_ledgers"] == 2
+
+        await urm.set_enabled(True)
+        await wait_unreferenced(client.store, victim.bookie_id)
+        for lid, entries in acked.items():
+            assert await _copies(client, lid, entries) == [], lid
+        ran = await trio.to_thread.run_sync(_shell, zk_chroot, "durability", "--json")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        debt = json.loads(ran.stdout)
+        assert debt["entries_below_qw"] == 0 and debt["agrees"] and debt["eta_s"] == 0
+        human = (await trio.to_thread.run_sync(_shell, zk_chroot, "clusterinfo")).stdout
+        assert "durability       every entry at Qw copies" in human
