@@ -1,9 +1,11 @@
 """The deterministic simulator: the protocol machines against faults, seed by seed.
 
 ``SIM_SEED=n pytest tests/sim`` replays one seed (and prints its trace tail on failure);
-``SIM_SEEDS=n`` changes how many seeds the sweep runs (1000 by default, ~15 s here), and
-``SIM_TERM_SEEDS=n`` the terms sweep's (200, ~17 s). Every mutation is caught by seed 118
-(plain) or 8 (terms); wider sweeps are for bench time: ``SIM_SEEDS=30000 pytest tests/sim``.
+``SIM_SEEDS=n`` changes how many seeds the sweep runs (1000 by default, ~10 s here), and
+``SIM_TERM_SEEDS=n`` the terms sweep's (800, ~28 s: every term seed has a follower that
+holds its metadata, and the stale-follower bug of issue 45, which the old sweep met once
+in ~3,400 seeds, shows in about one seed in 40). Wider sweeps are for bench time:
+``SIM_SEEDS=30000 pytest tests/sim``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tests.sim.terms import (
 from tests.sim.world import MUTATIONS, TERM_MUTATIONS, Mutations
 
 CI_SEEDS = int(os.environ.get("SIM_SEEDS", "1000"))
-TERM_SEEDS = int(os.environ.get("SIM_TERM_SEEDS", "200"))
+TERM_SEEDS = int(os.environ.get("SIM_TERM_SEEDS", "800"))
 
 
 def _seeds() -> range | list[int]:
