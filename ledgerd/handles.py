@@ -221,7 +221,8 @@ class ReadHandle(_HandleBase):
         """Re-read the metadata (a ledger opened without recovery may have closed since;
         an unbounded ledger's later fragments and terms)."""
         covers = self._follow.metadata_read_begins()
-        self.metadata, self.version = await self.client.ledgers.read(self.ledger_id)
+        self.metadata, self.version = await self.client.ledgers.read(
+            self.ledger_id, fresh=self.metadata.unbounded)
         closed = self.metadata.is_closed
         self._follow.on_metadata(
             covers, last_entry_id=self.metadata.last_entry_id if closed else None)
