@@ -41,6 +41,7 @@ from ledgerd.machines.changes import (
     failure_kind,
 )
 from ledgerd.machines.placement import choose_ensemble, choose_replacements
+from ledgerd.machines.reads import FollowerLac
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.metadata.errors import ChangeRejectedError, MetadataError
@@ -208,34 +209,55 @@ class ReadHandle(_HandleBase):
     def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
                  view: LedgerView) -> None:
         super().__init__(client, ledger_id, metadata, version, view)
+        # An unbounded ledger's LAC, heard from a bookie, is read up to only with metadata
+        # read after it was heard (a deposed leader's values can sit on bookies the held
+        # fragment list still names; docs/client.md, "Following an unbounded ledger").
+        self._follow = FollowerLac(unbounded=metadata.unbounded, lac=self._lac)
 
     @property
     def length(self) -> int:
         return self.metadata.length
 
     async def refresh(self) -> LedgerMetadata:
-        """Re-read the metadata (a ledger opened without recovery may have closed since)."""
-        self.metadata, self.version = await self.client.ledgers.read(self.ledger_id)
-        if self.metadata.is_closed:
-            self._lac = self.metadata.last_entry_id
+        """Re-read the metadata (a ledger opened without recovery may have closed since;
+        an unbounded ledger's later fragments and terms)."""
+        covers = self._follow.metadata_read_begins()
+        self.metadata, self.version = await self.client.ledgers.read(
+            self.ledger_id, fresh=self.metadata.unbounded)
+        closed = self.metadata.is_closed
+        self._follow.on_metadata(
+            covers, last_entry_id=self.metadata.last_entry_id if closed else None)
+        self._lac = self.metadata.last_entry_id if closed else self._follow.readable
         return self.metadata
 
+    async def _heard(self, lac: int) -> None:
+        """A LAC the bookies told: on a bounded ledger it is readable at once; on an
+        unbounded one once the metadata has been read again after hearing it. If
+        cancelled (or the metadata read fails), the LAC stays where it was."""
+        if self._follow.on_lac(lac):
+            await self.refresh()
+        elif not self.metadata.is_closed:
+            self._lac = self._follow.readable
+
     async def read_lac(self) -> int:
-        """Ask the bookies for the last confirmed entry; never moves backwards."""
+        """Ask the bookies for the last confirmed entry; never moves backwards. On an
+        unbounded ledger a new LAC also re-reads the metadata (one read per call that
+        finds the LAC moved), so that entries up to it are read where they are now."""
         if self.metadata.is_closed:
             return self._lac
-        self._lac = max(self._lac, await read_lac(self._sync_view()))
+        await self._heard(await read_lac(self._sync_view()))
         return self._lac
 
     async def wait_lac_beyond(self, entry_id: int, timeout: float = 10.0) -> int:
         """Wait (long polls) until the LAC passes ``entry_id`` or ``timeout`` ends; returns
-        the LAC then (``<= entry_id`` on timeout). A closed ledger returns at once."""
+        the LAC then (``<= entry_id`` on timeout). A closed ledger returns at once. On an
+        unbounded ledger, as ``read_lac``: a LAC that moved re-reads the metadata."""
         with trio.move_on_after(timeout):
             while self._lac <= entry_id and not self.metadata.is_closed:
                 poll = min(timeout, 10.0)
                 lac = await long_poll(self._sync_view(), max(self._lac, entry_id), poll)
                 if lac > self._lac:
-                    self._lac = lac
+                    await self._heard(lac)
                     break
                 await self.refresh()  # nothing moved: has it been closed?
         return self._lac

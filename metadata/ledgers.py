@@ -74,9 +74,13 @@ class LedgerManager:
         await self.store.create(self.path(lid), metadata.to_json(), make_parents=True)
         return lid, 0
 
-    async def read(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
-        """Metadata and its version; NoNodeError if the ledger does not exist."""
+    async def read(self, ledger_id: int, *, fresh: bool = False) -> tuple[LedgerMetadata, int]:
+        """Metadata and its version; NoNodeError if the ledger does not exist. ``fresh``
+        syncs first: the answer holds every change that completed before the call, even
+        on a ZooKeeper server behind the leader (a follower of an unbounded ledger)."""
         path = self.path(ledger_id)
+        if fresh:
+            await self.store.sync(path)
         raw, stat = await self.store.get(path)
         return LedgerMetadata.from_json(raw, path), stat.version
 

@@ -193,6 +193,12 @@ class InMemoryStore:
         node = self.cluster.nodes.get(path)
         return None if node is None else self._stat(node)
 
+    async def sync(self, path: str) -> None:
+        """Nothing to catch up: every session reads the one copy."""
+        await trio.lowlevel.checkpoint()
+        self._live()
+        _check_path(path)
+
     async def children(self, path: str) -> list[str]:
         await trio.lowlevel.checkpoint()
         self._live()

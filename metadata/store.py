@@ -118,6 +118,12 @@ class MetadataStore(Protocol):
     async def exists(self, path: str) -> NodeStat | None:
         """The stat of ``path``, or None."""
 
+    async def sync(self, path: str) -> None:
+        """Bring this session's view of ``path`` up to date (ZooKeeper's ``sync``): a
+        read after it sees every write that completed before it was called, whichever
+        server the session is on. For a reader that learned of a write some other way
+        (a bookie's LAC) and must now read the metadata that write was made under."""
+
     async def children(self, path: str) -> list[str]:
         """Child names of ``path``, sorted; NoNodeError if absent."""
 

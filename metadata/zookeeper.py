@@ -282,6 +282,14 @@ class ZooKeeperStore:
 
         return await self._call("exists", path, run)
 
+    async def sync(self, path: str) -> None:
+        c, t = self._client, self._op_timeout
+
+        def run() -> None:
+            c.sync_async(path).get(timeout=t)
+
+        await self._call("sync", path, run)
+
     async def children(self, path: str) -> list[str]:
         c, t = self._client, self._op_timeout
         return await self._call("children", path,

@@ -18,6 +18,9 @@ driver sleeps until ``next_deadline()``.
   recovery's fence uses).
 - ``LongPollTally``: the first answer whose LAC passes the mark ends a long poll, or
   every bookie having answered.
+- ``FollowerLac``: how far a follower of an unbounded ledger may read with the metadata
+  it holds: only up to a LAC it learned *before* that metadata was read (seed 002's
+  terms; see docs/protocol.md "Following an unbounded ledger").
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ledgerd.machines.quorum import EnsembleCoverage, is_definite, range_runs, s
 
 __all__ = [
     "EntryReads",
+    "FollowerLac",
     "LacTally",
     "LongPollTally",
     "RangeReads",
@@ -285,3 +289,59 @@ class LongPollTally:
     @property
     def is_done(self) -> bool:
         return self.best > self.previous_lac or self.answered >= self.bookies
+
+
+class FollowerLac:
+    """The LAC a follower learned, and how far the metadata it holds lets it read.
+
+    A bounded ledger has one writer, so an id has one value wherever it is stored: any
+    bookie the metadata names for an id holds that value or nothing, however old the
+    metadata. An unbounded ledger has a writer per term, and an id above the point where
+    a term's recovery truncated can hold a deposed leader's value on a bookie that left
+    the write set (an ensemble change of that leader, or of the recovery, moved the id
+    to other bookies; the TRUNCATE no-op reaches only the ensemble of its time). A LAC
+    learned from a bookie that is in both the old and the new ensemble says nothing of
+    that: read with the fragment list from before the move, the id goes to the bookie
+    that still holds the unacknowledged value.
+
+    The rule: an id of an unbounded ledger is read only with metadata whose read began
+    after a LAC at or past that id was learned. Every fragment holding an id at or below
+    a LAC was in the metadata before that LAC existed (a writer CASes a fragment before
+    it sends to it; a term's fragments land with its opening CAS), so such metadata
+    names, for every id up to that LAC, bookies that hold its acknowledged value or
+    nothing.
+
+    ``on_lac(lac)`` records a LAC and says whether the metadata must be re-read before
+    reading up to it; ``metadata_read_begins()`` is called as that read starts and its
+    result passed to ``on_metadata`` with the answer. ``readable`` is how far reads may
+    go; a bounded ledger reads up to every LAC at once.
+    """
+
+    __slots__ = ("lac", "readable", "unbounded")
+
+    def __init__(self, *, unbounded: bool, lac: int = -1) -> None:
+        self.unbounded = unbounded
+        self.lac = lac
+        self.readable = lac
+
+    def on_lac(self, lac: int) -> bool:
+        """A LAC heard from a bookie; True when the metadata must be re-read (after
+        this call) before reading past ``readable``."""
+        if lac > self.lac:
+            self.lac = lac
+        if not self.unbounded:
+            self.readable = self.lac
+        return self.readable < self.lac
+
+    def metadata_read_begins(self) -> int:
+        """Call as a metadata read starts; pass the result to ``on_metadata``."""
+        return self.lac
+
+    def on_metadata(self, covers: int, *, last_entry_id: int | None = None) -> None:
+        """The metadata read that began when ``metadata_read_begins()`` returned
+        ``covers`` answered; ``last_entry_id``: the ledger is closed there (its end
+        is known, whatever the bookies said)."""
+        if last_entry_id is not None:
+            self.lac = max(self.lac, last_entry_id)
+            covers = max(covers, last_entry_id)
+        self.readable = max(self.readable, min(covers, self.lac))

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from ledgerd.machines.quorum import is_definite, write_set
 from ledgerd.machines.reads import (
     EntryReads,
+    FollowerLac,
     LacTally,
     LongPollTally,
     RangeReads,
@@ -127,3 +128,29 @@ def test_lac_coverage_matches_brute_force(data: st.DataObject) -> None:
     assert tally.covered == _no_ack_quorum_hides(e, qw, qa, definite)
     oks = [i for i, s in enumerate(statuses) if s == Status.OK]
     assert tally.best == (max(oks) if oks else -1)
+
+
+def test_a_bounded_ledgers_follower_reads_up_to_every_lac_at_once() -> None:
+    f = FollowerLac(unbounded=False)
+    assert f.on_lac(7) is False and f.readable == 7
+    assert f.on_lac(3) is False and (f.lac, f.readable) == (7, 7)  # never backwards
+
+
+def test_an_unbounded_ledgers_follower_reads_past_its_metadata_only_after_reading_it_again(
+        ) -> None:
+    f = FollowerLac(unbounded=True)
+    assert f.on_lac(7) is True and f.readable == -1
+    covers = f.metadata_read_begins()
+    assert f.on_lac(9) is True  # heard while the metadata read was on its way
+    f.on_metadata(covers)
+    assert f.readable == 7  # that read began before 9 was heard: it covers 7 only
+    assert f.on_lac(9) is True
+    f.on_metadata(f.metadata_read_begins())
+    assert f.readable == 9 and f.on_lac(9) is False and f.on_lac(4) is False
+
+
+def test_a_closed_ledgers_end_is_readable_whatever_was_heard() -> None:
+    f = FollowerLac(unbounded=True, lac=2)
+    assert f.readable == 2
+    f.on_metadata(f.metadata_read_begins(), last_entry_id=12)
+    assert (f.lac, f.readable) == (12, 12)

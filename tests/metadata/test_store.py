@@ -142,3 +142,11 @@ async def test_session_expiry_is_reported_and_ephemerals_vanish(stores: StoreFac
     # The store works again on its new session.
     await s.create("/after", b"ok")
     assert (await observer.get("/after"))[0] == b"ok"
+
+
+async def test_sync_then_get_sees_another_sessions_write(stores: StoreFactory) -> None:
+    a, b = await stores.open(), await stores.open()
+    await a.create("/synced", b"1")
+    await a.set("/synced", b"2")
+    await b.sync("/synced")
+    assert (await b.get("/synced"))[0] == b"2"

@@ -105,6 +105,9 @@ class Timer:
         self.world.at_time(deadline, on_time, self.label)
 
 
+# Labels name statuses on every answer; the enum lookup is measurably slow there.
+_STATUS_NAMES = {int(st): st.name for st in Status}
+
 # -- bookies ---------------------------------------------------------------------------
 
 
@@ -126,9 +129,41 @@ class SimLedger:
     def is_known(self) -> bool:
         return bool(self.master_key or self.entries or self.fenced or self.term)
 
+    # The highest LAC and id held, kept as entries come and computed again after
+    # anything that removes one (the checker asks after every event).
+    _lac: int | None = None
+    _last: int | None = None
+
     def lac(self) -> int:
         """The highest LAC any entry held here carries (a bookie's view of the LAC)."""
-        return max((peek_entry_header(e).lac for e in self.entries.values()), default=-1)
+        if self._lac is None:
+            self._lac = max((peek_entry_header(e).lac for e in self.entries.values()),
+                            default=-1)
+        return self._lac
+
+    def last(self) -> int:
+        """The highest entry id held here (-1: none)."""
+        if self._last is None:
+            self._last = max(self.entries, default=-1)
+        return self._last
+
+    def put(self, entry_id: int, entry: bytes) -> None:
+        if entry_id in self.entries:
+            self._lac = None  # a replaced entry may have carried the highest LAC
+        elif self._lac is not None:
+            self._lac = max(self._lac, peek_entry_header(entry).lac)
+        self.entries[entry_id] = entry
+        if self._last is not None:
+            self._last = max(self._last, entry_id)
+
+    def truncate_after(self, entry_id: int) -> None:
+        for later in [e for e in self.entries if e > entry_id]:
+            del self.entries[later]
+        self._lac = self._last = None
+
+    def restore(self, entries: dict[int, bytes]) -> None:
+        self.entries = entries
+        self._lac = self._last = None
 
 
 class SimBookie:
@@ -173,7 +208,7 @@ class SimBookie:
         if not isinstance(decision, Accept):
             status = decision
             self.world.send(lambda: reply(status),
-                            f"{self.name} -> {Status(status).name} {entry_id}")
+                            f"{self.name} -> {_STATUS_NAMES[status]} {entry_id}")
             return
         if led.fenced and not req.flags & AddFlags.RECOVERY_ADD:
             self.world.log(f"{self.name} accepts plain add {entry_id} on a fenced ledger")
@@ -182,12 +217,12 @@ class SimBookie:
             led.master_key = decision.bind_key
         if decision.new_term:
             led.term = max(led.term, decision.new_term)
-        led.entries[entry_id] = entry
+        led.put(entry_id, entry)
         self.touched.add(entry_id)
+        self.world.stored = True
         if decision.truncate:
             self.changed_many = True
-            for later in [e for e in led.entries if e > entry_id]:
-                del led.entries[later]
+            led.truncate_after(entry_id)
 
         def synced() -> None:
             led.durable[entry_id] = led.entries.get(entry_id, entry)
@@ -209,14 +244,14 @@ class SimBookie:
             if not led.is_known:
                 status, data = Status.NO_SUCH_LEDGER, b""
             else:
-                last = max(led.entries) if led.entries else -1
+                last = led.last()
                 entry_id = self.core.entry_to_read(req.entry_id, last)
                 if entry_id in led.entries:
                     status, data = Status.OK, led.entries[entry_id]
                 else:
                     status, data = Status.NO_SUCH_ENTRY, b""
             self.world.send(lambda: reply(status, data),
-                            f"{self.name} -> read {req.entry_id} {Status(status).name}")
+                            f"{self.name} -> read {req.entry_id} {_STATUS_NAMES[status]}")
 
         if self.core.is_immediate(req):
             answer()
@@ -225,7 +260,7 @@ class SimBookie:
         if not isinstance(decision, Accept):
             status = decision
             self.world.send(lambda: reply(status, b""),
-                            f"{self.name} -> read {req.entry_id} {Status(status).name}")
+                            f"{self.name} -> read {req.entry_id} {_STATUS_NAMES[status]}")
             return
         if decision.bind_key:
             led.master_key = decision.bind_key
@@ -246,10 +281,11 @@ class SimBookie:
     def crash(self, lose_unsynced: bool) -> None:
         self.up = False
         self.changed_many = True
+        self.world.stored = True
         self.incarnation += 1
         led = self.ledger
         if lose_unsynced:
-            led.entries = dict(led.durable)
+            led.restore(dict(led.durable))
             led.fenced = led.fence_durable
             led.master_key = led.key_durable
             led.term = led.term_durable

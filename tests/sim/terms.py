@@ -29,11 +29,13 @@ B3), checked after every event that changed a bookie or the metadata:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ledgerd.machines.changes import begin_term, change_ensemble, failure_kind, open_term
 from ledgerd.machines.placement import NotEnoughBookiesError, choose_ensemble, choose_replacements
 from ledgerd.machines.quorum import write_set
+from ledgerd.machines.reads import FollowerLac
 from ledgerd.machines.recovery import Finished
 from ledgerd.machines.recovery_run import RECOVERY_READ_FLAGS, RecoveryRun
 from ledgerd.machines.writer import (
@@ -67,7 +69,15 @@ from tests.sim.actors import (
 from tests.sim.scenario import CONFIGS
 from tests.sim.world import Mutations, Violation, World
 
-__all__ = ["TERM_SCENARIOS", "TermResult", "run_stale_tail_scenario", "run_term_seed"]
+__all__ = [
+    "TERM_SCENARIOS",
+    "TermResult",
+    "run_late_add_scenario",
+    "run_recovery_change_scenario",
+    "run_stale_tail_scenario",
+    "run_term_seed",
+    "run_writer_change_scenario",
+]
 
 HEAL_AT = 10.0
 END_AT = 45.0
@@ -134,6 +144,9 @@ class TermChecker:
         """Incremental: everything after a metadata change, a truncate or a crash; else
         only the ids some bookie stored since the last look (and the ids a bookie's
         LAC newly covers)."""
+        if not self.world.stored and self.meta.version == self._version:
+            return  # no bookie and not the metadata changed since the last look
+        self.world.stored = False
         bookies = self.bookies.values()
         md = self.meta.md
         if md.noops and md.noops[-1] > self.committed:
@@ -145,7 +158,7 @@ class TermChecker:
             b.touched for b in bookies) else self._lacs
         if full:
             ids: set[int] | range = range(md.start_entry, max(
-                [self.committed, *lacs.values(), *(max(b.ledger.entries, default=-1)
+                [self.committed, *lacs.values(), *(b.ledger.last()
                                                    for b in bookies)]) + 1)
         else:
             touched: set[int] = set()
@@ -432,44 +445,89 @@ class SimLeader:
         return self.w is not None and self.acked >= self.writes
 
 
+# Plain ints for flags, as a decoded request carries (an IntFlag makes every test of
+# them in the core an enum operation, a tenth of the simulator's time).
+_LAST_ENTRY = ReadRequest(ledger_id=LEDGER, entry_id=-1, flags=0)
+
+
 class SimTailReader:
-    """Follows the ledger with plain reads: each bookie's last entry for the LAC, then
-    the entries up to it from one write-set bookie; no-op entries are skipped."""
+    """Follows the ledger with plain reads, as ``ReadHandle`` does: each bookie's last
+    entry for the LAC, then the entries up to it from one write-set bookie; no-op
+    entries are skipped. What it may read with the metadata it holds is the production
+    ``FollowerLac``'s to say: past a LAC learned after its metadata was read, it re-reads
+    the metadata first (seed 002, issue 45 §3).
+
+    ``refresh=True`` re-reads the metadata at every poll as well; ``refresh=False``
+    reads it once at the start and then only when ``FollowerLac`` asks (a ``ReadHandle``
+    opened without recovery and followed with ``wait_lac_beyond``)."""
 
     def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
-                 checker: TermChecker) -> None:
+                 checker: TermChecker, *, name: str = "tail", refresh: bool = True,
+                 start_at: float = 0.05) -> None:
         self.world = world
         self.meta = meta
         self.bookies = bookies
         self.checker = checker
-        self.lac = -1
+        self.name = name
+        self.refresh = refresh
+        self.start_at = start_at
+        self.follow = FollowerLac(unbounded=True)
+        self.md: LedgerMetadata | None = None
+        self.version = -1
         self.next = 0
 
     def start(self) -> None:
-        self.world.at(0.05, self._poll, "tail poll")
+        self.world.at(self.start_at, self._poll, f"{self.name} poll")
 
     def _poll(self) -> None:
-        self.meta.read(self._on_metadata)
+        if self.md is None or self.refresh:
+            self._read_metadata()
+        else:
+            self._ask_lacs(self.md)
         if self.world.now < END_AT - 1:
-            self.world.at(0.1, self._poll, "tail poll")
+            # Every 0.1 s while leaders change; once the last one has written, every 1 s
+            # (the late polls only confirm what is there, and cost a third of the time).
+            every = 0.1 if self.world.now < HEAL_AT + 2 else 1.0
+            self.world.at(every, self._poll, f"{self.name} poll")
 
-    def _on_metadata(self, md: LedgerMetadata, _version: int) -> None:
+    def _read_metadata(self) -> None:
+        covers = self.follow.metadata_read_begins()
+        self.meta.read(lambda md, v: self._on_metadata(md, v, covers))
+
+    def _on_metadata(self, md: LedgerMetadata, version: int, covers: int) -> None:
+        if version < self.version:
+            return  # an older answer overtaken by a newer one, which covers more
+        self.md, self.version = md, version
         self.next = max(self.next, md.start_entry)
+        self.follow.on_metadata(covers)
+        self._read_upto()
+        if self.refresh:
+            self._ask_lacs(md)
+
+    def _ask_lacs(self, md: LedgerMetadata) -> None:
         for name in md.last_ensemble[1]:
             bookie = self.bookies[name]
 
             def reply(status: int, data: bytes) -> None:
                 if status == Status.OK:
-                    lac = peek_entry_header(data).lac
-                    self.checker.on_lac_seen(lac, "tail reader")
-                    if lac > self.lac:
-                        self.lac = lac
-                        self._read_upto(md)
-            self.world.send(lambda b=bookie, r=reply: b.on_read(
-                ReadRequest(ledger_id=LEDGER, entry_id=-1), r), f"tail lac? -> {name}")
+                    self._on_lac(peek_entry_header(data).lac)
+            self.world.send(lambda b=bookie, r=reply: b.on_read(_LAST_ENTRY, r),
+                            f"{self.name} lac? -> {name}")
 
-    def _read_upto(self, md: LedgerMetadata) -> None:
-        while self.next <= self.lac:
+    def _on_lac(self, lac: int) -> None:
+        self.checker.on_lac_seen(lac, f"{self.name} reader")
+        if self.follow.on_lac(lac):
+            if self.world.mutations.stale_follower_reads:
+                self.follow.readable = self.follow.lac  # the bug: read on, metadata as held
+            else:
+                self._read_metadata()
+        self._read_upto()
+
+    def _read_upto(self) -> None:
+        md = self.md
+        if md is None:
+            return
+        while self.next <= self.follow.readable:
             eid = self.next
             self.next += 1
             self._read(md, eid, 0)
@@ -485,12 +543,14 @@ class SimTailReader:
             if status == Status.OK:
                 e = decode_entry(DIGEST, data, ledger_id=LEDGER, entry_id=eid)
                 self.checker.on_read(eid, b"<noop>" if e.length < 0 else e.payload,
-                                     "tail reader")
+                                     f"{self.name} reader")
             else:
+                # A retry reads the metadata afresh (newer than any LAC learned).
                 self.world.at(0.05, lambda: self._read(self.meta.md, eid, attempt + 1),
-                              f"tail retry {eid}")
+                              f"{self.name} retry {eid}")
         self.world.send(lambda: self.bookies[name].on_read(
-            ReadRequest(ledger_id=LEDGER, entry_id=eid), reply), f"tail read {eid}")
+            ReadRequest(ledger_id=LEDGER, entry_id=eid, flags=0), reply),
+            f"{self.name} read {eid}")
 
 
 def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
@@ -517,8 +577,11 @@ def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
             world.at(r.uniform(0.1, HEAL_AT * 0.8), c.die, f"kill {c.name}")
     if r.random() < 0.4:
         world.at(r.uniform(0.0, HEAL_AT * 0.5), leaders[0].die, "kill c1")
-    tail = SimTailReader(world, meta, bookies, checker)
-    tail.start()
+    SimTailReader(world, meta, bookies, checker).start()
+    # A follower that reads the metadata once and then follows LACs (a ReadHandle opened
+    # without recovery): it holds an old fragment list for long, the case FollowerLac is for.
+    SimTailReader(world, meta, bookies, checker, name="follower", refresh=False,
+                  start_at=r.uniform(0.05, HEAL_AT * 0.5)).start()
     for _ in range(r.choice([0, 1, 1, 2, 3])):
         victim = bookies[r.choice(names)]
         lose = r.random() < 0.5
@@ -602,8 +665,157 @@ def run_stale_tail_scenario(mutations: Mutations | None = None) -> TermResult:
                       len(meta.md.ensembles), violation, list(world.trace))
 
 
+def _stale_follower_world(mutations: Mutations | None, ensemble_size: int, write_quorum: int,
+                          ack_quorum: int, names: list[str], ensemble: tuple[str, ...],
+                          holds: dict[str, float]) -> tuple[World, SimMetadata,
+                                                            dict[str, SimBookie], TermChecker]:
+    """A fault-free world with the given losses, an unbounded ledger at term 1, and a
+    follower that reads the metadata once at the start (a ``ReadHandle``)."""
+    world = World(0, mutations)
+    world.faulty = False
+    bookies = {n: SimBookie(world, n) for n in names}
+    md = LedgerMetadata(ensemble_size=ensemble_size, write_quorum=write_quorum,
+                        ack_quorum=ack_quorum, unbounded=True, term=1,
+                        ensembles=((0, ensemble),))
+    meta = SimMetadata(world, md)
+    checker = TermChecker(world, meta, bookies)
+    world.checks.append(checker.check)
+    world.holds = holds
+    SimTailReader(world, meta, bookies, checker, name="follower", refresh=False,
+                  start_at=0.01).start()
+    return world, meta, bookies, checker
+
+
+def _stale_follower_result(world: World, meta: SimMetadata, bookies: dict[str, SimBookie],
+                           checker: TermChecker, config: tuple[int, int, int],
+                           last: SimLeader, played_out: Callable[[], str | None]
+                           ) -> TermResult:
+    violation = None
+    try:
+        world.run(END_AT)
+        if (why := played_out()) is not None:
+            world.fail(f"the schedule did not play out ({why}); the scenario tests nothing")
+        if not last.done_writing:
+            world.fail(f"{last.name} did not get its writes acknowledged "
+                       f"(acked {last.acked})")
+        _final_check(world, meta, bookies, checker, last)
+    except Violation as exc:
+        violation = str(exc)
+    return TermResult(0, world.events, config, meta.md.term, len(checker.acked),
+                      len(meta.md.ensembles), violation, list(world.trace))
+
+
+def _holds(bookie_ids: dict[str, list[int]], prefix: str) -> dict[str, float]:
+    return {f"{prefix} add {eid} -> {b}": float("inf")
+            for b, ids in bookie_ids.items() for eid in ids}
+
+
+def run_writer_change_scenario(mutations: Mutations | None = None) -> TermResult:
+    """Seed 5001976 written out: the writer's own ensemble change leaves its later ids on
+    the bookie it replaced, and a follower holding the fragment list from before the
+    change reads one of them after the next term gave that id another value.
+
+    E2/Qw2/Qa2 on b0..b2, ensemble (b0, b1). The follower reads the metadata at the start.
+    c1 writes ids 0..5: b1 never gets id 2, and ids 4 and 5 reach b1 only; at the add
+    timeout c1 moves ids 2.. to (b0, b2) and dies with 0..3 acknowledged. c2 takes over:
+    its recovery, on (b0, b2), ends at id 3 with the no-op at 4, which truncates b0 and
+    b2 only; c2 writes its own id 5. b0, in both fragments, tells the follower a LAC past
+    5; with its first metadata, id 5 is b1's, where c1's unacknowledged value still is.
+    """
+    holds = {"c1 t1 add 2 -> b1": float("inf"),
+             **_holds({"b0": [4, 5], "b2": [4, 5]}, "c1 t1")}
+    world, meta, bookies, checker = _stale_follower_world(
+        mutations, 2, 2, 2, ["b0", "b1", "b2"], ("b0", "b1"), holds)
+    c1 = SimLeader(world, meta, bookies, "c1", checker, writes=6, fragment_entries=0,
+                   first=True)
+    c2 = SimLeader(world, meta, bookies, "c2", checker, writes=3, fragment_entries=0)
+    c1.start()
+    world.at(1.5, c1.die, "kill c1")
+    world.at(2.0, c2.start, "c2 takes over")
+
+    def played_out() -> str | None:
+        if c1.acked != 4 or "b1" not in meta.md.ensembles[0][1] or len(meta.md.ensembles) != 2:
+            return f"c1 acked {c1.acked}, fragments {meta.md.ensembles}"
+        if bookies["b1"].ledger.entries.get(5) is None:
+            return "b1 does not hold c1's id 5"
+        return None
+    return _stale_follower_result(world, meta, bookies, checker, (2, 2, 2), c2, played_out)
+
+
+def run_late_add_scenario(mutations: Mutations | None = None) -> TermResult:
+    """Seed 5004036 written out: a deposed writer's add reaches the bookie it had
+    replaced after the next term opened, where no truncate can ever remove it, and a
+    follower holding the fragment list from before the change reads it.
+
+    As ``run_writer_change_scenario``, but b1 holds nothing of c1's above id 3 while c2
+    recovers and opens its term; c1's add of id 5 to b1, sent before c1's change, is
+    delivered at about 3 s (b1, out of every later fragment, never saw term 2 and takes
+    it). c2's own id 5 is acknowledged on (b0, b2); the follower's read of id 5, slow
+    on the way, reaches b1 after that.
+    """
+    holds = {"c1 t1 add 2 -> b1": float("inf"), "c1 t1 add 4 -> b1": float("inf"),
+             "c1 t1 add 5 -> b1": 2.8, "follower read 5": 1.5,
+             **_holds({"b0": [4, 5], "b2": [4, 5]}, "c1 t1")}
+    world, meta, bookies, checker = _stale_follower_world(
+        mutations, 2, 2, 2, ["b0", "b1", "b2"], ("b0", "b1"), holds)
+    c1 = SimLeader(world, meta, bookies, "c1", checker, writes=6, fragment_entries=0,
+                   first=True)
+    c2 = SimLeader(world, meta, bookies, "c2", checker, writes=3, fragment_entries=0)
+    c1.start()
+    world.at(1.5, c1.die, "kill c1")
+    world.at(2.0, c2.start, "c2 takes over")
+    b1_at_open: dict[int, bytes] = {}
+
+    def note_open() -> None:
+        b1_at_open.update(bookies["b1"].ledger.entries)
+    world.at(2.5, note_open, "look at b1")
+
+    def played_out() -> str | None:
+        if c1.acked != 4 or len(meta.md.ensembles) != 2 or not c2.leading:
+            return f"c1 acked {c1.acked}, fragments {meta.md.ensembles}"
+        if 5 in b1_at_open or bookies["b1"].ledger.entries.get(5) is None:
+            return "c1's id 5 was not delivered to b1 after c2 opened its term"
+        return None
+    return _stale_follower_result(world, meta, bookies, checker, (2, 2, 2), c2, played_out)
+
+
+def run_recovery_change_scenario(mutations: Mutations | None = None) -> TermResult:
+    """Seed 6002232 written out: a term's recovery replaces a bookie that holds the
+    deposed writer's unacknowledged ids, so its TRUNCATE no-op never reaches them, and a
+    follower holding the fragment list from before the recovery reads one.
+
+    E2/Qw2/Qa2 on b0..b2, ensemble (b0, b1). c1 writes ids 0..5, ids 4 and 5 reaching b1
+    only, and dies before its add timeout. c2 takes over while b1 hears nothing from it:
+    the fence and the reads of b0 suffice (one definite answer per write quorum), id 4
+    is absent, and its rewrites and no-op time out on b1, so the recovery moves them to
+    (b0, b2) and opens term 3 with that fragment. c2 writes its own id 5; the follower,
+    told a LAC past it by b0, reads id 5 from b1.
+    """
+    holds = {**_holds({"b0": [4, 5]}, "c1 t1"),
+             "c2 t2 read * -> b1": float("inf"), "c2 rewrite * -> b1": float("inf")}
+    world, meta, bookies, checker = _stale_follower_world(
+        mutations, 2, 2, 2, ["b0", "b1", "b2"], ("b0", "b1"), holds)
+    c1 = SimLeader(world, meta, bookies, "c1", checker, writes=6, fragment_entries=0,
+                   first=True)
+    c2 = SimLeader(world, meta, bookies, "c2", checker, writes=3, fragment_entries=0)
+    c1.start()
+    world.at(0.5, c1.die, "kill c1")
+    world.at(0.7, c2.start, "c2 takes over")
+
+    def played_out() -> str | None:
+        if c1.acked != 4 or len(meta.md.ensembles) != 2 or \
+                "b2" not in meta.md.ensembles[1][1]:
+            return f"c1 acked {c1.acked}, fragments {meta.md.ensembles}"
+        if bookies["b1"].ledger.entries.get(5) is None:
+            return "b1 does not hold c1's id 5"
+        return None
+    return _stale_follower_result(world, meta, bookies, checker, (2, 2, 2), c2, played_out)
+
+
 # Fault schedules too specific for random seeds to find, run with every term mutation.
-TERM_SCENARIOS = [run_stale_tail_scenario]
+# The last three are the follower seeds of issue 45 (5001976, 5004036, 6002232).
+TERM_SCENARIOS = [run_stale_tail_scenario, run_writer_change_scenario, run_late_add_scenario,
+                  run_recovery_change_scenario]
 
 
 def _final_check(world: World, meta: SimMetadata, bookies: dict[str, SimBookie],

@@ -1,9 +1,11 @@
 """The deterministic simulator: the protocol machines against faults, seed by seed.
 
 ``SIM_SEED=n pytest tests/sim`` replays one seed (and prints its trace tail on failure);
-``SIM_SEEDS=n`` changes how many seeds the sweep runs (1000 by default, ~15 s here), and
-``SIM_TERM_SEEDS=n`` the terms sweep's (200, ~17 s). Every mutation is caught by seed 118
-(plain) or 8 (terms); wider sweeps are for bench time: ``SIM_SEEDS=30000 pytest tests/sim``.
+``SIM_SEEDS=n`` changes how many seeds the sweep runs (1000 by default, ~10 s here), and
+``SIM_TERM_SEEDS=n`` the terms sweep's (800, ~28 s: every term seed has a follower that
+holds its metadata, and the stale-follower bug of issue 45, which the old sweep met once
+in ~3,400 seeds, shows in about one seed in 40). Wider sweeps are for bench time:
+``SIM_SEEDS=30000 pytest tests/sim``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,19 @@ import os
 import pytest
 
 from tests.sim.scenario import RunResult, run_seed
-from tests.sim.terms import TERM_SCENARIOS, TermResult, run_term_seed
+from tests.sim.terms import (
+    TERM_SCENARIOS,
+    TermResult,
+    run_late_add_scenario,
+    run_recovery_change_scenario,
+    run_stale_tail_scenario,
+    run_term_seed,
+    run_writer_change_scenario,
+)
 from tests.sim.world import MUTATIONS, TERM_MUTATIONS, Mutations
 
 CI_SEEDS = int(os.environ.get("SIM_SEEDS", "1000"))
-TERM_SEEDS = int(os.environ.get("SIM_TERM_SEEDS", "200"))
+TERM_SEEDS = int(os.environ.get("SIM_TERM_SEEDS", "800"))
 
 
 def _seeds() -> range | list[int]:
@@ -79,11 +89,39 @@ def test_each_mutation_is_caught_within_the_ci_seeds(mutation: str) -> None:
                 f"known protocol bug")
 
 
+# What each written schedule acknowledges and how many terms it reaches when it plays out.
+_SCENARIO_OUTCOMES = {run_stale_tail_scenario: (10, 5), run_writer_change_scenario: (7, 3),
+                      run_late_add_scenario: (7, 3), run_recovery_change_scenario: (7, 3)}
+# The follower schedules of issue 45 §3 (seeds 5001976, 5004036, 6002232).
+_FOLLOWER_SCENARIOS = [run_writer_change_scenario, run_late_add_scenario,
+                       run_recovery_change_scenario]
+
+
 @pytest.mark.parametrize("scenario", TERM_SCENARIOS, ids=lambda s: s.__name__)
 def test_targeted_term_scenarios_hold_without_mutations(scenario: object) -> None:
     r = scenario()  # type: ignore[operator]
     assert r.violation is None, _report(r)
-    assert r.acked == 10 and r.terms == 5, (r.acked, r.terms)
+    assert (r.acked, r.terms) == _SCENARIO_OUTCOMES[scenario], (r.acked, r.terms)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("scenario", _FOLLOWER_SCENARIOS, ids=lambda s: s.__name__)
+def test_a_follower_reading_past_its_metadata_is_caught_by_each_follower_scenario(
+        scenario: object) -> None:
+    """Read up to a new LAC with the fragment list held (no re-read), a follower reads
+    the deposed writer's id 5 from the bookie that left its write set."""
+    r = scenario(Mutations(stale_follower_reads=True))  # type: ignore[operator]
+    assert r.violation == ("follower reader read id 5 as b'c1-t1-5', acknowledged as "
+                           "b'c2-t3-0'"), r.violation
+
+
+def test_a_follower_reading_past_its_metadata_is_found_by_random_term_seeds() -> None:
+    """The term sweep finds the stale-follower bug on its own, not only through the
+    written schedules (before issue 45 it found one about every 3,400 seeds)."""
+    mutations = Mutations(stale_follower_reads=True)
+    for seed in range(TERM_SEEDS):
+        if run_term_seed(seed, mutations).violation is not None:
+            return
+    pytest.fail(f"stale follower reads survived {TERM_SEEDS} term seeds")
 
 
 def test_no_truncate_is_caught_by_the_stale_tail_scenario() -> None:

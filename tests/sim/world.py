@@ -14,6 +14,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from fnmatch import fnmatchcase
 from typing import Any
 
 __all__ = ["MUTATIONS", "TERM_MUTATIONS", "Mutations", "Violation", "World"]
@@ -32,6 +33,7 @@ class Mutations:
     recovery_writes_at_ack_quorum: bool = False  # a term's rewrites complete at Qa, not Qw
     no_truncate: bool = False                  # the no-op ending a term's recovery truncates nothing
     stale_term_accepted: bool = False          # the bookie core takes a lower term's requests
+    stale_follower_reads: bool = False         # a follower reads up to a new LAC with old metadata
 
     def active(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -39,7 +41,8 @@ class Mutations:
 
 MUTATIONS = [f.name for f in fields(Mutations)]
 # Mutations only the term model exercises (the others run the bounded-ledger model).
-TERM_MUTATIONS = ["recovery_writes_at_ack_quorum", "no_truncate", "stale_term_accepted"]
+TERM_MUTATIONS = ["recovery_writes_at_ack_quorum", "no_truncate", "stale_term_accepted",
+                  "stale_follower_reads"]
 
 
 class Violation(AssertionError):
@@ -62,7 +65,7 @@ class World:
         self.now = 0.0
         self._queue: list[tuple[float, int, Callable[[], None], str]] = []
         self._seq = 0
-        self.trace: deque[str] = deque(maxlen=80)
+        self._trace: deque[tuple[float, str]] = deque(maxlen=80)
         self.events = 0
         r = self.rng
         self.faults = NetworkFaults(loss=r.choice([0.0, 0.01, 0.03, 0.06]),
@@ -71,9 +74,12 @@ class World:
                                     stall_chance=r.choice([0.0, 0.005, 0.02]))
         self.faulty = True
         self.checks: list[Callable[[], None]] = []
-        # Targeted scenarios: a message whose label starts with one of these prefixes is
-        # held that many seconds more (inf: lost), faults on or off (a fault schedule
-        # written out instead of drawn from the seed).
+        # Set by a bookie that stored or dropped entries; an incremental checker clears
+        # it once it has looked (most events change no bookie: it skips those at once).
+        self.stored = False
+        # Targeted scenarios: a message whose label starts with one of these prefixes (or
+        # matches it, when it has a ``*``) is held that many seconds more (inf: lost),
+        # faults on or off (a fault schedule written out instead of drawn from the seed).
         self.holds: dict[str, float] = {}
 
     # -- events ------------------------------------------------------------------------
@@ -88,14 +94,19 @@ class World:
         heapq.heappush(self._queue, (max(self.now, when), self._seq, fn, label))
 
     def log(self, text: str) -> None:
-        self.trace.append(f"{self.now:9.4f} {text}")
+        self._trace.append((self.now, text))
+
+    @property
+    def trace(self) -> list[str]:
+        """The last events, formatted (formatting only when asked: most runs pass)."""
+        return [f"{t:9.4f} {text}" for t, text in self._trace]
 
     def run(self, until: float) -> None:
         while self._queue and self._queue[0][0] <= until:
             t, _seq, fn, label = heapq.heappop(self._queue)
             self.now = t
             self.events += 1
-            self.log(label)
+            self._trace.append((t, label))
             fn()
             for check in self.checks:
                 check()
@@ -109,7 +120,8 @@ class World:
         r = self.rng
         hold = 0.0
         if self.holds:
-            hold = next((t for p, t in self.holds.items() if label.startswith(p)), 0.0)
+            hold = next((t for p, t in self.holds.items()
+                         if label.startswith(p) or ("*" in p and fnmatchcase(label, p))), 0.0)
             if hold == float("inf"):
                 self.log(f"DROPPED {label}")
                 return
