@@ -137,7 +137,10 @@ def render_protocol_doc() -> str:
         "  lacks it).",
         "- `term` (Add, Read, ReadRange, WriteLac): 0 means the request does not use terms.",
         "  A term below the ledger's answers INVALID_TERM; a higher one is stored (journaled)",
-        "  before the request proceeds.",
+        "  before the request proceeds. A follower's plain reads carry term 0 on purpose (seed",
+        "  002: normal reads do not care about terms); what keeps a follower from reading a",
+        "  deposed leader's value is the client's rule in docs/client.md, \"Following an",
+        "  unbounded ledger\".",
         "- GetBookieInfo `state`: 0 writable, 1 read-only.",
         "- AdminTrigger `kind`: 0 GC, 1 minor compaction, 2 major compaction, 3 read-only "
         "(refuse new adds until 4 or a restart: draining before a decommission), 4 writable.",
