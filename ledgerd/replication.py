@@ -259,8 +259,17 @@ async def rereplicate_ledger(
                 elif dry_run:
                     result.plan.append({"action": "fence and close (recovery)"})
                 else:
-                    md = await _close(client, ledger_id, md, creds, opts)
-                    result.closed_by_recovery = True
+                    try:
+                        md = await _close(client, ledger_id, md, creds, opts)
+                        result.closed_by_recovery = True
+                    except LedgerRecoveryError as exc:
+                        if exc.kind is not FailureKind.CORRUPT:
+                            raise
+                        # Only the password can settle it: the finished fragments are
+                        # copied meanwhile, and the ledger stays FAILED.
+                        result.outcome = Outcome.FAILED
+                        result.detail = str(exc)
+                        md, _ = await client.ledgers.read(ledger_id)
             if check:
                 failed = await probe_failures(client, ledger_id, md, available, opts)
             failed |= reported_failures(md, reported or {})

@@ -451,6 +451,45 @@ async def test_an_open_hmac_ledger_is_closed_without_its_password_where_the_pass
             await lh.append(b"late")  # the silent writer was fenced
 
 
+async def test_a_refused_hmac_close_still_copies_the_finished_fragments(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 3, 2, digest="hmac", password=b"pw")
+        payloads = {i: b"z%d " % i + bytes(i) for i in range(20)}
+        for i in range(10):
+            await lh.append(payloads[i])
+        first = lh.metadata.ensembles[0][1]
+        cluster[first[0]].gate.freeze()  # replaced after its add timeout: two fragments
+        for i in range(10, 13):
+            await lh.append(payloads[i])
+        with trio.fail_after(10):
+            md = await wait_fragments(client, lh.ledger_id, 2)
+        cluster[first[0]].gate.thaw()
+        for i in range(13, 17):
+            await lh.append(payloads[i])
+        for p in [await lh.submit(payloads[i]) for i in range(17, 20)]:
+            await p  # in flight together: the close reads 17 on
+        await trio.sleep(1)
+        assert md.ensembles[1][0] <= 13
+        second = md.ensembles[1][1]
+        lost = next(b for b in first[1:] if b in second)
+        forged = next(b for b in second if b != lost)
+        storage = cluster[forged].storage
+        good = storage.read_entry(lh.ledger_id, 18)
+        await storage.add_entries(lh.ledger_id, 18, [good[:-1] + bytes([good[-1] ^ 1])])
+        await lose(cluster, lost)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.FAILED and "hold different bytes" in result.detail
+        assert result.fragments == 1  # the finished one, copied while the close waits
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.state is LedgerState.IN_RECOVERY
+        assert lost not in md.ensembles[0][1] and md.ensembles[1][1] == second
+        assert whole(cluster, lh.ledger_id, md.closed(md.ensembles[1][0] - 1, 0),
+                     payloads) == []
+
+
 async def test_a_corrupted_replica_makes_the_close_without_the_password_refuse(
         tmp_path: Path, clock: trio.testing.MockClock) -> None:
     async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
