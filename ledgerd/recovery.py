@@ -52,6 +52,7 @@ from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.pipeline import AddPipeline, EnsembleChangeError
 from ledgerd.wire.entry import Digester
+from ledgerd.wire.entry_check import EntryCheck
 from ledgerd.wire.messages import AddFlags, Message, ReadRequest, ReadResponse
 from ledgerd.wire.status import Status, UnauthorizedError
 
@@ -101,7 +102,8 @@ class _Run:
     through an AddPipeline, and a timer task sleeping until the run's next deadline."""
 
     def __init__(self, pool: BookiePool, nursery: trio.Nursery, ledger_id: int,
-                 md: LedgerMetadata, key: bytes, digester: Digester, *, read_timeout: float,
+                 md: LedgerMetadata, key: bytes, digester: Digester | EntryCheck, *,
+                 read_timeout: float,
                  add_timeout: float, writable: Callable[[], Awaitable[set[str]]],
                  rng: random.Random, read_window: int = 64, term: int = 0) -> None:
         self.pool = pool
@@ -189,7 +191,7 @@ class _Run:
 
 
 async def _run(pool: BookiePool, ledger_id: int, md: LedgerMetadata, key: bytes,
-               digester: Digester, *, read_timeout: float, add_timeout: float,
+               digester: Digester | EntryCheck, *, read_timeout: float, add_timeout: float,
                writable: Callable[[], Awaitable[set[str]]], rng: random.Random,
                read_window: int, term: int = 0) -> tuple[Finished, dict[int, tuple[str, ...]]]:
     """One recovery run to its end: the Finished outcome and its local ensembles.
@@ -251,7 +253,7 @@ async def _reopen(ledgers: LedgerManager, ledger_id: int, md: LedgerMetadata,
 
 
 async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, key: bytes,
-                         digester: Digester, *, read_timeout: float, add_timeout: float,
+                         digester: Digester | EntryCheck, *, read_timeout: float, add_timeout: float,
                          writable: Callable[[], Awaitable[set[str]]],
                          rng: random.Random, read_window: int = 64,
                          ) -> tuple[LedgerMetadata, int]:
@@ -264,6 +266,11 @@ async def recover_ledger(ledgers: LedgerManager, pool: BookiePool, ledger_id: in
     and nobody wrote the metadata since (``_reopen``); any other failure, and
     cancellation, leave it IN_RECOVERY and fenced, with any prefix of the rewrites
     done; running recovery again finishes it.
+
+    ``digester`` may be an unkeyed ``EntryCheck`` (an HMAC ledger without its password):
+    replicas must then agree, and a disagreement or bytes failing the checks raise
+    LedgerRecoveryError with ``FailureKind.CORRUPT`` before anything unvouched is
+    rewritten; only a recovery with the password can finish that ledger.
     """
     was: list[LedgerState] = []
 

@@ -47,9 +47,11 @@ id, its digest's size, the cumulative length growing by exactly its payload from
 entry before), and whenever a second surviving replica holds the same entries, the two
 must agree byte for byte; a disagreement fails the copy (never a guess). A source bookie
 checks its own stored CRC32C of every entry it serves, so a rotten copy on disk is an
-error, not bytes. Only recovery needs the key (it writes the TRUNCATE no-op, and
-verifies what it reads): an HMAC ledger that needs a close or a takeover still needs
-``recover --password``.
+error, not bytes. An open bounded HMAC ledger is closed by the same recovery as any
+other, with those checks in place of the digest (``machines.recovery``: every replica
+of an entry's write set heard, their bytes the same, lengths chained); a disagreement
+fails the close and leaves the ledger IN_RECOVERY for ``recover --password``. Only a
+takeover of an unbounded one needs the key (it writes the TRUNCATE no-op).
 """
 
 from __future__ import annotations
@@ -84,19 +86,13 @@ from ledgerd.machines.checker import (
 from ledgerd.machines.holdings import reported_failures
 from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
+from ledgerd.machines.writer import FailureKind
 from ledgerd.metadata.errors import ChangeRejectedError, NoNodeError
 from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.recovery import recover_ledger, take_over
-from ledgerd.wire.entry import (
-    ENTRY_HEADER_SIZE,
-    Digester,
-    DigestType,
-    decode_entry,
-    decode_lac_body,
-    master_key,
-    recovery_key,
-)
-from ledgerd.wire.errors import EntryFormatError, WireError
+from ledgerd.wire.entry import Digester, DigestType, master_key, recovery_key
+from ledgerd.wire.entry_check import EntryCheck, KeyedCheck, UnkeyedCheck
+from ledgerd.wire.errors import WireError
 from ledgerd.wire.messages import (
     AddFlags,
     AddRequest,
@@ -120,7 +116,6 @@ log = logging.getLogger(__name__)
 _RECOVERY_FLAGS = AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY
 _FRAME_SLACK = 4096  # room in a frame for everything but entry bytes
 _HEADER = struct.Struct(">qqqq")
-_LAC = struct.Struct(">qq")
 
 
 class CopyFailedError(LedgerdError):
@@ -164,81 +159,8 @@ class Credentials:
         password) everything that needs no key."""
         kind = DigestType(md.digest_type)
         if kind is DigestType.HMAC and self.password is None:
-            return _Unkeyed(kind.size)
-        return _Keyed(Digester(kind, self.password or b""))
-
-
-class EntryCheck:
-    """Checks one entry's bytes as a copy reads them."""
-
-    keyed = True
-
-    def entry(self, data: bytes, ledger_id: int, entry_id: int,
-              previous_length: int | None = None) -> tuple[int, int]:
-        """``(lac, length)`` of a sound entry; raises WireError otherwise."""
-        raise NotImplementedError
-
-    def lac_body(self, data: bytes, ledger_id: int) -> int:
-        raise NotImplementedError
-
-
-class _Keyed(EntryCheck):
-    def __init__(self, digester: Digester) -> None:
-        self.digester = digester
-
-    def entry(self, data: bytes, ledger_id: int, entry_id: int,
-              previous_length: int | None = None) -> tuple[int, int]:
-        e = decode_entry(self.digester, data, ledger_id=ledger_id, entry_id=entry_id)
-        return e.lac, e.length
-
-    def lac_body(self, data: bytes, ledger_id: int) -> int:
-        return decode_lac_body(self.digester, data, ledger_id=ledger_id)
-
-
-class _Unkeyed(EntryCheck):
-    """An HMAC ledger's entries without the key: all but the digest's value."""
-
-    keyed = False
-
-    def __init__(self, digest_size: int) -> None:
-        self.digest_size = digest_size
-
-    def entry(self, data: bytes, ledger_id: int, entry_id: int,
-              previous_length: int | None = None) -> tuple[int, int]:
-        return unkeyed_entry(data, self.digest_size, ledger_id, entry_id, previous_length)
-
-    def lac_body(self, data: bytes, ledger_id: int) -> int:
-        if len(data) != _LAC.size + self.digest_size:
-            raise EntryFormatError(f"explicit LAC body of {len(data)} bytes, expected "
-                                   f"{_LAC.size + self.digest_size}")
-        lid, lac = _LAC.unpack_from(data, 0)
-        if lid != ledger_id:
-            raise EntryFormatError(f"explicit LAC carries ledger {lid}, expected {ledger_id}")
-        return int(lac)
-
-
-def unkeyed_entry(data: bytes, digest_size: int, ledger_id: int, entry_id: int,
-                  previous_length: int | None = None) -> tuple[int, int]:
-    """Check what an entry's bytes say about themselves without the digest key; returns
-    ``(lac, length)``. Raises EntryFormatError: too short for header and digest, other
-    ids, a LAC not below the entry, or a cumulative length that does not grow by the
-    payload's size from ``previous_length`` (the entry before's, when known)."""
-    minimum = ENTRY_HEADER_SIZE + digest_size
-    if len(data) < minimum:
-        raise EntryFormatError(f"entry of {len(data)} bytes is shorter than header + "
-                               f"digest ({minimum})")
-    lid, eid, lac, length = _HEADER.unpack_from(data, 0)
-    payload = len(data) - minimum
-    if lid != ledger_id or eid != entry_id:
-        raise EntryFormatError(f"entry carries ledger {lid} entry {eid}, expected ledger "
-                               f"{ledger_id} entry {entry_id}")
-    if not -1 <= lac < eid:
-        raise EntryFormatError(f"entry {eid} carries LAC {lac}")
-    if length < payload or (previous_length is not None
-                            and length - previous_length != payload):
-        raise EntryFormatError(f"entry {eid}: length {length} does not follow "
-                               f"{previous_length} by its {payload}-byte payload")
-    return int(lac), int(length)
+            return UnkeyedCheck(kind.size)
+        return KeyedCheck(Digester(kind, self.password or b""))
 
 
 @dataclass(frozen=True)
@@ -334,17 +256,20 @@ async def rereplicate_ledger(
             elif last_fragment_at_risk(md, available):
                 if not close_open:
                     result.outcome = Outcome.DEFERRED
-                elif not creds.checker(md).keyed:
-                    # Recovery verifies what it reads: without the password only the
-                    # finished fragments are copied; the ledger stays FAILED.
-                    result.outcome = Outcome.FAILED
-                    result.detail = "an open HMAC ledger is closed only with its password " \
-                                    "(`ledgerd shell recover BOOKIE --ledger L --password ...`)"
                 elif dry_run:
                     result.plan.append({"action": "fence and close (recovery)"})
                 else:
-                    md = await _close(client, ledger_id, md, creds, opts)
-                    result.closed_by_recovery = True
+                    try:
+                        md = await _close(client, ledger_id, md, creds, opts)
+                        result.closed_by_recovery = True
+                    except LedgerRecoveryError as exc:
+                        if exc.kind is not FailureKind.CORRUPT:
+                            raise
+                        # Only the password can settle it: the finished fragments are
+                        # copied meanwhile, and the ledger stays FAILED.
+                        result.outcome = Outcome.FAILED
+                        result.detail = str(exc)
+                        md, _ = await client.ledgers.read(ledger_id)
             if check:
                 failed = await probe_failures(client, ledger_id, md, available, opts)
             failed |= reported_failures(md, reported or {})
@@ -484,13 +409,29 @@ async def _open_lac(client: Client, ledger_id: int, ensemble: tuple[str, ...],
 
 async def _close(client: Client, ledger_id: int, md: LedgerMetadata, creds: Credentials,
                  opts: ReplicationOptions) -> LedgerMetadata:
-    """Fence and close an open ledger (its writer, if alive, sees FENCED)."""
+    """Fence and close an open ledger (its writer, if alive, sees FENCED). An HMAC
+    ledger without its password is recovered with the checks that need no key and
+    replicas that must agree (``machines.recovery``); raises LedgerRecoveryError
+    (CORRUPT) if they do not, and the ledger stays IN_RECOVERY for its password."""
+    check = creds.checker(md)
     log.info("rereplication_closing_open_ledger", extra=fields(
-        ledger=ledger_id, ensemble=",".join(md.last_ensemble[1])))
-    closed, _ = await recover_ledger(
-        client.ledgers, client.pool, ledger_id, creds.key(ledger_id),
-        creds.digester(ledger_id, md), read_timeout=opts.read_timeout,
-        add_timeout=opts.add_timeout, writable=client.writable_bookies, rng=client.rng)
+        ledger=ledger_id, ensemble=",".join(md.last_ensemble[1]), keyed=check.keyed))
+    try:
+        closed, _ = await recover_ledger(
+            client.ledgers, client.pool, ledger_id, creds.key(ledger_id), check,
+            read_timeout=opts.read_timeout, add_timeout=opts.add_timeout,
+            writable=client.writable_bookies, rng=client.rng)
+    except LedgerRecoveryError as exc:
+        if exc.kind is not FailureKind.CORRUPT:
+            raise
+        log.error("rereplication_close_refused", extra=fields(
+            ledger=ledger_id, reason=exc.reason, left="IN_RECOVERY",
+            fix="ledgerd shell recover BOOKIE --ledger L --password P"))
+        raise LedgerRecoveryError(
+            ledger_id, f"{exc.reason}; nothing unvouched was rewritten and the ledger "
+            "stays IN_RECOVERY (fenced) until a recovery with its password closes it: "
+            f"`ledgerd shell recover BOOKIE --ledger {ledger_id} --password ...`",
+            kind=exc.kind) from exc
     return closed
 
 

@@ -7,7 +7,9 @@ Nothing in this package does I/O or imports trio. The pieces:
 - :mod:`wire.messages`: the request and response dataclasses, api keys and flags;
 - :mod:`wire.frames`: whole frames (header + body);
 - :mod:`wire.connection`: sans-IO client and server connections;
-- :mod:`wire.entry`: entry bytes, digests and master keys; :mod:`wire.compression`: zstd;
+- :mod:`wire.entry`: entry bytes, digests and master keys; :mod:`wire.entry_check`: how
+  a reader that did not write an entry checks it, with the digest's key or without;
+  :mod:`wire.compression`: zstd;
 - :mod:`wire.status`: status codes and the one status <-> exception table.
 """
 

@@ -115,6 +115,7 @@ class ReadOutcome(enum.Enum):
     FOUND = "found"
     ABSENT = "absent"
     UNKNOWN = "unknown"  # every replica answered, neither found nor provably absent
+    CONFLICT = "conflict"  # corroborating: two replicas answered with different bytes
 
 
 class RecoveryRead:
@@ -123,18 +124,40 @@ class RecoveryRead:
     One positive answer (a digest-checked entry) is enough to recover it; absence needs
     ``Qw - Qa + 1`` explicit negatives; anything else once all have answered is UNKNOWN
     and recovery must stop.
+
+    ``corroborate`` (entries that could be checked only without the digest's key): a
+    positive answer recovers the entry only once every replica of the write set has
+    answered (or failed), and every positive answer must hold the same bytes; two that
+    differ make it CONFLICT (``conflict`` names the second replica, ``found_index`` the
+    first), as does one answer whose bytes fail the checks (``corrupt``), and recovery
+    must stop rather than choose.
     """
 
-    def __init__(self, indexes: Iterable[int], write_quorum: int, ack_quorum: int) -> None:
+    def __init__(self, indexes: Iterable[int], write_quorum: int, ack_quorum: int, *,
+                 corroborate: bool = False) -> None:
         self.indexes = tuple(indexes)
         self.need_negative = write_quorum - ack_quorum + 1
         self.negative: set[int] = set()
         self.failed: set[int] = set()
         self.found: bytes | None = None
+        self.corroborate = corroborate
+        self.positives: set[int] = set()
+        self.found_index = -1
+        self.conflict: int | None = None
+        self.corrupt_reason = ""
 
     def positive(self, index: int, entry: bytes) -> None:
+        self.positives.add(index)
         if self.found is None:
-            self.found = entry
+            self.found, self.found_index = entry, index
+        elif self.corroborate and self.conflict is None and entry != self.found:
+            self.conflict = index
+
+    def corrupt(self, index: int, reason: str) -> None:
+        """Corroborating: a replica answered with bytes that fail the checks that need
+        no key; nothing it holds can vouch for the entry, or be outvoted by one copy."""
+        if self.conflict is None:
+            self.conflict, self.corrupt_reason = index, reason
 
     def negative_answer(self, index: int) -> None:
         self.negative.add(index)
@@ -144,7 +167,12 @@ class RecoveryRead:
 
     @property
     def outcome(self) -> ReadOutcome:
+        if self.conflict is not None:
+            return ReadOutcome.CONFLICT
         if self.found is not None:
+            if self.corroborate and \
+                    len(self.positives | self.negative | self.failed) < len(self.indexes):
+                return ReadOutcome.PENDING  # another replica may yet disagree
             return ReadOutcome.FOUND
         if len(self.negative) >= self.need_negative:
             return ReadOutcome.ABSENT

@@ -39,8 +39,24 @@ with each input), answers a read that is not outstanding (late, after its timeou
 duplicate) with nothing, and times reads out itself: drivers sleep until
 ``next_deadline()`` and call ``on_timer(now)``.
 
+**Without the digest's key** (an HMAC ledger recovered by an autorecovery worker that
+holds only the cluster secret; ``unkeyed_digest_size``), an answer's bytes are checked
+for everything that needs no key (``wire.entry_check``), and, because that cannot prove
+a payload unchanged, replicas must vouch for each other: an entry is taken only once
+every replica of its write set has answered (or failed), every positive answer must
+hold the same bytes, and each entry taken in order must carry a length that grows by
+exactly its payload from the entry before it. A disagreement, or a positive answer
+(the fence's included) whose bytes fail those checks, aborts with
+``FailureKind.CORRUPT``: nothing that cannot be vouched for is rewritten, and the
+ledger waits, fenced, for a recovery that holds the password. Otherwise the run decides
+exactly as with the key (the same fence, start, absence rule and end), so the ledger is
+closed where a recovery with the password closes it; it only waits for the last
+replica's answer where the key would let it take the first. No new term can be started
+this way: its no-op entry needs a digest.
+
 ``feed_reply`` is the one step from a bookie's reply to a machine input (digest check,
-LAC and length from the header), shared by the trio driver and the simulator.
+or the checks without the key; LAC and length from the header), shared by the trio
+driver and the simulator.
 """
 
 from __future__ import annotations
@@ -57,7 +73,8 @@ from ledgerd.machines.quorum import (
     write_set,
 )
 from ledgerd.machines.writer import FailureKind
-from ledgerd.wire.entry import Digester, Entry, decode_entry
+from ledgerd.wire.entry import ENTRY_HEADER_SIZE, Digester, Entry, decode_entry
+from ledgerd.wire.entry_check import EntryCheck, KeyedCheck
 from ledgerd.wire.errors import WireError
 from ledgerd.wire.status import Status
 
@@ -139,10 +156,15 @@ class LedgerRecovery:
                  ensemble: Sequence[str], last_fragment_first_entry: int, *,
                  read_timeout: float = float("inf"), read_window: int = 64,
                  max_unwritten: int = 1024, new_term: bool = False,
-                 start_from_minus_one: bool = False) -> None:
+                 start_from_minus_one: bool = False,
+                 unkeyed_digest_size: int | None = None) -> None:
         if read_window < 1 or max_unwritten < 1:
             raise ValueError(f"read_window and max_unwritten must be at least 1, got "
                              f"{read_window} and {max_unwritten}")
+        if new_term and unkeyed_digest_size is not None:
+            raise ValueError("a new term writes a no-op entry, whose digest needs the key")
+        # Answers checked without the digest's key: replicas must corroborate each other.
+        self.unkeyed_digest_size = unkeyed_digest_size
         self.e, self.qw, self.qa = ensemble_size, write_quorum, ack_quorum
         self.ensemble = list(ensemble)
         self.first_of_last = last_fragment_first_entry
@@ -268,7 +290,8 @@ class LedgerRecovery:
             indexes = write_set(entry_id, self.e, self.qw)
             for i in indexes:
                 self.outstanding[(entry_id, i)] = self.now
-            self.reads[entry_id] = RecoveryRead(indexes, self.qw, self.qa)
+            self.reads[entry_id] = RecoveryRead(
+                indexes, self.qw, self.qa, corroborate=self.unkeyed_digest_size is not None)
             out += [SendRecoveryRead(entry_id, i, self.ensemble[i]) for i in indexes]
         return out
 
@@ -298,6 +321,28 @@ class LedgerRecovery:
             self._end_at(entry_id)
         return self._advance()
 
+    def on_corrupt_answer(self, entry_id: int, index: int, reason: str, *,
+                          now: float) -> list[RecoveryEffect]:
+        """An OK answer (entry -1: the fence's) whose bytes fail the checks that need no
+        key, which only unkeyed recovery tells apart from a failed read: that replica
+        holds bytes its writer never wrote. A fence answer aborts (CORRUPT) at once: the
+        LAC it carries cannot be trusted, nor ignored as a mere failure. An entry's is
+        decided in order, as a disagreement (an entry past the ledger's end does not
+        matter)."""
+        if not self._answered(entry_id, index, now):
+            return []
+        if entry_id < 0:
+            if self.phase is not Phase.FENCING:
+                return []
+            return self._abort(FailureKind.CORRUPT, f"bookie {self.ensemble[index]} "
+                               "answered the fence with a last entry whose bytes fail the "
+                               f"checks that need no key ({reason})")
+        r = self.reads.get(entry_id)
+        if self.phase is not Phase.READING or r is None or 0 <= self.end_at <= entry_id:
+            return []
+        r.corrupt(index, reason)
+        return self._advance()
+
     def _end_at(self, entry_id: int) -> None:
         """``entry_id`` is proven absent: the ledger ends before it; reads past it stop."""
         self.end_at = entry_id
@@ -320,6 +365,9 @@ class LedgerRecovery:
                 assert r.found is not None
                 del self.reads[entry_id]
                 length = self.lengths.pop(entry_id)
+                broken = self._breaks_length_chain(entry_id, r.found, length)
+                if broken:
+                    return out + self._abort(FailureKind.CORRUPT, broken)
                 if length < 0:
                     self.noops.append(entry_id)
                 self.last_found, self.last_length = entry_id, real_length(length)
@@ -343,8 +391,33 @@ class LedgerRecovery:
             if outcome is ReadOutcome.UNKNOWN:
                 return out + self._abort(FailureKind.UNAVAILABLE,
                                          f"entry {entry_id}: neither found nor provably absent")
+            if outcome is ReadOutcome.CONFLICT:
+                assert r.conflict is not None
+                if r.corrupt_reason:
+                    reason = (f"entry {entry_id}: bookie {self.ensemble[r.conflict]} holds "
+                              "bytes that fail the checks that need no key "
+                              f"({r.corrupt_reason})")
+                else:
+                    reason = (f"entry {entry_id}: replicas {self.ensemble[r.found_index]} "
+                              f"and {self.ensemble[r.conflict]} hold different bytes, and "
+                              "without the password neither can be verified")
+                return out + self._abort(FailureKind.CORRUPT, reason)
             break
         return out + self._fill()
+
+    def _breaks_length_chain(self, entry_id: int, entry: bytes, length: int) -> str:
+        """Unkeyed only: why ``entry`` (taken in order) cannot follow the entry before
+        it, or "". Its length must grow by exactly its payload from the one before; the
+        first entry read has no known predecessor (the fence gave the LAC's successor's
+        length, not the LAC's), and its own checks bound it."""
+        if self.unkeyed_digest_size is None or entry_id <= self.start + 1:
+            return ""
+        payload = len(entry) - ENTRY_HEADER_SIZE - self.unkeyed_digest_size
+        if real_length(length) - self.last_length == payload:
+            return ""
+        return (f"entry {entry_id}: length {real_length(length)} does not follow entry "
+                f"{entry_id - 1}'s {self.last_length} by its {payload}-byte payload, and "
+                "without the password neither can be verified")
 
     def on_read_timeout(self, entry_id: int, index: int, *, now: float) -> list[RecoveryEffect]:
         return self.on_read_answer(entry_id, index, Status.IO_ERROR, now=now)
@@ -374,16 +447,22 @@ class LedgerRecovery:
         return [Aborted(kind, reason)]
 
 
-def feed_reply(machine: LedgerRecovery, digester: Digester, ledger_id: int, entry_id: int,
-               index: int, status: int, entry: bytes, now: float,
+def feed_reply(machine: LedgerRecovery, verifier: Digester | EntryCheck, ledger_id: int,
+               entry_id: int, index: int, status: int, entry: bytes, now: float,
                ) -> tuple[list[RecoveryEffect], Entry | None]:
     """A bookie's reply to a recovery read (``entry_id`` -1: the fencing read), as the
-    machine's input: an OK whose entry fails its digest or ids counts as IO_ERROR. Returns
-    the effects and the verified entry (None unless OK and verified)."""
+    machine's input: an OK whose entry fails its digest or ids counts as IO_ERROR. With
+    an unkeyed ``verifier`` (``EntryCheck`` whose ``keyed`` is False) an OK is checked
+    for what needs no key, and one that fails is ``on_corrupt_answer``. Returns the
+    effects and the checked entry (None unless OK and checked)."""
+    if isinstance(verifier, KeyedCheck):
+        verifier = verifier.digester
+    if isinstance(verifier, EntryCheck):
+        return _feed_unkeyed(machine, verifier, ledger_id, entry_id, index, status, entry, now)
     decoded: Entry | None = None
     if status == Status.OK:
         try:
-            decoded = decode_entry(digester, entry, ledger_id=ledger_id,
+            decoded = decode_entry(verifier, entry, ledger_id=ledger_id,
                                    entry_id=None if entry_id < 0 else entry_id)
         except WireError:
             status = Status.IO_ERROR
@@ -396,3 +475,22 @@ def feed_reply(machine: LedgerRecovery, digester: Digester, ledger_id: int, entr
         return machine.on_read_answer(entry_id, index, Status.OK, bytes(entry), decoded.length,
                                       now=now), decoded
     return machine.on_read_answer(entry_id, index, status, now=now), None
+
+
+def _feed_unkeyed(machine: LedgerRecovery, check: EntryCheck, ledger_id: int, entry_id: int,
+                  index: int, status: int, entry: bytes, now: float,
+                  ) -> tuple[list[RecoveryEffect], Entry | None]:
+    if status != Status.OK:
+        if entry_id < 0:
+            return machine.on_fence_answer(index, status, now=now), None
+        return machine.on_read_answer(entry_id, index, status, now=now), None
+    data = bytes(entry)
+    try:
+        lac, length = check.entry(data, ledger_id, None if entry_id < 0 else entry_id)
+    except WireError as exc:
+        return machine.on_corrupt_answer(entry_id, index, str(exc), now=now), None
+    eid = entry_id if entry_id >= 0 else int.from_bytes(data[8:16], "big", signed=True)
+    checked = Entry(ledger_id, eid, lac, length, data[ENTRY_HEADER_SIZE + check.digest_size:])
+    if entry_id < 0:
+        return machine.on_fence_answer(index, Status.OK, lac, length, now=now), checked
+    return machine.on_read_answer(entry_id, index, Status.OK, data, length, now=now), checked

@@ -35,6 +35,7 @@ from ledgerd.machines.recovery import (
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.wire.entry import Digester, Entry, encode_entry
+from ledgerd.wire.entry_check import EntryCheck, KeyedCheck
 from ledgerd.wire.messages import ReadFlags, ReadRequest
 
 __all__ = ["RECOVERY_READ_FLAGS", "RecoveryRun", "Rewriter"]
@@ -66,9 +67,15 @@ class RecoveryRun:
     too and must reach the whole write quorum, and the end gets a TRUNCATE no-op entry
     (``LedgerRecovery(new_term=True)``). ``rewrites_at_ack_quorum`` re-introduces the
     divergence the guaranteed write quorum prevents (the simulator's self-test only).
+
+    ``verifier`` checks what the reads return: a ``Digester`` (or a keyed
+    ``EntryCheck``), or an unkeyed ``EntryCheck`` (an HMAC ledger recovered with the
+    recovery credential only), with which replicas must corroborate each other
+    (``LedgerRecovery(unkeyed_digest_size=...)``) and no term can be started.
     """
 
-    def __init__(self, md: LedgerMetadata, ledger_id: int, key: bytes, digester: Digester, *,
+    def __init__(self, md: LedgerMetadata, ledger_id: int, key: bytes,
+                 verifier: Digester | EntryCheck, *,
                  read_timeout: float, add_timeout: float,
                  send_read: Callable[[ReadRequest, int, int, str], None],
                  make_rewriter: Callable[[LedgerWriter], Rewriter],
@@ -78,7 +85,18 @@ class RecoveryRun:
         self.md = md
         self.ledger_id = ledger_id
         self.key = key
-        self.digester = digester
+        self.verifier = verifier
+        # The no-op's digest: a term's end marker is written, so it needs the key.
+        self.digester: Digester | None = None
+        unkeyed: int | None = None
+        if isinstance(verifier, Digester):
+            self.digester = verifier
+        elif isinstance(verifier, KeyedCheck):
+            self.digester = verifier.digester
+        else:
+            unkeyed = verifier.digest_size
+        if term and unkeyed is not None:
+            raise ValueError("a new term writes a no-op entry, whose digest needs the key")
         self.add_timeout = add_timeout
         self.send_read = send_read
         self.make_rewriter = make_rewriter
@@ -92,7 +110,8 @@ class RecoveryRun:
         self.machine = LedgerRecovery(md.ensemble_size, md.write_quorum, md.ack_quorum,
                                       ensemble, first, read_timeout=read_timeout,
                                       read_window=read_window, new_term=bool(term),
-                                      start_from_minus_one=start_from_minus_one)
+                                      start_from_minus_one=start_from_minus_one,
+                                      unkeyed_digest_size=unkeyed)
         self.writer: LedgerWriter | None = None
         self.rewriter: Rewriter | None = None
         # A term's no-op goes to every bookie of the ensemble (its own writer, E of E):
@@ -120,7 +139,7 @@ class RecoveryRun:
         decoding when the machine no longer waits for this answer."""
         if not self.machine.wants(entry_id, index):
             return None
-        effects, decoded = feed_reply(self.machine, self.digester, self.ledger_id, entry_id,
+        effects, decoded = feed_reply(self.machine, self.verifier, self.ledger_id, entry_id,
                                       index, status, entry, now)
         self._apply(effects, now)
         return decoded
@@ -192,6 +211,7 @@ class RecoveryRun:
             elif isinstance(eff, Rewrite):
                 self._rewriter().append(eff.entry_id, eff.entry, now)
             elif isinstance(eff, WriteNoop):
+                assert self.digester is not None  # refused at construction
                 self.noop = (eff.entry_id, encode_entry(
                     self.digester, self.ledger_id, eff.entry_id, eff.lac,
                     noop_length(eff.length), b""))

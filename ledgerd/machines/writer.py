@@ -61,6 +61,7 @@ class FailureKind(enum.Enum):
     METADATA = "metadata"        # the metadata store failed
     UNAVAILABLE = "unavailable"  # too few bookies answered to decide (recovery)
     TERM = "term"                # another writer raised the term (unbounded ledgers)
+    CORRUPT = "corrupt"          # replicas disagree, or fail the checks that need no key
 
 
 @dataclass(frozen=True, slots=True)

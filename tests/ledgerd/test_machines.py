@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from ledgerd.machines.quorum import (
@@ -17,9 +19,11 @@ from ledgerd.machines.recovery import (
     Finished,
     LedgerRecovery,
     Phase,
+    RecoveryEffect,
     Rewrite,
     SendFenceRead,
     SendRecoveryRead,
+    feed_reply,
 )
 from ledgerd.machines.writer import (
     ChangeEnsemble,
@@ -30,6 +34,8 @@ from ledgerd.machines.writer import (
     SendAdd,
     SendAdds,
 )
+from ledgerd.wire.entry import Digester, DigestType, encode_entry
+from ledgerd.wire.entry_check import EntryCheck, UnkeyedCheck
 from ledgerd.wire.status import Status
 
 B = ["b0", "b1", "b2", "b3", "b4"]
@@ -259,6 +265,190 @@ def test_recovery_pauses_reading_while_rewrites_are_behind() -> None:
     assert r.outstanding[(9, 0)] == 1.0  # sent at the rewrite's time, for its timeout
     with pytest.raises(ValueError, match="read_window"):
         LedgerRecovery(3, 2, 2, B[:3], 0, read_window=0)
+
+
+# -- recovery without the digest's key (HMAC ledgers, autorecovery workers) ----------------
+
+HMAC = Digester(DigestType.HMAC, b"pw")
+UNKEYED = UnkeyedCheck(DigestType.HMAC.size)
+LID = 7
+
+
+def _hmac_entries(n: int, in_flight_from: int | None = None) -> list[bytes]:
+    """Entries 0..n-1 as a writer makes them: entry e carries LAC e - 1, or (sent while
+    the adds from ``in_flight_from`` on were all in flight) ``in_flight_from - 1``."""
+    out, length = [], 0
+    for e in range(n):
+        payload = b"payload %d;" % e + bytes(e % 7)
+        length += len(payload)
+        lac = e - 1 if in_flight_from is None else min(e, in_flight_from) - 1
+        out.append(encode_entry(HMAC, LID, e, lac, length, payload))
+    return out
+
+
+def _holdings(entries: list[bytes], e: int, qw: int,
+              only: dict[int, set[int]] | None = None) -> list[dict[int, bytes]]:
+    """What each bookie of an E-bookie ensemble holds: the entries of its write sets
+    (``only``: entry id -> the indexes that got that one)."""
+    held: list[dict[int, bytes]] = [{} for _ in range(e)]
+    for eid, data in enumerate(entries):
+        for i in (only or {}).get(eid, set(write_set(eid, e, qw))):
+            held[i][eid] = data
+    return held
+
+
+def _drive(r: LedgerRecovery, held: list[dict[int, bytes]], verifier: Digester | EntryCheck,
+           down: frozenset[int] = frozenset()) -> tuple[list[int], RecoveryEffect | None]:
+    """Run a recovery against bookies holding ``held`` (``down``: answer IO_ERROR), each
+    read answered in the order asked, each rewrite acknowledged at once: the entries
+    rewritten, and the Finished or Aborted it ended with."""
+    queue: list[RecoveryEffect] = list(r.begin(0.0))
+    rewritten: list[int] = []
+    end: RecoveryEffect | None = None
+    while queue:
+        eff = queue.pop(0)
+        if isinstance(eff, (SendFenceRead, SendRecoveryRead)):
+            eid = eff.entry_id if isinstance(eff, SendRecoveryRead) else -1
+            mine = held[eff.index]
+            if eff.index in down:
+                status, data = Status.IO_ERROR, b""
+            elif not mine:
+                status, data = Status.NO_SUCH_LEDGER, b""
+            elif eid < 0:
+                status, data = Status.OK, mine[max(mine)]
+            elif eid in mine:
+                status, data = Status.OK, mine[eid]
+            else:
+                status, data = Status.NO_SUCH_ENTRY, b""
+            queue += feed_reply(r, verifier, LID, eid, eff.index, status, data, 0.0)[0]
+        elif isinstance(eff, Rewrite):
+            rewritten.append(eff.entry_id)
+            queue += r.on_rewritten([eff.entry_id], 0.0)
+        elif isinstance(eff, (Finished, Aborted)):
+            end = eff
+    return rewritten, end
+
+
+@pytest.mark.parametrize(("quorums", "down", "tail_on"), [
+    ((3, 2, 2), frozenset({0}), {2}),        # a lost bookie; the in-doubt entry on one
+    ((3, 2, 2), frozenset(), {2}),
+    ((3, 3, 2), frozenset({2}), {0, 1}),     # Qw 3: two survivors of every entry
+    ((3, 2, 1), frozenset(), set()),         # the tail reached nobody
+    ((5, 3, 2), frozenset({4}), {1, 2}),
+], ids=["E3Qw2-lost", "E3Qw2", "E3Qw3-lost", "E3Qw2Qa1-no-tail", "E5Qw3-lost"])
+def test_unkeyed_recovery_ends_where_recovery_with_the_key_ends(
+        quorums: tuple[int, int, int], down: frozenset[int], tail_on: set[int]) -> None:
+    e, qw, qa = quorums
+    # 0..8 acknowledged; 9..11 sent together (LAC 8), 11 in doubt (in its write set)
+    entries = _hmac_entries(12, in_flight_from=9)
+    held = _holdings(entries, e, qw, only={11: tail_on})
+    ends = []
+    for verifier in (HMAC, UNKEYED):
+        r = LedgerRecovery(e, qw, qa, B[:e], 0, read_window=4,
+                           unkeyed_digest_size=None if verifier is HMAC else 20)
+        rewritten, end = _drive(r, held, verifier, down)
+        assert isinstance(end, Finished), end
+        ends.append((rewritten, end))
+    assert ends[0] == ends[1]
+    last = 11 if tail_on else 10
+    length = int.from_bytes(entries[last][24:32], "big")
+    assert ends[1][1] == Finished(last, length)
+
+
+def test_unkeyed_recovery_takes_an_entry_only_once_every_replica_answered() -> None:
+    entries = _hmac_entries(3)
+    r = LedgerRecovery(3, 3, 2, B[:3], 0, read_window=1, unkeyed_digest_size=20)
+    r.begin(0.0)
+    feed_reply(r, UNKEYED, LID, -1, 0, Status.OK, entries[1], 0.0)  # LAC 0: start there
+    out, _ = feed_reply(r, UNKEYED, LID, -1, 1, Status.OK, entries[1], 0.0)
+    assert {x.entry_id for x in out if isinstance(x, SendRecoveryRead)} == {1}
+    assert feed_reply(r, UNKEYED, LID, 1, 0, Status.OK, entries[1], 0.0)[0] == []
+    assert r.wants(1, 1) and r.wants(1, 2)  # the second copy is still wanted
+    assert feed_reply(r, UNKEYED, LID, 1, 2, Status.IO_ERROR, b"", 0.0)[0] == []
+    out, _ = feed_reply(r, UNKEYED, LID, 1, 1, Status.OK, entries[1], 0.0)
+    assert out[0] == Rewrite(1, entries[1], int.from_bytes(entries[1][24:32], "big"))
+    # a replica that failed (a lost bookie) leaves one copy, checked without the key
+    out, _ = feed_reply(r, UNKEYED, LID, 2, 2, Status.OK, entries[2], 0.0)
+    out += feed_reply(r, UNKEYED, LID, 2, 0, Status.IO_ERROR, b"", 0.0)[0]
+    assert out == []
+    out, _ = feed_reply(r, UNKEYED, LID, 2, 1, Status.IO_ERROR, b"", 0.0)
+    assert [x.entry_id for x in out if isinstance(x, Rewrite)] == [2]
+    c = RecoveryRead((0, 1), 2, 2, corroborate=True)
+    c.positive(0, b"x")
+    assert c.outcome is ReadOutcome.PENDING
+    c.positive(1, b"y")
+    assert c.outcome is ReadOutcome.CONFLICT
+
+
+def _flip_last_byte(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 1])
+
+
+def _with_header(data: bytes, field: int, value: int) -> bytes:
+    return data[:8 * field] + value.to_bytes(8, "big", signed=True) + data[8 * field + 8:]
+
+
+@pytest.mark.parametrize(("corrupt", "reason"), [
+    (_flip_last_byte, "replicas b1 and b2 hold different bytes"),
+    (lambda d: d[:40], "bookie b2 holds bytes that fail the checks"),
+    (lambda d: _with_header(d, 0, LID + 1), "bookie b2 holds bytes that fail the checks"),
+], ids=["payload-flipped", "truncated", "other-ledger"])
+def test_unkeyed_recovery_rewrites_nothing_replicas_cannot_vouch_for(
+        corrupt: Callable[[bytes], bytes], reason: str) -> None:
+    entries = _hmac_entries(12, in_flight_from=8)  # recovery reads from entry 8 on
+    held = _holdings(entries, 3, 3)
+    held[2][9] = corrupt(held[2][9])
+    r = LedgerRecovery(3, 3, 2, B[:3], 0, read_window=4, unkeyed_digest_size=20)
+    rewritten, end = _drive(r, held, UNKEYED, frozenset({0}))
+    assert isinstance(end, Aborted) and end.kind is FailureKind.CORRUPT, end
+    assert 9 not in rewritten and reason in end.reason
+    # with the key, the replica whose digest fails is passed over and the ledger closes
+    r = LedgerRecovery(3, 3, 2, B[:3], 0, read_window=4)
+    assert _drive(r, held, HMAC, frozenset({0}))[1] == Finished(
+        11, int.from_bytes(entries[11][24:32], "big"))
+
+
+def test_unkeyed_recovery_refuses_a_broken_length_chain_or_a_corrupt_fence_answer() -> None:
+    entries = _hmac_entries(6)
+    # entry 3's length does not grow by its payload from entry 2's (on every replica;
+    # the digest would be the writer's to vouch for, and nobody can check it)
+    entries[3] = _with_header(entries[3], 3, int.from_bytes(entries[3][24:32], "big") + 1)
+    held = _holdings(entries, 3, 2)
+    for h in held:
+        h.pop(5, None)
+        h.pop(4, None)
+    held[0][1] = held[1][1] = entries[1]
+    r = LedgerRecovery(3, 2, 2, B[:3], 0, read_window=2, unkeyed_digest_size=20)
+    r.begin(0.0)
+    r.on_fence_answer(0, Status.OK, lac=0, length=0, now=0.0)
+    out = r.on_fence_answer(1, Status.OK, lac=0, length=0, now=0.0)
+    queue = list(out)
+    rewritten, end = [], None
+    while queue:
+        eff = queue.pop(0)
+        if isinstance(eff, SendRecoveryRead):
+            mine = held[eff.index]
+            st, data = (Status.OK, mine[eff.entry_id]) if eff.entry_id in mine else \
+                (Status.NO_SUCH_ENTRY, b"")
+            queue += feed_reply(r, UNKEYED, LID, eff.entry_id, eff.index, st, data, 0.0)[0]
+        elif isinstance(eff, Rewrite):
+            rewritten.append(eff.entry_id)
+            queue += r.on_rewritten([eff.entry_id], 0.0)
+        elif isinstance(eff, (Finished, Aborted)):
+            end = eff
+    assert rewritten == [1, 2]
+    assert isinstance(end, Aborted) and end.kind is FailureKind.CORRUPT
+    assert "entry 3: length" in end.reason
+    # a bookie's last entry (the fence's answer) that fails the checks: its LAC cannot
+    # be trusted, so the fence stops rather than start from it
+    good = _hmac_entries(3)
+    r = LedgerRecovery(3, 2, 2, B[:3], 0, unkeyed_digest_size=20)
+    r.begin(0.0)
+    out, _ = feed_reply(r, UNKEYED, LID, -1, 0, Status.OK, _with_header(good[2], 2, 2), 0.0)
+    assert isinstance(out[0], Aborted) and out[0].kind is FailureKind.CORRUPT
+    assert "answered the fence" in out[0].reason
+    with pytest.raises(ValueError, match="no-op"):
+        LedgerRecovery(3, 2, 2, B[:3], 0, new_term=True, unkeyed_digest_size=20)
 
 
 def test_placement_is_random_writable_only_and_excludes_the_ensemble() -> None:

@@ -31,9 +31,9 @@ from ledgerd.replication import (
     Outcome,
     ReplicationOptions,
     rereplicate_ledger,
-    unkeyed_entry,
 )
-from ledgerd.wire.entry import Digester, DigestType, encode_entry
+from ledgerd.wire.entry import Digester, DigestType, encode_entry, peek_entry_header
+from ledgerd.wire.entry_check import unkeyed_entry
 from ledgerd.wire.errors import EntryFormatError
 from tests.ledgerd.memcluster import MemoryCluster, client_settings, memory_cluster
 
@@ -422,20 +422,112 @@ async def test_hmac_ledgers_are_copied_without_the_password_never_with_bad_bytes
         assert cluster[target].storage.read_entry(lh.ledger_id, 5) == good
 
 
-async def test_an_open_hmac_ledger_is_not_closed_without_its_password(
+async def test_an_open_hmac_ledger_is_closed_without_its_password_where_the_password_would(
         tmp_path: Path, clock: trio.testing.MockClock) -> None:
     async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
             ledgerd.open_client(store=cluster.store, connect=cluster.connect,
                                 **client_settings()) as client:
+        payloads = {i: b"x%d " % i + bytes(i % 5) for i in range(10)}
+        # Two writers append the same entries to twin ledgers; one ledger is closed by
+        # a worker without the password, the other by a reader's recovery with it.
         lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
+        twin = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
         for i in range(10):
-            await lh.append(b"x%d" % i)
+            await lh.append(payloads[i])
+            await twin.append(payloads[i])
         await lose(cluster, lh.metadata.ensembles[0][1][0])
         result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
-        assert result.outcome is Outcome.FAILED
-        assert "closed only with its password" in result.detail
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.closed_by_recovery
+        md_twin = (await client.open_ledger(twin.ledger_id, b"pw")).metadata
         md = await client.ledger_metadata(lh.ledger_id)
-        assert md.state is LedgerState.OPEN  # not left IN_RECOVERY
+        assert md.is_closed and md.last_entry_id == 9
+        assert md.length == sum(len(p) for p in payloads.values())
+        assert (md.last_entry_id, md.length) == (md_twin.last_entry_id, md_twin.length)
+        assert whole(cluster, lh.ledger_id, md, payloads) == []
+        rh = await client.open_ledger(lh.ledger_id, b"pw")
+        assert [x.payload async for x in rh.read()] == [payloads[i] for i in range(10)]
+        with pytest.raises((ledgerd.LedgerFencedError, ledgerd.LedgerClosedError)):
+            await lh.append(b"late")  # the silent writer was fenced
+
+
+async def test_a_refused_hmac_close_still_copies_the_finished_fragments(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 3, 2, digest="hmac", password=b"pw")
+        payloads = {i: b"z%d " % i + bytes(i) for i in range(20)}
+        for i in range(10):
+            await lh.append(payloads[i])
+        first = lh.metadata.ensembles[0][1]
+        cluster[first[0]].gate.freeze()  # replaced after its add timeout: two fragments
+        for i in range(10, 13):
+            await lh.append(payloads[i])
+        with trio.fail_after(10):
+            md = await wait_fragments(client, lh.ledger_id, 2)
+        cluster[first[0]].gate.thaw()
+        for i in range(13, 17):
+            await lh.append(payloads[i])
+        for p in [await lh.submit(payloads[i]) for i in range(17, 20)]:
+            await p  # in flight together: the close reads 17 on
+        await trio.sleep(1)
+        assert md.ensembles[1][0] <= 13
+        second = md.ensembles[1][1]
+        lost = next(b for b in first[1:] if b in second)
+        forged = next(b for b in second if b != lost)
+        storage = cluster[forged].storage
+        good = storage.read_entry(lh.ledger_id, 18)
+        await storage.add_entries(lh.ledger_id, 18, [good[:-1] + bytes([good[-1] ^ 1])])
+        await lose(cluster, lost)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.FAILED and "hold different bytes" in result.detail
+        assert result.fragments == 1  # the finished one, copied while the close waits
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.state is LedgerState.IN_RECOVERY
+        assert lost not in md.ensembles[0][1] and md.ensembles[1][1] == second
+        assert whole(cluster, lh.ledger_id, md.closed(md.ensembles[1][0] - 1, 0),
+                     payloads) == []
+
+
+async def test_a_corrupted_replica_makes_the_close_without_the_password_refuse(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        # Qw = 3: two survivors hold each entry of the tail the close must rewrite (the
+        # last three were in flight together: they carry LAC 6, so the close reads 7 on).
+        # One survivor holds entry 8 with a flipped payload byte that only the digest
+        # could catch.
+        lh = await client.create_ledger(3, 3, 2, digest="hmac", password=b"pw")
+        payloads = {i: b"y%d " % i + bytes(i) for i in range(10)}
+        for i in range(7):
+            await lh.append(payloads[i])
+        for p in [await lh.submit(payloads[i]) for i in range(7, 10)]:
+            await p
+        await trio.sleep(1)  # every replica's add has landed
+        ensemble = lh.metadata.ensembles[0][1]
+        storage = cluster[ensemble[1]].storage
+        assert peek_entry_header(storage.read_entry(lh.ledger_id, 9)).lac < 8
+        good = storage.read_entry(lh.ledger_id, 8)
+        await storage.add_entries(lh.ledger_id, 8, [good[:-1] + bytes([good[-1] ^ 1])])
+        await lose(cluster, ensemble[0])
+        for _attempt in range(2):  # a worker's retry refuses the same way
+            result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS,
+                                              close_open=True)
+            assert result.outcome is Outcome.FAILED
+            assert "hold different bytes" in result.detail, result.detail
+            assert "--password" in result.detail and "IN_RECOVERY" in result.detail
+            md = await client.ledger_metadata(lh.ledger_id)
+            assert md.state is LedgerState.IN_RECOVERY  # fenced, kept for the password
+            assert md.ensembles == ((0, ensemble),)  # nothing re-pointed
+            for name in set(cluster.bookies) - set(ensemble):
+                with pytest.raises((EntryNotFoundError, LedgerNotFoundError)):
+                    cluster[name].storage.read_entry(lh.ledger_id, 8)  # nothing copied
         result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
                                           OPTS, close_open=True)
-        assert result.outcome is Outcome.REPLICATED and result.closed_by_recovery
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.is_closed and md.last_entry_id == 9
+        rh = await client.open_ledger(lh.ledger_id, b"pw")
+        assert [x.payload async for x in rh.read()] == [payloads[i] for i in range(10)]
