@@ -90,7 +90,7 @@ from ledgerd.machines.holdings import reported_failures, reported_in_open_fragme
 from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.metadata.errors import ChangeRejectedError, NoNodeError
-from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.recovery import TakeOver, recover_ledger, take_over
 from ledgerd.wire.entry import (
     ENTRY_HEADER_SIZE,
@@ -433,6 +433,18 @@ async def _heal_open(client: Client, ledger_id: int, md: LedgerMetadata,
     first, ensemble = md.last_ensemble
     bad = {i for i, b in enumerate(ensemble) if b not in available} | set(lacking)
     check = creds.checker(md)
+    if md.state is LedgerState.IN_RECOVERY:
+        # A takeover raised the term and never opened it (the bookies refused it, or
+        # its leader died or was cancelled mid-way). Terms never go back, and no writer
+        # can change this ledger until someone takes it over again, so no split can
+        # land: once it has stayed so for the settle time, take it over (as the next
+        # leader would; it raises the term again and opens it).
+        await trio.sleep(opts.writer_settle_s)
+        now, _ = await client.ledgers.read(ledger_id)
+        if now.ensembles != md.ensembles or now.term != md.term or now.state != md.state:
+            raise FragmentChangedError("the takeover in progress moved on")
+        return await _take_over(client, ledger_id, md, creds, opts, result,
+                                why=f"left IN_RECOVERY at term {md.term}")
 
     async def read_lac() -> tuple[int, int]:
         lac, top = await _open_lac(client, ledger_id, ensemble, bad, check, opts)
