@@ -535,3 +535,32 @@ async def test_a_heal_is_not_reported_whole_while_a_reported_copy_is_missing(
                                           reported={victim: [(5, 40)]})
         assert result.outcome is Outcome.DEFERRED, result.detail
         assert "below Qw" in result.detail
+
+
+async def test_a_report_in_a_dead_writers_unbounded_fragment_is_taken_over_then_split(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """No explicit LAC (a writer killed with adds in flight): the tail is in doubt, so
+    the ledger is taken over; the reporting bookie is alive and takes the no-op, so the
+    fragment stays open with it, and is then split at the no-op (settled by the
+    takeover itself), never taken over again."""
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings(explicit_lac_interval_ms=0)) as client:
+        lh = await client.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        payloads = {i: b"t%d" % i for i in range(30)}
+        for i in range(30):
+            await lh.append(payloads[i])
+        term, victim = lh.metadata.term, lh.metadata.ensembles[0][1][0]
+        reported = lose_entries(cluster, victim, lh.ledger_id, 12, lh.metadata)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True,
+                                          reported=reported)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.closed_by_recovery and result.fragments == 1
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.term == term + 2 and md.state is LedgerState.OPEN
+        noop = max(md.noops)
+        assert [f for f, _ in md.ensembles] == [0, noop + 1]
+        assert victim not in md.ensembles[0][1]
+        expected = payloads | {n: b"" for n in md.noops}
+        assert whole(cluster, lh.ledger_id, replace(md, ensembles=md.ensembles[:1]).closed(
+            noop, 0), expected) == []
