@@ -378,69 +378,6 @@ async def test_unbounded_dead_writers_tail_above_the_lac_is_taken_over_at_qw(
             await lh.append(b"late")  # the silent writer was deposed
 
 
-async def test_hmac_ledgers_are_copied_without_the_password_never_with_bad_bytes(
-        tmp_path: Path, clock: trio.testing.MockClock) -> None:
-    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
-            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
-                                **client_settings()) as client:
-        lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
-        payloads = {i: b"h%d " % i + bytes(i) for i in range(40)}
-        for i in range(40):
-            await lh.append(payloads[i])
-        await lh.close()
-        await lose(cluster, lh.metadata.ensembles[0][1][0])
-        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
-        assert result.outcome is Outcome.REPLICATED, result.detail
-        md = await client.ledger_metadata(lh.ledger_id)
-        assert whole(cluster, lh.ledger_id, md, payloads) == []
-        rh = await client.open_ledger(lh.ledger_id, b"pw")
-        assert [x.payload async for x in rh.read()] == [payloads[i] for i in range(40)]
-
-        # Qw = 3: two survivors hold each entry. One holds a flipped payload byte that
-        # only the digest could catch: without the password the replicas disagree and
-        # nothing is copied; with it, the good replica is copied.
-        lh = await client.create_ledger(3, 3, 2, digest="hmac", password=b"pw")
-        for i in range(10):
-            await lh.append(payloads[i])
-        await lh.close()
-        ensemble = lh.metadata.ensembles[0][1]
-        storage = cluster[ensemble[1]].storage
-        good = storage.read_entry(lh.ledger_id, 5)
-        bad = good[:-1] + bytes([good[-1] ^ 1])
-        await storage.add_entries(lh.ledger_id, 5, [bad])
-        await lose(cluster, ensemble[0])
-        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
-        assert result.outcome is Outcome.FAILED
-        assert "hold different bytes" in result.detail
-        md = await client.ledger_metadata(lh.ledger_id)
-        assert md.ensembles[0][1] == ensemble  # nothing re-pointed
-        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
-                                          OPTS)
-        assert result.outcome is Outcome.REPLICATED, result.detail
-        md = await client.ledger_metadata(lh.ledger_id)
-        target = next(b for b in md.ensembles[0][1] if b not in ensemble)
-        assert cluster[target].storage.read_entry(lh.ledger_id, 5) == good
-
-
-async def test_an_open_hmac_ledger_is_not_closed_without_its_password(
-        tmp_path: Path, clock: trio.testing.MockClock) -> None:
-    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
-            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
-                                **client_settings()) as client:
-        lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
-        for i in range(10):
-            await lh.append(b"x%d" % i)
-        await lose(cluster, lh.metadata.ensembles[0][1][0])
-        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
-        assert result.outcome is Outcome.FAILED
-        assert "closed only with its password" in result.detail
-        md = await client.ledger_metadata(lh.ledger_id)
-        assert md.state is LedgerState.OPEN  # not left IN_RECOVERY
-        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
-                                          OPTS, close_open=True)
-        assert result.outcome is Outcome.REPLICATED and result.closed_by_recovery
-
-
 def lose_entries(cluster: MemoryCluster, bookie: str, ledger_id: int, before: int,
                  md: LedgerMetadata) -> dict[str, list[tuple[int, int]]]:
     """The bookie forgets its entries below ``before`` (as a damaged index would) and
@@ -564,3 +501,66 @@ async def test_a_report_in_a_dead_writers_unbounded_fragment_is_taken_over_then_
         expected = payloads | {n: b"" for n in md.noops}
         assert whole(cluster, lh.ledger_id, replace(md, ensembles=md.ensembles[:1]).closed(
             noop, 0), expected) == []
+
+
+async def test_hmac_ledgers_are_copied_without_the_password_never_with_bad_bytes(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
+        payloads = {i: b"h%d " % i + bytes(i) for i in range(40)}
+        for i in range(40):
+            await lh.append(payloads[i])
+        await lh.close()
+        await lose(cluster, lh.metadata.ensembles[0][1][0])
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert whole(cluster, lh.ledger_id, md, payloads) == []
+        rh = await client.open_ledger(lh.ledger_id, b"pw")
+        assert [x.payload async for x in rh.read()] == [payloads[i] for i in range(40)]
+
+        # Qw = 3: two survivors hold each entry. One holds a flipped payload byte that
+        # only the digest could catch: without the password the replicas disagree and
+        # nothing is copied; with it, the good replica is copied.
+        lh = await client.create_ledger(3, 3, 2, digest="hmac", password=b"pw")
+        for i in range(10):
+            await lh.append(payloads[i])
+        await lh.close()
+        ensemble = lh.metadata.ensembles[0][1]
+        storage = cluster[ensemble[1]].storage
+        good = storage.read_entry(lh.ledger_id, 5)
+        bad = good[:-1] + bytes([good[-1] ^ 1])
+        await storage.add_entries(lh.ledger_id, 5, [bad])
+        await lose(cluster, ensemble[0])
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS)
+        assert result.outcome is Outcome.FAILED
+        assert "hold different bytes" in result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.ensembles[0][1] == ensemble  # nothing re-pointed
+        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
+                                          OPTS)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        target = next(b for b in md.ensembles[0][1] if b not in ensemble)
+        assert cluster[target].storage.read_entry(lh.ledger_id, 5) == good
+
+
+async def test_an_open_hmac_ledger_is_not_closed_without_its_password(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 4, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 2, 2, digest="hmac", password=b"pw")
+        for i in range(10):
+            await lh.append(b"x%d" % i)
+        await lose(cluster, lh.metadata.ensembles[0][1][0])
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True)
+        assert result.outcome is Outcome.FAILED
+        assert "closed only with its password" in result.detail
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.state is LedgerState.OPEN  # not left IN_RECOVERY
+        result = await rereplicate_ledger(client, lh.ledger_id, Credentials(password=b"pw"),
+                                          OPTS, close_open=True)
+        assert result.outcome is Outcome.REPLICATED and result.closed_by_recovery
