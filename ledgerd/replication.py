@@ -85,13 +85,14 @@ from ledgerd.machines.checker import (
     fragments,
     last_fragment_at_risk,
     probes,
+    takeover_unfinished,
 )
 from ledgerd.machines.holdings import reported_failures, reported_in_open_fragment
 from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.metadata.errors import ChangeRejectedError, NoNodeError
-from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
-from ledgerd.recovery import TakeOver, recover_ledger, take_over
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.recovery import recover_ledger, take_over
 from ledgerd.wire.entry import (
     ENTRY_HEADER_SIZE,
     Digester,
@@ -116,6 +117,7 @@ from ledgerd.wire.status import Status, UnauthorizedError
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
+    from ledgerd.recovery import TakeOver
 
 __all__ = ["CopyFailedError", "Credentials", "LedgerResult", "Outcome", "ReplicationOptions",
            "probe_failures", "rereplicate_ledger"]
@@ -339,7 +341,7 @@ async def rereplicate_ledger(
                     healed = await _heal_open(client, ledger_id, md, available, creds, opts,
                                               target, result, progress,
                                               lacking=open_lacking, settled=settled)
-                    if isinstance(healed, TakeOver):
+                    if not isinstance(healed, int):
                         # Taken over with a new term: everything up to its no-op is
                         # settled, and the fragments that lost a bookie are final.
                         settled = healed.last_entry_id
@@ -433,7 +435,7 @@ async def _heal_open(client: Client, ledger_id: int, md: LedgerMetadata,
     first, ensemble = md.last_ensemble
     bad = {i for i, b in enumerate(ensemble) if b not in available} | set(lacking)
     check = creds.checker(md)
-    if md.state is LedgerState.IN_RECOVERY:
+    if takeover_unfinished(md):
         # A takeover raised the term and never opened it (the bookies refused it, or
         # its leader died or was cancelled mid-way). Terms never go back, and no writer
         # can change this ledger until someone takes it over again, so no split can

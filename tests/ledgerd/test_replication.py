@@ -19,10 +19,19 @@ from ledgerd.errors import LeadershipLostError
 from ledgerd.machines.changes import (
     FragmentChangedError,
     TermChangedError,
+    abandon_recovery,
+    begin_term,
     change_ensemble,
+    open_term,
     split_open_fragment,
 )
-from ledgerd.machines.checker import entries_below_qw, fragments, stored_runs
+from ledgerd.machines.checker import (
+    entries_below_qw,
+    fragments,
+    stored_runs,
+    takeover_unfinished,
+)
+from ledgerd.metadata.errors import ChangeRejectedError
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.replication import (
@@ -288,6 +297,22 @@ def test_split_open_fragment_refuses_a_moved_writer_a_new_term_or_a_takeover() -
     with pytest.raises(FragmentChangedError):  # someone replaced that bookie already
         split_open_fragment(m, 0, 9, {1: (C, D)}, term=3)
 
+
+def test_only_an_unbounded_ledger_left_in_recovery_is_an_unfinished_takeover() -> None:
+    m = unbounded_md(((0, (A, B, C)),))
+    assert not takeover_unfinished(m)
+    stuck = begin_term(m)  # a takeover raised the term; the bookies then refused it
+    assert takeover_unfinished(stuck) and stuck.term == m.term + 1
+    with pytest.raises(ChangeRejectedError):
+        abandon_recovery(stuck)  # terms never go back: never OPEN again at that term
+    with pytest.raises(FragmentChangedError):  # no split lands on it
+        split_open_fragment(stuck, 0, 9, {1: (B, D)}, term=stuck.term)
+    again = begin_term(stuck)  # the next takeover proceeds from there
+    assert again.term == m.term + 2
+    assert open_term(again, again.term, {}, [9]).state is LedgerState.OPEN
+    bounded = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                             ensembles=((0, (A, B, C)),), state=LedgerState.IN_RECOVERY)
+    assert not takeover_unfinished(bounded)  # a bounded one's recovery closes it
 
 def test_entries_below_qw_counts_final_fragments_and_the_open_one_up_to_the_lac() -> None:
     m = unbounded_md(((0, (A, B, C)), (10, (A, B, C))))
