@@ -19,7 +19,10 @@ checkpoint are done by then), then one every ``local_scrub_period_s``:
 4. A ledger with missing entries is marked under-replicated in the queue
    (``underreplication/ledgers/…/urL<id>``) naming this bookie and the ranges of entry
    ids found missing; the replication workers then copy those fragments from the
-   surviving replicas to a replacement bookie (``ledgerd.replication``). The mark is
+   surviving replicas to a replacement bookie (``ledgerd.replication``); a range in an
+   open ledger's last fragment is healed after the grace period as a lost bookie's
+   would be (a bounded ledger closed, an unbounded one's fragment split at its LAC),
+   and the mark stays until every entry is back at Qw. The mark is
    made whether or not autorecovery is enabled: it is a fact about the data, and the
    switch only stops the copying. Logged as ``scrub_found_missing``.
 

@@ -322,6 +322,12 @@ async def take_over(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, ke
     Raises LeadershipLostError if another writer raised the term meanwhile (at a
     bookie or at either CAS), UnauthorizedError, or LedgerRecoveryError. If cancelled,
     the ledger stays IN_RECOVERY at the raised term; the next takeover starts over.
+    A takeover the bookies refuse leaves it so too: the term was raised in the
+    metadata first (seed 002) and terms never go back, unlike a bounded ledger's
+    refused recovery (``abandon_recovery``). Nothing was taken from the ledger: the
+    next leader's takeover raises the term again and opens it, and a replication
+    worker that must heal it takes it over after its grace period
+    (``replication._heal_open``); the deposed writer sees LeadershipLostError.
     """
     try:
         md, _ = await ledgers.update(ledger_id, begin_term)

@@ -24,6 +24,10 @@ Per ledger (``rereplicate_ledger``):
    ``writer_settle_s``, the writer is taken to be dead and the ledger is taken over
    with a new term (``recovery.take_over``: term reads, rewrites at Qw, the TRUNCATE
    no-op), after which every fragment that lacks the bookie is final and is copied.
+   A scrubber's report of entries missing in the open fragment
+   (``holdings.reported_in_open_fragment``) puts the fragment at risk the same way:
+   the reporting bookie, though alive, is healed as if it were gone (closed, or split
+   off at the LAC), and until then the outcome is DEFERRED.
 3. For each bad fragment: replacements by placement (never a bookie already in that
    fragment; rack-aware), or the caller's target. Each bad bookie's entries are read
    from surviving replicas in batches (one ReadRange each, digests verified, ids
@@ -35,7 +39,8 @@ Per ledger (``rereplicate_ledger``):
 
 5. Reported REPLICATED only when, on the metadata read after the copies, no entry is
    below Qw (``checker.entries_below_qw``: final fragments, and the open one up to the
-   LAC found); anything else is DEFERRED and looked at again.
+   LAC found, counting the copies a scrubber reported missing where its bookie still
+   stands); anything else is DEFERRED and looked at again.
 
 Credentials (``Credentials``): the worker writes with the recovery credential derived
 from the cluster secret (``wire.entry.recovery_key``), which bookies accept for recovery
@@ -82,8 +87,9 @@ from ledgerd.machines.checker import (
     fragments,
     last_fragment_at_risk,
     probes,
+    takeover_unfinished,
 )
-from ledgerd.machines.holdings import reported_failures
+from ledgerd.machines.holdings import reported_failures, reported_in_open_fragment
 from ledgerd.machines.placement import NotEnoughBookiesError, Placement, choose_replacements
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.machines.writer import FailureKind
@@ -107,6 +113,7 @@ from ledgerd.wire.status import Status, UnauthorizedError
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
+    from ledgerd.recovery import TakeOver
 
 __all__ = ["CopyFailedError", "Credentials", "LedgerResult", "Outcome", "ReplicationOptions",
            "probe_failures", "rereplicate_ledger"]
@@ -220,6 +227,7 @@ async def rereplicate_ledger(
     queue record); the fragments they fall in are copied as if a probe had failed."""
     opts = options or ReplicationOptions()
     result = LedgerResult(ledger_id)
+    settled = -1  # the end of a takeover this call made: nothing up to it is in doubt
     for _attempt in range(5):
         result.outcome = Outcome.REPLICATED
         result.detail = ""
@@ -237,8 +245,12 @@ async def rereplicate_ledger(
             return result
         known_lac = -1  # the open fragment's entries known acknowledged
         failed: set[tuple[int, int]] = set()
+        # A scrubber's report in the open fragment is a lost copy there: healed as for
+        # a lost bookie (closed, or split at the LAC), never left for "later".
+        open_lacking = reported_in_open_fragment(md, reported or {})
+        at_risk = last_fragment_at_risk(md, available) or bool(open_lacking)
         try:
-            if last_fragment_at_risk(md, available) and md.unbounded:
+            if at_risk and md.unbounded:
                 # Never closed: its writer's next add moves the last fragment; after
                 # the grace period the acknowledged part is healed where it stands.
                 if not close_open:
@@ -249,11 +261,15 @@ async def rereplicate_ledger(
                     result.plan.append({"action": "heal the open fragment up to its LAC"})
                 else:
                     healed = await _heal_open(client, ledger_id, md, available, creds, opts,
-                                              target, result, progress)
-                    if healed is None:
-                        continue  # taken over with a new term: its fragments are final now
+                                              target, result, progress,
+                                              lacking=open_lacking, settled=settled)
+                    if not isinstance(healed, int):
+                        # Taken over with a new term: everything up to its no-op is
+                        # settled, and the fragments that lost a bookie are final.
+                        settled = healed.last_entry_id
+                        continue
                     known_lac = healed
-            elif last_fragment_at_risk(md, available):
+            elif at_risk:
                 if not close_open:
                     result.outcome = Outcome.DEFERRED
                 elif dry_run:
@@ -296,7 +312,8 @@ async def rereplicate_ledger(
             result.detail = str(exc)
             return result
         if result.outcome is Outcome.REPLICATED and not dry_run:
-            await _confirm_whole(client, ledger_id, bad_bookies, known_lac, result)
+            await _confirm_whole(client, ledger_id, bad_bookies, known_lac, result,
+                                 reported or {})
         return result
     result.outcome = Outcome.FAILED
     result.detail = "the ledger's metadata kept changing under the copy"
@@ -304,16 +321,24 @@ async def rereplicate_ledger(
 
 
 async def _confirm_whole(client: Client, ledger_id: int, bad_bookies: Collection[str],
-                         known_lac: int, result: LedgerResult) -> None:
+                         known_lac: int, result: LedgerResult,
+                         reported: Mapping[str, Collection[tuple[int, int]]]) -> None:
     """REPLICATED stays only if the metadata as it is now has no entry below Qw (a
-    writer may have ended a fragment on the lost bookie meanwhile); else DEFERRED."""
+    writer may have ended a fragment on the lost bookie meanwhile), counting the copies
+    a scrubber reported missing where that bookie still stands (the open fragment's
+    too); else DEFERRED."""
     try:
         md, _ = await client.ledgers.read(ledger_id)
     except NoNodeError:
         result.outcome = Outcome.DELETED
         return
     members = await client.registry.list_bookies()
-    below = entries_below_qw(md, set(members.all) - set(bad_bookies), known_lac)
+    lacking = reported_failures(md, reported, open_fragment=True)
+    if not md.is_closed and any(f == md.last_ensemble[0] for f, _ in lacking):
+        # A scrubber reports only entries up to a LAC it knew: acknowledged, so the
+        # open fragment counts at least that far.
+        known_lac = max([known_lac, *(b for ranges in reported.values() for _, b in ranges)])
+    below = entries_below_qw(md, set(members.all) - set(bad_bookies), known_lac, lacking)
     if below:
         count = sum(b - a + 1 for a, b in below)
         result.outcome = Outcome.DEFERRED
@@ -324,14 +349,36 @@ async def _confirm_whole(client: Client, ledger_id: int, bad_bookies: Collection
 async def _heal_open(client: Client, ledger_id: int, md: LedgerMetadata,
                      available: Collection[str], creds: Credentials,
                      opts: ReplicationOptions, target: str | None, result: LedgerResult,
-                     progress: Progress | None) -> int | None:
+                     progress: Progress | None, *, lacking: Collection[int] = (),
+                     settled: int = -1) -> int | TakeOver:
     """Heal an unbounded ledger's open fragment (see the module docstring): returns the
-    LAC it is healed up to, or None once the ledger was taken over with a new term (look
-    again). Raises FragmentChangedError when its writer moved meanwhile."""
+    LAC it is healed up to, or the TakeOver once the ledger was taken over with a new
+    term (look again). ``lacking``: indexes whose bookie, though available, was
+    reported missing entries there (healed as if gone); ``settled``: an entry known
+    acknowledged (a takeover's no-op) whatever the bookies' LACs say. Raises
+    FragmentChangedError when its writer moved meanwhile."""
     first, ensemble = md.last_ensemble
-    bad = {i for i, b in enumerate(ensemble) if b not in available}
+    bad = {i for i, b in enumerate(ensemble) if b not in available} | set(lacking)
     check = creds.checker(md)
-    lac, top = await _open_lac(client, ledger_id, ensemble, bad, check, opts)
+    if takeover_unfinished(md):
+        # A takeover raised the term and never opened it (the bookies refused it, or
+        # its leader died or was cancelled mid-way). Terms never go back, and no writer
+        # can change this ledger until someone takes it over again, so no split can
+        # land: once it has stayed so for the settle time, take it over (as the next
+        # leader would; it raises the term again and opens it).
+        await trio.sleep(opts.writer_settle_s)
+        now, _ = await client.ledgers.read(ledger_id)
+        if now.ensembles != md.ensembles or now.term != md.term or now.state != md.state:
+            raise FragmentChangedError("the takeover in progress moved on")
+        return await _take_over(client, ledger_id, md, creds, opts, result,
+                                why=f"left IN_RECOVERY at term {md.term}")
+
+    async def read_lac() -> tuple[int, int]:
+        lac, top = await _open_lac(client, ledger_id, ensemble, bad, check, opts)
+        lac = max(lac, settled) if settled >= first else lac
+        return lac, max(top, lac)
+
+    lac, top = await read_lac()
     if top > lac:
         # Entries above every LAC a bookie holds: a writer with adds in flight, or one
         # that died with them. Give a live one the time to finish or move.
@@ -339,7 +386,7 @@ async def _heal_open(client: Client, ledger_id: int, md: LedgerMetadata,
         now, _ = await client.ledgers.read(ledger_id)
         if now.ensembles != md.ensembles or now.term != md.term or now.state != md.state:
             raise FragmentChangedError("the writer moved its last fragment")
-        again = await _open_lac(client, ledger_id, ensemble, bad, check, opts)
+        again = await read_lac()
         if again == (lac, top):
             if not check.keyed:
                 # Without the password no no-op can be written: the in-doubt entries
@@ -349,14 +396,8 @@ async def _heal_open(client: Client, ledger_id: int, md: LedgerMetadata,
                                  "its LAC and its writer is silent; an HMAC ledger is taken "
                                  "over only with its password")
             else:
-                log.warning("rereplication_taking_over", extra=fields(
-                    ledger=ledger_id, term=md.term, lac=lac, highest=top))
-                await take_over(client.ledgers, client.pool, ledger_id,
-                                creds.key(ledger_id), creds.digester(ledger_id, md),
-                                read_timeout=opts.read_timeout, add_timeout=opts.add_timeout,
-                                writable=client.writable_bookies, rng=client.rng)
-                result.closed_by_recovery = True
-                return None
+                return await _take_over(client, ledger_id, md, creds, opts, result,
+                                        why=f"entries {lac + 1}..{top} in doubt")
         lac = again[0]
     if lac >= first:
         frag = Fragment(first, lac, ensemble, True)
@@ -367,6 +408,28 @@ async def _heal_open(client: Client, ledger_id: int, md: LedgerMetadata,
         result.outcome = outcome
         log.info("open_fragment_healed", extra=fields(ledger=ledger_id, first=first, lac=lac))
     return lac
+
+
+async def _take_over(client: Client, ledger_id: int, md: LedgerMetadata, creds: Credentials,
+                     opts: ReplicationOptions, result: LedgerResult, *, why: str
+                     ) -> int | TakeOver:
+    """Take an unbounded ledger over with a new term (its writer is taken to be dead);
+    an HMAC ledger without the password cannot be (DEFERRED, the LAC -1 healed)."""
+    if not creds.checker(md).keyed:
+        # Without the password no no-op can be written: the in-doubt entries wait for
+        # the next leader's takeover; the acknowledged part is healed.
+        result.outcome = Outcome.DEFERRED
+        result.detail = (f"the open fragment needs a takeover ({why}) and an HMAC ledger "
+                         "is taken over only with its password")
+        return -1
+    log.warning("rereplication_taking_over", extra=fields(ledger=ledger_id, term=md.term,
+                                                          reason=why))
+    took = await take_over(client.ledgers, client.pool, ledger_id, creds.key(ledger_id),
+                           creds.digester(ledger_id, md), read_timeout=opts.read_timeout,
+                           add_timeout=opts.add_timeout, writable=client.writable_bookies,
+                           rng=client.rng)
+    result.closed_by_recovery = True
+    return took
 
 
 async def _open_lac(client: Client, ledger_id: int, ensemble: tuple[str, ...],

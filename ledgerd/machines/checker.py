@@ -18,6 +18,8 @@ decide it (``../shared/reference/recovery-terms-kafka-tls.md`` A3, A5):
   (``changes.split_open_fragment``). ``entries_below_qw`` counts what is still short of
   Qw copies (final fragments, and the open one up to a known LAC): a ledger is reported
   whole only when it is 0.
+- An unbounded ledger left IN_RECOVERY (``takeover_unfinished``: a takeover raised its
+  term and never opened it) accepts no split: only a new takeover moves it on.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from ledgerd.machines.quorum import write_set
-from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 
 __all__ = ["CopyBatch", "Fragment", "Probe", "bad_fragments", "copy_batches",
-           "entries_below_qw", "fragments", "last_fragment_at_risk", "probes", "stored_runs"]
+           "entries_below_qw", "fragments", "last_fragment_at_risk", "probes", "stored_runs",
+           "takeover_unfinished"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,14 @@ def last_fragment_at_risk(md: LedgerMetadata, available: Collection[str]) -> boo
     """An open ledger whose last ensemble holds a bookie that is gone (its writer, if
     alive, should change ensemble; if not, recovery must close the ledger)."""
     return not md.is_closed and any(b not in available for b in md.last_ensemble[1])
+
+
+def takeover_unfinished(md: LedgerMetadata) -> bool:
+    """An unbounded ledger IN_RECOVERY: a takeover raised its term (seed 002: in the
+    metadata first) and never opened it: refused by the bookies, or its leader died or
+    was cancelled. Terms never go back, so it stays so until the next takeover; no
+    writer can change it meanwhile, and its open fragment cannot be split."""
+    return md.unbounded and md.state is LedgerState.IN_RECOVERY
 
 
 def entries_below_qw(md: LedgerMetadata, available: Collection[str], lac: int = -1,

@@ -19,8 +19,10 @@ Pure (no trio, no I/O), the decision behind the bookie's scrubber
   (``missing_ranges``: a whole lost ledger is one range per fragment) and comes back to
   the replication worker; ``reported_failures`` maps them onto the final fragments of the *current*
   metadata as ``(fragment first entry, index)`` pairs, the shape the checker's probes
-  use, and drops what no longer applies (the bookie was replaced in that fragment, the
-  entry is past the end, or the fragment is still open).
+  use, and drops what no longer applies (the bookie was replaced in that fragment, or
+  the entry is past the end). A report in an open ledger's last fragment
+  (``reported_in_open_fragment``) is a lost copy there: the worker heals it as for a
+  lost bookie, and until then the ledger is not whole.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from ledgerd.machines.quorum import write_set
 from ledgerd.metadata.ledger import LedgerMetadata
 
 __all__ = ["HeldRun", "MissingRanges", "expected_count", "expected_runs", "holder_index",
-           "iter_expected_runs", "missing_ranges", "reported_failures", "sample"]
+           "iter_expected_runs", "missing_ranges", "reported_failures",
+           "reported_in_open_fragment", "sample"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,19 +127,27 @@ def holder_index(md: LedgerMetadata, bookie_id: str, entry_id: int) -> int | Non
 
 
 def reported_failures(md: LedgerMetadata,
-                      reported: Mapping[str, Collection[tuple[int, int]]]
-                      ) -> set[tuple[int, int]]:
+                      reported: Mapping[str, Collection[tuple[int, int]]], *,
+                      open_fragment: bool = False) -> set[tuple[int, int]]:
     """The ``(fragment first entry, index)`` pairs of final fragments whose bookie was
     reported missing entries it should hold there (``reported``: bookie id to ranges
     ``(first, last)`` of entry ids). Reports that no longer apply to ``md`` are
-    dropped."""
+    dropped. ``open_fragment``: an open ledger's last fragment counts too, with no end
+    (a scrubber reports it up to the LAC it knew; a report there is a copy lost in the
+    fragment still being written, which the worker must heal before calling the ledger
+    whole)."""
     out: set[tuple[int, int]] = set()
     if not reported:
         return out
     end = md.last_entry_id if md.is_closed else None
     for frag in fragments(md):
-        last = frag.last if end is None else min(frag.last, end)
-        if not frag.final or last < frag.first:
+        if frag.final:
+            last = frag.last if end is None else min(frag.last, end)
+        elif open_fragment:
+            last = max((b for ranges in reported.values() for _, b in ranges), default=-1)
+        else:
+            continue
+        if last < frag.first:
             continue
         for bookie, ranges in reported.items():
             if bookie not in frag.ensemble:
@@ -148,6 +159,20 @@ def reported_failures(md: LedgerMetadata,
                     out.add((frag.first, index))
                     break
     return out
+
+
+def reported_in_open_fragment(md: LedgerMetadata,
+                              reported: Mapping[str, Collection[tuple[int, int]]]
+                              ) -> set[int]:
+    """The indexes of an open ledger's last ensemble whose bookie was reported missing
+    entries it should hold in that fragment: lost copies there, to be healed as for a
+    lost bookie (a bounded ledger closed after the grace period, an unbounded one's
+    fragment split at its LAC) before the ledger counts as whole. Empty for a closed
+    ledger."""
+    if md.is_closed:
+        return set()
+    first = md.last_ensemble[0]
+    return {i for f, i in reported_failures(md, reported, open_fragment=True) if f == first}
 
 
 class MissingRanges:

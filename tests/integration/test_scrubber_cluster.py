@@ -8,6 +8,11 @@ missing entry and marks both ledgers with the ranges. While autorecovery is disa
 the marks stay, and ``ledgerd shell durability`` counts exactly those entries below
 Qw, the queue agreeing with it; enabled, the workers copy the fragments back to Qw
 copies on other bookies, and the debt is zero.
+
+The same loss in the last fragment of two open ledgers whose writers are alive and
+idle (a bounded and an unbounded one): the marks stay until every acknowledged entry
+is back at Qw, the bounded ledger closed after the grace period and copied, the
+unbounded one's fragment split at its LAC with its writer writing on.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import trio
 
 import ledgerd
@@ -35,6 +41,7 @@ from tests.cluster import (
     wait_unreferenced,
 )
 from tests.integration.test_autorecovery_cluster import _copies
+from tests.integration.test_autorecovery_unbounded import below_qw
 
 Factory = Callable[..., BookieProcess]
 SECRET = b"scrubber-cluster-secret-0123456789"
@@ -134,3 +141,75 @@ async def test_scrubber_finds_lost_entries_and_autorecovery_brings_the_copies_ba
         assert debt["entries_below_qw"] == 0 and debt["agrees"] and debt["eta_s"] == 0
         human = (await trio.to_thread.run_sync(_shell, zk_chroot, "clusterinfo")).stdout
         assert "durability       every entry at Qw copies" in human
+
+
+async def test_a_scrubber_report_in_open_ledgers_is_healed_and_never_unmarked_below_qw(
+        bookie_factory: Factory, zk_chroot: str, tmp_path: Path) -> None:
+    """Entries lost by a bookie in the last fragment of open ledgers whose writers are
+    alive and idle: a bounded ledger (fenced and closed after the grace period, then
+    copied) and an unbounded one (its fragment split off at the LAC onto a replacement,
+    its writer untouched). Each mark stays until every acknowledged entry is back at Qw
+    (it used to be deleted at once, with nothing copied)."""
+    settings = _settings(tmp_path) | {"open_ledger_rereplication_grace_period_ms": 3000}
+    bookies = await start_bookies(lambda: bookie_factory(**settings), zk_chroot, 4)
+    by_id = {b.bookie_id: b for b in bookies}
+    async with ledgerd.open_client(zk_chroot, throttle=0) as client:
+        acked: dict[int, dict[int, bytes]] = {}
+        bounded = await client.create_ledger(3, 2, 2, password=b"pw")
+        unbounded = await client.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        for lh in (bounded, unbounded):
+            acked[lh.ledger_id] = {}
+            for i in range(60):
+                data = b"ledger %d entry %d " % (lh.ledger_id, i) + bytes(100)
+                acked[lh.ledger_id][await lh.append(data)] = data
+        await trio.sleep(1)  # idle: each writer's explicit LAC is on its bookies
+        victim = by_id[sorted(set(bounded.ensemble) & set(unbounded.ensemble))[0]]
+        term = unbounded.metadata.term
+        urm = UnderreplicationManager(client.store, "/ledgers")
+        await urm.set_enabled(False)  # until both marks are there to be watched
+
+        victim.terminate()
+        ledger_dir = Path(str(victim.settings["ledger_directories"][0]))  # type: ignore[index]
+        for lid in acked:
+            with open(index_path(ledger_dir, lid), "r+b") as f:
+                for e in range(10, 30):
+                    f.seek(INDEX_HEADER_SIZE + 8 * e)
+                    f.write(struct.pack(">q", 0))
+        victim.restart()
+        await wait_registered(client.store, victim)  # type: ignore[arg-type]
+        scrub = await _scrub_status(victim)
+        assert scrub["ledgers_marked"] == 2, scrub
+        for lid in acked:
+            rec = await urm.get(lid)
+            assert rec is not None and rec.missing_entries.keys() == {victim.bookie_id}
+            assert await below_qw(client, lid, acked[lid])  # the loss is real
+
+        await urm.set_enabled(True)
+        seen: set[int] = set()
+        with trio.fail_after(EVENT_BOUND_S):
+            while True:
+                marked = {lid for lid in acked if await urm.get(lid) is not None}
+                short = {lid: await below_qw(client, lid, entries)
+                         for lid, entries in acked.items()}
+                for lid in seen - marked:
+                    assert short[lid] == [], (
+                        f"ledger {lid}'s mark was deleted with {len(short[lid])} "
+                        "entries below Qw")
+                seen |= marked
+                if seen == set(acked) and not marked and not any(short.values()):
+                    break
+                await trio.sleep(0.3)
+
+        md = await client.ledger_metadata(bounded.ledger_id)
+        assert md.is_closed and md.last_entry_id == 59
+        assert victim.bookie_id not in md.ensembles[0][1]
+        with pytest.raises((ledgerd.LedgerFencedError, ledgerd.LedgerClosedError)):
+            await bounded.append(b"late")
+        md = await client.ledger_metadata(unbounded.ledger_id)
+        assert md.term == term and [f for f, _ in md.ensembles] == [0, 60]
+        assert victim.bookie_id not in md.ensembles[0][1]
+        assert md.ensembles[1][1] == unbounded.ensemble  # the writer's, the victim in it
+        assert await unbounded.append(b"after") == 60  # the live writer goes on
+        ran = await trio.to_thread.run_sync(_shell, zk_chroot, "durability", "--json")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert json.loads(ran.stdout)["entries_below_qw"] == 0

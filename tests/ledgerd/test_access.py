@@ -5,7 +5,9 @@ A bookie answers UNAUTHORIZED for a key it does not accept and for a request the
 connection's principal has no role for. A client whose password matches the ledger's
 check hash knows the key is not the problem and must say so; a recovery the bookies
 refuse must not leave the ledger IN_RECOVERY, where it would stop a live writer's next
-ensemble change or close for a recovery that never had the right to run.
+ensemble change or close for a recovery that never had the right to run. An unbounded
+ledger's refused takeover keeps its raised term (terms never go back) and stays
+IN_RECOVERY, and the next leader or a replication worker takes it over from there.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import ledgerd
 from ledgerd.appliance.security import ConnectionSecurity
 from ledgerd.base.tls import Principal
 from ledgerd.bookie_client import open_bookie_client
-from ledgerd.errors import AccessDeniedError
+from ledgerd.errors import AccessDeniedError, LeadershipLostError
+from ledgerd.machines.checker import entries_below_qw
 from ledgerd.metadata.ledger import LedgerState
-from ledgerd.recovery import recover_ledger
+from ledgerd.metadata.registry import BookieRegistry
+from ledgerd.recovery import recover_ledger, take_over
+from ledgerd.replication import Credentials, Outcome, ReplicationOptions, rereplicate_ledger
 from ledgerd.wire.entry import Digester, DigestType, encode_entry, recovery_key
 from ledgerd.wire.messages import AddRequest
 from ledgerd.wire.status import Status
@@ -125,3 +130,66 @@ async def test_a_recovery_the_bookies_refuse_leaves_the_live_writer_writing(
         md = await writer.ledger_metadata(lid)
         assert md.state is LedgerState.CLOSED and md.last_entry_id == 6
         assert len(md.ensembles) == 2  # it replaced the bookie it lost
+
+
+async def test_a_refused_takeover_leaves_an_unbounded_ledger_to_the_next_leader_or_worker(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """Seed 002: a takeover raises the term in the metadata first, and terms never go
+    back, so a takeover the bookies refuse leaves the ledger IN_RECOVERY at the raised
+    term, as a takeover that died would. From there the next leader takes it over
+    again, and so does a replication worker that must heal it (it used to retry the
+    split of its open fragment, which no IN_RECOVERY ledger accepts, and fail forever);
+    nothing acknowledged is lost, and the deposed writer learns it at its next change."""
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as writer:
+        lh = await writer.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        for i in range(10):
+            await lh.append(b"%d" % i)
+        await trio.sleep(1)  # idle: its explicit LAC is on the bookies
+        lid, term = lh.ledger_id, lh.metadata.term
+
+        only_roles(cluster, "recovery")
+        async with ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                       **client_settings()) as worker:
+            with pytest.raises(AccessDeniedError, match="recovery credential"):
+                await take_over(worker.ledgers, worker.pool, lid,
+                                recovery_key(b"another-secret-of-some-length", lid),
+                                Digester(DigestType.CRC32C), read_timeout=1, add_timeout=1,
+                                writable=worker.writable_bookies, rng=worker.rng)
+        only_roles(cluster, "*")
+        md = await writer.ledger_metadata(lid)
+        assert (md.state, md.term) == (LedgerState.IN_RECOVERY, term + 1)
+
+        # A bookie of its open fragment is lost: after the grace period the worker
+        # takes the ledger over (the split could never land) and heals it.
+        lost = md.last_ensemble[1][1]
+        cluster[lost].gate.refuse_connects = True
+        await cluster[lost].gate.reset()
+        await BookieRegistry(cluster.store, "/ledgers").unregister(lost)
+        async with ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                       **client_settings()) as worker:
+            with trio.fail_after(120):
+                result = await rereplicate_ledger(
+                    worker, lid, Credentials(cluster_secret=SECRET),
+                    ReplicationOptions(read_timeout=1, add_timeout=1), close_open=True)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        md = await writer.ledger_metadata(lid)
+        assert md.state is LedgerState.OPEN and md.term > term + 1
+        assert all(lost not in ens for _, ens in md.ensembles)
+        assert entries_below_qw(md, set(cluster.bookies) - {lost}, max(md.noops)) == []
+
+        # The deposed writer learns it; the next leader takes over and writes on.
+        with pytest.raises(LeadershipLostError):
+            for i in range(10, 20):
+                await lh.append(b"%d" % i)
+        async with ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                       **client_settings()) as leader:
+            nh = await leader.take_over_ledger(lid, b"pw")
+            assert (await leader.ledger_metadata(lid)).term > md.term
+            await nh.append(b"next")
+            await trio.sleep(1)
+            rh = await leader.open_ledger(lid, b"pw", recovery=False)
+            lac = await rh.read_lac()
+            got = [e.payload async for e in rh.read(0, lac)]
+        assert got[:10] == [b"%d" % i for i in range(10)] and got[-1] == b"next"

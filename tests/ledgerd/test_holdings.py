@@ -26,6 +26,7 @@ from ledgerd.machines.holdings import (
     holder_index,
     missing_ranges,
     reported_failures,
+    reported_in_open_fragment,
     sample,
 )
 from ledgerd.metadata.ledger import LedgerMetadata
@@ -130,6 +131,26 @@ def test_reported_failures_map_to_current_final_fragments() -> None:
     assert reported_failures(m, {D: [(6, 8)], B: [(40, 50)]}) == {(6, 0)}
     open_md = md(((0, (A, B, C)), (6, (D, B, C))))
     assert reported_failures(open_md, {D: [(6, 6)]}) == set()  # an open fragment is not final
+
+
+def test_a_report_in_the_open_fragment_is_a_lost_copy_there() -> None:
+    # The scrubber reports up to the LAC it knew; the open fragment has no end yet.
+    open_md = md(((0, (A, B, C)), (6, (D, B, C))))
+    assert reported_in_open_fragment(open_md, {D: [(6, 6)]}) == {0}
+    assert reported_failures(open_md, {D: [(6, 6)]}, open_fragment=True) == {(6, 0)}
+    assert reported_in_open_fragment(open_md, {D: [(40, 41)]}) == {0}  # D holds 40 (40%3=1)
+    assert reported_in_open_fragment(open_md, {D: [(7, 7)]}) == set()  # 7's write set {1, 2}
+    # A report about a final fragment is not one about the open fragment (and the
+    # other way round), and B is in both: only its ranges decide.
+    both = {A: [(2, 2)], B: [(0, 1), (7, 7)]}
+    assert reported_in_open_fragment(open_md, both) == {1}
+    assert reported_failures(open_md, both) == {(0, 0), (0, 1)}
+    assert reported_failures(open_md, both, open_fragment=True) == {(0, 0), (0, 1), (6, 1)}
+    # Once closed the fragment is final and is reported as such, never as open.
+    closed = open_md.closed(9, 0)
+    assert reported_in_open_fragment(closed, {D: [(6, 6)]}) == set()
+    assert reported_failures(closed, {D: [(6, 6)]}) == {(6, 0)}
+    assert reported_in_open_fragment(open_md, {}) == set()
 
 
 def test_debt_counts_copies_below_qw_by_write_set() -> None:

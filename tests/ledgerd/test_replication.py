@@ -19,10 +19,19 @@ from ledgerd.errors import LeadershipLostError
 from ledgerd.machines.changes import (
     FragmentChangedError,
     TermChangedError,
+    abandon_recovery,
+    begin_term,
     change_ensemble,
+    open_term,
     split_open_fragment,
 )
-from ledgerd.machines.checker import entries_below_qw, fragments, stored_runs
+from ledgerd.machines.checker import (
+    entries_below_qw,
+    fragments,
+    stored_runs,
+    takeover_unfinished,
+)
+from ledgerd.metadata.errors import ChangeRejectedError
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.replication import (
@@ -289,6 +298,22 @@ def test_split_open_fragment_refuses_a_moved_writer_a_new_term_or_a_takeover() -
         split_open_fragment(m, 0, 9, {1: (C, D)}, term=3)
 
 
+def test_only_an_unbounded_ledger_left_in_recovery_is_an_unfinished_takeover() -> None:
+    m = unbounded_md(((0, (A, B, C)),))
+    assert not takeover_unfinished(m)
+    stuck = begin_term(m)  # a takeover raised the term; the bookies then refused it
+    assert takeover_unfinished(stuck) and stuck.term == m.term + 1
+    with pytest.raises(ChangeRejectedError):
+        abandon_recovery(stuck)  # terms never go back: never OPEN again at that term
+    with pytest.raises(FragmentChangedError):  # no split lands on it
+        split_open_fragment(stuck, 0, 9, {1: (B, D)}, term=stuck.term)
+    again = begin_term(stuck)  # the next takeover proceeds from there
+    assert again.term == m.term + 2
+    assert open_term(again, again.term, {}, [9]).state is LedgerState.OPEN
+    bounded = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                             ensembles=((0, (A, B, C)),), state=LedgerState.IN_RECOVERY)
+    assert not takeover_unfinished(bounded)  # a bounded one's recovery closes it
+
 def test_entries_below_qw_counts_final_fragments_and_the_open_one_up_to_the_lac() -> None:
     m = unbounded_md(((0, (A, B, C)), (10, (A, B, C))))
     # E3/Qw2: index 1 (B) holds the entries whose write set starts at index 0 or 1.
@@ -376,6 +401,131 @@ async def test_unbounded_dead_writers_tail_above_the_lac_is_taken_over_at_qw(
         assert whole(cluster, lh.ledger_id, md.closed(max(noops), 0), expected) == []
         with pytest.raises(LeadershipLostError):
             await lh.append(b"late")  # the silent writer was deposed
+
+
+def lose_entries(cluster: MemoryCluster, bookie: str, ledger_id: int, before: int,
+                 md: LedgerMetadata) -> dict[str, list[tuple[int, int]]]:
+    """The bookie forgets its entries below ``before`` (as a damaged index would) and
+    its scrubber's report of them: the runs of its write sets there."""
+    assert cluster[bookie].storage.trim_ledger(ledger_id, before) > 0
+    index = md.ensembles[0][1].index(bookie)
+    return {bookie: stored_runs(0, before - 1, md.ensemble_size, md.write_quorum, index)}
+
+
+async def test_a_report_in_a_bounded_open_fragment_waits_then_closes_and_copies(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_ledger(3, 2, 2, password=b"pw")
+        payloads = {i: b"o%d" % i for i in range(30)}
+        for i in range(30):
+            await lh.append(payloads[i])
+        await trio.sleep(1)  # idle, alive, its bookies all registered
+        ensemble = lh.metadata.ensembles[0][1]
+        victim = ensemble[1]
+        reported = lose_entries(cluster, victim, lh.ledger_id, 12, lh.metadata)
+        # Within the grace period: nothing copied, and not reported whole (it used to
+        # say REPLICATED, and the worker deleted the mark).
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS,
+                                          reported=reported)
+        assert result.outcome is Outcome.DEFERRED and result.fragments == 0
+        assert (await client.ledger_metadata(lh.ledger_id)).state is LedgerState.OPEN
+        # After it: fenced and closed as for a lost bookie, then the copy.
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True,
+                                          reported=reported)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.closed_by_recovery and result.fragments == 1
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.is_closed and md.last_entry_id == 29
+        assert victim not in md.ensembles[0][1]
+        assert whole(cluster, lh.ledger_id, md, payloads) == []
+        with pytest.raises((ledgerd.LedgerFencedError, ledgerd.LedgerClosedError)):
+            await lh.append(b"late")
+
+
+async def test_a_report_in_an_unbounded_open_fragment_is_split_off_and_copied(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        payloads = {i: b"v%d" % i for i in range(50)}
+        for i in range(30):
+            await lh.append(payloads[i])
+        await trio.sleep(1)  # idle: the explicit LAC tells the bookies entry 29 is in
+        ensemble, term = lh.metadata.ensembles[0][1], lh.metadata.term
+        victim = ensemble[2]
+        reported = lose_entries(cluster, victim, lh.ledger_id, 20, lh.metadata)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS,
+                                          reported=reported)
+        assert result.outcome is Outcome.DEFERRED and result.fragments == 0
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True,
+                                          reported=reported)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.fragments == 1 and not result.closed_by_recovery
+        md = await client.ledger_metadata(lh.ledger_id)
+        # Entries 0..29 split off onto a replacement of the victim; the writer's
+        # ensemble (the victim included: it is alive) goes on from 30, its term kept.
+        assert [f for f, _ in md.ensembles] == [0, 30] and md.term == term
+        assert victim not in md.ensembles[0][1] and md.ensembles[1][1] == ensemble
+        assert whole(cluster, lh.ledger_id, replace(md, ensembles=md.ensembles[:1]).closed(
+            29, 0), payloads) == []
+        assert entries_below_qw(md, set(cluster.bookies), 29) == []
+        for i in range(30, 50):  # the live writer never noticed
+            assert await lh.append(payloads[i]) == i
+        await trio.sleep(1)
+        rh = await client.open_ledger(lh.ledger_id, b"pw", recovery=False)
+        assert await rh.read_lac() == 49
+        assert [e.payload async for e in rh.read(0, 49)] == [payloads[i] for i in range(50)]
+
+
+async def test_a_heal_is_not_reported_whole_while_a_reported_copy_is_missing(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """The report reaches past the LAC the surviving bookies hold (the victim knew a
+    later one): the split heals up to that LAC, and the rest stays below Qw, so the
+    outcome is DEFERRED, never REPLICATED."""
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings()) as client:
+        lh = await client.create_unbounded_ledger(3, 3, 2, password=b"pw")
+        for i in range(20):
+            await lh.append(b"w%d" % i)
+        await trio.sleep(1)
+        victim = lh.metadata.ensembles[0][1][0]
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True,
+                                          reported={victim: [(5, 40)]})
+        assert result.outcome is Outcome.DEFERRED, result.detail
+        assert "below Qw" in result.detail
+
+
+async def test_a_report_in_a_dead_writers_unbounded_fragment_is_taken_over_then_split(
+        tmp_path: Path, clock: trio.testing.MockClock) -> None:
+    """No explicit LAC (a writer killed with adds in flight): the tail is in doubt, so
+    the ledger is taken over; the reporting bookie is alive and takes the no-op, so the
+    fragment stays open with it, and is then split at the no-op (settled by the
+    takeover itself), never taken over again."""
+    async with memory_cluster(tmp_path, 5, cluster_secret=SECRET) as cluster, \
+            ledgerd.open_client(store=cluster.store, connect=cluster.connect,
+                                **client_settings(explicit_lac_interval_ms=0)) as client:
+        lh = await client.create_unbounded_ledger(3, 2, 2, password=b"pw")
+        payloads = {i: b"t%d" % i for i in range(30)}
+        for i in range(30):
+            await lh.append(payloads[i])
+        term, victim = lh.metadata.term, lh.metadata.ensembles[0][1][0]
+        reported = lose_entries(cluster, victim, lh.ledger_id, 12, lh.metadata)
+        result = await rereplicate_ledger(client, lh.ledger_id, CREDS, OPTS, close_open=True,
+                                          reported=reported)
+        assert result.outcome is Outcome.REPLICATED, result.detail
+        assert result.closed_by_recovery and result.fragments == 1
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert md.term == term + 2 and md.state is LedgerState.OPEN
+        noop = max(md.noops)
+        assert [f for f, _ in md.ensembles] == [0, noop + 1]
+        assert victim not in md.ensembles[0][1]
+        expected = payloads | {n: b"" for n in md.noops}
+        assert whole(cluster, lh.ledger_id, replace(md, ensembles=md.ensembles[:1]).closed(
+            noop, 0), expected) == []
 
 
 async def test_hmac_ledgers_are_copied_without_the_password_never_with_bad_bytes(
