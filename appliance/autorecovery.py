@@ -321,14 +321,21 @@ class Auditor:
 
     async def _all_metadata(self) -> AsyncIterator[tuple[int, LedgerMetadata]]:
         async for lid in self.client.ledgers.iter_ledger_ids():
-            wait = self._meta_bucket.take(trio.current_time())
-            if wait:
-                await trio.sleep(wait)
-            try:
-                md, _ = await self.client.ledgers.read(lid)
-            except NoNodeError:
-                continue  # deleted while we walked
-            yield lid, md
+            md = await self._paced_read(lid)
+            if md is not None:  # else deleted while we walked
+                yield lid, md
+
+    async def _paced_read(self, lid: int) -> LedgerMetadata | None:
+        """The ledger's metadata within the auditor's metadata read rate; None if it
+        was deleted."""
+        wait = self._meta_bucket.take(trio.current_time())
+        if wait:
+            await trio.sleep(wait)
+        try:
+            md, _ = await self.client.ledgers.read(lid)
+        except NoNodeError:
+            return None
+        return md
 
     async def audit_bookies(self) -> None:
         """Mark every ledger that references a bookie no longer registered."""
@@ -367,12 +374,8 @@ class Auditor:
         try:
             async with self.client.ledgers.watch(lid) as changes:
                 async for _ in changes:
-                    wait = self._meta_bucket.take(trio.current_time())
-                    if wait:
-                        await trio.sleep(wait)
-                    try:
-                        md, _ = await self.client.ledgers.read(lid)
-                    except NoNodeError:
+                    md = await self._paced_read(lid)
+                    if md is None:
                         return
                     registered = (await self.client.registry.list_bookies()).all
                     missing = final_fragments_missing(md, registered)
