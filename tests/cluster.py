@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import trio
 from kazoo.client import KazooClient
@@ -26,9 +27,21 @@ from ledgerd.metadata.underreplication import AuditorElection
 from ledgerd.metadata.zookeeper import ZooKeeperStore
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.wire.entry import decode_entry, decode_lac_body
+from ledgerd.wire.messages import ReadLacRequest, ReadLacResponse
+from ledgerd.wire.status import Status
 
-__all__ = ["BookieDied", "admin_get", "fresh_chroot", "metadata_store", "start_bookies", "wait_auditor",
-           "wait_registered", "wait_unreferenced"]
+__all__ = [
+    "BookieDied",
+    "admin_get",
+    "fresh_chroot",
+    "metadata_store",
+    "start_bookies",
+    "wait_auditor",
+    "wait_lac_everywhere",
+    "wait_registered",
+    "wait_unreferenced",
+]
 
 # A bound for waits that end on an event; reaching it means the test failed.
 EVENT_BOUND_S = 90
@@ -162,3 +175,33 @@ async def admin_get(port: int, path: str) -> tuple[int, str]:
             data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split(b" ")[1]), body.decode()
+
+
+async def wait_lac_everywhere(lh: Any, last: int) -> None:
+    """Until every bookie of write handle ``lh``'s last ensemble holds a LAC of at least
+    ``last`` (its explicit LAC, or the LAC inside its last entry): what a worker reads
+    as an idle ledger's LAC. Each bookie is asked again after an answer below it."""
+    view = lh._sync_view()  # the handle's digester and connection pool
+    ensemble = view.metadata.last_ensemble[1]
+
+    async def lac_of(bookie: str) -> int:
+        status, response, _ = await view.pool.call(
+            bookie, ReadLacRequest(ledger_id=lh.ledger_id), 10.0)
+        lac = -1
+        if status == Status.OK and isinstance(response, ReadLacResponse):
+            if response.explicit_lac:
+                lac = decode_lac_body(view.digester, response.explicit_lac,
+                                      ledger_id=lh.ledger_id)
+            if response.last_entry:
+                lac = max(lac, decode_entry(view.digester, response.last_entry,
+                                            ledger_id=lh.ledger_id).lac)
+        return lac
+
+    async def one(bookie: str) -> None:
+        while await lac_of(bookie) < last:
+            await trio.sleep(0.05)  # the writer's explicit LAC is due after its idle time
+
+    with trio.fail_after(EVENT_BOUND_S):
+        async with trio.open_nursery() as nursery:
+            for bookie in ensemble:
+                nursery.start_soon(one, bookie)

@@ -20,6 +20,7 @@ one. ``keyed`` tells the callers which of the two they hold.
 
 from __future__ import annotations
 
+import abc
 import struct
 
 from ledgerd.wire.entry import (
@@ -36,21 +37,22 @@ _HEADER = struct.Struct(">qqqq")
 _LAC = struct.Struct(">qq")
 
 
-class EntryCheck:
-    """Checks one entry's bytes as a reader that did not write them reads them."""
+class EntryCheck(abc.ABC):
+    """Checks one entry's bytes as a reader that did not write them reads them: with
+    the digest's key (``KeyedCheck``) or without it (``UnkeyedCheck``)."""
 
     keyed = True
     digest_size = 0
 
+    @abc.abstractmethod
     def entry(self, data: bytes, ledger_id: int, entry_id: int | None,
               previous_length: int | None = None) -> tuple[int, int]:
         """``(lac, length)`` of a sound entry (``entry_id`` None: any id); raises
         WireError otherwise."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def lac_body(self, data: bytes, ledger_id: int) -> int:
         """The LAC of a sound explicit-LAC body; raises WireError otherwise."""
-        raise NotImplementedError
 
 
 class KeyedCheck(EntryCheck):

@@ -37,7 +37,7 @@ from ledgerd.wire.entry import Digester, DigestType, decode_entry
 from ledgerd.wire.errors import WireError
 from ledgerd.wire.messages import ReadRequest, ReadResponse
 from ledgerd.wire.status import Status
-from tests.cluster import start_bookies
+from tests.cluster import start_bookies, wait_lac_everywhere
 from tests.integration.unbounded_writer_proc import payload
 
 Factory = Callable[..., BookieProcess]
@@ -195,7 +195,7 @@ async def test_a_live_leader_keeps_writing_while_its_ledger_is_healed(
             pending.append((await lh.submit(data), data))
         for p, data in pending:
             acked[await p] = data
-        await trio.sleep(0.5)  # idle: its explicit LAC reaches the bookies
+        await wait_lac_everywhere(lh, len(acked) - 1)  # idle: its explicit LAC is out
         victim = lh.ensemble[1]
         by_id[victim].kill9()
         urm = UnderreplicationManager(client.store, "/ledgers")
@@ -241,7 +241,7 @@ async def test_hmac_ledgers_heal_without_the_password(
             await closed.append(acked[i])
             await idle.append(acked[i])
         await closed.close()
-        await trio.sleep(0.5)  # the idle writer's explicit LAC
+        await wait_lac_everywhere(idle, 199)  # the idle writer's explicit LAC
         victim = sorted(set(closed.metadata.ensembles[0][1]) & set(idle.ensemble))[0]
         by_id[victim].kill9()
         ledgers = {closed.ledger_id: acked, idle.ledger_id: acked}

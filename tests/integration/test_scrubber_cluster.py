@@ -37,6 +37,7 @@ from tests.cluster import (
     EVENT_BOUND_S,
     admin_get,
     start_bookies,
+    wait_lac_everywhere,
     wait_registered,
     wait_unreferenced,
 )
@@ -162,7 +163,8 @@ async def test_a_scrubber_report_in_open_ledgers_is_healed_and_never_unmarked_be
             for i in range(60):
                 data = b"ledger %d entry %d " % (lh.ledger_id, i) + bytes(100)
                 acked[lh.ledger_id][await lh.append(data)] = data
-        await trio.sleep(1)  # idle: each writer's explicit LAC is on its bookies
+        for lh in (bounded, unbounded):  # idle: each writer's explicit LAC is out
+            await wait_lac_everywhere(lh, 59)
         victim = by_id[sorted(set(bounded.ensemble) & set(unbounded.ensemble))[0]]
         term = unbounded.metadata.term
         urm = UnderreplicationManager(client.store, "/ledgers")
