@@ -1,6 +1,6 @@
 """When the auditor audits lost bookies: BookKeeper's rules as a pure machine, time passed in.
 
-(``../shared/reference/recovery-terms-kafka-tls.md`` A2, ``Auditor.submitAuditTask``.)
+(BookKeeper's ``Auditor.submitAuditTask``; docs/autorecovery.md.)
 
 - The auditor knows every bookie it has seen registered (writable or read-only; a
   read-only bookie is not lost). A membership snapshot adds new ones; if every bookie

@@ -2,8 +2,7 @@
 
 Runs inside a bookie (``auto_recovery_daemon_enabled = true``) or standalone
 (``ledgerd autorecovery --conf F``); both take the bookie's config file. ZooKeeper layout
-and BookKeeper's behaviour: ``metadata.underreplication`` and
-``../shared/reference/recovery-terms-kafka-tls.md`` part A.
+and BookKeeper's behaviour: ``metadata.underreplication`` and docs/autorecovery.md.
 
 **Auditor.** One per cluster, elected through ZooKeeper (lowest ``V_`` vote). While
 elected it

@@ -78,9 +78,8 @@ def settle_heap() -> None:
     permanent generation (``gc.freeze``): modules, classes, the started services.
 
     A full collection walks every tracked object, and a bookie holds ~45,000 after
-    start-up: each one that ran while serving stopped the event loop for 15-30 ms (at
-    50k adds/s, one every few seconds: most of the open loop's p99 in the runs where it
-    struck, bench/RESULTS.md). Frozen objects are never walked again; what serving
+    start-up: each one that ran while serving stopped the event loop for tens of
+    milliseconds, which under load lands in the add latency's tail. Frozen objects are never walked again; what serving
     creates is collected as before. The process's own objects only: a library leaves
     its host's heap alone, so the client does not do this."""
     started = time.perf_counter()

@@ -315,7 +315,7 @@ async def take_over(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, ke
                     digester: Digester, *, read_timeout: float, add_timeout: float,
                     writable: Callable[[], Awaitable[set[str]]], rng: random.Random,
                     read_window: int = 64) -> TakeOver:
-    """Become the writer of an unbounded ledger (seed 002): raise the term by CAS,
+    """Become the writer of an unbounded ledger: raise the term by CAS,
     recover the tail in that term (term reads, rewrites at the whole write quorum, a
     TRUNCATE no-op), then CAS it OPEN at the next term.
 
@@ -323,7 +323,7 @@ async def take_over(ledgers: LedgerManager, pool: BookiePool, ledger_id: int, ke
     bookie or at either CAS), UnauthorizedError, or LedgerRecoveryError. If cancelled,
     the ledger stays IN_RECOVERY at the raised term; the next takeover starts over.
     A takeover the bookies refuse leaves it so too: the term was raised in the
-    metadata first (seed 002) and terms never go back, unlike a bounded ledger's
+    metadata first and terms never go back, unlike a bounded ledger's
     refused recovery (``abandon_recovery``). Nothing was taken from the ledger: the
     next leader's takeover raises the term again and opens it, and a replication
     worker that must heal it takes it over after its grace period

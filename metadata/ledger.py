@@ -12,7 +12,7 @@ CLOSED is final. Ensembles are fragments keyed by their first entry id, strictly
 increasing from ``start_entry`` (0 unless fragments were trimmed from the front); each
 holds exactly ``ensemble_size`` distinct bookie ids.
 
-**Unbounded ledgers** (seed 002) carry ``unbounded``, a ``term`` raised by every writer
+**Unbounded ledgers** carry ``unbounded``, a ``term`` raised by every writer
 that takes over, ``noops``: the ids of the truncate no-op entries that ended each term's
 recovery (readers skip them, and a log's dense offsets leave them out), and
 ``start_entry``: entries before it were deleted with their fragments (retention). Their

@@ -2,7 +2,7 @@
 
 The numbers mirror BookKeeper's v2 protocol codes (``BookieProtocol.java``): 0 for OK,
 1 and 2 for the "definite absence" answers that recovery counts, 100+ for failures.
-INVALID_TERM is ledgerd's addition for unbounded ledgers (seed 002).
+INVALID_TERM is ledgerd's addition for unbounded ledgers.
 
 The server maps a storage exception to a status with :func:`status_for_error`; the
 client turns a status back into an exception with :func:`error_for_status`. Both use

@@ -6,7 +6,7 @@ message/*.json``); the gateway decodes and encodes through :mod:`ledgerd.kafka.s
 
 Versions are chosen so that librdkafka (kcat, confluent-kafka), kafka-python and
 aiokafka all negotiate without flexible encodings except ApiVersions v3-v4
-(``../shared/reference``: the client caps and gates). Produce advertises 0-7 but
+(each client's version caps and feature gates). Produce advertises 0-7 but
 answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka drops compression
 unless Produce's minimum is 0.
 """

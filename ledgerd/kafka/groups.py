@@ -1,6 +1,6 @@
 """Kafka's classic consumer-group protocol, as a state machine per group.
 
-The states and rules are Kafka's ``GroupCoordinator`` (``../shared/reference``, C2):
+The states and rules are Kafka's ``GroupCoordinator``:
 
 - ``EMPTY`` --join--> ``PREPARING_REBALANCE``: the first join waits the initial
   rebalance delay (more members join meanwhile); a rebalance of a group that had

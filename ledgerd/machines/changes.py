@@ -5,7 +5,7 @@ Each takes the metadata just read and returns the metadata to write, or raises a
 input object unchanged means "nothing to write" (``cas_update`` then writes nothing).
 The trio client and the simulator run the same functions.
 
-The rules (seed 000 "Closing a ledger as a writer", bookkeeper-facts §8):
+The rules (BookKeeper's, for closing a ledger as its writer):
 - ensemble change: CLOSED -> LedgerClosed, IN_RECOVERY -> LedgerFenced; the last
   ensemble must still be the one the writer replaced bookies in;
 - writer close: OPEN -> CLOSED at the writer's LAC; IN_RECOVERY -> LedgerFenced;
@@ -15,7 +15,7 @@ The rules (seed 000 "Closing a ledger as a writer", bookkeeper-facts §8):
   (``abandon_recovery``), at the version its begin wrote only;
 - recovery close: the ensembles chosen during recovery land together with CLOSED; a
   ledger another recoverer closed first is adopted as it is.
-- terms (unbounded ledgers, seed 002): a writer that takes over raises the term by CAS
+- terms (unbounded ledgers): a writer that takes over raises the term by CAS
   (``begin_term``: OPEN or IN_RECOVERY -> IN_RECOVERY, term + 1); its recovery's
   ensembles, the no-op entries it found or wrote, and OPEN land with one CAS
   (``open_term``) that holds only while the term is still its own. Every change a

@@ -1,7 +1,7 @@
 """The ledger checker: which fragments of a ledger lack which bookie, and how to copy them.
 
 Pure (no trio, no I/O), as BookKeeper's LedgerChecker and LedgerFragmentReplicator
-decide it (``../shared/reference/recovery-terms-kafka-tls.md`` A3, A5):
+decide it:
 
 - A ledger's fragments are its ensembles' entry ranges. A fragment is *final* when its
   range can no longer change: every fragment of a closed ledger, and every fragment but
@@ -132,7 +132,7 @@ def last_fragment_at_risk(md: LedgerMetadata, available: Collection[str]) -> boo
 
 
 def takeover_unfinished(md: LedgerMetadata) -> bool:
-    """An unbounded ledger IN_RECOVERY: a takeover raised its term (seed 002: in the
+    """An unbounded ledger IN_RECOVERY: a takeover raised its term (in the
     metadata first) and never opened it: refused by the bookies, or its leader died or
     was cancelled. Terms never go back, so it stays so until the next takeover; no
     writer can change it meanwhile, and its open fragment cannot be split."""

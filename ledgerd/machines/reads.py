@@ -19,8 +19,8 @@ driver sleeps until ``next_deadline()``.
 - ``LongPollTally``: the first answer whose LAC passes the mark ends a long poll, or
   every bookie having answered.
 - ``FollowerLac``: how far a follower of an unbounded ledger may read with the metadata
-  it holds: only up to a LAC it learned *before* that metadata was read (seed 002's
-  terms; see docs/protocol.md "Following an unbounded ledger").
+  it holds: only up to a LAC it learned *before* that metadata was read (the
+  unbounded ledger's terms; see docs/protocol.md "Following an unbounded ledger").
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ The caller has already moved the metadata from OPEN to IN_RECOVERY (a CAS). Then
 5. **Close**: once the read has ended and every rewrite is acknowledged, ``Finished``
    carries the last entry id and length for the CAS to CLOSED.
 
-**A new term** (unbounded ledgers, seed 002; ``new_term=True``) runs the same steps with
+**A new term** (unbounded ledgers; ``new_term=True``) runs the same steps with
 three differences: the reads carry the term instead of the fence (the driver's
 business), an INVALID_TERM answer aborts with ``FailureKind.TERM`` (a higher term took
 over), and the end is marked: at the first entry proven absent, N, a no-op entry goes
