@@ -2,8 +2,10 @@
 
     python bench/ab.py --old DIR --new DIR [--rounds 3] [--abba] [--json] SCRIPT [ARGS...]
 
-    # e.g. a branch against main, the open-loop and closed-loop cases of latency.py:
-    python bench/ab.py --old /work/main --new . --rounds 5 bench/latency.py --seconds 3
+    # e.g. a branch against main; latency.py's open loop at the same absolute rates
+    # for both trees (--rates; its default --loads are fractions of each run's own max):
+    python bench/ab.py --old /work/main --new . --rounds 5 bench/latency.py --seconds 3 \
+        --rates 8000,40000
     python bench/ab.py --old /work/main --new . bench/bookie.py --seconds 5
     python bench/ab.py --old /work/main --new . bench/client.py --seconds 5 --read-entries 20000
     python bench/ab.py --old /work/main --new . bench/ledgers_scale.py --counts 1,10000 \\

@@ -258,6 +258,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--loads", default="0.1,0.5", help="open-loop loads, fractions of max")
+    parser.add_argument("--rates", default="",
+                        help="open-loop rates in adds/s instead of --loads (the same "
+                             "absolute rates for two trees in an A/B)")
     parser.add_argument("--no-scaling", action="store_true", help="open-loop cases only")
     parser.add_argument("--no-redis", action="store_true",
                         help="no Redis cases (open loop at the same rates, scaling anchors)")
@@ -302,7 +305,7 @@ def main() -> None:
         bookies[name] = BookieProcess(base / f"bookie-{name}", "",
                                       settings={"log_level": "WARNING", **settings})
         bookies[name].start()
-    loads = [float(x) for x in args.loads.split(",")]
+    loads = [float(x) for x in (args.rates or args.loads).split(",")]
     rounds: list[dict[str, Any]] = []
     load_start = os.getloadavg()[0]
     try:
@@ -317,15 +320,15 @@ def main() -> None:
             r["max"] = _closed(bookie.port, 4, 200, args.seconds)
             peak = r["max"]["entries_per_s"]
             for load in loads:
+                rate = load if args.rates else peak * load
                 # Redis at the same absolute rate, alternating which goes first.
                 redis_first = not args.no_redis and n % 2 == 1
                 if redis_first:
-                    r[f"redis_open{load}"] = _open_redis(base, peak * load, args.seconds)
+                    r[f"redis_open{load}"] = _open_redis(base, rate, args.seconds)
                 os.sync()
-                r[f"open{load}"] = _open(bookie.port, peak * load, args.seconds,
-                                         base / "rawsync")
+                r[f"open{load}"] = _open(bookie.port, rate, args.seconds, base / "rawsync")
                 if not args.no_redis and not redis_first:
-                    r[f"redis_open{load}"] = _open_redis(base, peak * load, args.seconds)
+                    r[f"redis_open{load}"] = _open_redis(base, rate, args.seconds)
             if not args.no_scaling:
                 cases = SCALING if n % 2 == 0 else list(reversed(SCALING))
                 for conns, window in cases:
@@ -340,7 +343,7 @@ def main() -> None:
             line = [f"round {r['round']} {name} (load {r['load']:.2f}): max {peak:,.0f}/s"]
             for load in loads:
                 o = r[f"open{load}"]
-                line.append(f"open {load:.0%} ({o['rate']:,.0f}/s) p50 {o['p50_ms']:.2f} "
+                line.append(f"open {_label(load, args)} ({o['rate']:,.0f}/s) p50 {o['p50_ms']:.2f} "
                             f"p99 {o['p99_ms']:.1f} ms max {o['max_ms']:.1f} "
                             f"(fsync p99 {o['fsync_p99_ms']:.1f})")
                 if not args.no_redis:
@@ -385,7 +388,12 @@ def _med(rounds: list[dict[str, Any]], key: str, field: str) -> float:
     return statistics.median(r[key][field] for r in rounds)
 
 
-def _report_redis_open(rounds: list[dict[str, Any]], loads: list[float]) -> None:
+def _label(load: float, args: argparse.Namespace) -> str:
+    return f"{load:,.0f}/s" if args.rates else f"{load:.0%} of max"
+
+
+def _report_redis_open(rounds: list[dict[str, Any]], loads: list[float],
+                       args: argparse.Namespace) -> None:
     """The bookie's open loop beside Redis's at the same absolute rates."""
     print("\n| open loop, 4 conns, same rates | rate /s | bookie p50 ms | bookie p99 ms | "
           "Redis p50 ms | Redis p99 ms | Redis errors | bookie p99 / Redis p99 (rounds) |")
@@ -393,7 +401,7 @@ def _report_redis_open(rounds: list[dict[str, Any]], loads: list[float]) -> None
     for load in loads:
         ours, theirs = f"open{load}", f"redis_open{load}"
         ratios = [r[ours]["p99_ms"] / max(r[theirs]["p99_ms"], 1e-9) for r in rounds]
-        print(f"| {load:.0%} of max | {_med(rounds, ours, 'rate'):,.0f} | "
+        print(f"| {_label(load, args)} | {_med(rounds, ours, 'rate'):,.0f} | "
               f"{_med(rounds, ours, 'p50_ms'):.2f} | {_med(rounds, ours, 'p99_ms'):.2f} | "
               f"{_med(rounds, theirs, 'p50_ms'):.2f} | {_med(rounds, theirs, 'p99_ms'):.2f} | "
               f"{sum(r[theirs]['errors'] for r in rounds)} | {statistics.median(ratios):.2f}x "
@@ -409,13 +417,13 @@ def _report(rounds: list[dict[str, Any]], loads: list[float], args: argparse.Nam
     for load in loads:
         key = f"open{load}"
         ratios = [r[key]["p99_ms"] / max(r[key]["fsync_p99_ms"], 1e-9) for r in rounds]
-        print(f"| {load:.0%} of max | {_med(rounds, key, 'rate'):,.0f} | "
+        print(f"| {_label(load, args)} | {_med(rounds, key, 'rate'):,.0f} | "
               f"{_med(rounds, key, 'p50_ms'):.2f} | {_med(rounds, key, 'p99_ms'):.2f} | "
               f"{_med(rounds, key, 'p999_ms'):.2f} | {_med(rounds, key, 'max_ms'):.1f} | "
               f"{_med(rounds, key, 'fsync_p99_ms'):.2f} | {statistics.median(ratios):.2f}x "
               f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
     if not args.no_redis:
-        _report_redis_open(rounds, loads)
+        _report_redis_open(rounds, loads, args)
     if args.no_scaling:
         return
     print("\n| closed loop, 1 KiB, 1 entry/frame | entries/s (median) | rounds | p99 ms |")
