@@ -113,3 +113,42 @@ def test_table_and_missing_native_helper(tmp_path: Path) -> None:
     (new / "native").mkdir()  # a ledgerd tree without its built helper
     code, _, err = _ab(old, new, "--rounds", "1", "--json", "bench/fake.py")
     assert code != 0 and "_native" in err
+
+
+def test_the_four_scripts_cases() -> None:
+    """Each bench script's --json shape gives its cases, Redis's left out."""
+    from bench.ab import metrics_of
+
+    latency = {"rounds": [{"round": 1, "variant": "default", "load": 1.0,
+                           "max": {"entries_per_s": 9e4, "p99_ms": 9.0},
+                           "open0.1": {"rate": 9e3, "p50_ms": 1.5, "p99_ms": 4.0},
+                           "redis_open0.1": {"rate": 9e3, "p50_ms": 1.0, "p99_ms": 3.0},
+                           "c64x1": {"entries_per_s": 3e4}, "redis64x1": {"entries_per_s": 1}}],
+               "load": [1.0, 1.0]}
+    assert metrics_of("bench/latency.py", latency) == {
+        "max entries_per_s": (9e4, "higher"), "open0.1 p50_ms": (1.5, "lower"),
+        "open0.1 p99_ms": (4.0, "lower"), "c64x1 entries_per_s": (3e4, "higher")}
+    bookie = {"runs": {"redis": [{"entries_per_s": 1}], "b1": [{"entries_per_s": 5e4}],
+                       "b64": [{"entries_per_s": 2e5}]}, "load": [1.0, 1.0]}
+    assert metrics_of("bench/bookie.py", bookie) == {
+        "b1 entries_per_s": (5e4, "higher"), "b64 entries_per_s": (2e5, "higher")}
+    client = {"appends": {}, "rounds": {"e1": [{"appends_per_s": 3e4, "p99_ms": 5}],
+                                        "raw": [{"entries_per_s": 4e4}],
+                                        "read_e1": [{"entries_per_s": 2e4, "mb_per_s": 20}]},
+              "tail": {"p50_ms": 2.0, "p99_ms": 7.0}}
+    assert metrics_of("bench/client.py", client) == {
+        "e1 appends_per_s": (3e4, "higher"), "raw entries_per_s": (4e4, "higher"),
+        "read_e1 entries_per_s": (2e4, "higher"), "tail p50_ms": (2.0, "lower"),
+        "tail p99_ms": (7.0, "lower")}
+    scale = {"results": [
+        {"round": 1, "case": "adds", "storage": "db", "ledgers": 10, "adds_s": 100,
+         "p99_ms": 3, "reads_warm_s": 50, "reads_cold_s": 20, "restart_to_first_read_s": 0.2},
+        {"case": "restart", "storage": "db", "ledgers": 10, "write_s": 1.0,
+         "first_checkpoint_s": 0.1, "restart_s": 0.2, "checkpoint_all_touched_s": 0.3,
+         "gc_ledgers_s": 500}], "load": [1.0, 1.0]}
+    got = metrics_of("bench/ledgers_scale.py", scale)
+    assert got["adds db 10 adds_s"] == (100, "higher")
+    assert got["adds db 10 restart_to_first_read_s"] == (0.2, "lower")
+    assert got["restart db 10 restart_s"] == (0.2, "lower")
+    assert got["restart db 10 gc_ledgers_s"] == (500, "higher")
+    assert len(got) == 9
