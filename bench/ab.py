@@ -24,7 +24,9 @@ interpreter), ``PYTHONPATH=DIR`` and ``cwd=DIR`` (the bench scripts also put the
 first on ``sys.path``, and bookie processes start as ``python -m ledgerd...`` from the
 cwd). Before the first round ab.py checks, in each tree's environment, that
 ``import ledgerd`` resolves inside that tree and that ``native/_native*.so`` exists there
-(``make setup`` builds it; a worktree can copy it from another checkout).
+(``make setup`` builds it; a tree whose ``native/`` sources match another's can copy it
+from there). A tree without a venv (``git archive`` of a commit, say) runs on this
+interpreter, its code found through ``PYTHONPATH`` first.
 
 **Cases and their metric** (one number per case and run), from each script's ``--json``:
 
@@ -48,11 +50,13 @@ inverse, counted once.
 **The verdict**: per case the median of each tree's rounds, and the ratio new vs old
 oriented so that above 1 means the new tree is better: new/old for a throughput, old/new
 for a latency. A case is flagged when that ratio is below 0.95, i.e. a throughput when
-new < 0.95 x old, a latency when new > old / 0.95. Every round, the medians, the ratios,
-the flags and the 1-minute load average (at the start and end of every run) are printed;
-``--json`` prints all of it as one JSON line instead of the table. The exit status is 1
-when a case is flagged (2 on a failed run). Running a tree against itself shows the
-noise: its ratios should sit around 1.
+new < 0.95 x old, a latency when new > old / 0.95. Beside it each tree's spread, half
+the range of its rounds over their median: a verdict at 0.95 needs spreads well under
+5% (a quiet machine, enough rounds, long enough runs). Every round, the medians, the
+ratios, the flags and the 1-minute load average (at the start and end of every run)
+are printed; ``--json`` prints all of it as one JSON line instead of the table. The
+exit status is 1 when a case is flagged (2 on a failed run). Running a tree against
+itself shows the noise: its ratios should sit around 1.
 
 ab.py uses the standard library only, so it runs against any two trees.
 """
@@ -237,8 +241,16 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         old, new = statistics.median(case["old"]), statistics.median(case["new"])
         r = ratio(old, new, case["better"])
-        case.update(old_median=old, new_median=new, ratio=r, below=r < THRESHOLD)
+        case.update(old_median=old, new_median=new, ratio=r, below=r < THRESHOLD,
+                    spread={t: spread(case[t]) for t in ("old", "new")})
     return cases
+
+
+def spread(values: list[float]) -> float:
+    """Half the range of a tree's rounds over their median: the noise a ratio sits in
+    (a 0.95 verdict means little when this is not well under 0.05)."""
+    med = statistics.median(values)
+    return (max(values) - min(values)) / 2 / abs(med) if med else 0.0
 
 
 def _fmt(v: float) -> str:
@@ -290,16 +302,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{trees['new'].root}, {a.rounds} rounds{' (abba)' if a.abba else ''}")
     print(f"load average (1 min): {load_start:.2f} at start, {load_end:.2f} at end\n")
     print("| case | better | old (rounds) | new (rounds) | old median | new median | "
-          "new vs old |  |")
-    print("|---|---|---|---|---|---|---|---|")
+          "new vs old |  | spread old, new |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, c in cases.items():
         if c["ratio"] is None:
-            print(f"| {name} | {c['better']} | only in one tree |  |  |  |  |  |")
+            print(f"| {name} | {c['better']} | only in one tree |  |  |  |  |  |  |")
             continue
         print(f"| {name} | {c['better']} | {', '.join(_fmt(v) for v in c['old'])} | "
               f"{', '.join(_fmt(v) for v in c['new'])} | {_fmt(c['old_median'])} | "
               f"{_fmt(c['new_median'])} | {c['ratio']:.3f}x | "
-              f"{'BELOW 0.95' if c['below'] else 'ok'} |")
+              f"{'BELOW 0.95' if c['below'] else 'ok'} | ±{c['spread']['old']:.0%}, "
+              f"±{c['spread']['new']:.0%} |")
     print(f"\nnew vs old: new/old for a throughput, old/new for a latency (above 1: new "
           f"is better); {len(below)} of {len(cases)} cases below {THRESHOLD}"
           + (": " + ", ".join(below) if below else ""))

@@ -74,6 +74,8 @@ def test_medians_ratios_and_flags(tmp_path: Path) -> None:
     assert drop["old"] == [200, 220, 180] and drop["new"] == [160, 400, 170]
     assert (drop["old_median"], drop["new_median"]) == (200, 170)
     assert abs(drop["ratio"] - 0.85) < 1e-9 and drop["below"]
+    assert abs(drop["spread"]["old"] - 0.1) < 1e-9          # (220 - 180) / 2 / 200
+    assert abs(drop["spread"]["new"] - 120 / 170) < 1e-9    # (400 - 160) / 2 / 170
     gain = cases["rounds.gain.entries_per_s"]
     assert abs(gain["ratio"] - 1.2) < 1e-9 and not gain["below"]
     slower = cases["rounds.slower.p99_ms"]
@@ -105,7 +107,7 @@ def test_table_and_missing_native_helper(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "| rounds.drop.entries_per_s | higher | 100, 110, 90 | 80, 200, 85 | 100 | 85 | " \
-           "0.850x | BELOW 0.95 |" in done.stdout
+           "0.850x | BELOW 0.95 | ±10%, ±71% |" in done.stdout
     assert "| rounds.faster.p99_ms | lower | 10, 10, 10 | 8, 9, 7 | 10 | 8 | 1.250x | ok |" \
         in done.stdout
     assert "2 of 4 cases below 0.95" in done.stdout
