@@ -21,9 +21,10 @@ millisecond).
   same schedule, connections and clock, each operation ``XADD bench * f <1 KiB>``
   (``adddriver redis-open``), at the same absolute rates as the bookie's open loop and
   with the same raw fdatasync loop beside it; the bookie and Redis alternate which goes
-  first. Before any round a self-check sends a
-  handful of XADDs and reads them back (``XLEN``, ``XRANGE``), and checks that error
-  replies count as errors (``selfcheck`` runs it alone). ``--no-redis`` skips Redis.
+  first. Before any round a self-check sends a handful of XADDs and reads them back
+  (``XLEN``, ``XRANGE``), and checks that error replies count as errors (``selfcheck``
+  runs it alone). ``--no-redis`` skips Redis. ``--rates`` sets absolute rates instead
+  of fractions of the round's maximum (two trees compared at the same rates).
 - **Scaling**: 1, 4, 16, 64 connections x 1 outstanding, and 4 connections x 1, 4, 16,
   64, 200 outstanding (closed loop); beside them Redis (appendfsync always) driven by
   ``redis-benchmark -c 64 -P 1`` and ``-c 50 -P 16`` in the same round. Goals (#22):
@@ -176,8 +177,10 @@ def _redis_server(base: Path) -> Iterator[int]:
                 with socket.create_connection(("127.0.0.1", port), 0.5) as s:
                     if _resp(s, "PING") == "PONG":
                         break
-            except OSError:
-                time.sleep(0.05)
+            except (OSError, RuntimeError):  # not listening yet, or still loading
+                if server.poll() is not None:
+                    raise RuntimeError(f"redis-server exited ({server.returncode})") from None
+            time.sleep(0.05)
         else:
             raise RuntimeError("redis-server did not answer PING in 10 s")
         yield port
@@ -385,7 +388,7 @@ def _variants(specs: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _med(rounds: list[dict[str, Any]], key: str, field: str) -> float:
-    return statistics.median(r[key][field] for r in rounds)
+    return float(statistics.median(r[key][field] for r in rounds))
 
 
 def _label(load: float, args: argparse.Namespace) -> str:
