@@ -27,7 +27,10 @@ def _serve(listener: socket.socket, conns: int, reply: bytes, seen: list[bytes])
         buf = b""
         with conn:
             while True:
-                data = conn.recv(65536)
+                try:
+                    data = conn.recv(65536)
+                except ConnectionResetError:
+                    return
                 if not data:
                     return
                 buf += data
@@ -38,9 +41,12 @@ def _serve(listener: socket.socket, conns: int, reply: bytes, seen: list[bytes])
                         break
                     seen.append(buf[:n])
                     buf = buf[n:]
-                    conn.sendall(reply[:3])
-                    time.sleep(0.002)
-                    conn.sendall(reply[3:])
+                    try:
+                        conn.sendall(reply[:3])
+                        time.sleep(0.002)
+                        conn.sendall(reply[3:])
+                    except (BrokenPipeError, ConnectionResetError):
+                        return  # a closed loop leaves with commands unanswered
 
     threads = []
     for _ in range(conns):
@@ -77,3 +83,17 @@ def test_errors_and_nulls_count_as_errors(tmp_path: Path) -> None:
     assert (result["entries"], result["errors"]) == (0, 10)
     result, _ = _drive(tmp_path, b"$-1\r\n", "a-key", 1)
     assert (result["entries"], result["errors"]) == (0, 10)
+
+
+def test_closed_loop_keeps_its_window_in_order() -> None:
+    seen: list[bytes] = []
+    reply = b"$3\r\n1-0\r\n"
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        server = threading.Thread(target=_serve, args=(listener, 2, reply, seen), daemon=True)
+        server.start()
+        result = cdriver.redis_closed_loop(port, 2, 4, 0.3, warmup=0.1, stream="s")
+        server.join(10)
+    assert result["errors"] == 0
+    assert 0 < result["entries"] <= len(seen)
+    assert set(seen) == {_xadd(b"s")}
