@@ -185,6 +185,8 @@ class Tree:
     def check(self, script: str) -> None:
         """The script exists here, and a ledgerd tree imports its own code and has its
         native helper."""
+        if Path(script).is_absolute():
+            raise SystemExit(f"SCRIPT must be a path inside each tree, not {script}")
         if not (self.root / script).is_file():
             raise SystemExit(f"{self.label}: no {script} in {self.root}")
         if (self.root / "native").is_dir() and not any(
