@@ -57,10 +57,12 @@ test: setup lint typecheck
 clean:
 	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/ledgerd
 
-# Benchmarks (not part of `make test`): Redis is the side-by-side anchor for bench/bookie.py.
+# Benchmarks (not part of `make test`): Redis is the side-by-side anchor for bench/bookie.py
+# and bench/latency.py (driven there by bench/adddriver.c, built with setup's gcc).
 bench-deps: setup
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1; then \
 		echo "installing system packages: redis-server redis-tools"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			redis-server redis-tools </dev/null || exit 1; \
 	fi

@@ -1,18 +1,26 @@
-/* A load driver for one bookie in C, like redis-benchmark is for Redis.
+/* A load driver for one bookie, or for Redis, in C, like redis-benchmark is for Redis.
 
-   On this 2-core machine the Python drivers (bench/drivers.py) took 80-100% of a core at
-   64 connections x 1 add: CPU the bookie then did not have, while redis-benchmark, C
-   over epoll, costs Redis a few percent. This driver does the same work as
-   drivers.closed_loop / drivers.open_loop: patched copies of one template Add frame
-   (made by Python from the real codec), replies parsed by header only.
+   A Python driver (bench/drivers.py) costs the machine most of a core at 64 connections
+   x 1 add, CPU the bookie then does not have, while redis-benchmark, C over epoll, costs
+   Redis a few percent. This driver does the same work as drivers.closed_loop /
+   drivers.open_loop: patched copies of one template Add frame (made by Python from the
+   real codec), replies parsed by header only.
 
-     adddriver closed PORT CONNS WINDOW SECONDS WARMUP LEDGER_BASE HEX ENTRY_OFFSET
-     adddriver open   PORT CONNS RATE   SECONDS LEDGER_BASE HEX ENTRY_OFFSET
+     adddriver closed       PORT CONNS WINDOW SECONDS WARMUP LEDGER_BASE HEX ENTRY_OFFSET
+     adddriver open         PORT CONNS RATE   SECONDS LEDGER_BASE HEX ENTRY_OFFSET
+     adddriver redis-closed PORT CONNS WINDOW SECONDS WARMUP STREAM
+     adddriver redis-open   PORT CONNS RATE   SECONDS STREAM
 
    HEX is the template frame (size prefix included); ENTRY_OFFSET is where its one
    entry starts (its ledger id, then its entry id). The frame's correlation id is at 8,
    its ledger id at 12, its first entry id at 20. Each connection writes a ledger of
    its own, LEDGER_BASE + its index; replies come back in order per connection.
+
+   The redis modes send, instead of an Add frame, `XADD STREAM * f <1 KiB value>` in
+   RESP (every connection to the one STREAM), with the same schedule and connections.
+   Redis answers in order per connection, so the n-th reply of a connection is its n-th
+   command; a bulk string (the new entry's id) counts as done, anything else (an error
+   reply, a null) as an error.
 
    closed: WINDOW adds in flight per connection (refilled at half), counts the replies
    that arrive in SECONDS after WARMUP. open: adds due every 1/RATE s round-robin over
@@ -20,7 +28,7 @@
    the next due time has nanosecond resolution (epoll_pwait2), so the driver itself adds
    no millisecond rounding to the latencies.
 
-   Prints one JSON line: entries_per_s, errors, p50_ms, p99_ms, p999_ms, max_ms.
+   Prints one JSON line: entries_per_s, errors, entries, p50_ms, p99_ms, p999_ms, max_ms.
    Built by bench/cdriver.py with the system's cc; it stops by itself (a bound of 30 s
    past the schedule for the open loop). */
 
@@ -40,6 +48,7 @@
 #include <unistd.h>
 
 #define RBUF (1 << 20)
+#define VALUE_SIZE 1024
 
 typedef struct {
     int fd;
@@ -55,6 +64,7 @@ typedef struct {
 static unsigned char *tmpl;
 static size_t tmpl_len;
 static long entry_off;
+static int redis;           /* the redis modes: tmpl is the XADD command, sent as is */
 
 static double now_s(void) {
     struct timespec ts;
@@ -84,6 +94,7 @@ static int16_t get16(const unsigned char *p) { return (int16_t)(p[0] << 8 | p[1]
 
 static void make(unsigned char *out, int32_t cid, int64_t ledger, int64_t entry) {
     memcpy(out, tmpl, tmpl_len);
+    if (redis) return;
     put32(out + 8, cid);
     put64(out + 12, ledger);
     put64(out + 20, entry);
@@ -154,11 +165,40 @@ static void report(double per_s, long errors) {
            per_s, errors, nlat, p50 * 1e3, p99 * 1e3, p999 * 1e3, mx * 1e3);
 }
 
+/* The RESP reply starting at p (n bytes there): its length, or 0 while incomplete;
+   *status is 0 for a bulk string (XADD's new id), 1 for anything else. */
+static size_t resp_reply(const unsigned char *p, size_t n, int16_t *status) {
+    const unsigned char *eol = memmem(p, n, "\r\n", 2);
+    if (!eol) return 0;
+    size_t line = (size_t)(eol - p) + 2;
+    switch (p[0]) {
+    case '$': {
+        long len = 0;
+        int neg = p[1] == '-';
+        for (const unsigned char *q = p + 1 + neg; q < eol; q++) {
+            if (*q < '0' || *q > '9') { fprintf(stderr, "adddriver: bad RESP length\n"); exit(2); }
+            len = len * 10 + (*q - '0');
+        }
+        if (neg) { *status = 1; return line; }  /* a null bulk string */
+        if (line + (size_t)len + 2 > n) return 0;
+        *status = 0;
+        return line + (size_t)len + 2;
+    }
+    case '-': case '+': case ':':
+        *status = 1;
+        return line;
+    default:
+        fprintf(stderr, "adddriver: unexpected RESP reply type '%c'\n", p[0]);
+        exit(2);
+    }
+}
+
 /* One recv (epoll is level-triggered: more data wakes us again), then hand each whole
-   reply (cid, status) to take(). */
+   reply (cid, status) to take(). A Redis reply's cid is its place in the connection's
+   order (the replies taken before it). */
 static void drain(conn_t *c, void (*take)(conn_t *, int32_t, int16_t, double), double *t) {
     ssize_t k = recv(c->fd, c->rbuf + c->rlen, RBUF - c->rlen, 0);
-    if (k == 0) { fprintf(stderr, "adddriver: the bookie closed a connection\n"); exit(2); }
+    if (k == 0) { fprintf(stderr, "adddriver: the server closed a connection\n"); exit(2); }
     if (k < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
         die("recv");
@@ -166,7 +206,14 @@ static void drain(conn_t *c, void (*take)(conn_t *, int32_t, int16_t, double), d
     c->rlen += (size_t)k;
     *t = now_s();
     size_t pos = 0;
-    while (pos + 4 <= c->rlen) {
+    while (redis) {
+        int16_t status;
+        size_t len = resp_reply(c->rbuf + pos, c->rlen - pos, &status);
+        if (!len) break;
+        take(c, (int32_t)c->acked, status, *t);
+        pos += len;
+    }
+    while (!redis && pos + 4 <= c->rlen) {
         int32_t size = get32(c->rbuf + pos);
         if (size < 6) { fprintf(stderr, "adddriver: bad reply size %d\n", size); exit(2); }
         if (pos + 4 + (size_t)size > c->rlen) break;
@@ -330,6 +377,19 @@ static unsigned char *from_hex(const char *h, size_t *n) {
     return b;
 }
 
+/* `XADD STREAM * f <VALUE_SIZE bytes>` in RESP: the redis modes' one command. */
+static void xadd_template(const char *stream) {
+    size_t slen = strlen(stream);
+    tmpl = malloc(slen + VALUE_SIZE + 128);
+    if (!tmpl) die("alloc");
+    int n = sprintf((char *)tmpl, "*5\r\n$4\r\nXADD\r\n$%zu\r\n%s\r\n$1\r\n*\r\n$1\r\nf\r\n"
+                    "$%d\r\n", slen, stream, VALUE_SIZE);
+    memset(tmpl + n, 'x', VALUE_SIZE);
+    memcpy(tmpl + n + VALUE_SIZE, "\r\n", 2);
+    tmpl_len = (size_t)n + VALUE_SIZE + 2;
+    redis = 1;
+}
+
 int main(int argc, char **argv) {
     if (argc == 10 && !strcmp(argv[1], "closed")) {
         window = atol(argv[4]);
@@ -352,8 +412,21 @@ int main(int argc, char **argv) {
         return open_loop(atoi(argv[2]), atoi(argv[3]), atof(argv[4]), atof(argv[5]),
                          atol(argv[6]));
     }
+    if (argc == 8 && !strcmp(argv[1], "redis-closed") && argv[7][0]) {
+        window = atol(argv[4]);
+        if (window < 1) { fprintf(stderr, "adddriver: bad window\n"); return 2; }
+        xadd_template(argv[7]);
+        return closed_loop(atoi(argv[2]), atoi(argv[3]), atof(argv[5]), atof(argv[6]), 0);
+    }
+    if (argc == 7 && !strcmp(argv[1], "redis-open") && argv[6][0]) {
+        if (atof(argv[4]) <= 0) { fprintf(stderr, "adddriver: bad rate\n"); return 2; }
+        xadd_template(argv[6]);
+        return open_loop(atoi(argv[2]), atoi(argv[3]), atof(argv[4]), atof(argv[5]), 0);
+    }
     fprintf(stderr, "usage: adddriver closed PORT CONNS WINDOW SECONDS WARMUP LEDGER_BASE "
                     "HEX ENTRY_OFFSET\n       adddriver open PORT CONNS RATE SECONDS "
-                    "LEDGER_BASE HEX ENTRY_OFFSET\n");
+                    "LEDGER_BASE HEX ENTRY_OFFSET\n       adddriver redis-closed PORT CONNS "
+                    "WINDOW SECONDS WARMUP STREAM\n       adddriver redis-open PORT CONNS "
+                    "RATE SECONDS STREAM\n");
     return 2;
 }

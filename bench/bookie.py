@@ -1,6 +1,6 @@
 """Bookie throughput beside Redis, measured side by side in one run.
 
-    python bench/bookie.py [--seconds 8] [--rounds 2] [--baseline DIR]
+    python bench/bookie.py [--seconds 8] [--rounds 2] [--baseline DIR] [--json]
 
 With ``--baseline DIR`` (another checkout, e.g. ``git worktree add /tmp/before HEAD~3``
 with its ``native/_native*.so`` copied in) a second bookie runs that checkout's code, and
@@ -242,6 +242,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--baseline", type=Path, default=None,
                         help="another checkout to run a second bookie from, side by side")
+    parser.add_argument("--json", action="store_true",
+                        help="every round's results as one JSON line instead of the table")
     args = parser.parse_args()
     if args.cmd == "drive":
         print(json.dumps(trio.run(_drive, args.port, args.batch, args.conns, args.window,
@@ -251,6 +253,7 @@ def main() -> None:
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is missing: `make bench-deps` installs redis-server and redis-tools")
     base = Path(tempfile.mkdtemp(prefix="ledgerd-bench-", dir=os.environ.get("BENCH_DIR")))
+    load_start = os.getloadavg()[0]
     bookie = BookieProcess(base / "bookie", "", settings={"log_level": "WARNING"})
     bookie.start()
     before: BookieProcess | None = None
@@ -283,6 +286,10 @@ def main() -> None:
         bookie.terminate()
         if before is not None:
             before.terminate()
+    if args.json:
+        shutil.rmtree(base, ignore_errors=True)
+        print(json.dumps({"runs": runs, "load": [load_start, os.getloadavg()[0]]}))
+        return
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
     redis = med["redis"]["entries_per_s"]
     print()

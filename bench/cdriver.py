@@ -1,11 +1,13 @@
 """The C add driver (``bench/adddriver.c``): built on first use, run as a process.
 
-redis-benchmark drives Redis from C and costs it a few percent of a core; the Python
-drivers of ``bench/drivers.py`` took 80-100% of a core at 64 connections x 1 add on this
-2-core machine, CPU the bookie then did not have. The C driver does the same work
-(patched copies of one template frame made by the real codec, replies parsed by header)
-for a like-for-like comparison. ``closed_loop`` and ``open_loop`` return what their
-Python namesakes return.
+redis-benchmark drives Redis from C and costs it little CPU; the Python drivers of
+``bench/drivers.py`` cost most of a core at many connections of one add each, CPU the
+bookie then does not have. The C driver does the same work (patched copies of one
+template frame made by the real codec, replies parsed by header) for a like-for-like
+comparison. ``closed_loop`` and ``open_loop`` return what their Python namesakes return;
+``redis_closed_loop`` and ``redis_open_loop`` drive a Redis server the same way with
+``XADD <stream> * f <1 KiB value>`` (in RESP), so both sides of a comparison have the
+same schedule, connections and latency clock.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from bench.bookie import _Template
 
-__all__ = ["build", "closed_loop", "open_loop"]
+__all__ = ["build", "closed_loop", "open_loop", "redis_closed_loop", "redis_open_loop"]
 
 _SOURCE = Path(__file__).with_name("adddriver.c")
 
@@ -72,5 +74,21 @@ def open_loop(port: int, rate: float, conns: int, seconds: float, *,
     hexed, offset = _template()
     result = _run("open", str(port), str(conns), str(rate), str(seconds), str(ledger_base),
                   hexed, offset, timeout=seconds + 60)
+    del result["entries_per_s"]
+    return {"rate": rate, **result}
+
+
+def redis_closed_loop(port: int, conns: int, window: int, seconds: float, *,
+                      warmup: float = 1.0, stream: str = "bench") -> dict[str, Any]:
+    """``conns`` connections to Redis each keeping ``window`` XADDs in flight."""
+    return _run("redis-closed", str(port), str(conns), str(window), str(seconds), str(warmup),
+                stream, timeout=seconds + warmup + 60)
+
+
+def redis_open_loop(port: int, rate: float, conns: int, seconds: float, *,
+                    stream: str = "bench") -> dict[str, Any]:
+    """XADDs to Redis due every ``1 / rate`` s; latency from the due time."""
+    result = _run("redis-open", str(port), str(conns), str(rate), str(seconds), stream,
+                  timeout=seconds + 60)
     del result["entries_per_s"]
     return {"rate": rate, **result}

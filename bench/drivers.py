@@ -92,7 +92,7 @@ def closed_loop(port: int, conns: int, window: int, seconds: float, *, batch: in
         n = window - len(pending)
         if n <= 0:
             return
-        chunks = []
+        chunks: list[bytes | bytearray] = []
         ledger = ledger_base + i
         for _ in range(n):
             cid = next_cid[i]
@@ -187,7 +187,7 @@ def open_loop(port: int, rate: float, conns: int, seconds: float, *,
                 raise TimeoutError(f"{total - got} adds unanswered 30 s after the schedule")
             n = min(total, int((now - t0) / interval) + 1) if now >= t0 else 0
             if n > sent:
-                frames: list[list[bytes]] = [[] for _ in socks]
+                frames: list[list[bytes | bytearray]] = [[] for _ in socks]
                 for k in range(sent, n):
                     i = k % conns
                     due[k] = t0 + k * interval

@@ -1,20 +1,30 @@
 """Add latency under open-loop load, and how a bookie scales with light clients.
 
     python bench/latency.py [--rounds 3] [--seconds 5] [--json]
+    python bench/latency.py selfcheck      # the C driver's RESP against redis-server
 
 One bookie process (no ZooKeeper), 1 KiB single-entry Add frames from a driver process:
 by default ``bench/adddriver.c`` (C over epoll, like redis-benchmark; ``bench/cdriver.py``
 builds it), or ``--driver python`` (``bench/drivers.py``, which costs the machine most of
-a core at 64 x 1 and adds ~0.15 ms to light-load latencies: its waits round up to the
+a core at many connections and adds to light-load latencies: its waits round up to the
 millisecond).
 
-- **Open loop**: entries are due on a fixed schedule (``--conns`` 4 connections, the
-  rate split between them) and latency counts from the *scheduled* time, so a stall
-  delays every entry due during it instead of pausing the clock (no coordinated
-  omission). Loads are 10% and 50% of the closed-loop maximum measured in the same
-  round (4 connections x 200 in flight). Beside it, the raw disk: the same driver
-  process appends 1 KiB + fdatasync in a loop on the bookie's disk at the same time
-  ("raw fdatasync p99 of the same run"). Goal (#22): add p99 <= 3x that p99.
+- **Open loop**: entries are due on a fixed schedule (4 connections, the rate split
+  between them) and latency counts from the *scheduled* time, so a stall delays every
+  entry due during it instead of pausing the clock (no coordinated omission). Loads are
+  10% and 50% of the closed-loop maximum measured in the same round (4 connections x
+  200 in flight). Beside it, the raw disk: the same driver process appends 1 KiB +
+  fdatasync in a loop on the bookie's disk at the same time ("raw fdatasync p99 of the
+  same run"). Goal (#22): add p99 <= 3x that p99.
+- **Redis at the same rates**: in the same round, a fresh ``redis-server --appendonly
+  yes --appendfsync always`` on the same disk is driven by the same C driver with the
+  same schedule, connections and clock, each operation ``XADD bench * f <1 KiB>``
+  (``adddriver redis-open``), at the same absolute rates as the bookie's open loop and
+  with the same raw fdatasync loop beside it; the bookie and Redis alternate which goes
+  first. Before any round a self-check sends a handful of XADDs and reads them back
+  (``XLEN``, ``XRANGE``), and checks that error replies count as errors (``selfcheck``
+  runs it alone). ``--no-redis`` skips Redis. ``--rates`` sets absolute rates instead
+  of fractions of the round's maximum (two trees compared at the same rates).
 - **Scaling**: 1, 4, 16, 64 connections x 1 outstanding, and 4 connections x 1, 4, 16,
   64, 200 outstanding (closed loop); beside them Redis (appendfsync always) driven by
   ``redis-benchmark -c 64 -P 1`` and ``-c 50 -P 16`` in the same round. Goals (#22):
@@ -29,12 +39,15 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +59,7 @@ from bench import cdriver
 from bench.bookie import _run_redis, _wait_listening
 from bench.drivers import closed_loop, open_loop, percentiles
 from ledgerd.tools.bookieprocess import BookieProcess
+from ledgerd.tools.zkserver import find_free_port
 
 
 def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:
@@ -113,6 +127,115 @@ def _redis(base: Path, seconds: float, conns: int, pipeline: int) -> dict[str, A
     return dict(_run_redis(base, seconds, conns=conns, pipeline=pipeline))
 
 
+# -- Redis driven by the C driver ----------------------------------------------------------
+
+def _resp(sock: socket.socket, *args: str | bytes) -> Any:
+    """One command to Redis and its reply (bulk strings as bytes, errors as
+    ``RuntimeError``): enough of RESP for the self-check's reads."""
+    parts = [a.encode() if isinstance(a, str) else a for a in args]
+    sock.sendall(b"*%d\r\n" % len(parts)
+                 + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in parts))
+    f = sock.makefile("rb")
+    try:
+        return _resp_read(f)
+    finally:
+        f.close()
+
+
+def _resp_read(f: Any) -> Any:
+    line = f.readline()[:-2]
+    kind, rest = line[:1], line[1:]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else f.read(n + 2)[:-2]
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_resp_read(f) for _ in range(n)]
+    raise RuntimeError(f"unexpected RESP reply {line!r}")
+
+
+@contextmanager
+def _redis_server(base: Path) -> Iterator[int]:
+    """A fresh ``redis-server`` (append-only file, fsync per write) with its data under
+    ``base``; yields its port once it answers PING."""
+    port = find_free_port()
+    data = base / f"redis-open-{port}"
+    data.mkdir()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
+         "--appendfsync", "always", "--dir", str(data), "--save", ""],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                with socket.create_connection(("127.0.0.1", port), 0.5) as s:
+                    if _resp(s, "PING") == "PONG":
+                        break
+            except (OSError, RuntimeError):  # not listening yet, or still loading
+                if server.poll() is not None:
+                    raise RuntimeError(f"redis-server exited ({server.returncode})") from None
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("redis-server did not answer PING in 10 s")
+        yield port
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def redis_selfcheck(base: Path) -> None:
+    """The C driver's RESP against a real redis-server: five XADDs land as five 1 KiB
+    entries of field ``f``, a closed loop's count matches the stream's, and error
+    replies (XADD to a key that is not a stream) count as errors, not as done."""
+    with _redis_server(base) as port:
+        r = cdriver.redis_open_loop(port, 100.0, 1, 0.05, stream="check")
+        if (r["entries"], r["errors"]) != (5, 0):
+            raise AssertionError(f"redis-open: 5 XADDs expected to succeed, got {r}")
+        with socket.create_connection(("127.0.0.1", port), 5) as s:
+            if _resp(s, "XLEN", "check") != 5:
+                raise AssertionError("redis-open: the stream does not hold 5 entries")
+            for _id, fields in _resp(s, "XRANGE", "check", "-", "+"):
+                if fields != [b"f", b"x" * 1024]:
+                    raise AssertionError(f"redis-open: entry fields {fields[:1]!r}...")
+            _resp(s, "SET", "wrong", "a string")
+        r = cdriver.redis_open_loop(port, 100.0, 2, 0.05, stream="wrong")
+        if (r["entries"], r["errors"]) != (0, 5):
+            raise AssertionError(f"redis-open: 5 errors expected, got {r}")
+        r = cdriver.redis_closed_loop(port, 2, 8, 0.3, warmup=0.1, stream="closed")
+        with socket.create_connection(("127.0.0.1", port), 5) as s:
+            xlen = _resp(s, "XLEN", "closed")
+        if r["errors"] or not 0 < r["entries"] <= xlen:
+            raise AssertionError(f"redis-closed: {r} with {xlen} entries in the stream")
+
+
+def _open_redis(base: Path, rate: float, seconds: float) -> dict[str, Any]:
+    """Redis at ``rate`` XADDs/s over 4 connections: the bookie open loop's schedule,
+    with the same raw fdatasync loop beside it on the same disk."""
+    with _redis_server(base) as port:
+        os.sync()
+        syncs: list[float] = []
+        stop = threading.Event()
+        raw = threading.Thread(target=_raw_syncs, args=(base / "rawsync-redis", stop, syncs),
+                               daemon=True)
+        raw.start()
+        try:
+            result = cdriver.redis_open_loop(port, rate, 4, seconds)
+        finally:
+            stop.set()
+            raw.join()
+    fs = percentiles(syncs)
+    result.update({"fsync_p50_ms": fs["p50_ms"], "fsync_p99_ms": fs["p99_ms"],
+                   "fsyncs": len(syncs)})
+    return result
+
+
 SCALING = [(1, 1), (4, 1), (16, 1), (64, 1), (4, 4), (4, 16), (4, 64), (4, 200)]
 
 
@@ -131,14 +254,19 @@ def main() -> None:
     opened.add_argument("--seconds", type=float, default=5.0)
     opened.add_argument("--sync-path", type=Path, required=True)
     opened.add_argument("--driver", choices=("c", "python"), default="c")
+    sub.add_parser("selfcheck", help="the C driver's Redis mode against redis-server")
     parser.add_argument("--driver", choices=("c", "python"), default="c",
                         help="c: bench/adddriver.c (like redis-benchmark); python: "
                              "bench/drivers.py")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--loads", default="0.1,0.5", help="open-loop loads, fractions of max")
+    parser.add_argument("--rates", default="",
+                        help="open-loop rates in adds/s instead of --loads (the same "
+                             "absolute rates for two trees in an A/B)")
     parser.add_argument("--no-scaling", action="store_true", help="open-loop cases only")
-    parser.add_argument("--no-redis", action="store_true")
+    parser.add_argument("--no-redis", action="store_true",
+                        help="no Redis cases (open loop at the same rates, scaling anchors)")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME:key=value,... a bookie with these settings; several run "
                              "side by side, rounds interleaved")
@@ -153,20 +281,34 @@ def main() -> None:
         return
     global DRIVER
     DRIVER = args.driver
-    if DRIVER == "c":
-        cdriver.build()  # a missing compiler says so before any bookie starts
-    if not args.no_redis and shutil.which("redis-benchmark") is None:
-        sys.exit("redis-benchmark is missing: `make bench-deps` installs redis-server and "
-                 "redis-tools (or pass --no-redis)")
+    cdriver.build()  # a missing compiler says so before any bookie starts
+    needed = [] if args.no_redis else ["redis-server"] if args.no_scaling else [
+        "redis-server", "redis-benchmark"]
+    if args.cmd == "selfcheck":
+        needed = ["redis-server"]
+    for tool in needed:
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is missing: `make bench-deps` installs redis-server and "
+                     "redis-tools (or pass --no-redis)")
     base = Path(tempfile.mkdtemp(prefix="ledgerd-latency-bench-",
                                  dir=os.environ.get("BENCH_DIR")))
+    if needed:
+        try:
+            redis_selfcheck(base)
+        except BaseException:
+            shutil.rmtree(base, ignore_errors=True)
+            raise
+        print("redis self-check: XADD encoding and reply parsing ok", flush=True)
+        if args.cmd == "selfcheck":
+            shutil.rmtree(base, ignore_errors=True)
+            return
     variants = _variants(args.variant)
     bookies = {}
     for name, settings in variants.items():
         bookies[name] = BookieProcess(base / f"bookie-{name}", "",
                                       settings={"log_level": "WARNING", **settings})
         bookies[name].start()
-    loads = [float(x) for x in args.loads.split(",")]
+    loads = [float(x) for x in (args.rates or args.loads).split(",")]
     rounds: list[dict[str, Any]] = []
     load_start = os.getloadavg()[0]
     try:
@@ -181,9 +323,15 @@ def main() -> None:
             r["max"] = _closed(bookie.port, 4, 200, args.seconds)
             peak = r["max"]["entries_per_s"]
             for load in loads:
+                rate = load if args.rates else peak * load
+                # Redis at the same absolute rate, alternating which goes first.
+                redis_first = not args.no_redis and n % 2 == 1
+                if redis_first:
+                    r[f"redis_open{load}"] = _open_redis(base, rate, args.seconds)
                 os.sync()
-                r[f"open{load}"] = _open(bookie.port, peak * load, args.seconds,
-                                         base / "rawsync")
+                r[f"open{load}"] = _open(bookie.port, rate, args.seconds, base / "rawsync")
+                if not args.no_redis and not redis_first:
+                    r[f"redis_open{load}"] = _open_redis(base, rate, args.seconds)
             if not args.no_scaling:
                 cases = SCALING if n % 2 == 0 else list(reversed(SCALING))
                 for conns, window in cases:
@@ -198,8 +346,13 @@ def main() -> None:
             line = [f"round {r['round']} {name} (load {r['load']:.2f}): max {peak:,.0f}/s"]
             for load in loads:
                 o = r[f"open{load}"]
-                line.append(f"open {load:.0%} ({o['rate']:,.0f}/s) p99 {o['p99_ms']:.1f} ms "
-                            f"max {o['max_ms']:.1f} (fsync p99 {o['fsync_p99_ms']:.1f})")
+                line.append(f"open {_label(load, args)} ({o['rate']:,.0f}/s) p50 {o['p50_ms']:.2f} "
+                            f"p99 {o['p99_ms']:.1f} ms max {o['max_ms']:.1f} "
+                            f"(fsync p99 {o['fsync_p99_ms']:.1f})")
+                if not args.no_redis:
+                    x = r[f"redis_open{load}"]
+                    line.append(f"redis p50 {x['p50_ms']:.2f} p99 {x['p99_ms']:.1f} ms "
+                                f"max {x['max_ms']:.1f}")
             if not args.no_scaling:
                 line.append(", ".join(f"{c}x{w} {r[f'c{c}x{w}']['entries_per_s']:,.0f}/s"
                                       for c, w in SCALING))
@@ -235,7 +388,27 @@ def _variants(specs: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def _med(rounds: list[dict[str, Any]], key: str, field: str) -> float:
-    return statistics.median(r[key][field] for r in rounds)
+    return float(statistics.median(r[key][field] for r in rounds))
+
+
+def _label(load: float, args: argparse.Namespace) -> str:
+    return f"{load:,.0f}/s" if args.rates else f"{load:.0%} of max"
+
+
+def _report_redis_open(rounds: list[dict[str, Any]], loads: list[float],
+                       args: argparse.Namespace) -> None:
+    """The bookie's open loop beside Redis's at the same absolute rates."""
+    print("\n| open loop, 4 conns, same rates | rate /s | bookie p50 ms | bookie p99 ms | "
+          "Redis p50 ms | Redis p99 ms | Redis errors | bookie p99 / Redis p99 (rounds) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for load in loads:
+        ours, theirs = f"open{load}", f"redis_open{load}"
+        ratios = [r[ours]["p99_ms"] / max(r[theirs]["p99_ms"], 1e-9) for r in rounds]
+        print(f"| {_label(load, args)} | {_med(rounds, ours, 'rate'):,.0f} | "
+              f"{_med(rounds, ours, 'p50_ms'):.2f} | {_med(rounds, ours, 'p99_ms'):.2f} | "
+              f"{_med(rounds, theirs, 'p50_ms'):.2f} | {_med(rounds, theirs, 'p99_ms'):.2f} | "
+              f"{sum(r[theirs]['errors'] for r in rounds)} | {statistics.median(ratios):.2f}x "
+              f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
 
 
 def _report(rounds: list[dict[str, Any]], loads: list[float], args: argparse.Namespace,
@@ -247,11 +420,13 @@ def _report(rounds: list[dict[str, Any]], loads: list[float], args: argparse.Nam
     for load in loads:
         key = f"open{load}"
         ratios = [r[key]["p99_ms"] / max(r[key]["fsync_p99_ms"], 1e-9) for r in rounds]
-        print(f"| {load:.0%} of max | {_med(rounds, key, 'rate'):,.0f} | "
+        print(f"| {_label(load, args)} | {_med(rounds, key, 'rate'):,.0f} | "
               f"{_med(rounds, key, 'p50_ms'):.2f} | {_med(rounds, key, 'p99_ms'):.2f} | "
               f"{_med(rounds, key, 'p999_ms'):.2f} | {_med(rounds, key, 'max_ms'):.1f} | "
               f"{_med(rounds, key, 'fsync_p99_ms'):.2f} | {statistics.median(ratios):.2f}x "
               f"({', '.join(f'{x:.2f}' for x in ratios)}) |")
+    if not args.no_redis:
+        _report_redis_open(rounds, loads, args)
     if args.no_scaling:
         return
     print("\n| closed loop, 1 KiB, 1 entry/frame | entries/s (median) | rounds | p99 ms |")

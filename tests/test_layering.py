@@ -110,3 +110,10 @@ def test_pure_module_imports_without_trio_or_kazoo(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+
+
+# bench/ab.py runs a bench script from two trees: it imports the standard library only,
+# none of either tree's code (nor bench/'s helpers, which import ledgerd).
+def test_ab_imports_the_standard_library_only() -> None:
+    targets = {t.split(".")[0] for _, t in imports_of(ROOT / "bench" / "ab.py")}
+    assert targets and targets <= set(sys.stdlib_module_names) | {"__future__"}, targets
