@@ -32,7 +32,7 @@ import shutil
 import struct
 import threading
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,9 +41,11 @@ import google_crc32c
 from ledgerd import native
 from ledgerd.disk.errors import CorruptRecordError, DiskFullError, StorageError
 from ledgerd.disk.fdcache import FdCache
+from ledgerd.wire.entry import entry_ids
 
-__all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log",
-           "read_ledgers_map", "read_log_ledgers"]
+__all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogMeta", "EntryLogger", "LogRecordInfo",
+           "inspect_entry_log", "read_entry_log_meta", "read_ledgers_map", "read_log_ledgers",
+           "read_records"]
 
 DISK_FULL_RETRY_S = 1.0
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -56,6 +58,7 @@ _IDS = struct.Struct(">qq")
 _MAP_ITEM = struct.Struct(">qq")
 _MAP_ITEM_V2 = struct.Struct(">qqq")
 MAX_ENTRY = 64 * 1024 * 1024
+_READ_CHUNK = 4 << 20  # a scan for a ledgers map reads this much at a time
 
 
 def _header(log_id: int, map_offset: int = 0, count: int = 0) -> bytes:
@@ -384,7 +387,7 @@ class EntryLogger:
         log.ledgers[ledger_id] += total
         last = entries[-1]
         if len(last) >= 16:
-            eid = _IDS.unpack_from(last, 0)[1]
+            eid = entry_ids(last)[1]
             if eid > log.last_entries.get(ledger_id, -1):
                 log.last_entries[ledger_id] = eid
         if len(buf) >= self.buffer_size:
@@ -735,7 +738,7 @@ def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, str,
                 yield LogRecordInfo(pos, n, -1, -1, False, "truncated: record runs past the end")
                 return
             body = data[pos + 8: pos + 8 + n]
-            lid, eid = _IDS.unpack_from(body, 0) if n >= 16 else (-1, -1)
+            lid, eid = entry_ids(body) if n >= 16 else (-1, -1)
             ok = google_crc32c.value(body) == crc
             yield LogRecordInfo(pos, n, lid, eid, ok, "" if ok else "crc mismatch")
             pos += 8 + n
@@ -748,3 +751,72 @@ def _free_bytes(d: Path) -> int:
         return shutil.disk_usage(d).free
     except OSError:
         return -1
+
+
+@dataclass(frozen=True, slots=True)
+class EntryLogMeta:
+    log_id: int
+    ledgers: dict[int, int]  # ledger id -> bytes (records included)
+    # ledger id -> its last entry id in this log (absent: unknown, as in old maps)
+    last_entries: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.ledgers.values())
+
+    def is_live(self, ledger_id: int, live: Container[int],
+                trimmed: Mapping[int, int] | None = None) -> bool:
+        """The ledger has entries here still wanted: it exists, and (if trimmed from
+        the front to ``trimmed[ledger_id]``) its last entry here is at or past that."""
+        if ledger_id not in live:
+            return False
+        first = trimmed.get(ledger_id, 0) if trimmed else 0
+        return first <= 0 or self.last_entries.get(ledger_id, first) >= first
+
+    def live_bytes(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> int:
+        return sum(n for lid, n in self.ledgers.items() if self.is_live(lid, live, trimmed))
+
+    def usage(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> float:
+        total = self.total_bytes
+        return self.live_bytes(live, trimmed) / total if total else 0.0
+
+
+def read_records(path: Path, offset: int, max_bytes: int) -> tuple[list[tuple[int, bytes]], int]:
+    """Records from ``offset``: ``[(record offset, entry bytes)]`` and the offset to go on
+    from (0 at the end of the log). Reads about ``max_bytes``; the ledgers map is skipped."""
+    out: list[tuple[int, bytes]] = []
+    pos = offset
+    with open(path, "rb", buffering=1 << 20) as f:
+        f.seek(offset)
+        while pos - offset < max_bytes:
+            head = f.read(8)
+            if len(head) < 8:
+                return out, 0
+            n, _crc = _REC.unpack(head)
+            if n == 0 or n > MAX_ENTRY:
+                return out, 0
+            body = f.read(n)
+            if len(body) < n:
+                return out, 0
+            if n >= 16 and entry_ids(body)[0] >= 0:
+                out.append((pos, body))
+            pos += 8 + n
+    return out, pos
+
+
+def read_entry_log_meta(path: Path, log_id: int) -> EntryLogMeta:
+    """The log's ledgers map, from its header or, if it never rolled, by scanning it."""
+    both = read_log_ledgers(path)
+    if both is not None:
+        return EntryLogMeta(log_id, *both)
+    counts: dict[int, int] = defaultdict(int)
+    lasts: dict[int, int] = {}
+    offset = ENTRY_LOG_HEADER_SIZE
+    while offset:
+        records, offset = read_records(path, offset, _READ_CHUNK)
+        for _off, body in records:
+            lid, eid = entry_ids(body)
+            counts[lid] += len(body) + 8
+            if eid > lasts.get(lid, -1):
+                lasts[lid] = eid
+    return EntryLogMeta(log_id, dict(counts), lasts)

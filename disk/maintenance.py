@@ -29,8 +29,12 @@ from typing import TYPE_CHECKING
 
 import google_crc32c
 
-from ledgerd.disk.compaction import read_entry_log_meta, read_records
-from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY
+from ledgerd.disk.entrylog import (
+    ENTRY_LOG_HEADER_SIZE,
+    MAX_ENTRY,
+    read_entry_log_meta,
+    read_records,
+)
 from ledgerd.disk.errors import CorruptRecordError
 from ledgerd.disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
 
