@@ -118,7 +118,7 @@ def test_pure_module_imports_without_trio_or_kazoo(module: str) -> None:
 # storage picks one in its factory, and no engine (nor compaction) imports storage.
 DISK_MAY_IMPORT_FROM_WIRE = {"ledgerd.wire.entry", "ledgerd.wire.layouts"}
 BELOW_STORAGE = ["entrystore", "interleaved", "dbstorage", "compaction", "entrylog", "index",
-                 "dbindex", "writecache", "lastmark", "maintenance"]
+                 "dbindex", "writecache", "layouts", "lastmark", "maintenance"]
 
 
 def test_disk_reads_only_the_entry_header_from_wire() -> None:
