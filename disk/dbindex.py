@@ -22,8 +22,7 @@ deleting a ledger, truncating or trimming it is one range walk, and a checkpoint
 the locations added since the last one as a single sorted transaction. LMDB was chosen
 over RocksDB (``rocksdict``) for this step: no compaction threads, no write-ahead log of
 its own to tune (ledgerd's journal already is the write-ahead log), crash-safe
-copy-on-write commits, and a maintained binding with wheels (``lmdb``); the choice is
-measured in ``bench/ledgers_scale.py``.
+copy-on-write commits, and a maintained binding with wheels (``lmdb``).
 
 The same rules as the index files: locations and headers are as durable as the last
 checkpoint (the commit does not sync; ``sync_paths`` syncs); the journal covers the rest

@@ -144,7 +144,7 @@ class DbStore:
         data = self.entry_logger.read(location)
         batch = self.read_ahead_batch
         # Read ahead only for a reader going forward (this miss follows its last read
-        # of the ledger): a random read taking 100 entries with it halves reads/s.
+        # of the ledger): a random reader would pay for entries it never asks for.
         last = self._last_reads
         sequential = last.pop(ledger_id, -2) == entry_id - 1
         last[ledger_id] = entry_id

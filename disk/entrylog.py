@@ -176,8 +176,7 @@ class _Writer:
         """Start the write-out of what was written since the last call, without waiting
         (``flush_entrylog_bytes``): the checkpoint's fdatasync then finds little dirty
         data, instead of seconds' worth that it flushed in one burst, queueing the
-        journal's own syncs behind it on a shared disk (bench/latency.py's open loop
-        saw 100-150 ms stalls at every checkpoint). Not a durability step: the
+        journal's own syncs behind it on a shared disk. Not a durability step: the
         checkpoint still fdatasyncs. A failure here is left to that fdatasync."""
         start, end = log.written_back, log.written
         log.written_back = end

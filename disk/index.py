@@ -175,8 +175,8 @@ def default_page_limit(page_size: int) -> int:
     """Index pages a bookie keeps by default: a third of the host's memory, at most
     4 GiB, as BookKeeper sizes its page cache from a third of direct memory. A cap, not
     an allocation: pages are read in as ledgers are touched. Below it every actively
-    written ledger's last page stays cached; at 10,000 ledgers written round-robin the
-    old fixed 64 MiB (8,192 pages) missed on every add (bench: 2.2-6x fewer adds/s)."""
+    written ledger's last page stays cached; a fixed small cache misses on every add once
+    more ledgers are written round-robin than it holds pages."""
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
@@ -320,9 +320,8 @@ class LedgerCache:
     def _page_nowait(self, idx: LedgerIndex, page_no: int) -> bytearray | None:
         """The page if memory or the OS page cache holds it (one ``preadv2`` with
         RWF_NOWAIT, a few microseconds); None if reading it would wait for the disk.
-        Reading a cached page on the event loop measured 2x faster than handing every
-        miss to a thread (22k vs 11k adds/s over 20,000 ledgers with a 1,024-page cache);
-        only reads that would block go to the worker thread."""
+        Reading a cached page on the event loop is cheaper than handing every miss to a
+        thread; only reads that would block go to the worker thread."""
         page = idx.pages.get(page_no)
         if page is not None:
             return page
@@ -668,8 +667,8 @@ class LedgerCache:
                           else None)
                 page_nos = sorted(idx.dirty_pages)
                 # The page objects themselves: copied only if changed before the write
-                # ends (``_own``). Copying them all here cost 35 of the 42 ms that 8,000
-                # ledgers' write-out held the loop.
+                # ends (``_own``); copying them all here would hold the loop for most of
+                # a busy checkpoint's write-out.
                 pages = [(INDEX_HEADER_SIZE + p * page_size, idx.pages[p]) for p in page_nos]
                 job.files.append((idx, header, pages, page_nos, idx.header_written))
                 job.paths.append(idx.path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ledgerd.disk.fdcache import sync_dirs
 from ledgerd.disk.layouts import CRC, LAST_MARK, LAST_MARK_MAGIC, crc32c, fast_struct
 
 __all__ = ["read_last_mark", "write_last_mark"]
@@ -45,11 +46,7 @@ def _write_one(cur: Path, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, cur / "lastMark")
-    dfd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    sync_dirs([cur])
 
 
 def read_last_mark(ledger_dirs: list[Path]) -> tuple[int, int] | None:

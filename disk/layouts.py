@@ -5,7 +5,7 @@ The journal's layouts live beside its codec in ``journal_format.py``; the wire's
 entry header (which every stored entry begins with) in ``wire/layouts.py``, read on
 this side through ``wire.entry.entry_ids``/``entry_lac``. Everything here is
 big-endian; a CRC32C is ``crc32c`` below (the one adapter over google-crc32c).
-construct parses ~50x slower than ``struct``, so the declarations are the reference
+construct parses far slower than ``struct``, so the declarations are the reference
 (tests build and parse them) and ``fast_struct`` compiles each fixed run of fields
 into the ``struct.Struct`` the code uses: there is no second hand-written layout.
 """
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 crc32c = google_crc32c.value  # CRC32C of bytes, as an int (hardware-accelerated)
-CRC = struct.Struct(">I")  # a CRC32C as stored after the bytes it covers
+CRC = struct.Struct(Int32ub.fmtstr)  # a CRC32C (uint32) as stored after the bytes it covers
 
 
 def fast_struct(layout: Any, *, stop: str | None = None) -> struct.Struct:

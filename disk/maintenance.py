@@ -21,7 +21,7 @@ beside a live bookie, whose index files lag its memory by at most a checkpoint.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from ledgerd.disk.entrylog import (
     read_records,
 )
 from ledgerd.disk.errors import CorruptRecordError
+from ledgerd.disk.fdcache import sync_dirs
 from ledgerd.disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
 from ledgerd.disk.layouts import (
     ENTRY_LOG_HEADER,
@@ -334,11 +335,7 @@ def rebuild_index(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], ledge
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    sync_dirs([path.parent])
     result.written = True
     return result
 
@@ -393,7 +390,7 @@ def convert_storage(index_dirs: Sequence[Path], to: str, *,
         for path in files.values():
             path.unlink()
             out.removed += 1
-        _sync_dirs_of(files.values())
+        sync_dirs(p.parent for p in files.values())
         return out
     if not (db_path / "data.mdb").exists():
         raise ValueError(f"{db_path}: no db index to convert")
@@ -420,17 +417,5 @@ def convert_storage(index_dirs: Sequence[Path], to: str, *,
     import shutil
     shutil.rmtree(db_path)
     out.removed = 1
-    _sync_dirs_of([db_path])
+    sync_dirs([db_path.parent])
     return out
-
-
-def _sync_dirs_of(paths: Iterable[Path]) -> None:
-    for d in sorted({p.parent for p in paths}):
-        try:
-            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

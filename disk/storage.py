@@ -1,14 +1,21 @@
-"""LedgerStorage: the bookie's storage engine (journal + entry logs + index + checkpoint).
+"""LedgerStorage: the bookie's storage (journal + a storage engine + checkpoint).
 
-Add path, as BookKeeper's: the entries go into the entry log buffer and the index cache
-first (so they are readable at once), then into the journal; the call returns after the
-journal group holding them is durable. Storage decides nothing: the bookie's rules (key binding,
+The journal, replay, the checkpoint's order and the ledgers' state records (master key,
+fence, term, explicit LAC, the LAC) live here; where entries are kept is the engine's
+(``entrystore.EntryStore``: ``interleaved.InterleavedStore`` or ``dbstorage.DbStore``,
+picked once by ``open_engine`` from ``ledger_storage_class``).
+
+Add path, as BookKeeper's: the entries go into the engine first (so they are readable at
+once), then into the journal; the call returns after the journal group holding them is
+durable. Every add enters the engine the same way, as a run of one ledger's entries
+(``_insert``; a single add is a run of one). Storage decides nothing: the bookie's rules (key binding,
 fencing, terms, truncation) live in ``appliance.core``, and what it accepted arrives here
 as plain facts (a key to bind, a term to adopt, a fence to set), journaled before the
 entries they guard.
 
-Checkpoint (every ``flush_interval_ms`` and at close): capture the journal's durable mark,
-flush and fsync the entry logs, flush and fsync the index, then write ``lastMark`` in
+Checkpoint (every ``flush_interval_ms``, sooner if the engine asks, and at close): capture
+the journal's durable mark, let the engine write and fsync its entry logs and then its
+index (``EntryStore.flush``), fsync the index files, then write ``lastMark`` in
 every ledger directory, then drop journal files older than the mark beyond the backups.
 Everything journaled before the mark was inserted into storage before it was journaled,
 so after the flush it is on disk twice over; the journal can go.
@@ -39,7 +46,7 @@ from ledgerd.disk.dbstorage import DbStore
 from ledgerd.disk.entrylog import EntryLogger, EntryLogMeta, read_entry_log_meta
 from ledgerd.disk.entrystore import EntryStore
 from ledgerd.disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
-from ledgerd.disk.fdcache import FdCache
+from ledgerd.disk.fdcache import FdCache, sync_dirs
 from ledgerd.disk.index import LedgerIndex
 from ledgerd.disk.interleaved import InterleavedStore
 from ledgerd.disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
@@ -279,8 +286,8 @@ class LedgerStorage:
 
     async def _checkpoint_loop(self) -> None:
         """Checkpoint every ``flush_interval_ms``, or sooner when the engine asks (the db
-        engine's write cache half full). A ledger directory out of space (ENOSPC/EDQUOT) does not end
-        this service: ``on_disk_full`` is told (the bookie goes read-only, naming the
+        engine's write cache past a quarter of its bound). A ledger directory out of
+        space (ENOSPC/EDQUOT) does not end this service: ``on_disk_full`` is told (the bookie goes read-only, naming the
         directory and the errno), the unwritten data stays in memory (and in the
         journal), and the next checkpoint tries again."""
         while True:
@@ -338,7 +345,7 @@ class LedgerStorage:
         """fsync the directories of index files unlinked since the last call."""
         if self._unlinked_dirs:
             dirs, self._unlinked_dirs = self._unlinked_dirs, set()
-            await trio.to_thread.run_sync(_sync_dirs, sorted(dirs))
+            await trio.to_thread.run_sync(sync_dirs, dirs)
 
     def _persist_mark(self, mark: JournalPosition) -> None:
         write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset,
@@ -736,19 +743,6 @@ class LedgerStorage:
     def set_failed_dirs(self, failed: set[Path]) -> None:
         """Directories out of service: checkpoints stop writing the mark there."""
         self.failed_dirs = frozenset(Path(d) for d in failed)
-
-
-def _sync_dirs(dirs: list[Path]) -> None:
-    """fsync directories (so unlinks in them are durable); vanished ones are skipped."""
-    for d in dirs:
-        try:
-            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _probe(d: Path) -> str:
