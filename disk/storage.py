@@ -54,7 +54,7 @@ from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body, led
 from ledgerd.disk.journal_scan import journal_file_ids, scan_journal_file
 from ledgerd.disk.lastmark import read_last_mark, write_last_mark
 from ledgerd.disk.writecache import ReadAheadCache, WriteCache
-from ledgerd.wire.entry import entry_lac
+from ledgerd.wire.entry import entry_lac, max_entry_lac
 
 __all__ = ["DirUsage", "LedgerStorage", "StorageOptions", "open_engine"]
 
@@ -262,11 +262,12 @@ class LedgerStorage:
 
     def _insert(self, idx: LedgerIndex, first_entry_id: int, entries: Sequence[bytes],
                 entry_ids: Sequence[int] | None = None) -> None:
-        """The one way entries enter the engine: a run of one ledger's entries
-        (consecutive from ``first_entry_id``, or with ``entry_ids``); a single add is a
-        run of one. The ledger's LAC rises to the highest one the entries carry."""
+        """Entries into the engine (replay's way; adds go through ``_store``, which
+        does the same and journals them): a run of one ledger's entries (consecutive
+        from ``first_entry_id``, or with ``entry_ids``); a single entry is a run of one.
+        The ledger's LAC rises to the highest one the entries carry."""
         self._insert_run(idx, first_entry_id, entries, entry_ids)
-        lac = entry_lac(entries[0]) if len(entries) == 1 else max(map(entry_lac, entries))
+        lac = entry_lac(entries[0]) if len(entries) == 1 else max_entry_lac(entries)
         if lac > idx.lac:
             idx.lac = lac
 
@@ -440,17 +441,28 @@ class LedgerStorage:
     def _store(self, idx: LedgerIndex, first_entry_id: int, entries: Sequence[bytes],
                records: list[tuple[int, bytes]],
                entry_ids: Sequence[int] | None = None) -> None:
-        """Insert a run of entries and add their ENTRY records to ``records``; raises
-        StorageError (nothing of the run journaled) if the engine cannot take them."""
-        self._insert(idx, first_entry_id, entries, entry_ids)
-        lid, append, ENTRY = idx.ledger_id, records.append, RecordType.ENTRY
-        if entry_ids is None:
-            for entry in entries:
-                append((ENTRY, entry_body(lid, first_entry_id, entry)))
-                first_entry_id += 1
+        """``_insert`` a run of entries and add their ENTRY records to ``records``;
+        raises StorageError (nothing of the run journaled) if the engine cannot take
+        them. A run of one (most adds) takes the short way through."""
+        self._insert_run(idx, first_entry_id, entries, entry_ids)
+        lid, ENTRY = idx.ledger_id, RecordType.ENTRY
+        if len(entries) == 1:
+            entry = entries[0]
+            lac = entry_lac(entry)
+            records.append((ENTRY, entry_body(
+                lid, first_entry_id if entry_ids is None else entry_ids[0], entry)))
         else:
-            for eid, entry in zip(entry_ids, entries, strict=True):
-                append((ENTRY, entry_body(lid, eid, entry)))
+            lac = max_entry_lac(entries)
+            append = records.append
+            if entry_ids is None:
+                for entry in entries:
+                    append((ENTRY, entry_body(lid, first_entry_id, entry)))
+                    first_entry_id += 1
+            else:
+                for eid, entry in zip(entry_ids, entries, strict=True):
+                    append((ENTRY, entry_body(lid, eid, entry)))
+        if lac > idx.lac:
+            idx.lac = lac
 
     def submit_runs(self, runs: Sequence[tuple[LedgerIndex, int, Sequence[bytes]]]
                     ) -> tuple[JournalGroup | None, dict[int, StorageError]]:
