@@ -21,58 +21,48 @@ ledger's last entry id per log); a log that straddles the trim point counts it l
 from __future__ import annotations
 
 import logging
-import struct
-from collections import defaultdict
-from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.disk.crashpoints import crash_point
-from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY, read_log_ledgers
+from ledgerd.disk.dbindex import DbLedgerCache
+from ledgerd.disk.entrylog import (
+    ENTRY_LOG_HEADER_SIZE,
+    EntryLogger,
+    EntryLogMeta,
+    read_entry_log_meta,
+    read_records,
+)
 from ledgerd.disk.errors import DiskFullError
+from ledgerd.disk.index import LedgerCache
+from ledgerd.wire.entry import entry_ids
 
-if TYPE_CHECKING:
-    from ledgerd.disk.storage import LedgerStorage
-
-__all__ = ["CompactionLimits", "CompactionProgress", "CompactionResult", "EntryLogMeta",
-           "compact_entry_logs", "read_entry_log_meta", "read_records"]
+__all__ = ["CompactedStorage", "CompactionLimits", "CompactionProgress", "CompactionResult",
+           "EntryLogMeta", "compact_entry_logs", "read_entry_log_meta", "read_records"]
 
 log = logging.getLogger(__name__)
-_REC = struct.Struct(">II")
-_IDS = struct.Struct(">qq")
-_READ_CHUNK = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class EntryLogMeta:
-    log_id: int
-    ledgers: dict[int, int]  # ledger id -> bytes (records included)
-    # ledger id -> its last entry id in this log (absent: unknown, as in old maps)
-    last_entries: dict[int, int] = field(default_factory=dict)
+class CompactedStorage(Protocol):
+    """What compaction needs of the storage it compacts (``storage.LedgerStorage``):
+    its entry logs, its index, checkpoints, and the removal of a log."""
+
+    entry_logger: EntryLogger
+    compacting: bool  # set while compaction's index checkpoint runs (a crash point)
 
     @property
-    def total_bytes(self) -> int:
-        return sum(self.ledgers.values())
+    def cache(self) -> LedgerCache | DbLedgerCache: ...
 
-    def is_live(self, ledger_id: int, live: Container[int],
-                trimmed: Mapping[int, int] | None = None) -> bool:
-        """The ledger has entries here still wanted: it exists, and (if trimmed from
-        the front to ``trimmed[ledger_id]``) its last entry here is at or past that."""
-        if ledger_id not in live:
-            return False
-        first = trimmed.get(ledger_id, 0) if trimmed else 0
-        return first <= 0 or self.last_entries.get(ledger_id, first) >= first
+    async def rolled_log_metas(self) -> list[EntryLogMeta]: ...
 
-    def live_bytes(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> int:
-        return sum(n for lid, n in self.ledgers.items() if self.is_live(lid, live, trimmed))
+    async def checkpoint(self, *, sync_index_dirs: bool = False) -> object: ...
 
-    def usage(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> float:
-        total = self.total_bytes
-        return self.live_bytes(live, trimmed) / total if total else 0.0
+    async def sync_unlinked_dirs(self) -> None: ...
+
+    async def remove_entry_log(self, log_id: int) -> None: ...
 
 
 @dataclass
@@ -105,48 +95,7 @@ class CompactionLimits:
     max_logs: int = 0              # logs compacted per pass (0: all candidates)
 
 
-def read_records(path: Path, offset: int, max_bytes: int) -> tuple[list[tuple[int, bytes]], int]:
-    """Records from ``offset``: ``[(record offset, entry bytes)]`` and the offset to go on
-    from (0 at the end of the log). Reads about ``max_bytes``; the ledgers map is skipped."""
-    out: list[tuple[int, bytes]] = []
-    pos = offset
-    with open(path, "rb", buffering=1 << 20) as f:
-        f.seek(offset)
-        while pos - offset < max_bytes:
-            head = f.read(8)
-            if len(head) < 8:
-                return out, 0
-            n, _crc = _REC.unpack(head)
-            if n == 0 or n > MAX_ENTRY:
-                return out, 0
-            body = f.read(n)
-            if len(body) < n:
-                return out, 0
-            if n >= 16 and _IDS.unpack_from(body, 0)[0] >= 0:
-                out.append((pos, body))
-            pos += 8 + n
-    return out, pos
-
-
-def read_entry_log_meta(path: Path, log_id: int) -> EntryLogMeta:
-    """The log's ledgers map, from its header or, if it never rolled, by scanning it."""
-    both = read_log_ledgers(path)
-    if both is not None:
-        return EntryLogMeta(log_id, *both)
-    counts: dict[int, int] = defaultdict(int)
-    lasts: dict[int, int] = {}
-    offset = ENTRY_LOG_HEADER_SIZE
-    while offset:
-        records, offset = read_records(path, offset, _READ_CHUNK)
-        for _off, body in records:
-            lid, eid = _IDS.unpack_from(body, 0)
-            counts[lid] += len(body) + 8
-            if eid > lasts.get(lid, -1):
-                lasts[lid] = eid
-    return EntryLogMeta(log_id, dict(counts), lasts)
-
-
-async def compact_entry_logs(storage: LedgerStorage, *, threshold: float,
+async def compact_entry_logs(storage: CompactedStorage, *, threshold: float,
                              rate: int = 0, max_logs: int = 0,
                              limits: CompactionLimits | None = None,
                              progress: CompactionProgress | None = None) -> CompactionResult:
@@ -218,7 +167,7 @@ async def compact_entry_logs(storage: LedgerStorage, *, threshold: float,
     return result
 
 
-async def _compact_one(storage: LedgerStorage, meta: EntryLogMeta, limits: CompactionLimits,
+async def _compact_one(storage: CompactedStorage, meta: EntryLogMeta, limits: CompactionLimits,
                        progress: CompactionProgress) -> tuple[int, int]:
     """Copy one log's live entries (in batches of ``max_outstanding``: copies made
     durable, then indexed), make the index durable, then unlink the log."""
@@ -233,7 +182,7 @@ async def _compact_one(storage: LedgerStorage, meta: EntryLogMeta, limits: Compa
         records, offset = await trio.to_thread.run_sync(read_records, path, offset, chunk)
         cache = storage.cache
         for rec_off, body in records:
-            lid, eid = _IDS.unpack_from(body, 0)
+            lid, eid = entry_ids(body)
             old = base | rec_off
             if cache.get(lid) is None or cache.location(lid, eid) != old:
                 continue
@@ -261,7 +210,7 @@ async def _compact_one(storage: LedgerStorage, meta: EntryLogMeta, limits: Compa
     return moved, nbytes
 
 
-async def _index_copies(storage: LedgerStorage, batch: list[tuple[int, int, int, int]]) -> None:
+async def _index_copies(storage: CompactedStorage, batch: list[tuple[int, int, int, int]]) -> None:
     """Make copies durable, then point the index at those still current."""
     if not batch:
         return

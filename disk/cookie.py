@@ -21,9 +21,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import google_crc32c
-
 from ledgerd.disk.errors import CookieMismatchError
+from ledgerd.disk.layouts import crc32c
 
 __all__ = ["LAYOUT_VERSION", "Cookie", "CookieCheck", "check_cookies", "stamp_cookies"]
 
@@ -44,7 +43,7 @@ class Cookie:
         doc["ledger_dirs"] = list(self.ledger_dirs)
         doc["index_dirs"] = list(self.index_dirs)
         body = json.dumps(doc, sort_keys=True)
-        return json.dumps({"cookie": doc, "crc32c": google_crc32c.value(body.encode())},
+        return json.dumps({"cookie": doc, "crc32c": crc32c(body.encode())},
                           sort_keys=True).encode()
 
     @classmethod
@@ -53,7 +52,7 @@ class Cookie:
             outer = json.loads(data)
             doc = outer["cookie"]
             body = json.dumps(doc, sort_keys=True)
-            if google_crc32c.value(body.encode()) != outer["crc32c"]:
+            if crc32c(body.encode()) != outer["crc32c"]:
                 raise ValueError("checksum mismatch")
             return cls(layout_version=int(doc["layout_version"]), bookie_id=doc["bookie_id"],
                        journal_dir=doc["journal_dir"], ledger_dirs=tuple(doc["ledger_dirs"]),

@@ -22,8 +22,7 @@ deleting a ledger, truncating or trimming it is one range walk, and a checkpoint
 the locations added since the last one as a single sorted transaction. LMDB was chosen
 over RocksDB (``rocksdict``) for this step: no compaction threads, no write-ahead log of
 its own to tune (ledgerd's journal already is the write-ahead log), crash-safe
-copy-on-write commits, and a maintained binding with wheels (``lmdb``); the choice is
-measured in ``bench/ledgers_scale.py``.
+copy-on-write commits, and a maintained binding with wheels (``lmdb``).
 
 The same rules as the index files: locations and headers are as durable as the last
 checkpoint (the commit does not sync; ``sync_paths`` syncs); the journal covers the rest
@@ -36,7 +35,6 @@ storage, GC, compaction and replay code is the same for both.
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,14 +43,15 @@ from typing import Any
 
 from ledgerd.disk.errors import CorruptRecordError, StorageError
 from ledgerd.disk.index import INDEX_HEADER_SIZE, LedgerIndex, parse_index_header
+from ledgerd.disk.layouts import DB_LEDGER_KEY, DB_LOCATION, DB_LOCATION_KEY, fast_struct
 
 __all__ = ["DB_DIR", "Commit", "DbLedgerCache"]
 
 DB_DIR = "ledgers.lmdb"
 MAP_SIZE = 1 << 40  # address space reserved, not disk: LMDB grows its file as it fills
-_KEY = struct.Struct(">qq")
-_LID = struct.Struct(">q")
-_LOC = struct.Struct(">q")
+_KEY = fast_struct(DB_LOCATION_KEY)
+_LID = fast_struct(DB_LEDGER_KEY)
+_LOC = fast_struct(DB_LOCATION)
 _END = (1 << 63) - 1
 HEAD_BYTES = 115  # the index header's fields and CRC; the rest of its 1024 bytes is padding
 OLD_META_SIZE = HEAD_BYTES + 8  # with a last entry id, as the first version wrote

@@ -1,20 +1,11 @@
 """Entry logs: interleaved entries of all ledgers, in ``<ledger_dir>/current/<hex id>.log``.
 
-Layout::
-
-    header, 1024 bytes:
-      0      4        6       8        16                    24              28
-      +------+--------+-------+--------+---------------------+---------------+--------+
-      | LDEL | version| flags | log_id | ledgers_map_offset  | ledgers_count | crc32c |
-      | 4 B  | uint16 | uint16| uint64 | uint64 (0: none yet)| uint32        | of 0..28
-    records:
-      +--------+----------+---------------------------------------------
-      | size   | crc32c   | entry bytes (ledger_id int64 | entry_id int64 | ...)
-      | uint32 | of entry |
-    ledgers map (written when the log rolls), one record whose entry bytes are
-      ledger_id = -1 | entry_id = -3 | count uint32
-        | (ledger_id int64, bytes int64, last entry id int64) * count
-      (entry_id = -2: the first version, without the last entry ids; still read)
+Layout (declared in ``disk/layouts.py``: ENTRY_LOG_HEADER, ENTRY_RECORD_PREFIX,
+LEDGERS_MAP_HEAD and LEDGERS_MAP_ITEM): a 1024-byte header (magic, version, log id, the
+ledgers map's offset and count, CRC32C), then records (size, CRC32C of the entry, the
+entry bytes, which begin with the ledger and entry ids), then, once the log rolls, the
+ledgers map: one record saying how many bytes, and up to which entry, each ledger has in
+this log.
 
 An entry's location is ``log_id << 32 | offset of its record``. Writes go to a buffer of
 ``write_buffer_size`` bytes; entries still in the buffer are readable. ``flush()`` writes
@@ -29,38 +20,50 @@ import errno
 import os
 import queue
 import shutil
-import struct
 import threading
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import google_crc32c
 
 from ledgerd import native
 from ledgerd.disk.errors import CorruptRecordError, DiskFullError, StorageError
 from ledgerd.disk.fdcache import FdCache
+from ledgerd.disk.layouts import (
+    CRC,
+    ENTRY_LOG_HEADER,
+    ENTRY_LOG_HEADER_SIZE,
+    ENTRY_LOG_MAGIC,
+    ENTRY_RECORD_PREFIX,
+    LEDGERS_MAP_HEAD,
+    LEDGERS_MAP_ITEM,
+    LEDGERS_MAP_ITEM_V1,
+    crc32c,
+    fast_struct,
+)
+from ledgerd.wire.entry import entry_ids
 
-__all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogger", "LogRecordInfo", "inspect_entry_log",
-           "read_ledgers_map", "read_log_ledgers"]
+__all__ = ["ENTRY_LOG_HEADER_SIZE", "EntryLogMeta", "EntryLogger", "LogRecordInfo",
+           "inspect_entry_log", "read_entry_log_meta", "read_ledgers_map", "read_log_ledgers",
+           "read_records"]
 
 DISK_FULL_RETRY_S = 1.0
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
-ENTRY_LOG_HEADER_SIZE = 1024
-_MAGIC = b"LDEL"
-_HEAD = struct.Struct(">4sHHQQI")
-_REC = struct.Struct(">II")
-_IDS = struct.Struct(">qq")
-_MAP_ITEM = struct.Struct(">qq")
-_MAP_ITEM_V2 = struct.Struct(">qqq")
+_MAGIC = ENTRY_LOG_MAGIC
+_HEAD = fast_struct(ENTRY_LOG_HEADER, stop="crc")  # the fields the CRC covers
+_REC = fast_struct(ENTRY_RECORD_PREFIX)
+_MAP_HEAD = fast_struct(LEDGERS_MAP_HEAD)
+_MAP_ITEM = fast_struct(LEDGERS_MAP_ITEM_V1)
+_MAP_ITEM_V2 = fast_struct(LEDGERS_MAP_ITEM)
+_MAP_VERSION = -3  # with each ledger's last entry id; -2 (the first version) had none
 MAX_ENTRY = 64 * 1024 * 1024
+_READ_CHUNK = 4 << 20  # a scan for a ledgers map reads this much at a time
 
 
 def _header(log_id: int, map_offset: int = 0, count: int = 0) -> bytes:
     head = _HEAD.pack(_MAGIC, 1, 0, log_id, map_offset, count)
-    return head + struct.pack(">I", google_crc32c.value(head)) + bytes(
+    return head + CRC.pack(crc32c(head)) + bytes(
         ENTRY_LOG_HEADER_SIZE - _HEAD.size - 4)
 
 
@@ -70,8 +73,8 @@ def _parse_header(data: bytes, path: str) -> tuple[int, int, int]:
     magic, version, _flags, log_id, map_offset, count = _HEAD.unpack_from(data, 0)
     if magic != _MAGIC:
         raise CorruptRecordError(path, 0, f"bad magic {magic!r} (not a ledgerd entry log)")
-    (crc,) = struct.unpack_from(">I", data, _HEAD.size)
-    if crc != google_crc32c.value(data[: _HEAD.size]) or version != 1:
+    (crc,) = CRC.unpack_from(data, _HEAD.size)
+    if crc != crc32c(data[: _HEAD.size]) or version != 1:
         raise CorruptRecordError(path, 0, "entry log header checksum or version mismatch")
     return log_id, map_offset, count
 
@@ -173,8 +176,7 @@ class _Writer:
         """Start the write-out of what was written since the last call, without waiting
         (``flush_entrylog_bytes``): the checkpoint's fdatasync then finds little dirty
         data, instead of seconds' worth that it flushed in one burst, queueing the
-        journal's own syncs behind it on a shared disk (bench/latency.py's open loop
-        saw 100-150 ms stalls at every checkpoint). Not a durability step: the
+        journal's own syncs behind it on a shared disk. Not a durability step: the
         checkpoint still fdatasyncs. A failure here is left to that fdatasync."""
         start, end = log.written_back, log.written
         log.written_back = end
@@ -375,7 +377,7 @@ class EntryLogger:
         buf = log.buffer
         locations: list[int] = []
         base = log.log_id << 32
-        pack, crc = _REC.pack, google_crc32c.value
+        pack, crc = _REC.pack, crc32c
         for e in entries:
             buf += pack(len(e), crc(e))
             buf += e
@@ -384,7 +386,7 @@ class EntryLogger:
         log.ledgers[ledger_id] += total
         last = entries[-1]
         if len(last) >= 16:
-            eid = _IDS.unpack_from(last, 0)[1]
+            eid = entry_ids(last)[1]
             if eid > log.last_entries.get(ledger_id, -1):
                 log.last_entries[ledger_id] = eid
         if len(buf) >= self.buffer_size:
@@ -403,7 +405,7 @@ class EntryLogger:
             log = self._roll()
         out: list[int] = []
         append = out.append
-        pack, crc = _REC.pack, google_crc32c.value
+        pack, crc = _REC.pack, crc32c
         limit, bufsize = self.limit, self.buffer_size
         buf = log.buffer
         offset = log.size + len(buf)
@@ -447,11 +449,11 @@ class EntryLogger:
         old = self._current
         assert old is not None
         lasts = old.last_entries
-        body = _IDS.pack(-1, -3) + struct.pack(">I", len(old.ledgers)) + b"".join(
+        body = _MAP_HEAD.pack(-1, _MAP_VERSION, len(old.ledgers)) + b"".join(
             _MAP_ITEM_V2.pack(lid, nbytes, lasts.get(lid, -1))
             for lid, nbytes in sorted(old.ledgers.items()))
         map_offset = old.size + len(old.buffer)
-        old.buffer += _REC.pack(len(body), google_crc32c.value(body)) + body
+        old.buffer += _REC.pack(len(body), crc32c(body)) + body
         self._write_buffer(old)
         # The header patch goes through the writer too, after every record.
         assert self._writer is not None
@@ -492,7 +494,7 @@ class EntryLogger:
             data = head[8: 8 + n]
         else:
             data = os.pread(fd, n, offset + 8)
-        if len(data) < n or google_crc32c.value(data) != crc:
+        if len(data) < n or crc32c(data) != crc:
             raise CorruptRecordError(path, offset, "entry checksum mismatch")
         return data
 
@@ -546,7 +548,7 @@ class EntryLogger:
                     return
             else:
                 return
-            if google_crc32c.value(data) != crc:
+            if crc32c(data) != crc:
                 return
             yield eid, data
 
@@ -694,18 +696,18 @@ def read_log_ledgers(path: Path) -> tuple[dict[int, int], dict[int, int]] | None
             raise CorruptRecordError(str(path), map_offset, "ledgers map past end of log")
         n, crc = _REC.unpack(rec)
         body = f.read(n)
-    if len(body) < n or google_crc32c.value(body) != crc or n < 20:
+    if len(body) < n or crc32c(body) != crc or n < _MAP_HEAD.size:
         raise CorruptRecordError(str(path), map_offset, "ledgers map checksum mismatch")
-    (count,) = struct.unpack_from(">I", body, 16)
-    version = _IDS.unpack_from(body, 0)[1]
-    item = _MAP_ITEM_V2 if version == -3 else _MAP_ITEM
+    _lid, version, count = _MAP_HEAD.unpack_from(body, 0)
+    item = _MAP_ITEM_V2 if version == _MAP_VERSION else _MAP_ITEM
     if version not in (-2, -3):
         raise CorruptRecordError(str(path), map_offset, f"unknown ledgers map version {version}")
-    if 20 + item.size * count > n:
+    start = _MAP_HEAD.size
+    if start + item.size * count > n:
         raise CorruptRecordError(str(path), map_offset, f"ledgers map count {count} too big")
-    items = [item.unpack_from(body, 20 + item.size * i) for i in range(count)]
+    items = [item.unpack_from(body, start + item.size * i) for i in range(count)]
     sizes = {it[0]: it[1] for it in items}
-    lasts = {it[0]: it[2] for it in items} if version == -3 else {}
+    lasts = {it[0]: it[2] for it in items} if version == _MAP_VERSION else {}
     return sizes, lasts
 
 
@@ -735,8 +737,8 @@ def inspect_entry_log(path: Path) -> tuple[dict[int, int] | None, str,
                 yield LogRecordInfo(pos, n, -1, -1, False, "truncated: record runs past the end")
                 return
             body = data[pos + 8: pos + 8 + n]
-            lid, eid = _IDS.unpack_from(body, 0) if n >= 16 else (-1, -1)
-            ok = google_crc32c.value(body) == crc
+            lid, eid = entry_ids(body) if n >= 16 else (-1, -1)
+            ok = crc32c(body) == crc
             yield LogRecordInfo(pos, n, lid, eid, ok, "" if ok else "crc mismatch")
             pos += 8 + n
 
@@ -748,3 +750,72 @@ def _free_bytes(d: Path) -> int:
         return shutil.disk_usage(d).free
     except OSError:
         return -1
+
+
+@dataclass(frozen=True, slots=True)
+class EntryLogMeta:
+    log_id: int
+    ledgers: dict[int, int]  # ledger id -> bytes (records included)
+    # ledger id -> its last entry id in this log (absent: unknown, as in old maps)
+    last_entries: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.ledgers.values())
+
+    def is_live(self, ledger_id: int, live: Container[int],
+                trimmed: Mapping[int, int] | None = None) -> bool:
+        """The ledger has entries here still wanted: it exists, and (if trimmed from
+        the front to ``trimmed[ledger_id]``) its last entry here is at or past that."""
+        if ledger_id not in live:
+            return False
+        first = trimmed.get(ledger_id, 0) if trimmed else 0
+        return first <= 0 or self.last_entries.get(ledger_id, first) >= first
+
+    def live_bytes(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> int:
+        return sum(n for lid, n in self.ledgers.items() if self.is_live(lid, live, trimmed))
+
+    def usage(self, live: Container[int], trimmed: Mapping[int, int] | None = None) -> float:
+        total = self.total_bytes
+        return self.live_bytes(live, trimmed) / total if total else 0.0
+
+
+def read_records(path: Path, offset: int, max_bytes: int) -> tuple[list[tuple[int, bytes]], int]:
+    """Records from ``offset``: ``[(record offset, entry bytes)]`` and the offset to go on
+    from (0 at the end of the log). Reads about ``max_bytes``; the ledgers map is skipped."""
+    out: list[tuple[int, bytes]] = []
+    pos = offset
+    with open(path, "rb", buffering=1 << 20) as f:
+        f.seek(offset)
+        while pos - offset < max_bytes:
+            head = f.read(8)
+            if len(head) < 8:
+                return out, 0
+            n, _crc = _REC.unpack(head)
+            if n == 0 or n > MAX_ENTRY:
+                return out, 0
+            body = f.read(n)
+            if len(body) < n:
+                return out, 0
+            if n >= 16 and entry_ids(body)[0] >= 0:
+                out.append((pos, body))
+            pos += 8 + n
+    return out, pos
+
+
+def read_entry_log_meta(path: Path, log_id: int) -> EntryLogMeta:
+    """The log's ledgers map, from its header or, if it never rolled, by scanning it."""
+    both = read_log_ledgers(path)
+    if both is not None:
+        return EntryLogMeta(log_id, *both)
+    counts: dict[int, int] = defaultdict(int)
+    lasts: dict[int, int] = {}
+    offset = ENTRY_LOG_HEADER_SIZE
+    while offset:
+        records, offset = read_records(path, offset, _READ_CHUNK)
+        for _off, body in records:
+            lid, eid = entry_ids(body)
+            counts[lid] += len(body) + 8
+            if eid > lasts.get(lid, -1):
+                lasts[lid] = eid
+    return EntryLogMeta(log_id, dict(counts), lasts)

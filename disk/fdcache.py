@@ -3,15 +3,31 @@ closed first): entry logs being read and index files, so a read does not pay an 
 and a close, and a bookie with more ledgers than ``open_file_limit`` stays under it.
 
 Used from the trio thread only (workers open their own descriptors by path).
+``sync_dirs`` is the one directory fsync of ledger storage (renames and unlinks durable).
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
+from pathlib import Path
 
-__all__ = ["FdCache"]
+__all__ = ["FdCache", "sync_dirs"]
+
+
+def sync_dirs(dirs: Iterable[Path]) -> None:
+    """fsync directories (so renames and unlinks in them are durable), in sorted
+    order; vanished ones are skipped. Any thread."""
+    for d in sorted(set(dirs)):
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class FdCache:

@@ -3,13 +3,9 @@
 One file per ledger, ``<index_dir>/current/<hh>/<hh>/<hex id>.idx`` (hh: bits 8-15 and
 0-7 of the id)::
 
-    header, 1024 bytes:
-      0      4        6       8          16     24     25       45     47
-      +------+--------+-------+----------+------+------+--------+------+----------+-------+
-      | LDIX | version| state | ledger_id| term | klen | key[20]| llen | lac[64]  | crc32c|
-      | 4 B  | uint16 | uint16| int64    | int64| uint8|        |uint16|          |of 0..111
-    state bit 0: fenced.
-    body: entry e's location (int64, log_id << 32 | offset) at 1024 + 8 * e; 0 = absent.
+    a 1024-byte header (INDEX_HEADER in ``disk/layouts.py``: magic, version, the fence
+    bit, ledger id, term, master key, explicit LAC, CRC32C), then entry e's location
+    (INDEX_LOCATION: log_id << 32 | offset of its record) at 1024 + 8 * e; 0 = absent.
 
 The header's fence bit and key are only as durable as the last checkpoint; the journal's
 FENCE and MASTER_KEY records cover the gap (replay re-applies them).
@@ -30,34 +26,35 @@ import errno
 import functools
 import logging
 import os
-import struct
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import google_crc32c
-
 from ledgerd.base.logs import fields
 from ledgerd.disk.crashpoints import crash_point
 from ledgerd.disk.errors import CorruptRecordError
 from ledgerd.disk.fdcache import FdCache
+from ledgerd.disk.layouts import (
+    CRC,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    INDEX_MAGIC,
+    crc32c,
+    fast_struct,
+    locations_struct,
+)
 
 __all__ = ["INDEX_HEADER_SIZE", "IndexWrite", "LedgerCache", "LedgerIndex", "index_path",
            "parse_index_header", "read_index_file"]
 
 log = logging.getLogger(__name__)
-INDEX_HEADER_SIZE = 1024
-_MAGIC = b"LDIX"
-_HEAD = struct.Struct(">4sHHqqB20sH64s")
+_MAGIC = INDEX_MAGIC
+_HEAD = fast_struct(INDEX_HEADER, stop="crc")  # the fields the CRC covers
 assert _HEAD.size == 111
 FENCED = 1
-_LOC = struct.Struct(">q")
-
-
-@functools.lru_cache(maxsize=1024)
-def _locs(n: int) -> struct.Struct:
-    return struct.Struct(f">{n}q")
+_LOC = locations_struct(1)
+_locs = functools.lru_cache(maxsize=1024)(locations_struct)
 
 
 def index_path(index_dir: Path, ledger_id: int) -> Path:
@@ -97,7 +94,7 @@ class LedgerIndex:
         head = _HEAD.pack(_MAGIC, 1, FENCED if self.fenced else 0, self.ledger_id, self.term,
                           len(self.master_key), self.master_key.ljust(20, b"\0"),
                           len(self.explicit_lac), self.explicit_lac.ljust(64, b"\0"))
-        return head + struct.pack(">I", google_crc32c.value(head)) + bytes(
+        return head + CRC.pack(crc32c(head)) + bytes(
             INDEX_HEADER_SIZE - _HEAD.size - 4)
 
 
@@ -106,8 +103,8 @@ def parse_index_header(data: bytes, path: Path) -> LedgerIndex:
     if len(data) < INDEX_HEADER_SIZE:
         raise CorruptRecordError(str(path), 0, "index file shorter than its header")
     magic, version, state, lid, term, klen, key, llen, lac = _HEAD.unpack_from(data, 0)
-    (crc,) = struct.unpack_from(">I", data, _HEAD.size)
-    if magic != _MAGIC or version != 1 or crc != google_crc32c.value(data[: _HEAD.size]):
+    (crc,) = CRC.unpack_from(data, _HEAD.size)
+    if magic != _MAGIC or version != 1 or crc != crc32c(data[: _HEAD.size]):
         raise CorruptRecordError(str(path), 0, "bad index header (magic, version or checksum)")
     return LedgerIndex(lid, path, key[:klen], bool(state & FENCED), term, lac[:llen],
                        header_dirty=False, header_written=True)
@@ -178,8 +175,8 @@ def default_page_limit(page_size: int) -> int:
     """Index pages a bookie keeps by default: a third of the host's memory, at most
     4 GiB, as BookKeeper sizes its page cache from a third of direct memory. A cap, not
     an allocation: pages are read in as ledgers are touched. Below it every actively
-    written ledger's last page stays cached; at 10,000 ledgers written round-robin the
-    old fixed 64 MiB (8,192 pages) missed on every add (bench: 2.2-6x fewer adds/s)."""
+    written ledger's last page stays cached; a fixed small cache misses on every add once
+    more ledgers are written round-robin than it holds pages."""
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
@@ -323,9 +320,8 @@ class LedgerCache:
     def _page_nowait(self, idx: LedgerIndex, page_no: int) -> bytearray | None:
         """The page if memory or the OS page cache holds it (one ``preadv2`` with
         RWF_NOWAIT, a few microseconds); None if reading it would wait for the disk.
-        Reading a cached page on the event loop measured 2x faster than handing every
-        miss to a thread (22k vs 11k adds/s over 20,000 ledgers with a 1,024-page cache);
-        only reads that would block go to the worker thread."""
+        Reading a cached page on the event loop is cheaper than handing every miss to a
+        thread; only reads that would block go to the worker thread."""
         page = idx.pages.get(page_no)
         if page is not None:
             return page
@@ -497,7 +493,7 @@ class LedgerCache:
         page = self._page(idx, page_no, create=False)
         if page is None:
             return 0
-        return int(struct.unpack_from(">q", page, slot * 8)[0])
+        return int(_LOC.unpack_from(page, slot * 8)[0])
 
     def truncate_after(self, ledger_id: int, last_kept: int) -> None:
         """Forget every entry after ``last_kept`` (unbounded-ledger truncation)."""
@@ -512,7 +508,7 @@ class LedgerCache:
             page = self._own(idx, page_no, page)
             if idx.hot_page_no == page_no:
                 idx.hot_page = page
-            struct.pack_into(">q", page, slot * 8, 0)
+            _LOC.pack_into(page, slot * 8, 0)
             idx.dirty_pages.add(page_no)
         idx.last_entry_id = min(idx.last_entry_id, last_kept)
 
@@ -671,8 +667,8 @@ class LedgerCache:
                           else None)
                 page_nos = sorted(idx.dirty_pages)
                 # The page objects themselves: copied only if changed before the write
-                # ends (``_own``). Copying them all here cost 35 of the 42 ms that 8,000
-                # ledgers' write-out held the loop.
+                # ends (``_own``); copying them all here would hold the loop for most of
+                # a busy checkpoint's write-out.
                 pages = [(INDEX_HEADER_SIZE + p * page_size, idx.pages[p]) for p in page_nos]
                 job.files.append((idx, header, pages, page_nos, idx.header_written))
                 job.paths.append(idx.path)

@@ -1,22 +1,22 @@
 """The last log mark: the journal position up to which ledger storage is flushed.
 
 ``<ledger_dir>/current/lastMark``: ``LDLM | file_id uint64 | offset uint64 | crc32c``
-(24 bytes), written atomically (temp file, fsync, rename, fsync of the directory) into
+(24 bytes; LAST_MARK in ``disk/layouts.py``), written atomically (temp file, fsync, rename, fsync of the directory) into
 every ledger directory. Start-up replays the journal from the highest valid mark found.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 from pathlib import Path
 
-import google_crc32c
+from ledgerd.disk.fdcache import sync_dirs
+from ledgerd.disk.layouts import CRC, LAST_MARK, LAST_MARK_MAGIC, crc32c, fast_struct
 
 __all__ = ["read_last_mark", "write_last_mark"]
 
-_MARK = struct.Struct(">4sQQ")
-_MAGIC = b"LDLM"
+_MARK = fast_struct(LAST_MARK, stop="crc")  # the fields the CRC covers
+_MAGIC = LAST_MARK_MAGIC
 
 
 def write_last_mark(ledger_dirs: list[Path], file_id: int, offset: int, *,
@@ -25,7 +25,7 @@ def write_last_mark(ledger_dirs: list[Path], file_id: int, offset: int, *,
     service). A directory that fails is passed over as long as one took the mark
     (start-up reads the highest); if none did, the first error is raised."""
     body = _MARK.pack(_MAGIC, file_id, offset)
-    data = body + struct.pack(">I", google_crc32c.value(body))
+    data = body + CRC.pack(crc32c(body))
     dirs = [d for d in ledger_dirs if Path(d) not in skip] or list(ledger_dirs)
     errors: list[OSError] = []
     for d in dirs:
@@ -46,11 +46,7 @@ def _write_one(cur: Path, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, cur / "lastMark")
-    dfd = os.open(cur, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    sync_dirs([cur])
 
 
 def read_last_mark(ledger_dirs: list[Path]) -> tuple[int, int] | None:
@@ -64,8 +60,7 @@ def read_last_mark(ledger_dirs: list[Path]) -> tuple[int, int] | None:
         if len(data) != _MARK.size + 4:
             continue
         magic, file_id, offset = _MARK.unpack_from(data, 0)
-        if magic != _MAGIC or struct.unpack_from(">I", data, _MARK.size)[0] != \
-                google_crc32c.value(data[: _MARK.size]):
+        if magic != _MAGIC or CRC.unpack_from(data, _MARK.size)[0] != crc32c(data[: _MARK.size]):
             continue
         if best is None or (file_id, offset) > best:
             best = (file_id, offset)

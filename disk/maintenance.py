@@ -21,18 +21,28 @@ beside a live bookie, whose index files lag its memory by at most a checkpoint.
 from __future__ import annotations
 
 import os
-import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import google_crc32c
-
-from ledgerd.disk.compaction import read_entry_log_meta, read_records
-from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE, MAX_ENTRY
+from ledgerd.disk.entrylog import (
+    ENTRY_LOG_HEADER_SIZE,
+    MAX_ENTRY,
+    read_entry_log_meta,
+    read_records,
+)
 from ledgerd.disk.errors import CorruptRecordError
+from ledgerd.disk.fdcache import sync_dirs
 from ledgerd.disk.index import INDEX_HEADER_SIZE, LedgerIndex, index_path, read_index_file
+from ledgerd.disk.layouts import (
+    ENTRY_LOG_HEADER,
+    ENTRY_RECORD_PREFIX,
+    crc32c,
+    fast_struct,
+    locations_struct,
+)
+from ledgerd.wire.entry import entry_ids
 
 if TYPE_CHECKING:
     from ledgerd.disk.dbindex import DbLedgerCache
@@ -53,9 +63,9 @@ __all__ = [
     "stored_ledgers",
 ]
 
-_REC = struct.Struct(">II")
-_IDS = struct.Struct(">qq")
-_LOC = struct.Struct(">q")
+_REC = fast_struct(ENTRY_RECORD_PREFIX)
+_LOC = locations_struct(1)
+_HEAD_TO_MAP = fast_struct(ENTRY_LOG_HEADER, stop="ledgers_count")  # through the map offset
 
 
 def entry_log_paths(ledger_dirs: Sequence[Path]) -> dict[int, Path]:
@@ -129,7 +139,7 @@ def _stored_locations(index_dirs: Sequence[Path],
         except (OSError, CorruptRecordError) as exc:
             yield lid, str(path), exc
             continue
-        locs = _locs_struct(len(raw) // 8).unpack_from(raw)
+        locs = locations_struct(len(raw) // 8).unpack_from(raw)
         yield lid, str(path), ((e, loc) for e, loc in enumerate(locs) if loc)
     db = open_db_index(index_dirs)
     if db is None:
@@ -141,10 +151,6 @@ def _stored_locations(index_dirs: Sequence[Path],
         db.close()
 
 
-def _locs_struct(n: int) -> struct.Struct:
-    return struct.Struct(f">{n}q")
-
-
 def list_entry_logs(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path]) -> list[EntryLogInfo]:
     live = set(stored_ledgers(index_dirs))
     out = []
@@ -152,8 +158,8 @@ def list_entry_logs(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path]) -> 
         try:
             size = path.stat().st_size
             with open(path, "rb") as f:
-                head = f.read(24)
-            rolled = len(head) >= 24 and struct.unpack_from(">Q", head, 16)[0] != 0
+                head = f.read(_HEAD_TO_MAP.size)
+            rolled = len(head) == _HEAD_TO_MAP.size and _HEAD_TO_MAP.unpack(head)[-1] != 0
             meta = read_entry_log_meta(path, log_id)
         except (OSError, CorruptRecordError) as exc:
             out.append(EntryLogInfo(log_id, str(path), 0, False, {}, 0, str(exc)))
@@ -236,11 +242,11 @@ def _check_location(lid: int, eid: int, loc: int, logs: dict[int, Path], fds: di
     data = os.pread(fd, n, off + 8)
     if len(data) < n:
         return "record runs past the end of the log"
-    if google_crc32c.value(data) != crc:
+    if crc32c(data) != crc:
         return "record checksum mismatch"
     if n < 16:
         return "record too short for entry ids"
-    got = _IDS.unpack_from(data, 0)
+    got = entry_ids(data)
     if got != (lid, eid):
         return f"record holds ledger {got[0]} entry {got[1]}"
     ok = verify(data) if verify is not None else None
@@ -271,7 +277,7 @@ def _scan_ledger(logs: dict[int, Path], ledger_id: int) -> Iterator[tuple[int, i
         while offset:
             records, offset = read_records(path, offset, 4 << 20)
             for rec_off, body in records:
-                lid, eid = _IDS.unpack_from(body, 0)
+                lid, eid = entry_ids(body)
                 if lid == ledger_id:
                     yield eid, base | rec_off
 
@@ -329,11 +335,7 @@ def rebuild_index(ledger_dirs: Sequence[Path], index_dirs: Sequence[Path], ledge
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    sync_dirs([path.parent])
     result.written = True
     return result
 
@@ -372,7 +374,7 @@ def convert_storage(index_dirs: Sequence[Path], to: str, *,
                 idx.master_key, idx.fenced, idx.term = src.master_key, src.fenced, src.term
                 idx.explicit_lac = src.explicit_lac
                 target.dirty(idx)
-                locs = struct.unpack(f">{len(body) // 8}q", body[: len(body) // 8 * 8])
+                locs = locations_struct(len(body) // 8).unpack_from(body)
                 for eid, loc in enumerate(locs):
                     if loc:
                         target.set_location(lid, eid, loc)
@@ -388,7 +390,7 @@ def convert_storage(index_dirs: Sequence[Path], to: str, *,
         for path in files.values():
             path.unlink()
             out.removed += 1
-        _sync_dirs_of(files.values())
+        sync_dirs(p.parent for p in files.values())
         return out
     if not (db_path / "data.mdb").exists():
         raise ValueError(f"{db_path}: no db index to convert")
@@ -415,17 +417,5 @@ def convert_storage(index_dirs: Sequence[Path], to: str, *,
     import shutil
     shutil.rmtree(db_path)
     out.removed = 1
-    _sync_dirs_of([db_path])
+    sync_dirs([db_path.parent])
     return out
-
-
-def _sync_dirs_of(paths: Iterable[Path]) -> None:
-    for d in sorted({p.parent for p in paths}):
-        try:
-            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

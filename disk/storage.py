@@ -1,14 +1,21 @@
-"""LedgerStorage: the bookie's storage engine (journal + entry logs + index + checkpoint).
+"""LedgerStorage: the bookie's storage (journal + a storage engine + checkpoint).
 
-Add path, as BookKeeper's: the entries go into the entry log buffer and the index cache
-first (so they are readable at once), then into the journal; the call returns after the
-journal group holding them is durable. Storage decides nothing: the bookie's rules (key binding,
+The journal, replay, the checkpoint's order and the ledgers' state records (master key,
+fence, term, explicit LAC, the LAC) live here; where entries are kept is the engine's
+(``entrystore.EntryStore``: ``interleaved.InterleavedStore`` or ``dbstorage.DbStore``,
+picked once by ``open_engine`` from ``ledger_storage_class``).
+
+Add path, as BookKeeper's: the entries go into the engine first (so they are readable at
+once), then into the journal; the call returns after the journal group holding them is
+durable. Every add enters the engine the same way, as a run of one ledger's entries
+(``_insert``; a single add is a run of one). Storage decides nothing: the bookie's rules (key binding,
 fencing, terms, truncation) live in ``appliance.core``, and what it accepted arrives here
 as plain facts (a key to bind, a term to adopt, a fence to set), journaled before the
 entries they guard.
 
-Checkpoint (every ``flush_interval_ms`` and at close): capture the journal's durable mark,
-flush and fsync the entry logs, flush and fsync the index, then write ``lastMark`` in
+Checkpoint (every ``flush_interval_ms``, sooner if the engine asks, and at close): capture
+the journal's durable mark, let the engine write and fsync its entry logs and then its
+index (``EntryStore.flush``), fsync the index files, then write ``lastMark`` in
 every ledger directory, then drop journal files older than the mark beyond the backups.
 Everything journaled before the mark was inserted into storage before it was journaled,
 so after the flush it is on disk twice over; the journal can go.
@@ -33,27 +40,26 @@ from typing import Any
 import trio
 
 from ledgerd.base.logs import fields
-from ledgerd.disk.compaction import EntryLogMeta, read_entry_log_meta
 from ledgerd.disk.cookie import Cookie, CookieCheck, check_cookies, stamp_cookies
 from ledgerd.disk.crashpoints import crash_point
-from ledgerd.disk.dbindex import DB_DIR, DbLedgerCache
-from ledgerd.disk.entrylog import EntryLogger
+from ledgerd.disk.dbstorage import DbStore
+from ledgerd.disk.entrylog import EntryLogger, EntryLogMeta, read_entry_log_meta
+from ledgerd.disk.entrystore import EntryStore
 from ledgerd.disk.errors import DiskFullError, EntryNotFoundError, LedgerNotFoundError, StorageError
-from ledgerd.disk.fdcache import FdCache
-from ledgerd.disk.index import LedgerCache, LedgerIndex
+from ledgerd.disk.fdcache import FdCache, sync_dirs
+from ledgerd.disk.index import LedgerIndex
+from ledgerd.disk.interleaved import InterleavedStore
 from ledgerd.disk.journal import Journal, JournalGroup, JournalOptions, JournalPosition
 from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
 from ledgerd.disk.journal_scan import journal_file_ids, scan_journal_file
 from ledgerd.disk.lastmark import read_last_mark, write_last_mark
 from ledgerd.disk.writecache import ReadAheadCache, WriteCache
+from ledgerd.wire.entry import entry_lac, max_entry_lac
 
-__all__ = ["DirUsage", "LedgerStorage", "StorageOptions"]
+__all__ = ["DirUsage", "LedgerStorage", "StorageOptions", "open_engine"]
 
 log = logging.getLogger(__name__)
-_LAC_AT = struct.Struct(">q")
-READ_AHEAD_MAX_BYTES = 1 << 20  # one read-ahead reads at most this span of an entry log
-LAST_READS_KEPT = 10_000  # ledgers whose last read entry is remembered (read-ahead)
-FLUSH_YIELD_BYTES = 1 << 20  # a write-cache flush lets requests run after this many bytes
+_INT64 = struct.Struct(">q")  # TERM and TRUNCATE journal bodies' value (journal_format.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +118,27 @@ def _fd_budget(open_file_limit: int) -> int:
     return budget
 
 
+def open_engine(options: StorageOptions, fds: FdCache) -> EntryStore:
+    """The storage engine ``ledger_storage_class`` names ("db", or the interleaved one),
+    over entry logs in the ledger directories and its index in the index directories.
+    The one place that asks which engine a bookie runs."""
+    entry_logger = EntryLogger(list(options.ledger_dirs),
+                               log_size_limit=options.log_size_limit,
+                               write_buffer_size=options.write_buffer_size,
+                               readers=fds,
+                               preallocate=options.preallocate_entry_logs,
+                               read_buffer_size=options.read_buffer_size,
+                               writeback_bytes=options.flush_entrylog_bytes)
+    index_dirs = list(options.index_dirs or options.ledger_dirs)
+    if options.ledger_storage_class == "db":
+        return DbStore(entry_logger, index_dirs,
+                       write_cache_max_bytes=options.write_cache_max_bytes,
+                       read_cache_max_bytes=options.read_cache_max_bytes,
+                       read_ahead_batch=options.read_ahead_batch)
+    return InterleavedStore(entry_logger, index_dirs, page_size=options.page_size,
+                            page_limit=options.page_limit, fds=fds)
+
+
 class LedgerStorage:
     def __init__(self, options: StorageOptions) -> None:
         self.options = options
@@ -119,38 +146,14 @@ class LedgerStorage:
         # Entry logs being read and index files share ``open_file_limit`` descriptors,
         # fewer if the process may not open that many (sockets and the journal need some).
         self.open_files = FdCache(_fd_budget(options.open_file_limit))
-        self.entry_logger = EntryLogger(list(options.ledger_dirs),
-                                        log_size_limit=options.log_size_limit,
-                                        write_buffer_size=options.write_buffer_size,
-                                        readers=self.open_files,
-                                        preallocate=options.preallocate_entry_logs,
-                                        read_buffer_size=options.read_buffer_size,
-                                        writeback_bytes=options.flush_entrylog_bytes)
-        index_dirs = list(options.index_dirs or options.ledger_dirs)
-        self.cache: LedgerCache | DbLedgerCache
-        self.db = options.ledger_storage_class == "db"
-        # db storage: entries wait in the write cache until a checkpoint writes them
-        # sorted; ``flushing`` is the half being written; reads that miss both and hit
-        # the entry log read ahead into ``read_cache``.
-        self.write_cache = WriteCache()
-        self.flushing: WriteCache | None = None
-        self._write_cache_half = max(1, options.write_cache_max_bytes // 2)
-        self.read_cache = ReadAheadCache(options.read_cache_max_bytes)
-        self._last_reads: dict[int, int] = {}  # ledger -> the last entry read from disk
-        self.write_cache_flushes = 0
-        self.write_cache_flushed_bytes = 0
-        self.write_through = 0  # adds that found the write cache full
-        self.deferred_applied = 0  # page-in passes for adds' deferred locations
-        self._deferred_done = trio.Event()  # set (and replaced) when none are left
-        self._flush_wanted: trio.Event | None = None
+        self.engine = open_engine(options, self.open_files)
+        # The engine's entry logs and ledger cache (the ledgers' state records), which
+        # the bookie, compaction and the tools read directly.
+        self.entry_logger = self.engine.entry_logger
+        self.cache = self.engine.cache
+        self._insert_run = self.engine.insert
         self.on_checkpoint: Callable[[float], None] | None = None  # its duration, for metrics
-        if self.db:
-            self.cache = DbLedgerCache(index_dirs)
-        else:
-            self.cache = LedgerCache(index_dirs, page_size=options.page_size,
-                                     page_limit=options.page_limit, fds=self.open_files)
         self._checkpoint_lock = trio.Lock()
-        self._index_writing: trio.Event | None = None  # a checkpoint's index write runs
         self.replayed_records = 0
         self.last_checkpoint: JournalPosition | None = None
         self.checkpoints = 0
@@ -203,9 +206,8 @@ class LedgerStorage:
     def _open_sync(self) -> None:
         for d in self.all_dirs():
             (d / "current").mkdir(parents=True, exist_ok=True)
-        self._check_storage_class()
-        self.cache.load_all()
-        self.entry_logger.open()
+        self.engine.check_dirs(list(self.options.index_dirs or self.options.ledger_dirs))
+        self.engine.load()
         mark = read_last_mark(list(self.options.ledger_dirs))
         jdir = self.options.journal_dir / "current"
         ids = journal_file_ids(jdir)
@@ -237,7 +239,7 @@ class LedgerStorage:
         t = rec.type
         if t is RecordType.ENTRY:
             idx = self.cache.get_or_create(rec.ledger_id)
-            self._insert(idx, rec.value, rec.payload)
+            self._insert(idx, rec.value, (rec.payload,))
         elif t is RecordType.MASTER_KEY:
             idx = self.cache.get_or_create(rec.ledger_id)
             if not idx.master_key:
@@ -258,122 +260,42 @@ class LedgerStorage:
         elif t is RecordType.TRUNCATE:
             self._truncate_after(rec.ledger_id, rec.value)
 
-    def _insert(self, idx: LedgerIndex, entry_id: int, entry: bytes) -> None:
-        # One entry: kept apart from ``_insert_many`` because routing single-entry adds
-        # through the batch path measured 10% slower (bench/bookie.py, 1 entry/frame).
-        if self.db and self._cache_entry(idx.ledger_id, entry_id, entry):
-            pass
-        else:
-            location = self.entry_logger.add(idx.ledger_id, entry)
-            self.cache.set_location(idx.ledger_id, entry_id, location)
-        if len(entry) >= 24:
-            (lac,) = _LAC_AT.unpack_from(entry, 16)
-            if lac > idx.lac:
-                idx.lac = lac
-
-    def _cache_entry(self, ledger_id: int, entry_id: int, entry: bytes) -> bool:
-        """db storage: hold the entry in the write cache (False: the cache is full, the
-        caller writes it through). Past half the cache, ask for an early checkpoint."""
-        wc = self.write_cache
-        if wc.size >= self._write_cache_half:
-            self.write_through += 1
-            wc.discard(ledger_id, entry_id)
-            return False
-        wc.put(ledger_id, entry_id, entry if type(entry) is bytes else bytes(entry))
-        self.cache.note_entry(ledger_id, entry_id)  # type: ignore[union-attr]
-        if wc.size >= self._write_cache_half // 2:
-            wanted = self._flush_wanted
-            if wanted is not None and not wanted.is_set():
-                wanted.set()
-        return True
-
-    def _insert_many(self, idx: LedgerIndex, first_entry_id: int,
-                     entries: Sequence[bytes], entry_ids: Sequence[int] | None = None) -> None:
-        """Several entries: consecutive from ``first_entry_id``, or with ``entry_ids``
-        (ascending, a SPARSE add's). The entry log takes them in one append either way;
-        the index takes each consecutive run at once."""
-        if self.db:
-            ids = entry_ids if entry_ids is not None else range(
-                first_entry_id, first_entry_id + len(entries))
-            for eid, entry in zip(ids, entries, strict=True):
-                self._insert(idx, eid, entry)
-            return
-        ledger_id = idx.ledger_id
-        locations = self.entry_logger.add_many(ledger_id, entries)
-        if entry_ids is None:
-            self.cache.set_locations(ledger_id, first_entry_id, locations)
-        else:
-            cache = self.cache
-            assert isinstance(cache, LedgerCache)  # (the db storage returned above)
-            cache.set_sparse_locations(ledger_id, entry_ids, locations)
-        unpack = _LAC_AT.unpack_from
-        lac = max(unpack(e, 16)[0] if len(e) >= 24 else -1 for e in entries)
+    def _insert(self, idx: LedgerIndex, first_entry_id: int, entries: Sequence[bytes],
+                entry_ids: Sequence[int] | None = None) -> None:
+        """Entries into the engine (replay's way; adds go through ``_store``, which
+        does the same and journals them): a run of one ledger's entries (consecutive
+        from ``first_entry_id``, or with ``entry_ids``); a single entry is a run of one.
+        The ledger's LAC rises to the highest one the entries carry."""
+        self._insert_run(idx, first_entry_id, entries, entry_ids)
+        lac = entry_lac(entries[0]) if len(entries) == 1 else max_entry_lac(entries)
         if lac > idx.lac:
             idx.lac = lac
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The storage services: the journal writer, the periodic checkpoint, and (the
-        interleaved storage) the reader of index pages adds found missing."""
+        """The storage services: the journal writer, the periodic checkpoint, and the
+        engine's own (the interleaved engine's reader of index pages adds found missing)."""
         async with trio.open_nursery() as nursery:
             self._run_scope = nursery.cancel_scope
             await nursery.start(self.journal.run)
             nursery.start_soon(self._checkpoint_loop)
-            if isinstance(self.cache, LedgerCache):
-                nursery.start_soon(self._page_in_loop, self.cache)
+            self.engine.start_services(nursery)
             task_status.started()
 
     async def deferred_applied_wait(self) -> None:
         """Return once no add's index location waits for its page (interleaved)."""
-        cache = self.cache
-        while isinstance(cache, LedgerCache) and cache.deferred and cache.defer_misses:
-            await self._deferred_done.wait()
-
-    async def _page_in_loop(self, cache: LedgerCache) -> None:
-        """Adds whose index page is not in memory leave the location aside
-        (``LedgerCache.deferred``); this task reads those pages in a worker thread and
-        writes the locations into them, so no add waits for an index read on the event
-        loop. A page written to its file meanwhile is read again on the loop."""
-        wanted = trio.Event()
-        cache.on_deferred = wanted.set
-        cache.defer_misses = True
-        try:
-            while True:
-                await wanted.wait()
-                wanted = trio.Event()
-                cache.on_deferred = wanted.set
-                while cache.deferred:
-                    work = cache.deferred_pages()
-                    seen = {lid: idx.file_writes for lid, (idx, _pages) in work.items()}
-
-                    def read_all(work: dict[int, tuple[LedgerIndex, list[int]]] = work
-                                 ) -> dict[int, dict[int, bytes]]:
-                        return {lid: cache.read_pages(idx.path, pages)
-                                for lid, (idx, pages) in work.items() if pages}
-
-                    pages = await trio.to_thread.run_sync(read_all)
-                    for lid, (idx, _pages) in work.items():
-                        if lid in pages:
-                            cache.install_pages(idx, pages[lid], seen[lid])
-                        cache.apply_deferred(lid)
-                    self.deferred_applied += 1
-                    await trio.sleep(0)
-                self._deferred_done.set()
-                self._deferred_done = trio.Event()
-        finally:
-            cache.defer_misses = False
-            cache.on_deferred = None
+        await self.engine.deferred_applied_wait()
 
     async def _checkpoint_loop(self) -> None:
-        """Checkpoint every ``flush_interval_ms``, or sooner when the db storage's write
-        cache is half full. A ledger directory out of space (ENOSPC/EDQUOT) does not end
-        this service: ``on_disk_full`` is told (the bookie goes read-only, naming the
+        """Checkpoint every ``flush_interval_ms``, or sooner when the engine asks (the db
+        engine's write cache past a quarter of its bound). A ledger directory out of
+        space (ENOSPC/EDQUOT) does not end this service: ``on_disk_full`` is told (the bookie goes read-only, naming the
         directory and the errno), the unwritten data stays in memory (and in the
         journal), and the next checkpoint tries again."""
         while True:
-            self._flush_wanted = trio.Event()
-            if self.write_cache.size < self._write_cache_half // 2:
+            wanted = self.engine.flush_wanted = trio.Event()
+            if not self.engine.is_flush_due():
                 with trio.move_on_after(self.options.flush_interval_ms / 1000.0):
-                    await self._flush_wanted.wait()
+                    await wanted.wait()
             try:
                 await self.checkpoint()
             except DiskFullError as exc:
@@ -387,51 +309,18 @@ class LedgerStorage:
     async def checkpoint(self, *, sync_index_dirs: bool = False) -> JournalPosition:
         """Flush entry logs and index, persist the mark, drop old journal files.
 
-        Entry-log buffers are handed over in the trio thread (adds keep mutating them);
-        index pages are copied there and written by a worker (``begin_write_out``), and
-        the syncs run in a worker.
+        The engine sets aside what it holds right after the mark is captured, then
+        writes and syncs its entry logs before its index (``EntryStore.flush``); the
+        index files' syncs and the mark run in a worker.
         ``sync_index_dirs`` also fsyncs the directories of index files unlinked since
         (GC does, before it deletes the entry logs those files pointed into).
         """
         async with self._checkpoint_lock:
             started = trio.current_time()
             mark = self.journal.durable
-            if self.db:
-                # Everything journaled before the mark is in this half (or written
-                # through): swap it out before anything else can run.
-                flushing = self.write_cache
-                self.write_cache = WriteCache()
-                if self.flushing is not None:  # a failed flush left entries: keep order
-                    for lid, d in flushing.ledgers.items():
-                        for eid, data in d.items():
-                            self.flushing.put(lid, eid, data)
-                else:
-                    self.flushing = flushing
+            self.engine.begin_checkpoint()
             try:
-                if self.db:
-                    await self._flush_write_cache()
-                logs = self.entry_logger.write_out()
-                await trio.to_thread.run_sync(self.entry_logger.sync, logs)
-                self.entry_logger.release(logs)
-                if isinstance(self.cache, DbLedgerCache):
-                    job = self.cache.begin_write_out()
-                    paths = [self.cache.path] if job else []
-                    try:
-                        await trio.to_thread.run_sync(job.run)
-                    finally:
-                        self.cache.end_write_out(job)
-                else:
-                    # Copied on the loop, written by a worker: with four ledgers at 60k
-                    # adds/s, writing the pages here held the loop 11-12 ms a checkpoint.
-                    index_job = self.cache.begin_write_out()
-                    self._index_writing = trio.Event()
-                    try:
-                        await trio.to_thread.run_sync(index_job.run)
-                    finally:
-                        self.cache.end_write_out(index_job)
-                        self._index_writing.set()
-                        self._index_writing = None
-                    paths = index_job.paths
+                paths = await self.engine.flush()
                 if self.compacting:
                     crash_point("compaction.index_flush")
                 await trio.to_thread.run_sync(self.cache.sync_paths, paths)
@@ -453,71 +342,16 @@ class LedgerStorage:
                 self.disk_full = None
             return mark
 
-    async def _flush_write_cache(self) -> None:
-        """Write the ``flushing`` half into the entry log sorted by (ledger, entry),
-        noting each location, then forget it. Requests run between 1 MiB chunks; an
-        entry a truncate or delete dropped meanwhile (or its ledger, re-created) is
-        skipped: each chunk takes only entries still held, by identity."""
-        flushing = self.flushing
-        if flushing is None:
-            return
-        if not flushing.count:
-            self.flushing = None
-            return
-        cache = self.cache
-        assert isinstance(cache, DbLedgerCache)
-        add_sorted = self.entry_logger.add_sorted
-        held = flushing.ledgers
-        items = [(lid, eid, data) for lid in sorted(held)
-                 for eid, data in sorted(held[lid].items())]
-        i, n = 0, len(items)
-        while i < n:
-            chunk: list[tuple[int, int, bytes]] = []
-            nbytes = 0
-            while i < n and nbytes < FLUSH_YIELD_BYTES:
-                item = items[i]
-                i += 1
-                d = held.get(item[0])
-                if d is not None and d.get(item[1]) is item[2]:
-                    chunk.append(item)
-                    nbytes += len(item[2])
-            if chunk:
-                locations = add_sorted(chunk)
-                # Written entries stay readable in ``flushing`` (the same bytes) until
-                # the end: dropping each one cost as much as writing it.
-                cache.pending.update(zip([(lid, eid) for lid, eid, _data in chunk],
-                                         locations, strict=True))
-                self.write_cache_flushed_bytes += nbytes
-            if i < n:
-                await trio.sleep(0)
-        self.flushing = None
-        self.write_cache_flushes += 1
-
     async def sync_unlinked_dirs(self) -> None:
         """fsync the directories of index files unlinked since the last call."""
         if self._unlinked_dirs:
             dirs, self._unlinked_dirs = self._unlinked_dirs, set()
-            await trio.to_thread.run_sync(_sync_dirs, sorted(dirs))
+            await trio.to_thread.run_sync(sync_dirs, dirs)
 
     def _persist_mark(self, mark: JournalPosition) -> None:
         write_last_mark(list(self.options.ledger_dirs), mark.file_id, mark.offset,
                         skip=self.failed_dirs)
         self.journal.remove_old(mark)
-
-    def _check_storage_class(self) -> None:
-        """Refuse to open one storage's data as the other's: the index would be missing
-        and every ledger look empty."""
-        dirs = list(self.options.index_dirs or self.options.ledger_dirs)
-        has_files = any(next((d / "current").glob("*/*/*.idx"), None) is not None
-                        for d in dirs)
-        has_db = any((d / "current" / DB_DIR / "data.mdb").exists() for d in dirs)
-        kind = self.options.ledger_storage_class
-        if (kind == "db" and has_files) or (kind != "db" and has_db):
-            found = "index files" if kind == "db" else "a db index (ledgers.lmdb)"
-            raise StorageError(
-                f"ledger_storage_class = {kind!r} but {dirs[0]} holds {found}: convert "
-                f"with 'ledgerd shell convertstorage --to {'db' if kind == 'db' else 'interleaved'}' "
-                "(bookie stopped), or set ledger_storage_class back")
 
     async def close(self) -> None:
         """Write what the journal holds, checkpoint, close files (shielded)."""
@@ -566,7 +400,7 @@ class LedgerStorage:
         if new_term > idx.term:
             idx.term = new_term
             self.cache.dirty(idx)
-            records.append((RecordType.TERM, ledger_body(ledger_id, _LAC_AT.pack(new_term))))
+            records.append((RecordType.TERM, ledger_body(ledger_id, _INT64.pack(new_term))))
         return idx, records
 
     async def add_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
@@ -597,25 +431,38 @@ class LedgerStorage:
         else:
             records = []
         idx.changes += 1
-        if entry_ids is not None:
-            if len(entries) == 1:
-                self._insert(idx, entry_ids[0], entries[0])
-            else:
-                self._insert_many(idx, entry_ids[0], entries, entry_ids)
-            for eid, entry in zip(entry_ids, entries, strict=True):
-                records.append((RecordType.ENTRY, entry_body(ledger_id, eid, entry)))
-            return self.journal.submit(records)
-        if len(entries) == 1:
-            self._insert(idx, first_entry_id, entries[0])
-        else:
-            self._insert_many(idx, first_entry_id, entries)
-        for i, entry in enumerate(entries):
-            records.append((RecordType.ENTRY, entry_body(ledger_id, first_entry_id + i, entry)))
-        if truncate and entries:
+        self._store(idx, first_entry_id, entries, records, entry_ids)
+        if truncate and entries and entry_ids is None:
             last = first_entry_id + len(entries) - 1
             self._truncate_after(ledger_id, last)
-            records.append((RecordType.TRUNCATE, ledger_body(ledger_id, _LAC_AT.pack(last))))
+            records.append((RecordType.TRUNCATE, ledger_body(ledger_id, _INT64.pack(last))))
         return self.journal.submit(records)
+
+    def _store(self, idx: LedgerIndex, first_entry_id: int, entries: Sequence[bytes],
+               records: list[tuple[int, bytes]],
+               entry_ids: Sequence[int] | None = None) -> None:
+        """``_insert`` a run of entries and add their ENTRY records to ``records``;
+        raises StorageError (nothing of the run journaled) if the engine cannot take
+        them. A run of one (most adds) takes the short way through."""
+        self._insert_run(idx, first_entry_id, entries, entry_ids)
+        lid, ENTRY = idx.ledger_id, RecordType.ENTRY
+        if len(entries) == 1:
+            entry = entries[0]
+            lac = entry_lac(entry)
+            records.append((ENTRY, entry_body(
+                lid, first_entry_id if entry_ids is None else entry_ids[0], entry)))
+        else:
+            lac = max_entry_lac(entries)
+            append = records.append
+            if entry_ids is None:
+                for entry in entries:
+                    append((ENTRY, entry_body(lid, first_entry_id, entry)))
+                    first_entry_id += 1
+            else:
+                for eid, entry in zip(entry_ids, entries, strict=True):
+                    append((ENTRY, entry_body(lid, eid, entry)))
+        if lac > idx.lac:
+            idx.lac = lac
 
     def submit_runs(self, runs: Sequence[tuple[LedgerIndex, int, Sequence[bytes]]]
                     ) -> tuple[JournalGroup | None, dict[int, StorageError]]:
@@ -626,23 +473,14 @@ class LedgerStorage:
         theirs is journaled). The hub's pass stores the one-entry adds of all its
         connections this way."""
         records: list[tuple[int, bytes]] = []
-        append = records.append
         failed: dict[int, StorageError] = {}
-        insert, insert_many, ENTRY = self._insert, self._insert_many, RecordType.ENTRY
+        store = self._store
         for i, (idx, first, entries) in enumerate(runs):
             idx.changes += 1
-            lid = idx.ledger_id
             try:
-                if len(entries) == 1:
-                    insert(idx, first, entries[0])
-                else:
-                    insert_many(idx, first, entries)
+                store(idx, first, entries, records)
             except StorageError as exc:
                 failed[i] = exc
-                continue
-            for entry in entries:
-                append((ENTRY, entry_body(lid, first, entry)))
-                first += 1
         return (self.journal.submit(records) if records else None), failed
 
     async def fence(self, ledger_id: int, *, bind_key: bytes = b"",
@@ -700,19 +538,10 @@ class LedgerStorage:
         """Drop every entry after ``last_kept_entry_id`` (unbounded ledgers' no-op end)."""
         self._truncate_after(ledger_id, last_kept_entry_id)
         await self.journal.append([(RecordType.TRUNCATE, ledger_body(
-            ledger_id, _LAC_AT.pack(last_kept_entry_id)))])
+            ledger_id, _INT64.pack(last_kept_entry_id)))])
 
     def _truncate_after(self, ledger_id: int, last_kept: int) -> None:
-        self.cache.truncate_after(ledger_id, last_kept)
-        if self.db:
-            self._drop_cached(ledger_id, last_kept + 1)
-
-    def _drop_cached(self, ledger_id: int, lo: int = 0, hi: int = (1 << 63) - 1) -> None:
-        """Forget the ledger's entries ``lo``..``hi`` in the db storage's caches."""
-        self.write_cache.drop(ledger_id, lo, hi)
-        if self.flushing is not None:
-            self.flushing.drop(ledger_id, lo, hi)
-        self.read_cache.drop(ledger_id, lo, hi)
+        self.engine.truncate_after(ledger_id, last_kept)
 
     async def force(self) -> JournalPosition:
         """A journal barrier: returns once everything journaled before it is durable."""
@@ -723,14 +552,11 @@ class LedgerStorage:
         """Forget a ledger (its index file goes now; entry log space at GC). With
         ``if_changes``, only if the ledger's change counter still has that value (and
         False, deleting nothing, otherwise)."""
-        while self._index_writing is not None:  # its pages may be in that write
-            await self._index_writing.wait()
+        await self.engine.wait_index_written()  # its pages may be in that write
         idx = self.cache.get(ledger_id)
         if if_changes is not None and (idx is None or idx.changes != if_changes):
             return False
-        path = self.cache.delete(ledger_id)
-        if self.db:
-            self._drop_cached(ledger_id)
+        path = self.engine.delete(ledger_id)
         if path is not None:
             # In this thread: a re-created ledger's first checkpoint must not race the
             # unlink of the old file (one syscall; GC yields between ledgers).
@@ -744,9 +570,7 @@ class LedgerStorage:
         fragments); returns how many. The index change is durable at the next
         checkpoint (GC takes one before deleting any log), and until then a restart
         only brings back entries the next GC pass drops again."""
-        if self.db:
-            self._drop_cached(ledger_id, 0, first_kept - 1)
-        return self.cache.trim_before(ledger_id, first_kept)
+        return self.engine.trim_before(ledger_id, first_kept)
 
     # -- garbage collection ------------------------------------------------------------
 
@@ -807,9 +631,9 @@ class LedgerStorage:
         """
         idx = self._require(ledger_id)
         if idx.lac < 0 and idx.last_entry_id >= 0:
-            entry = self._fetch(ledger_id, idx.last_entry_id, read_ahead=False)
-            if entry is not None and len(entry) >= 24:
-                idx.lac = max(idx.lac, _LAC_AT.unpack_from(entry, 16)[0])
+            entry = self.engine.fetch(ledger_id, idx.last_entry_id, read_ahead=False)
+            if entry is not None:
+                idx.lac = max(idx.lac, entry_lac(entry))
         return idx.lac
 
     def explicit_lac(self, ledger_id: int) -> bytes:
@@ -819,82 +643,24 @@ class LedgerStorage:
         """Entry bytes (EntryNotFoundError if not stored here, LedgerNotFoundError if the
         ledger is not)."""
         self._require(ledger_id)
-        data = self._fetch(ledger_id, entry_id)
+        data = self.engine.fetch(ledger_id, entry_id)
         if data is None:
             raise EntryNotFoundError(ledger_id, entry_id)
-        return data
-
-    def _fetch(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True) -> bytes | None:
-        """An entry's bytes or None. The db storage looks in its write cache (the half
-        filling, then the one being flushed), then the read-ahead cache, then the entry
-        log, reading the ledger's next stored entries ahead."""
-        if not self.db:
-            location = self.cache.location(ledger_id, entry_id)
-            return self.entry_logger.read(location) if location else None
-        idx = self.cache.ledgers.get(ledger_id)
-        if idx is None or entry_id < 0 or entry_id > idx.last_entry_id \
-                or entry_id < self.cache.trimmed.get(ledger_id, 0):
-            return None
-        data = self.write_cache.get(ledger_id, entry_id)
-        if data is None and self.flushing is not None:
-            data = self.flushing.get(ledger_id, entry_id)
-        if data is not None:
-            return data
-        data = self.read_cache.get(ledger_id, entry_id)
-        if data is not None:
-            if ledger_id in self._last_reads:
-                self._last_reads[ledger_id] = entry_id
-            return data
-        location = self.cache.location(ledger_id, entry_id)
-        if not location:
-            return None
-        data = self.entry_logger.read(location)
-        batch = self.options.read_ahead_batch
-        # Read ahead only for a reader going forward (this miss follows its last read
-        # of the ledger): a random read taking 100 entries with it cost 2x in reads/s.
-        last = self._last_reads
-        sequential = last.pop(ledger_id, -2) == entry_id - 1
-        last[ledger_id] = entry_id
-        if len(last) > LAST_READS_KEPT:
-            del last[next(iter(last))]
-        if read_ahead and batch > 0 and sequential:
-            cache = self.cache
-            assert isinstance(cache, DbLedgerCache)
-            following = cache.following(ledger_id, entry_id, batch)
-            if following:
-                put = self.read_cache.put
-                # At most half the cache: a read-ahead must not push out its own
-                # first entries before they are asked for.
-                span = min(READ_AHEAD_MAX_BYTES, self.read_cache.max_bytes // 2)
-                for eid, entry in self.entry_logger.read_ahead(location, following, span):
-                    put(ledger_id, eid, entry)
         return data
 
     def pages_missing(self, ledger_id: int, first_entry_id: int, count: int = 1,
                       stride: int = 1) -> bool:
         """True when reading these entries would read index pages from a file
         (interleaved storage): ``page_in`` reads them off the event loop first."""
-        if self.db:
-            return False
         last = first_entry_id + (max(1, count) - 1) * stride
-        return bool(self.cache.missing_pages(ledger_id, first_entry_id, last))  # type: ignore[union-attr]
+        return self.engine.pages_missing(ledger_id, first_entry_id, last)
 
     async def page_in(self, ledger_id: int, first_entry_id: int, count: int = 1,
                       stride: int = 1) -> None:
         """Read the index pages these entries need in a worker thread and cache them
-        (interleaved storage; a no-op for db). A page a checkpoint or eviction wrote
-        meanwhile is left to the synchronous path."""
-        cache = self.cache
-        if self.db or not isinstance(cache, LedgerCache):
-            return
+        (interleaved storage; a no-op for db)."""
         last = first_entry_id + (max(1, count) - 1) * stride
-        pages = cache.missing_pages(ledger_id, first_entry_id, last)
-        idx = cache.ledgers.get(ledger_id)
-        if not pages or idx is None:
-            return
-        seen = idx.file_writes
-        data = await trio.to_thread.run_sync(cache.read_pages, idx.path, pages)
-        cache.install_pages(idx, data, seen)
+        await self.engine.page_in(ledger_id, first_entry_id, last)
 
     def read_range(self, ledger_id: int, first_entry_id: int, max_count: int,
                    max_bytes: int, per_entry: int = 0, *, stride: int = 1) -> list[bytes]:
@@ -917,6 +683,43 @@ class LedgerStorage:
             self._require(ledger_id)
             raise EntryNotFoundError(ledger_id, first_entry_id)
         return out
+
+    # -- the db engine's caches, as appliance/bookie.py's metrics read them ----------
+    #
+    # To go once the bookie reads ``storage.engine`` (a ``DbStore``) itself.
+
+    @property
+    def db(self) -> bool:
+        return isinstance(self.engine, DbStore)
+
+    def _db(self) -> DbStore:
+        engine = self.engine
+        assert isinstance(engine, DbStore), "the db engine's counters, asked of another"
+        return engine
+
+    @property
+    def write_cache(self) -> WriteCache:
+        return self._db().write_cache
+
+    @property
+    def flushing(self) -> WriteCache | None:
+        return self._db().flushing
+
+    @property
+    def read_cache(self) -> ReadAheadCache:
+        return self._db().read_cache
+
+    @property
+    def write_cache_flushes(self) -> int:
+        return self._db().write_cache_flushes
+
+    @property
+    def write_cache_flushed_bytes(self) -> int:
+        return self._db().write_cache_flushed_bytes
+
+    @property
+    def write_through(self) -> int:
+        return self._db().write_through
 
     # -- disks -------------------------------------------------------------------------
 
@@ -952,19 +755,6 @@ class LedgerStorage:
     def set_failed_dirs(self, failed: set[Path]) -> None:
         """Directories out of service: checkpoints stop writing the mark there."""
         self.failed_dirs = frozenset(Path(d) for d in failed)
-
-
-def _sync_dirs(dirs: list[Path]) -> None:
-    """fsync directories (so unlinks in them are durable); vanished ones are skipped."""
-    for d in dirs:
-        try:
-            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _probe(d: Path) -> str:

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "ledgerd.base": set(),
     "wire": {"ledgerd.base"},
     "native": set(),
-    "disk": {"native", "ledgerd.base"},
+    "disk": {"native", "ledgerd.base", "wire"},
     "metadata": {"ledgerd.base"},
     "ledgerd": {"wire", "metadata", "ledgerd.base"},
     "appliance": {"wire", "native", "disk", "metadata", "ledgerd", "ledgerd.base"},
@@ -117,3 +117,28 @@ def test_pure_module_imports_without_trio_or_kazoo(module: str) -> None:
 def test_ab_imports_the_standard_library_only() -> None:
     targets = {t.split(".")[0] for _, t in imports_of(ROOT / "bench" / "ab.py")}
     assert targets and targets <= set(sys.stdlib_module_names) | {"__future__"}, targets
+
+
+# -- storage engines (issue #46) --------------------------------------------------------
+# disk/ reads the wire's entry header through ``wire.entry`` only (one id/LAC parser,
+# derived from ``wire.layouts.ENTRY_HEADER``); the engines sit below ``disk.storage``:
+# storage picks one in its factory, and no engine (nor compaction) imports storage.
+DISK_MAY_IMPORT_FROM_WIRE = {"ledgerd.wire.entry", "ledgerd.wire.layouts"}
+BELOW_STORAGE = ["entrystore", "interleaved", "dbstorage", "compaction", "entrylog", "index",
+                 "dbindex", "writecache", "layouts", "lastmark", "maintenance"]
+
+
+def test_disk_reads_only_the_entry_header_from_wire() -> None:
+    found = [f"{path.relative_to(ROOT)}:{line}: {target}"
+             for path in sorted((ROOT / "disk").rglob("*.py"))
+             for line, target in imports_of(path)
+             if unit_of(target) == "wire" and target not in DISK_MAY_IMPORT_FROM_WIRE]
+    assert found == []
+
+
+@pytest.mark.parametrize("module", BELOW_STORAGE)
+def test_storage_engines_sit_below_storage(module: str) -> None:
+    path = ROOT / "disk" / f"{module}.py"
+    assert path.exists(), path
+    upward = [(line, t) for line, t in imports_of(path) if t == "ledgerd.disk.storage"]
+    assert upward == []

@@ -22,7 +22,6 @@ import functools
 import logging
 import os
 import signal
-import struct
 import sys
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from ledgerd.machines.checker import stored_runs as bookie_runs
 from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.metadata.underreplication import UnderreplicationManager
 from ledgerd.tools.output import Progress, emit, table
+from ledgerd.wire.entry import entry_ids
 from ledgerd.wire.messages import ReadRangeRequest, ReadRangeResponse
 from ledgerd.wire.status import Status
 
@@ -50,7 +50,6 @@ __all__ = ["AUDIT_SCHEMA", "AuditReport", "AuditTask", "audit_cmd", "bookie_runs
 
 AUDIT_SCHEMA = ("ledger_id long, first_entry long, last_entry long, bookie string, "
                 "missing long, reason string")
-_IDS = struct.Struct(">qq")
 MAX_IN_FLIGHT = 32
 READ_BYTES = 4 << 20
 
@@ -127,7 +126,7 @@ async def check_task(client: Client, task: AuditTask) -> list[Row]:
                     e += 1
                 else:
                     for data in resp.entries[: b - e + 1]:
-                        if len(data) < _IDS.size or _IDS.unpack_from(data) != (lid, e):
+                        if len(data) < 16 or entry_ids(data) != (lid, e):
                             missing[e] = "wrong entry"
                         e += 1
 

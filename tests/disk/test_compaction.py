@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from ledgerd.disk.compaction import CompactionLimits, compact_entry_logs, read_entry_log_meta
+from ledgerd.disk.compaction import CompactionLimits, compact_entry_logs
+from ledgerd.disk.entrylog import read_entry_log_meta
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.entry import Digester, DigestType, decode_entry, encode_entry
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ledgerd.disk import storage as storage_mod
+from ledgerd.disk import dbstorage as storage_mod
 from ledgerd.disk.dbindex import HEAD_BYTES, DbLedgerCache
 from ledgerd.disk.entrylog import ENTRY_LOG_HEADER_SIZE
 from ledgerd.disk.errors import EntryNotFoundError
@@ -123,7 +123,7 @@ async def test_truncate_delete_and_recreate_between_flush_chunks(
                 fired.append(1)
                 s._truncate_after(2, 9)
                 s.cache.delete(3)
-                s._drop_cached(3)
+                s.engine.drop_cached(3)
                 s.submit_entries(3, 0, [_entry(3, 100)], bind_key=KEY)
             return out
 

@@ -111,7 +111,7 @@ async def test_adds_whose_page_is_not_in_memory_do_not_read_it_on_the_loop(
             await g.wait()
         with trio.fail_after(10):
             await s.deferred_applied_wait()
-        assert not cache.deferred and s.deferred_applied >= 1
+        assert not cache.deferred and s.engine.deferred_applied >= 1
         assert cache.paged_in >= 38
         # Deferred again, then a checkpoint writes them into their pages first.
         await s.checkpoint()
