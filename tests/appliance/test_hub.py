@@ -114,7 +114,7 @@ async def test_a_peer_that_does_not_read_is_paused_at_its_reply_bytes(tmp_path: 
             assert b.hub is not None
             (c,) = b.hub._conns.values()
             assert c.paused
-            assert c.queued_bytes + len(c.wbuf) < cap + 61_000
+            assert c.session.queued_bytes + len(c.wbuf) < cap + 61_000
             got = await read_replies(s, n)
         assert [cid for cid, _ in got] == list(range(1, n + 1))
         assert {status for _, status in got} == {Status.OK}
