@@ -73,7 +73,7 @@ from ledgerd.appliance.session import (
 )
 from ledgerd.base.logs import fields
 from ledgerd.disk.journal import JournalGroup
-from ledgerd.native import SendAfterSync
+from ledgerd.native import SendAfterSync, resume_sends
 from ledgerd.wire.connection import AddRun
 from ledgerd.wire.frames import DecodedRequest, encode_add_response
 
@@ -208,11 +208,8 @@ class ConnectionHub:
         journal = self.handler.storage.journal
         while True:
             await trio.lowlevel.wait_readable(efd)
-            journal.hold()  # this pass's adds: one journal group, started at its end
-            try:
+            with journal.batch():  # this pass's adds: one journal group, started at its end
                 self._pass(epoll, conns, wake_fd)
-            finally:
-                journal.release()
 
     def _pass(self, epoll: select.epoll, conns: dict[int, _Connection], wake_fd: int) -> None:
         """Serve every connection the hub's epoll set reports ready, once."""
@@ -408,7 +405,8 @@ class ConnectionHub:
 
     def _attach(self, c: _Connection) -> None:
         """Hand the replies to the unattached items that are OK adds of the journal's
-        next group to that group's syncer (``Journal.send_after_sync``)."""
+        next group to that group's syncer: an after-sync action that sends them to the
+        connection's socket (``Journal.after_sync``)."""
         if c.wbuf or c.sends_stopped:
             return  # bytes are waiting here: the syncer's would overtake them
         items = c.session.items
@@ -424,9 +422,10 @@ class ConnectionHub:
         if ahead and ahead[-1].group is group:
             last = ahead[-1]
         else:
-            send = journal.send_after_sync(c.fd, bytearray())
-            if send is None:
+            if not SendAfterSync.fits(c.fd):
                 return  # not this descriptor: the usual path sends them
+            send = SendAfterSync(c.fd, bytearray())
+            journal.after_sync(send)
             last = _Ahead(group, send, 0)
             ahead.append(last)
         # Still unanswered (``max_inflight`` counts them) until their group is collected.
@@ -519,7 +518,7 @@ class ConnectionHub:
 
     def _resume_sends(self, c: _Connection) -> None:
         c.sends_stopped = False
-        self.handler.storage.journal.resume_sends(c.fd)
+        resume_sends(c.fd)
 
     def _send(self, c: _Connection, data: bytes | memoryview) -> None:
         """Send ``data`` after whatever is buffered; keep what the socket does not take."""

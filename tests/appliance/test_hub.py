@@ -178,14 +178,13 @@ async def test_garbage_on_one_socket_leaves_the_others_served(tmp_path: Path) ->
 def spy_sends(journal: Any) -> list[Any]:
     """Record every ``SendAfterSync`` the hub hands the journal."""
     made: list[Any] = []
-    real = journal.send_after_sync
+    real = journal.after_sync
 
-    def send_after_sync(fd: int, data: bytearray) -> Any:
-        item = real(fd, data)
-        made.append(item)
-        return item
+    def after_sync(action: Any) -> Any:
+        made.append(action)
+        return real(action)
 
-    journal.send_after_sync = send_after_sync
+    journal.after_sync = after_sync
     return made
 
 
