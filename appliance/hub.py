@@ -81,8 +81,8 @@ __all__ = ["ConnectionHub"]
 
 log = logging.getLogger(__name__)
 # The hub reads every socket into one buffer of this size (``recv_into``): a fresh
-# 256 KiB bytes object per ``recv`` cost ~25 us even with a few KB waiting (an mmap and
-# its page faults; ``base.tls.RECEIVE_BYTES``), and the frames are copied out anyway.
+# 256 KiB bytes object per ``recv`` costs an mmap and its page faults even with a few KB
+# waiting (``base.tls.RECEIVE_BYTES``), and the frames are copied out anyway.
 _RECEIVE = 256 * 1024
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
