@@ -74,6 +74,8 @@ _ADD: Final = int(ApiKey.ADD)
 
 @dataclass(frozen=True, slots=True)
 class ConnectionOptions:
+    """Per-connection limits (``BookieConfig``'s ``max_*_per_connection`` settings)."""
+
     max_frame_bytes: int = 8 << 20
     max_inflight: int = 1024
     max_reply_bytes: int = 16 << 20   # replies built and not yet sent, per connection
@@ -114,7 +116,7 @@ class Close:
     reason: str
 
 
-Event = AddRun | DecodedRequest | Close | _Pause | _Store | _NeedData
+SessionEvent = AddRun | DecodedRequest | Close | _Pause | _Store | _NeedData
 
 
 def runs_of(requests: list[tuple[int, AddRequest]]) -> list[AddRun]:
@@ -219,7 +221,7 @@ class BookieSession:
         return (len(conn.inflight) + unsent_replies >= conn.max_inflight
                 or self.queued_bytes + unsent_bytes >= self.max_reply_bytes)
 
-    def next_event(self, unsent_replies: int = 0, unsent_bytes: int = 0) -> Event:
+    def next_event(self, unsent_replies: int = 0, unsent_bytes: int = 0) -> SessionEvent:
         """The next thing to do (see the class docstring)."""
         if self.is_full(unsent_replies, unsent_bytes):
             if self._pending is not None:
