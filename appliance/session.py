@@ -74,7 +74,7 @@ _ADD: Final = int(ApiKey.ADD)
 
 @dataclass(frozen=True, slots=True)
 class ConnectionOptions:
-    """Per-connection limits (``BookieConfig``'s ``max_*_per_connection`` settings)."""
+    """Per-connection limits (the bookie sets them from its ``BookieConfig``)."""
 
     max_frame_bytes: int = 8 << 20
     max_inflight: int = 1024
