@@ -43,7 +43,8 @@ from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.appliance.scrubber import Scrubber, register_scrub_metrics
 from ledgerd.appliance.sdnotify import notify, watchdog_service
 from ledgerd.appliance.security import ConnectionSecurity
-from ledgerd.appliance.server import ConnectionOptions, is_loopback, serve_connection
+from ledgerd.appliance.server import is_loopback, serve_connection
+from ledgerd.appliance.session import ConnectionOptions
 from ledgerd.appliance.supervisor import Supervisor
 from ledgerd.base.logs import fields
 from ledgerd.disk.cookie import Cookie

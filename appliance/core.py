@@ -3,7 +3,7 @@
 Every rule a bookie applies to a request lives here, and nowhere else; storage stores
 what the core accepted, the trio handlers carry requests to it and decisions to storage,
 and the simulator's bookies (``tests/sim``) run this same core. The rules, as
-BookKeeper's bookie applies them (``../shared/reference/bookkeeper-facts.md`` §1):
+BookKeeper's bookie applies them:
 
 - **Master key.** The first add (or fencing read) of a ledger binds its master key; a
   request with a different key answers UNAUTHORIZED. A fence with no key is refused.
@@ -14,7 +14,7 @@ BookKeeper's bookie applies them (``../shared/reference/bookkeeper-facts.md`` §
   whether or not the bookie holds a key for the ledger yet.
 - **Fencing.** A plain add to a fenced ledger answers FENCED; RECOVERY_ADD bypasses the
   fence (the recovering client rewrites what it found).
-- **Terms** (unbounded ledgers, seed 002). Term 0 means the request does not use terms.
+- **Terms** (unbounded ledgers). Term 0 means the request does not use terms.
   A term below the ledger's answers INVALID_TERM; a higher one is adopted, journaled
   before anything the request stores. Once a ledger has a term, every add, recovery
   add, WriteLac and fencing read must carry one (term 0 answers INVALID_TERM: a

@@ -4,11 +4,12 @@ Every rule lives in ``appliance.core`` (key binding, fencing, terms, truncate, r
 header checks, LAC and long-poll rules); this module asks the core, performs what it
 decided on ``LedgerStorage``, and shapes the reply.
 
-Adds take the fast path: ``add`` runs synchronously in the connection's task, stores the
-frame's entries (readable at once), queues their journal records, and returns the
-journal group the reply must wait for. Plain reads that can be answered now take
-``read_now``. Everything that waits (fencing and term reads, long polls, WriteLac,
-ForceLedger, admin) goes through ``handle`` in a task of its own.
+Adds have one path into storage: ``store(runs)``, synchronous in the transport's task,
+decides each run of Add frames through the core, stores the accepted entries (readable
+at once), queues their journal records, and returns per frame the journal group its
+reply must wait for. Plain reads that can be answered now take ``read_now``. Everything
+that waits (fencing and term reads, long polls, WriteLac, ForceLedger, admin) goes
+through ``handle`` in a task of its own.
 """
 
 from __future__ import annotations
@@ -31,10 +32,7 @@ from ledgerd.disk.index import LedgerIndex
 from ledgerd.disk.journal import JournalGroup
 from ledgerd.disk.storage import LedgerStorage
 from ledgerd.wire.connection import AddRun, api_versions_response
-from ledgerd.wire.frames import add_request
 from ledgerd.wire.messages import (
-    AddFlags,
-    AddRequest,
     AdminKind,
     AdminStatusRequest,
     AdminStatusResponse,
@@ -66,7 +64,8 @@ __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_e
 log = logging.getLogger(__name__)
 
 Reply = tuple[int, Message | None]
-UNMERGED_ADD_FLAGS = int(AddFlags.SPARSE | AddFlags.TRUNCATE)  # add_batch keeps these whole
+# An add's outcome: its status and, on OK, the journal group its reply waits for.
+Outcome = tuple[int, JournalGroup | None]
 
 
 @dataclass
@@ -160,161 +159,120 @@ class RequestHandler:
             ApiKey.API_VERSIONS: self._api_versions,
         }
 
-    # -- adds (fast path) --------------------------------------------------------------
+    # -- adds (the one path into storage) ----------------------------------------------
 
-    def add(self, req: AddRequest) -> tuple[int, JournalGroup | None]:
-        """Store an Add's entries now; reply once the returned group is durable.
+    def store(self, runs: Sequence[AddRun]) -> list[list[Outcome]]:
+        """Store the adds of ``runs``, in order; one outcome per frame of each run: its
+        status and, on OK, the journal group its reply waits for.
 
-        On OK the reply is an AddResponse echoing the request's ledger, first entry and
-        count (the server encodes it straight from the request).
+        Each run is decided once by the core, on the state the runs before it left.
+        Runs accepted as they are (a ledger held here, its key, not fenced, its term)
+        are stored together with one journal submission (``LedgerStorage.submit_runs``);
+        a run that binds a key, adopts a term, truncates or is sparse is stored alone,
+        after those before it. A refused run of several frames is decided again frame
+        by frame (each frame once), so one bad frame fails alone and nothing of a
+        refused frame is stored. The journal's memory cap answers TOO_MANY_REQUESTS.
         """
-        state = self.state
-        storage = self.storage
-        lid = req.ledger_id
-        decision = self.core.on_add(req, storage.cache.ledgers.get(lid), state.read_only,
-                                    state.storage_failed)
-        if type(decision) is not Accept:
-            return decision, None  # type: ignore[return-value]
-        entries = req.entries
-        n = len(entries)
-        nbytes = len(entries[0]) if n == 1 else sum(map(len, entries))
-        if not storage.journal.has_capacity(nbytes + 64 * n):
-            return Status.TOO_MANY_REQUESTS, None
-        try:
-            group = storage.submit_entries(lid, req.first_entry_id, entries,
-                                           decision.bind_key, decision.new_term,
-                                           decision.truncate, decision.entry_ids)
-        except StorageError as exc:
-            return status_for_storage_error(exc), None
-        self.metrics.entries_added += n
-        self.metrics.entry_bytes_added += nbytes
-        if self._lac_waiters:
-            waiter = self._lac_waiters.pop(lid, None)
-            if waiter is not None:
-                waiter.set()
-        return Status.OK, group
-
-    def add_batch(self, reqs: list[AddRequest]) -> list[tuple[int, JournalGroup | None]]:
-        """``add`` for the adds of one connection read together, in order: each run of
-        them that continues one ledger (consecutive ids, the same flags, key and term)
-        is stored as one add, so its entries take the batched storage path (one index
-        and entry-log call) instead of one call per frame. Each request gets its own
-        answer: when a merged run is refused, its requests are decided one by one
-        (nothing of a refused add is stored)."""
-        out: list[tuple[int, JournalGroup | None]] = []
-        add = self.add
-        i = 0
-        n = len(reqs)
-        while i < n:
-            first = reqs[i]
-            nxt = first.first_entry_id + len(first.entries)
-            j = i + 1
-            if not first.flags & UNMERGED_ADD_FLAGS:
-                while j < n:
-                    r = reqs[j]
-                    if (r.first_entry_id != nxt or r.ledger_id != first.ledger_id
-                            or r.flags != first.flags or r.term != first.term
-                            or r.master_key != first.master_key):
-                        break
-                    nxt += len(r.entries)
-                    j += 1
-            if j - i == 1:
-                out.append(add(first))
-            else:
-                merged = AddRequest(ledger_id=first.ledger_id,
-                                    first_entry_id=first.first_entry_id, flags=first.flags,
-                                    master_key=first.master_key, term=first.term,
-                                    entries=tuple(e for r in reqs[i:j] for e in r.entries))
-                status, group = add(merged)
-                if status == Status.OK:
-                    out += [(status, group)] * (j - i)
-                else:
-                    out += [add(r) for r in reqs[i:j]]
-            i = j
-        return out
-
-    def add_run(self, run: AddRun) -> list[tuple[int, JournalGroup | None]]:
-        """``add_batch`` for a run of one-entry Adds cut straight from a connection's
-        buffer (``ServerConnection.take_add_run``: one ledger, consecutive ids, the
-        same flags, key and term): stored as one add; if that is refused, each frame is
-        decided on its own, as ``add_batch`` does."""
-        entries = run.entries
-        n = len(entries)
-        # The run's key is MASTER_KEY_SIZE bytes (cut by the frame's layout).
-        status, group = self.add(add_request(run.ledger_id, run.first_entry_id, run.flags,
-                                             run.master_key, run.term, tuple(entries)))
-        if status == Status.OK:
-            return [(status, group)] * n
-        if n == 1:
-            return [(status, group)]
-        first = run.first_entry_id
-        return [self.add(add_request(run.ledger_id, first + i, run.flags, run.master_key,
-                                     run.term, (entry,)))
-                for i, entry in enumerate(entries)]
-
-    def add_runs(self, runs: Sequence[AddRun]) -> list[list[tuple[int, JournalGroup | None]]]:
-        """``add_run`` for the runs of one hub pass (of many connections), in order; one
-        answer per frame of each. Runs the core accepts as they are (a ledger held here,
-        its key, not fenced, its term) are stored together with one journal submission
-        (``LedgerStorage.submit_runs``); any other run first stores those before it,
-        then takes ``add_run``, so every run is decided on the state the runs before it
-        left. At 64 connections with one add each in flight, each run through ``add_run``
-        cost the event loop ~25 us (bench/RESULTS.md, eleventh pass)."""
-        out: list[list[tuple[int, JournalGroup | None]] | None] = []
+        out: list[list[Outcome] | None] = [None] * len(runs)
         storage = self.storage
         ledgers = storage.cache.ledgers
         on_add = self.core.on_add
         state = self.state
         has_capacity = storage.journal.has_capacity
         batch: list[tuple[LedgerIndex, int, Sequence[bytes]]] = []
-        at: list[int] = []  # each batched run's place in ``out``
+        at: list[tuple[int, AddRun]] = []  # each batched run's place in ``out``
         waiting = 0  # journal bytes the batch will add
-        for run in runs:
+        # (run, its place in ``out``, whether it is one frame of a refused run); a
+        # refused run's frames take its place here, and ``parts`` gathers their outcomes.
+        work = [(run, k, False) for k, run in enumerate(runs)]
+        work.reverse()
+        parts: dict[int, list[Outcome]] = {}
+        while work:
+            run, k, is_part = work.pop()
+            entries = run.entries
+            n = len(entries)
+            size = (len(entries[0]) if n == 1 else sum(map(len, entries))) + 64 * n
             idx = ledgers.get(run.ledger_id)
-            if idx is not None:
-                entries = run.entries
-                n = len(entries)
-                size = (len(entries[0]) if n == 1 else sum(map(len, entries))) + 64 * n
-                if (on_add(run, idx, state.read_only, state.storage_failed) is ACCEPT
-                        and has_capacity(waiting + size)):
+            decision = on_add(run, idx, state.read_only, state.storage_failed)
+            if decision is ACCEPT:
+                if has_capacity(waiting + size):
+                    assert idx is not None  # ACCEPT: a ledger held here
                     waiting += size
                     batch.append((idx, run.first_entry_id, entries))
-                    at.append(len(out))
-                    out.append(None)
+                    at.append((k, run))
                     continue
-            if batch:
-                self._store_runs(runs, batch, at, out)
+                status: int = Status.TOO_MANY_REQUESTS
+            elif type(decision) is Accept:
+                status = Status.TOO_MANY_REQUESTS
+            else:
+                status = decision  # type: ignore[assignment]
+            if batch:  # stored before anything decided apart
+                self._store_runs(batch, at, out, parts)
                 batch, at, waiting = [], [], 0
-            out.append(self.add_run(run))
+            if type(decision) is Accept and decision is not ACCEPT and has_capacity(size):
+                self._finish(k, run, self._store_with_state(run, decision), out, parts)
+            elif is_part or len(run.correlation_ids) == 1:
+                self._finish(k, run, (status, None), out, parts)
+            else:
+                # Refused as a whole: each frame is decided on its own, in order.
+                parts[k] = []
+                work += [(frame, k, True) for frame in reversed(run.frames())]
         if batch:
-            self._store_runs(runs, batch, at, out)
+            self._store_runs(batch, at, out, parts)
         return out  # type: ignore[return-value]
 
-    def _store_runs(self, runs: Sequence[AddRun],
-                    batch: list[tuple[LedgerIndex, int, Sequence[bytes]]], at: list[int],
-                    out: list[list[tuple[int, JournalGroup | None]] | None]) -> None:
+    @staticmethod
+    def _finish(k: int, run: AddRun, outcome: Outcome, out: list[list[Outcome] | None],
+                parts: dict[int, list[Outcome]]) -> None:
+        """Record ``run``'s outcome (one per frame) at ``out[k]``; a frame of a refused
+        run adds to that run's outcomes instead."""
+        whole = parts.get(k)
+        if whole is None:
+            out[k] = [outcome] * len(run.correlation_ids)
+        else:
+            whole.append(outcome)
+            out[k] = whole
+
+    def _store_with_state(self, run: AddRun, decision: Accept) -> Outcome:
+        """Store a run whose decision changes the ledger's state (binds its key,
+        adopts a term, truncates after it, or places sparse entries)."""
+        entries = run.entries
+        try:
+            group = self.storage.submit_entries(run.ledger_id, run.first_entry_id, entries,
+                                                decision.bind_key, decision.new_term,
+                                                decision.truncate, decision.entry_ids)
+        except StorageError as exc:
+            return status_for_storage_error(exc), None
+        self._added(run.ledger_id, entries)
+        return Status.OK, group
+
+    def _added(self, ledger_id: int, entries: Sequence[bytes]) -> None:
+        self.metrics.entries_added += len(entries)
+        self.metrics.entry_bytes_added += (len(entries[0]) if len(entries) == 1
+                                           else sum(map(len, entries)))
+        waiters = self._lac_waiters
+        if waiters:
+            waiter = waiters.pop(ledger_id, None)
+            if waiter is not None:
+                waiter.set()
+
+    def _store_runs(self, batch: list[tuple[LedgerIndex, int, Sequence[bytes]]],
+                    at: list[tuple[int, AddRun]], out: list[list[Outcome] | None],
+                    parts: dict[int, list[Outcome]]) -> None:
         try:
             group, failed = self.storage.submit_runs(batch)
         except StorageError as exc:  # the journal refused them all (failed or closed)
             status = status_for_storage_error(exc)
-            for k in at:
-                out[k] = [(status, None)] * len(runs[k].entries)
+            for k, run in at:
+                self._finish(k, run, (status, None), out, parts)
             return
-        metrics = self.metrics
-        waiters = self._lac_waiters
-        for i, k in enumerate(at):
-            entries = runs[k].entries
+        for i, (k, run) in enumerate(at):
             error = failed.get(i) if failed else None
             if error is not None:
-                out[k] = [(status_for_storage_error(error), None)] * len(entries)
+                self._finish(k, run, (status_for_storage_error(error), None), out, parts)
                 continue
-            out[k] = [(Status.OK, group)] * len(entries)
-            metrics.entries_added += len(entries)
-            metrics.entry_bytes_added += sum(map(len, entries))
-            if waiters:
-                waiter = waiters.pop(batch[i][0].ledger_id, None)
-                if waiter is not None:
-                    waiter.set()
+            self._finish(k, run, (Status.OK, group), out, parts)
+            self._added(run.ledger_id, run.entries)
 
     # -- reads that can be answered now ------------------------------------------------
 
@@ -378,7 +336,7 @@ class RequestHandler:
     # -- everything else ---------------------------------------------------------------
 
     async def handle(self, req: Message, *, trusted: bool = True) -> Reply:
-        """Answer any request but an Add (the server stores adds through ``add``);
+        """Answer any request but an Add (adds go through ``store``);
         ``trusted`` says the peer may make admin calls unasked. If cancelled, a fence or
         term this request set may be durable or not (both are idempotent)."""
         handler = self._slow.get(req.API_KEY)
@@ -525,9 +483,3 @@ class RequestHandler:
         assert self.admin is not None
         body = json.dumps(self.admin.status(), sort_keys=True).encode()
         return Status.OK, AdminStatusResponse(status_json=body)
-
-    def wake_long_polls(self) -> None:
-        """Wake every long poll (shutdown; they re-check and answer)."""
-        for event in self._lac_waiters.values():
-            event.set()
-        self._lac_waiters.clear()

@@ -1,32 +1,33 @@
 """The connection hub: every plain TCP connection of a bookie served from one task.
 
 With a task pair per connection (``appliance.server``), each request costs a reader
-wake-up, a writer wake-up, an epoll re-registration and a checkpoint per socket call:
-profiled under 64 connections with one add each in flight, trio's scheduling was more
-than half of the event loop's time and the bookie did ~8k adds/s at 100% of a core. The
-hub keeps the connections' sockets in an epoll set of its own and waits, as one trio
-task, for that set's descriptor to become readable. One wake-up then serves every
-connection that has data: each socket is read once (``recv`` without a retry on
-EAGAIN), its frames are decoded and handled as by the per-connection reader, and the
-adds of all of them join one journal group. What writers mostly send, consecutive
-one-entry adds of one ledger, is cut from the connection's buffer as a run
-(``ServerConnection.take_add_run``: one unpack per frame, no request objects) and stored
-as one add: the 4 x 200 closed loop went from ~80k to ~120k adds/s. The runs of all the
-connections a pass reads wait for its end and are stored together
-(``RequestHandler.add_runs``: one storage call and one journal submission for those the
-core accepts as they are), except that any other request, of any connection, first
-stores the runs read before it, so requests are still decided in the order they were
-read: 64 connections with one add each went from ~18k to ~26k adds/s. Replies to adds are
-encoded as the pass handles them and handed to the journal (``Journal.send_after_sync``):
-the syncer thread sends them the moment the group is durable, without the GIL and
-without waiting for the event loop, which under load is busy with the next pass. The
-group's completion callback (in the task that collected the group) then only counts
-them and keeps what a full socket did not take in a buffer that waits for EPOLLOUT; replies
-that could not ride along (a group already in flight, a failed group) are sent from
-that callback, in order. No task wakes for any of them. Only requests that wait (long
-polls, fencing reads that must be journaled, admin calls) get a task of their own.
+wake-up, a writer wake-up, an epoll re-registration and a checkpoint per socket call,
+and trio's scheduling dominates the event loop's time. The hub keeps the connections'
+sockets in an epoll set of its own and waits, as one trio task, for that set's
+descriptor to become readable. One wake-up then serves every connection that has data:
+each socket is read once (``recv`` without a retry on EAGAIN) and fed to its
+``BookieSession`` (``appliance.session``), which holds every rule of the connection:
+framing limits, backpressure, in-order replies, closing. The hub is only the transport:
+it reads, stores what the sessions hand out, answers, writes and closes.
 
-The rules are the per-connection server's, so the two paths answer alike:
+The runs of adds the sessions hand out (consecutive one-entry adds of one ledger cut
+from the buffer, or Add requests merged) wait for the pass's end and are stored
+together (``RequestHandler.store``: one storage call and one journal submission for
+those the core accepts as they are), except that any other request, of any connection,
+first stores the runs read before it (the session's ``STORE``), so requests are still
+decided in the order they were read. The pass's adds join one journal group
+(``Journal.batch``). Replies to adds are encoded as the pass handles them and handed to
+the journal as an after-sync action (``native.SendAfterSync``, built here for the
+connection's socket): the syncer thread sends them the moment the group is durable,
+without the GIL and without waiting for the event loop, which under load is busy with
+the next pass. The group's completion callback (in the task that collected the group)
+then only counts them and keeps what a full socket did not take in a buffer that waits
+for EPOLLOUT; replies that could not ride along (a group already in flight, a failed
+group) are sent from that callback, in order. No task wakes for any of them. Only
+requests that wait (long polls, fencing reads that must be journaled, admin calls) get a
+task of their own.
+
+What the transport adds to the session's rules:
 
 - Replies go out in request order up to the first add whose journal group is not yet
   durable; what follows waits for that group (groups complete in order). Replies
@@ -35,21 +36,15 @@ The rules are the per-connection server's, so the two paths answer alike:
   that socket until the rest went out (``native.SendAfterSync``). A connection closed
   meanwhile keeps its descriptor open until the group is collected, so a syncer never
   writes to a reused one.
-- Backpressure: a connection with ``max_inflight`` unanswered requests, or with
-  ``max_reply_bytes`` of replies built and not yet sent (queued or in its send buffer),
-  is taken out of the read set until replies go out; frames already received wait in
-  its ``ServerConnection``. A peer that does not read stalls only itself.
-- Bad input closes only its own connection: BAD_REQUEST and a close for a malformed
-  frame, UNSUPPORTED_VERSION for an unknown api, a plain close for a size that cannot
-  hold a header.
+- A paused connection (the session's ``PAUSE``: replies owed, queued or in its send
+  buffer, over the limits) is taken out of the read set until replies go out; frames
+  already received wait in its session. A peer that does not read stalls only itself.
 - A peer's end of stream stops reading; replies already owed still go out, slow ones
-  for at most ``_CLOSE_GRACE_S``. ``idle_timeout`` closes a connection with nothing in
-  flight after that long without a request.
-- Draining (bookie stop): reading stops, owed replies go out, then the connection
-  closes.
+  for at most ``CLOSE_GRACE_S``. Draining (bookie stop): reading stops, owed replies go
+  out, then the connection closes.
 
 Linux only (epoll), like the rest of the appliance; connections that are not plain
-sockets (tests' memory streams, TLS later) use ``serve_connection``.
+sockets (tests' memory streams, TLS) use ``serve_connection``.
 """
 
 from __future__ import annotations
@@ -65,37 +60,30 @@ from functools import partial
 
 import trio
 
-from ledgerd.appliance.handlers import UNMERGED_ADD_FLAGS, RequestHandler
-from ledgerd.appliance.server import (
+from ledgerd.appliance.handlers import RequestHandler
+from ledgerd.appliance.replies import ReplyItem, count_sent_adds
+from ledgerd.appliance.session import (
+    CLOSE_GRACE_S,
+    NEED_DATA,
+    PAUSE,
+    STORE,
+    BookieSession,
+    Close,
     ConnectionOptions,
-    ReplyItem,
-    count_sent_adds,
-    encode_replies,
-    reply_bytes,
 )
 from ledgerd.base.logs import fields
 from ledgerd.disk.journal import JournalGroup
-from ledgerd.native import SendAfterSync
-from ledgerd.wire.connection import (
-    NEED_DATA,
-    AddRun,
-    ConnectionEnded,
-    RequestRejected,
-    ServerConnection,
-)
-from ledgerd.wire.errors import FrameSizeError
+from ledgerd.native import SendAfterSync, resume_sends
+from ledgerd.wire.connection import AddRun
 from ledgerd.wire.frames import DecodedRequest, encode_add_response
-from ledgerd.wire.messages import AddRequest, ApiKey, Message
 
 __all__ = ["ConnectionHub"]
 
 log = logging.getLogger(__name__)
 # The hub reads every socket into one buffer of this size (``recv_into``): a fresh
-# 256 KiB bytes object per ``recv`` cost ~25 us even with a few KB waiting (an mmap and
-# its page faults; ``base.tls.RECEIVE_BYTES``), and the frames are copied out anyway.
+# 256 KiB bytes object per ``recv`` costs an mmap and its page faults even with a few KB
+# waiting (``base.tls.RECEIVE_BYTES``), and the frames are copied out anyway.
 _RECEIVE = 256 * 1024
-_CLOSE_GRACE_S = 5.0
-_ADD = int(ApiKey.ADD)
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
 _GONE = select.EPOLLHUP | select.EPOLLERR
@@ -116,19 +104,14 @@ class _Ahead:
 class _Connection:
     """One connection's state in the hub."""
 
-    __slots__ = ("ahead", "attached", "closed", "closing", "closing_since", "conn", "deferred",
-                 "done", "fd", "items", "last_active", "mask", "paused", "queued_bytes",
-                 "released", "sends_stopped", "sock", "trusted", "waiting_on", "wbuf")
+    __slots__ = ("ahead", "attached", "closed", "closing", "closing_since", "deferred",
+                 "done", "fd", "mask", "paused", "released", "sends_stopped",
+                 "session", "sock", "waiting_on", "wbuf")
 
-    def __init__(self, sock: socket.socket, conn: ServerConnection, trusted: bool) -> None:
+    def __init__(self, sock: socket.socket, session: BookieSession) -> None:
         self.sock = sock
         self.fd = sock.fileno()
-        self.conn = conn
-        self.trusted = trusted
-        # (correlation id, api key, status, response, group or None, started at); an
-        # add's "response" is (ledger id, first entry id, count).
-        self.items: list[ReplyItem] = []
-        self.queued_bytes = 0       # reply_bytes of the non-add replies in ``items``
+        self.session = session      # the connection's rules; its replies owed (``items``)
         self.wbuf = bytearray()     # encoded replies the socket has not taken yet
         self.mask = _IN
         self.paused = False         # out of the read set for backpressure
@@ -137,13 +120,12 @@ class _Connection:
         self.closed = False
         self.waiting_on: JournalGroup | None = None
         # Replies handed to syncers, oldest first: they answer the first ``attached``
-        # items, which stay in ``items`` until their group is collected.
+        # items owed, which stay in ``session.items`` until their group is collected.
         self.ahead: deque[_Ahead] = deque()
         self.attached = 0
         self.sends_stopped = False  # a syncer may have stopped sending here: resume
         self.deferred = False       # add runs of this pass wait in ``ConnectionHub._deferred``
         self.released = False       # the socket is closed (``_release``)
-        self.last_active = time.monotonic()
         self.done = trio.Event()
 
 
@@ -203,9 +185,8 @@ class ConnectionHub:
                            reader_scope: trio.CancelScope | None = None) -> None:
         """``serve`` for a connected stdlib socket, which the hub now owns."""
         sock.setblocking(False)
-        conn = ServerConnection(max_frame_bytes=self.options.max_frame_bytes,
-                                max_inflight=self.options.max_inflight)
-        c = _Connection(sock, conn, trusted)
+        c = _Connection(sock, BookieSession(self.options, trusted=trusted))
+        c.session.last_active = time.monotonic()
         self._conns[c.fd] = c
         self._epoll.register(c.fd, _IN)
         self.handler.metrics.connections_opened += 1
@@ -214,7 +195,7 @@ class ConnectionHub:
                 await c.done.wait()
             if not c.closed:
                 self._stop_reading(c)
-                with trio.move_on_after(_CLOSE_GRACE_S):
+                with trio.move_on_after(CLOSE_GRACE_S):
                     await c.done.wait()
         finally:
             self._close(c)
@@ -227,11 +208,8 @@ class ConnectionHub:
         journal = self.handler.storage.journal
         while True:
             await trio.lowlevel.wait_readable(efd)
-            journal.hold()  # this pass's adds: one journal group, started at its end
-            try:
+            with journal.batch():  # this pass's adds: one journal group, started at its end
                 self._pass(epoll, conns, wake_fd)
-            finally:
-                journal.release()
 
     def _pass(self, epoll: select.epoll, conns: dict[int, _Connection], wake_fd: int) -> None:
         """Serve every connection the hub's epoll set reports ready, once."""
@@ -271,10 +249,9 @@ class ConnectionHub:
             now = time.monotonic()
             for c in list(self._conns.values()):
                 if c.closing:
-                    if now - c.closing_since > _CLOSE_GRACE_S:
+                    if now - c.closing_since > CLOSE_GRACE_S:
                         self._close(c)
-                elif (idle_timeout and not c.conn.inflight and not c.wbuf and not c.items
-                        and now - c.last_active > idle_timeout):
+                elif not c.wbuf and c.session.is_idle(now, idle_timeout):
                     self.handler.metrics.connections_idle_closed += 1
                     log.info("connection_idle_closed", extra=fields(idle_s=idle_timeout))
                     self._close(c)
@@ -289,79 +266,51 @@ class ConnectionHub:
         except OSError:
             self._close(c)  # reset by the peer: what it sent is stored all the same
             return
-        c.conn.receive_data(self._received[:n])  # copied into its frame buffer
-        c.last_active = time.monotonic()
+        c.session.receive_data(self._received[:n], now)  # copied into its frame buffer
+        c.session.last_active = time.monotonic()
         self._take_requests(c, now)
 
     def _take_requests(self, c: _Connection, now: float) -> None:
-        """Handle every complete frame received, as the per-connection reader does."""
-        conn = c.conn
+        """Do what the connection's session says about the frames received."""
+        session = c.session
+        session.started = now
         handler = self.handler
-        max_reply_bytes = self.options.max_reply_bytes
-        # Adds wait here until a request of another kind (or the end of what was
-        # received): handled together, consecutive ones of a ledger are stored as one.
-        adds: list[DecodedRequest] = []
         while True:
-            if conn.is_at_capacity or c.queued_bytes + len(c.wbuf) >= max_reply_bytes:
-                self._pause(c)
-                break
-            # Most frames are one-entry adds continuing a ledger: cut them out as a run.
-            run = conn.take_add_run(UNMERGED_ADD_FLAGS)
-            if run is not None:
-                if adds:
-                    self._add_batch(c, adds, now)
-                    adds = []
+            ev = session.next_event(0, len(c.wbuf))
+            if type(ev) is AddRun:
                 # Stored with the other connections' runs at the end of the pass.
-                self._deferred.append((c, run, now))
+                self._deferred.append((c, ev, now))
                 c.deferred = True
                 continue
-            try:
-                ev = conn.next_event()
-            except FrameSizeError as exc:
-                if adds:
-                    self._add_batch(c, adds, now)  # stored before the bad frame came
-                elif self._deferred:
-                    self._store_deferred(c)
-                log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
-                self._close(c)
-                return
-            if type(ev) is DecodedRequest and type(ev.message) is AddRequest:
-                adds.append(ev)
-                continue
-            if adds:
-                self._add_batch(c, adds, now)
-                adds = []
-            elif self._deferred and ev is not NEED_DATA:
-                # Requests are handled in the order they came, runs of any connection
-                # before them included: a read sees the adds sent before it.
-                self._store_deferred(c)
             if ev is NEED_DATA:
                 if c.paused:
                     self._unpause(c)
                 break
+            if ev is PAUSE:
+                self._pause(c)
+                break
+            if ev is STORE:
+                # Requests are handled in the order they came, runs of any connection
+                # before them included: a read sees the adds sent before it.
+                self._store_deferred(c)
+                continue
             if type(ev) is DecodedRequest:
-                req: Message = ev.message
-                reply = handler.read_now(req)
+                reply = handler.read_now(ev.message)
                 if reply is not None:
-                    self._put(c, ev.correlation_id, ev.api_key, reply[0], reply[1], now)
+                    session.put(ev.correlation_id, ev.api_key, reply[0], reply[1], now)
                     continue
                 assert self._nursery is not None
-                self._nursery.start_soon(self._slow, c, ev, now)
-            elif isinstance(ev, RequestRejected):
-                log.info("request_rejected", extra=fields(
-                    correlation_id=ev.correlation_id, status=ev.status.name, reason=ev.reason))
-                self._put(c, ev.correlation_id, -1, ev.status, None, now)
-                if ev.close:
-                    self._stop_reading(c)
-                    break
-            elif isinstance(ev, ConnectionEnded):
-                self._stop_reading(c)
-                break
-        if adds:
-            self._add_batch(c, adds, now)
+                self._nursery.start_soon(self._slow, c, ev)
+                continue
+            assert type(ev) is Close, ev
+            if ev.reason == "bad frame":
+                self._close(c)
+                return
+            self._stop_reading(c)
+            break
         if c.deferred:
             return  # ``_store_deferred`` sends the replies owed, with the runs'
-        if c.items:
+        if session.items:
             self._flush(c)
         elif c.closing:
             self._close_if_done(c)
@@ -372,7 +321,7 @@ class ConnectionHub:
         connections is owed, as ``_take_requests`` would have; except ``taking``, whose
         requests are being taken (it sends at the end of that)."""
         deferred, self._deferred = self._deferred, []
-        results = self.handler.add_runs([run for _, run, _ in deferred])
+        results = self.handler.store([run for _, run, _ in deferred])
         touched: list[_Connection] = []
         for (c, run, now), res in zip(deferred, results, strict=True):
             if c.deferred:
@@ -380,50 +329,20 @@ class ConnectionHub:
                 touched.append(c)
             if c.closed:
                 continue  # stored all the same; nobody to answer
-            lid = run.ledger_id
-            eid = run.first_entry_id
-            if len(res) == 1:
-                status, group = res[0]
-                c.items.append((run.correlation_ids[0], _ADD, status, (lid, eid, 1), group, now))
-            else:
-                c.items += [(cid, _ADD, status, (lid, eid + i, 1), group, now)
-                            for i, (cid, (status, group)) in enumerate(
-                                zip(run.correlation_ids, res, strict=True))]
+            c.session.put_adds(run, res, now)
         for c in touched:
             if c.closed or c is taking:
                 continue
-            if c.items:
+            if c.session.items:
                 self._flush(c)
             elif c.closing:
                 self._close_if_done(c)
 
-    def _add_batch(self, c: _Connection, evs: list[DecodedRequest], now: float) -> None:
-        if self._deferred:
-            self._store_deferred(c)  # the runs before these adds, of any connection
-        items = c.items
-        if len(evs) == 1:
-            ev = evs[0]
-            req: AddRequest = ev.message  # type: ignore[assignment]
-            status, group = self.handler.add(req)
-            items.append((ev.correlation_id, _ADD, status,
-                          (req.ledger_id, req.first_entry_id, len(req.entries)), group, now))
-            return
-        results = self.handler.add_batch([ev.message for ev in evs])  # type: ignore[misc]
-        for ev, (status, group) in zip(evs, results, strict=True):
-            req = ev.message  # type: ignore[assignment]
-            items.append((ev.correlation_id, _ADD, status,
-                          (req.ledger_id, req.first_entry_id, len(req.entries)), group, now))
-
-    def _put(self, c: _Connection, cid: int, api: int, status: int, resp: Message | None,
-             t0: float) -> None:
-        c.items.append((cid, api, status, resp, None, t0))
-        c.queued_bytes += reply_bytes(resp)
-
-    async def _slow(self, c: _Connection, ev: DecodedRequest, t0: float) -> None:
-        status, resp = await self.handler.handle(ev.message, trusted=c.trusted)
+    async def _slow(self, c: _Connection, ev: DecodedRequest) -> None:
+        status, resp = await self.handler.handle(ev.message, trusted=c.session.trusted)
         if c.closed:
             return
-        self._put(c, ev.correlation_id, ev.api_key, status, resp, 0.0)
+        c.session.put(ev.correlation_id, ev.api_key, status, resp, 0.0)
         self._flush(c)
 
     def _pause(self, c: _Connection) -> None:
@@ -441,6 +360,7 @@ class ConnectionHub:
         if not c.closing:
             c.closing = True
             c.closing_since = time.monotonic()
+            c.session.stop_reading()
             if not c.closed:
                 self._set_mask(c, c.mask & ~_IN)
         self._close_if_done(c)
@@ -458,41 +378,43 @@ class ConnectionHub:
             self._attach(c)
             self._wait(c, c.ahead[0].group)
             return
-        items = c.items
+        session = c.session
+        items = session.items
         ready = len(items)
         for i, item in enumerate(items):
-            group = item[4]
+            group = item.group
             if group is not None and not group.done.is_set():
                 ready = i
                 break
         if ready:
             if ready == len(items):
-                batch, c.items = items, []
+                batch, session.items = items, []
             else:
-                batch, c.items = items[:ready], items[ready:]
-            data, sent_bytes = encode_replies(c.conn, self.handler.metrics, batch)
-            c.queued_bytes -= sent_bytes
+                batch, session.items = items[:ready], items[ready:]
+            data, sent_bytes = session.encode(self.handler.metrics, batch)
+            session.replies_sent(sent_bytes)  # the socket's buffer holds them now
             del batch
             self._send(c, data)
             if c.closed:
                 return
-        if c.items:
+        if session.items:
             self._attach(c)
-            self._wait(c, c.ahead[0].group if c.attached else c.items[0][4])
+            self._wait(c, c.ahead[0].group if c.attached else session.items[0].group)
         if ready:
             self._after_send(c)
 
     def _attach(self, c: _Connection) -> None:
         """Hand the replies to the unattached items that are OK adds of the journal's
-        next group to that group's syncer (``Journal.send_after_sync``)."""
+        next group to that group's syncer: an after-sync action that sends them to the
+        connection's socket (``Journal.after_sync``)."""
         if c.wbuf or c.sends_stopped:
             return  # bytes are waiting here: the syncer's would overtake them
-        items = c.items
+        items = c.session.items
         start = k = c.attached
         journal = self.handler.storage.journal
         group = journal.next_group
         n = len(items)
-        while k < n and items[k][4] is group and items[k][2] == 0:
+        while k < n and items[k].group is group and items[k].status == 0:
             k += 1
         if k == start:
             return
@@ -500,13 +422,15 @@ class ConnectionHub:
         if ahead and ahead[-1].group is group:
             last = ahead[-1]
         else:
-            send = journal.send_after_sync(c.fd, bytearray())
-            if send is None:
+            if not SendAfterSync.fits(c.fd):
                 return  # not this descriptor: the usual path sends them
+            send = SendAfterSync(c.fd, bytearray())
+            journal.after_sync(send)
             last = _Ahead(group, send, 0)
             ahead.append(last)
         # Still unanswered (``max_inflight`` counts them) until their group is collected.
-        last.send.data += b"".join([encode_add_response(item[0], 0, *item[3])
+        last.send.data += b"".join([encode_add_response(item.correlation_id, 0, item.ledger_id,
+                                                        item.entry_id, item.count)
                                     for item in items[start:k]])
         last.count += k - start
         c.attached = k
@@ -560,21 +484,22 @@ class ConnectionHub:
         """Settle the replies syncers sent for groups now done: count them, send what a
         socket did not take (and failed groups' replies) in order."""
         metrics = self.handler.metrics
-        inflight = c.conn.inflight
+        session = c.session
+        inflight = session.conn.inflight
         settled = False
         while c.ahead and c.ahead[0].group.done.is_set():
             a = c.ahead.popleft()
             if c.closed:
                 continue
             settled = True
-            batch, c.items = c.items[:a.count], c.items[a.count:]
+            batch, session.items = session.items[:a.count], session.items[a.count:]
             c.attached -= a.count
             if a.group.error is not None:
-                data, _ = encode_replies(c.conn, metrics, batch)  # IO_ERROR, as usual
+                data, _ = session.encode(metrics, batch)  # IO_ERROR, as usual
                 self._send(c, data)
                 continue
             for item in batch:
-                inflight.discard(item[0])
+                inflight.discard(item.correlation_id)
             if self._sent_adds is not None:
                 self._sent_adds += batch
             else:
@@ -593,7 +518,7 @@ class ConnectionHub:
 
     def _resume_sends(self, c: _Connection) -> None:
         c.sends_stopped = False
-        self.handler.storage.journal.resume_sends(c.fd)
+        resume_sends(c.fd)
 
     def _send(self, c: _Connection, data: bytes | memoryview) -> None:
         """Send ``data`` after whatever is buffered; keep what the socket does not take."""
@@ -631,8 +556,7 @@ class ConnectionHub:
     def _after_send(self, c: _Connection) -> None:
         if c.closing:
             self._close_if_done(c)
-        elif c.paused and not c.conn.is_at_capacity and \
-                c.queued_bytes + len(c.wbuf) < self.options.max_reply_bytes:
+        elif c.paused and not c.session.is_full(0, len(c.wbuf)):
             # Room again: take the frames already received (in the hub's task, not in
             # a journal callback), then read the socket again.
             self._resume.append(c)
@@ -641,7 +565,7 @@ class ConnectionHub:
     # -- closing -----------------------------------------------------------------------
 
     def _close_if_done(self, c: _Connection) -> None:
-        if c.closing and not c.items and not c.conn.inflight and not c.wbuf:
+        if c.closing and c.session.owes_nothing and not c.wbuf:
             self._close(c)
 
     def _set_mask(self, c: _Connection, mask: int) -> None:
@@ -653,7 +577,7 @@ class ConnectionHub:
         if c.closed:
             return
         c.closed = True
-        c.items = []
+        c.session.items = []
         c.attached = 0
         self._conns.pop(c.fd, None)
         try:

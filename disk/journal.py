@@ -19,19 +19,20 @@ accumulates, so under load groups grow by themselves and the hand-off is paid pe
 group, never per record. A group that rolls the file or must zero ahead first waits
 for the groups in flight, then takes a worker thread.
 
-``hold``/``release`` let the connection hub make one pass's adds one group and start
-it itself at the end of the pass (when no group wait is configured and a syncer is
-free): no task wakes to start it, and the collector that finishes groups already
-waits on the syncer it will take, so the event loop's next wake-up is the sync's end.
-The collector, in turn, starts what arrived during a sync as soon as that sync ends,
-whatever its size, before the finished group's callbacks send its replies.
+``with journal.batch():`` lets a caller (the appliance, for one pass of its event loop)
+make its submissions one group and start it itself at the block's end (when
+no group wait is configured and a syncer is free): no task wakes to start it, and the
+collector that finishes groups already waits on the syncer it will take, so the event
+loop's next wake-up is the sync's end. The collector, in turn, starts what arrived
+during a sync as soon as that sync ends, whatever its size, before the finished
+group's callbacks run.
 
-``send_after_sync`` lets the hub hand a group its replies: the syncer sends them right
-after the fdatasync succeeded, so a reply waits for neither the event loop's next pass
-nor the GIL. Only a group started behind no other sends (a group in flight could hold
-a socket's earlier replies), and a short send stops that socket for every syncer until
-its owner has sent the rest (``native.SendAfterSync``). Measured at half the closed
-maximum: p50 4.3-7.3 -> 2.0-3.5 ms, p99 24-102 -> 11-22 ms (bench/RESULTS.md).
+``after_sync`` hands the next group an action (``native.AfterSync``) that its syncer
+runs right after the fdatasync succeeded, in the syncer's thread, so what it does (the
+appliance sends add replies this way) waits for neither the event loop's next pass
+nor the GIL. The journal does not know what the action is. Actions run only for a
+group started behind no other group in flight and on the fast path; otherwise they are
+withheld (``AfterSync.withhold``) and their owner does the work when the group is done.
 
 Space ahead of the write position is kept pre-zeroed a ``prealloc_mb`` step ahead:
 overwriting zeroed blocks syncs about twice as fast on this disk as appending or writing
@@ -52,7 +53,8 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,16 +117,16 @@ class JournalOptions:
 class JournalGroup:
     """The group commit a submission joined; ``wait()`` returns once it is durable."""
 
-    __slots__ = ("callbacks", "done", "error", "position", "sends")
+    __slots__ = ("after_sync", "callbacks", "done", "error", "position")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.error: BaseException | None = None
         self.position = JournalPosition(0, 0)
-        # Replies the syncer sends once the group is durable (``Journal.send_after_sync``).
-        self.sends: list[native.SendAfterSync] = []
-        # Called (in the trio thread) once the group is done: the server's connections
-        # ask to be woken here instead of waking a task only to wait for the group.
+        # Actions the syncer runs once the group is durable (``Journal.after_sync``).
+        self.after_sync: list[native.AfterSync] = []
+        # Called (in the trio thread) once the group is done: callers ask to be woken
+        # here instead of waking a task only to wait for the group.
         self.callbacks: list[Callable[[], None]] = []
 
     def finish(self) -> None:
@@ -221,7 +223,7 @@ class Journal:
         # Set (and replaced) each time the zeroer has written a chunk, and when it stops.
         self._zeroed_more = trio.Event()
         self._slow_path = False
-        self._held = False  # between ``hold`` and ``release``: submissions wake nobody
+        self._held = False  # inside ``batch``: submissions wake nobody
         self._starting = False  # the writer has taken a group and not yet started it
         self.background_zero_bytes = 0
         self.slow_groups = 0  # groups that rolled the file or zeroed ahead themselves
@@ -402,44 +404,34 @@ class Journal:
         """The group submissions join now (not started yet)."""
         return self._group
 
-    def send_after_sync(self, fd: int, data: bytearray) -> native.SendAfterSync | None:
-        """Have the syncer send ``data`` to socket ``fd`` as soon as ``next_group`` is
-        durable, without waiting for the event loop; None if the descriptor cannot.
+    def after_sync(self, action: native.AfterSync) -> JournalGroup:
+        """Have ``next_group``'s syncer run ``action`` as soon as the group is durable,
+        without waiting for the event loop; returns that group.
 
-        The group's callbacks then find ``sent`` set: how many bytes went (0 when the
-        group failed, when the socket had stopped taking bytes, or when the group was
-        written on a path that does not send: the caller sends the rest, in order, and
-        ``resume_sends`` the descriptor). Bytes go only when no earlier group is still
-        in flight, so a socket's replies never overtake each other; the socket must stay
-        open until the group is done. ``data`` may grow until the group starts.
+        The action runs only if the group is written by a syncer behind no other group
+        in flight (so actions never overtake each other); otherwise it is withheld
+        (``action.withhold()``) and its owner does the work once the group is done. The
+        action may change until the group starts.
         """
-        if not 0 <= fd < native.SEND_MAX_FD:
-            return None
-        item = native.SendAfterSync(fd, data)
-        self._group.sends.append(item)
-        return item
+        self._group.after_sync.append(action)
+        return self._group
 
-    @staticmethod
-    def resume_sends(fd: int) -> None:
-        """Syncers may send to ``fd`` again (see ``send_after_sync``)."""
-        native.resume_sends(fd)
-
-    def hold(self) -> None:
-        """Submissions from here to ``release`` join one group and wake nobody.
-
-        The connection hub holds the journal for one pass over its ready sockets and
-        releases it at the end of the pass, in the same step (no task runs between).
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Submissions inside the block join one group and wake nobody; at its end the
+        group starts at once when the writer would start it without waiting (no group
+        wait, a syncer free, the fast path), else the writer wakes. Starting it here
+        saves the writer task's wake-up and the event-loop pass it costs: at light load,
+        one pass per add. No task may run inside the block (it holds no lock: it only
+        delays the start).
         """
         self._held = True
-
-    def release(self) -> None:
-        """End a ``hold``: start the group at once when the writer would start it
-        without waiting (no group wait, a syncer free, the fast path), else wake the
-        writer. Starting it here saves the writer task's wake-up and the event-loop
-        pass it costs: at light load, one pass per add."""
-        self._held = False
-        if self._pending and not self._start_ready():
-            self._wakeup.set()
+        try:
+            yield
+        finally:
+            self._held = False
+            if self._pending and not self._start_ready():
+                self._wakeup.set()
 
     def _start_ready(self) -> bool:
         """Start what is waiting as a group now, if the writer would start it without
@@ -520,7 +512,7 @@ class Journal:
             elif wait > 0 and not self._threshold.is_set() and not self._closed:
                 with trio.move_on_at(self._oldest + wait):
                     await self._threshold.wait()
-            # No wait policy, no yield since the checks above: ``release`` (which starts
+            # No wait policy, no yield since the checks above: ``batch``'s end (which starts
             # groups only under that policy) cannot have taken the records or the slot.
             if self._pending and self._free:
                 await self._start_group()
@@ -547,7 +539,7 @@ class Journal:
         for the zeroer, then is written and synced by a worker thread before returning.
         """
         group, records, nbytes = self._take()
-        self._starting = True  # ``release`` must not start a group ahead of this one
+        self._starting = True  # ``batch`` must not start a group ahead of this one
         try:
             await self._start_taken(group, records, nbytes)
         finally:
@@ -587,7 +579,7 @@ class Journal:
                 group.error = self._failed
                 group.finish()
                 return
-            self._keep_sends(group)  # the worker thread does not send
+            self._withhold(group)  # the worker thread runs no actions
             self._slow_path = True  # the zeroer stays off the file meanwhile
             self.slow_groups += 1
             try:
@@ -608,11 +600,11 @@ class Journal:
             self.on_group(len(records), nbytes, self.last_sync_seconds)
 
     @staticmethod
-    def _keep_sends(group: JournalGroup) -> None:
-        """``group``'s replies will not go from a syncer: stop their sockets for every
-        syncer, so later groups' replies wait behind them (the caller resumes)."""
-        for item in group.sends:
-            native.stop_sends(item.fd)
+    def _withhold(group: JournalGroup) -> None:
+        """``group``'s after-sync actions will not run from a syncer: their owners do
+        the work once the group is done."""
+        for action in group.after_sync:
+            action.withhold()
 
     def _fits_fast(self, total: int) -> bool:
         """Whether a group of ``total`` bytes can take the fast path now: a syncer is
@@ -636,13 +628,13 @@ class Journal:
         end = f.offset + size
         slot = self._free.pop()  # the slot freed last: its buffer is warm
         view = self._encode(f, records, total, slot)
-        # Replies ride along only behind no other group (whose own, possibly unsent
-        # replies they could overtake); otherwise the callers send them.
-        sends: list[native.SendAfterSync] = group.sends
-        if sends and self._inflight:
-            self._keep_sends(group)
-            sends = []
-        slot.syncer.submit(f.handle, view, f.offset, sync=o.sync_data, sends=sends)
+        # Actions ride along only behind no other group (whose own actions they could
+        # overtake); otherwise their owners do the work.
+        actions: list[native.AfterSync] = group.after_sync
+        if actions and self._inflight:
+            self._withhold(group)
+            actions = []
+        slot.syncer.submit(f.handle, view, f.offset, sync=o.sync_data, after_sync=actions)
         self._inflight.append(_InFlight(slot, group, JournalPosition(f.file_id, end),
                                         f.offset, len(records), total, size))
         f.offset = end  # the next group starts here, before this one is durable
@@ -689,7 +681,7 @@ class Journal:
         self._free.append(item.slot)
         self._writing_bytes -= item.nbytes
         # What arrived during this sync goes to the freed syncer before this group's
-        # callers hear back (their replies): the next sync overlaps the replies, and
+        # callers hear back (their callbacks): the next sync overlaps them, and
         # the writer task need not wake to start it.
         started = error is None and self._start_ready()
         if error is not None:

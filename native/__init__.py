@@ -12,6 +12,7 @@ This is the only module in ledgerd that touches these syscalls (STYLE rule 5).
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "SYNC_FILE_RANGE_WAIT_AFTER",
     "SYNC_FILE_RANGE_WAIT_BEFORE",
     "SYNC_FILE_RANGE_WRITE",
+    "AfterSync",
     "AlignedBuffer",
     "NativeFile",
     "NativeHelperMissing",
@@ -265,14 +267,34 @@ def open_file(
     return NativeFile(path, int(rc), direct)
 
 
-class SendAfterSync:
+class AfterSync(abc.ABC):
+    """An action a syncer runs right after its job is durable, in its own thread
+    (without the GIL), before the job is reported done.
+
+    Whoever hands a syncer a job (the journal) passes these along without knowing what
+    they do. One that will not run from a syncer (its job went another way, or behind
+    another job still in flight) is ``withhold``-en: its owner then does the work itself,
+    and the action keeps later ones of its kind from overtaking it. The only kind the
+    native syncer runs is ``SendAfterSync``.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def withhold(self) -> None:
+        """This action will not run from a syncer: its owner does the work."""
+
+
+class SendAfterSync(AfterSync):
     """Bytes a syncer sends to a socket right after its job is durable.
 
     ``data`` must not change from the submit to the collect; ``sent`` is then how many
     of its bytes the socket took (0 if the job failed). A send that does not take
     everything stops the descriptor for every syncer: later jobs send it nothing until
     ``resume_sends(fd)``, so bytes never overtake the ones left over. The socket must
-    stay open (its descriptor unreused) until the job is collected.
+    stay open (its descriptor unreused) until the job is collected. Withheld, it stops
+    its descriptor for every syncer (``stop_sends``): the owner sends the bytes, then
+    ``resume_sends``.
     """
 
     __slots__ = ("data", "fd", "sent")
@@ -283,6 +305,14 @@ class SendAfterSync:
         self.fd = fd
         self.data = data
         self.sent = 0
+
+    @staticmethod
+    def fits(fd: int) -> bool:
+        """Whether a syncer can send to descriptor ``fd`` (its send table's range)."""
+        return 0 <= fd < SEND_MAX_FD
+
+    def withhold(self) -> None:
+        stop_sends(self.fd)
 
 
 def stop_sends(fd: int) -> None:
@@ -323,16 +353,20 @@ class Syncer:
         return int(lib.ldn_syncer_fd(self._s))
 
     def submit(self, handle: NativeFile, data: BytesLike, offset: int, *, sync: bool,
-               sends: Sequence[SendAfterSync] = ()) -> None:
+               after_sync: Sequence[AfterSync] = ()) -> None:
         """Start writing ``data`` at ``offset`` of ``handle`` (then fdatasync if ``sync``);
-        once that succeeded, send each of ``sends`` to its socket (see ``SendAfterSync``).
-        Neither the data nor the sends' bytes may change until collected."""
+        once that succeeded, run each of ``after_sync`` (``SendAfterSync``: send its bytes
+        to its socket). Neither the data nor the actions may change until collected."""
         if self._s is None:
             raise ValueError("syncer is closed")
         handle._check_open()
         buf = _cbuf(data)
+        sends: Sequence[Any] = after_sync
         n = len(sends)
         if n:
+            for item in sends:
+                if type(item) is not SendAfterSync:
+                    raise TypeError(f"the native syncer cannot run {item!r}")
             keep = [_cbuf(item.data) for item in sends]
             fds = ffi.new("int[]", [item.fd for item in sends])
             bufs = ffi.new("void *[]", keep)

@@ -35,6 +35,7 @@ PURE = ["ledgerd.wire.layouts", "ledgerd.wire.codec", "ledgerd.wire.messages", "
         "ledgerd.machines.quorum", "ledgerd.machines.placement", "ledgerd.machines.changes",
         "ledgerd.machines.throttle", "ledgerd.machines.reads", "ledgerd.machines.recovery_run",
         "ledgerd.machines.checker", "ledgerd.appliance.core", "ledgerd.appliance.audit_schedule",
+        "ledgerd.appliance.session", "ledgerd.appliance.replies",
         "ledgerd.base.logs", "ledgerd.base.credentials",
         "ledgerd.base.settings"]
 
@@ -142,3 +143,32 @@ def test_storage_engines_sit_below_storage(module: str) -> None:
     assert path.exists(), path
     upward = [(line, t) for line, t in imports_of(path) if t == "ledgerd.disk.storage"]
     assert upward == []
+
+
+# The bookie's connection: one sans-IO session below both transports. The session
+# (and the replies it owes) import neither transport, and no trio or socket.
+SESSION = ["ledgerd.appliance.session", "ledgerd.appliance.replies"]
+TRANSPORTS = ["ledgerd.appliance.hub", "ledgerd.appliance.server"]
+
+
+def _path_of(module: str) -> Path:
+    return ROOT / Path(*module.split(".")[1:]).with_suffix(".py")
+
+
+@pytest.mark.parametrize("module", SESSION)
+def test_session_imports_neither_transport_nor_io(module: str) -> None:
+    imported = {target for _, target in imports_of(_path_of(module))}
+    assert not imported & set(TRANSPORTS)
+    assert not {t for t in imported if t.split(".")[0] in ("trio", "socket", "select")}
+    code = ("import sys; sys.modules['trio'] = None; sys.modules['kazoo'] = None; "
+            f"import {module}")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("module", TRANSPORTS)
+def test_both_transports_sit_on_the_session(module: str) -> None:
+    imported = {target for _, target in imports_of(_path_of(module))}
+    assert "ledgerd.appliance.session" in imported
+    assert not imported & (set(TRANSPORTS) - {module})  # neither transport needs the other

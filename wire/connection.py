@@ -45,7 +45,13 @@ from ledgerd.wire.frames import (
     encode_response,
     request_header,
 )
-from ledgerd.wire.messages import SUPPORTED_VERSIONS, ApiKey, ApiVersionsResponse, Message
+from ledgerd.wire.messages import (
+    SUPPORTED_VERSIONS,
+    AddRequest,
+    ApiKey,
+    ApiVersionsResponse,
+    Message,
+)
 from ledgerd.wire.status import Status
 
 __all__ = [
@@ -116,10 +122,11 @@ class ConnectionEnded:
 
 @dataclass(slots=True)
 class AddRun:
-    """Consecutive one-entry Add frames of one ledger (``ServerConnection.take_add_run``):
-    entry ``first_entry_id + i`` came in the frame with ``correlation_ids[i]``, and all
-    share flags, key and term. Each frame decodes to exactly the AddRequest
-    ``decode_request`` gives it."""
+    """Consecutive Add frames of one ledger, sharing flags, key and term: cut straight
+    from a connection's buffer (``ServerConnection.take_add_run``: one-entry frames, entry
+    ``first_entry_id + i`` came in the frame with ``correlation_ids[i]``), or Add requests
+    adapted (``of_request``, ``extend``: ``counts`` says how many entries each frame
+    holds). Each frame decodes to exactly the AddRequest ``decode_request`` gives it."""
 
     ledger_id: int
     first_entry_id: int
@@ -128,6 +135,50 @@ class AddRun:
     term: int
     correlation_ids: list[int]
     entries: list[bytes]
+    # Entries per frame when a frame holds other than one (Add requests adapted to a
+    # run: ``of_request``, ``extend``); None: one each.
+    counts: list[int] | None = None
+
+    @classmethod
+    def of_request(cls, correlation_id: int, req: AddRequest) -> AddRun:
+        """The run of one Add request (of any number of entries)."""
+        n = len(req.entries)
+        return cls(req.ledger_id, req.first_entry_id, req.flags, req.master_key, req.term,
+                   [correlation_id], list(req.entries), None if n == 1 else [n])
+
+    def extend(self, correlation_id: int, req: AddRequest, unmergeable: int) -> bool:
+        """Append ``req``'s frame if it continues this run (the same ledger, flags, key
+        and term, the next ids, none of the ``unmergeable`` flags); else False."""
+        if (req.ledger_id != self.ledger_id or req.flags != self.flags
+                or self.flags & unmergeable or req.term != self.term
+                or req.master_key != self.master_key
+                or req.first_entry_id != self.first_entry_id + len(self.entries)):
+            return False
+        n = len(req.entries)
+        counts = self.counts
+        if counts is None and n != 1:
+            counts = self.counts = [1] * len(self.correlation_ids)
+        if counts is not None:
+            counts.append(n)
+        self.correlation_ids.append(correlation_id)
+        self.entries += req.entries
+        return True
+
+    def frame_counts(self) -> list[int]:
+        """Entries per frame, in order."""
+        return self.counts if self.counts is not None else [1] * len(self.correlation_ids)
+
+    def frames(self) -> list[AddRun]:
+        """One run per frame, in order (each decoding to its frame's Add request)."""
+        out = []
+        first = self.first_entry_id
+        entries = self.entries
+        k = 0
+        for cid, n in zip(self.correlation_ids, self.frame_counts(), strict=True):
+            out.append(AddRun(self.ledger_id, first + k, self.flags, self.master_key,
+                              self.term, [cid], entries[k:k + n], None if n == 1 else [n]))
+            k += n
+        return out
 
 
 class _FrameBuffer:

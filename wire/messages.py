@@ -90,8 +90,6 @@ def _check_key(cls_name: str, key: bytes) -> None:
         raise ValueError(f"{cls_name}.master_key must be {layouts.MASTER_KEY_SIZE} bytes, got {len(key)}")
 
 
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApiVersionRange:
     api_key: int
@@ -130,18 +128,6 @@ class AddRequest(Message):
     def __post_init__(self) -> None:
         _check_key("AddRequest", self.master_key)
 
-    @property
-    def is_recovery_add(self) -> bool:
-        return bool(self.flags & AddFlags.RECOVERY_ADD)
-
-    @property
-    def is_high_priority(self) -> bool:
-        return bool(self.flags & AddFlags.HIGH_PRIORITY)
-
-    @property
-    def is_truncate(self) -> bool:
-        return bool(self.flags & AddFlags.TRUNCATE)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AddResponse(Message):
@@ -168,18 +154,6 @@ class ReadRequest(Message):
 
     def __post_init__(self) -> None:
         _check_key("ReadRequest", self.master_key)
-
-    @property
-    def is_fencing(self) -> bool:
-        return bool(self.flags & ReadFlags.FENCE)
-
-    @property
-    def wants_piggyback(self) -> bool:
-        return bool(self.flags & ReadFlags.PIGGYBACK)
-
-    @property
-    def is_long_poll(self) -> bool:
-        return self.timeout_ms > 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from ledgerd.appliance.server import ConnectionOptions
+from ledgerd.appliance.session import runs_of
 from ledgerd.disk.errors import EntryNotFoundError, StorageError
 from ledgerd.wire.connection import AddRun
 from ledgerd.wire.entry import decode_entry
@@ -332,8 +333,13 @@ async def test_sparse_adds_store_a_striped_bookies_entries_in_one_request(
                     assert (status == Status.OK) == (e in ids), (lid, e, status)
 
 
+def store_requests(handler: Any, reqs: list[AddRequest]) -> list[tuple[int, Any]]:
+    """``handler.store`` for Add requests read together: one outcome per request."""
+    return [o for r in handler.store(runs_of(list(enumerate(reqs)))) for o in r]
+
+
 async def test_add_batch_stores_a_run_as_one_and_answers_each_request(tmp_path: Path) -> None:
-    """The hub hands a connection's adds read together to ``add_batch``: a run that
+    """A connection's adds read together become runs (``runs_of``): a run that
     continues one ledger is stored as one add; a refused run is decided request by
     request, so one bad frame fails alone; other ledgers and flags break the run."""
     async with running_bookie(tmp_path) as b:
@@ -342,24 +348,31 @@ async def test_add_batch_stores_a_run_as_one_and_answers_each_request(tmp_path: 
                 add(1, 8, flags=AddFlags.RECOVERY_ADD), add(3, 0), bad, add(3, 1)]
         stored: list[tuple[int, int, int]] = []
         submit = b.storage.submit_entries
+        submit_runs = b.storage.submit_runs
 
         def spy(lid: int, first: int, entries: tuple[bytes, ...], *a: object) -> object:
             stored.append((lid, first, len(entries)))
             return submit(lid, first, entries, *a)  # type: ignore[arg-type]
 
+        def spy_runs(batch: list[Any]) -> Any:
+            stored.extend((idx.ledger_id, first, len(es)) for idx, first, es in batch)
+            return submit_runs(batch)
+
         b.storage.submit_entries = spy  # type: ignore[method-assign]
-        results = b.handler.add_batch(reqs)
+        b.storage.submit_runs = spy_runs  # type: ignore[method-assign]
+        results = store_requests(b.handler, reqs)
         assert [s for s, _ in results] == [Status.OK] * 8 + [Status.BAD_REQUEST, Status.OK]
         # The first run (entries 0-5 of ledger 1) and entries 6-7 were stored as one add
         # each; the recovery add, the other ledgers and the bad frame went alone.
         assert stored == [(1, 0, 6), (2, 0, 1), (1, 6, 2), (1, 8, 1), (3, 0, 1), (3, 1, 1)]
         b.storage.submit_entries = submit  # type: ignore[method-assign]
+        b.storage.submit_runs = submit_runs  # type: ignore[method-assign]
         for _, group in results:
             if group is not None:
                 await group.wait()
         # A run whose middle frame is bad: refused as a whole, then decided one by one.
         bad4 = AddRequest(ledger_id=4, first_entry_id=1, master_key=KEY, entries=(entry(4, 5),))
-        results = b.handler.add_batch([add(4, 0), bad4, add(4, 2)])
+        results = store_requests(b.handler, [add(4, 0), bad4, add(4, 2)])
         assert [s for s, _ in results] == [Status.OK, Status.BAD_REQUEST, Status.OK]
         for _, group in results:
             if group is not None:
@@ -376,13 +389,13 @@ async def test_add_batch_stores_a_run_as_one_and_answers_each_request(tmp_path: 
 
 async def test_add_runs_store_accepted_runs_together_and_decide_the_rest_in_order(
         tmp_path: Path) -> None:
-    """The hub hands the one-entry add runs of all its connections to ``add_runs``:
+    """The hub hands the one-entry add runs of all its connections to ``store``:
     runs the core accepts as they are go to storage together (one journal submission);
     any other is decided in its place, on the state the runs before it left (a key just
     bound, a term just raised), and a run storage fails fails alone."""
     async with running_bookie(tmp_path) as b:
         for req in (add(1, 0), add(2, 0, term=3)):
-            status, group = b.handler.add(req)
+            [(status, group)] = store_requests(b.handler, [req])
             assert status == Status.OK and group is not None
             await group.wait()
 
@@ -412,7 +425,7 @@ async def test_add_runs_store_accepted_runs_together_and_decide_the_rest_in_orde
         b.storage.entry_logger.add_many = failing  # type: ignore[method-assign]
         for lid in (3, 4):  # held here already, so their runs take the batched path
             b.storage.cache.get_or_create(lid).master_key = KEY
-        results = b.handler.add_runs(runs)
+        results = b.handler.store(runs)
         b.storage.entry_logger.add_many = add_many  # type: ignore[method-assign]
         assert [[s for s, _ in r] for r in results] == [
             [Status.OK] * 2, [Status.UNAUTHORIZED], [Status.OK],

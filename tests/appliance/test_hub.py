@@ -114,7 +114,7 @@ async def test_a_peer_that_does_not_read_is_paused_at_its_reply_bytes(tmp_path: 
             assert b.hub is not None
             (c,) = b.hub._conns.values()
             assert c.paused
-            assert c.queued_bytes + len(c.wbuf) < cap + 61_000
+            assert c.session.queued_bytes + len(c.wbuf) < cap + 61_000
             got = await read_replies(s, n)
         assert [cid for cid, _ in got] == list(range(1, n + 1))
         assert {status for _, status in got} == {Status.OK}
@@ -178,14 +178,13 @@ async def test_garbage_on_one_socket_leaves_the_others_served(tmp_path: Path) ->
 def spy_sends(journal: Any) -> list[Any]:
     """Record every ``SendAfterSync`` the hub hands the journal."""
     made: list[Any] = []
-    real = journal.send_after_sync
+    real = journal.after_sync
 
-    def send_after_sync(fd: int, data: bytearray) -> Any:
-        item = real(fd, data)
-        made.append(item)
-        return item
+    def after_sync(action: Any) -> Any:
+        made.append(action)
+        return real(action)
 
-    journal.send_after_sync = send_after_sync
+    journal.after_sync = after_sync
     return made
 
 

@@ -328,9 +328,8 @@ async def test_a_group_that_outran_the_zeroer_waits_for_one_chunk_not_its_run(
         # One group reaching half a chunk past the zeroed space.
         records = [(int(RecordType.ENTRY), entry_body(1, i + k, bytes(8000)))
                    for k in range((ahead + (1 << 19)) // 8000)]
-        j.hold()
-        group = j.submit(records)
-        j.release()
+        with j.batch():
+            group = j.submit(records)
         await trio.testing.wait_all_tasks_blocked()
         assert not group.done.is_set()  # it waits for the zeroer
         gates[0].set()  # the zeroer's next chunk lands; its second is held
@@ -370,26 +369,24 @@ def _entry(ledger: int, entry: int, size: int = 100) -> list[tuple[int, bytes]]:
 
 
 def _pass(j: Journal, *records: list[tuple[int, bytes]]) -> JournalGroup:
-    """What the connection hub does in one pass: submit under ``hold``, then ``release``."""
-    j.hold()
-    groups = [j.submit(r) for r in records]
-    j.release()
+    """What the connection hub does in one pass: submit inside ``batch``."""
+    with j.batch():
+        groups = [j.submit(r) for r in records]
     return groups[-1]
 
 
 async def test_release_starts_the_held_group_and_groups_complete_in_order(
         tmp_path: Path) -> None:
-    """What is submitted under ``hold`` is one group, started by ``release`` itself; with
+    """What is submitted inside ``batch`` is one group, started by its end itself; with
     two syncers a second group starts while the first syncs, and they finish in order."""
     j = Journal(tmp_path, JournalOptions(groups_in_flight=2))
     await j.open()
     async with trio.open_nursery() as nursery:
         await nursery.start(j.run)
-        j.hold()
-        first = j.submit(_entry(1, 0))
-        assert j.submit(_entry(2, 0)) is first
-        assert not j._inflight  # nothing starts while held
-        j.release()
+        with j.batch():
+            first = j.submit(_entry(1, 0))
+            assert j.submit(_entry(2, 0)) is first
+            assert not j._inflight  # nothing starts while held
         assert len(j._inflight) == 1  # started here, in this step
         second = _pass(j, _entry(1, 1))
         assert second is not first and len(j._inflight) == 2
@@ -528,9 +525,9 @@ async def test_the_writer_wakes_to_find_its_group_started_by_release(tmp_path: P
         await nursery.start(j.run)
         for i in range(3):
             j.submit(_entry(1, 2 * i))  # wakes the writer
-            j.hold()
-            group = j.submit(_entry(1, 2 * i + 1))
-            j.release()  # starts both records as one group, in this step
+            with j.batch():
+                group = j.submit(_entry(1, 2 * i + 1))
+            # The batch's end starts both records as one group, in this step.
             assert len(j._inflight) == 1 and not j.pending_records
             await group.wait()
         assert (j.groups_written, j.slow_groups, j.records_written) == (3, 0, 6)

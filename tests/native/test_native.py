@@ -171,7 +171,7 @@ async def test_syncer_sends_replies_once_durable_and_stops_a_full_socket(tmp_pat
     import trio
 
     async def job(f: native.NativeFile, sends: list[native.SendAfterSync]) -> None:
-        syncer.submit(f, buf.view, 0, sync=True, sends=sends)
+        syncer.submit(f, buf.view, 0, sync=True, after_sync=sends)
         await trio.lowlevel.wait_readable(syncer)
         syncer.collect()
 
@@ -212,7 +212,7 @@ async def test_syncer_sends_replies_once_durable_and_stops_a_full_socket(tmp_pat
         # A job that fails sends nothing.
         with native.open_file(tmp_path / "s.bin", os.O_RDONLY) as ro:
             lost = native.SendAfterSync(a.fileno(), bytearray(b"lost"))
-            syncer.submit(ro, buf.view, 0, sync=True, sends=[lost])
+            syncer.submit(ro, buf.view, 0, sync=True, after_sync=[lost])
             await trio.lowlevel.wait_readable(syncer)
             with pytest.raises(OSError):
                 syncer.collect()
