@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -52,7 +51,6 @@ from ledgerd.wire.compression import compress_payload
 from ledgerd.wire.entry import (
     ENTRY_HEADER_SIZE,
     Entry,
-    encode_entries,
     encode_lac_body,
 )
 from ledgerd.wire.errors import MessageTooLargeError
@@ -306,13 +304,11 @@ class WriteHandle(_HandleBase):
         self._scope = trio.CancelScope()
         self._pipeline = AddPipeline(client.pool, client.nursery, ledger_id, key, writer,
                                      flags=AddFlags.NONE, term=self.term,
-                                     replace=self._replace,
+                                     digester=self._digester, replace=self._replace,
                                      on_completed=self._completed, on_failed=self._failed,
                                      on_released=self._progress_made,
                                      on_timer_changed=self._wake_service,
-                                     flusher=client.flusher,
-                                     encode_many=partial(encode_entries, self._digester,
-                                                         ledger_id))
+                                     flusher=client.flusher)
         self._waiters: dict[int, PendingAppend] = {}
         self._error: LedgerHandleError | UnauthorizedError | None = None
         self._closing = False
@@ -423,9 +419,7 @@ class WriteHandle(_HandleBase):
         return out
 
     def _submit_chunk(self, payloads: list[bytes], now: float) -> list[PendingAppend]:
-        pipeline = self._pipeline
-        assert pipeline.encode_many is not None
-        first = pipeline.append_many(payloads, pipeline.encode_many, now)
+        first = self._pipeline.append_many(payloads, now)
         pending = [PendingAppend(eid, now) for eid in range(first, first + len(payloads))]
         if self._error is not None:  # failed while sending (a synchronous failure)
             for p in pending:
