@@ -163,7 +163,7 @@ class Client:
                                       digest: str | None = None, password: bytes | str = b"",
                                       custom_metadata: Mapping[str, str] | None = None,
                                       ) -> WriteHandle:
-        """Create an unbounded ledger (seed 002) at term 1 and return its writer.
+        """Create an unbounded ledger at term 1 and return its writer.
 
         It never needs closing: it grows fragment by fragment (``unbounded_fragment_entries``
         per fragment), old fragments are dropped with ``trim_ledger``, and another client
