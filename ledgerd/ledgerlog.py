@@ -339,10 +339,10 @@ class Logs:
                 pass
 
     async def open_writer(self, name: str, ensemble_size: int | None = None,
-                              write_quorum: int | None = None, ack_quorum: int | None = None, *,
-                              password: bytes | str = b"", roll_entries: int = 0,
-                              roll_bytes: int = 256 << 20, roll_interval: float = 0.0,
-                              unbounded: bool | None = None, create: bool = True) -> LogWriter:
+                          write_quorum: int | None = None, ack_quorum: int | None = None, *,
+                          password: bytes | str = b"", roll_entries: int = 0,
+                          roll_bytes: int = 256 << 20, roll_interval: float = 0.0,
+                          unbounded: bool | None = None, create: bool = True) -> LogWriter:
         """Become the log's writer.
 
         A ledger-backed log: fence its last two ledgers, add a new one (CAS). A log backed
@@ -487,7 +487,7 @@ class Logs:
         return {"ledgers": len(drop), "start": record.base + entries}
 
     async def read(self, name: str, password: bytes | str = b"", *,
-                       start: LogPosition | None = None) -> AsyncIterator[Entry]:
+                   start: LogPosition | None = None) -> AsyncIterator[Entry]:
         """Every readable entry of the log in order, from ``start`` (inclusive); closed
         ledgers to their end, an open one to its LAC. Nothing is fenced."""
         for lid, first in log_segments(name, await self.ledgers(name), start):
@@ -498,8 +498,8 @@ class Logs:
                     yield entry
 
     async def follow(self, name: str, password: bytes | str = b"", *,
-                         start: Start | LogCursor = "start", poll_s: float = 1.0,
-                         ) -> AsyncGenerator[LogEntry, None]:
+                     start: Start | LogCursor = "start", poll_s: float = 1.0,
+                     ) -> AsyncGenerator[LogEntry, None]:
         """Every entry of the log from ``start`` on, once, in order, across ledgers and
         terms; then wait for new ones (long polls of ``poll_s``) for as long as the caller
         iterates. Only acknowledged entries are returned (nothing past the LAC); an idle
