@@ -39,7 +39,6 @@ if __package__ in (None, ""):
 import trio
 
 import ledgerd
-from ledgerd.ledgerlog import open_log_writer
 from ledgerd.metadata.cluster import init_new_cluster
 from ledgerd.metadata.zookeeper import ZooKeeperStore
 from ledgerd.tools.bookieprocess import BookieProcess, start_writable
@@ -78,7 +77,7 @@ def _kafka_produce(bootstrap: str, topic: str, n: int) -> float:
 
 async def _native(zk: str, name: str, n: int) -> float:
     async with ledgerd.open_client(zk, throttle=0) as client:
-        writer = await open_log_writer(client, name, 3, 2, 2)
+        writer = await client.logs.open_writer(name, 3, 2, 2)
         await writer.append(PAYLOAD)
         start = time.perf_counter()
         for i in range(0, n, 1000):

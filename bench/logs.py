@@ -6,7 +6,7 @@ One ZooKeeper and three bookie processes, E3/Qw2/Qa2 (the unbounded case E3/Qw3/
 1 KiB entries. Two cases alternate in each round:
 
 - **follow**: a writer appends on a fixed schedule (``--rate`` entries/s, open loop) to
-  a log; a ``follow_log`` reader in another client notes when each entry reaches it.
+  a log; a ``client.logs.follow`` reader in another client notes when each entry reaches it.
   The latency is reader-sees minus writer-acknowledged (both on this host's monotonic
   clock), p50/p99/max over the run; ``--kinds`` picks ledger-backed and/or unbounded.
 - **fragments**: an unbounded log of ``--fragments`` entries, E3/Qw3/Qa2, whose ledger
@@ -60,12 +60,12 @@ async def _follow(zk: str, name: str, rate: int, seconds: float, unbounded: bool
     total = int(rate * seconds)
     async with ledgerd.open_client(zk, throttle=0) as wc, ledgerd.open_client(zk) as rc:
         quorums = (3, 3, 2) if unbounded else (3, 2, 2)
-        writer = await wc.open_log_writer(name, *quorums, unbounded=unbounded,
-                                          roll_entries=0 if unbounded else 2000)
+        writer = await wc.logs.open_writer(name, *quorums, unbounded=unbounded,
+                                           roll_entries=0 if unbounded else 2000)
         done = trio.Event()
 
         async def read() -> None:
-            async for e in rc.follow_log(name, poll_s=1.0):
+            async for e in rc.logs.follow(name, poll_s=1.0):
                 seen[e.offset] = time.monotonic()
                 if len(seen) == total:
                     done.set()
@@ -94,7 +94,7 @@ async def _follow(zk: str, name: str, rate: int, seconds: float, unbounded: bool
 
 async def _fragments(zk: str, name: str, fragments: int) -> dict[str, Any]:
     async with ledgerd.open_client(zk, throttle=0) as wc:
-        writer = await wc.open_log_writer(name, 3, 3, 2, unbounded=True)
+        writer = await wc.logs.open_writer(name, 3, 3, 2, unbounded=True)
         t0 = time.monotonic()
         await writer.append_many(PAYLOAD for _ in range(fragments))
         write_s = time.monotonic() - t0
@@ -111,7 +111,7 @@ async def _fragments(zk: str, name: str, fragments: int) -> dict[str, Any]:
     async with ledgerd.open_client(zk) as rc:
         t0 = time.monotonic()
         got = 0
-        async for e in rc.follow_log(name, start=fragments // 2):
+        async for e in rc.logs.follow(name, start=fragments // 2):
             got += 1
             if got == 100:
                 assert e.offset == fragments // 2 + 99

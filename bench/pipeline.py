@@ -52,11 +52,11 @@ LOG = "bench-pipeline"
 def _write(zk: str, entries: int, size: int) -> list[int]:
     payload = os.urandom(size)
     with ledgerd.SyncClient(zk, throttle=0) as client:  # BookKeeper's 5000/s default off
-        with client.open_log_writer(LOG, 3, 3, 2, roll_entries=256 * 1024) as writer:
+        with client.logs.open_writer(LOG, 3, 3, 2, roll_entries=256 * 1024) as writer:
             chunk = 16_384
             for start in range(0, entries, chunk):
                 writer.append_many([payload] * min(chunk, entries - start))
-        return list(client.log_ledgers(LOG))
+        return list(client.logs.ledgers(LOG))
 
 
 def _client_read(zk: str, ledgers: list[int]) -> tuple[float, int, int]:
@@ -89,12 +89,12 @@ def _stream_copy(spark: Any, zk: str, rate: float, seconds: float, size: int,
     visible: dict[int, float] = {}  # dst ledger -> when it appeared in the list
     stop = threading.Event()
     with ledgerd.SyncClient(zk, throttle=0) as client:
-        client.call(client.client.logs.create, dst)
+        client.call(client.client.logs.store.create, dst)
 
         def follow() -> None:
             while not stop.is_set():
                 now = time.perf_counter()
-                for lid in client.log_ledgers(dst):
+                for lid in client.logs.ledgers(dst):
                     visible.setdefault(lid, now)
                 stop.wait(0.02)
 
@@ -105,7 +105,7 @@ def _stream_copy(spark: Any, zk: str, rate: float, seconds: float, size: int,
                  .option("ack_quorum", "2")
                  .option("checkpointLocation", str(base / "stream-ckpt"))
                  .trigger(processingTime=trigger))
-        with client.open_log_writer(src, 3, 2, 2, roll_entries=20_000) as writer:
+        with client.logs.open_writer(src, 3, 2, 2, roll_entries=20_000) as writer:
             writer.append(struct.pack(">d", time.perf_counter()) + pad)  # the log exists
             running = query.start()
             follower = threading.Thread(target=follow, daemon=True)

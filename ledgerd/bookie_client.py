@@ -1,10 +1,12 @@
 """One pipelined connection to a bookie, over trio.
 
 ``send(message, callback)`` never blocks: it queues the request, and the connection's
-writer task encodes everything queued since it last woke into one ``send_all``. The
-reader task calls ``callback(status, response, None)`` for each reply, synchronously and
-in arrival order, or ``callback(-1, None, error)`` for every request still waiting when
-the connection fails. So a ledger handle with thousands of adds in flight pays one
+writer task encodes everything queued since it last woke into one ``send_all``, each
+request carrying its callback as the sans-IO connection's context (that connection
+holds the one table of requests in flight). The reader task calls
+``callback(status, response, None)`` for each reply, synchronously and in arrival order,
+or ``callback(-1, None, error)`` for every request still waiting when the connection
+fails. So a ledger handle with thousands of adds in flight pays one
 hand-off per batch of bytes, not per request, and needs no task per request.
 
 ``call``/``call_many`` are the awaitable form (one event per batch). If the connection
@@ -23,6 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -134,12 +137,12 @@ class _RunsReply:
 
 
 class BookieClient:
-    def __init__(self, address: str, stream: trio.abc.Stream, conn: ClientConnection) -> None:
+    def __init__(self, address: str, stream: trio.abc.Stream,
+                 conn: ClientConnection[Callback]) -> None:
         self.address = address
         self.stream = stream
         self.conn = conn
         self._queue: deque[tuple[Message, Callback]] = deque()
-        self._callbacks: dict[int, Callback] = {}
         self._wake = trio.Event()
         self.ended = trio.Event()
         self.error: BookieConnectionError | None = None
@@ -200,20 +203,16 @@ class BookieClient:
     async def _write_loop(self) -> None:
         conn = self.conn
         queue = self._queue
-        callbacks = self._callbacks
         while self.error is None:
             await self._wake.wait()
             self._wake = trio.Event()
             chunks = []
             while queue and conn.can_send:
                 msg, cb = queue.popleft()
-                cid = conn.next_correlation_id
                 try:
-                    chunks.append(conn.send(msg))
+                    chunks.append(conn.send(msg, cb))
                 except WireError as exc:  # this request cannot be sent (too large, ...)
                     cb(-1, None, BookieConnectionError(self.address, f"cannot send: {exc}"))
-                    continue
-                callbacks[cid] = cb
             if chunks:
                 try:
                     await self.stream.send_all(b"".join(chunks))
@@ -222,7 +221,6 @@ class BookieClient:
 
     async def _read_loop(self) -> None:
         conn = self.conn
-        callbacks = self._callbacks
         tls = isinstance(self.stream, trio.SSLStream)
         while self.error is None:
             try:
@@ -237,7 +235,7 @@ class BookieClient:
                     if ev is NEED_DATA:
                         break
                     if isinstance(ev, ResponseReceived):
-                        cb = callbacks.pop(ev.correlation_id, None)
+                        cb = ev.context
                         if cb is not None:
                             cb(ev.status, ev.response, None)
                         continue
@@ -255,8 +253,8 @@ class BookieClient:
             return
         error = self.error = BookieConnectionError(self.address, reason)
         log.info("bookie_connection_lost", extra=fields(bookie=self.address, reason=reason))
-        waiting = list(self._callbacks.values()) + [cb for _m, cb in self._queue]
-        self._callbacks.clear()
+        waiting = [cb for cb in self.conn.close() if cb is not None]
+        waiting += [cb for _m, cb in self._queue]
         self._queue.clear()
         self._wake.set()
         self.ended.set()
@@ -279,8 +277,8 @@ async def tcp_connect(address: str) -> trio.abc.Stream:
     return stream
 
 
-async def _exchange(address: str, stream: trio.abc.Stream, conn: ClientConnection,
-                    request: Message, what: str) -> ResponseReceived:
+async def _exchange(address: str, stream: trio.abc.Stream, conn: ClientConnection[Any],
+                    request: Message, what: str) -> ResponseReceived[Any]:
     """One request and its reply, on a connection nothing else uses yet."""
     try:
         await stream.send_all(conn.send(request))
@@ -301,7 +299,7 @@ async def _exchange(address: str, stream: trio.abc.Stream, conn: ClientConnectio
         raise BookieConnectionError(address, f"{what} failed: {_io_reason(exc)}") from exc
 
 
-async def authenticate(address: str, stream: trio.abc.Stream, conn: ClientConnection,
+async def authenticate(address: str, stream: trio.abc.Stream, conn: ClientConnection[Any],
                        token: bytes) -> str:
     """AUTH with a token (after START_TLS); returns the principal the bookie named."""
     ev = await _exchange(address, stream, conn, AuthRequest(mechanism=b"token", token=token),
@@ -316,7 +314,7 @@ async def authenticate(address: str, stream: trio.abc.Stream, conn: ClientConnec
     raise BookieConnectionError(address, f"refused AUTH: {Status(ev.status).name}")
 
 
-async def start_tls(address: str, stream: trio.abc.Stream, conn: ClientConnection,
+async def start_tls(address: str, stream: trio.abc.Stream, conn: ClientConnection[Any],
                     context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream]:
     """Upgrade a fresh connection: START_TLS in clear, the bookie's OK, then the TLS
     handshake (the bookie verified against the context's trust, and its host name or
@@ -377,7 +375,8 @@ async def open_bookie_client(address: str, *, connect: Connect = tcp_connect,
     ``negotiate``, exchange ApiVersions. Raises BookieConnectionError (never inside an
     exception group) when the connect, the upgrade or the ApiVersions exchange fails
     within ``connect_timeout``. If cancelled while connecting, nothing is left open."""
-    conn = ClientConnection(max_frame_bytes=max_frame_bytes, max_inflight=max_inflight)
+    conn: ClientConnection[Callback] = ClientConnection(max_frame_bytes=max_frame_bytes,
+                                                        max_inflight=max_inflight)
     try:
         with trio.fail_after(connect_timeout):
             stream: trio.abc.Stream = await connect(address)

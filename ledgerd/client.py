@@ -10,7 +10,8 @@
                 print(entry.entry_id, entry.payload)
 
 One client holds one ZooKeeper session, one connection per bookie (``BookiePool``), and
-a watch on bookie membership that placement reads. Handles run their background work
+a watch on bookie membership that placement reads. ``client.logs`` reaches the
+cluster's logs of ledgers (``ledgerd.ledgerlog.Logs``). Handles run their background work
 (add timeouts, explicit LAC) in the client's nursery; closing the client ends them.
 """
 
@@ -19,13 +20,12 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from ledgerd import ledgerlog
 from ledgerd.base.logs import fields
 from ledgerd.bookie_client import Connect, tcp_connect
 from ledgerd.bookies import BookiePool, PoolOptions
@@ -37,8 +37,8 @@ from ledgerd.errors import (
     NoSuchLedgerError,
     single_exception,
 )
-from ledgerd.handles import ReadHandle, WriteHandle
-from ledgerd.ledgerlog import LogPosition, LogWriter
+from ledgerd.handles import ClientServices, ReadHandle, WriteHandle
+from ledgerd.ledgerlog import Logs
 from ledgerd.machines.changes import ClosedChangeError
 from ledgerd.machines.placement import Placement, adheres, choose_ensemble
 from ledgerd.machines.quorum import check_quorums
@@ -46,14 +46,13 @@ from ledgerd.metadata.cluster import check_layout
 from ledgerd.metadata.errors import NoNodeError
 from ledgerd.metadata.ledger import LedgerMetadata, password_check
 from ledgerd.metadata.ledgers import LedgerManager
-from ledgerd.metadata.logs import LogStore
 from ledgerd.metadata.registry import BookieRegistry, BookieSet
 from ledgerd.metadata.store import MetadataStore
 from ledgerd.metrics import ClientMetrics
 from ledgerd.pipeline import SendFlusher
 from ledgerd.reads import LedgerView
 from ledgerd.recovery import recover_ledger, take_over
-from ledgerd.wire.entry import Digester, DigestType, Entry, master_key
+from ledgerd.wire.entry import Digester, DigestType, master_key
 
 __all__ = ["Client", "open_client"]
 
@@ -74,9 +73,6 @@ class Client:
         root = config.zk_ledgers_root_path
         self.ledgers = LedgerManager(store, root, layout)
         self.registry = BookieRegistry(store, root)
-        # Logs belong to their cluster: under its root, so a second cluster in the same
-        # ZooKeeper keeps its own and metaformat wipes them with the ledgers they list.
-        self.logs = LogStore(store, f"{root.rstrip('/')}/logs")
         self.rng = rng or random.Random()
         self.metrics = ClientMetrics()
         self.pool = BookiePool(nursery, PoolOptions(
@@ -89,6 +85,12 @@ class Client:
         self._bookies_seen = trio.Event()
         self.flusher = SendFlusher()  # batches the write handles' sends per loop pass
         nursery.start_soon(self.flusher.run)
+        # What handles use of the client (they never see the client itself).
+        self.services = ClientServices(
+            config=config, pool=self.pool, nursery=nursery, flusher=self.flusher,
+            metrics=self.metrics, ledgers=self.ledgers, rng=self.rng,
+            writable_bookies=self.writable_bookies, placement=self.placement)
+        self.logs = Logs(self)  # the cluster's logs of ledgers (ledgerd.ledgerlog)
 
     # -- membership --------------------------------------------------------------------
 
@@ -153,7 +155,7 @@ class Client:
         log.info("ledger_created", extra=fields(ledger=lid, ensemble=",".join(ensemble),
                                                 e=e, qw=qw, qa=qa))
         view = self._view(lid, md, Digester(digest_type, _password_bytes(password)))
-        return WriteHandle(self, lid, md, version, view, key)
+        return WriteHandle(self.services, lid, md, version, view, key)
 
     async def create_unbounded_ledger(self, ensemble_size: int | None = None,
                                       write_quorum: int | None = None,
@@ -161,7 +163,7 @@ class Client:
                                       digest: str | None = None, password: bytes | str = b"",
                                       custom_metadata: Mapping[str, str] | None = None,
                                       ) -> WriteHandle:
-        """Create an unbounded ledger (seed 002) at term 1 and return its writer.
+        """Create an unbounded ledger at term 1 and return its writer.
 
         It never needs closing: it grows fragment by fragment (``unbounded_fragment_entries``
         per fragment), old fragments are dropped with ``trim_ledger``, and another client
@@ -199,7 +201,7 @@ class Client:
         except ClosedChangeError as exc:
             raise LedgerClosedError(ledger_id, str(exc)) from exc
         view = self._view(ledger_id, got.md, digester)
-        return WriteHandle(self, ledger_id, got.md, got.version, view, key,
+        return WriteHandle(self.services, ledger_id, got.md, got.version, view, key,
                            last_add_confirmed=got.last_entry_id, length=got.length)
 
     async def trim_ledger(self, ledger_id: int, before_entry: int) -> LedgerMetadata:
@@ -253,7 +255,8 @@ class Client:
                 add_timeout=cfg.add_entry_timeout_ms / 1000,
                 writable=self.writable_bookies, rng=self.rng,
                 read_window=cfg.recovery_read_window)
-        return ReadHandle(self, ledger_id, md, version, self._view(ledger_id, md, digester))
+        return ReadHandle(self.services, ledger_id, md, version,
+                          self._view(ledger_id, md, digester))
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's metadata; bookies drop its data at their next GC."""
@@ -275,65 +278,6 @@ class Client:
     async def list_ledgers(self) -> AsyncIterator[int]:
         async for lid in self.ledgers.iter_ledger_ids():
             yield lid
-
-    # -- logs of ledgers (ledgerd.ledgerlog) ----------------------------------------------
-
-    async def open_log_writer(self, name: str, ensemble_size: int | None = None,
-                              write_quorum: int | None = None, ack_quorum: int | None = None,
-                              **kwargs: Any) -> LogWriter:
-        """Become the writer of log ``name`` (created if missing): fences its last two
-        ledgers and appends to a new one, or takes its unbounded ledger over. kwargs:
-        password, roll_entries, roll_bytes, roll_interval, unbounded, create."""
-        return await ledgerlog.open_log_writer(self, name, ensemble_size, write_quorum,
-                                               ack_quorum, **kwargs)
-
-    async def log_ledgers(self, name: str) -> tuple[int, ...]:
-        return await ledgerlog.log_ledgers(self, name)
-
-    async def list_logs(self) -> list[str]:
-        return await self.logs.names()
-
-    async def append_ledgers_to_log(self, name: str, ledger_ids: list[int], *,
-                                    password: bytes | str = b"", create: bool = True,
-                                    batch: tuple[str, int] | None = None) -> tuple[int, ...]:
-        """Add closed ledgers to the log's end (one CAS, the tail fenced first). With
-        ``batch=(writer, n)`` the CAS also records batch ``n`` of ``writer``; a batch
-        appended before raises ``BatchAlreadyAppendedError`` and changes nothing."""
-        return await ledgerlog.append_ledgers(self, name, ledger_ids, password=password,
-                                              create=create, batch=batch)
-
-    async def truncate_log(self, name: str, before_ledger: int) -> list[int]:
-        return await ledgerlog.truncate_log(self, name, before_ledger)
-
-    async def delete_log(self, name: str, *, delete_ledgers: bool = True) -> None:
-        """Remove the log record (and, by default, its ledgers)."""
-        ledgers = await self.log_ledgers(name)
-        await self.logs.delete(name)
-        for lid in ledgers if delete_ledgers else ():
-            try:
-                await self.delete_ledger(lid)
-            except NoSuchLedgerError:
-                pass
-
-    def read_log(self, name: str, password: bytes | str = b"", *,
-                 start: LogPosition | None = None) -> AsyncIterator[Entry]:
-        return ledgerlog.read_log(self, name, password, start=start)
-
-    def follow_log(self, name: str, password: bytes | str = b"", *,
-                   start: ledgerlog.Start | ledgerlog.LogCursor = "start",
-                   poll_s: float = 1.0) -> AsyncGenerator[ledgerlog.LogEntry, None]:
-        """Every entry from ``start`` ("start", "end", a LogPosition, an offset, or a
-        cursor) on, then new ones as they are acknowledged (see ``ledgerlog``)."""
-        return ledgerlog.follow_log(self, name, password, start=start, poll_s=poll_s)
-
-    async def open_log_cursor(self, name: str, cursor: str) -> ledgerlog.LogCursor:
-        return await ledgerlog.open_log_cursor(self, name, cursor)
-
-    async def log_layout(self, name: str) -> list[ledgerlog.LogSegment]:
-        return await ledgerlog.log_layout(self, name)
-
-    async def truncate_log_before(self, name: str, offset: int) -> dict[str, int]:
-        return await ledgerlog.truncate_log_before(self, name, offset)
 
     async def aclose(self) -> None:
         self.pool.close()

@@ -10,18 +10,24 @@ fenced or closed under it fails, and so does every pending and later append.
 Both handles read: ``read(first, last)`` is an async iterator of verified entries with
 failover across each entry's write set; ``read_lac`` asks the bookies;
 ``wait_lac_beyond`` long-polls until the LAC passes an entry.
+
+Handles know their client only as ``ClientServices``: the pool, the nursery, the
+flusher, the metrics, the ledger manager and placement, never the ``Client`` itself.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Generator, Iterable
-from functools import partial
-from typing import TYPE_CHECKING, Any
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import trio
 
 from ledgerd.base.logs import fields
+from ledgerd.bookies import BookiePool
+from ledgerd.config import ClientConfig
 from ledgerd.deadlines import DeadlineSleep
 from ledgerd.errors import (
     LeadershipLostError,
@@ -40,19 +46,20 @@ from ledgerd.machines.changes import (
     close_as_writer,
     failure_kind,
 )
-from ledgerd.machines.placement import choose_ensemble, choose_replacements
+from ledgerd.machines.placement import Placement, choose_ensemble, choose_replacements
 from ledgerd.machines.reads import FollowerLac
 from ledgerd.machines.throttle import TokenBucket
 from ledgerd.machines.writer import FailureKind, LedgerWriter
 from ledgerd.metadata.errors import ChangeRejectedError, MetadataError
 from ledgerd.metadata.ledger import LedgerMetadata
-from ledgerd.pipeline import AddPipeline, EnsembleChangeError
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metrics import ClientMetrics
+from ledgerd.pipeline import AddPipeline, EnsembleChangeError, SendFlusher
 from ledgerd.reads import LedgerView, fetch_range, long_poll, read_lac
 from ledgerd.wire.compression import compress_payload
 from ledgerd.wire.entry import (
     ENTRY_HEADER_SIZE,
     Entry,
-    encode_entries,
     encode_lac_body,
 )
 from ledgerd.wire.errors import MessageTooLargeError
@@ -60,15 +67,29 @@ from ledgerd.wire.frames import encode_request
 from ledgerd.wire.messages import NO_MASTER_KEY, AddFlags, AddRequest, WriteLacRequest
 from ledgerd.wire.status import UnauthorizedError
 
-if TYPE_CHECKING:
-    from ledgerd.client import Client
-
-__all__ = ["PendingAppend", "ReadHandle", "WriteHandle"]
+__all__ = ["ClientServices", "PendingAppend", "ReadHandle", "WriteHandle"]
 
 log = logging.getLogger(__name__)
 _READ_WINDOW = 64
 _READ_WINDOW_MAX = 1024
 _SUBMIT_CHUNK = 1024  # submit_many's entries per machine call (at most)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientServices:
+    """What a handle uses of the client that made it: its connections and nursery
+    (background work ends with the client), its send flusher, metrics, ledger metadata,
+    and the bookies placement chooses from (``writable_bookies``, ``placement``)."""
+
+    config: ClientConfig
+    pool: BookiePool
+    nursery: trio.Nursery
+    flusher: SendFlusher
+    metrics: ClientMetrics
+    ledgers: LedgerManager
+    rng: random.Random
+    writable_bookies: Callable[[], Awaitable[set[str]]]
+    placement: Callable[[], Awaitable[Placement]]
 
 
 class PendingAppend:
@@ -126,9 +147,9 @@ class PendingAppend:
 
 
 class _HandleBase:
-    def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
+    def __init__(self, services: ClientServices, ledger_id: int, metadata: LedgerMetadata, version: int,
                  view: LedgerView) -> None:
-        self.client = client
+        self.services = services
         self.ledger_id = ledger_id
         self.metadata = metadata
         self.version = version
@@ -186,7 +207,7 @@ class _HandleBase:
         last = self._bounds(first, last)
         if first > last:
             return []
-        metrics = self.client.metrics
+        metrics = self.services.metrics
         t0 = trio.current_time() if metrics.enabled else 0.0
         entries = await fetch_range(self._sync_view(), first, last)
         if metrics.enabled:
@@ -206,9 +227,9 @@ class _HandleBase:
 class ReadHandle(_HandleBase):
     """A ledger opened for reading (after recovery, or without it)."""
 
-    def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
+    def __init__(self, services: ClientServices, ledger_id: int, metadata: LedgerMetadata, version: int,
                  view: LedgerView) -> None:
-        super().__init__(client, ledger_id, metadata, version, view)
+        super().__init__(services, ledger_id, metadata, version, view)
         # An unbounded ledger's LAC, heard from a bookie, is read up to only with metadata
         # read after it was heard (a deposed leader's values can sit on bookies the held
         # fragment list still names; docs/client.md, "Following an unbounded ledger").
@@ -222,7 +243,7 @@ class ReadHandle(_HandleBase):
         """Re-read the metadata (a ledger opened without recovery may have closed since;
         an unbounded ledger's later fragments and terms)."""
         covers = self._follow.metadata_read_begins()
-        self.metadata, self.version = await self.client.ledgers.read(
+        self.metadata, self.version = await self.services.ledgers.read(
             self.ledger_id, fresh=self.metadata.unbounded)
         closed = self.metadata.is_closed
         self._follow.on_metadata(
@@ -281,11 +302,11 @@ def add_frame_overhead(digest_size: int) -> int:
 class WriteHandle(_HandleBase):
     """A ledger this client created and writes; one writer per ledger."""
 
-    def __init__(self, client: Client, ledger_id: int, metadata: LedgerMetadata, version: int,
+    def __init__(self, services: ClientServices, ledger_id: int, metadata: LedgerMetadata, version: int,
                  view: LedgerView, key: bytes, *, last_add_confirmed: int = -1,
                  length: int = 0) -> None:
-        super().__init__(client, ledger_id, metadata, version, view)
-        cfg = client.config
+        super().__init__(services, ledger_id, metadata, version, view)
+        cfg = services.config
         # An unbounded ledger's writer holds the metadata's term (its writing term),
         # writes with the guaranteed write quorum, and rolls fragments.
         self.term = metadata.term if metadata.unbounded else 0
@@ -304,15 +325,13 @@ class WriteHandle(_HandleBase):
                               fragment_entries=cfg.unbounded_fragment_entries
                               if metadata.unbounded else 0)
         self._scope = trio.CancelScope()
-        self._pipeline = AddPipeline(client.pool, client.nursery, ledger_id, key, writer,
+        self._pipeline = AddPipeline(services.pool, services.nursery, ledger_id, key, writer,
                                      flags=AddFlags.NONE, term=self.term,
-                                     replace=self._replace,
+                                     digester=self._digester, replace=self._replace,
                                      on_completed=self._completed, on_failed=self._failed,
                                      on_released=self._progress_made,
                                      on_timer_changed=self._wake_service,
-                                     flusher=client.flusher,
-                                     encode_many=partial(encode_entries, self._digester,
-                                                         ledger_id))
+                                     flusher=services.flusher)
         self._waiters: dict[int, PendingAppend] = {}
         self._error: LedgerHandleError | UnauthorizedError | None = None
         self._closing = False
@@ -326,7 +345,7 @@ class WriteHandle(_HandleBase):
         # The service task sleeps until the next deadline; with none, until an append,
         # a completion or an ensemble change wakes it.
         self._sleep = DeadlineSleep()
-        client.nursery.start_soon(self._service)
+        services.nursery.start_soon(self._service)
 
     # -- state -------------------------------------------------------------------------
 
@@ -423,17 +442,15 @@ class WriteHandle(_HandleBase):
         return out
 
     def _submit_chunk(self, payloads: list[bytes], now: float) -> list[PendingAppend]:
-        pipeline = self._pipeline
-        assert pipeline.encode_many is not None
-        first = pipeline.append_many(payloads, pipeline.encode_many, now)
+        first = self._pipeline.append_many(payloads, now)
         pending = [PendingAppend(eid, now) for eid in range(first, first + len(payloads))]
         if self._error is not None:  # failed while sending (a synchronous failure)
             for p in pending:
                 p._finish(now, self._error)
-            self.client.metrics.adds_failed += len(pending)
+            self.services.metrics.adds_failed += len(pending)
         else:
             self._waiters.update(zip(range(first, first + len(payloads)), pending, strict=True))
-            self.client.metrics.outstanding += len(pending)
+            self.services.metrics.outstanding += len(pending)
         self._last_activity = now
         self._sleep.wake()
         return pending
@@ -457,10 +474,10 @@ class WriteHandle(_HandleBase):
         p = PendingAppend(eid, now)
         if self._error is not None:  # failed while sending (a synchronous failure)
             p._finish(now, self._error)
-            self.client.metrics.adds_failed += 1
+            self.services.metrics.adds_failed += 1
         else:
             self._waiters[eid] = p
-            self.client.metrics.outstanding += 1
+            self.services.metrics.outstanding += 1
         self._last_activity = now
         self._sleep.wake()
         return p
@@ -501,7 +518,7 @@ class WriteHandle(_HandleBase):
     def _completed(self, entry_ids: tuple[int, ...], lac: int) -> None:
         waiters = self._waiters
         now = trio.current_time()  # once per completed batch, not per entry
-        metrics = self.client.metrics
+        metrics = self.services.metrics
         done = 0
         observe = metrics.add_latency.observe if metrics.enabled else None
         # Appends submitted together (one submit_many chunk) share a submit time: one
@@ -555,37 +572,37 @@ class WriteHandle(_HandleBase):
         now = trio.current_time()
         for p in waiters.values():
             p._finish(now, error)
-        self.client.metrics.adds_failed += len(waiters)
-        self.client.metrics.outstanding -= len(waiters)
+        self.services.metrics.adds_failed += len(waiters)
+        self.services.metrics.outstanding -= len(waiters)
         self._progress.set()
 
     # -- ensemble change ---------------------------------------------------------------
 
     async def _replace(self, first: int, failed: dict[int, str],
                        ensemble: tuple[str, ...]) -> tuple[str, ...]:
-        client = self.client
+        services = self.services
         try:
             if failed:
-                new = choose_replacements(await client.writable_bookies(), ensemble, failed,
-                                          client.rng, avoid=client.pool.recent_failures(),
+                new = choose_replacements(await services.writable_bookies(), ensemble, failed,
+                                          services.rng, avoid=services.pool.recent_failures(),
                                           write_quorum=self.metadata.write_quorum,
-                                          placement=await client.placement())
+                                          placement=await services.placement())
             else:  # a full fragment of an unbounded ledger: a fresh ensemble
-                new = choose_ensemble(await client.writable_bookies(), len(ensemble),
-                                      client.rng, avoid=client.pool.recent_failures(),
+                new = choose_ensemble(await services.writable_bookies(), len(ensemble),
+                                      services.rng, avoid=services.pool.recent_failures(),
                                       write_quorum=self.metadata.write_quorum,
-                                      placement=await client.placement())
+                                      placement=await services.placement())
         except NotEnoughBookiesError as exc:
             raise EnsembleChangeError(FailureKind.NO_BOOKIES, str(exc)) from exc
         term = self.term
         try:
-            self.metadata, self.version = await client.ledgers.update(
+            self.metadata, self.version = await services.ledgers.update(
                 self.ledger_id, lambda md: change_ensemble(md, ensemble, first, new, term))
         except ChangeRejectedError as exc:
             raise EnsembleChangeError(failure_kind(exc), str(exc)) from exc
         except MetadataError as exc:
             raise EnsembleChangeError(FailureKind.METADATA, str(exc)) from exc
-        client.metrics.ensemble_changes += 1
+        services.metrics.ensemble_changes += 1
         return new
 
     # -- background: add timeouts and explicit LAC -------------------------------------
@@ -626,7 +643,7 @@ class WriteHandle(_HandleBase):
             # task then spun on a deadline that never passed (a mock clock stays there).
             req = self._lac_request(w.published_lac)
             for bookie in w.ensemble:
-                self.client.pool.send(bookie, req, lambda *_a: None)
+                self.services.pool.send(bookie, req, lambda *_a: None)
 
     # -- close -------------------------------------------------------------------------
 
@@ -647,7 +664,7 @@ class WriteHandle(_HandleBase):
             w = self._pipeline.writer
             term = self.term
             try:
-                self.metadata, self.version = await self.client.ledgers.update(
+                self.metadata, self.version = await self.services.ledgers.update(
                     self.ledger_id, lambda md: close_as_writer(md, w.lac, w.length, term))
             except TermChangedError as exc:
                 raise LeadershipLostError(self.ledger_id, str(exc)) from exc
@@ -691,10 +708,10 @@ class WriteHandle(_HandleBase):
         that does not answer within the add timeout is skipped), so that readers see the
         last entries of a writer that stops without closing."""
         req = self._lac_request(lac)
-        timeout = self.client.config.add_entry_timeout_ms / 1000
+        timeout = self.services.config.add_entry_timeout_ms / 1000
         async with trio.open_nursery() as nursery:
             for bookie in self._pipeline.writer.ensemble:
-                nursery.start_soon(self.client.pool.call, bookie, req, timeout)
+                nursery.start_soon(self.services.pool.call, bookie, req, timeout)
 
     async def __aenter__(self) -> WriteHandle:
         return self

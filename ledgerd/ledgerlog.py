@@ -1,8 +1,10 @@
 """Logs of ledgers: a named, ordered ledger list under ``/logs/<name>``, changed by CAS.
 
-A log is read as its ledgers one after another. Writing follows DESIGN §6:
+A log is read as its ledgers one after another. A client reaches its cluster's logs as
+``client.logs`` (a ``Logs``: ``open_writer``, ``read``, ``follow``, ``append_ledgers``,
+``truncate``, ...). Writing follows DESIGN §6:
 
-- ``open_log_writer`` fences the log's last two ledgers (opening them with recovery
+- ``open_writer`` fences the log's last two ledgers (opening them with recovery
   closes any that a previous writer left open), creates a ledger, and adds it to the
   list with compare-and-set. The old writer's next add fails with LedgerFencedError.
 - The writer rolls to a new ledger once the current one holds ``roll_entries`` entries
@@ -17,16 +19,19 @@ Every entry also has a dense 64-bit **offset**: the count of entries before it i
 log. A ledger's first offset is the record's ``base`` (entries truncated away) plus the
 entry counts of the closed ledgers listed before it, so offsets never move.
 
-A log can instead be backed by **one unbounded ledger** (``open_log_writer(...,
+A log can instead be backed by **one unbounded ledger** (``open_writer(...,
 unbounded=True)`` when the log is created): a new writer takes the ledger over (raising
 its term) instead of adding a ledger, positions are ``(that ledger, entry)``, and the
 offset of entry *e* is *e* minus the no-op entries before it.
 
-**Readers**: ``follow_log`` is an async iterator of ``LogEntry`` (position, offset,
+**Readers**: ``follow`` is an async iterator of ``LogEntry`` (position, offset,
 payload) that returns every entry once, in order, across ledgers and terms, waits for
 new ones (long polls), and never shows an entry past the LAC. It starts at the start,
-the end, a position, an offset, or a named cursor (``open_log_cursor``), which stores a
-consumer's next position durably with compare-and-set.
+the end, a position, an offset, or a named cursor (``open_cursor``), which stores a
+consumer's next position durably with compare-and-set (``open_cursor``).
+
+This module knows the client only as ``LedgerClient`` (the ledger calls it uses): the
+client imports it, not the other way round.
 """
 
 from __future__ import annotations
@@ -34,30 +39,57 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import trio
 
 from ledgerd.base.logs import fields
+from ledgerd.config import ClientConfig
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
+from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
 from ledgerd.metadata.ledger import LedgerMetadata
-from ledgerd.metadata.logs import CursorRecord, LogRecord
+from ledgerd.metadata.logs import CursorRecord, LogRecord, LogStore
+from ledgerd.metadata.store import MetadataStore
 from ledgerd.wire.entry import Entry
 from ledgerd.wire.status import FencedError
 
-if TYPE_CHECKING:
-    from ledgerd.client import Client
-    from ledgerd.handles import WriteHandle
-
-__all__ = ["BatchAlreadyAppendedError", "LogCursor", "LogEntry", "LogFencedError", "LogPosition", "LogSegment", "LogWriter",
-           "NoSuchLogError", "append_ledgers", "follow_log", "log_layout", "log_ledgers",
-           "log_segments", "open_log_cursor", "open_log_writer", "read_log",
-           "truncate_log", "truncate_log_before"]
+__all__ = ["BatchAlreadyAppendedError", "LedgerClient", "LogCursor", "LogEntry",
+           "LogFencedError", "LogPosition", "LogSegment", "LogWriter", "Logs", "NoSuchLogError",
+           "Start", "entry_for_offset", "log_segments"]
 
 log = logging.getLogger(__name__)
 
 FENCE_TAIL = 2  # ledgers at the end of the list a new writer fences
+
+
+class LedgerClient(Protocol):
+    """The client calls logs are made of (``ledgerd.Client`` is one): logs know ledgers
+    only through these, so this module never imports the client."""
+
+    config: ClientConfig
+    store: MetadataStore
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata: ...
+
+    async def open_ledger(self, ledger_id: int, password: bytes | str = b"", *,
+                          recovery: bool = True) -> ReadHandle: ...
+
+    async def create_ledger(self, ensemble_size: int | None = None,
+                            write_quorum: int | None = None, ack_quorum: int | None = None, *,
+                            password: bytes | str = b"") -> WriteHandle: ...
+
+    async def create_unbounded_ledger(self, ensemble_size: int | None = None,
+                                      write_quorum: int | None = None,
+                                      ack_quorum: int | None = None, *,
+                                      password: bytes | str = b"") -> WriteHandle: ...
+
+    async def take_over_ledger(self, ledger_id: int,
+                               password: bytes | str = b"") -> WriteHandle: ...
+
+    async def trim_ledger(self, ledger_id: int, before_entry: int) -> LedgerMetadata: ...
+
+    async def delete_ledger(self, ledger_id: int) -> None: ...
 
 
 class NoSuchLogError(LedgerdError):
@@ -89,36 +121,6 @@ class LogPosition:
     entry_id: int
 
 
-async def log_ledgers(client: Client, name: str) -> tuple[int, ...]:
-    """The log's ledger ids in order; NoSuchLogError names a missing log."""
-    try:
-        record, _ = await client.logs.get(name)
-    except NoNodeError:
-        raise NoSuchLogError(name) from None
-    return record.ledgers
-
-
-async def _ensure(client: Client, name: str, create: bool) -> None:
-    if not create:
-        await log_ledgers(client, name)
-        return
-    try:
-        await client.logs.create(name)
-    except NodeExistsError:
-        pass
-
-
-async def _fence(client: Client, ledger_ids: Iterable[int], password: bytes | str) -> None:
-    """Open each ledger with recovery: an open one is fenced and closed."""
-    for lid in ledger_ids:
-        try:
-            md = await client.ledger_metadata(lid)
-        except NoSuchLedgerError:
-            continue  # deleted (truncated) already: nothing can be added to it
-        if not md.is_closed:
-            await client.open_ledger(lid, password, recovery=True)
-
-
 def _append_after(tail: int | None, new: tuple[int, ...],
                   name: str) -> Callable[[LogRecord], LogRecord]:
     """A CAS change adding ``new`` only while the list still ends with ``tail`` (None:
@@ -134,112 +136,6 @@ def _append_after(tail: int | None, new: tuple[int, ...],
     return change
 
 
-async def append_ledgers(client: Client, name: str, ledger_ids: Iterable[int], *,
-                         password: bytes | str = b"", create: bool = True,
-                         batch: tuple[str, int] | None = None) -> tuple[int, ...]:
-    """Add closed ledgers to the end of the log with one CAS; returns the new list.
-
-    The log's last ledgers are fenced first, so a writer still adding to the tail fails
-    instead of writing behind the new ledgers. With ``batch = (writer, n)`` the same CAS
-    records that ``writer`` appended its batch ``n``; a batch at or below the last one
-    recorded for that writer raises BatchAlreadyAppendedError and changes nothing (a
-    replay after a crash: the ledgers are the caller's to delete)."""
-    new = tuple(ledger_ids)
-    if batch is not None and (not batch[0] or batch[1] < 0):
-        raise ValueError(f"batch must be (a writer name, a number >= 0), got {batch!r}")
-    for lid in new:
-        if not (await client.ledger_metadata(lid)).is_closed:
-            raise LedgerdError(f"log {name!r}: ledger {lid} must be closed before it is "
-                               "added to a log")
-    await _ensure(client, name, create)
-    await _fence(client, (await log_ledgers(client, name))[-FENCE_TAIL:], password)
-
-    def change(record: LogRecord) -> LogRecord:
-        if record.unbounded:
-            raise LedgerdError(f"log {name!r} is backed by an unbounded ledger; ledgers "
-                               "cannot be added to it")
-        if batch is None:
-            return replace(record, ledgers=record.ledgers + new)
-        writer, n = batch
-        if record.last_batch(writer) >= n:
-            raise BatchAlreadyAppendedError(name, writer, n, record.last_batch(writer))
-        return replace(record, ledgers=record.ledgers + new,
-                       commits=record.with_batch(writer, n))
-
-    record, _ = await client.logs.update(name, change)
-    log.info("log_ledgers_appended", extra=fields(log=name, ledgers=",".join(map(str, new))))
-    return record.ledgers
-
-
-async def truncate_log(client: Client, name: str, before_ledger: int) -> list[int]:
-    """Drop (and delete) every ledger listed before ``before_ledger``; returns them.
-    The record's ``base`` grows by their entries, so offsets do not move."""
-    record, _ = await _record(client, name)
-    if before_ledger not in record.ledgers:
-        raise LedgerdError(f"log {name!r} has no ledger {before_ledger}")
-    cut = record.ledgers.index(before_ledger)
-    counts = [await _closed_count(client, name, lid) for lid in record.ledgers[:cut]]
-    return await _drop_front(client, name, record.ledgers[:cut], sum(counts))
-
-
-async def _closed_count(client: Client, name: str, lid: int) -> int:
-    try:
-        md = await client.ledger_metadata(lid)
-    except NoSuchLedgerError:
-        raise LedgerdError(f"log {name!r}: listed ledger {lid} is gone") from None
-    if not md.is_closed:
-        raise LedgerdError(f"log {name!r}: ledger {lid} is still open; truncation drops "
-                           "closed ledgers only (open the log's writer to close it)")
-    return md.last_entry_id + 1
-
-
-async def _drop_front(client: Client, name: str, drop: tuple[int, ...], entries: int,
-                      ) -> list[int]:
-    def change(record: LogRecord) -> LogRecord:
-        if record.ledgers[:len(drop)] != drop:
-            raise LogFencedError(name, "the log's front changed during truncation")
-        return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries)
-
-    if not drop:
-        return []
-    try:
-        await client.logs.update(name, change)
-    except NoNodeError:
-        raise NoSuchLogError(name) from None
-    for lid in drop:
-        try:
-            await client.delete_ledger(lid)
-        except NoSuchLedgerError:
-            pass
-    log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop))))
-    return list(drop)
-
-
-async def truncate_log_before(client: Client, name: str, offset: int) -> dict[str, int]:
-    """Retention by offset: drop whatever holds only entries before ``offset`` — whole
-    closed ledgers, or an unbounded ledger's whole fragments. Returns what was dropped
-    (``ledgers`` or ``fragments``) and the log's new first offset (``start``)."""
-    record, _ = await _record(client, name)
-    if record.unbounded:
-        lid = record.ledgers[0]
-        md = await client.ledger_metadata(lid)
-        before = len(md.ensembles)
-        md = await client.trim_ledger(lid, entry_for_offset(md, offset))
-        return {"fragments": before - len(md.ensembles),
-                "start": md.start_entry - md.noops_before(md.start_entry)}
-    layout = await log_layout(client, name)
-    drop: list[int] = []
-    entries = 0
-    for seg in layout[:-1]:
-        if seg.count is None or seg.first_offset is None or \
-                seg.first_offset + seg.count > offset:
-            break
-        drop.append(seg.ledger_id)
-        entries += seg.count
-    await _drop_front(client, name, tuple(drop), entries)
-    return {"ledgers": len(drop), "start": record.base + entries}
-
-
 def log_segments(name: str, ledgers: tuple[int, ...],
                  start: LogPosition | None) -> list[tuple[int, int]]:
     """``(ledger, first entry)`` for each ledger a read from ``start`` visits."""
@@ -251,25 +147,6 @@ def log_segments(name: str, ledgers: tuple[int, ...],
     begin = ledgers.index(start.ledger_id)
     return [(lid, start.entry_id if i == begin else 0)
             for i, lid in enumerate(ledgers) if i >= begin]
-
-
-async def read_log(client: Client, name: str, password: bytes | str = b"", *,
-                   start: LogPosition | None = None) -> AsyncIterator[Entry]:
-    """Every readable entry of the log in order, from ``start`` (inclusive); closed
-    ledgers to their end, an open one to its LAC. Nothing is fenced."""
-    for lid, first in log_segments(name, await log_ledgers(client, name), start):
-        rh = await client.open_ledger(lid, password, recovery=False)
-        last = rh.last_add_confirmed if rh.is_closed else await rh.read_lac()
-        if first <= last:
-            async for entry in rh.read(first, last):
-                yield entry
-
-
-async def _record(client: Client, name: str) -> tuple[LogRecord, int]:
-    try:
-        return await client.logs.get(name)
-    except NoNodeError:
-        raise NoSuchLogError(name) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,27 +168,6 @@ class LogSegment:
     count: int | None
 
 
-async def log_layout(client: Client, name: str) -> list[LogSegment]:
-    """The log's ledgers with their offsets (an unbounded log: its one ledger, from its
-    first kept entry's offset)."""
-    record, _ = await _record(client, name)
-    out: list[LogSegment] = []
-    offset: int | None = record.base
-    for lid in record.ledgers:
-        try:
-            md = await client.ledger_metadata(lid)
-        except NoSuchLedgerError:
-            raise LedgerdError(f"log {name!r}: listed ledger {lid} is gone") from None
-        if record.unbounded:
-            out.append(LogSegment(lid, md.start_entry - md.noops_before(md.start_entry),
-                                  None))
-            break
-        count = md.last_entry_id + 1 if md.is_closed else None
-        out.append(LogSegment(lid, offset, count))
-        offset = None if offset is None or count is None else offset + count
-    return out
-
-
 def entry_for_offset(md: LedgerMetadata, offset: int) -> int:
     """An unbounded ledger's entry id holding log offset ``offset`` (no-ops skipped)."""
     eid = offset
@@ -326,121 +182,14 @@ def entry_for_offset(md: LedgerMetadata, offset: int) -> int:
 Start = Literal["start", "end"] | LogPosition | int
 
 
-async def _resolve(client: Client, name: str, password: bytes | str, start: Start,
-                   ) -> tuple[int, int, int]:
-    """``(segment index, entry id, offset)`` where a read from ``start`` begins."""
-    record, _ = await _record(client, name)
-    if not record.ledgers:
-        if start in ("start", "end") or start == record.base:
-            return 0, 0, record.base
-        raise LedgerdError(f"log {name!r} is empty; it has no {start!r}")
-    if record.unbounded:
-        md = await client.ledger_metadata(record.ledgers[0])
-        first = md.start_entry - md.noops_before(md.start_entry)
-        if start == "start":
-            return 0, md.start_entry, first
-        if start == "end":
-            rh = await client.open_ledger(record.ledgers[0], password, recovery=False)
-            lac = await rh.read_lac()
-            return 0, lac + 1, lac + 1 - rh.metadata.noops_before(lac + 1)
-        if isinstance(start, LogPosition):
-            if start.ledger_id != record.ledgers[0]:
-                raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id}")
-            return 0, start.entry_id, start.entry_id - md.noops_before(start.entry_id)
-        if start < first:
-            raise LedgerdError(f"log {name!r}: offset {start} was truncated (the log starts "
-                               f"at {first})")
-        return 0, entry_for_offset(md, start), start
-    layout = await log_layout(client, name)
-    if start == "start":
-        return 0, 0, record.base
-    if start == "end":
-        last = layout[-1]
-        if last.first_offset is None:
-            raise LedgerdError(f"log {name!r}: its end is not known while an earlier "
-                               "ledger is still open (a writer is taking over)")
-        if last.count is not None:
-            return len(layout) - 1, last.count, last.first_offset + last.count
-        rh = await client.open_ledger(last.ledger_id, password, recovery=False)
-        lac = await rh.read_lac()
-        return len(layout) - 1, lac + 1, last.first_offset + lac + 1
-    if isinstance(start, LogPosition):
-        for i, seg in enumerate(layout):
-            if seg.ledger_id == start.ledger_id:
-                if seg.first_offset is None:
-                    raise LedgerdError(f"log {name!r}: ledger {seg.ledger_id}'s offsets are "
-                                       "not known yet (an earlier ledger is still open)")
-                return i, start.entry_id, seg.first_offset + start.entry_id
-        raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id} (truncated, or "
-                           "never in this log)")
-    if start < record.base:
-        raise LedgerdError(f"log {name!r}: offset {start} was truncated (the log starts at "
-                           f"{record.base})")
-    for i, seg in enumerate(layout):
-        if seg.first_offset is None:
-            break
-        if seg.count is None or start < seg.first_offset + seg.count:
-            return i, start - seg.first_offset, start
-    raise LedgerdError(f"log {name!r}: offset {start} is past the end of its closed ledgers")
-
-
-async def follow_log(client: Client, name: str, password: bytes | str = b"", *,
-                     start: Start | LogCursor = "start", poll_s: float = 1.0,
-                     ) -> AsyncGenerator[LogEntry, None]:
-    """Every entry of the log from ``start`` on, once, in order, across ledgers and
-    terms; then wait for new ones (long polls of ``poll_s``) for as long as the caller
-    iterates. Only acknowledged entries are returned (nothing past the LAC); an idle
-    writer's last entry shows within its ``explicit_lac_interval_ms``. Nothing is fenced.
-    """
-    if isinstance(start, LogCursor):
-        cursor = start
-        begin: Start = "start" if cursor.record is None else cursor.record.offset
-    else:
-        begin = start
-    index, eid, offset = await _resolve(client, name, password, begin)
-    record, _ = await _record(client, name)
-    while not record.ledgers:  # empty: wait for a first ledger
-        await trio.sleep(poll_s)
-        record, _ = await _record(client, name)
-    lid = record.ledgers[index]
-    while True:
-        rh = await client.open_ledger(lid, password, recovery=False)
-        if not rh.is_closed:
-            await rh.read_lac()
-        while True:
-            last = rh.last_add_confirmed
-            if eid <= last:
-                top = min(last, eid + 255)
-                for entry in await rh.read_batch(eid, top):
-                    yield LogEntry(LogPosition(lid, entry.entry_id), offset, entry.payload)
-                    offset += 1
-                eid = top + 1
-                continue
-            if rh.is_closed:
-                break
-            if await rh.wait_lac_beyond(eid - 1, timeout=poll_s) < eid:
-                await rh.refresh()  # nothing new: closed meanwhile (a roll)?
-        # The ledger is closed and read to its end: on to the next one listed.
-        while True:
-            record, _ = await _record(client, name)
-            if lid not in record.ledgers:
-                raise LedgerdError(f"log {name!r}: ledger {lid} was truncated away while "
-                                   "being read")
-            i = record.ledgers.index(lid)
-            if i + 1 < len(record.ledgers):
-                lid, eid = record.ledgers[i + 1], 0
-                break
-            await trio.sleep(poll_s / 4)
-
-
 class LogCursor:
-    """A consumer's durable position in a log (``open_log_cursor``): ``commit(entry)``
+    """A consumer's durable position in a log (``Logs.open_cursor``): ``commit(entry)``
     stores "next read the entry after this one" by compare-and-set; a commit never moves
     the cursor backwards (a slower consumer sharing the name loses to a faster one)."""
 
-    def __init__(self, client: Client, log_name: str, name: str,
+    def __init__(self, store: LogStore, log_name: str, name: str,
                  record: CursorRecord | None, version: int | None) -> None:
-        self.client = client
+        self.store = store
         self.log_name = log_name
         self.name = name
         self.record = record
@@ -454,7 +203,7 @@ class LogCursor:
     async def commit(self, entry: LogEntry) -> None:
         new = CursorRecord(entry.offset + 1, entry.position.ledger_id,
                            entry.position.entry_id + 1)
-        logs = self.client.logs
+        logs = self.store
         while True:
             if self.record is not None and self.record.offset >= new.offset:
                 return
@@ -468,23 +217,14 @@ class LogCursor:
                 self.record, self.version = got if got is not None else (None, None)
 
 
-async def open_log_cursor(client: Client, name: str, cursor: str) -> LogCursor:
-    """The named cursor of a log, as last committed (a new one starts at the start)."""
-    await _record(client, name)
-    got = await client.logs.get_cursor(name, cursor)
-    if got is None:
-        return LogCursor(client, name, cursor, None, None)
-    return LogCursor(client, name, cursor, got[0], got[1])
-
-
 class LogWriter:
     """Appends to a log; see the module docstring. Not safe for concurrent appends from
     several tasks (positions would interleave across a roll)."""
 
-    def __init__(self, client: Client, name: str, handle: WriteHandle, *, password: bytes | str,
+    def __init__(self, logs: Logs, name: str, handle: WriteHandle, *, password: bytes | str,
                  quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int,
                  roll_interval: float = 0.0, unbounded: bool = False) -> None:
-        self.client = client
+        self.logs = logs
         self.name = name
         self.handle = handle
         self.password = password
@@ -541,12 +281,13 @@ class LogWriter:
             raise LedgerdError(f"log {self.name!r} is one unbounded ledger: it does not roll")
         old = self.handle
         e, qw, qa = self.quorums
-        new = await self.client.create_ledger(e, qw, qa, password=self.password)
+        client = self.logs.client
+        new = await client.create_ledger(e, qw, qa, password=self.password)
         try:
-            await self.client.logs.update(
+            await self.logs.store.update(
                 self.name, _append_after(old.ledger_id, (new.ledger_id,), self.name))
         except BaseException:
-            await self.client.delete_ledger(new.ledger_id)
+            await client.delete_ledger(new.ledger_id)
             raise
         self.handle = new
         self.opened_at = trio.current_time()
@@ -571,73 +312,376 @@ class LogWriter:
         await self.close()
 
 
-async def open_log_writer(client: Client, name: str, ensemble_size: int | None = None,
+class Logs:
+    """The logs of a client's cluster, as ``client.logs`` (kazoo's recipe style: the
+    recipe takes the client; the client does not know the recipe's calls). Each call
+    names the log; see the module docstring for the rules."""
+
+    def __init__(self, client: LedgerClient) -> None:
+        self.client = client
+        # Logs belong to their cluster: under its root, so a second cluster in the same
+        # ZooKeeper keeps its own and metaformat wipes them with the ledgers they list.
+        root = client.config.zk_ledgers_root_path
+        self.store = LogStore(client.store, f"{root.rstrip('/')}/logs")
+
+    async def names(self) -> list[str]:
+        """Every log's name."""
+        return await self.store.names()
+
+    async def delete(self, name: str, *, delete_ledgers: bool = True) -> None:
+        """Remove the log record (and, by default, its ledgers)."""
+        ledgers = await self.ledgers(name)
+        await self.store.delete(name)
+        for lid in ledgers if delete_ledgers else ():
+            try:
+                await self.client.delete_ledger(lid)
+            except NoSuchLedgerError:
+                pass
+
+    async def open_writer(self, name: str, ensemble_size: int | None = None,
                           write_quorum: int | None = None, ack_quorum: int | None = None, *,
                           password: bytes | str = b"", roll_entries: int = 0,
                           roll_bytes: int = 256 << 20, roll_interval: float = 0.0,
                           unbounded: bool | None = None, create: bool = True) -> LogWriter:
-    """Become the log's writer.
+        """Become the log's writer.
 
-    A ledger-backed log: fence its last two ledgers, add a new one (CAS). A log backed
-    by an unbounded ledger: take the ledger over (raise its term). ``unbounded`` chooses
-    the kind when the log is created (default: ledgers); for an existing log it must
-    match (None: whatever the log is). ``roll_interval`` (seconds) rolls a ledger-backed
-    log's ledger by age too, checked after each append."""
-    cfg = client.config
-    quorums = (cfg.ensemble_size if ensemble_size is None else ensemble_size,
-               cfg.write_quorum_size if write_quorum is None else write_quorum,
-               cfg.ack_quorum_size if ack_quorum is None else ack_quorum)
-    await _ensure(client, name, create)
-    record, _ = await _record(client, name)
-    if unbounded is None:
-        unbounded = record.unbounded
-    if record.ledgers and unbounded != record.unbounded:
-        kind = "an unbounded ledger" if record.unbounded else "ledgers"
-        raise LedgerdError(f"log {name!r} is backed by {kind}; its kind is chosen when it "
-                           "is created")
-    if unbounded:
-        return await _open_unbounded(client, name, record, quorums, password)
-    for _ in range(10):
-        ledgers = await log_ledgers(client, name)
-        await _fence(client, ledgers[-FENCE_TAIL:], password)
-        handle = await client.create_ledger(*quorums, password=password)
-        tail = ledgers[-1] if ledgers else None
+        A ledger-backed log: fence its last two ledgers, add a new one (CAS). A log backed
+        by an unbounded ledger: take the ledger over (raise its term). ``unbounded`` chooses
+        the kind when the log is created (default: ledgers); for an existing log it must
+        match (None: whatever the log is). ``roll_interval`` (seconds) rolls a ledger-backed
+        log's ledger by age too, checked after each append."""
+        cfg = self.client.config
+        quorums = (cfg.ensemble_size if ensemble_size is None else ensemble_size,
+                   cfg.write_quorum_size if write_quorum is None else write_quorum,
+                   cfg.ack_quorum_size if ack_quorum is None else ack_quorum)
+        await self._ensure(name, create)
+        record, _ = await self._record(name)
+        if unbounded is None:
+            unbounded = record.unbounded
+        if record.ledgers and unbounded != record.unbounded:
+            kind = "an unbounded ledger" if record.unbounded else "ledgers"
+            raise LedgerdError(f"log {name!r} is backed by {kind}; its kind is chosen when it "
+                               "is created")
+        if unbounded:
+            return await self._open_unbounded(name, record, quorums, password)
+        for _ in range(10):
+            ledgers = await self.ledgers(name)
+            await self._fence(ledgers[-FENCE_TAIL:], password)
+            handle = await self.client.create_ledger(*quorums, password=password)
+            tail = ledgers[-1] if ledgers else None
+            try:
+                await self.store.update(name, _append_after(tail, (handle.ledger_id,), name))
+            except LogFencedError:
+                await self.client.delete_ledger(handle.ledger_id)  # another writer got in first
+                continue
+            except BaseException:
+                await self.client.delete_ledger(handle.ledger_id)
+                raise
+            log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id))
+            return LogWriter(self, name, handle, password=password, quorums=quorums,
+                             roll_entries=roll_entries, roll_bytes=roll_bytes,
+                             roll_interval=roll_interval)
+        raise LogFencedError(name, "gave up after 10 writers raced to open the log")
+
+    async def _open_unbounded(self, name: str, record: LogRecord,
+                              quorums: tuple[int, int, int], password: bytes | str) -> LogWriter:
+        if record.ledgers:
+            handle = await self.client.take_over_ledger(record.ledgers[0], password)
+        else:
+            handle = await self.client.create_unbounded_ledger(*quorums, password=password)
+            lid = handle.ledger_id
+
+            def claim(current: LogRecord) -> LogRecord:
+                if current.ledgers:
+                    return current  # another writer created it first
+                return replace(current, ledgers=(lid,), unbounded=True)
+
+            record, _ = await self.store.update(name, claim)
+            if record.ledgers != (lid,):
+                await handle.abandon()
+                await self.client.delete_ledger(lid)
+                if not record.unbounded:
+                    raise LogFencedError(name, "another writer created it backed by ledgers")
+                handle = await self.client.take_over_ledger(record.ledgers[0], password)
+        log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
+                                                   term=handle.term))
+        return LogWriter(self, name, handle, password=password, quorums=quorums,
+                         roll_entries=0, roll_bytes=0, unbounded=True)
+
+    async def ledgers(self, name: str) -> tuple[int, ...]:
+        """The log's ledger ids in order; NoSuchLogError names a missing log."""
         try:
-            await client.logs.update(name, _append_after(tail, (handle.ledger_id,), name))
-        except LogFencedError:
-            await client.delete_ledger(handle.ledger_id)  # another writer got in first
-            continue
-        except BaseException:
-            await client.delete_ledger(handle.ledger_id)
-            raise
-        log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id))
-        return LogWriter(client, name, handle, password=password, quorums=quorums,
-                         roll_entries=roll_entries, roll_bytes=roll_bytes,
-                         roll_interval=roll_interval)
-    raise LogFencedError(name, "gave up after 10 writers raced to open the log")
+            record, _ = await self.store.get(name)
+        except NoNodeError:
+            raise NoSuchLogError(name) from None
+        return record.ledgers
 
+    async def append_ledgers(self, name: str, ledger_ids: Iterable[int], *,
+                             password: bytes | str = b"", create: bool = True,
+                             batch: tuple[str, int] | None = None) -> tuple[int, ...]:
+        """Add closed ledgers to the end of the log with one CAS; returns the new list.
 
-async def _open_unbounded(client: Client, name: str, record: LogRecord,
-                          quorums: tuple[int, int, int], password: bytes | str) -> LogWriter:
-    if record.ledgers:
-        handle = await client.take_over_ledger(record.ledgers[0], password)
-    else:
-        handle = await client.create_unbounded_ledger(*quorums, password=password)
-        lid = handle.ledger_id
+        The log's last ledgers are fenced first, so a writer still adding to the tail fails
+        instead of writing behind the new ledgers. With ``batch = (writer, n)`` the same CAS
+        records that ``writer`` appended its batch ``n``; a batch at or below the last one
+        recorded for that writer raises BatchAlreadyAppendedError and changes nothing (a
+        replay after a crash: the ledgers are the caller's to delete)."""
+        new = tuple(ledger_ids)
+        if batch is not None and (not batch[0] or batch[1] < 0):
+            raise ValueError(f"batch must be (a writer name, a number >= 0), got {batch!r}")
+        for lid in new:
+            if not (await self.client.ledger_metadata(lid)).is_closed:
+                raise LedgerdError(f"log {name!r}: ledger {lid} must be closed before it is "
+                                   "added to a log")
+        await self._ensure(name, create)
+        await self._fence((await self.ledgers(name))[-FENCE_TAIL:], password)
 
-        def claim(current: LogRecord) -> LogRecord:
-            if current.ledgers:
-                return current  # another writer created it first
-            return replace(current, ledgers=(lid,), unbounded=True)
+        def change(record: LogRecord) -> LogRecord:
+            if record.unbounded:
+                raise LedgerdError(f"log {name!r} is backed by an unbounded ledger; ledgers "
+                                   "cannot be added to it")
+            if batch is None:
+                return replace(record, ledgers=record.ledgers + new)
+            writer, n = batch
+            if record.last_batch(writer) >= n:
+                raise BatchAlreadyAppendedError(name, writer, n, record.last_batch(writer))
+            return replace(record, ledgers=record.ledgers + new,
+                           commits=record.with_batch(writer, n))
 
-        record, _ = await client.logs.update(name, claim)
-        if record.ledgers != (lid,):
-            await handle.abandon()
-            await client.delete_ledger(lid)
-            if not record.unbounded:
-                raise LogFencedError(name, "another writer created it backed by ledgers")
-            handle = await client.take_over_ledger(record.ledgers[0], password)
-    log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
-                                               term=handle.term))
-    return LogWriter(client, name, handle, password=password, quorums=quorums,
-                     roll_entries=0, roll_bytes=0, unbounded=True)
+        record, _ = await self.store.update(name, change)
+        log.info("log_ledgers_appended", extra=fields(log=name, ledgers=",".join(map(str, new))))
+        return record.ledgers
+
+    async def truncate(self, name: str, before_ledger: int) -> list[int]:
+        """Drop (and delete) every ledger listed before ``before_ledger``; returns them.
+        The record's ``base`` grows by their entries, so offsets do not move."""
+        record, _ = await self._record(name)
+        if before_ledger not in record.ledgers:
+            raise LedgerdError(f"log {name!r} has no ledger {before_ledger}")
+        cut = record.ledgers.index(before_ledger)
+        counts = [await self._closed_count(name, lid) for lid in record.ledgers[:cut]]
+        return await self._drop_front(name, record.ledgers[:cut], sum(counts))
+
+    async def truncate_before(self, name: str, offset: int) -> dict[str, int]:
+        """Retention by offset: drop whatever holds only entries before ``offset`` — whole
+        closed ledgers, or an unbounded ledger's whole fragments. Returns what was dropped
+        (``ledgers`` or ``fragments``) and the log's new first offset (``start``)."""
+        record, _ = await self._record(name)
+        if record.unbounded:
+            lid = record.ledgers[0]
+            md = await self.client.ledger_metadata(lid)
+            before = len(md.ensembles)
+            md = await self.client.trim_ledger(lid, entry_for_offset(md, offset))
+            return {"fragments": before - len(md.ensembles),
+                    "start": md.start_entry - md.noops_before(md.start_entry)}
+        layout = await self.layout(name)
+        drop: list[int] = []
+        entries = 0
+        for seg in layout[:-1]:
+            if seg.count is None or seg.first_offset is None or \
+                    seg.first_offset + seg.count > offset:
+                break
+            drop.append(seg.ledger_id)
+            entries += seg.count
+        await self._drop_front(name, tuple(drop), entries)
+        return {"ledgers": len(drop), "start": record.base + entries}
+
+    async def read(self, name: str, password: bytes | str = b"", *,
+                   start: LogPosition | None = None) -> AsyncIterator[Entry]:
+        """Every readable entry of the log in order, from ``start`` (inclusive); closed
+        ledgers to their end, an open one to its LAC. Nothing is fenced."""
+        for lid, first in log_segments(name, await self.ledgers(name), start):
+            rh = await self.client.open_ledger(lid, password, recovery=False)
+            last = rh.last_add_confirmed if rh.is_closed else await rh.read_lac()
+            if first <= last:
+                async for entry in rh.read(first, last):
+                    yield entry
+
+    async def follow(self, name: str, password: bytes | str = b"", *,
+                     start: Start | LogCursor = "start", poll_s: float = 1.0,
+                     ) -> AsyncGenerator[LogEntry, None]:
+        """Every entry of the log from ``start`` on, once, in order, across ledgers and
+        terms; then wait for new ones (long polls of ``poll_s``) for as long as the caller
+        iterates. Only acknowledged entries are returned (nothing past the LAC); an idle
+        writer's last entry shows within its ``explicit_lac_interval_ms``. Nothing is fenced.
+        """
+        if isinstance(start, LogCursor):
+            cursor = start
+            begin: Start = "start" if cursor.record is None else cursor.record.offset
+        else:
+            begin = start
+        index, eid, offset = await self._resolve(name, password, begin)
+        record, _ = await self._record(name)
+        while not record.ledgers:  # empty: wait for a first ledger
+            await trio.sleep(poll_s)
+            record, _ = await self._record(name)
+        lid = record.ledgers[index]
+        while True:
+            rh = await self.client.open_ledger(lid, password, recovery=False)
+            if not rh.is_closed:
+                await rh.read_lac()
+            while True:
+                last = rh.last_add_confirmed
+                if eid <= last:
+                    top = min(last, eid + 255)
+                    for entry in await rh.read_batch(eid, top):
+                        yield LogEntry(LogPosition(lid, entry.entry_id), offset, entry.payload)
+                        offset += 1
+                    eid = top + 1
+                    continue
+                if rh.is_closed:
+                    break
+                if await rh.wait_lac_beyond(eid - 1, timeout=poll_s) < eid:
+                    await rh.refresh()  # nothing new: closed meanwhile (a roll)?
+            # The ledger is closed and read to its end: on to the next one listed.
+            while True:
+                record, _ = await self._record(name)
+                if lid not in record.ledgers:
+                    raise LedgerdError(f"log {name!r}: ledger {lid} was truncated away while "
+                                       "being read")
+                i = record.ledgers.index(lid)
+                if i + 1 < len(record.ledgers):
+                    lid, eid = record.ledgers[i + 1], 0
+                    break
+                await trio.sleep(poll_s / 4)
+
+    async def open_cursor(self, name: str, cursor: str) -> LogCursor:
+        """The named cursor of a log, as last committed (a new one starts at the start)."""
+        await self._record(name)
+        got = await self.store.get_cursor(name, cursor)
+        if got is None:
+            return LogCursor(self.store, name, cursor, None, None)
+        return LogCursor(self.store, name, cursor, got[0], got[1])
+
+    async def layout(self, name: str) -> list[LogSegment]:
+        """The log's ledgers with their offsets (an unbounded log: its one ledger, from its
+        first kept entry's offset)."""
+        record, _ = await self._record(name)
+        out: list[LogSegment] = []
+        offset: int | None = record.base
+        for lid in record.ledgers:
+            try:
+                md = await self.client.ledger_metadata(lid)
+            except NoSuchLedgerError:
+                raise LedgerdError(f"log {name!r}: listed ledger {lid} is gone") from None
+            if record.unbounded:
+                out.append(LogSegment(lid, md.start_entry - md.noops_before(md.start_entry),
+                                      None))
+                break
+            count = md.last_entry_id + 1 if md.is_closed else None
+            out.append(LogSegment(lid, offset, count))
+            offset = None if offset is None or count is None else offset + count
+        return out
+
+    async def _ensure(self, name: str, create: bool) -> None:
+        if not create:
+            await self.ledgers(name)
+            return
+        try:
+            await self.store.create(name)
+        except NodeExistsError:
+            pass
+
+    async def _fence(self, ledger_ids: Iterable[int], password: bytes | str) -> None:
+        """Open each ledger with recovery: an open one is fenced and closed."""
+        for lid in ledger_ids:
+            try:
+                md = await self.client.ledger_metadata(lid)
+            except NoSuchLedgerError:
+                continue  # deleted (truncated) already: nothing can be added to it
+            if not md.is_closed:
+                await self.client.open_ledger(lid, password, recovery=True)
+
+    async def _closed_count(self, name: str, lid: int) -> int:
+        try:
+            md = await self.client.ledger_metadata(lid)
+        except NoSuchLedgerError:
+            raise LedgerdError(f"log {name!r}: listed ledger {lid} is gone") from None
+        if not md.is_closed:
+            raise LedgerdError(f"log {name!r}: ledger {lid} is still open; truncation drops "
+                               "closed ledgers only (open the log's writer to close it)")
+        return md.last_entry_id + 1
+
+    async def _drop_front(self, name: str, drop: tuple[int, ...], entries: int,
+                          ) -> list[int]:
+        def change(record: LogRecord) -> LogRecord:
+            if record.ledgers[:len(drop)] != drop:
+                raise LogFencedError(name, "the log's front changed during truncation")
+            return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries)
+
+        if not drop:
+            return []
+        try:
+            await self.store.update(name, change)
+        except NoNodeError:
+            raise NoSuchLogError(name) from None
+        for lid in drop:
+            try:
+                await self.client.delete_ledger(lid)
+            except NoSuchLedgerError:
+                pass
+        log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop))))
+        return list(drop)
+
+    async def _record(self, name: str) -> tuple[LogRecord, int]:
+        try:
+            return await self.store.get(name)
+        except NoNodeError:
+            raise NoSuchLogError(name) from None
+
+    async def _resolve(self, name: str, password: bytes | str, start: Start,
+                       ) -> tuple[int, int, int]:
+        """``(segment index, entry id, offset)`` where a read from ``start`` begins."""
+        record, _ = await self._record(name)
+        if not record.ledgers:
+            if start in ("start", "end") or start == record.base:
+                return 0, 0, record.base
+            raise LedgerdError(f"log {name!r} is empty; it has no {start!r}")
+        if record.unbounded:
+            md = await self.client.ledger_metadata(record.ledgers[0])
+            first = md.start_entry - md.noops_before(md.start_entry)
+            if start == "start":
+                return 0, md.start_entry, first
+            if start == "end":
+                rh = await self.client.open_ledger(record.ledgers[0], password, recovery=False)
+                lac = await rh.read_lac()
+                return 0, lac + 1, lac + 1 - rh.metadata.noops_before(lac + 1)
+            if isinstance(start, LogPosition):
+                if start.ledger_id != record.ledgers[0]:
+                    raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id}")
+                return 0, start.entry_id, start.entry_id - md.noops_before(start.entry_id)
+            if start < first:
+                raise LedgerdError(f"log {name!r}: offset {start} was truncated (the log starts "
+                                   f"at {first})")
+            return 0, entry_for_offset(md, start), start
+        layout = await self.layout(name)
+        if start == "start":
+            return 0, 0, record.base
+        if start == "end":
+            last = layout[-1]
+            if last.first_offset is None:
+                raise LedgerdError(f"log {name!r}: its end is not known while an earlier "
+                                   "ledger is still open (a writer is taking over)")
+            if last.count is not None:
+                return len(layout) - 1, last.count, last.first_offset + last.count
+            rh = await self.client.open_ledger(last.ledger_id, password, recovery=False)
+            lac = await rh.read_lac()
+            return len(layout) - 1, lac + 1, last.first_offset + lac + 1
+        if isinstance(start, LogPosition):
+            for i, seg in enumerate(layout):
+                if seg.ledger_id == start.ledger_id:
+                    if seg.first_offset is None:
+                        raise LedgerdError(f"log {name!r}: ledger {seg.ledger_id}'s offsets are "
+                                           "not known yet (an earlier ledger is still open)")
+                    return i, start.entry_id, seg.first_offset + start.entry_id
+            raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id} (truncated, or "
+                               "never in this log)")
+        if start < record.base:
+            raise LedgerdError(f"log {name!r}: offset {start} was truncated (the log starts at "
+                               f"{record.base})")
+        for i, seg in enumerate(layout):
+            if seg.first_offset is None:
+                break
+            if seg.count is None or start < seg.first_offset + seg.count:
+                return i, start - seg.first_offset, start
+        raise LedgerdError(f"log {name!r}: offset {start} is past the end of its closed ledgers")

@@ -1,8 +1,9 @@
 """The sending side of a ledger writer: carries out what ``LedgerWriter`` asks for.
 
-An ``AddPipeline`` owns one ``LedgerWriter`` and the encoded bytes of its pending
-entries. ``defer`` / ``append_many`` ask the machine for entry ids and the sends to
-make (``append_encoded`` for recovery's rewrites); sends are
+An ``AddPipeline`` owns one ``LedgerWriter``, the ledger's ``Digester`` and the encoded
+bytes of its pending entries. ``defer`` / ``append_many`` ask the machine for entry ids
+(``reserve``, ``append_many``) and the sends to make, and encode the entries here
+(``append_encoded`` takes recovery's rewrites, already encoded); sends are
 grouped per bookie into AddRequests (SPARSE where a striped ledger's ids have gaps:
 one request per bookie per flush, not one per run of Qw entries) and handed to the
 ``BookiePool`` with a callback, so replies feed straight back into the machine from the
@@ -39,6 +40,7 @@ from ledgerd.machines.writer import (
     SendAdd,
     SendAdds,
 )
+from ledgerd.wire.entry import Digester, encode_entries
 from ledgerd.wire.messages import AddFlags, AddRequest, Message
 from ledgerd.wire.status import Status
 
@@ -60,8 +62,6 @@ class EnsembleChangeError(LedgerdError):
         self.reason = reason
 
 
-# encode_many(first entry id, lac, cumulative lengths, payloads) -> the entries' bytes
-Encoder = Callable[[int, int, list[int], Sequence[bytes]], list[bytes]]
 Replace = Callable[[int, dict[int, str], tuple[str, ...]], Awaitable[tuple[str, ...]]]
 
 
@@ -95,15 +95,18 @@ class SendFlusher:
 
 
 class AddPipeline:
+    """One ledger's adds: entry ids from the writer machine, entries encoded with the
+    ledger's ``digester`` (None: only ``append_encoded``, for entries that come encoded),
+    sends batched per bookie, replies fed back to the machine."""
+
     def __init__(self, pool: BookiePool, nursery: trio.Nursery, ledger_id: int,
                  master_key: bytes, writer: LedgerWriter, *, flags: int, term: int = 0,
-                 replace: Replace,
+                 digester: Digester | None = None, replace: Replace,
                  on_completed: Callable[[tuple[int, ...], int], None],
                  on_failed: Callable[[FailureKind, str, tuple[int, ...]], None],
                  on_timer_changed: Callable[[], None] = lambda: None,
                  on_released: Callable[[], None] = lambda: None,
-                 flusher: SendFlusher | None = None,
-                 encode_many: Encoder | None = None) -> None:
+                 flusher: SendFlusher | None = None) -> None:
         self.pool = pool
         self.nursery = nursery
         self.ledger_id = ledger_id
@@ -124,16 +127,16 @@ class AddPipeline:
         self._flusher = flusher
         self._marked = False
         self.ensemble_changes = 0
-        # ``defer``'s payloads, appended (``encode_many``) at the flusher's next pass.
-        self.encode_many = encode_many
+        self.digester = digester
+        # ``defer``'s payloads (their ids reserved), appended at the flusher's next pass.
         self._deferred: list[bytes] = []
 
     def defer(self, payload: bytes) -> int:
-        """Add one entry (``encode_many`` makes its bytes), returning its id at once;
-        the machine takes it, with every entry deferred beside it, in one
-        ``append_many`` at the flusher's next pass: a task submitting entries one by
-        one pays the batched path's cost per entry, not ``append``'s."""
-        eid = self.writer.last_pushed + 1 + len(self._deferred)
+        """Add one entry, returning its id (reserved from the machine) at once; the
+        machine takes it, with every entry deferred beside it, in one ``append_many`` at
+        the flusher's next pass: a task submitting entries one by one pays the batched
+        path's cost per entry, not ``append``'s."""
+        eid = self.writer.reserve()
         self._deferred.append(payload)
         if self._flusher is None:
             self._take_deferred()
@@ -146,21 +149,22 @@ class AddPipeline:
         payloads, self._deferred = self._deferred, []
         if self.writer.failed is not None:
             return  # the handle failed meanwhile, and their appends with it
-        assert self.encode_many is not None, "defer needs encode_many"
-        self.append_many(payloads, self.encode_many, trio.current_time())
+        self.append_many(payloads, trio.current_time())
         self.on_timer_changed()  # their add timeout: a driver sleeping idle recomputes
 
-    def append_many(self, payloads: Sequence[bytes], encode: Encoder, now: float) -> int:
-        """``append`` for several entries in one pass: ``encode(first_id, lac,
-        cumulative_lengths, payloads)`` gives their bytes; returns the first id."""
+    def append_many(self, payloads: Sequence[bytes], now: float) -> int:
+        """Append entries in one pass (ids from the machine, bytes encoded here, with
+        the LAC the machine publishes now); returns the first id."""
         if self._deferred:
             self._take_deferred()
+        digester = self.digester
+        assert digester is not None, "this pipeline takes encoded entries only"
         w = self.writer
         first, effects = w.append_many([len(p) for p in payloads], now)
         lengths = w.lengths
-        encoded = encode(first, w.published_lac,
-                         [lengths[eid] for eid in range(first, first + len(payloads))],
-                         payloads)
+        encoded = encode_entries(digester, self.ledger_id, first, w.published_lac,
+                                 [lengths[eid] for eid in range(first, first + len(payloads))],
+                                 payloads)
         entries = self.entries
         for eid, data in enumerate(encoded, first):
             entries[eid] = data

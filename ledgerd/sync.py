@@ -10,8 +10,9 @@ carries each call over with ``trio.from_thread``; handles mirror the async ones:
         for entry in client.open_ledger(lh.ledger_id, password=b"pw").read():
             print(entry.payload)
 
-Calls are thread-safe (each runs on the client's trio thread). ``close()`` (or leaving
-the ``with`` block) stops the thread and the client's connections.
+Logs are ``client.logs`` as on the async client (``SyncLogs``). Calls are thread-safe
+(each runs on the client's trio thread). ``close()`` (or leaving the ``with`` block)
+stops the thread and the client's connections.
 """
 
 from __future__ import annotations
@@ -26,16 +27,23 @@ from typing import Any, TypeVar
 
 import trio
 
-from ledgerd import ledgerlog
 from ledgerd.base.logs import fields
 from ledgerd.client import Client, open_client
 from ledgerd.errors import ClientClosedError, LedgerClosedError
 from ledgerd.handles import PendingAppend, ReadHandle, WriteHandle
-from ledgerd.ledgerlog import LogCursor, LogEntry, LogPosition, LogWriter, log_segments
+from ledgerd.ledgerlog import (
+    LogCursor,
+    LogEntry,
+    LogPosition,
+    LogSegment,
+    LogWriter,
+    Start,
+    log_segments,
+)
 from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.wire.entry import Entry
 
-__all__ = ["SyncClient", "SyncLogWriter", "SyncReadHandle", "SyncWriteHandle"]
+__all__ = ["SyncClient", "SyncLogWriter", "SyncLogs", "SyncReadHandle", "SyncWriteHandle"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,7 @@ class SyncClient:
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._client: Client | None = None
+        self.logs = SyncLogs(self)
         self._thread = threading.Thread(target=trio.run, args=(self._main, zk_servers, settings),
                                         name="ledgerd-client", daemon=True)
         self._thread.start()
@@ -146,61 +155,6 @@ class SyncClient:
             return [lid async for lid in self.client.list_ledgers()]
         return self._run(collect)
 
-    # -- logs of ledgers ---------------------------------------------------------------
-
-    def open_log_writer(self, name: str, ensemble_size: int | None = None,
-                        write_quorum: int | None = None, ack_quorum: int | None = None,
-                        **kwargs: Any) -> SyncLogWriter:
-        writer = self._run(self.client.open_log_writer, name, ensemble_size, write_quorum,
-                           ack_quorum, **kwargs)
-        return SyncLogWriter(self, writer)
-
-    def log_ledgers(self, name: str) -> tuple[int, ...]:
-        return self._run(self.client.log_ledgers, name)
-
-    def list_logs(self) -> list[str]:
-        return self._run(self.client.list_logs)
-
-    def append_ledgers_to_log(self, name: str, ledger_ids: list[int], **kwargs: Any
-                              ) -> tuple[int, ...]:
-        return self._run(self.client.append_ledgers_to_log, name, ledger_ids, **kwargs)
-
-    def truncate_log(self, name: str, before_ledger: int) -> list[int]:
-        return self._run(self.client.truncate_log, name, before_ledger)
-
-    def delete_log(self, name: str, *, delete_ledgers: bool = True) -> None:
-        self._run(self.client.delete_log, name, delete_ledgers=delete_ledgers)
-
-    def read_log(self, name: str, password: bytes | str = b"", *,
-                 start: LogPosition | None = None) -> Iterator[Entry]:
-        """The log's entries in order (closed ledgers to their end, an open one to its
-        LAC), from ``start`` inclusive; nothing is fenced."""
-        for lid, first in log_segments(name, self.log_ledgers(name), start):
-            rh = self.open_ledger(lid, password, recovery=False)
-            last = rh.last_add_confirmed if rh.metadata.is_closed else rh.read_lac()
-            if first <= last:
-                yield from rh.read(first, last)
-
-    def follow_log(self, name: str, password: bytes | str = b"", *,
-                   start: ledgerlog.Start | LogCursor = "start",
-                   poll_s: float = 1.0) -> Iterator[LogEntry]:
-        """``Client.follow_log`` as a plain iterator: every entry from ``start`` on, then
-        new ones as they are acknowledged (blocks between them; break out to stop)."""
-        gen = ledgerlog.follow_log(self.client, name, password, start=start, poll_s=poll_s)
-        try:
-            while True:
-                try:
-                    yield self._run(gen.__anext__)
-                except StopAsyncIteration:
-                    return
-        finally:
-            if not self.closed:
-                self._run(gen.aclose)
-
-    def open_log_cursor(self, name: str, cursor: str) -> LogCursor:
-        """The named cursor; commit with ``client.call(cursor.commit, entry)``."""
-        return self._run(ledgerlog.open_log_cursor, self.client, name, cursor)
-
     def close(self) -> None:
         if self._token is not None and self._stop is not None and not self._stop.is_set():
             trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
@@ -211,6 +165,75 @@ class SyncClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SyncLogs:
+    """``Client.logs`` for threads (``SyncClient.logs``): the same calls, blocking;
+    ``open_writer`` gives a ``SyncLogWriter``, ``read`` and ``follow`` plain iterators."""
+
+    def __init__(self, client: SyncClient) -> None:
+        self._client = client
+
+    def open_writer(self, name: str, ensemble_size: int | None = None,
+                    write_quorum: int | None = None, ack_quorum: int | None = None,
+                    **kwargs: Any) -> SyncLogWriter:
+        writer = self._client._run(self._client.client.logs.open_writer, name, ensemble_size,
+                                   write_quorum, ack_quorum, **kwargs)
+        return SyncLogWriter(self._client, writer)
+
+    def ledgers(self, name: str) -> tuple[int, ...]:
+        return self._client._run(self._client.client.logs.ledgers, name)
+
+    def names(self) -> list[str]:
+        return self._client._run(self._client.client.logs.names)
+
+    def append_ledgers(self, name: str, ledger_ids: list[int], **kwargs: Any
+                       ) -> tuple[int, ...]:
+        return self._client._run(self._client.client.logs.append_ledgers, name, ledger_ids,
+                                 **kwargs)
+
+    def truncate(self, name: str, before_ledger: int) -> list[int]:
+        return self._client._run(self._client.client.logs.truncate, name, before_ledger)
+
+    def truncate_before(self, name: str, offset: int) -> dict[str, int]:
+        return self._client._run(self._client.client.logs.truncate_before, name, offset)
+
+    def delete(self, name: str, *, delete_ledgers: bool = True) -> None:
+        self._client._run(self._client.client.logs.delete, name,
+                          delete_ledgers=delete_ledgers)
+
+    def layout(self, name: str) -> list[LogSegment]:
+        return self._client._run(self._client.client.logs.layout, name)
+
+    def read(self, name: str, password: bytes | str = b"", *,
+             start: LogPosition | None = None) -> Iterator[Entry]:
+        """The log's entries in order (closed ledgers to their end, an open one to its
+        LAC), from ``start`` inclusive; nothing is fenced."""
+        for lid, first in log_segments(name, self.ledgers(name), start):
+            rh = self._client.open_ledger(lid, password, recovery=False)
+            last = rh.last_add_confirmed if rh.metadata.is_closed else rh.read_lac()
+            if first <= last:
+                yield from rh.read(first, last)
+
+    def follow(self, name: str, password: bytes | str = b"", *,
+               start: Start | LogCursor = "start", poll_s: float = 1.0) -> Iterator[LogEntry]:
+        """``Logs.follow`` as a plain iterator: every entry from ``start`` on, then new
+        ones as they are acknowledged (blocks between them; break out to stop)."""
+        client = self._client
+        gen = client.client.logs.follow(name, password, start=start, poll_s=poll_s)
+        try:
+            while True:
+                try:
+                    yield client._run(gen.__anext__)
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not client.closed:
+                client._run(gen.aclose)
+
+    def open_cursor(self, name: str, cursor: str) -> LogCursor:
+        """The named cursor; commit with ``client.call(cursor.commit, entry)``."""
+        return self._client._run(self._client.client.logs.open_cursor, name, cursor)
 
 
 class _SyncHandle:

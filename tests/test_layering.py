@@ -172,3 +172,75 @@ def test_both_transports_sit_on_the_session(module: str) -> None:
     imported = {target for _, target in imports_of(_path_of(module))}
     assert "ledgerd.appliance.session" in imported
     assert not imported & (set(TRANSPORTS) - {module})  # neither transport needs the other
+
+
+# -- the client's write path goes one way (issue 46) ------------------------------------
+# The client builds handles and logs; handles know it only as ``ClientServices`` and logs
+# only as ``ledgerlog.LedgerClient``, so neither imports ``ledgerd.client``. Imports under
+# ``if TYPE_CHECKING:`` count: a type-level circle is still a circle.
+NOT_BELOW: dict[str, set[str]] = {
+    "ledgerd.handles": {"ledgerd.client", "ledgerd.ledgerlog", "ledgerd.sync"},
+    "ledgerd.ledgerlog": {"ledgerd.client", "ledgerd.sync"},
+    "ledgerd.pipeline": {"ledgerd.client", "ledgerd.handles", "ledgerd.ledgerlog"},
+    "ledgerd.bookies": {"ledgerd.client", "ledgerd.handles", "ledgerd.pipeline"},
+    "ledgerd.bookie_client": {"ledgerd.client", "ledgerd.handles", "ledgerd.pipeline",
+                              "ledgerd.bookies"},
+}
+
+
+def client_modules() -> dict[str, Path]:
+    """The client unit's modules (``ledgerd`` minus the folders and the ground floor)."""
+    return {module_name(p): p for p in sorted((ROOT / "ledgerd").rglob("*.py"))
+            if unit_of(module_name(p)) == "ledgerd"}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_client_modules_import_each_other_one_way() -> None:
+    modules = client_modules()
+    graph = {m: {t for _, t in imports_of(p) if t in modules and t != m}
+             for m, p in modules.items()}
+    assert import_cycles(graph) == []
+    for module, banned in NOT_BELOW.items():
+        assert not graph[module] & banned, f"{module} imports {graph[module] & banned}"
+
+
+def test_the_cycle_check_sees_a_circle() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.parametrize("module", sorted(
+    module_name(p) for p in (ROOT / "ledgerd" / "machines").glob("*.py")))
+def test_every_machine_imports_without_trio(module: str) -> None:
+    test_pure_module_imports_without_trio_or_kazoo(module)

@@ -204,7 +204,7 @@ def run_audit(spark: Any, client_options: Mapping[str, str], *,
 
     client = client_for(client_options)
     if log is not None:
-        wanted = list(client.log_ledgers(log))
+        wanted = list(client.logs.ledgers(log))
     elif ledgers is not None:
         wanted = list(ledgers)
     else:

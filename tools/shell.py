@@ -397,8 +397,8 @@ def listlogs(ctx: click.Context, as_json: bool) -> None:
     """Every log: its kind and how many ledgers it lists."""
     async def run(client: Any) -> list[dict[str, Any]]:
         out = []
-        for name in await client.list_logs():
-            record, _ = await client.logs.get(name)
+        for name in await client.logs.names():
+            record, _ = await client.logs.store.get(name)
             out.append({"log": name, "kind": "unbounded" if record.unbounded else "ledgers",
                         "ledgers": len(record.ledgers)})
         return out
@@ -415,13 +415,13 @@ def listlogs(ctx: click.Context, as_json: bool) -> None:
 def logstat(ctx: click.Context, name: str, password: str, as_json: bool) -> None:
     """A log's ledgers with their offsets, entries and bytes, and its cursors."""
     async def run(client: Any) -> dict[str, Any]:
-        record, _ = await client.logs.get(name) if name in await client.list_logs() \
+        record, _ = await client.logs.store.get(name) if name in await client.logs.names() \
             else (None, None)
         if record is None:
             raise ShellError(f"log {name!r} does not exist (ledgerd shell listlogs)")
         rows = []
         end = record.base
-        for seg in await client.log_layout(name):
+        for seg in await client.logs.layout(name):
             md = await client.ledger_metadata(seg.ledger_id)
             count = seg.count
             if count is None:  # open: up to the LAC
@@ -437,8 +437,8 @@ def logstat(ctx: click.Context, name: str, password: str, as_json: bool) -> None
             if seg.first_offset is not None:
                 end = seg.first_offset + count
         cursors = {}
-        for c in await client.logs.cursors(name):
-            got = await client.logs.get_cursor(name, c)
+        for c in await client.logs.store.cursors(name):
+            got = await client.logs.store.get_cursor(name, c)
             cursors[c] = None if got is None else got[0].offset
         return {"log": name, "kind": "unbounded" if record.unbounded else "ledgers",
                 "start_offset": rows[0]["first_offset"] if rows else record.base,
@@ -469,16 +469,16 @@ def readlogentries(ctx: click.Context, name: str, first: str, count: int | None,
     start: Any = first if first in ("start", "end") else int(first)
 
     async def run(client: Any) -> int:
-        if name not in await client.list_logs():
+        if name not in await client.logs.names():
             raise ShellError(f"log {name!r} does not exist (ledgerd shell listlogs)")
-        layout = await client.log_layout(name)
+        layout = await client.logs.layout(name)
         end = None if follow else await _log_end(client, name, password, layout)
         begin = (layout[0].first_offset if layout else end) if start == "start" else start
         n = 0
         if end is not None and (begin == "end" or (isinstance(begin, int) and begin >= end)
                                 or (count is not None and count <= 0)):
             return 0  # nothing acknowledged at or after the start yet
-        async for e in client.follow_log(name, password, start=start, poll_s=1.0):
+        async for e in client.logs.follow(name, password, start=start, poll_s=1.0):
             payload = e.payload.decode("utf-8", "backslashreplace")
             if as_json:
                 click.echo(json.dumps({"offset": e.offset, "ledger_id": e.position.ledger_id,
@@ -500,7 +500,7 @@ def readlogentries(ctx: click.Context, name: str, first: str, count: int | None,
 async def _log_end(client: Any, name: str, password: str, layout: list[Any]) -> int:
     """The offset after the last acknowledged entry, now."""
     if not layout:
-        record, _ = await client.logs.get(name)
+        record, _ = await client.logs.store.get(name)
         return int(record.base)
     last = layout[-1]
     if last.first_offset is None:
@@ -530,9 +530,9 @@ def truncatelog(ctx: click.Context, name: str, before: int, force: bool,
         raise ShellError(f"truncating log {name!r} cannot be undone; pass --force")
 
     async def run(client: Any) -> dict[str, int]:
-        if name not in await client.list_logs():
+        if name not in await client.logs.names():
             raise ShellError(f"log {name!r} does not exist (ledgerd shell listlogs)")
-        result: dict[str, int] = await client.truncate_log_before(name, before)
+        result: dict[str, int] = await client.logs.truncate_before(name, before)
         return result
     d = _client_run(ctx, run)
     what = (f"{d['fragments']} fragment(s)" if "fragments" in d

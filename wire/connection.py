@@ -4,9 +4,12 @@ Neither class does any I/O. The trio layer feeds whatever it read to ``receive_d
 (``b""`` at end of stream), then calls ``next_event()`` until it returns ``NEED_DATA``,
 and writes whatever ``send`` returns.
 
-Client side: correlation ids are allocated here, in order; ``next_correlation_id`` tells
-the caller the id its next ``send`` will use. At most ``max_inflight`` requests may be
-outstanding; ``send`` past the cap raises (the caller should wait for ``can_send``).
+Client side: correlation ids are allocated here, in order, and this is the one table of
+requests in flight: ``send(message, context)`` keeps an opaque ``context`` (the caller's
+callback, say) that comes back on the response's event, and ``close()`` hands back the
+contexts of every request that will never be answered. At most ``max_inflight``
+requests may be outstanding; ``send`` past the cap raises (the caller should wait for
+``can_send``).
 An ApiVersions response records the peer's ranges; later sends use the highest common
 version and refuse an api the peer does not serve.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 from ledgerd.wire.errors import (
     ConnectionClosedError,
@@ -67,6 +70,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_FRAME_BYTES: Final = 8 * 1024 * 1024
+C = TypeVar("C")  # what a client's caller keeps with each request (``send``'s context)
 _SIZE = struct.Struct(">i")
 _INT32_MAX = (1 << 31) - 1
 # A one-entry Add frame from its size prefix to its entry's length: size, api key,
@@ -104,12 +108,15 @@ class RequestRejected:
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseReceived:
+class ResponseReceived(Generic[C]):
+    """A response, with the request it answers and the context ``send`` was given."""
+
     correlation_id: int
     api_key: ApiKey
     status: int
     response: Message | None
     request: Message
+    context: C | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,22 +372,26 @@ class ServerConnection:
         return encode_add_response(correlation_id, 0, ledger_id, first_entry_id, count)
 
 
-@dataclass
-class _Pending:
-    api_key: ApiKey
-    request: Message
+class _Pending(Generic[C]):
+    __slots__ = ("api_key", "context", "request")
+
+    def __init__(self, api_key: ApiKey, request: Message, context: C | None) -> None:
+        self.api_key = api_key
+        self.request = request
+        self.context = context
 
 
 @dataclass
-class ClientConnection:
-    """The client's side of one connection to a bookie."""
+class ClientConnection(Generic[C]):
+    """The client's side of one connection to a bookie: its requests in flight, each
+    with the caller's context (``C``), in one table."""
 
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_inflight: int = 1024
     next_correlation_id: int = 0
     peer_versions: dict[ApiKey, tuple[int, int]] | None = None
     closed: bool = False
-    _pending: dict[int, _Pending] = field(default_factory=dict)
+    _pending: dict[int, _Pending[C]] = field(default_factory=dict)
     _frames: _FrameBuffer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -406,8 +417,10 @@ class ClientConnection:
             raise NoCommonVersionError(api_key, low, high, peer)
         return min(high, peer[1])
 
-    def send(self, message: Message) -> bytes:
-        """Bytes of a request; its correlation id is the ``next_correlation_id`` before the call."""
+    def send(self, message: Message, context: C | None = None) -> bytes:
+        """Bytes of a request; ``context`` comes back on its ``ResponseReceived`` (or
+        from ``close``). Its correlation id is the ``next_correlation_id`` before the
+        call. A request that raises here (too large, no common version) is not kept."""
         if self.closed:
             raise ConnectionClosedError("connection is closed")
         if len(self._pending) >= self.max_inflight:
@@ -418,7 +431,7 @@ class ClientConnection:
             raise MessageTooLargeError(type(message).__name__, len(data) - 4,
                                        self.max_frame_bytes)
         self.next_correlation_id = 0 if cid == _INT32_MAX else cid + 1
-        self._pending[cid] = _Pending(message.API_KEY, message)
+        self._pending[cid] = _Pending(message.API_KEY, message, context)
         return data
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
@@ -426,11 +439,12 @@ class ClientConnection:
             raise ConnectionClosedError("connection is closed")
         self._frames.feed(data)
 
-    def next_event(self) -> ResponseReceived | ConnectionEnded | _NeedData:
+    def next_event(self) -> ResponseReceived[C] | ConnectionEnded | _NeedData:
         """The next response, the end of the stream, or NEED_DATA.
 
         Raises a WireError if the bookie broke the protocol; the connection is then
-        closed and every pending request should be failed.
+        closed, and ``close()`` gives every pending request's context to fail (the
+        request whose response was malformed among them).
         """
         if self.closed:
             raise ConnectionClosedError("connection is closed")
@@ -446,13 +460,14 @@ class ClientConnection:
             if frame is None:
                 return self._end_or_need()
             cid = struct.unpack_from(">i", frame, 0)[0]
-            pending = self._pending.pop(cid, None)
+            pending = self._pending.get(cid)
             if pending is None:
                 raise UnexpectedResponseError(cid)
             decoded = decode_response(frame, pending.api_key)
         except WireError:
             self.closed = True
             raise
+        del self._pending[cid]
         if isinstance(decoded.message, ApiVersionsResponse) and decoded.status == Status.OK:
             self.peer_versions = {}
             for r in decoded.message.versions:
@@ -461,18 +476,23 @@ class ClientConnection:
                 except ValueError:
                     continue  # an api this build does not know; never used
         return ResponseReceived(cid, pending.api_key, decoded.status, decoded.message,
-                                pending.request)
+                                pending.request, pending.context)
 
     def _end_or_need(self) -> ConnectionEnded | _NeedData:
         if self._frames.eof:
+            # The requests stay in the table until ``close()`` hands their contexts back.
             self.closed = True
             pending = tuple((cid, p.request) for cid, p in self._pending.items())
-            self._pending.clear()
             return ConnectionEnded(pending=pending, partial_frame=self._frames.buffered > 0)
         return NEED_DATA
 
-    def pending_requests(self) -> list[tuple[int, Message]]:
-        return [(cid, p.request) for cid, p in self._pending.items()]
+    def close(self) -> list[C | None]:
+        """Close the connection (no more sends or events); returns the contexts of the
+        requests still waiting, in send order: none of them will be answered."""
+        self.closed = True
+        contexts = [p.context for p in self._pending.values()]
+        self._pending.clear()
+        return contexts
 
 
 def api_versions_response() -> ApiVersionsResponse:

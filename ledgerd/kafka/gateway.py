@@ -59,7 +59,6 @@ from ledgerd.kafka.partitions import (
 )
 from ledgerd.kafka.records import BatchError, split_batches
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
-from ledgerd.ledgerlog import log_layout
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
 from ledgerd.metadata.logs import CursorRecord
@@ -885,25 +884,25 @@ class Gateway:
                 lid, eid = await part.locate(hw - 1)
                 eid += 1
             if lid:
-                for seg in await log_layout(self.client, name):
+                for seg in await self.client.logs.layout(name):
                     if seg.ledger_id == lid and seg.first_offset is not None:
                         entry_offset = seg.first_offset + eid
         except LedgerdError:
             pass  # the position is a hint for ledgerd readers; the Kafka offset is kept
         try:
-            await self.client.logs.get(name)
+            await self.client.logs.store.get(name)
         except NoNodeError:
             try:
-                await self.client.logs.create(name)
+                await self.client.logs.store.create(name)
             except NodeExistsError:
                 pass
         record = CursorRecord(entry_offset, lid, eid, kafka_offset=max(offset, 0),
                               kafka_metadata=metadata)
         while True:
-            got = await self.client.logs.get_cursor(name, cursor)
+            got = await self.client.logs.store.get_cursor(name, cursor)
             try:
-                await self.client.logs.put_cursor(name, cursor, record,
-                                                  None if got is None else got[1])
+                await self.client.logs.store.put_cursor(name, cursor, record,
+                                                        None if got is None else got[1])
                 return
             except (BadVersionError, NodeExistsError):
                 continue
@@ -927,7 +926,7 @@ class Gateway:
                 res: dict[str, Any] = {"partition_index": p, "committed_offset": -1,
                                        "metadata": "", "error_code": 0}
                 try:
-                    got = await self.client.logs.get_cursor(log_name(t["name"], p), cursor)
+                    got = await self.client.logs.store.get_cursor(log_name(t["name"], p), cursor)
                 except (NoNodeError, ValueError):
                     got = None
                 if got is not None and got[0].kafka_offset is not None:
@@ -1018,10 +1017,10 @@ class Gateway:
 
 async def _delete_log(client: Client, name: str) -> None:
     try:
-        record, _ = await client.logs.get(name)
+        record, _ = await client.logs.store.get(name)
     except NoNodeError:
         return
-    await client.logs.delete(name)
+    await client.logs.store.delete(name)
     for lid in record.ledgers:
         try:
             await client.delete_ledger(lid)

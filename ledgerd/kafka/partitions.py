@@ -47,7 +47,7 @@ from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.records import BatchHeader, with_base_offset
-from ledgerd.ledgerlog import LogWriter, open_log_writer
+from ledgerd.ledgerlog import LogWriter
 from ledgerd.metadata.errors import NoNodeError
 
 if TYPE_CHECKING:
@@ -319,9 +319,9 @@ class PartitionLog:
         """Become the partition's writer: fence the previous one, find the log's end.
         If cancelled, the log may hold a new empty ledger (harmless)."""
         s = self.settings
-        writer = await open_log_writer(self.client, self.name, s.ensemble_size,
-                                       s.write_quorum, s.ack_quorum, roll_bytes=s.roll_bytes,
-                                       create=True)
+        writer = await self.client.logs.open_writer(
+            self.name, s.ensemble_size, s.write_quorum, s.ack_quorum, roll_bytes=s.roll_bytes,
+            create=True)
         try:
             end = await self._end_before(writer.handle.ledger_id)
             await self._rebuild_producers(writer.handle.ledger_id)
@@ -382,7 +382,7 @@ class PartitionLog:
 
     async def _ledgers(self) -> tuple[int, ...]:
         try:
-            record, _ = await self.client.logs.get(self.name)
+            record, _ = await self.client.logs.store.get(self.name)
         except NoNodeError:
             return ()  # created with the topic, no ledger written yet
         return record.ledgers

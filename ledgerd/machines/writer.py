@@ -10,7 +10,7 @@ what happened; every method returns a list of effects to carry out:
 - ``Completed(entry_ids, lac)``: these appends are durable, in entry order;
 - ``Failed(reason, error)``: the handle is dead; every pending append fails.
 
-Rules (seeds 000/004, bookkeeper-facts §8):
+Rules (BookKeeper's ``PendingAddOp`` and ensemble change):
 - entry ``e`` goes to the write set ``(e + i) % E``, ``i < Qw``, of the last ensemble;
 - it is complete at Qa acks; completions are reported strictly in entry order, so the
   LAC (last add confirmed) is the end of the completed prefix;
@@ -27,7 +27,7 @@ Rules (seeds 000/004, bookkeeper-facts §8):
 - INVALID_TERM (unbounded ledgers) fails the handle with ``FailureKind.TERM``: another
   writer took the ledger over; it is never a reason for an ensemble change.
 
-Unbounded ledgers add two rules (seed 002 and its TLA+ spec, "guaranteed write quorum"):
+Unbounded ledgers add two rules (BookKeeper's TLA+ spec, "guaranteed write quorum"):
 
 - ``guaranteed_write_quorum``: an entry completes at Qa as before, but it stays tracked
   until its whole write set has it; an ensemble change starts from the LAFR + 1 (last
@@ -126,7 +126,7 @@ class _Pending:
     """One entry not yet complete (a plain slotted class: one is made per append).
 
     ``acks`` and ``waiting`` are bit masks of ensemble indexes (bit ``i`` for index
-    ``i``): two sets per append were the writer's largest cost in ``append_many``."""
+    ``i``): cheaper than two sets per append on ``append_many``'s path."""
 
     __slots__ = ("acks", "entry_id", "length", "sent", "sent_at", "waiting")
 
@@ -176,16 +176,29 @@ class LedgerWriter:
         self._lagging_unordered = complete_out_of_order
         self.pinned: set[int] = set()  # failed bookies that cannot be replaced yet (GWQ)
         self.change_from = 0           # the first entry of the change in progress
+        self.reserved = 0  # ids handed out by ``reserve`` that no append has taken yet
 
     # -- appends ---------------------------------------------------------------------
 
+    def reserve(self) -> int:
+        """Hand out the id of an append to come, before it is made: the next appends
+        take the reserved ids first, in order (a driver that gathers entries to append
+        them in one ``append_many`` answers each with its id at once). Nothing is sent
+        and no state but the count changes; a failed handle's reservations lapse."""
+        eid = self.last_pushed + 1 + self.reserved
+        self.reserved += 1
+        return eid
+
     def append(self, length: int, now: float) -> tuple[int, list[Effect]]:
-        """Allocate the next entry id; returns it with the sends to make.
+        """Allocate the next entry id (a reserved one first); returns it with the sends
+        to make.
 
         The caller encodes the entry (its LAC field is ``self.lac`` at this moment and
         its cumulative length ``self.lengths[entry_id]``)."""
         if self.failed is not None:
             raise RuntimeError(f"ledger handle failed: {self.failed.value}")
+        if self.reserved:
+            self.reserved -= 1
         self.last_pushed += 1
         eid = self.last_pushed
         previous = self.lengths.get(eid - 1, self.length)
@@ -229,6 +242,7 @@ class LedgerWriter:
             pending[eid] = _Pending(eid, length, now, masks[eid % e], True)
             eid += 1
         self.last_pushed = eid - 1
+        self.reserved = max(0, self.reserved - n)
         # Each bookie's ids: the entries whose id % E puts it in the write set, one
         # stride-E range per such residue (merged in order where there are several).
         runs: dict[int, list[range]] = {}
@@ -569,6 +583,7 @@ class LedgerWriter:
         if self.failed is not None:
             return []
         self.failed = kind
+        self.reserved = 0
         ids = tuple(sorted(self.pending))
         self.pending.clear()
         self.lagging.clear()

@@ -58,13 +58,13 @@ def find_orphans(client: SyncClient, *, older_than_s: float | None = None,
                  batch: int | None = None) -> list[Orphan]:
     """Tagged, unlisted ledgers whose write is over (see the module docstring). Filters:
     one log, one write (query) id, one batch (then any such ledger of that batch)."""
-    logs = [log_name] if log_name is not None else client.list_logs()
+    logs = [log_name] if log_name is not None else client.logs.names()
     listed: set[int] = set()
     last: dict[str, dict[str, int]] = {}  # log -> query -> last batch recorded
     for name in logs:
         try:
-            listed.update(client.log_ledgers(name))
-            record, _ = client.call(client.client.logs.get, name)
+            listed.update(client.logs.ledgers(name))
+            record, _ = client.call(client.client.logs.store.get, name)
         except NoSuchLogError:
             continue
         last[name] = dict(record.commits)

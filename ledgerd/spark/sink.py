@@ -115,8 +115,8 @@ def _create(client: SyncClient, o: WriteOptions, tags: Mapping[str, str]) -> Any
 
 
 def _ensure_log(client: SyncClient, name: str) -> None:
-    if name not in client.list_logs():
-        client.call(client.client.logs.create, name)
+    if name not in client.logs.names():
+        client.call(client.client.logs.store.create, name)
 
 
 def _task_context() -> Any:
@@ -148,7 +148,7 @@ class LedgerdWriter(DataSourceWriter):
         ids = [m.ledger_id for m in done if m.ledger_id is not None]
         client = client_for(self.opts.client)
         if ids:
-            client.append_ledgers_to_log(self.opts.log, ids, password=self.opts.password)
+            client.logs.append_ledgers(self.opts.log, ids, password=self.opts.password)
         else:
             _ensure_log(client, self.opts.log)
 
@@ -211,8 +211,8 @@ class LedgerdStreamWriter(DataSourceStreamWriter):
         name, opts = self.opts.log, self.opts
         try:
             if ids:
-                client.append_ledgers_to_log(name, ids, password=opts.password,
-                                             batch=(query_id, batchId))
+                client.logs.append_ledgers(name, ids, password=opts.password,
+                                           batch=(query_id, batchId))
                 log.info("spark_batch_appended", extra=fields(
                     log=name, query=query_id, batch=batchId, ledgers=len(ids),
                     entries=sum(m.entries for m in done)))

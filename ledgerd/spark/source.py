@@ -204,7 +204,7 @@ class LedgerdReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         client = client_for(opts.client)
-        ledgers = client.log_ledgers(opts.log) if opts.log else opts.ledgers
+        ledgers = client.logs.ledgers(opts.log) if opts.log else opts.ledgers
         out: list[InputPartition] = []
         for lid in ledgers:
             end, closed, starts = _readable_end(client, lid, opts.password)
@@ -240,7 +240,7 @@ class LedgerdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _ledgers(self) -> tuple[int, ...]:
         if self.opts.log:
-            return self.client.log_ledgers(self.opts.log)
+            return self.client.logs.ledgers(self.opts.log)
         return self.opts.ledgers
 
     def _index(self, ledgers: tuple[int, ...], offset: Offset) -> int:

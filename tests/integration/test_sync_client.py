@@ -67,17 +67,17 @@ def test_sync_client_round_trip(bookie_factory: Callable[..., BookieProcess],
             client.open_ledger(ledger_id)
 
         # A log followed with a plain iterator, resumed from a cursor.
-        with client.open_log_writer("s", 3, 2, 2, roll_entries=3) as w:
+        with client.logs.open_writer("s", 3, 2, 2, roll_entries=3) as w:
             w.append_many([b"m%d" % i for i in range(7)])
         got = []
-        for e in client.follow_log("s", poll_s=0.2):
+        for e in client.logs.follow("s", poll_s=0.2):
             got.append((e.offset, e.payload))
             if len(got) == 7:
                 break
         assert got == [(i, b"m%d" % i) for i in range(7)]
-        cursor = client.open_log_cursor("s", "c")
-        client.call(cursor.commit, next(iter(client.follow_log("s", start=4))))
-        assert next(iter(client.follow_log("s", start=client.open_log_cursor("s", "c")))
+        cursor = client.logs.open_cursor("s", "c")
+        client.call(cursor.commit, next(iter(client.logs.follow("s", start=4))))
+        assert next(iter(client.logs.follow("s", start=client.logs.open_cursor("s", "c")))
                     ).payload == b"m5"
     with pytest.raises(ledgerd.ClientClosedError, match="closed"):
         client.list_ledgers()

@@ -16,11 +16,11 @@ async def test_writer_rolls_and_the_log_reads_back_in_order(zk_chroot: str,
     async with inprocess_cluster(zk_chroot, tmp_path, 3), \
             ledgerd.open_client(zk_chroot) as client:
         with pytest.raises(NoSuchLogError, match="'events' does not exist"):
-            await client.log_ledgers("events")
-        async with await client.open_log_writer("events", 3, 2, 2, password=b"pw",
-                                                roll_entries=100) as writer:
+            await client.logs.ledgers("events")
+        async with await client.logs.open_writer("events", 3, 2, 2, password=b"pw",
+                                                 roll_entries=100) as writer:
             positions = await writer.append_many(f"e{i}".encode() for i in range(250))
-        ledgers = await client.log_ledgers("events")
+        ledgers = await client.logs.ledgers("events")
         assert len(ledgers) == 3
         assert [p.ledger_id for p in positions] == [lid for lid in ledgers
                                                      for _ in range(100)][:250]
@@ -28,20 +28,20 @@ async def test_writer_rolls_and_the_log_reads_back_in_order(zk_chroot: str,
         for lid, last in zip(ledgers, (99, 99, 49), strict=True):
             md = await client.ledger_metadata(lid)
             assert md.is_closed and md.last_entry_id == last
-        got = [e.payload async for e in client.read_log("events", b"pw")]
+        got = [e.payload async for e in client.logs.read("events", b"pw")]
         assert got == [f"e{i}".encode() for i in range(250)]
-        tail = [e.payload async for e in client.read_log("events", b"pw",
-                                                         start=LogPosition(ledgers[1], 98))]
+        tail = [e.payload async for e in client.logs.read("events", b"pw",
+                                                          start=LogPosition(ledgers[1], 98))]
         assert tail == [f"e{i}".encode() for i in range(198, 250)]
 
 
 async def test_a_new_writer_fences_the_old_one(zk_chroot: str, tmp_path: Path) -> None:
     async with inprocess_cluster(zk_chroot, tmp_path, 3), \
             ledgerd.open_client(zk_chroot) as client:
-        old = await client.open_log_writer("orders", 3, 3, 2, password=b"pw")
+        old = await client.logs.open_writer("orders", 3, 3, 2, password=b"pw")
         await old.append_many([b"a", b"b"])
-        new = await client.open_log_writer("orders", 3, 3, 2, password=b"pw")
-        first, second = await client.log_ledgers("orders")
+        new = await client.logs.open_writer("orders", 3, 3, 2, password=b"pw")
+        first, second = await client.logs.ledgers("orders")
         assert (first, second) == (old.ledger_id, new.ledger_id)
         assert (await client.ledger_metadata(first)).last_entry_id == 1
         with pytest.raises(LedgerFencedError):
@@ -50,33 +50,33 @@ async def test_a_new_writer_fences_the_old_one(zk_chroot: str, tmp_path: Path) -
             await old.roll()
         await new.append(b"c")
         await new.close()
-        assert [e.payload async for e in client.read_log("orders", b"pw")] == [b"a", b"b", b"c"]
+        assert [e.payload async for e in client.logs.read("orders", b"pw")] == [b"a", b"b", b"c"]
 
 
 async def test_append_closed_ledgers_fences_the_tail_then_truncate(zk_chroot: str,
                                                                    tmp_path: Path) -> None:
     async with inprocess_cluster(zk_chroot, tmp_path, 3), \
             ledgerd.open_client(zk_chroot) as client:
-        writer = await client.open_log_writer("batches", 3, 2, 2, password=b"pw")
+        writer = await client.logs.open_writer("batches", 3, 2, 2, password=b"pw")
         await writer.append(b"live")
         lh = await client.create_ledger(3, 2, 2, password=b"pw")
         await lh.append(b"batch")
         with pytest.raises(LedgerdError, match=f"ledger {lh.ledger_id} must be closed"):
-            await client.append_ledgers_to_log("batches", [lh.ledger_id], password=b"pw")
+            await client.logs.append_ledgers("batches", [lh.ledger_id], password=b"pw")
         await lh.close()
         with pytest.raises(NoSuchLogError):
-            await client.append_ledgers_to_log("nope", [lh.ledger_id], create=False)
-        ledgers = await client.append_ledgers_to_log("batches", [lh.ledger_id], password=b"pw")
+            await client.logs.append_ledgers("nope", [lh.ledger_id], create=False)
+        ledgers = await client.logs.append_ledgers("batches", [lh.ledger_id], password=b"pw")
         assert ledgers == (writer.ledger_id, lh.ledger_id)
         assert (await client.ledger_metadata(writer.ledger_id)).is_closed
         with pytest.raises(LedgerFencedError):
             await writer.append(b"behind the batch")
-        assert [e.payload async for e in client.read_log("batches", b"pw")] == [b"live",
+        assert [e.payload async for e in client.logs.read("batches", b"pw")] == [b"live",
                                                                                  b"batch"]
-        assert await client.truncate_log("batches", lh.ledger_id) == [writer.ledger_id]
-        assert await client.log_ledgers("batches") == (lh.ledger_id,)
+        assert await client.logs.truncate("batches", lh.ledger_id) == [writer.ledger_id]
+        assert await client.logs.ledgers("batches") == (lh.ledger_id,)
         with pytest.raises(ledgerd.NoSuchLedgerError):
             await client.ledger_metadata(writer.ledger_id)
-        assert await client.list_logs() == ["batches"]
-        await client.delete_log("batches")
-        assert await client.list_logs() == []
+        assert await client.logs.names() == ["batches"]
+        await client.logs.delete("batches")
+        assert await client.logs.names() == []

@@ -683,3 +683,34 @@ def test_append_many_is_that_many_appends(layout: tuple[int, int, int]) -> None:
                 for w in (one, many):
                     w.on_error(first, B[first % e], Status.IO_ERROR, 1.5)
                 assert _state(one) == _state(many)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_reserved_ids_are_the_ones_the_next_appends_take(batched: bool) -> None:
+    """``reserve`` hands out ids before the appends; the next appends take exactly
+    those, and the machine's state is as if the ids had never been reserved."""
+    w, plain = LedgerWriter(3, 2, 2, B[:3]), LedgerWriter(3, 2, 2, B[:3])
+    w.append(10, 0.0)
+    plain.append(10, 0.0)
+    assert [w.reserve() for _ in range(4)] == [1, 2, 3, 4]
+    assert w.last_pushed == 0 and list(w.pending) == [0]  # nothing appended yet
+    if batched:
+        assert w.append_many([1, 2, 3, 4], 1.0)[0] == 1
+        plain.append_many([1, 2, 3, 4], 1.0)
+    else:
+        assert [w.append(n, 1.0)[0] for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
+        for n in (1, 2, 3, 4):
+            plain.append(n, 1.0)
+    assert w.reserved == 0 and _state(w) == _state(plain)
+    assert w.reserve() == 5  # after the reserved ones are taken, on from the last pushed
+
+
+def test_reservations_lapse_when_the_handle_fails() -> None:
+    w = LedgerWriter(3, 2, 2, B[:3])
+    w.reserve()
+    w.reserve()
+    w.on_error(0, B[0], Status.FENCED, 0.0)  # no such pending entry: ignored
+    w.append(1, 0.0)
+    assert w.on_error(0, B[0], Status.FENCED, 0.0)[0] == Failed(
+        FailureKind.FENCED, f"bookie {B[0]} says the ledger is fenced", (0,))
+    assert w.reserved == 0

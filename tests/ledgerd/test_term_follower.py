@@ -118,7 +118,7 @@ async def test_follow_log_of_an_unbounded_log_returns_only_acknowledged_entries(
     async with memory_cluster(tmp_path, 3) as cluster, \
             ledgerd.open_client(store=cluster.store, connect=cluster.connect,
                                 **client_settings()) as client:
-        w1 = await client.open_log_writer("ub", 2, 2, 2, unbounded=True, password=PW)
+        w1 = await client.logs.open_writer("ub", 2, 2, 2, unbounded=True, password=PW)
         for i in range(5):
             await w1.append(b"c1-%d" % i)
         lid = w1.ledger_id
@@ -127,7 +127,7 @@ async def test_follow_log_of_an_unbounded_log_returns_only_acknowledged_entries(
         await w1.handle.abandon()
         await _deposed_adds_on(client, a, lid)
 
-        follower = client.follow_log("ub", PW, poll_s=0.5)
+        follower = client.logs.follow("ub", PW, poll_s=0.5)
         got = [(await anext(follower)).payload for _ in range(5)]  # opened: (0: A, B)
         assert got == [b"c1-%d" % i for i in range(5)]
         async with _down(cluster, a):

@@ -50,16 +50,16 @@ def test_closed_and_open_ledgers_read_back_equal(spark: Any, cluster: SparkClust
 
 def test_log_reads_in_order_across_rolled_ledgers(spark: Any, cluster: SparkCluster) -> None:
     with ledgerd.SyncClient(cluster.zk) as client:
-        with client.open_log_writer("clicks", 3, 2, 2, password=b"pw",
-                                    roll_entries=500) as writer:
+        with client.logs.open_writer("clicks", 3, 2, 2, password=b"pw",
+                                     roll_entries=500) as writer:
             writer.append_many(json.dumps({"user": f"u{i % 7}", "n": i}).encode()
                                for i in range(1200))
-        ledgers = client.log_ledgers("clicks")
+        ledgers = client.logs.ledgers("clicks")
         assert len(ledgers) == 3
-        tail = client.read_log("clicks", b"pw", start=ledgerd.LogPosition(ledgers[1], 498))
+        tail = client.logs.read("clicks", b"pw", start=ledgerd.LogPosition(ledgers[1], 498))
         assert [json.loads(e.payload)["n"] for e in tail] == list(range(998, 1200))
         with pytest.raises(ledgerd.LedgerdError, match="has no ledger 424242"):
-            list(client.read_log("clicks", b"pw", start=ledgerd.LogPosition(424242, 0)))
+            list(client.logs.read("clicks", b"pw", start=ledgerd.LogPosition(424242, 0)))
 
         df = (spark.read.format("ledgerd").option("zk", cluster.zk).option("log", "clicks")
               .option("password", "pw").option("decode", "json")

@@ -30,7 +30,7 @@ def test_available_now_picks_up_log_appends_between_runs_exactly_once(
         spark: Any, cluster: SparkCluster, tmp_path: Path) -> None:
     # No explicit LAC: the last entry stays invisible, as this case expects.
     with ledgerd.SyncClient(cluster.zk, explicit_lac_interval_ms=0) as client:
-        writer = client.open_log_writer("tail", 3, 2, 2, password=b"pw", roll_entries=300)
+        writer = client.logs.open_writer("tail", 3, 2, 2, password=b"pw", roll_entries=300)
         written = writer.append_many(f"a{i}".encode() for i in range(400))
         writer.append(b"a400")  # the entries before it become visible (LAC 399)
         opts = {"log": "tail", "password": "pw", "maxEntriesPerTrigger": "150"}

@@ -41,10 +41,10 @@ def _await_log(client: ledgerd.SyncClient, name: str, what: str,
 
     async def run() -> Any:
         with trio.move_on_after(timeout):
-            async with inner.store.watch(inner.logs.path(name), WatchKind.DATA) as events:
+            async with inner.store.watch(inner.logs.store.path(name), WatchKind.DATA) as events:
                 async for _ in events:  # the first one at once, then on every change
                     try:
-                        record, _ = await inner.logs.get(name)
+                        record, _ = await inner.logs.store.get(name)
                     except NoNodeError:
                         continue
                     got = await check(record)
@@ -78,7 +78,7 @@ def test_a_replayed_batch_is_not_appended_again(spark: Any, cluster: SparkCluste
         orphan = _tagged(client, "replayed", "q-1", 0)
         first = [_tagged(client, "replayed", "q-1", 0) for _ in range(2)]
         writer.commit([_msg(first[1], "q-1", 0, 1), _msg(first[0], "q-1", 0, 0)], 0)
-        record, version = client.call(client.client.logs.get, "replayed")
+        record, version = client.call(client.client.logs.store.get, "replayed")
         assert record.ledgers == tuple(first) and dict(record.commits) == {"q-1": 0}
         ids = set(client.list_ledgers())
         assert orphan not in ids  # the first commit swept this query's leftovers
@@ -86,7 +86,7 @@ def test_a_replayed_batch_is_not_appended_again(spark: Any, cluster: SparkCluste
         # Spark replays batch 0 (its commit record was lost): new ledgers, same batch id.
         again = [_tagged(client, "replayed", "q-1", 0) for _ in range(2)]
         writer.commit([_msg(again[0], "q-1", 0), _msg(again[1], "q-1", 0, 1)], 0)
-        assert client.call(client.client.logs.get, "replayed") == (record, version)
+        assert client.call(client.client.logs.store.get, "replayed") == (record, version)
         assert not set(again) & set(client.list_ledgers())  # the second copy is gone
 
         # The next batch goes on; another query's batch 0 is its own.
@@ -94,10 +94,10 @@ def test_a_replayed_batch_is_not_appended_again(spark: Any, cluster: SparkCluste
         writer.commit([_msg(nxt, "q-1", 1)], 1)
         other = _tagged(client, "replayed", "q-2", 0)
         writer.commit([_msg(other, "q-2", 0)], 0)
-        record, _ = client.call(client.client.logs.get, "replayed")
+        record, _ = client.call(client.client.logs.store.get, "replayed")
         assert record.ledgers == (*first, nxt, other)
         assert dict(record.commits) == {"q-1": 1, "q-2": 0}
-        assert [e.payload for e in client.read_log("replayed", b"pw")] == \
+        assert [e.payload for e in client.logs.read("replayed", b"pw")] == \
             [b"q-1 batch 0", b"q-1 batch 0", b"q-1 batch 1", b"q-2 batch 0"]
 
 
@@ -105,7 +105,7 @@ def test_sweepspark_deletes_orphans_and_nothing_listed(
         cluster: SparkCluster, capsys: pytest.CaptureFixture[str]) -> None:
     with ledgerd.SyncClient(cluster.zk) as client:
         listed = _tagged(client, "swept", "job-1", 0)
-        client.append_ledgers_to_log("swept", [listed], password=b"pw")
+        client.logs.append_ledgers("swept", [listed], password=b"pw")
         orphan = _tagged(client, "swept", "job-1", 3)
         plain = client.create_ledger(3, 2, 2, password=b"pw")  # not Spark's
         plain.close()
@@ -158,7 +158,7 @@ def test_driver_killed_mid_batch_then_restarted_copies_exactly_once(
     ckpt, out = tmp_path / "ckpt", tmp_path / "driver.out"
     total = 3000
     with ledgerd.SyncClient(cluster.zk) as client:
-        with client.open_log_writer("A", 3, 2, 2, password=b"pw", roll_entries=700) as w:
+        with client.logs.open_writer("A", 3, 2, 2, password=b"pw", roll_entries=700) as w:
             w.append_many(b"a%d" % i for i in range(300))
 
             def keep_writing() -> None:  # ~1,000 entries/s while the queries run
@@ -195,8 +195,8 @@ def test_driver_killed_mid_batch_then_restarted_copies_exactly_once(
             _await_log(client, "B", "B to catch up with A", copied, timeout=240)
         finally:
             _kill(second)
-        got = [e.payload for e in client.read_log("B", b"pw")]
+        got = [e.payload for e in client.logs.read("B", b"pw")]
         assert got == [b"copy:a%d" % i for i in range(total)], (
             f"{len(got)} entries; driver output:\n{out.read_text()[-3000:]}")
-        record, _ = client.call(client.client.logs.get, "B")
+        record, _ = client.call(client.client.logs.store.get, "B")
         assert record.last_batch(query) > n  # the restarted query went on past the replay

@@ -11,7 +11,7 @@ from tests.spark.conftest import SparkCluster
 
 
 def _log_state(client: ledgerd.SyncClient, name: str) -> tuple[tuple[int, ...], int]:
-    record, version = client.call(client.client.logs.get, name)
+    record, version = client.call(client.client.logs.store.get, name)
     return record.ledgers, version
 
 
@@ -24,7 +24,7 @@ def _writer(df: Any, cluster: SparkCluster, log: str) -> Any:
 def test_written_dataframe_reads_back_equal_as_one_commit(spark: Any,
                                                           cluster: SparkCluster) -> None:
     with ledgerd.SyncClient(cluster.zk) as client:
-        with client.open_log_writer("sink", 3, 2, 2, password=b"pw") as writer:
+        with client.logs.open_writer("sink", 3, 2, 2, password=b"pw") as writer:
             writer.append(b"before")
         before, version = _log_state(client, "sink")
 
@@ -60,7 +60,7 @@ def test_rows_without_a_payload_column_are_written_as_json(spark: Any,
 def test_a_failed_job_leaves_the_log_and_the_ledgers_unchanged(spark: Any,
                                                                cluster: SparkCluster) -> None:
     with ledgerd.SyncClient(cluster.zk) as client:
-        with client.open_log_writer("audit-trail", 3, 2, 2, password=b"pw") as writer:
+        with client.logs.open_writer("audit-trail", 3, 2, 2, password=b"pw") as writer:
             writer.append(b"kept")
         state = _log_state(client, "audit-trail")
         ledgers = set(client.list_ledgers())

@@ -232,7 +232,7 @@ async def test_a_cluster_under_another_root_with_the_flat_layout(zk_chroot: str,
         import ledgerd
 
         async with ledgerd.open_client(zk_chroot, zk_ledgers_root_path="/other") as client:
-            writer = await client.open_log_writer("events", 2, 2, 2)
+            writer = await client.logs.open_writer("events", 2, 2, 2)
             await writer.append(b"e0")
             await writer.close()
             assert await client.store.exists("/other/logs/events") is not None

@@ -332,10 +332,10 @@ async def test_log_commands(bookie_factory: Factory, zk_chroot: str) -> None:
     await _cluster(bookie_factory, zk_chroot, 3)
     zk = zk_chroot
     async with ledgerd.open_client(zk) as client:
-        async with await client.open_log_writer("orders", 3, 2, 2, roll_entries=10) as w:
+        async with await client.logs.open_writer("orders", 3, 2, 2, roll_entries=10) as w:
             await w.append_many(b"order %d" % i for i in range(25))
-        cur = await client.open_log_cursor("orders", "billing")
-        async for e in client.follow_log("orders", start=4):
+        cur = await client.logs.open_cursor("orders", "billing")
+        async for e in client.logs.follow("orders", start=4):
             await cur.commit(e)
             break
     assert json.loads(_ok(await _run("listlogs", "--json", zk=zk))) == [

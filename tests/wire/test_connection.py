@@ -227,3 +227,41 @@ def test_correlation_ids_wrap_at_int32() -> None:
     client = ClientConnection(next_correlation_id=2**31 - 1)
     client.send(ReadLacRequest(ledger_id=1))
     assert client.next_correlation_id == 0
+
+
+def test_send_context_comes_back_with_its_response() -> None:
+    client: ClientConnection[str] = ClientConnection()
+    server = ServerConnection()
+    server.receive_data(client.send(ReadLacRequest(ledger_id=1), "first")
+                        + client.send(ReadLacRequest(ledger_id=2), "second"))
+    ev_a, ev_b = _drain(server)
+    client.receive_data(server.send(ev_b.correlation_id, Status.NO_SUCH_LEDGER)  # type: ignore[attr-defined]
+                        + server.send(ev_a.correlation_id, Status.NO_SUCH_LEDGER))  # type: ignore[attr-defined]
+    first, second = _drain(client)
+    assert isinstance(first, ResponseReceived) and first.context == "second"
+    assert isinstance(second, ResponseReceived) and second.context == "first"
+    assert client.close() == []  # nothing left waiting
+
+
+def test_close_hands_back_the_contexts_no_response_will_answer() -> None:
+    client: ClientConnection[str] = ClientConnection()
+    for name in ("a", "b", "c"):
+        client.send(ReadLacRequest(ledger_id=1), name)
+    # A response that cannot be decoded as its request's (ReadLac) layout: the bookie
+    # broke the protocol, and the request it claimed to answer is failed with the rest.
+    client.receive_data(encode_response(1, Status.OK, AddResponse(ledger_id=1,
+                                                                   first_entry_id=0, count=1)))
+    with pytest.raises(RemoteProtocolError):
+        client.next_event()
+    assert client.closed
+    assert client.close() == ["a", "b", "c"]
+    assert client.close() == []
+
+
+def test_end_of_stream_leaves_the_contexts_for_close() -> None:
+    client: ClientConnection[str] = ClientConnection()
+    client.send(ReadLacRequest(ledger_id=1), "a")
+    client.receive_data(b"")
+    (ev,) = _drain(client)
+    assert isinstance(ev, ConnectionEnded) and ev.pending == ((0, ReadLacRequest(ledger_id=1)),)
+    assert client.close() == ["a"]

@@ -108,7 +108,7 @@ async def run_round(cluster: FaultCluster, kind: str, seed: int, *, warmup_s: fl
     result = RoundResult(kind, seed, history, [])
     async with cluster.client("checker") as checker:
         try:
-            for lid in await checker.log_ledgers(work.log_name):
+            for lid in await checker.logs.ledgers(work.log_name):
                 work.ledgers.add(lid)
         except Exception as exc:
             result.unreadable.append(f"log {work.log_name}: {exc!r}")

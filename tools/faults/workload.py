@@ -147,8 +147,8 @@ class Workload:
         seq = 0
         while not self.stop.is_set():
             try:
-                writer = await client.open_log_writer(self.log_name, 3, 2, 2, password=PASSWORD,
-                                                      roll_entries=40)
+                writer = await client.logs.open_writer(self.log_name, 3, 2, 2, password=PASSWORD,
+                                                       roll_entries=40)
             except Exception as exc:
                 self._rec(name, "fail", "open-log", detail=repr(exc)[:200])
                 await trio.sleep(0.3)
@@ -176,7 +176,7 @@ class Workload:
         while not self.stop.is_set():
             await trio.sleep(1.0)
             try:
-                async for entry in client.read_log(self.log_name, PASSWORD):
+                async for entry in client.logs.read(self.log_name, PASSWORD):
                     self._rec(name, "ok", "read", ledger=entry.ledger_id, entry=entry.entry_id,
                               value=bytes(entry.payload))
                     if self.stop.is_set():
