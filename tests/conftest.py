@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from ledgerd.tools.bookieprocess import BookieProcess
-from ledgerd.tools.zkserver import ZooKeeperServer
-from tests.cluster import fresh_chroot
+from ledgerd.testing.cluster import BookieProcess, ZooKeeperServer, fresh_chroot
 
 
 @pytest.fixture(scope="session")
