@@ -33,10 +33,7 @@ if __package__ in (None, ""):
 import trio
 
 import ledgerd
-from ledgerd.metadata.cluster import init_new_cluster
-from ledgerd.metadata.zookeeper import ZooKeeperStore
-from ledgerd.tools.bookieprocess import BookieProcess, start_writable
-from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.tools.processcluster import process_cluster
 
 PAYLOAD = bytes(range(256)) * 4
 
@@ -97,28 +94,10 @@ async def _handles(zk: str, n: int, step: int, idle: float) -> dict[str, Any]:
 
 
 async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    zk_server = ZooKeeperServer(data_dir=base / "zk")
-    zk_server.start()
-    bookies: list[BookieProcess] = []
-    try:
-        zk = zk_server.connect_string + "/bench"
-        store = await ZooKeeperStore.connect(zk_server.connect_string)
-        await store.create("/bench")
-        await store.close()
-        store = await ZooKeeperStore.connect(zk)
-        await init_new_cluster(store, "/ledgers")
-        bookies += [BookieProcess(base / f"bookie{i}", zk,
-                                  settings={"log_level": "WARNING", "zk_timeout_ms": 8000,
-                                            "ledger_storage_class": args.storage})
-                    for i in range(3)]
-        await start_writable(store, bookies)
-        await store.close()
-        return await _handles(zk, args.ledgers, args.step, args.idle)
-    finally:
-        for b in bookies:
-            if b.running:
-                b.terminate()
-        zk_server.stop()
+    async with process_cluster(base, bookies=3, chroot="/bench", settings={
+            "log_level": "WARNING", "zk_timeout_ms": 8000,
+            "ledger_storage_class": args.storage}) as cluster:
+        return await _handles(cluster.zk, args.ledgers, args.step, args.idle)
 
 
 def main() -> None:

@@ -43,11 +43,12 @@ class ProcessCluster:
     """ZooKeeper and bookie processes; see the module docstring.
 
     ``settings`` are every bookie's (``add_bookie`` takes more); ``env`` and ``cwd``
-    are the bookie processes' (``cwd`` runs another checkout's code).
+    are the bookie processes' (``cwd`` runs another checkout's code); ``chroot`` (a
+    node such as ``/bench``, created when missing) puts the whole cluster under it.
     """
 
     def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
-                 root: str = "/ledgers", layout: str = "hierarchical",
+                 root: str = "/ledgers", layout: str = "hierarchical", chroot: str = "",
                  settings: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, cwd: Path | None = None,
                  register_timeout: float = 120.0, stop_timeout: float = 60.0) -> None:
@@ -56,6 +57,7 @@ class ProcessCluster:
         self.zk = zk or ""                     # the connect string, once known
         self.root = root
         self.layout = layout
+        self.chroot = chroot
         self.settings: dict[str, Any] = dict(settings or {})
         self.env = dict(env or {})
         self.cwd = cwd
@@ -79,7 +81,13 @@ class ProcessCluster:
         return self.zk
 
     async def init_metadata(self) -> None:
-        """Create the cluster's nodes under ``root`` (idempotent)."""
+        """Create the chroot, if any, and the cluster's nodes under ``root``
+        (idempotent)."""
+        if self.chroot and not self.zk.endswith(self.chroot):
+            async with self.store() as store:
+                if await store.exists(self.chroot) is None:
+                    await store.create(self.chroot)
+            self.zk += self.chroot
         async with self.store() as store:
             await init_new_cluster(store, self.root, self.layout)
 
@@ -117,10 +125,15 @@ class ProcessCluster:
         await self.init_metadata()
         while len(self.bookies) < self.count:
             self.add_bookie()
-        for bookie in self.bookies:
-            if not bookie.running:
-                self.start_bookie(bookie)
-        await self.wait_registered()
+        await self.start_bookies()
+
+    async def start_bookies(self, bookies: Sequence[BookieProcess] | None = None) -> None:
+        """Start ``bookies`` (default: every one added and not running) and wait until
+        they are registered writable."""
+        waited = [b for b in (self.bookies if bookies is None else bookies) if not b.running]
+        for bookie in waited:
+            self.start_bookie(bookie)
+        await self.wait_registered(waited)
 
     async def wait_registered(self, bookies: Sequence[BookieProcess] | None = None, *,
                               writable: bool = True) -> None:

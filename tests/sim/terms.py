@@ -1,4 +1,4 @@
-"""The term model: one unbounded ledger written by successive leaders (seed 002).
+"""The term model: one unbounded ledger written by successive leaders.
 
 ``run_term_seed(seed, mutations)`` builds a world from the seed: an unbounded ledger at
 term 1 and its first leader; then contenders that take it over by raising the term
@@ -9,8 +9,9 @@ guaranteed-write-quorum ``LedgerWriter`` that also rolls to a new fragment every
 entries. Leaders die, bookies crash, the network loses, duplicates and reorders. After
 ``HEAL_AT`` a last leader takes over and writes a few entries.
 
-Invariants (the UB spec's, ``tla-and-kafka.md`` A5 and ``recovery-terms-kafka-tls.md``
-B3), checked after every event that changed a bookie or the metadata:
+Invariants (the unbounded-ledger TLA+ specification's), checked after every event that
+changed a bookie or the metadata; the facts actors learn go to the one checker the fault
+harness also feeds (``ledgerd.testing.history.LedgerFacts``):
 
 - ``AllAckedValuesAreReadable``: every value acknowledged to a leader is still held at
   its id by a bookie of that id's write set in the current metadata;
@@ -462,7 +463,7 @@ class SimTailReader:
     entry for the LAC, then the entries up to it from one write-set bookie; no-op
     entries are skipped. What it may read with the metadata it holds is the production
     ``FollowerLac``'s to say: past a LAC learned after its metadata was read, it re-reads
-    the metadata first (seed 002, issue 45 §3).
+    the metadata first.
 
     ``refresh=True`` re-reads the metadata at every poll as well; ``refresh=False``
     reads it once at the start and then only when ``FollowerLac`` asks (a ``ReadHandle``
@@ -603,7 +604,7 @@ def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
         world.faulty = False
         for b in bookies.values():
             b.restart()
-        # Leader election is external (seed 002): from here on it names "final" alone;
+        # Leader election is external: from here on it names "final" alone;
         # the others stop contending (without this, two live contenders may take the
         # ledger from each other for ever, which no protocol without election avoids).
         for c in leaders:
@@ -623,7 +624,7 @@ def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
 
 
 def run_stale_tail_scenario(mutations: Mutations | None = None) -> TermResult:
-    """Why a term's no-op truncates (seed 002), as a written-out fault schedule.
+    """Why a term's no-op truncates, as a written-out fault schedule.
 
     E3/Qw3/Qa2 on b0..b3. The first leader c1 writes ids 0..6: id 5 reaches no bookie
     and id 6 only b0; c1 dies. c2 takes over: its recovery ends at id 4 and writes the
@@ -820,7 +821,7 @@ def run_recovery_change_scenario(mutations: Mutations | None = None) -> TermResu
 
 
 # Fault schedules too specific for random seeds to find, run with every term mutation.
-# The last three are the follower seeds of issue 45 (5001976, 5004036, 6002232).
+# The last three are follower schedules (a follower reading past its metadata).
 TERM_SCENARIOS = [run_stale_tail_scenario, run_writer_change_scenario, run_late_add_scenario,
                   run_recovery_change_scenario]
 
