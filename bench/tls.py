@@ -1,4 +1,4 @@
-"""TLS beside plaintext, in the same run, against the same bookies (issue #24).
+"""TLS beside plaintext, in the same run, against the same bookies.
 
     python bench/tls.py [--seconds 5] [--rounds 3]
 
@@ -9,7 +9,6 @@ certificates from a trustme CA. Cases, interleaved in every round:
 
 - **bookie, batched**: one connection to one bookie, Add frames of 64 x 1 KiB entries,
   16 frames in flight (1,024 entries), for ``--seconds``: entries/s, plaintext vs TLS.
-  Goal (#24): TLS >= 0.8x plaintext.
 - **client, E3/Qw2/Qa2**: ``ledgerd bench writes`` style appends (1 KiB, 500 in flight,
   one ledger) through the client, plaintext vs TLS (``tls_trust_path``).
 

@@ -144,7 +144,12 @@ class ProcessCluster:
         pids = {b.bookie_id: b.pid for b in waited}
 
         async def died(bookie: BookieProcess) -> None:
-            code = await bookie.exited()
+            # Polled, not waited for in a thread: an abandoned thread would stay blocked
+            # in waitpid, holding one of trio's worker-thread tokens, as long as the
+            # bookie lives, and a harness that waits often would run out of them.
+            while bookie.running:
+                await trio.sleep(0.05)
+            code = bookie.process.returncode if bookie.process is not None else None
             raise ClusterError(f"{bookie.name} exited with {code}:\n{bookie.log_tail()}")
 
         async with self.store() as store:

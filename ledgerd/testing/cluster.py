@@ -106,7 +106,10 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
 
     async def died() -> None:
         if present and bookie.process is not None:
-            code = await bookie.exited()
+            # Polled: a thread waiting on the process would outlive this wait.
+            while bookie.running:
+                await trio.sleep(0.05)
+            code = bookie.process.returncode
             raise BookieDied(f"{bookie.name} exited with {code} before registering:\n"
                              f"{bookie.log_tail()}")
 
