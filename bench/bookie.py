@@ -28,7 +28,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import statistics
 import struct
 import subprocess
@@ -220,15 +219,6 @@ def _run_redis(base: Path, seconds: float, conns: int = 50, pipeline: int = 16
         shutil.rmtree(data, ignore_errors=True)
 
 
-def _wait_listening(bookie: BookieProcess) -> None:
-    for _ in range(300):
-        try:
-            with socket.create_connection(("127.0.0.1", bookie.port), 0.1):
-                return
-        except OSError:
-            time.sleep(0.05)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd")
@@ -254,16 +244,15 @@ def main() -> None:
             sys.exit(f"{tool} is missing: `make bench-deps` installs redis-server and redis-tools")
     base = Path(tempfile.mkdtemp(prefix="ledgerd-bench-", dir=os.environ.get("BENCH_DIR")))
     load_start = os.getloadavg()[0]
+    # Lone bookies, no ZooKeeper: each is up at its READY=1.
     bookie = BookieProcess(base / "bookie", "", settings={"log_level": "WARNING"})
-    bookie.start()
     before: BookieProcess | None = None
     if args.baseline is not None:
         before = BookieProcess(base / "before", "", settings={"log_level": "WARNING"})
-        before.start(cwd=args.baseline.resolve())
     try:
-        for b in (bookie, before):
-            if b is not None:
-                _wait_listening(b)
+        bookie.start_ready()
+        if before is not None:
+            before.start_ready(cwd=args.baseline.resolve())
         runs: dict[str, list[dict[str, float]]] = {"redis": [], "b1": [], "b64": []}
         if before is not None:
             runs.update({"b1-before": [], "b64-before": []})
@@ -283,9 +272,9 @@ def main() -> None:
             print(f"round {rnd + 1} (load {os.getloadavg()[0]:.2f}): " + ", ".join(
                 f"{k} {v[-1]['entries_per_s']:,.0f}/s" for k, v in runs.items()), flush=True)
     finally:
-        bookie.terminate()
-        if before is not None:
-            before.terminate()
+        for b in (bookie, before):
+            if b is not None and b.running:
+                b.terminate()
     if args.json:
         shutil.rmtree(base, ignore_errors=True)
         print(json.dumps({"runs": runs, "load": [load_start, os.getloadavg()[0]]}))

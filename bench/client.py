@@ -8,23 +8,22 @@ then, in this process, one client task appends 1 KiB entries through
 task per entry; 800 by default, the raw bookie's 4 connections x 200, so the two sides
 of the E3 / raw comparison have the same concurrency) for ``--seconds`` after a 1 s
 warm-up; and again through
-``submit_many`` in batches of ``--batch`` with ``--batch-window`` in flight (goal, #22:
->= 100k appends/s to one bookie). An append counts when it is
+``submit_many`` in batches of ``--batch`` with ``--batch-window`` in flight. An append
+counts when it is
 durable on its ack quorum (each bookie acknowledges after its journal fdatasync);
 latency is from ``submit`` to completion. Rounds alternate the two layouts; medians are
 reported.
 
 Reads: a closed ledger of ``--read-entries`` 1 KiB entries per layout (E1, and E3/Qw2
 striped over three bookies), read whole through ``ReadHandle.read`` from a fresh client
-in every round, the two layouts alternating. Goal (#22): E3 >= 0.8x E1.
+in every round, the two layouts alternating.
 
 Then the tail-read latency: a writer appends one entry every 20 ms (explicit LAC after
 10 ms idle) while a reader in another client follows with ``wait_lac_beyond``; the
 latency is from the writer's completion to the reader's long poll returning with a LAC
 at or past the entry.
 
-The goal (issue #7): the 3-bookie figure at least half of the 1-bookie figure on this
-2-core machine, where the client and three bookies share the two cores.
+On a 2-core machine the client and the three bookies share the two cores.
 """
 
 from __future__ import annotations
@@ -46,11 +45,8 @@ import trio
 
 import ledgerd
 from bench.bookie import _run_ledgerd
-from ledgerd.metadata.cluster import init_new_cluster
-from ledgerd.metadata.zookeeper import ZooKeeperStore
 from ledgerd.tools.benchcmd import percentile, run_writes
-from ledgerd.tools.bookieprocess import BookieProcess, start_writable
-from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.tools.processcluster import process_cluster
 
 ENTRY = 1024
 
@@ -113,21 +109,9 @@ async def _reads(zk: str, ledger_id: int) -> dict[str, float]:
 
 
 async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    zk_server = ZooKeeperServer(data_dir=base / "zk")
-    zk_server.start()
-    bookies: list[BookieProcess] = []
-    try:
-        zk = zk_server.connect_string + "/bench"
-        store = await ZooKeeperStore.connect(zk_server.connect_string)
-        await store.create("/bench")
-        await store.close()
-        store = await ZooKeeperStore.connect(zk)
-        await init_new_cluster(store, "/ledgers")
-        bookies += [BookieProcess(base / f"bookie{i}", zk,
-                                  settings={"log_level": "WARNING", "zk_timeout_ms": 4000})
-                    for i in range(3)]
-        await start_writable(store, bookies)
-        await store.close()
+    async with process_cluster(base, bookies=3, chroot="/bench", settings={
+            "log_level": "WARNING", "zk_timeout_ms": 4000}) as cluster:
+        zk, bookies = cluster.zk, cluster.bookies
         runs: dict[str, list[dict[str, float]]] = {"e1": [], "e3": [], "raw": [],
                                                    "e1_batch": [], "e3_batch": [],
                                                    "read_e1": [], "read_e3": []}
@@ -169,11 +153,6 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
                        for e3, e1 in zip(runs["read_e3"], runs["read_e1"], strict=True)]
         return {"appends": med, "tail": tail, "e3_over_raw": ratios, "rounds": runs,
                 "read_e3_over_e1": read_ratios}
-    finally:
-        for b in bookies:
-            if b.running:
-                b.terminate()
-        zk_server.stop()
 
 
 def main() -> None:

@@ -39,10 +39,8 @@ if __package__ in (None, ""):
 import trio
 
 import ledgerd
-from ledgerd.metadata.cluster import init_new_cluster
-from ledgerd.metadata.zookeeper import ZooKeeperStore
-from ledgerd.tools.bookieprocess import BookieProcess, start_writable
-from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
+from ledgerd.tools.processcluster import ProcessCluster
+from ledgerd.tools.zkserver import find_free_port
 
 PAYLOAD = os.urandom(1024)
 
@@ -126,27 +124,16 @@ def main() -> None:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ledgerd-gw-bench-", dir=os.environ.get("BENCH_DIR")))
     load_start = os.getloadavg()[0]
-    server = ZooKeeperServer(data_dir=base / "zk")
-    server.start()
-    zk = server.connect_string
-    bookies = [BookieProcess(base / f"b{i}", zk, settings={"log_level": "WARNING"})
-               for i in range(3)]
+    cluster = ProcessCluster(base, bookies=3, settings={"log_level": "WARNING"})
     port = find_free_port()
     gateway: subprocess.Popen[bytes] | None = None
     kcat_mbs: list[float] = []
     mbs = 0.0
     results: list[dict[str, Any]] = []
 
-    async def up() -> None:
-        store = await ZooKeeperStore.connect(zk)
-        try:
-            await init_new_cluster(store, "/ledgers")
-            await start_writable(store, bookies)
-        finally:
-            await store.close()
-
     try:
-        trio.run(up)
+        trio.run(cluster.start)
+        zk = cluster.zk
         log = open(base / "gateway.log", "wb")
         gateway = subprocess.Popen(
             [sys.executable, "-m", "ledgerd.tools.cli", "gateway", "--port", str(port)],
@@ -183,10 +170,7 @@ def main() -> None:
         if gateway is not None and gateway.poll() is None:
             gateway.send_signal(signal.SIGTERM)
             gateway.wait(30)
-        for b in bookies:
-            if b.running:
-                b.kill9()
-        server.stop()
+        cluster.stop(graceful=False)
         shutil.rmtree(base, ignore_errors=True)
     load_end = os.getloadavg()[0]
     summary = {k: statistics.median(r[k] for r in results)

@@ -1,6 +1,5 @@
 """The db storage's index store: LMDB (what ``disk/dbindex.py`` uses) beside RocksDB
-(``rocksdict``), on the db storage's own access pattern (issue #26: "measure and
-choose").
+(``rocksdict``), on the db storage's own access pattern.
 
     python bench/index_store.py [--ledgers 100000] [--entries 5] [--checkpoint 70000]
                                 [--rounds 5]

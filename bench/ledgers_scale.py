@@ -57,30 +57,6 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _start_ready(b: BookieProcess) -> None:
-    """Start the bookie and wait for its READY=1 (sd_notify to a socket of ours): it is
-    listening on both ports then, after replay and the start-up checkpoint."""
-    import socket
-
-    path = tempfile.mktemp(prefix="ledgerd-notify-", dir="/tmp")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.bind(path)
-        sock.settimeout(1.0)
-        try:
-            b.start(env={"NOTIFY_SOCKET": path})
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if b"READY=1" in sock.recv(4096).split(b"\n"):
-                        return
-                except TimeoutError:
-                    pass
-                if time.monotonic() > deadline or not b.running:
-                    raise RuntimeError(f"bookie not ready:\n{b.log_tail()}")
-        finally:
-            os.unlink(path)
-
-
 def _metrics(b: BookieProcess) -> dict[str, float]:
     import urllib.request
 
@@ -117,7 +93,7 @@ def _adds(base: Path, kind: str, ledgers: int, seconds: float,
         "ledger_storage_class": kind, "log_level": "INFO", "journal_prealloc_mb": 64,
         "flush_interval_ms": flush_ms})
     try:
-        _start_ready(b)
+        b.start_ready()
         before = _metrics(b)
         r = closed_loop(b.port, 2, 400, seconds, ledgers=ledgers, warmup=1.0)
         rss = _rss_mb(b.pid or 0)
@@ -135,7 +111,7 @@ def _adds(base: Path, kind: str, ledgers: int, seconds: float,
         warm = read_loop(b.port, 2, 64, min(seconds, 3.0), pick)
         b.terminate(timeout=300)
         _drop_page_cache(root)
-        _start_ready(b)
+        b.start_ready()
         t = time.monotonic()
         # The port opens before the storage is ready (the interleaved storage reads
         # every index file): wait for one read to be answered (a few entries warm).

@@ -39,11 +39,8 @@ if __package__ in (None, ""):
 import trio
 
 import ledgerd
-from ledgerd.metadata.cluster import init_new_cluster
 from ledgerd.metadata.ledger import LedgerMetadata
-from ledgerd.metadata.zookeeper import ZooKeeperStore
-from ledgerd.tools.bookieprocess import BookieProcess, start_writable
-from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.tools.processcluster import process_cluster
 
 PAYLOAD = os.urandom(1024)
 
@@ -122,16 +119,10 @@ async def _fragments(zk: str, name: str, fragments: int) -> dict[str, Any]:
 
 
 async def _bench(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
-    server = ZooKeeperServer(data_dir=base / "zk")
-    server.start()
-    zk = server.connect_string
-    bookies = [BookieProcess(base / f"b{i}", zk, settings={"log_level": "WARNING"})
-               for i in range(3)]
     results: list[dict[str, Any]] = []
-    store = await ZooKeeperStore.connect(zk)
-    try:
-        await init_new_cluster(store, "/ledgers")
-        await start_writable(store, bookies)
+    async with process_cluster(base, bookies=3, graceful=False,
+                               settings={"log_level": "WARNING"}) as cluster:
+        zk = cluster.zk
         kinds = [k == "unbounded" for k in args.kinds.split(",")]
         for n in range(args.rounds):
             for unbounded in (kinds if n % 2 == 0 else list(reversed(kinds))):
@@ -149,12 +140,6 @@ async def _bench(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
                 print(f"round {n + 1}: {r['fragments']} fragments, metadata "
                       f"{r['metadata_bytes']:,} B, written in {r['write_s']} s, open + seek + "
                       f"read 100 in {r['open_seek_read100_s']} s", flush=True)
-    finally:
-        for b in bookies:
-            if b.running:
-                b.kill9()
-        await store.close()
-        server.stop()
     return results
 
 

@@ -29,7 +29,7 @@ from ledgerd.metadata.cluster import init_new_cluster  # noqa: E402
 from ledgerd.metadata.ledger import LedgerMetadata  # noqa: E402
 from ledgerd.metadata.ledgers import LedgerManager  # noqa: E402
 from ledgerd.metadata.zookeeper import ZooKeeperStore  # noqa: E402
-from ledgerd.tools.zkserver import ZooKeeperServer  # noqa: E402
+from ledgerd.tools.processcluster import ProcessCluster  # noqa: E402
 
 
 async def run(servers: str, seconds: float, concurrency: int) -> dict[str, float]:
@@ -73,13 +73,13 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ledgerd-bench-zk-") as tmp:
-        zk = ZooKeeperServer(data_dir=Path(tmp))
-        zk.start()
+        cluster = ProcessCluster(Path(tmp), bookies=0)  # ZooKeeper alone
         try:
-            results = [trio.run(run, zk.connect_string, args.seconds, int(c))
+            zk = cluster.start_zookeeper()
+            results = [trio.run(run, zk, args.seconds, int(c))
                        for c in args.concurrency.split(",")]
         finally:
-            zk.stop()
+            cluster.stop()
     if args.json:
         print(json.dumps(results, indent=2))
         return

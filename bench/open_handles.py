@@ -1,4 +1,4 @@
-"""Thousands of open write handles in one client (issue #26).
+"""Thousands of open write handles in one client.
 
     python bench/open_handles.py [--ledgers 10000] [--step 1000] [--idle 5]
 
@@ -8,9 +8,6 @@ handle open. Per ``--step`` ledgers: creations/s (create + one append), the clie
 CPU seconds per ledger, its RSS. Then, with all handles open and idle, the client's CPU
 use over ``--idle`` seconds (a handle with nothing to do must cost nothing: no task
 wakes per handle) and an append to every handle (each handle still works).
-
-Before (issue #26): creating ledgers slowed from 633/s to 70/s once ~10,000 handles
-were open, because every handle woke every 1.25 s.
 """
 
 from __future__ import annotations
@@ -33,10 +30,7 @@ if __package__ in (None, ""):
 import trio
 
 import ledgerd
-from ledgerd.metadata.cluster import init_new_cluster
-from ledgerd.metadata.zookeeper import ZooKeeperStore
-from ledgerd.tools.bookieprocess import BookieProcess, start_writable
-from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.tools.processcluster import process_cluster
 
 PAYLOAD = bytes(range(256)) * 4
 
@@ -97,28 +91,10 @@ async def _handles(zk: str, n: int, step: int, idle: float) -> dict[str, Any]:
 
 
 async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
-    zk_server = ZooKeeperServer(data_dir=base / "zk")
-    zk_server.start()
-    bookies: list[BookieProcess] = []
-    try:
-        zk = zk_server.connect_string + "/bench"
-        store = await ZooKeeperStore.connect(zk_server.connect_string)
-        await store.create("/bench")
-        await store.close()
-        store = await ZooKeeperStore.connect(zk)
-        await init_new_cluster(store, "/ledgers")
-        bookies += [BookieProcess(base / f"bookie{i}", zk,
-                                  settings={"log_level": "WARNING", "zk_timeout_ms": 8000,
-                                            "ledger_storage_class": args.storage})
-                    for i in range(3)]
-        await start_writable(store, bookies)
-        await store.close()
-        return await _handles(zk, args.ledgers, args.step, args.idle)
-    finally:
-        for b in bookies:
-            if b.running:
-                b.terminate()
-        zk_server.stop()
+    async with process_cluster(base, bookies=3, chroot="/bench", settings={
+            "log_level": "WARNING", "zk_timeout_ms": 8000,
+            "ledger_storage_class": args.storage}) as cluster:
+        return await _handles(cluster.zk, args.ledgers, args.step, args.idle)
 
 
 def main() -> None:

@@ -10,8 +10,7 @@ rewrite them all. The time measured is ``open_ledger(recovery=True)`` from a fre
 client, which then checks that the ledger closed at the last entry.
 
 Cases alternate in each round (the tail sizes, in turn), every round is printed, then
-the medians, with the 1-minute load average at start and end. Goal (issue #22): a
-10,000-entry tail recovered in under 2 s.
+the medians, with the 1-minute load average at start and end.
 """
 
 from __future__ import annotations
@@ -35,12 +34,10 @@ import trio
 import ledgerd
 from ledgerd.bookie_client import open_bookie_client
 from ledgerd.machines.quorum import write_set
-from ledgerd.metadata.cluster import init_new_cluster
 from ledgerd.metadata.ledger import LedgerMetadata, password_check
 from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.metadata.zookeeper import ZooKeeperStore
-from ledgerd.tools.bookieprocess import BookieProcess, start_writable
-from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.tools.processcluster import process_cluster
 from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
 from ledgerd.wire.messages import AddRequest
 from ledgerd.wire.status import Status
@@ -103,20 +100,13 @@ async def _case(zk: str, ensemble: tuple[str, ...], quorums: tuple[int, int, int
 
 
 async def _bench(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
-    server = ZooKeeperServer(data_dir=base / "zk")
-    server.start()
-    zk = server.connect_string
     quorums: tuple[int, int, int] = tuple(int(x) for x in args.quorums.split(","))  # type: ignore[assignment]
     tails = [int(t) for t in args.tails.split(",")]
-    bookies: list[BookieProcess] = []
     results: list[dict[str, Any]] = []
-    store = await ZooKeeperStore.connect(zk)
-    try:
-        await init_new_cluster(store, "/ledgers")
-        bookies += [BookieProcess(base / f"b{i}", zk, settings={"log_level": "WARNING"})
-                    for i in range(quorums[0])]
-        await start_writable(store, bookies)
-        ensemble = tuple(b.address for b in bookies)
+    async with process_cluster(base, bookies=quorums[0], graceful=False,
+                               settings={"log_level": "WARNING"}) as cluster:
+        zk = cluster.zk
+        ensemble = tuple(b.address for b in cluster.bookies)
         for n in range(args.rounds):
             order = tails if n % 2 == 0 else list(reversed(tails))
             for tail in order:
@@ -125,12 +115,6 @@ async def _bench(args: argparse.Namespace, base: Path) -> list[dict[str, Any]]:
                 results.append(r)
                 print(f"round {n + 1}: {tail:,}-entry tail recovered in {r['seconds']:.3f} s "
                       f"({r['ms_per_entry']:.3f} ms/entry)", flush=True)
-    finally:
-        for b in bookies:
-            if b.running:
-                b.kill9()
-        await store.close()
-        server.stop()
     return results
 
 

@@ -1,4 +1,4 @@
-"""TLS beside plaintext, in the same run, against the same bookies (issue #24).
+"""TLS beside plaintext, in the same run, against the same bookies.
 
     python bench/tls.py [--seconds 5] [--rounds 3]
 
@@ -9,7 +9,6 @@ certificates from a trustme CA. Cases, interleaved in every round:
 
 - **bookie, batched**: one connection to one bookie, Add frames of 64 x 1 KiB entries,
   16 frames in flight (1,024 entries), for ``--seconds``: entries/s, plaintext vs TLS.
-  Goal (#24): TLS >= 0.8x plaintext.
 - **client, E3/Qw2/Qa2**: ``ledgerd bench writes`` style appends (1 KiB, 500 in flight,
   one ledger) through the client, plaintext vs TLS (``tls_trust_path``).
 
@@ -37,11 +36,8 @@ import trustme
 
 from ledgerd.base.tls import client_context
 from ledgerd.bookie_client import open_bookie_client
-from ledgerd.metadata.cluster import init_new_cluster
-from ledgerd.metadata.zookeeper import ZooKeeperStore
 from ledgerd.tools.benchcmd import run_writes
-from ledgerd.tools.bookieprocess import BookieProcess, start_writable
-from ledgerd.tools.zkserver import ZooKeeperServer
+from ledgerd.tools.processcluster import process_cluster
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
 from ledgerd.wire.messages import AddRequest
 
@@ -112,21 +108,13 @@ async def _client(zk: str, seconds: float, tls_trust: str | None) -> float:
 
 async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     pki = _pki(base)
-    zk_server = ZooKeeperServer(data_dir=base / "zk")
-    zk_server.start()
-    bookies: list[BookieProcess] = []
-    try:
-        zk = zk_server.connect_string
-        store = await ZooKeeperStore.connect(zk)
-        await init_new_cluster(store, "/ledgers")
-        settings = {"log_level": "WARNING", "zk_timeout_ms": 4000,
-                    "tls_certificate_path": pki["cert"], "tls_key_path": pki["key"],
-                    "tls_trust_path": pki["ca"]}
-        bookies += [BookieProcess(base / f"bookie{i}", zk, settings=settings) for i in range(3)]
-        await start_writable(store, bookies)
-        await store.close()
+    settings = {"log_level": "WARNING", "zk_timeout_ms": 4000,
+                "tls_certificate_path": pki["cert"], "tls_key_path": pki["key"],
+                "tls_trust_path": pki["ca"]}
+    async with process_cluster(base, bookies=3, settings=settings) as cluster:
+        zk = cluster.zk
         tls = client_context(pki["ca"])
-        address = bookies[0].bookie_id
+        address = cluster.bookies[0].bookie_id
         runs: dict[str, list[float]] = {"bookie_plain": [], "bookie_tls": [],
                                         "client_plain": [], "client_tls": []}
         ledger = 1000
@@ -144,10 +132,6 @@ async def _bench(args: argparse.Namespace, base: Path) -> dict[str, Any]:
             print(f"round {rnd + 1} (load {os.getloadavg()[0]:.2f}): " + ", ".join(
                 f"{k} {v[-1]:,.0f}/s" for k, v in runs.items()), flush=True)
         return runs
-    finally:
-        for b in bookies:
-            b.terminate()
-        zk_server.stop()
 
 
 def main() -> None:

@@ -5,14 +5,9 @@
 operator's ``kill -9`` or a power cut that spares the disk, at a step a test names
 instead of a moment it guesses. Unset (always, outside tests) it costs one comparison.
 
-The points (see docs/storage-format.md, "Compaction and GC, crash-safe order"):
-``compaction.copying`` (after a first batch of live entries was re-appended),
-``compaction.copied`` (the copies durable, the index not yet pointing at them),
-``compaction.index_flush`` (the index written, not yet fsynced),
-``compaction.deleting`` (the index durable, the old log not yet unlinked),
-``gc.deleting_ledgers`` (a ledger's index unlinked, the others not yet),
-``gc.deleting_logs`` (dead logs about to be unlinked),
-``index.created`` (a checkpoint made a ledger's index file, its header not yet written).
+The points are named, with what each leaves on disk, in the one registry of fault
+points, ``ledgerd.base.faultpoints.CRASH_POINTS`` (see also docs/storage-format.md,
+"Compaction and GC, crash-safe order").
 """
 
 from __future__ import annotations
@@ -20,11 +15,11 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["armed", "crash_point"]
+from ledgerd.base.faultpoints import CRASH_ENV, CRASH_POINTS, parse_crash_spec
 
-_SPEC = os.environ.get("LEDGERD_CRASH_AT", "")
-_NAME, _, _COUNT = _SPEC.partition(":")
-_remaining = int(_COUNT) if _COUNT else 1
+__all__ = ["CRASH_POINTS", "armed", "crash_point"]
+
+_NAME, _remaining = parse_crash_spec(os.environ.get(CRASH_ENV, ""))
 
 
 def armed(name: str) -> bool:

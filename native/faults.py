@@ -6,6 +6,9 @@ and ``fdatasync`` it makes: a matching write fails with an errno or comes back s
 fdatasync fails. Files are tagged by what they hold, so a rule can aim at the journal
 or at the entry logs. With no rule armed the check costs one load.
 
+The rules and the named storage faults are declared in the one registry of fault
+points, ``ledgerd.base.faultpoints``; this module applies them.
+
 A bookie arms rules only when started with ``LEDGERD_FAULT_PLAN=<file>`` in its
 environment (tests and ``bench/soak.py`` do this; nothing else should): on SIGUSR2 it
 reads the JSON list of rules in that file, arms them, and writes ``<file>.applied``
@@ -20,58 +23,20 @@ import json
 import logging
 import os
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
 
 from ledgerd.native._native import ffi, lib
+
+from ledgerd.base.faultpoints import FAULT_PLAN_ENV, STORAGE_TAGS, FaultRule
 
 __all__ = ["ENV_VAR", "TAGS", "FaultRule", "arm", "disarm", "injected", "install_from_env"]
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "LEDGERD_FAULT_PLAN"
-TAGS = {"any": 0, "journal": 1, "entrylog": 2}
+ENV_VAR = FAULT_PLAN_ENV
+TAGS = dict(STORAGE_TAGS)
 _OPS = {"write": lib.LDN_FAULT_WRITE, "fsync": lib.LDN_FAULT_SYNC}
-
-Target = Literal["any", "journal", "entrylog"]
-Op = Literal["write", "fsync"]
-
-
-@dataclass(frozen=True, slots=True)
-class FaultRule:
-    """Fail (or, for writes, shorten) the matching operations ``skip + 1`` to
-    ``skip + times`` on files holding ``target``."""
-
-    op: Op
-    target: Target = "any"
-    error: str | None = "EIO"   # an errno name; None with short=True
-    short: bool = False
-    skip: int = 0
-    times: int = 1
-
-    def __post_init__(self) -> None:
-        if self.op not in _OPS:
-            raise ValueError(f"fault op must be one of {sorted(_OPS)}, got {self.op!r}")
-        if self.target not in TAGS:
-            raise ValueError(f"fault target must be one of {sorted(TAGS)}, got {self.target!r}")
-        if self.short and self.op != "write":
-            raise ValueError("only a write can come back short")
-        if not self.short and (self.error is None or not hasattr(errno, self.error)):
-            raise ValueError(f"fault error must be an errno name, got {self.error!r}")
-        if self.skip < 0 or self.times < 1:
-            raise ValueError(f"skip must be >= 0 and times >= 1, got {self.skip}, {self.times}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "target": self.target, "error": self.error, "short": self.short,
-                "skip": self.skip, "times": self.times}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> FaultRule:
-        return cls(op=raw["op"], target=raw.get("target", "any"), error=raw.get("error"),
-                   short=bool(raw.get("short", False)), skip=int(raw.get("skip", 0)),
-                   times=int(raw.get("times", 1)))
 
 
 def arm(rules: list[FaultRule]) -> None:

@@ -3,6 +3,8 @@
 The ZooKeeper server comes from the Debian ``zookeeper`` package that ``make test``
 installs. It is started once per session on a free loopback port and stopped by its
 PID at the end. Tests never skip when it is missing: a missing dependency is a failure.
+Both it and the bookie processes of ``bookie_factory`` come from the one process
+cluster (``ledgerd.testing.cluster.ProcessCluster``).
 """
 
 from __future__ import annotations
@@ -13,20 +15,19 @@ from typing import Any
 
 import pytest
 
-from ledgerd.tools.bookieprocess import BookieProcess
-from ledgerd.tools.zkserver import ZooKeeperServer
-from tests.cluster import fresh_chroot
+from ledgerd.testing.cluster import BookieProcess, ProcessCluster, ZooKeeperServer, fresh_chroot
 
 
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
     """One real ZooKeeper for the whole test session."""
-    server = ZooKeeperServer(data_dir=tmp_path_factory.mktemp("zookeeper"))
-    server.start()
+    cluster = ProcessCluster(tmp_path_factory.mktemp("zookeeper"), bookies=0)
     try:
-        yield server
+        cluster.start_zookeeper()
+        assert cluster.server is not None
+        yield cluster.server
     finally:
-        server.stop()
+        cluster.stop()
 
 
 @pytest.fixture
@@ -45,19 +46,14 @@ def scratch_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def bookie_factory(zk_chroot: str, tmp_path: Path) -> Iterator[Callable[..., BookieProcess]]:
     """Makes bookie processes on this test's ZooKeeper chroot; kills leftovers by PID."""
-    made: list[BookieProcess] = []
+    cluster = ProcessCluster(tmp_path, zk=zk_chroot, settings={"zk_timeout_ms": 4000,
+                                                               "journal_prealloc_mb": 4})
 
     def make(**settings: Any) -> BookieProcess:
-        settings.setdefault("zk_timeout_ms", 4000)
-        settings.setdefault("journal_prealloc_mb", 4)
-        bookie = BookieProcess(tmp_path / f"bookie{len(made)}", zk_chroot, settings=settings)
-        made.append(bookie)
-        return bookie
+        return cluster.add_bookie(settings=settings)
 
     yield make
-    for bookie in made:
-        if bookie.running:
-            bookie.kill9()
+    cluster.stop(graceful=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

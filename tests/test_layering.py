@@ -20,13 +20,18 @@ PACKAGES = ("wire", "native", "disk", "metadata", "ledgerd", "appliance", "tools
 ALLOWED: dict[str, set[str]] = {
     "ledgerd.base": set(),
     "wire": {"ledgerd.base"},
-    "native": set(),
+    "native": {"ledgerd.base"},  # the fault-point registry (ledgerd.base.faultpoints)
     "disk": {"native", "ledgerd.base", "wire"},
     "metadata": {"ledgerd.base"},
     "ledgerd": {"wire", "metadata", "ledgerd.base"},
     "appliance": {"wire", "native", "disk", "metadata", "ledgerd", "ledgerd.base"},
     "tools": {"wire", "native", "disk", "metadata", "ledgerd", "ledgerd.base", "appliance"},
 }
+# The test kit (ledgerd.testing, and the fault harness ledgerd.tools.faults with it) sits
+# above everything it tests, and nothing else imports it.
+TESTKIT = ("ledgerd.testing", "ledgerd.tools.faults")
+ALLOWED["ledgerd.testing"] = {"wire", "native", "disk", "metadata", "ledgerd", "ledgerd.base",
+                              "appliance", "tools"}
 # Modules that must import without trio and kazoo (STYLE 4): the protocol, the formats,
 # the metadata model, the client's decisions and the bookie's rules.
 PURE = ["ledgerd.wire.layouts", "ledgerd.wire.codec", "ledgerd.wire.messages", "ledgerd.wire.frames", "ledgerd.wire.connection",
@@ -38,6 +43,7 @@ PURE = ["ledgerd.wire.layouts", "ledgerd.wire.codec", "ledgerd.wire.messages", "
         "ledgerd.appliance.session", "ledgerd.appliance.replies",
         "ledgerd.base.logs", "ledgerd.base.credentials",
         "ledgerd.base.settings"]
+PURE += ["ledgerd.base.faultpoints", "ledgerd.testing.history"]  # the test kit's pure part
 
 
 # The repository's top-level folders install as ``ledgerd.<folder>`` (pyproject's
@@ -48,6 +54,8 @@ FOLDERS = ("wire", "native", "disk", "metadata", "appliance", "tools")
 def unit_of(module: str) -> str | None:
     if module == "ledgerd.base" or module.startswith("ledgerd.base."):
         return "ledgerd.base"
+    if any(module == kit or module.startswith(kit + ".") for kit in TESTKIT):
+        return "ledgerd.testing"
     parts = module.split(".")
     if parts[0] != "ledgerd":
         return None
@@ -102,6 +110,9 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     assert unit_of("ledgerd.base.logs") in ALLOWED["disk"]
     assert unit_of("ledgerd.client") not in ALLOWED["metadata"]
     assert unit_of(".".join(("wire", "entry"))) is None  # only ledgerd.wire is ours
+    assert unit_of("ledgerd.testing.cluster") not in ALLOWED["tools"]
+    assert unit_of("ledgerd.tools.faults.history") not in ALLOWED["ledgerd"]
+    assert unit_of("ledgerd.testing.memory") not in ALLOWED["appliance"]
 
 
 @pytest.mark.parametrize("module", PURE)

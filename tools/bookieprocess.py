@@ -1,8 +1,10 @@
 """Bookie processes on this machine: a TOML config each, started as ``ledgerd bookie``.
 
-Used by ``ledgerd local`` and by the tests: each bookie gets a free loopback port, its
-own journal and ledger directories under ``base``, and the cluster's ZooKeeper. Stops
-are by PID only: ``terminate()`` (SIGTERM, the graceful path), ``kill9()``, and
+The process under the one process cluster (tools/processcluster.py), which ``ledgerd
+local``, the tests and the bench scripts start bookies through; a bench that measures a
+lone bookie without ZooKeeper starts one with ``start_ready``. Each bookie gets a free
+loopback port, its own journal and ledger directories under ``base``, and the
+cluster's ZooKeeper. Stops are by PID only: ``terminate()`` (SIGTERM, the graceful path), ``kill9()``, and
 ``restart()`` with the same configuration and directories.
 """
 
@@ -69,6 +71,34 @@ class BookieProcess:
             [sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf", str(self.config_path)],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})}, start_new_session=True, cwd=cwd)
+
+    def start_ready(self, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+                    timeout: float = 300.0) -> None:
+        """Start, and wait for the bookie's READY=1 (sd_notify, to a socket of ours): it
+        listens on both ports then, after replay and the start-up checkpoint. For a
+        bookie without ZooKeeper (``zk_servers`` empty), where no registration shows it
+        is up. RuntimeError, with its log, if it exits or is not ready in time."""
+        import socket
+        import tempfile
+        import time
+
+        path = tempfile.mktemp(prefix="ledgerd-notify-", dir="/tmp")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind(path)
+            sock.settimeout(1.0)
+            try:
+                self.start(env={**(env or {}), "NOTIFY_SOCKET": path}, cwd=cwd)
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        if b"READY=1" in sock.recv(4096).split(b"\n"):
+                            return
+                    except TimeoutError:
+                        pass
+                    if time.monotonic() > deadline or not self.running:
+                        raise RuntimeError(f"{self.name} not ready:\n{self.log_tail()}")
+            finally:
+                os.unlink(path)
 
     @property
     def running(self) -> bool:

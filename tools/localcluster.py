@@ -1,5 +1,9 @@
 """A local cluster: one ZooKeeper (or a given one) and N bookie processes on loopback.
 
+It is the one process cluster (``ProcessCluster``, tools/processcluster.py) with what
+``ledgerd local`` adds for a person at a terminal: stable ports, a cluster secret,
+autorecovery on, optional TLS and a Kafka gateway, and a control socket.
+
 ``ledgerd local`` runs it in the foreground; stops are by PID (SIGTERM to bookies, then
 ZooKeeper). With ``--data`` the directories survive, so a restart finds its ledgers.
 
@@ -20,16 +24,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from ledgerd.base.credentials import generate_secret
-from ledgerd.metadata.cluster import init_new_cluster
-from ledgerd.metadata.registry import BookieRegistry, BookieSet
-from ledgerd.metadata.zookeeper import ZooKeeperStore
 from ledgerd.tools.bookieprocess import BookieProcess
-from ledgerd.tools.zkserver import ZooKeeperError, ZooKeeperServer, find_free_port
+from ledgerd.tools.processcluster import ClusterError, ProcessCluster
+from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
 
 __all__ = ["CTL_SOCKET", "LocalCluster", "LocalClusterError", "send_control"]
 
@@ -38,8 +39,7 @@ CTL_SOCKET = "ctl.sock"
 CTL_ACTIONS = ("kill", "stop", "start", "status")
 
 
-class LocalClusterError(RuntimeError):
-    pass
+LocalClusterError = ClusterError
 
 
 def make_local_certificates(where: Path) -> dict[str, str]:
@@ -69,56 +69,64 @@ def make_local_certificates(where: Path) -> dict[str, str]:
 
 
 class LocalCluster:
+    """``ledgerd local``: a ``ProcessCluster`` (``processes``) and what it adds; runs in
+    the foreground, so its calls block."""
+
     def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
                  register_timeout: float = 60.0, root: str = "/ledgers",
                  layout: str = "hierarchical", tls: bool = False,
                  kafka_port: int | None = None) -> None:
         self.base = Path(base)
+        self.processes = ProcessCluster(base, bookies=bookies, zk=zk, root=root,
+                                        layout=layout, register_timeout=register_timeout)
         self.kafka_port = kafka_port  # a Kafka gateway on this port (None: none)
         self.gateway: subprocess.Popen[bytes] | None = None
         self.gateway_line = ""  # what the gateway printed when it started
         self.tls = tls
         self.tls_files: dict[str, str] = {}
-        self.root = root
-        self.layout = layout
-        self.count = bookies
-        self.zk = zk or ""
-        self.server: ZooKeeperServer | None = None
-        self.bookies: list[BookieProcess] = []
-        self.register_timeout = register_timeout
         self._dead: set[str] = set()
         self._lock = threading.Lock()
         self._ctl: socketserver.UnixStreamServer | None = None
 
+    @property
+    def zk(self) -> str:
+        return self.processes.zk
+
+    @property
+    def server(self) -> ZooKeeperServer | None:
+        return self.processes.server
+
+    @property
+    def bookies(self) -> list[BookieProcess]:
+        return self.processes.bookies
+
+    @property
+    def root(self) -> str:
+        return self.processes.root
+
     def start(self) -> None:
-        if not self.zk:
-            self.server = ZooKeeperServer(data_dir=self.base / "zookeeper", port=0)
-            try:
-                self.server.start()
-            except ZooKeeperError as exc:
-                raise LocalClusterError(str(exc)) from exc
-            self.zk = self.server.connect_string
-        trio.run(self._init)
+        """Bring the cluster up; bookies are registered (writable or read-only) when it
+        returns."""
+        processes = self.processes
+        processes.start_zookeeper()
+        trio.run(processes.init_metadata)
         secret = self.base / "cluster.secret"
         if not secret.exists():
             self.base.mkdir(parents=True, exist_ok=True)
             generate_secret(secret)
         # Autorecovery in every bookie, no delay: a killed bookie's ledgers are copied
         # back to full replication at once (docs/autorecovery.md).
-        settings: dict[str, Any] = {
+        processes.settings.update({
             "cluster_secret_file": str(secret), "auto_recovery_daemon_enabled": True,
-            "zk_ledgers_root_path": self.root, "ledger_manager_type": self.layout,
-            "lost_bookie_recovery_delay_s": 0, "open_ledger_rereplication_grace_period_ms": 10000}
+            "zk_ledgers_root_path": self.root, "ledger_manager_type": processes.layout,
+            "lost_bookie_recovery_delay_s": 0, "open_ledger_rereplication_grace_period_ms": 10000})
         if self.tls:
             self.tls_files = make_local_certificates(self.base / "tls")
-            settings.update(tls_certificate_path=self.tls_files["bookie_cert"],
-                            tls_key_path=self.tls_files["bookie_key"],
-                            tls_trust_path=self.tls_files["ca"], tls_required=True)
-        for i in range(self.count):
-            bookie = BookieProcess(self.base / f"bookie{i}", self.zk, port=self._port(i),
-                                   name=f"bookie{i}", settings=settings)
-            self.bookies.append(bookie)
-            bookie.start()
+            processes.settings.update(tls_certificate_path=self.tls_files["bookie_cert"],
+                                      tls_key_path=self.tls_files["bookie_key"],
+                                      tls_trust_path=self.tls_files["ca"], tls_required=True)
+        for i in range(processes.count):
+            processes.start_bookie(processes.add_bookie(name=f"bookie{i}", port=self._port(i)))
         trio.run(self._wait_registered)
         if self.kafka_port is not None:
             self._start_gateway()
@@ -140,7 +148,7 @@ class LocalCluster:
                 [sys.executable, "-m", "ledgerd.tools.cli", "gateway", "--port",
                  str(self.kafka_port)], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        deadline = time.monotonic() + self.register_timeout
+        deadline = time.monotonic() + self.processes.register_timeout
         while b"kafka gateway on" not in log_path.read_bytes()[before:]:
             if self.gateway.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
@@ -159,47 +167,9 @@ class LocalCluster:
                     return int(line.split("=")[1])
         return find_free_port()
 
-    async def _init(self) -> None:
-        store = await ZooKeeperStore.connect(self.zk)
-        try:
-            await init_new_cluster(store, self.root, self.layout)
-        finally:
-            await store.close()
-
     async def _wait_registered(self, bookies: list[BookieProcess] | None = None) -> None:
-        """Wait until ``bookies`` (default: all) are registered; LocalClusterError if one
-        exits first or the register timeout passes."""
-        store = await ZooKeeperStore.connect(self.zk)
-        waited = self.bookies if bookies is None else bookies
-        pids = {b.bookie_id: b.pid for b in waited}
-        registry = BookieRegistry(store, self.root)
-
-        async def all_registered(listed: BookieSet) -> bool:
-            return await registry.registered_by(listed, pids, writable=False)
-
-        async def died(bookie: BookieProcess) -> None:
-            await bookie.exited()
-            raise LocalClusterError(f"{bookie.name} exited:\n{bookie.log_tail()}")
-
-        try:
-            with trio.move_on_after(self.register_timeout) as scope:
-                try:
-                    async with trio.open_nursery() as nursery:
-                        for bookie in waited:
-                            nursery.start_soon(died, bookie)
-                        await registry.wait_for(all_registered)
-                        nursery.cancel_scope.cancel()
-                except ExceptionGroup as group:
-                    dead = group.subgroup(LocalClusterError)
-                    if dead is None:
-                        raise
-                    raise dead.exceptions[0] from None
-            if scope.cancelled_caught:
-                raise LocalClusterError(
-                    f"bookies not registered after {self.register_timeout:.0f}s; logs under "
-                    f"{self.base}")
-        finally:
-            await store.close()
+        """Until ``bookies`` (default: all) are registered, writable or read-only."""
+        await self.processes.wait_registered(bookies, writable=False)
 
     def check(self) -> str:
         """A description of what died so that the cluster cannot go on, or "": ZooKeeper,
@@ -289,14 +259,7 @@ class LocalCluster:
             self._ctl.shutdown()
             self._ctl.server_close()
             (self.base / CTL_SOCKET).unlink(missing_ok=True)
-        for b in self.bookies:
-            if b.running:
-                try:
-                    b.terminate(timeout=60)
-                except subprocess.TimeoutExpired:
-                    b.kill9()
-        if self.server is not None:
-            self.server.stop()
+        self.processes.stop()
 
 
 def send_control(base: Path, action: str, index: int | None = None,

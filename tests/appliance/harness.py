@@ -1,8 +1,9 @@
 """A bookie's request path over in-memory streams, for handler tests.
 
-``BookieHarness`` opens a real LedgerStorage in a temp directory, runs its services, and
-serves connections made with ``connect()`` (a memory stream pair, or a lockstep pair
-when a test needs to see backpressure) through the real ``serve_connection``.
+``BookieHarness`` (``ledgerd.testing.memory``'s, over the transport a handler test
+chooses) opens a real LedgerStorage in a temp directory, runs its services, and serves
+connections made with ``connect()`` (a memory stream pair, or a lockstep pair when a
+test needs to see backpressure) through the real ``serve_connection``.
 """
 
 from __future__ import annotations
@@ -18,19 +19,17 @@ from typing import Any
 import trio
 import trio.testing
 
+import ledgerd.testing.memory as testing_memory
 from ledgerd.appliance.core import BookieCore
-from ledgerd.appliance.handlers import AdminHooks, RequestHandler, ServingState
 from ledgerd.appliance.hub import ConnectionHub
-from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.appliance.security import ConnectionSecurity
-from ledgerd.appliance.server import ConnectionOptions, serve_connection
+from ledgerd.appliance.server import ConnectionOptions
 from ledgerd.base.tls import ReloadingContext, client_context, server_context
-from ledgerd.bookie_client import BookieClient, start_tls
+from ledgerd.bookie_client import start_tls
 from ledgerd.disk.journal import JournalOptions
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.connection import ClientConnection
 from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
-from ledgerd.wire.messages import AdminKind
 
 KEY = master_key(b"secret")
 OTHER_KEY = master_key(b"other")
@@ -106,62 +105,26 @@ class UpgradingStream(trio.abc.Stream):
         await (self._tls or self._raw).aclose()
 
 
-class BookieHarness:
+class BookieHarness(testing_memory.BookieHarness):
+    """``ledgerd.testing.memory.BookieHarness`` over the transport ``TRANSPORT`` names."""
+
     def __init__(self, storage: LedgerStorage, options: ConnectionOptions,
                  admin_secret: str = "", core: BookieCore | None = None) -> None:
-        self.storage = storage
-        self.state = ServingState()
-        self.metrics = BookieMetrics()
-        self.triggered: list[AdminKind] = []
-        self.admin = AdminHooks(trigger=self._trigger, status=lambda: {"ok": True},
-                                secret=admin_secret)
-        self.handler = RequestHandler(storage, self.state, self.metrics, admin=self.admin,
-                                      max_frame_bytes=options.max_frame_bytes, core=core)
-        self.options = options
-        self.nursery: trio.Nursery | None = None
+        super().__init__(storage, options, admin_secret, core)
         self.hub: ConnectionHub | None = None
-        # Connections served from now on check roles with this (plaintext transport).
-        self.security: ConnectionSecurity | None = None
 
-    def _trigger(self, kind: AdminKind) -> bool:
-        self.triggered.append(kind)
-        return True
-
-    async def settled(self) -> None:
-        """Until every journal group in flight is collected: the hub's add replies leave
-        from the syncer when their group is durable and are counted (metrics) when the
-        event loop collects it, which may come after the client has its reply."""
-        await self.storage.journal.settle()
-
-    def serve_stream(self, stream: trio.abc.Stream, *, trusted: bool = True) -> trio.Event:
-        """Serve ``stream``; the returned event fires when that connection is over."""
-        assert self.nursery is not None
-        done = trio.Event()
-
-        security = self.security
+    def server_security(self) -> ConnectionSecurity | None:
         if TRANSPORT == "tls":
             pki = _Pki.get()
-            security = ConnectionSecurity(ReloadingContext(
+            return ConnectionSecurity(ReloadingContext(
                 lambda: server_context(pki.cert, pki.key), ()), required=True)
-
-        async def serve() -> None:
-            try:
-                await serve_connection(stream, self.handler, self.options, trusted=trusted,
-                                       security=security)
-            finally:
-                done.set()
-
-        self.nursery.start_soon(serve)
-        return done
+        return self.security
 
     def _pair(self, *, trusted: bool, lockstep: bool = False
               ) -> tuple[trio.abc.Stream, trio.Event]:
         """A client end and the event that fires when the server side is over."""
         if self.hub is None:
-            pair = trio.testing.lockstep_stream_pair if lockstep else \
-                trio.testing.memory_stream_pair
-            client_end, server_end = pair()
-            done = self.serve_stream(server_end, trusted=trusted)
+            client_end, done = super()._pair(trusted=trusted, lockstep=lockstep)
             if TRANSPORT == "tls":
                 return UpgradingStream(client_end, client_context(_Pki.get().ca)), done
             return client_end, done
@@ -178,34 +141,6 @@ class BookieHarness:
 
         self.nursery.start_soon(serve)
         return trio.SocketStream(trio.socket.from_stdlib_socket(mine)), done
-
-    @asynccontextmanager
-    async def connect(self, *, trusted: bool = True, lockstep: bool = False,
-                      max_inflight: int = 1024) -> AsyncIterator[BookieClient]:
-        """A client over a fresh in-memory connection to this bookie."""
-        client_end, _ = self._pair(trusted=trusted, lockstep=lockstep)
-        client = BookieClient("memory", client_end,  # type: ignore[arg-type]
-                              ClientConnection(max_inflight=max_inflight))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client.run)
-            try:
-                yield client
-            finally:
-                # Close before cancelling: an await in a cancelled scope raises Cancelled,
-                # which would replace the body's own exception and then be absorbed by
-                # this nursery, so a failing assertion passed silently.
-                client.close()
-                with trio.CancelScope(shield=True):
-                    await client_end.aclose()
-                nursery.cancel_scope.cancel()
-
-    def raw_pair(self, *, trusted: bool = True) -> trio.abc.Stream:
-        """The client end of a connection, for tests that write raw bytes."""
-        return self.raw_connection(trusted=trusted)[0]
-
-    def raw_connection(self, *, trusted: bool = True) -> tuple[trio.abc.Stream, trio.Event]:
-        """The client end of a connection and the event that fires when it is over."""
-        return self._pair(trusted=trusted)
 
 
 @asynccontextmanager

@@ -6,7 +6,8 @@ data; a writer that may die; recoverers that may race or die), heals everything 
 ``HEAL_AT``, starts a last recoverer and a last reader, and runs to ``END_AT``.
 
 The invariants are checked after every event (``Checker.check``) and at points where a
-fact is learned (an ack, a LAC seen, an entry read, a reader done):
+fact is learned (an ack, a LAC seen, an entry read, a reader done); the facts go to the
+one checker the fault harness also feeds (``ledgerd.testing.history``):
 
 1. no acknowledged entry lost or changed: acknowledged entries are a prefix, each read
    returns the bytes written, and once CLOSED every entry up to the end is durable on
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 from ledgerd.machines.quorum import write_set
 from ledgerd.metadata.ledger import LedgerState
+from ledgerd.testing.history import LedgerFacts
+from ledgerd.testing.history import Violation as HistoryViolation
 from tests.sim.actors import (
     SimBookie,
     SimMetadata,
@@ -57,41 +60,44 @@ class RunResult:
 
 
 class Checker:
+    """The simulator's observer: each fact an actor learns goes to the one invariant
+    checker (``ledgerd.testing.history.LedgerFacts``); what only a modelled bookie can
+    show (its fence, its durable copies) is checked here after every event."""
+
     def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie]) -> None:
         self.world = world
         self.meta = meta
         self.bookies = bookies
-        self.acked_upto = -1
-        self.lac_seen = -1
-        self.readers: dict[str, tuple[int, list[bytes]]] = {}
+        self.facts = LedgerFacts()
         self._checked_closed: tuple[int, int] | None = None
+
+    @property
+    def acked_upto(self) -> int:
+        return self.facts.acked_upto
+
+    def _judge(self, violations: list[HistoryViolation]) -> None:
+        for v in violations:
+            self.world.fail(v.message)
 
     # facts as they are learned
 
     def on_acked(self, ids: tuple[int, ...], lac: int) -> None:
         for eid in ids:
-            if eid != self.acked_upto + 1:
-                self.world.fail(f"entry {eid} acknowledged before entry {self.acked_upto + 1}")
-            self.acked_upto = eid
-        if lac > self.acked_upto:
-            self.world.fail(f"writer LAC {lac} ahead of the acknowledged prefix {self.acked_upto}")
+            self._judge(self.facts.acked_add(eid, payload_for(eid), who="writer",
+                                             in_order=True))
+        self._judge(self.facts.saw_lac(lac, who="writer"))
 
     def on_lac_seen(self, lac: int, who: str) -> None:
-        if lac > self.acked_upto:
-            self.world.fail(f"{who} saw LAC {lac} but only 0..{self.acked_upto} were "
-                            f"acknowledged")
-        self.lac_seen = max(self.lac_seen, lac)
+        self._judge(self.facts.saw_lac(lac, who=who))
 
     def on_entry_read(self, eid: int, payload: bytes, who: str) -> None:
-        if payload != payload_for(eid):
-            self.world.fail(f"{who} read entry {eid} as {payload!r}")
+        self._judge(self.facts.read(eid, payload, who=who, written=payload_for(eid)))
 
     def on_reader_done(self, name: str, result: tuple[int, list[bytes]]) -> None:
-        for other, res in self.readers.items():
-            if res != result:
-                self.world.fail(f"readers disagree: {name} read {result[0]}, {other} read "
-                                f"{res[0]}")
-        self.readers[name] = result
+        last, entries = result
+        self._judge(self.facts.ended(last, who=name))
+        for eid, payload in enumerate(entries):
+            self._judge(self.facts.read(eid, payload, who=name, written=payload_for(eid)))
 
     # after every event
 
@@ -103,11 +109,7 @@ class Checker:
         if md.state is not LedgerState.CLOSED:
             return
         last = md.last_entry_id
-        if self.acked_upto > last:
-            self.world.fail(f"entry {self.acked_upto} was acknowledged but the ledger closed "
-                            f"at {last}")
-        if self.lac_seen > last:
-            self.world.fail(f"LAC {self.lac_seen} was seen but the ledger closed at {last}")
+        self._judge(self.facts.ended(last, who="the metadata"))
         stamp = (self.meta.version, sum(b.durable_changes for b in self.bookies.values()))
         if stamp == self._checked_closed:
             return

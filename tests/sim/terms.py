@@ -1,4 +1,4 @@
-"""The term model: one unbounded ledger written by successive leaders (seed 002).
+"""The term model: one unbounded ledger written by successive leaders.
 
 ``run_term_seed(seed, mutations)`` builds a world from the seed: an unbounded ledger at
 term 1 and its first leader; then contenders that take it over by raising the term
@@ -9,8 +9,9 @@ guaranteed-write-quorum ``LedgerWriter`` that also rolls to a new fragment every
 entries. Leaders die, bookies crash, the network loses, duplicates and reorders. After
 ``HEAL_AT`` a last leader takes over and writes a few entries.
 
-Invariants (the UB spec's, ``tla-and-kafka.md`` A5 and ``recovery-terms-kafka-tls.md``
-B3), checked after every event that changed a bookie or the metadata:
+Invariants (the unbounded-ledger TLA+ specification's), checked after every event that
+changed a bookie or the metadata; the facts actors learn go to the one checker the fault
+harness also feeds (``ledgerd.testing.history.LedgerFacts``):
 
 - ``AllAckedValuesAreReadable``: every value acknowledged to a leader is still held at
   its id by a bookie of that id's write set in the current metadata;
@@ -50,6 +51,8 @@ from ledgerd.machines.writer import (
 )
 from ledgerd.metadata.errors import ChangeRejectedError
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.testing.history import LedgerFacts
+from ledgerd.testing.history import Violation as HistoryViolation
 from ledgerd.wire.entry import decode_entry, encode_entry, peek_entry_header
 from ledgerd.wire.messages import ReadRequest
 from ledgerd.wire.status import Status
@@ -101,42 +104,46 @@ def value_for(leader: str, term: int, n: int) -> bytes:
 
 
 class TermChecker:
+    """The term model's observer: each fact an actor learns goes to the one invariant
+    checker (``ledgerd.testing.history.LedgerFacts``); what the modelled bookies hold
+    (acknowledged values on their write sets, divergence, full fragments) is checked here
+    after every event that changed a bookie or the metadata."""
+
     def __init__(self, world: World, meta: SimMetadata, bookies: dict[str, SimBookie]) -> None:
         self.world = world
         self.meta = meta
         self.bookies = bookies
-        self.acked: dict[int, bytes] = {}      # id -> the value acknowledged there
-        self.committed = -1                    # highest id acknowledged or recovered
-        self.seen: dict[int, bytes] = {}       # id -> the value a reader saw there
+        self.facts = LedgerFacts()
         self._version = -1
         self._lacs: dict[str, int] = {}
+
+    @property
+    def acked(self) -> dict[int, tuple[bytes | None, int]]:
+        """id -> (the value acknowledged there, its ref)."""
+        return self.facts.acked
+
+    @property
+    def committed(self) -> int:
+        """The highest id acknowledged or recovered."""
+        return self.facts.committed
+
+    def _judge(self, violations: list[HistoryViolation]) -> None:
+        for v in violations:
+            self.world.fail(v.message)
 
     # facts as they are learned
 
     def on_acked(self, who: str, eid: int, value: bytes) -> None:
-        old = self.acked.get(eid)
-        if old is not None and old != value:
-            self.world.fail(f"{who}: id {eid} acknowledged as {value!r}, earlier as {old!r}")
-        self.acked[eid] = value
-        self.committed = max(self.committed, eid)
+        self._judge(self.facts.acked_add(eid, value, who=who))
 
     def on_term_opened(self, who: str, last: int) -> None:
-        self.committed = max(self.committed, last)
+        self.facts.committed_upto(last)
 
     def on_lac_seen(self, lac: int, who: str) -> None:
-        if lac > self.committed:
-            self.world.fail(f"{who} saw LAC {lac}; only ids up to {self.committed} are "
-                            "committed (a dirty read)")
+        self._judge(self.facts.saw_lac(lac, who=who))
 
     def on_read(self, eid: int, value: bytes, who: str) -> None:
-        old = self.seen.get(eid)
-        if old is not None and old != value:
-            self.world.fail(f"{who} read id {eid} as {value!r}; it was read as {old!r} "
-                            "(an entry a reader saw disappeared)")
-        acked = self.acked.get(eid)
-        if acked is not None and acked != value:
-            self.world.fail(f"{who} read id {eid} as {value!r}, acknowledged as {acked!r}")
-        self.seen[eid] = value
+        self._judge(self.facts.read(eid, value, who=who))
 
     # after every event
 
@@ -152,7 +159,7 @@ class TermChecker:
         if md.noops and md.noops[-1] > self.committed:
             # A term opened (its CAS landed) even if its leader died before hearing so:
             # everything up to its no-op is committed.
-            self.committed = md.noops[-1]
+            self.facts.committed_upto(md.noops[-1])
         full = self.meta.version != self._version or any(b.changed_many for b in bookies)
         lacs = {b.name: b.ledger.lac() for b in bookies} if full or any(
             b.touched for b in bookies) else self._lacs
@@ -181,7 +188,8 @@ class TermChecker:
 
     def _check_id(self, md: LedgerMetadata, eid: int, lacs: dict[str, int]) -> None:
         holders = self._holders(md, eid)
-        value = self.acked.get(eid)
+        acked = self.facts.acked.get(eid)
+        value = acked[0] if acked is not None else None
         if value is not None and not any(_value(d) == value for _, d in holders):
             self.world.fail(f"acknowledged value {value!r} at id {eid} is on no bookie of "
                             f"its write set (holders: {[(n, _value(d)) for n, d in holders]})")
@@ -455,7 +463,7 @@ class SimTailReader:
     entry for the LAC, then the entries up to it from one write-set bookie; no-op
     entries are skipped. What it may read with the metadata it holds is the production
     ``FollowerLac``'s to say: past a LAC learned after its metadata was read, it re-reads
-    the metadata first (seed 002, issue 45 §3).
+    the metadata first.
 
     ``refresh=True`` re-reads the metadata at every poll as well; ``refresh=False``
     reads it once at the start and then only when ``FollowerLac`` asks (a ``ReadHandle``
@@ -596,7 +604,7 @@ def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
         world.faulty = False
         for b in bookies.values():
             b.restart()
-        # Leader election is external (seed 002): from here on it names "final" alone;
+        # Leader election is external: from here on it names "final" alone;
         # the others stop contending (without this, two live contenders may take the
         # ledger from each other for ever, which no protocol without election avoids).
         for c in leaders:
@@ -616,7 +624,7 @@ def run_term_seed(seed: int, mutations: Mutations | None = None) -> TermResult:
 
 
 def run_stale_tail_scenario(mutations: Mutations | None = None) -> TermResult:
-    """Why a term's no-op truncates (seed 002), as a written-out fault schedule.
+    """Why a term's no-op truncates, as a written-out fault schedule.
 
     E3/Qw3/Qa2 on b0..b3. The first leader c1 writes ids 0..6: id 5 reaches no bookie
     and id 6 only b0; c1 dies. c2 takes over: its recovery ends at id 4 and writes the
@@ -813,7 +821,7 @@ def run_recovery_change_scenario(mutations: Mutations | None = None) -> TermResu
 
 
 # Fault schedules too specific for random seeds to find, run with every term mutation.
-# The last three are the follower seeds of issue 45 (5001976, 5004036, 6002232).
+# The last three are follower schedules (a follower reading past its metadata).
 TERM_SCENARIOS = [run_stale_tail_scenario, run_writer_change_scenario, run_late_add_scenario,
                   run_recovery_change_scenario]
 

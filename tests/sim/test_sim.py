@@ -1,11 +1,11 @@
 """The deterministic simulator: the protocol machines against faults, seed by seed.
 
 ``SIM_SEED=n pytest tests/sim`` replays one seed (and prints its trace tail on failure);
-``SIM_SEEDS=n`` changes how many seeds the sweep runs (1000 by default, ~10 s here), and
-``SIM_TERM_SEEDS=n`` the terms sweep's (800, ~28 s: every term seed has a follower that
-holds its metadata, and the stale-follower bug of issue 45, which the old sweep met once
-in ~3,400 seeds, shows in about one seed in 40). Wider sweeps are for bench time:
-``SIM_SEEDS=30000 pytest tests/sim``.
+``SIM_SEEDS=n`` changes how many seeds the sweep runs (1000 by default), and
+``SIM_TERM_SEEDS=n`` the terms sweep's (800: every term seed has a follower that holds
+its metadata, so a follower reading past it shows in about one seed in 40). Wider
+sweeps are for bench time: ``SIM_SEEDS=30000 pytest tests/sim``. Every run's facts go
+to the one invariant checker, ``ledgerd.testing.history``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_invariants_hold_for_every_seed() -> None:
 
 
 def test_term_invariants_hold_for_every_seed() -> None:
-    """Unbounded ledgers: successive leaders take over by raising the term (seed 002)."""
+    """Unbounded ledgers: successive leaders take over by raising the term."""
     seeds = [int(os.environ["SIM_SEED"])] if "SIM_SEED" in os.environ else range(TERM_SEEDS)
     runs = takeovers = acked = fragments = 0
     for seed in seeds:
@@ -92,7 +92,7 @@ def test_each_mutation_is_caught_within_the_ci_seeds(mutation: str) -> None:
 # What each written schedule acknowledges and how many terms it reaches when it plays out.
 _SCENARIO_OUTCOMES = {run_stale_tail_scenario: (10, 5), run_writer_change_scenario: (7, 3),
                       run_late_add_scenario: (7, 3), run_recovery_change_scenario: (7, 3)}
-# The follower schedules of issue 45 §3 (seeds 5001976, 5004036, 6002232).
+# The follower schedules: a follower that must re-read its metadata past a new LAC.
 _FOLLOWER_SCENARIOS = [run_writer_change_scenario, run_late_add_scenario,
                        run_recovery_change_scenario]
 
@@ -116,7 +116,7 @@ def test_a_follower_reading_past_its_metadata_is_caught_by_each_follower_scenari
 
 def test_a_follower_reading_past_its_metadata_is_found_by_random_term_seeds() -> None:
     """The term sweep finds the stale-follower bug on its own, not only through the
-    written schedules (before issue 45 it found one about every 3,400 seeds)."""
+    written schedules."""
     mutations = Mutations(stale_follower_reads=True)
     for seed in range(TERM_SEEDS):
         if run_term_seed(seed, mutations).violation is not None:

@@ -4,7 +4,8 @@ Every connection goes through a ``Link`` of the proxy: each bookie reaches ZooKe
 through its own link, and each client reaches ZooKeeper and every bookie through links
 of its own, so a fault can cut exactly one path. Bookies run with
 ``LEDGERD_FAULT_PLAN`` set, so storage faults can be armed in them (``native.faults``).
-Processes are stopped by their PID only.
+The processes are the one process cluster's (``ProcessCluster``), each bookie given its
+own link as its ZooKeeper address. Processes are stopped by their PID only.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from typing import Any
 import trio
 
 import ledgerd
+from ledgerd.base.faultpoints import FAULT_PLAN_ENV, FaultRule
 from ledgerd.bookie_client import tcp_connect
 from ledgerd.client import Client
-from ledgerd.metadata.cluster import init_new_cluster
-from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.zookeeper import ZooKeeperStore
-from ledgerd.native.faults import ENV_VAR, FaultRule
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.faults.proxy import FaultProxy, Link
+from ledgerd.tools.processcluster import ProcessCluster
 from ledgerd.tools.zkserver import ZooKeeperServer
 
 __all__ = ["FaultCluster", "arm_bookie", "fault_env"]
@@ -38,7 +38,7 @@ EVENT_BOUND_S = 90.0
 
 def fault_env(bookie: BookieProcess) -> dict[str, str]:
     """The environment that lets ``arm_bookie`` arm storage faults in ``bookie``."""
-    return {ENV_VAR: str(bookie.base / "faultplan.json")}
+    return {FAULT_PLAN_ENV: str(bookie.base / "faultplan.json")}
 
 
 async def arm_bookie(bookie: BookieProcess, rules: list[FaultRule], generation: int) -> None:
@@ -82,8 +82,8 @@ class FaultCluster:
         self.bookie_settings = bookie_settings or {}
         self.client_settings = client_settings or {}  # every client's (TLS, for one)
         self.proxy = FaultProxy(nursery)
-        self.zk = ZooKeeperServer(data_dir=base / "zookeeper")
-        self.bookies: list[BookieProcess] = []
+        self.processes = ProcessCluster(base, bookies=bookies, register_timeout=EVENT_BOUND_S)
+        self.bookies = self.processes.bookies
         self.bookie_zk: list[Link] = []           # bookie i -> ZooKeeper
         self.client_zk: dict[str, Link] = {}      # client -> ZooKeeper
         self.client_bookie: dict[str, dict[str, Link]] = {}  # client -> bookie id -> link
@@ -92,18 +92,21 @@ class FaultCluster:
 
     # -- start and stop ----------------------------------------------------------------
 
+    @property
+    def zk(self) -> ZooKeeperServer:
+        assert self.processes.server is not None, "the cluster is not started"
+        return self.processes.server
+
     async def start(self) -> None:
-        await trio.to_thread.run_sync(self.zk.start)
-        async with self.admin_store() as store:
-            await init_new_cluster(store, "/ledgers")
+        await trio.to_thread.run_sync(self.processes.start_zookeeper)
+        await self.processes.init_metadata()
         for i in range(self.n):
             link = await self.proxy.link(f"b{i}-zk", self.zk.connect_string)
             self.bookie_zk.append(link)
             settings = {"zk_timeout_ms": ZK_TIMEOUT_MS, "journal_prealloc_mb": 4,
                         "flush_interval_ms": 1000, **self.bookie_settings}
-            bookie = BookieProcess(self.base / f"bookie{i}", link.address, settings=settings,
-                                   name=f"b{i}")
-            self.bookies.append(bookie)
+            self.processes.add_bookie(name=f"b{i}", directory=f"bookie{i}", zk=link.address,
+                                      settings=settings)
         for bookie in self.bookies:
             bookie.start(env=self._env(bookie))
         await self.wait_writable()
@@ -115,31 +118,17 @@ class FaultCluster:
         for i, bookie in enumerate(self.bookies):
             if i in self.paused and bookie.pid is not None:
                 os.kill(bookie.pid, signal.SIGCONT)
-            if bookie.running:
-                bookie.kill9()
-        self.zk.stop()
+        self.processes.stop(graceful=False)
 
     @asynccontextmanager
     async def admin_store(self) -> AsyncIterator[ZooKeeperStore]:
         """A ZooKeeper session that bypasses the proxy (the harness's own view)."""
-        store = await ZooKeeperStore.connect(self.zk.connect_string)
-        try:
+        async with self.processes.store() as store:
             yield store
-        finally:
-            with trio.CancelScope(shield=True):
-                await store.close()
 
     async def wait_writable(self) -> None:
-        """Until every running bookie is registered writable by its current process."""
-        async with self.admin_store() as store:
-            registry = BookieRegistry(store, "/ledgers")
-
-            async def all_up(snapshot: Any) -> bool:
-                return await registry.registered_by(
-                    snapshot, {b.bookie_id: b.pid for b in self.bookies})
-
-            with trio.fail_after(EVENT_BOUND_S):
-                await registry.wait_for(all_up)
+        """Until every bookie is registered writable by its current process."""
+        await self.processes.wait_registered()
 
     # -- clients -----------------------------------------------------------------------
 

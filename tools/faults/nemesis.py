@@ -1,7 +1,8 @@
 """The faults the harness injects, one kind per round, each chosen and aimed by the seed.
 
-``KINDS`` names them; ``inject`` starts one, holds it for ``hold_s`` and undoes what can
-be undone in place (links heal, paused processes resume, killed bookies restart).
+``KINDS`` names them (each a point of ``ledgerd.base.faultpoints``); ``inject`` starts
+one, holds it for ``hold_s`` and undoes what can be undone in place (links heal, paused
+processes resume, killed bookies restart).
 Storage faults are left armed: ``FaultCluster.heal`` disarms them and restarts the
 bookie, as an operator would after a disk error.
 """
@@ -13,25 +14,15 @@ from collections.abc import Callable
 
 import trio
 
-from ledgerd.native.faults import FaultRule
+from ledgerd.base.faultpoints import HARNESS_FAULTS, STORAGE_FAULTS
 from ledgerd.tools.faults.cluster import ZK_TIMEOUT_MS, FaultCluster
 from ledgerd.tools.faults.history import History
 
 __all__ = ["KINDS", "inject"]
 
-STORAGE = {
-    "journal-eio-write": [FaultRule("write", "journal", "EIO", skip=5, times=1000)],
-    "journal-eio-fsync": [FaultRule("fsync", "journal", "EIO", skip=5, times=1000)],
-    "journal-short-write": [FaultRule("write", "journal", None, short=True, times=1000)],
-    "entrylog-eio-write": [FaultRule("write", "entrylog", "EIO", skip=1, times=1000)],
-    "entrylog-eio-fsync": [FaultRule("fsync", "entrylog", "EIO", times=1000)],
-    "entrylog-short-write": [FaultRule("write", "entrylog", None, short=True, times=1000)],
-}
-
-KINDS = ("partition-client-bookie", "partition-bookie-zk", "bookie-session-expiry",
-         "partition-client-zk", "writer-session-expiry", "split-minority", "slow-bookie",
-         "reset-mid-frame", "pause-bookie", "kill-bookie", "zookeeper-restart",
-         *STORAGE)
+# The kinds, in the one registry of fault points (ledgerd.base.faultpoints).
+STORAGE = {name: list(rules) for name, rules in STORAGE_FAULTS.items()}
+KINDS = (*HARNESS_FAULTS, *STORAGE_FAULTS)
 
 
 async def inject(kind: str, cluster: FaultCluster, rng: random.Random, history: History,
