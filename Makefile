@@ -49,7 +49,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 typecheck: setup
-	$(VENV)/bin/mypy --no-error-summary --exclude "ledgerd/tools/(?!bookieprocess|audit|replication_cmds|storage_cmds|faults)" ledgerd
+	$(VENV)/bin/mypy --no-error-summary --exclude "ledgerd/tools/(?!bookieprocess|processcluster|localcluster|audit|replication_cmds|storage_cmds|faults)" ledgerd
 
 test: setup lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider

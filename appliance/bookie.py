@@ -49,6 +49,7 @@ from ledgerd.appliance.supervisor import Supervisor
 from ledgerd.base.logs import fields
 from ledgerd.disk.cookie import Cookie
 from ledgerd.disk.dbindex import DbLedgerCache
+from ledgerd.disk.dbstorage import DbStore
 from ledgerd.disk.errors import StorageError
 from ledgerd.disk.storage import LedgerStorage
 from ledgerd.metadata.cluster import check_layout, instance_id
@@ -432,7 +433,8 @@ class Bookie:
     def _register_db_metrics(self) -> None:
         """The db storage's caches and index store (BookKeeper's DbLedgerStorage
         stats: write cache size, flushes, read-ahead hits, index size)."""
-        m, storage = self.metrics, self.storage
+        m, storage = self.metrics, self.storage.engine
+        assert isinstance(storage, DbStore)
         db = storage.cache
         rc = storage.read_cache
         assert isinstance(db, DbLedgerCache)
@@ -501,7 +503,7 @@ class Bookie:
                   "in the index store).", lambda: cache.misses)
         storage = self.storage
         storage.on_checkpoint = m.checkpoint_latency.observe
-        if storage.db:
+        if isinstance(storage.engine, DbStore):
             self._register_db_metrics()
         m.counter("ledgerd_gc_ledgers_deleted", "Ledgers garbage collected.",
                   lambda: self.gc.ledgers_deleted)

@@ -30,7 +30,7 @@ from ledgerd.base.logs import fields
 from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
 from ledgerd.disk.index import LedgerIndex
 from ledgerd.disk.journal import JournalGroup
-from ledgerd.disk.storage import LedgerStorage
+from ledgerd.disk.storage import LedgerStorage, StateRun
 from ledgerd.wire.connection import AddRun, api_versions_response
 from ledgerd.wire.messages import (
     AdminKind,
@@ -238,11 +238,13 @@ class RequestHandler:
         adopts a term, truncates after it, or places sparse entries)."""
         entries = run.entries
         try:
-            group = self.storage.submit_entries(run.ledger_id, run.first_entry_id, entries,
-                                                decision.bind_key, decision.new_term,
-                                                decision.truncate, decision.entry_ids)
-        except StorageError as exc:
+            group, failed = self.storage.submit_runs([StateRun(
+                run.ledger_id, run.first_entry_id, entries, decision.bind_key,
+                decision.new_term, decision.truncate, decision.entry_ids)])
+        except StorageError as exc:  # the journal refused it (failed or closed)
             return status_for_storage_error(exc), None
+        if failed:
+            return status_for_storage_error(failed[0]), None
         self._added(run.ledger_id, entries)
         return Status.OK, group
 

@@ -23,6 +23,7 @@ from ledgerd.appliance.handlers import RequestHandler, ServingState
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.disk.journal import JournalOptions
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.wire.connection import AddRun
 from ledgerd.wire.entry import Digester, DigestType, encode_entry, master_key
 from ledgerd.wire.frames import decode_request, encode_request
 from ledgerd.wire.messages import AddRequest, Message
@@ -54,7 +55,7 @@ async def _main(frames: int, batch: int) -> None:
         requests = _frames(rep + 1, frames, batch)
         t0 = time.perf_counter()
         for req in requests:
-            status, _group = handler.add(req)  # type: ignore[arg-type]
+            [(status, _group)] = handler.store([AddRun.of_request(0, req)])[0]  # type: ignore[arg-type]
             assert status == 0, status
         best = min(best, time.perf_counter() - t0)
     kind = "core" if hasattr(handler, "core") else "no-core"

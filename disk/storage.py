@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -53,7 +53,6 @@ from ledgerd.disk.journal import Journal, JournalGroup, JournalOptions, JournalP
 from ledgerd.disk.journal_format import HEADER_SIZE, RecordType, entry_body, ledger_body
 from ledgerd.disk.journal_scan import journal_file_ids, scan_journal_file
 from ledgerd.disk.lastmark import read_last_mark, write_last_mark
-from ledgerd.disk.writecache import ReadAheadCache, WriteCache
 from ledgerd.wire.entry import entry_lac, max_entry_lac
 
 __all__ = ["DirUsage", "LedgerStorage", "StorageOptions", "open_engine"]
@@ -137,6 +136,22 @@ def open_engine(options: StorageOptions, fds: FdCache) -> EntryStore:
                        read_ahead_batch=options.read_ahead_batch)
     return InterleavedStore(entry_logger, index_dirs, page_size=options.page_size,
                             page_limit=options.page_limit, fds=fds)
+
+
+PlainRun = tuple[LedgerIndex, int, Sequence[bytes]]
+"""Consecutive entries of a ledger held here, stored as they are: (index, first id, entries)."""
+
+
+class StateRun(NamedTuple):
+    """A run of entries that also changes its ledger's state (``submit_runs``)."""
+
+    ledger_id: int
+    first_entry_id: int
+    entries: Sequence[bytes]
+    bind_key: bytes = b""
+    new_term: int = 0
+    truncate: bool = False
+    entry_ids: Sequence[int] | None = None
 
 
 class LedgerStorage:
@@ -406,7 +421,8 @@ class LedgerStorage:
     async def add_entries(self, ledger_id: int, first_entry_id: int, entries: Sequence[bytes],
                           *, bind_key: bytes = b"", new_term: int = 0,
                           truncate: bool = False) -> JournalPosition:
-        """Store consecutive entries; returns once they are durable.
+        """Store consecutive entries (a run of one, through ``submit_runs``); returns
+        once they are durable.
 
         Raises StorageError on I/O failure. If cancelled, the entries may be durable or
         not; replay decides.
@@ -419,24 +435,14 @@ class LedgerStorage:
                        bind_key: bytes = b"", new_term: int = 0,
                        truncate: bool = False,
                        entry_ids: Sequence[int] | None = None) -> JournalGroup:
-        """Store consecutive entries now (readable at once); the returned journal group
-        says when they are durable. ``bind_key`` binds the ledger's master key and
-        ``new_term`` raises its term (both journaled before the entries); with
-        ``truncate`` every entry after the last one given is dropped (the
-        unbounded-ledger recovery's final no-op entry). ``entry_ids`` (ascending, one
-        per entry) stores entries that are not consecutive (a SPARSE add)."""
-        idx = self.cache.ledgers.get(ledger_id)
-        if idx is None or bind_key or new_term:
-            idx, records = self._state_records(ledger_id, bind_key, new_term)
-        else:
-            records = []
-        idx.changes += 1
-        self._store(idx, first_entry_id, entries, records, entry_ids)
-        if truncate and entries and entry_ids is None:
-            last = first_entry_id + len(entries) - 1
-            self._truncate_after(ledger_id, last)
-            records.append((RecordType.TRUNCATE, ledger_body(ledger_id, _INT64.pack(last))))
-        return self.journal.submit(records)
+        """``submit_runs`` of one ``StateRun``, raising its StorageError (for tools and
+        tests that store one run at a time)."""
+        group, failed = self.submit_runs([StateRun(ledger_id, first_entry_id, entries,
+                                                   bind_key, new_term, truncate, entry_ids)])
+        if failed:
+            raise failed[0]
+        assert group is not None  # a state run always journals something
+        return group
 
     def _store(self, idx: LedgerIndex, first_entry_id: int, entries: Sequence[bytes],
                records: list[tuple[int, bytes]],
@@ -464,21 +470,50 @@ class LedgerStorage:
         if lac > idx.lac:
             idx.lac = lac
 
-    def submit_runs(self, runs: Sequence[tuple[LedgerIndex, int, Sequence[bytes]]]
+    def _store_state_run(self, run: StateRun, records: list[tuple[int, bytes]]) -> None:
+        """Store a run that changes its ledger's state: ``bind_key`` binds the master
+        key and ``new_term`` raises the term (both journaled before the entries); with
+        ``truncate`` every entry after the last one given is dropped (the
+        unbounded-ledger recovery's final no-op entry); ``entry_ids`` (ascending, one
+        per entry) places entries that are not consecutive (a SPARSE add). Its records
+        join ``records`` only if the whole run was stored."""
+        lid, first, entries = run.ledger_id, run.first_entry_id, run.entries
+        idx = self.cache.ledgers.get(lid)
+        if idx is None or run.bind_key or run.new_term:
+            idx, own = self._state_records(lid, run.bind_key, run.new_term)
+        else:
+            own = []
+        idx.changes += 1
+        if entries:
+            self._store(idx, first, entries, own, run.entry_ids)
+        if run.truncate and entries and run.entry_ids is None:
+            last = first + len(entries) - 1
+            self._truncate_after(lid, last)
+            own.append((RecordType.TRUNCATE, ledger_body(lid, _INT64.pack(last))))
+        records += own
+
+    def submit_runs(self, runs: Sequence[PlainRun | StateRun]
                     ) -> tuple[JournalGroup | None, dict[int, StorageError]]:
-        """``submit_entries`` for runs of consecutive entries of ledgers this storage
-        holds, accepted as they are (no key to bind, no term to adopt, no truncate), in
-        order, with one journal submission for all: the group they are durable with
-        (None if nothing was stored) and the runs that failed, by position (nothing of
-        theirs is journaled). The hub's pass stores the one-entry adds of all its
-        connections this way."""
+        """Store runs of entries now (readable at once), in order, with one journal
+        submission for all: the one way an add enters storage (a single add is a run of
+        one). Returns the group they are durable with (None if nothing was journaled) and
+        the runs that failed, by position (nothing of theirs is journaled).
+
+        A ``PlainRun`` ``(ledger index, first entry id, entries)`` is consecutive entries
+        of a ledger held here, accepted as they are (the hub's pass stores the adds of
+        all its connections so); a ``StateRun`` also binds a key, adopts a term,
+        truncates after itself or places sparse entries."""
         records: list[tuple[int, bytes]] = []
         failed: dict[int, StorageError] = {}
         store = self._store
-        for i, (idx, first, entries) in enumerate(runs):
-            idx.changes += 1
+        for i, run in enumerate(runs):
             try:
-                store(idx, first, entries, records)
+                if isinstance(run, StateRun):
+                    self._store_state_run(run, records)
+                else:
+                    idx, first, entries = run
+                    idx.changes += 1
+                    store(idx, first, entries, records)
             except StorageError as exc:
                 failed[i] = exc
         return (self.journal.submit(records) if records else None), failed
@@ -683,43 +718,6 @@ class LedgerStorage:
             self._require(ledger_id)
             raise EntryNotFoundError(ledger_id, first_entry_id)
         return out
-
-    # -- the db engine's caches, as appliance/bookie.py's metrics read them ----------
-    #
-    # To go once the bookie reads ``storage.engine`` (a ``DbStore``) itself.
-
-    @property
-    def db(self) -> bool:
-        return isinstance(self.engine, DbStore)
-
-    def _db(self) -> DbStore:
-        engine = self.engine
-        assert isinstance(engine, DbStore), "the db engine's counters, asked of another"
-        return engine
-
-    @property
-    def write_cache(self) -> WriteCache:
-        return self._db().write_cache
-
-    @property
-    def flushing(self) -> WriteCache | None:
-        return self._db().flushing
-
-    @property
-    def read_cache(self) -> ReadAheadCache:
-        return self._db().read_cache
-
-    @property
-    def write_cache_flushes(self) -> int:
-        return self._db().write_cache_flushes
-
-    @property
-    def write_cache_flushed_bytes(self) -> int:
-        return self._db().write_cache_flushed_bytes
-
-    @property
-    def write_through(self) -> int:
-        return self._db().write_through
 
     # -- disks -------------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import socket
 import ssl
-import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -39,6 +38,7 @@ from ledgerd.wire.connection import (
     ConnectionEnded,
     ResponseReceived,
 )
+from ledgerd.wire.entry import entry_ids
 from ledgerd.wire.errors import WireError
 from ledgerd.wire.messages import (
     AddFlags,
@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 Reply = tuple[int, Message | None]
 Callback = Callable[[int, "Message | None", "BookieConnectionError | None"], None]
 _SPARSE = int(AddFlags.SPARSE)
-_IDS = struct.Struct(">qq")  # an entry's header starts with its ledger and entry ids
 
 
 class BookieConnectionError(LedgerdError, ConnectionError):
@@ -168,7 +167,7 @@ class BookieClient:
 
     def _send_runs(self, req: AddRequest, callback: Callback) -> None:
         """A SPARSE add to a bookie that does not speak ADD v1: its consecutive runs."""
-        ids = [_IDS.unpack_from(e)[1] for e in req.entries]
+        ids = [entry_ids(e)[1] for e in req.entries]
         runs = consecutive_runs(ids)
         joined = _RunsReply(req, len(runs), callback)
         flags = req.flags & ~_SPARSE

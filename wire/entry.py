@@ -232,6 +232,9 @@ _LAC_FIELD = struct.Struct(_FIELD_FORMATS[2])
 _LAC_OFFSET = _IDS.size
 assert (_IDS.size, _LAC_FIELD.size) == (16, 8)
 _unpack_ids = _IDS.unpack_from
+#: ``unpack_entry_ids(buf, offset=0) -> (ledger_id, entry_id)``: ``entry_ids`` without the
+#: call around it, for loops over every entry of an add (the bookie core's checks).
+unpack_entry_ids = _unpack_ids
 _unpack_lac = _LAC_FIELD.unpack_from
 
 

@@ -16,6 +16,7 @@ import trio.testing
 from ledgerd.appliance.server import ConnectionOptions
 from ledgerd.appliance.session import runs_of
 from ledgerd.disk.errors import EntryNotFoundError, StorageError
+from ledgerd.disk.storage import StateRun
 from ledgerd.wire.connection import AddRun
 from ledgerd.wire.entry import decode_entry
 from ledgerd.wire.frames import encode_request
@@ -347,25 +348,19 @@ async def test_add_batch_stores_a_run_as_one_and_answers_each_request(tmp_path: 
         reqs = [add(1, 0, 2), add(1, 2), add(1, 3, 3), add(2, 0), add(1, 6), add(1, 7),
                 add(1, 8, flags=AddFlags.RECOVERY_ADD), add(3, 0), bad, add(3, 1)]
         stored: list[tuple[int, int, int]] = []
-        submit = b.storage.submit_entries
         submit_runs = b.storage.submit_runs
 
-        def spy(lid: int, first: int, entries: tuple[bytes, ...], *a: object) -> object:
-            stored.append((lid, first, len(entries)))
-            return submit(lid, first, entries, *a)  # type: ignore[arg-type]
-
         def spy_runs(batch: list[Any]) -> Any:
-            stored.extend((idx.ledger_id, first, len(es)) for idx, first, es in batch)
+            stored.extend((r.ledger_id, r.first_entry_id, len(r.entries)) if type(r) is StateRun
+                          else (r[0].ledger_id, r[1], len(r[2])) for r in batch)
             return submit_runs(batch)
 
-        b.storage.submit_entries = spy  # type: ignore[method-assign]
         b.storage.submit_runs = spy_runs  # type: ignore[method-assign]
         results = store_requests(b.handler, reqs)
         assert [s for s, _ in results] == [Status.OK] * 8 + [Status.BAD_REQUEST, Status.OK]
         # The first run (entries 0-5 of ledger 1) and entries 6-7 were stored as one add
         # each; the recovery add, the other ledgers and the bad frame went alone.
         assert stored == [(1, 0, 6), (2, 0, 1), (1, 6, 2), (1, 8, 1), (3, 0, 1), (3, 1, 1)]
-        b.storage.submit_entries = submit  # type: ignore[method-assign]
         b.storage.submit_runs = submit_runs  # type: ignore[method-assign]
         for _, group in results:
             if group is not None:
@@ -411,7 +406,8 @@ async def test_add_runs_store_accepted_runs_together_and_decide_the_rest_in_orde
         submit_runs = b.storage.submit_runs
 
         def spy(batch: list[Any]) -> Any:
-            batches.append([(idx.ledger_id, first, len(es)) for idx, first, es in batch])
+            if not any(type(r) is StateRun for r in batch):  # runs decided apart: not batched
+                batches.append([(idx.ledger_id, first, len(es)) for idx, first, es in batch])
             return submit_runs(batch)
 
         b.storage.submit_runs = spy  # type: ignore[method-assign]

@@ -59,13 +59,13 @@ async def test_write_cache_holds_entries_until_a_checkpoint_writes_them_sorted(
         for e in range(30):
             for lid in (3, 1, 2):
                 await s.add_entries(lid, e, [_entry(lid, e)], bind_key=KEY)
-        assert len(s.write_cache) == 90
+        assert len(s.engine.write_cache) == 90
         cur = s.entry_logger._current
         assert cur is not None and cur.size + len(cur.buffer) == ENTRY_LOG_HEADER_SIZE
         assert s.read_entry(2, 17) == _entry(2, 17) and s.last_entry_id(1) == 29
         await s.checkpoint()
-        assert len(s.write_cache) == 0 and s.flushing is None
-        assert s.write_cache_flushes == 1
+        assert len(s.engine.write_cache) == 0 and s.engine.flushing is None
+        assert s.engine.write_cache_flushes == 1
         # Sorted: every location of ledger 1 before ledger 2's, 2's before 3's, and
         # each ledger's entries in order.
         locs = [s.cache.location(lid, e) for lid in (1, 2, 3) for e in range(30)]
@@ -87,7 +87,7 @@ async def test_full_write_cache_writes_through_and_asks_for_a_checkpoint(
         for g in groups:
             await g.wait()
         # 20 entries fit a half (~20 KB); the rest went straight to the entry log.
-        assert s.write_through > 0 and len(s.write_cache) < 40
+        assert s.engine.write_through > 0 and len(s.engine.write_cache) < 40
         for e in range(40):
             assert s.read_entry(1, e) == _entry(1, e)
         with trio.fail_after(10):  # past a quarter the checkpoint loop was woken
@@ -129,7 +129,7 @@ async def test_truncate_delete_and_recreate_between_flush_chunks(
 
         monkeypatch.setattr(s.entry_logger, "add_sorted", add_sorted)
         await s.checkpoint()
-        assert fired and s.flushing is None
+        assert fired and s.engine.flushing is None
         assert s.last_entry_id(2) == 9 and s.read_entry(2, 9) == _entry(2, 9)
         with pytest.raises(EntryNotFoundError):
             s.read_entry(2, 10)
