@@ -10,8 +10,8 @@ durable. The writer service (``run``) takes everything waiting as one group when
 encodes it into an aligned buffer padded to ``alignment``, and hands it to one of the
 native helper's syncer threads for one ``pwrite`` + one ``fdatasync``; the event loop
 waits on the syncer's eventfd. That thread never takes the GIL: a Python worker thread
-needed it to start and to return, and under load each group cycle waited 1-3 ms for
-it around a 0.3 ms sync (bench/latency.py). ``groups_in_flight`` syncers (each with its
+needed it to start and to return, and under load each group cycle waited for it
+longer than the sync itself took. ``groups_in_flight`` syncers (each with its
 own buffer) write and sync groups side by side; groups finish in the order they were
 started, so the durable mark only moves forward, and a group whose sync succeeded
 after an earlier one failed fails too. When every syncer is busy, the next group
@@ -79,9 +79,9 @@ MiB = 1 << 20
 # The zeroer takes a worker thread per ``_ZERO_CHUNK`` and writes it in ``_ZERO_PIECE``
 # writes, ``_ZERO_PAUSE_S`` apart while a half step or more lies zeroed ahead: the
 # journal's next fdatasync flushes the zeros written since the last one from the disk's
-# cache with its own records, so a 1 MiB write at once made that sync ~1 ms instead of
-# ~0.2 ms (bench/RESULTS.md, fifth pass). The pieces and pauses run in one native call:
-# a thread hop per piece cost the event loop too much at 45k adds/s, and a Python loop
+# cache with its own records, so a 1 MiB write at once made that sync several times
+# slower. The pieces and pauses run in one native call: a thread hop per piece cost
+# the event loop too much under load, and a Python loop
 # of pieces in the worker took the GIL back after every pause.
 _ZERO_CHUNK = 1 * MiB
 _ZERO_PIECE = 128 * 1024
@@ -565,8 +565,8 @@ class Journal:
                     break
                 # Never zero ahead or roll under the background zeroer: wait for its next
                 # chunk (often all this group needs), then try the fast path again.
-                # Waiting for its whole run, up to a step ahead, held every add 20-90
-                # ms about twice a second at 120k adds/s (bench/RESULTS.md, eighth pass).
+                # Waiting for its whole run, up to a step ahead, held every add for tens
+                # of milliseconds, often, under load.
                 with trio.CancelScope(shield=True):
                     await self._zeroed_more.wait()
             # The slow path touches the file's end (and may close it): nothing else
@@ -737,12 +737,12 @@ class Journal:
         time, off the group path.
 
         Zeroing a whole step inside a group (the slow path) held that group, and every
-        add waiting on it, for the 16 MiB write and a sync that flushed it: the 30-40 ms
-        stalls of bench/latency.py's open loop, about once a second at 4.6k adds/s. Zeroing
+        add waiting on it, for the 16 MiB write and a sync that flushed it: stalls of tens of
+        milliseconds in an open loop's tail. Zeroing
         a step at once beside the groups still cost them: each fdatasync flushes from the
         disk's cache the zeros written since the last one, so the syncs during a 16 MiB
-        burst took ~1 ms instead of ~0.2 ms, and at 5,000 adds/s those bursts made most of
-        the open loop's p99. So the service is asked for once a ``_ZERO_CHUNK`` (at most a
+        burst took several times longer, and those bursts made most of an open loop's
+        p99. So the service is asked for once a ``_ZERO_CHUNK`` (at most a
         quarter step) less than a step lies zeroed ahead, and zeroes until a step does
         again: at steady state one chunk each time the groups have used as much, written
         by a worker thread in ``_ZERO_PIECE`` writes with short pauses between them, in
