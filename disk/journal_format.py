@@ -45,8 +45,9 @@ import mmap
 import struct
 from dataclasses import dataclass
 
-import google_crc32c
 from construct import Const, Int8ub, Int16ub, Int32ub, Int64ub, Padding, Struct
+
+from ledgerd.disk.layouts import crc32c, crc32c_extend
 
 __all__ = [
     "HEADER_SIZE",
@@ -110,7 +111,7 @@ class RecordType(enum.IntEnum):
 
 def encode_header(file_id: int) -> bytes:
     head = _HEAD.pack(MAGIC, FORMAT_VERSION, 0, file_id)
-    return head + struct.pack(">I", google_crc32c.value(head)) + bytes(HEADER_SIZE - 20)
+    return head + struct.pack(">I", crc32c(head)) + bytes(HEADER_SIZE - 20)
 
 
 def decode_header(data: bytes) -> int:
@@ -123,28 +124,28 @@ def decode_header(data: bytes) -> int:
     if version != FORMAT_VERSION:
         raise ValueError(f"unsupported journal version {version}")
     (crc,) = struct.unpack_from(">I", data, 16)
-    if crc != google_crc32c.value(data[:16]):
+    if crc != crc32c(data[:16]):
         raise ValueError("header checksum mismatch")
     return int(file_id)
 
 
 def record_crc(file_id: int, length: int, rtype: int, body: bytes | memoryview) -> int:
-    crc = google_crc32c.value(_SALT(file_id, length, rtype))
-    return int(google_crc32c.extend(crc, bytes(body)))
+    crc = crc32c(_SALT(file_id, length, rtype))
+    return int(crc32c_extend(crc, bytes(body)))
 
 
 def record_prefix(file_id: int, rtype: int, body: bytes) -> bytes:
     """The 9 bytes before ``body``: length, salted CRC32C, type."""
     length = len(body) + 1
-    crc = google_crc32c.value(_SALT(file_id, length, rtype))
-    return PREFIX.pack(length, google_crc32c.extend(crc, body), rtype)
+    crc = crc32c(_SALT(file_id, length, rtype))
+    return PREFIX.pack(length, crc32c_extend(crc, body), rtype)
 
 
 def encode_records(file_id: int, records: list[tuple[int, bytes]]) -> bytes:
     """Many records back to back: one join instead of a slice assignment per record."""
     parts: list[bytes] = []
     append = parts.append
-    value, extend, salt, pack = google_crc32c.value, google_crc32c.extend, _SALT, PREFIX.pack
+    value, extend, salt, pack = crc32c, crc32c_extend, _SALT, PREFIX.pack
     for rtype, body in records:
         length = len(body) + 1
         append(pack(length, extend(value(salt(file_id, length, rtype)), body), rtype))

@@ -38,11 +38,13 @@ __all__ = [
     "LEDGERS_MAP_ITEM",
     "LEDGERS_MAP_ITEM_V1",
     "crc32c",
+    "crc32c_extend",
     "fast_struct",
     "locations_struct",
 ]
 
 crc32c = google_crc32c.value  # CRC32C of bytes, as an int (hardware-accelerated)
+crc32c_extend = google_crc32c.extend  # CRC32C of more bytes, continuing a CRC
 CRC = struct.Struct(Int32ub.fmtstr)  # a CRC32C (uint32) as stored after the bytes it covers
 
 

@@ -96,7 +96,7 @@ from ledgerd.machines.writer import FailureKind
 from ledgerd.metadata.errors import ChangeRejectedError, NoNodeError
 from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.recovery import recover_ledger, take_over
-from ledgerd.wire.entry import Digester, DigestType, master_key, recovery_key
+from ledgerd.wire.entry import Digester, DigestType, entry_ids, master_key, recovery_key
 from ledgerd.wire.entry_check import EntryCheck, KeyedCheck, UnkeyedCheck
 from ledgerd.wire.errors import WireError
 from ledgerd.wire.messages import (
@@ -122,7 +122,6 @@ log = logging.getLogger(__name__)
 
 _RECOVERY_FLAGS = AddFlags.RECOVERY_ADD | AddFlags.HIGH_PRIORITY
 _FRAME_SLACK = 4096  # room in a frame for everything but entry bytes
-_HEADER = struct.Struct(">qqqq")
 
 
 class CopyFailedError(LedgerdError):
@@ -454,7 +453,7 @@ async def _open_lac(client: Client, ledger_id: int, ensemble: tuple[str, ...],
             if resp.explicit_lac:
                 lac = max(lac, check.lac_body(resp.explicit_lac, ledger_id))
             if resp.last_entry:
-                eid = _HEADER.unpack_from(resp.last_entry, 0)[1]
+                eid = entry_ids(resp.last_entry)[1]
                 entry_lac, _ = check.entry(resp.last_entry, ledger_id, eid)
                 lac, top = max(lac, entry_lac), max(top, eid)
         except (WireError, struct.error) as exc:

@@ -46,9 +46,12 @@ __all__ = [
     "recovery_key",
 ]
 
-_HEADER = struct.Struct(">qqqq")
+# The entry header's struct, derived from its declaration (``layouts.ENTRY_HEADER``).
+ENTRY_HEADER_STRUCT = struct.Struct(">" + "".join(
+    sub.subcon.fmtstr.lstrip(">") for sub in layouts.ENTRY_HEADER.subcons))
+_HEADER = ENTRY_HEADER_STRUCT
 ENTRY_HEADER_SIZE = _HEADER.size
-assert ENTRY_HEADER_SIZE == layouts.ENTRY_HEADER.sizeof()
+assert ENTRY_HEADER_SIZE == layouts.ENTRY_HEADER.sizeof() == 32
 _LAC = struct.Struct(">qq")
 _CRC32C = struct.Struct(">I")
 _CRC32 = struct.Struct(">q")

@@ -25,6 +25,7 @@ import struct
 
 from ledgerd.wire.entry import (
     ENTRY_HEADER_SIZE,
+    ENTRY_HEADER_STRUCT,
     Digester,
     decode_entry,
     decode_lac_body,
@@ -33,7 +34,7 @@ from ledgerd.wire.errors import EntryFormatError
 
 __all__ = ["EntryCheck", "KeyedCheck", "UnkeyedCheck", "unkeyed_entry"]
 
-_HEADER = struct.Struct(">qqqq")
+_HEADER = ENTRY_HEADER_STRUCT
 _LAC = struct.Struct(">qq")
 
 
