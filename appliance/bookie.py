@@ -48,8 +48,6 @@ from ledgerd.appliance.session import ConnectionOptions
 from ledgerd.appliance.supervisor import Supervisor
 from ledgerd.base.logs import fields
 from ledgerd.disk.cookie import Cookie
-from ledgerd.disk.dbindex import DbLedgerCache
-from ledgerd.disk.dbstorage import DbStore
 from ledgerd.disk.errors import StorageError
 from ledgerd.disk.storage import LedgerStorage
 from ledgerd.metadata.cluster import check_layout, instance_id
@@ -430,44 +428,6 @@ class Bookie:
             "add_latency_p99_s": self.metrics.add_latency.quantile(0.99),
         }
 
-    def _register_db_metrics(self) -> None:
-        """The db storage's caches and index store (BookKeeper's DbLedgerStorage
-        stats: write cache size, flushes, read-ahead hits, index size)."""
-        m, storage = self.metrics, self.storage.engine
-        assert isinstance(storage, DbStore)
-        db = storage.cache
-        rc = storage.read_cache
-        assert isinstance(db, DbLedgerCache)
-        m.gauge("ledgerd_db_write_cache_bytes", "Entry bytes in the write cache (the half "
-                "filling and the half being flushed).", lambda: float(
-                    storage.write_cache.size
-                    + (storage.flushing.size if storage.flushing is not None else 0)))
-        m.gauge("ledgerd_db_write_cache_entries", "Entries in the write cache.",
-                lambda: float(len(storage.write_cache)
-                              + (len(storage.flushing) if storage.flushing is not None else 0)))
-        m.counter("ledgerd_db_write_cache_flushes", "Write-cache flushes (one per "
-                  "checkpoint with entries).", lambda: storage.write_cache_flushes)
-        m.counter("ledgerd_db_write_cache_flushed_bytes", "Entry bytes flushed sorted "
-                  "from the write cache to entry logs.",
-                  lambda: storage.write_cache_flushed_bytes)
-        m.counter("ledgerd_db_write_cache_full_adds", "Adds written straight to the entry "
-                  "log because the write cache was full.", lambda: storage.write_through)
-        m.counter("ledgerd_db_read_ahead_hits", "Reads served by the read-ahead cache.",
-                  lambda: rc.hits)
-        m.counter("ledgerd_db_read_ahead_misses", "Reads that missed the read-ahead "
-                  "cache (and both write caches).", lambda: rc.misses)
-        m.counter("ledgerd_db_read_ahead_entries", "Entries read ahead into the cache.",
-                  lambda: rc.inserted)
-        m.gauge("ledgerd_db_read_ahead_cache_bytes", "Bytes in the read-ahead cache.",
-                lambda: float(rc.size))
-        m.gauge("ledgerd_db_index_store_bytes", "Bytes of the index store (LMDB pages in "
-                "use; LMDB reuses freed pages and runs no compactions).",
-                lambda: float(db.store_bytes()))
-        m.counter("ledgerd_db_index_commits", "Index store transactions (one per "
-                  "checkpoint).", lambda: db.commits)
-        m.counter("ledgerd_db_index_commit_seconds", "Time in index store transactions "
-                  "(a worker thread).", lambda: db.commit_seconds)
-
     def _register_metrics(self) -> None:
         m = self.metrics
         j = self.storage.journal
@@ -503,8 +463,7 @@ class Bookie:
                   "in the index store).", lambda: cache.misses)
         storage = self.storage
         storage.on_checkpoint = m.checkpoint_latency.observe
-        if isinstance(storage.engine, DbStore):
-            self._register_db_metrics()
+        storage.engine.register_metrics(m)
         m.counter("ledgerd_gc_ledgers_deleted", "Ledgers garbage collected.",
                   lambda: self.gc.ledgers_deleted)
         m.counter("ledgerd_gc_entry_logs_compacted", "Entry logs compacted.",

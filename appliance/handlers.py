@@ -171,7 +171,8 @@ class RequestHandler:
         a run that binds a key, adopts a term, truncates or is sparse is stored alone,
         after those before it. A refused run of several frames is decided again frame
         by frame (each frame once), so one bad frame fails alone and nothing of a
-        refused frame is stored. The journal's memory cap answers TOO_MANY_REQUESTS.
+        refused frame is stored; so is a run that binds a key or adopts a term and that
+        storage failed. The journal's memory cap answers TOO_MANY_REQUESTS.
         """
         out: list[list[Outcome] | None] = [None] * len(runs)
         storage = self.storage
@@ -209,12 +210,14 @@ class RequestHandler:
             if batch:  # stored before anything decided apart
                 self._store_runs(batch, at, out, parts)
                 batch, at, waiting = [], [], 0
+            outcome: Outcome = (status, None)
             if type(decision) is Accept and decision is not ACCEPT and has_capacity(size):
-                self._finish(k, run, self._store_with_state(run, decision), out, parts)
-            elif is_part or len(run.correlation_ids) == 1:
-                self._finish(k, run, (status, None), out, parts)
+                outcome = self._store_with_state(run, decision)
+            if outcome[0] == Status.OK or is_part or len(run.correlation_ids) == 1:
+                self._finish(k, run, outcome, out, parts)
             else:
-                # Refused as a whole: each frame is decided on its own, in order.
+                # Refused (or failed in storage) as a whole: each frame is decided on its
+                # own, in order.
                 parts[k] = []
                 work += [(frame, k, True) for frame in reversed(run.frames())]
         if batch:

@@ -294,6 +294,10 @@ class ConnectionHub:
                 # before them included: a read sees the adds sent before it.
                 self._store_deferred(c)
                 continue
+            if self._deferred:
+                # Any other request (or the end) comes after the runs read before it,
+                # of any connection in this pass: a read sees the adds sent before it.
+                self._store_deferred(c)
             if type(ev) is DecodedRequest:
                 reply = handler.read_now(ev.message)
                 if reply is not None:
@@ -360,7 +364,6 @@ class ConnectionHub:
         if not c.closing:
             c.closing = True
             c.closing_since = time.monotonic()
-            c.session.stop_reading()
             if not c.closed:
                 self._set_mask(c, c.mask & ~_IN)
         self._close_if_done(c)

@@ -68,17 +68,6 @@ class ReplyItem:
         self.entry_id = entry_id
         self.count = count
 
-    @classmethod
-    def add(cls, correlation_id: int, status: int, group: JournalGroup | None,
-            started: float, ledger_id: int, entry_id: int, count: int) -> ReplyItem:
-        """The reply to an add of ``count`` entries from ``entry_id`` of ``ledger_id``."""
-        return cls(correlation_id, _ADD, status, None, group, started, ledger_id, entry_id,
-                   count)
-
-    @property
-    def is_add(self) -> bool:
-        return self.api_key == _ADD
-
     def __repr__(self) -> str:
         return (f"ReplyItem(cid={self.correlation_id}, api={self.api_key}, "
                 f"status={self.status}, group={self.group!r})")

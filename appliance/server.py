@@ -26,6 +26,7 @@ from ledgerd.appliance.session import (
     NEED_DATA,
     PAUSE,
     BookieSession,
+    Close,
     ConnectionOptions,
     Guard,
 )
@@ -182,7 +183,8 @@ async def _reader(stream: trio.abc.Stream, session: BookieSession, outbox: _Outb
                 outbox.space = trio.Event()
                 await outbox.space.wait()
             continue
-        return  # Close: the peer ended, or broke the protocol
+        assert type(ev) is Close, ev
+        return  # the peer ended, or broke the protocol
 
 
 async def _slow(handler: RequestHandler, outbox: _Outbox, ev: DecodedRequest,

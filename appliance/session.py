@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from ledgerd.disk.journal import JournalGroup
 
 __all__ = ["CLOSE_GRACE_S", "NEED_DATA", "PAUSE", "STORE", "UNMERGED_ADD_FLAGS", "BookieSession",
-           "Close", "ConnectionOptions", "Guard", "runs_of"]
+           "Close", "ConnectionOptions", "Guard"]
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +119,6 @@ class Close:
 SessionEvent = AddRun | DecodedRequest | Close | _Pause | _Store | _NeedData
 
 
-def runs_of(requests: list[tuple[int, AddRequest]]) -> list[AddRun]:
-    """Consecutive Add requests (correlation id, request) as runs: each continuing the
-    one before (its ledger, the next ids, the same flags, key and term, no unmerged
-    flag) joins its run."""
-    runs: list[AddRun] = []
-    for cid, req in requests:
-        if not runs or not runs[-1].extend(cid, req, UNMERGED_ADD_FLAGS):
-            runs.append(AddRun.of_request(cid, req))
-    return runs
-
-
 class Guard:
     """One connection's principal: set by its certificate or an AUTH, and checked
     against each request's roles when authorization is on."""
@@ -184,7 +173,7 @@ class BookieSession:
     """
 
     __slots__ = ("_first", "_pending", "_stashed", "_unstored", "conn", "guard", "items", "last_active",
-                 "max_reply_bytes", "queued_bytes", "reading", "started", "trusted")
+                 "max_reply_bytes", "queued_bytes", "started", "trusted")
 
     def __init__(self, options: ConnectionOptions, *, trusted: bool,
                  guard: Guard | None = None, conn: ServerConnection | None = None,
@@ -196,7 +185,6 @@ class BookieSession:
         self.guard = guard
         self.items: list[ReplyItem] = []
         self.queued_bytes = 0  # reply_bytes of the non-add replies owed or being sent
-        self.reading = True
         self.started = 0.0     # when the frames being taken were read
         self.last_active = 0.0
         # The first request, already read by a TLS negotiation.
@@ -246,7 +234,6 @@ class BookieSession:
                         ev = self._checked(conn.next_event())
                     except FrameSizeError as exc:
                         log.info("connection_closed_bad_frame", extra=fields(error=str(exc)))
-                        self.reading = False
                         ev = Close("bad frame")
                 if type(ev) is DecodedRequest and type(ev.message) is AddRequest:
                     req = ev.message
@@ -283,11 +270,9 @@ class BookieSession:
                     correlation_id=ev.correlation_id, status=ev.status.name, reason=ev.reason))
                 self.put(ev.correlation_id, -1, ev.status, None, self.started)
                 if ev.close:
-                    self.reading = False
                     return Close("rejected")
                 continue
             assert isinstance(ev, ConnectionEnded), ev
-            self.reading = False
             return Close("ended")
 
     def _hand_out(self) -> AddRun:
@@ -351,10 +336,6 @@ class BookieSession:
         self.queued_bytes -= nbytes
 
     # -- closing ------------------------------------------------------------------
-
-    def stop_reading(self) -> None:
-        """No more requests will be taken (the bookie drains, or the transport stops)."""
-        self.reading = False
 
     @property
     def owes_nothing(self) -> bool:

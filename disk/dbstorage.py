@@ -20,7 +20,7 @@ import trio
 
 from ledgerd.disk.dbindex import DbLedgerCache
 from ledgerd.disk.entrylog import EntryLogger
-from ledgerd.disk.entrystore import write_entry_logs
+from ledgerd.disk.entrystore import MetricRegistry, write_entry_logs
 from ledgerd.disk.errors import StorageError
 from ledgerd.disk.index import LedgerIndex
 from ledgerd.disk.writecache import ReadAheadCache, WriteCache
@@ -174,6 +174,42 @@ class DbStore:
         pass
 
     # -- checkpoint --------------------------------------------------------------------
+
+    def register_metrics(self, registry: MetricRegistry) -> None:
+        """The db storage's caches and index store (BookKeeper's DbLedgerStorage
+        stats: write cache size, flushes, read-ahead hits, index size)."""
+        m, storage = registry, self
+        db = storage.cache
+        rc = storage.read_cache
+        m.gauge("ledgerd_db_write_cache_bytes", "Entry bytes in the write cache (the half "
+                "filling and the half being flushed).", lambda: float(
+                    storage.write_cache.size
+                    + (storage.flushing.size if storage.flushing is not None else 0)))
+        m.gauge("ledgerd_db_write_cache_entries", "Entries in the write cache.",
+                lambda: float(len(storage.write_cache)
+                              + (len(storage.flushing) if storage.flushing is not None else 0)))
+        m.counter("ledgerd_db_write_cache_flushes", "Write-cache flushes (one per "
+                  "checkpoint with entries).", lambda: storage.write_cache_flushes)
+        m.counter("ledgerd_db_write_cache_flushed_bytes", "Entry bytes flushed sorted "
+                  "from the write cache to entry logs.",
+                  lambda: storage.write_cache_flushed_bytes)
+        m.counter("ledgerd_db_write_cache_full_adds", "Adds written straight to the entry "
+                  "log because the write cache was full.", lambda: storage.write_through)
+        m.counter("ledgerd_db_read_ahead_hits", "Reads served by the read-ahead cache.",
+                  lambda: rc.hits)
+        m.counter("ledgerd_db_read_ahead_misses", "Reads that missed the read-ahead "
+                  "cache (and both write caches).", lambda: rc.misses)
+        m.counter("ledgerd_db_read_ahead_entries", "Entries read ahead into the cache.",
+                  lambda: rc.inserted)
+        m.gauge("ledgerd_db_read_ahead_cache_bytes", "Bytes in the read-ahead cache.",
+                lambda: float(rc.size))
+        m.gauge("ledgerd_db_index_store_bytes", "Bytes of the index store (LMDB pages in "
+                "use; LMDB reuses freed pages and runs no compactions).",
+                lambda: float(db.store_bytes()))
+        m.counter("ledgerd_db_index_commits", "Index store transactions (one per "
+                  "checkpoint).", lambda: db.commits)
+        m.counter("ledgerd_db_index_commit_seconds", "Time in index store transactions "
+                  "(a worker thread).", lambda: db.commit_seconds)
 
     def is_flush_due(self) -> bool:
         return self.write_cache.size >= self._write_cache_half // 2

@@ -18,7 +18,7 @@ maintenance tools read either's logs. ``LedgerStorage`` picks one in its factory
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +29,14 @@ from ledgerd.disk.entrylog import EntryLogger
 from ledgerd.disk.index import LedgerCache, LedgerIndex
 
 __all__ = ["EntryStore", "write_entry_logs"]
+
+
+class MetricRegistry(Protocol):
+    """Where an engine registers its own gauges and counters (the bookie's metrics)."""
+
+    def gauge(self, name: str, doc: str, fn: Callable[[], float]) -> None: ...
+
+    def counter(self, name: str, doc: str, fn: Callable[[], float]) -> None: ...
 
 
 class EntryStore(Protocol):
@@ -92,6 +100,10 @@ class EntryStore(Protocol):
 
     def start_services(self, nursery: trio.Nursery) -> None:
         """Start the engine's background tasks (the interleaved page-in reader)."""
+
+    def register_metrics(self, registry: MetricRegistry) -> None:
+        """Register the engine's own gauges and counters (the db engine's caches and
+        index store); the ledger cache's are the bookie's, for both."""
 
     async def deferred_applied_wait(self) -> None:
         """Return once no add's index location waits for its page."""

@@ -20,7 +20,7 @@ import trio
 
 from ledgerd.disk.dbindex import DB_DIR
 from ledgerd.disk.entrylog import EntryLogger
-from ledgerd.disk.entrystore import write_entry_logs
+from ledgerd.disk.entrystore import MetricRegistry, write_entry_logs
 from ledgerd.disk.errors import StorageError
 from ledgerd.disk.fdcache import FdCache
 from ledgerd.disk.index import LedgerCache, LedgerIndex
@@ -86,6 +86,9 @@ class InterleavedStore:
         return self.cache.delete(ledger_id)
 
     # -- checkpoint --------------------------------------------------------------------
+
+    def register_metrics(self, registry: MetricRegistry) -> None:
+        """Nothing of its own: the ledger cache's counters are the bookie's."""
 
     def is_flush_due(self) -> bool:
         return False

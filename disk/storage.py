@@ -476,16 +476,23 @@ class LedgerStorage:
         ``truncate`` every entry after the last one given is dropped (the
         unbounded-ledger recovery's final no-op entry); ``entry_ids`` (ascending, one
         per entry) places entries that are not consecutive (a SPARSE add). Its records
-        join ``records`` only if the whole run was stored."""
+        join ``records`` only if the whole run was stored; if it was not, the key and
+        term are as they were."""
         lid, first, entries = run.ledger_id, run.first_entry_id, run.entries
         idx = self.cache.ledgers.get(lid)
         if idx is None or run.bind_key or run.new_term:
+            before = self.cache.get_or_create(lid)
+            key, term = before.master_key, before.term
             idx, own = self._state_records(lid, run.bind_key, run.new_term)
         else:
-            own = []
+            own, key, term = [], idx.master_key, idx.term
         idx.changes += 1
         if entries:
-            self._store(idx, first, entries, own, run.entry_ids)
+            try:
+                self._store(idx, first, entries, own, run.entry_ids)
+            except StorageError:
+                idx.master_key, idx.term = key, term  # nothing of the run is journaled
+                raise
         if run.truncate and entries and run.entry_ids is None:
             last = first + len(entries) - 1
             self._truncate_after(lid, last)

@@ -362,11 +362,14 @@ class Syncer:
         handle._check_open()
         buf = _cbuf(data)
         sends: Sequence[Any] = after_sync
-        n = len(sends)
-        if n:
+        if sends and any(type(item) is not SendAfterSync for item in sends):
+            # A kind this syncer cannot run is withheld: its owner does the work.
             for item in sends:
                 if type(item) is not SendAfterSync:
-                    raise TypeError(f"the native syncer cannot run {item!r}")
+                    item.withhold()
+            sends = [item for item in sends if type(item) is SendAfterSync]
+        n = len(sends)
+        if n:
             keep = [_cbuf(item.data) for item in sends]
             fds = ffi.new("int[]", [item.fd for item in sends])
             bufs = ffi.new("void *[]", keep)

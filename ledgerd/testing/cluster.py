@@ -28,6 +28,7 @@ from typing import Any
 import trio
 from kazoo.client import KazooClient
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.metadata.cluster import check_layout, init_new_cluster
 from ledgerd.metadata.errors import NoNodeError
 from ledgerd.metadata.ledgers import LedgerManager
@@ -66,8 +67,9 @@ __all__ = [
 EVENT_BOUND_S = 90
 
 
-class BookieDied(AssertionError):
-    pass
+class BookieDied(LedgerdError, AssertionError):
+    """A bookie process exited while a test waited for it (a test failure, so also an
+    AssertionError)."""
 
 
 @asynccontextmanager

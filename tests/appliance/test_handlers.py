@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from ledgerd.appliance.server import ConnectionOptions
-from ledgerd.appliance.session import runs_of
+from ledgerd.appliance.session import UNMERGED_ADD_FLAGS
 from ledgerd.disk.errors import EntryNotFoundError, StorageError
 from ledgerd.disk.storage import StateRun
 from ledgerd.wire.connection import AddRun
@@ -332,6 +332,18 @@ async def test_sparse_adds_store_a_striped_bookies_entries_in_one_request(
                 for e in range(9):
                     status, resp = await c.call(ReadRequest(ledger_id=lid, entry_id=e))
                     assert (status == Status.OK) == (e in ids), (lid, e, status)
+
+
+def runs_of(requests: list[tuple[int, AddRequest]]) -> list[AddRun]:
+    """Consecutive Add requests (correlation id, request) as runs: each continuing the
+    one before (its ledger, the next ids, the same flags, key and term, no unmerged
+    flag) joins its run."""
+    runs: list[AddRun] = []
+    for cid, req in requests:
+        if not runs or not runs[-1].extend(cid, req, UNMERGED_ADD_FLAGS):
+            runs.append(AddRun.of_request(cid, req))
+    return runs
+
 
 
 def store_requests(handler: Any, reqs: list[AddRequest]) -> list[tuple[int, Any]]:

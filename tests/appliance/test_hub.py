@@ -99,6 +99,22 @@ async def test_adds_of_one_pass_are_decided_in_the_order_they_came(tmp_path: Pat
         assert b.storage.term(7) == 5
 
 
+async def test_a_read_sees_the_adds_another_connection_sent_in_the_same_pass(
+        tmp_path: Path) -> None:
+    """Runs of one connection wait for the end of the pass, but not past a request of
+    another connection read after them in that pass: its read sees the add."""
+    async with running_bookie(tmp_path) as b:
+        a, reader = b.raw_pair(), b.raw_pair()
+        await a.send_all(add_frame(7, 0, cid=0))
+        assert await read_replies(a, 1) == [(0, Status.OK)]
+        for _ in range(5):  # both connections become readable before the hub's next pass
+            eid = b.storage.last_entry_id(7) + 1
+            a.socket._sock.send(add_frame(7, eid, cid=eid))  # type: ignore[attr-defined]
+            reader.socket._sock.send(read_frame(7, eid, cid=eid))  # type: ignore[attr-defined]
+            assert await read_replies(a, 1) == [(eid, Status.OK)]
+            assert await read_replies(reader, 1) == [(eid, Status.OK)]
+
+
 async def test_a_peer_that_does_not_read_is_paused_at_its_reply_bytes(tmp_path: Path) -> None:
     cap = 256 * 1024
     async with running_bookie(tmp_path, options=ConnectionOptions(max_reply_bytes=cap)) as b:

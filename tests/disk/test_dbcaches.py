@@ -157,7 +157,7 @@ async def test_a_read_that_misses_reads_the_ledger_ahead(tmp_path: Path) -> None
         nursery.cancel_scope.cancel()
     await s.close()
     s = await _open(opts)  # caches empty, entries in the log sorted by ledger
-    rc = s.read_cache
+    rc = s.engine.read_cache
     assert s.read_entry(1, 7) == _entry(1, 7)
     assert s.read_entry(2, 90) == _entry(2, 90)
     assert rc.inserted == 0  # reads that do not follow one another read one entry
@@ -197,8 +197,8 @@ async def test_read_ahead_stays_within_its_bytes(tmp_path: Path) -> None:
     s = await _open(opts)
     for e in range(200):
         assert decode_entry(D, s.read_entry(1, e)).entry_id == e
-        assert s.read_cache.size <= 20_000
-    assert s.read_cache.hits > 150 and s.read_cache.evicted > 0
+        assert s.engine.read_cache.size <= 20_000
+    assert s.engine.read_cache.hits > 150 and s.engine.read_cache.evicted > 0
     await s.close()
 
 

@@ -15,8 +15,9 @@ from ledgerd.disk.errors import (
     CorruptRecordError,
     EntryNotFoundError,
     LedgerNotFoundError,
+    StorageError,
 )
-from ledgerd.disk.storage import LedgerStorage, StorageOptions
+from ledgerd.disk.storage import LedgerStorage, StateRun, StorageOptions
 from ledgerd.wire.entry import Digester, DigestType, decode_entry, encode_entry
 
 KEY = b"k" * 20
@@ -116,6 +117,28 @@ async def test_terms_and_truncate(tmp_path: Path) -> None:
     with pytest.raises(EntryNotFoundError):
         s2.read_entry(1, 4)
     await s2.close()
+
+
+async def test_a_state_run_storage_fails_binds_no_key_and_adopts_no_term(tmp_path: Path) -> None:
+    """A run that would bind the key and raise the term, failed by the engine: nothing
+    is journaled, and the ledger's key and term in memory are as they were."""
+    s = await _open(_opts(tmp_path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [_entry(1, 0)], new_term=2)  # held, no key yet
+
+        def failing(*_: object) -> None:
+            raise StorageError("injected: the engine's insert")
+
+        insert, s._insert_run = s._insert_run, failing  # type: ignore[method-assign]
+        group, failed = s.submit_runs([StateRun(1, 1, [_entry(1, 1)], KEY, 3)])
+        assert group is None and isinstance(failed[0], StorageError)
+        assert s.master_key(1) == b"" and s.term(1) == 2
+        s._insert_run = insert  # type: ignore[method-assign]
+        await s.add_entries(1, 1, [_entry(1, 1)], bind_key=KEY, new_term=3)
+        assert s.master_key(1) == KEY and s.term(1) == 3
+        nursery.cancel_scope.cancel()
+    await s.close()
 
 
 async def test_entry_logs_roll_with_ledgers_map(tmp_path: Path) -> None:
