@@ -56,7 +56,7 @@ if __package__ in (None, ""):
 
 
 from bench import cdriver
-from bench.bookie import _run_redis, _wait_listening
+from bench.bookie import _run_redis
 from bench.drivers import closed_loop, open_loop, percentiles
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import find_free_port
@@ -307,13 +307,11 @@ def main() -> None:
     for name, settings in variants.items():
         bookies[name] = BookieProcess(base / f"bookie-{name}", "",
                                       settings={"log_level": "WARNING", **settings})
-        bookies[name].start()
+        bookies[name].start_ready()  # a lone bookie, up at its READY=1
     loads = [float(x) for x in (args.rates or args.loads).split(",")]
     rounds: list[dict[str, Any]] = []
     load_start = os.getloadavg()[0]
     try:
-        for b in bookies.values():
-            _wait_listening(b)
         for n in range(args.rounds * len(bookies)):
             name = list(bookies)[n % len(bookies)]
             bookie = bookies[name]

@@ -132,3 +132,17 @@ def test_every_bench_script_runs_from_ledgerd_bench() -> None:
     r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "bench", "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and all(f"  {name} " in r.stdout for name in BENCHES)
+
+
+def test_every_bench_script_imports() -> None:
+    """Each bench script's imports resolve (a helper one of them takes from another
+    bench script can be renamed away without any test running that script)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    names = sorted(p.stem for p in (root / "bench").glob("*.py") if p.stem != "__init__")
+    code = ("import importlib, sys\nfor n in sys.argv[1:]:\n"
+            "    importlib.import_module('bench.' + n)")
+    r = subprocess.run([sys.executable, "-c", code, *names], cwd=root, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr.strip().splitlines()[-1:]
