@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -77,19 +77,15 @@ def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:
         path.unlink(missing_ok=True)
 
 
-def _drive_open(port: int, rate: float, conns: int, seconds: float,
-                sync_path: Path, driver: str) -> dict[str, Any]:
-    """The open loop, with the raw disk timed by a thread of this process meanwhile
-    (with the C driver, the loop itself runs in a process of its own)."""
+def _beside_raw_syncs(sync_path: Path, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s result, with the raw disk's fdatasync p50/p99 timed by a thread of this
+    process meanwhile (the same 1 KiB appends the bookie and Redis are held to)."""
     syncs: list[float] = []
     stop = threading.Event()
     raw = threading.Thread(target=_raw_syncs, args=(sync_path, stop, syncs), daemon=True)
     raw.start()
     try:
-        if driver == "c":
-            result = cdriver.open_loop(port, rate, conns, seconds)
-        else:
-            result = open_loop(port, rate, conns, seconds)
+        result = run()
     finally:
         stop.set()
         raw.join()
@@ -97,6 +93,15 @@ def _drive_open(port: int, rate: float, conns: int, seconds: float,
     result.update({"fsync_p50_ms": fs["p50_ms"], "fsync_p99_ms": fs["p99_ms"],
                    "fsyncs": len(syncs)})
     return result
+
+
+def _drive_open(port: int, rate: float, conns: int, seconds: float,
+                sync_path: Path, driver: str) -> dict[str, Any]:
+    """The open loop beside the raw disk (with the C driver, the loop itself runs in a
+    process of its own)."""
+    if driver == "c":
+        return _beside_raw_syncs(sync_path, lambda: cdriver.open_loop(port, rate, conns, seconds))
+    return _beside_raw_syncs(sync_path, lambda: open_loop(port, rate, conns, seconds))
 
 
 # -- the orchestrator --------------------------------------------------------------------
@@ -220,20 +225,8 @@ def _open_redis(base: Path, rate: float, seconds: float) -> dict[str, Any]:
     with the same raw fdatasync loop beside it on the same disk."""
     with _redis_server(base) as port:
         os.sync()
-        syncs: list[float] = []
-        stop = threading.Event()
-        raw = threading.Thread(target=_raw_syncs, args=(base / "rawsync-redis", stop, syncs),
-                               daemon=True)
-        raw.start()
-        try:
-            result = cdriver.redis_open_loop(port, rate, 4, seconds)
-        finally:
-            stop.set()
-            raw.join()
-    fs = percentiles(syncs)
-    result.update({"fsync_p50_ms": fs["p50_ms"], "fsync_p99_ms": fs["p99_ms"],
-                   "fsyncs": len(syncs)})
-    return result
+        return _beside_raw_syncs(base / "rawsync-redis",
+                                 lambda: cdriver.redis_open_loop(port, rate, 4, seconds))
 
 
 SCALING = [(1, 1), (4, 1), (16, 1), (64, 1), (4, 4), (4, 16), (4, 64), (4, 200)]

@@ -4,14 +4,23 @@ it sends, replies split across reads, and error and null replies counted as erro
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 import threading
-import time
 from pathlib import Path
 
 from bench import cdriver
 
 VALUE = b"x" * 1024
+
+
+def _wait_delivered(conn: socket.socket) -> None:
+    """Until the kernel holds nothing of ours unsent or unacknowledged (loopback: at once)."""
+    for _ in range(100_000):
+        if struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] == 0:
+            return
 
 
 def _xadd(stream: bytes) -> bytes:
@@ -43,7 +52,7 @@ def _serve(listener: socket.socket, conns: int, reply: bytes, seen: list[bytes])
                     buf = buf[n:]
                     try:
                         conn.sendall(reply[:3])
-                        time.sleep(0.002)
+                        _wait_delivered(conn)  # the reply reaches the driver in two parts
                         conn.sendall(reply[3:])
                     except (BrokenPipeError, ConnectionResetError):
                         return  # a closed loop leaves with commands unanswered
