@@ -19,6 +19,7 @@ own on a shared server.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -108,10 +109,13 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
 
     async def died() -> None:
         if present and bookie.process is not None:
-            # Polled: a thread waiting on the process would outlive this wait.
-            while bookie.running:
-                await trio.sleep(0.05)
-            code = bookie.process.returncode
+            # Its pidfd turns readable when it exits (no thread to outlive this wait).
+            pidfd = os.pidfd_open(bookie.process.pid)
+            try:
+                await trio.lowlevel.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+            code = bookie.process.wait()
             raise BookieDied(f"{bookie.name} exited with {code} before registering:\n"
                              f"{bookie.log_tail()}")
 
