@@ -54,7 +54,8 @@ new < 0.95 x old, a latency when new > old / 0.95. Beside it each tree's spread,
 the range of its rounds over their median: a verdict at 0.95 needs spreads well under
 5% (a quiet machine, enough rounds, long enough runs). Every round, the medians, the
 ratios, the flags and the 1-minute load average (at the start and end of every run)
-are printed; ``--json`` prints all of it as one JSON line instead of the table. The
+are printed; ``--json`` prints all of it as one JSON line instead of the table, with each
+run's own JSON under ``raw``. The
 exit status is 1 when a case is flagged (2 on a failed run). Running a tree against
 itself shows the noise: its ratios should sit around 1.
 
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             before = os.getloadavg()[0]
             data = trees[label].run(a.script, a.args, echo=not a.quiet)
             run: dict[str, Any] = {"round": rnd, "tree": label, "load": [before, os.getloadavg()[0]],
-                                   "metrics": metrics_of(a.script, data)}
+                                   "metrics": metrics_of(a.script, data), "raw": data}
             runs.append(run)
             print(f"round {rnd} {label} (load {before:.2f}-{run['load'][1]:.2f}): "
                   + ", ".join(f"{k} {_fmt(v)}" for k, (v, _) in run["metrics"].items()),

@@ -150,6 +150,11 @@ static int cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* The closed loop's longest wait for a reply with adds in flight, and how many were in
+   flight when it ended: a stall is reported as data, not as a low rate alone. */
+static double max_gap = 0;
+static long gap_inflight = 0;
+
 static void report(double per_s, long errors) {
     qsort(lat, nlat, sizeof *lat, cmp);
     double p50 = 0, p99 = 0, p999 = 0, mx = 0;
@@ -161,8 +166,10 @@ static void report(double per_s, long errors) {
         mx = lat[nlat - 1];
     }
     printf("{\"entries_per_s\": %.1f, \"errors\": %ld, \"entries\": %zu, \"p50_ms\": %.4f, "
-           "\"p99_ms\": %.4f, \"p999_ms\": %.4f, \"max_ms\": %.4f}\n",
-           per_s, errors, nlat, p50 * 1e3, p99 * 1e3, p999 * 1e3, mx * 1e3);
+           "\"p99_ms\": %.4f, \"p999_ms\": %.4f, \"max_ms\": %.4f, \"max_gap_ms\": %.4f, "
+           "\"gap_inflight\": %ld}\n",
+           per_s, errors, nlat, p50 * 1e3, p99 * 1e3, p999 * 1e3, mx * 1e3, max_gap * 1e3,
+           gap_inflight);
 }
 
 /* The RESP reply starting at p (n bytes there): its length, or 0 while incomplete;
@@ -278,6 +285,7 @@ static int closed_loop(int port, int conns, double seconds, double warmup, long 
     t_end = t_start + seconds;
     for (int i = 0; i < conns; i++) refill(&cs[i], base + i, out);
     struct epoll_event evs[256];
+    double last_reply = now_s();
     for (;;) {
         double t = now_s();
         if (t >= t_end) break;
@@ -286,7 +294,17 @@ static int closed_loop(int port, int conns, double seconds, double warmup, long 
         if (n < 0 && errno != EINTR) die("epoll_wait");
         for (int k = 0; k < n; k++) {
             conn_t *c = &cs[evs[k].data.u32];
+            int64_t before = c->acked;
+            long pending = 0;  /* in flight while the silence lasted, before this drain */
+            for (int i = 0; i < conns; i++) pending += (long)(cs[i].next_cid - cs[i].acked);
             drain(c, take_closed, &t);
+            if (c->acked > before) {
+                if (t - last_reply > max_gap) {
+                    max_gap = t - last_reply;
+                    gap_inflight = pending;
+                }
+                last_reply = t;
+            }
             if (t < t_end && c->next_cid - c->acked <= window / 2)
                 refill(c, base + (long)evs[k].data.u32, out);
         }

@@ -106,3 +106,44 @@ def test_closed_loop_keeps_its_window_in_order() -> None:
     assert result["errors"] == 0
     assert 0 < result["entries"] <= len(seen)
     assert set(seen) == {_xadd(b"s")}
+
+
+def _serve_stalling(listener: socket.socket, stall_after: int, stall_s: float) -> None:
+    """One connection; "+OK" to every XADD, but once, after ``stall_after`` of them,
+    nothing for ``stall_s``."""
+    import time
+
+    conn, _addr = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    n = len(_xadd(b"closed"))
+    buf, answered = b"", 0
+    with conn:
+        while True:
+            try:
+                data = conn.recv(65536)
+            except ConnectionResetError:
+                return
+            if not data:
+                return
+            buf += data
+            while len(buf) >= n:
+                buf = buf[n:]
+                if answered == stall_after:
+                    time.sleep(stall_s)
+                answered += 1
+                try:
+                    conn.sendall(b"$3\r\n1-0\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+
+
+def test_the_closed_loop_reports_its_longest_silence_and_what_was_in_flight() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        server = threading.Thread(target=_serve_stalling, args=(listener, 50, 0.4), daemon=True)
+        server.start()
+        result = cdriver.redis_closed_loop(port, 1, 4, 1.0, warmup=0.0, stream="closed")
+        server.join(10)
+    assert result["errors"] == 0 and result["entries"] > 50
+    assert 380 <= result["max_gap_ms"] < 1000, result
+    assert 1 <= result["gap_inflight"] <= 4, result  # the window refills at half
