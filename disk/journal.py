@@ -53,8 +53,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +85,21 @@ MiB = 1 << 20
 _ZERO_CHUNK = 1 * MiB
 _ZERO_PIECE = 128 * 1024
 _ZERO_PAUSE_S = 0.0005
+
+
+class _Batch:
+    """``Journal.batch``'s block."""
+
+    __slots__ = ("_journal",)
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    def __enter__(self) -> None:
+        self._journal._hold()
+
+    def __exit__(self, *exc: object) -> None:
+        self._journal._release()
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -224,6 +238,7 @@ class Journal:
         self._zeroed_more = trio.Event()
         self._slow_path = False
         self._held = False  # inside ``batch``: submissions wake nobody
+        self._batch = _Batch(self)
         self._starting = False  # the writer has taken a group and not yet started it
         self.background_zero_bytes = 0
         self.slow_groups = 0  # groups that rolled the file or zeroed ahead themselves
@@ -416,22 +431,24 @@ class Journal:
         self._group.after_sync.append(action)
         return self._group
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> _Batch:
         """Submissions inside the block join one group and wake nobody; at its end the
         group starts at once when the writer would start it without waiting (no group
         wait, a syncer free, the fast path), else the writer wakes. Starting it here
         saves the writer task's wake-up and the event-loop pass it costs: at light load,
         one pass per add. No task may run inside the block (it holds no lock: it only
-        delays the start).
+        delays the start). The block is entered once per event-loop pass, so it is a
+        plain object, not a generator (a ``contextmanager`` costs ~1 us per pass).
         """
+        return self._batch
+
+    def _hold(self) -> None:
         self._held = True
-        try:
-            yield
-        finally:
-            self._held = False
-            if self._pending and not self._start_ready():
-                self._wakeup.set()
+
+    def _release(self) -> None:
+        self._held = False
+        if self._pending and not self._start_ready():
+            self._wakeup.set()
 
     def _start_ready(self) -> bool:
         """Start what is waiting as a group now, if the writer would start it without
