@@ -61,7 +61,7 @@ from functools import partial
 import trio
 
 from ledgerd.appliance.handlers import RequestHandler
-from ledgerd.appliance.replies import ReplyItem, count_sent_adds
+from ledgerd.appliance.replies import ReplyItem, count_sent_adds, encode_ok_adds, replies_in
 from ledgerd.appliance.session import (
     CLOSE_GRACE_S,
     NEED_DATA,
@@ -75,7 +75,7 @@ from ledgerd.base.logs import fields
 from ledgerd.disk.journal import JournalGroup
 from ledgerd.native import SendAfterSync, resume_sends
 from ledgerd.wire.connection import AddRun
-from ledgerd.wire.frames import DecodedRequest, encode_add_response
+from ledgerd.wire.frames import DecodedRequest
 
 __all__ = ["ConnectionHub"]
 
@@ -93,12 +93,13 @@ _SWEEP_S = 0.5
 class _Ahead:
     """Replies to the first ``count`` of a connection's items, handed to a syncer."""
 
-    __slots__ = ("count", "group", "send")
+    __slots__ = ("count", "group", "replies", "send")
 
     def __init__(self, group: JournalGroup, send: SendAfterSync, count: int) -> None:
         self.group = group
         self.send = send
-        self.count = count
+        self.count = count    # items
+        self.replies = 0      # the replies they stand for
 
 
 class _Connection:
@@ -432,10 +433,10 @@ class ConnectionHub:
             last = _Ahead(group, send, 0)
             ahead.append(last)
         # Still unanswered (``max_inflight`` counts them) until their group is collected.
-        last.send.data += b"".join([encode_add_response(item.correlation_id, 0, item.ledger_id,
-                                                        item.entry_id, item.count)
-                                    for item in items[start:k]])
+        attached = items[start:k]
+        last.send.data += encode_ok_adds(attached)
         last.count += k - start
+        last.replies += replies_in(attached)
         c.attached = k
 
     def _wait(self, c: _Connection, group: JournalGroup | None) -> None:
@@ -502,7 +503,10 @@ class ConnectionHub:
                 self._send(c, data)
                 continue
             for item in batch:
-                inflight.discard(item.correlation_id)
+                if item.cids is None:
+                    inflight.discard(item.correlation_id)
+                else:
+                    inflight.difference_update(item.cids)
             if self._sent_adds is not None:
                 self._sent_adds += batch
             else:
@@ -513,7 +517,7 @@ class ConnectionHub:
                 c.sends_stopped = True
                 self._send(c, memoryview(a.send.data)[sent:])
             else:
-                metrics.syncer_replies += a.count
+                metrics.syncer_replies += a.replies
         if c.sends_stopped and not c.ahead and not c.wbuf and not c.closed:
             self._resume_sends(c)
         if settled and not c.closed:

@@ -20,6 +20,7 @@ import time
 import trio
 
 from ledgerd.appliance.handlers import RequestHandler
+from ledgerd.appliance.replies import replies_in
 from ledgerd.appliance.security import ConnectionSecurity, negotiate
 from ledgerd.appliance.session import (
     CLOSE_GRACE_S,
@@ -221,7 +222,7 @@ async def _writer(stream: trio.abc.Stream, outbox: _Outbox, handler: RequestHand
                     await group.done.wait()
                 last = group
         data, sent_bytes = session.encode(metrics, items)
-        outbox.unsent = len(items)
+        outbox.unsent = replies_in(items)
         del items  # the replies' entries are in ``data`` now
         try:
             await stream.send_all(data)

@@ -317,9 +317,16 @@ class BookieSession:
                 items.append(ReplyItem(run.correlation_ids[0], _ADD, status, None, group,
                                        started, lid, eid, 1))
                 return
+            cids = run.correlation_ids
+            first = outcomes[0]
+            if len(outcomes) == len(cids) and outcomes.count(first) == len(outcomes):
+                # One outcome for the whole run (the usual case): one item.
+                items.append(ReplyItem(cids[0], _ADD, first[0], None, first[1], started,
+                                       lid, eid, 1, list(cids)))
+                return
             items += [ReplyItem(cid, _ADD, status, None, group, started, lid, eid + i, 1)
                       for i, (cid, (status, group)) in enumerate(
-                          zip(run.correlation_ids, outcomes, strict=True))]
+                          zip(cids, outcomes, strict=True))]
             return
         for cid, n, (status, group) in zip(run.correlation_ids, run.counts, outcomes,
                                            strict=True):

@@ -15,7 +15,7 @@ from ledgerd.appliance.session import (
 )
 from ledgerd.wire.connection import AddRun
 from ledgerd.wire.frames import DecodedRequest, encode_request
-from ledgerd.wire.messages import AddFlags, AddRequest, ReadRequest
+from ledgerd.wire.messages import AddFlags, AddRequest, ApiKey, ReadRequest
 from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, entry
 
@@ -149,3 +149,56 @@ def test_idle_only_with_nothing_owed() -> None:
     session.receive_data(read_frame(1, 0, 0), 1.0)
     session.next_event()
     assert not session.is_idle(100.0, 5.0)  # a request in flight
+
+
+def _add_replies(data: bytes) -> list[tuple[int, int, int, int]]:
+    """(correlation id, status, ledger, entry) of each AddResponse in ``data``."""
+    out, pos = [], 0
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from(">i", data, pos)
+        cid, status, lid, eid = struct.unpack_from(">ihqq", data, pos + 4)
+        out.append((cid, status, lid, eid))
+        pos += 4 + size
+    return out
+
+
+def test_a_run_with_one_outcome_is_one_item_answering_every_frame() -> None:
+    session = BookieSession(ConnectionOptions(), trusted=True)
+    session.receive_data(b"".join(add_frame(3, i, 10 + i) for i in range(4)), 1.0)
+    run = session.next_event()
+    assert type(run) is AddRun and run.correlation_ids == [10, 11, 12, 13]
+    session.put_adds(run, [(Status.OK, None)] * 4, 1.0)
+    assert len(session.items) == 1 and session.items[0].replies == 4
+    metrics = BookieMetrics()
+    data, _ = session.encode(metrics, session.items)
+    assert _add_replies(data) == [(10 + i, 0, 3, i) for i in range(4)]
+    assert metrics.requests[(int(ApiKey.ADD), 0)] == 4
+    assert not session.conn.inflight
+
+
+def test_a_run_with_mixed_outcomes_answers_each_frame_with_its_own() -> None:
+    session = BookieSession(ConnectionOptions(), trusted=True)
+    session.receive_data(b"".join(add_frame(3, i, 10 + i) for i in range(3)), 1.0)
+    run = session.next_event()
+    assert type(run) is AddRun
+    session.put_adds(run, [(Status.OK, None), (Status.FENCED, None), (Status.OK, None)], 1.0)
+    assert len(session.items) == 3
+    metrics = BookieMetrics()
+    data, _ = session.encode(metrics, session.items)
+    assert [(cid, status) for cid, status, _, _ in _add_replies(data)] == [
+        (10, 0), (11, int(Status.FENCED)), (12, 0)]
+    assert metrics.requests[(int(ApiKey.ADD), 0)] == 2
+
+
+def test_a_refused_run_item_answers_every_frame_with_the_error() -> None:
+    session = BookieSession(ConnectionOptions(), trusted=True)
+    session.receive_data(b"".join(add_frame(3, i, 10 + i) for i in range(3)), 1.0)
+    run = session.next_event()
+    assert type(run) is AddRun
+    session.put_adds(run, [(Status.NO_SUCH_LEDGER, None)] * 3, 1.0)
+    metrics = BookieMetrics()
+    data, _ = session.encode(metrics, session.items)
+    assert [(cid, status) for cid, status in replies(data)] == [
+        (c, int(Status.NO_SUCH_LEDGER)) for c in (10, 11, 12)]
+    assert metrics.requests[(int(ApiKey.ADD), int(Status.NO_SUCH_LEDGER))] == 3
+    assert not session.conn.inflight
