@@ -28,12 +28,15 @@ import io
 import json
 import os
 import shutil
+import socket
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -186,8 +189,11 @@ def _run_ledgerd(port: int, batch: int, window: int, seconds: float) -> dict[str
     return result
 
 
-def _run_redis(base: Path, seconds: float, conns: int = 50, pipeline: int = 16
-               ) -> dict[str, float]:
+@contextmanager
+def redis_server(base: Path) -> Iterator[int]:
+    """A fresh ``redis-server`` (append-only file, fsync per write) with its data under
+    ``base``; yields its port once it answers PING. The one way the bench scripts start
+    Redis."""
     port = find_free_port()
     data = base / f"redis-{port}"
     data.mkdir()
@@ -197,11 +203,27 @@ def _run_redis(base: Path, seconds: float, conns: int = 50, pipeline: int = 16
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(200):
-            ping = subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
-                                  text=True)
-            if ping.stdout.strip() == "PONG":
-                break
+            try:
+                with socket.create_connection(("127.0.0.1", port), 0.5) as s:
+                    s.sendall(b"*1\r\n$4\r\nPING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        break
+            except OSError:  # not listening yet
+                if server.poll() is not None:
+                    raise RuntimeError(f"redis-server exited ({server.returncode})") from None
             time.sleep(0.05)
+        else:
+            raise RuntimeError("redis-server did not answer PING in 10 s")
+        yield port
+    finally:
+        server.terminate()
+        server.wait(30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _run_redis(base: Path, seconds: float, conns: int = 50, pipeline: int = 16
+               ) -> dict[str, float]:
+    with redis_server(base) as port:
         n = int((160_000 if pipeline > 1 else 40_000) * seconds)
         # redis-benchmark 7.0 has no built-in xadd test: the command is given literally,
         # with a 1 KiB field value (what `-t xadd -d 1024` does in later versions).
@@ -209,14 +231,10 @@ def _run_redis(base: Path, seconds: float, conns: int = 50, pipeline: int = 16
                                "-c", str(conns),
                                "-n", str(n), "--csv", "XADD", "bench", "*", "f", "x" * 1024],
                               capture_output=True, text=True, check=True)
-        rows = list(csv.DictReader(io.StringIO(done.stdout)))
-        row = rows[-1]
-        return {"entries_per_s": float(row["rps"]), "p50_ms": float(row["p50_latency_ms"]),
-                "p99_ms": float(row["p99_latency_ms"]), "errors": 0}
-    finally:
-        server.terminate()
-        server.wait(30)
-        shutil.rmtree(data, ignore_errors=True)
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    row = rows[-1]
+    return {"entries_per_s": float(row["rps"]), "p50_ms": float(row["p50_latency_ms"]),
+            "p99_ms": float(row["p99_latency_ms"]), "errors": 0}
 
 
 def main() -> None:

@@ -46,8 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +55,9 @@ if __package__ in (None, ""):
 
 
 from bench import cdriver
-from bench.bookie import _run_redis
+from bench.bookie import _run_redis, redis_server
 from bench.drivers import closed_loop, open_loop, percentiles
 from ledgerd.tools.bookieprocess import BookieProcess
-from ledgerd.tools.zkserver import find_free_port
 
 
 def _raw_syncs(path: Path, stop: threading.Event, out: list[float]) -> None:
@@ -165,41 +163,11 @@ def _resp_read(f: Any) -> Any:
     raise RuntimeError(f"unexpected RESP reply {line!r}")
 
 
-@contextmanager
-def _redis_server(base: Path) -> Iterator[int]:
-    """A fresh ``redis-server`` (append-only file, fsync per write) with its data under
-    ``base``; yields its port once it answers PING."""
-    port = find_free_port()
-    data = base / f"redis-open-{port}"
-    data.mkdir()
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--appendonly", "yes",
-         "--appendfsync", "always", "--dir", str(data), "--save", ""],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                with socket.create_connection(("127.0.0.1", port), 0.5) as s:
-                    if _resp(s, "PING") == "PONG":
-                        break
-            except (OSError, RuntimeError):  # not listening yet, or still loading
-                if server.poll() is not None:
-                    raise RuntimeError(f"redis-server exited ({server.returncode})") from None
-            time.sleep(0.05)
-        else:
-            raise RuntimeError("redis-server did not answer PING in 10 s")
-        yield port
-    finally:
-        server.terminate()
-        server.wait(30)
-        shutil.rmtree(data, ignore_errors=True)
-
-
 def redis_selfcheck(base: Path) -> None:
     """The C driver's RESP against a real redis-server: five XADDs land as five 1 KiB
     entries of field ``f``, a closed loop's count matches the stream's, and error
     replies (XADD to a key that is not a stream) count as errors, not as done."""
-    with _redis_server(base) as port:
+    with redis_server(base) as port:
         r = cdriver.redis_open_loop(port, 100.0, 1, 0.05, stream="check")
         if (r["entries"], r["errors"]) != (5, 0):
             raise AssertionError(f"redis-open: 5 XADDs expected to succeed, got {r}")
@@ -223,7 +191,7 @@ def redis_selfcheck(base: Path) -> None:
 def _open_redis(base: Path, rate: float, seconds: float) -> dict[str, Any]:
     """Redis at ``rate`` XADDs/s over 4 connections: the bookie open loop's schedule,
     with the same raw fdatasync loop beside it on the same disk."""
-    with _redis_server(base) as port:
+    with redis_server(base) as port:
         os.sync()
         return _beside_raw_syncs(base / "rawsync-redis",
                                  lambda: cdriver.redis_open_loop(port, rate, 4, seconds))
