@@ -217,6 +217,17 @@ async def fetch_range(view: LedgerView, first: int, last: int, *, run_limit: int
     return [found[eid] for eid in range(first, last + 1)]
 
 
+def lac_of_answer(digester: Digester, ledger_id: int, response: ReadLacResponse) -> int:
+    """The LAC a bookie's ReadLac answer shows: its explicit LAC or the LAC inside its last
+    entry, whichever is higher; -1 if neither. WireError if a body fails its digest."""
+    lac = -1
+    if response.explicit_lac:
+        lac = decode_lac_body(digester, response.explicit_lac, ledger_id=ledger_id)
+    if response.last_entry:
+        lac = max(lac, decode_entry(digester, response.last_entry, ledger_id=ledger_id).lac)
+    return lac
+
+
 async def read_lac(view: LedgerView) -> int:
     """The highest LAC the last ensemble knows (coverage-checked); -1 if none."""
     md = view.metadata
@@ -233,12 +244,7 @@ async def read_lac(view: LedgerView) -> int:
             status = Status.IO_ERROR
         elif status == Status.OK and isinstance(response, ReadLacResponse):
             try:
-                if response.explicit_lac:
-                    lac = decode_lac_body(view.digester, response.explicit_lac,
-                                          ledger_id=view.ledger_id)
-                if response.last_entry:
-                    lac = max(lac, decode_entry(view.digester, response.last_entry,
-                                                ledger_id=view.ledger_id).lac)
+                lac = lac_of_answer(view.digester, view.ledger_id, response)
             except WireError as exc:
                 errors.append(f"{bookie}: {exc}")
                 status, lac = Status.IO_ERROR, -1

@@ -38,10 +38,10 @@ from ledgerd.metadata.registry import BookieRegistry, BookieSet
 from ledgerd.metadata.store import MetadataStore, WatchKind
 from ledgerd.metadata.underreplication import AuditorElection
 from ledgerd.metadata.zookeeper import ZooKeeperStore
+from ledgerd.reads import lac_of_answer
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.processcluster import ClusterError, ProcessCluster, process_cluster
 from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
-from ledgerd.wire.entry import decode_entry, decode_lac_body
 from ledgerd.wire.messages import ReadLacRequest, ReadLacResponse
 from ledgerd.wire.status import Status
 
@@ -215,15 +215,9 @@ async def wait_lac_everywhere(lh: Any, last: int) -> None:
     async def lac_of(bookie: str) -> int:
         status, response, _ = await view.pool.call(
             bookie, ReadLacRequest(ledger_id=lh.ledger_id), 10.0)
-        lac = -1
         if status == Status.OK and isinstance(response, ReadLacResponse):
-            if response.explicit_lac:
-                lac = decode_lac_body(view.digester, response.explicit_lac,
-                                      ledger_id=lh.ledger_id)
-            if response.last_entry:
-                lac = max(lac, decode_entry(view.digester, response.last_entry,
-                                            ledger_id=lh.ledger_id).lac)
-        return lac
+            return lac_of_answer(view.digester, lh.ledger_id, response)
+        return -1
 
     async def one(bookie: str) -> None:
         while await lac_of(bookie) < last:
