@@ -1,6 +1,7 @@
 """A/B: one bench script from two trees, in alternating rounds of one run.
 
     python bench/ab.py --old DIR --new DIR [--rounds 3] [--abba] [--json] SCRIPT [ARGS...]
+    python bench/ab.py --table RESULT.json     # the table of a saved --json result
 
     # e.g. a branch against main; latency.py's open loop at the same absolute rates
     # for both trees (--rates; its default --loads are fractions of each run's own max):
@@ -261,6 +262,12 @@ def _fmt(v: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--table"]:
+        if len(argv) != 2:
+            raise SystemExit("usage: ab.py --table FILE (a saved --json result)")
+        return print_table(json.loads(Path(argv[1]).read_text().strip().splitlines()[-1]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      usage="%(prog)s --old DIR --new DIR [--rounds N] "
                                            "[--abba] [--json] SCRIPT [ARGS...]")
@@ -301,8 +308,18 @@ def main(argv: list[str] | None = None) -> int:
                           "cases": cases, "below": below, "threshold": THRESHOLD,
                           "load": [load_start, load_end]}))
         return 1 if below else 0
-    print(f"\n{a.script} {' '.join(a.args)}: old {trees['old'].root}, new "
-          f"{trees['new'].root}, {a.rounds} rounds{' (abba)' if a.abba else ''}")
+    return print_table({"script": a.script, "args": a.args, "old": str(trees["old"].root),
+                        "new": str(trees["new"].root), "rounds": a.rounds, "abba": a.abba,
+                        "cases": cases, "below": below, "load": [load_start, load_end]})
+
+
+def print_table(result: dict[str, Any]) -> int:
+    """The table of one A/B (``--json``'s object, or a file of it with ``--table``); 1
+    when a case is below the threshold."""
+    cases, below = result["cases"], result["below"]
+    print(f"\n{result['script']} {' '.join(result['args'])}: old {result['old']}, new "
+          f"{result['new']}, {result['rounds']} rounds{' (abba)' if result.get('abba') else ''}")
+    load_start, load_end = result["load"]
     print(f"load average (1 min): {load_start:.2f} at start, {load_end:.2f} at end\n")
     print("| case | better | old (rounds) | new (rounds) | old median | new median | "
           "new vs old |  | spread old, new |")
@@ -320,7 +337,6 @@ def main(argv: list[str] | None = None) -> int:
           f"is better); {len(below)} of {len(cases)} cases below {THRESHOLD}"
           + (": " + ", ".join(below) if below else ""))
     return 1 if below else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

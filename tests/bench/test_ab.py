@@ -117,6 +117,25 @@ def test_table_and_missing_native_helper(tmp_path: Path) -> None:
     assert code != 0 and "_native" in err
 
 
+def test_a_saved_json_result_renders_as_the_same_table(tmp_path: Path) -> None:
+    def ab(where: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        # Fresh trees per run: the fake script steps through its values run by run.
+        old = _tree(tmp_path / where / "old", "old", OLD)
+        new = _tree(tmp_path / where / "new", "new", NEW)
+        return subprocess.run([sys.executable, str(AB), "--old", str(old), "--new", str(new),
+                               "--rounds", "3", "--quiet", *extra, "bench/fake.py"],
+                              capture_output=True, text=True, timeout=120)
+
+    table = ab("a").stdout
+    (tmp_path / "result.json").write_text(ab("b", "--json").stdout)
+    done = subprocess.run([sys.executable, str(AB), "--table", str(tmp_path / "result.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr  # a case below, as the run said
+    rows = [line for line in table.splitlines() if line.startswith("| rounds.")]
+    assert len(rows) == 4
+    assert [line for line in done.stdout.splitlines() if line.startswith("| rounds.")] == rows
+
+
 def test_the_four_scripts_cases() -> None:
     """Each bench script's --json shape gives its cases, Redis's left out."""
     from bench.ab import metrics_of
