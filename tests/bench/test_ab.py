@@ -173,3 +173,29 @@ def test_the_four_scripts_cases() -> None:
     assert got["restart db 10 restart_s"] == (0.2, "lower")
     assert got["restart db 10 gc_ledgers_s"] == (500, "higher")
     assert len(got) == 9
+
+
+def test_ab_live_runs_both_bookies_and_summarises(tmp_path: Path) -> None:
+    """bench/ab_live.py with this tree on both sides, one short round of each kind."""
+    root = AB.parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / "ab_live.py"), "--old",
+                           str(root), "--new", str(root), "--rounds", "2", "--seconds", "0.3",
+                           "--cases", "c1x1,open500", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])["cases"]
+    assert set(out) == {"c1x1", "open500"}
+    for case in out.values():
+        assert len(case["old"]) == len(case["new"]) == 2
+        assert all(v > 0 for v in case["old"] + case["new"])
+        assert case["ratio"] > 0 and 0 <= case["new_better_rounds"] <= 2
+    assert "round 2:" in done.stderr
+
+
+def test_ab_live_summary_orients_each_case() -> None:
+    from bench.ab_live import summary
+
+    out = summary({"max": {"old": [100, 100, 100], "new": [90, 120, 110]},
+                   "open4000": {"old": [1.0, 1.0, 1.0], "new": [0.5, 0.5, 2.0]}})
+    assert out["max"]["ratio"] == 1.1 and out["max"]["new_better_rounds"] == 2
+    assert out["open4000"]["ratio"] == 2.0 and out["open4000"]["new_better_rounds"] == 2
