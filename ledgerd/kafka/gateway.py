@@ -17,7 +17,9 @@ are handled at once per connection; reading pauses beyond that. Produce admissio
 pipelined requests reach their partition in the order they were sent.
 
 State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count),
-``gateways/<id>``, ``groups/<group>`` (generation), ``producer_ids`` (a CAS counter).
+``gateways/<id>``, ``groups/<group>`` (generation and protocol type: made by a group's
+first completed join or first commit, deleted with the group), ``producer_ids`` (a CAS
+counter).
 Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
 """
 
@@ -788,22 +790,32 @@ class Gateway:
         return {"error_code": 0, "node_id": node, "host": host, "port": port}
 
     async def _group(self, group_id: str) -> Group | int:
+        """The group (a new one if it has neither members nor a record), or an error
+        code: INVALID_GROUP_ID, NOT_COORDINATOR (another gateway coordinates it)."""
+        found = await self._existing_group(group_id)
+        if found is None:
+            found = self.groups.setdefault(group_id, Group(group_id, self.group_settings))
+        return found
+
+    async def _existing_group(self, group_id: str) -> Group | int | None:
+        """As :meth:`_group`, but None where that would make a new group: the admin
+        APIs name any group id, and describing one must not create it."""
         if not group_id:
             return ErrorCode.INVALID_GROUP_ID
         if not self.owns(f"group/{group_id}"):
             return ErrorCode.NOT_COORDINATOR
         group = self.groups.get(group_id)
-        if group is None:
-            group = Group(group_id, self.group_settings)
-            try:
-                raw, _ = await self.store.get(f"{self.root}/groups/{_key_name(group_id)}")
-                doc = json.loads(raw)
-                group.generation = group.persisted = int(doc["generation"])
-                group.protocol_type = str(doc.get("protocol_type", ""))
-            except NoNodeError:
-                pass
-            group = self.groups.setdefault(group_id, group)
-        return group
+        if group is not None:
+            return group
+        try:
+            raw, _ = await self.store.get(f"{self.root}/groups/{_key_name(group_id)}")
+        except NoNodeError:
+            return None
+        group = Group(group_id, self.group_settings)
+        doc = json.loads(raw)
+        group.generation = group.persisted = int(doc["generation"])
+        group.protocol_type = str(doc.get("protocol_type", ""))
+        return self.groups.setdefault(group_id, group)
 
     async def _store_group(self, group: Group) -> None:
         path = f"{self.root}/groups/{_key_name(group.group_id)}"
@@ -1041,11 +1053,12 @@ class Gateway:
         for gid in body["groups"]:
             res: dict[str, Any] = {"group_id": gid, "error_code": 0, "error_message": None}
             out.append(res)
-            group = await self._group(gid)
+            group = await self._existing_group(gid)
             if isinstance(group, int):
                 res["error_code"] = group
                 continue
-            summary = group.summary() if self._exists(group) else DEAD_SUMMARY
+            summary = group.summary() if group is not None and self._exists(group) \
+                else DEAD_SUMMARY
             if summary.state is GroupState.DEAD and version >= 6:  # Kafka 4's answer
                 res.update(error_code=ErrorCode.GROUP_ID_NOT_FOUND,
                            error_message=f"group {gid!r} not found")
@@ -1075,9 +1088,11 @@ class Gateway:
         (every partition's ``kafka.<group>`` cursor) and its record. If cancelled or
         failed part way the group is forgotten from memory, so a retry starts again
         from what ZooKeeper still holds."""
-        group = await self._group(gid)
+        group = await self._existing_group(gid)
         if isinstance(group, int):
             return group
+        if group is None:  # no record: offsets committed before groups had one, if any
+            group = self.groups.setdefault(gid, Group(gid, self.group_settings))
         existed = self._exists(group)
         code = group.delete()
         if code:
@@ -1110,10 +1125,10 @@ class Gateway:
     async def offset_delete(self, conn: _Conn, version: int, body: dict[str, Any],
                             ) -> dict[str, Any]:
         gid = body["group_id"]
-        group = await self._group(gid)
+        group = await self._existing_group(gid)
         if isinstance(group, int):
             return {"error_code": group}
-        if not self._exists(group):
+        if group is None or not self._exists(group):
             return {"error_code": ErrorCode.GROUP_ID_NOT_FOUND}
         code, per_topic = group.offset_deletion([t["name"] for t in body["topics"]])
         if code:
