@@ -1018,19 +1018,13 @@ class Gateway:
                     znode=f"{path}/{child}", error=repr(exc)))
         return out
 
-    @staticmethod
-    def _exists(group: Group) -> bool:
-        """Members now, or a record in ZooKeeper (loaded, or about to be stored)."""
-        return group.state is not GroupState.DEAD and (
-            bool(group.members) or group.persisted >= 0 or group.generation > 0)
-
     async def list_groups(self, conn: _Conn, version: int, body: dict[str, Any],
                           ) -> dict[str, Any]:
         """The groups this gateway coordinates (each gateway lists its own share, as
         each Kafka broker does; admin clients ask every broker)."""
         known = await self._stored_groups()
         for gid, group in self.groups.items():
-            if self._exists(group):
+            if group.is_known:
                 known.setdefault(gid, group.protocol_type)
         groups = []
         for gid, protocol_type in sorted(known.items()):
@@ -1057,7 +1051,7 @@ class Gateway:
             if isinstance(group, int):
                 res["error_code"] = group
                 continue
-            summary = group.summary() if group is not None and self._exists(group) \
+            summary = group.summary() if group is not None and group.is_known \
                 else DEAD_SUMMARY
             if summary.state is GroupState.DEAD and version >= 6:  # Kafka 4's answer
                 res.update(error_code=ErrorCode.GROUP_ID_NOT_FOUND,
@@ -1093,7 +1087,7 @@ class Gateway:
             return group
         if group is None:  # no record: offsets committed before groups had one, if any
             group = self.groups.setdefault(gid, Group(gid, self.group_settings))
-        existed = self._exists(group)
+        existed = group.is_known
         code = group.delete()
         if code:
             return int(code)
@@ -1128,7 +1122,7 @@ class Gateway:
         group = await self._existing_group(gid)
         if isinstance(group, int):
             return {"error_code": group}
-        if group is None or not self._exists(group):
+        if group is None or not group.is_known:
             return {"error_code": ErrorCode.GROUP_ID_NOT_FOUND}
         code, per_topic = group.offset_deletion([t["name"] for t in body["topics"]])
         if code:

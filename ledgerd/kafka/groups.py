@@ -344,6 +344,13 @@ class Group:
     def is_idle(self) -> bool:
         return not self.members
 
+    @property
+    def is_known(self) -> bool:
+        """Does the group exist for the admin APIs: members now, or a record (loaded
+        from the store, ``persisted`` >= 0, or about to be stored), and not deleted?"""
+        return self.state is not GroupState.DEAD and (
+            bool(self.members) or self.persisted >= 0 or self.generation > 0)
+
     # -- internals ----------------------------------------------------------------------
 
     def _check(self, member_id: str, generation: int) -> int | None:

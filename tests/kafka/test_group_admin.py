@@ -86,6 +86,18 @@ def test_only_an_empty_group_is_deleted_and_a_dead_one_takes_no_joins_or_commits
     assert g.offset_deletion(["t1"]) == (ErrorCode.GROUP_ID_NOT_FOUND, {})
 
 
+def test_a_group_is_known_with_members_or_a_record_until_deleted() -> None:
+    fresh = Group("new", GroupSettings())
+    assert not fresh.is_known  # a name a client mentioned, nothing more
+    fresh.persisted = 0  # its record was read (or made by a commit)
+    assert fresh.is_known
+    g, me = _stable("t1")
+    assert g.is_known and g.persisted == -1  # generation 1 not stored yet: still known
+    g.leave(member_id=me, now=1.0)
+    g.delete()
+    assert not g.is_known
+
+
 def test_offset_delete_refuses_the_topics_a_live_member_subscribes_to() -> None:
     g, me = _stable("t1", "t2")
     assert g.offset_deletion(["t1", "t3"]) == (
