@@ -999,7 +999,9 @@ class Gateway:
             self.group_records.pop()
 
     async def _stored_groups(self) -> dict[str, str]:
-        """Group id -> protocol type of every group with a record in ZooKeeper."""
+        """Group id -> protocol type of the groups with a record in ZooKeeper that this
+        gateway coordinates (a record is read only if its name does not say already
+        that the group is another gateway's, or in memory here)."""
         path = f"{self.root}/groups"
         try:
             children = await self.store.children(path)
@@ -1007,10 +1009,17 @@ class Gateway:
             return {}
         out: dict[str, str] = {}
         for child in children:
+            if not child.startswith("x-"):  # a plain name is the group id itself
+                if not self.owns(f"group/{child}"):
+                    continue
+                if child in self.groups:
+                    out[child] = self.groups[child].protocol_type
+                    continue
             try:
                 raw, _ = await self.store.get(f"{path}/{child}")
                 doc = json.loads(raw)
-                out[str(doc["group"])] = str(doc.get("protocol_type", ""))
+                if self.owns(f"group/{doc['group']}"):
+                    out[str(doc["group"])] = str(doc.get("protocol_type", ""))
             except NoNodeError:
                 continue  # deleted meanwhile
             except (ValueError, KeyError, TypeError) as exc:
