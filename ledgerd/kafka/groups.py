@@ -54,8 +54,8 @@ from ledgerd.kafka.schema import (
     decode,
 )
 
-__all__ = ["CONSUMER_PROTOCOL", "DEAD_SUMMARY", "Group", "GroupSettings", "GroupState", "GroupSummary",
-           "MemberSummary", "Reply", "listed", "subscribed_topics"]
+__all__ = ["CONSUMER_PROTOCOL", "DEAD_SUMMARY", "Group", "GroupSettings", "GroupState",
+           "GroupSummary", "MemberSummary", "Reply", "listed", "subscribed_topics"]
 
 CONSUMER_PROTOCOL = "consumer"  # the protocol type of Kafka's consumers (others: connect)
 
