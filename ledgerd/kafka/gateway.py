@@ -1032,9 +1032,9 @@ class Gateway:
         """The groups this gateway coordinates (each gateway lists its own share, as
         each Kafka broker does; admin clients ask every broker)."""
         known = await self._stored_groups()
-        for gid, group in self.groups.items():
-            if group.is_known:
-                known.setdefault(gid, group.protocol_type)
+        for gid, live in self.groups.items():
+            if live.is_known:
+                known.setdefault(gid, live.protocol_type)
         groups = []
         for gid, protocol_type in sorted(known.items()):
             if not self.owns(f"group/{gid}"):
