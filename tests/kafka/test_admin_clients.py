@@ -16,10 +16,11 @@ import pytest
 import trio
 
 import ledgerd
-from ledgerd.kafka.api import ApiKey, ErrorCode
+from ledgerd.kafka.api import RESPONSES, ApiKey, ErrorCode
 from ledgerd.kafka.partitions import log_name
+from ledgerd.kafka.schema import Reader, decode
 from tests.kafka.conftest import KafkaCluster
-from tests.kafka.test_faults import _closed, _connect, _reply, _request
+from tests.kafka.test_faults import _closed, _connect, _recv, _request
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
 
@@ -46,6 +47,16 @@ def _until(what: str, check: Any, step: Any) -> None:
 def _field(value: Any, name: str) -> Any:
     """A decoded consumer-protocol struct's field (an object or its dict form)."""
     return value[name] if isinstance(value, dict) else getattr(value, name)
+
+
+def _reply(sock: Any, api: ApiKey, version: int) -> dict[str, Any]:
+    """The next response on ``sock`` (a flexible one's header has tags after the
+    correlation id: response header v1)."""
+    size = int.from_bytes(_recv(sock, 4), "big", signed=True)
+    r = Reader(_recv(sock, size), 4)
+    if RESPONSES[api].is_flexible(version):
+        r.skip_tags("response header")
+    return decode(RESPONSES[api], version, r)
 
 
 def _cursors(cluster: KafkaCluster, group: str, topic: str, partitions: int,
