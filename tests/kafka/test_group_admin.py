@@ -34,7 +34,7 @@ def _join(g: Group, member: str, now: float, *topics: str, client: str = "c",
           protocol_type: str = "consumer") -> Any:
     return g.join(member_id=member, client_id=client, protocol_type=protocol_type,
                   protocols=[("range", _subscription(*topics)),
-                             ("roundrobin", _subscription(*topics))],
+                             ("roundrobin", _subscription(*topics) + b"rr")],
                   session_timeout_ms=10000, rebalance_timeout_ms=5000, now=now,
                   client_host="/10.0.0.7")
 
@@ -94,6 +94,7 @@ def test_a_group_is_known_with_members_or_a_record_until_deleted() -> None:
     g, me = _stable("t1")
     assert g.is_known and g.persisted == -1  # generation 1 not stored yet: still known
     g.leave(member_id=me, now=1.0)
+    assert g.is_known  # no members, the record of generation 1 about to be stored
     g.delete()
     assert not g.is_known
 
