@@ -9,7 +9,12 @@ not serve are answered UNSUPPORTED_VERSION instead of a closed connection."""
 
 from __future__ import annotations
 
+import signal
+import socket
 import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +24,9 @@ import ledgerd
 from ledgerd.kafka.api import RESPONSES, ApiKey, ErrorCode
 from ledgerd.kafka.partitions import log_name
 from ledgerd.kafka.schema import Reader, decode
-from tests.kafka.conftest import KafkaCluster
+from ledgerd.tools.zkserver import ZooKeeperServer
+from tests.cluster import fresh_chroot
+from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
 from tests.kafka.test_faults import _closed, _connect, _recv, _request
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
@@ -236,3 +243,56 @@ def test_requests_without_api_versions_get_answers_not_a_closed_connection(
         sock.sendall(_request(ApiKey.LIST_GROUPS, 5, {})[:6] + b"\x00\x09" +
                      _request(ApiKey.LIST_GROUPS, 5, {})[8:])
         assert _closed(sock)
+
+
+@pytest.fixture
+def two_gateways(zookeeper: ZooKeeperServer, tmp_path: Path,
+                 ) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
+    with fresh_chroot(zookeeper, "admin_two") as zk:
+        a = GatewayProcess(zk, tmp_path / "a.log")
+        with running_cluster(tmp_path, zk, 3, a):
+            b = GatewayProcess(zk, tmp_path / "b.log")
+            b.start()
+            try:
+                yield a, b
+            finally:
+                if b.running:
+                    b.stop(signal.SIGKILL)
+
+
+def test_each_gateway_lists_the_groups_it_coordinates_and_clients_see_each_once(
+        two_gateways: tuple[GatewayProcess, GatewayProcess]) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    a, b = two_gateways
+    admin = AdminClient({"bootstrap.servers": a.bootstrap})
+    _until("both gateways are brokers",
+           lambda: len(admin.list_topics(timeout=BOUND_S).brokers) == 2, lambda: None)
+    _produce_to(a.bootstrap, "adm-two", 2)
+    groups = [f"adm-two-{i}" for i in range(12)]
+    for g in groups:  # each commit goes to its group's coordinator
+        admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+            g, [TopicPartition("adm-two", 0, 1)])])[g].result(BOUND_S)
+    listed = [x.group_id for x in admin.list_consumer_groups().result(BOUND_S).valid]
+    assert Counter(listed) == Counter(groups)  # from both gateways, each group once
+    shares = []
+    for gw in (a, b):
+        host, port = gw.bootstrap.split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(_request(ApiKey.LIST_GROUPS, 4, {}))
+            shares.append({x["group_id"] for x in _reply(sock, ApiKey.LIST_GROUPS, 4)["groups"]})
+    assert shares[0] and shares[1] and not shares[0] & shares[1]  # each its own share
+    deleted = admin.delete_consumer_groups(groups)
+    for g in groups:
+        deleted[g].result(BOUND_S)
+    assert admin.list_consumer_groups().result(BOUND_S).valid == []
+
+
+def _produce_to(bootstrap: str, topic: str, n: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(n):
+        producer.produce(topic, value=b"m%d" % i, partition=0)
+    assert producer.flush(BOUND_S) == 0
