@@ -28,6 +28,7 @@ from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
 from tests.kafka.test_faults import _closed, _connect, _recv, _request
+from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
 
@@ -296,3 +297,46 @@ def _produce_to(bootstrap: str, topic: str, n: int) -> None:
     for i in range(n):
         producer.produce(topic, value=b"m%d" % i, partition=0)
     assert producer.flush(BOUND_S) == 0
+
+
+def test_deleting_groups_and_their_offsets_needs_the_admin_role(
+        secure_gateway: tuple[GatewayProcess, Path],  # noqa: F811
+) -> None:
+    from confluent_kafka import (
+        ConsumerGroupTopicPartitions,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
+    from confluent_kafka.admin import AdminClient
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import GroupAuthorizationFailedError
+
+    gw, base = secure_gateway
+
+    def admin(user: str) -> AdminClient:
+        return AdminClient({"bootstrap.servers": gw.bootstrap,
+                            "security.protocol": "sasl_ssl",
+                            "ssl.ca.location": str(base / "ca.pem"),
+                            "sasl.mechanisms": "PLAIN", "sasl.username": user,
+                            "sasl.password": (base / user).read_text().strip()})
+
+    alice, root = admin("alice"), admin("root")  # a client and an admin
+    root.list_topics("sec-t", timeout=BOUND_S)  # (made on first mention)
+    root.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+        "sec-g", [TopicPartition("sec-t", 0, 0)])])["sec-g"].result(BOUND_S)
+    assert "sec-g" in {g.group_id for g in alice.list_consumer_groups().result(BOUND_S).valid}
+    with pytest.raises(KafkaException) as refused:
+        alice.delete_consumer_groups(["sec-g"])["sec-g"].result(BOUND_S)
+    assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+    assert "principal=alice api=DELETE_GROUPS roles=client needs=admin" in gw.log_text()
+    kp = KafkaAdminClient(bootstrap_servers=gw.bootstrap, security_protocol="SASL_SSL",
+                          ssl_cafile=str(base / "ca.pem"), sasl_mechanism="PLAIN",
+                          sasl_plain_username="alice",
+                          sasl_plain_password=(base / "alice").read_text().strip())
+    try:
+        with pytest.raises(GroupAuthorizationFailedError):
+            kp.delete_group_offsets("sec-g", [TopicPartition("sec-t", 0)])
+    finally:
+        kp.close()
+    root.delete_consumer_groups(["sec-g"])["sec-g"].result(BOUND_S)
