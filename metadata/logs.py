@@ -205,6 +205,14 @@ class LogStore:
             return 0
         return (await self.store.set(path, record.to_json(), version)).version
 
+    async def delete_cursor(self, name: str, cursor: str) -> bool:
+        """Delete the cursor; False if it did not exist."""
+        try:
+            await self.store.delete(self.cursor_path(name, cursor))
+        except NoNodeError:
+            return False
+        return True
+
     async def names(self) -> list[str]:
         if await self.store.exists(self.root) is None:
             return []

@@ -3,7 +3,9 @@
 - ``schema`` / ``api``: Kafka message schemas declared once, the codec that walks them;
 - ``records``: RecordBatch v2 (split, CRC-32C, re-offset);
 - ``partitions``: a partition as a log (appends, offsets, reads);
-- ``groups``: the classic consumer-group protocol as a state machine;
+- ``groups``: the classic consumer-group protocol as a state machine, and what the
+  group admin APIs may say and delete;
+- ``refusals``: the reply refusing a whole request (a version not served);
 - ``gateway``: the trio server (``ledgerd gateway --conf F``).
 """
 

@@ -5,10 +5,12 @@ versions that carry it, transcribed from Kafka's ``clients/src/main/resources/co
 message/*.json``); the gateway decodes and encodes through :mod:`ledgerd.kafka.schema`.
 
 Versions are chosen so that librdkafka (kcat, confluent-kafka), kafka-python and
-aiokafka all negotiate without flexible encodings except ApiVersions v3-v4
-(each client's version caps and feature gates). Produce advertises 0-7 but
-answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka drops compression
-unless Produce's minimum is 0.
+aiokafka negotiate the data path (Produce, Fetch, Metadata, groups) without flexible
+encodings; ApiVersions v3-v4 and the group/cluster admin APIs (ListGroups,
+DescribeGroups, DeleteGroups, DescribeCluster) are served at every version Kafka
+defines, flexible ones included, since admin tools ask for the newest. Produce
+advertises 0-7 but answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka
+drops compression unless Produce's minimum is 0.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ledgerd.kafka.schema import (
     array,
 )
 
-__all__ = ["REQUESTS", "RESPONSES", "SUPPORTED", "ApiKey", "ErrorCode"]
+__all__ = ["DECLARED", "REQUESTS", "RESPONSES", "SUPPORTED", "ApiKey", "ErrorCode"]
 
 
 class ApiKey(enum.IntEnum):
@@ -46,12 +48,17 @@ class ApiKey(enum.IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     SASL_AUTHENTICATE = 36
+    DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
 
 
 class ErrorCode(enum.IntEnum):
@@ -95,8 +102,12 @@ class ErrorCode(enum.IntEnum):
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
     KAFKA_STORAGE_ERROR = 56
     SASL_AUTHENTICATION_FAILED = 58
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
     UNSUPPORTED_COMPRESSION_TYPE = 76
+    GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
+    MISMATCHED_ENDPOINT_TYPE = 114
 
 
 # Versions advertised (ApiVersions) and, where narrower, served.
@@ -118,8 +129,29 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DELETE_TOPICS: (0, 3),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 1),
+    # group and cluster admin: every version Kafka 4 defines (librdkafka 2.x asks
+    # ListGroups/DescribeGroups up to 5, DeleteGroups 2, OffsetDelete 0; kafka-python 3
+    # and the Java admin client take the newest)
+    ApiKey.DESCRIBE_GROUPS: (0, 6),
+    ApiKey.LIST_GROUPS: (0, 5),
+    ApiKey.DELETE_GROUPS: (0, 2),
+    ApiKey.OFFSET_DELETE: (0, 0),
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
 }
 PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
+
+# Versions whose request and response declarations below are faithful to Kafka's
+# (wider than SUPPORTED where older versions are declared too): a request at such a
+# version that the gateway does not serve is decoded and answered UNSUPPORTED_VERSION
+# (``refusals.py``); outside them the gateway cannot read the body or write a reply
+# the client would parse, and closes the connection.
+DECLARED: dict[ApiKey, tuple[int, int]] = {
+    **SUPPORTED,
+    ApiKey.FETCH: (0, 11),
+    ApiKey.LIST_OFFSETS: (0, 5),
+    ApiKey.OFFSET_COMMIT: (0, 7),
+    ApiKey.OFFSET_FETCH: (0, 5),
+}
 
 THROTTLE = Field("throttle_time_ms", INT32, default=0)
 ERROR = Field("error_code", INT16, default=0)
@@ -169,7 +201,8 @@ REQUESTS: dict[ApiKey, Message] = {
             Field("partitions", array(
                 Field("partition_index", INT32),
                 Field("current_leader_epoch", INT32, since=4, default=-1),
-                Field("timestamp", INT64))))))),
+                Field("timestamp", INT64),
+                Field("max_num_offsets", INT32, until=0, default=1))))))),
     ApiKey.INIT_PRODUCER_ID: Message((
         Field("transactional_id", NULLABLE_STRING),
         Field("transaction_timeout_ms", INT32))),
@@ -199,6 +232,7 @@ REQUESTS: dict[ApiKey, Message] = {
             Field("partitions", array(
                 Field("partition_index", INT32), Field("committed_offset", INT64),
                 Field("committed_leader_epoch", INT32, since=6, default=-1),
+                Field("commit_timestamp", INT64, since=1, until=1, default=-1),
                 Field("committed_metadata", NULLABLE_STRING))))))),
     ApiKey.OFFSET_FETCH: Message((
         Field("group_id", STRING),
@@ -219,6 +253,24 @@ REQUESTS: dict[ApiKey, Message] = {
         Field("topic_names", Array.of_scalar(STRING)), Field("timeout_ms", INT32))),
     ApiKey.SASL_HANDSHAKE: Message((Field("mechanism", STRING),)),
     ApiKey.SASL_AUTHENTICATE: Message((Field("auth_bytes", BYTES),)),
+    ApiKey.LIST_GROUPS: Message((
+        Field("states_filter", Array.of_scalar(STRING), since=4, default=()),
+        Field("types_filter", Array.of_scalar(STRING), since=5, default=())),
+        flexible_from=3),
+    ApiKey.DESCRIBE_GROUPS: Message((
+        Field("groups", Array.of_scalar(STRING)),
+        Field("include_authorized_operations", BOOL, since=3, default=False)),
+        flexible_from=5),
+    ApiKey.DELETE_GROUPS: Message((Field("groups_names", Array.of_scalar(STRING)),),
+                                  flexible_from=2),
+    ApiKey.OFFSET_DELETE: Message((
+        Field("group_id", STRING),
+        Field("topics", array(Field("name", STRING),
+                              Field("partitions", array(Field("partition_index", INT32))))))),
+    ApiKey.DESCRIBE_CLUSTER: Message((
+        Field("include_cluster_authorized_operations", BOOL),
+        Field("endpoint_type", INT8, since=1, default=1),
+        Field("include_fenced_brokers", BOOL, since=2, default=False)), flexible_from=0),
 }
 
 RESPONSES: dict[ApiKey, Message] = {
@@ -270,7 +322,9 @@ RESPONSES: dict[ApiKey, Message] = {
             Field("name", STRING),
             Field("partitions", array(
                 Field("partition_index", INT32), ERROR,
-                Field("timestamp", INT64, default=-1), Field("offset", INT64, default=-1),
+                Field("old_style_offsets", Array.of_scalar(INT64), until=0, default=()),
+                Field("timestamp", INT64, since=1, default=-1),
+                Field("offset", INT64, since=1, default=-1),
                 Field("leader_epoch", INT32, since=4, default=-1))))))),
     ApiKey.INIT_PRODUCER_ID: Message((
         THROTTLE, ERROR, Field("producer_id", INT64, default=-1),
@@ -317,5 +371,49 @@ RESPONSES: dict[ApiKey, Message] = {
     ApiKey.SASL_AUTHENTICATE: Message((
         ERROR, Field("error_message", NULLABLE_STRING), Field("auth_bytes", BYTES, default=b""),
         Field("session_lifetime_ms", INT64, since=1, default=0))),
+    ApiKey.LIST_GROUPS: Message((
+        Field("throttle_time_ms", INT32, since=1, default=0), ERROR,
+        Field("groups", array(
+            Field("group_id", STRING), Field("protocol_type", STRING),
+            Field("group_state", STRING, since=4, default=""),
+            Field("group_type", STRING, since=5, default="classic")), default=())),
+        flexible_from=3),
+    ApiKey.DESCRIBE_GROUPS: Message((
+        Field("throttle_time_ms", INT32, since=1, default=0),
+        Field("groups", array(
+            ERROR, Field("error_message", NULLABLE_STRING, since=6),
+            Field("group_id", STRING),
+            Field("group_state", STRING, default=""),
+            Field("protocol_type", STRING, default=""),
+            Field("protocol_data", STRING, default=""),
+            Field("members", array(
+                Field("member_id", STRING),
+                Field("group_instance_id", NULLABLE_STRING, since=4),
+                Field("client_id", STRING), Field("client_host", STRING),
+                Field("member_metadata", BYTES), Field("member_assignment", BYTES)),
+                default=()),
+            # INT32_MIN: not requested (Kafka's default); ledgerd has no group ACLs
+            Field("authorized_operations", INT32, since=3, default=-2147483648)))),
+        flexible_from=5),
+    ApiKey.DELETE_GROUPS: Message((
+        THROTTLE,
+        Field("results", array(Field("group_id", STRING), ERROR))), flexible_from=2),
+    ApiKey.OFFSET_DELETE: Message((
+        ERROR, THROTTLE,
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(Field("partition_index", INT32), ERROR))),
+            default=()))),
+    ApiKey.DESCRIBE_CLUSTER: Message((
+        THROTTLE, ERROR, Field("error_message", NULLABLE_STRING),
+        Field("endpoint_type", INT8, since=1, default=1),
+        Field("cluster_id", STRING, default=""), Field("controller_id", INT32, default=-1),
+        Field("brokers", array(
+            Field("broker_id", INT32), Field("host", STRING), Field("port", INT32),
+            Field("rack", NULLABLE_STRING),
+            Field("is_fenced", BOOL, since=2, default=False))),
+        Field("cluster_authorized_operations", INT32, default=-2147483648)),
+        flexible_from=0),
 }
-assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED)
+assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED) == set(DECLARED)
+assert all(DECLARED[k][0] <= lo and hi <= DECLARED[k][1] for k, (lo, hi) in SUPPORTED.items())

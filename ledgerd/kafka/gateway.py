@@ -17,7 +17,9 @@ are handled at once per connection; reading pauses beyond that. Produce admissio
 pipelined requests reach their partition in the order they were sent.
 
 State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count),
-``gateways/<id>``, ``groups/<group>`` (generation), ``producer_ids`` (a CAS counter).
+``gateways/<id>``, ``groups/<group>`` (generation and protocol type: made by a group's
+first completed join or first commit, deleted with the group), ``producer_ids`` (a CAS
+counter).
 Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
 """
 
@@ -41,6 +43,7 @@ from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import (
+    DECLARED,
     PRODUCE_SERVED_FROM,
     REQUEST_HEADER,
     REQUESTS,
@@ -49,7 +52,7 @@ from ledgerd.kafka.api import (
     ApiKey,
     ErrorCode,
 )
-from ledgerd.kafka.groups import Group, GroupSettings, Reply
+from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.metrics import GatewayMetrics
 from ledgerd.kafka.partitions import (
     OffsetOutOfRangeError,
@@ -58,6 +61,7 @@ from ledgerd.kafka.partitions import (
     log_name,
 )
 from ledgerd.kafka.records import BatchError, split_batches
+from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
@@ -80,6 +84,7 @@ _CLOSE: dict[str, Any] = {}
 FETCH_MAX_BYTES = 50 << 20  # one fetch response at most (Kafka: fetch.max.bytes)
 IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
+CLUSTER_ID = "ledgerd"  # Metadata's and DescribeCluster's cluster id
 
 
 def _key_name(name: str) -> str:
@@ -109,6 +114,8 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
     ApiKey.API_VERSIONS: frozenset(), ApiKey.SASL_HANDSHAKE: frozenset(),
     ApiKey.SASL_AUTHENTICATE: frozenset(),
     ApiKey.CREATE_TOPICS: frozenset({"admin"}), ApiKey.DELETE_TOPICS: frozenset({"admin"}),
+    # deleting a group or its offsets (Kafka: DELETE on the group) is an admin's act
+    ApiKey.DELETE_GROUPS: frozenset({"admin"}), ApiKey.OFFSET_DELETE: frozenset({"admin"}),
 }
 
 
@@ -145,6 +152,7 @@ class Gateway:
         self.topics: dict[str, int] = {}
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.groups: dict[str, Group] = {}
+        self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
         self.group_settings = GroupSettings(config.group_initial_rebalance_delay_ms / 1000,
                                             config.group_min_session_timeout_ms,
                                             config.group_max_session_timeout_ms)
@@ -185,6 +193,9 @@ class Gateway:
             ApiKey.CREATE_TOPICS: self.create_topics, ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
+            ApiKey.LIST_GROUPS: self.list_groups, ApiKey.DESCRIBE_GROUPS: self.describe_groups,
+            ApiKey.DELETE_GROUPS: self.delete_groups, ApiKey.OFFSET_DELETE: self.offset_delete,
+            ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -400,7 +411,9 @@ class Gateway:
                                                    "api_keys": _advertised()})
             slot.done.set()
             return True
-        if not low <= version <= high:
+        declared_low, declared_high = DECLARED[api]
+        if not declared_low <= version <= declared_high:
+            # neither its body nor a reply it would parse is known: the only answer left
             self.metrics.connections_closed_bad += 1
             log.warning("kafka_unsupported_version", extra=fields(
                 peer=conn.peer, api=api.name, version=version, supported=f"{low}-{high}"))
@@ -411,6 +424,16 @@ class Gateway:
         if req_msg.is_flexible(version):
             r.skip_tags("request header")
         body = decode(req_msg, version, r, api.name)
+        if not low <= version <= high:
+            # a client that did not ask ApiVersions first: Kafka's error, in the reply
+            # of the version it sent, every entity it named refused
+            log.info("kafka_unsupported_version", extra=fields(
+                peer=conn.peer, api=api.name, version=version, supported=f"{low}-{high}"))
+            self.metrics.error(api, ErrorCode.UNSUPPORTED_VERSION)
+            slot.frame = self._frame(api, version, cid,
+                                     refusal(api, body, ErrorCode.UNSUPPORTED_VERSION))
+            slot.done.set()
+            return True
         if self.authorizing:
             need = _NEEDS.get(api, _CLIENT)
             if need and not conn.authenticated:
@@ -424,7 +447,7 @@ class Gateway:
                     peer=conn.peer, principal=conn.principal.name, api=api.name,
                     roles=",".join(sorted(conn.principal.roles)) or "-",
                     needs=",".join(sorted(need))))
-                if api in (ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS):
+                if api in _DENIALS:
                     slot.frame = self._frame(api, version, cid, _denied(api, body))
                     slot.done.set()
                     return True
@@ -437,7 +460,7 @@ class Gateway:
                     slot.close = True
                     slot.done.set()
                     return False
-                reply = _produce_error(body, ErrorCode.UNSUPPORTED_VERSION)
+                reply = refusal(api, body, ErrorCode.UNSUPPORTED_VERSION)
                 slot.frame = self._frame(api, version, cid, reply)
                 slot.done.set()
                 return True
@@ -556,7 +579,7 @@ class Gateway:
             topics.append({"error_code": 0, "name": name, "partitions": parts})
         brokers = [{"node_id": n, "host": h, "port": p, "rack": None}
                    for n, (h, p) in sorted(self.nodes.items())]
-        return {"brokers": brokers, "cluster_id": "ledgerd", "controller_id": self.node_id,
+        return {"brokers": brokers, "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
                 "topics": topics}
 
     async def _admit_produce(self, conn: _Conn, body: dict[str, Any], deadline: float,
@@ -648,7 +671,7 @@ class Gateway:
         for t in reply["responses"]:
             for part in t["partitions"]:
                 self.metrics.error(ApiKey.FETCH, part["error_code"])
-                self.metrics.bytes_out += len(part["records"] or b"")
+                self.metrics.bytes_out += len(part["records"])
         return reply
 
     async def _fetch(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -666,9 +689,11 @@ class Gateway:
                     else None
                 parts = []
                 for pr in t["partitions"]:
+                    # records b"" even beside an error: librdkafka cannot parse a null
+                    # record set (MessageSetSize -1), so it would never see the error
                     res: dict[str, Any] = {"partition_index": pr["partition"], "error_code": 0,
                                            "high_watermark": -1, "aborted_transactions": [],
-                                           "records": None}
+                                           "records": b""}
                     parts.append(res)
                     if count is None or not 0 <= pr["partition"] < count:
                         res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -765,21 +790,32 @@ class Gateway:
         return {"error_code": 0, "node_id": node, "host": host, "port": port}
 
     async def _group(self, group_id: str) -> Group | int:
+        """The group (a new one if it has neither members nor a record), or an error
+        code: INVALID_GROUP_ID, NOT_COORDINATOR (another gateway coordinates it)."""
+        found = await self._existing_group(group_id)
+        if found is None:
+            found = self.groups.setdefault(group_id, Group(group_id, self.group_settings))
+        return found
+
+    async def _existing_group(self, group_id: str) -> Group | int | None:
+        """As :meth:`_group`, but None where that would make a new group: the admin
+        APIs name any group id, and describing one must not create it."""
         if not group_id:
             return ErrorCode.INVALID_GROUP_ID
         if not self.owns(f"group/{group_id}"):
             return ErrorCode.NOT_COORDINATOR
         group = self.groups.get(group_id)
-        if group is None:
-            group = Group(group_id, self.group_settings)
-            try:
-                raw, _ = await self.store.get(f"{self.root}/groups/{_key_name(group_id)}")
-                doc = json.loads(raw)
-                group.generation = group.persisted = int(doc["generation"])
-            except NoNodeError:
-                pass
-            group = self.groups.setdefault(group_id, group)
-        return group
+        if group is not None:
+            return group
+        try:
+            raw, _ = await self.store.get(f"{self.root}/groups/{_key_name(group_id)}")
+        except NoNodeError:
+            return None
+        group = Group(group_id, self.group_settings)
+        doc = json.loads(raw)
+        group.generation = group.persisted = int(doc["generation"])
+        group.protocol_type = str(doc.get("protocol_type", ""))
+        return self.groups.setdefault(group_id, group)
 
     async def _store_group(self, group: Group) -> None:
         path = f"{self.root}/groups/{_key_name(group.group_id)}"
@@ -809,7 +845,7 @@ class Gateway:
                            protocols=[(p["name"], p["metadata"]) for p in body["protocols"]],
                            session_timeout_ms=body["session_timeout_ms"],
                            rebalance_timeout_ms=body["rebalance_timeout_ms"],
-                           now=trio.current_time())
+                           now=trio.current_time(), client_host=_client_host(conn.peer))
         return await self._wait(reply)
 
     async def sync_group(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -872,6 +908,7 @@ class Gateway:
 
     async def _commit(self, group_id: str, topic: str, p: int, offset: int,
                       metadata: str | None) -> None:
+        await self._ensure_group_record(group_id)
         part = self.partition(topic, p)
         name = log_name(topic, p)
         cursor = "kafka." + _key_name(group_id)
@@ -937,6 +974,201 @@ class Gateway:
                 parts.append(res)
             topics.append({"name": t["name"], "partitions": parts})
         return {"topics": topics, "error_code": 0}
+
+    # -- group and cluster admin --------------------------------------------------------
+
+    async def _ensure_group_record(self, group_id: str) -> None:
+        """A group that commits offsets has a record (``groups/<group>``), so ListGroups
+        and DeleteGroups know it even if it never joined (a consumer that assigns its
+        partitions itself, an admin's AlterConsumerGroupOffsets)."""
+        if group_id in self.group_records:
+            return
+        group = self.groups.get(group_id)
+        if group is None or group.persisted < 0:
+            doc = json.dumps({"format": 1, "group": group_id, "generation": 0,
+                              "protocol_type": ""}).encode()
+            try:
+                await self.store.create(f"{self.root}/groups/{_key_name(group_id)}", doc,
+                                        make_parents=True)
+            except NodeExistsError:
+                pass
+            if group is not None:
+                group.persisted = max(group.persisted, 0)
+        self.group_records.add(group_id)
+        while len(self.group_records) > 10000:  # a memory of records made, not a registry
+            self.group_records.pop()
+
+    async def _stored_groups(self) -> dict[str, str]:
+        """Group id -> protocol type of the groups with a record in ZooKeeper that this
+        gateway coordinates (a record is read only if its name does not say already
+        that the group is another gateway's, or in memory here)."""
+        path = f"{self.root}/groups"
+        try:
+            children = await self.store.children(path)
+        except NoNodeError:
+            return {}
+        out: dict[str, str] = {}
+        for child in children:
+            if not child.startswith("x-"):  # a plain name is the group id itself
+                if not self.owns(f"group/{child}"):
+                    continue
+                if child in self.groups:
+                    out[child] = self.groups[child].protocol_type
+                    continue
+            try:
+                raw, _ = await self.store.get(f"{path}/{child}")
+                doc = json.loads(raw)
+                if self.owns(f"group/{doc['group']}"):
+                    out[str(doc["group"])] = str(doc.get("protocol_type", ""))
+            except NoNodeError:
+                continue  # deleted meanwhile
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("kafka_group_record_unreadable", extra=fields(
+                    znode=f"{path}/{child}", error=repr(exc)))
+        return out
+
+    async def list_groups(self, conn: _Conn, version: int, body: dict[str, Any],
+                          ) -> dict[str, Any]:
+        """The groups this gateway coordinates (each gateway lists its own share, as
+        each Kafka broker does; admin clients ask every broker)."""
+        known = await self._stored_groups()
+        for gid, live in self.groups.items():
+            if live.is_known:
+                known.setdefault(gid, live.protocol_type)
+        groups = []
+        for gid, protocol_type in sorted(known.items()):
+            if not self.owns(f"group/{gid}"):
+                continue
+            group = self.groups.get(gid)
+            state = group.state if group is not None else GroupState.EMPTY
+            if state is GroupState.DEAD:
+                continue
+            if group is not None and group.protocol_type:
+                protocol_type = group.protocol_type
+            if listed(state, body["states_filter"], body["types_filter"]):
+                groups.append({"group_id": gid, "protocol_type": protocol_type,
+                               "group_state": state.value, "group_type": "classic"})
+        return {"error_code": 0, "groups": groups}
+
+    async def describe_groups(self, conn: _Conn, version: int, body: dict[str, Any],
+                              ) -> dict[str, Any]:
+        out = []
+        for gid in body["groups"]:
+            res: dict[str, Any] = {"group_id": gid, "error_code": 0, "error_message": None}
+            out.append(res)
+            group = await self._existing_group(gid)
+            if isinstance(group, int):
+                res["error_code"] = group
+                continue
+            summary = group.summary() if group is not None and group.is_known \
+                else DEAD_SUMMARY
+            if summary.state is GroupState.DEAD and version >= 6:  # Kafka 4's answer
+                res.update(error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                           error_message=f"group {gid!r} not found")
+            res.update(group_state=summary.state.value, protocol_type=summary.protocol_type,
+                       protocol_data=summary.protocol, members=[{
+                           "member_id": m.member_id, "group_instance_id": None,
+                           "client_id": m.client_id, "client_host": m.client_host,
+                           "member_metadata": m.metadata, "member_assignment": m.assignment}
+                           for m in summary.members])
+        return {"groups": out}
+
+    async def delete_groups(self, conn: _Conn, version: int, body: dict[str, Any],
+                            ) -> dict[str, Any]:
+        results = []
+        for gid in body["groups_names"]:
+            try:
+                code = await self._delete_group(gid)
+            except LedgerdError as exc:
+                log.warning("kafka_group_delete_failed", extra=fields(group=gid,
+                                                                      error=repr(exc)))
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the client asks again
+            results.append({"group_id": gid, "error_code": code})
+        return {"results": results}
+
+    async def _delete_group(self, gid: str) -> int:
+        """Mark the group dead (refused if it has members), delete its committed offsets
+        (every partition's ``kafka.<group>`` cursor) and its record. If cancelled or
+        failed part way the group is forgotten from memory, so a retry starts again
+        from what ZooKeeper still holds."""
+        group = await self._existing_group(gid)
+        if isinstance(group, int):
+            return group
+        if group is None:  # no record: offsets committed before groups had one, if any
+            group = self.groups.setdefault(gid, Group(gid, self.group_settings))
+        existed = group.is_known
+        code = group.delete()
+        if code:
+            return int(code)
+        try:
+            removed = 0
+            for topic in await self.all_topics():
+                for p in range(self.topics[topic]):
+                    removed += await self._delete_offset(gid, topic, p)
+            try:
+                await self.store.delete(f"{self.root}/groups/{_key_name(gid)}")
+            except NoNodeError:
+                pass
+        finally:
+            if self.groups.get(gid) is group:
+                del self.groups[gid]
+            self.group_records.discard(gid)
+        if not existed and not removed:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        log.info("kafka_group_deleted", extra=fields(group=gid, offsets=removed))
+        return ErrorCode.NONE
+
+    async def _delete_offset(self, gid: str, topic: str, p: int) -> bool:
+        try:
+            return await self.client.logs.store.delete_cursor(
+                log_name(topic, p), "kafka." + _key_name(gid))
+        except NoNodeError:
+            return False
+
+    async def offset_delete(self, conn: _Conn, version: int, body: dict[str, Any],
+                            ) -> dict[str, Any]:
+        gid = body["group_id"]
+        group = await self._existing_group(gid)
+        if isinstance(group, int):
+            return {"error_code": group}
+        if group is None or not group.is_known:
+            return {"error_code": ErrorCode.GROUP_ID_NOT_FOUND}
+        code, per_topic = group.offset_deletion([t["name"] for t in body["topics"]])
+        if code:
+            return {"error_code": code}
+        topics = []
+        for t in body["topics"]:
+            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            parts = []
+            for pr in t["partitions"]:
+                p = pr["partition_index"]
+                err = per_topic[t["name"]]
+                if count is None or not 0 <= p < count:
+                    err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif err == ErrorCode.NONE:
+                    try:
+                        if await self._delete_offset(gid, t["name"], p):
+                            log.info("kafka_offset_deleted", extra=fields(
+                                group=gid, topic=t["name"], partition=p))
+                    except LedgerdError as exc:
+                        err = _storage_error(exc)
+                parts.append({"partition_index": p, "error_code": err})
+            topics.append({"name": t["name"], "partitions": parts})
+        return {"error_code": 0, "topics": topics}
+
+    async def describe_cluster(self, conn: _Conn, version: int, body: dict[str, Any],
+                               ) -> dict[str, Any]:
+        """Every live gateway is a broker; the controller is this one (as in Metadata)."""
+        if body["endpoint_type"] != 1:  # 2 = controllers: a broker's answer
+            return {"error_code": ErrorCode.MISMATCHED_ENDPOINT_TYPE,
+                    "error_message": "the gateways are brokers; ledgerd has no "
+                                     "controller endpoints", "cluster_id": CLUSTER_ID,
+                    "endpoint_type": body["endpoint_type"], "brokers": []}
+        return {"error_code": 0, "error_message": None, "endpoint_type": 1,
+                "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
+                "brokers": [{"broker_id": n, "host": h, "port": p, "rack": None,
+                             "is_fenced": False}
+                            for n, (h, p) in sorted(self.nodes.items())]}
 
     # -- topics admin -------------------------------------------------------------------
 
@@ -1033,21 +1265,20 @@ def _advertised() -> list[dict[str, int]]:
             for k, (lo, hi) in sorted(SUPPORTED.items())]
 
 
+_DENIALS = {ApiKey.CREATE_TOPICS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ApiKey.DELETE_TOPICS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            ApiKey.DELETE_GROUPS: ErrorCode.GROUP_AUTHORIZATION_FAILED,
+            ApiKey.OFFSET_DELETE: ErrorCode.GROUP_AUTHORIZATION_FAILED}
+
+
 def _denied(api: ApiKey, body: dict[str, Any]) -> dict[str, Any]:
-    """The reply to a request the principal's roles do not allow."""
+    """The reply to a request the principal's roles do not allow (the APIs of
+    ``_DENIALS``; others are closed)."""
+    reply = refusal(api, body, _DENIALS[api])
     if api is ApiKey.CREATE_TOPICS:
-        return {"topics": [{"name": t["name"],
-                            "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-                            "error_message": "creating topics needs the admin role"}
-                           for t in body["topics"]]}
-    return {"responses": [{"name": n, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
-                          for n in body["topic_names"]]}
-
-
-def _produce_error(body: dict[str, Any], code: int) -> dict[str, Any]:
-    return {"responses": [{"name": t["name"], "partition_responses": [
-        {"index": pd["index"], "error_code": code} for pd in t["partition_data"]]}
-        for t in body["topic_data"]]}
+        for t in reply["topics"]:
+            t["error_message"] = "creating topics needs the admin role"
+    return reply
 
 
 def _code_name(code: int) -> str:
@@ -1082,6 +1313,11 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
     return [exc]
+
+
+def _client_host(peer: str) -> str:
+    """A member's host as Kafka's DescribeGroups writes it: ``/<address>``."""
+    return "/" + peer.rsplit(":", 1)[0]
 
 
 def _peer(stream: trio.abc.Stream) -> str:

@@ -14,6 +14,17 @@ The states and rules are Kafka's ``GroupCoordinator``:
   is answered with its own -> ``STABLE``.
 - A join, a leave or an expired session starts a new rebalance; members learn of it
   from Heartbeat (REBALANCE_IN_PROGRESS) and rejoin.
+- ``EMPTY`` --DeleteGroups--> ``DEAD``: only a group without members may be deleted
+  (NON_EMPTY_GROUP otherwise); a dead group takes no joins or commits
+  (COORDINATOR_NOT_AVAILABLE: the client asks again and finds a fresh group).
+
+The admin view follows Kafka's ``GroupMetadata.summary``: a group's members are
+described with their metadata (for the chosen protocol) and assignment only while it
+is ``STABLE``; otherwise with empty bytes and no protocol. OffsetDelete
+(``offset_deletion``) deletes anything of an empty group, and of a consumer group with
+members only the topics none of them subscribes to (GROUP_SUBSCRIBED_TO_TOPIC); a
+member whose subscription does not parse counts as subscribed to every topic (Kafka
+would delete: refusing is the side that loses nothing).
 
 The machine takes ``now`` and returns replies; the gateway performs them and calls
 :meth:`Group.tick` so deadlines fire. Assignments and member metadata are opaque
@@ -27,12 +38,26 @@ from __future__ import annotations
 import enum
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ledgerd.kafka.api import ErrorCode
+from ledgerd.kafka.schema import (
+    INT16,
+    STRING,
+    Array,
+    Field,
+    KafkaDecodeError,
+    Message,
+    Reader,
+    decode,
+)
 
-__all__ = ["Group", "GroupSettings", "GroupState", "Reply"]
+__all__ = ["CONSUMER_PROTOCOL", "DEAD_SUMMARY", "Group", "GroupSettings", "GroupState",
+           "GroupSummary", "MemberSummary", "Reply", "listed", "subscribed_topics"]
+
+CONSUMER_PROTOCOL = "consumer"  # the protocol type of Kafka's consumers (others: connect)
 
 
 class GroupState(enum.Enum):
@@ -40,6 +65,58 @@ class GroupState(enum.Enum):
     PREPARING_REBALANCE = "PreparingRebalance"
     COMPLETING_REBALANCE = "CompletingRebalance"
     STABLE = "Stable"
+    DEAD = "Dead"
+
+
+# A consumer's subscription, the metadata of each of its protocols (Kafka's
+# ConsumerProtocolSubscription, never flexible): version int16 | topics [string] | ...
+# (user data, owned partitions, generation, rack follow; only the topics matter here).
+SUBSCRIPTION = Message((Field("version", INT16), Field("topics", Array.of_scalar(STRING))))
+
+
+def subscribed_topics(metadata: bytes) -> frozenset[str] | None:
+    """The topics a consumer's subscription names, or None if it does not parse."""
+    try:
+        return frozenset(decode(SUBSCRIPTION, 0, Reader(metadata), "subscription")["topics"])
+    except KafkaDecodeError:
+        return None
+
+
+def listed(state: GroupState, states_filter: Iterable[str],
+           types_filter: Iterable[str]) -> bool:
+    """Does ListGroups (v4 states, v5 types filters; empty = all) list a group in
+    ``state``? States compare case-insensitively, as Kafka's parser does; every group
+    here is a "classic" one."""
+    states = {s.lower() for s in states_filter}
+    types = {t.lower() for t in types_filter}
+    return (not states or state.value.lower() in states) and (not types or "classic" in types)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberSummary:
+    member_id: str
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSummary:
+    """What DescribeGroups says of a group."""
+
+    state: GroupState
+    protocol_type: str
+    protocol: str
+    members: tuple[MemberSummary, ...]
+
+    def __post_init__(self) -> None:
+        if self.state is not GroupState.STABLE and (
+                self.protocol or any(m.metadata or m.assignment for m in self.members)):
+            raise ValueError("only a stable group reports its protocol and member bytes")
+
+
+DEAD_SUMMARY = GroupSummary(state=GroupState.DEAD, protocol_type="", protocol="", members=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +158,8 @@ class Member:
     join: Reply | None = None
     sync: Reply | None = None
     assignment: bytes = b""
+    client_id: str = ""
+    client_host: str = ""
 
 
 @dataclass(slots=True)
@@ -101,8 +180,10 @@ class Group:
 
     def join(self, *, member_id: str, client_id: str, protocol_type: str,
              protocols: list[tuple[str, bytes]], session_timeout_ms: int,
-             rebalance_timeout_ms: int, now: float) -> Reply:
+             rebalance_timeout_ms: int, now: float, client_host: str = "") -> Reply:
         s = self.settings
+        if self.state is GroupState.DEAD:
+            return _now_reply(_join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id))
         if not s.min_session_timeout_ms <= session_timeout_ms <= s.max_session_timeout_ms:
             return _now_reply(_join_error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id))
         if not protocol_type or not protocols:
@@ -119,7 +200,7 @@ class Group:
         member = self.members.get(member_id)
         if member is None:
             member = Member(member_id, session_timeout_ms / 1000, rebalance_s,
-                            protocols, now)
+                            protocols, now, client_id=client_id, client_host=client_host)
             self.members[member_id] = member
         else:
             member.protocols = protocols
@@ -176,6 +257,8 @@ class Group:
     def check_commit(self, *, member_id: str, generation: int) -> int:
         """May this member commit offsets now? (generation -1: a simple commit, allowed
         while the group has no members)."""
+        if self.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if generation < 0 and not member_id:
             return ErrorCode.NONE if not self.members else ErrorCode.ILLEGAL_GENERATION
         error = self._check(member_id, generation)
@@ -186,6 +269,60 @@ class Group:
             # rebalance, before it rejoins; only between join and sync is it refused)
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
+
+    # -- administration -----------------------------------------------------------------
+
+    def summary(self) -> GroupSummary:
+        """DescribeGroups' view (Kafka's ``GroupMetadata.summary``): member bytes and the
+        protocol only while the group is stable."""
+        stable = self.state is GroupState.STABLE
+        members = tuple(MemberSummary(
+            member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
+            metadata=dict(m.protocols).get(self.protocol, b"") if stable else b"",
+            assignment=m.assignment if stable else b"") for m in self.members.values())
+        return GroupSummary(state=self.state, protocol_type=self.protocol_type,
+                            protocol=self.protocol if stable else "", members=members)
+
+    def delete(self) -> int:
+        """DeleteGroups: an empty group becomes DEAD (NONE; the caller then deletes its
+        offsets and record); a group with members is refused (NON_EMPTY_GROUP), a dead
+        one is gone already (GROUP_ID_NOT_FOUND). Refusals change nothing."""
+        if self.state is GroupState.DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if self.members:
+            return ErrorCode.NON_EMPTY_GROUP
+        self.state = GroupState.DEAD
+        return ErrorCode.NONE
+
+    def offset_deletion(self, topics: Iterable[str]) -> tuple[int, dict[str, int]]:
+        """OffsetDelete (Kafka's ``handleDeleteOffsets``): the group's error, and per
+        topic NONE (its offsets may go) or GROUP_SUBSCRIBED_TO_TOPIC. An empty group
+        deletes anything; a consumer group with members only topics no member
+        subscribes to; a group of another protocol type with members nothing
+        (NON_EMPTY_GROUP); a dead group GROUP_ID_NOT_FOUND."""
+        if self.state is GroupState.DEAD:
+            return ErrorCode.GROUP_ID_NOT_FOUND, {}
+        if not self.members:
+            return ErrorCode.NONE, dict.fromkeys(topics, ErrorCode.NONE)
+        if self.protocol_type != CONSUMER_PROTOCOL:
+            return ErrorCode.NON_EMPTY_GROUP, {}
+        subscribed = self.subscribed_topics()
+        return ErrorCode.NONE, {
+            t: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC if subscribed is None or t in subscribed
+            else ErrorCode.NONE for t in topics}
+
+    def subscribed_topics(self) -> frozenset[str] | None:
+        """Every topic a live member's subscription names, under any protocol it offers
+        (before the first rebalance completes none is chosen yet); None if one does not
+        parse."""
+        out: set[str] = set()
+        for m in self.members.values():
+            for _, metadata in m.protocols:
+                topics = subscribed_topics(metadata)
+                if topics is None:
+                    return None
+                out |= topics
+        return frozenset(out)
 
     # -- time ---------------------------------------------------------------------------
 
@@ -206,6 +343,13 @@ class Group:
     @property
     def is_idle(self) -> bool:
         return not self.members
+
+    @property
+    def is_known(self) -> bool:
+        """Does the group exist for the admin APIs: members now, or a record (loaded
+        from the store, ``persisted`` >= 0, or about to be stored), and not deleted?"""
+        return self.state is not GroupState.DEAD and (
+            bool(self.members) or self.persisted >= 0 or self.generation > 0)
 
     # -- internals ----------------------------------------------------------------------
 

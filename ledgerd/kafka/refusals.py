@@ -1,0 +1,73 @@
+"""The reply that refuses a whole request with one error code, per API.
+
+Kafka answers a request it cannot serve with the response of that API in which every
+entity the request named (topic partition, group, topic) carries the error, and a
+top-level error code where the response has one (``AbstractRequest.getErrorResponse``).
+The gateway does the same for a request at a version it does not serve but can read
+(``api.DECLARED``): Produce v0-2, Fetch v0-3, ListOffsets v0, OffsetCommit v0-1,
+OffsetFetch v0, each answered UNSUPPORTED_VERSION, so a client that did not ask
+ApiVersions first (librdkafka with ``api.version.request=false``, kafka-python with a
+pinned ``api_version``) reads an error instead of a closed connection. Pure: a decoded
+request body in, a response body out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledgerd.kafka.api import RESPONSES, ApiKey
+from ledgerd.kafka.schema import Array
+
+__all__ = ["refusal"]
+
+
+def _topics(topics: list[dict[str, Any]], *, name: str, parts: str, index: str | None,
+            out_name: str = "name", out_parts: str = "partitions",
+            out_index: str = "partition_index", **values: Any) -> list[dict[str, Any]]:
+    """Each requested topic with each requested partition carrying ``values``
+    (``index`` None: the request lists partition numbers, not structs)."""
+    return [{out_name: t[name], out_parts: [
+        {out_index: p if index is None else p[index], **values} for p in t[parts]]}
+        for t in topics]
+
+
+def refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
+    """The response body refusing ``body`` (a request of ``api``) with ``code``."""
+    reply = _refusal(api, body, code)
+    for f in RESPONSES[api].fields:  # arrays the reply has no entity for: empty
+        if isinstance(f.kind, Array) and f.default is None:
+            reply.setdefault(f.name, [])
+    return reply
+
+
+def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
+    if api is ApiKey.PRODUCE:
+        return {"responses": _topics(
+            body["topic_data"], name="name", parts="partition_data", index="index",
+            out_parts="partition_responses", out_index="index", error_code=code)}
+    if api is ApiKey.FETCH:
+        return {"error_code": code, "session_id": 0, "responses": _topics(
+            body["topics"], name="topic", parts="partitions", index="partition",
+            out_name="topic", error_code=code, high_watermark=-1,
+            aborted_transactions=[], records=b"")}
+    if api in (ApiKey.LIST_OFFSETS, ApiKey.OFFSET_COMMIT):
+        return {"topics": _topics(body["topics"], name="name", parts="partitions",
+                                  index="partition_index", error_code=code)}
+    if api is ApiKey.OFFSET_FETCH:
+        return {"error_code": code, "topics": _topics(
+            body["topics"] or [], name="name", parts="partition_indexes", index=None,
+            error_code=code, committed_offset=-1, metadata="")}
+    if api is ApiKey.METADATA:
+        return {"brokers": [], "topics": [{"error_code": code, "name": t["name"],
+                                           "partitions": []} for t in body["topics"] or []]}
+    if api is ApiKey.CREATE_TOPICS:
+        return {"topics": [{"name": t["name"], "error_code": code} for t in body["topics"]]}
+    if api is ApiKey.DELETE_TOPICS:
+        return {"responses": [{"name": n, "error_code": code} for n in body["topic_names"]]}
+    if api is ApiKey.DELETE_GROUPS:
+        return {"results": [{"group_id": g, "error_code": code}
+                            for g in body["groups_names"]]}
+    if api is ApiKey.DESCRIBE_GROUPS:
+        return {"groups": [{"group_id": g, "error_code": code} for g in body["groups"]]}
+    # every other response has a top-level error code
+    return {"error_code": code}
