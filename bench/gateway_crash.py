@@ -57,6 +57,11 @@ def one_round(zk_server: Any, base: Path, seed: int) -> dict[str, Any]:
     stopped_first = rng.choice("ab")
     early_resume = rng.random() < 0.3  # resume before the killed one's session expires
     started = time.monotonic()
+    journal = AckJournal()
+    marks: dict[str, float] = {}
+
+    def mark(name: str) -> None:
+        marks[name] = round(time.monotonic() - started, 1)
     with fresh_chroot(zk_server, f"crash{seed}") as zk:
         a = GatewayProcess(zk, base / f"a{seed}.log", env=ENV)
         b = GatewayProcess(zk, base / f"b{seed}.log", env=ENV)
@@ -70,7 +75,6 @@ def one_round(zk_server: Any, base: Path, seed: int) -> dict[str, Any]:
 
                 admin = AdminClient({"bootstrap.servers": a.bootstrap})
                 admin.create_topics([NewTopic("t", num_partitions=parts)])["t"].result(90)
-                journal = AckJournal()
                 producer = idempotent_producer(f"{a.bootstrap},{b.bootstrap}", journal)
 
                 def send(tag: str, n: int, single: bool = False) -> None:
@@ -78,29 +82,41 @@ def one_round(zk_server: Any, base: Path, seed: int) -> dict[str, Any]:
                                                      for i in range(n)],
                             lambda i: rng.randrange(parts), one_at_a_time=single)
 
+                mark("up")
                 send("both", phases[0])
+                mark("both")
                 assert stop.process is not None
                 os.kill(stop.process.pid, signal.SIGSTOP)
                 try:
                     wait_until(sees_only(other, other), "the stopped one's session expires")
+                    mark("expired")
                     send("other", phases[1])
+                    mark("other")
                     send("tail", tail, single=True)
+                    mark("tail")
                     other.stop(signal.SIGKILL)
                 finally:
                     os.kill(stop.process.pid, signal.SIGCONT)
                 if not early_resume:
                     wait_until(sees_only(stop, stop), "the killed one's session expires")
+                    mark("alone")
                 send("again", phases[2])
+                mark("again")
                 wait_until(sees_only(stop, stop), "the killed one's session expires")
                 highs = watermarks(stop.bootstrap, "t", parts)
                 problems = verify(journal, highs, read_back(stop.bootstrap, "t", highs))
+            except Exception as exc:  # a wait or a flush that failed (the producer died)
+                problems = [f"round aborted after {marks}: {exc!r}".splitlines()[0]]
+                problems += [f"fatal producer error: {e}" for e in journal.fatal]
             finally:
                 if b.running:
                     b.stop(signal.SIGKILL)
     return {"seed": seed, "partitions": parts, "phases": phases, "tail": tail,
             "stopped": stopped_first, "early_resume": early_resume,
             "acked": len(journal.acked), "delivery_errors": len(journal.errors),
-            "problems": problems, "seconds": round(time.monotonic() - started, 1)}
+            "first_errors": journal.errors[:3],
+            "problems": problems, "seconds": round(time.monotonic() - started, 1),
+            "marks": marks}
 
 
 def main() -> None:
@@ -124,7 +140,7 @@ def main() -> None:
                 print(f"round {i + 1}: seed {r['seed']} partitions {r['partitions']} "
                       f"stopped {r['stopped']} early_resume {r['early_resume']} "
                       f"acked {r['acked']} problems {len(r['problems'])} "
-                      f"({r['seconds']} s)", flush=True)
+                      f"({r['seconds']} s; {r['marks']})", flush=True)
                 for p in r["problems"][:10]:
                     print(f"    {p}", flush=True)
         finally:

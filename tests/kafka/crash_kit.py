@@ -31,7 +31,9 @@ class AckJournal:
 
     def on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
-            self.errors.append(f"{msg.value()!r}: {err}")
+            self.errors.append(f"{msg.value()!r}: {err.name()} {err.str()}")
+            if err.fatal():
+                self.fatal.append(f"{err.name()} {err.str()}")
             return
         key = (msg.partition(), msg.offset())
         if key in self.acked:
@@ -41,7 +43,7 @@ class AckJournal:
 
     def on_error(self, err: Any) -> None:
         if err.fatal():
-            self.fatal.append(str(err))
+            self.fatal.append(f"{err.name()} {err.str()}")
 
     def highest(self, partition: int) -> int:
         """The highest acknowledged offset of ``partition`` (-1: none)."""
@@ -54,6 +56,9 @@ def idempotent_producer(bootstrap: str, journal: AckJournal, **extra: Any) -> An
     return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                      "acks": "all", "linger.ms": 2, "retry.backoff.ms": 100,
                      "request.timeout.ms": 4000, "message.timeout.ms": BOUND_S * 1000,
+                     # a stopped gateway accepts connections and answers nothing: a
+                     # Metadata request to it waits socket.timeout.ms (60 s by default)
+                     "socket.timeout.ms": 6000,
                      "topic.metadata.refresh.interval.ms": 1000,
                      "error_cb": journal.on_error, **extra})
 
