@@ -27,6 +27,7 @@ import io
 import zlib
 from collections.abc import Iterator
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.kafka.records import HEADER_SIZE, BatchHeader
 
 __all__ = ["MAX_RECORDS_BYTES", "RecordsError", "first_at_or_after", "record_times"]
@@ -36,7 +37,7 @@ LOG_APPEND_TIME = 0x08
 _XERIAL = b"\x82SNAPPY\x00"
 
 
-class RecordsError(ValueError):
+class RecordsError(LedgerdError, ValueError):
     """A batch's records cannot be read: ``reason`` says where and why."""
 
 
