@@ -306,7 +306,8 @@ def local_ctl_cmd(action: str, index: int | None, data: Path | None) -> None:
 
 BENCHES = ("wire_codec", "journal", "metadata", "bookie", "bookie_cpu", "latency", "client",
            "recovery", "logs", "compaction", "pipeline", "rereplication", "soak", "tls",
-           "gateway", "ledgers_scale", "index_store", "open_handles", "ab", "ab_live")
+           "gateway", "gateway_crash", "ledgers_scale", "index_store", "open_handles", "ab",
+           "ab_live")
 
 
 @cli.group("bench")

@@ -7,6 +7,14 @@ registers ``<root>/kafka/gateways/<node id>`` (ephemeral) and the owner of a par
 chosen by rendezvous hashing over the live gateways, so every gateway computes the same
 answer and a dead gateway's share moves to the others. Any gateway serves reads.
 
+Leadership rests on the gateway's ZooKeeper session, held as a lease (``lease.py``):
+the membership refresh (every second) confirms it; a partition's writer and its
+producers' sequences are used only while the lease holds, and a gateway that wakes
+with it lapsed (stopped, paused) asks ZooKeeper first. A lost session (its expiry
+seen as a LOST event, or a confirmation in another session) drops every partition's
+writer and producer state before anything more is served; they are rebuilt from the
+log when the gateway leads the partition again.
+
 Per connection, requests are read in order; Fetch and Produce are handled in tasks of
 their own (a parked Fetch or a Produce awaiting its quorum does not stop the next
 request), every other request in turn, before the next is read (so a group's commit
@@ -53,6 +61,7 @@ from ledgerd.kafka.api import (
     ErrorCode,
 )
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
+from ledgerd.kafka.lease import LEASE_FRACTION, Lease
 from ledgerd.kafka.metrics import GatewayMetrics
 from ledgerd.kafka.partitions import (
     OffsetOutOfRangeError,
@@ -66,6 +75,7 @@ from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
 from ledgerd.metadata.logs import CursorRecord
+from ledgerd.metadata.store import SessionEvent
 from ledgerd.wire.status import FencedError
 
 if TYPE_CHECKING:
@@ -149,6 +159,8 @@ class Gateway:
         self.port = 0
         self.node_id = -1
         self.nodes: dict[int, tuple[str, int]] = {}
+        self.lease = Lease(config.zk_timeout_ms / 1000 * LEASE_FRACTION)
+        self._confirming = trio.Lock()  # one membership refresh at a time
         self.topics: dict[str, int] = {}
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.groups: dict[str, Group] = {}
@@ -225,33 +237,100 @@ class Gateway:
         data = json.dumps({"host": host, "port": port}).encode()
         try:
             await self.store.create(path, data, ephemeral=True, make_parents=True)
-        except NodeExistsError:  # our previous session's node, not yet expired
-            await self.store.delete(path)
+        except NodeExistsError:  # a previous session's node (ours, or a killed
+            # predecessor's on this port), not yet expired
+            try:
+                owner = (await self.store.get(path))[1].ephemeral_owner
+            except NoNodeError:
+                owner = 0
+            if owner and owner == self.store.session_id:
+                await self.store.set(path, data)
+                return
+            try:
+                await self.store.delete(path)
+            except NoNodeError:
+                pass
             await self.store.create(path, data, ephemeral=True, make_parents=True)
 
     async def _refresh(self) -> None:
-        path = f"{self.root}/gateways"
-        nodes: dict[int, tuple[str, int]] = {}
-        for child in await self.store.children(path):
+        """Re-read the live gateways, confirming the lease on leadership (the sending
+        time of these reads, in this session); a confirmation in another session than
+        the one the partitions' state was built under drops that state first. Then
+        release the partitions that moved to another gateway. If cancelled, the view
+        and the lease stay as they were."""
+        async with self._confirming:
+            asked_at = trio.current_time()
+            path = f"{self.root}/gateways"
+            nodes: dict[int, tuple[str, int]] = {}
+            for child in await self.store.children(path):
+                try:
+                    raw, _ = await self.store.get(f"{path}/{child}")
+                except NoNodeError:
+                    continue
+                doc = json.loads(raw)
+                nodes[int(child)] = (doc["host"], int(doc["port"]))
+            session = self.store.session_id
+            if self.lease.on_confirmed(session_id=session, asked_at=asked_at):
+                await self._session_lost("confirmed in a new ZooKeeper session")
+                await self._register()
+                nodes[self.node_id] = self.config.advertised(self.port)
+                self.lease.on_rebuilt(session_id=session, asked_at=asked_at)
+            elif self.node_id not in nodes:
+                await self._register()
+                nodes[self.node_id] = self.config.advertised(self.port)
+            self.nodes = nodes
+            for (topic, p), part in list(self.partitions.items()):
+                if part.writer is not None and not self.owns(f"{topic}/{p}"):
+                    log.info("kafka_partition_moved", extra=fields(
+                        topic=topic, partition=p, owner=self.owner(f"{topic}/{p}")))
+                    await part.release()
+
+    async def _session_lost(self, reason: str) -> None:
+        """Drop every partition's writer and producer state (synchronously, before any
+        await, so no request is answered from them after this starts)."""
+        dropped = [(part, part.drop_leadership()) for part in self.partitions.values()]
+        if dropped:
+            log.warning("kafka_leadership_dropped", extra=fields(
+                reason=reason, partitions=len(dropped)))
+        async with trio.open_nursery() as nursery:  # each bounded and shielded
+            for part, writer in dropped:
+                nursery.start_soon(part.let_go, writer, reason)
+
+    async def may_lead(self, key: str) -> bool:
+        """True if this gateway may act as ``key``'s leader now: its lease holds (or a
+        membership refresh confirms it again, after any state of a lost session was
+        dropped) and rendezvous hashing gives it ``key``. False if ZooKeeper cannot
+        confirm the session."""
+        if not self.lease.is_valid(trio.current_time()):
             try:
-                raw, _ = await self.store.get(f"{path}/{child}")
-            except NoNodeError:
-                continue
-            doc = json.loads(raw)
-            nodes[int(child)] = (doc["host"], int(doc["port"]))
-        if self.node_id not in nodes:
-            await self._register()
-            nodes[self.node_id] = self.config.advertised(self.port)
-        self.nodes = nodes
-        for (topic, p), part in list(self.partitions.items()):
-            if part.writer is not None and not self.owns(f"{topic}/{p}"):
-                log.info("kafka_partition_moved", extra=fields(topic=topic, partition=p,
-                                                               owner=self.owner(f"{topic}/{p}")))
-                await part.release()
+                await self._refresh()
+            except Exception as exc:
+                log.warning("kafka_lease_unconfirmed", extra=fields(key=key,
+                                                                    error=repr(exc)))
+                return False
+            if not self.lease.is_valid(trio.current_time()):
+                return False
+        return self.owns(key)
+
+    async def _watch_session(
+            self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow the ZooKeeper session: a lost connection suspends the lease; an
+        expired session drops the partitions' state at once (the next refresh
+        registers again and confirms the new session)."""
+        async with self.store.session_events() as events:
+            task_status.started()
+            async for event in events:
+                if event is SessionEvent.SUSPENDED:
+                    self.lease.on_suspended()
+                elif event is SessionEvent.LOST:
+                    self.lease.on_lost()
+                    await self._session_lost("ZooKeeper session expired")
 
     async def _membership(self) -> None:
+        """Refresh the view of the live gateways every second, or more often if the
+        lease is shorter, so that a running gateway's lease never lapses."""
         while True:
-            await trio.sleep(1.0)
+            await trio.sleep(min(1.0, self.lease.duration / 3))
             try:
                 await self._refresh()
             except Exception as exc:  # ZooKeeper away: keep the last view
@@ -295,6 +374,7 @@ class Gateway:
         self.port = listeners[0].socket.getsockname()[1]
         self.node_id = cfg.effective_node_id(self.port)
         tls = cfg.tls_server_context()
+        self.lease.session_id = self.store.session_id
         await self._register()
         await self._refresh()
         log.info("kafka_gateway_listening", extra=fields(
@@ -303,6 +383,7 @@ class Gateway:
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
+                await nursery.start(self._watch_session)
                 nursery.start_soon(self._membership)
                 nursery.start_soon(self._tick_groups)
                 served: list[Any] = listeners
@@ -536,8 +617,10 @@ class Gateway:
     def partition(self, topic: str, p: int) -> PartitionLog:
         part = self.partitions.get((topic, p))
         if part is None:
+            key = f"{topic}/{p}"
             part = self.partitions[(topic, p)] = PartitionLog(
-                self.client, topic, p, self.part_settings, self.nursery)
+                self.client, topic, p, self.part_settings, self.nursery,
+                authority=lambda: self.may_lead(key))
         return part
 
     # -- handlers -----------------------------------------------------------------------

@@ -4,9 +4,21 @@ Partition ``p`` of topic ``t`` is the log ``kafka.<t>.<p>`` (ledger-backed). Eac
 produced RecordBatch is one entry, stored byte for byte with its baseOffset set to the
 Kafka offset of its first record, so the entries themselves are the offset index:
 
-- The *high watermark* is the next offset after the last acknowledged entry: known to
-  the writing gateway as it acknowledges, read from the log's last entry (at the LAC)
-  by any other.
+- The *high watermark* is the next offset after the last acknowledged entry. The
+  partition's leader (the gateway that owns it) is its authority: while it writes, the
+  end of what it acknowledged; before its first write, the end of the log once it has
+  recovered the log's tail (fenced and closed whatever a previous writer left open),
+  never the LAC of a ledger whose writer may be dead, which lags that writer's last
+  acknowledgement. Any other gateway serving reads is a follower: it re-reads the
+  log's ledger list and the metadata of every ledger it last saw open (a cached view
+  from before a recovery is never the truth), and reports closed ledgers' ends or,
+  for the open last ledger, its LAC: a lower bound that may lag the leader's, as a
+  Kafka follower's does, and moves on once the writer's explicit LAC or the leader's
+  recovery reaches the bookies.
+- A writer's next offset follows the last acknowledged batch as *recovered*: after
+  opening the log for writing (which fences and closes the previous ledgers), the end
+  is read from freshly read, CLOSED metadata; read handles opened before that recovery
+  are dropped, never asked.
 - *Locating* an offset finds the ledger whose entry 0 starts at or before it (entry 0
   of each ledger is read once and cached), then the entry by binary search over that
   ledger's entries (a handful of reads), and remembers "next offset -> entry" so a
@@ -29,6 +41,13 @@ last sequence gets OUT_OF_ORDER_SEQUENCE_NUMBER (the client resends it after the
 that failed before it), one from an older epoch INVALID_PRODUCER_EPOCH. A producer this
 gateway knows nothing of (new, forgotten, or older than the log's last 1,000 batches
 read at takeover) is accepted at any sequence, as Kafka does since 2.5.
+
+The writer and the producer state are trusted only under the gateway's lease on
+leadership (``lease.py``): before each group append and each high watermark answered
+from them, ``authority()`` confirms the gateway still leads the partition (its
+ZooKeeper session alive within the lease, the partition its own). A gateway whose
+session was lost has dropped both (``reset``) before it serves again; they are rebuilt
+from the log when it leads the partition again.
 """
 
 from __future__ import annotations
@@ -37,7 +56,7 @@ import bisect
 import itertools
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,8 +66,10 @@ from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.records import BatchHeader, with_base_offset
-from ledgerd.ledgerlog import LogWriter
+from ledgerd.kafka.timestamps import first_at_or_after
+from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
 from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.ledger import LedgerState
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
@@ -99,9 +120,17 @@ class PartitionLog:
     """One partition's state on this gateway; see the module docstring."""
 
     def __init__(self, client: Client, topic: str, partition: int,
-                 settings: PartitionSettings, nursery: trio.Nursery | None = None) -> None:
+                 settings: PartitionSettings, nursery: trio.Nursery | None = None, *,
+                 authority: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.client = client
         self.nursery = nursery  # runs the read-ahead
+        # True while this gateway may lead the partition (lease confirmed, owner); None:
+        # a partition used on its own (tests), which leads while it has a writer
+        self.authority = authority
+        self.generation = 0  # bumped whenever writer and producer state are dropped
+        self._opening: trio.Lock = trio.Lock()
+        # the leader's recovered end before it writes: (ledger list, end, when checked)
+        self._settled: tuple[tuple[int, ...], int, float] | None = None
         self.topic = topic
         self.partition = partition
         self.name = log_name(topic, partition)
@@ -184,10 +213,20 @@ class PartitionLog:
             self.appending = False
 
     async def _append(self, items: list[_Produce]) -> None:
+        generation = self.generation
         try:
-            if self.writer is None:
+            if not await self.leads():
+                # the lease lapsed and this gateway no longer leads the partition (or
+                # cannot confirm it does): nothing is written, the clients go elsewhere
+                for item in items:
+                    item.code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    item.done.set()
+                return
+            if self.writer is None or generation != self.generation:
                 await self.open_writer()
+                generation = self.generation
             assert self.writer is not None
+            writer = self.writer
             payloads: list[bytes] = []
             placed: list[tuple[int, int, bytes]] = []  # (base, next offset, batch) written
             fresh: list[_Produce] = []
@@ -218,14 +257,29 @@ class PartitionLog:
                     self.next_offset += h.record_count
                 fresh.append(item)
             if payloads:
-                await self.writer.append_many(payloads)
+                await writer.append_many(payloads)
+            elif any(item.code for item in items) and not await self._still_writer(writer):
+                # A sequence refused without writing anything has not touched the
+                # bookies, so it has not learnt whether another gateway took the log
+                # over (and the producer's sequence on): that producer is told to go
+                # to the leader, not that its sequence is wrong.
+                raise LogFencedError(self.name, "another writer took the log over")
         except BaseException as exc:
             for item in items:
                 item.error = exc
                 item.done.set()
-            await self._drop_writer(exc)
+            if generation == self.generation:
+                await self._drop_writer(exc)
             if not isinstance(exc, Exception):
                 raise
+            return
+        if generation != self.generation:
+            # The state was dropped while the append was out (the session was lost):
+            # the batches are in the log (the bookies took them on a ledger nobody had
+            # fenced) and are answered as written; what this gateway remembers of them
+            # goes, and the next writer reads them back from the log.
+            for item in items:
+                item.done.set()
             return
         for base, nxt, batch in placed:  # the bytes written, not rewritten again
             self._remember(base, nxt, batch)
@@ -237,6 +291,15 @@ class PartitionLog:
         for item in items:
             item.done.set()
         self._wake()
+
+    async def _still_writer(self, writer: LogWriter) -> bool:
+        """True if ``writer``'s ledger is still the log's last one and OPEN (nobody has
+        fenced it): one metadata read, for the rare answers that write nothing."""
+        ledgers = await self._ledgers()
+        if not ledgers or ledgers[-1] != writer.ledger_id:
+            return False
+        md = await self.client.ledger_metadata(writer.ledger_id)
+        return md.state is LedgerState.OPEN
 
     def _duplicate(self, item: _Produce) -> int | None:
         """The offset an idempotent producer's retried batch got the first time."""
@@ -315,32 +378,67 @@ class PartitionLog:
         self.changed.set()
         self.changed = trio.Event()
 
-    async def open_writer(self) -> None:
-        """Become the partition's writer: fence the previous one, find the log's end.
-        If cancelled, the log may hold a new empty ledger (harmless)."""
-        s = self.settings
-        writer = await self.client.logs.open_writer(
-            self.name, s.ensemble_size, s.write_quorum, s.ack_quorum, roll_bytes=s.roll_bytes,
-            create=True)
-        try:
-            end = await self._end_before(writer.handle.ledger_id)
-            await self._rebuild_producers(writer.handle.ledger_id)
-        except BaseException:
-            await writer.close()
-            raise
-        self.writer = writer
-        self.next_offset = self.acked_end = end
-        self.tail.clear()
-        self.tail_bytes = 0
-        log.info("kafka_partition_writer", extra=fields(
-            topic=self.topic, partition=self.partition, ledger=writer.ledger_id,
-            next_offset=end))
+    async def leads(self) -> bool:
+        """True if this gateway may act as the partition's leader now (``authority``
+        confirms its lease and ownership; without one, a partition used on its own
+        always may)."""
+        return self.authority is None or await self.authority()
 
-    async def _drop_writer(self, exc: BaseException) -> None:
+    async def open_writer(self) -> None:
+        """Become the partition's writer: fence the previous one, find the log's end
+        from the recovered (closed) metadata of its ledgers, read its producers' state
+        back. If cancelled, the log may hold a new empty ledger (harmless). Raises
+        LogFencedError if the state was dropped meanwhile (``reset``)."""
+        async with self._opening:  # one writer at a time, whoever asks
+            if self.writer is not None:
+                return
+            generation = self.generation
+            s = self.settings
+            writer = await self.client.logs.open_writer(
+                self.name, s.ensemble_size, s.write_quorum, s.ack_quorum,
+                roll_bytes=s.roll_bytes, create=True)
+            try:
+                # Handles opened before the recovery above see the old writer's ledger
+                # OPEN at a LAC that may lag its last acknowledged entry: drop them.
+                await self._forget_reads()
+                end = await self._closed_end(writer.handle.ledger_id)
+                await self._rebuild_producers(writer.handle.ledger_id)
+                if generation != self.generation:
+                    raise LogFencedError(self.name, "the gateway's leadership state was "
+                                                    "dropped while it opened the log")
+            except BaseException:
+                with trio.move_on_after(5, shield=True):
+                    try:
+                        await writer.close()
+                    except Exception:
+                        pass
+                raise
+            self.writer = writer
+            self.next_offset = self.acked_end = end
+            self._settled = None
+            self.tail.clear()
+            self.tail_bytes = 0
+            log.info("kafka_partition_writer", extra=fields(
+                topic=self.topic, partition=self.partition, ledger=writer.ledger_id,
+                next_offset=end))
+
+    def drop_leadership(self) -> LogWriter | None:
+        """Forget at once (no await: nothing is served in between) the writer, the
+        producers' sequences and every high watermark remembered; returns the writer
+        for the caller to let go of."""
         writer, self.writer = self.writer, None
+        self.generation += 1
         self.next_offset = self.acked_end = -1
         self.producers.clear()
         self._remote_end = None
+        self._settled = None
+        self.tail.clear()
+        self.tail_bytes = 0
+        self._wake()  # long polls waiting on this writer look again
+        return writer
+
+    async def _drop_writer(self, exc: BaseException) -> None:
+        writer = self.drop_leadership()
         if writer is not None:
             log.warning("kafka_partition_writer_lost", extra=fields(
                 topic=self.topic, partition=self.partition, ledger=writer.ledger_id,
@@ -351,22 +449,47 @@ class PartitionLog:
                 except Exception:
                     pass
 
-    async def shed(self) -> None:
-        """Drop what an idle partition keeps for readers (read-ahead, read handles,
-        remembered positions); a writer keeps its ledger and tail cache."""
+    async def reset(self, reason: str) -> None:
+        """Drop the writer and producer state (the gateway's ZooKeeper session was lost):
+        synchronously first (``drop_leadership``), so nothing is answered from them
+        after this is called; then ``let_go`` of the ledger."""
+        await self.let_go(self.drop_leadership(), reason)
+
+    async def let_go(self, writer: LogWriter | None, reason: str) -> None:
+        """After ``drop_leadership``: stop ``writer`` without closing its ledger (left
+        OPEN for the next writer's recovery; a close could race that recovery), and
+        drop the read state (handles opened before that recovery)."""
+        if writer is not None:
+            log.warning("kafka_partition_reset", extra=fields(
+                topic=self.topic, partition=self.partition, ledger=writer.ledger_id,
+                reason=reason))
+            with trio.move_on_after(5, shield=True):
+                try:
+                    await writer.handle.abandon()
+                except Exception:
+                    pass
+        await self._forget_reads()
+
+    async def _forget_reads(self) -> None:
+        """Drop read handles, remembered positions and the read-ahead."""
         self.ahead_generation += 1
         self.ahead.clear()
         self.ahead_bytes = 0
         self.ahead_from = None
         self.positions.clear()
-        for rh in self.handles.values():
-            await rh.close()
+        handles = list(self.handles.values())
         self.handles.clear()
+        for rh in handles:
+            await rh.close()
+
+    async def shed(self) -> None:
+        """Drop what an idle partition keeps for readers (read-ahead, read handles,
+        remembered positions); a writer keeps its ledger and tail cache."""
+        await self._forget_reads()
 
     async def release(self) -> None:
         """Stop writing (leadership moved elsewhere, or shutdown): close the ledger."""
-        writer, self.writer = self.writer, None
-        self.next_offset = self.acked_end = -1
+        writer = self.drop_leadership()
         if writer is not None:
             with trio.move_on_after(5, shield=True):
                 try:
@@ -374,9 +497,7 @@ class PartitionLog:
                 except Exception as exc:
                     log.warning("kafka_partition_close_failed", extra=fields(
                         topic=self.topic, partition=self.partition, error=repr(exc)))
-        for rh in self.handles.values():
-            await rh.close()
-        self.handles.clear()
+        await self._forget_reads()
 
     # -- reading ------------------------------------------------------------------------
 
@@ -402,12 +523,19 @@ class PartitionLog:
         return rh
 
     async def _last_entry(self, lid: int, *, refresh: bool = True) -> int:
-        """The ledger's last readable entry (its LAC while open)."""
+        """The ledger's last readable entry: a closed ledger's last entry, the writer's
+        LAC, or (``refresh``) an open ledger's metadata read again (it may have been
+        recovered and closed since the handle was opened) and then its LAC from the
+        bookies; without ``refresh``, what the handle last heard."""
         h = await self._handle(lid)
         if h.is_closed or (self.writer is not None and h is self.writer.handle):
             return h.last_add_confirmed
         if refresh:
-            return await h.read_lac()  # type: ignore[union-attr]
+            rh: ReadHandle = h  # type: ignore[assignment]
+            await rh.refresh()
+            if rh.is_closed:
+                return rh.last_add_confirmed
+            return await rh.read_lac()
         return h.last_add_confirmed
 
     async def _header(self, lid: int, eid: int) -> BatchHeader:
@@ -426,7 +554,7 @@ class PartitionLog:
 
     async def _end_before(self, skip: int | None) -> int:
         """The next offset after the log's last readable entry (ledgers other than
-        ``skip``, the writer's new one)."""
+        ``skip``), every open ledger's metadata read again first (``_last_entry``)."""
         for lid in reversed(await self._ledgers()):
             if lid == skip:
                 continue
@@ -438,10 +566,61 @@ class PartitionLog:
                 return (await self._header(lid, last)).next_offset
         return 0
 
+    async def _closed_end(self, skip: int | None,
+                          ledgers: tuple[int, ...] | None = None) -> int:
+        """The next offset after the log's last entry, from ledgers that recovery has
+        closed (all but ``skip``, the new writer's): their metadata is read now, never
+        taken from a handle opened before. Raises LogFencedError if one is still open
+        (another writer is taking the log over)."""
+        for lid in reversed(await self._ledgers() if ledgers is None else ledgers):
+            if lid == skip:
+                continue
+            self.handles.pop(lid, None)
+            try:
+                h = await self._handle(lid)
+            except NoSuchLedgerError:
+                continue
+            if not h.is_closed:
+                raise LogFencedError(self.name, f"ledger {lid} is open again: another "
+                                                "writer is taking the log over")
+            if h.last_add_confirmed >= 0:
+                return (await self._header(lid, h.last_add_confirmed)).next_offset
+        return 0
+
+    async def _settled_end(self) -> int:
+        """The leader's high watermark before it writes: the log's tail recovered (the
+        last ledgers fenced and closed, as a new writer does), then its end from the
+        closed metadata. Remembered while the ledger list stays the same: nobody can
+        add to closed ledgers, and a writer elsewhere would first add a ledger."""
+        now = trio.current_time()
+        if self._settled is not None and now - self._settled[2] < 0.05:
+            return self._settled[1]
+        ledgers = await self._ledgers()
+        if self._settled is not None and self._settled[0] == ledgers:
+            self._settled = (ledgers, self._settled[1], now)
+            return self._settled[1]
+        for lid in ledgers[-FENCE_TAIL:]:
+            try:
+                md = await self.client.ledger_metadata(lid)
+            except NoSuchLedgerError:
+                continue
+            if not md.is_closed:
+                self.handles.pop(lid, None)  # its view from before the recovery
+                await self.client.open_ledger(lid, recovery=True)
+        end = await self._closed_end(None, ledgers)
+        self._settled = (ledgers, end, now)
+        return end
+
     async def high_watermark(self) -> int:
-        """The next offset after the last acknowledged batch."""
-        if self.writer is not None:
-            return self.acked_end
+        """The next offset after the last acknowledged batch (see the module docstring:
+        the leader's, or a follower's lower bound)."""
+        if self.writer is not None or self.authority is not None:
+            generation = self.generation
+            leads = await self.leads()
+            if leads and self.writer is not None and generation == self.generation:
+                return self.acked_end
+            if leads and self.authority is not None:
+                return await self._settled_end()
         now = trio.current_time()
         if self._remote_end is not None and now - self._remote_end[0] < 0.05:
             return self._remote_end[1]
@@ -614,8 +793,12 @@ class PartitionLog:
         return b"".join(out)
 
     async def offset_for_time(self, timestamp: int) -> tuple[int, int] | None:
-        """``(timestamp, offset)`` of the first batch whose max timestamp is at or after
-        ``timestamp`` (batches are searched, not records within a compressed batch)."""
+        """``(timestamp, offset)`` of the first record whose timestamp is at or after
+        ``timestamp``, as Kafka answers: the first batch whose max timestamp reaches it
+        (a binary search over each ledger's entries), then the first record in that
+        batch that does (``timestamps.first_at_or_after``, which opens compressed
+        batches too). None if no record is that late. Ledgers are searched up to their
+        last readable entry (the LAC while open: nothing unconfirmed)."""
         for lid in await self._ledgers():
             last = await self._last_entry(lid)
             if last < 0 or (await self._header(lid, last)).max_timestamp < timestamp:
@@ -627,8 +810,12 @@ class PartitionLog:
                     hi = mid
                 else:
                     lo = mid + 1
-            h = await self._header(lid, lo)
-            return h.max_timestamp, h.base_offset
+            h = await self._handle(lid)
+            batch = (await h.read_batch(lo, lo))[0].payload
+            # in a worker thread: a compressed batch may expand to many records, and
+            # the event loop serves every other client meanwhile
+            offset, found = await trio.to_thread.run_sync(first_at_or_after, batch, timestamp)
+            return found, offset
         return None
 
 

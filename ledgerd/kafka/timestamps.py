@@ -1,0 +1,199 @@
+"""Record timestamps inside a RecordBatch v2: which record a ListOffsets by time names.
+
+Kafka answers ListOffsets for a timestamp with the first *record* whose timestamp is at
+or after it, and that record's timestamp (``LogSegment.findOffsetByTimestamp``: the
+first batch whose maxTimestamp reaches the target, then the first record in it that
+does). A batch's records follow its 61-byte header (``records.py``), compressed as a
+whole when the batch is; each record is::
+
+    length varint | attributes i8 | timestampDelta varlong | offsetDelta varint |
+    keyLength varint | key | valueLength varint | value | headerCount varint | headers
+
+(varints zigzag-encoded). A record's timestamp is baseTimestamp + timestampDelta; in a
+LogAppendTime batch (attributes bit 3) every record carries the batch's maxTimestamp.
+
+Decompression is bounded (``MAX_RECORDS_BYTES``): the batch came from a client, and a
+small batch can claim a huge expansion. A batch that cannot be opened here (snappy
+framing we do not know, lz4 without its module, more than the bound) is answered at
+batch granularity: its first record and the batch's maxTimestamp, as before; that is
+never after the record Kafka would name.
+
+Pure: bytes in, ``(offset, timestamp)`` out.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import Iterator
+
+from ledgerd.base.errors import LedgerdError
+from ledgerd.kafka.records import HEADER_SIZE, BatchHeader
+
+__all__ = ["MAX_RECORDS_BYTES", "RecordsError", "first_at_or_after", "record_times"]
+
+MAX_RECORDS_BYTES = 64 << 20  # a batch's records, decompressed, at most
+LOG_APPEND_TIME = 0x08
+_XERIAL = b"\x82SNAPPY\x00"
+
+
+class RecordsError(LedgerdError, ValueError):
+    """A batch's records cannot be read: ``reason`` says where and why."""
+
+
+def first_at_or_after(batch: bytes, timestamp: int) -> tuple[int, int]:
+    """``(offset, timestamp)`` of the batch's first record whose timestamp is at or
+    after ``timestamp``. The caller picked the batch because its maxTimestamp reaches
+    ``timestamp``; if its records cannot be read, the batch's first offset and its
+    maxTimestamp are the answer (the batch granularity Kafka's own index has)."""
+    h = BatchHeader.parse(batch)
+    if h.attributes & LOG_APPEND_TIME:
+        return h.base_offset, h.max_timestamp
+    try:
+        for offset, ts in record_times(batch):
+            if ts >= timestamp:
+                return offset, ts
+    except RecordsError:
+        pass
+    return h.base_offset, h.max_timestamp
+
+
+def record_times(batch: bytes) -> Iterator[tuple[int, int]]:
+    """``(offset, timestamp)`` of each record of ``batch``, in order (one at a time: a
+    batch may hold millions). Raises RecordsError, when it gets there, for records that
+    do not parse or cannot be decompressed here."""
+    h = BatchHeader.parse(batch)
+    body = _records(h, memoryview(batch)[HEADER_SIZE:h.length])
+    at = 0
+    for i in range(h.record_count):
+        length, at = _varint(body, at, i)
+        end = at + length
+        if length < 3 or end > len(body):
+            raise RecordsError(f"record {i} claims {length} bytes; {len(body) - at} remain")
+        at += 1  # attributes
+        delta_ts, at = _varint(body, at, i)
+        delta_off, at = _varint(body, at, i)
+        if at > end:
+            raise RecordsError(f"record {i}'s header runs past its {length} bytes")
+        yield h.base_offset + delta_off, h.base_timestamp + delta_ts
+        at = end
+
+
+def _varint(data: bytes | memoryview, at: int, record: int) -> tuple[int, int]:
+    """A zigzag varint (up to 10 bytes) at ``at``; returns it and the next position."""
+    shift = value = 0
+    for i in range(at, min(at + 10, len(data))):
+        b = data[i]
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (value >> 1) ^ -(value & 1), i + 1
+        shift += 7
+    raise RecordsError(f"record {record}: a varint at byte {at} does not end")
+
+
+def _records(h: BatchHeader, raw: memoryview) -> bytes | memoryview:
+    codec = h.attributes & 7
+    if codec == 0:
+        return raw
+    if codec == 1:  # gzip
+        d = zlib.decompressobj(wbits=47)  # gzip or zlib header
+        try:
+            out = d.decompress(raw, MAX_RECORDS_BYTES + 1)
+        except zlib.error as exc:
+            raise RecordsError(f"gzip: {exc}") from None
+        return _bounded(out)
+    if codec == 2:
+        return _snappy(bytes(raw))
+    if codec == 3:
+        try:
+            import lz4.frame  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        except ImportError:
+            raise RecordsError("lz4: the lz4 module is not installed") from None
+        try:
+            return _bounded(lz4.frame.LZ4FrameDecompressor().decompress(
+                bytes(raw), max_length=MAX_RECORDS_BYTES + 1))
+        except RuntimeError as exc:
+            raise RecordsError(f"lz4: {exc}") from None
+    if codec == 4:
+        import zstandard
+
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as r:
+                return _bounded(r.read(MAX_RECORDS_BYTES + 1))
+        except zstandard.ZstdError as exc:
+            raise RecordsError(f"zstd: {exc}") from None
+    raise RecordsError(f"unknown compression codec {codec}")
+
+
+def _bounded(out: bytes) -> bytes:
+    if len(out) > MAX_RECORDS_BYTES:
+        raise RecordsError(f"records expand past {MAX_RECORDS_BYTES} bytes")
+    return out
+
+
+def _snappy(data: bytes) -> bytes:
+    """Kafka's snappy: the Java client's xerial framing (magic, version, compat, then
+    [length i32][raw block]...) or one raw block (librdkafka)."""
+    if not data.startswith(_XERIAL):
+        return _snappy_block(data)
+    at, out = 16, bytearray()
+    while at < len(data):
+        if at + 4 > len(data):
+            raise RecordsError("snappy: a truncated xerial block length")
+        n = int.from_bytes(data[at:at + 4], "big")
+        at += 4
+        out += _snappy_block(data[at:at + n])
+        at += n
+        if len(out) > MAX_RECORDS_BYTES:
+            raise RecordsError(f"records expand past {MAX_RECORDS_BYTES} bytes")
+    return bytes(out)
+
+
+def _snappy_block(data: bytes) -> bytes:
+    """One raw snappy block (the format's preamble and elements), bounded."""
+    size = shift = at = 0
+    while True:
+        if at >= len(data) or at > 4:
+            raise RecordsError("snappy: a bad length preamble")
+        b = data[at]
+        at += 1
+        size |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            break
+    if size > MAX_RECORDS_BYTES:
+        raise RecordsError(f"snappy: a block of {size} bytes is over {MAX_RECORDS_BYTES}")
+    out = bytearray()
+    while at < len(data):
+        tag = data[at]
+        at += 1
+        kind = tag & 3
+        if kind == 0:  # literal
+            n = tag >> 2
+            if n >= 60:
+                extra = n - 59
+                n = int.from_bytes(data[at:at + extra], "little")
+                at += extra
+            n += 1
+            out += data[at:at + n]
+            at += n
+            continue
+        if kind == 1:
+            n, back = 4 + ((tag >> 2) & 7), ((tag >> 5) << 8) | data[at]
+            at += 1
+        elif kind == 2:
+            n, back = (tag >> 2) + 1, int.from_bytes(data[at:at + 2], "little")
+            at += 2
+        else:
+            n, back = (tag >> 2) + 1, int.from_bytes(data[at:at + 4], "little")
+            at += 4
+        if not 0 < back <= len(out):
+            raise RecordsError(f"snappy: a copy {back} bytes back from byte {len(out)}")
+        start = len(out) - back
+        for i in range(n):  # may overlap itself (a run)
+            out.append(out[start + i])
+        if len(out) > size:
+            break
+    if len(out) != size:
+        raise RecordsError(f"snappy: {len(out)} bytes decoded, the preamble said {size}")
+    return bytes(out)
