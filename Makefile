@@ -77,6 +77,7 @@ conformance-deps:
 	for p in $(CONFORMANCE_PACKAGES); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
+	if ! command -v npm >/dev/null 2>&1; then missing="$$missing npm"; fi; \
 	if [ -n "$$missing" ]; then \
 		echo "installing system packages:$$missing"; \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \

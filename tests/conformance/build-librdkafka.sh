@@ -39,8 +39,7 @@ esac
 
 for tool in npm g++ make; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "build-librdkafka.sh: $tool is missing (make conformance-deps installs the" \
-             "compilers; npm comes with the machine's Node.js)" >&2
+        echo "build-librdkafka.sh: $tool is missing (make conformance-deps installs it)" >&2
         exit 1
     fi
 done
