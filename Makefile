@@ -2,6 +2,7 @@
 #   make run   installs what is missing, then runs a local cluster (ZooKeeper + bookies)
 #   make test  installs what is missing, then runs the whole suite
 # Both are idempotent: a second run installs nothing new.
+#   make conformance  librdkafka's own test suite against the Kafka gateway (docs/kafka.md)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -13,7 +14,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BOOKIES ?= 3
 KAFKA ?=
 
-.PHONY: run test setup system-deps lint typecheck clean bench bench-deps
+.PHONY: run test setup system-deps lint typecheck clean bench bench-deps conformance \
+	conformance-deps
 
 setup: system-deps $(STAMP)
 
@@ -56,6 +58,39 @@ test: setup lint typecheck
 
 clean:
 	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/ledgerd
+
+# librdkafka's own test suite against a real `ledgerd local --kafka` cluster (not part of
+# `make test`; CI runs it after). The librdkafka release is the one the expectations list
+# names; its source comes from a package registry, pinned, and its test-runner is built
+# once under build/ (a second run builds nothing). CONFORMANCE_MODE=full runs the
+# test-runner without -Q; CONFORMANCE_TESTS=0001,0081 runs only those test numbers.
+CONFORMANCE_LIST := tests/conformance/librdkafka.toml
+LIBRDKAFKA_VERSION := $(shell sed -n 's/^librdkafka = "\(.*\)"$$/\1/p' $(CONFORMANCE_LIST))
+LIBRDKAFKA := build/librdkafka-$(LIBRDKAFKA_VERSION)
+CONFORMANCE_MODE ?= quick
+CONFORMANCE_JOBS ?= 2
+CONFORMANCE_TESTS ?=
+CONFORMANCE_PACKAGES := g++ pkg-config zlib1g-dev libzstd-dev libssl-dev rapidjson-dev
+
+conformance-deps:
+	@missing=""; \
+	for p in $(CONFORMANCE_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if ! command -v npm >/dev/null 2>&1; then missing="$$missing npm"; fi; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing \
+			</dev/null || exit 1; \
+	fi
+
+$(LIBRDKAFKA)/tests/test-runner: tests/conformance/build-librdkafka.sh
+	bash tests/conformance/build-librdkafka.sh $(LIBRDKAFKA_VERSION) $(LIBRDKAFKA) </dev/null
+
+conformance: setup conformance-deps $(LIBRDKAFKA)/tests/test-runner
+	$(PY) -m tests.conformance.runner --mode $(CONFORMANCE_MODE) --jobs $(CONFORMANCE_JOBS) \
+		$(if $(CONFORMANCE_TESTS),--tests $(CONFORMANCE_TESTS))
 
 # Benchmarks (not part of `make test`): Redis is the side-by-side anchor for bench/bookie.py
 # and bench/latency.py (driven there by bench/adddriver.c, built with setup's gcc).
