@@ -61,7 +61,7 @@ from functools import partial
 import trio
 
 from ledgerd.appliance.handlers import RequestHandler
-from ledgerd.appliance.replies import ReplyItem, count_sent_adds, encode_ok_adds, replies_in
+from ledgerd.appliance.replies import ReplyItem, count_sent_adds, encode_ok_adds
 from ledgerd.appliance.session import (
     CLOSE_GRACE_S,
     NEED_DATA,
@@ -433,10 +433,10 @@ class ConnectionHub:
             last = _Ahead(group, send, 0)
             ahead.append(last)
         # Still unanswered (``max_inflight`` counts them) until their group is collected.
-        attached = items[start:k]
-        last.send.data += encode_ok_adds(attached)
+        data, replies = encode_ok_adds(items[start:k])
+        last.send.data += data
         last.count += k - start
-        last.replies += replies_in(attached)
+        last.replies += replies
         c.attached = k
 
     def _wait(self, c: _Connection, group: JournalGroup | None) -> None:

@@ -166,8 +166,9 @@ def count_sent_adds(metrics: BookieMetrics, items: list[ReplyItem]) -> None:
         metrics.count(_ADD, 0, total)
 
 
-def encode_ok_adds(items: list[ReplyItem]) -> bytes:
-    """The OK AddResponses of ``items`` (OK adds), in order, as the syncer sends them."""
+def encode_ok_adds(items: list[ReplyItem]) -> tuple[bytes, int]:
+    """The OK AddResponses of ``items`` (OK adds), in order, as the syncer sends them,
+    and how many replies that is."""
     out = []
     for item in items:
         cids = item.cids
@@ -178,7 +179,7 @@ def encode_ok_adds(items: list[ReplyItem]) -> bytes:
             lid = item.ledger_id
             eid = item.entry_id
             out += [encode_add_response(cid, 0, lid, eid + i, 1) for i, cid in enumerate(cids)]
-    return b"".join(out)
+    return b"".join(out), len(out)
 
 
 def replies_in(items: list[ReplyItem]) -> int:
