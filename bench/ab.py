@@ -267,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--table"]:
         if len(argv) != 2:
             raise SystemExit("usage: ab.py --table FILE (a saved --json result)")
-        return print_table(json.loads(Path(argv[1]).read_text().strip().splitlines()[-1]))
+        lines = Path(argv[1]).read_text().strip().splitlines()
+        if not lines:
+            raise SystemExit(f"ab.py --table: {argv[1]} is empty (no saved --json result)")
+        return print_table(json.loads(lines[-1]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      usage="%(prog)s --old DIR --new DIR [--rounds N] "
                                            "[--abba] [--json] SCRIPT [ARGS...]")
