@@ -400,7 +400,8 @@ class Bookie:
         return {"bookie_id": self.bookie_id, "port": self.port,
                 "host": self.config.advertised_address or self.config.listen_address,
                 "admin_port": self.http.bound_port, "version": VERSION, "pid": os.getpid(),
-                "rack": self.config.bookie_rack}
+                "rack": self.config.bookie_rack,
+                "read_only_reason": self.state.reason if self.state.read_only else ""}
 
     # -- status and metrics ------------------------------------------------------------
 

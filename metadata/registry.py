@@ -143,6 +143,21 @@ class BookieRegistry:
                 return False
         return True
 
+    async def full_disk_reason(self, snapshot: BookieSet, pids: Mapping[str, int | None]
+                               ) -> str | None:
+        """The first of ``pids``' processes registered read-only because a disk is full,
+        as ``"<bookie id>: <reason>"`` (None if none is): such a bookie turns writable
+        only once someone frees space, so a wait for it to be writable should stop."""
+        for bookie_id in sorted(pids.keys() & (snapshot.read_only - snapshot.writable)):
+            try:
+                info = await self.bookie_info(bookie_id)
+            except NoNodeError:
+                continue
+            reason = str(info.get("read_only_reason") or "")
+            if info.get("pid") == pids[bookie_id] and ("full" in reason or "space" in reason):
+                return f"{bookie_id}: {reason}"
+        return None
+
     async def bookie_info(self, bookie_id: str) -> dict[str, Any]:
         for ro in (False, True):
             try:

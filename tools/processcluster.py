@@ -156,6 +156,9 @@ class ProcessCluster:
             registry = BookieRegistry(store, self.root)
 
             async def all_registered(listed: BookieSet) -> bool:
+                if writable and (full := await registry.full_disk_reason(listed, pids)):
+                    raise ClusterError(f"bookie registered read-only, not writable: {full}. "
+                                       f"Free disk space (or raise disk_usage_threshold).")
                 return await registry.registered_by(listed, pids, writable=writable)
 
             with trio.move_on_after(self.register_timeout) as scope:
@@ -166,10 +169,12 @@ class ProcessCluster:
                         await registry.wait_for(all_registered)
                         nursery.cancel_scope.cancel()
                 except ExceptionGroup as group:
-                    dead = group.subgroup(ClusterError)
-                    if dead is None:
+                    first: BaseException | None = group.subgroup(ClusterError)
+                    if first is None:
                         raise
-                    raise dead.exceptions[0] from None
+                    while isinstance(first, BaseExceptionGroup):
+                        first = first.exceptions[0]
+                    raise first from None
             if scope.cancelled_caught:
                 raise ClusterError(f"bookies not registered after "
                                    f"{self.register_timeout:.0f}s; logs under {self.base}")

@@ -49,6 +49,7 @@ __all__ = [
     "EVENT_BOUND_S",
     "BookieDied",
     "BookieProcess",
+    "BookieReadOnly",
     "ClusterError",
     "ProcessCluster",
     "ZooKeeperServer",
@@ -71,6 +72,11 @@ EVENT_BOUND_S = 90
 class BookieDied(LedgerdError, AssertionError):
     """A bookie process exited while a test waited for it (a test failure, so also an
     AssertionError)."""
+
+
+class BookieReadOnly(LedgerdError, AssertionError):
+    """A bookie a test waited for as writable registered read-only because its disks are
+    over ``disk_usage_threshold`` (the machine's disk, not the code under test)."""
 
 
 @asynccontextmanager
@@ -97,6 +103,8 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
         r = bookie.bookie_id in snapshot.read_only
         if not present:
             return not w and not r
+        if read_only is False and r and not w:
+            await _refuse_full_disk(registry, bookie)
         if not (w or r if read_only is None else (r if read_only else w)):
             return False
         # A node left by a killed process lingers until its session expires: only the
@@ -119,11 +127,30 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
             raise BookieDied(f"{bookie.name} exited with {code} before registering:\n"
                              f"{bookie.log_tail()}")
 
-    with trio.fail_after(EVENT_BOUND_S):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(died)
-            await registry.wait_for(done)
-            nursery.cancel_scope.cancel()
+    try:
+        with trio.fail_after(EVENT_BOUND_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(died)
+                await registry.wait_for(done)
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The verdict on the bookie, not the nursery's wrapping of it.
+        matched, _ = group.split((BookieDied, BookieReadOnly))
+        verdict: BaseException | None = matched
+        while isinstance(verdict, BaseExceptionGroup):
+            verdict = verdict.exceptions[0]
+        if verdict is not None:
+            raise verdict from None
+        raise
+
+
+async def _refuse_full_disk(registry: BookieRegistry, bookie: BookieProcess) -> None:
+    listed = await registry.list_bookies()
+    reason = await registry.full_disk_reason(listed, {bookie.bookie_id: bookie.pid})
+    if reason is not None:
+        raise BookieReadOnly(f"{bookie.name} registered read-only, not writable: {reason}. "
+                             f"Free disk space on this machine (or raise "
+                             f"disk_usage_threshold) and run again.")
 
 
 async def start_bookies(factory: Callable[[], BookieProcess], zk: str,
