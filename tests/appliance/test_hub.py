@@ -309,3 +309,35 @@ async def test_replies_in_a_syncers_hands_count_as_unanswered(
         got = await read_replies(s, 192)
         assert got == [(e, Status.OK) for e in range(8, 200)]
         assert b.storage.last_entry_id(1) == 199
+
+
+async def test_a_failed_group_answers_each_frame_of_a_syncer_run_with_io_error(
+        tmp_path: Path) -> None:
+    """A run of one-entry adds is one reply item handed to the syncer; when its group's
+    fdatasync fails the syncer sends nothing, and the hub answers every frame of the run
+    with IO_ERROR under its own correlation id, and forgets them (none stays in flight)."""
+    from ledgerd.native import faults
+    from ledgerd.native.faults import FaultRule
+
+    async with running_bookie(tmp_path, storage_may_fail=True) as b:
+        assert b.hub is not None
+        made = spy_sends(b.storage.journal)
+        s = b.raw_pair()
+        # Until a group goes out on the fast path (the syncer sends its replies).
+        e = 0
+        while not any(m.sent == len(m.data) > 0 for m in made):
+            await s.send_all(add_frame(1, e, cid=e))
+            assert await read_replies(s, 1) == [(e, Status.OK)]
+            e += 1
+        made.clear()
+        faults.arm([FaultRule("fsync", "journal", "EIO", times=1)])
+        try:
+            await s.send_all(b"".join(add_frame(1, e + k, cid=100 + k) for k in range(5)))
+            with trio.fail_after(10):
+                got = await read_replies(s, 5)
+        finally:
+            faults.disarm()
+        assert got == [(100 + k, Status.IO_ERROR) for k in range(5)]
+        assert made and all(m.sent == 0 for m in made)  # handed over, never sent
+        (conn,) = b.hub._conns.values()
+        assert not conn.session.conn.inflight and not conn.session.items
