@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -182,3 +183,17 @@ async def running_bookie(tmp: Path, *, options: ConnectionOptions | None = None,
 
 def small_journal(max_memory_bytes: int) -> JournalOptions:
     return replace(JournalOptions(), max_memory_bytes=max_memory_bytes)
+
+
+def gate_collection(journal: Any, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
+    """The journal collects no finished group until the returned event is set (its
+    syncer still writes, syncs and sends the replies it was handed)."""
+    gate = trio.Event()
+    collect = journal._collect_oldest
+
+    async def gated_collect() -> None:
+        await gate.wait()
+        await collect()
+
+    monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+    return gate

@@ -41,7 +41,15 @@ from ledgerd.wire.messages import (
 )
 from ledgerd.wire.status import Status
 from tests.appliance import harness
-from tests.appliance.harness import KEY, OTHER_KEY, D, entry, running_bookie, small_journal
+from tests.appliance.harness import (
+    KEY,
+    OTHER_KEY,
+    D,
+    entry,
+    gate_collection,
+    running_bookie,
+    small_journal,
+)
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
@@ -649,15 +657,7 @@ async def test_max_inflight_counts_each_frame_of_a_multi_frame_run(
     each): ``max_inflight`` still counts frames, so the connection stops after eight
     unanswered, and once their group is collected every frame is answered in order."""
     async with running_bookie(tmp_path, options=ConnectionOptions(max_inflight=8)) as b:
-        journal = b.storage.journal
-        gate = trio.Event()
-        collect = journal._collect_oldest
-
-        async def gated_collect() -> None:
-            await gate.wait()
-            await collect()
-
-        monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+        gate = gate_collection(b.storage.journal, monkeypatch)
         s = b.raw_pair()
         await s.send_all(b"".join(encode_request(add(1, e), e, 0) for e in range(200)))
         await trio.testing.wait_all_tasks_blocked(cushion=0.1)

@@ -22,7 +22,7 @@ from ledgerd.wire.frames import encode_request
 from ledgerd.wire.messages import AddRequest, ApiKey, ReadRequest
 from ledgerd.wire.status import Status
 from tests.appliance import harness
-from tests.appliance.harness import KEY, entry, running_bookie
+from tests.appliance.harness import KEY, entry, gate_collection, running_bookie
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
@@ -202,20 +202,6 @@ def spy_sends(journal: Any) -> list[Any]:
 
     journal.after_sync = after_sync
     return made
-
-
-def gate_collection(journal: Any, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
-    """The journal collects no finished group until the returned event is set (its
-    syncer still writes, syncs and sends the replies it was handed)."""
-    gate = trio.Event()
-    collect = journal._collect_oldest
-
-    async def gated_collect() -> None:
-        await gate.wait()
-        await collect()
-
-    monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
-    return gate
 
 
 async def test_add_replies_leave_from_the_syncer(tmp_path: Path) -> None:
