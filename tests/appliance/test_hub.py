@@ -221,6 +221,8 @@ async def test_add_replies_leave_from_the_syncer(tmp_path: Path) -> None:
         assert any(m.sent == len(m.data) > 0 for m in made)
         await b.settled()  # counted when the loop collects the group
         assert b.metrics.add_latency.count == 4 * 15
+        # Each reply counted once by (api, status), whichever way it went.
+        assert b.metrics.requests[(ApiKey.ADD, Status.OK)] == 4 * 15
         assert b.metrics.syncer_replies == sum(
             len(replies(bytes(m.data))) for m in made if m.sent == len(m.data))
 
