@@ -107,6 +107,11 @@ def test_bookie_names_are_read_in_bookkeeper_units_and_spellings() -> None:
     assert "\n" not in str(warnings[0])
     digest = load_config(ClientConfig, text='digestType = "MAC"\n', env={}).digest_type
     assert digest == "hmac"
+    # BookKeeper binds an interface by name; ledgerd binds its address
+    assert load_config(BookieConfig, text='listeningInterface = "lo"\n', env={}
+                       ).listen_address == "127.0.0.1"
+    assert load_config(BookieConfig, text='listeningInterface = "0.0.0.0"\n', env={}
+                       ).listen_address == "0.0.0.0"
 
 
 def test_metadata_service_uri_wins_over_zk_servers() -> None:
