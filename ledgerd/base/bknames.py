@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["BOOKKEEPER_NAMES", "STREAM_PREFIXES", "BkName", "bk_table", "known_reason",
+__all__ = ["BOOKKEEPER_NAMES", "CLIENT_ONLY_NAMES", "STREAM_PREFIXES", "BkName", "bk_table", "known_reason",
            "metadata_service_uri"]
 
 Convert = Callable[[object], Mapping[str, object]]
@@ -271,6 +271,40 @@ BOOKKEEPER_NAMES = frozenset("""
     """.split()) | {"journalDir", "ledgerDir", "localScrubPeriod"}
 
 
+# The names only BookKeeper's ClientConfiguration has (not ServerConfiguration,
+# AbstractConfiguration or bk_server.conf): in a bookie's file, a client's setting.
+CLIENT_ONLY_NAMES = frozenset("""
+    addEntryQuorumTimeoutSec addEntryTimeoutSec batchReadEnabled
+    bookieConnectionErrorQuarantineEnabled bookieErrorThresholdPerInterval
+    bookieFailureHistoryExpirationMSec bookieHealthCheckEnabled
+    bookieHealthCheckIntervalSeconds bookieMaxMultipleForWeightBasedPlacement
+    bookieQuarantineRatio bookieQuarantineTimeSeconds clientAuthProviderFactoryClass
+    clientConnectBookieUnavailableLogThrottling clientConnectTimeoutMillis
+    clientKeyStore clientKeyStorePasswordPath clientKeyStoreType clientReceiveBufferSize
+    clientRole clientSendBufferSize clientSockKeepalive clientTcpNoDelay
+    clientTcpUserTimeoutMillis clientTrustStore clientTrustStorePasswordPath
+    clientTrustStoreType clientWriteBufferHighWaterMark clientWriteBufferLowWaterMark
+    delayEnsembleChange disableEnsembleChangeFeatureName diskWeightBasedPlacementEnabled
+    enableBookieAddressTracking enableBookieFailureTracking enableParallelRecoveryRead
+    explicitLacInterval firstSpeculativeReadLACTimeout firstSpeculativeReadTimeout
+    getBookieInfoIntervalSeconds getBookieInfoRetryIntervalSeconds
+    getBookieInfoTimeoutSecs maxNumEnsembleChanges maxSpeculativeReadLACTimeout
+    maxSpeculativeReadTimeout nettyUsePooledBuffers
+    networkTopologyStabilizePeriodSeconds numChannelsPerBookie numIOThreads
+    numWorkerThreads opportunisticStriping pcbcTimeoutTimerNumTicks
+    pcbcTimeoutTimerTickDurationMs readEntryTimeoutSec
+    readReorderThresholdPendingRequests readTimeout recoveryBatchReadEnabled
+    recoveryReadBatchSize registrationClientClass
+    speculativeReadLACTimeoutBackoffMultiplier speculativeReadTimeout
+    speculativeReadTimeoutBackoffMultiplier startTLSTimeoutSecs
+    taskExecutionWarnTimeMicros tcpKeepCnt tcpKeepIdle tcpKeepIntvl throttle
+    timeoutMonitorIntervalSec timeoutTaskIntervalMillis timeoutTimerNumTicks
+    timeoutTimerTickDurationMs tlsHostnameVerificationEnabled
+    useHostnameResolveLocalNodePlacementPolicy useV2WireProtocol
+    waitTimeoutOnBackpressureMs
+    """.split())
+
+
 def known_reason(name: str, table: Mapping[str, BkName]) -> str | None:
     """Why ``name`` is accepted and ignored, or None when it is mapped or unknown."""
     entry = table.get(name)
@@ -278,6 +312,9 @@ def known_reason(name: str, table: Mapping[str, BkName]) -> str | None:
         return entry.why or None
     if name.startswith(STREAM_PREFIXES):
         return "BookKeeper's stream storage (table service) is not part of ledgerd"
+    if name in CLIENT_ONLY_NAMES and "bookiePort" in table:
+        return ("a BookKeeper client setting, which a bookie has no use for (a ledgerd "
+                "client reads the ones it maps: `ledgerd config --client`)")
     if name in BOOKKEEPER_NAMES:
         return ("a BookKeeper setting this process has no use for (docs/configuration.md "
                 "lists what ledgerd reads)")

@@ -145,6 +145,11 @@ def test_other_bookkeeper_names_warn_and_typos_are_refused() -> None:
                                    "useHostNameAsBookieID = true\n", env={}, notes=notes)
     assert [(n.name, n.is_warning) for n in notes] == [
         ("numHighPriorityWorkerThreads", True), ("useHostNameAsBookieID", True)]
+    notes.clear()  # a client's name in a bookie's file (one file for both, as some keep)
+    load_config(BookieConfig, text="readTimeout = 30\n", env={}, notes=notes)
+    assert [n.text for n in notes] == [
+        "readTimeout ignored: a BookKeeper client setting, which a bookie has no use for "
+        "(a ledgerd client reads the ones it maps: `ledgerd config --client`)"]
     with pytest.raises(ConfigError, match=r"did you mean 'journalDirectory'\?"):
         load_config(BookieConfig, text='journalDirectorys = "/j"\n', env={})
     with pytest.raises(ConfigError, match="a ledgerd bookie writes one journal"):
