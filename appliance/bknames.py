@@ -73,6 +73,14 @@ def _pem_only(value: object) -> dict[str, object]:
     return {}
 
 
+def _log_size(value: object) -> dict[str, object]:
+    try:
+        size = int(str(value).strip())
+    except ValueError:
+        raise ValueError("a size in bytes") from None
+    return {"log_size_limit": min(size, 1 << 30)}
+
+
 def _layout(value: object) -> dict[str, object]:
     return {"ledger_manager_type": str(value).strip().lower()}
 
@@ -139,7 +147,9 @@ BOOKIE_NAMES: tuple[BkName, ...] = (
     BkName(name="pageSize", key="page_size", unit="bytes"),
     BkName(name="pageLimit", key="page_limit", unit="pages"),
     # -- entry logs ----------------------------------------------------------------------
-    BkName(name="logSizeLimit", key="log_size_limit", unit="bytes"),
+    BkName(name="logSizeLimit", key="log_size_limit", unit="bytes", convert=_log_size,
+           note="above 1 GiB (BookKeeper 4.4's default is 2 GB) read as 1 GiB, ledgerd's "
+                "largest entry log"),
     BkName(name="entryLogFilePreallocationEnabled", key="entry_log_file_preallocation_enabled"),
     BkName(name="flushEntrylogBytes", key="flush_entrylog_bytes", unit="bytes"),
     BkName(name="readBufferSizeBytes", key="read_buffer_size_bytes", unit="bytes"),

@@ -93,6 +93,7 @@ def test_bookie_names_are_read_in_bookkeeper_units_and_spellings() -> None:
         "compactionRate = 250\njournalAdaptiveGroupWrites = true\n"
         "minorCompactionInterval = -1\nmajorCompactionInterval = 0\n"
         "gcWaitTime = 300000\nflushInterval = 60000\nlocalScrubInterval = 3600\n"
+        "logSizeLimit = 2147483648\n"
         'ledgerStorageClass = "org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage"\n'),
         env={}, notes=notes)
     assert cfg.zk_servers == "zk1:2181,zk2:2181"
@@ -101,6 +102,7 @@ def test_bookie_names_are_read_in_bookkeeper_units_and_spellings() -> None:
     assert (cfg.minor_compaction_interval_s, cfg.major_compaction_interval_s) == (0, 0)
     assert (cfg.gc_wait_time_ms, cfg.flush_interval_ms) == (300_000, 60_000)
     assert cfg.local_scrub_period_s == 3600 and cfg.ledger_storage_class == "db"
+    assert cfg.log_size_limit == 1 << 30  # BookKeeper 4.4's 2 GB default: ledgerd's largest
     warnings = [n for n in notes if n.is_warning]
     assert [n.name for n in warnings] == ["journalAdaptiveGroupWrites"]
     assert "group commit cannot be turned off" in str(warnings[0])
