@@ -47,19 +47,42 @@ def cli(ctx: click.Context, debug: bool, log_format: str | None) -> None:
     configure_logging("DEBUG" if debug else "INFO", fmt=log_format or "kv")
 
 
+# LEDGERD_* variables read by something other than a configuration class.
+OTHER_ENV = ("LEDGERD_LOG_FORMAT", "LEDGERD_CRASH_AT", "LEDGERD_CRASH_SEED",
+             "LEDGERD_FAULT_PLAN", "LEDGERD_FAULTS_SEED", "LEDGERD_FUZZ_SEED",
+             "LEDGERD_WRITE_VECTORS", "LEDGERD_TEST_SPARK_COMMIT_PAUSE_S")
+
+
+def environment_warnings() -> list[str]:
+    """One line per LEDGERD_* variable that names no bookie, client or gateway key."""
+    import os
+
+    from ledgerd.base.settings import unknown_environment
+    from ledgerd.kafka.config import GatewayConfig
+
+    return unknown_environment(os.environ, (BookieConfig, ClientConfig, GatewayConfig),
+                               OTHER_ENV)
+
+
 @cli.command("config")
 @click.option("--defaults", is_flag=True,
               help="Print a commented TOML file with every key and its default.")
 @click.option("--check", "check", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Validate FILE (with LEDGERD_* variables): every problem, then exit 2.")
+              help="Validate FILE (TOML or a BookKeeper bk_server.conf, with LEDGERD_* "
+                   "variables): every problem on its own line, then exit 2.")
 @click.option("--effective", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Print what a process would run with: FILE + LEDGERD_* over the defaults.")
+@click.option("--from-bookkeeper", "from_bk", type=click.Path(dir_okay=False, path_type=Path),
+              default=None,
+              help="Print the ledgerd TOML equivalent of a BookKeeper bk_server.conf "
+                   "(a comment for each name ledgerd ignores, and why).")
 @click.option("--client", is_flag=True, help="Client settings instead of bookie settings.")
 @click.option("--gateway", is_flag=True,
               help="Kafka gateway settings (client keys + gateway keys) instead of bookie settings.")
-def config_cmd(defaults: bool, check: Path | None, effective: Path | None, client: bool,
-               gateway: bool) -> None:
-    """Print configuration defaults, validate a file, or show the effective settings."""
+def config_cmd(defaults: bool, check: Path | None, effective: Path | None, from_bk: Path | None,
+               client: bool, gateway: bool) -> None:
+    """Print configuration defaults, validate a file, show the effective settings, or
+    translate a BookKeeper configuration file."""
     import dataclasses
 
     from ledgerd.base import settings as st
@@ -68,15 +91,32 @@ def config_cmd(defaults: bool, check: Path | None, effective: Path | None, clien
     if client and gateway:
         raise CliError("name one of --client, --gateway")
     cls: type[Any] = GatewayConfig if gateway else ClientConfig if client else BookieConfig
-    if sum((defaults, check is not None, effective is not None)) != 1:
-        raise CliError("name one of --defaults, --check FILE, --effective FILE")
+    if sum((defaults, check is not None, effective is not None, from_bk is not None)) != 1:
+        raise CliError("name one of --defaults, --check FILE, --effective FILE, "
+                       "--from-bookkeeper FILE")
     if defaults:
         click.echo(defaults_toml(cls), nl=False)
         return
+    if from_bk is not None:
+        click.echo(st.bookkeeper_toml(cls, from_bk), nl=False)
+        return
     path = check or effective
-    cfg = load_config(cls, path=path)  # a ConfigError lists every problem, exit 2
-    for note in st.alias_notes:
-        click.echo(f"note: {note}", err=True)
+    notes: list[st.ConfigNote] = []
+    problems: list[ConfigError] = []
+    try:
+        cfg = load_config(cls, path=path, notes=notes)
+    except ConfigError as exc:
+        problems = exc.problems
+    # One line each: what was read or ignored, then unknown variables, then the errors.
+    for note in notes:
+        click.echo(f"{'warning' if note.is_warning else 'note'}: {note}", err=True)
+    for line in environment_warnings():
+        click.echo(f"warning: {line}", err=True)
+    if problems:
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+        click.echo(f"ledgerd: error: {path}: {len(problems)} config problem(s)", err=True)
+        sys.exit(2)
     if check is not None:
         changed = sum(1 for f in dataclasses.fields(cls)
                       if getattr(cfg, f.name) != f.default)
@@ -91,8 +131,9 @@ def config_cmd(defaults: bool, check: Path | None, effective: Path | None, clien
     click.echo("\n".join(lines))
 
 
-def _log_effective(config: BookieConfig) -> None:
-    """The bookie's settings that differ from the defaults, and BookKeeper names read."""
+def _log_effective(config: BookieConfig, notes: list[Any]) -> None:
+    """The bookie's settings that differ from the defaults, BookKeeper names read or
+    ignored, and LEDGERD_* variables that name no setting."""
     import dataclasses
     import logging
 
@@ -100,8 +141,11 @@ def _log_effective(config: BookieConfig) -> None:
     from ledgerd.base.logs import fields
 
     log = logging.getLogger("ledgerd.appliance.config")
-    for note in st.alias_notes:
-        log.warning("config_bookkeeper_name", extra=fields(note=note))
+    for note in notes:
+        log.log(logging.WARNING if note.is_warning else logging.INFO,
+                "config_bookkeeper_name", extra=fields(note=str(note)))
+    for line in environment_warnings():
+        log.warning("config_unknown_environment", extra=fields(note=line))
     changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                if getattr(config, f.name) != f.default and "secret" not in f.name}
     log.info("config_effective", extra=fields(**{k: st.toml_value(v) for k, v in
@@ -110,7 +154,9 @@ def _log_effective(config: BookieConfig) -> None:
 
 @cli.command("bookie")
 @click.option("--conf", "conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="TOML configuration file (LEDGERD_<KEY> variables override it).")
+              help="TOML configuration file, or BookKeeper's bk_server.conf (read by its "
+                   ".conf extension or its properties syntax); LEDGERD_<KEY> variables "
+                   "override it.")
 @click.option("--port", type=int, default=None, help="Override bookie_port.")
 @click.pass_context
 def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
@@ -118,10 +164,12 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     from ledgerd.appliance.main import run_bookie
 
     overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
-    config = load_config(BookieConfig, path=conf, overrides=overrides)
+    notes: list[Any] = []
+    config = load_config(BookieConfig, path=conf, overrides=overrides, notes=notes)
     configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level,
-                      fmt=ctx.obj["log_format"] or config.log_format)
-    _log_effective(config)
+                      fmt=ctx.obj["log_format"] or config.log_format,
+                      levels=config.log_levels, log_file=config.log_file)
+    _log_effective(config, notes)
     try:
         code = run_bookie(config)
     except BaseException as exc:
@@ -368,7 +416,12 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         if debug:
             raise
-        click.echo(f"ledgerd: error: {exc}", err=True)
+        if len(exc.problems) > 1:  # one problem a line, each naming its key
+            click.echo(f"ledgerd: error: {len(exc.problems)} config problems:", err=True)
+            for problem in exc.problems:
+                click.echo(f"  {problem}", err=True)
+        else:
+            click.echo(f"ledgerd: error: {exc}", err=True)
         sys.exit(2)
     except LedgerdError as exc:  # the root of every ledgerd error, of every package
         if debug:
