@@ -159,6 +159,7 @@ class PartitionLog:
         # retention or DeleteRecords move it), and when
         self._start: tuple[float, int] | None = None
         self.floor = 0  # the low watermark DeleteRecords set (the topic record's)
+        self.summaries: dict[int, tuple[int, int]] = {}  # closed ledger -> bytes, newest
         self.last_used = trio.current_time()
         # read-ahead: consecutive batches (base, next offset, bytes) read from the bookies
         # ahead of the consumer, and where the next read starts; one run at a time
@@ -665,11 +666,20 @@ class PartitionLog:
         return await self._first_offset(ledger_id)
 
     async def ledger_summary(self, ledger_id: int) -> tuple[int, int]:
-        """A closed ledger's ``(bytes, max timestamp of its last batch)``."""
+        """A ledger's ``(bytes, max timestamp of its last batch)`` (an open ledger's
+        bytes count 0 until it is closed); a closed ledger's is remembered."""
+        hit = self.summaries.get(ledger_id)
+        if hit is not None:
+            return hit
         md = await self.client.ledger_metadata(ledger_id)
-        if md.last_entry_id < 0:
-            return md.length, -1
-        return md.length, (await self._header(ledger_id, md.last_entry_id)).max_timestamp
+        newest = -1
+        if md.last_entry_id >= 0:
+            newest = (await self._header(ledger_id, md.last_entry_id)).max_timestamp
+        if md.is_closed:
+            self.summaries[ledger_id] = (md.length, newest)
+            while len(self.summaries) > 4096:  # a memory, not a registry
+                self.summaries.pop(next(iter(self.summaries)))
+        return md.length, newest
 
     async def locate(self, offset: int, *, cached: bool = True) -> tuple[int, int]:
         """``(ledger, entry)`` of the batch holding ``offset`` (which is below the high

@@ -269,7 +269,8 @@ async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[s
                            ) -> dict[str, Any]:
     results = []
     for r in body["resources"]:
-        rtype, name, keys = r["resource_type"], r["resource_name"], r["configuration_keys"]
+        rtype, name = r["resource_type"], r["resource_name"]
+        keys = r["configuration_keys"]  # null: every config; [] none (Kafka's rule)
         res: dict[str, Any] = {"resource_type": rtype, "resource_name": name,
                                "error_code": 0, "error_message": None, "configs": []}
         results.append(res)

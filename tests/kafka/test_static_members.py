@@ -30,10 +30,10 @@ def _join(g: Group, member: str, now: float, instance: str | None, *topics: str)
 
 def _two_static_members() -> tuple[Group, str, str]:
     """A stable group of static members a (the leader) and b."""
-    g = Group("g", GroupSettings(initial_rebalance_delay_s=0.0))
+    g = Group("g", GroupSettings(initial_rebalance_delay_s=0.05))
     ja = _join(g, "", 0.0, "inst-a")
     jb = _join(g, "", 0.0, "inst-b")
-    g.tick(0.0)
+    g.tick(0.05)
     a, b = ja.value["member_id"], jb.value["member_id"]
     assert ja.value["leader"] == a and ja.value["generation_id"] == 1
     assert {m["group_instance_id"] for m in ja.value["members"]} == {"inst-a", "inst-b"}
@@ -104,8 +104,11 @@ def test_a_restarted_static_consumer_gets_its_partitions_back_without_a_rebalanc
     process with its instance id starts: it gets the same partitions, and the other
     consumer's assignment is never revoked."""
     from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     topic, group = "static-a", "static-g"
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 4)])[topic].result(BOUND_S)
     producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap})
     for p in range(4):
         producer.produce(topic, value=b"x", partition=p)

@@ -60,10 +60,12 @@ def _until(what: str, check: Any) -> None:
 
 
 def _fill(cluster: KafkaCluster, topic: str, n: int, size: int = 10_000) -> None:
-    """``n`` records of ``size`` bytes into partition 0, one request each batch."""
+    """``n`` records of ``size`` bytes into partition 0, a few per batch (so that
+    ledgers of 1 MiB hold many batches)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5,
+                         "batch.size": 4 * size})
     for i in range(n):
         producer.produce(topic, value=b"%06d" % i + b"x" * (size - 6), partition=0)
         producer.poll(0)
@@ -82,7 +84,8 @@ def _earliest(cluster: KafkaCluster, topic: str) -> int:
 
     c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "unused"})
     try:
-        low, _high = c.query_watermark_offsets(TopicPartition(topic, 0), timeout=BOUND_S)
+        low, _high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=BOUND_S,
+                                             cached=False)
         return int(low)
     finally:
         c.close()
@@ -234,10 +237,10 @@ def test_replica_assignments_naming_live_gateways_are_accepted(
 
     admin = _admin(kafka_cluster)
     node = admin.describe_cluster().result(BOUND_S).nodes[0].id
-    admin.create_topics([NewTopic("ra-a", replica_assignment=[[node], [node], [node]])]
+    admin.create_topics([NewTopic("ra-a", 3, replica_assignment=[[node], [node], [node]])]
                         )["ra-a"].result(BOUND_S)
     assert len(admin.list_topics("ra-a", timeout=BOUND_S).topics["ra-a"].partitions) == 3
-    bad = _refusal(admin.create_topics([NewTopic("ra-b", replica_assignment=[[node + 1]])]
+    bad = _refusal(admin.create_topics([NewTopic("ra-b", 1, replica_assignment=[[node + 1]])]
                                        )["ra-b"])
     assert bad.code() == KafkaError.INVALID_REPLICA_ASSIGNMENT and str(node + 1) in bad.str()
 
@@ -285,19 +288,25 @@ def test_retention_ms_drops_old_ledgers(kafka_cluster: KafkaCluster) -> None:
 def test_kafka_python_admin_uses_the_newest_versions(kafka_cluster: KafkaCluster) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewPartitions
     from kafka.admin import NewTopic as KpNewTopic
+    from kafka.structs import TopicPartition
 
     admin = KafkaAdminClient(bootstrap_servers=kafka_cluster.bootstrap)
     try:
         admin.create_topics([KpNewTopic("kp-cfg", 1, 1, topic_configs={"retention.ms": "9000"})])
-        [described] = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC,
-                                                             "kp-cfg")])
-        text = repr(described)
-        assert "retention.ms" in text and "9000" in text
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC,
+                                                           "kp-cfg")])
+        assert described["topic"]["kp-cfg"]["retention.ms"]["value"] == "9000"
         admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, "kp-cfg",
                                             configs={"retention.bytes": "77777"})])
-        text = repr(admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC,
-                                                           "kp-cfg")]))
-        assert "77777" in text
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC,
+                                                           "kp-cfg")])
+        assert described["topic"]["kp-cfg"]["retention.bytes"]["value"] == "77777"
+        # (kafka-python sends IncrementalAlterConfigs SET: the other config stays)
+        assert described["topic"]["kp-cfg"]["retention.ms"]["value"] == "9000"
+        _fill(kafka_cluster, "kp-cfg", 5, size=100)
+        deleted = admin.delete_records({TopicPartition("kp-cfg", 0): 3})
+        assert deleted[TopicPartition("kp-cfg", 0)]["low_watermark"] == 3
+        assert _earliest(kafka_cluster, "kp-cfg") == 3
         admin.create_partitions({"kp-cfg": NewPartitions(3)})
         _until("kp-cfg has 3 partitions", lambda: len(
             _admin(kafka_cluster).list_topics("kp-cfg", timeout=BOUND_S)
