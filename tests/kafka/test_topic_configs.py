@@ -118,6 +118,7 @@ def test_describe_configs_entries_encode_at_every_version(version: int) -> None:
         assert by_name["cleanup.policy"]["config_source"] == 5  # DEFAULT_CONFIG
     else:
         assert by_name["cleanup.policy"]["is_default"]
+        assert not by_name["retention.ms"]["is_default"]
     # only the keys asked for (unknown ones left out, as Kafka does)
     only = topic_entries(version, {}, ["retention.bytes", "nope"], max_batch_bytes=LIMIT)
     assert [e["name"] for e in only] == ["retention.bytes"]
@@ -156,6 +157,9 @@ def test_retention_drops_old_and_excess_ledgers_never_the_active_one() -> None:
                          retention_bytes=200) == 1
     assert retention_cut(closed, 50, now_ms=5000, retention_ms=-1,
                          retention_bytes=0) == 3
+    # exactly at the limit: dropping one leaves 250, still >= 250
+    assert retention_cut(closed, 50, now_ms=5000, retention_ms=-1,
+                         retention_bytes=250) == 1
 
 
 def test_delete_records_drops_only_ledgers_wholly_before_the_offset() -> None:
