@@ -337,7 +337,8 @@ async def alter_configs(gw: Gateway, conn: object, version: int, body: dict[str,
     for r in body["resources"]:
         pairs = [(c["name"], c["value"]) for c in r["configs"]]
         out.append(await _alter(gw, r, body["validate_only"],
-                                lambda _cur, pairs=pairs: altered(pairs, max_batch_bytes=limit)))
+                                lambda _cur, pairs=pairs: altered(
+                                    pairs, max_batch_bytes=limit, last_wins=True)))
     return {"responses": out}
 
 

@@ -30,7 +30,7 @@ gzip``) with POLICY_VIOLATION, each with a message naming the config.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,22 +213,23 @@ def checked(name: str, value: str | None, *, max_batch_bytes: int) -> str:
     return out
 
 
-def _all_checked(pairs: Iterable[tuple[str, str | None]], max_batch_bytes: int,
-                 ) -> dict[str, str]:
+def altered(pairs: Sequence[tuple[str, str | None]], *, max_batch_bytes: int,
+            last_wins: bool = False) -> dict[str, str]:
+    """AlterConfigs (and CreateTopics' configs): the request's configs replace the
+    topic's whole set; a config set to its default is kept as set, as Kafka does.
+    Unknown names are reported before unhonoured values. A name given twice is
+    refused (INVALID_REQUEST), or with ``last_wins`` (AlterConfigs, as Kafka before
+    3.2 and librdkafka's test suite with it) takes its last value, each value checked."""
+    for name, value in pairs:
+        if name not in CONFIG_SPECS:
+            checked(name, value, max_batch_bytes=max_batch_bytes)  # raises: unknown
     out: dict[str, str] = {}
     for name, value in pairs:
-        if name in out:
+        if name in out and not last_wins:
             raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
                                      f"config {name!r} given twice")
         out[name] = checked(name, value, max_batch_bytes=max_batch_bytes)
     return out
-
-
-def altered(pairs: Sequence[tuple[str, str | None]], *, max_batch_bytes: int,
-            ) -> dict[str, str]:
-    """AlterConfigs (and CreateTopics' configs): the request's configs replace the
-    topic's whole set; a config set to its default is kept as set, as Kafka does."""
-    return _all_checked(pairs, max_batch_bytes)
 
 
 def incrementally_altered(current: Mapping[str, str],

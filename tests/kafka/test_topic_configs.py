@@ -66,6 +66,17 @@ def test_alter_replaces_the_set_and_refuses_duplicates() -> None:
     with pytest.raises(ConfigRefusedError) as info:
         altered([("retention.ms", "5"), ("retention.ms", "6")], max_batch_bytes=LIMIT)
     assert info.value.code == ErrorCode.INVALID_REQUEST
+    # AlterConfigs as Kafka before 3.2: the last value wins (each one checked)
+    assert altered([("retention.ms", "5"), ("retention.ms", "6")], max_batch_bytes=LIMIT,
+                   last_wins=True) == {"retention.ms": "6"}
+    with pytest.raises(ConfigRefusedError):
+        altered([("retention.ms", "x"), ("retention.ms", "6")], max_batch_bytes=LIMIT,
+                last_wins=True)
+    # an unknown name is what is reported, before a value not honoured
+    with pytest.raises(ConfigRefusedError) as info:
+        altered([("compression.type", "lz4"), ("dummy.doesntexist", "1")],
+                max_batch_bytes=LIMIT)
+    assert info.value.code == ErrorCode.INVALID_CONFIG
 
 
 def test_incremental_set_delete_append_subtract() -> None:
