@@ -247,30 +247,31 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls,
                            kafka_port=kafka_port)
     stop = threading.Event()
-    starting = True
 
     def _on_signal(signum: int, frame: Any) -> None:
         stop.set()
-        if starting:
-            # Start-up blocks (ZooKeeper, registrations): stop it now, not after it.
-            # SIGTERM goes the SIGINT way, which trio.run turns into KeyboardInterrupt
-            # at a safe point when one is running.
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            os.kill(os.getpid(), signal.SIGINT)
 
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    def _sigterm_while_starting(signum: int, frame: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # Start-up blocks (ZooKeeper, registrations): a signal stops it at once. SIGINT keeps
+    # Python's own handler, which trio.run (when one runs) replaces with its own and
+    # turns into KeyboardInterrupt at a safe point; SIGTERM goes the SIGINT way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_while_starting)
     try:
         try:
             cluster.start()
-        except KeyboardInterrupt:
+        except BaseException as exc:
+            # Inside trio.run a KeyboardInterrupt may come wrapped in a group.
+            if not (isinstance(exc, KeyboardInterrupt) or (
+                    isinstance(exc, BaseExceptionGroup)
+                    and exc.subgroup(KeyboardInterrupt) is not None)):
+                raise
             click.echo("interrupted while starting; stopping what started", err=True)
-            raise click.exceptions.Exit(130) from None
-        finally:
-            starting = False
-        if stop.is_set():  # the signal came as start() returned
-            raise click.exceptions.Exit(130)
+            sys.exit(130)
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
         click.echo(f"ZooKeeper: {cluster.zk}")
         for b in cluster.bookies:
             click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"

@@ -284,7 +284,7 @@ def locate(flag: str | None) -> Target:
     from ledgerd.tools.target import find_local_clusters, resolve
 
     env = os.environ.get("LEDGERD_ZK_SERVERS") or None
-    local = []
+    local: list[tuple[Path, str, str]] = []
     if not flag and not env:
         for data in find_local_clusters():
             try:

@@ -98,7 +98,9 @@ def shell(ctx: click.Context, zk: str | None, zk_root: str) -> None:
     root_given = ctx.get_parameter_source("zk_root") is not click.core.ParameterSource.DEFAULT
     ctx.obj = {**(ctx.obj or {}), "zk_flag": zk, "root": zk_root if root_given else None}
     if not ctx.obj.get("debug"):
-        logging.getLogger().setLevel(logging.WARNING)  # client events are noise here
+        # The client's events (an ensemble change that failed, a handle that failed) are
+        # noise before the one line that says why the command failed.
+        logging.getLogger().setLevel(logging.ERROR)
         logging.getLogger("kazoo.client").setLevel(logging.CRITICAL)  # the error line says it
 
 

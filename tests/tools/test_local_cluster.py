@@ -279,6 +279,13 @@ async def test_local_tls_cluster(zk_chroot: str, tmp_path: Path) -> None:
                 lambda a=args: _cli("shell", "--zk", zk_chroot, *a, env=plain))  # type: ignore[misc]
             assert refused.returncode == 1 and "requires TLS" in refused.stderr, (
                 args, refused.stderr)
+        # A client command without the CA: the cause, in one line, no warnings first.
+        r = await trio.to_thread.run_sync(
+            lambda: _cli("shell", "--zk", zk_chroot, "simpletest", "-e", "2", "-n", "5",
+                         env=plain))
+        assert r.returncode == 1, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("ledger ")]
+        assert len(lines) == 1 and "requires TLS" in lines[0], r.stderr
         os.kill(proc.pid, signal.SIGINT)
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
     finally:
@@ -481,5 +488,47 @@ async def test_ctl_start_says_why_a_bookie_did_not_start(zk_chroot: str, tmp_pat
         assert r.stderr.startswith("ledgerd: error: bookie1 did not start (exit 2): "
                                    "ledgerd: error: "), r.stderr
         assert "journal_prealloc_mb" in r.stderr and f"(log {conf.parent}/bookie.log)" in r.stderr
+    finally:
+        _stop(proc)
+
+
+async def test_the_quick_start_cluster_heals_the_printed_examples_ledger(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """`make run`'s cluster (three bookies) and its printed example: the example's ledger
+    leaves a bookie outside its ensemble, so when one of its bookies is lost the others'
+    autorecovery copies its entries there, as the README says."""
+    import ledgerd
+
+    data = tmp_path / "local"
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
+                             "--data", str(data), "--zk", zk_chroot],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = await _until_running(proc)
+        bookie_ids = [ln.split()[1].rstrip(":") for ln in lines if ln.startswith("bookie ")]
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Try it"))
+        code = "".join(ln[2:] for ln in lines[start + 1:] if ln.startswith("  "))
+        ran = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120))
+        assert ran.returncode == 0 and ran.stdout.strip() == "[b'hello']", ran.stderr
+        async with ledgerd.open_client(zk_chroot) as client:
+            (lid,) = [x async for x in client.list_ledgers()]
+            ensemble = (await client.ledger_metadata(lid)).ensembles[0][1]
+            assert len(ensemble) < len(bookie_ids)  # a spare outside it
+            victim = ensemble[0]
+            stopped = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [sys.executable, "-m", "ledgerd.tools.cli", "local", "ctl", "stop",
+                 str(bookie_ids.index(victim)), "--data", str(data)],
+                capture_output=True, text=True, timeout=120))
+            assert stopped.returncode == 0, stopped.stderr
+            with trio.fail_after(60):
+                async with client.ledgers.watch(lid) as changes:
+                    async for _ in changes:
+                        md, _ = await client.ledgers.read(lid, fresh=True)
+                        if all(victim not in e for _, e in md.ensembles):
+                            break
+            rh = await client.open_ledger(lid, b"", recovery=False)
+            assert [e.payload async for e in rh.read()] == [b"hello"]
     finally:
         _stop(proc)
