@@ -41,5 +41,5 @@ def signals_deferred() -> Iterator[None]:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        for s in dict.fromkeys(got):
-            os.kill(os.getpid(), s)
+        for signum in dict.fromkeys(got):
+            os.kill(os.getpid(), signum)
