@@ -392,6 +392,16 @@ def spark_session(master: str, log_path: Path | None = None,
     return session
 
 
+def _active_session() -> bool:
+    """Whether this process already has a SparkSession (a caller's, when the command
+    runs in-process): then it is the caller's to stop."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return False
+    return SparkContext._active_spark_context is not None
+
+
 def child_pids() -> list[int]:
     """The processes this one started that still run (Spark's JVM among them), by PID
     (from /proc: pyspark does not hand out its gateway process until it is up)."""
@@ -493,6 +503,7 @@ def audit_cmd(ctx: click.Context, zk: str | None, master: str, ledgers: str | No
     previous = signal.signal(signal.SIGINT, on_sigint)
     bar = Progress("audit: checking (Spark tasks)", None)
     spark = None
+    owned = not _active_session()  # stop only a session this command started
     try:
         say(f"starting Spark ({master})" + (f"; its own log: {log_path} (kept if the audit "
                                             "fails)" if log_path else ""))
@@ -504,13 +515,13 @@ def audit_cmd(ctx: click.Context, zk: str | None, master: str, ledgers: str | No
         report = run_audit(spark, {"zk": zk}, ledgers=ids, log=log_name,
                            entries_per_task=entries_per_task, mark=mark, say=say,
                            on_tasks=lambda done, total: bar.set(done, total))
-        if spark is not None:
+        if owned:
             spark.stop()
     except BaseException as exc:
         if not (interrupted.is_set() or isinstance(exc, KeyboardInterrupt)):
             if log_path is not None:
                 say(f"failed; Spark's log kept: {log_path}")
-            if spark is not None:
+            if spark is not None and owned:
                 with contextlib.suppress(BaseException):
                     spark.stop()
             if not debug and type(exc).__module__.startswith(("pyspark", "py4j")):
@@ -519,12 +530,13 @@ def audit_cmd(ctx: click.Context, zk: str | None, master: str, ledgers: str | No
             raise
         bar.close()
         say("interrupted (Ctrl-C): no result" + (", nothing marked" if mark else ""))
-        if spark is not None:
+        if spark is not None and owned:
             with contextlib.suppress(BaseException):
                 spark.stop()
-        # Spark's JVM, also when Ctrl-C came while it started (pyspark had not handed
-        # it out yet): it ignores SIGINT, and would outlive us.
-        stop_children(child_pids())
+        if owned:
+            # Spark's JVM, also when Ctrl-C came while it started (pyspark had not
+            # handed it out yet): it ignores SIGINT, and would outlive us.
+            stop_children(child_pids())
         shutil.rmtree(run_dir, ignore_errors=True)
         sys.exit(130)
     finally:
