@@ -532,3 +532,38 @@ async def test_the_quick_start_cluster_heals_the_printed_examples_ledger(
             assert [e.payload async for e in rh.read()] == [b"hello"]
     finally:
         _stop(proc)
+
+
+async def test_a_ledger_with_no_spare_bookie_waits_and_says_why(zk_chroot: str,
+                                                                tmp_path: Path) -> None:
+    """E3 on three bookies, one stopped: the workers have no bookie to copy to. They say
+    so as a warning (rereplication_waiting_for_a_bookie: no writable bookie outside the
+    ensemble), not as a copy that failed."""
+    import ledgerd
+
+    data = tmp_path / "local"
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
+                             "--data", str(data), "--zk", zk_chroot],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        await _until_running(proc)
+        async with ledgerd.open_client(zk_chroot) as client:
+            async with await client.create_ledger(3, 2, 2) as lh:
+                await lh.append(b"x")
+        stopped = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "ledgerd.tools.cli", "local", "ctl", "stop", "0", "--data",
+             str(data)], capture_output=True, text=True, timeout=120))
+        assert stopped.returncode == 0, stopped.stderr
+        logs = [data / f"bookie{i}" / "bookie.log" for i in (1, 2)]
+        with trio.fail_after(60):
+            while not any("event=rereplication_waiting_for_a_bookie" in p.read_text()
+                          for p in logs):
+                await trio.sleep(0.2)
+        text = "".join(p.read_text() for p in logs)
+        line = next(ln for ln in text.splitlines() if "rereplication_waiting_for_a_bookie" in ln)
+        assert "level=WARNING" in line and f"ledger={lh.ledger_id}" in line, line
+        assert "no writable bookie outside the ensemble to copy to" in line, line
+        assert "event=rereplication_failed" not in text
+    finally:
+        _stop(proc)
