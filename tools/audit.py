@@ -486,6 +486,9 @@ def audit_cmd(ctx: click.Context, zk: str | None, master: str, ledgers: str | No
         click.echo(f"audit: {line}", err=True)
 
     started = time.monotonic()
+    if not debug:
+        # A Python worker's error as one line (its cause), not its traceback.
+        os.environ.setdefault("SPARK_HIDE_TRACEBACK", "1")
     # The run's own directory: Spark's log and scratch files. Removed when the audit
     # ends (done or interrupted); kept, and named, when it fails.
     run_dir = Path(tempfile.mkdtemp(prefix="ledgerd-audit-"))
