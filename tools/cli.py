@@ -7,6 +7,8 @@ can fix print one line and exit non-zero (a traceback only with ``--debug``).
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -152,6 +154,26 @@ def _log_effective(config: BookieConfig, notes: list[Any]) -> None:
                                                  changed.items()}))
 
 
+def _refuse_the_environments_cluster(conf: Path | None, config: BookieConfig) -> None:
+    """CliError when a new bookie would write its first cookie into the cluster that
+    LEDGERD_ZK_SERVERS names instead of the one its file names (tools/target.py)."""
+    from ledgerd.tools.target import env_override_problem
+
+    env_zk = os.environ.get("LEDGERD_ZK_SERVERS")
+    if conf is None or env_zk is None:
+        return
+    try:
+        own = load_config(BookieConfig, path=conf, env={})
+    except ConfigError:  # not a file this check can read alone: the start decides
+        return
+    dirs = [config.journal_directory, *config.ledger_directories]
+    problem = env_override_problem(
+        file_zk=own.zk_servers, env_zk=config.zk_servers, conf=str(conf),
+        has_cookie=any((Path(d) / "current" / "VERSION").exists() for d in dirs))
+    if problem:
+        raise CliError(f"bookie did not start: {problem}")
+
+
 @cli.command("bookie")
 @click.option("--conf", "conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="TOML configuration file, or BookKeeper's bk_server.conf (read by its "
@@ -166,6 +188,7 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
     notes: list[Any] = []
     config = load_config(BookieConfig, path=conf, overrides=overrides, notes=notes)
+    _refuse_the_environments_cluster(conf, config)
     configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level,
                       fmt=ctx.obj["log_format"] or config.log_format,
                       levels=config.log_levels, log_file=config.log_file)
@@ -263,10 +286,12 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
         return
     from ledgerd.tools.localcluster import LocalCluster, LocalClusterError
 
-    base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
     if not zk_root.startswith("/") or zk_root.endswith("/"):
         raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
                                  param_hint="--zk-root")
+    if kafka_port:
+        _check_port_free(kafka_port, "--kafka")
+    base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
     cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls,
                            kafka_port=kafka_port)
     stop = threading.Event()
@@ -274,10 +299,27 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     def _on_signal(signum: int, frame: Any) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    def _sigterm_while_starting(signum: int, frame: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # Start-up blocks (ZooKeeper, registrations): a signal stops it at once. SIGINT keeps
+    # Python's own handler, which trio.run (when one runs) replaces with its own and
+    # turns into KeyboardInterrupt at a safe point; SIGTERM goes the SIGINT way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_while_starting)
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except BaseException as exc:
+            # Inside trio.run a KeyboardInterrupt may come wrapped in a group.
+            if not (isinstance(exc, KeyboardInterrupt) or (
+                    isinstance(exc, BaseExceptionGroup)
+                    and exc.subgroup(KeyboardInterrupt) is not None)):
+                raise
+            click.echo("interrupted while starting; stopping what started", err=True)
+            sys.exit(130)
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
         click.echo(f"ZooKeeper: {cluster.zk}")
         for b in cluster.bookies:
             click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"
@@ -286,13 +328,12 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
             metrics = cluster.gateway_line.rsplit("metrics ", 1)[-1]
             click.echo(f"Kafka gateway: 127.0.0.1:{kafka_port}, metrics {metrics}, log "
                        f"{base / 'gateway.log'} (try: kcat -b 127.0.0.1:{kafka_port} -L)")
-        click.echo(f"data: {base}")
+        click.echo(f"data: {base}" + ("" if data else " (removed on exit; --data DIR keeps it)"))
         cluster.serve_control()
         click.echo("\nWatch a bookie die and come back, in another terminal: "
                    "ledgerd local ctl kill 1; ledgerd local ctl status; "
                    "ledgerd local ctl start 1")
-        e = min(3, len(cluster.bookies))
-        q = min(2, e)
+        e, q = snippet_quorums(len(cluster.bookies))
         root_arg = "" if zk_root == "/ledgers" else f", zk_ledgers_root_path={zk_root!r}"
         if tls:
             root_arg += f", tls_trust_path={cluster.tls_files['ca']!r}"
@@ -319,34 +360,67 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     except LocalClusterError as exc:
         raise CliError(str(exc)) from exc
     finally:
+        # Ctrl-C again while stopping would leave processes behind: ignore it now.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         cluster.stop()
-        click.echo("stopped.")
+        if data is None:
+            shutil.rmtree(base, ignore_errors=True)
+            click.echo(f"stopped; removed {base} (--data DIR keeps a cluster's data).")
+        else:
+            click.echo(f"stopped; data kept in {base}.")
+
+
+def snippet_quorums(bookies: int) -> tuple[int, int]:
+    """The printed example's ensemble and quorum: E leaves a bookie outside the ensemble
+    when there are three or more, so that killing one shows autorecovery healing its
+    ledgers onto the spare (README quick start); Qw = Qa = min(2, E)."""
+    e = max(1, min(3, bookies - 1 if bookies >= 3 else bookies))
+    return e, min(2, e)
+
+
+def _check_port_free(port: int, option: str) -> None:
+    """CliError naming ``port`` when something listens on it already."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CliError(f"{option} {port}: port {port} on 127.0.0.1 is in use "
+                           f"({exc.strerror}); pick another") from None
 
 
 @local_cmd.command("ctl")
-@click.argument("action", type=click.Choice(["kill", "stop", "start", "status"]))
+@click.argument("action", type=click.Choice(["kill", "stop", "start", "status", "env"]))
 @click.argument("index", type=int, required=False)
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The running cluster's data directory (default: the one running "
                    "`ledgerd local` under the temp directory).")
 def local_ctl_cmd(action: str, index: int | None, data: Path | None) -> None:
     """Control a running `ledgerd local`: kill (SIGKILL), stop (SIGTERM), start a bookie
-    by index, or print every bookie's status."""
-    from ledgerd.tools.localcluster import CTL_SOCKET, LocalClusterError, send_control
+    by index, print every bookie's status, or (env) the variables that name it
+    (`eval "$(ledgerd local ctl env)"` in another terminal)."""
+    from ledgerd.tools.localcluster import LocalClusterError, send_control
+    from ledgerd.tools.target import find_local_clusters
 
     if data is None:
-        running = sorted(Path(tempfile.gettempdir()).glob(f"ledgerd-local-*/{CTL_SOCKET}"),
-                         key=lambda p: p.stat().st_mtime)
+        running = find_local_clusters()
         if not running:
             raise CliError("no `ledgerd local` is running under "
                            f"{tempfile.gettempdir()}; give --data DIR")
         if len(running) > 1:
             raise CliError("several `ledgerd local` clusters run: give --data, one of "
-                           + ", ".join(str(p.parent) for p in running))
-        data = running[0].parent
-    if action != "status" and index is None:
+                           + ", ".join(map(str, running)))
+        data = running[0]
+    if action not in ("status", "env") and index is None:
         raise CliError(f"`ctl {action}` needs a bookie index (see `ledgerd local ctl status`)")
     try:
+        if action == "env":
+            zk, _, root = send_control(data, "info").partition(" ")
+            click.echo(f"export LEDGERD_ZK_SERVERS={zk}"
+                       + (f" LEDGERD_ZK_LEDGERS_ROOT_PATH={root}"
+                          if root and root != "/ledgers" else ""))
+            return
         click.echo(send_control(data, action, index))
     except LocalClusterError as exc:
         raise CliError(str(exc)) from exc
@@ -389,6 +463,7 @@ def _register() -> None:
     from ledgerd.tools.replication_cmds import register as register_replication
     from ledgerd.tools.shell import shell
     from ledgerd.tools.storage_cmds import register as register_storage
+    from ledgerd.tools.upgrade_cmd import upgrade_cmd
 
     register_replication()
     register_storage()
@@ -396,6 +471,7 @@ def _register() -> None:
 
     cli.add_command(shell)
     cli.add_command(audit_cmd)
+    cli.add_command(upgrade_cmd)
     bench_group.add_command(writes_cmd)
     bench_group.add_command(reads_cmd)
 
@@ -411,7 +487,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        # One prefix for every error, click's included; a usage error keeps its usage
+        # lines above it.
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            hint = (f"Try '{exc.ctx.command_path} {exc.ctx.help_option_names[0]}' for help."
+                    if exc.ctx.command.get_help_option(exc.ctx) is not None else "")
+            click.echo(exc.ctx.get_usage() + ("\n" + hint if hint else "") + "\n", err=True)
+        click.echo(f"ledgerd: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except ConfigError as exc:
         if debug:
