@@ -26,6 +26,7 @@ from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
 from tests.kafka.test_admin_clients import _reply
 from tests.kafka.test_faults import _request
+from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
 
@@ -419,3 +420,41 @@ def test_topic_changes_through_one_gateway_hold_on_the_other(
 
     assert earliest_at(leader) == 2
     _until("the other gateway's earliest offset follows", lambda: earliest_at(other) == 2)
+
+
+def test_changing_a_topic_needs_the_admin_role(
+        secure_gateway: tuple[GatewayProcess, Path],  # noqa: F811
+) -> None:
+    """With principals, a client may describe a topic's configs but not alter them,
+    add partitions or delete records (TOPIC_AUTHORIZATION_FAILED); an admin may."""
+    from confluent_kafka import KafkaError, TopicPartition
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+    )
+
+    gw, base = secure_gateway
+
+    def admin(user: str) -> AdminClient:
+        return AdminClient({"bootstrap.servers": gw.bootstrap,
+                            "security.protocol": "sasl_ssl",
+                            "ssl.ca.location": str(base / "ca.pem"),
+                            "sasl.mechanisms": "PLAIN", "sasl.username": user,
+                            "sasl.password": (base / user).read_text().strip()})
+
+    alice, root = admin("alice"), admin("root")  # a client and an admin
+    _create(root, "sec-cfg", 1)
+    assert _configs(alice, "sec-cfg")["retention.ms"].value == "-1"
+    res = ConfigResource("topic", "sec-cfg", incremental_configs=[
+        ConfigEntry("retention.ms", "5000", incremental_operation=AlterConfigOpType.SET)])
+    for future in (alice.incremental_alter_configs([res])[res],
+                   alice.create_partitions([NewPartitions("sec-cfg", 2)])["sec-cfg"],
+                   *alice.delete_records([TopicPartition("sec-cfg", 0, 0)]).values()):
+        assert _refusal(future).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "principal=alice api=INCREMENTAL_ALTER_CONFIGS roles=client needs=admin" \
+        in gw.log_text()
+    root.incremental_alter_configs([res])[res].result(BOUND_S)
+    assert _configs(alice, "sec-cfg")["retention.ms"].value == "5000"
