@@ -295,6 +295,28 @@ def test_retention_ms_drops_old_ledgers(kafka_cluster: KafkaCluster) -> None:
     assert _first_read(kafka_cluster, "ret-a", 0) == low
 
 
+def test_retention_bytes_keeps_the_newest_ledgers_that_hold_that_much(
+        kafka_cluster: KafkaCluster) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = _admin(kafka_cluster)
+    _create(admin, "ret-b")
+    _fill(kafka_cluster, "ret-b", 400)  # 4 MB: three closed 1 MiB ledgers, one open
+    before = _ledgers(kafka_cluster, "ret-b")
+    assert len(before) >= 4
+    res = ConfigResource("topic", "ret-b", incremental_configs=[
+        ConfigEntry("retention.bytes", "1500000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(BOUND_S)
+    # the open ledger counts as empty: the newest closed ledgers holding 1.5 MB stay
+    _until("retention dropped the oldest ledgers",
+           lambda: _ledgers(kafka_cluster, "ret-b") == before[-3:])
+    assert _earliest(kafka_cluster, "ret-b") > 0
+    res = ConfigResource("topic", "ret-b")
+    assert admin.describe_configs([res])[res].result(BOUND_S)["retention.bytes"].value \
+        == "1500000"
+
+
 def test_kafka_python_admin_uses_the_newest_versions(kafka_cluster: KafkaCluster) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewPartitions
     from kafka.admin import NewTopic as KpNewTopic
