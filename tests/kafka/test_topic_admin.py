@@ -8,15 +8,25 @@ kafka-python 3's KafkaAdminClient (the newest, flexible versions)."""
 
 from __future__ import annotations
 
+import signal
+import socket
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 import ledgerd
+from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.partitions import log_name
-from tests.kafka.conftest import KafkaCluster
+from ledgerd.tools.zkserver import ZooKeeperServer
+from tests.cluster import fresh_chroot
+from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.test_admin_clients import _reply
+from tests.kafka.test_faults import _request
+from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
 
@@ -285,6 +295,28 @@ def test_retention_ms_drops_old_ledgers(kafka_cluster: KafkaCluster) -> None:
     assert _first_read(kafka_cluster, "ret-a", 0) == low
 
 
+def test_retention_bytes_keeps_the_newest_ledgers_that_hold_that_much(
+        kafka_cluster: KafkaCluster) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = _admin(kafka_cluster)
+    _create(admin, "ret-b")
+    _fill(kafka_cluster, "ret-b", 400)  # 4 MB: three closed 1 MiB ledgers, one open
+    before = _ledgers(kafka_cluster, "ret-b")
+    assert len(before) >= 4
+    res = ConfigResource("topic", "ret-b", incremental_configs=[
+        ConfigEntry("retention.bytes", "1500000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(BOUND_S)
+    # the open ledger counts as empty: the newest closed ledgers holding 1.5 MB stay
+    _until("retention dropped the oldest ledgers",
+           lambda: _ledgers(kafka_cluster, "ret-b") == before[-3:])
+    assert _earliest(kafka_cluster, "ret-b") > 0
+    res = ConfigResource("topic", "ret-b")
+    assert admin.describe_configs([res])[res].result(BOUND_S)["retention.bytes"].value \
+        == "1500000"
+
+
 def test_kafka_python_admin_uses_the_newest_versions(kafka_cluster: KafkaCluster) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewPartitions
     from kafka.admin import NewTopic as KpNewTopic
@@ -313,3 +345,138 @@ def test_kafka_python_admin_uses_the_newest_versions(kafka_cluster: KafkaCluster
             .topics["kp-cfg"].partitions) == 3)
     finally:
         admin.close()
+
+
+@pytest.fixture
+def two_gateways(zookeeper: ZooKeeperServer, tmp_path: Path,
+                 ) -> Iterator[tuple[KafkaCluster, GatewayProcess, GatewayProcess]]:
+    with fresh_chroot(zookeeper, "topic_admin_two") as zk:
+        a = GatewayProcess(zk, tmp_path / "a.log")
+        with running_cluster(tmp_path, zk, 4, a) as cluster:
+            b = GatewayProcess(zk, tmp_path / "b.log")
+            b.start()
+            try:
+                yield cluster, a, b
+            finally:
+                if b.running:
+                    b.stop(signal.SIGKILL)
+
+
+def _ask(gateway: GatewayProcess, api: ApiKey, version: int,
+         body: dict[str, object]) -> dict[str, Any]:
+    """One request to this very gateway (a client would pick any broker)."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as sock:
+        sock.sendall(_request(api, version, body))
+        return _reply(sock, api, version)
+
+
+def _count_at(gateway: GatewayProcess, topic: str) -> int:
+    reply = _ask(gateway, ApiKey.METADATA, 1, {"topics": [{"name": topic}]})
+    return len(reply["topics"][0]["partitions"])
+
+
+def _big_batch(size: int) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                  batch_size=1 << 20)
+    b.append(0, timestamp=1_700_000_000_000, key=None, value=b"v" * size, headers=[])
+    return bytes(b.build())
+
+
+def test_topic_changes_through_one_gateway_hold_on_the_other(
+        two_gateways: tuple[KafkaCluster, GatewayProcess, GatewayProcess]) -> None:
+    """Requests aimed at each gateway: partitions added and a config altered through
+    one are seen and enforced by the other once its cached topic record is a second
+    old; DeleteRecords is answered NOT_LEADER_OR_FOLLOWER by the gateway that does not
+    lead the partition, and that gateway's ListOffsets (earliest) follows the low
+    watermark the leader moved."""
+    _, a, b = two_gateways
+    created = _ask(a, ApiKey.CREATE_TOPICS, 4, {"topics": [{
+        "name": "two-a", "num_partitions": 2, "replication_factor": -1, "assignments": [],
+        "configs": []}], "timeout_ms": 10000, "validate_only": False})
+    assert created["topics"][0]["error_code"] == 0
+    assert _count_at(b, "two-a") == 2  # b has read the record now
+    grown = _ask(a, ApiKey.CREATE_PARTITIONS, 3, {"topics": [{
+        "name": "two-a", "count": 5, "assignments": None}], "timeout_ms": 10000,
+        "validate_only": False})
+    assert grown["results"][0]["error_code"] == 0
+    _until("gateway b reports 5 partitions", lambda: _count_at(b, "two-a") == 5)
+
+    meta = _ask(a, ApiKey.METADATA, 1, {"topics": [{"name": "two-a"}]})
+    leader_id = meta["topics"][0]["partitions"][0]["leader_id"]
+    ports = {n["node_id"]: n["port"] for n in meta["brokers"]}
+    leader, other = (a, b) if ports[leader_id] == a.port else (b, a)
+
+    def produce(size: int) -> int:
+        reply = _ask(leader, ApiKey.PRODUCE, 7, {
+            "transactional_id": None, "acks": -1, "timeout_ms": 10000,
+            "topic_data": [{"name": "two-a", "partition_data": [
+                {"index": 0, "records": _big_batch(size)}]}]})
+        return int(reply["responses"][0]["partition_responses"][0]["error_code"])
+
+    for _ in range(4):  # the leader has the record cached, limit-free
+        assert produce(3000) == 0
+    altered = _ask(other, ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [{
+        "resource_type": 2, "resource_name": "two-a", "configs": [{
+            "name": "max.message.bytes", "config_operation": 0, "value": "2000"}]}],
+        "validate_only": False})
+    assert altered["responses"][0]["error_code"] == 0
+    _until("the leader refuses a batch over the altered limit",
+           lambda: produce(3000) == ErrorCode.MESSAGE_TOO_LARGE)
+
+    def delete(at: GatewayProcess) -> dict[str, Any]:
+        reply = _ask(at, ApiKey.DELETE_RECORDS, 2, {"topics": [{
+            "name": "two-a", "partitions": [{"partition_index": 0, "offset": 2}]}],
+            "timeout_ms": 10000})
+        return reply["topics"][0]["partitions"][0]  # type: ignore[no-any-return]
+
+    assert delete(other)["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert delete(leader) == {"partition_index": 0, "low_watermark": 2, "error_code": 0}
+
+    def earliest_at(gateway: GatewayProcess) -> int:
+        reply = _ask(gateway, ApiKey.LIST_OFFSETS, 1, {"replica_id": -1, "topics": [{
+            "name": "two-a", "partitions": [{"partition_index": 0, "timestamp": -2}]}]})
+        return int(reply["topics"][0]["partitions"][0]["offset"])
+
+    assert earliest_at(leader) == 2
+    _until("the other gateway's earliest offset follows", lambda: earliest_at(other) == 2)
+
+
+def test_changing_a_topic_needs_the_admin_role(
+        secure_gateway: tuple[GatewayProcess, Path],  # noqa: F811
+) -> None:
+    """With principals, a client may describe a topic's configs but not alter them,
+    add partitions or delete records (TOPIC_AUTHORIZATION_FAILED); an admin may."""
+    from confluent_kafka import KafkaError, TopicPartition
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+    )
+
+    gw, base = secure_gateway
+
+    def admin(user: str) -> AdminClient:
+        return AdminClient({"bootstrap.servers": gw.bootstrap,
+                            "security.protocol": "sasl_ssl",
+                            "ssl.ca.location": str(base / "ca.pem"),
+                            "sasl.mechanisms": "PLAIN", "sasl.username": user,
+                            "sasl.password": (base / user).read_text().strip()})
+
+    alice, root = admin("alice"), admin("root")  # a client and an admin
+    _create(root, "sec-cfg", 1)
+    assert _configs(alice, "sec-cfg")["retention.ms"].value == "-1"
+    res = ConfigResource("topic", "sec-cfg", incremental_configs=[
+        ConfigEntry("retention.ms", "5000", incremental_operation=AlterConfigOpType.SET)])
+    for future in (alice.incremental_alter_configs([res])[res],
+                   alice.create_partitions([NewPartitions("sec-cfg", 2)])["sec-cfg"],
+                   *alice.delete_records([TopicPartition("sec-cfg", 0, 0)]).values()):
+        assert _refusal(future).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "principal=alice api=INCREMENTAL_ALTER_CONFIGS roles=client needs=admin" \
+        in gw.log_text()
+    root.incremental_alter_configs([res])[res].result(BOUND_S)
+    assert _configs(alice, "sec-cfg")["retention.ms"].value == "5000"
