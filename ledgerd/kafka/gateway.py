@@ -69,9 +69,12 @@ from ledgerd.kafka.partitions import (
     PartitionSettings,
     log_name,
 )
+from ledgerd.kafka.peer import send_marker
 from ledgerd.kafka.records import BatchError, split_batches
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.transactions import TxnCoordinator, admit_transactional, read_committed
+from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
 from ledgerd.metadata.logs import CursorRecord
@@ -193,6 +196,7 @@ class Gateway:
         self.metrics.gauge("ledgerd_kafka_live_gateways", "Gateways registered in ZooKeeper.",
                            lambda: len(self.nodes))
         self.nursery: trio.Nursery | None = None
+        self.txn = TxnCoordinator(self)
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
                                              Awaitable[dict[str, Any] | None]]] = {
             ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
@@ -208,6 +212,12 @@ class Gateway:
             ApiKey.LIST_GROUPS: self.list_groups, ApiKey.DESCRIBE_GROUPS: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups, ApiKey.OFFSET_DELETE: self.offset_delete,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+            # transactions: the coordinator's (``transactions.py``)
+            ApiKey.ADD_PARTITIONS_TO_TXN: lambda _c, v, b: self.txn.add_partitions(v, b),
+            ApiKey.ADD_OFFSETS_TO_TXN: lambda _c, v, b: self.txn.add_offsets(v, b),
+            ApiKey.END_TXN: lambda _c, v, b: self.txn.end_txn(v, b),
+            ApiKey.TXN_OFFSET_COMMIT: lambda _c, v, b: self.txn.txn_offset_commit(v, b),
+            ApiKey.WRITE_TXN_MARKERS: lambda _c, v, b: self.txn.write_txn_markers(v, b),
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -386,6 +396,7 @@ class Gateway:
                 await nursery.start(self._watch_session)
                 nursery.start_soon(self._membership)
                 nursery.start_soon(self._tick_groups)
+                nursery.start_soon(self.txn.run)
                 served: list[Any] = listeners
                 if tls is not None:
                     served = [trio.SSLListener(lst, tls, https_compatible=False)
@@ -621,6 +632,7 @@ class Gateway:
             part = self.partitions[(topic, p)] = PartitionLog(
                 self.client, topic, p, self.part_settings, self.nursery,
                 authority=lambda: self.may_lead(key))
+            part.txn_flag = lambda offset: self.txn.partition_flag(topic, p, offset)
         return part
 
     # -- handlers -----------------------------------------------------------------------
@@ -673,11 +685,7 @@ class Gateway:
         item."""
         assert self.nursery is not None
         work: dict[tuple[str, int], Any] = {}
-        if body["transactional_id"] is not None:
-            for t in body["topic_data"]:
-                for pd in t["partition_data"]:
-                    work[(t["name"], pd["index"])] = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-            return work
+        tid = body["transactional_id"]
         for t in body["topic_data"]:
             count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
             for pd in t["partition_data"]:
@@ -693,7 +701,8 @@ class Gateway:
                     continue
                 try:
                     batches = split_batches(pd["records"],
-                                            max_batch_bytes=self.config.max_batch_bytes)
+                                            max_batch_bytes=self.config.max_batch_bytes,
+                                            transactional=tid is not None)
                 except BatchError as exc:
                     log.warning("kafka_bad_batch", extra=fields(
                         peer=conn.peer, topic=t["name"], partition=pd["index"],
@@ -706,6 +715,9 @@ class Gateway:
                     continue
                 if not self.owns(f"{t['name']}/{pd['index']}"):  # moved while it waited
                     work[key] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    continue
+                if tid is not None:  # the coordinator confirms the partition is in it
+                    work[key] = await admit_transactional(self, part, tid, batches)
                     continue
                 work[key] = part.enqueue(batches, self.nursery)
         return work
@@ -783,12 +795,24 @@ class Gateway:
                         continue
                     part = self.partition(t["topic"], pr["partition"])
                     if total >= budget:  # full: the rest get no records this time
-                        hw = await part.high_watermark()
-                        res.update(high_watermark=hw, last_stable_offset=hw, records=b"")
+                        try:
+                            hw = await part.high_watermark()
+                            lso = (await part.stable_view(hw))[0] \
+                                if body["isolation_level"] else hw
+                        except (LedgerdError, FencedError) as exc:
+                            res["error_code"] = _storage_error(exc)
+                            continue
+                        res.update(high_watermark=hw, last_stable_offset=lso, records=b"")
                         continue
                     limit = max(1, min(pr["partition_max_bytes"], budget - total))
+                    lso = -1
                     try:
                         records, hw = await part.read(pr["fetch_offset"], limit)
+                        lso = hw
+                        if body["isolation_level"]:  # read_committed: below the LSO only
+                            records, lso, aborted = await read_committed(
+                                part, pr["fetch_offset"], records, hw)
+                            res["aborted_transactions"] = aborted
                     except OffsetOutOfRangeError as exc:
                         res.update(error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
                                    high_watermark=exc.end, last_stable_offset=exc.end,
@@ -797,7 +821,7 @@ class Gateway:
                     except (LedgerdError, FencedError) as exc:
                         res["error_code"] = _storage_error(exc)
                         continue
-                    res.update(high_watermark=hw, last_stable_offset=hw,
+                    res.update(high_watermark=hw, last_stable_offset=lso,
                                log_start_offset=await part.start_offset(), records=records)
                     total += len(records)
                     if not records and part.writer is not None:
@@ -829,6 +853,8 @@ class Gateway:
                 try:
                     if ts == -1:
                         res["offset"] = await part.high_watermark()
+                        if body["isolation_level"]:  # read_committed: the LSO
+                            res["offset"] = (await part.stable_view(res["offset"]))[0]
                     elif ts == -2:
                         res["offset"] = await part.start_offset()
                     elif ts < 0:
@@ -845,7 +871,12 @@ class Gateway:
     async def init_producer_id(self, conn: _Conn, version: int, body: dict[str, Any],
                                ) -> dict[str, Any]:
         if body["transactional_id"] is not None:
-            return {"error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+            return await self.txn.init_producer_id(version, body)
+        return {"error_code": 0, "producer_id": await self.new_producer_id(),
+                "producer_epoch": 0}
+
+    async def new_producer_id(self) -> int:
+        """A producer id never given before (a CAS counter in ZooKeeper)."""
         path = f"{self.root}/producer_ids"
         try:
             await self.store.create(path, b"0", make_parents=True)
@@ -859,16 +890,25 @@ class Gateway:
 
         await cas_update(self.store, path, bump, decode=lambda raw, _p: int(raw),
                          encode=lambda n: str(n).encode())
-        return {"error_code": 0, "producer_id": got[0], "producer_epoch": 0}
+        return got[0]
+
+    async def write_marker(self, marker: Marker) -> int:
+        """Write a transaction marker into its partition's log: here if this gateway
+        leads the partition, else sent to the gateway that does (``peer.py``)."""
+        owner = self.owner(f"{marker.topic}/{marker.partition}")
+        if owner == self.node_id or owner not in self.nodes:
+            return await self.txn.write_local_marker(marker)
+        host, port = self.nodes[owner]
+        return await send_marker(host, port, marker)
 
     # -- groups -------------------------------------------------------------------------
 
     async def find_coordinator(self, conn: _Conn, version: int, body: dict[str, Any],
                                ) -> dict[str, Any]:
-        if body["key_type"] != 0:
-            return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                    "error_message": "transactions are not supported"}
-        node = self.owner(f"group/{body['key']}")
+        if body["key_type"] not in (0, 1):
+            return {"error_code": ErrorCode.INVALID_REQUEST,
+                    "error_message": f"unknown coordinator key type {body['key_type']}"}
+        node = self.owner(f"{'txn' if body['key_type'] else 'group'}/{body['key']}")
         host, port = self.nodes.get(node, self.config.advertised(self.port))
         return {"error_code": 0, "node_id": node, "host": host, "port": port}
 
@@ -1295,6 +1335,7 @@ class Gateway:
                 continue
             await self.store.delete(f"{self.root}/topics/{name}")
             self.topics.pop(name, None)
+            await self.txn.forget_topic(name)
             for p in range(count):
                 part = self.partitions.pop((name, p), None)
                 if part is not None:
