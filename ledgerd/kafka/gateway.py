@@ -129,6 +129,8 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
     ApiKey.CREATE_TOPICS: frozenset({"admin"}), ApiKey.DELETE_TOPICS: frozenset({"admin"}),
     # deleting a group or its offsets (Kafka: DELETE on the group) is an admin's act
     ApiKey.DELETE_GROUPS: frozenset({"admin"}), ApiKey.OFFSET_DELETE: frozenset({"admin"}),
+    # writing another producer's transaction markers (Kafka: CLUSTER_ACTION)
+    ApiKey.WRITE_TXN_MARKERS: frozenset({"admin"}),
 }
 
 

@@ -19,8 +19,8 @@ import struct
 
 import trio
 
-from ledgerd.kafka.api import REQUEST_HEADER, REQUESTS, RESPONSES, ApiKey, ErrorCode
-from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.api import REQUEST_HEADER, REQUESTS, RESPONSES, ApiKey
+from ledgerd.kafka.schema import INT32, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.txn_coordinator import Marker
 
 __all__ = ["send_marker"]
@@ -47,7 +47,7 @@ def marker_reply(frame: bytes, marker: Marker, correlation_id: int = 1) -> int:
     """The partition's error code in a WriteTxnMarkers v0 response (without its size
     prefix). Raises KafkaDecodeError if it is not one."""
     r = Reader(frame)
-    if r.scalar(REQUEST_HEADER.fields[2].kind, "correlation id") != correlation_id:
+    if r.scalar(INT32, "correlation id") != correlation_id:
         raise KafkaDecodeError("WriteTxnMarkers reply to another request")
     body = decode(RESPONSES[ApiKey.WRITE_TXN_MARKERS], 0, r, "WriteTxnMarkers")
     for m in body["markers"]:
@@ -79,4 +79,3 @@ async def send_marker(host: str, port: int, marker: Marker) -> int:
             return marker_reply(bytes(buf[4:4 + _SIZE.unpack_from(buf)[0]]), marker)
 
 
-assert ErrorCode.NONE == 0

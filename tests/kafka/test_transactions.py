@@ -169,7 +169,8 @@ def test_a_transaction_left_by_a_killed_gateway_is_aborted_and_commits_survive(
     gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log")
     with running_cluster(tmp_path, zk_chroot, 3, gw):
         _create(gw.bootstrap, "txn-crash", 2)
-        first = _producer(gw.bootstrap, "txn-crash-a", **{"transaction.timeout.ms": 4000})
+        first = _producer(gw.bootstrap, "txn-crash-a", **{"transaction.timeout.ms": 4000,
+                                                           "socket.timeout.ms": 4000})
         first.begin_transaction()
         for i in range(10):
             first.produce("txn-crash", value=b"before-%d" % i, partition=i % 2)
@@ -291,3 +292,73 @@ def test_a_transaction_over_partitions_of_two_gateways_ends_on_both(
         finally:
             if b.running:
                 b.stop(signal.SIGKILL)
+
+
+def test_a_batch_arriving_after_its_transaction_ended_is_refused_not_left_hanging(
+        kafka_cluster: KafkaCluster) -> None:
+    """Jepsen's "hanging transaction": a producer's batch that reaches the partition
+    after the abort marker of its transaction (a retry, a late request) would open a
+    transaction nobody ends, and hold every read_committed consumer at its offset for
+    good. The gateway refuses it (INVALID_TXN_STATE), and the LSO stays the high
+    watermark. A zombie's batch of an older epoch is refused INVALID_PRODUCER_EPOCH.
+    Spoken at the protocol level, as a client that sends what it likes."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from ledgerd.kafka.api import ApiKey, ErrorCode
+    from tests.kafka.test_faults import _connect, _reply, _request
+
+    _create(kafka_cluster.bootstrap, "txn-late", 1)
+    sock = _connect(kafka_cluster)
+
+    def call(api: ApiKey, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        sock.sendall(_request(api, version, body))
+        return _reply(sock, api, version)
+
+    def batch(pid: int, epoch: int, seq: int) -> bytes:
+        b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True,
+                                      producer_id=pid, producer_epoch=epoch,
+                                      base_sequence=seq, batch_size=1 << 20)
+        b.append(0, timestamp=int(time.time() * 1000), key=None, value=b"late", headers=[])
+        return bytes(b.build())
+
+    def produce(pid: int, epoch: int, seq: int) -> int:
+        got = call(ApiKey.PRODUCE, 7, {
+            "transactional_id": "txn-late-app", "acks": -1, "timeout_ms": 10000,
+            "topic_data": [{"name": "txn-late", "partition_data": [
+                {"index": 0, "records": batch(pid, epoch, seq)}]}]})
+        return int(got["responses"][0]["partition_responses"][0]["error_code"])
+
+    def latest(isolation: int) -> int:
+        got = call(ApiKey.LIST_OFFSETS, 2, {"replica_id": -1, "isolation_level": isolation,
+                                            "topics": [{"name": "txn-late", "partitions": [
+                                                {"partition_index": 0, "timestamp": -1}]}]})
+        return int(got["topics"][0]["partitions"][0]["offset"])
+
+    try:
+        init = call(ApiKey.INIT_PRODUCER_ID, 1, {"transactional_id": "txn-late-app",
+                                                 "transaction_timeout_ms": 60000})
+        assert init["error_code"] == 0, init
+        pid, epoch = init["producer_id"], init["producer_epoch"]
+        added = call(ApiKey.ADD_PARTITIONS_TO_TXN, 0, {
+            "transactional_id": "txn-late-app", "producer_id": pid, "producer_epoch": epoch,
+            "topics": [{"name": "txn-late", "partitions": [0]}]})
+        assert added["results"][0]["results"][0]["error_code"] == 0, added
+        assert produce(pid, epoch, 0) == 0
+        assert (latest(1), latest(0)) == (0, 1)  # the open transaction holds the LSO
+        ended = call(ApiKey.END_TXN, 1, {"transactional_id": "txn-late-app",
+                                         "producer_id": pid, "producer_epoch": epoch,
+                                         "committed": False})
+        assert ended["error_code"] == 0, ended
+        assert (latest(1), latest(0)) == (2, 2)  # batch and abort marker
+        assert produce(pid, epoch, 1) == ErrorCode.INVALID_TXN_STATE
+        assert (latest(1), latest(0)) == (2, 2)  # nothing hangs
+        again = call(ApiKey.INIT_PRODUCER_ID, 1, {"transactional_id": "txn-late-app",
+                                                  "transaction_timeout_ms": 60000})
+        assert (again["error_code"], again["producer_epoch"]) == (0, epoch + 1)
+        assert produce(pid, epoch, 2) == ErrorCode.INVALID_PRODUCER_EPOCH  # the zombie
+        stale = call(ApiKey.END_TXN, 1, {"transactional_id": "txn-late-app",
+                                         "producer_id": pid, "producer_epoch": epoch,
+                                         "committed": True})
+        assert stale["error_code"] == ErrorCode.INVALID_PRODUCER_EPOCH
+    finally:
+        sock.close()

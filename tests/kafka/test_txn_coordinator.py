@@ -191,6 +191,13 @@ def test_control_batch_is_a_valid_marker_that_clients_cannot_produce() -> None:
             (9, 4, -1, 1)
         assert h.attributes == 0x30
         assert control_type(raw) is (ControlType.COMMIT if commit else ControlType.ABORT)
+        from kafka.record.default_records import DefaultRecordBatch
+
+        oracle = DefaultRecordBatch(raw)  # kafka-python reads it as Kafka writes it
+        assert oracle.validate_crc() and oracle.is_control_batch and oracle.is_transactional
+        [record] = list(oracle)
+        assert record.key == bytes([0, 0, 0, int(commit)])
+        assert record.value == b"\x00\x00\x00\x00\x00\x03"
         with pytest.raises(BatchError):
             split_batches(raw, max_batch_bytes=1 << 20, transactional=True)
     # transactional batches only in a transactional request, and only those there
