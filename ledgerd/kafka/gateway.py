@@ -1020,7 +1020,8 @@ class Gateway:
                 elif code == 0:
                     try:
                         await self._commit(body["group_id"], t["name"], pr["partition_index"],
-                                           pr["committed_offset"], meta)
+                                           pr["committed_offset"], meta,
+                                           pr["committed_leader_epoch"])
                     except (LedgerdError, FencedError) as exc:
                         code = _storage_error(exc)
                 parts.append({"partition_index": pr["partition_index"], "error_code": code})
@@ -1032,7 +1033,7 @@ class Gateway:
         return {"topics": topics}
 
     async def _commit(self, group_id: str, topic: str, p: int, offset: int,
-                      metadata: str | None) -> None:
+                      metadata: str | None, leader_epoch: int = -1) -> None:
         await self._ensure_group_record(group_id)
         part = self.partition(topic, p)
         name = log_name(topic, p)
@@ -1059,7 +1060,7 @@ class Gateway:
             except NodeExistsError:
                 pass
         record = CursorRecord(entry_offset, lid, eid, kafka_offset=max(offset, 0),
-                              kafka_metadata=metadata)
+                              kafka_metadata=metadata, kafka_leader_epoch=leader_epoch)
         while True:
             got = await self.client.logs.store.get_cursor(name, cursor)
             try:
@@ -1094,6 +1095,7 @@ class Gateway:
                 if got is not None and got[0].kafka_offset is not None:
                     res["committed_offset"] = got[0].kafka_offset
                     res["metadata"] = got[0].kafka_metadata or ""
+                    res["committed_leader_epoch"] = got[0].kafka_leader_epoch
                 if body["topics"] is None and res["committed_offset"] < 0:
                     continue
                 parts.append(res)

@@ -317,7 +317,8 @@ class TxnCoordinator:
                 pending.append(PendingOffset(group=gid, topic=t["name"],
                                              partition=pr["partition_index"],
                                              offset=pr["committed_offset"],
-                                             metadata=pr["committed_metadata"]))
+                                             metadata=pr["committed_metadata"],
+                                             leader_epoch=pr["committed_leader_epoch"]))
         if not code:
             tid = body["transactional_id"]
             try:
@@ -358,7 +359,7 @@ class TxnCoordinator:
                 if current.state is TxnState.PREPARE_COMMIT:
                     for o in current.offsets:
                         await self.gw._commit(o.group, o.topic, o.partition, o.offset,
-                                              o.metadata)
+                                              o.metadata, o.leader_epoch)
                 try:
                     await self.change(tid, lambda r: complete(r, prepared=current,
                                                               now_ms=_now_ms()))

@@ -89,6 +89,7 @@ class PendingOffset:
     partition: int
     offset: int
     metadata: str | None
+    leader_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,8 +131,8 @@ class TxnRecord:
             "last_epoch": self.last_epoch, "timeout_ms": self.timeout_ms,
             "state": self.state.value, "partitions": [list(p) for p in self.partitions],
             "groups": list(self.groups),
-            "offsets": [[o.group, o.topic, o.partition, o.offset, o.metadata]
-                        for o in self.offsets],
+            "offsets": [[o.group, o.topic, o.partition, o.offset, o.metadata,
+                         o.leader_epoch] for o in self.offsets],
             "started_ms": self.started_ms, "updated_ms": self.updated_ms}).encode()
 
     @classmethod
@@ -149,9 +150,10 @@ class TxnRecord:
                 timeout_ms=int(doc["timeout_ms"]), state=TxnState(doc["state"]),
                 partitions=tuple((str(t), int(p)) for t, p in doc["partitions"]),
                 groups=tuple(str(g) for g in doc["groups"]),
-                offsets=tuple(PendingOffset(group=str(g), topic=str(t), partition=int(p),
-                                            offset=int(o), metadata=m)
-                              for g, t, p, o, m in doc["offsets"]),
+                offsets=tuple(PendingOffset(group=str(o[0]), topic=str(o[1]),
+                                            partition=int(o[2]), offset=int(o[3]),
+                                            metadata=o[4], leader_epoch=int(o[5]))
+                              for o in doc["offsets"]),
                 started_ms=int(doc["started_ms"]), updated_ms=int(doc["updated_ms"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptMetadataError(path, str(exc)) from exc
