@@ -292,7 +292,7 @@ class TxnCoordinator:
             # rather than at the next sweep
             prepared = await self._prepared(tid)
             if prepared is not None:
-                self.gw.nursery.start_soon(self._try_complete, prepared, 30.0)
+                self.gw.nursery.start_soon(self._complete_bounded, prepared)
         return {"error_code": code}
 
     async def _prepared(self, tid: str) -> TxnRecord | None:
