@@ -2,7 +2,7 @@
 
 The coordinator of a transactional id is the gateway that rendezvous hashing gives
 ``txn/<id>`` (FindCoordinator key type 1), as for groups. Its record lives in
-ZooKeeper at ``<root>/kafka/transactions/<id>`` (``TxnRecord`` JSON) and every change
+ZooKeeper at ``<root>/kafka/transactions/<id>`` (``metadata.kafka_txns``) and every change
 is a compare-and-set of the machine's transition over the record just read, so a
 coordinator that crashed, or lost the id to another gateway, leaves nothing that the
 next one does not see. In memory there is only a cache of the records this gateway
@@ -32,9 +32,7 @@ opening a transaction nobody will ever end.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -65,8 +63,8 @@ from ledgerd.kafka.txn_coordinator import (
     time_out,
     txn_offset_commit,
 )
-from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.kafka_txns import TxnStore
 from ledgerd.wire.status import FencedError
 
 if TYPE_CHECKING:
@@ -80,20 +78,12 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0  # how often each gateway looks for transactions to complete or time out
 COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
 MARKER_RETRY_S = 0.2
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 
 # the first version of each API that knows PRODUCER_FENCED (older ones are told
 # INVALID_PRODUCER_EPOCH, which they treat as fenced too)
 _FENCED_FROM = {ApiKey.INIT_PRODUCER_ID: 4, ApiKey.ADD_PARTITIONS_TO_TXN: 2,
                 ApiKey.ADD_OFFSETS_TO_TXN: 2, ApiKey.END_TXN: 2,
                 ApiKey.TXN_OFFSET_COMMIT: 1 << 30}
-
-
-def znode_name(transactional_id: str) -> str:
-    """A transactional id as a ZooKeeper name: itself when plain, else ``x-`` and its
-    SHA-256 (the record inside names the id)."""
-    return transactional_id if _SAFE.match(transactional_id) \
-        else "x-" + hashlib.sha256(transactional_id.encode()).hexdigest()
 
 
 def _now_ms() -> int:
@@ -109,15 +99,12 @@ def _code(api: ApiKey, version: int, code: int) -> int:
 class TxnCoordinator:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
-        self.root = f"{gateway.root}/transactions"
+        self.records = TxnStore(gateway.store, gateway.root)
         self.cache: dict[str, TxnRecord] = {}  # records this gateway wrote (see module doc)
         self._cache_view: tuple[frozenset[int], int] = (frozenset(), 0)
         self._completing: dict[str, trio.Lock] = {}
 
     # -- records ------------------------------------------------------------------------
-
-    def path(self, transactional_id: str) -> str:
-        return f"{self.root}/{znode_name(transactional_id)}"
 
     def owns(self, transactional_id: str) -> bool:
         return self.gw.owns(f"txn/{transactional_id}")
@@ -137,20 +124,13 @@ class TxnCoordinator:
             self.cache.pop(next(iter(self.cache)))
 
     async def get(self, transactional_id: str) -> TxnRecord | None:
-        path = self.path(transactional_id)
-        try:
-            raw, _ = await self.gw.store.get(path)
-        except NoNodeError:
-            return None
-        return TxnRecord.from_json(raw, path)
+        return await self.records.get(transactional_id)
 
     async def change(self, transactional_id: str,
                      fn: Callable[[TxnRecord], TxnRecord]) -> TxnRecord:
         """Apply ``fn`` to the stored record under compare-and-set (raises TxnRefused
         from ``fn``, NoNodeError if there is no record)."""
-        record, _ = await cas_update(self.gw.store, self.path(transactional_id), fn,
-                                     decode=TxnRecord.from_json,
-                                     encode=TxnRecord.to_json)
+        record = await self.records.update(transactional_id, fn)
         self._remember(record)
         return record
 
@@ -186,8 +166,7 @@ class TxnCoordinator:
                     pid = await self.gw.new_producer_id()
                     record = new_record(tid, pid, timeout, _now_ms())
                     try:
-                        await self.gw.store.create(self.path(tid), record.to_json(),
-                                                   make_parents=True)
+                        await self.records.create(record)
                     except NodeExistsError:
                         continue
                     self._remember(record)
@@ -322,13 +301,11 @@ class TxnCoordinator:
         if not code:
             tid = body["transactional_id"]
             try:
-                await cas_update(
-                    self.gw.store, self.path(tid),
-                    lambda r: txn_offset_commit(r, producer_id=body["producer_id"],
-                                                producer_epoch=body["producer_epoch"],
-                                                group=gid, offsets=pending,
-                                                now_ms=_now_ms()),
-                    decode=TxnRecord.from_json, encode=TxnRecord.to_json)
+                await self.records.update(
+                    tid, lambda r: txn_offset_commit(r, producer_id=body["producer_id"],
+                                                     producer_epoch=body["producer_epoch"],
+                                                     group=gid, offsets=pending,
+                                                     now_ms=_now_ms()))
             except NoNodeError:
                 code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
             except TxnRefused as exc:
@@ -435,30 +412,13 @@ class TxnCoordinator:
 
     async def forget_topic(self, topic: str) -> None:
         """A deleted topic's partitions hold no transaction any more."""
-        try:
-            await self.gw.store.delete(f"{self.gw.root}/txn_partitions/{topic}",
-                                       recursive=True)
-        except NoNodeError:
-            pass
+        await self.records.forget_topic(topic)
 
     async def partition_flag(self, topic: str, partition: int, offset: int | None,
                              ) -> int | None:
-        """The offset from which the partition's log may hold transactions, recorded in
-        ZooKeeper (``<root>/kafka/txn_partitions/<topic>/<partition>``) by its leader
-        before its first transactional batch: ``offset`` None reads it (None: no
-        transaction yet); else creates it at ``offset`` unless it exists."""
-        path = f"{self.gw.root}/txn_partitions/{topic}/{partition}"
-        if offset is not None:
-            try:
-                await self.gw.store.create(path, str(offset).encode(), make_parents=True)
-                return offset
-            except NodeExistsError:
-                pass
-        try:
-            raw, _ = await self.gw.store.get(path)
-        except NoNodeError:
-            return None
-        return int(raw)
+        """The offset from which the partition's log may hold transactions (see
+        ``metadata.kafka_txns``): ``offset`` None reads it, else records it there."""
+        return await self.records.partition_start(topic, partition, offset)
 
     # -- produce ------------------------------------------------------------------------
 
@@ -493,10 +453,7 @@ class TxnCoordinator:
                 log.warning("kafka_txn_sweep_failed", extra=fields(error=repr(exc)))
 
     async def sweep(self) -> None:
-        try:
-            children = await self.gw.store.children(self.root)
-        except NoNodeError:
-            return
+        children = await self.records.names()
         cached = self._cache_valid()
         for child in children:
             if not child.startswith("x-") and not self.owns(child):
@@ -506,10 +463,8 @@ class TxnCoordinator:
                                                      TxnState.COMPLETE_COMMIT,
                                                      TxnState.COMPLETE_ABORT):
                 continue  # idle, and only this gateway changes its state
-            try:
-                raw, _ = await self.gw.store.get(f"{self.root}/{child}")
-                record = TxnRecord.from_json(raw, f"{self.root}/{child}")
-            except NoNodeError:
+            record = await self.records.get_named(child)
+            if record is None:
                 continue
             tid = record.transactional_id
             if not self.owns(tid):

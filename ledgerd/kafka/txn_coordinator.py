@@ -35,13 +35,12 @@ Kafka error code, leaving the record as it was. Time comes in as ``now_ms``
 
 from __future__ import annotations
 
-import enum
-import json
 from dataclasses import dataclass, replace
 
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.metadata.errors import ChangeRejectedError
+from ledgerd.metadata.kafka_txns import MAX_EPOCH, PendingOffset, TxnRecord, TxnState
 
 __all__ = [
     "MAX_EPOCH", "MAX_TXN_OFFSETS", "MAX_TXN_PARTITIONS", "Marker", "PendingOffset",
@@ -50,19 +49,9 @@ __all__ = [
     "txn_offset_commit",
 ]
 
-MAX_EPOCH = 32766  # an epoch this high gets a new producer id instead of a bump
 MAX_TXN_PARTITIONS = 10_000  # partitions one transaction may touch
 MAX_TXN_OFFSETS = 10_000  # offsets one transaction may commit
 MAX_TIMEOUT_MS = 900_000  # Kafka: transaction.max.timeout.ms
-
-
-class TxnState(enum.Enum):
-    EMPTY = "Empty"
-    ONGOING = "Ongoing"
-    PREPARE_COMMIT = "PrepareCommit"
-    PREPARE_ABORT = "PrepareAbort"
-    COMPLETE_COMMIT = "CompleteCommit"
-    COMPLETE_ABORT = "CompleteAbort"
 
 
 PREPARED = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
@@ -83,16 +72,6 @@ class NeedProducerId(LedgerdError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PendingOffset:
-    group: str
-    topic: str
-    partition: int
-    offset: int
-    metadata: str | None
-    leader_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Marker:
     """One control batch to write: into ``topic``/``partition``, ending the
     transaction of ``producer_id`` at ``producer_epoch``."""
@@ -102,61 +81,6 @@ class Marker:
     producer_id: int
     producer_epoch: int
     commit: bool
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TxnRecord:
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    last_epoch: int = -1  # the epoch before the last fencing bump (-1: none)
-    timeout_ms: int
-    state: TxnState = TxnState.EMPTY
-    partitions: tuple[tuple[str, int], ...] = ()
-    groups: tuple[str, ...] = ()
-    offsets: tuple[PendingOffset, ...] = ()
-    started_ms: int = -1  # when the transaction became ONGOING
-    updated_ms: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.transactional_id:
-            raise ValueError("a transactional id is not empty")
-        if self.producer_id < 0 or not 0 <= self.producer_epoch <= MAX_EPOCH + 1:
-            raise ValueError(f"producer {self.producer_id} epoch {self.producer_epoch}")
-
-    def to_json(self) -> bytes:
-        return json.dumps({
-            "format": 1, "transactional_id": self.transactional_id,
-            "producer_id": self.producer_id, "producer_epoch": self.producer_epoch,
-            "last_epoch": self.last_epoch, "timeout_ms": self.timeout_ms,
-            "state": self.state.value, "partitions": [list(p) for p in self.partitions],
-            "groups": list(self.groups),
-            "offsets": [[o.group, o.topic, o.partition, o.offset, o.metadata,
-                         o.leader_epoch] for o in self.offsets],
-            "started_ms": self.started_ms, "updated_ms": self.updated_ms}).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes, path: str) -> TxnRecord:
-        from ledgerd.metadata.errors import CorruptMetadataError
-        try:
-            doc = json.loads(raw)
-            if doc.get("format") != 1:
-                raise ValueError(f"unknown format {doc.get('format')!r}")
-            return cls(
-                transactional_id=str(doc["transactional_id"]),
-                producer_id=int(doc["producer_id"]),
-                producer_epoch=int(doc["producer_epoch"]),
-                last_epoch=int(doc.get("last_epoch", -1)),
-                timeout_ms=int(doc["timeout_ms"]), state=TxnState(doc["state"]),
-                partitions=tuple((str(t), int(p)) for t, p in doc["partitions"]),
-                groups=tuple(str(g) for g in doc["groups"]),
-                offsets=tuple(PendingOffset(group=str(o[0]), topic=str(o[1]),
-                                            partition=int(o[2]), offset=int(o[3]),
-                                            metadata=o[4], leader_epoch=int(o[5]))
-                              for o in doc["offsets"]),
-                started_ms=int(doc["started_ms"]), updated_ms=int(doc["updated_ms"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptMetadataError(path, str(exc)) from exc
 
 
 def _check_timeout(timeout_ms: int) -> None:
