@@ -26,6 +26,7 @@ system-deps:
 	if ! $(PYTHON) -c 'import venv, ensurepip' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
 	if ! command -v gcc >/dev/null 2>&1; then missing="$$missing gcc"; fi; \
 	if ! command -v kcat >/dev/null 2>&1; then missing="$$missing kcat"; fi; \
+	if ! command -v npm >/dev/null 2>&1; then missing="$$missing npm"; fi; \
 	if ! $(PYTHON) -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then \
 		missing="$$missing python3-dev"; fi; \
 	if [ -n "$$missing" ]; then \
@@ -53,11 +54,16 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy --no-error-summary --exclude "ledgerd/tools/(?!bookieprocess|processcluster|localcluster|audit|replication_cmds|storage_cmds|faults)" ledgerd
 
-test: setup lint typecheck
+# KafkaJS for tests/kafka/test_kafkajs.py, from npm, pinned by its lock file's sha512.
+KAFKAJS := tests/kafka/kafkajs
+$(KAFKAJS)/node_modules/.package-lock.json: $(KAFKAJS)/package.json $(KAFKAJS)/package-lock.json
+	cd $(KAFKAJS) && npm ci --no-audit --no-fund --loglevel=error </dev/null
+
+test: setup lint typecheck $(KAFKAJS)/node_modules/.package-lock.json
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/ledgerd
+	rm -rf $(VENV) build *.egg-info native/_native*.so native/_native.c native/ledgerd tests/kafka/kafkajs/node_modules
 
 # librdkafka's own test suite against a real `ledgerd local --kafka` cluster (not part of
 # `make test`; CI runs it after). The librdkafka release is the one the expectations list

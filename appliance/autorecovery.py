@@ -569,9 +569,15 @@ class ReplicationWorker:
             if result.unreadable:
                 self.stats.unrecoverable += 1
             wait = min(self.opts.failed_lock_cap_s, max(self.opts.backoff_s, 0.1) * 2 ** (n - 1))
-            log.error("rereplication_failed", extra=fields(
-                ledger=lid, reason=result.detail, attempt=n, retry_in_s=wait,
-                unrecoverable=result.unreadable))
+            if result.no_spare_bookie:
+                # Not a failure of the copy: the cluster has no bookie to copy to until
+                # one is added or the lost one comes back (a warning, backing off).
+                log.warning("rereplication_waiting_for_a_bookie", extra=fields(
+                    ledger=lid, reason=result.detail, attempt=n, retry_in_s=wait))
+            else:
+                log.error("rereplication_failed", extra=fields(
+                    ledger=lid, reason=result.detail, attempt=n, retry_in_s=wait,
+                    unrecoverable=result.unreadable))
             held.start_soon(self._release_later, lid, wait)
 
     async def _after_grace(self, lid: int, version: int, held: trio.Nursery,

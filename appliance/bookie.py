@@ -462,6 +462,17 @@ class Bookie:
                   "found in memory).", lambda: cache.hits)
         m.counter("ledgerd_ledger_cache_misses", "Index page misses (db storage: lookups "
                   "in the index store).", lambda: cache.misses)
+        m.gauge("ledgerd_ledger_cache_pages", "Index pages held in memory (interleaved "
+                "storage; at most page_limit; 0 for db storage).",
+                lambda: float(getattr(cache, "cached_pages", 0)))
+        m.gauge("bookie_NUM_INDEX_PAGES", "Index pages held in memory (BookKeeper's name).",
+                lambda: float(getattr(cache, "cached_pages", 0)))
+        files = self.storage.open_files
+        m.gauge("ledgerd_open_index_files", "Index files open for reading and writing "
+                "(least recently used closed past open_file_limit).",
+                lambda: float(files.count("idx")))
+        m.gauge("ledgerd_open_entry_log_files", "Entry logs open for reading (the one being "
+                "written is apart).", lambda: float(files.count("log")))
         storage = self.storage
         storage.on_checkpoint = m.checkpoint_latency.observe
         storage.engine.register_metrics(m)

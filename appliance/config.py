@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+from ledgerd.appliance.bknames import BOOKIE_NAMES
+from ledgerd.base.bknames import BkName
 from ledgerd.base.credentials import read_cluster_secret
 from ledgerd.base.logs import LOG_FORMATS
 from ledgerd.base.settings import LOG_LEVELS, ConfigError, setting
@@ -34,10 +36,17 @@ MiB = 1 << 20
 class BookieConfig(ZooKeeperSettings):
     """Settings of one bookie process (``ledgerd bookie --conf FILE``)."""
 
+    bookkeeper_names: ClassVar[tuple[BkName, ...]] = BOOKIE_NAMES
+
     # -- server ---------------------------------------------------------------------
     bookie_port: int = setting(
-        3181, bk="bookiePort", minimum=0, maximum=65535,
-        doc="TCP port the bookie serves the protocol on (0 = pick a free port).")
+        3181, bk="bookiePort", minimum=1, maximum=65535,
+        why_minimum="0 would pick a new port, and so a new bookie id, on every restart: "
+                    "the bookie would not match its own cookie",
+        doc="TCP port the bookie serves the protocol on. Fixed: a bookie's id is its "
+            "host:port, so a port picked at start (0) would change the id on every "
+            "restart, and the bookie would no longer match its own cookie (refused, as "
+            "BookKeeper refuses it without allowEphemeralPorts).")
     listen_address: str = setting(
         "127.0.0.1", bk="listeningInterface",
         doc="Address the bookie binds; set the host's address to serve other machines.")
@@ -285,7 +294,7 @@ class BookieConfig(ZooKeeperSettings):
         1000, bk="(ledgerd; auditor metadata throttle)", minimum=1,
         doc="Ledger metadata reads per second the auditor's scans may make.")
     local_scrub_period_s: int = setting(
-        86400, bk="localScrubPeriod", minimum=0,
+        86400, bk="localScrubInterval", minimum=0,
         doc="Period of the scrubber, which reads back every entry this bookie should hold "
             "by the ledgers' metadata and marks ledgers missing some under-replicated; a "
             "pass also runs at start (0 = off).")
@@ -321,9 +330,9 @@ class BookieConfig(ZooKeeperSettings):
         doc="Cap of the growing time a worker keeps a ledger it failed on locked.")
     # -- admin and metrics ---------------------------------------------------------
     admin_address: str = setting(
-        "127.0.0.1", bk="httpServerHost", doc="Address of the metrics/admin HTTP endpoint.")
+        "127.0.0.1", bk="prometheusStatsHttpAddress", doc="Address of the metrics/admin HTTP endpoint.")
     admin_port: int = setting(
-        8000, bk="httpServerPort", minimum=0, maximum=65535,
+        8000, bk="prometheusStatsHttpPort", minimum=0, maximum=65535,
         doc="Port of the metrics/admin HTTP endpoint (0 = pick a free port).")
     metrics_enabled: bool = setting(
         True, bk="enableStatistics", doc="Serve Prometheus metrics on the admin endpoint.")
@@ -389,12 +398,25 @@ class BookieConfig(ZooKeeperSettings):
             "authorization_enabled (empty: such a connection can do nothing).")
     log_level: str = setting(
         "INFO", bk="(log4j level)", choices=LOG_LEVELS, doc="Logging level.")
+    log_levels: tuple[tuple[str, str], ...] = setting(
+        (), bk="(log4j.logger.NAME)",
+        doc='Levels of single loggers over log_level, as log4j.logger.NAME lines set them: '
+            '{"ledgerd.disk.journal" = "DEBUG", "kazoo" = "WARNING"} (a logger\'s '
+            'children follow it; environment: name=LEVEL,name=LEVEL).')
+    log_file: str = setting(
+        "", bk="(log4j file appender)",
+        doc="Also write the log lines to this file, appended; reopened when it is moved "
+            "or removed (logrotate), so no copytruncate is needed. Empty: stderr only "
+            "(the journal, under systemd).")
     log_format: str = setting(
         "kv", bk="(ledgerd)", choices=LOG_FORMATS,
         doc="Log lines as key=value (kv) or one JSON object a line (json); "
             "`ledgerd --log-format` overrides it.")
 
     def __post_init__(self) -> None:
+        if self.bookie_port == 0:  # (BookieConfig(...) directly; load_config's range says so)
+            raise ConfigError("bookie_port", 0, "a fixed port, 1 to 65535 (0 would pick a "
+                              "new port, and so a new bookie id, on every restart)")
         if not RACK.match(self.bookie_rack):
             raise ConfigError("bookie_rack", self.bookie_rack,
                               "a path like /rack-1 or /zone-a/rack-3 (letters, digits, . _ -)")
@@ -412,6 +434,11 @@ class BookieConfig(ZooKeeperSettings):
         if self.journal_alignment_size & (self.journal_alignment_size - 1):
             raise ConfigError("journal_alignment_size", self.journal_alignment_size,
                               "a power of two between 512 and 65536")
+        for name, level in self.log_levels:
+            if not name or level not in LOG_LEVELS:
+                raise ConfigError("log_levels", dict(self.log_levels),
+                                  'a table of logger name = level, levels one of '
+                                  + ", ".join(LOG_LEVELS))
         if self.page_size % 8:
             raise ConfigError("page_size", self.page_size, "a multiple of 8")
         if self.tls_required and not self.tls_certificate_path:

@@ -334,6 +334,8 @@ class RequestHandler:
             lac = storage.lac(ledger_id)
         except StorageError as exc:
             return status_for_storage_error(exc), None
+        self.metrics.entries_read += 1
+        self.metrics.entry_bytes_read += len(data)
         return Status.OK, ReadResponse(ledger_id=ledger_id, entry_id=eid, max_lac=lac, entry=data)
 
     def _read_range_now(self, req: ReadRangeRequest | ReadStrideRequest) -> Reply:
@@ -348,6 +350,8 @@ class RequestHandler:
             lac = self.storage.lac(req.ledger_id)
         except StorageError as exc:
             return status_for_storage_error(exc), None
+        self.metrics.entries_read += len(entries)
+        self.metrics.entry_bytes_read += sum(len(e) for e in entries)
         resp = ReadStrideResponse if type(req) is ReadStrideRequest else ReadRangeResponse
         return Status.OK, resp(ledger_id=req.ledger_id, first_entry_id=req.first_entry_id,
                                max_lac=lac, entries=tuple(entries))

@@ -12,7 +12,8 @@ Pulsar bookies work unchanged: ``bookie_SERVER_STATUS`` (1 writable, 0 read-only
 (latency in milliseconds as BookKeeper's OpStatsLogger summaries: ``success`` label,
 ``quantile`` 0.5 ... 1.0, ``_count``, ``_sum``), ``bookie_journal_JOURNAL_SYNC``,
 ``bookie_journal_JOURNAL_QUEUE_SIZE``, ``bookie_ledgers_count``,
-``bookie_ledger_writable_dirs`` and ``bookie_WRITE_BYTES``. Quantiles come from the
+``bookie_ledger_writable_dirs``, ``bookie_WRITE_BYTES``, ``bookie_READ_BYTES`` and
+``bookie_NUM_INDEX_PAGES``. Quantiles come from the
 histograms' buckets (each is its bucket's upper bound), not from a sliding window.
 The process and Python collectors (``process_*``, ``python_*``) come along.
 """
@@ -53,6 +54,8 @@ class BookieMetrics:
         self.journal_bytes = 0
         self.entries_added = 0
         self.entry_bytes_added = 0
+        self.entries_read = 0             # entries sent by reads (single, range, stride)
+        self.entry_bytes_read = 0
         self.connections_opened = 0
         self.connections_refused = 0      # over max_connections
         self.connections_idle_closed = 0  # idle past connection_idle_timeout_s
@@ -132,6 +135,14 @@ class _Collector:
                              "(BookKeeper's name, without the _total suffix).", "counter")
         write_bytes.add_sample("bookie_WRITE_BYTES", {}, float(m.entry_bytes_added))
         yield write_bytes
+        read_bytes = Metric("bookie_READ_BYTES", "Entry bytes sent by reads "
+                            "(BookKeeper's name, without the _total suffix).", "counter")
+        read_bytes.add_sample("bookie_READ_BYTES", {}, float(m.entry_bytes_read))
+        yield read_bytes
+        yield CounterMetricFamily("ledgerd_bookie_read_bytes", "Entry bytes sent by reads "
+                                  "(single, range and stride).", value=m.entry_bytes_read)
+        yield CounterMetricFamily("ledgerd_bookie_entries_read", "Entries sent by reads.",
+                                  value=m.entries_read)
         yield CounterMetricFamily("ledgerd_journal_written_bytes",
                                   "Bytes of journal records made durable.", value=m.journal_bytes)
         yield CounterMetricFamily("ledgerd_bookie_entries_added", "Entries stored by adds.",

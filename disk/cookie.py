@@ -24,7 +24,8 @@ from pathlib import Path
 from ledgerd.disk.errors import CookieMismatchError
 from ledgerd.disk.layouts import crc32c
 
-__all__ = ["LAYOUT_VERSION", "Cookie", "CookieCheck", "check_cookies", "stamp_cookies"]
+__all__ = ["LAYOUT_VERSION", "Cookie", "CookieCheck", "check_cookies", "layout_problem",
+           "stamp_cookies"]
 
 LAYOUT_VERSION = 1
 
@@ -106,6 +107,22 @@ EXPANSION_HINT = (" Only directories were added: set allow_storage_expansion = t
                   "let the bookie take new empty ones.")
 
 
+def layout_problem(found: Cookie, expected: Cookie, where: str) -> str:
+    """Why a cookie's layout version stops the start, or "": an older layout needs
+    ``ledgerd upgrade`` (BookKeeper's ``bookie upgrade``), a newer one was written by a
+    newer ledgerd."""
+    have, want = found.layout_version, expected.layout_version
+    if have == want:
+        return ""
+    if have < want:
+        return (f"upgrade needed: run ledgerd upgrade --conf FILE (the bookie stopped): "
+                f"{where} holds layout_version {have}, this ledgerd uses {want}; "
+                "`--rollback` undoes the upgrade until `--finalize`")
+    return (f"{where} holds layout_version {have}, newer than this ledgerd's {want}: run "
+            "the ledgerd that wrote it, or `ledgerd upgrade --rollback --conf FILE` if its "
+            "upgrade kept the previous layout")
+
+
 def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None, *,
                   allow_expansion: bool = False) -> CookieCheck:
     """Validate every directory's cookie; raise CookieMismatchError saying what differs.
@@ -116,6 +133,18 @@ def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None, *,
     ZooKeeper copy is replaced. A directory removed or swapped is refused as before.
     """
     remote_cookie = Cookie.from_bytes(remote, "ZooKeeper") if remote is not None else None
+    # A layout version apart is an upgrade (or a downgrade) to run, not a configuration
+    # that changed: say so before comparing anything else.
+    for d in dirs:
+        version = Path(d) / "current" / "VERSION"
+        if version.exists():
+            problem = layout_problem(Cookie.from_bytes(version.read_bytes(), str(version)),
+                                     expected, str(d))
+            if problem:
+                raise CookieMismatchError(problem)
+    if remote_cookie is not None and (problem := layout_problem(
+            remote_cookie, expected, "the cookie in ZooKeeper")):
+        raise CookieMismatchError(problem)
     added: set[str] | None = None  # set once an old cookie is found that expected expands
     if remote_cookie is not None:
         diff = expected.differences(remote_cookie)

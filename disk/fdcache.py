@@ -55,6 +55,10 @@ class FdCache:
             self.evictions += 1
         return fd
 
+    def count(self, kind: str) -> int:
+        """Open descriptors whose key is ``(kind, ...)`` ("idx", "log")."""
+        return sum(1 for key in self._fds if isinstance(key, tuple) and key[:1] == (kind,))
+
     def peek(self, key: Hashable) -> int | None:
         return self._fds.get(key)
 

@@ -253,6 +253,12 @@ class LedgerCache:
     def get(self, ledger_id: int) -> LedgerIndex | None:
         return self.ledgers.get(ledger_id)
 
+    @property
+    def cached_pages(self) -> int:
+        """Index pages held in memory (at most ``page_limit``, but for those pinned by
+        a checkpoint's write in flight)."""
+        return len(self._lru)
+
     def dirty(self, idx: LedgerIndex) -> None:
         """The ledger's header (key, fence, term, explicit LAC) changed."""
         idx.header_dirty = True

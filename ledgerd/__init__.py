@@ -15,7 +15,15 @@ without pyspark installed.
 """
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
+
+# A library never configures output: every ledgerd.* logger propagates here, and this
+# handler keeps Python's last-resort handler from printing WARNING and above on the
+# application's stderr (ledger_handle_failed, bookie_unavailable, ...). An application
+# that configures logging (logging.basicConfig, a handler on the root or on "ledgerd")
+# sees every record as before; the ledgerd command configures its own.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     from ledgerd.client import Client, open_client

@@ -284,6 +284,24 @@ class Client:
         self.nursery.cancel_scope.cancel()
 
 
+async def _check_default_zookeeper(servers: str) -> None:
+    """When no one named a ZooKeeper (no argument, no LEDGERD_ZK_SERVERS) and nothing
+    listens at the default, fail at once saying how to name one, rather than after the
+    session timeout."""
+    from ledgerd.metadata.errors import MetadataUnavailableError
+
+    host, _, port = servers.partition("/")[0].split(",")[0].rpartition(":")
+    try:
+        with trio.fail_after(2):
+            stream = await trio.open_tcp_stream(host or "127.0.0.1", int(port))
+        await stream.aclose()
+    except (OSError, ValueError, trio.TooSlowError):
+        raise MetadataUnavailableError(
+            servers, "nothing listens there, and no ZooKeeper was named: pass "
+            "open_client(zk_servers) or export LEDGERD_ZK_SERVERS (`ledgerd local` prints "
+            "its ZooKeeper; eval \"$(ledgerd local ctl env)\" exports it)") from None
+
+
 @asynccontextmanager
 async def open_client(zk_servers: str | None = None, *, config: ClientConfig | None = None,
                       rng: random.Random | None = None, store: MetadataStore | None = None,
@@ -296,6 +314,10 @@ async def open_client(zk_servers: str | None = None, *, config: ClientConfig | N
     ``connect`` memory streams instead of TCP. Leaving the block closes every handle
     (appends still pending fail) and the connections; if cancelled, the same holds.
     """
+    import os
+
+    unnamed = (config is None and zk_servers is None and "zk_servers" not in settings
+               and not os.environ.get("LEDGERD_ZK_SERVERS"))
     if config is None:
         if zk_servers is not None:
             settings["zk_servers"] = zk_servers
@@ -305,6 +327,8 @@ async def open_client(zk_servers: str | None = None, *, config: ClientConfig | N
     own_store = store is None
     if store is None:
         from ledgerd.metadata.zookeeper import ZooKeeperStore
+        if unnamed:
+            await _check_default_zookeeper(config.zk_servers)
         store = await ZooKeeperStore.connect(config.zk_servers,
                                              session_timeout=config.zk_timeout_ms / 1000,
                                              connect_timeout=config.zk_timeout_ms / 1000,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+from typing import ClassVar
 
+from ledgerd.base.bknames import BkName
 from ledgerd.base.settings import (
     ConfigError,
     defaults_toml,
@@ -17,9 +19,10 @@ from ledgerd.base.settings import (
     setting,
 )
 from ledgerd.base.tls import client_context
-from ledgerd.metadata.settings import ZooKeeperSettings
+from ledgerd.metadata.settings import ZOOKEEPER_NAMES, ZooKeeperSettings
 
 __all__ = [
+    "CLIENT_NAMES",
     "ClientConfig",
     "ConfigError",
     "defaults_toml",
@@ -29,9 +32,54 @@ __all__ = [
 ]
 
 
+_ONE_LOOP = ("the client runs on the application's trio event loop (SyncClient: one "
+             "thread of its own); there is no worker pool to size")
+
+# BookKeeper's client names (seed 001's "BookKeeper Configuration Parameters" and the
+# timeouts operators set), read in BookKeeper's units: readTimeout and the *Sec names
+# are seconds. readTimeout is BookKeeper's fallback for both the add and the read
+# timeout, so it is weak: addEntryTimeoutSec / readEntryTimeoutSec in the same file win.
+CLIENT_NAMES: tuple[BkName, ...] = (
+    *ZOOKEEPER_NAMES,
+    BkName(name="readTimeout", key="read_timeout_ms", also=("add_entry_timeout_ms",),
+           unit="s", scale=1000.0, weak=True,
+           note="BookKeeper's fallback for both timeouts: addEntryTimeoutSec and "
+                "readEntryTimeoutSec win"),
+    BkName(name="readEntryTimeoutSec", key="read_timeout_ms", unit="s", scale=1000.0),
+    BkName(name="addEntryTimeoutSec", key="add_entry_timeout_ms", unit="s", scale=1000.0),
+    BkName(name="clientConnectTimeoutMillis", key="connect_timeout_ms", unit="ms"),
+    BkName(name="throttle", key="throttle", unit="adds/s"),
+    BkName(name="speculativeReadTimeout", key="speculative_read_timeout_ms", unit="ms"),
+    BkName(name="explicitLacInterval", key="explicit_lac_interval_ms", unit="ms"),
+    BkName(name="nettyMaxFrameSizeBytes", key="max_frame_bytes", unit="bytes"),
+    BkName(name="recoveryReadBatchSize", key="recovery_read_window", unit="entries"),
+    BkName(name="reorderReadSequenceEnabled", key="reorder_read_sequence_enabled"),
+    BkName(name="digestType", key="digest_type",
+           values=(("CRC32", "crc32"), ("CRC32C", "crc32c"), ("MAC", "hmac"),
+                   ("DUMMY", "dummy"), ("hmac", "hmac"))),
+    BkName(name="clientTrustStore", key="tls_trust_path", note="PEM CA certificates"),
+    BkName(name="clientKeyStore", key="tls_key_path", note="a PEM private key"),
+    BkName(name="tlsHostnameVerificationEnabled", key="tls_hostname_verification"),
+    BkName(name="tlsEnabledProtocols", key="tls_enabled_protocols"),
+    BkName(name="numWorkerThreads", why=_ONE_LOOP),
+    BkName(name="numIOThreads", why=_ONE_LOOP),
+    BkName(name="clientTcpNoDelay",
+           why="bookie connections always set TCP_NODELAY (a replicated add waits for "
+               "its acks; Nagle would only add latency)"),
+    BkName(name="ledgerManagerType",
+           why="the client reads the cluster's layout from its metadata in ZooKeeper "
+               "(the bookie's ledger_manager_type sets it)"),
+    BkName(name="passwd",
+           why="ledgerd's recovery and admin tools authenticate with the cluster secret "
+               "(cluster_secret_file), not with one password for every ledger"),
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClientConfig(ZooKeeperSettings):
     """Settings of a ledgerd client (``ledgerd.open_client``)."""
+
+    bookkeeper_names: ClassVar[tuple[BkName, ...]] = CLIENT_NAMES
 
     ensemble_size: int = setting(
         3, bk="(BookKeeper.createLedger argument)", minimum=1, maximum=1024,

@@ -201,6 +201,7 @@ class LedgerResult:
     bytes: int = 0
     closed_by_recovery: bool = False
     unreadable: bool = False      # no surviving replica of some entry
+    no_spare_bookie: bool = False  # every writable bookie is in the ensemble already
     detail: str = ""
     plan: list[dict[str, object]] = field(default_factory=list)
 
@@ -308,6 +309,7 @@ async def rereplicate_ledger(
                 UnauthorizedError, ChangeRejectedError) as exc:
             result.outcome = Outcome.FAILED
             result.unreadable = isinstance(exc, CopyFailedError) and exc.unreadable
+            result.no_spare_bookie = isinstance(exc, NotEnoughBookiesError) and exc.excluded > 0
             result.detail = str(exc)
             return result
         if result.outcome is Outcome.REPLICATED and not dry_run:

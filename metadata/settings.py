@@ -3,18 +3,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from ledgerd.base.bknames import BkName, metadata_service_uri
 from ledgerd.base.settings import ConfigError, setting
 
-__all__ = ["ZooKeeperSettings"]
+__all__ = ["ZOOKEEPER_NAMES", "ZooKeeperSettings"]
+
+
+def _servers(value: object) -> dict[str, object]:
+    """zkServers as a comma string (a TOML list of host:port is joined)."""
+    if isinstance(value, (list, tuple)):
+        return {"zk_servers": ",".join(str(v).strip() for v in value)}
+    return {"zk_servers": str(value).strip()}
+
+
+# BookKeeper's names for these keys (ledgerd.base.bknames). metadataServiceUri wins over
+# zkServers and zkLedgersRootPath when a file has both, as in BookKeeper.
+ZOOKEEPER_NAMES: tuple[BkName, ...] = (
+    BkName(name="zkServers", key="zk_servers", weak=True, convert=_servers,
+           note="comma list of host:port; metadataServiceUri wins"),
+    BkName(name="metadataServiceUri", key="zk_servers",
+           also=("zk_ledgers_root_path", "ledger_manager_type"), convert=metadata_service_uri,
+           note="zk+LAYOUT://h1:2181;h2:2181/ROOT: the hosts, the root znode and the "
+                "layout"),
+    BkName(name="zkTimeout", key="zk_timeout_ms", unit="ms"),
+    BkName(name="zkLedgersRootPath", key="zk_ledgers_root_path", weak=True,
+           note="metadataServiceUri's path wins"),
+    BkName(name="zkEnableSecurity", key="zk_enable_security"),
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZooKeeperSettings:
     """Where the cluster's metadata lives (the bookie's and the client's first keys)."""
 
+    bookkeeper_names: ClassVar[tuple[BkName, ...]] = ZOOKEEPER_NAMES
+
     zk_servers: str = setting(
-        "127.0.0.1:2181", bk="metadataServiceUri / zkServers",
+        "127.0.0.1:2181", bk="zkServers",
         doc="ZooKeeper connection string, host:port[,host:port...][/chroot].")
     zk_timeout_ms: int = setting(
         10000, bk="zkTimeout", minimum=1000, maximum=600000,

@@ -4,6 +4,12 @@
 #   sudo systemd/install.sh                  # from this checkout (or: --wheel FILE)
 #   sudo systemd/install.sh --uninstall      # units and /opt/ledgerd go; config and data stay
 #   systemd/install.sh --root DIR            # into a scratch root (tests, image builds)
+#   sudo PYTHON=/usr/bin/python3 systemd/install.sh   # the interpreter /opt/ledgerd is built on
+#
+# PYTHON (default: python3 on PATH) must be runnable by the service user: the virtualenv
+# links to it. One in root's home (pyenv, conda) is not; the install checks, as that user,
+# before it builds anything and again before it says done (--user NAME checks another
+# user, also into a scratch root).
 #
 # What it lays down (each step skipped when already done; an edited config is never
 # overwritten):
@@ -24,9 +30,10 @@ checkout="$(dirname "$here")"
 root=""
 wheel=""
 uninstall=0
+user=""
 python="${PYTHON:-python3}"
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "install.sh: $*" >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
@@ -35,6 +42,7 @@ while [ $# -gt 0 ]; do
         --root=*) root="${1#--root=}"; shift ;;
         --wheel) wheel="${2:?--wheel needs a file}"; shift 2 ;;
         --uninstall) uninstall=1; shift ;;
+        --user) user="${2:?--user needs a name}"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
@@ -79,7 +87,18 @@ if [ -z "$root" ]; then
     fi
 fi
 
-# 2. The virtualenv and the product.
+# 2. The virtualenv and the product, on an interpreter the service user can run.
+[ -n "$user" ] || [ -n "$root" ] || user=ledgerd
+as_user() { runuser -u "$user" -- "$@"; }
+if [ -n "$user" ] && [ ! -x "$prefix/bin/python" ]; then
+    interp="$(command -v "$python" || true)"
+    [ -n "$interp" ] || die "PYTHON=$python: not found"
+    if ! why="$(cd / && as_user "$interp" -c 'import venv, ensurepip' 2>&1)"; then
+        die "the service user $user cannot run $interp ($(readlink -f "$interp")): \
+$(printf '%s' "$why" | tail -n 1). Give an interpreter outside any home directory: \
+PYTHON=/usr/bin/python3 $0"
+    fi
+fi
 if [ ! -x "$prefix/bin/python" ]; then
     mkdir -p "$(dirname "$prefix")"
     "$python" -m venv "$prefix"
@@ -140,5 +159,13 @@ if [ -n "$version" ] && [ "$version" -ge 254 ] 2>/dev/null; then
 fi
 if systemd_live; then
     systemctl daemon-reload
+fi
+if [ -z "$root" ]; then
+    # What the unit will do, as the user it runs as: run the installed interpreter.
+    if ! why="$(cd / && as_user "$prefix/bin/ledgerd" --version 2>&1)"; then
+        die "the service user $user cannot run $prefix/bin/ledgerd: \
+$(printf '%s' "$why" | tail -n 1). Its interpreter is $(readlink -f "$prefix/bin/python"); \
+reinstall with one outside any home directory: --uninstall, then PYTHON=/usr/bin/python3 $0"
+    fi
 fi
 say "done: edit $etc/bookie.toml, then: systemctl enable --now ledgerd-bookie"

@@ -42,7 +42,7 @@ PURE = ["ledgerd.wire.layouts", "ledgerd.wire.codec", "ledgerd.wire.messages", "
         "ledgerd.machines.checker", "ledgerd.appliance.core", "ledgerd.appliance.audit_schedule",
         "ledgerd.appliance.session", "ledgerd.appliance.replies",
         "ledgerd.base.logs", "ledgerd.base.credentials",
-        "ledgerd.base.settings"]
+        "ledgerd.base.settings", "ledgerd.base.properties", "ledgerd.base.bknames"]
 PURE += ["ledgerd.base.faultpoints", "ledgerd.testing.history"]  # the test kit's pure part
 
 

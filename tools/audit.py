@@ -21,6 +21,8 @@ import contextlib
 import functools
 import logging
 import os
+import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -332,6 +334,19 @@ def _watch_tasks(spark: Any, on_tasks: Callable[[int, int], None] | None) -> Ite
         watcher.join(timeout=2)
 
 
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception): \S")
+
+
+def spark_error_line(text: str) -> str:
+    """The cause in a Spark failure's text (a Python worker's traceback wrapped in a
+    JVM stack trace, ~30 lines, the useful line last among them): the last line that
+    names an error, as ``Name: message``; the text's first line if none does."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    named = [ln for ln in lines if _ERROR_LINE.match(ln) and not ln.startswith(
+        ("py4j.", "org.apache.spark.", "java.", "scala."))]
+    return named[-1] if named else (lines[0] if lines else "")
+
+
 @contextmanager
 def jvm_output_to(path: Path | None) -> Iterator[None]:
     """Start Spark's JVM with its stdout and stderr in ``path``: it inherits the file
@@ -355,24 +370,86 @@ def jvm_output_to(path: Path | None) -> Iterator[None]:
             os.close(f)
 
 
-def spark_session(master: str, log_path: Path | None = None) -> Any:
+def spark_session(master: str, log_path: Path | None = None,
+                  local_dir: Path | None = None) -> Any:
     """A session whose workers run this Python (ledgerd importable there too); with
-    ``log_path``, Spark's own output goes there."""
+    ``log_path``, Spark's own output goes there; with ``local_dir``, its scratch files
+    (``blockmgr-*``, ``artifacts-*``, ``spark-*``) go there instead of /tmp, for the
+    caller to remove."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    builder = (SparkSession.builder.master(master).appName("ledgerd-audit")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if local_dir is not None:
+        builder = builder.config("spark.local.dir", str(local_dir)).config(
+            "spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={local_dir}")
     with jvm_output_to(log_path):
-        session = (SparkSession.builder.master(master).appName("ledgerd-audit")
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
 
 
+def _active_session() -> bool:
+    """Whether this process already has a SparkSession (a caller's, when the command
+    runs in-process): then it is the caller's to stop."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return False
+    return SparkContext._active_spark_context is not None
+
+
+def child_pids() -> list[int]:
+    """The processes this one started that still run (Spark's JVM among them), by PID
+    (from /proc: pyspark does not hand out its gateway process until it is up)."""
+    me = os.getpid()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields_ = stat.rsplit(") ", 1)[1].split()
+        if int(fields_[1]) == me and fields_[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def stop_children(pids: Iterable[int], grace: float = 5.0) -> None:
+    """SIGTERM ``pids`` (our own children), SIGKILL what is left after ``grace``, and
+    reap them."""
+    pids = list(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = set(pids)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                left.discard(pid)
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
 @click.command("audit")
-@click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181", show_default=True,
-              help="ZooKeeper connection string (host:port[,...][/chroot]).")
+@click.option("--zk", default=None,
+              help="ZooKeeper connection string (host:port[,...][/chroot]); default "
+                   "$LEDGERD_ZK_SERVERS, else the one running `ledgerd local`, else "
+                   "127.0.0.1:2181.")
 @click.option("--master", default="local[*]", show_default=True,
               help="Spark master (local[N], spark://host:port, ...).")
 @click.option("--ledgers", default=None, help="Only these ledger ids (comma-separated).")
@@ -383,11 +460,14 @@ def spark_session(master: str, log_path: Path | None = None) -> Any:
               help="Put the ledgers found short into the underreplication queue.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def audit_cmd(ctx: click.Context, zk: str, master: str, ledgers: str | None,
+def audit_cmd(ctx: click.Context, zk: str | None, master: str, ledgers: str | None,
               log_name: str | None, entries_per_task: int, mark: bool, as_json: bool) -> None:
     """Check on Spark that every bookie holds every entry of its fragments.
 
     Exits 3 when entries are missing (after printing them)."""
+    from ledgerd.tools.shell import find_cluster
+
+    zk = str(find_cluster(zk, "audit").zk)
     if not (ctx.obj or {}).get("debug"):
         logging.getLogger().setLevel(logging.WARNING)  # client and py4j events are noise
         logging.getLogger("kazoo.client").setLevel(logging.CRITICAL)
@@ -406,7 +486,14 @@ def audit_cmd(ctx: click.Context, zk: str, master: str, ledgers: str | None,
         click.echo(f"audit: {line}", err=True)
 
     started = time.monotonic()
-    log_path = None if debug else Path(tempfile.gettempdir()) / f"ledgerd-audit-{os.getpid()}.log"
+    if not debug:
+        # A Python worker's error as one line (its cause), not its traceback.
+        os.environ.setdefault("SPARK_HIDE_TRACEBACK", "1")
+    # The run's own directory: Spark's log and scratch files. Removed when the audit
+    # ends (done or interrupted); kept, and named, when it fails.
+    run_dir = Path(tempfile.mkdtemp(prefix="ledgerd-audit-"))
+    log_path = None if debug else run_dir / "spark.log"
+    (run_dir / "spark-local").mkdir()
     interrupted = threading.Event()
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -419,9 +506,11 @@ def audit_cmd(ctx: click.Context, zk: str, master: str, ledgers: str | None,
     previous = signal.signal(signal.SIGINT, on_sigint)
     bar = Progress("audit: checking (Spark tasks)", None)
     spark = None
+    owned = not _active_session()  # stop only a session this command started
     try:
-        say(f"starting Spark ({master})" + (f"; its own log: {log_path}" if log_path else ""))
-        spark = spark_session(master, log_path)
+        say(f"starting Spark ({master})" + (f"; its own log: {log_path} (kept if the audit "
+                                            "fails)" if log_path else ""))
+        spark = spark_session(master, log_path, run_dir / "spark-local")
         signal.signal(signal.SIGINT, on_sigint)  # starting a context installs pyspark's
         import ledgerd.spark
 
@@ -429,17 +518,33 @@ def audit_cmd(ctx: click.Context, zk: str, master: str, ledgers: str | None,
         report = run_audit(spark, {"zk": zk}, ledgers=ids, log=log_name,
                            entries_per_task=entries_per_task, mark=mark, say=say,
                            on_tasks=lambda done, total: bar.set(done, total))
+        if owned:
+            spark.stop()
     except BaseException as exc:
         if not (interrupted.is_set() or isinstance(exc, KeyboardInterrupt)):
+            if log_path is not None:
+                say(f"failed; Spark's log kept: {log_path}")
+            if spark is not None and owned:
+                with contextlib.suppress(BaseException):
+                    spark.stop()
+            if not debug and type(exc).__module__.startswith(("pyspark", "py4j")):
+                # A Spark failure is a traceback of tracebacks; its cause is one line.
+                raise click.ClickException(spark_error_line(str(exc))) from None
             raise
         bar.close()
         say("interrupted (Ctrl-C): no result" + (", nothing marked" if mark else ""))
-        if spark is not None:
+        if spark is not None and owned:
             with contextlib.suppress(BaseException):
                 spark.stop()
+        if owned:
+            # Spark's JVM, also when Ctrl-C came while it started (pyspark had not
+            # handed it out yet): it ignores SIGINT, and would outlive us.
+            stop_children(child_pids())
+        shutil.rmtree(run_dir, ignore_errors=True)
         sys.exit(130)
     finally:
         signal.signal(signal.SIGINT, previous)
+    shutil.rmtree(run_dir, ignore_errors=True)
     bar.close()
     say(f"done in {time.monotonic() - started:.1f}s")
     missing = [dict(zip(("ledger_id", "first_entry", "last_entry", "bookie", "missing",

@@ -200,8 +200,9 @@ def _show(result: dict[str, Any], as_json: bool) -> None:
 
 
 _common = [
-    click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181",
-                 show_default=True),
+    click.option("--zk", default=None,
+                 help="ZooKeeper (default: $LEDGERD_ZK_SERVERS, else the one running "
+                      "`ledgerd local`, else 127.0.0.1:2181)."),
     click.option("--ensemble", "-e", default=3, show_default=True),
     click.option("--write-quorum", "-w", default=2, show_default=True),
     click.option("--ack-quorum", "-a", default=2, show_default=True),
@@ -224,11 +225,14 @@ def _with_common(f: Any) -> Any:
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100_000),
               help="Appends per submit_many call (1: one submit per append).")
 @click.option("--keep", is_flag=True, help="Keep the ledgers written (default: deleted).")
-def writes_cmd(zk: str, ensemble: int, write_quorum: int, ack_quorum: int, entry_size: int,
-               as_json: bool, ledgers: int, outstanding: int, duration: float,
-               batch: int, keep: bool) -> None:
+def writes_cmd(zk: str | None, ensemble: int, write_quorum: int, ack_quorum: int,
+               entry_size: int, as_json: bool, ledgers: int, outstanding: int,
+               duration: float, batch: int, keep: bool) -> None:
     """Write throughput and latency (progress each second; Ctrl-C ends it early and
     prints what was measured; the ledgers are deleted unless --keep)."""
+    from ledgerd.tools.shell import find_cluster
+
+    zk = str(find_cluster(zk, "bench").zk)
     _quiet()
     _show(trio.run(partial(run_writes, zk, ensemble, write_quorum, ack_quorum, entry_size,
                            ledgers, outstanding, duration, keep=keep, interruptible=True,
@@ -240,9 +244,12 @@ def writes_cmd(zk: str, ensemble: int, write_quorum: int, ack_quorum: int, entry
 @_with_common
 @click.option("--entries", default=20000, show_default=True)
 @click.option("--passes", default=3, show_default=True)
-def reads_cmd(zk: str, ensemble: int, write_quorum: int, ack_quorum: int, entry_size: int,
-              as_json: bool, entries: int, passes: int) -> None:
+def reads_cmd(zk: str | None, ensemble: int, write_quorum: int, ack_quorum: int,
+              entry_size: int, as_json: bool, entries: int, passes: int) -> None:
     """Read throughput (batches of 256 entries) of a closed ledger."""
+    from ledgerd.tools.shell import find_cluster
+
+    zk = str(find_cluster(zk, "bench").zk)
     _quiet()
     _show(trio.run(_reads, zk, ensemble, write_quorum, ack_quorum, entry_size, entries, passes),
           as_json)

@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from ledgerd.base.settings import toml_value
 from ledgerd.metadata.store import MetadataStore
+from ledgerd.tools.interrupts import signals_deferred
 from ledgerd.tools.zkserver import find_free_port
 
 __all__ = ["BookieProcess", "start_writable"]
@@ -63,14 +64,23 @@ class BookieProcess:
 
     def start(self, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
         """Start ``ledgerd bookie``; ``cwd`` runs another checkout's code (benchmarks
-        compare the current tree with a baseline worktree)."""
+        compare the current tree with a baseline worktree).
+
+        The bookie inherits this process's environment except the ``LEDGERD_<KEY>``
+        variables of keys its file sets: its file says which cluster, port and
+        directories are its own, and a ``LEDGERD_ZK_SERVERS`` exported for the shell must
+        not move it into another cluster. ``env`` is passed as given (it wins)."""
         if self.running:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        inherited = {k: v for k, v in os.environ.items()
+                     if not (k.startswith("LEDGERD_") and k[8:].lower() in self.settings)}
         self._log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf", str(self.config_path)],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, start_new_session=True, cwd=cwd)
+        with signals_deferred():  # Ctrl-C now must not orphan the child (tools/interrupts.py)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf",
+                 str(self.config_path)],
+                stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**inherited, **(env or {})}, start_new_session=True, cwd=cwd)
 
     def start_ready(self, env: Mapping[str, str] | None = None, cwd: Path | None = None,
                     timeout: float = 300.0) -> None:

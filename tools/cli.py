@@ -7,6 +7,8 @@ can fix print one line and exit non-zero (a traceback only with ``--debug``).
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -47,19 +49,42 @@ def cli(ctx: click.Context, debug: bool, log_format: str | None) -> None:
     configure_logging("DEBUG" if debug else "INFO", fmt=log_format or "kv")
 
 
+# LEDGERD_* variables read by something other than a configuration class.
+OTHER_ENV = ("LEDGERD_LOG_FORMAT", "LEDGERD_CRASH_AT", "LEDGERD_CRASH_SEED",
+             "LEDGERD_FAULT_PLAN", "LEDGERD_FAULTS_SEED", "LEDGERD_FUZZ_SEED",
+             "LEDGERD_WRITE_VECTORS", "LEDGERD_TEST_SPARK_COMMIT_PAUSE_S")
+
+
+def environment_warnings() -> list[str]:
+    """One line per LEDGERD_* variable that names no bookie, client or gateway key."""
+    import os
+
+    from ledgerd.base.settings import unknown_environment
+    from ledgerd.kafka.config import GatewayConfig
+
+    return unknown_environment(os.environ, (BookieConfig, ClientConfig, GatewayConfig),
+                               OTHER_ENV)
+
+
 @cli.command("config")
 @click.option("--defaults", is_flag=True,
               help="Print a commented TOML file with every key and its default.")
 @click.option("--check", "check", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Validate FILE (with LEDGERD_* variables): every problem, then exit 2.")
+              help="Validate FILE (TOML or a BookKeeper bk_server.conf, with LEDGERD_* "
+                   "variables): every problem on its own line, then exit 2.")
 @click.option("--effective", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Print what a process would run with: FILE + LEDGERD_* over the defaults.")
+@click.option("--from-bookkeeper", "from_bk", type=click.Path(dir_okay=False, path_type=Path),
+              default=None,
+              help="Print the ledgerd TOML equivalent of a BookKeeper bk_server.conf "
+                   "(a comment for each name ledgerd ignores, and why).")
 @click.option("--client", is_flag=True, help="Client settings instead of bookie settings.")
 @click.option("--gateway", is_flag=True,
               help="Kafka gateway settings (client keys + gateway keys) instead of bookie settings.")
-def config_cmd(defaults: bool, check: Path | None, effective: Path | None, client: bool,
-               gateway: bool) -> None:
-    """Print configuration defaults, validate a file, or show the effective settings."""
+def config_cmd(defaults: bool, check: Path | None, effective: Path | None, from_bk: Path | None,
+               client: bool, gateway: bool) -> None:
+    """Print configuration defaults, validate a file, show the effective settings, or
+    translate a BookKeeper configuration file."""
     import dataclasses
 
     from ledgerd.base import settings as st
@@ -68,15 +93,32 @@ def config_cmd(defaults: bool, check: Path | None, effective: Path | None, clien
     if client and gateway:
         raise CliError("name one of --client, --gateway")
     cls: type[Any] = GatewayConfig if gateway else ClientConfig if client else BookieConfig
-    if sum((defaults, check is not None, effective is not None)) != 1:
-        raise CliError("name one of --defaults, --check FILE, --effective FILE")
+    if sum((defaults, check is not None, effective is not None, from_bk is not None)) != 1:
+        raise CliError("name one of --defaults, --check FILE, --effective FILE, "
+                       "--from-bookkeeper FILE")
     if defaults:
         click.echo(defaults_toml(cls), nl=False)
         return
+    if from_bk is not None:
+        click.echo(st.bookkeeper_toml(cls, from_bk), nl=False)
+        return
     path = check or effective
-    cfg = load_config(cls, path=path)  # a ConfigError lists every problem, exit 2
-    for note in st.alias_notes:
-        click.echo(f"note: {note}", err=True)
+    notes: list[st.ConfigNote] = []
+    problems: list[ConfigError] = []
+    try:
+        cfg = load_config(cls, path=path, notes=notes)
+    except ConfigError as exc:
+        problems = exc.problems
+    # One line each: what was read or ignored, then unknown variables, then the errors.
+    for note in notes:
+        click.echo(f"{'warning' if note.is_warning else 'note'}: {note}", err=True)
+    for line in environment_warnings():
+        click.echo(f"warning: {line}", err=True)
+    if problems:
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+        click.echo(f"ledgerd: error: {path}: {len(problems)} config problem(s)", err=True)
+        sys.exit(2)
     if check is not None:
         changed = sum(1 for f in dataclasses.fields(cls)
                       if getattr(cfg, f.name) != f.default)
@@ -91,8 +133,9 @@ def config_cmd(defaults: bool, check: Path | None, effective: Path | None, clien
     click.echo("\n".join(lines))
 
 
-def _log_effective(config: BookieConfig) -> None:
-    """The bookie's settings that differ from the defaults, and BookKeeper names read."""
+def _log_effective(config: BookieConfig, notes: list[Any]) -> None:
+    """The bookie's settings that differ from the defaults, BookKeeper names read or
+    ignored, and LEDGERD_* variables that name no setting."""
     import dataclasses
     import logging
 
@@ -100,17 +143,42 @@ def _log_effective(config: BookieConfig) -> None:
     from ledgerd.base.logs import fields
 
     log = logging.getLogger("ledgerd.appliance.config")
-    for note in st.alias_notes:
-        log.warning("config_bookkeeper_name", extra=fields(note=note))
+    for note in notes:
+        log.log(logging.WARNING if note.is_warning else logging.INFO,
+                "config_bookkeeper_name", extra=fields(note=str(note)))
+    for line in environment_warnings():
+        log.warning("config_unknown_environment", extra=fields(note=line))
     changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                if getattr(config, f.name) != f.default and "secret" not in f.name}
     log.info("config_effective", extra=fields(**{k: st.toml_value(v) for k, v in
                                                  changed.items()}))
 
 
+def _refuse_the_environments_cluster(conf: Path | None, config: BookieConfig) -> None:
+    """CliError when a new bookie would write its first cookie into the cluster that
+    LEDGERD_ZK_SERVERS names instead of the one its file names (tools/target.py)."""
+    from ledgerd.tools.target import env_override_problem
+
+    env_zk = os.environ.get("LEDGERD_ZK_SERVERS")
+    if conf is None or env_zk is None:
+        return
+    try:
+        own = load_config(BookieConfig, path=conf, env={})
+    except ConfigError:  # not a file this check can read alone: the start decides
+        return
+    dirs = [config.journal_directory, *config.ledger_directories]
+    problem = env_override_problem(
+        file_zk=own.zk_servers, env_zk=config.zk_servers, conf=str(conf),
+        has_cookie=any((Path(d) / "current" / "VERSION").exists() for d in dirs))
+    if problem:
+        raise CliError(f"bookie did not start: {problem}")
+
+
 @cli.command("bookie")
 @click.option("--conf", "conf", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="TOML configuration file (LEDGERD_<KEY> variables override it).")
+              help="TOML configuration file, or BookKeeper's bk_server.conf (read by its "
+                   ".conf extension or its properties syntax); LEDGERD_<KEY> variables "
+                   "override it.")
 @click.option("--port", type=int, default=None, help="Override bookie_port.")
 @click.pass_context
 def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
@@ -118,10 +186,13 @@ def bookie_cmd(ctx: click.Context, conf: Path | None, port: int | None) -> None:
     from ledgerd.appliance.main import run_bookie
 
     overrides: dict[str, Any] = {} if port is None else {"bookie_port": port}
-    config = load_config(BookieConfig, path=conf, overrides=overrides)
+    notes: list[Any] = []
+    config = load_config(BookieConfig, path=conf, overrides=overrides, notes=notes)
+    _refuse_the_environments_cluster(conf, config)
     configure_logging("DEBUG" if ctx.obj["debug"] else config.log_level,
-                      fmt=ctx.obj["log_format"] or config.log_format)
-    _log_effective(config)
+                      fmt=ctx.obj["log_format"] or config.log_format,
+                      levels=config.log_levels, log_file=config.log_file)
+    _log_effective(config, notes)
     try:
         code = run_bookie(config)
     except BaseException as exc:
@@ -215,10 +286,12 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
         return
     from ledgerd.tools.localcluster import LocalCluster, LocalClusterError
 
-    base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
     if not zk_root.startswith("/") or zk_root.endswith("/"):
         raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
                                  param_hint="--zk-root")
+    if kafka_port:
+        _check_port_free(kafka_port, "--kafka")
+    base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
     cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls,
                            kafka_port=kafka_port)
     stop = threading.Event()
@@ -226,10 +299,27 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     def _on_signal(signum: int, frame: Any) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    def _sigterm_while_starting(signum: int, frame: Any) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+    # Start-up blocks (ZooKeeper, registrations): a signal stops it at once. SIGINT keeps
+    # Python's own handler, which trio.run (when one runs) replaces with its own and
+    # turns into KeyboardInterrupt at a safe point; SIGTERM goes the SIGINT way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_while_starting)
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except BaseException as exc:
+            # Inside trio.run a KeyboardInterrupt may come wrapped in a group.
+            if not (isinstance(exc, KeyboardInterrupt) or (
+                    isinstance(exc, BaseExceptionGroup)
+                    and exc.subgroup(KeyboardInterrupt) is not None)):
+                raise
+            click.echo("interrupted while starting; stopping what started", err=True)
+            sys.exit(130)
+        signal.signal(signal.SIGINT, _on_signal)
+        signal.signal(signal.SIGTERM, _on_signal)
         click.echo(f"ZooKeeper: {cluster.zk}")
         for b in cluster.bookies:
             click.echo(f"bookie {b.bookie_id}: pid {b.pid}, metrics http://127.0.0.1:"
@@ -238,13 +328,12 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
             metrics = cluster.gateway_line.rsplit("metrics ", 1)[-1]
             click.echo(f"Kafka gateway: 127.0.0.1:{kafka_port}, metrics {metrics}, log "
                        f"{base / 'gateway.log'} (try: kcat -b 127.0.0.1:{kafka_port} -L)")
-        click.echo(f"data: {base}")
+        click.echo(f"data: {base}" + ("" if data else " (removed on exit; --data DIR keeps it)"))
         cluster.serve_control()
         click.echo("\nWatch a bookie die and come back, in another terminal: "
                    "ledgerd local ctl kill 1; ledgerd local ctl status; "
                    "ledgerd local ctl start 1")
-        e = min(3, len(cluster.bookies))
-        q = min(2, e)
+        e, q = snippet_quorums(len(cluster.bookies))
         root_arg = "" if zk_root == "/ledgers" else f", zk_ledgers_root_path={zk_root!r}"
         if tls:
             root_arg += f", tls_trust_path={cluster.tls_files['ca']!r}"
@@ -271,34 +360,67 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     except LocalClusterError as exc:
         raise CliError(str(exc)) from exc
     finally:
+        # Ctrl-C again while stopping would leave processes behind: ignore it now.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         cluster.stop()
-        click.echo("stopped.")
+        if data is None:
+            shutil.rmtree(base, ignore_errors=True)
+            click.echo(f"stopped; removed {base} (--data DIR keeps a cluster's data).")
+        else:
+            click.echo(f"stopped; data kept in {base}.")
+
+
+def snippet_quorums(bookies: int) -> tuple[int, int]:
+    """The printed example's ensemble and quorum: E leaves a bookie outside the ensemble
+    when there are three or more, so that killing one shows autorecovery healing its
+    ledgers onto the spare (README quick start); Qw = Qa = min(2, E)."""
+    e = max(1, min(3, bookies - 1 if bookies >= 3 else bookies))
+    return e, min(2, e)
+
+
+def _check_port_free(port: int, option: str) -> None:
+    """CliError naming ``port`` when something listens on it already."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise CliError(f"{option} {port}: port {port} on 127.0.0.1 is in use "
+                           f"({exc.strerror}); pick another") from None
 
 
 @local_cmd.command("ctl")
-@click.argument("action", type=click.Choice(["kill", "stop", "start", "status"]))
+@click.argument("action", type=click.Choice(["kill", "stop", "start", "status", "env"]))
 @click.argument("index", type=int, required=False)
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The running cluster's data directory (default: the one running "
                    "`ledgerd local` under the temp directory).")
 def local_ctl_cmd(action: str, index: int | None, data: Path | None) -> None:
     """Control a running `ledgerd local`: kill (SIGKILL), stop (SIGTERM), start a bookie
-    by index, or print every bookie's status."""
-    from ledgerd.tools.localcluster import CTL_SOCKET, LocalClusterError, send_control
+    by index, print every bookie's status, or (env) the variables that name it
+    (`eval "$(ledgerd local ctl env)"` in another terminal)."""
+    from ledgerd.tools.localcluster import LocalClusterError, send_control
+    from ledgerd.tools.target import find_local_clusters
 
     if data is None:
-        running = sorted(Path(tempfile.gettempdir()).glob(f"ledgerd-local-*/{CTL_SOCKET}"),
-                         key=lambda p: p.stat().st_mtime)
+        running = find_local_clusters()
         if not running:
             raise CliError("no `ledgerd local` is running under "
                            f"{tempfile.gettempdir()}; give --data DIR")
         if len(running) > 1:
             raise CliError("several `ledgerd local` clusters run: give --data, one of "
-                           + ", ".join(str(p.parent) for p in running))
-        data = running[0].parent
-    if action != "status" and index is None:
+                           + ", ".join(map(str, running)))
+        data = running[0]
+    if action not in ("status", "env") and index is None:
         raise CliError(f"`ctl {action}` needs a bookie index (see `ledgerd local ctl status`)")
     try:
+        if action == "env":
+            zk, _, root = send_control(data, "info").partition(" ")
+            click.echo(f"export LEDGERD_ZK_SERVERS={zk}"
+                       + (f" LEDGERD_ZK_LEDGERS_ROOT_PATH={root}"
+                          if root and root != "/ledgers" else ""))
+            return
         click.echo(send_control(data, action, index))
     except LocalClusterError as exc:
         raise CliError(str(exc)) from exc
@@ -341,6 +463,7 @@ def _register() -> None:
     from ledgerd.tools.replication_cmds import register as register_replication
     from ledgerd.tools.shell import shell
     from ledgerd.tools.storage_cmds import register as register_storage
+    from ledgerd.tools.upgrade_cmd import upgrade_cmd
 
     register_replication()
     register_storage()
@@ -348,6 +471,7 @@ def _register() -> None:
 
     cli.add_command(shell)
     cli.add_command(audit_cmd)
+    cli.add_command(upgrade_cmd)
     bench_group.add_command(writes_cmd)
     bench_group.add_command(reads_cmd)
 
@@ -363,12 +487,23 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        # One prefix for every error, click's included; a usage error keeps its usage
+        # lines above it.
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            hint = (f"Try '{exc.ctx.command_path} {exc.ctx.help_option_names[0]}' for help."
+                    if exc.ctx.command.get_help_option(exc.ctx) is not None else "")
+            click.echo(exc.ctx.get_usage() + ("\n" + hint if hint else "") + "\n", err=True)
+        click.echo(f"ledgerd: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except ConfigError as exc:
         if debug:
             raise
-        click.echo(f"ledgerd: error: {exc}", err=True)
+        if len(exc.problems) > 1:  # one problem a line, each naming its key
+            click.echo(f"ledgerd: error: {len(exc.problems)} config problems:", err=True)
+            for problem in exc.problems:
+                click.echo(f"  {problem}", err=True)
+        else:
+            click.echo(f"ledgerd: error: {exc}", err=True)
         sys.exit(2)
     except LedgerdError as exc:  # the root of every ledgerd error, of every package
         if debug:

@@ -30,13 +30,15 @@ import trio
 from ledgerd.base.credentials import generate_secret
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.processcluster import ClusterError, ProcessCluster
+from ledgerd.tools.target import Target
 from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
 
-__all__ = ["CTL_SOCKET", "LocalCluster", "LocalClusterError", "send_control"]
+__all__ = ["CTL_SOCKET", "LocalCluster", "LocalClusterError", "last_line", "locate",
+           "send_control"]
 
 BASE_PORT = 3181
 CTL_SOCKET = "ctl.sock"
-CTL_ACTIONS = ("kill", "stop", "start", "status")
+CTL_ACTIONS = ("kill", "stop", "start", "status", "info")
 
 
 LocalClusterError = ClusterError
@@ -168,8 +170,17 @@ class LocalCluster:
         return find_free_port()
 
     async def _wait_registered(self, bookies: list[BookieProcess] | None = None) -> None:
-        """Until ``bookies`` (default: all) are registered, writable or read-only."""
-        await self.processes.wait_registered(bookies, writable=False)
+        """Until ``bookies`` (default: all) are registered, writable or read-only. A
+        bookie that exits first is one line: the reason it gave, and where its log is."""
+        try:
+            await self.processes.wait_registered(bookies, writable=False)
+        except LocalClusterError:
+            for b in bookies if bookies is not None else self.bookies:
+                if b.process is not None and not b.running:
+                    raise LocalClusterError(
+                        f"{b.name} did not start (exit {b.process.returncode}): "
+                        f"{last_line(b.log_tail())} (log {b.log_path})") from None
+            raise
 
     def check(self) -> str:
         """A description of what died so that the cluster cannot go on, or "": ZooKeeper,
@@ -180,7 +191,8 @@ class LocalCluster:
             return f"ZooKeeper (pid {self.server.pid}) exited unexpectedly"
         if self.bookies and not any(b.running for b in self.bookies):
             b = self.bookies[0]
-            return f"every bookie exited; {b.name}'s log:\n{b.log_tail()}"
+            return (f"every bookie exited; {b.name}: {last_line(b.log_tail())} "
+                    f"(log {b.log_path})")
         return ""
 
     def newly_dead(self) -> list[BookieProcess]:
@@ -195,6 +207,8 @@ class LocalCluster:
         """Carry out one ``ledgerd local ctl`` request; the answer is what to print.
         Raises LocalClusterError for a request that cannot be done (said to the user)."""
         with self._lock:
+            if action == "info":  # what a shell needs to find this cluster
+                return f"{self.zk} {self.root}"
             if action == "status":
                 return "\n".join(
                     f"{i}  {b.name}  {b.bookie_id}  "
@@ -260,6 +274,32 @@ class LocalCluster:
             self._ctl.server_close()
             (self.base / CTL_SOCKET).unlink(missing_ok=True)
         self.processes.stop()
+
+
+def locate(flag: str | None) -> Target:
+    """The cluster a command acts on (tools/target.py): ``flag`` (its --zk), else
+    $LEDGERD_ZK_SERVERS, else the one ``ledgerd local`` running under the temp directory
+    (asked for its ZooKeeper on its control socket), else the default. Several running
+    and none named: ValueError saying which to name."""
+    from ledgerd.tools.target import find_local_clusters, resolve
+
+    env = os.environ.get("LEDGERD_ZK_SERVERS") or None
+    local: list[tuple[Path, str, str]] = []
+    if not flag and not env:
+        for data in find_local_clusters():
+            try:
+                zk, _, root = send_control(data, "info", timeout=5).partition(" ")
+            except LocalClusterError:  # stopped meanwhile, or an older `ledgerd local`
+                continue
+            local.append((data, zk, root or "/ledgers"))
+    return resolve(flag=flag, env=env, local=local)
+
+
+def last_line(log_tail: str) -> str:
+    """The reason a process gave last: the last non-empty line of its log (a bookie that
+    cannot start ends with one line saying why)."""
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip()]
+    return lines[-1] if lines else "(its log is empty)"
 
 
 def send_control(base: Path, action: str, index: int | None = None,

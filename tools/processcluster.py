@@ -133,13 +133,15 @@ class ProcessCluster:
         waited = [b for b in (self.bookies if bookies is None else bookies) if not b.running]
         for bookie in waited:
             self.start_bookie(bookie)
-        await self.wait_registered(waited)
+        await self.wait_registered(waited, full_disk_fails=True)
 
     async def wait_registered(self, bookies: Sequence[BookieProcess] | None = None, *,
-                              writable: bool = True) -> None:
+                              writable: bool = True, full_disk_fails: bool = False) -> None:
         """Until ``bookies`` (default: all) are registered by the processes we started
         (writable, or with ``writable=False`` read-only too). ClusterError, with its
-        log, if one exits first; ClusterError after ``register_timeout`` seconds."""
+        log, if one exits first; ClusterError after ``register_timeout`` seconds, naming
+        the disk if one is read-only for a full disk (at once with ``full_disk_fails``:
+        a bring-up, where nobody will free space)."""
         waited = list(self.bookies if bookies is None else bookies)
         pids = {b.bookie_id: b.pid for b in waited}
 
@@ -156,7 +158,8 @@ class ProcessCluster:
             registry = BookieRegistry(store, self.root)
 
             async def all_registered(listed: BookieSet) -> bool:
-                if writable and (full := await registry.full_disk_reason(listed, pids)):
+                if (writable and full_disk_fails
+                        and (full := await registry.full_disk_reason(listed, pids))):
                     raise ClusterError(f"bookie registered read-only, not writable: {full}. "
                                        f"Free disk space (or raise disk_usage_threshold).")
                 return await registry.registered_by(listed, pids, writable=writable)
@@ -176,8 +179,11 @@ class ProcessCluster:
                         first = first.exceptions[0]
                     raise first from None
             if scope.cancelled_caught:
+                full = (await registry.full_disk_reason(await registry.list_bookies(), pids)
+                        if writable else None)
+                why = f" (read-only for a full disk: {full})" if full else ""
                 raise ClusterError(f"bookies not registered after "
-                                   f"{self.register_timeout:.0f}s; logs under {self.base}")
+                                   f"{self.register_timeout:.0f}s{why}; logs under {self.base}")
 
     # -- stop -----------------------------------------------------------------------
 

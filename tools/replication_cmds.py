@@ -176,6 +176,21 @@ async def _drain(client: Any, bookie: str, admin_secret: str) -> None:
         await client.registry.wait_for(read_only)
 
 
+async def _refuse_without_spare(client: Any, bookie: str) -> None:
+    """ShellError when a ledger that lists ``bookie`` has no writable bookie outside
+    that ensemble: nothing can take its copies (not the workers, not this command)
+    until a bookie is added, so waiting would only time out."""
+    writable = set((await client.registry.list_bookies()).writable) - {bookie}
+    for lid in (await client.ledgers.listing({bookie}))[:1000]:
+        md = await client.ledger_metadata(lid)
+        for _, ensemble in md.ensembles:
+            if bookie in ensemble and not writable - set(ensemble):
+                raise ShellError(
+                    f"cannot drain {bookie}: ledger {lid}'s ensemble ({', '.join(ensemble)}) "
+                    f"already holds every other writable bookie ({len(writable)}), so there "
+                    "is no bookie to copy its entries to: add a bookie first")
+
+
 @shell.command("decommissionbookie")
 @click.argument("bookie")
 @click.option("--live", is_flag=True,
@@ -225,6 +240,7 @@ def decommission_cmd(ctx: click.Context, bookie: str, live: bool, timeout: float
             assert by_workers or creds is not None
             if live and b in members.all:
                 await _drain(client, b, admin_secret)
+            await _refuse_without_spare(client, b)
             if by_workers:
                 await urm.set_lost_bookie_delay(await urm.get_lost_bookie_delay() or 0)
             # Open ledgers whose last fragment lists the bookie, since when: each is

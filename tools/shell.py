@@ -64,6 +64,16 @@ async def _store(ctx: click.Context, *, need_cluster: bool = True) -> Any:
     return store
 
 
+def bookie_connection_options() -> dict[str, Any]:
+    """How the shell reaches a bookie directly, as a client would: TLS from
+    LEDGERD_TLS_TRUST_PATH (and a client certificate), a token from
+    LEDGERD_AUTH_TOKEN_FILE; for ``open_bookie_client``."""
+    from ledgerd.config import ClientConfig
+
+    cfg = load_config(ClientConfig)
+    return {"tls": cfg.tls_context(), "auth_token": cfg.auth_token()}
+
+
 def _bookie_config(conf: Path | None) -> BookieConfig:
     if conf is None:
         raise ShellError("this command reads a bookie's directories: pass --conf FILE "
@@ -72,21 +82,25 @@ def _bookie_config(conf: Path | None) -> BookieConfig:
 
 
 @click.group("shell")
-@click.option("--zk", envvar="LEDGERD_ZK_SERVERS", default="127.0.0.1:2181", show_default=True,
-              show_envvar=True,
-              help="ZooKeeper connection string (host:port[,...][/chroot]).")
+@click.option("--zk", default=None,
+              help="ZooKeeper connection string (host:port[,...][/chroot]); default "
+                   "$LEDGERD_ZK_SERVERS, else the one running `ledgerd local`, else "
+                   "127.0.0.1:2181.")
 @click.option("--zk-root", "zk_root", envvar="LEDGERD_ZK_LEDGERS_ROOT_PATH", default=ROOT,
               show_default=True, show_envvar=True,
               help="The cluster's root znode (zk_ledgers_root_path).")
 @click.pass_context
-def shell(ctx: click.Context, zk: str, zk_root: str) -> None:
+def shell(ctx: click.Context, zk: str | None, zk_root: str) -> None:
     """Cluster administration and file inspection."""
     if not zk_root.startswith("/") or zk_root.endswith("/"):
         raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
                                  param_hint="--zk-root")
-    ctx.obj = {**(ctx.obj or {}), "zk": zk, "root": zk_root}
+    root_given = ctx.get_parameter_source("zk_root") is not click.core.ParameterSource.DEFAULT
+    ctx.obj = {**(ctx.obj or {}), "zk_flag": zk, "root": zk_root if root_given else None}
     if not ctx.obj.get("debug"):
-        logging.getLogger().setLevel(logging.WARNING)  # client events are noise here
+        # The client's events (an ensemble change that failed, a handle that failed) are
+        # noise before the one line that says why the command failed.
+        logging.getLogger().setLevel(logging.ERROR)
         logging.getLogger("kazoo.client").setLevel(logging.CRITICAL)  # the error line says it
 
 
@@ -101,13 +115,97 @@ def _accepts_connections(address: str) -> bool:
         return False
 
 
+def _target(ctx: click.Context) -> Any:
+    """The cluster this command acts on (tools/target.py), found once per command:
+    ``--zk``, $LEDGERD_ZK_SERVERS, the one running ``ledgerd local`` (said on stderr),
+    else 127.0.0.1:2181, which must accept connections (else a one-line error at once
+    saying how to name a cluster, not a ZooKeeper time-out)."""
+    obj = ctx.find_root().obj if ctx.obj is None else ctx.obj
+    if "target" not in obj:
+        obj["target"] = find_cluster(obj.get("zk_flag"), "shell")
+    return obj["target"]
+
+
+def find_cluster(flag: str | None, who: str) -> Any:
+    """``localcluster.locate`` for a command: a discovered ``ledgerd local`` is said on
+    stderr (``who: using ...``); the default address that refuses connections, or
+    several local clusters, is a one-line error at once, saying how to name one."""
+    import tempfile
+
+    from ledgerd.tools.localcluster import locate
+    from ledgerd.tools.target import DEFAULT_ZK, Source
+
+    try:
+        target = locate(flag)
+    except ValueError as exc:
+        raise ShellError(str(exc)) from None
+    if target.source is Source.LOCAL:
+        click.echo(f"{who}: {target.describe()}", err=True)
+    elif target.source is Source.DEFAULT and not _accepts_connections(DEFAULT_ZK):
+        raise ShellError(
+            f"no ZooKeeper at {DEFAULT_ZK} (the default) and no `ledgerd local` runs under "
+            f"{tempfile.gettempdir()}: give --zk HOSTS or export LEDGERD_ZK_SERVERS (the "
+            "`ZooKeeper:` line `ledgerd local` prints; or run "
+            "eval \"$(ledgerd local ctl env --data DIR)\")")
+    return target
+
+
 def _zk(ctx: click.Context) -> str:
-    return str(ctx.obj["zk"])
+    return str(_target(ctx).zk)
 
 
 def _root(ctx: click.Context) -> str:
-    """The cluster's root znode (``--zk-root``, zk_ledgers_root_path)."""
-    return str(ctx.obj.get("root") or ROOT)
+    """The cluster's root znode: ``--zk-root`` (or its variable), else the discovered
+    ``ledgerd local``'s, else /ledgers."""
+    obj = ctx.find_root().obj if ctx.obj is None else ctx.obj
+    if obj.get("root"):
+        return str(obj["root"])
+    return str(_target(ctx).root or ROOT)
+
+
+def _refuse_unnamed(ctx: click.Context, verb: str) -> None:
+    """ShellError when ``verb``, which writes cookies or cluster metadata, would write
+    into a cluster the user did not name (tools/target.py)."""
+    from ledgerd.tools.target import unnamed_write_problem
+
+    problem = unnamed_write_problem(_target(ctx), verb)
+    if problem:
+        raise ShellError(problem)
+
+
+def _confirm_destruction(what: str, force: bool, *, json_out: bool = False) -> None:
+    """Say what is about to be destroyed (``what``, with the facts: cluster instance,
+    counts), then: with ``force``, say it in the output (stderr under --json) and go on;
+    on a terminal, ask; without one, refuse in one line that says it and names --force."""
+    if force:
+        click.echo(f"{what} (--force)", err=json_out)
+        return
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        if click.confirm(f"{what}. Go on?", default=False, err=True):
+            return
+        raise ShellError("nothing done")
+    raise ShellError(f"{what}: pass --force to do it (no terminal to ask on)")
+
+
+async def _cluster_facts(store: Any, zk: str, root: str) -> str:
+    """One clause naming a cluster and what it holds: instance id, ledgers, logs,
+    cookies (counted now)."""
+    from ledgerd.metadata.cluster import instance_id, read_layout
+    from ledgerd.metadata.ledgers import LedgerManager
+
+    layout = await read_layout(store, root)
+    if layout is None:
+        return f"no cluster at {root} on {zk} (nothing to delete there)"
+    ledgers = 0
+    async for _ in LedgerManager(store, root, layout).iter_ledger_ids():
+        ledgers += 1
+
+    async def count(path: str) -> int:
+        return len(await store.children(path)) if await store.exists(path) is not None else 0
+
+    return (f"cluster instance {await instance_id(store, root)} at {root} on {zk}: "
+            f"{ledgers} ledger(s), {await count(f'{root}/logs')} log(s), "
+            f"{await count(f'{root}/cookies')} bookie cookie(s)")
 
 
 # -- cluster ---------------------------------------------------------------------------
@@ -126,6 +224,8 @@ def initnewcluster(ctx: click.Context, layout: str) -> None:
     exist with the same layout)."""
     from ledgerd.metadata.cluster import init_new_cluster, instance_id
 
+    _refuse_unnamed(ctx, "initnewcluster")
+
     async def run() -> str:
         store = await _store(ctx, need_cluster=False)
         try:
@@ -138,7 +238,7 @@ def initnewcluster(ctx: click.Context, layout: str) -> None:
 
 
 @shell.command("metaformat")
-@click.option("--force", is_flag=True, help="Required: this deletes every ledger's metadata.")
+@click.option("--force", is_flag=True, help="Do it without asking (required without a terminal).")
 @click.option("--allow-live-bookies", is_flag=True,
               help="Format even though bookies are registered (their data is orphaned).")
 @_LAYOUT_OPTION
@@ -149,10 +249,9 @@ def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool,
     from ledgerd.metadata.cluster import metaformat
     from ledgerd.metadata.registry import BookieRegistry
 
-    if not force:
-        raise ShellError("metaformat deletes all cluster metadata; pass --force to do it")
+    _refuse_unnamed(ctx, "metaformat")
 
-    async def run() -> str:
+    async def facts() -> str:
         store = await _store(ctx, need_cluster=False)
         try:
             if not allow_live_bookies:
@@ -169,6 +268,14 @@ def metaformat_cmd(ctx: click.Context, force: bool, allow_live_bookies: bool,
                         "stop them first; their data will not belong to the new cluster "
                         "(format each with `ledgerd shell bookieformat`), or pass "
                         "--allow-live-bookies")
+            return await _cluster_facts(store, _zk(ctx), _root(ctx))
+        finally:
+            await store.close()
+    _confirm_destruction(f"metaformat deletes all metadata of {_run(facts)}", force)
+
+    async def run() -> str:
+        store = await _store(ctx, need_cluster=False)
+        try:
             return await metaformat(store, _root(ctx), layout)
         finally:
             await store.close()
@@ -240,10 +347,11 @@ def bookieinfo(ctx: click.Context, as_json: bool) -> None:
         finally:
             await store.close()
         out = []
+        options = bookie_connection_options()
         for bid in sorted(s.writable | s.read_only):
             row: dict[str, Any] = {"bookie": bid}
             try:
-                async with open_bookie_client(bid, connect_timeout=5) as c:
+                async with open_bookie_client(bid, connect_timeout=5, **options) as c:
                     status, resp = await c.call(GetBookieInfoRequest())
                 assert isinstance(resp, GetBookieInfoResponse), status
                 row.update(total_bytes=resp.total_bytes, free_bytes=resp.free_bytes,
@@ -262,6 +370,10 @@ def bookieinfo(ctx: click.Context, as_json: bool) -> None:
           round(r["total_bytes"] / gib, 2) if "total_bytes" in r else None,
           round(r["free_bytes"] / gib, 2) if "free_bytes" in r else None,
           r.get("used_pct")] for r in rows]))
+    failed = [r for r in rows if "error" in r]
+    if failed:
+        raise ShellError(f"{len(failed)} of {len(rows)} bookie(s) did not answer: "
+                         + "; ".join(f"{r['bookie']}: {r['error']}" for r in failed[:3]))
 
 
 # -- ledgers -------------------------------------------------------------------------------
@@ -332,16 +444,36 @@ def ledgermetadata(ctx: click.Context, ledger_id: int, as_json: bool) -> None:
     click.echo("\n".join(lines))
 
 
+_PAYLOAD_OPTIONS = [
+    click.option("--hex", "fmt", flag_value="hex", help="Payloads as hex (every byte)."),
+    click.option("--base64", "fmt", flag_value="base64",
+                 help="Payloads as base64 (every byte)."),
+    click.option("--text", "fmt", flag_value="text", default=True,
+                 help="Payloads as UTF-8 text, control characters escaped (the default)."),
+]
+
+
+def _payload_options(fn: Any) -> Any:
+    for option in reversed(_PAYLOAD_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
 @shell.command("readledger")
 @click.argument("ledger_id", type=int)
 @click.option("--from", "first", type=int, default=0, show_default=True)
 @click.option("--to", "last", type=int, default=None, help="Last entry (default: the LAC).")
 @click.option("--password", default="", help="The ledger's password.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Rows as JSON; payload_base64 holds each entry's exact bytes.")
+@_payload_options
 @click.pass_context
 def readledger(ctx: click.Context, ledger_id: int, first: int, last: int | None, password: str,
-               as_json: bool) -> None:
-    """Entries of a ledger (read without recovery: a ledger being written stays open)."""
+               as_json: bool, fmt: str) -> None:
+    """Entries of a ledger (read without recovery: a ledger being written stays open).
+    Payloads never reach the terminal raw: text with control characters escaped, or
+    --hex / --base64."""
+    from ledgerd.tools.payloads import json_fields
     if last is not None and first > last:
         raise ShellError(f"--from {first} is past --to {last}: nothing to read")
 
@@ -363,7 +495,7 @@ def readledger(ctx: click.Context, ledger_id: int, first: int, last: int | None,
         with progress(f"ledger {ledger_id}", max(0, end - first + 1)) as bar:
             async for e in rh.read(first, end):
                 out.append({"entry_id": e.entry_id, "size": len(e.payload),
-                            "payload": e.payload.decode("utf-8", "backslashreplace")})
+                            **json_fields(e.payload, fmt)})
                 bar.advance()
         return out
     rows = _client_run(ctx, run)
@@ -374,12 +506,24 @@ def readledger(ctx: click.Context, ledger_id: int, first: int, last: int | None,
 
 @shell.command("deleteledger")
 @click.argument("ledger_id", type=int)
-@click.option("--force", is_flag=True, help="Required: the data is gone at the next GC.")
+@click.option("--force", is_flag=True,
+              help="Do it without asking (required without a terminal); the data is gone "
+                   "at the next GC.")
 @click.pass_context
 def deleteledger(ctx: click.Context, ledger_id: int, force: bool) -> None:
-    """Delete a ledger."""
-    if not force:
-        raise ShellError(f"deleting ledger {ledger_id} cannot be undone; pass --force")
+    """Delete a ledger (says which, and what it holds, before it asks)."""
+    from ledgerd.metadata.cluster import instance_id
+
+    async def facts(client: Any) -> str:
+        md = await client.ledger_metadata(ledger_id)
+        logs = [name for name in await client.logs.names()
+                if ledger_id in await client.logs.ledgers(name)]
+        entries = md.last_entry_id + 1 if md.is_closed else "an open ledger's"
+        return (f"deleteledger deletes ledger {ledger_id} of cluster instance "
+                f"{await instance_id(client.store, _root(ctx))}: {md.state.value}, "
+                f"{entries} entries, {md.length} bytes"
+                + (f", listed by log(s) {', '.join(logs)}" if logs else ""))
+    _confirm_destruction(_client_run(ctx, facts), force)
 
     async def run(client: Any) -> None:
         await client.delete_ledger(ledger_id)
@@ -459,11 +603,17 @@ def logstat(ctx: click.Context, name: str, password: str, as_json: bool) -> None
 @click.option("--count", type=int, default=None, help="Stop after this many entries.")
 @click.option("--follow", is_flag=True, help="Keep waiting for new entries (Ctrl-C ends).")
 @click.option("--password", default="", help="The log's ledgers' password.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per line; payload_base64 holds the exact bytes.")
+@_payload_options
 @click.pass_context
 def readlogentries(ctx: click.Context, name: str, first: str, count: int | None,
-                   follow: bool, password: str, as_json: bool) -> None:
-    """A log's entries by offset (without --follow: up to what is acknowledged now)."""
+                   follow: bool, password: str, as_json: bool, fmt: str) -> None:
+    """A log's entries by offset (without --follow: up to what is acknowledged now).
+    Payloads never reach the terminal raw: text with control characters escaped, or
+    --hex / --base64."""
+    from ledgerd.tools.payloads import json_fields, render
+
     if first not in ("start", "end") and not first.lstrip("-").isdigit():
         raise ShellError(f"--from {first!r}: expected an offset, 'start' or 'end'")
     start: Any = first if first in ("start", "end") else int(first)
@@ -479,14 +629,14 @@ def readlogentries(ctx: click.Context, name: str, first: str, count: int | None,
                                 or (count is not None and count <= 0)):
             return 0  # nothing acknowledged at or after the start yet
         async for e in client.logs.follow(name, password, start=start, poll_s=1.0):
-            payload = e.payload.decode("utf-8", "backslashreplace")
             if as_json:
                 click.echo(json.dumps({"offset": e.offset, "ledger_id": e.position.ledger_id,
                                        "entry_id": e.position.entry_id,
-                                       "size": len(e.payload), "payload": payload}))
+                                       "size": len(e.payload),
+                                       **json_fields(e.payload, fmt)}))
             else:
                 click.echo(f"{e.offset}\t{e.position.ledger_id}:{e.position.entry_id}\t"
-                           f"{payload[:200]}")
+                           f"{render(e.payload, fmt)[:200]}")
             n += 1
             if (count is not None and n >= count) or (end is not None and e.offset + 1 >= end):
                 break
@@ -519,15 +669,25 @@ async def _log_end(client: Any, name: str, password: str, layout: list[Any]) -> 
 @click.argument("name")
 @click.option("--before", "before", type=int, required=True,
               help="Drop what holds only entries before this offset.")
-@click.option("--force", is_flag=True, help="Required: dropped entries are gone at the next GC.")
+@click.option("--force", is_flag=True,
+              help="Do it without asking (required without a terminal); dropped entries are "
+                   "gone at the next GC.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def truncatelog(ctx: click.Context, name: str, before: int, force: bool,
                 as_json: bool) -> None:
     """Retention: drop a log's whole ledgers (or an unbounded log's whole fragments)
     before an offset; offsets of what stays do not change."""
-    if not force:
-        raise ShellError(f"truncating log {name!r} cannot be undone; pass --force")
+    async def facts(client: Any) -> str:
+        if name not in await client.logs.names():
+            raise ShellError(f"log {name!r} does not exist (ledgerd shell listlogs)")
+        gone = [seg for seg in await client.logs.layout(name)
+                if seg.first_offset is not None and seg.count is not None
+                and seg.first_offset + seg.count <= before]
+        return (f"truncatelog drops log {name!r}'s entries before offset {before}: "
+                f"{len(gone)} whole ledger(s), {sum(seg.count for seg in gone)} entries "
+                "(an unbounded log: its whole fragments before the offset)")
+    _confirm_destruction(_client_run(ctx, facts), force, json_out=as_json)
 
     async def run(client: Any) -> dict[str, int]:
         if name not in await client.logs.names():
@@ -607,6 +767,9 @@ def zkacl(ctx: click.Context, mode: str | None, as_json: bool) -> None:
         out.append(path)
         for child in sorted(await store.children(path)):
             await walk(store, f"{path.rstrip('/')}/{child}", out)
+
+    if mode is not None:
+        _refuse_unnamed(ctx, f"zkacl --{'apply' if mode == 'secure' else 'open'}")
 
     async def run() -> dict[str, Any]:
         store = await _store(ctx)
@@ -766,8 +929,10 @@ def bookiesanity(bookie: str | None, conf: Path | None, entries: int) -> None:
     key = master_key(b"bookiesanity")
     lid = random.randrange(1 << 40, 1 << 50)  # a ledger id no client allocates soon
 
+    options = bookie_connection_options()
+
     async def run() -> None:
-        async with open_bookie_client(address, connect_timeout=5) as c:
+        async with open_bookie_client(address, connect_timeout=5, **options) as c:
             batch = tuple(encode_entry(d, lid, i, i - 1, 0, b"sanity %d" % i)
                           for i in range(entries))
             status, _ = await c.call(AddRequest(ledger_id=lid, first_entry_id=0,
@@ -985,6 +1150,7 @@ def cookie_update(ctx: click.Context, conf: Path) -> None:
 
     cfg = _bookie_config(conf)
     bookie_id = cfg.effective_bookie_id
+    _refuse_unnamed(ctx, "cookie update")
 
     async def run() -> Cookie:
         store = await _store(ctx)
@@ -1010,7 +1176,7 @@ def cookie_update(ctx: click.Context, conf: Path) -> None:
 
 @shell.command("bookieformat")
 @click.option("--conf", type=click.Path(dir_okay=False, path_type=Path), required=True)
-@click.option("--force", is_flag=True, help="Required: this deletes the bookie's data.")
+@click.option("--force", is_flag=True, help="Do it without asking (required without a terminal).")
 @click.option("--allow-underreplication", is_flag=True,
               help="Format even though ledgers still list this bookie (their entries on it "
                    "are lost until re-replicated).")
@@ -1026,13 +1192,18 @@ def bookieformat(ctx: click.Context, conf: Path, force: bool,
     cfg = _bookie_config(conf)
     dirs = [Path(cfg.journal_directory), *map(Path, cfg.ledger_directories),
             *map(Path, cfg.index_directories)]
-    if not force:
-        raise ShellError(f"bookieformat deletes everything in {', '.join(map(str, dirs))}; "
-                         "pass --force")
     bookie_id = cfg.effective_bookie_id
     if _accepts_connections(bookie_id):
         raise ShellError(f"bookie {bookie_id} is running (its port accepts connections): "
                          "stop it first; formatting a live bookie loses what it acknowledges")
+    if cfg.zk_servers:
+        _refuse_unnamed(ctx, "bookieformat")
+    files = [p for d in dirs if d.is_dir() for p in d.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    _confirm_destruction(
+        f"bookieformat deletes bookie {bookie_id}'s data: {len(files)} file(s), "
+        f"{size / (1 << 20):.1f} MiB in {', '.join(map(str, dirs))}"
+        + (f", and its cookie in the cluster on {_zk(ctx)}" if cfg.zk_servers else ""), force)
 
     async def run() -> None:
         store = await _store(ctx, need_cluster=False)  # no cluster: nothing to check

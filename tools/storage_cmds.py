@@ -16,7 +16,14 @@ import click
 import trio
 
 from ledgerd.tools.output import emit, progress, table
-from ledgerd.tools.shell import ShellError, _accepts_connections, _bookie_config, _run, shell
+from ledgerd.tools.shell import (
+    ShellError,
+    _accepts_connections,
+    _bookie_config,
+    _run,
+    bookie_connection_options,
+    shell,
+)
 
 __all__ = ["register"]
 
@@ -72,9 +79,11 @@ def gc_cmd(bookie: str, kind: str | None, wait: bool, secret: str, timeout: floa
                              + (" (pass --secret)" if st == Status.UNAUTHORIZED else ""))
         return dict(json.loads(resp.status_json)["gc"])
 
+    options = bookie_connection_options()
+
     async def run() -> dict[str, Any] | None:
         try:
-            async with open_bookie_client(bookie, connect_timeout=5) as c:
+            async with open_bookie_client(bookie, connect_timeout=5, **options) as c:
                 before = await status(c)
                 st, resp = await c.call(AdminTriggerRequest(kind=int(admin_kind), secret=key))
                 if st != Status.OK:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledgerd.base.logs import fields
+from ledgerd.tools.interrupts import signals_deferred
 
 __all__ = ["ZooKeeperError", "ZooKeeperServer", "find_free_port", "ruok", "serving"]
 
@@ -153,7 +154,7 @@ class ZooKeeperServer:
                 self.port = find_free_port(self.host)
             cfg = self._write_config()
             log_path = self.data_dir / "zookeeper.log"
-            with open(log_path, "ab") as out:
+            with open(log_path, "ab") as out, signals_deferred():
                 self.process = subprocess.Popen(
                     [java, "-Xmx256m", "-XX:+UseSerialGC", "-Dzookeeper.admin.enableServer=false",
                      "-cp", f"{ZOOKEEPER_JAR}:/etc/zookeeper/conf", MAIN_CLASS, str(cfg)],

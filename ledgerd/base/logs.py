@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["LOG_FORMATS", "JsonFormatter", "KeyValueFormatter", "configure_logging", "fields",
@@ -85,17 +87,44 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
-def configure_logging(level: str = "INFO", stream: Any = None, fmt: str = "kv") -> None:
-    """Send every ledgerd logger to ``stream`` (stderr) at ``level``, one line per event,
-    as ``key=value`` (``fmt="kv"``) or JSON (``fmt="json"``)."""
+_levels_set: list[str] = []  # loggers configure_logging gave a level, reset on the next call
+
+
+def configure_logging(level: str = "INFO", stream: Any = None, fmt: str = "kv", *,
+                      levels: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+                      log_file: str = "") -> None:
+    """Send every logger to ``stream`` (stderr) at ``level``, one line per event, as
+    ``key=value`` (``fmt="kv"``) or JSON (``fmt="json"``); a process's entry point calls
+    it (the ledgerd library itself never does).
+
+    ``levels`` sets single loggers' levels over ``level`` (``{"ledgerd.disk.journal":
+    "DEBUG"}``: that logger and its children log DEBUG lines while the rest stay at
+    ``level``). ``log_file`` also writes every line to that file (appended; reopened
+    when logrotate moves it away). Raises OSError naming the file it cannot open."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
+    formatter = JsonFormatter() if fmt == "json" else KeyValueFormatter()
+    handlers: list[logging.Handler] = [logging.StreamHandler(stream or sys.stderr)]
+    if log_file:
+        try:
+            handlers.append(logging.handlers.WatchedFileHandler(log_file, encoding="utf-8"))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot open log_file {log_file}: {exc.strerror}") \
+                from None
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    root.addHandler(handler)
+        old.close()
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
     root.setLevel(level)
+    for name in _levels_set:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    _levels_set.clear()
     # kazoo is chatty at INFO about every connection attempt.
     logging.getLogger("kazoo.client").setLevel(max(logging.getLevelName(level), logging.WARNING))
+    pairs = levels.items() if isinstance(levels, Mapping) else levels
+    for name, name_level in pairs:
+        logging.getLogger(name).setLevel(name_level)
+        _levels_set.append(name)

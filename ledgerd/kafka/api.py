@@ -8,7 +8,9 @@ Versions are chosen so that librdkafka (kcat, confluent-kafka), kafka-python and
 aiokafka negotiate the data path (Produce, Fetch, Metadata, groups) without flexible
 encodings; ApiVersions v3-v4 and the group/cluster admin APIs (ListGroups,
 DescribeGroups, DeleteGroups, DescribeCluster) are served at every version Kafka
-defines, flexible ones included, since admin tools ask for the newest. Produce
+defines, flexible ones included, since admin tools ask for the newest; so are the
+topic admin APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs,
+CreatePartitions, DeleteRecords). Produce
 advertises 0-7 but answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka
 drops compression unless Produce's minimum is 0.
 """
@@ -54,14 +56,19 @@ class ApiKey(enum.IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
 
@@ -100,7 +107,10 @@ class ErrorCode(enum.IntEnum):
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
     INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
+    INVALID_CONFIG = 40
     INVALID_REQUEST = 42
+    POLICY_VIOLATION = 44
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     INVALID_PRODUCER_EPOCH = 47
     INVALID_TXN_STATE = 48
@@ -115,6 +125,8 @@ class ErrorCode(enum.IntEnum):
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
     UNSUPPORTED_COMPRESSION_TYPE = 76
+    MEMBER_ID_REQUIRED = 79
+    FENCED_INSTANCE_ID = 82
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
     PRODUCER_FENCED = 90
@@ -130,10 +142,12 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.OFFSET_COMMIT: (2, 7),
     ApiKey.OFFSET_FETCH: (1, 5),
     ApiKey.FIND_COORDINATOR: (0, 2),
-    ApiKey.JOIN_GROUP: (0, 3),
-    ApiKey.HEARTBEAT: (0, 2),
-    ApiKey.LEAVE_GROUP: (0, 1),
-    ApiKey.SYNC_GROUP: (0, 2),
+    # v3+ of Heartbeat and SyncGroup and v5 of JoinGroup carry group.instance.id
+    # (static membership, KIP-345); LeaveGroup v3 leaves by member list
+    ApiKey.JOIN_GROUP: (0, 5),
+    ApiKey.HEARTBEAT: (0, 3),
+    ApiKey.LEAVE_GROUP: (0, 3),
+    ApiKey.SYNC_GROUP: (0, 3),
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.API_VERSIONS: (0, 4),
     ApiKey.CREATE_TOPICS: (0, 4),
@@ -156,6 +170,14 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DELETE_GROUPS: (0, 2),
     ApiKey.OFFSET_DELETE: (0, 0),
     ApiKey.DESCRIBE_CLUSTER: (0, 2),
+    # topic admin: every version Kafka 4 defines (librdkafka 2.x asks DescribeConfigs
+    # 1, AlterConfigs 2, IncrementalAlterConfigs 1, CreatePartitions 3, DeleteRecords
+    # 2; the Java admin client the newest)
+    ApiKey.DESCRIBE_CONFIGS: (0, 4),
+    ApiKey.ALTER_CONFIGS: (0, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.CREATE_PARTITIONS: (0, 3),
+    ApiKey.DELETE_RECORDS: (0, 2),
 }
 PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
 
@@ -263,16 +285,23 @@ REQUESTS: dict[ApiKey, Message] = {
     ApiKey.JOIN_GROUP: Message((
         Field("group_id", STRING), Field("session_timeout_ms", INT32),
         Field("rebalance_timeout_ms", INT32, since=1, default=-1),
-        Field("member_id", STRING), Field("protocol_type", STRING),
+        Field("member_id", STRING),
+        Field("group_instance_id", NULLABLE_STRING, since=5),
+        Field("protocol_type", STRING),
         Field("protocols", array(Field("name", STRING), Field("metadata", BYTES))))),
     ApiKey.SYNC_GROUP: Message((
         Field("group_id", STRING), Field("generation_id", INT32), Field("member_id", STRING),
+        Field("group_instance_id", NULLABLE_STRING, since=3),
         Field("assignments", array(Field("member_id", STRING),
                                    Field("assignment", BYTES))))),
     ApiKey.HEARTBEAT: Message((
         Field("group_id", STRING), Field("generation_id", INT32),
-        Field("member_id", STRING))),
-    ApiKey.LEAVE_GROUP: Message((Field("group_id", STRING), Field("member_id", STRING))),
+        Field("member_id", STRING), Field("group_instance_id", NULLABLE_STRING, since=3))),
+    ApiKey.LEAVE_GROUP: Message((
+        Field("group_id", STRING), Field("member_id", STRING, until=2, default=""),
+        Field("members", array(Field("member_id", STRING),
+                               Field("group_instance_id", NULLABLE_STRING)),
+              since=3, default=()))),
     ApiKey.OFFSET_COMMIT: Message((
         Field("group_id", STRING),
         Field("generation_id", INT32, since=1, default=-1),
@@ -323,6 +352,36 @@ REQUESTS: dict[ApiKey, Message] = {
         Field("include_cluster_authorized_operations", BOOL),
         Field("endpoint_type", INT8, since=1, default=1),
         Field("include_fenced_brokers", BOOL, since=2, default=False)), flexible_from=0),
+    ApiKey.DESCRIBE_CONFIGS: Message((
+        Field("resources", array(
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("configuration_keys", Array.of_scalar(STRING, nullable=True)))),
+        Field("include_synonyms", BOOL, since=1, default=False),
+        Field("include_documentation", BOOL, since=3, default=False)), flexible_from=4),
+    ApiKey.ALTER_CONFIGS: Message((
+        Field("resources", array(
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("configs", array(Field("name", STRING),
+                                   Field("value", NULLABLE_STRING))))),
+        Field("validate_only", BOOL)), flexible_from=2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: Message((
+        Field("resources", array(
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("configs", array(Field("name", STRING), Field("config_operation", INT8),
+                                   Field("value", NULLABLE_STRING))))),
+        Field("validate_only", BOOL)), flexible_from=1),
+    ApiKey.CREATE_PARTITIONS: Message((
+        Field("topics", array(
+            Field("name", STRING), Field("count", INT32),
+            Field("assignments", array(Field("broker_ids", Array.of_scalar(INT32)),
+                                       nullable=True)))),
+        Field("timeout_ms", INT32), Field("validate_only", BOOL)), flexible_from=2),
+    ApiKey.DELETE_RECORDS: Message((
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(Field("partition_index", INT32),
+                                      Field("offset", INT64))))),
+        Field("timeout_ms", INT32)), flexible_from=2),
 }
 
 RESPONSES: dict[ApiKey, Message] = {
@@ -411,14 +470,19 @@ RESPONSES: dict[ApiKey, Message] = {
         Field("throttle_time_ms", INT32, since=2, default=0), ERROR,
         Field("generation_id", INT32, default=-1), Field("protocol_name", STRING, default=""),
         Field("leader", STRING, default=""), Field("member_id", STRING, default=""),
-        Field("members", array(Field("member_id", STRING), Field("metadata", BYTES)),
+        Field("members", array(Field("member_id", STRING),
+                               Field("group_instance_id", NULLABLE_STRING, since=5),
+                               Field("metadata", BYTES)),
               default=()))),
     ApiKey.SYNC_GROUP: Message((
         Field("throttle_time_ms", INT32, since=1, default=0), ERROR,
         Field("assignment", BYTES, default=b""))),
     ApiKey.HEARTBEAT: Message((Field("throttle_time_ms", INT32, since=1, default=0), ERROR)),
-    ApiKey.LEAVE_GROUP: Message((Field("throttle_time_ms", INT32, since=1, default=0),
-                                 ERROR)),
+    ApiKey.LEAVE_GROUP: Message((
+        Field("throttle_time_ms", INT32, since=1, default=0), ERROR,
+        Field("members", array(Field("member_id", STRING),
+                               Field("group_instance_id", NULLABLE_STRING), ERROR),
+              since=3, default=()))),
     ApiKey.OFFSET_COMMIT: Message((
         Field("throttle_time_ms", INT32, since=3, default=0),
         Field("topics", array(
@@ -487,6 +551,48 @@ RESPONSES: dict[ApiKey, Message] = {
             Field("is_fenced", BOOL, since=2, default=False))),
         Field("cluster_authorized_operations", INT32, default=-2147483648)),
         flexible_from=0),
+    ApiKey.DESCRIBE_CONFIGS: Message((
+        THROTTLE,
+        Field("results", array(
+            ERROR, Field("error_message", NULLABLE_STRING),
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("configs", array(
+                Field("name", STRING), Field("value", NULLABLE_STRING),
+                Field("read_only", BOOL),
+                Field("is_default", BOOL, until=0, default=False),
+                Field("config_source", INT8, since=1, default=-1),
+                Field("is_sensitive", BOOL),
+                Field("synonyms", array(Field("name", STRING),
+                                        Field("value", NULLABLE_STRING),
+                                        Field("source", INT8)), since=1, default=()),
+                Field("config_type", INT8, since=3, default=0),
+                Field("documentation", NULLABLE_STRING, since=3)), default=())))),
+        flexible_from=4),
+    ApiKey.ALTER_CONFIGS: Message((
+        THROTTLE,
+        Field("responses", array(
+            ERROR, Field("error_message", NULLABLE_STRING),
+            Field("resource_type", INT8), Field("resource_name", STRING)))),
+        flexible_from=2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: Message((
+        THROTTLE,
+        Field("responses", array(
+            ERROR, Field("error_message", NULLABLE_STRING),
+            Field("resource_type", INT8), Field("resource_name", STRING)))),
+        flexible_from=1),
+    ApiKey.CREATE_PARTITIONS: Message((
+        THROTTLE,
+        Field("results", array(Field("name", STRING), ERROR,
+                               Field("error_message", NULLABLE_STRING)))),
+        flexible_from=2),
+    ApiKey.DELETE_RECORDS: Message((
+        THROTTLE,
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(Field("partition_index", INT32),
+                                      Field("low_watermark", INT64, default=-1),
+                                      ERROR))))),
+        flexible_from=2),
 }
 assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED) == set(DECLARED)
 assert all(DECLARED[k][0] <= lo and hi <= DECLARED[k][1] for k, (lo, hi) in SUPPORTED.items())

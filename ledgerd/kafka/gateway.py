@@ -24,7 +24,8 @@ are handled at once per connection; reading pauses beyond that. Produce admissio
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
 
-State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count),
+State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count,
+configs, low watermarks: ``topics.py``; the topic admin APIs are ``topic_admin.py``),
 ``gateways/<id>``, ``groups/<group>`` (generation and protocol type: made by a group's
 first completed join or first commit, deleted with the group), ``producer_ids`` (a CAS
 counter).
@@ -33,12 +34,14 @@ Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import logging
 import re
 import struct
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -50,6 +53,7 @@ from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
 from ledgerd.errors import LedgerdError
+from ledgerd.kafka import retention, topic_admin
 from ledgerd.kafka.api import (
     DECLARED,
     PRODUCE_SERVED_FROM,
@@ -70,9 +74,11 @@ from ledgerd.kafka.partitions import (
     log_name,
 )
 from ledgerd.kafka.peer import send_marker
-from ledgerd.kafka.records import BatchError, split_batches
+from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.topic_configs import TopicPolicy
+from ledgerd.kafka.topics import TopicRecord, TopicStore
 from ledgerd.kafka.transactions import TxnCoordinator, admit_transactional, read_committed
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.cas import cas_update
@@ -131,6 +137,10 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
     ApiKey.DELETE_GROUPS: frozenset({"admin"}), ApiKey.OFFSET_DELETE: frozenset({"admin"}),
     # writing another producer's transaction markers (Kafka: CLUSTER_ACTION)
     ApiKey.WRITE_TXN_MARKERS: frozenset({"admin"}),
+    # changing a topic (its configs, partitions, records) is an admin's act too
+    ApiKey.ALTER_CONFIGS: frozenset({"admin"}),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: frozenset({"admin"}),
+    ApiKey.CREATE_PARTITIONS: frozenset({"admin"}), ApiKey.DELETE_RECORDS: frozenset({"admin"}),
 }
 
 
@@ -166,7 +176,8 @@ class Gateway:
         self.nodes: dict[int, tuple[str, int]] = {}
         self.lease = Lease(config.zk_timeout_ms / 1000 * LEASE_FRACTION)
         self._confirming = trio.Lock()  # one membership refresh at a time
-        self.topics: dict[str, int] = {}
+        self.topics: dict[str, int] = {}  # partition counts as last read
+        self.topic_store = TopicStore(self.store, self.root)
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.groups: dict[str, Group] = {}
         self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
@@ -208,7 +219,7 @@ class Gateway:
             ApiKey.JOIN_GROUP: self.join_group, ApiKey.SYNC_GROUP: self.sync_group,
             ApiKey.HEARTBEAT: self.heartbeat, ApiKey.LEAVE_GROUP: self.leave_group,
             ApiKey.OFFSET_COMMIT: self.offset_commit, ApiKey.OFFSET_FETCH: self.offset_fetch,
-            ApiKey.CREATE_TOPICS: self.create_topics, ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
             ApiKey.LIST_GROUPS: self.list_groups, ApiKey.DESCRIBE_GROUPS: self.describe_groups,
@@ -220,6 +231,13 @@ class Gateway:
             ApiKey.END_TXN: lambda _c, v, b: self.txn.end_txn(v, b),
             ApiKey.TXN_OFFSET_COMMIT: lambda _c, v, b: self.txn.txn_offset_commit(v, b),
             ApiKey.WRITE_TXN_MARKERS: lambda _c, v, b: self.txn.write_txn_markers(v, b),
+            ApiKey.CREATE_TOPICS: functools.partial(topic_admin.create_topics, self),
+            ApiKey.CREATE_PARTITIONS: functools.partial(topic_admin.create_partitions, self),
+            ApiKey.DELETE_RECORDS: functools.partial(topic_admin.delete_records, self),
+            ApiKey.DESCRIBE_CONFIGS: functools.partial(topic_admin.describe_configs, self),
+            ApiKey.ALTER_CONFIGS: functools.partial(topic_admin.alter_configs, self),
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: functools.partial(
+                topic_admin.incremental_alter_configs, self),
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -399,6 +417,7 @@ class Gateway:
                 nursery.start_soon(self._membership)
                 nursery.start_soon(self._tick_groups)
                 nursery.start_soon(self.txn.run)
+                nursery.start_soon(retention.run, self)
                 served: list[Any] = listeners
                 if tls is not None:
                     served = [trio.SSLListener(lst, tls, https_compatible=False)
@@ -601,31 +620,37 @@ class Gateway:
     # -- topics -------------------------------------------------------------------------
 
     async def partition_count(self, topic: str) -> int | None:
-        n = self.topics.get(topic)
-        if n is not None:
-            return n
-        try:
-            raw, _ = await self.store.get(f"{self.root}/topics/{topic}")
-        except NoNodeError:
+        """The topic's partition count (None: no such topic), from its record as read
+        within ``topics.TTL_S`` (partitions added through another gateway show then)."""
+        record = await self.topic_store.get(topic)
+        if record is None:
+            self.topics.pop(topic, None)
             return None
-        n = int(json.loads(raw)["partitions"])
-        self.topics[topic] = n
-        return n
+        self.topics[topic] = record.partitions
+        return record.partitions
 
     async def all_topics(self) -> list[str]:
-        try:
-            names = await self.store.children(f"{self.root}/topics")
-        except NoNodeError:
-            return []
+        names = await self.topic_store.names()
         for name in names:
             await self.partition_count(name)
-        return sorted(names)
+        return [n for n in names if n in self.topics]
 
-    async def create_topic(self, topic: str, partitions: int) -> None:
-        doc = json.dumps({"format": 1, "partitions": partitions}).encode()
-        await self.store.create(f"{self.root}/topics/{topic}", doc, make_parents=True)
+    async def create_topic(self, topic: str, partitions: int, *,
+                           configs: dict[str, str] | None = None,
+                           replicas: tuple[tuple[int, ...], ...] = ()) -> None:
+        """Raises NodeExistsError if the topic exists."""
+        await self.topic_store.create(topic, TopicRecord(
+            partitions=partitions, configs=configs or {}, replicas=replicas))
         self.topics[topic] = partitions
-        log.info("kafka_topic_created", extra=fields(topic=topic, partitions=partitions))
+        log.info("kafka_topic_created", extra=fields(
+            topic=topic, partitions=partitions, configs=",".join(
+                f"{k}={v}" for k, v in sorted((configs or {}).items())) or "-"))
+
+    def topic_policy(self, topic: str) -> TopicPolicy:
+        """What the topic's configs (as last read) make the gateway enforce."""
+        record = self.topic_store.cached(topic)
+        return TopicPolicy.of(record.configs if record is not None else {},
+                              max_batch_bytes=self.config.max_batch_bytes)
 
     def partition(self, topic: str, p: int) -> PartitionLog:
         part = self.partitions.get((topic, p))
@@ -635,6 +660,9 @@ class Gateway:
                 self.client, topic, p, self.part_settings, self.nursery,
                 authority=lambda: self.may_lead(key))
             part.txn_flag = lambda offset: self.txn.partition_flag(topic, p, offset)
+        record = self.topic_store.cached(topic)
+        if record is not None:  # DeleteRecords' low watermark, from any gateway
+            part.floor = record.start_of(p)
         return part
 
     # -- handlers -----------------------------------------------------------------------
@@ -701,10 +729,13 @@ class Gateway:
                 if pd["records"] is None:
                     work[key] = ErrorCode.INVALID_RECORD
                     continue
+                policy = self.topic_policy(t["name"])
                 try:
-                    batches = split_batches(pd["records"],
-                                            max_batch_bytes=self.config.max_batch_bytes,
-                                            transactional=tid is not None)
+                    batches = split_batches(
+                        pd["records"], max_batch_bytes=policy.max_message_bytes,
+                        limit_name="the topic's max.message.bytes"
+                        if policy.max_message_bytes < self.config.max_batch_bytes
+                        else "max_batch_bytes", transactional=tid is not None)
                 except BatchError as exc:
                     log.warning("kafka_bad_batch", extra=fields(
                         peer=conn.peer, topic=t["name"], partition=pd["index"],
@@ -718,10 +749,17 @@ class Gateway:
                 if not self.owns(f"{t['name']}/{pd['index']}"):  # moved while it waited
                     work[key] = ErrorCode.NOT_LEADER_OR_FOLLOWER
                     continue
+                stamp = -1
+                if policy.log_append_time:  # the topic's time is the gateway's
+                    stamp = int(time.time() * 1000)
+                    stamped = [with_log_append_time(raw, stamp) for _, raw in batches]
+                    batches = [(BatchHeader.parse(raw), raw) for raw in stamped]
                 if tid is not None:  # the coordinator confirms the partition is in it
                     work[key] = await admit_transactional(self, part, tid, batches)
-                    continue
-                work[key] = part.enqueue(batches, self.nursery)
+                else:
+                    work[key] = part.enqueue(batches, self.nursery)
+                if not isinstance(work[key], int):
+                    work[key].append_time = stamp
         return work
 
     async def _complete_produce(self, body: dict[str, Any], work: dict[tuple[str, int], Any],
@@ -743,6 +781,7 @@ class Gateway:
                 else:
                     entry["base_offset"] = item.base_offset
                     entry["log_start_offset"] = -1
+                    entry["log_append_time_ms"] = item.append_time
                     self.metrics.records_in += sum(h.record_count for h, _ in item.batches)
                     self.metrics.bytes_in += sum(len(raw) for _, raw in item.batches)
             self.metrics.error(ApiKey.PRODUCE, entry["error_code"])
@@ -970,7 +1009,8 @@ class Gateway:
                            protocols=[(p["name"], p["metadata"]) for p in body["protocols"]],
                            session_timeout_ms=body["session_timeout_ms"],
                            rebalance_timeout_ms=body["rebalance_timeout_ms"],
-                           now=trio.current_time(), client_host=_client_host(conn.peer))
+                           now=trio.current_time(), client_host=_client_host(conn.peer),
+                           instance_id=body["group_instance_id"])
         return await self._wait(reply)
 
     async def sync_group(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -981,7 +1021,7 @@ class Gateway:
         reply = group.sync(member_id=body["member_id"], generation=body["generation_id"],
                            assignments=[(a["member_id"], a["assignment"])
                                         for a in body["assignments"]],
-                           now=trio.current_time())
+                           now=trio.current_time(), instance_id=body["group_instance_id"])
         return await self._wait(reply)
 
     async def heartbeat(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -991,21 +1031,30 @@ class Gateway:
             return {"error_code": group}
         return {"error_code": group.heartbeat(member_id=body["member_id"],
                                               generation=body["generation_id"],
-                                              now=trio.current_time())}
+                                              now=trio.current_time(),
+                                              instance_id=body["group_instance_id"])}
 
     async def leave_group(self, conn: _Conn, version: int, body: dict[str, Any],
                           ) -> dict[str, Any]:
         group = await self._group(body["group_id"])
         if isinstance(group, int):
             return {"error_code": group}
-        return {"error_code": group.leave(member_id=body["member_id"],
-                                          now=trio.current_time())}
+        if version < 3:
+            return {"error_code": group.leave(member_id=body["member_id"],
+                                              now=trio.current_time())}
+        members = [{"member_id": m["member_id"], "group_instance_id": m["group_instance_id"],
+                    "error_code": group.leave(member_id=m["member_id"],
+                                              instance_id=m["group_instance_id"],
+                                              now=trio.current_time())}
+                   for m in body["members"]]
+        return {"error_code": 0, "members": members}
 
     async def offset_commit(self, conn: _Conn, version: int, body: dict[str, Any],
                             ) -> dict[str, Any]:
         group = await self._group(body["group_id"])
         error = group if isinstance(group, int) else group.check_commit(
-            member_id=body["member_id"], generation=body["generation_id"])
+            member_id=body["member_id"], generation=body["generation_id"],
+            instance_id=body["group_instance_id"])
         topics = []
         for t in body["topics"]:
             count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
@@ -1194,7 +1243,7 @@ class Gateway:
                            error_message=f"group {gid!r} not found")
             res.update(group_state=summary.state.value, protocol_type=summary.protocol_type,
                        protocol_data=summary.protocol, members=[{
-                           "member_id": m.member_id, "group_instance_id": None,
+                           "member_id": m.member_id, "group_instance_id": m.instance_id,
                            "client_id": m.client_id, "client_host": m.client_host,
                            "member_metadata": m.metadata, "member_assignment": m.assignment}
                            for m in summary.members])
@@ -1299,36 +1348,6 @@ class Gateway:
 
     # -- topics admin -------------------------------------------------------------------
 
-    async def create_topics(self, conn: _Conn, version: int, body: dict[str, Any],
-                            ) -> dict[str, Any]:
-        out = []
-        for t in body["topics"]:
-            name, n = t["name"], t["num_partitions"]
-            res: dict[str, Any] = {"name": name, "error_code": 0, "error_message": None}
-            out.append(res)
-            if n == -1:
-                n = self.config.default_partitions
-            if not _TOPIC.match(name):
-                res.update(error_code=ErrorCode.INVALID_TOPIC_EXCEPTION,
-                           error_message="topic names are 1-180 of [A-Za-z0-9._-]")
-            elif not 1 <= n <= 10000:
-                res.update(error_code=ErrorCode.INVALID_PARTITIONS,
-                           error_message=f"{n} partitions: allowed 1-10000")
-            elif t["assignments"]:
-                res.update(error_code=ErrorCode.INVALID_REQUEST,
-                           error_message="manual replica assignment does not apply: "
-                                         "ledgerd places replicas per ledger")
-            elif await self.partition_count(name) is not None:
-                res.update(error_code=ErrorCode.TOPIC_ALREADY_EXISTS,
-                           error_message=f"topic {name!r} already exists")
-            elif not body["validate_only"]:
-                try:
-                    await self.create_topic(name, n)
-                except NodeExistsError:
-                    res.update(error_code=ErrorCode.TOPIC_ALREADY_EXISTS,
-                               error_message=f"topic {name!r} already exists")
-        return {"topics": out}
-
     async def delete_topics(self, conn: _Conn, version: int, body: dict[str, Any],
                             ) -> dict[str, Any]:
         out = []
@@ -1337,7 +1356,7 @@ class Gateway:
             if count is None:
                 out.append({"name": name, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
                 continue
-            await self.store.delete(f"{self.root}/topics/{name}")
+            await self.topic_store.delete(name)
             self.topics.pop(name, None)
             await self.txn.forget_topic(name)
             for p in range(count):
@@ -1396,7 +1415,11 @@ def _advertised() -> list[dict[str, int]]:
 _DENIALS = {ApiKey.CREATE_TOPICS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
             ApiKey.DELETE_TOPICS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
             ApiKey.DELETE_GROUPS: ErrorCode.GROUP_AUTHORIZATION_FAILED,
-            ApiKey.OFFSET_DELETE: ErrorCode.GROUP_AUTHORIZATION_FAILED}
+            ApiKey.OFFSET_DELETE: ErrorCode.GROUP_AUTHORIZATION_FAILED,
+            ApiKey.ALTER_CONFIGS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            ApiKey.INCREMENTAL_ALTER_CONFIGS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            ApiKey.CREATE_PARTITIONS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            ApiKey.DELETE_RECORDS: ErrorCode.TOPIC_AUTHORIZATION_FAILED}
 
 
 def _denied(api: ApiKey, body: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,20 @@ members only the topics none of them subscribes to (GROUP_SUBSCRIBED_TO_TOPIC); 
 member whose subscription does not parse counts as subscribed to every topic (Kafka
 would delete: refusing is the side that loses nothing).
 
+Static members (KIP-345, JoinGroup v5+ with a ``group.instance.id``) are members the
+group keeps by their instance id: a static member that restarts joins with an empty
+member id and its instance id, takes over its old membership under a new member id,
+and, if the group is ``STABLE`` and its protocols are unchanged, gets its answer at
+once (the current generation, its old assignment at SyncGroup) without a rebalance;
+the other members never hear of it. In any other state it rejoins the rebalance in
+progress as that member. As in Kafka, the answer names the leader as it was before
+the replacement, so a returning leader does not run a trivial assignment, and a
+request naming an instance id with another member id than the one that now holds it
+(the old process, a zombie) gets FENCED_INSTANCE_ID. A static member still leaves
+when its session expires (or by LeaveGroup with its instance id); a clean shutdown
+of a static consumer sends no LeaveGroup, so a restart within the session timeout is
+not noticed.
+
 The machine takes ``now`` and returns replies; the gateway performs them and calls
 :meth:`Group.tick` so deadlines fire. Assignments and member metadata are opaque
 bytes (client-side assignors). Only the generation survives a gateway restart (the
@@ -99,6 +113,7 @@ class MemberSummary:
     client_host: str
     metadata: bytes
     assignment: bytes
+    instance_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +175,7 @@ class Member:
     assignment: bytes = b""
     client_id: str = ""
     client_host: str = ""
+    instance_id: str | None = None  # a static member's group.instance.id
 
 
 @dataclass(slots=True)
@@ -175,12 +191,14 @@ class Group:
     rebalance_deadline: float = 0.0
     initial_until: float = 0.0  # a first join waits at least until then
     persisted: int = -1  # the generation last stored; the I/O layer stores newer ones
+    static: dict[str, str] = field(default_factory=dict)  # instance id -> member id
 
     # -- requests -----------------------------------------------------------------------
 
     def join(self, *, member_id: str, client_id: str, protocol_type: str,
              protocols: list[tuple[str, bytes]], session_timeout_ms: int,
-             rebalance_timeout_ms: int, now: float, client_host: str = "") -> Reply:
+             rebalance_timeout_ms: int, now: float, client_host: str = "",
+             instance_id: str | None = None) -> Reply:
         s = self.settings
         if self.state is GroupState.DEAD:
             return _now_reply(_join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id))
@@ -188,20 +206,35 @@ class Group:
             return _now_reply(_join_error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id))
         if not protocol_type or not protocols:
             return _now_reply(_join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
+        held = self.static.get(instance_id) if instance_id is not None else None
+        if held is not None and held not in self.members:  # (never: _remove forgets it)
+            held = None
+        if member_id and held is not None and held != member_id:
+            return _now_reply(_join_error(ErrorCode.FENCED_INSTANCE_ID, member_id))
         if self.members and (protocol_type != self.protocol_type or not self._shared(
-                [p for p, _ in protocols], exclude=member_id)):
+                [p for p, _ in protocols], exclude=held or member_id)):
             return _now_reply(_join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
         if member_id and member_id not in self.members:
             return _now_reply(_join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
         if not member_id:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            if held is not None:  # a static member back under a new member id
+                assert instance_id is not None
+                return self._rejoin_static(held, member_id, instance_id, client_id=client_id,
+                                           client_host=client_host, protocols=protocols,
+                                           session_timeout_ms=session_timeout_ms,
+                                           rebalance_timeout_ms=rebalance_timeout_ms,
+                                           now=now)
         rebalance_s = (rebalance_timeout_ms if rebalance_timeout_ms > 0
                        else session_timeout_ms) / 1000
         member = self.members.get(member_id)
         if member is None:
             member = Member(member_id, session_timeout_ms / 1000, rebalance_s,
-                            protocols, now, client_id=client_id, client_host=client_host)
+                            protocols, now, client_id=client_id, client_host=client_host,
+                            instance_id=instance_id)
             self.members[member_id] = member
+            if instance_id is not None:
+                self.static[instance_id] = member_id
         else:
             member.protocols = protocols
             member.session_timeout_s = session_timeout_ms / 1000
@@ -216,9 +249,47 @@ class Group:
         self._maybe_complete(now)
         return reply
 
+    def _rejoin_static(self, old_id: str, new_id: str, instance_id: str, *,
+                       client_id: str, client_host: str, protocols: list[tuple[str, bytes]],
+                       session_timeout_ms: int, rebalance_timeout_ms: int,
+                       now: float) -> Reply:
+        """A static member back under ``new_id``: its membership moves over (the old
+        id is fenced); answered at once without a rebalance if the group is stable and
+        the member's protocols are unchanged (Kafka's
+        ``updateStaticMemberAndRebalance``), else a rejoin."""
+        member = self.members.pop(old_id)
+        for pending in (member.join, member.sync):
+            if pending is not None:
+                pending.resolve(_join_error(ErrorCode.FENCED_INSTANCE_ID, old_id))
+        member.join = member.sync = None
+        unchanged = member.protocols == protocols
+        member.member_id = new_id
+        member.protocols = protocols
+        member.session_timeout_s = session_timeout_ms / 1000
+        member.rebalance_timeout_s = (rebalance_timeout_ms if rebalance_timeout_ms > 0
+                                      else session_timeout_ms) / 1000
+        member.last_seen = now
+        member.client_id, member.client_host = client_id, client_host
+        self.members[new_id] = member
+        self.static[instance_id] = new_id
+        leader_before = self.leader
+        if self.leader == old_id:
+            self.leader = new_id
+        if self.state is GroupState.STABLE and unchanged:
+            return _now_reply({
+                "error_code": 0, "generation_id": self.generation,
+                "protocol_name": self.protocol, "leader": leader_before,
+                "member_id": new_id, "members": []})
+        reply = member.join = Reply()
+        if self.state is not GroupState.PREPARING_REBALANCE:
+            self._prepare(now)
+        self._maybe_complete(now)
+        return reply
+
     def sync(self, *, member_id: str, generation: int,
-             assignments: list[tuple[str, bytes]], now: float) -> Reply:
-        error = self._check(member_id, generation)
+             assignments: list[tuple[str, bytes]], now: float,
+             instance_id: str | None = None) -> Reply:
+        error = self._fenced(member_id, instance_id) or self._check(member_id, generation)
         if error is not None:
             return _now_reply({"error_code": error})
         member = self.members[member_id]
@@ -239,8 +310,9 @@ class Group:
                     m.sync = None
         return reply
 
-    def heartbeat(self, *, member_id: str, generation: int, now: float) -> int:
-        error = self._check(member_id, generation)
+    def heartbeat(self, *, member_id: str, generation: int, now: float,
+                  instance_id: str | None = None) -> int:
+        error = self._fenced(member_id, instance_id) or self._check(member_id, generation)
         if error is not None:
             return error
         self.members[member_id].last_seen = now
@@ -248,17 +320,30 @@ class Group:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
-    def leave(self, *, member_id: str, now: float) -> int:
+    def leave(self, *, member_id: str, now: float, instance_id: str | None = None) -> int:
+        """LeaveGroup of one member (v3+: by member id, or a static one by its instance
+        id alone)."""
+        if instance_id is not None:
+            held = self.static.get(instance_id)
+            if held is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if member_id and member_id != held:
+                return ErrorCode.FENCED_INSTANCE_ID
+            member_id = held
         if member_id not in self.members:
             return ErrorCode.UNKNOWN_MEMBER_ID
         self._remove(member_id, now)
         return ErrorCode.NONE
 
-    def check_commit(self, *, member_id: str, generation: int) -> int:
+    def check_commit(self, *, member_id: str, generation: int,
+                     instance_id: str | None = None) -> int:
         """May this member commit offsets now? (generation -1: a simple commit, allowed
         while the group has no members)."""
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        fenced = self._fenced(member_id, instance_id)
+        if fenced:
+            return fenced
         if generation < 0 and not member_id:
             return ErrorCode.NONE if not self.members else ErrorCode.ILLEGAL_GENERATION
         error = self._check(member_id, generation)
@@ -279,7 +364,8 @@ class Group:
         members = tuple(MemberSummary(
             member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
             metadata=dict(m.protocols).get(self.protocol, b"") if stable else b"",
-            assignment=m.assignment if stable else b"") for m in self.members.values())
+            assignment=m.assignment if stable else b"", instance_id=m.instance_id)
+            for m in self.members.values())
         return GroupSummary(state=self.state, protocol_type=self.protocol_type,
                             protocol=self.protocol if stable else "", members=members)
 
@@ -336,6 +422,9 @@ class Group:
             if now >= self.rebalance_deadline:
                 for m in [m for m in self.members.values() if m.join is None]:
                     del self.members[m.member_id]
+                    if m.instance_id is not None and \
+                            self.static.get(m.instance_id) == m.member_id:
+                        del self.static[m.instance_id]
                 self._complete(now)
             else:
                 self._maybe_complete(now)
@@ -352,6 +441,16 @@ class Group:
             bool(self.members) or self.persisted >= 0 or self.generation > 0)
 
     # -- internals ----------------------------------------------------------------------
+
+    def _fenced(self, member_id: str, instance_id: str | None) -> int:
+        """FENCED_INSTANCE_ID if ``instance_id`` is now held by another member id (the
+        request comes from a static member's previous incarnation), else 0."""
+        if instance_id is None:
+            return 0
+        held = self.static.get(instance_id)
+        if held is not None and held != member_id:
+            return ErrorCode.FENCED_INSTANCE_ID
+        return 0
 
     def _check(self, member_id: str, generation: int) -> int | None:
         if member_id not in self.members:
@@ -398,7 +497,8 @@ class Group:
         top = max(votes.values())
         self.protocol = next(p for p in self._ranked(self.leader) if votes.get(p) == top)
         self.state = GroupState.COMPLETING_REBALANCE
-        listing = [{"member_id": m.member_id, "metadata": dict(m.protocols)[self.protocol]}
+        listing = [{"member_id": m.member_id, "group_instance_id": m.instance_id,
+                    "metadata": dict(m.protocols)[self.protocol]}
                    for m in self.members.values()]
         for m in self.members.values():
             m.last_seen = now
@@ -415,6 +515,8 @@ class Group:
 
     def _remove(self, member_id: str, now: float) -> None:
         m = self.members.pop(member_id)
+        if m.instance_id is not None and self.static.get(m.instance_id) == member_id:
+            del self.static[m.instance_id]
         for reply in (m.join, m.sync):
             if reply is not None:
                 reply.resolve({"error_code": ErrorCode.UNKNOWN_MEMBER_ID})

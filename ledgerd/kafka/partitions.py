@@ -84,6 +84,7 @@ PRODUCER_BATCHES = 5  # batches remembered per producer (Kafka: max.in.flight 5)
 SEQUENCE_WRAP = 1 << 31  # a producer's sequence goes on from 2**31 - 1 to 0
 PRODUCER_SCAN = 1000  # batches read back at takeover to rebuild producer state
 MAX_PRODUCERS = 10000  # idempotent producers remembered per partition (LRU)
+START_TTL_S = 1.0  # the log's first offset is read again after this long
 
 
 def log_name(topic: str, partition: int) -> str:
@@ -117,6 +118,7 @@ class _Produce:
     producer: tuple[int, int, int, int] | None = None  # (pid, epoch, first seq, last seq)
     txn: tuple[int, int] | None = None  # transactional batches: (pid, epoch) verified
     marker: tuple[int, int] | None = None  # a transaction marker: (pid, epoch)
+    append_time: int = -1  # the time stamped on LogAppendTime batches (ms)
 
 
 class PartitionLog:
@@ -156,7 +158,11 @@ class PartitionLog:
         # appended again; the next batch must continue the last sequence
         self.producers: OrderedDict[int, deque[tuple[int, int, int, int]]] = OrderedDict()
         self._remote_end: tuple[float, int] | None = None
-        self._start: int | None = None  # the log's first offset, once it has one
+        # the log's first offset as last read (ledgers dropped from the front by
+        # retention or DeleteRecords move it), and when
+        self._start: tuple[float, int] | None = None
+        self.floor = 0  # the low watermark DeleteRecords set (the topic record's)
+        self.summaries: dict[int, tuple[int, int]] = {}  # closed ledger -> bytes, newest
         self.last_used = trio.current_time()
         # read-ahead: consecutive batches (base, next offset, bytes) read from the bookies
         # ahead of the consumer, and where the next read starts; one run at a time
@@ -709,7 +715,11 @@ class PartitionLog:
         return index.last_stable_offset(hw), index
 
     async def _scan_txn(self, index: TxnIndex, until: int) -> None:
-        """Observe the log's batches from ``index.covered`` up to ``until``."""
+        """Observe the log's batches from ``index.covered`` up to ``until``. Batches
+        retention or DeleteRecords removed are skipped (a transaction that began among
+        them and ends after them is not known as aborted: see docs/kafka.md)."""
+        if index.covered < until:
+            index.skip_to(min(until, await self.start_offset()))
         while index.covered < until:
             at = index.covered
             lid, eid = await self.locate(at)
@@ -731,18 +741,51 @@ class PartitionLog:
             self._note_position(index.covered, lid, top + 1)
 
     async def start_offset(self) -> int:
-        """The log's first offset (cached once known: the gateway never truncates)."""
-        if self._start is not None:
-            return self._start
-        for lid in await self._ledgers():
-            try:
-                first = await self._first_offset(lid)
-            except NoSuchLedgerError:
-                continue
-            if first is not None:
-                self._start = first
-                return first
-        return await self.high_watermark()
+        """The partition's low watermark: the first offset of its first ledger (read
+        again after START_TTL_S: retention drops ledgers from the front, on this
+        gateway or another), or the ``floor`` DeleteRecords set if that is later."""
+        now = trio.current_time()
+        if self._start is None or now - self._start[0] >= START_TTL_S:
+            first: int | None = None
+            for lid in await self._ledgers():
+                try:
+                    first = await self._first_offset(lid)
+                except NoSuchLedgerError:
+                    continue
+                if first is not None:
+                    break
+            if first is None:
+                return max(self.floor, await self.high_watermark())
+            self._start = (now, first)
+        return max(self.floor, self._start[1])
+
+    def start_moved(self) -> None:
+        """Forget the remembered first offset (ledgers were just dropped here)."""
+        self._start = None
+
+    async def ledgers(self) -> tuple[int, ...]:
+        """The log's ledgers, as listed now."""
+        return await self._ledgers()
+
+    async def first_offset(self, ledger_id: int) -> int | None:
+        """The Kafka offset of the ledger's entry 0 (None: no entry yet)."""
+        return await self._first_offset(ledger_id)
+
+    async def ledger_summary(self, ledger_id: int) -> tuple[int, int]:
+        """A ledger's ``(bytes, max timestamp of its last batch)`` (an open ledger's
+        bytes count 0 until it is closed); a closed ledger's is remembered."""
+        hit = self.summaries.get(ledger_id)
+        if hit is not None:
+            return hit
+        md = await self.client.ledger_metadata(ledger_id)
+        newest = -1
+        if md.last_entry_id >= 0:
+            newest = (await self._header(ledger_id, md.last_entry_id)).max_timestamp
+        if md.is_closed:
+            self.summaries[ledger_id] = (md.length, newest)
+            while len(self.summaries) > 4096:  # a memory, not a registry
+                self.summaries.pop(next(iter(self.summaries)))
+        return md.length, newest
 
     async def locate(self, offset: int, *, cached: bool = True) -> tuple[int, int]:
         """``(ledger, entry)`` of the batch holding ``offset`` (which is below the high
@@ -779,8 +822,9 @@ class PartitionLog:
         hw = await self.high_watermark()
         if offset == hw:
             return b"", hw
-        if offset > hw or offset < 0:
-            raise OffsetOutOfRangeError(offset, await self.start_offset(), hw)
+        start = await self.start_offset()
+        if offset > hw or offset < start:
+            raise OffsetOutOfRangeError(offset, start, hw)
         if self.tail and self.tail[0][0] <= offset < self.tail[-1][1]:
             return self._from_tail(offset, max_bytes), hw
         while True:
@@ -791,6 +835,20 @@ class PartitionLog:
             if not (self.ahead_running and offset == self.ahead_expect):
                 break
             await self.ahead_progress.wait()  # the read-ahead is fetching exactly this
+        try:
+            return await self._read_stored(offset, max_bytes), hw
+        except NoSuchLedgerError:
+            # its ledger was dropped (retention, DeleteRecords, perhaps by another
+            # gateway) since the first offset was last read here
+            self.start_moved()
+            self.positions.clear()
+            start = await self.start_offset()
+            if offset < start:
+                raise OffsetOutOfRangeError(offset, start, hw) from None
+            raise
+
+    async def _read_stored(self, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the ledgers, from the one holding ``offset``."""
         lid, eid = await self.locate(offset)
         h = await self._handle(lid)
         last = await self._last_entry(lid, refresh=False)
@@ -822,7 +880,7 @@ class PartitionLog:
         self.ahead_from = (lid, eid)
         self.ahead_expect = BatchHeader.parse(out[-1]).next_offset
         self._read_ahead()
-        return b"".join(out), hw
+        return b"".join(out)
 
     def _from_ahead(self, offset: int, max_bytes: int) -> bytes | None:
         """Batches from the read-ahead, from the one holding ``offset`` (None: it does

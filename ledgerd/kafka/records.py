@@ -24,11 +24,13 @@ import google_crc32c
 
 from ledgerd.base.errors import LedgerdError
 
-__all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "split_batches", "with_base_offset"]
+__all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "split_batches", "with_base_offset",
+           "with_log_append_time"]
 
 HEADER_SIZE = 61
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 assert _HEADER.size == HEADER_SIZE
+LOG_APPEND_TIME = 0x08
 TRANSACTIONAL = 0x10
 CONTROL = 0x20
 CODECS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
@@ -81,6 +83,7 @@ class BatchHeader:
 
 
 def split_batches(records: bytes, *, max_batch_bytes: int,
+                  limit_name: str = "max_batch_bytes",
                   transactional: bool = False) -> list[tuple[BatchHeader, bytes]]:
     """The batches of a produced record set, each checked: magic 2, length within the
     set and under ``max_batch_bytes``, CRC-32C, no control batch, transactional exactly
@@ -102,8 +105,8 @@ def split_batches(records: bytes, *, max_batch_bytes: int,
             raise BatchError(2, f"batch {len(out)} claims {h.length} bytes; "
                                 f"{len(view) - at} are there")
         if h.length > max_batch_bytes:
-            raise BatchError(10, f"batch of {h.length} bytes is over the gateway's "
-                                 f"{max_batch_bytes}-byte limit (max_batch_bytes)")
+            raise BatchError(10, f"batch of {h.length} bytes is over the "
+                                 f"{max_batch_bytes}-byte limit ({limit_name})")
         body = view[at:at + h.length]
         if google_crc32c.value(bytes(body[21:])) != h.crc:
             raise BatchError(2, f"batch {len(out)} fails its CRC-32C")
@@ -132,3 +135,14 @@ def split_batches(records: bytes, *, max_batch_bytes: int,
 def with_base_offset(batch: bytes, base_offset: int) -> bytes:
     """The batch with its baseOffset rewritten (the CRC does not cover it)."""
     return struct.pack(">q", base_offset) + batch[8:]
+
+
+def with_log_append_time(batch: bytes, now_ms: int) -> bytes:
+    """The batch stamped as a broker stamps a LogAppendTime topic's batches: attribute
+    bit 3 set and maxTimestamp = ``now_ms`` (consumers then read that time for every
+    record), the CRC-32C computed again over the changed bytes."""
+    attrs = struct.unpack_from(">h", batch, 21)[0] | LOG_APPEND_TIME
+    tail = bytearray(batch[21:])
+    struct.pack_into(">h", tail, 0, attrs)
+    struct.pack_into(">q", tail, 35 - 21, now_ms)
+    return batch[:17] + struct.pack(">I", google_crc32c.value(bytes(tail))) + bytes(tail)

@@ -79,5 +79,18 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
         return {"markers": [{"producer_id": m["producer_id"], "topics": _topics(
             m["topics"], name="name", parts="partition_indexes", index=None,
             error_code=code)} for m in body["markers"]]}
+    if api in (ApiKey.ALTER_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS):
+        return {"responses": [{"resource_type": r["resource_type"],
+                               "resource_name": r["resource_name"], "error_code": code}
+                              for r in body["resources"]]}
+    if api is ApiKey.DESCRIBE_CONFIGS:
+        return {"results": [{"resource_type": r["resource_type"],
+                             "resource_name": r["resource_name"], "error_code": code}
+                            for r in body["resources"]]}
+    if api is ApiKey.CREATE_PARTITIONS:
+        return {"results": [{"name": t["name"], "error_code": code} for t in body["topics"]]}
+    if api is ApiKey.DELETE_RECORDS:
+        return {"topics": _topics(body["topics"], name="name", parts="partitions",
+                                  index="partition_index", error_code=code)}
     # every other response has a top-level error code
     return {"error_code": code}

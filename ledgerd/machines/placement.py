@@ -32,10 +32,18 @@ class NotEnoughBookiesError(LedgerdError):
     """Fewer writable bookies than an ensemble or a replacement needs."""
 
     def __init__(self, needed: int, available: int, excluded: int = 0) -> None:
-        extra = f" after excluding {excluded} already in the ensemble" if excluded else ""
-        super().__init__(f"not enough writable bookies: needed {needed}, found {available}{extra}")
+        if excluded:
+            # A replacement must be outside the ensemble: say that this is what is
+            # missing (E bookies of E writable ones), not a fault of the copying.
+            text = (f"no writable bookie outside the ensemble to copy to: needed {needed}, "
+                    f"found {available} (the other {excluded} writable bookie(s) are in the "
+                    "ensemble already); add a bookie, or bring the lost one back")
+        else:
+            text = f"not enough writable bookies: needed {needed}, found {available}"
+        super().__init__(text)
         self.needed = needed
         self.available = available
+        self.excluded = excluded
 
 
 class Placement:

@@ -91,10 +91,14 @@ async def metadata_store(zk: str, *, init: bool = True) -> AsyncIterator[ZooKeep
 
 
 async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
-                          read_only: bool | None = False, present: bool = True) -> None:
+                          read_only: bool | None = False, present: bool = True,
+                          full_disk_fails: bool = False) -> None:
     """Wait until ``bookie`` is (or, with ``present=False``, is not) registered.
 
     ``read_only``: True = under available/readonly, False = writable, None = either.
+    A wait for a writable bookie that ends at ``EVENT_BOUND_S`` with the bookie
+    read-only for a full disk says so (``BookieReadOnly``, naming the disk); with
+    ``full_disk_fails`` (a bring-up, where nobody will free space) it fails so at once.
     """
     registry = BookieRegistry(store, "/ledgers")
 
@@ -103,7 +107,7 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
         r = bookie.bookie_id in snapshot.read_only
         if not present:
             return not w and not r
-        if read_only is False and r and not w:
+        if full_disk_fails and read_only is False and r and not w:
             await _refuse_full_disk(registry, bookie)
         if not (w or r if read_only is None else (r if read_only else w)):
             return False
@@ -142,6 +146,10 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
         if verdict is not None:
             raise verdict from None
         raise
+    except trio.TooSlowError:
+        if present and read_only is False:
+            await _refuse_full_disk(registry, bookie)
+        raise
 
 
 async def _refuse_full_disk(registry: BookieRegistry, bookie: BookieProcess) -> None:
@@ -161,7 +169,7 @@ async def start_bookies(factory: Callable[[], BookieProcess], zk: str,
         for b in bookies:
             b.start()
         for b in bookies:
-            await wait_registered(store, b)
+            await wait_registered(store, b, full_disk_fails=True)
     return bookies
 
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -26,6 +27,7 @@ from ledgerd.appliance.security import ConnectionSecurity
 from ledgerd.appliance.server import ConnectionOptions
 from ledgerd.base.tls import ReloadingContext, client_context, server_context
 from ledgerd.bookie_client import start_tls
+from ledgerd.disk.errors import StorageError
 from ledgerd.disk.journal import JournalOptions
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.connection import ClientConnection
@@ -146,7 +148,11 @@ class BookieHarness(testing_memory.BookieHarness):
 @asynccontextmanager
 async def running_bookie(tmp: Path, *, options: ConnectionOptions | None = None,
                          journal: JournalOptions | None = None,
-                         admin_secret: str = "", **storage_kw: Any) -> AsyncIterator[BookieHarness]:
+                         admin_secret: str = "", storage_may_fail: bool = False,
+                         **storage_kw: Any) -> AsyncIterator[BookieHarness]:
+    """A bookie over ``TRANSPORT`` on real storage. ``storage_may_fail``: a storage
+    failure (a journal write fault) leaves the connections served, as the bookie's
+    supervisor does (it goes read-only), instead of ending the harness."""
     opts = StorageOptions(journal_dir=tmp / "journal", ledger_dirs=(tmp / "ledgers",),
                           journal=journal or JournalOptions(), **storage_kw)
     storage = LedgerStorage(opts)
@@ -154,7 +160,17 @@ async def running_bookie(tmp: Path, *, options: ConnectionOptions | None = None,
     harness = BookieHarness(storage, options or ConnectionOptions(), admin_secret)
     async with trio.open_nursery() as nursery:
         harness.nursery = nursery
-        await nursery.start(storage.run)
+        if storage_may_fail:
+            async def run_storage(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                                  ) -> None:
+                try:
+                    await storage.run(task_status=task_status)
+                except* StorageError:
+                    pass
+
+            await nursery.start(run_storage)
+        else:
+            await nursery.start(storage.run)
         if TRANSPORT == "hub":
             harness.hub = ConnectionHub(harness.handler, harness.options)
             await nursery.start(harness.hub.run)
@@ -167,3 +183,17 @@ async def running_bookie(tmp: Path, *, options: ConnectionOptions | None = None,
 
 def small_journal(max_memory_bytes: int) -> JournalOptions:
     return replace(JournalOptions(), max_memory_bytes=max_memory_bytes)
+
+
+def gate_collection(journal: Any, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
+    """The journal collects no finished group until the returned event is set (its
+    syncer still writes, syncs and sends the replies it was handed)."""
+    gate = trio.Event()
+    collect = journal._collect_oldest
+
+    async def gated_collect() -> None:
+        await gate.wait()
+        await collect()
+
+    monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
+    return gate

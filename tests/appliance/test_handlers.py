@@ -41,7 +41,15 @@ from ledgerd.wire.messages import (
 )
 from ledgerd.wire.status import Status
 from tests.appliance import harness
-from tests.appliance.harness import KEY, OTHER_KEY, D, entry, running_bookie, small_journal
+from tests.appliance.harness import (
+    KEY,
+    OTHER_KEY,
+    D,
+    entry,
+    gate_collection,
+    running_bookie,
+    small_journal,
+)
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
@@ -641,3 +649,28 @@ async def test_reads_that_miss_index_pages_read_them_off_the_event_loop(tmp_path
         assert status == Status.OK and resp is not None and len(resp.entries) == 70
         assert [decode_entry(D, e).entry_id for e in resp.entries] == list(range(70))
         assert not b.storage.pages_missing(5, 0, 70)  # both pages in memory now
+
+
+async def test_max_inflight_counts_each_frame_of_a_multi_frame_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 one-entry adds in one write become runs of many frames (one reply item
+    each): ``max_inflight`` still counts frames, so the connection stops after eight
+    unanswered, and once their group is collected every frame is answered in order."""
+    async with running_bookie(tmp_path, options=ConnectionOptions(max_inflight=8)) as b:
+        gate = gate_collection(b.storage.journal, monkeypatch)
+        s = b.raw_pair()
+        await s.send_all(b"".join(encode_request(add(1, e), e, 0) for e in range(200)))
+        await trio.testing.wait_all_tasks_blocked(cushion=0.1)
+        assert b.storage.last_entry_id(1) == 7  # eight frames unanswered: no more read
+        gate.set()
+        got = b""
+        with trio.fail_after(30):
+            while _frames(got) < 200:
+                got += await s.receive_some(1 << 20)
+        answers, pos = [], 0
+        while pos < len(got):
+            (size,) = struct.unpack_from(">i", got, pos)
+            answers.append(struct.unpack_from(">ih", got, pos + 4))
+            pos += 4 + size
+        assert answers == [(e, Status.OK) for e in range(200)]
+        assert b.storage.last_entry_id(1) == 199

@@ -22,7 +22,7 @@ from ledgerd.wire.frames import encode_request
 from ledgerd.wire.messages import AddRequest, ApiKey, ReadRequest
 from ledgerd.wire.status import Status
 from tests.appliance import harness
-from tests.appliance.harness import KEY, entry, running_bookie
+from tests.appliance.harness import KEY, entry, gate_collection, running_bookie
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
@@ -204,20 +204,6 @@ def spy_sends(journal: Any) -> list[Any]:
     return made
 
 
-def gate_collection(journal: Any, monkeypatch: pytest.MonkeyPatch) -> trio.Event:
-    """The journal collects no finished group until the returned event is set (its
-    syncer still writes, syncs and sends the replies it was handed)."""
-    gate = trio.Event()
-    collect = journal._collect_oldest
-
-    async def gated_collect() -> None:
-        await gate.wait()
-        await collect()
-
-    monkeypatch.setattr(journal, "_collect_oldest", gated_collect)
-    return gate
-
-
 async def test_add_replies_leave_from_the_syncer(tmp_path: Path) -> None:
     async with running_bookie(tmp_path) as b:
         made = spy_sends(b.storage.journal)
@@ -235,6 +221,8 @@ async def test_add_replies_leave_from_the_syncer(tmp_path: Path) -> None:
         assert any(m.sent == len(m.data) > 0 for m in made)
         await b.settled()  # counted when the loop collects the group
         assert b.metrics.add_latency.count == 4 * 15
+        # Each reply counted once by (api, status), whichever way it went.
+        assert b.metrics.requests[(ApiKey.ADD, Status.OK)] == 4 * 15
         assert b.metrics.syncer_replies == sum(
             len(replies(bytes(m.data))) for m in made if m.sent == len(m.data))
 
@@ -309,3 +297,35 @@ async def test_replies_in_a_syncers_hands_count_as_unanswered(
         got = await read_replies(s, 192)
         assert got == [(e, Status.OK) for e in range(8, 200)]
         assert b.storage.last_entry_id(1) == 199
+
+
+async def test_a_failed_group_answers_each_frame_of_a_syncer_run_with_io_error(
+        tmp_path: Path) -> None:
+    """A run of one-entry adds is one reply item handed to the syncer; when its group's
+    fdatasync fails the syncer sends nothing, and the hub answers every frame of the run
+    with IO_ERROR under its own correlation id, and forgets them (none stays in flight)."""
+    from ledgerd.native import faults
+    from ledgerd.native.faults import FaultRule
+
+    async with running_bookie(tmp_path, storage_may_fail=True) as b:
+        assert b.hub is not None
+        made = spy_sends(b.storage.journal)
+        s = b.raw_pair()
+        # Until a group goes out on the fast path (the syncer sends its replies).
+        e = 0
+        while not any(m.sent == len(m.data) > 0 for m in made):
+            await s.send_all(add_frame(1, e, cid=e))
+            assert await read_replies(s, 1) == [(e, Status.OK)]
+            e += 1
+        made.clear()
+        faults.arm([FaultRule("fsync", "journal", "EIO", times=1)])
+        try:
+            await s.send_all(b"".join(add_frame(1, e + k, cid=100 + k) for k in range(5)))
+            with trio.fail_after(10):
+                got = await read_replies(s, 5)
+        finally:
+            faults.disarm()
+        assert got == [(100 + k, Status.IO_ERROR) for k in range(5)]
+        assert made and all(m.sent == 0 for m in made)  # handed over, never sent
+        (conn,) = b.hub._conns.values()
+        assert not conn.session.conn.inflight and not conn.session.items

@@ -47,7 +47,8 @@ def test_zookeeper_unreachable_within_zk_timeout(tmp_path: Path) -> None:
     code, stderr, took = _run(b.config_path)
     line = _the_error(stderr)
     assert code == 1 and took < 20, (code, took)
-    assert line.startswith("Error: bookie did not start: metadata service unavailable"), line
+    assert line.startswith("ledgerd: error: bookie did not start: metadata service "
+                           "unavailable"), line
     assert "no session within 1.5s" in line, line
 
 
@@ -124,8 +125,9 @@ async def test_port_in_use_registers_nothing(bookie_factory: Callable[..., Booki
             b.write_config()
             code, stderr, _ = _run(b.config_path)
             line = _the_error(stderr)
-            assert code == 1 and line == (f"Error: bookie did not start: [Errno 98] cannot "
-                                          f"listen on 127.0.0.1:{port}: Address already in use")
+            assert code == 1 and line == (f"ledgerd: error: bookie did not start: [Errno 98] "
+                                          f"cannot listen on 127.0.0.1:{port}: Address already "
+                                          "in use")
             assert await CookieStore(store, "/ledgers").get(f"127.0.0.1:{port}") is None
             assert not (Path(b.settings["journal_directory"]) / "current").exists()
 

@@ -90,6 +90,36 @@ async def test_full_disk_goes_read_only_and_back(
         assert await trio.to_thread.run_sync(bookie.terminate) == 0
 
 
+async def test_full_disk_stops_the_bookie_when_read_only_mode_is_off(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str, small_disk: Path) -> None:
+    """read_only_mode_enabled = false (BookKeeper's readOnlyModeEnabled=false): a full
+    disk shuts the bookie down, exit status 1, saying why, instead of going read-only;
+    what it acknowledged is still there when it comes back with room."""
+    async with metadata_store(zk_chroot) as store:
+        bookie = bookie_factory(
+            journal_directory=str(small_disk / "journal"),
+            ledger_directories=[str(small_disk / "ledgers")], read_only_mode_enabled=False,
+            journal_prealloc_mb=1, journal_max_size_mb=4, disk_check_interval_ms=100,
+            disk_usage_threshold=0.90, disk_usage_lwm_threshold=0.80)
+        bookie.start()
+        await wait_registered(store, bookie)
+        async with open_bookie_client(bookie.address) as c:
+            assert (await c.call(add(0)))[0] == Status.OK
+        ballast = _fill_to(small_disk, 0.95)
+        with trio.fail_after(EVENT_BOUND_S):
+            code = await bookie.exited()
+        assert code == 1 and bookie.wait(1) == 1, bookie.log_tail()
+        log = bookie.log_path.read_text()
+        assert "event=disk_full_and_read_only_disabled" in log, bookie.log_tail()
+        assert "event=bookie_read_only " not in log
+        ballast.unlink()
+        bookie.start()
+        await wait_registered(store, bookie)
+        async with open_bookie_client(bookie.address) as c:
+            assert (await c.call(ReadRequest(ledger_id=1, entry_id=0)))[0] == Status.OK
+        assert await trio.to_thread.run_sync(bookie.terminate) == 0
+
+
 def _fill_completely(path: Path) -> Path:
     """Write until the filesystem says ENOSPC."""
     ballast = path / "ballast-all"

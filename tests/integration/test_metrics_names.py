@@ -8,9 +8,11 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import trio
+
 from ledgerd.bookie_client import open_bookie_client
 from ledgerd.tools.bookieprocess import BookieProcess
-from ledgerd.wire.messages import AddRequest
+from ledgerd.wire.messages import AddRequest, ReadRequest
 from ledgerd.wire.status import Status
 from tests.appliance.harness import KEY, entry
 from tests.cluster import admin_get, metadata_store, wait_registered
@@ -35,7 +37,7 @@ def _samples(text: str) -> dict[str, list[tuple[str, float]]]:
 
 async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., BookieProcess],
                                                   zk_chroot: str) -> None:
-    b = bookie_factory()
+    b = bookie_factory(flush_interval_ms=200)  # checkpoints write (and open) index files
     async with metadata_store(zk_chroot) as store:
         b.start()
         await wait_registered(store, b)
@@ -44,6 +46,8 @@ async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., 
             req = AddRequest(ledger_id=5, first_entry_id=e, master_key=KEY,
                              entries=(entry(5, e),))
             assert (await c.call(req))[0] == Status.OK
+        for e in range(10):
+            assert (await c.call(ReadRequest(ledger_id=5, entry_id=e)))[0] == Status.OK
     # Add replies leave from the journal's syncer; the bookie counts them when its event
     # loop collects the group, which can come after the reply: scrape until it has.
     for _ in range(50):
@@ -61,6 +65,20 @@ async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., 
     p99 = dict(series["bookkeeper_server_ADD_ENTRY_REQUEST"])['{quantile="0.99",success="true"}']
     assert 0 < p99 <= 10_000  # milliseconds, as BookKeeper's summaries
     assert series["bookie_WRITE_BYTES"][0][1] >= 20 * len(entry(5, 0))
+    # What an operator tuning the caches watches (issue #48 item 14): bytes read, index
+    # pages held, index and entry-log files open.
+    assert series["bookie_READ_BYTES"] == [("", 10.0 * len(entry(5, 0)))]
+    assert series["ledgerd_bookie_read_bytes_total"] == [("", 10.0 * len(entry(5, 0)))]
+    assert series["ledgerd_bookie_entries_read_total"] == [("", 10.0)]
+    assert series["ledgerd_ledger_cache_pages"][0][1] >= 1
+    assert series["bookie_NUM_INDEX_PAGES"] == series["ledgerd_ledger_cache_pages"]
+    assert series["ledgerd_open_entry_log_files"][0][1] >= 0
+    for _ in range(100):  # the first checkpoint after the adds writes the ledger's index file
+        if series["ledgerd_open_index_files"][0][1] >= 1:
+            break
+        await trio.sleep(0.05)
+        series = _samples((await admin_get(b.admin_port, "/metrics"))[1])
+    assert series["ledgerd_open_index_files"] == [("", 1.0)]
     assert "process_resident_memory_bytes" in series and "python_info" in series
     # 20 small groups: the first prealloc step (zeroed at open) still covers them.
     assert series["ledgerd_journal_slow_groups_total"] == [("", 0.0)]

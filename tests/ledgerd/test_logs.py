@@ -86,3 +86,27 @@ def test_an_application_without_logging_sees_no_kazoo_lines(tmp_path: Path) -> N
                           timeout=60, cwd=tmp_path)
     assert done.stdout.startswith("error:"), done.stdout + done.stderr
     assert done.stderr == "", done.stderr
+
+
+def test_single_loggers_get_their_own_level_and_a_log_file(tmp_path: Path) -> None:
+    """log_levels / log_file (issue #48 item 14): one logger at DEBUG while the rest
+    stay at INFO, and every line in the file too; a later call resets those levels."""
+    out = io.StringIO()
+    path = tmp_path / "bookie.log"
+    configure_logging("INFO", stream=out, levels={"ledgerd.disk.journal": "DEBUG"},
+                      log_file=str(path))
+    try:
+        logging.getLogger("ledgerd.disk.journal.group").debug("journal_detail")
+        logging.getLogger("ledgerd.disk.index").debug("index_detail")
+        logging.getLogger("ledgerd.disk.index").info("index_flushed")
+        for text in (out.getvalue(), path.read_text()):
+            assert "event=journal_detail" in text and "event=index_flushed" in text
+            assert "index_detail" not in text
+        path.rename(tmp_path / "bookie.log.1")  # logrotate moves it: the next line reopens
+        logging.getLogger("ledgerd.disk.index").warning("after_rotation")
+        assert "event=after_rotation" in path.read_text()
+    finally:
+        configure_logging("INFO", stream=io.StringIO())
+    assert logging.getLogger("ledgerd.disk.journal").level == logging.NOTSET
+    with pytest.raises(OSError, match="cannot open log_file"):
+        configure_logging("INFO", stream=out, log_file=str(tmp_path / "no" / "such.log"))

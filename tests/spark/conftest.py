@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     path = os.environ.get("PYTHONPATH", "")
@@ -36,7 +36,12 @@ def spark() -> Iterator[Any]:
 
     import ledgerd.spark
 
+    # Spark's scratch files (blockmgr-*, artifacts-*, spark-*) in the session's own
+    # directory, which pytest removes, not in /tmp.
+    local = tmp_path_factory.mktemp("spark-local")
     session = (SparkSession.builder.master("local[2]").appName("ledgerd-tests")
+               .config("spark.local.dir", str(local))
+               .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={local}")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.host", "127.0.0.1")

@@ -31,7 +31,12 @@ def main() -> None:
 
     import ledgerd.spark
 
+    # Spark's scratch files beside the checkpoint (the test's directory), not in /tmp.
+    local = os.path.join(os.path.dirname(os.path.abspath(args.checkpoint)), "spark-local")
+    os.makedirs(local, exist_ok=True)
     spark = (SparkSession.builder.master("local[2]").appName("ledgerd-stream-copy")
+             .config("spark.local.dir", local)
+             .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={local}")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.host", "127.0.0.1")

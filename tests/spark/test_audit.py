@@ -168,18 +168,49 @@ def test_the_command_says_what_it_does_and_nothing_of_spark(cluster: SparkCluste
     assert lines[0].startswith("audit: starting Spark (local[1]); its own log: /")
     assert lines[1] == "audit: checking 1 ledger(s): 3 fragment replica(s) in 3 Spark task(s)"
     assert lines[-1].startswith("audit: done in ")
-    spark_log = Path(lines[0].split("its own log: ")[1])
-    assert "log4j" in spark_log.read_text()
-    spark_log.unlink()
+    # Spark's log and scratch files were the run's own: gone with a run that worked.
+    spark_log = Path(lines[0].split("its own log: ")[1].split(" (kept if")[0])
+    assert spark_log.name == "spark.log" and not spark_log.parent.exists()
 
 
-def test_ctrl_c_is_not_an_error(cluster: SparkCluster) -> None:
+def _java_children(pid: int) -> list[int]:
+    out = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                stat = (proc_dir / "stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat.split(" (", 1)[1].rsplit(") ", 1)
+            if name == "java" and int(rest.split()[1]) == pid:
+                out.append(int(proc_dir.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_is_not_an_error_and_leaves_no_jvm(cluster: SparkCluster) -> None:
+    """SIGINT while Spark starts (its JVM up, the context not yet): exit 130, one line,
+    and no Spark JVM left running (it ignores SIGINT; the audit stops it by PID)."""
+    import time
+
     proc = _audit_process(cluster.zk)
     assert proc.stderr is not None
     first = proc.stderr.readline()
     assert first.startswith("audit: starting Spark"), first
+    deadline = time.monotonic() + 60
+    while not (jvms := _java_children(proc.pid)):
+        assert time.monotonic() < deadline and proc.poll() is None, "no Spark JVM started"
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)  # while Spark starts (it takes seconds)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert out == "" and err == "audit: interrupted (Ctrl-C): no result\n", err
-    Path(first.split("its own log: ")[1].strip()).unlink(missing_ok=True)
+    assert [p for p in jvms if _alive(p)] == []
+    assert not Path(first.split("its own log: ")[1].split(" (kept if")[0]).parent.exists()

@@ -1,6 +1,8 @@
 """``wait_registered`` on a bookie whose disk is over its threshold: it registers
-read-only and would never turn writable, so the wait fails at once naming the disk, not
-after ``EVENT_BOUND_S`` with a bare TooSlowError (as CI saw when its disk filled)."""
+read-only, and the wait fails naming the disk, not with a bare TooSlowError (as CI saw
+when its disk filled): at once at a bring-up (``full_disk_fails``, ``start_bookies``,
+``ProcessCluster.start``), at ``EVENT_BOUND_S`` otherwise (a test may be freeing space,
+as tests/integration/test_disk_full.py does)."""
 
 from __future__ import annotations
 
@@ -23,8 +25,22 @@ async def test_a_bookie_read_only_for_a_full_disk_fails_the_wait_at_once(
         await wait_registered(store, b, read_only=True)
         t0 = time.monotonic()
         with pytest.raises(BookieReadOnly, match=r"read-only, not writable: .*full"):
-            await wait_registered(store, b)
+            await wait_registered(store, b, full_disk_fails=True)
         assert time.monotonic() - t0 < 10
+
+
+async def test_a_wait_that_runs_out_on_a_full_disk_names_the_disk(
+        zk_chroot: str, bookie_factory: Callable[..., BookieProcess],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ledgerd.testing.cluster as cluster
+
+    monkeypatch.setattr(cluster, "EVENT_BOUND_S", 2)
+    b = bookie_factory(disk_usage_threshold=0.0, disk_usage_lwm_threshold=0.0)
+    async with metadata_store(zk_chroot) as store:
+        b.start()
+        await wait_registered(store, b, read_only=True)
+        with pytest.raises(BookieReadOnly, match=r"read-only, not writable: .*full"):
+            await wait_registered(store, b)
 
 
 async def test_a_writable_bookie_still_passes_the_wait(

@@ -56,16 +56,31 @@ def test_config_check_and_effective(tmp_path) -> None:  # type: ignore[no-untype
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"ok: {good} is a valid BookieConfig (2 setting(s) differ " \
                                "from the defaults)"
-    assert "BookKeeper's 'bookiePort' read as 'bookie_port'" in r.stderr
+    assert "note: " + str(good) + ": BookKeeper's bookiePort = 3199 read as bookie_port = 3199" \
+        in r.stderr
     r = run("--effective", str(good), LEDGERD_GC_WAIT_TIME_MS="5000")
     assert "bookie_port = 3199  # set" in r.stdout and "gc_wait_time_ms = 5000  # set" in r.stdout
     assert "flush_interval_ms = 10000\n" in r.stdout
     bad = tmp_path / "bad.toml"
     bad.write_text('bookie_prot = 1\ndisk_usage_threshold = 3\nzk_servers = 7\n')
-    r = run("--check", str(bad))
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith("ledgerd: error: 3 config problems:")
-    assert "did you mean 'bookie_port'?" in r.stderr and "between 0 and 1" in r.stderr
+    r = run("--check", str(bad), LEDGERD_ZK_SERVER="x")
+    # issue #48 item 12: one problem a line, each naming its key, then the count; and a
+    # mistyped LEDGERD_* variable named, with the setting it probably meant
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 5, r.stderr
+    assert lines[0] == "warning: environment variable LEDGERD_ZK_SERVER names no setting " \
+                       "and is ignored; did you mean LEDGERD_ZK_SERVERS?"
+    assert lines[1].startswith("error: config key 'bookie_prot'") and \
+        "did you mean 'bookie_port'?" in lines[1]
+    assert lines[2].startswith("error: config key 'disk_usage_threshold'") and \
+        "between 0 and 1" in lines[2]
+    assert lines[3].startswith("error: config key 'zk_servers'")
+    assert lines[4] == f"ledgerd: error: {bad}: 3 config problem(s)"
+    r = run("--check", str(good), LEDGERD_ZK_SERVER="x", LEDGERD_LOG_FORMAT="json")
+    assert r.returncode == 0, r.stderr
+    assert "warning: environment variable LEDGERD_ZK_SERVER names no setting and is " \
+           "ignored; did you mean LEDGERD_ZK_SERVERS?" in r.stderr.splitlines()
+    assert "LEDGERD_LOG_FORMAT" not in r.stderr
     assert run().returncode != 0
     gateway = tmp_path / "gateway.toml"
     gateway.write_text('gateway_port = 9094\nensemble_size = 2\nwrite_quorum_size = 2\n'
@@ -146,3 +161,37 @@ def test_every_bench_script_imports() -> None:
     r = subprocess.run([sys.executable, "-c", code, *names], cwd=root, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr.strip().splitlines()[-1:]
+
+
+def test_bookie_port_zero_is_refused_before_anything_starts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue #48 item 11: with port 0 the bookie id changed on every restart, and the
+    restart failed blaming a directory change; now it is refused up front."""
+    import os
+
+    conf = tmp_path / "bookie.toml"
+    conf.write_text(f'journal_directory = "{tmp_path}/j"\nledger_directories = '
+                    f'["{tmp_path}/l"]\nzk_servers = ""\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGERD_")}
+    r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf", str(conf),
+                        "--port", "0"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "ledgerd: error: config key 'bookie_port' (from override): got 0; allowed: int "
+        "between 1 and 65535 (0 would pick a new port, and so a new bookie id, on every "
+        "restart: the bookie would not match its own cookie)"]
+    assert not (tmp_path / "j").exists()
+
+
+def test_config_from_bookkeeper_prints_toml(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    conf = tmp_path / "bk_server.conf"
+    conf.write_text("bookiePort=3181\njournalDirectories=/data/bk/journal\n"
+                    "ledgerDirectories=/data/bk/l1,/data/bk/l2\nnumAddWorkerThreads=8\n"
+                    "zkServers=zk1:2181,zk2:2181\ngcWaitTime=300000\n")
+    r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "config", "--from-bookkeeper",
+                        str(conf)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    cfg = load_config(BookieConfig, text=r.stdout, env={})
+    assert cfg.journal_directory == "/data/bk/journal" and cfg.gc_wait_time_ms == 300_000
+    assert cfg.ledger_directories == ("/data/bk/l1", "/data/bk/l2")
+    assert cfg.zk_servers == "zk1:2181,zk2:2181"
+    assert '# numAddWorkerThreads = "8": one trio event loop' in r.stdout

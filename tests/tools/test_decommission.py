@@ -81,3 +81,23 @@ async def test_decommission_leaves_a_slow_writer_writing(
     if mode == "live":
         async with metadata_store(zk_chroot, init=False) as store:
             await wait_registered(store, by_id[victim], read_only=True)
+
+
+async def test_decommission_without_a_spare_bookie_says_so_at_once(
+        bookie_factory: Factory, zk_chroot: str) -> None:
+    """Three bookies, an E3 ledger, one stopped: no bookie is left outside the ensemble to
+    copy to. The command says that, at once, instead of waiting for the workers."""
+    bookies = await start_bookies(bookie_factory, zk_chroot, 3)
+    async with ledgerd.open_client(zk_chroot) as client:
+        async with await client.create_ledger(3, 2, 2, password=b"pw") as lh:
+            await lh.append_many([b"a", b"b", b"c"])
+    victim = bookies[1]
+    assert victim.terminate() == 0
+    async with metadata_store(zk_chroot, init=False) as store:
+        await wait_registered(store, victim, present=False)
+    began = trio.current_time()
+    r = await _run("decommissionbookie", victim.bookie_id, "--password", "pw", zk=zk_chroot)
+    assert trio.current_time() - began < 30
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert f"cannot drain {victim.bookie_id}: ledger {lh.ledger_id}'s ensemble" in r.stderr
+    assert "no bookie to copy its entries to: add a bookie first" in r.stderr, r.stderr

@@ -142,3 +142,23 @@ def test_uninstall_keeps_configuration_and_data(tmp_path: Path, installed: Path)
     assert not any((root / "etc/systemd/system").glob("ledgerd-*"))
     assert (root / "etc/ledgerd/bookie.toml").is_file()
     assert (root / "var/lib/ledgerd/keep").read_text() == "data"
+
+
+def test_an_interpreter_the_service_user_cannot_run_is_refused_before_building(
+        tmp_path: Path) -> None:
+    """PYTHON in a directory only root can enter (a pyenv in root's home): the install
+    stops before it builds anything, naming the interpreter and PYTHON=."""
+    private = tmp_path / "home"  # under pytest's 0700 directory: no one else gets in
+    private.mkdir(mode=0o700)
+    interp = private / "python3"
+    interp.symlink_to(shutil.which("python3") or "/usr/bin/python3")
+    root = tmp_path / "root"
+    root.mkdir()
+    done = subprocess.run(["bash", str(SCRIPT), "--root", str(root), "--user", "nobody"],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHON": str(interp)})
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    err = done.stderr.strip()
+    assert err.startswith(f"install.sh: the service user nobody cannot run {interp} "), err
+    assert "Permission denied" in err and "PYTHON=/usr/bin/python3" in err, err
+    assert not (root / "opt" / "ledgerd").exists()

@@ -265,6 +265,27 @@ async def test_local_tls_cluster(zk_chroot: str, tmp_path: Path) -> None:
         with pytest.raises(BookieConnectionError, match="requires TLS"):
             async with open_bookie_client(bid):
                 pass
+        # The shell's direct bookie commands take the CA from the variable, as a client
+        # does; without it, they fail (non-zero), saying so.
+        ca = str(tmp_path / "local" / "tls" / "ca.pem")
+        tls_env = {**os.environ, "LEDGERD_TLS_TRUST_PATH": ca}
+        plain = {k: v for k, v in os.environ.items() if k != "LEDGERD_TLS_TRUST_PATH"}
+        for args in (["bookieinfo"], ["bookiesanity", "--bookie", bid],
+                     ["gc", "--bookie", bid]):
+            ok = await trio.to_thread.run_sync(
+                lambda a=args: _cli("shell", "--zk", zk_chroot, *a, env=tls_env))  # type: ignore[misc]
+            assert ok.returncode == 0, (args, ok.stderr)
+            refused = await trio.to_thread.run_sync(
+                lambda a=args: _cli("shell", "--zk", zk_chroot, *a, env=plain))  # type: ignore[misc]
+            assert refused.returncode == 1 and "requires TLS" in refused.stderr, (
+                args, refused.stderr)
+        # A client command without the CA: the cause, in one line, no warnings first.
+        r = await trio.to_thread.run_sync(
+            lambda: _cli("shell", "--zk", zk_chroot, "simpletest", "-e", "2", "-n", "5",
+                         env=plain))
+        assert r.returncode == 1, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("ledger ")]
+        assert len(lines) == 1 and "requires TLS" in lines[0], r.stderr
         os.kill(proc.pid, signal.SIGINT)
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
     finally:
@@ -303,5 +324,246 @@ async def test_local_cluster_with_a_kafka_gateway(zk_chroot: str, tmp_path: Path
         assert await trio.to_thread.run_sync(proc.wait, 120) == 0
         gateway_log = (tmp_path / "local" / "gateway.log").read_text()
         assert "event=signal signal=SIGTERM" in gateway_log  # stopped, not orphaned
+    finally:
+        _stop(proc)
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``, by PID."""
+    out = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                stat = (proc_dir / "stat").read_text().rsplit(") ", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid and stat[0] != "Z":
+                out.append(int(proc_dir.name))
+    return out
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", *args],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+async def test_a_second_local_cluster_uses_only_its_own_zookeeper(zk_chroot: str,
+                                                                   tmp_path: Path) -> None:
+    """With LEDGERD_ZK_SERVERS exported (naming another cluster), `ledgerd local` puts
+    its bookies, cookies and everything in the ZooKeeper it started; a shell without
+    --zk finds it as `ledgerd local ctl` does but writes no cluster metadata there;
+    without --data its directory goes on exit, and it says so."""
+    tmp = tmp_path / "tmp"  # its own temp directory: no other run's `ledgerd local` in it
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "LEDGERD_ZK_SERVERS": zk_chroot}
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies",
+                             "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    try:
+        lines = await _until_running(proc)
+        own = next(ln.split()[1] for ln in lines if ln.startswith("ZooKeeper: "))
+        assert own != zk_chroot
+        bookie_ids = {ln.split()[1].rstrip(":") for ln in lines if ln.startswith("bookie ")}
+        data = Path(next(ln.split()[1] for ln in lines if ln.startswith("data: ")))
+        assert data.parent == tmp and "removed on exit" in "".join(lines)
+        store = await ZooKeeperStore.connect(own)
+        try:
+            assert (await BookieRegistry(store).list_bookies()).writable == bookie_ids
+            assert set(await store.children("/ledgers/cookies")) == bookie_ids
+        finally:
+            await store.close()
+        store = await ZooKeeperStore.connect(zk_chroot)
+        try:
+            assert await store.exists("/ledgers") is None  # nothing in the exported one
+        finally:
+            await store.close()
+
+        plain = {k: v for k, v in env.items() if k != "LEDGERD_ZK_SERVERS"}
+        listed = await trio.to_thread.run_sync(lambda: _cli("shell", "listbookies", env=plain))
+        assert listed.returncode == 0 and "2 bookie(s)" in listed.stdout, listed.stderr
+        assert listed.stderr.startswith(f"shell: using the `ledgerd local` in {data} "
+                                        f"(ZooKeeper {own})"), listed.stderr
+        init = await trio.to_thread.run_sync(lambda: _cli("shell", "initnewcluster", env=plain))
+        assert init.returncode == 1 and "names no cluster" in init.stderr, init.stderr
+        assert f"--zk {own}" in init.stderr
+        exported = await trio.to_thread.run_sync(lambda: _cli("local", "ctl", "env", env=plain))
+        assert exported.stdout.strip() == f"export LEDGERD_ZK_SERVERS={own}", exported.stderr
+
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.stdout is not None
+        rest = await trio.to_thread.run_sync(proc.stdout.read)
+        assert await trio.to_thread.run_sync(proc.wait, 120) == 0
+        assert f"removed {data}" in rest and not data.exists(), rest
+    finally:
+        _stop(proc)
+
+
+async def test_data_is_kept_with_data_and_said(zk_chroot: str, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies",
+                             "1", "--zk", zk_chroot, "--data", str(tmp_path / "keep")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        await _until_running(proc)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = await trio.to_thread.run_sync(proc.communicate)
+        assert proc.returncode == 0 and f"data kept in {tmp_path / 'keep'}" in out, out
+        assert (tmp_path / "keep" / "bookie0" / "bookie.toml").is_file()
+    finally:
+        _stop(proc)
+
+
+async def test_ctrl_c_during_start_up_stops_everything_at_once(tmp_path: Path) -> None:
+    """SIGINT while ZooKeeper and the bookies come up: `ledgerd local` stops what it
+    started and exits 130 then, not after start-up."""
+    data = tmp_path / "local"
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies",
+                             "3", "--data", str(data)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        with trio.fail_after(60):
+            while not (data / "bookie0" / "bookie.toml").exists():
+                assert proc.poll() is None, proc.communicate()
+                await trio.sleep(0.02)
+        started = _children(proc.pid)
+        assert started  # ZooKeeper at least
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = await trio.to_thread.run_sync(lambda: proc.communicate(timeout=60))
+        assert proc.returncode == 130, (out, err)
+        assert "Running" not in out and "interrupted while starting" in err, (out, err)
+        assert [p for p in started if _alive(p)] == []
+    finally:
+        _stop(proc)
+
+
+def test_a_busy_kafka_port_is_one_line_naming_it(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies",
+                            "1", "--data", str(tmp_path / "d"), "--kafka", str(port)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"ledgerd: error: --kafka {port}: port {port} on 127.0.0.1 "
+                               "is in use"), r.stderr
+    assert not (tmp_path / "d").exists()  # nothing started
+
+
+def test_a_new_bookie_does_not_join_the_cluster_the_environment_names(zk_chroot: str,
+                                                                       tmp_path: Path) -> None:
+    conf = tmp_path / "bookie.toml"
+    conf.write_text(f'zk_servers = "{zk_chroot}"\nbookie_port = 3999\n'
+                    f'journal_directory = "{tmp_path}/j"\n'
+                    f'ledger_directories = ["{tmp_path}/l"]\n')
+    env = {**os.environ, "LEDGERD_ZK_SERVERS": "127.0.0.1:1"}
+    r = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf",
+                        str(conf)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("ledgerd: error: bookie did not start: LEDGERD_ZK_SERVERS="
+                               f"127.0.0.1:1 overrides zk_servers = '{zk_chroot}' of "), r.stderr
+
+
+async def test_ctl_start_says_why_a_bookie_did_not_start(zk_chroot: str, tmp_path: Path) -> None:
+    data = tmp_path / "local"
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies",
+                             "2", "--data", str(data), "--zk", zk_chroot],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "local", "ctl", *args,
+                               "--data", str(data)], capture_output=True, text=True,
+                              timeout=180)
+
+    try:
+        await _until_running(proc)
+        assert (await trio.to_thread.run_sync(ctl, "stop", "1")).returncode == 0
+        conf = data / "bookie1" / "bookie.toml"
+        conf.write_text(conf.read_text() + "journal_prealloc_mb = -5\n")
+        r = await trio.to_thread.run_sync(ctl, "start", "1")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith("ledgerd: error: bookie1 did not start (exit 2): "
+                                   "ledgerd: error: "), r.stderr
+        assert "journal_prealloc_mb" in r.stderr and f"(log {conf.parent}/bookie.log)" in r.stderr
+    finally:
+        _stop(proc)
+
+
+async def test_the_quick_start_cluster_heals_the_printed_examples_ledger(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """`make run`'s cluster (three bookies) and its printed example: the example's ledger
+    leaves a bookie outside its ensemble, so when one of its bookies is lost the others'
+    autorecovery copies its entries there, as the README says."""
+    import ledgerd
+
+    data = tmp_path / "local"
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
+                             "--data", str(data), "--zk", zk_chroot],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = await _until_running(proc)
+        bookie_ids = [ln.split()[1].rstrip(":") for ln in lines if ln.startswith("bookie ")]
+        start = next(i for i, ln in enumerate(lines) if ln.startswith("Try it"))
+        code = "".join(ln[2:] for ln in lines[start + 1:] if ln.startswith("  "))
+        ran = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120))
+        assert ran.returncode == 0 and ran.stdout.strip() == "[b'hello']", ran.stderr
+        async with ledgerd.open_client(zk_chroot) as client:
+            (lid,) = [x async for x in client.list_ledgers()]
+            ensemble = (await client.ledger_metadata(lid)).ensembles[0][1]
+            assert len(ensemble) < len(bookie_ids)  # a spare outside it
+            victim = ensemble[0]
+            stopped = await trio.to_thread.run_sync(lambda: subprocess.run(
+                [sys.executable, "-m", "ledgerd.tools.cli", "local", "ctl", "stop",
+                 str(bookie_ids.index(victim)), "--data", str(data)],
+                capture_output=True, text=True, timeout=120))
+            assert stopped.returncode == 0, stopped.stderr
+            with trio.fail_after(60):
+                async with client.ledgers.watch(lid) as changes:
+                    async for _ in changes:
+                        md, _ = await client.ledgers.read(lid, fresh=True)
+                        if all(victim not in e for _, e in md.ensembles):
+                            break
+            rh = await client.open_ledger(lid, b"", recovery=False)
+            assert [e.payload async for e in rh.read()] == [b"hello"]
+    finally:
+        _stop(proc)
+
+
+async def test_a_ledger_with_no_spare_bookie_waits_and_says_why(zk_chroot: str,
+                                                                tmp_path: Path) -> None:
+    """E3 on three bookies, one stopped: the workers have no bookie to copy to. They say
+    so as a warning (rereplication_waiting_for_a_bookie: no writable bookie outside the
+    ensemble), not as a copy that failed."""
+    import ledgerd
+
+    data = tmp_path / "local"
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
+                             "--data", str(data), "--zk", zk_chroot],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        await _until_running(proc)
+        async with ledgerd.open_client(zk_chroot) as client:
+            async with await client.create_ledger(3, 2, 2) as lh:
+                await lh.append(b"x")
+        stopped = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "ledgerd.tools.cli", "local", "ctl", "stop", "0", "--data",
+             str(data)], capture_output=True, text=True, timeout=120))
+        assert stopped.returncode == 0, stopped.stderr
+        logs = [data / f"bookie{i}" / "bookie.log" for i in (1, 2)]
+        with trio.fail_after(60):
+            while not any("event=rereplication_waiting_for_a_bookie" in p.read_text()
+                          for p in logs):
+                await trio.sleep(0.2)
+        text = "".join(p.read_text() for p in logs)
+        line = next(ln for ln in text.splitlines() if "rereplication_waiting_for_a_bookie" in ln)
+        assert "level=WARNING" in line and f"ledger={lh.ledger_id}" in line, line
+        assert "no writable bookie outside the ensemble to copy to" in line, line
+        assert "event=rereplication_failed" not in text
     finally:
         _stop(proc)

@@ -283,7 +283,7 @@ async def test_bookie_on_a_port_in_use_is_a_one_line_error(tmp_path: Path) -> No
             capture_output=True, text=True, timeout=120))
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
-        f"Error: bookie did not start: [Errno 98] cannot listen on 127.0.0.1:{port}: "
+        f"ledgerd: error: bookie did not start: [Errno 98] cannot listen on 127.0.0.1:{port}: "
         "Address already in use")
 
 

@@ -1,0 +1,163 @@
+"""A partition's retention: which ledgers at the front of its log go, and dropping them.
+
+Kafka deletes whole segments from the front of a partition's log; the gateway drops
+whole ledgers (a partition's log rolls to a new ledger every ``log_roll_bytes``), with
+Kafka's rules, the active (last) ledger never:
+
+- ``retention.ms``: leading ledgers whose newest record (the max timestamp of their
+  last batch) is older than ``now - retention.ms``;
+- ``retention.bytes``: leading ledgers while the log without them still holds at
+  least ``retention.bytes``;
+- DeleteRecords' low watermark: leading ledgers whose every record lies before it
+  (the next ledger starts at or before it).
+
+The decisions are pure (``retention_cut``, ``ledgers_before``); ``drop_front`` carries
+one out through ``Logs.truncate`` (one compare-and-set of the log's ledger list, then
+the ledgers are deleted), and ``enforce`` runs them for the partitions a gateway
+writes. The partition's first offset then moves to the first kept ledger's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from ledgerd.base.logs import fields
+from ledgerd.errors import LedgerdError, NoSuchLedgerError
+
+if TYPE_CHECKING:
+    from ledgerd.client import Client
+    from ledgerd.kafka.gateway import Gateway
+    from ledgerd.kafka.partitions import PartitionLog
+
+__all__ = ["RETENTION_CHECK_S", "Segment", "drop_before", "drop_front", "enforce",
+           "ledgers_before", "retention_cut", "run"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """A closed ledger of the log, as retention sees it."""
+
+    size: int  # bytes
+    max_timestamp: int  # of its last batch (ms; -1: empty)
+
+
+def retention_cut(closed: Sequence[Segment], active_size: int, *, now_ms: int,
+                  retention_ms: int, retention_bytes: int) -> int:
+    """How many leading ledgers of ``closed`` (every ledger but the active one, in log
+    order) retention drops (-1 settings: no limit of that kind)."""
+    cut = 0
+    if retention_ms >= 0:
+        while cut < len(closed) and closed[cut].max_timestamp < now_ms - retention_ms:
+            cut += 1
+    if retention_bytes >= 0:
+        total = sum(s.size for s in closed[cut:]) + active_size
+        while cut < len(closed) and total - closed[cut].size >= retention_bytes:
+            total -= closed[cut].size
+            cut += 1
+    return cut
+
+
+def ledgers_before(firsts: Sequence[int | None], offset: int) -> int:
+    """How many leading ledgers hold only records before ``offset``: ``firsts`` are the
+    ledgers' first offsets in log order (None: an empty ledger), and a ledger is wholly
+    before ``offset`` when the next non-empty ledger starts at or before it. The last
+    ledger never counts."""
+    cut = 0
+    for i in range(len(firsts) - 1):
+        following = next((f for f in firsts[i + 1:] if f is not None), None)
+        if following is None or following > offset:
+            break
+        cut = i + 1
+    return cut
+
+
+async def drop_front(client: Client, part: PartitionLog, count: int, why: str) -> int:
+    """Drop the log's first ``count`` ledgers (never its last): one compare-and-set of
+    the ledger list, then the ledgers are deleted. Returns how many went. Raises
+    LedgerdError if one of them is still open (a writer that died before closing it:
+    its recovery by the next writer closes it) or the list changed at the front."""
+    ledgers = await part.ledgers()
+    count = min(count, len(ledgers) - 1)
+    if count <= 0:
+        return 0
+    dropped = await client.logs.truncate(part.name, ledgers[count])
+    part.start_moved()
+    log.info("kafka_ledgers_dropped", extra=fields(
+        topic=part.topic, partition=part.partition, ledgers=len(dropped), why=why))
+    return len(dropped)
+
+
+async def drop_before(client: Client, part: PartitionLog, offset: int) -> int:
+    """Drop the leading ledgers that hold only records before ``offset``."""
+    ledgers = await part.ledgers()
+    firsts: list[int | None] = []
+    for lid in ledgers:
+        try:
+            firsts.append(await part.first_offset(lid))
+        except NoSuchLedgerError:
+            firsts.append(None)
+    return await drop_front(client, part, ledgers_before(firsts, offset),
+                            f"before offset {offset}")
+
+
+async def enforce(client: Client, part: PartitionLog, *, now_ms: int, retention_ms: int,
+                  retention_bytes: int) -> int:
+    """Apply retention.ms / retention.bytes to the partition (its writer's gateway
+    calls this); returns the ledgers dropped. A failure leaves the log as it was and
+    is raised (the next round tries again)."""
+    ledgers = await part.ledgers()
+    if len(ledgers) < 2:
+        return 0
+    closed: list[Segment] = []
+    for lid in ledgers[:-1]:
+        size, newest = await part.ledger_summary(lid)
+        closed.append(Segment(size=size, max_timestamp=newest))
+    try:
+        active = (await client.ledger_metadata(ledgers[-1])).length
+    except (NoSuchLedgerError, LedgerdError):
+        active = 0
+    cut = retention_cut(closed, active, now_ms=now_ms, retention_ms=retention_ms,
+                        retention_bytes=retention_bytes)
+    if not cut:
+        return 0
+    return await drop_front(client, part, cut, "retention")
+
+
+RETENTION_CHECK_S = 5.0  # how often a gateway applies retention (Kafka: 5 minutes)
+
+
+async def run(gw: Gateway) -> None:
+    """Every RETENTION_CHECK_S, for each partition this gateway leads (and has used
+    since it started): drop the ledgers that retention.ms / retention.bytes or the
+    DeleteRecords low watermark no longer keep. A partition that fails is logged and
+    tried again next round."""
+    from ledgerd.kafka.topic_configs import TopicPolicy
+
+    while True:
+        await trio.sleep(RETENTION_CHECK_S)
+        for (topic, p), part in list(gw.partitions.items()):
+            if not gw.owns(f"{topic}/{p}"):
+                continue
+            record = gw.topic_store.cached(topic)
+            if record is None:
+                continue
+            policy = TopicPolicy.of(record.configs,
+                                    max_batch_bytes=gw.config.max_batch_bytes)
+            try:
+                if record.start_of(p) > 0:
+                    await drop_before(gw.client, part, record.start_of(p))
+                if policy.has_retention:
+                    await enforce(gw.client, part, now_ms=int(time.time() * 1000),
+                                  retention_ms=policy.retention_ms,
+                                  retention_bytes=policy.retention_bytes)
+            except Exception as exc:  # this partition waits for the next round
+                log.warning("kafka_retention_deferred", extra=fields(
+                    topic=topic, partition=p, error=repr(exc)))

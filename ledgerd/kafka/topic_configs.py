@@ -1,0 +1,351 @@
+"""Topic configs: which Kafka topic configs the gateway honours, and the config APIs'
+decisions (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, CreateTopics'
+configs), without I/O.
+
+A topic's configs are the values set on it (``TopicRecord.configs`` in ZooKeeper);
+every other name the gateway knows takes its default. A name is accepted only if the
+gateway does what it says:
+
+- ``retention.ms``, ``retention.bytes``: the partition's leader drops whole ledgers
+  (Kafka: segments) from the front of the log once they are older / while the log
+  without them stays at least that large (``retention.py``);
+- ``max.message.bytes``: a larger produced batch gets MESSAGE_TOO_LARGE (at most the
+  gateway's ``max_batch_bytes``);
+- ``message.timestamp.type``: ``LogAppendTime`` makes the gateway stamp each batch
+  with the time it takes it;
+- ``cleanup.policy=delete`` (the only policy: there is no compaction);
+- ``compression.type=producer`` (batches are stored as produced; recompressing to
+  another codec is not done);
+- ``message.format.version``, ``flush.ms``, ``flush.messages``,
+  ``delete.retention.ms``: accepted because they hold trivially (every batch is stored
+  as RecordBatch v2, as Kafka 3+ does whatever the setting; every acknowledged batch
+  is already on its ack quorum's journals; tombstone retention only matters to
+  compaction, which a ``delete`` topic does not run).
+
+Anything else is refused, never kept silently: an unknown name with INVALID_CONFIG,
+a value the gateway cannot honour (``cleanup.policy=compact``, ``compression.type=
+gzip``) with POLICY_VIOLATION, each with a message naming the config.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ledgerd.base.errors import LedgerdError
+from ledgerd.kafka.api import ErrorCode
+
+__all__ = ["CONFIG_SPECS", "ConfigRefusedError", "ConfigSource", "ConfigSpec", "OpType",
+           "ResourceType", "TopicPolicy", "altered", "broker_entries", "checked",
+           "incrementally_altered", "topic_entries"]
+
+LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+
+
+class ResourceType(enum.IntEnum):
+    """Kafka's ConfigResource types."""
+
+    UNKNOWN = 0
+    TOPIC = 2
+    BROKER = 4
+    BROKER_LOGGER = 8
+    GROUP = 32
+
+
+class ConfigSource(enum.IntEnum):
+    """DescribeConfigs' ConfigSource (v1+)."""
+
+    UNKNOWN = 0
+    DYNAMIC_TOPIC_CONFIG = 1
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+
+
+class OpType(enum.IntEnum):
+    """IncrementalAlterConfigs' ConfigOperation."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+class ConfigType(enum.IntEnum):
+    """DescribeConfigs' ConfigType (v3+)."""
+
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    SHORT = 4
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+
+
+class ConfigRefusedError(LedgerdError):
+    """A config change refused: ``code`` (INVALID_CONFIG, POLICY_VIOLATION,
+    INVALID_REQUEST) and a one-line message naming the config."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(message)
+
+
+def _integer(low: int, high: int) -> Callable[[str, str], str]:
+    def check(name: str, value: str) -> str:
+        try:
+            n = int(value.strip())
+        except ValueError:
+            raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                     f"{name}={value!r}: not an integer") from None
+        if not low <= n <= high:
+            raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                     f"{name}={n}: allowed {low} to {high}")
+        return str(n)
+    return check
+
+
+def _one_of(*allowed: str, refused: Mapping[str, str] | None = None,
+            ) -> Callable[[str, str], str]:
+    def check(name: str, value: str) -> str:
+        v = value.strip()
+        if v in allowed:
+            return v
+        if refused and v in refused:
+            raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION, f"{name}={v}: {refused[v]}")
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                 f"{name}={value!r}: allowed {', '.join(allowed)}")
+    return check
+
+
+def _cleanup_policy(name: str, value: str) -> str:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if "compact" in items:
+        raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION,
+                                 f"{name}={value}: compacted topics are not supported "
+                                 "(ledgerd does not compact logs; only 'delete')")
+    if items != ["delete"]:
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                 f"{name}={value!r}: allowed 'delete'")
+    return "delete"
+
+
+def _format_version(name: str, value: str) -> str:
+    v = value.strip()
+    parts = v.split("-", 1)[0].split(".")
+    if not v or not all(p.isdigit() for p in parts):
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                 f"{name}={value!r}: not a Kafka version (such as 3.0)")
+    return v
+
+
+_RECOMPRESS = "the gateway stores batches as produced and does not recompress them " \
+              "(only 'producer')"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSpec:
+    """One topic config the gateway knows: its default (None: the gateway's setting
+    ``default_from``), type, check (returns the normalised value or raises
+    ConfigRefusedError) and documentation."""
+
+    name: str
+    default: str | None
+    kind: ConfigType
+    check: Callable[[str, str], str]
+    doc: str
+    default_from: str = ""
+
+
+CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
+    ConfigSpec("cleanup.policy", "delete", ConfigType.LIST, _cleanup_policy,
+               "Only 'delete': old ledgers are dropped by retention; no compaction."),
+    ConfigSpec("compression.type", "producer", ConfigType.STRING,
+               _one_of("producer", refused={c: _RECOMPRESS for c in (
+                   "gzip", "snappy", "lz4", "zstd", "uncompressed")}),
+               "Only 'producer': batches are stored with the producer's compression."),
+    ConfigSpec("delete.retention.ms", "86400000", ConfigType.LONG, _integer(0, LONG_MAX),
+               "Accepted; it only matters to compaction, which 'delete' topics do not run."),
+    ConfigSpec("flush.messages", str(LONG_MAX), ConfigType.LONG, _integer(1, LONG_MAX),
+               "Accepted; every acknowledged batch is already on its ack quorum's "
+               "journals."),
+    ConfigSpec("flush.ms", str(LONG_MAX), ConfigType.LONG, _integer(0, LONG_MAX),
+               "Accepted; every acknowledged batch is already on its ack quorum's "
+               "journals."),
+    ConfigSpec("max.message.bytes", None, ConfigType.INT, _integer(0, INT_MAX),
+               "Largest record batch accepted (MESSAGE_TOO_LARGE above it); at most the "
+               "gateway's max_batch_bytes.", default_from="max_batch_bytes"),
+    ConfigSpec("message.format.version", "3.0-IV1", ConfigType.STRING, _format_version,
+               "Accepted and without effect, as on Kafka 3+: batches are stored as "
+               "RecordBatch v2."),
+    ConfigSpec("message.timestamp.type", "CreateTime", ConfigType.STRING,
+               _one_of("CreateTime", "LogAppendTime"),
+               "CreateTime keeps the producer's timestamps; LogAppendTime stamps each "
+               "batch with the gateway's clock when it takes it."),
+    ConfigSpec("retention.bytes", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
+               "Oldest ledgers are dropped while the partition stays at least this large "
+               "without them (-1 = no limit)."),
+    ConfigSpec("retention.ms", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
+               "Ledgers whose newest record is older than this are dropped (-1 = keep "
+               "forever, the gateway's default: Kafka's is 7 days)."),
+)}
+
+
+def checked(name: str, value: str | None, *, max_batch_bytes: int) -> str:
+    """``value`` normalised for config ``name``; raises ConfigRefusedError naming it
+    (unknown name, null value, a value out of range or not honoured)."""
+    spec = CONFIG_SPECS.get(name)
+    if spec is None:
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                 f"unknown topic config {name!r} (the gateway honours: "
+                                 f"{', '.join(sorted(CONFIG_SPECS))})")
+    if value is None:
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG, f"{name}: null value")
+    out = spec.check(name, value)
+    if name == "max.message.bytes" and int(out) > max_batch_bytes:
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                 f"max.message.bytes={out}: over the gateway's limit "
+                                 f"{max_batch_bytes} (max_batch_bytes)")
+    return out
+
+
+def altered(pairs: Sequence[tuple[str, str | None]], *, max_batch_bytes: int,
+            last_wins: bool = False) -> dict[str, str]:
+    """AlterConfigs (and CreateTopics' configs): the request's configs replace the
+    topic's whole set; a config set to its default is kept as set, as Kafka does.
+    Unknown names are reported before unhonoured values. A name given twice is
+    refused (INVALID_REQUEST), or with ``last_wins`` (AlterConfigs, as Kafka before
+    3.2 and librdkafka's test suite with it) takes its last value, each value checked."""
+    for name, value in pairs:
+        if name not in CONFIG_SPECS:
+            checked(name, value, max_batch_bytes=max_batch_bytes)  # raises: unknown
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        if name in out and not last_wins:
+            raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
+                                     f"config {name!r} given twice")
+        out[name] = checked(name, value, max_batch_bytes=max_batch_bytes)
+    return out
+
+
+def incrementally_altered(current: Mapping[str, str],
+                          ops: Sequence[tuple[str, int, str | None]], *,
+                          max_batch_bytes: int) -> dict[str, str]:
+    """IncrementalAlterConfigs: ``current`` with each (name, op, value) applied; SET and
+    DELETE on any config, APPEND and SUBTRACT on list configs (``cleanup.policy``)."""
+    seen: set[str] = set()
+    out = dict(current)
+    for name, op, value in ops:
+        if name in seen:
+            raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
+                                     f"config {name!r} given twice")
+        seen.add(name)
+        spec = CONFIG_SPECS.get(name)
+        if spec is None:
+            checked(name, value, max_batch_bytes=max_batch_bytes)  # raises: unknown
+            raise AssertionError("unreachable")
+        try:
+            kind = OpType(op)
+        except ValueError:
+            raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
+                                     f"{name}: unknown operation {op}") from None
+        if kind is OpType.DELETE:
+            out.pop(name, None)
+            continue
+        if kind is OpType.SET:
+            out[name] = checked(name, value, max_batch_bytes=max_batch_bytes)
+            continue
+        if spec.kind is not ConfigType.LIST:
+            raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                     f"{name}: {kind.name} applies to list configs only")
+        items = [v for v in out.get(name, spec.default or "").split(",") if v]
+        given = [v.strip() for v in (value or "").split(",") if v.strip()]
+        if kind is OpType.APPEND:
+            items += [v for v in given if v not in items]
+        else:
+            items = [v for v in items if v not in given]
+        if not items:
+            out.pop(name, None)  # an emptied list falls back to the default
+        else:
+            out[name] = checked(name, ",".join(items), max_batch_bytes=max_batch_bytes)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPolicy:
+    """What the gateway enforces for a topic, from its configs."""
+
+    retention_ms: int = -1
+    retention_bytes: int = -1
+    max_message_bytes: int = 1 << 20
+    log_append_time: bool = False
+
+    @classmethod
+    def of(cls, configs: Mapping[str, str], *, max_batch_bytes: int) -> TopicPolicy:
+        return cls(retention_ms=int(configs.get("retention.ms", "-1")),
+                   retention_bytes=int(configs.get("retention.bytes", "-1")),
+                   max_message_bytes=min(int(configs.get("max.message.bytes",
+                                                         max_batch_bytes)), max_batch_bytes),
+                   log_append_time=configs.get("message.timestamp.type") == "LogAppendTime")
+
+    @property
+    def has_retention(self) -> bool:
+        return self.retention_ms >= 0 or self.retention_bytes >= 0
+
+
+def _entry(version: int, name: str, value: str | None, *, read_only: bool, source: int,
+           kind: ConfigType, doc: str, include_synonyms: bool,
+           include_docs: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": name, "value": value, "read_only": read_only,
+        "is_default": source == ConfigSource.DEFAULT_CONFIG, "config_source": source,
+        "is_sensitive": False, "synonyms": [], "config_type": kind,
+        "documentation": doc if include_docs else None}
+    if include_synonyms and version >= 1:
+        entry["synonyms"] = [{"name": name, "value": value, "source": source}]
+    return entry
+
+
+def topic_entries(version: int, configs: Mapping[str, str], keys: Sequence[str] | None, *,
+                  max_batch_bytes: int, include_synonyms: bool = False,
+                  include_docs: bool = False) -> list[dict[str, Any]]:
+    """DescribeConfigs' entries for a topic: every config the gateway knows (or those
+    of ``keys`` it knows), set ones as DYNAMIC_TOPIC_CONFIG, the rest as defaults."""
+    out = []
+    for name in sorted(CONFIG_SPECS) if keys is None else keys:
+        spec = CONFIG_SPECS.get(name)
+        if spec is None:
+            continue  # Kafka leaves out names it does not know
+        if name in configs:
+            value, source = configs[name], ConfigSource.DYNAMIC_TOPIC_CONFIG
+        else:
+            value = spec.default if spec.default is not None else str(max_batch_bytes)
+            source = ConfigSource.DEFAULT_CONFIG
+        out.append(_entry(version, name, value, read_only=False, source=source,
+                          kind=spec.kind, doc=spec.doc, include_synonyms=include_synonyms,
+                          include_docs=include_docs))
+    return out
+
+
+def broker_entries(version: int, settings: Mapping[str, str], keys: Sequence[str] | None,
+                   *, include_synonyms: bool = False, include_docs: bool = False,
+                   ) -> list[dict[str, Any]]:
+    """DescribeConfigs' entries for a broker (a gateway): its settings under Kafka's
+    names, read-only (STATIC_BROKER_CONFIG), as tools that read a broker's limits
+    expect."""
+    out = []
+    for name in sorted(settings) if keys is None else keys:
+        if name not in settings:
+            continue
+        value = settings[name]
+        kind = ConfigType.LONG if value.lstrip("-").isdigit() else (
+            ConfigType.BOOLEAN if value in ("true", "false") else ConfigType.STRING)
+        out.append(_entry(version, name, value, read_only=True,
+                          source=ConfigSource.STATIC_BROKER_CONFIG, kind=kind,
+                          doc="the gateway's setting (read-only)",
+                          include_synonyms=include_synonyms, include_docs=include_docs))
+    return out

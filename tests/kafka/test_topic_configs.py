@@ -1,0 +1,207 @@
+"""Topic configs, topic records, retention decisions and LogAppendTime stamping,
+without sockets: which configs are accepted and which refused (naming them), the
+incremental operations, the DescribeConfigs entries through the codec at every
+version, the record's JSON, which ledgers retention and DeleteRecords drop."""
+
+from __future__ import annotations
+
+import struct
+
+import google_crc32c
+import pytest
+
+from ledgerd.kafka.api import REQUESTS, RESPONSES, SUPPORTED, ApiKey, ErrorCode
+from ledgerd.kafka.records import BatchHeader, split_batches, with_log_append_time
+from ledgerd.kafka.retention import Segment, ledgers_before, retention_cut
+from ledgerd.kafka.schema import Reader, decode, encode
+from ledgerd.kafka.topic_configs import (
+    ConfigRefusedError,
+    OpType,
+    TopicPolicy,
+    altered,
+    broker_entries,
+    checked,
+    incrementally_altered,
+    topic_entries,
+)
+from ledgerd.kafka.topics import TopicRecord
+from ledgerd.metadata.errors import CorruptMetadataError
+
+LIMIT = 1 << 20
+
+
+def _refused(name: str, value: str | None) -> ConfigRefusedError:
+    with pytest.raises(ConfigRefusedError) as info:
+        checked(name, value, max_batch_bytes=LIMIT)
+    return info.value
+
+
+def test_configs_the_gateway_cannot_honour_are_refused_naming_them() -> None:
+    compact = _refused("cleanup.policy", "compact")
+    assert compact.code == ErrorCode.POLICY_VIOLATION and "cleanup.policy" in compact.message
+    assert _refused("cleanup.policy", "delete,compact").code == ErrorCode.POLICY_VIOLATION
+    gzip = _refused("compression.type", "gzip")
+    assert gzip.code == ErrorCode.POLICY_VIOLATION and "compression.type" in gzip.message
+    unknown = _refused("dummy.doesntexist", "x")
+    assert unknown.code == ErrorCode.INVALID_CONFIG and "dummy.doesntexist" in unknown.message
+    assert _refused("retention.ms", "soon").code == ErrorCode.INVALID_CONFIG
+    assert _refused("retention.ms", "-2").code == ErrorCode.INVALID_CONFIG
+    assert _refused("message.timestamp.type", "Now").code == ErrorCode.INVALID_CONFIG
+    too_big = _refused("max.message.bytes", str(LIMIT + 1))
+    assert "max_batch_bytes" in too_big.message
+    assert _refused("retention.ms", None).code == ErrorCode.INVALID_CONFIG
+
+
+def test_honoured_configs_are_normalised() -> None:
+    assert checked("retention.ms", " 1000 ", max_batch_bytes=LIMIT) == "1000"
+    assert checked("cleanup.policy", "delete", max_batch_bytes=LIMIT) == "delete"
+    assert checked("message.format.version", "0.10.0.0", max_batch_bytes=LIMIT) == "0.10.0.0"
+    assert checked("message.timestamp.type", "LogAppendTime",
+                   max_batch_bytes=LIMIT) == "LogAppendTime"
+
+
+def test_alter_replaces_the_set_and_refuses_duplicates() -> None:
+    assert altered([("retention.ms", "5"), ("retention.bytes", "9")],
+                   max_batch_bytes=LIMIT) == {"retention.ms": "5", "retention.bytes": "9"}
+    with pytest.raises(ConfigRefusedError) as info:
+        altered([("retention.ms", "5"), ("retention.ms", "6")], max_batch_bytes=LIMIT)
+    assert info.value.code == ErrorCode.INVALID_REQUEST
+    # AlterConfigs as Kafka before 3.2: the last value wins (each one checked)
+    assert altered([("retention.ms", "5"), ("retention.ms", "6")], max_batch_bytes=LIMIT,
+                   last_wins=True) == {"retention.ms": "6"}
+    with pytest.raises(ConfigRefusedError):
+        altered([("retention.ms", "x"), ("retention.ms", "6")], max_batch_bytes=LIMIT,
+                last_wins=True)
+    # an unknown name is what is reported, before a value not honoured
+    with pytest.raises(ConfigRefusedError) as info:
+        altered([("compression.type", "lz4"), ("dummy.doesntexist", "1")],
+                max_batch_bytes=LIMIT)
+    assert info.value.code == ErrorCode.INVALID_CONFIG
+
+
+def test_incremental_set_delete_append_subtract() -> None:
+    current = {"retention.ms": "5", "retention.bytes": "9"}
+    out = incrementally_altered(current, [("retention.ms", OpType.SET, "7"),
+                                          ("retention.bytes", OpType.DELETE, None)],
+                                max_batch_bytes=LIMIT)
+    assert out == {"retention.ms": "7"}
+    assert current == {"retention.ms": "5", "retention.bytes": "9"}  # not changed in place
+    # APPEND of compact to a list config is refused like a SET of it would be
+    with pytest.raises(ConfigRefusedError) as info:
+        incrementally_altered({}, [("cleanup.policy", OpType.APPEND, "compact")],
+                              max_batch_bytes=LIMIT)
+    assert info.value.code == ErrorCode.POLICY_VIOLATION
+    # SUBTRACT empties the list: back to the default
+    assert incrementally_altered({"cleanup.policy": "delete"},
+                                 [("cleanup.policy", OpType.SUBTRACT, "delete")],
+                                 max_batch_bytes=LIMIT) == {}
+    with pytest.raises(ConfigRefusedError) as info:
+        incrementally_altered({}, [("retention.ms", OpType.APPEND, "1")],
+                              max_batch_bytes=LIMIT)
+    assert info.value.code == ErrorCode.INVALID_CONFIG
+
+
+def test_policy_follows_the_configs() -> None:
+    policy = TopicPolicy.of({"retention.bytes": "100", "max.message.bytes": "2000",
+                             "message.timestamp.type": "LogAppendTime"},
+                            max_batch_bytes=LIMIT)
+    assert policy == TopicPolicy(retention_ms=-1, retention_bytes=100,
+                                 max_message_bytes=2000, log_append_time=True)
+    assert policy.has_retention
+    assert not TopicPolicy.of({}, max_batch_bytes=LIMIT).has_retention
+
+
+@pytest.mark.parametrize("version", range(SUPPORTED[ApiKey.DESCRIBE_CONFIGS][1] + 1))
+def test_describe_configs_entries_encode_at_every_version(version: int) -> None:
+    entries = topic_entries(version, {"retention.ms": "1000"}, None, max_batch_bytes=LIMIT,
+                            include_synonyms=True, include_docs=True)
+    names = [e["name"] for e in entries]
+    assert "retention.ms" in names and "cleanup.policy" in names
+    body = {"results": [{"error_code": 0, "error_message": None, "resource_type": 2,
+                         "resource_name": "t", "configs": entries}]}
+    msg = RESPONSES[ApiKey.DESCRIBE_CONFIGS]
+    got = decode(msg, version, Reader(b"".join(encode(msg, version, body))))
+    by_name = {c["name"]: c for c in got["results"][0]["configs"]}
+    assert by_name["retention.ms"]["value"] == "1000"
+    assert by_name["max.message.bytes"]["value"] == str(LIMIT)
+    if version >= 1:
+        assert by_name["retention.ms"]["config_source"] == 1  # DYNAMIC_TOPIC_CONFIG
+        assert by_name["cleanup.policy"]["config_source"] == 5  # DEFAULT_CONFIG
+    else:
+        assert by_name["cleanup.policy"]["is_default"]
+        assert not by_name["retention.ms"]["is_default"]
+    # only the keys asked for (unknown ones left out, as Kafka does)
+    only = topic_entries(version, {}, ["retention.bytes", "nope"], max_batch_bytes=LIMIT)
+    assert [e["name"] for e in only] == ["retention.bytes"]
+    broker = broker_entries(version, {"num.partitions": "1"}, None)
+    assert broker[0]["read_only"]
+    req = REQUESTS[ApiKey.DESCRIBE_CONFIGS]
+    raw = b"".join(encode(req, version, {"resources": [
+        {"resource_type": 2, "resource_name": "t", "configuration_keys": None}]}))
+    assert decode(req, version, Reader(raw))["resources"][0]["configuration_keys"] is None
+
+
+def test_topic_record_round_trips_and_reads_the_old_form() -> None:
+    record = TopicRecord(partitions=3, configs={"retention.ms": "5"}, log_start={1: 40},
+                         replicas=((1, 2), (2, 1), (1,)))
+    assert TopicRecord.from_json(record.to_json(), "/t") == record
+    assert TopicRecord.from_json(b'{"format": 1, "partitions": 2}', "/t") == \
+        TopicRecord(partitions=2)
+    assert record.with_start(1, 30) is record  # a low watermark never moves back
+    assert record.with_start(1, 50).start_of(1) == 50
+    with pytest.raises(CorruptMetadataError):
+        TopicRecord.from_json(b'{"partitions": 0}', "/t")
+    with pytest.raises(CorruptMetadataError):
+        TopicRecord.from_json(b'{"partitions": 1, "log_start": {"0": -1}}', "/t")
+
+
+def test_retention_drops_old_and_excess_ledgers_never_the_active_one() -> None:
+    closed = [Segment(size=100, max_timestamp=1000), Segment(size=100, max_timestamp=2000),
+              Segment(size=100, max_timestamp=3000)]
+    assert retention_cut(closed, 50, now_ms=5000, retention_ms=-1, retention_bytes=-1) == 0
+    assert retention_cut(closed, 50, now_ms=5000, retention_ms=2500,
+                         retention_bytes=-1) == 2  # 1000 and 2000 < 2500
+    assert retention_cut(closed, 50, now_ms=5000, retention_ms=0,
+                         retention_bytes=-1) == 3
+    # 350 bytes in all: dropping one leaves 250 >= 200, a second 150 < 200
+    assert retention_cut(closed, 50, now_ms=5000, retention_ms=-1,
+                         retention_bytes=200) == 1
+    assert retention_cut(closed, 50, now_ms=5000, retention_ms=-1,
+                         retention_bytes=0) == 3
+    # exactly at the limit: dropping one leaves 250, still >= 250
+    assert retention_cut(closed, 50, now_ms=5000, retention_ms=-1,
+                         retention_bytes=250) == 1
+
+
+def test_delete_records_drops_only_ledgers_wholly_before_the_offset() -> None:
+    assert ledgers_before([0, 100, 200], 150) == 1  # ledger 1 holds 100..199
+    assert ledgers_before([0, 100, 200], 200) == 2
+    assert ledgers_before([0, 100, 200], 99) == 0
+    assert ledgers_before([0, 100, 200], 10_000) == 2  # never the last
+    assert ledgers_before([0, None, 100, 200], 100) == 2  # the empty one goes too
+    assert ledgers_before([0, None], 100) == 0
+    assert ledgers_before([], 5) == 0
+
+
+def _batch(timestamp: int) -> bytes:
+    """A one-record RecordBatch v2 with CreateTime ``timestamp``."""
+    # attributes 0, timestamp and offset deltas 0, key null (zigzag -1), value "x"
+    # (zigzag 1), no headers; the record's length first (zigzag varint)
+    record = bytes([0, 0, 0, 1, 2]) + b"x" + bytes([0])
+    body = bytes([len(record) * 2]) + record
+    tail = struct.pack(">hiqqqhii", 0, 0, timestamp, timestamp, -1, -1, -1, 1) + body
+    head = struct.pack(">qiib", 0, len(tail) + 9, 0, 2)
+    return head + struct.pack(">I", google_crc32c.value(tail)) + tail
+
+
+def test_log_append_time_stamps_the_batch_and_keeps_its_crc_valid() -> None:
+    raw = _batch(1234)
+    (h, _), = split_batches(raw, max_batch_bytes=LIMIT)
+    assert h.max_timestamp == 1234 and not h.attributes & 0x08
+    stamped = with_log_append_time(raw, 99_000)
+    (h2, _), = split_batches(stamped, max_batch_bytes=LIMIT)  # CRC checked here
+    assert h2.attributes & 0x08 and h2.max_timestamp == 99_000
+    assert h2.base_timestamp == 1234 and BatchHeader.parse(stamped).record_count == 1
+    with pytest.raises(Exception) as info:
+        split_batches(stamped, max_batch_bytes=20, limit_name="the topic's max.message.bytes")
+    assert "max.message.bytes" in str(info.value)
