@@ -16,7 +16,8 @@ Cursors (a consumer's durable position) live under ``<logs root>/<name>/cursors/
 as ``{"format": 1, "offset": N, "ledger": L, "entry": E}`` (the next entry to read),
 changed by compare-and-set. A Kafka consumer group's cursor (kept by the Kafka gateway)
 also holds ``"kafka": {"offset": K, "metadata": M}``: the committed Kafka offset (which
-counts records, not entries) and the client's metadata string; its entry fields point at
+counts records, not entries), the client's metadata string and, when the client sent
+one, the leader epoch (``"leader_epoch"``); its entry fields point at
 the batch holding K, so a ledgerd reader can resume there too.
 """
 
@@ -100,12 +101,17 @@ class CursorRecord:
     entry_id: int
     kafka_offset: int | None = None  # a Kafka group's committed offset (gateway)
     kafka_metadata: str | None = None
+    kafka_leader_epoch: int = -1  # the leader epoch committed with it (-1: none)
 
     def to_json(self) -> bytes:
         doc: dict[str, object] = {"format": 1, "offset": self.offset,
                                   "ledger": self.ledger_id, "entry": self.entry_id}
         if self.kafka_offset is not None:
-            doc["kafka"] = {"offset": self.kafka_offset, "metadata": self.kafka_metadata}
+            kafka: dict[str, object] = {"offset": self.kafka_offset,
+                                        "metadata": self.kafka_metadata}
+            if self.kafka_leader_epoch >= 0:
+                kafka["leader_epoch"] = self.kafka_leader_epoch
+            doc["kafka"] = kafka
         return json.dumps(doc).encode()
 
     @classmethod
@@ -125,7 +131,10 @@ class CursorRecord:
             if (not isinstance(k_offset, int) or isinstance(k_offset, bool) or k_offset < 0
                     or not (k_meta is None or isinstance(k_meta, str))):
                 raise ValueError("kafka must hold an offset >= 0 and a metadata string")
-            return cls(values[0], values[1], values[2], k_offset, k_meta)
+            epoch = kafka.get("leader_epoch", -1)
+            if not isinstance(epoch, int) or isinstance(epoch, bool):
+                raise ValueError("kafka leader_epoch must be an integer")
+            return cls(values[0], values[1], values[2], k_offset, k_meta, epoch)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a cursor record: {exc}") from exc
 

@@ -58,6 +58,11 @@ class ApiKey(enum.IntEnum):
     DELETE_TOPICS = 20
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    WRITE_TXN_MARKERS = 27
+    TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
@@ -108,8 +113,13 @@ class ErrorCode(enum.IntEnum):
     POLICY_VIOLATION = 44
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    INVALID_PRODUCER_ID_MAPPING = 49
+    INVALID_TRANSACTION_TIMEOUT = 50
+    CONCURRENT_TRANSACTIONS = 51
     INVALID_TIMESTAMP = 32
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    OPERATION_NOT_ATTEMPTED = 55
     KAFKA_STORAGE_ERROR = 56
     SASL_AUTHENTICATION_FAILED = 58
     NON_EMPTY_GROUP = 68
@@ -119,6 +129,7 @@ class ErrorCode(enum.IntEnum):
     FENCED_INSTANCE_ID = 82
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
+    PRODUCER_FENCED = 90
     MISMATCHED_ENDPOINT_TYPE = 114
 
 
@@ -141,7 +152,15 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.API_VERSIONS: (0, 4),
     ApiKey.CREATE_TOPICS: (0, 4),
     ApiKey.DELETE_TOPICS: (0, 3),
-    ApiKey.INIT_PRODUCER_ID: (0, 1),
+    ApiKey.INIT_PRODUCER_ID: (0, 4),
+    # transactions (KIP-98): librdkafka 2.x asks AddPartitionsToTxn and AddOffsetsToTxn
+    # 0, EndTxn 0-1, TxnOffsetCommit 0-3, InitProducerId 0-4 (3+: KIP-360's epoch bump
+    # to recover from an abortable error); WriteTxnMarkers is the gateways' own
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 3),
+    ApiKey.END_TXN: (0, 3),
+    ApiKey.WRITE_TXN_MARKERS: (0, 1),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 3),
     ApiKey.SASL_AUTHENTICATE: (0, 1),
     # group and cluster admin: every version Kafka 4 defines (librdkafka 2.x asks
     # ListGroups/DescribeGroups up to 5, DeleteGroups 2, OffsetDelete 0; kafka-python 3
@@ -227,7 +246,40 @@ REQUESTS: dict[ApiKey, Message] = {
                 Field("max_num_offsets", INT32, until=0, default=1))))))),
     ApiKey.INIT_PRODUCER_ID: Message((
         Field("transactional_id", NULLABLE_STRING),
-        Field("transaction_timeout_ms", INT32))),
+        Field("transaction_timeout_ms", INT32),
+        Field("producer_id", INT64, since=3, default=-1),
+        Field("producer_epoch", INT16, since=3, default=-1)), flexible_from=2),
+    ApiKey.ADD_PARTITIONS_TO_TXN: Message((
+        Field("transactional_id", STRING), Field("producer_id", INT64),
+        Field("producer_epoch", INT16),
+        Field("topics", array(Field("name", STRING),
+                              Field("partitions", Array.of_scalar(INT32))))),
+        flexible_from=3),
+    ApiKey.ADD_OFFSETS_TO_TXN: Message((
+        Field("transactional_id", STRING), Field("producer_id", INT64),
+        Field("producer_epoch", INT16), Field("group_id", STRING)), flexible_from=3),
+    ApiKey.END_TXN: Message((
+        Field("transactional_id", STRING), Field("producer_id", INT64),
+        Field("producer_epoch", INT16), Field("committed", BOOL)), flexible_from=3),
+    ApiKey.WRITE_TXN_MARKERS: Message((
+        Field("markers", array(
+            Field("producer_id", INT64), Field("producer_epoch", INT16),
+            Field("transaction_result", BOOL),
+            Field("topics", array(Field("name", STRING),
+                                  Field("partition_indexes", Array.of_scalar(INT32)))),
+            Field("coordinator_epoch", INT32))),), flexible_from=1),
+    ApiKey.TXN_OFFSET_COMMIT: Message((
+        Field("transactional_id", STRING), Field("group_id", STRING),
+        Field("producer_id", INT64), Field("producer_epoch", INT16),
+        Field("generation_id", INT32, since=3, default=-1),
+        Field("member_id", STRING, since=3, default=""),
+        Field("group_instance_id", NULLABLE_STRING, since=3),
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(
+                Field("partition_index", INT32), Field("committed_offset", INT64),
+                Field("committed_leader_epoch", INT32, since=2, default=-1),
+                Field("committed_metadata", NULLABLE_STRING)))))), flexible_from=3),
     ApiKey.FIND_COORDINATOR: Message((
         Field("key", STRING), Field("key_type", INT8, since=1, default=0))),
     ApiKey.JOIN_GROUP: Message((
@@ -387,7 +439,28 @@ RESPONSES: dict[ApiKey, Message] = {
                 Field("leader_epoch", INT32, since=4, default=-1))))))),
     ApiKey.INIT_PRODUCER_ID: Message((
         THROTTLE, ERROR, Field("producer_id", INT64, default=-1),
-        Field("producer_epoch", INT16, default=-1))),
+        Field("producer_epoch", INT16, default=-1)), flexible_from=2),
+    ApiKey.ADD_PARTITIONS_TO_TXN: Message((
+        THROTTLE,
+        Field("results", array(
+            Field("name", STRING),
+            Field("results", array(Field("partition_index", INT32), ERROR))))),
+        flexible_from=3),
+    ApiKey.ADD_OFFSETS_TO_TXN: Message((THROTTLE, ERROR), flexible_from=3),
+    ApiKey.END_TXN: Message((THROTTLE, ERROR), flexible_from=3),
+    ApiKey.WRITE_TXN_MARKERS: Message((
+        Field("markers", array(
+            Field("producer_id", INT64),
+            Field("topics", array(
+                Field("name", STRING),
+                Field("partitions", array(Field("partition_index", INT32), ERROR)))))),),
+        flexible_from=1),
+    ApiKey.TXN_OFFSET_COMMIT: Message((
+        THROTTLE,
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(Field("partition_index", INT32), ERROR))))),
+        flexible_from=3),
     ApiKey.FIND_COORDINATOR: Message((
         Field("throttle_time_ms", INT32, since=1, default=0), ERROR,
         Field("error_message", NULLABLE_STRING, since=1),

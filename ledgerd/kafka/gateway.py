@@ -73,11 +73,14 @@ from ledgerd.kafka.partitions import (
     PartitionSettings,
     log_name,
 )
+from ledgerd.kafka.peer import send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import TopicRecord, TopicStore
+from ledgerd.kafka.transactions import TxnCoordinator, admit_transactional, read_committed
+from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
 from ledgerd.metadata.logs import CursorRecord
@@ -132,6 +135,8 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
     ApiKey.CREATE_TOPICS: frozenset({"admin"}), ApiKey.DELETE_TOPICS: frozenset({"admin"}),
     # deleting a group or its offsets (Kafka: DELETE on the group) is an admin's act
     ApiKey.DELETE_GROUPS: frozenset({"admin"}), ApiKey.OFFSET_DELETE: frozenset({"admin"}),
+    # writing another producer's transaction markers (Kafka: CLUSTER_ACTION)
+    ApiKey.WRITE_TXN_MARKERS: frozenset({"admin"}),
     # changing a topic (its configs, partitions, records) is an admin's act too
     ApiKey.ALTER_CONFIGS: frozenset({"admin"}),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: frozenset({"admin"}),
@@ -204,6 +209,7 @@ class Gateway:
         self.metrics.gauge("ledgerd_kafka_live_gateways", "Gateways registered in ZooKeeper.",
                            lambda: len(self.nodes))
         self.nursery: trio.Nursery | None = None
+        self.txn = TxnCoordinator(self)
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
                                              Awaitable[dict[str, Any] | None]]] = {
             ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
@@ -219,6 +225,12 @@ class Gateway:
             ApiKey.LIST_GROUPS: self.list_groups, ApiKey.DESCRIBE_GROUPS: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups, ApiKey.OFFSET_DELETE: self.offset_delete,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+            # transactions: the coordinator's (``transactions.py``)
+            ApiKey.ADD_PARTITIONS_TO_TXN: lambda _c, v, b: self.txn.add_partitions(v, b),
+            ApiKey.ADD_OFFSETS_TO_TXN: lambda _c, v, b: self.txn.add_offsets(v, b),
+            ApiKey.END_TXN: lambda _c, v, b: self.txn.end_txn(v, b),
+            ApiKey.TXN_OFFSET_COMMIT: lambda _c, v, b: self.txn.txn_offset_commit(v, b),
+            ApiKey.WRITE_TXN_MARKERS: lambda _c, v, b: self.txn.write_txn_markers(v, b),
             ApiKey.CREATE_TOPICS: functools.partial(topic_admin.create_topics, self),
             ApiKey.CREATE_PARTITIONS: functools.partial(topic_admin.create_partitions, self),
             ApiKey.DELETE_RECORDS: functools.partial(topic_admin.delete_records, self),
@@ -404,6 +416,7 @@ class Gateway:
                 await nursery.start(self._watch_session)
                 nursery.start_soon(self._membership)
                 nursery.start_soon(self._tick_groups)
+                nursery.start_soon(self.txn.run)
                 nursery.start_soon(retention.run, self)
                 served: list[Any] = listeners
                 if tls is not None:
@@ -646,6 +659,7 @@ class Gateway:
             part = self.partitions[(topic, p)] = PartitionLog(
                 self.client, topic, p, self.part_settings, self.nursery,
                 authority=lambda: self.may_lead(key))
+            part.txn_flag = lambda offset: self.txn.partition_flag(topic, p, offset)
         record = self.topic_store.cached(topic)
         if record is not None:  # DeleteRecords' low watermark, from any gateway
             part.floor = record.start_of(p)
@@ -701,11 +715,7 @@ class Gateway:
         item."""
         assert self.nursery is not None
         work: dict[tuple[str, int], Any] = {}
-        if body["transactional_id"] is not None:
-            for t in body["topic_data"]:
-                for pd in t["partition_data"]:
-                    work[(t["name"], pd["index"])] = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-            return work
+        tid = body["transactional_id"]
         for t in body["topic_data"]:
             count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
             for pd in t["partition_data"]:
@@ -725,7 +735,7 @@ class Gateway:
                         pd["records"], max_batch_bytes=policy.max_message_bytes,
                         limit_name="the topic's max.message.bytes"
                         if policy.max_message_bytes < self.config.max_batch_bytes
-                        else "max_batch_bytes")
+                        else "max_batch_bytes", transactional=tid is not None)
                 except BatchError as exc:
                     log.warning("kafka_bad_batch", extra=fields(
                         peer=conn.peer, topic=t["name"], partition=pd["index"],
@@ -744,8 +754,12 @@ class Gateway:
                     stamp = int(time.time() * 1000)
                     stamped = [with_log_append_time(raw, stamp) for _, raw in batches]
                     batches = [(BatchHeader.parse(raw), raw) for raw in stamped]
-                work[key] = part.enqueue(batches, self.nursery)
-                work[key].append_time = stamp
+                if tid is not None:  # the coordinator confirms the partition is in it
+                    work[key] = await admit_transactional(self, part, tid, batches)
+                else:
+                    work[key] = part.enqueue(batches, self.nursery)
+                if not isinstance(work[key], int):
+                    work[key].append_time = stamp
         return work
 
     async def _complete_produce(self, body: dict[str, Any], work: dict[tuple[str, int], Any],
@@ -822,12 +836,24 @@ class Gateway:
                         continue
                     part = self.partition(t["topic"], pr["partition"])
                     if total >= budget:  # full: the rest get no records this time
-                        hw = await part.high_watermark()
-                        res.update(high_watermark=hw, last_stable_offset=hw, records=b"")
+                        try:
+                            hw = await part.high_watermark()
+                            lso = (await part.stable_view(hw))[0] \
+                                if body["isolation_level"] else hw
+                        except (LedgerdError, FencedError) as exc:
+                            res["error_code"] = _storage_error(exc)
+                            continue
+                        res.update(high_watermark=hw, last_stable_offset=lso, records=b"")
                         continue
                     limit = max(1, min(pr["partition_max_bytes"], budget - total))
+                    lso = -1
                     try:
                         records, hw = await part.read(pr["fetch_offset"], limit)
+                        lso = hw
+                        if body["isolation_level"]:  # read_committed: below the LSO only
+                            records, lso, aborted = await read_committed(
+                                part, pr["fetch_offset"], records, hw)
+                            res["aborted_transactions"] = aborted
                     except OffsetOutOfRangeError as exc:
                         res.update(error_code=ErrorCode.OFFSET_OUT_OF_RANGE,
                                    high_watermark=exc.end, last_stable_offset=exc.end,
@@ -836,7 +862,7 @@ class Gateway:
                     except (LedgerdError, FencedError) as exc:
                         res["error_code"] = _storage_error(exc)
                         continue
-                    res.update(high_watermark=hw, last_stable_offset=hw,
+                    res.update(high_watermark=hw, last_stable_offset=lso,
                                log_start_offset=await part.start_offset(), records=records)
                     total += len(records)
                     if not records and part.writer is not None:
@@ -868,6 +894,8 @@ class Gateway:
                 try:
                     if ts == -1:
                         res["offset"] = await part.high_watermark()
+                        if body["isolation_level"]:  # read_committed: the LSO
+                            res["offset"] = (await part.stable_view(res["offset"]))[0]
                     elif ts == -2:
                         res["offset"] = await part.start_offset()
                     elif ts < 0:
@@ -884,7 +912,12 @@ class Gateway:
     async def init_producer_id(self, conn: _Conn, version: int, body: dict[str, Any],
                                ) -> dict[str, Any]:
         if body["transactional_id"] is not None:
-            return {"error_code": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+            return await self.txn.init_producer_id(version, body)
+        return {"error_code": 0, "producer_id": await self.new_producer_id(),
+                "producer_epoch": 0}
+
+    async def new_producer_id(self) -> int:
+        """A producer id never given before (a CAS counter in ZooKeeper)."""
         path = f"{self.root}/producer_ids"
         try:
             await self.store.create(path, b"0", make_parents=True)
@@ -898,16 +931,25 @@ class Gateway:
 
         await cas_update(self.store, path, bump, decode=lambda raw, _p: int(raw),
                          encode=lambda n: str(n).encode())
-        return {"error_code": 0, "producer_id": got[0], "producer_epoch": 0}
+        return got[0]
+
+    async def write_marker(self, marker: Marker) -> int:
+        """Write a transaction marker into its partition's log: here if this gateway
+        leads the partition, else sent to the gateway that does (``peer.py``)."""
+        owner = self.owner(f"{marker.topic}/{marker.partition}")
+        if owner == self.node_id or owner not in self.nodes:
+            return await self.txn.write_local_marker(marker)
+        host, port = self.nodes[owner]
+        return await send_marker(host, port, marker)
 
     # -- groups -------------------------------------------------------------------------
 
     async def find_coordinator(self, conn: _Conn, version: int, body: dict[str, Any],
                                ) -> dict[str, Any]:
-        if body["key_type"] != 0:
-            return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                    "error_message": "transactions are not supported"}
-        node = self.owner(f"group/{body['key']}")
+        if body["key_type"] not in (0, 1):
+            return {"error_code": ErrorCode.INVALID_REQUEST,
+                    "error_message": f"unknown coordinator key type {body['key_type']}"}
+        node = self.owner(f"{'txn' if body['key_type'] else 'group'}/{body['key']}")
         host, port = self.nodes.get(node, self.config.advertised(self.port))
         return {"error_code": 0, "node_id": node, "host": host, "port": port}
 
@@ -1027,7 +1069,8 @@ class Gateway:
                 elif code == 0:
                     try:
                         await self._commit(body["group_id"], t["name"], pr["partition_index"],
-                                           pr["committed_offset"], meta)
+                                           pr["committed_offset"], meta,
+                                           pr["committed_leader_epoch"])
                     except (LedgerdError, FencedError) as exc:
                         code = _storage_error(exc)
                 parts.append({"partition_index": pr["partition_index"], "error_code": code})
@@ -1039,7 +1082,7 @@ class Gateway:
         return {"topics": topics}
 
     async def _commit(self, group_id: str, topic: str, p: int, offset: int,
-                      metadata: str | None) -> None:
+                      metadata: str | None, leader_epoch: int = -1) -> None:
         await self._ensure_group_record(group_id)
         part = self.partition(topic, p)
         name = log_name(topic, p)
@@ -1066,7 +1109,7 @@ class Gateway:
             except NodeExistsError:
                 pass
         record = CursorRecord(entry_offset, lid, eid, kafka_offset=max(offset, 0),
-                              kafka_metadata=metadata)
+                              kafka_metadata=metadata, kafka_leader_epoch=leader_epoch)
         while True:
             got = await self.client.logs.store.get_cursor(name, cursor)
             try:
@@ -1101,6 +1144,7 @@ class Gateway:
                 if got is not None and got[0].kafka_offset is not None:
                     res["committed_offset"] = got[0].kafka_offset
                     res["metadata"] = got[0].kafka_metadata or ""
+                    res["committed_leader_epoch"] = got[0].kafka_leader_epoch
                 if body["topics"] is None and res["committed_offset"] < 0:
                     continue
                 parts.append(res)
@@ -1314,6 +1358,7 @@ class Gateway:
                 continue
             await self.topic_store.delete(name)
             self.topics.pop(name, None)
+            await self.txn.forget_topic(name)
             for p in range(count):
                 part = self.partitions.pop((name, p), None)
                 if part is not None:

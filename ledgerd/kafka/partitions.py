@@ -65,6 +65,7 @@ import trio
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
 from ledgerd.kafka.api import ErrorCode
+from ledgerd.kafka.control_records import TxnIndex, batch_kind
 from ledgerd.kafka.records import BatchHeader, with_base_offset
 from ledgerd.kafka.timestamps import first_at_or_after
 from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
@@ -115,6 +116,8 @@ class _Produce:
     error: BaseException | None = None  # the append failed
     code: int = 0  # a Kafka error code refusing the batches (nothing written)
     producer: tuple[int, int, int, int] | None = None  # (pid, epoch, first seq, last seq)
+    txn: tuple[int, int] | None = None  # transactional batches: (pid, epoch) verified
+    marker: tuple[int, int] | None = None  # a transaction marker: (pid, epoch)
     append_time: int = -1  # the time stamped on LogAppendTime batches (ms)
 
 
@@ -170,15 +173,30 @@ class PartitionLog:
         self.ahead_running = False
         self.ahead_expect = -1  # the offset the consumer asks for next
         self.ahead_progress = trio.Event()
+        # transactions (``control_records``, ``transactions.py``): the index of the log's
+        # transactions (None until needed), the offset before which the log holds none
+        # (None: none known), how it is looked up or recorded (set by the gateway), the
+        # producers whose transaction the coordinator confirmed includes this partition
+        # (pid -> epoch, until this partition writes their marker), markers placed
+        self.txn: TxnIndex | None = None
+        self.txn_from: int | None = None
+        self.txn_flag: Callable[[int | None], Awaitable[int | None]] | None = None
+        self._txn_checked: tuple[int, int] | None = None
+        self._txn_lock = trio.Lock()
+        self.txn_verified: OrderedDict[int, int] = OrderedDict()
+        self.markers_placed = 0
 
     # -- writing ------------------------------------------------------------------------
 
-    def enqueue(self, batches: list[tuple[BatchHeader, bytes]], nursery: trio.Nursery,
+    def enqueue(self, batches: list[tuple[BatchHeader, bytes]], nursery: trio.Nursery, *,
+                txn: tuple[int, int] | None = None, marker: tuple[int, int] | None = None,
                 ) -> _Produce:
         """Queue one request's batches (in the order requests arrive) and make sure the
-        appender runs; await ``item.done`` for the outcome."""
+        appender runs; await ``item.done`` for the outcome. ``txn``: transactional
+        batches of (pid, epoch), written only while ``txn_verified`` holds them;
+        ``marker``: a control batch ending (pid, epoch)'s transaction."""
         self.last_used = trio.current_time()
-        item = _Produce(batches)
+        item = _Produce(batches, txn=txn, marker=marker)
         h = batches[0][0]
         if h.producer_id >= 0 and h.base_sequence >= 0:
             records = sum(bh.record_count for bh, _ in batches)
@@ -242,6 +260,16 @@ class PartitionLog:
             last_seq: dict[int, tuple[int, int]] = {}
             ahead: dict[tuple[int, int, int], int] = {}
             for item in items:
+                if item.marker is not None:
+                    # the transaction ends here: a batch of it that comes later is
+                    # refused (it would open a transaction nobody ends)
+                    mpid, mepoch = item.marker
+                    if self.txn_verified.get(mpid, -1) <= mepoch:
+                        self.txn_verified.pop(mpid, None)
+                    self.markers_placed += 1
+                elif item.txn is not None and self.txn_verified.get(item.txn[0]) != item.txn[1]:
+                    item.code = ErrorCode.INVALID_TXN_STATE
+                    continue
                 if item.producer is not None:
                     pid, epoch, first, last = item.producer
                     dup = ahead.get((pid, epoch, first))
@@ -294,6 +322,10 @@ class PartitionLog:
                 self._note_producer(*item.producer, item.base_offset)
         if placed:
             self.acked_end = placed[-1][1]
+            if self.txn is not None and self.txn.covered == placed[0][0]:
+                for _base, _nxt, batch in placed:  # contiguous: the index follows the log
+                    bh = BatchHeader.parse(batch)
+                    self.txn.observe(bh, batch_kind(batch, bh))
         for item in items:
             item.done.set()
         self._wake()
@@ -440,6 +472,10 @@ class PartitionLog:
         self._settled = None
         self.tail.clear()
         self.tail_bytes = 0
+        # the index stays (it describes acknowledged batches, which do not change); what
+        # the coordinator confirmed for this leadership goes
+        self.txn_verified.clear()
+        self._txn_checked = None
         self._wake()  # long polls waiting on this writer look again
         return writer
 
@@ -633,6 +669,76 @@ class PartitionLog:
         end = await self._end_before(None)
         self._remote_end = (now, end)
         return end
+
+    # -- transactions -------------------------------------------------------------------
+
+    async def mark_transactional(self) -> None:
+        """Before this partition's first transactional batch: record (through
+        ``txn_flag``, in ZooKeeper) that transactions begin no earlier than its high
+        watermark now, so readers look for them from there on, and start the index."""
+        if self.txn_from is not None or self.txn_flag is None:
+            return
+        hw = self.acked_end if self.writer is not None else await self.high_watermark()
+        self.txn_from = await self.txn_flag(hw)
+        if self.txn is None:
+            self.txn = TxnIndex(covered=self.txn_from if self.txn_from is not None else hw)
+
+    async def _txn_start(self, hw: int) -> int | None:
+        """The offset from which the log may hold transactions (None: it holds none).
+        Asked of ZooKeeper once per leadership while this gateway leads the partition
+        (only it writes, and it records the start before its first transactional
+        batch), and whenever the high watermark moved on a gateway that only reads."""
+        if self.txn_from is not None or self.txn_flag is None:
+            return self.txn_from
+        key = (self.generation, -1 if self.writer is not None else hw)
+        if self._txn_checked == key:
+            return None
+        self.txn_from = await self.txn_flag(None)
+        self._txn_checked = key
+        return self.txn_from
+
+    async def stable_view(self, hw: int) -> tuple[int, TxnIndex | None]:
+        """``(last stable offset, transaction index)`` as of high watermark ``hw``: the
+        index is brought up to ``hw`` by reading the log's batches it has not seen (see
+        ``control_records.TxnIndex``); None and LSO = ``hw`` when the log holds no
+        transaction."""
+        index = self.txn
+        if index is None or index.covered < hw:
+            async with self._txn_lock:
+                start = await self._txn_start(hw)
+                if start is None:
+                    return hw, None
+                if self.txn is None:
+                    self.txn = TxnIndex(covered=start)
+                index = self.txn
+                await self._scan_txn(index, hw)
+        return index.last_stable_offset(hw), index
+
+    async def _scan_txn(self, index: TxnIndex, until: int) -> None:
+        """Observe the log's batches from ``index.covered`` up to ``until``. Batches
+        retention or DeleteRecords removed are skipped (a transaction that began among
+        them and ends after them is not known as aborted: see docs/kafka.md)."""
+        if index.covered < until:
+            index.skip_to(min(until, await self.start_offset()))
+        while index.covered < until:
+            at = index.covered
+            lid, eid = await self.locate(at)
+            last = await self._last_entry(lid, refresh=False)
+            if eid > last:
+                self.positions.pop(at, None)
+                lid, eid = await self.locate(at, cached=False)
+                last = await self._last_entry(lid, refresh=False)
+            if eid > last:
+                raise OffsetOutOfRangeError(at, await self.start_offset(), until)
+            h = await self._handle(lid)
+            top = min(last, eid + 63)
+            for entry in await h.read_batch(eid, top):
+                bh = BatchHeader.parse(entry.payload)
+                if bh.next_offset > index.covered:
+                    index.observe(bh, batch_kind(entry.payload, bh))
+            if index.covered == at:  # no progress: a batch below its own start?
+                raise OffsetOutOfRangeError(at, await self.start_offset(), until)
+            self._note_position(index.covered, lid, top + 1)
 
     async def start_offset(self) -> int:
         """The partition's low watermark: the first offset of its first ledger (read

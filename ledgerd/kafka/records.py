@@ -83,10 +83,13 @@ class BatchHeader:
 
 
 def split_batches(records: bytes, *, max_batch_bytes: int,
-                  limit_name: str = "max_batch_bytes") -> list[tuple[BatchHeader, bytes]]:
+                  limit_name: str = "max_batch_bytes",
+                  transactional: bool = False) -> list[tuple[BatchHeader, bytes]]:
     """The batches of a produced record set, each checked: magic 2, length within the
-    set and under ``max_batch_bytes``, CRC-32C, no control or transactional batch, a
-    record count that matches lastOffsetDelta. Raises BatchError naming the fault."""
+    set and under ``max_batch_bytes``, CRC-32C, no control batch, transactional exactly
+    when the request is (``transactional``: it names a transactional id; then each
+    batch carries a producer id), a record count that matches lastOffsetDelta. Raises
+    BatchError naming the fault."""
     out: list[tuple[BatchHeader, bytes]] = []
     view = memoryview(records)
     at = 0
@@ -107,8 +110,16 @@ def split_batches(records: bytes, *, max_batch_bytes: int,
         body = view[at:at + h.length]
         if google_crc32c.value(bytes(body[21:])) != h.crc:
             raise BatchError(2, f"batch {len(out)} fails its CRC-32C")
-        if h.attributes & (TRANSACTIONAL | CONTROL):
-            raise BatchError(87, "transactional and control batches are not supported")
+        if h.attributes & CONTROL:
+            raise BatchError(87, "control batches are written by the transaction "
+                                 "coordinator, not produced")
+        if bool(h.attributes & TRANSACTIONAL) != transactional:
+            raise BatchError(87, "a transactional batch in a request without a "
+                                 "transactional id" if not transactional else
+                                 "a batch without the transactional bit in a "
+                                 "transactional request")
+        if transactional and (h.producer_id < 0 or h.producer_epoch < 0):
+            raise BatchError(87, f"transactional batch {len(out)} has no producer id")
         if h.attributes & 7 not in CODECS:
             raise BatchError(76, f"unknown compression codec {h.attributes & 7}")
         if h.record_count <= 0 or h.last_offset_delta != h.record_count - 1:

@@ -69,6 +69,16 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
                             for g in body["groups_names"]]}
     if api is ApiKey.DESCRIBE_GROUPS:
         return {"groups": [{"group_id": g, "error_code": code} for g in body["groups"]]}
+    if api is ApiKey.ADD_PARTITIONS_TO_TXN:
+        return {"results": _topics(body["topics"], name="name", parts="partitions",
+                                   index=None, out_parts="results", error_code=code)}
+    if api is ApiKey.TXN_OFFSET_COMMIT:
+        return {"topics": _topics(body["topics"], name="name", parts="partitions",
+                                  index="partition_index", error_code=code)}
+    if api is ApiKey.WRITE_TXN_MARKERS:
+        return {"markers": [{"producer_id": m["producer_id"], "topics": _topics(
+            m["topics"], name="name", parts="partition_indexes", index=None,
+            error_code=code)} for m in body["markers"]]}
     if api in (ApiKey.ALTER_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS):
         return {"responses": [{"resource_type": r["resource_type"],
                                "resource_name": r["resource_name"], "error_code": code}

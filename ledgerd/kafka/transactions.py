@@ -1,0 +1,552 @@
+"""The gateway's transaction coordinator: the I/O around ``txn_coordinator``'s machine.
+
+The coordinator of a transactional id is the gateway that rendezvous hashing gives
+``txn/<id>`` (FindCoordinator key type 1), as for groups. Its record lives in
+ZooKeeper at ``<root>/kafka/transactions/<id>`` (``metadata.kafka_txns``) and every change
+is a compare-and-set of the machine's transition over the record just read, so a
+coordinator that crashed, or lost the id to another gateway, leaves nothing that the
+next one does not see. In memory there is only a cache of the records this gateway
+wrote (used to check transactional produce requests without a ZooKeeper read),
+dropped whenever the set of live gateways or the ZooKeeper session changes.
+
+Ending a transaction: EndTxn writes PREPARE_COMMIT / PREPARE_ABORT, then the markers
+(one control batch per partition the transaction touched) and, for a commit, the
+offsets it committed to consumer groups (as the groups' cursors), then
+COMPLETE_*. EndTxn is answered once the markers are written, or after
+``COMPLETE_WAIT_S`` at most: the decision is durable by then and completing it is
+the recovery task's job. A marker for a partition this gateway leads goes into its
+log through the partition's appender; one for a partition another gateway leads is
+sent to it as WriteTxnMarkers (``peer.py``), and retried until it is written.
+
+Recovery: every ``TICK_S`` each gateway reads the records of the transactional ids it
+coordinates; it completes those found in a PREPARE state (a coordinator killed
+between the decision and the markers) and aborts, with the producer's epoch bumped,
+those ONGOING past their ``transaction.timeout.ms`` (a producer that is gone).
+
+Produce: a transactional batch is accepted only for a partition that the producer's
+ongoing transaction added (KIP-890's verification): ``verify`` asks the record, and
+the partition remembers the answer until it writes a marker for that producer, so a
+batch arriving after its transaction ended is refused INVALID_TXN_STATE instead of
+opening a transaction nobody will ever end.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ledgerd.base.logs import fields
+from ledgerd.errors import LedgerdError
+from ledgerd.kafka.api import ApiKey, ErrorCode
+from ledgerd.kafka.control_records import committed_prefix, control_batch
+from ledgerd.kafka.records import BatchHeader
+from ledgerd.kafka.txn_coordinator import (
+    Marker,
+    NeedProducerId,
+    PendingOffset,
+    TxnRecord,
+    TxnRefused,
+    TxnState,
+    add_offsets,
+    add_partitions,
+    begin_end,
+    complete,
+    fenced_abort,
+    init_producer,
+    markers,
+    needs_completion,
+    new_record,
+    time_out,
+    txn_offset_commit,
+)
+from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.kafka_txns import TxnStore
+from ledgerd.wire.status import FencedError
+
+if TYPE_CHECKING:
+    from ledgerd.kafka.gateway import Gateway
+    from ledgerd.kafka.partitions import PartitionLog, _Produce
+
+__all__ = ["TxnCoordinator", "admit_transactional", "read_committed"]
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0  # how often each gateway looks for transactions to complete or time out
+COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
+MARKER_RETRY_S = 0.2
+
+# the first version of each API that knows PRODUCER_FENCED (older ones are told
+# INVALID_PRODUCER_EPOCH, which they treat as fenced too)
+_FENCED_FROM = {ApiKey.INIT_PRODUCER_ID: 4, ApiKey.ADD_PARTITIONS_TO_TXN: 2,
+                ApiKey.ADD_OFFSETS_TO_TXN: 2, ApiKey.END_TXN: 2,
+                ApiKey.TXN_OFFSET_COMMIT: 1 << 30}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _code(api: ApiKey, version: int, code: int) -> int:
+    if code == ErrorCode.PRODUCER_FENCED and version < _FENCED_FROM[api]:
+        return ErrorCode.INVALID_PRODUCER_EPOCH
+    return code
+
+
+class TxnCoordinator:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.records = TxnStore(gateway.store, gateway.root)
+        self.cache: dict[str, TxnRecord] = {}  # records this gateway wrote (see module doc)
+        self._cache_view: tuple[frozenset[int], int] = (frozenset(), 0)
+        self._completing: dict[str, trio.Lock] = {}
+
+    # -- records ------------------------------------------------------------------------
+
+    def owns(self, transactional_id: str) -> bool:
+        return self.gw.owns(f"txn/{transactional_id}")
+
+    def _cache_valid(self) -> bool:
+        view = (frozenset(self.gw.nodes), self.gw.lease.session_id)
+        if view != self._cache_view:
+            self.cache.clear()
+            self._cache_view = view
+            return False
+        return True
+
+    def _remember(self, record: TxnRecord) -> None:
+        self._cache_valid()
+        self.cache[record.transactional_id] = record
+        while len(self.cache) > 10000:
+            self.cache.pop(next(iter(self.cache)))
+
+    async def get(self, transactional_id: str) -> TxnRecord | None:
+        return await self.records.get(transactional_id)
+
+    async def change(self, transactional_id: str,
+                     fn: Callable[[TxnRecord], TxnRecord]) -> TxnRecord:
+        """Apply ``fn`` to the stored record under compare-and-set (raises TxnRefused
+        from ``fn``, NoNodeError if there is no record)."""
+        record = await self.records.update(transactional_id, fn)
+        self._remember(record)
+        return record
+
+    # -- requests -----------------------------------------------------------------------
+
+    async def init_producer_id(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        tid = body["transactional_id"]
+        if not tid:
+            return {"error_code": ErrorCode.INVALID_REQUEST}
+        if not self.owns(tid):
+            return {"error_code": ErrorCode.NOT_COORDINATOR}
+        timeout = body["transaction_timeout_ms"]
+        new_pid: list[int] = []  # a producer id allocated for an exhausted epoch
+        fenced: list[TxnRecord] = []
+
+        def change(r: TxnRecord) -> TxnRecord:
+            fenced.clear()
+            try:
+                return init_producer(r, timeout_ms=timeout, now_ms=_now_ms(),
+                                     producer_id=body["producer_id"],
+                                     producer_epoch=body["producer_epoch"],
+                                     new_producer_id=new_pid[0] if new_pid else None)
+            except TxnRefused as exc:
+                fence = fenced_abort(exc)
+                if fence is None:
+                    raise
+                fenced.append(fence)
+                return fence
+
+        for _ in range(5):
+            try:
+                if await self.get(tid) is None:
+                    pid = await self.gw.new_producer_id()
+                    record = new_record(tid, pid, timeout, _now_ms())
+                    try:
+                        await self.records.create(record)
+                    except NodeExistsError:
+                        continue
+                    self._remember(record)
+                    log.info("kafka_txn_producer", extra=fields(
+                        transactional_id=tid, producer_id=pid, epoch=0))
+                    return {"error_code": 0, "producer_id": pid, "producer_epoch": 0}
+                record = await self.change(tid, change)
+            except NeedProducerId:
+                new_pid[:] = [await self.gw.new_producer_id()]
+                continue
+            except TxnRefused as exc:
+                return {"error_code": _code(ApiKey.INIT_PRODUCER_ID, version, exc.code)}
+            except NoNodeError:
+                continue
+            if fenced:
+                log.info("kafka_txn_fenced", extra=fields(
+                    transactional_id=tid, producer_id=record.producer_id,
+                    epoch=record.producer_epoch, reason="InitProducerId"))
+                await self._try_complete(record, COMPLETE_WAIT_S)
+                return {"error_code": ErrorCode.CONCURRENT_TRANSACTIONS}
+            log.info("kafka_txn_producer", extra=fields(
+                transactional_id=tid, producer_id=record.producer_id,
+                epoch=record.producer_epoch))
+            return {"error_code": 0, "producer_id": record.producer_id,
+                    "producer_epoch": record.producer_epoch}
+        return {"error_code": ErrorCode.CONCURRENT_TRANSACTIONS}
+
+    async def _txn_change(self, api: ApiKey, version: int, tid: str,
+                          fn: Callable[[TxnRecord], TxnRecord]) -> tuple[int, TxnRecord | None]:
+        """A request's change to its transaction: (error code, the record written)."""
+        if not self.owns(tid):
+            return ErrorCode.NOT_COORDINATOR, None
+        try:
+            return 0, await self.change(tid, fn)
+        except NoNodeError:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None
+        except TxnRefused as exc:
+            if exc.code not in (ErrorCode.CONCURRENT_TRANSACTIONS,):
+                log.info("kafka_txn_refused", extra=fields(
+                    transactional_id=tid, api=api.name, error=ErrorCode(exc.code).name,
+                    reason=str(exc)))
+            return _code(api, version, exc.code), None
+        except MetadataError as exc:
+            log.warning("kafka_txn_store_failed", extra=fields(transactional_id=tid,
+                                                               error=repr(exc)))
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+
+    async def add_partitions(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        wanted: list[tuple[str, int]] = []
+        bad: set[tuple[str, int]] = set()
+        for t in body["topics"]:
+            count = await self.gw.partition_count(t["name"])
+            for p in t["partitions"]:
+                if count is not None and 0 <= p < count:
+                    wanted.append((t["name"], p))
+                else:
+                    bad.add((t["name"], p))
+        if bad:
+            # Kafka refuses the whole request: the unknown ones, the rest OPERATION_NOT_ATTEMPTED
+            code: int = -2
+        else:
+            code, _ = await self._txn_change(
+                ApiKey.ADD_PARTITIONS_TO_TXN, version, body["transactional_id"],
+                lambda r: add_partitions(r, producer_id=body["producer_id"],
+                                         producer_epoch=body["producer_epoch"],
+                                         partitions=wanted, now_ms=_now_ms()))
+        results = []
+        for t in body["topics"]:
+            parts = []
+            for p in t["partitions"]:
+                c = code
+                if code == -2:
+                    c = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if (t["name"], p) in bad \
+                        else ErrorCode.OPERATION_NOT_ATTEMPTED
+                parts.append({"partition_index": p, "error_code": c})
+            results.append({"name": t["name"], "results": parts})
+        return {"results": results}
+
+    async def add_offsets(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        code, _ = await self._txn_change(
+            ApiKey.ADD_OFFSETS_TO_TXN, version, body["transactional_id"],
+            lambda r: add_offsets(r, producer_id=body["producer_id"],
+                                  producer_epoch=body["producer_epoch"],
+                                  group=body["group_id"], now_ms=_now_ms()))
+        return {"error_code": code}
+
+    async def end_txn(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        tid = body["transactional_id"]
+        code, record = await self._txn_change(
+            ApiKey.END_TXN, version, tid,
+            lambda r: begin_end(r, producer_id=body["producer_id"],
+                                producer_epoch=body["producer_epoch"],
+                                commit=body["committed"], now_ms=_now_ms()))
+        if record is not None and needs_completion(record):
+            log.info("kafka_txn_ending", extra=fields(
+                transactional_id=tid, producer_id=record.producer_id,
+                epoch=record.producer_epoch, state=record.state.value,
+                partitions=len(record.partitions), offsets=len(record.offsets)))
+            await self._try_complete(record, COMPLETE_WAIT_S)
+        elif code == ErrorCode.CONCURRENT_TRANSACTIONS and self.gw.nursery is not None:
+            # a retry of an EndTxn whose completion a crash interrupted: complete it now
+            # rather than at the next sweep
+            prepared = await self._prepared(tid)
+            if prepared is not None:
+                self.gw.nursery.start_soon(self._complete_bounded, prepared)
+        return {"error_code": code}
+
+    async def _prepared(self, tid: str) -> TxnRecord | None:
+        try:
+            record = await self.get(tid)
+        except MetadataError:
+            return None
+        return record if record is not None and needs_completion(record) else None
+
+    async def txn_offset_commit(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        """On the group's coordinator: the offsets go into the transaction's record
+        (visible as the group's offsets only when it commits)."""
+        gid = body["group_id"]
+        group = await self.gw._existing_group(gid) if gid else ErrorCode.INVALID_GROUP_ID
+        code = group if isinstance(group, int) else 0
+        pending: list[PendingOffset] = []
+        for t in body["topics"]:
+            count = await self.gw.partition_count(t["name"])
+            for pr in t["partitions"]:
+                if count is None or not 0 <= pr["partition_index"] < count:
+                    code = code or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                pending.append(PendingOffset(group=gid, topic=t["name"],
+                                             partition=pr["partition_index"],
+                                             offset=pr["committed_offset"],
+                                             metadata=pr["committed_metadata"],
+                                             leader_epoch=pr["committed_leader_epoch"]))
+        if not code:
+            tid = body["transactional_id"]
+            try:
+                await self.records.update(
+                    tid, lambda r: txn_offset_commit(r, producer_id=body["producer_id"],
+                                                     producer_epoch=body["producer_epoch"],
+                                                     group=gid, offsets=pending,
+                                                     now_ms=_now_ms()))
+            except NoNodeError:
+                code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+            except TxnRefused as exc:
+                code = _code(ApiKey.TXN_OFFSET_COMMIT, version, exc.code)
+            except MetadataError:
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return {"topics": [{"name": t["name"], "partitions": [
+            {"partition_index": pr["partition_index"], "error_code": code}
+            for pr in t["partitions"]]} for t in body["topics"]]}
+
+    # -- completion ---------------------------------------------------------------------
+
+    async def complete(self, record: TxnRecord) -> bool:
+        """Write the markers of a PREPARE_* record (retrying each until written or
+        cancelled), store a commit's offsets, then mark it COMPLETE_*. True when done;
+        if cancelled, the record stays PREPARE_* for the next attempt."""
+        tid = record.transactional_id
+        lock = self._completing.setdefault(tid, trio.Lock())
+        try:
+            async with lock:
+                current = await self.get(tid)
+                if current is None or current.state is not record.state or \
+                        current.producer_epoch != record.producer_epoch:
+                    return True  # completed meanwhile (another attempt, or gateway)
+                async with trio.open_nursery() as nursery:
+                    for m in markers(current):
+                        nursery.start_soon(self._write_marker, m)
+                if current.state is TxnState.PREPARE_COMMIT:
+                    for o in current.offsets:
+                        await self.gw._commit(o.group, o.topic, o.partition, o.offset,
+                                              o.metadata, o.leader_epoch)
+                try:
+                    await self.change(tid, lambda r: complete(r, prepared=current,
+                                                              now_ms=_now_ms()))
+                except TxnRefused:
+                    return True
+                log.info("kafka_txn_completed", extra=fields(
+                    transactional_id=tid, producer_id=current.producer_id,
+                    epoch=current.producer_epoch, state=current.state.value,
+                    partitions=len(current.partitions)))
+                return True
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._completing.pop(tid, None)
+
+    async def _write_marker(self, marker: Marker) -> None:
+        """Write one marker into its partition's log, wherever it is led; retried
+        until it is written (the caller bounds the wait)."""
+        while True:
+            try:
+                code = await self.gw.write_marker(marker)
+            except (LedgerdError, FencedError, OSError, trio.BrokenResourceError,
+                    trio.TooSlowError) as exc:
+                log.info("kafka_txn_marker_retry", extra=fields(
+                    topic=marker.topic, partition=marker.partition, error=repr(exc)))
+                code = -1
+            if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                return  # written (or the topic was deleted: nothing left to end)
+            await trio.sleep(MARKER_RETRY_S)
+
+    async def write_local_marker(self, marker: Marker) -> int:
+        """Write a marker into a partition this gateway leads: 0, or an error code
+        (NOT_LEADER_OR_FOLLOWER if it does not lead it)."""
+        gw = self.gw
+        count = await gw.partition_count(marker.topic)
+        if count is None or not 0 <= marker.partition < count:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if not gw.owns(f"{marker.topic}/{marker.partition}"):
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        assert gw.nursery is not None
+        part = gw.partition(marker.topic, marker.partition)
+        batch = control_batch(producer_id=marker.producer_id,
+                              producer_epoch=marker.producer_epoch, commit=marker.commit)
+        item = part.enqueue([(BatchHeader.parse(batch), batch)], gw.nursery,
+                            marker=(marker.producer_id, marker.producer_epoch))
+        await item.done.wait()
+        if item.error is not None:
+            from ledgerd.kafka.gateway import _storage_error
+            return _storage_error(item.error)
+        return item.code
+
+    async def write_txn_markers(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        """WriteTxnMarkers from another gateway's coordinator: each marker into each
+        partition this gateway leads (NOT_LEADER_OR_FOLLOWER for the others)."""
+        out = []
+        for m in body["markers"]:
+            topics = []
+            for t in m["topics"]:
+                parts: list[dict[str, Any]] = []
+                for p in t["partition_indexes"]:
+                    marker = Marker(topic=t["name"], partition=p,
+                                    producer_id=m["producer_id"],
+                                    producer_epoch=m["producer_epoch"],
+                                    commit=m["transaction_result"])
+                    try:
+                        code = await self.write_local_marker(marker)
+                    except (LedgerdError, FencedError) as exc:
+                        from ledgerd.kafka.gateway import _storage_error
+                        code = _storage_error(exc)
+                    parts.append({"partition_index": p, "error_code": code})
+                topics.append({"name": t["name"], "partitions": parts})
+            out.append({"producer_id": m["producer_id"], "topics": topics})
+        return {"markers": out}
+
+    async def forget_topic(self, topic: str) -> None:
+        """A deleted topic's partitions hold no transaction any more."""
+        await self.records.forget_topic(topic)
+
+    async def partition_flag(self, topic: str, partition: int, offset: int | None,
+                             ) -> int | None:
+        """The offset from which the partition's log may hold transactions (see
+        ``metadata.kafka_txns``): ``offset`` None reads it, else records it there."""
+        return await self.records.partition_start(topic, partition, offset)
+
+    # -- produce ------------------------------------------------------------------------
+
+    async def verify(self, tid: str, producer_id: int, producer_epoch: int, topic: str,
+                     partition: int) -> int:
+        """0 if ``tid``'s ongoing transaction, at this producer id and epoch, includes
+        the partition; else the error for its batches."""
+        record = self.cache.get(tid) if self.owns(tid) and self._cache_valid() else None
+        if record is None:
+            try:
+                record = await self.get(tid)
+            except MetadataError:
+                return ErrorCode.NOT_ENOUGH_REPLICAS  # retriable
+        if record is None or record.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if producer_epoch != record.producer_epoch:
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        if record.state is not TxnState.ONGOING or (topic, partition) not in record.partitions:
+            return ErrorCode.INVALID_TXN_STATE
+        return 0
+
+    # -- recovery -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Every TICK_S: complete what a crashed coordinator left prepared, abort what
+        timed out (see the module docstring)."""
+        while True:
+            await trio.sleep(TICK_S)
+            try:
+                await self.sweep()
+            except Exception as exc:  # ZooKeeper away: the next tick tries again
+                log.warning("kafka_txn_sweep_failed", extra=fields(error=repr(exc)))
+
+    async def sweep(self) -> None:
+        children = await self.records.names()
+        cached = self._cache_valid()
+        for child in children:
+            if not child.startswith("x-") and not self.owns(child):
+                continue
+            known = self.cache.get(child) if cached else None
+            if known is not None and known.state in (TxnState.EMPTY,
+                                                     TxnState.COMPLETE_COMMIT,
+                                                     TxnState.COMPLETE_ABORT):
+                continue  # idle, and only this gateway changes its state
+            record = await self.records.get_named(child)
+            if record is None:
+                continue
+            tid = record.transactional_id
+            if not self.owns(tid):
+                continue
+            self._remember(record)
+            if record.state is TxnState.ONGOING:
+                now = _now_ms()
+                if now <= record.started_ms + record.timeout_ms:
+                    continue
+                try:
+                    record = await self.change(tid, lambda r: time_out(r, now_ms=_now_ms()))
+                except TxnRefused:
+                    continue
+                if not needs_completion(record):
+                    continue
+                log.warning("kafka_txn_timed_out", extra=fields(
+                    transactional_id=tid, producer_id=record.producer_id,
+                    epoch=record.producer_epoch, timeout_ms=record.timeout_ms))
+            if needs_completion(record):
+                assert self.gw.nursery is not None
+                self.gw.nursery.start_soon(self._complete_bounded, record)
+
+    async def _complete_bounded(self, record: TxnRecord) -> None:
+        lock = self._completing.get(record.transactional_id)
+        if lock is not None and lock.locked():
+            return  # being completed already
+        log.info("kafka_txn_recovering", extra=fields(
+            transactional_id=record.transactional_id, state=record.state.value))
+        await self._try_complete(record, 30.0)
+
+    async def _try_complete(self, record: TxnRecord, bound: float) -> None:
+        """``complete`` for at most ``bound`` seconds; a failure is logged (the record
+        stays prepared, and the next sweep tries again)."""
+        with trio.move_on_after(bound):
+            try:
+                await self.complete(record)
+            except Exception as exc:
+                log.warning("kafka_txn_complete_failed", extra=fields(
+                    transactional_id=record.transactional_id, error=repr(exc)))
+
+
+async def admit_transactional(gw: Gateway, part: PartitionLog, tid: str,
+                              batches: list[tuple[BatchHeader, bytes]]) -> int | _Produce:
+    """Queue a transactional produce request's batches for ``part`` once the
+    coordinator confirms the producer's ongoing transaction includes the partition (or
+    the partition remembers it did); else the error code. A marker this partition
+    placed for the producer while the coordinator was asked voids the answer."""
+    assert gw.nursery is not None
+    h = batches[0][0]
+    pid, epoch = h.producer_id, h.producer_epoch
+    if any(bh.producer_id != pid or bh.producer_epoch != epoch for bh, _ in batches):
+        return ErrorCode.INVALID_RECORD
+    try:
+        await part.mark_transactional()
+    except (LedgerdError, FencedError) as exc:
+        from ledgerd.kafka.gateway import _storage_error
+        return _storage_error(exc)
+    for _ in range(3):
+        if part.txn_verified.get(pid) == epoch:
+            return part.enqueue(batches, gw.nursery, txn=(pid, epoch))
+        placed = part.markers_placed
+        code = await gw.txn.verify(tid, pid, epoch, part.topic, part.partition)
+        if code:
+            log.info("kafka_txn_produce_refused", extra=fields(
+                transactional_id=tid, topic=part.topic, partition=part.partition,
+                producer_id=pid, epoch=epoch, error=ErrorCode(code).name))
+            return code
+        if part.markers_placed == placed:
+            part.txn_verified[pid] = epoch
+            while len(part.txn_verified) > 10000:
+                part.txn_verified.popitem(last=False)
+    return ErrorCode.CONCURRENT_TRANSACTIONS  # markers kept coming: the client retries
+
+
+async def read_committed(part: PartitionLog, fetch_offset: int, records: bytes, hw: int,
+                         ) -> tuple[bytes, int, list[dict[str, int]]]:
+    """A read_committed fetch's answer from what a read_uncommitted one would get:
+    the batches below the last stable offset, that LSO, and the aborted transactions
+    among them (the consumer drops their records)."""
+    lso, index = await part.stable_view(hw)
+    if index is None:
+        return records, hw, []
+    kept, last = committed_prefix(records, lso)
+    aborted = index.aborted_between(fetch_offset, last) if kept else []
+    return kept, lso, [{"producer_id": pid, "first_offset": first} for pid, first in aborted]

@@ -1,0 +1,190 @@
+"""Kafka transaction records: ``<root>/kafka/transactions/<transactional id>``.
+
+The Kafka gateway's transaction coordinator (``ledgerd/kafka/txn_coordinator.py`` for
+its decisions, ``ledgerd/kafka/transactions.py`` for its I/O) keeps one record per
+transactional id: the producer id and epoch it last gave out, the state of the current
+transaction, the partitions and consumer groups it touched and the offsets it commits
+(applied only when it commits). JSON::
+
+    {"format": 1, "transactional_id": T, "producer_id": P, "producer_epoch": E,
+     "last_epoch": E0, "timeout_ms": N, "state": "Ongoing",
+     "partitions": [[topic, p], ...], "groups": [g, ...],
+     "offsets": [[group, topic, p, offset, metadata, leader_epoch], ...],
+     "started_ms": T0, "updated_ms": T1}
+
+Every change is a compare-and-set (``TxnStore.update``). A transactional id that is not
+a plain name is stored under ``x-`` and its SHA-256; the record names the id.
+
+Beside them, ``<root>/kafka/txn_partitions/<topic>/<partition>`` holds the offset from
+which a partition's log may hold transactional batches (written by the partition's
+leader before its first one), so readers that rebuild a partition's transaction index
+read the log from there, and not at all for a partition that never had one.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ledgerd.metadata.cas import cas_update
+from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.store import MetadataStore
+
+__all__ = ["MAX_EPOCH", "PendingOffset", "TxnRecord", "TxnState", "TxnStore", "znode_name"]
+
+MAX_EPOCH = 32766  # an epoch this high gets a new producer id instead of a bump
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
+
+
+class TxnState(enum.Enum):
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingOffset:
+    group: str
+    topic: str
+    partition: int
+    offset: int
+    metadata: str | None
+    leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TxnRecord:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    last_epoch: int = -1  # the epoch before the last fencing bump (-1: none)
+    timeout_ms: int
+    state: TxnState = TxnState.EMPTY
+    partitions: tuple[tuple[str, int], ...] = ()
+    groups: tuple[str, ...] = ()
+    offsets: tuple[PendingOffset, ...] = ()
+    started_ms: int = -1  # when the transaction became ONGOING
+    updated_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.transactional_id:
+            raise ValueError("a transactional id is not empty")
+        if self.producer_id < 0 or not 0 <= self.producer_epoch <= MAX_EPOCH + 1:
+            raise ValueError(f"producer {self.producer_id} epoch {self.producer_epoch}")
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": 1, "transactional_id": self.transactional_id,
+            "producer_id": self.producer_id, "producer_epoch": self.producer_epoch,
+            "last_epoch": self.last_epoch, "timeout_ms": self.timeout_ms,
+            "state": self.state.value, "partitions": [list(p) for p in self.partitions],
+            "groups": list(self.groups),
+            "offsets": [[o.group, o.topic, o.partition, o.offset, o.metadata,
+                         o.leader_epoch] for o in self.offsets],
+            "started_ms": self.started_ms, "updated_ms": self.updated_ms}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, path: str) -> TxnRecord:
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != 1:
+                raise ValueError(f"unknown format {doc.get('format')!r}")
+            return cls(
+                transactional_id=str(doc["transactional_id"]),
+                producer_id=int(doc["producer_id"]),
+                producer_epoch=int(doc["producer_epoch"]),
+                last_epoch=int(doc.get("last_epoch", -1)),
+                timeout_ms=int(doc["timeout_ms"]), state=TxnState(doc["state"]),
+                partitions=tuple((str(t), int(p)) for t, p in doc["partitions"]),
+                groups=tuple(str(g) for g in doc["groups"]),
+                offsets=tuple(PendingOffset(group=str(o[0]), topic=str(o[1]),
+                                            partition=int(o[2]), offset=int(o[3]),
+                                            metadata=o[4], leader_epoch=int(o[5]))
+                              for o in doc["offsets"]),
+                started_ms=int(doc["started_ms"]), updated_ms=int(doc["updated_ms"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptMetadataError(path, str(exc)) from exc
+
+
+def znode_name(transactional_id: str) -> str:
+    """A transactional id as a ZooKeeper name: itself when plain, else ``x-`` and its
+    SHA-256 (the record inside names the id)."""
+    return transactional_id if _SAFE.match(transactional_id) \
+        else "x-" + hashlib.sha256(transactional_id.encode()).hexdigest()
+
+
+class TxnStore:
+    """The transaction records and partition flags under ``kafka_root``."""
+
+    def __init__(self, store: MetadataStore, kafka_root: str) -> None:
+        self.store = store
+        self.root = f"{kafka_root}/transactions"
+        self.flags = f"{kafka_root}/txn_partitions"
+
+    def path(self, transactional_id: str) -> str:
+        return f"{self.root}/{znode_name(transactional_id)}"
+
+    async def get(self, transactional_id: str) -> TxnRecord | None:
+        return await self.get_named(znode_name(transactional_id))
+
+    async def get_named(self, name: str) -> TxnRecord | None:
+        """The record stored under znode ``name`` (None: none)."""
+        path = f"{self.root}/{name}"
+        try:
+            raw, _ = await self.store.get(path)
+        except NoNodeError:
+            return None
+        return TxnRecord.from_json(raw, path)
+
+    async def create(self, record: TxnRecord) -> None:
+        """Raises NodeExistsError if the id has a record already."""
+        await self.store.create(self.path(record.transactional_id), record.to_json(),
+                                make_parents=True)
+
+    async def update(self, transactional_id: str,
+                     change: Callable[[TxnRecord], TxnRecord]) -> TxnRecord:
+        """``change`` applied under compare-and-set; raises what it raises, and
+        NoNodeError if there is no record. If cancelled, the change may or may not
+        have been written."""
+        record, _ = await cas_update(self.store, self.path(transactional_id), change,
+                                     decode=TxnRecord.from_json, encode=TxnRecord.to_json)
+        return record
+
+    async def names(self) -> list[str]:
+        try:
+            return await self.store.children(self.root)
+        except NoNodeError:
+            return []
+
+    async def partition_start(self, topic: str, partition: int,
+                              offset: int | None = None) -> int | None:
+        """The offset from which the partition may hold transactions: read (None: it
+        has none yet), or with ``offset`` recorded there unless one is already."""
+        path = f"{self.flags}/{topic}/{partition}"
+        if offset is not None:
+            try:
+                await self.store.create(path, str(offset).encode(), make_parents=True)
+                return offset
+            except NodeExistsError:
+                pass
+        try:
+            raw, _ = await self.store.get(path)
+        except NoNodeError:
+            return None
+        try:
+            return int(raw)
+        except ValueError as exc:
+            raise CorruptMetadataError(path, f"not an offset: {raw!r}") from exc
+
+    async def forget_topic(self, topic: str) -> None:
+        try:
+            await self.store.delete(f"{self.flags}/{topic}", recursive=True)
+        except NoNodeError:
+            pass
