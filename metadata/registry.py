@@ -178,7 +178,12 @@ class BookieRegistry:
             async with self.store.watch(kind_path, WatchKind.CHILDREN) as events:
                 task_status.started()
                 async for _ in events:
-                    snapshot = await self.list_bookies(with_racks=with_racks)
+                    try:
+                        snapshot = await self.list_bookies(with_racks=with_racks)
+                    except NoNodeError:
+                        # The root was deleted (metadata lost): the last membership
+                        # stands until it is back (the watch says when).
+                        continue
                     try:
                         send.send_nowait(snapshot)
                     except trio.WouldBlock:

@@ -1,0 +1,204 @@
+"""``ledgerd shell metadata rebuild``: gather what the bookies hold, plan, and write.
+
+The I/O around :mod:`metadata.rebuild` (pure): every bookie named (registered, in the
+snapshot's cookies, or ``--bookies``) is asked for its holdings page by page
+(``LedgerHoldingsRequest``, an admin request) and for its status (the cluster instance
+its cookie names; all must agree); entry 0 of each ledger rebuilt without a snapshot is
+read to learn its digest type, and its last entry for its length. The plan is printed;
+with ``--apply`` the cluster root is made if missing (with the bookies' instance id,
+LAYOUT last), the GC freeze flag set, the ledgers written and the id counter advanced
+past them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import trio
+
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.rebuild import BookieLedger, Plan, RebuildInput, merge_ranges, plan_rebuild
+from ledgerd.metadata.snapshot import Snapshot, category
+from ledgerd.metadata.store import MetadataStore
+
+__all__ = ["Gathered", "apply_plan", "gather", "snapshot_ledgers"]
+
+PAGE_LEDGERS = 2000
+PAGE_RANGES = 20000
+
+
+class RebuildError(Exception):
+    pass
+
+
+class Gathered:
+    def __init__(self) -> None:
+        self.held: dict[int, list[BookieLedger]] = {}
+        self.instance_ids: dict[str, str] = {}
+        self.unreachable: dict[str, str] = {}
+
+
+async def _bookie_holdings(address: str, secret: bytes, out: Gathered) -> None:
+    from ledgerd.bookie_client import open_bookie_client
+    from ledgerd.wire.messages import (
+        AdminStatusRequest,
+        LedgerHoldingsRequest,
+        LedgerHoldingsResponse,
+    )
+    from ledgerd.wire.status import Status
+
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    states: dict[int, Any] = {}
+    async with open_bookie_client(address, connect_timeout=5) as c:
+        st, resp = await c.call(AdminStatusRequest(secret=secret))
+        if st != Status.OK or resp is None:
+            raise RebuildError(f"status refused: {Status(st).name}"
+                               + (" (pass --secret)" if st == Status.UNAUTHORIZED else ""))
+        out.instance_ids[address] = str(json.loads(resp.status_json).get("instance_id", ""))
+        first_ledger, first_entry = 0, 0
+        while True:
+            st, resp = await c.call(LedgerHoldingsRequest(
+                first_ledger_id=first_ledger, first_entry_id=first_entry,
+                max_ledgers=PAGE_LEDGERS, max_ranges=PAGE_RANGES, secret=secret))
+            if st != Status.OK or not isinstance(resp, LedgerHoldingsResponse):
+                raise RebuildError(f"holdings refused: {Status(st).name}")
+            for held in resp.ledgers:
+                states[held.ledger_id] = held
+            for r in resp.ranges:
+                ranges.setdefault(r.ledger_id, []).append((r.first_entry_id, r.last_entry_id))
+            if resp.is_last:
+                break
+            first_ledger, first_entry = resp.next_ledger_id, resp.next_entry_id
+    for lid, held in states.items():
+        out.held.setdefault(lid, []).append(BookieLedger(
+            bookie_id=address, ledger_id=lid, ranges=merge_ranges(ranges.get(lid, [])),
+            fenced=held.is_fenced, term=held.term, lac=held.lac,
+            key_check=held.key_check.hex() if held.has_key else ""))
+
+
+async def gather(bookies: Iterable[str], secret: bytes) -> Gathered:
+    """Every bookie's holdings (an unreachable bookie is recorded, not fatal)."""
+    from ledgerd.errors import LedgerdError
+
+    out = Gathered()
+
+    async def one(address: str) -> None:
+        try:
+            await _bookie_holdings(address, secret, out)
+        except (RebuildError, LedgerdError, OSError, trio.BrokenResourceError) as exc:
+            out.unreachable[address] = str(exc)
+
+    async with trio.open_nursery() as nursery:
+        for b in sorted(set(bookies)):
+            nursery.start_soon(one, b)
+    return out
+
+
+async def read_entry_bytes(holders: Iterable[str], ledger_id: int, entry_id: int) -> bytes:
+    """One entry's bytes from the first holder that has it (b"" if none)."""
+    from ledgerd.bookie_client import open_bookie_client
+    from ledgerd.errors import LedgerdError
+    from ledgerd.wire.messages import ReadRequest, ReadResponse
+    from ledgerd.wire.status import Status
+
+    for address in holders:
+        try:
+            async with open_bookie_client(address, connect_timeout=5) as c:
+                st, resp = await c.call(ReadRequest(ledger_id=ledger_id, entry_id=entry_id))
+                if st == Status.OK and isinstance(resp, ReadResponse):
+                    return bytes(resp.entry)
+        except (LedgerdError, OSError, trio.BrokenResourceError):
+            continue
+    return b""
+
+
+def snapshot_ledgers(snap: Snapshot | None) -> dict[int, LedgerMetadata]:
+    from ledgerd.metadata.paths import ledger_id_from_path
+
+    if snap is None:
+        return {}
+    out = {}
+    layout = snap.layout
+    for n in snap.nodes:
+        if category(n.path, layout) == "ledgers":
+            lid = ledger_id_from_path("", layout, "/" + n.path)
+            out[lid] = LedgerMetadata.from_json(n.data, n.path)
+    return out
+
+
+async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Gathered,
+               snap: Snapshot | None) -> Plan:
+    """The plan: live ledgers are left alone; digest types and lengths are read from
+    the bookies for ledgers the snapshot does not describe."""
+    from ledgerd.metadata.ledgers import LedgerManager
+    from ledgerd.metadata.rebuild import detect_digest, plan_ledger
+
+    live: set[int] = set()
+    if store is not None and await store.exists(f"{root}/LAYOUT") is not None:
+        async for lid in LedgerManager(store, root, layout).iter_ledger_ids():
+            live.add(lid)
+    known = snapshot_ledgers(snap)
+    digests: dict[int, str] = {}
+    lengths: dict[int, int] = {}
+    for lid in sorted(set(gathered.held) - live):
+        held = gathered.held[lid]
+        holders = [h.bookie_id for h in held]
+        if lid not in known:
+            first = await read_entry_bytes(holders, lid, 0)
+            if first:
+                digests[lid] = detect_digest(first)
+        probe = plan_ledger(lid, held, snapshot=known.get(lid))
+        if probe.metadata is not None and probe.metadata.last_entry_id >= 0:
+            last = await read_entry_bytes(holders, lid, probe.metadata.last_entry_id)
+            if len(last) >= 32:
+                lengths[lid] = int.from_bytes(last[24:32], "big", signed=True)
+    logs = [n.path for n in snap.nodes if category(n.path, snap.layout) == "logs"] if snap \
+        else []
+    return plan_rebuild(RebuildInput(held=gathered.held, live=frozenset(live), snapshot=known,
+                                     digests=digests, lengths=lengths, snapshot_logs=logs,
+                                     now_ms=int(time.time() * 1000)))
+
+
+async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str,
+                     the_plan: Plan) -> int:
+    """Write the plan's ledgers (GC frozen first; the root made if missing, LAYOUT
+    last); returns how many were written. A ledger created meanwhile is left alone."""
+    from ledgerd.metadata.backup import advance_counter, set_freeze
+    from ledgerd.metadata.cluster import FIXED_NODES, _layout_bytes
+    from ledgerd.metadata.errors import NodeExistsError
+    from ledgerd.metadata.ledgers import LedgerManager
+
+    has_layout = await store.exists(f"{root}/LAYOUT") is not None
+    if not has_layout:
+        if await store.exists(root) is None:
+            await store.create(root, make_parents=True)
+        for name in FIXED_NODES:
+            try:
+                await store.create(f"{root}/{name}")
+            except NodeExistsError:
+                pass
+        try:
+            await store.create(f"{root}/INSTANCEID", instance.encode())
+        except NodeExistsError:
+            pass
+    await set_freeze(store, root, "metadata rebuilt from the bookies; check it, then clear "
+                                  "with `ledgerd shell metadata gc-freeze --clear`")
+    ledgers = LedgerManager(store, root, layout)
+    written = 0
+    top = -1
+    for p in the_plan.writable:
+        assert p.metadata is not None
+        top = max(top, p.ledger_id)
+        try:
+            await ledgers.create(p.metadata, ledger_id=p.ledger_id)
+            written += 1
+        except NodeExistsError:
+            continue
+    if top >= 0:
+        await advance_counter(store, f"{root}/idgen", top + 1)
+    if not has_layout:
+        await store.create(f"{root}/LAYOUT", _layout_bytes(layout))
+    return written
