@@ -162,3 +162,45 @@ async def test_snapshot_wipe_restore_rebuild_keeps_clients_working(
         assert code == 0 and "only live" in out, out
         await writer.close()
 
+
+
+async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_it_ended(
+        bookie_factory: Factory, zk_chroot: str) -> None:
+    bookies = await start_bookies(lambda: bookie_factory(gc_wait_time_ms=1000), zk_chroot, 3)
+    async with ledgerd.open_client(zk_chroot, throttle=0) as client:
+        striped = await client.create_ledger(3, 2, 2, password=b"pw")
+        for i in range(30):
+            await striped.append(b"s-%d" % i)
+        await striped.close()
+        full = await client.create_ledger(3, 3, 2, password=b"pw", digest="crc32")
+        for i in range(5):
+            await full.append(b"f-%d" % i)
+        # Its writer stops without closing: the ledger ends where the bookies say.
+        dangling = await client.create_ledger(3, 2, 2, password=b"pw")
+        for i in range(12):
+            await dangling.append(b"d-%d" % i)
+        async with metadata_store(zk_chroot, init=False) as store:
+            iid = (await store.get("/ledgers/INSTANCEID"))[0].decode()
+            await store.delete("/ledgers", recursive=True)
+
+    code, out = await _shell(zk_chroot, "rebuild", "--bookies",
+                             ",".join(b.address for b in bookies))
+    assert code == 0 and "dry run" in out and "lost: log names" in out, out
+    async with metadata_store(zk_chroot, init=False) as store:
+        assert await store.exists("/ledgers/LAYOUT") is None  # a dry run writes nothing
+    code, out = await _shell(zk_chroot, "rebuild", "--bookies",
+                             ",".join(b.address for b in bookies), "--apply", "--json")
+    assert code == 0, out
+    assert json.loads(out)["written"] == 3, out
+    async with metadata_store(zk_chroot, init=False) as store:
+        assert (await store.get("/ledgers/INSTANCEID"))[0].decode() == iid
+        assert await store.exists("/ledgers/gcfreeze") is not None
+    async with ledgerd.open_client(zk_chroot) as reader:
+        for lh, prefix, n in ((striped, b"s", 30), (full, b"f", 5), (dangling, b"d", 12)):
+            rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
+            assert rh.is_closed and rh.last_add_confirmed == n - 1, lh.ledger_id
+            assert [e.payload async for e in rh.read()] == [b"%s-%d" % (prefix, i)
+                                                             for i in range(n)]
+        assert (await reader.ledger_metadata(full.ledger_id)).digest_type == "crc32"
+    for b in bookies:
+        assert (await _gc_status(b))["ledgers_deleted"] == 0
