@@ -21,7 +21,10 @@ Rules, per ledger missing from the live metadata:
   bookie reports was acknowledged and is kept; past it, entries are kept while each is
   held by at least one bookie (recovery reads it and writes it back to Qa copies); the
   first entry held nowhere ends the ledger. A gap at or below the LAC (an acknowledged
-  entry held nowhere) is reported as lost, never skipped silently.
+  entry held nowhere) is reported as lost, never skipped silently. The plan shows this
+  end, but a rebuilt ledger is written OPEN: bookies cannot tell a ledger its writer
+  closed from one still written, so the closing is left to the protocol's recovery
+  (which fences first): the first open with recovery, or ``rebuild --secret-file``.
 - **Key check.** Every holder of a ledger must report the same key check (or none); a
   mismatch is reported and the ledger is left out.
 - The digest type comes from the caller (``detect_digest`` on entry 0's bytes).
@@ -77,6 +80,7 @@ class LedgerPlan:
     holders: tuple[str, ...]
     problems: tuple[str, ...] = ()
     assumed: tuple[str, ...] = ()
+    end: int = -1  # the last entry recovery keeps (the ledger's end once closed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +183,8 @@ def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
         if last < snapshot.last_entry_id:
             problems.append(f"the snapshot closed it at entry {snapshot.last_entry_id}; the "
                             f"bookies hold entries only up to {last}")
-        return LedgerPlan(ledger_id, snapshot, "snapshot", holders, tuple(problems))
+        return LedgerPlan(ledger_id, snapshot, "snapshot", holders, tuple(problems),
+                          end=snapshot.last_entry_id)
     copies = max((len(x) for x in by_entry), default=len(held))
     if snapshot is not None:
         e_size, qw, qa = snapshot.ensemble_size, snapshot.write_quorum, snapshot.ack_quorum
@@ -194,22 +199,25 @@ def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
     term = max(h.term for h in held)
     unbounded = snapshot.unbounded if snapshot is not None else term > 0
     base = snapshot if snapshot is not None else None
+    # Written OPEN, never CLOSED here: the bookies cannot tell a ledger its writer closed
+    # from one still being written, and closing without fencing would let a live writer
+    # add acknowledged entries past the end. The protocol's recovery (the first open
+    # with recovery, or ``rebuild --secret-file``) fences it and closes it at ``last``.
     try:
         if base is not None:
-            md = replace(base, ensembles=tuple(ensembles), state=LedgerState.CLOSED,
-                         last_entry_id=last, length=length, term=max(term, base.term))
+            md = replace(base, ensembles=tuple(ensembles), state=LedgerState.OPEN,
+                         last_entry_id=-1, length=0, term=max(term, base.term))
         else:
             md = LedgerMetadata(
                 ensemble_size=e_size, write_quorum=qw, ack_quorum=qa,
-                ensembles=tuple(ensembles), state=LedgerState.CLOSED, last_entry_id=last,
-                length=length, digest_type=digest_type,
-                password_check=next(iter(checks), ""), ctime_ms=now_ms, term=term,
-                unbounded=unbounded)
+                ensembles=tuple(ensembles), state=LedgerState.OPEN,
+                digest_type=digest_type, password_check=next(iter(checks), ""),
+                ctime_ms=now_ms, term=term, unbounded=unbounded)
     except ValueError as exc:
         return LedgerPlan(ledger_id, None, "bookies", holders,
                           (*problems, f"cannot form metadata: {exc}"), tuple(assumed))
     return LedgerPlan(ledger_id, md, "snapshot+bookies" if snapshot else "bookies", holders,
-                      tuple(problems), tuple(assumed))
+                      tuple(problems), tuple(assumed), end=last)
 
 
 def _fragments(by_entry: Sequence[tuple[str, ...]], holders: Sequence[str], size: int,

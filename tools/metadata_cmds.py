@@ -259,8 +259,9 @@ def _plan_rows(the_plan: Any) -> list[list[Any]]:
                          "; ".join(p.problems)])
             continue
         ens = " ".join(f"{first}:{'/'.join(b)}" for first, b in md.ensembles)
+        state = "closed" if md.is_closed else "open"
         rows.append([p.ledger_id, f"{md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}",
-                     md.last_entry_id, md.digest_type, ens, p.source,
+                     f"{state}, end {p.end}", md.digest_type, ens, p.source,
                      "; ".join([*p.problems, *(f"assumed {a}" for a in p.assumed)])])
     return rows
 
@@ -277,12 +278,20 @@ def _plan_rows(the_plan: Any) -> list[list[Any]]:
               help="The bookies' admin_secret (needed from other hosts).")
 @click.option("--apply", "do_apply", is_flag=True,
               help="Write the plan (without it, nothing is written).")
+@click.option("--secret-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The cluster secret (cluster_secret_file): with --apply, fence and close "
+                   "every rebuilt ledger now by recovery.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
-                layout: str | None, secret: str, do_apply: bool, as_json: bool) -> None:
+                layout: str | None, secret: str, do_apply: bool, secret_file: Path | None,
+                as_json: bool) -> None:
     """Rebuild ledger metadata missing from ZooKeeper from what the bookies hold (a dry
-    run prints the plan; --apply writes it and freezes GC until `gc-freeze --clear`)."""
+    run prints the plan; --apply writes it and freezes GC until `gc-freeze --clear`).
+
+    Rebuilt ledgers are written OPEN (bookies cannot tell a closed ledger from one still
+    written): the first open with recovery fences and closes each at the end the plan
+    shows, or --secret-file does it now."""
     from ledgerd.metadata.cluster import read_layout
     from ledgerd.metadata.registry import BookieRegistry
     from ledgerd.metadata.snapshot import category
@@ -328,12 +337,22 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
         finally:
             await store.close()
 
+    async def close_all(the_plan: Any) -> dict[int, str]:
+        from ledgerd.base.credentials import read_cluster_secret
+
+        assert secret_file is not None
+        return await rb.close_rebuilt(_zk(ctx), the_plan,
+                                      read_cluster_secret(secret_file, "--secret-file"))
+
     the_plan, gathered, written, use_layout = _run(run)
+    closing = _run(close_all, the_plan) if do_apply and secret_file is not None else {}
     doc = {"root": root, "layout": use_layout, "applied": do_apply, "written": written,
+           "closed": {str(k): v for k, v in closing.items()},
            "skipped_live": the_plan.skipped_live, "lost": list(the_plan.lost),
            "unreachable": gathered.unreachable,
            "ledgers": [{"ledger_id": p.ledger_id, "source": p.source, "holders": p.holders,
                         "problems": list(p.problems), "assumed": list(p.assumed),
+                        "end": p.end,
                         "metadata": (json.loads(p.metadata.to_json())
                                      if p.metadata is not None else None)}
                        for p in the_plan.ledgers]}
@@ -341,12 +360,14 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
              f"{len(the_plan.ledgers) - len(the_plan.writable)} not rebuildable, "
              f"{the_plan.skipped_live} already in the live metadata"]
     if the_plan.ledgers:
-        lines.append(table(["ledger", "E/Qw/Qa", "last", "digest", "ensembles", "from",
+        lines.append(table(["ledger", "E/Qw/Qa", "state", "digest", "ensembles", "from",
                             "notes"], _plan_rows(the_plan)))
     for b, e in sorted(gathered.unreachable.items()):
         lines.append(f"unreachable: {b}: {e}")
     for what in the_plan.lost:
         lines.append(f"lost: {what}")
+    for lid, what in sorted(closing.items()):
+        lines.append(f"ledger {lid}: {what}")
     lines.append(f"wrote {written} ledger(s); GC is frozen until `ledgerd shell metadata "
                  "gc-freeze --clear`" if do_apply else "dry run: nothing written (--apply "
                                                          "writes)")

@@ -131,10 +131,10 @@ def snapshot_ledgers(snap: Snapshot | None) -> dict[int, LedgerMetadata]:
 
 async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Gathered,
                snap: Snapshot | None) -> Plan:
-    """The plan: live ledgers are left alone; digest types and lengths are read from
-    the bookies for ledgers the snapshot does not describe."""
+    """The plan: live ledgers are left alone; digest types are read from the bookies
+    (entry 0) for ledgers the snapshot does not describe."""
     from ledgerd.metadata.ledgers import LedgerManager
-    from ledgerd.metadata.rebuild import detect_digest, plan_ledger
+    from ledgerd.metadata.rebuild import detect_digest
 
     live: set[int] = set()
     if store is not None and await store.exists(f"{root}/LAYOUT") is not None:
@@ -142,23 +142,14 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
             live.add(lid)
     known = snapshot_ledgers(snap)
     digests: dict[int, str] = {}
-    lengths: dict[int, int] = {}
-    for lid in sorted(set(gathered.held) - live):
-        held = gathered.held[lid]
-        holders = [h.bookie_id for h in held]
-        if lid not in known:
-            first = await read_entry_bytes(holders, lid, 0)
-            if first:
-                digests[lid] = detect_digest(first)
-        probe = plan_ledger(lid, held, snapshot=known.get(lid))
-        if probe.metadata is not None and probe.metadata.last_entry_id >= 0:
-            last = await read_entry_bytes(holders, lid, probe.metadata.last_entry_id)
-            if len(last) >= 32:
-                lengths[lid] = int.from_bytes(last[24:32], "big", signed=True)
+    for lid in sorted(set(gathered.held) - live - set(known)):
+        first = await read_entry_bytes([h.bookie_id for h in gathered.held[lid]], lid, 0)
+        if first:
+            digests[lid] = detect_digest(first)
     logs = [n.path for n in snap.nodes if category(n.path, snap.layout) == "logs"] if snap \
         else []
     return plan_rebuild(RebuildInput(held=gathered.held, live=frozenset(live), snapshot=known,
-                                     digests=digests, lengths=lengths, snapshot_logs=logs,
+                                     digests=digests, snapshot_logs=logs,
                                      now_ms=int(time.time() * 1000)))
 
 
@@ -202,3 +193,29 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
     if not has_layout:
         await store.create(f"{root}/LAYOUT", _layout_bytes(layout))
     return written
+
+
+async def close_rebuilt(zk: str, the_plan: Plan, cluster_secret: bytes) -> dict[int, str]:
+    """Fence and close every ledger the plan wrote OPEN, by the protocol's recovery with
+    the cluster's recovery credential (bookies must hold the same cluster secret);
+    returns per ledger "closed at N" or the error. If cancelled, a ledger may be left
+    IN_RECOVERY and fenced: the next recovery finishes it."""
+    import ledgerd
+    from ledgerd.errors import LedgerdError
+    from ledgerd.metadata.ledger import LedgerState
+    from ledgerd.replication import Credentials, ReplicationOptions, _close
+
+    out: dict[int, str] = {}
+    creds = Credentials(cluster_secret=cluster_secret)
+    async with ledgerd.open_client(zk) as client:
+        for p in the_plan.writable:
+            assert p.metadata is not None
+            if p.metadata.state is not LedgerState.OPEN:
+                continue
+            try:
+                md, _ = await client.ledgers.read(p.ledger_id)
+                closed = await _close(client, p.ledger_id, md, creds, ReplicationOptions())
+                out[p.ledger_id] = f"closed at {closed.last_entry_id}"
+            except LedgerdError as exc:
+                out[p.ledger_id] = f"not closed: {exc}"
+    return out

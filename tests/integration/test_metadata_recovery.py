@@ -165,8 +165,12 @@ async def test_snapshot_wipe_restore_rebuild_keeps_clients_working(
 
 
 async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_it_ended(
-        bookie_factory: Factory, zk_chroot: str) -> None:
-    bookies = await start_bookies(lambda: bookie_factory(gc_wait_time_ms=1000), zk_chroot, 3)
+        bookie_factory: Factory, zk_chroot: str, tmp_path: Path) -> None:
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("s" * 64)
+    secret.chmod(0o600)
+    bookies = await start_bookies(lambda: bookie_factory(
+        gc_wait_time_ms=1000, cluster_secret_file=str(secret)), zk_chroot, 3)
     async with ledgerd.open_client(zk_chroot, throttle=0) as client:
         striped = await client.create_ledger(3, 2, 2, password=b"pw")
         for i in range(30):
@@ -183,18 +187,25 @@ async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_
             iid = (await store.get("/ledgers/INSTANCEID"))[0].decode()
             await store.delete("/ledgers", recursive=True)
 
-    code, out = await _shell(zk_chroot, "rebuild", "--bookies",
-                             ",".join(b.address for b in bookies))
+    named = ",".join(b.address for b in bookies)
+    code, out = await _shell(zk_chroot, "rebuild", "--bookies", named)
     assert code == 0 and "dry run" in out and "lost: log names" in out, out
+    code, out = await _shell(zk_chroot, "rebuild", "--bookies", named, "--json")
+    ends = {p["ledger_id"]: p["end"] for p in json.loads(out)["ledgers"]}
+    assert ends == {striped.ledger_id: 29, full.ledger_id: 4, dangling.ledger_id: 11}, out
     async with metadata_store(zk_chroot, init=False) as store:
         assert await store.exists("/ledgers/LAYOUT") is None  # a dry run writes nothing
-    code, out = await _shell(zk_chroot, "rebuild", "--bookies",
-                             ",".join(b.address for b in bookies), "--apply", "--json")
+    code, out = await _shell(zk_chroot, "rebuild", "--bookies", named, "--apply",
+                             "--secret-file", str(secret), "--json")
     assert code == 0, out
-    assert json.loads(out)["written"] == 3, out
+    doc = json.loads(out)
+    assert doc["written"] == 3, out
+    assert sorted(doc["closed"].values()) == ["closed at 11", "closed at 29", "closed at 4"]
     async with metadata_store(zk_chroot, init=False) as store:
         assert (await store.get("/ledgers/INSTANCEID"))[0].decode() == iid
         assert await store.exists("/ledgers/gcfreeze") is not None
+        md, _ = await LedgerManager(store, "/ledgers").read(dangling.ledger_id)
+        assert md.is_closed and md.last_entry_id == 11
     async with ledgerd.open_client(zk_chroot) as reader:
         for lh, prefix, n in ((striped, b"s", 30), (full, b"f", 5), (dangling, b"d", 12)):
             rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
