@@ -6,6 +6,7 @@ back by `metadata rebuild` from what the bookies hold."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from ledgerd.metadata.registry import BookieRegistry, BookieSet
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.wire.messages import LedgerHoldingsRequest, LedgerHoldingsResponse
 from ledgerd.wire.status import Status
-from tests.cluster import EVENT_BOUND_S, admin_get, metadata_store, start_bookies
+from tests.cluster import EVENT_BOUND_S, admin_get, metadata_store, start_bookies, wait_registered
 
 Factory = Callable[..., BookieProcess]
 
@@ -215,3 +216,38 @@ async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_
         assert (await reader.ledger_metadata(full.ledger_id)).digest_type == "crc32"
     for b in bookies:
         assert (await _gc_status(b))["ledgers_deleted"] == 0
+
+
+def _bookie_run(conf: Path) -> tuple[int, str]:
+    done = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "bookie", "--conf",
+                           str(conf)], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    return done.returncode, done.stderr
+
+
+async def test_a_bookie_with_data_refuses_a_lost_or_new_cluster_and_names_restore(
+        bookie_factory: Factory, zk_chroot: str, tmp_path: Path) -> None:
+    (b,) = await start_bookies(bookie_factory, zk_chroot, 1)
+    async with ledgerd.open_client(zk_chroot, throttle=0) as client:
+        lh = await client.create_ledger(1, 1, 1, password=b"pw")
+        await lh.append(b"kept")
+        await lh.close()
+    snap = tmp_path / "meta.snap"
+    code, out = await _shell(zk_chroot, "snapshot", str(snap))
+    assert code == 0, out
+    assert b.terminate() == 0
+    async with metadata_store(zk_chroot, init=False) as store:
+        await store.delete("/ledgers", recursive=True)
+    code, stderr = _bookie_run(b.config_path)
+    assert code == 1 and "metadata restore" in stderr and "do not" in stderr, stderr
+    async with metadata_store(zk_chroot) as store:  # an operator's initnewcluster
+        code, stderr = _bookie_run(b.config_path)
+        assert code == 1 and "metadata restore" in stderr and "instance" in stderr, stderr
+    code, out = await _shell(zk_chroot, "restore", "--replace", str(snap))
+    assert code == 0, out
+    async with metadata_store(zk_chroot, init=False) as store:
+        b.start()
+        await wait_registered(store, b)
+    async with ledgerd.open_client(zk_chroot) as client:
+        rh = await client.open_ledger(lh.ledger_id, password=b"pw")
+        assert [e.payload async for e in rh.read()] == [b"kept"]
