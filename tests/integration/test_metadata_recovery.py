@@ -6,9 +6,11 @@ back by `metadata rebuild` from what the bookies hold."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -16,8 +18,10 @@ import trio
 import ledgerd
 from ledgerd.bookie_client import open_bookie_client
 from ledgerd.ledgerlog import LogEntry, LogPosition
+from ledgerd.metadata.errors import SessionExpiredError
 from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.metadata.registry import BookieRegistry, BookieSet
+from ledgerd.testing.cluster import ProcessCluster
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.wire.messages import LedgerHoldingsRequest, LedgerHoldingsResponse
 from ledgerd.wire.status import Status
@@ -251,3 +255,61 @@ async def test_a_bookie_with_data_refuses_a_lost_or_new_cluster_and_names_restor
     async with ledgerd.open_client(zk_chroot) as client:
         rh = await client.open_ledger(lh.ledger_id, password=b"pw")
         assert [e.payload async for e in rh.read()] == [b"kept"]
+
+
+async def test_a_snapshot_restored_into_a_fresh_zookeeper_keeps_the_same_clients_going(
+        tmp_path: Path) -> None:
+    cluster = ProcessCluster(tmp_path, bookies=0, settings={
+        "zk_timeout_ms": 4000, "journal_prealloc_mb": 4, "gc_wait_time_ms": 1000})
+    try:
+        zk = await trio.to_thread.run_sync(cluster.start_zookeeper)
+        bookies = await start_bookies(cluster.add_bookie, zk, 3)
+        snap = tmp_path / "meta.snap"
+        async with ledgerd.open_client(zk, throttle=0) as client:
+            closed = await client.create_ledger(3, 2, 2, password=b"pw")
+            for i in range(10):
+                await closed.append(b"c-%d" % i)
+            await closed.close()
+            open_ = await client.create_ledger(3, 2, 2, password=b"pw")
+            for i in range(5):
+                await open_.append(b"o-%d" % i)
+            code, out = await _shell(zk, "snapshot", str(snap))
+            assert code == 0, out
+
+            # ZooKeeper comes back on an empty data directory: every session is gone.
+            server = cluster.server
+            assert server is not None
+            await trio.to_thread.run_sync(server.stop)
+            shutil.rmtree(server.data_dir / "data")
+            await trio.to_thread.run_sync(server.start)
+            code, out = await _shell(zk, "restore", str(snap))
+            assert code == 0, out
+            async with metadata_store(zk, init=False) as store:
+                for b in bookies:
+                    await wait_registered(store, b)
+
+            # The client's session expired with the old server: its first call says so,
+            # once; kazoo has a new session by then.
+            with trio.fail_after(EVENT_BOUND_S):
+                while True:
+                    try:
+                        rh = await client.open_ledger(closed.ledger_id, password=b"pw")
+                        break
+                    except SessionExpiredError:
+                        await trio.sleep(0.2)
+            assert [e.payload async for e in rh.read()] == [b"c-%d" % i for i in range(10)]
+            for i in range(5, 8):
+                await open_.append(b"o-%d" % i)
+            await open_.close()
+            fresh = await client.create_ledger(3, 2, 2, password=b"pw")
+            await fresh.append(b"fresh")
+            await fresh.close()
+        async with ledgerd.open_client(zk) as reader:
+            rh = await reader.open_ledger(open_.ledger_id, password=b"pw")
+            assert rh.last_add_confirmed == 7
+            rh = await reader.open_ledger(fresh.ledger_id, password=b"pw")
+            assert [e.payload async for e in rh.read()] == [b"fresh"]
+        for b in bookies:
+            assert (await _gc_status(b))["ledgers_deleted"] == 0
+    finally:
+        await trio.to_thread.run_sync(partial(cluster.stop, graceful=False))
