@@ -97,22 +97,41 @@ async def gather(bookies: Iterable[str], secret: bytes) -> Gathered:
     return out
 
 
-async def read_entry_bytes(holders: Iterable[str], ledger_id: int, entry_id: int) -> bytes:
-    """One entry's bytes from the first holder that has it (b"" if none)."""
+async def read_first_entries(wanted: dict[int, list[str]], *, chunk: int = 1000
+                             ) -> dict[int, bytes]:
+    """Entry 0 of each ledger in ``wanted`` (ledger -> its holders): one connection per
+    bookie, reads pipelined ``chunk`` at a time; a ledger no holder answers for is left
+    out (its digest type is then assumed)."""
     from ledgerd.bookie_client import open_bookie_client
     from ledgerd.errors import LedgerdError
     from ledgerd.wire.messages import ReadRequest, ReadResponse
     from ledgerd.wire.status import Status
 
-    for address in holders:
-        try:
-            async with open_bookie_client(address, connect_timeout=5) as c:
-                st, resp = await c.call(ReadRequest(ledger_id=ledger_id, entry_id=entry_id))
-                if st == Status.OK and isinstance(resp, ReadResponse):
-                    return bytes(resp.entry)
-        except (LedgerdError, OSError, trio.BrokenResourceError):
-            continue
-    return b""
+    out: dict[int, bytes] = {}
+    pending = dict(wanted)
+    while pending:
+        by_bookie: dict[str, list[int]] = {}
+        for lid, holders in pending.items():
+            if holders:
+                by_bookie.setdefault(holders[0], []).append(lid)
+        if not by_bookie:
+            break
+        for address, lids in sorted(by_bookie.items()):
+            try:
+                async with open_bookie_client(address, connect_timeout=5) as c:
+                    for i in range(0, len(lids), chunk):
+                        part = lids[i:i + chunk]
+                        replies = await c.call_many([ReadRequest(ledger_id=lid, entry_id=0)
+                                                     for lid in part])
+                        for lid, (st, resp) in zip(part, replies, strict=True):
+                            if st == Status.OK and isinstance(resp, ReadResponse):
+                                out[lid] = bytes(resp.entry)
+            except (LedgerdError, OSError, trio.BrokenResourceError):
+                pass
+        # Ledgers not read yet are tried on their next holder.
+        pending = {lid: holders[1:] for lid, holders in pending.items()
+                   if lid not in out and len(holders) > 1}
+    return out
 
 
 def snapshot_ledgers(snap: Snapshot | None) -> dict[int, LedgerMetadata]:
@@ -142,8 +161,10 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
             live.add(lid)
     known = snapshot_ledgers(snap)
     digests: dict[int, str] = {}
-    for lid in sorted(set(gathered.held) - live - set(known)):
-        first = await read_entry_bytes([h.bookie_id for h in gathered.held[lid]], lid, 0)
+    firsts = await read_first_entries({
+        lid: [h.bookie_id for h in gathered.held[lid] if h.holds(0)]
+        for lid in sorted(set(gathered.held) - live - set(known))})
+    for lid, first in firsts.items():
         if first:
             digests[lid] = detect_digest(first)
     logs = [n.path for n in snap.nodes if category(n.path, snap.layout) == "logs"] if snap \
