@@ -64,7 +64,7 @@ __all__ = ["VERSION", "Bookie"]
 log = logging.getLogger(__name__)
 VERSION = "ledgerd-bookie 0.1"
 DRAIN_GRACE_S = 10.0
-METADATA_CHECK_S = 2.0  # how often a bookie looks for its cluster's metadata vanishing
+METADATA_CHECK_S = 5.0  # how often a bookie looks for its cluster's metadata vanishing
 
 
 class Bookie:
@@ -412,7 +412,7 @@ class Bookie:
         wiped root, a ZooKeeper started on an empty disk) and come back after a restore
         or rebuild.
 
-        Every ``METADATA_CHECK_S``: with no LAYOUT/INSTANCEID under the root, log once
+        Every ``METADATA_CHECK_S`` (three reads): with no LAYOUT/INSTANCEID under the root, log once
         that the metadata is gone and how to bring it back (the bookie keeps serving
         reads and deletes nothing: GC checks the same); with another instance id (the
         root re-initialised), refuse to register in that cluster; once the root holds
@@ -443,13 +443,15 @@ class Bookie:
                 if said:
                     log.info("cluster_metadata_back", extra=fields(bookie_id=self.bookie_id))
                     said = ""
+                ro = self.state.read_only
+                if await store.exists(registry.registration_path(self.bookie_id, read_only=ro)) \
+                        is not None:
+                    continue  # registered: the steady state costs three reads a check
                 cookies = CookieStore(store, root)
                 if await cookies.get(self.bookie_id) is None:
                     await cookies.create(self.bookie_id, self._cookie_bytes)
                     log.warning("cookie_restored", extra=fields(bookie_id=self.bookie_id))
-                ro = self.state.read_only
-                listed = await registry.list_bookies()
-                if self.bookie_id not in (listed.read_only if ro else listed.writable):
+                if ro == self.state.read_only:  # not moved meanwhile (the other service)
                     await registry.register(self.bookie_id, self._registration_info(),
                                             read_only=ro)
                     log.warning("re_registered_after_metadata_loss", extra=fields(

@@ -51,6 +51,10 @@ class BookieRegistry:
         check_bookie_id(bookie_id)
         return f"{self.readonly if read_only else self.available}/{bookie_id}"
 
+    def registration_path(self, bookie_id: str, *, read_only: bool) -> str:
+        """Where ``bookie_id``'s registration lives (writable or read-only list)."""
+        return self._path(bookie_id, read_only)
+
     async def register(self, bookie_id: str, info: dict[str, Any], *, read_only: bool = False,
                        stale_wait: float = 30.0) -> None:
         """Create this bookie's ephemeral node (and remove it from the other list).
