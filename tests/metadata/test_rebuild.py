@@ -84,3 +84,12 @@ def test_digest_type_from_entry_zero() -> None:
     assert detect_digest(head + crc + payload) == "crc32c"
     assert detect_digest(head + bytes(20) + payload) == "hmac"
     assert detect_digest(head + payload) == "dummy"
+
+
+def test_an_unbounded_ledger_without_a_snapshot_names_its_unknown_noops() -> None:
+    held = [BookieLedger(bookie_id=h.bookie_id, ledger_id=7, ranges=h.ranges, lac=h.lac,
+                         term=2, key_check=h.key_check)
+            for h in _held(BOOKIES[:3], 3, 9, lac=8)]
+    plan = plan_ledger(7, held)
+    assert plan.metadata is not None and plan.metadata.unbounded and plan.metadata.term == 2
+    assert any("no-op entries" in p for p in plan.problems), plan.problems
