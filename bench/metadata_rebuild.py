@@ -37,6 +37,13 @@ async def _shell(zk: str, *args: str) -> float:
     return time.monotonic() - t0
 
 
+async def _count(zk: str) -> int:
+    from ledgerd.metadata.ledgers import LedgerManager
+
+    async with metadata_store(zk, init=False) as store:
+        return len([lid async for lid in LedgerManager(store, "/ledgers").iter_ledger_ids()])
+
+
 async def main(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {"ledgers": args.ledgers, "bookies": args.bookies,
                               "entries": args.entries}
@@ -64,12 +71,17 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             async with metadata_store(zk, init=False) as store:
                 await store.delete("/ledgers", recursive=True)
             out["restore_s"] = round(await _shell(zk, "restore", str(snap)), 1)
+            if await _count(zk) != args.ledgers:
+                raise SystemExit("the restore lost ledgers")
             async with metadata_store(zk, init=False) as store:
                 await store.delete("/ledgers", recursive=True)
             named = ",".join(b.address for b in cluster.bookies)
             out["rebuild_dry_run_s"] = round(await _shell(zk, "rebuild", "--bookies", named), 1)
             out["rebuild_apply_s"] = round(await _shell(zk, "rebuild", "--bookies", named,
                                                         "--apply"), 1)
+            out["rebuilt_ledgers"] = await _count(zk)
+            if out["rebuilt_ledgers"] != args.ledgers:
+                raise SystemExit(f"rebuilt {out['rebuilt_ledgers']} of {args.ledgers} ledgers")
     return out
 
 

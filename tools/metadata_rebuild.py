@@ -200,15 +200,28 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
                                   "with `ledgerd shell metadata gc-freeze --clear`")
     ledgers = LedgerManager(store, root, layout)
     written = 0
-    top = -1
-    for p in the_plan.writable:
-        assert p.metadata is not None
-        top = max(top, p.ledger_id)
-        try:
-            await ledgers.create(p.metadata, ledger_id=p.ledger_id)
-            written += 1
-        except NodeExistsError:
-            continue
+    top = max((p.ledger_id for p in the_plan.writable), default=-1)
+    limit = trio.Semaphore(16)  # the ZooKeeper store's own limit
+
+    async def write(lid: int, md: LedgerMetadata) -> None:
+        nonlocal written
+        async with limit:
+            for _ in range(3):
+                try:
+                    await ledgers.create(md, ledger_id=lid)
+                    written += 1
+                    return
+                except NodeExistsError:
+                    # The ledger itself (created meanwhile: left alone), or one of its
+                    # parent directories made by a parallel create: then try again.
+                    if await ledgers.exists(lid):
+                        return
+            raise RebuildError(f"could not create ledger {lid}'s metadata")
+
+    async with trio.open_nursery() as nursery:
+        for p in the_plan.writable:
+            assert p.metadata is not None
+            nursery.start_soon(write, p.ledger_id, p.metadata)
     if top >= 0:
         await advance_counter(store, f"{root}/idgen", top + 1)
     if not has_layout:
