@@ -10,7 +10,8 @@ what kind of caller may ask, the key which ledger it may touch.
   client's own ledger recovery (recovery adds and fencing reads carrying the key);
 - ``recovery``: reads, fencing reads and recovery adds (autorecovery, which holds the
   cluster's recovery credential instead of ledger keys), not plain adds;
-- ``admin``: garbage collection and compaction triggers, the admin status;
+- ``admin``: garbage collection and compaction triggers, the admin status, the
+  listing of held ledgers (metadata rebuild);
 - ``bookie``: bookie-to-bookie calls (none today; reserved, as BookKeeper has it).
 
 ApiVersions, StartTls and Auth are open to everyone: they come before anyone is known.
@@ -39,6 +40,7 @@ _BY_API: dict[int, frozenset[str]] = {
     ApiKey.GET_BOOKIE_INFO: frozenset({"client", "recovery", "admin", "bookie"}),
     ApiKey.ADMIN_TRIGGER: frozenset({"admin"}),
     ApiKey.ADMIN_STATUS: frozenset({"admin"}),
+    ApiKey.LEDGER_HOLDINGS: frozenset({"admin"}),
 }
 assert set(_BY_API) | {ApiKey.ADD} == set(ApiKey)
 

@@ -52,6 +52,7 @@ from ledgerd.disk.errors import StorageError
 from ledgerd.disk.storage import LedgerStorage
 from ledgerd.metadata.cluster import check_layout, instance_id
 from ledgerd.metadata.cookies import CookieStore
+from ledgerd.metadata.errors import LayoutMismatchError, MetadataError, NoNodeError
 from ledgerd.metadata.ledgers import LedgerManager
 from ledgerd.metadata.registry import BookieRegistry
 from ledgerd.metadata.store import MetadataStore
@@ -63,6 +64,7 @@ __all__ = ["VERSION", "Bookie"]
 log = logging.getLogger(__name__)
 VERSION = "ledgerd-bookie 0.1"
 DRAIN_GRACE_S = 10.0
+METADATA_CHECK_S = 5.0  # how often a bookie looks for its cluster's metadata vanishing
 
 
 class Bookie:
@@ -156,6 +158,7 @@ class Bookie:
                 await sup.start("gc", self.gc.run)
                 if self.registry is not None:
                     await sup.start("registration", self._registration)
+                    await sup.start("metadata-watch", self._metadata_watch)
                     # After replay and the first checkpoint (storage.open): a pass now.
                     await sup.start("scrubber", self.scrubber.run)
                     if self.config.auto_recovery_daemon_enabled:
@@ -199,7 +202,18 @@ class Bookie:
                 note="zk_servers is empty: no registration, cookies only on disk, no ledger GC"))
             return
         root = cfg.zk_ledgers_root_path
-        layout = await check_layout(self.store, root, cfg.ledger_manager_type)
+        try:
+            layout = await check_layout(self.store, root, cfg.ledger_manager_type)
+        except LayoutMismatchError as exc:
+            if not any((Path(d) / "current" / "VERSION").exists() for d in self.storage.all_dirs()):
+                raise
+            # A bookie with data whose cluster is gone: initnewcluster would make a new
+            # instance this data does not belong to. Say what brings it back instead.
+            raise LayoutMismatchError(
+                f"{exc}. This bookie holds data of a cluster whose metadata is gone: do not "
+                "run initnewcluster or format the bookie; run `ledgerd shell metadata "
+                "restore FILE` (a snapshot) or `ledgerd shell metadata rebuild --apply` "
+                "with the bookies running, then start it again") from None
         self.registry = BookieRegistry(self.store, root)
         self.gc.ledgers = LedgerManager(self.store, root, layout)
         self.scrubber.ledgers = self.gc.ledgers
@@ -211,6 +225,7 @@ class Bookie:
         remote: bytes | None = None
         if self.store is not None:
             iid = await instance_id(self.store, cfg.zk_ledgers_root_path)
+            self.gc.instance_id = iid
             got = await CookieStore(self.store, cfg.zk_ledgers_root_path).get(self.bookie_id)
             remote = got[0] if got else None
             self._cookie_version = got[1] if got else -1
@@ -391,6 +406,75 @@ class Bookie:
                     continue
                 await changed.wait()
 
+    async def _metadata_watch(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                              ) -> None:
+        """Service: notice the cluster's metadata vanishing under a running bookie (a
+        wiped root, a ZooKeeper started on an empty disk) and come back after a restore
+        or rebuild.
+
+        Every ``METADATA_CHECK_S`` (three reads): with no LAYOUT/INSTANCEID under the root, log once
+        that the metadata is gone and how to bring it back (the bookie keeps serving
+        reads and deletes nothing: GC checks the same); with another instance id (the
+        root re-initialised), refuse to register in that cluster; once the root holds
+        this bookie's instance again, put back its ZooKeeper cookie from the local one
+        if it is missing, and its registration if it is missing. Cancelling leaves
+        nothing half done (each step is one idempotent write)."""
+        assert self.store is not None and self.registry is not None
+        store, registry = self.store, self.registry
+        root = self.config.zk_ledgers_root_path
+        said = ""
+        task_status.started()
+        while True:
+            await trio.sleep(METADATA_CHECK_S)
+            if not getattr(store, "is_connected", True):
+                continue
+            try:
+                problem = await self._metadata_problem()
+                if problem:
+                    if problem != said:
+                        log.error("cluster_metadata_missing", extra=fields(
+                            bookie_id=self.bookie_id, problem=problem, action=(
+                                "this bookie keeps its data, does not register and its GC "
+                                "deletes nothing; bring the metadata back with `ledgerd "
+                                "shell metadata restore FILE` (a snapshot) or `ledgerd shell "
+                                "metadata rebuild --apply`; do not format this bookie")))
+                        said = problem
+                    continue
+                if said:
+                    log.info("cluster_metadata_back", extra=fields(bookie_id=self.bookie_id))
+                    said = ""
+                ro = self.state.read_only
+                if await store.exists(registry.registration_path(self.bookie_id, read_only=ro)) \
+                        is not None:
+                    continue  # registered: the steady state costs three reads a check
+                cookies = CookieStore(store, root)
+                if await cookies.get(self.bookie_id) is None:
+                    await cookies.create(self.bookie_id, self._cookie_bytes)
+                    log.warning("cookie_restored", extra=fields(bookie_id=self.bookie_id))
+                if ro == self.state.read_only:  # not moved meanwhile (the other service)
+                    await registry.register(self.bookie_id, self._registration_info(),
+                                            read_only=ro)
+                    log.warning("re_registered_after_metadata_loss", extra=fields(
+                        bookie_id=self.bookie_id, read_only=ro))
+            except (MetadataError, NoNodeError) as exc:
+                log.warning("metadata_watch_failed", extra=fields(error=repr(exc)))
+
+    async def _metadata_problem(self) -> str:
+        """Why this bookie cannot take part in the cluster under its root now, or ""."""
+        assert self.store is not None
+        root = self.config.zk_ledgers_root_path
+        if await self.store.exists(f"{root}/LAYOUT") is None:
+            return f"no cluster metadata at {root} (LAYOUT is gone)"
+        try:
+            raw, _ = await self.store.get(f"{root}/INSTANCEID")
+        except NoNodeError:
+            return f"no INSTANCEID at {root}"
+        iid = raw.decode("utf-8", "replace")
+        if self.gc.instance_id and iid != self.gc.instance_id:
+            return (f"{root} now holds cluster instance {iid}; this bookie's data belongs "
+                    f"to {self.gc.instance_id} (re-initialised after a loss?)")
+        return ""
+
     async def _autorecovery(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         assert self.store is not None
         await run_autorecovery(self.store, self.config, self.bookie_id,
@@ -409,6 +493,7 @@ class Bookie:
         j = self.storage.journal
         return {
             "bookie_id": self.bookie_id,
+            "instance_id": self.gc.instance_id,
             "state": "read_only" if self.state.read_only else "writable",
             "draining": self.state.draining,
             "reason": self.state.reason,

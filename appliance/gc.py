@@ -8,6 +8,12 @@ Every ``gc_wait_time_ms`` (or when an admin asks):
    nothing.
    Unbounded ledgers (a term above 0 here) whose metadata starts past entry 0 had front
    fragments deleted for retention: their entries below the start are dropped here.
+   Nothing is deleted while the metadata cannot be trusted to list every ledger
+   (``metadata_guard``): the root's LAYOUT or INSTANCEID is gone (ZooKeeper lost or
+   wiped), the instance id is not the one this bookie's cookie names (a cluster
+   re-initialised after a loss), or ``<root>/gcfreeze`` is set (metadata restored or
+   rebuilt and not yet confirmed by an operator). The guard is checked before the scan
+   and again before each deletion.
 2. Entry logs: dead ones are deleted; a minor compaction (threshold
    ``minor_compaction_threshold``) or major one (``major_compaction_threshold``) runs when
    its interval has passed or an admin forced it. With the disks full, major compaction
@@ -103,6 +109,8 @@ class GarbageCollector:
         self.last_minor = 0.0
         self.last_major = 0.0
         self.pass_done = trio.Event()
+        self.instance_id = ""  # the cluster instance this bookie's cookie names
+        self.frozen = ""  # why the last pass deleted no ledger ("" when it could)
 
     def trigger(self, kind: AdminKind) -> bool:
         """Ask for a pass now (``kind`` forces that compaction); False if one is running."""
@@ -167,7 +175,7 @@ class GarbageCollector:
         return p
 
     def status(self) -> dict[str, Any]:
-        return {"running": self.running, "passes": self.passes,
+        return {"running": self.running, "passes": self.passes, "frozen": self.frozen,
                 "ledgers_deleted": self.ledgers_deleted,
                 "entries_trimmed": self.entries_trimmed,
                 "logs_deleted": self.logs_deleted, "logs_compacted": self.logs_compacted,
@@ -189,11 +197,32 @@ class GarbageCollector:
             return o.minor_threshold, "minor"
         return 0.0, "gc"
 
+    async def metadata_guard(self) -> str:
+        """Why ledger GC must delete nothing now, or "" when the metadata can be trusted
+        to list every ledger (see the module doc)."""
+        assert self.ledgers is not None
+        store, root = self.ledgers.store, self.ledgers.root
+        try:
+            if await store.exists(f"{root}/LAYOUT") is None:
+                return f"no cluster at {root} (metadata lost?)"
+            raw, _ = await store.get(f"{root}/INSTANCEID")
+            if self.instance_id and raw.decode("utf-8", "replace") != self.instance_id:
+                return (f"{root} holds cluster instance {raw.decode('utf-8', 'replace')}, "
+                        f"this bookie's data belongs to {self.instance_id}")
+            frozen = await store.exists(f"{root}/gcfreeze")
+        except NoNodeError:
+            return f"no cluster at {root} (metadata lost?)"
+        return f"{root}/gcfreeze is set" if frozen is not None else ""
+
     async def _gc_ledgers(self) -> int:
         if self.ledgers is None:
             return 0
         local = set(self.storage.list_ledgers())
         if not local:
+            return 0
+        self.frozen = await self.metadata_guard()
+        if self.frozen:
+            log.warning("ledger_gc_frozen", extra=fields(reason=self.frozen))
             return 0
         live: set[int] = set()
         async for lid in self.ledgers.iter_ledger_ids():
@@ -206,6 +235,10 @@ class GarbageCollector:
             seen = idx.changes
             if await self.ledgers.exists(lid):
                 continue
+            self.frozen = await self.metadata_guard()
+            if self.frozen:
+                log.warning("ledger_gc_frozen", extra=fields(reason=self.frozen))
+                return deleted
             # A ledger re-created with this id may have written here while we asked
             # (BookKeeper's classic GC race): then it is not garbage; the next pass
             # finds its metadata.

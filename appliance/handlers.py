@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from ledgerd.appliance.core import ACCEPT, Accept, BookieCore
+from ledgerd.appliance.holdings import list_holdings
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.disk.errors import EntryNotFoundError, LedgerNotFoundError, StorageError
@@ -45,6 +46,7 @@ from ledgerd.wire.messages import (
     ForceLedgerResponse,
     GetBookieInfoRequest,
     GetBookieInfoResponse,
+    LedgerHoldingsRequest,
     Message,
     ReadLacRequest,
     ReadLacResponse,
@@ -156,6 +158,7 @@ class RequestHandler:
             ApiKey.GET_BOOKIE_INFO: self._bookie_info,
             ApiKey.ADMIN_TRIGGER: self._admin_trigger,
             ApiKey.ADMIN_STATUS: self._admin_status,
+            ApiKey.LEDGER_HOLDINGS: self._ledger_holdings,
             ApiKey.API_VERSIONS: self._api_versions,
         }
 
@@ -506,3 +509,11 @@ class RequestHandler:
         assert self.admin is not None
         body = json.dumps(self.admin.status(), sort_keys=True).encode()
         return Status.OK, AdminStatusResponse(status_json=body)
+
+    async def _ledger_holdings(self, req: LedgerHoldingsRequest, trusted: bool) -> Reply:
+        """A page of what this bookie holds (``appliance.holdings``), for an admin."""
+        if not self._admin_allowed(req.secret, trusted):
+            return Status.UNAUTHORIZED, None
+        if req.first_ledger_id < 0 or req.first_entry_id < 0:
+            return Status.BAD_REQUEST, None
+        return Status.OK, await list_holdings(self.storage, req)

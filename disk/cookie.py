@@ -177,8 +177,11 @@ def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None, *,
                     f"ZooKeeper holds cluster {expected.instance_id} (it was formatted with "
                     "metaformat, or zk_servers names another cluster). Its ledgers are not "
                     "in this cluster's metadata, so it cannot join: point zk_servers at its "
-                    "own cluster, or empty it with `ledgerd shell bookieformat --conf FILE "
-                    "--force` to start it new in this one.")
+                    "own cluster. If that cluster's metadata was lost and re-initialised, "
+                    "do not format this bookie: bring the metadata back with `ledgerd shell "
+                    "metadata restore FILE --replace` or `ledgerd shell metadata rebuild "
+                    "--apply`. Only to start it new in this cluster, empty it with `ledgerd "
+                    "shell bookieformat --conf FILE --force`.")
             if diff:
                 grows = _added_dirs(cookie, expected)
                 if grows and allow_expansion and (added is None or added == grows):
@@ -219,7 +222,9 @@ def check_cookies(expected: Cookie, dirs: list[Path], remote: bytes | None, *,
         raise CookieMismatchError(
             "every directory has a cookie but ZooKeeper has none for "
             f"{expected.bookie_id}: this bookie was formatted against another cluster "
-            "or its ZooKeeper cookie was deleted; run `ledgerd shell cookie update`")
+            "or its ZooKeeper cookie was deleted; run `ledgerd shell cookie update`. If the "
+            "cluster's metadata was lost, do not format this bookie: run `ledgerd shell "
+            "metadata restore FILE` or `ledgerd shell metadata rebuild --apply`")
     return CookieCheck(tuple(missing), remote_cookie is None)
 
 

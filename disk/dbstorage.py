@@ -161,6 +161,19 @@ class DbStore:
                     put(ledger_id, eid, entry)
         return data
 
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the entry is stored (the write caches, then the index), unread."""
+        cache = self.cache
+        idx = cache.ledgers.get(ledger_id)
+        if idx is None or entry_id < 0 or entry_id > idx.last_entry_id \
+                or entry_id < cache.trimmed.get(ledger_id, 0):
+            return False
+        if self.write_cache.get(ledger_id, entry_id) is not None or (
+                self.flushing is not None
+                and self.flushing.get(ledger_id, entry_id) is not None):
+            return True
+        return cache.location(ledger_id, entry_id) != 0
+
     def pages_missing(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> bool:
         return False  # locations are in LMDB's pages (memory-mapped)
 

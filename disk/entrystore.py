@@ -71,6 +71,9 @@ class EntryStore(Protocol):
     def fetch(self, ledger_id: int, entry_id: int, *, read_ahead: bool = True) -> bytes | None:
         """An entry's bytes, or None if not stored here."""
 
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the entry is stored here, without reading its bytes."""
+
     def is_flush_due(self) -> bool:
         """True when the engine wants a checkpoint now rather than at the interval."""
 

@@ -76,6 +76,9 @@ class InterleavedStore:
         location = self.cache.location(ledger_id, entry_id)
         return self.entry_logger.read(location) if location else None
 
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        return self.cache.location(ledger_id, entry_id) != 0
+
     def truncate_after(self, ledger_id: int, last_kept: int) -> None:
         self.cache.truncate_after(ledger_id, last_kept)
 

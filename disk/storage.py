@@ -690,6 +690,11 @@ class LedgerStorage:
             raise EntryNotFoundError(ledger_id, entry_id)
         return data
 
+    def has_entry(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether the entry is stored here (its bytes are not read). With interleaved
+        storage a page not in memory is read from its file: ``page_in`` first."""
+        return self.engine.has_entry(ledger_id, entry_id)
+
     def pages_missing(self, ledger_id: int, first_entry_id: int, count: int = 1,
                       stride: int = 1) -> bool:
         """True when reading these entries would read index pages from a file

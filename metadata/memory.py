@@ -77,6 +77,7 @@ class InMemoryCluster:
         parent = _parent(path)
         self.nodes[parent].children.discard(posixpath.basename(path))
         self.notify(path, WatchKind.DATA)
+        self.notify(path, WatchKind.CHILDREN)  # ZooKeeper fires NodeDeleted at child watches
         self.notify(parent, WatchKind.CHILDREN)
 
     def drop_ephemerals(self, session_id: int) -> None:
@@ -139,6 +140,7 @@ class InMemoryStore:
                                          int(time.time() * 1000))
         pnode.children.add(posixpath.basename(path))
         self.cluster.notify(path, WatchKind.DATA)
+        self.cluster.notify(path, WatchKind.CHILDREN)  # a watch that outlived a deletion
         self.cluster.notify(parent, WatchKind.CHILDREN)
         return path
 
@@ -154,6 +156,7 @@ class InMemoryStore:
                 raise MetadataError(f"ephemeral node {_parent(p)} cannot have children")
             self.cluster.nodes[p] = _Node(b"", ctime_ms=int(time.time() * 1000))
             pnode.children.add(posixpath.basename(p))
+            self.cluster.notify(p, WatchKind.CHILDREN)  # a watch that outlived a deletion
             self.cluster.notify(_parent(p), WatchKind.CHILDREN)
 
     async def get(self, path: str) -> tuple[bytes, NodeStat]:

@@ -24,7 +24,7 @@ __all__ = [
 LEGACY_LIMIT = (1 << 31) - 1
 MAX_LEDGER_ID = (1 << 63) - 1
 RESERVED = frozenset({"LAYOUT", "INSTANCEID", "available", "idgen", "idgen-long", "cookies",
-                      "underreplication"})
+                      "underreplication", "gcfreeze", "logs", "kafka"})
 _FLAT_NAME = re.compile(r"^L(\d{10})$")
 
 

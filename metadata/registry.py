@@ -51,6 +51,10 @@ class BookieRegistry:
         check_bookie_id(bookie_id)
         return f"{self.readonly if read_only else self.available}/{bookie_id}"
 
+    def registration_path(self, bookie_id: str, *, read_only: bool) -> str:
+        """Where ``bookie_id``'s registration lives (writable or read-only list)."""
+        return self._path(bookie_id, read_only)
+
     async def register(self, bookie_id: str, info: dict[str, Any], *, read_only: bool = False,
                        stale_wait: float = 30.0) -> None:
         """Create this bookie's ephemeral node (and remove it from the other list).
@@ -178,7 +182,12 @@ class BookieRegistry:
             async with self.store.watch(kind_path, WatchKind.CHILDREN) as events:
                 task_status.started()
                 async for _ in events:
-                    snapshot = await self.list_bookies(with_racks=with_racks)
+                    try:
+                        snapshot = await self.list_bookies(with_racks=with_racks)
+                    except NoNodeError:
+                        # The root was deleted (metadata lost): the last membership
+                        # stands until it is back (the watch says when).
+                        continue
                     try:
                         send.send_nowait(snapshot)
                     except trio.WouldBlock:

@@ -20,6 +20,7 @@ import socket
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import trio
@@ -295,6 +296,39 @@ class ZooKeeperStore:
         return await self._call("children", path,
                                 lambda: sorted(c.get_children_async(path).get(timeout=t)))
 
+    async def advance_sequence(self, parent: str, at_least: int, *, batch: int = 500) -> int:
+        """Move ``parent``'s sequential-child counter to ``at_least`` or beyond (a
+        restored tree's id generator): ephemeral sequential nodes created and deleted in
+        transactions of ``batch``, each create and delete moving the counter by one.
+        Returns the next number the counter gives."""
+        c, t = self._client, self._op_timeout
+
+        def probe() -> int:
+            node = c.create_async(f"{parent}/ID-", b"", ephemeral=True,
+                                  sequence=True).get(timeout=t)
+            c.delete_async(node).get(timeout=t)
+            return int(str(node).rsplit("-", 1)[1]) + 2
+
+        def step(n: int) -> None:
+            tx = c.transaction()
+            for _ in range(n):
+                tx.create(f"{parent}/ID-", b"", ephemeral=True, sequence=True)
+            made = tx.commit()
+            bad = [r for r in made if isinstance(r, Exception)]
+            if bad:
+                raise bad[0]
+            tx = c.transaction()
+            for node in made:
+                tx.delete(node)
+            tx.commit()
+
+        current = await self._call("advance_sequence", parent, probe)
+        while current < at_least:
+            n = max(1, min(batch, (at_least - current + 1) // 2))
+            await self._call("advance_sequence", parent, partial(step, n), retry=False)
+            current += 2 * n
+        return await self._call("advance_sequence", parent, probe)
+
     # -- watches and session events ------------------------------------------------------
 
     def _hand_to_trio(self, fn: Callable[[], None]) -> None:
@@ -326,6 +360,24 @@ class ZooKeeperStore:
 
         c = self._client
 
+        gone = False
+
+        def on_node(_data: Any, stat: Any, *_args: Any) -> bool:
+            # kazoo's ChildrenWatch stops silently when its node is deleted (a wiped
+            # root): a DataWatch on the same node says so, and arms a new ChildrenWatch
+            # when the node is created again (a restore), each time with a notification.
+            nonlocal gone
+            if not active:
+                return False
+            if stat is None and not gone:
+                gone = True
+                self._hand_to_trio(deliver)
+            elif stat is not None and gone:
+                gone = False
+                ChildrenWatch(c, path, func=on_change)
+                self._hand_to_trio(deliver)
+            return True
+
         def arm() -> None:
             if kind is WatchKind.DATA:
                 DataWatch(c, path, func=on_change)
@@ -333,6 +385,7 @@ class ZooKeeperStore:
                 if c.exists(path) is None:
                     raise kz.NoNodeError(path)
                 ChildrenWatch(c, path, func=on_change)
+                DataWatch(c, path, func=on_node)
 
         await self._call("watch", path, arm)
         try:

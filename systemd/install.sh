@@ -20,7 +20,9 @@
 #   /var/lib/ledgerd                  data (journal and ledger devices mount here), owned
 #                                     by the ledgerd system user
 #   /etc/systemd/system/ledgerd-bookie.service, ledgerd-bookie@.service (several bookies
-#                                     per host), ledgerd-autorecovery.service
+#                                     per host), ledgerd-autorecovery.service,
+#                                     ledgerd-metadata-snapshot.service and .timer
+#                                     (hourly metadata snapshots; enable the timer)
 # and, on systemd >= 254, a drop-in that backs restarts off from 15 s to 5 min.
 # Nothing is started: `systemctl enable --now ledgerd-bookie` once the config is right.
 set -euo pipefail
@@ -64,10 +66,11 @@ systemd_live() { [ -z "$root" ] && [ -d /run/systemd/system ]; }
 if [ "$uninstall" = 1 ]; then
     if systemd_live; then
         systemctl disable --now ledgerd-bookie.service ledgerd-autorecovery.service \
-            ledgerd-gateway.service \
+            ledgerd-gateway.service ledgerd-metadata-snapshot.timer \
             >/dev/null 2>&1 || true
     fi
-    for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service ledgerd-gateway.service; do
+    for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service ledgerd-gateway.service \
+            ledgerd-metadata-snapshot.service ledgerd-metadata-snapshot.timer; do
         [ -e "$units/$u" ] && rm -f "$units/$u" && say "removed $units/$u"
     done
     rm -rf "$units/ledgerd-bookie.service.d" "$units/ledgerd-bookie@.service.d" \
@@ -144,7 +147,8 @@ fi
 
 # 4. Units (always refreshed: they belong to the product, not to the operator).
 mkdir -p "$units"
-for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service ledgerd-gateway.service; do
+for u in ledgerd-bookie.service ledgerd-bookie@.service ledgerd-autorecovery.service ledgerd-gateway.service \
+        ledgerd-metadata-snapshot.service ledgerd-metadata-snapshot.timer; do
     if ! cmp -s "$here/$u" "$units/$u"; then
         install -m 0644 "$here/$u" "$units/$u"
         say "installed $units/$u"

@@ -44,6 +44,7 @@ PURE = ["ledgerd.wire.layouts", "ledgerd.wire.codec", "ledgerd.wire.messages", "
         "ledgerd.base.logs", "ledgerd.base.credentials",
         "ledgerd.base.settings", "ledgerd.base.properties", "ledgerd.base.bknames"]
 PURE += ["ledgerd.base.faultpoints", "ledgerd.testing.history"]  # the test kit's pure part
+PURE += ["ledgerd.metadata.snapshot", "ledgerd.metadata.rebuild"]  # disaster recovery planning
 
 
 # The repository's top-level folders install as ``ledgerd.<folder>`` (pyproject's

@@ -460,6 +460,7 @@ def _register() -> None:
     from ledgerd.tools.audit import audit_cmd
     from ledgerd.tools.benchcmd import reads_cmd, writes_cmd
     from ledgerd.tools.durability_cmds import register as register_durability
+    from ledgerd.tools.metadata_cmds import register as register_metadata
     from ledgerd.tools.replication_cmds import register as register_replication
     from ledgerd.tools.shell import shell
     from ledgerd.tools.storage_cmds import register as register_storage
@@ -468,6 +469,7 @@ def _register() -> None:
     register_replication()
     register_storage()
     register_durability()
+    register_metadata()
 
     cli.add_command(shell)
     cli.add_command(audit_cmd)

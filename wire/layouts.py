@@ -42,6 +42,8 @@ __all__ = [
     "FORCE_LEDGER_RESPONSE",
     "GET_BOOKIE_INFO_REQUEST",
     "GET_BOOKIE_INFO_RESPONSE",
+    "LEDGER_HOLDINGS_REQUEST",
+    "LEDGER_HOLDINGS_RESPONSE",
     "MASTER_KEY_SIZE",
     "READ_LAC_REQUEST",
     "READ_LAC_RESPONSE",
@@ -373,3 +375,64 @@ START_TLS_RESPONSE = Struct(Terminated)
 #  response  | len int16 | principal (utf-8) |
 AUTH_REQUEST = Struct("mechanism" / ShortBlob, "token" / ShortBlob, Terminated)
 AUTH_RESPONSE = Struct("principal" / ShortBlob, Terminated)
+
+# ---------------------------------------------------------------------------------------
+# LedgerHoldings (key 13): what this bookie holds, per ledger, for rebuilding the cluster's
+# metadata from the bookies (`ledgerd shell metadata rebuild`). An admin request, streamed
+# in pages: the reply covers ledgers from first_ledger_id (and, in that first ledger,
+# entry ids from first_entry_id) in increasing order, at most max_ledgers ledgers and
+# max_ranges ranges (a bookie caps both); next_ledger_id / next_entry_id say where the
+# next page starts, -1 when the listing is complete. A ledger cut by max_ranges appears
+# again in the next page with the rest of its ranges.
+#
+#  request   0                 8                 16            20           24      26
+#            +-----------------+-----------------+-------------+------------+-------+--------
+#            | first_ledger_id | first_entry_id  | max_ledgers | max_ranges | len   | secret
+#            | int64           | int64           | int32       | int32      | int16 | bytes
+#
+#  response  0                8                16      20 (count x 65 bytes)
+#            +----------------+----------------+-------+-------------------------------------
+#            | next_ledger_id | next_entry_id  | count | ledgers
+#            | int64          | int64          | int32 |
+#            ... | count int32 | ranges (count x 24 bytes) |
+#
+#  a ledger  0           8       9       17      25              33
+#            +-----------+-------+-------+-------+---------------+------------+
+#            | ledger_id | flags | term  | lac   | last_entry_id | key_check  |
+#            | int64     | int8  | int64 | int64 | int64         | 32 bytes   |
+#  flags: FENCED=1, HAS_KEY=2. key_check is SHA-256("ledgerd-password-check" + master
+#  key), the ledger metadata's password_check (zeros without a key): the key itself
+#  never leaves the bookie.
+#
+#  a range   0           8                16
+#            +-----------+----------------+---------------+
+#            | ledger_id | first_entry_id | last_entry_id |
+#            | int64     | int64          | int64         |
+#  Entry ids held, as inclusive ranges, in increasing order.
+KEY_CHECK_SIZE = 32
+LEDGER_HOLDINGS_REQUEST = Struct(
+    "first_ledger_id" / Int64sb,
+    "first_entry_id" / Int64sb,
+    "max_ledgers" / Int32sb,
+    "max_ranges" / Int32sb,
+    "secret" / ShortBlob,
+    Terminated,
+)
+LEDGER_HOLDINGS_RESPONSE = Struct(
+    "next_ledger_id" / Int64sb,
+    "next_entry_id" / Int64sb,
+    "ledgers" / PrefixedArray(Int32ub, Struct(
+        "ledger_id" / Int64sb,
+        "flags" / Int8ub,
+        "term" / Int64sb,
+        "lac" / Int64sb,
+        "last_entry_id" / Int64sb,
+        "key_check" / Bytes(KEY_CHECK_SIZE),
+    )),
+    "ranges" / PrefixedArray(Int32ub, Struct(
+        "ledger_id" / Int64sb,
+        "first_entry_id" / Int64sb,
+        "last_entry_id" / Int64sb,
+    )),
+    Terminated,
+)

@@ -21,7 +21,8 @@ __all__ = [
     "ApiVersionRange", "ApiVersionsRequest", "ApiVersionsResponse", "AuthRequest",
     "AuthResponse", "BookieState",
     "ForceLedgerRequest", "ForceLedgerResponse", "GetBookieInfoRequest",
-    "GetBookieInfoResponse", "Message", "ReadFlags", "ReadLacRequest", "ReadLacResponse",
+    "GetBookieInfoResponse", "HeldLedger", "HeldRange", "HoldingFlags",
+    "LedgerHoldingsRequest", "LedgerHoldingsResponse", "Message", "ReadFlags", "ReadLacRequest", "ReadLacResponse",
     "ReadRangeRequest", "ReadRangeResponse", "ReadRequest", "ReadResponse",
     "ReadStrideRequest", "ReadStrideResponse", "StartTlsRequest", "StartTlsResponse",
     "WriteLacRequest", "WriteLacResponse",
@@ -45,6 +46,7 @@ class ApiKey(enum.IntEnum):
     READ_STRIDE = 10
     START_TLS = 11
     AUTH = 12
+    LEDGER_HOLDINGS = 13
 
 
 class AddFlags(enum.IntFlag):
@@ -60,6 +62,12 @@ class ReadFlags(enum.IntFlag):
     FENCE = 1
     PIGGYBACK = 2
     HIGH_PRIORITY = 4
+
+
+class HoldingFlags(enum.IntFlag):
+    NONE = 0
+    FENCED = 1
+    HAS_KEY = 2
 
 
 class BookieState(enum.IntEnum):
@@ -350,6 +358,63 @@ class AuthResponse(Message):
     principal: bytes = b""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerHoldingsRequest(Message):
+    """A page of what the bookie holds, from ``first_ledger_id`` (admin)."""
+
+    LAYOUT: ClassVar[Any] = layouts.LEDGER_HOLDINGS_REQUEST
+    API_KEY: ClassVar[ApiKey] = ApiKey.LEDGER_HOLDINGS
+    first_ledger_id: int = 0
+    first_entry_id: int = 0
+    max_ledgers: int = 1000
+    max_ranges: int = 10000
+    secret: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldLedger:
+    """One ledger's state on a bookie (see ``layouts.LEDGER_HOLDINGS_RESPONSE``)."""
+
+    ledger_id: int
+    flags: int = HoldingFlags.NONE
+    term: int = 0
+    lac: int = -1
+    last_entry_id: int = -1
+    key_check: bytes = bytes(layouts.KEY_CHECK_SIZE)
+
+    @property
+    def is_fenced(self) -> bool:
+        return bool(self.flags & HoldingFlags.FENCED)
+
+    @property
+    def has_key(self) -> bool:
+        return bool(self.flags & HoldingFlags.HAS_KEY)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldRange:
+    """Entry ids ``first_entry_id..last_entry_id`` (inclusive) of a ledger, held."""
+
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerHoldingsResponse(Message):
+    LAYOUT: ClassVar[Any] = layouts.LEDGER_HOLDINGS_RESPONSE
+    API_KEY: ClassVar[ApiKey] = ApiKey.LEDGER_HOLDINGS
+    ELEMENTS: ClassVar[dict[str, type]] = {"ledgers": HeldLedger, "ranges": HeldRange}
+    next_ledger_id: int = -1
+    next_entry_id: int = -1
+    ledgers: tuple[HeldLedger, ...] = ()
+    ranges: tuple[HeldRange, ...] = ()
+
+    @property
+    def is_last(self) -> bool:
+        return self.next_ledger_id < 0
+
+
 REQUEST_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsRequest,
     ApiKey.ADD: AddRequest,
@@ -364,6 +429,7 @@ REQUEST_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.READ_STRIDE: ReadStrideRequest,
     ApiKey.START_TLS: StartTlsRequest,
     ApiKey.AUTH: AuthRequest,
+    ApiKey.LEDGER_HOLDINGS: LedgerHoldingsRequest,
 }
 RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.API_VERSIONS: ApiVersionsResponse,
@@ -379,6 +445,7 @@ RESPONSE_TYPES: dict[ApiKey, type[Message]] = {
     ApiKey.READ_STRIDE: ReadStrideResponse,
     ApiKey.START_TLS: StartTlsResponse,
     ApiKey.AUTH: AuthResponse,
+    ApiKey.LEDGER_HOLDINGS: LedgerHoldingsResponse,
 }
 assert set(REQUEST_TYPES) == set(RESPONSE_TYPES) == set(ApiKey)
 

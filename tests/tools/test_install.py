@@ -26,7 +26,8 @@ from tests.cluster import metadata_store
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "systemd" / "install.sh"
 UNITS = ("ledgerd-bookie.service", "ledgerd-bookie@.service", "ledgerd-autorecovery.service",
-         "ledgerd-gateway.service")
+         "ledgerd-gateway.service", "ledgerd-metadata-snapshot.service")
+TIMERS = ("ledgerd-metadata-snapshot.timer",)
 RATINGS = ("PERFECT", "SAFE", "OK")
 
 
@@ -71,7 +72,7 @@ def _pointed_into(root: Path, unit: str, out: Path) -> Path:
 
 
 def test_every_unit_passes_systemd_analyze_verify(installed: Path, tmp_path: Path) -> None:
-    for unit in UNITS:
+    for unit in (*UNITS, *TIMERS):
         path = _pointed_into(installed, unit, tmp_path)
         target = path.with_name(unit.replace("@.", "@1.")) if "@." in unit else path
         done = subprocess.run(["systemd-analyze", "verify", "--man=no", str(target)],

@@ -33,6 +33,11 @@ from ledgerd.wire.messages import (
     ForceLedgerResponse,
     GetBookieInfoRequest,
     GetBookieInfoResponse,
+    HeldLedger,
+    HeldRange,
+    HoldingFlags,
+    LedgerHoldingsRequest,
+    LedgerHoldingsResponse,
     Message,
     ReadFlags,
     ReadLacRequest,
@@ -73,6 +78,9 @@ REQUESTS: dict[str, Message] = {
     "admin_status_request": AdminStatusRequest(secret=b""),
     "start_tls_request": StartTlsRequest(),
     "auth_request": AuthRequest(mechanism=b"token", token=b"t0ken"),
+    "ledger_holdings_request": LedgerHoldingsRequest(first_ledger_id=42, first_entry_id=7,
+                                                     max_ledgers=100, max_ranges=1000,
+                                                     secret=b"s3"),
 }
 RESPONSES: dict[str, tuple[ApiKey, Status, Message | None]] = {
     "api_versions_response": (ApiKey.API_VERSIONS, Status.OK, ApiVersionsResponse(versions=(
@@ -96,6 +104,12 @@ RESPONSES: dict[str, tuple[ApiKey, Status, Message | None]] = {
                               AdminStatusResponse(status_json=b'{"state":"writable"}')),
     "start_tls_response": (ApiKey.START_TLS, Status.OK, StartTlsResponse()),
     "auth_response": (ApiKey.AUTH, Status.OK, AuthResponse(principal=b"svc-writer")),
+    "ledger_holdings_response": (ApiKey.LEDGER_HOLDINGS, Status.OK, LedgerHoldingsResponse(
+        next_ledger_id=43, next_entry_id=0,
+        ledgers=(HeldLedger(ledger_id=42, flags=HoldingFlags.FENCED | HoldingFlags.HAS_KEY,
+                            term=2, lac=9, last_entry_id=11, key_check=bytes(range(32))),),
+        ranges=(HeldRange(ledger_id=42, first_entry_id=0, last_entry_id=5),
+                HeldRange(ledger_id=42, first_entry_id=8, last_entry_id=11)))),
     "tls_required_response": (ApiKey.API_VERSIONS, Status.TLS_REQUIRED, None),
     "read_error_response": (ApiKey.READ, Status.NO_SUCH_ENTRY, ReadResponse(
         ledger_id=42, entry_id=11, max_lac=9, entry=b"")),

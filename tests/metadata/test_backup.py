@@ -1,0 +1,65 @@
+"""Snapshot and restore over the in-memory twin of the store (the real ZooKeeper runs in
+tests/integration/test_metadata_recovery.py): a restore gives back every node at its
+version and moves the id counter past the snapshot's; a non-empty root is refused; a
+node that keeps changing while the tree is read is named as unstable."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from ledgerd.metadata.backup import freeze_state, read_tree, restore_snapshot, take_snapshot
+from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.ledgers import LedgerManager
+from ledgerd.metadata.memory import InMemoryCluster, InMemoryStore
+from ledgerd.metadata.snapshot import SnapshotError
+
+MD = LedgerMetadata(ensemble_size=2, write_quorum=2, ack_quorum=1,
+                    ensembles=((0, ("b0:1", "b1:1")),))
+
+
+async def test_restore_gives_back_nodes_versions_and_a_counter_past_the_snapshot() -> None:
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    ledgers = LedgerManager(store, "/ledgers")
+    ids = [(await ledgers.create(MD))[0] for _ in range(3)]
+    await ledgers.write(ids[1], MD, 0)
+    await ledgers.write(ids[1], MD, 1)
+    await store.create("/ledgers/logs/events", b'{"format": 1, "ledgers": []}',
+                       make_parents=True)
+    snap = await take_snapshot(store, "/ledgers")
+    assert snap.passes == 2 and not snap.unstable
+    assert snap.ledger_ids() == ids and snap.summary()["logs"] == 1
+
+    fresh = InMemoryStore(InMemoryCluster())
+    await restore_snapshot(fresh, "/ledgers", snap, id_gap=5)
+    back = await read_tree(fresh, "/ledgers")
+    assert {p: (n.data, n.version) for p, n in back.items()} == {
+        n.path: (n.data, n.version) for n in snap.nodes}
+    assert (await freeze_state(fresh, "/ledgers")) is not None
+    new_id = (await LedgerManager(fresh, "/ledgers").create(MD))[0]
+    assert new_id >= max(ids) + 5
+
+    with pytest.raises(SnapshotError, match="not empty"):
+        await restore_snapshot(fresh, "/ledgers", snap)
+    await restore_snapshot(fresh, "/ledgers", snap, replace=True)
+    assert not await LedgerManager(fresh, "/ledgers").exists(new_id)
+
+
+async def test_a_node_changing_through_every_pass_is_named_unstable() -> None:
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    await store.create("/ledgers/logs/events/cursors/busy", b"0", make_parents=True)
+    async with trio.open_nursery() as nursery:
+        async def commit_forever() -> None:
+            n = 0
+            while True:
+                n += 1
+                await store.set("/ledgers/logs/events/cursors/busy", str(n).encode())
+                await trio.sleep(0)
+
+        nursery.start_soon(commit_forever)
+        snap = await take_snapshot(store, "/ledgers", max_passes=3)
+        nursery.cancel_scope.cancel()
+    assert snap.passes == 3 and snap.unstable == ("logs/events/cursors/busy",)

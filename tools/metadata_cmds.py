@@ -1,0 +1,374 @@
+"""``ledgerd shell metadata``: disaster recovery of the cluster's ZooKeeper metadata.
+
+``snapshot FILE`` exports every persistent node under the root (ledgers, logs and
+cursors, layout and instance id, cookies, the autorecovery switch and under-replication
+marks, the Kafka gateway's topics and groups) with versions and a checksum, while the
+cluster runs; ``restore FILE`` writes one into an empty root (``--replace`` for a
+non-empty one, after saying what it replaces); ``diff FILE`` compares one with the
+live tree; ``gc-freeze`` shows, sets or clears the flag that stops every bookie's GC
+from deleting ledgers while restored or rebuilt metadata is unconfirmed. The logic is
+``metadata.snapshot`` (pure) and ``metadata.backup`` (the live tree).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ledgerd.tools.output import emit, table
+from ledgerd.tools.shell import ShellError, _root, _run, _store, _zk, shell
+
+__all__ = ["metadata_group", "register"]
+
+
+def register() -> None:
+    """The commands are declared on ``shell`` at import; this makes the import explicit."""
+
+
+@shell.group("metadata")
+def metadata_group() -> None:
+    """Snapshots, restore, diff and rebuild of the cluster's metadata (disaster recovery)."""
+
+
+def _when(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
+
+
+def _load(path: Path) -> Any:
+    from ledgerd.metadata.snapshot import Snapshot
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ShellError(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
+    return Snapshot.from_bytes(raw, str(path))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _summary_lines(summary: dict[str, Any]) -> list[str]:
+    keys = ("ledgers", "logs", "cursors", "cookies", "underreplicated", "kafka_topics",
+            "kafka_groups")
+    return [f"  {k:<18}{summary.get(k, 0)}" for k in keys] + [
+        f"  {'autorecovery':<18}{'enabled' if summary.get('autorecovery_enabled') else 'DISABLED'}",
+        f"  {'instance id':<18}{summary.get('instance_id', '')}",
+        f"  {'layout':<18}{summary.get('layout', '')}"]
+
+
+@metadata_group.command("snapshot")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--max-passes", type=click.IntRange(2, 100), default=5, show_default=True,
+              help="Read passes before settling for nodes that keep changing.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def snapshot_cmd(ctx: click.Context, file: Path, max_passes: int, as_json: bool) -> None:
+    """Write a consistent export of the cluster's metadata to FILE (atomically)."""
+    from ledgerd.metadata.backup import take_snapshot
+
+    if file.parent and not file.parent.is_dir():
+        raise ShellError(f"cannot write {file}: {file.parent} is not a directory")
+
+    async def run() -> Any:
+        store = await _store(ctx)
+        try:
+            return await take_snapshot(store, _root(ctx), max_passes=max_passes)
+        finally:
+            await store.close()
+
+    snap = _run(run)
+    data = snap.to_bytes()
+    try:
+        _write_atomically(file, data)
+    except OSError as exc:
+        raise ShellError(f"cannot write {file}: {exc.strerror or exc}") from None
+    summary = snap.summary()
+    doc = {"file": str(file), "bytes": len(data), "root": snap.root, "taken_ms": snap.taken_ms,
+           "passes": snap.passes, "unstable": list(snap.unstable), "summary": summary,
+           "counters": dict(snap.counters)}
+    lines = [f"snapshot of {_zk(ctx)}{snap.root} at {_when(snap.taken_ms)} -> {file} "
+             f"({len(data)} bytes, {len(snap.nodes)} nodes, {snap.passes} passes)",
+             *_summary_lines(summary)]
+    if snap.unstable:
+        lines.append(f"warning: {len(snap.unstable)} node(s) kept changing during the read "
+                     f"(their latest value is kept): {', '.join(snap.unstable[:5])}")
+    emit(as_json, doc, "\n".join(lines))
+
+
+@metadata_group.command("diff")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--paths", "show_paths", is_flag=True, help="List every differing path.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def diff_cmd(ctx: click.Context, file: Path, show_paths: bool, as_json: bool) -> None:
+    """Compare a snapshot FILE with the live metadata (by category; exit 0 either way)."""
+    from ledgerd.metadata.backup import read_tree
+    from ledgerd.metadata.errors import NoNodeError
+    from ledgerd.metadata.snapshot import diff_nodes
+
+    snap = _load(file)
+
+    async def run() -> Any:
+        store = await _store(ctx, need_cluster=False)
+        try:
+            try:
+                return await read_tree(store, _root(ctx))
+            except NoNodeError:
+                return {}
+        finally:
+            await store.close()
+
+    live = _run(run)
+    d = diff_nodes(snap.nodes, live.values())
+    cats = d.by_category(snap.layout)
+    doc = {"file": str(file), "root": _root(ctx), "same": d.is_empty, "by_category": cats,
+           "only_snapshot": list(d.only_a), "only_live": list(d.only_b),
+           "changed": list(d.changed), "version_only": list(d.version_only)}
+    if d.is_empty:
+        human = (f"live metadata under {_root(ctx)} matches {file}"
+                 + (f" ({len(d.version_only)} node(s) at other versions)"
+                    if d.version_only else ""))
+    else:
+        rows = [[c, r["only_snapshot"], r["only_live"], r["changed"]] for c, r in cats.items()]
+        human = (f"{file} (taken {_when(snap.taken_ms)}) against {_zk(ctx)}{_root(ctx)}:\n"
+                 + table(["category", "only in snapshot", "only live", "changed"], rows))
+        if show_paths:
+            human += "\n" + "\n".join(
+                [f"- {p}" for p in d.only_a] + [f"+ {p}" for p in d.only_b]
+                + [f"~ {p}" for p in d.changed])
+    emit(as_json, doc, human)
+
+
+@metadata_group.command("restore")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--replace", is_flag=True,
+              help="Delete whatever the root holds first (refused without it).")
+@click.option("--no-versions", "no_versions", is_flag=True,
+              help="Create nodes at version 0 instead of their snapshot versions.")
+@click.option("--id-gap", type=click.IntRange(0, 1 << 30), default=10_000, show_default=True,
+              help="Ledger ids to skip past the snapshot's counter (ledgers created after "
+                   "the snapshot hold the next ones).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def restore_cmd(ctx: click.Context, file: Path, replace: bool, no_versions: bool,
+                id_gap: int, as_json: bool) -> None:
+    """Write snapshot FILE into the root: into an empty one, or with --replace over a
+    non-empty one (says what it replaces). Sets the GC freeze flag; clear it with
+    `metadata gc-freeze --clear` once `metadata rebuild` finds nothing missing."""
+    from ledgerd.metadata.backup import read_tree, restore_snapshot
+    from ledgerd.metadata.errors import NoNodeError
+    from ledgerd.metadata.snapshot import diff_nodes
+
+    snap = _load(file)
+    root = _root(ctx)
+
+    async def run() -> Any:
+        store = await _store(ctx, need_cluster=False)
+        try:
+            try:
+                live = await read_tree(store, root)
+            except NoNodeError:
+                live = {}
+            live.pop("", None)
+            replaced: dict[str, Any] = {}
+            if live:
+                d = diff_nodes(snap.nodes, live.values())
+                replaced = {"nodes": len(live), "by_category": d.by_category(snap.layout)}
+                if not replace:
+                    rows = ", ".join(f"{c}: {r['only_live']} only live, {r['changed']} "
+                                     f"changed" for c, r in d.by_category(snap.layout).items()
+                                     if r["only_live"] or r["changed"])
+                    raise ShellError(
+                        f"{root} is not empty ({len(live)} nodes; {rows or 'same content'}); "
+                        "a restore would replace all of it: pass --replace (see `metadata "
+                        "diff FILE`)")
+            written = await restore_snapshot(
+                store, root, snap, replace=replace, versions=not no_versions, id_gap=id_gap,
+                reason=f"restored from {file.name} (taken {_when(snap.taken_ms)})")
+            return written, replaced
+        finally:
+            await store.close()
+
+    written, replaced = _run(run)
+    doc = {"file": str(file), "root": root, "nodes_written": written, "replaced": replaced,
+           "gc_frozen": True}
+    human = (f"restored {written} nodes of {file} (taken {_when(snap.taken_ms)}) into "
+             f"{_zk(ctx)}{root}" + (f", replacing {replaced['nodes']} nodes" if replaced
+                                    else "")
+             + "\nGC is frozen on every bookie: run `ledgerd shell metadata rebuild` to add "
+               "ledgers created after the snapshot, then `ledgerd shell metadata gc-freeze "
+               "--clear`")
+    emit(as_json, doc, human)
+
+
+@metadata_group.command("gc-freeze")
+@click.option("--set", "set_", metavar="REASON", default=None,
+              help="Freeze GC on every bookie, recording REASON.")
+@click.option("--clear", is_flag=True, help="Let bookies' GC delete ledgers again.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def gc_freeze_cmd(ctx: click.Context, set_: str | None, clear: bool, as_json: bool) -> None:
+    """Show, set or clear the GC freeze flag (<root>/gcfreeze)."""
+    from ledgerd.metadata.backup import clear_freeze, freeze_state, set_freeze
+
+    if set_ is not None and clear:
+        raise click.BadParameter("give --set or --clear, not both", param_hint="--set")
+
+    async def run() -> Any:
+        store = await _store(ctx)
+        try:
+            if set_ is not None:
+                await set_freeze(store, _root(ctx), set_)
+            elif clear:
+                await clear_freeze(store, _root(ctx))
+            return await freeze_state(store, _root(ctx))
+        finally:
+            await store.close()
+
+    state = _run(run)
+    human = ("GC frozen: " + str(state.get("reason", "")) if state is not None
+             else "GC not frozen: bookies delete ledgers the metadata no longer lists")
+    emit(as_json, {"frozen": state is not None, "flag": state}, human)
+
+
+def _plan_rows(the_plan: Any) -> list[list[Any]]:
+    rows = []
+    for p in the_plan.ledgers:
+        md = p.metadata
+        if md is None:
+            rows.append([p.ledger_id, "-", "-", "-", ",".join(p.holders), p.source,
+                         "; ".join(p.problems)])
+            continue
+        ens = " ".join(f"{first}:{'/'.join(b)}" for first, b in md.ensembles)
+        state = "closed" if md.is_closed else "open"
+        rows.append([p.ledger_id, f"{md.ensemble_size}/{md.write_quorum}/{md.ack_quorum}",
+                     f"{state}, end {p.end}", md.digest_type, ens, p.source,
+                     "; ".join([*p.problems, *(f"assumed {a}" for a in p.assumed)])])
+    return rows
+
+
+@metadata_group.command("rebuild")
+@click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False, exists=True,
+                                                             path_type=Path),
+              help="The latest snapshot: what bookies cannot know comes from it.")
+@click.option("--bookies", default="", help="Bookies to ask (host:port,...), besides the "
+              "registered ones and those with cookies in the snapshot.")
+@click.option("--layout", type=click.Choice(["hierarchical", "flat"]), default=None,
+              help="The ledger layout when neither ZooKeeper nor the snapshot says.")
+@click.option("--secret", envvar="LEDGERD_ADMIN_SECRET", default="",
+              help="The bookies' admin_secret (needed from other hosts).")
+@click.option("--apply", "do_apply", is_flag=True,
+              help="Write the plan (without it, nothing is written).")
+@click.option("--secret-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The cluster secret (cluster_secret_file): with --apply, fence and close "
+                   "every rebuilt ledger now by recovery.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
+                layout: str | None, secret: str, do_apply: bool, secret_file: Path | None,
+                as_json: bool) -> None:
+    """Rebuild ledger metadata missing from ZooKeeper from what the bookies hold (a dry
+    run prints the plan; --apply writes it and freezes GC until `gc-freeze --clear`).
+
+    Rebuilt ledgers are written OPEN (bookies cannot tell a closed ledger from one still
+    written): the first open with recovery fences and closes each at the end the plan
+    shows, or --secret-file does it now."""
+    from ledgerd.metadata.cluster import read_layout
+    from ledgerd.metadata.registry import BookieRegistry
+    from ledgerd.metadata.snapshot import category
+    from ledgerd.tools import metadata_rebuild as rb
+
+    snap = _load(snapshot_file) if snapshot_file is not None else None
+    root = _root(ctx)
+    named = {b.strip() for b in bookies.split(",") if b.strip()}
+
+    async def run() -> Any:
+        store = await _store(ctx, need_cluster=False)
+        try:
+            found_layout = await read_layout(store, root)
+            use_layout = found_layout or (snap.layout if snap else None) or layout \
+                or "hierarchical"
+            targets = set(named)
+            if await store.exists(f"{root}/available") is not None:
+                listed = await BookieRegistry(store, root).list_bookies()
+                targets |= set(listed.all)
+            if snap is not None:
+                targets |= {n.path.split("/", 1)[1] for n in snap.nodes
+                            if category(n.path, snap.layout) == "cookies"}
+            if not targets:
+                raise ShellError("no bookie to ask: none is registered and no snapshot names "
+                                 "any; pass --bookies host:port,...")
+            gathered = await rb.gather(targets, secret.encode())
+            if not gathered.held and gathered.unreachable:
+                raise ShellError("no bookie answered: " + "; ".join(
+                    f"{b}: {e}" for b, e in sorted(gathered.unreachable.items())))
+            ids = {i for i in gathered.instance_ids.values() if i}
+            if len(ids) > 1:
+                raise ShellError(f"bookies belong to different cluster instances: "
+                                 f"{sorted(ids)}")
+            the_plan = await rb.plan(store, root, use_layout, gathered, snap)
+            written = None
+            if do_apply:
+                instance = next(iter(ids), "") or (snap.instance_id if snap else "")
+                if not instance:
+                    raise ShellError("cannot tell the cluster's instance id (no bookie "
+                                     "reported one, no snapshot)")
+                written = await rb.apply_plan(store, root, use_layout, instance, the_plan)
+            return the_plan, gathered, written, use_layout
+        finally:
+            await store.close()
+
+    async def close_all(the_plan: Any) -> dict[int, str]:
+        from ledgerd.base.credentials import read_cluster_secret
+
+        assert secret_file is not None
+        return await rb.close_rebuilt(_zk(ctx), the_plan,
+                                      read_cluster_secret(secret_file, "--secret-file"))
+
+    the_plan, gathered, written, use_layout = _run(run)
+    closing = _run(close_all, the_plan) if do_apply and secret_file is not None else {}
+    doc = {"root": root, "layout": use_layout, "applied": do_apply, "written": written,
+           "closed": {str(k): v for k, v in closing.items()},
+           "skipped_live": the_plan.skipped_live, "lost": list(the_plan.lost),
+           "unreachable": gathered.unreachable,
+           "ledgers": [{"ledger_id": p.ledger_id, "source": p.source, "holders": p.holders,
+                        "problems": list(p.problems), "assumed": list(p.assumed),
+                        "end": p.end,
+                        "metadata": (json.loads(p.metadata.to_json())
+                                     if p.metadata is not None else None)}
+                       for p in the_plan.ledgers]}
+    lines = [f"rebuild of {_zk(ctx)}{root}: {len(the_plan.writable)} ledger(s) to write, "
+             f"{len(the_plan.ledgers) - len(the_plan.writable)} not rebuildable, "
+             f"{the_plan.skipped_live} already in the live metadata"]
+    if the_plan.ledgers:
+        lines.append(table(["ledger", "E/Qw/Qa", "state", "digest", "ensembles", "from",
+                            "notes"], _plan_rows(the_plan)))
+    for b, e in sorted(gathered.unreachable.items()):
+        lines.append(f"unreachable: {b}: {e}")
+    for what in the_plan.lost:
+        lines.append(f"lost: {what}")
+    for lid, what in sorted(closing.items()):
+        lines.append(f"ledger {lid}: {what}")
+    lines.append(f"wrote {written} ledger(s); GC is frozen until `ledgerd shell metadata "
+                 "gc-freeze --clear`" if do_apply else "dry run: nothing written (--apply "
+                                                         "writes)")
+    emit(as_json, doc, "\n".join(lines))

@@ -1,0 +1,255 @@
+"""``ledgerd shell metadata rebuild``: gather what the bookies hold, plan, and write.
+
+The I/O around :mod:`metadata.rebuild` (pure): every bookie named (registered, in the
+snapshot's cookies, or ``--bookies``) is asked for its holdings page by page
+(``LedgerHoldingsRequest``, an admin request) and for its status (the cluster instance
+its cookie names; all must agree); entry 0 of each ledger rebuilt without a snapshot is
+read to learn its digest type, and its last entry for its length. The plan is printed;
+with ``--apply`` the cluster root is made if missing (with the bookies' instance id,
+LAYOUT last), the GC freeze flag set, the ledgers written and the id counter advanced
+past them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import trio
+
+from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.rebuild import BookieLedger, Plan, RebuildInput, merge_ranges, plan_rebuild
+from ledgerd.metadata.snapshot import Snapshot, category
+from ledgerd.metadata.store import MetadataStore
+
+__all__ = ["Gathered", "apply_plan", "gather", "snapshot_ledgers"]
+
+PAGE_LEDGERS = 2000
+PAGE_RANGES = 20000
+
+
+class RebuildError(Exception):
+    pass
+
+
+class Gathered:
+    def __init__(self) -> None:
+        self.held: dict[int, list[BookieLedger]] = {}
+        self.instance_ids: dict[str, str] = {}
+        self.unreachable: dict[str, str] = {}
+
+
+async def _bookie_holdings(address: str, secret: bytes, out: Gathered) -> None:
+    from ledgerd.bookie_client import open_bookie_client
+    from ledgerd.wire.messages import (
+        AdminStatusRequest,
+        LedgerHoldingsRequest,
+        LedgerHoldingsResponse,
+    )
+    from ledgerd.wire.status import Status
+
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    states: dict[int, Any] = {}
+    async with open_bookie_client(address, connect_timeout=5) as c:
+        st, resp = await c.call(AdminStatusRequest(secret=secret))
+        if st != Status.OK or resp is None:
+            raise RebuildError(f"status refused: {Status(st).name}"
+                               + (" (pass --secret)" if st == Status.UNAUTHORIZED else ""))
+        out.instance_ids[address] = str(json.loads(resp.status_json).get("instance_id", ""))
+        first_ledger, first_entry = 0, 0
+        while True:
+            st, resp = await c.call(LedgerHoldingsRequest(
+                first_ledger_id=first_ledger, first_entry_id=first_entry,
+                max_ledgers=PAGE_LEDGERS, max_ranges=PAGE_RANGES, secret=secret))
+            if st != Status.OK or not isinstance(resp, LedgerHoldingsResponse):
+                raise RebuildError(f"holdings refused: {Status(st).name}")
+            for held in resp.ledgers:
+                states[held.ledger_id] = held
+            for r in resp.ranges:
+                ranges.setdefault(r.ledger_id, []).append((r.first_entry_id, r.last_entry_id))
+            if resp.is_last:
+                break
+            first_ledger, first_entry = resp.next_ledger_id, resp.next_entry_id
+    for lid, held in states.items():
+        out.held.setdefault(lid, []).append(BookieLedger(
+            bookie_id=address, ledger_id=lid, ranges=merge_ranges(ranges.get(lid, [])),
+            fenced=held.is_fenced, term=held.term, lac=held.lac,
+            key_check=held.key_check.hex() if held.has_key else ""))
+
+
+async def gather(bookies: Iterable[str], secret: bytes) -> Gathered:
+    """Every bookie's holdings (an unreachable bookie is recorded, not fatal)."""
+    from ledgerd.errors import LedgerdError
+
+    out = Gathered()
+
+    async def one(address: str) -> None:
+        try:
+            await _bookie_holdings(address, secret, out)
+        except (RebuildError, LedgerdError, OSError, trio.BrokenResourceError) as exc:
+            out.unreachable[address] = str(exc)
+
+    async with trio.open_nursery() as nursery:
+        for b in sorted(set(bookies)):
+            nursery.start_soon(one, b)
+    return out
+
+
+async def read_first_entries(wanted: dict[int, list[str]], *, chunk: int = 1000
+                             ) -> dict[int, bytes]:
+    """Entry 0 of each ledger in ``wanted`` (ledger -> its holders): one connection per
+    bookie, reads pipelined ``chunk`` at a time; a ledger no holder answers for is left
+    out (its digest type is then assumed)."""
+    from ledgerd.bookie_client import open_bookie_client
+    from ledgerd.errors import LedgerdError
+    from ledgerd.wire.messages import ReadRequest, ReadResponse
+    from ledgerd.wire.status import Status
+
+    out: dict[int, bytes] = {}
+    pending = dict(wanted)
+    while pending:
+        by_bookie: dict[str, list[int]] = {}
+        for lid, holders in pending.items():
+            if holders:
+                by_bookie.setdefault(holders[0], []).append(lid)
+        if not by_bookie:
+            break
+        for address, lids in sorted(by_bookie.items()):
+            try:
+                async with open_bookie_client(address, connect_timeout=5) as c:
+                    for i in range(0, len(lids), chunk):
+                        part = lids[i:i + chunk]
+                        replies = await c.call_many([ReadRequest(ledger_id=lid, entry_id=0)
+                                                     for lid in part])
+                        for lid, (st, resp) in zip(part, replies, strict=True):
+                            if st == Status.OK and isinstance(resp, ReadResponse):
+                                out[lid] = bytes(resp.entry)
+            except (LedgerdError, OSError, trio.BrokenResourceError):
+                pass
+        # Ledgers not read yet are tried on their next holder.
+        pending = {lid: holders[1:] for lid, holders in pending.items()
+                   if lid not in out and len(holders) > 1}
+    return out
+
+
+def snapshot_ledgers(snap: Snapshot | None) -> dict[int, LedgerMetadata]:
+    from ledgerd.metadata.paths import ledger_id_from_path
+
+    if snap is None:
+        return {}
+    out = {}
+    layout = snap.layout
+    for n in snap.nodes:
+        if category(n.path, layout) == "ledgers":
+            lid = ledger_id_from_path("", layout, "/" + n.path)
+            out[lid] = LedgerMetadata.from_json(n.data, n.path)
+    return out
+
+
+async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Gathered,
+               snap: Snapshot | None) -> Plan:
+    """The plan: live ledgers are left alone; digest types are read from the bookies
+    (entry 0) for ledgers the snapshot does not describe."""
+    from ledgerd.metadata.ledgers import LedgerManager
+    from ledgerd.metadata.rebuild import detect_digest
+
+    live: set[int] = set()
+    if store is not None and await store.exists(f"{root}/LAYOUT") is not None:
+        async for lid in LedgerManager(store, root, layout).iter_ledger_ids():
+            live.add(lid)
+    known = snapshot_ledgers(snap)
+    digests: dict[int, str] = {}
+    firsts = await read_first_entries({
+        lid: [h.bookie_id for h in gathered.held[lid] if h.holds(0)]
+        for lid in sorted(set(gathered.held) - live - set(known))})
+    for lid, first in firsts.items():
+        if first:
+            digests[lid] = detect_digest(first)
+    logs = [n.path for n in snap.nodes if category(n.path, snap.layout) == "logs"] if snap \
+        else []
+    return plan_rebuild(RebuildInput(held=gathered.held, live=frozenset(live), snapshot=known,
+                                     digests=digests, snapshot_logs=logs,
+                                     now_ms=int(time.time() * 1000)))
+
+
+async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str,
+                     the_plan: Plan) -> int:
+    """Write the plan's ledgers (GC frozen first; the root made if missing, LAYOUT
+    last); returns how many were written. A ledger created meanwhile is left alone."""
+    from ledgerd.metadata.backup import advance_counter, set_freeze
+    from ledgerd.metadata.cluster import FIXED_NODES, _layout_bytes
+    from ledgerd.metadata.errors import NodeExistsError
+    from ledgerd.metadata.ledgers import LedgerManager
+
+    has_layout = await store.exists(f"{root}/LAYOUT") is not None
+    if not has_layout:
+        if await store.exists(root) is None:
+            await store.create(root, make_parents=True)
+        for name in FIXED_NODES:
+            try:
+                await store.create(f"{root}/{name}")
+            except NodeExistsError:
+                pass
+        try:
+            await store.create(f"{root}/INSTANCEID", instance.encode())
+        except NodeExistsError:
+            pass
+    await set_freeze(store, root, "metadata rebuilt from the bookies; check it, then clear "
+                                  "with `ledgerd shell metadata gc-freeze --clear`")
+    ledgers = LedgerManager(store, root, layout)
+    written = 0
+    top = max((p.ledger_id for p in the_plan.writable), default=-1)
+    limit = trio.Semaphore(16)  # the ZooKeeper store's own limit
+
+    async def write(lid: int, md: LedgerMetadata) -> None:
+        nonlocal written
+        async with limit:
+            for _ in range(3):
+                try:
+                    await ledgers.create(md, ledger_id=lid)
+                    written += 1
+                    return
+                except NodeExistsError:
+                    # The ledger itself (created meanwhile: left alone), or one of its
+                    # parent directories made by a parallel create: then try again.
+                    if await ledgers.exists(lid):
+                        return
+            raise RebuildError(f"could not create ledger {lid}'s metadata")
+
+    async with trio.open_nursery() as nursery:
+        for p in the_plan.writable:
+            assert p.metadata is not None
+            nursery.start_soon(write, p.ledger_id, p.metadata)
+    if top >= 0:
+        await advance_counter(store, f"{root}/idgen", top + 1)
+    if not has_layout:
+        await store.create(f"{root}/LAYOUT", _layout_bytes(layout))
+    return written
+
+
+async def close_rebuilt(zk: str, the_plan: Plan, cluster_secret: bytes) -> dict[int, str]:
+    """Fence and close every ledger the plan wrote OPEN, by the protocol's recovery with
+    the cluster's recovery credential (bookies must hold the same cluster secret);
+    returns per ledger "closed at N" or the error. If cancelled, a ledger may be left
+    IN_RECOVERY and fenced: the next recovery finishes it."""
+    import ledgerd
+    from ledgerd.errors import LedgerdError
+    from ledgerd.metadata.ledger import LedgerState
+    from ledgerd.replication import Credentials, ReplicationOptions, _close
+
+    out: dict[int, str] = {}
+    creds = Credentials(cluster_secret=cluster_secret)
+    async with ledgerd.open_client(zk) as client:
+        for p in the_plan.writable:
+            assert p.metadata is not None
+            if p.metadata.state is not LedgerState.OPEN:
+                continue
+            try:
+                md, _ = await client.ledgers.read(p.ledger_id)
+                closed = await _close(client, p.ledger_id, md, creds, ReplicationOptions())
+                out[p.ledger_id] = f"closed at {closed.last_entry_id}"
+            except LedgerdError as exc:
+                out[p.ledger_id] = f"not closed: {exc}"
+    return out
