@@ -17,10 +17,12 @@ gateway does what it says:
 - ``compression.type=producer`` (batches are stored as produced; recompressing to
   another codec is not done);
 - ``message.format.version``, ``flush.ms``, ``flush.messages``,
-  ``delete.retention.ms``: accepted because they hold trivially (every batch is stored
-  as RecordBatch v2, as Kafka 3+ does whatever the setting; every acknowledged batch
-  is already on its ack quorum's journals; tombstone retention only matters to
-  compaction, which a ``delete`` topic does not run).
+  ``delete.retention.ms``, ``segment.bytes``, ``segment.ms``: accepted because they
+  hold trivially (every batch is stored as RecordBatch v2, as Kafka 3+ does whatever
+  the setting; every acknowledged batch is already on its ack quorum's journals;
+  tombstone retention only matters to compaction, which a ``delete`` topic does not
+  run; segment sizes only set how much past a retention limit is kept, and ledgers
+  roll at the gateway's ``log_roll_bytes``).
 
 Anything else is refused, never kept silently: an unknown name with INVALID_CONFIG,
 a value the gateway cannot honour (``cleanup.policy=compact``, ``compression.type=
@@ -189,6 +191,12 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("retention.bytes", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
                "Oldest ledgers are dropped while the partition stays at least this large "
                "without them (-1 = no limit)."),
+    ConfigSpec("segment.bytes", "1073741824", ConfigType.INT, _integer(14, INT_MAX),
+               "Accepted; a partition's ledgers roll at the gateway's log_roll_bytes. "
+               "As with Kafka's segments, it only sets how much past a retention limit "
+               "is kept, never what is served."),
+    ConfigSpec("segment.ms", "604800000", ConfigType.LONG, _integer(1, LONG_MAX),
+               "Accepted; as segment.bytes (ledgers roll by size, not by age)."),
     ConfigSpec("retention.ms", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
                "Ledgers whose newest record is older than this are dropped (-1 = keep "
                "forever, the gateway's default: Kafka's is 7 days)."),

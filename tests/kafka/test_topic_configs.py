@@ -58,6 +58,10 @@ def test_honoured_configs_are_normalised() -> None:
     assert checked("message.format.version", "0.10.0.0", max_batch_bytes=LIMIT) == "0.10.0.0"
     assert checked("message.timestamp.type", "LogAppendTime",
                    max_batch_bytes=LIMIT) == "LogAppendTime"
+    # Segment sizes are accepted (librdkafka's tests create topics with them), in range.
+    assert checked("segment.bytes", "10000000", max_batch_bytes=LIMIT) == "10000000"
+    assert checked("segment.ms", "60000", max_batch_bytes=LIMIT) == "60000"
+    assert _refused("segment.bytes", "0").code == ErrorCode.INVALID_CONFIG
 
 
 def test_alter_replaces_the_set_and_refuses_duplicates() -> None:
