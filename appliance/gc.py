@@ -251,8 +251,10 @@ class GarbageCollector:
         return deleted
 
     async def _trim_ledgers(self) -> int:
-        """Drop entries below an unbounded ledger's metadata start (retention)."""
-        if self.ledgers is None:
+        """Drop entries below an unbounded ledger's metadata start (retention); nothing
+        while the metadata cannot be trusted (``metadata_guard``: its ledger ids may be
+        another cluster's)."""
+        if self.ledgers is None or await self.metadata_guard():
             return 0
         trimmed = 0
         for lid in self.storage.list_ledgers():

@@ -19,13 +19,14 @@ in the restored tree until ``metadata rebuild`` adds them and an operator clears
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
 
 import trio
 
-from ledgerd.metadata.errors import NodeExistsError, NoNodeError
+from ledgerd.metadata.errors import NodeExistsError, NoNodeError, NotEmptyError
 from ledgerd.metadata.snapshot import FREEZE_NODE, Node, Snapshot, SnapshotError
 from ledgerd.metadata.store import MetadataStore
 
@@ -144,6 +145,26 @@ def _counter_parents(nodes: dict[str, Node]) -> list[str]:
 ID_GAP = 10_000  # ledger ids skipped after a restore (see restore_snapshot)
 
 
+async def _empty_root(store: MetadataStore, root: str, reason: str) -> None:
+    """Delete everything under ``root`` but the GC freeze flag, which is set first, and
+    LAYOUT first of the rest: no bookie's GC sees a cluster with some ledgers already
+    gone (it deletes nothing while the flag is set or LAYOUT is missing). Children that
+    reappear meanwhile (a live bookie's registration) are deleted again."""
+    await set_freeze(store, root, reason)
+    for attempt in range(10):
+        try:
+            with contextlib.suppress(NoNodeError):
+                await store.delete(f"{root}/LAYOUT")
+            for child in sorted(await _children(store, root)):
+                if child != FREEZE_NODE:
+                    with contextlib.suppress(NoNodeError):
+                        await store.delete(f"{root}/{child}", recursive=True)
+            return
+        except NotEmptyError:
+            if attempt == 9:
+                raise
+
+
 async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
                            replace: bool = False, versions: bool = True,
                            reason: str = "", id_gap: int = ID_GAP) -> int:
@@ -159,8 +180,7 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
             raise SnapshotError(f"{root} is not empty ({existing.num_children} children): "
                                 "`metadata diff` shows what a restore would replace; "
                                 "pass --replace to delete it and restore")
-        await store.delete(root, recursive=True)
-        existing = None
+        await _empty_root(store, root, reason or "a restore with --replace is emptying it")
     nodes = sorted(snap.nodes, key=lambda n: (n.path.count("/") if n.path else -1, n.path))
     layout = next((n for n in nodes if n.path == "LAYOUT"), None)
     if layout is None:
@@ -201,8 +221,27 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
                 nursery.start_soon(put, n)
     for parent, value in sorted(snap.counters.items()):
         await advance_counter(store, _abs(root, parent), value + id_gap)
+    await _advance_producer_ids(store, root, nodes)
     await put(layout)
     return written + (1 if root_node else 0)
+
+
+PRODUCER_ID_GAP = 1_000_000  # Kafka producer ids skipped after a restore
+
+
+async def _advance_producer_ids(store: MetadataStore, root: str, nodes: list[Node]) -> None:
+    """Move the Kafka gateway's producer id counter (``kafka/producer_ids``, a number)
+    past what producers may have been given since the snapshot: a producer id handed out
+    twice would make a gateway take a new producer's first batch for a duplicate of an
+    old one's (acknowledged, never written)."""
+    node = next((n for n in nodes if n.path == "kafka/producer_ids"), None)
+    if node is None:
+        return
+    try:
+        value = int(node.data or b"0")
+    except ValueError:
+        return
+    await store.set(_abs(root, node.path), str(value + PRODUCER_ID_GAP).encode())
 
 
 # -- the GC freeze flag -----------------------------------------------------------------

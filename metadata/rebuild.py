@@ -16,7 +16,7 @@ Rules, per ledger missing from the live metadata:
   bookie's position is the one after which its held residues ``e mod E`` end. Entries
   whose holders do not fit one ensemble (a bookie replaced mid-ledger) start a new
   fragment at the first such entry. ``Qa`` cannot be known from the bookies: it is
-  taken as ``Qw // 2 + 1`` (and listed as assumed).
+  taken as 1, the safest for recovery (and listed as assumed).
 - **The end** (BookKeeper's recovery rule): every entry up to the highest LAC any
   bookie reports was acknowledged and is kept; past it, entries are kept while each is
   held by at least one bookie (recovery reads it and writes it back to Qa copies); the
@@ -191,8 +191,12 @@ def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
     else:
         e_size = len(holders)
         qw = max(1, min(copies, e_size))
-        qa = min(qw, qw // 2 + 1)
-        assumed.append(f"ack_quorum {qa} (bookies do not record it)")
+        # The smallest ack quorum: recovery then counts an entry absent only when every
+        # bookie of its write set says so. A larger guess could let recovery truncate an
+        # entry acknowledged by fewer copies than guessed; 1 only makes it wait longer.
+        qa = 1
+        assumed.append(f"ack_quorum {qa} (bookies do not record it; the safest for "
+                       f"recovery)")
     ensembles = _fragments(by_entry, holders, e_size, qw, last)
     if snapshot is not None:
         ensembles = _after_snapshot(snapshot, ensembles)

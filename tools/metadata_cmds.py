@@ -19,9 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import click
+import trio
 
 from ledgerd.tools.output import emit, table
-from ledgerd.tools.shell import ShellError, _root, _run, _store, _zk, shell
+from ledgerd.tools.shell import (
+    ShellError,
+    _confirm_destruction,
+    _refuse_unnamed,
+    _root,
+    _run,
+    _store,
+    _zk,
+    shell,
+)
 
 __all__ = ["metadata_group", "register"]
 
@@ -162,6 +172,8 @@ def diff_cmd(ctx: click.Context, file: Path, show_paths: bool, as_json: bool) ->
 @click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--replace", is_flag=True,
               help="Delete whatever the root holds first (refused without it).")
+@click.option("--force", is_flag=True,
+              help="With --replace: do it without asking (required without a terminal).")
 @click.option("--no-versions", "no_versions", is_flag=True,
               help="Create nodes at version 0 instead of their snapshot versions.")
 @click.option("--id-gap", type=click.IntRange(0, 1 << 30), default=10_000, show_default=True,
@@ -169,8 +181,8 @@ def diff_cmd(ctx: click.Context, file: Path, show_paths: bool, as_json: bool) ->
                    "the snapshot hold the next ones).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def restore_cmd(ctx: click.Context, file: Path, replace: bool, no_versions: bool,
-                id_gap: int, as_json: bool) -> None:
+def restore_cmd(ctx: click.Context, file: Path, replace: bool, force: bool,
+                no_versions: bool, id_gap: int, as_json: bool) -> None:
     """Write snapshot FILE into the root: into an empty one, or with --replace over a
     non-empty one (says what it replaces). Sets the GC freeze flag; clear it with
     `metadata gc-freeze --clear` once `metadata rebuild` finds nothing missing."""
@@ -178,6 +190,7 @@ def restore_cmd(ctx: click.Context, file: Path, replace: bool, no_versions: bool
     from ledgerd.metadata.errors import NoNodeError
     from ledgerd.metadata.snapshot import diff_nodes
 
+    _refuse_unnamed(ctx, "metadata restore")
     snap = _load(file)
     root = _root(ctx)
 
@@ -201,6 +214,13 @@ def restore_cmd(ctx: click.Context, file: Path, replace: bool, no_versions: bool
                         f"{root} is not empty ({len(live)} nodes; {rows or 'same content'}); "
                         "a restore would replace all of it: pass --replace (see `metadata "
                         "diff FILE`)")
+                facts = ", ".join(f"{c}: {r['only_live'] + r['changed']}" for c, r in
+                                  replaced["by_category"].items()
+                                  if r["only_live"] or r["changed"])
+                await trio.to_thread.run_sync(lambda: _confirm_destruction(
+                    f"restore would delete all {len(live)} nodes under {root} on {_zk(ctx)} "
+                    f"(not in the snapshot or changed since: {facts or 'none'})", force,
+                    json_out=as_json))
             written = await restore_snapshot(
                 store, root, snap, replace=replace, versions=not no_versions, id_gap=id_gap,
                 reason=f"restored from {file.name} (taken {_when(snap.taken_ms)})")
@@ -232,6 +252,8 @@ def gc_freeze_cmd(ctx: click.Context, set_: str | None, clear: bool, as_json: bo
 
     if set_ is not None and clear:
         raise click.BadParameter("give --set or --clear, not both", param_hint="--set")
+    if set_ is not None or clear:
+        _refuse_unnamed(ctx, "metadata gc-freeze")
 
     async def run() -> Any:
         store = await _store(ctx)
@@ -248,6 +270,17 @@ def gc_freeze_cmd(ctx: click.Context, set_: str | None, clear: bool, as_json: bo
     human = ("GC frozen: " + str(state.get("reason", "")) if state is not None
              else "GC not frozen: bookies delete ledgers the metadata no longer lists")
     emit(as_json, {"frozen": state is not None, "flag": state}, human)
+
+
+async def _instance_at(store: Any, root: str) -> str:
+    """The instance id the root holds now ("" if none)."""
+    from ledgerd.metadata.errors import NoNodeError
+
+    try:
+        raw, _ = await store.get(f"{root}/INSTANCEID")
+    except NoNodeError:
+        return ""
+    return bytes(raw or b"").decode().strip()
 
 
 def _plan_rows(the_plan: Any) -> list[list[Any]]:
@@ -281,11 +314,15 @@ def _plan_rows(the_plan: Any) -> list[list[Any]]:
 @click.option("--secret-file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The cluster secret (cluster_secret_file): with --apply, fence and close "
                    "every rebuilt ledger now by recovery.")
+@click.option("--allow-unreachable", is_flag=True,
+              help="With --apply: write the plan although some bookies did not answer "
+                   "(their entries are missing from it; without a snapshot their "
+                   "ledgers' ensembles and ends can be wrong).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
                 layout: str | None, secret: str, do_apply: bool, secret_file: Path | None,
-                as_json: bool) -> None:
+                allow_unreachable: bool, as_json: bool) -> None:
     """Rebuild ledger metadata missing from ZooKeeper from what the bookies hold (a dry
     run prints the plan; --apply writes it and freezes GC until `gc-freeze --clear`).
 
@@ -297,6 +334,8 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
     from ledgerd.metadata.snapshot import category
     from ledgerd.tools import metadata_rebuild as rb
 
+    if do_apply:
+        _refuse_unnamed(ctx, "metadata rebuild --apply")
     snap = _load(snapshot_file) if snapshot_file is not None else None
     root = _root(ctx)
     named = {b.strip() for b in bookies.split(",") if b.strip()}
@@ -328,10 +367,22 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
             the_plan = await rb.plan(store, root, use_layout, gathered, snap)
             written = None
             if do_apply:
+                if gathered.unreachable and not allow_unreachable:
+                    raise ShellError(
+                        "not applied: " + ", ".join(sorted(gathered.unreachable)) +
+                        " did not answer, so the plan lacks their entries (ensembles and "
+                        "ends could be wrong and their ledgers missing); start them and "
+                        "run again, or pass --allow-unreachable")
                 instance = next(iter(ids), "") or (snap.instance_id if snap else "")
                 if not instance:
                     raise ShellError("cannot tell the cluster's instance id (no bookie "
                                      "reported one, no snapshot)")
+                live_instance = await _instance_at(store, root)
+                if live_instance and live_instance != instance:
+                    raise ShellError(
+                        f"not applied: {root} holds cluster instance {live_instance}, the "
+                        f"bookies' is {instance} (a re-initialised root): restore a "
+                        f"snapshot of the bookies' cluster, or empty the root first")
                 written = await rb.apply_plan(store, root, use_layout, instance, the_plan)
             return the_plan, gathered, written, use_layout
         finally:

@@ -200,6 +200,12 @@ async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_
     assert ends == {striped.ledger_id: 29, full.ledger_id: 4, dangling.ledger_id: 11}, out
     async with metadata_store(zk_chroot, init=False) as store:
         assert await store.exists("/ledgers/LAYOUT") is None  # a dry run writes nothing
+    # A bookie that does not answer: its entries would be missing from the plan.
+    code, out = await _shell(zk_chroot, "rebuild", "--bookies", named + ",127.0.0.1:1",
+                             "--apply")
+    assert code != 0 and "127.0.0.1:1 did not answer" in out, out
+    async with metadata_store(zk_chroot, init=False) as store:
+        assert await store.exists("/ledgers/LAYOUT") is None
     code, out = await _shell(zk_chroot, "rebuild", "--bookies", named, "--apply",
                              "--secret-file", str(secret), "--json")
     assert code == 0, out
@@ -248,6 +254,8 @@ async def test_a_bookie_with_data_refuses_a_lost_or_new_cluster_and_names_restor
         code, stderr = _bookie_run(b.config_path)
         assert code == 1 and "metadata restore" in stderr and "instance" in stderr, stderr
     code, out = await _shell(zk_chroot, "restore", "--replace", str(snap))
+    assert code != 0 and "--force" in out and "restore would delete all" in out, out
+    code, out = await _shell(zk_chroot, "restore", "--replace", "--force", str(snap))
     assert code == 0, out
     async with metadata_store(zk_chroot, init=False) as store:
         b.start()

@@ -63,3 +63,46 @@ async def test_a_node_changing_through_every_pass_is_named_unstable() -> None:
         snap = await take_snapshot(store, "/ledgers", max_passes=3)
         nursery.cancel_scope.cancel()
     assert snap.passes == 3 and snap.unstable == ("logs/events/cursors/busy",)
+
+
+async def test_a_replacing_restore_freezes_gc_and_drops_layout_before_any_ledger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bookie's GC deletes a ledger the metadata lacks unless the root is frozen or has
+    no LAYOUT: while ``--replace`` empties the root, every deletion happens with the
+    flag set and LAYOUT already gone, so no GC pass sees a cluster missing ledgers."""
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    ledgers = LedgerManager(store, "/ledgers")
+    for _ in range(3):
+        await ledgers.create(MD)
+    snap = await take_snapshot(store, "/ledgers")
+    seen: list[tuple[str, bool, bool]] = []
+    delete = store.delete
+
+    async def watched_delete(path: str, *args: object, **kw: object) -> None:
+        frozen = await freeze_state(store, "/ledgers") is not None
+        layout = await store.exists("/ledgers/LAYOUT") is not None
+        seen.append((path, frozen, layout))
+        await delete(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "delete", watched_delete)
+    await restore_snapshot(store, "/ledgers", snap, replace=True)
+    emptied = [s for s in seen if s[0] != "/ledgers/LAYOUT"]
+    assert emptied and all(frozen and not layout for _, frozen, layout in emptied), seen
+    assert seen[0][:2] == ("/ledgers/LAYOUT", True)
+    assert (await LedgerManager(store, "/ledgers").exists(snap.ledger_ids()[0]))
+
+
+async def test_a_restore_moves_the_kafka_producer_id_counter_past_the_snapshot() -> None:
+    """Producer ids handed out after the snapshot must not be handed out again: a
+    gateway would take a new producer's first batch for an old one's duplicate."""
+    from ledgerd.metadata.backup import PRODUCER_ID_GAP
+
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    await store.create("/ledgers/kafka/producer_ids", b"42", make_parents=True)
+    snap = await take_snapshot(store, "/ledgers")
+    fresh = InMemoryStore(InMemoryCluster())
+    await restore_snapshot(fresh, "/ledgers", snap)
+    raw, _ = await fresh.get("/ledgers/kafka/producer_ids")
+    assert int(raw) == 42 + PRODUCER_ID_GAP
