@@ -246,25 +246,27 @@ def _fields(cls: type[Any]) -> dict[str, tuple[Spec, str, Any]]:
 def _read_file(path: str | os.PathLike[str]) -> tuple[str, dict[str, object], bool]:
     """(source, layer, is_properties) of a TOML file or a BookKeeper properties file.
 
-    ``.toml`` is TOML and ``.conf``/``.properties`` a properties file
-    (``bk_server.conf``); any other name is a properties file when its text reads as
-    one (an unquoted value, a ``:`` separator) and TOML otherwise."""
+    A file that parses as TOML is TOML, whatever its name (a ledgerd ``bookie.conf``
+    keeps its quoted strings and arrays); ``.toml`` must. Otherwise ``.conf`` and
+    ``.properties`` files (``bk_server.conf``), and files whose text reads as properties
+    (an unquoted value, a ``:`` separator), are Java properties files."""
     source = os.fspath(path)
     try:
         raw = Path(path).read_text()
     except OSError as exc:
         raise ConfigError("<file>", source, f"a readable TOML file ({exc.strerror})") from exc
     suffix = Path(source).suffix.lower()
-    if suffix in (".conf", ".properties") or (suffix != ".toml" and looks_like_properties(raw)):
-        try:
-            props = parse_properties(raw)
-        except PropertiesError as exc:
-            raise ConfigError("<file>", source, f"a Java properties file ({exc})") from exc
-        return source, {k: v for k, (_line, v) in props.items()}, True
     try:
         return source, tomllib.loads(raw), False
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("<file>", source, f"valid TOML ({exc})") from exc
+        if suffix == ".toml" or (suffix not in (".conf", ".properties")
+                                 and not looks_like_properties(raw)):
+            raise ConfigError("<file>", source, f"valid TOML ({exc})") from exc
+    try:
+        props = parse_properties(raw)
+    except PropertiesError as exc:
+        raise ConfigError("<file>", source, f"a Java properties file ({exc})") from exc
+    return source, {k: v for k, (_line, v) in props.items()}, True
 
 
 def bookkeeper_table(cls: type[Any]) -> dict[str, BkName]:

@@ -156,3 +156,14 @@ def test_integer_ranges_print_as_integers() -> None:
 
     spec, kind, _ = _fields(B)["log_size_limit"]
     assert spec.describe(kind) == "int between 65536 and 1073741824"
+
+
+def test_a_toml_file_named_conf_is_read_as_toml(tmp_path: Path) -> None:
+    """A ledgerd TOML file named ``bookie.conf`` keeps its quoted strings and arrays (a
+    properties reading would keep the quotes: a relative journal path named '"/..."')."""
+    conf = tmp_path / "bookie.conf"
+    conf.write_text('journal_directory = "/var/lib/ledgerd/journal"\n'
+                    'ledger_directories = ["/d1", "/d2"]\nadmin_port = 0o17\n')
+    cfg = load_config(BookieConfig, path=conf, env={})
+    assert str(cfg.journal_directory) == "/var/lib/ledgerd/journal"
+    assert [str(d) for d in cfg.ledger_directories] == ["/d1", "/d2"]
