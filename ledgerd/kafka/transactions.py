@@ -332,7 +332,7 @@ class TxnCoordinator:
                     return True  # completed meanwhile (another attempt, or gateway)
                 async with trio.open_nursery() as nursery:
                     for m in markers(current):
-                        nursery.start_soon(self._write_marker, m)
+                        nursery.start_soon(self._write_marker, m, current)
                 if current.state is TxnState.PREPARE_COMMIT:
                     for o in current.offsets:
                         await self.gw._commit(o.group, o.topic, o.partition, o.offset,
@@ -351,10 +351,24 @@ class TxnCoordinator:
             if not lock.locked() and not lock.statistics().tasks_waiting:
                 self._completing.pop(tid, None)
 
-    async def _write_marker(self, marker: Marker) -> None:
-        """Write one marker into its partition's log, wherever it is led; retried
-        until it is written (the caller bounds the wait)."""
+    async def _write_marker(self, marker: Marker, prepared: TxnRecord) -> None:
+        """Write one marker of ``prepared`` into its partition's log, wherever it is led;
+        retried until it is written (the caller bounds the wait), but never once the
+        record has moved on: another coordinator completed it, and the producer may
+        have begun its next transaction at the same epoch, which a late marker of this
+        one would end (committing what it aborts, or hiding what it commits)."""
+        first = True
         while True:
+            if not first:
+                current = await self.get(prepared.transactional_id)
+                if current is None or current.state is not prepared.state or \
+                        current.producer_epoch != prepared.producer_epoch or \
+                        current.producer_id != prepared.producer_id:
+                    log.info("kafka_txn_marker_abandoned", extra=fields(
+                        topic=marker.topic, partition=marker.partition,
+                        transactional_id=prepared.transactional_id))
+                    return
+            first = False
             try:
                 code = await self.gw.write_marker(marker)
             except (LedgerdError, FencedError, OSError, trio.BrokenResourceError,
