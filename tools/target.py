@@ -24,6 +24,7 @@ The decisions here are pure; the callers do the I/O.
 from __future__ import annotations
 
 import enum
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +68,16 @@ class Target:
 
 
 def find_local_clusters(tmpdir: Path | None = None) -> list[Path]:
-    """The data directories of the ``ledgerd local`` clusters running without ``--data``
-    (their control socket is under the temp directory), oldest first."""
+    """The data directories of this user's ``ledgerd local`` clusters running without
+    ``--data`` (their control socket is under the temp directory), oldest first. A
+    directory another user owns is not one (anyone can create one in /tmp)."""
     base = Path(tmpdir or tempfile.gettempdir())
     socks = []
+    me = os.getuid()
     for sock in base.glob(f"ledgerd-local-*/{CTL_SOCKET}"):
         try:
+            if sock.parent.stat().st_uid != me or sock.stat().st_uid != me:
+                continue
             socks.append((sock.stat().st_mtime, sock.parent))
         except OSError:  # it stopped meanwhile
             continue

@@ -5,6 +5,7 @@ decisions, no sockets."""
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,12 @@ def test_find_local_clusters_by_their_control_socket(tmp_path: Path) -> None:
     (tmp_path / "ledgerd-local-x").mkdir()
     (tmp_path / "ledgerd-local-x" / "ctl.sock").touch()
     (tmp_path / "ledgerd-local-stopped").mkdir()  # no socket: not running
+    assert find_local_clusters(tmp_path) == [tmp_path / "ledgerd-local-x"]
+    # One another user planted (owned by nobody): not this user's cluster.
+    planted = tmp_path / "ledgerd-local-planted"
+    planted.mkdir()
+    (planted / "ctl.sock").touch()
+    os.chown(planted, 65534, 65534)
     assert find_local_clusters(tmp_path) == [tmp_path / "ledgerd-local-x"]
 
 
