@@ -19,13 +19,15 @@ twice keeps its last value, as ``java.util.Properties`` does.
 
 from __future__ import annotations
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = ["PropertiesError", "looks_like_properties", "parse_properties"]
 
 _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 _BLANK = " \t\f"
 
 
-class PropertiesError(ValueError):
+class PropertiesError(LedgerdError, ValueError):
     """A line that is not a property (an unfinished ``\\u`` escape)."""
 
     def __init__(self, line: int, reason: str) -> None:

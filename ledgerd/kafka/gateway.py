@@ -53,7 +53,7 @@ from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka import retention, topic_admin
+from ledgerd.kafka import retention, topic_admin, transactions
 from ledgerd.kafka.api import (
     DECLARED,
     PRODUCE_SERVED_FROM,
@@ -77,9 +77,9 @@ from ledgerd.kafka.peer import send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import TopicRecord, TopicStore
-from ledgerd.kafka.transactions import TxnCoordinator, admit_transactional, read_committed
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
@@ -209,7 +209,7 @@ class Gateway:
         self.metrics.gauge("ledgerd_kafka_live_gateways", "Gateways registered in ZooKeeper.",
                            lambda: len(self.nodes))
         self.nursery: trio.Nursery | None = None
-        self.txn = TxnCoordinator(self)
+        self.txn = transactions.TxnCoordinator(self)
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
                                              Awaitable[dict[str, Any] | None]]] = {
             ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
@@ -755,7 +755,7 @@ class Gateway:
                     stamped = [with_log_append_time(raw, stamp) for _, raw in batches]
                     batches = [(BatchHeader.parse(raw), raw) for raw in stamped]
                 if tid is not None:  # the coordinator confirms the partition is in it
-                    work[key] = await admit_transactional(self, part, tid, batches)
+                    work[key] = await transactions.admit_transactional(self, part, tid, batches)
                 else:
                     work[key] = part.enqueue(batches, self.nursery)
                 if not isinstance(work[key], int):
@@ -775,7 +775,7 @@ class Gateway:
                 if not item.done.is_set():
                     entry["error_code"] = ErrorCode.REQUEST_TIMED_OUT
                 elif item.error is not None:
-                    entry["error_code"] = _storage_error(item.error)
+                    entry["error_code"] = storage_error_code(item.error)
                 elif item.code:
                     entry["error_code"] = item.code
                 else:
@@ -841,7 +841,7 @@ class Gateway:
                             lso = (await part.stable_view(hw))[0] \
                                 if body["isolation_level"] else hw
                         except (LedgerdError, FencedError) as exc:
-                            res["error_code"] = _storage_error(exc)
+                            res["error_code"] = storage_error_code(exc)
                             continue
                         res.update(high_watermark=hw, last_stable_offset=lso, records=b"")
                         continue
@@ -851,7 +851,7 @@ class Gateway:
                         records, hw = await part.read(pr["fetch_offset"], limit)
                         lso = hw
                         if body["isolation_level"]:  # read_committed: below the LSO only
-                            records, lso, aborted = await read_committed(
+                            records, lso, aborted = await transactions.read_committed(
                                 part, pr["fetch_offset"], records, hw)
                             res["aborted_transactions"] = aborted
                     except OffsetOutOfRangeError as exc:
@@ -860,7 +860,7 @@ class Gateway:
                                    log_start_offset=exc.start)
                         continue
                     except (LedgerdError, FencedError) as exc:
-                        res["error_code"] = _storage_error(exc)
+                        res["error_code"] = storage_error_code(exc)
                         continue
                     res.update(high_watermark=hw, last_stable_offset=lso,
                                log_start_offset=await part.start_offset(), records=records)
@@ -905,7 +905,7 @@ class Gateway:
                         if found is not None:
                             res["timestamp"], res["offset"] = found
                 except (LedgerdError, FencedError) as exc:
-                    res["error_code"] = _storage_error(exc)
+                    res["error_code"] = storage_error_code(exc)
             topics.append({"name": t["name"], "partitions": parts})
         return {"topics": topics}
 
@@ -1072,7 +1072,7 @@ class Gateway:
                                            pr["committed_offset"], meta,
                                            pr["committed_leader_epoch"])
                     except (LedgerdError, FencedError) as exc:
-                        code = _storage_error(exc)
+                        code = storage_error_code(exc)
                 parts.append({"partition_index": pr["partition_index"], "error_code": code})
                 if code:
                     log.info("kafka_commit_refused", extra=fields(
@@ -1327,7 +1327,7 @@ class Gateway:
                             log.info("kafka_offset_deleted", extra=fields(
                                 group=gid, topic=t["name"], partition=p))
                     except LedgerdError as exc:
-                        err = _storage_error(exc)
+                        err = storage_error_code(exc)
                 parts.append({"partition_index": p, "error_code": err})
             topics.append({"name": t["name"], "partitions": parts})
         return {"error_code": 0, "topics": topics}
@@ -1437,17 +1437,6 @@ def _code_name(code: int) -> str:
         return ErrorCode(code).name
     except ValueError:
         return str(code)
-
-
-def _storage_error(exc: BaseException) -> int:
-    from ledgerd.ledgerlog import LogFencedError
-    if isinstance(exc, LogFencedError | FencedError):
-        return ErrorCode.NOT_LEADER_OR_FOLLOWER
-    name = type(exc).__name__
-    if "NotEnough" in name or "Timeout" in name:
-        return ErrorCode.NOT_ENOUGH_REPLICAS
-    log.warning("kafka_storage_error", extra=fields(error=repr(exc)))
-    return ErrorCode.KAFKA_STORAGE_ERROR
 
 
 async def _wait_any(events: list[trio.Event], until: float) -> None:

@@ -44,6 +44,7 @@ from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.control_records import committed_prefix, control_batch
 from ledgerd.kafka.records import BatchHeader
+from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.txn_coordinator import (
     Marker,
     NeedProducerId,
@@ -397,8 +398,7 @@ class TxnCoordinator:
                             marker=(marker.producer_id, marker.producer_epoch))
         await item.done.wait()
         if item.error is not None:
-            from ledgerd.kafka.gateway import _storage_error
-            return _storage_error(item.error)
+            return storage_error_code(item.error)
         return item.code
 
     async def write_txn_markers(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -417,8 +417,7 @@ class TxnCoordinator:
                     try:
                         code = await self.write_local_marker(marker)
                     except (LedgerdError, FencedError) as exc:
-                        from ledgerd.kafka.gateway import _storage_error
-                        code = _storage_error(exc)
+                        code = storage_error_code(exc)
                     parts.append({"partition_index": p, "error_code": code})
                 topics.append({"name": t["name"], "partitions": parts})
             out.append({"producer_id": m["producer_id"], "topics": topics})
@@ -534,8 +533,7 @@ async def admit_transactional(gw: Gateway, part: PartitionLog, tid: str,
     try:
         await part.mark_transactional()
     except (LedgerdError, FencedError) as exc:
-        from ledgerd.kafka.gateway import _storage_error
-        return _storage_error(exc)
+        return storage_error_code(exc)
     for _ in range(3):
         if part.txn_verified.get(pid) == epoch:
             return part.enqueue(batches, gw.nursery, txn=(pid, epoch))

@@ -13,8 +13,8 @@ import pytest
 
 import ledgerd
 from ledgerd.kafka.api import ErrorCode
-from ledgerd.kafka.gateway import _storage_error
 from ledgerd.kafka.partitions import PartitionLog, PartitionSettings
+from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot, start_bookies
@@ -43,7 +43,7 @@ async def test_a_new_writer_fences_the_old_one_and_continues_its_offsets(
         late = old.enqueue(batches, nursery)
         await late.done.wait()
         assert late.error is not None
-        assert _storage_error(late.error) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        assert storage_error_code(late.error) == ErrorCode.NOT_LEADER_OR_FOLLOWER
         assert old.writer is None  # it gave the partition up
         mine = new.enqueue(batches, nursery)
         await mine.done.wait()

@@ -14,8 +14,8 @@ import trio
 
 import ledgerd
 from ledgerd.kafka.api import ErrorCode
-from ledgerd.kafka.gateway import _storage_error
 from ledgerd.kafka.partitions import PartitionLog, PartitionSettings
+from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.tools.bookieprocess import BookieProcess
 from tests.cluster import start_bookies
 from tests.kafka.test_gateways import _idempotent, _split
@@ -94,7 +94,7 @@ async def test_a_writer_that_may_not_lead_or_was_taken_over_answers_no_stale_seq
             """(error code, base offset)."""
             q = part.enqueue(batches, nursery)  # type: ignore[arg-type]
             await q.done.wait()
-            code = _storage_error(q.error) if q.error is not None else q.code
+            code = storage_error_code(q.error) if q.error is not None else q.code
             return code, q.base_offset
 
         a = PartitionLog(ca, "t", 0, SETTINGS, nursery, authority=authority)
