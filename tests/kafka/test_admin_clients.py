@@ -299,6 +299,17 @@ def _produce_to(bootstrap: str, topic: str, n: int) -> None:
     assert producer.flush(BOUND_S) == 0
 
 
+def sasl_admin(gw: GatewayProcess, base: Path, user: str) -> Any:
+    """confluent-kafka's AdminClient as ``user`` of the secure gateway (sasl_ssl, PLAIN;
+    ``alice`` is a client, ``root`` an admin)."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": gw.bootstrap, "security.protocol": "sasl_ssl",
+                        "ssl.ca.location": str(base / "ca.pem"),
+                        "sasl.mechanisms": "PLAIN", "sasl.username": user,
+                        "sasl.password": (base / user).read_text().strip()})
+
+
 def test_deleting_groups_and_their_offsets_needs_the_admin_role(
         secure_gateway: tuple[GatewayProcess, Path],  # noqa: F811
 ) -> None:
@@ -308,20 +319,11 @@ def test_deleting_groups_and_their_offsets_needs_the_admin_role(
         KafkaException,
         TopicPartition,
     )
-    from confluent_kafka.admin import AdminClient
     from kafka.admin import KafkaAdminClient
     from kafka.errors import GroupAuthorizationFailedError
 
     gw, base = secure_gateway
-
-    def admin(user: str) -> AdminClient:
-        return AdminClient({"bootstrap.servers": gw.bootstrap,
-                            "security.protocol": "sasl_ssl",
-                            "ssl.ca.location": str(base / "ca.pem"),
-                            "sasl.mechanisms": "PLAIN", "sasl.username": user,
-                            "sasl.password": (base / user).read_text().strip()})
-
-    alice, root = admin("alice"), admin("root")  # a client and an admin
+    alice, root = sasl_admin(gw, base, "alice"), sasl_admin(gw, base, "root")
     root.list_topics("sec-t", timeout=BOUND_S)  # (made on first mention)
     root.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
         "sec-g", [TopicPartition("sec-t", 0, 0)])])["sec-g"].result(BOUND_S)

@@ -24,7 +24,7 @@ from ledgerd.kafka.partitions import log_name
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
-from tests.kafka.test_admin_clients import _reply
+from tests.kafka.test_admin_clients import _reply, sasl_admin
 from tests.kafka.test_faults import _request
 from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
 
@@ -451,7 +451,6 @@ def test_changing_a_topic_needs_the_admin_role(
     add partitions or delete records (TOPIC_AUTHORIZATION_FAILED); an admin may."""
     from confluent_kafka import KafkaError, TopicPartition
     from confluent_kafka.admin import (
-        AdminClient,
         AlterConfigOpType,
         ConfigEntry,
         ConfigResource,
@@ -459,15 +458,7 @@ def test_changing_a_topic_needs_the_admin_role(
     )
 
     gw, base = secure_gateway
-
-    def admin(user: str) -> AdminClient:
-        return AdminClient({"bootstrap.servers": gw.bootstrap,
-                            "security.protocol": "sasl_ssl",
-                            "ssl.ca.location": str(base / "ca.pem"),
-                            "sasl.mechanisms": "PLAIN", "sasl.username": user,
-                            "sasl.password": (base / user).read_text().strip()})
-
-    alice, root = admin("alice"), admin("root")  # a client and an admin
+    alice, root = sasl_admin(gw, base, "alice"), sasl_admin(gw, base, "root")
     _create(root, "sec-cfg", 1)
     assert _configs(alice, "sec-cfg")["retention.ms"].value == "-1"
     res = ConfigResource("topic", "sec-cfg", incremental_configs=[
