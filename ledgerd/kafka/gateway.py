@@ -64,6 +64,7 @@ from ledgerd.kafka.api import (
     ApiKey,
     ErrorCode,
 )
+from ledgerd.kafka.compression import recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
 from ledgerd.kafka.metrics import GatewayMetrics
@@ -742,6 +743,17 @@ class Gateway:
                         error=str(exc)))
                     work[key] = exc.code
                     continue
+                if policy.compression is not None:  # the topic's codec, as Kafka's broker
+                    try:
+                        batches = await trio.to_thread.run_sync(
+                            recompressed, batches, policy.compression,
+                            policy.max_message_bytes)
+                    except BatchError as exc:
+                        log.warning("kafka_bad_batch", extra=fields(
+                            peer=conn.peer, topic=t["name"], partition=pd["index"],
+                            error=str(exc)))
+                        work[key] = exc.code
+                        continue
                 part = self.partition(*key)
                 if not await part.wait_for_room(sum(len(b) for _, b in batches), deadline):
                     work[key] = ErrorCode.REQUEST_TIMED_OUT  # the client retries
