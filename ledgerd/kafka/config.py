@@ -99,6 +99,15 @@ class GatewayConfig(ClientConfig):
             "connection must authenticate with SASL PLAIN (user = principal name, "
             "password = its token) or a client certificate before any request but "
             "ApiVersions, and requests need the client role (topics: admin).")
+    gateway_allow_everyone_if_no_acl_found: bool = setting(
+        True, bk="(Kafka: allow.everyone.if.no.acl.found)",
+        doc="A resource no ACL binding covers is open to every principal (Kafka's "
+            "default is false; true keeps a cluster without ACLs serving as before). "
+            "The ACLs are checked after the roles of gateway_principals_file.")
+    gateway_super_users: str = setting(
+        "", bk="(Kafka: super.users)",
+        doc="Principals (User:name, separated by ';') the ACLs never refuse; an "
+            "unauthenticated client is User:ANONYMOUS.")
 
     def tls_server_context(self) -> ssl.SSLContext | None:
         if not self.gateway_tls_certificate_path:

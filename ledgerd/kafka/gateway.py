@@ -54,6 +54,8 @@ from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka import retention, topic_admin, transactions
+from ledgerd.kafka.acl_admin import GatewayAcls
+from ledgerd.kafka.acls import AclSettings, Resource, cluster, parse_super_users
 from ledgerd.kafka.api import (
     DECLARED,
     PRODUCE_SERVED_FROM,
@@ -64,6 +66,7 @@ from ledgerd.kafka.api import (
     ApiKey,
     ErrorCode,
 )
+from ledgerd.kafka.authorization import verdict
 from ledgerd.kafka.compression import recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
@@ -84,6 +87,7 @@ from ledgerd.kafka.topics import TopicRecord, TopicStore
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
+from ledgerd.metadata.kafka_acls import ResourceType
 from ledgerd.metadata.logs import CursorRecord
 from ledgerd.metadata.store import SessionEvent
 from ledgerd.wire.status import FencedError
@@ -142,6 +146,9 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
     ApiKey.ALTER_CONFIGS: frozenset({"admin"}),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: frozenset({"admin"}),
     ApiKey.CREATE_PARTITIONS: frozenset({"admin"}), ApiKey.DELETE_RECORDS: frozenset({"admin"}),
+    # the ACLs themselves (Kafka: ALTER / DESCRIBE on the cluster, checked after)
+    ApiKey.CREATE_ACLS: frozenset({"admin"}), ApiKey.DELETE_ACLS: frozenset({"admin"}),
+    ApiKey.DESCRIBE_ACLS: frozenset({"admin"}),
 }
 
 
@@ -211,6 +218,10 @@ class Gateway:
                            lambda: len(self.nodes))
         self.nursery: trio.Nursery | None = None
         self.txn = transactions.TxnCoordinator(self)
+        # ACLs (acl_admin.py): every request is judged after the roles' check
+        self.acls = GatewayAcls(self.store, self.root, AclSettings(
+            allow_if_no_acl=config.gateway_allow_everyone_if_no_acl_found,
+            super_users=parse_super_users(config.gateway_super_users)))
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
                                              Awaitable[dict[str, Any] | None]]] = {
             ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
@@ -239,6 +250,9 @@ class Gateway:
             ApiKey.ALTER_CONFIGS: functools.partial(topic_admin.alter_configs, self),
             ApiKey.INCREMENTAL_ALTER_CONFIGS: functools.partial(
                 topic_admin.incremental_alter_configs, self),
+            ApiKey.CREATE_ACLS: self.acls.create_acls,
+            ApiKey.DESCRIBE_ACLS: self.acls.describe_acls,
+            ApiKey.DELETE_ACLS: self.acls.delete_acls,
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -568,6 +582,19 @@ class Gateway:
                 slot.close = True  # no error code fits every API: the client sees a close
                 slot.done.set()
                 return False
+        refused_topics: frozenset[str] = frozenset()
+        if not (await self.acls.current()).is_open:
+            judged = verdict(api, body, self.acls.allows(conn))
+            if judged.refuse is not None or judged.topics:
+                log.warning("kafka_acl_denied", extra=fields(
+                    peer=conn.peer, principal=conn.principal.name, api=api.name,
+                    error=_code_name(judged.refuse or ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                    topics=",".join(sorted(judged.topics)) or "-"))
+            if judged.refuse is not None:
+                slot.frame = self._frame(api, version, cid, refusal(api, body, judged.refuse))
+                slot.done.set()
+                return True
+            refused_topics = judged.topics
         if api is ApiKey.PRODUCE:
             if version < PRODUCE_SERVED_FROM:
                 if body["acks"] == 0:  # it reads no response: a close tells it (as below)
@@ -580,13 +607,16 @@ class Gateway:
                 return True
             started = trio.current_time()
             deadline = started + max(body["timeout_ms"], 0) / 1000
-            work = await self._admit_produce(conn, body, deadline)
+            work = await self._admit_produce(conn, body, deadline, refused_topics)
             nursery.start_soon(self._finish, slot, api, version, cid,
                                self._complete_produce, (body, work, started, deadline))
             return True
         if api is ApiKey.FETCH:  # a parked fetch must not hold up what follows it
+            handler = self.handlers[api]
+            if refused_topics:  # the others are fetched; these answer the refusal
+                handler = functools.partial(self._fetch_refusing, refused_topics)
             nursery.start_soon(self._finish, slot, api, version, cid,
-                               self.handlers[api], (conn, version, body))
+                               handler, (conn, version, body))
         else:  # one at a time, in order, as Kafka does (a commit before its leave)
             await self._finish(slot, api, version, cid, self.handlers[api],
                                (conn, version, body))
@@ -709,11 +739,13 @@ class Gateway:
                 "topics": topics}
 
     async def _admit_produce(self, conn: _Conn, body: dict[str, Any], deadline: float,
+                             refused: frozenset[str] = frozenset(),
                              ) -> dict[tuple[str, int], Any]:
         """Validate and queue each partition's batches (called in request order, so a
         full partition queue holds this connection's next requests back, as a Kafka
         broker mutes a channel); returns per partition an error code or the queued
-        item."""
+        item. The ``refused`` topics' partitions (the ACLs) get
+        TOPIC_AUTHORIZATION_FAILED."""
         assert self.nursery is not None
         work: dict[tuple[str, int], Any] = {}
         tid = body["transactional_id"]
@@ -721,6 +753,9 @@ class Gateway:
             count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
             for pd in t["partition_data"]:
                 key = (t["name"], pd["index"])
+                if t["name"] in refused:
+                    work[key] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
                 if count is None or not 0 <= pd["index"] < count:
                     work[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
@@ -820,6 +855,17 @@ class Gateway:
             for part in t["partitions"]:
                 self.metrics.error(ApiKey.FETCH, part["error_code"])
                 self.metrics.bytes_out += len(part["records"])
+        return reply
+
+    async def _fetch_refusing(self, refused: frozenset[str], conn: _Conn, version: int,
+                              body: dict[str, Any]) -> dict[str, Any]:
+        """Fetch the topics the ACLs allow; ``refused`` answer TOPIC_AUTHORIZATION_FAILED
+        (Kafka's answer per topic)."""
+        allowed = {**body, "topics": [t for t in body["topics"] if t["topic"] not in refused]}
+        reply = await self.fetch(conn, version, allowed)
+        denied = {**body, "topics": [t for t in body["topics"] if t["topic"] in refused]}
+        reply["responses"] += refusal(ApiKey.FETCH, denied,
+                                      ErrorCode.TOPIC_AUTHORIZATION_FAILED)["responses"]
         return reply
 
     async def _fetch(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -1248,6 +1294,9 @@ class Gateway:
             if isinstance(group, int):
                 res["error_code"] = group
                 continue
+            if body["include_authorized_operations"]:
+                res["authorized_operations"] = self.acls.authorized_operations(
+                    conn.principal, Resource(ResourceType.GROUP, gid), peer=conn.peer)
             summary = group.summary() if group is not None and group.is_known \
                 else DEAD_SUMMARY
             if summary.state is GroupState.DEAD and version >= 6:  # Kafka 4's answer
@@ -1352,7 +1401,10 @@ class Gateway:
                     "error_message": "the gateways are brokers; ledgerd has no "
                                      "controller endpoints", "cluster_id": CLUSTER_ID,
                     "endpoint_type": body["endpoint_type"], "brokers": []}
+        ops = self.acls.authorized_operations(conn.principal, cluster(), peer=conn.peer) \
+            if body["include_cluster_authorized_operations"] else -2147483648
         return {"error_code": 0, "error_message": None, "endpoint_type": 1,
+                "cluster_authorized_operations": ops,
                 "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
                 "brokers": [{"broker_id": n, "host": h, "port": p, "rack": None,
                              "is_fenced": False}
@@ -1431,7 +1483,10 @@ _DENIALS = {ApiKey.CREATE_TOPICS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
             ApiKey.ALTER_CONFIGS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
             ApiKey.INCREMENTAL_ALTER_CONFIGS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
             ApiKey.CREATE_PARTITIONS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-            ApiKey.DELETE_RECORDS: ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+            ApiKey.DELETE_RECORDS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            ApiKey.CREATE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ApiKey.DELETE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ApiKey.DESCRIBE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
 
 
 def _denied(api: ApiKey, body: dict[str, Any]) -> dict[str, Any]:

@@ -92,5 +92,9 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
     if api is ApiKey.DELETE_RECORDS:
         return {"topics": _topics(body["topics"], name="name", parts="partitions",
                                   index="partition_index", error_code=code)}
+    if api is ApiKey.CREATE_ACLS:
+        return {"results": [{"error_code": code} for _ in body["creations"]]}
+    if api is ApiKey.DELETE_ACLS:
+        return {"filter_results": [{"error_code": code} for _ in body["filters"]]}
     # every other response has a top-level error code
     return {"error_code": code}
