@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledgerd.kafka.acls import (
@@ -144,6 +144,7 @@ def _reference(bindings: list[AclBinding], principal: str, host: str, op: AclOpe
                for b in mine)
 
 
+@settings(max_examples=300, deadline=None)
 @given(bindings=st.lists(_bindings, max_size=8), principal=st.sampled_from([ALICE, BOB]),
        host=st.sampled_from(["h1", "h2"]), op=st.sampled_from([o for o in Op if o > Op.ALL]),
        name=st.sampled_from(["t", "t1", "tx2", "u"]), allow_if_none=st.booleans())
