@@ -108,6 +108,7 @@ _CLOSE: dict[str, Any] = {}
 FETCH_MAX_BYTES = 50 << 20  # one fetch response at most (Kafka: fetch.max.bytes)
 IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
+DELETE_FANOUT = 32  # cursor deletions of one DeleteGroups in flight at once
 CLUSTER_ID = "ledgerd"  # Metadata's and DescribeCluster's cluster id
 
 
@@ -1338,10 +1339,20 @@ class Gateway:
         if code:
             return int(code)
         try:
-            removed = 0
-            for topic in await self.all_topics():
-                for p in range(self.topics[topic]):
-                    removed += await self._delete_offset(gid, topic, p)
+            # one cursor per partition of every topic: deleted side by side, so a
+            # cluster of many partitions answers within the client's request timeout
+            found: list[bool] = []
+            limiter = trio.CapacityLimiter(DELETE_FANOUT)
+
+            async def delete_one(topic: str, p: int) -> None:
+                async with limiter:
+                    found.append(await self._delete_offset(gid, topic, p))
+
+            async with trio.open_nursery() as nursery:
+                for topic in await self.all_topics():
+                    for p in range(self.topics[topic]):
+                        nursery.start_soon(delete_one, topic, p)
+            removed = sum(found)
             try:
                 await self.store.delete(f"{self.root}/groups/{_key_name(gid)}")
             except NoNodeError:

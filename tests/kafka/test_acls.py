@@ -115,9 +115,11 @@ def test_authorized_operations_is_one_bit_per_allowed_operation() -> None:
                                            Op.DESCRIBE))
 
 
+# few operations, so that bindings meet often enough to disagree if the rules do
+_OPS = [Op.READ, Op.WRITE, Op.DESCRIBE, Op.ALTER, Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS]
 _names = st.sampled_from(["t", "t1", "t2", "tx", "*", "u"])
 _bindings = st.builds(
-    acl, _names, st.sampled_from([o for o in Op if o > Op.ANY]),
+    acl, _names, st.sampled_from([*_OPS, Op.ALL]),
     st.sampled_from([Perm.ALLOW, Perm.DENY]),
     principal=st.sampled_from([ALICE, BOB, "User:*"]), host=st.sampled_from(["*", "h1"]),
     pattern=st.sampled_from([Pat.LITERAL, Pat.PREFIXED]))
@@ -146,7 +148,7 @@ def _reference(bindings: list[AclBinding], principal: str, host: str, op: AclOpe
 
 @settings(max_examples=300, deadline=None)
 @given(bindings=st.lists(_bindings, max_size=8), principal=st.sampled_from([ALICE, BOB]),
-       host=st.sampled_from(["h1", "h2"]), op=st.sampled_from([o for o in Op if o > Op.ALL]),
+       host=st.sampled_from(["h1", "h2"]), op=st.sampled_from(_OPS),
        name=st.sampled_from(["t", "t1", "tx2", "u"]), allow_if_none=st.booleans())
 def test_decisions_agree_with_the_rules_written_longhand(
         bindings: list[AclBinding], principal: str, host: str, op: AclOperation, name: str,
