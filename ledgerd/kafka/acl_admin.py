@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -31,6 +31,7 @@ from ledgerd.kafka.acls import (
     AclSettings,
     Authorizer,
     Resource,
+    cluster,
 )
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.metadata.errors import ChangeRejectedError, MetadataError
@@ -94,6 +95,10 @@ def _binding(c: dict[str, Any]) -> AclBinding:
                       permission=_enum(AclPermission, c["permission_type"]))
 
 
+def _topic(name: str) -> Resource:
+    return Resource(ResourceType.TOPIC, name)
+
+
 def _entry(b: AclBinding) -> dict[str, Any]:
     return {"principal": b.principal, "host": b.host, "operation": int(b.operation),
             "permission_type": int(b.permission)}
@@ -142,6 +147,42 @@ class GatewayAcls:
         DescribeCluster and Metadata v8+ (its topics and cluster) answer when asked."""
         return self._authorizer.authorized_operations(
             principal_name(principal), client_address(peer) if peer else "", resource)
+
+    async def authorized_metadata(
+            self, handler: Callable[[Any, int, dict[str, Any]], Awaitable[dict[str, Any]]],
+            conn: _Connection, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        """Metadata as Kafka authorizes it, around the gateway's ``handler``: a topic
+        named without DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED (and not
+        created), a listing of every topic leaves out those without DESCRIBE, and a
+        topic that would be auto-created without CREATE (on the topic or the cluster)
+        is answered TOPIC_AUTHORIZATION_FAILED instead of UNKNOWN_TOPIC_OR_PARTITION."""
+        authorizer = await self.current()
+        if authorizer.is_open:
+            return await handler(conn, version, body)
+        allowed = self.allows(conn)
+        wanted = body["topics"]
+        hidden = {t["name"] for t in wanted or ()
+                  if not allowed(AclOperation.DESCRIBE, _topic(t["name"]))}
+        if hidden:
+            body = {**body, "topics": [t for t in wanted if t["name"] not in hidden]}
+        reply = await handler(conn, version, body)
+        # every named topic refused: the reply lists none (Metadata v0 reads an empty
+        # list as "every topic")
+        served = [] if hidden and not body["topics"] else reply["topics"]
+        topics = []
+        for t in served:
+            if wanted is None or (version == 0 and not wanted):  # a listing
+                if allowed(AclOperation.DESCRIBE, _topic(t["name"])):
+                    topics.append(t)
+                continue
+            if t["error_code"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and not (
+                    allowed(AclOperation.CREATE, _topic(t["name"]))
+                    or allowed(AclOperation.CREATE, cluster())):
+                t = {**t, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+            topics.append(t)
+        topics += [{"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": n,
+                    "partitions": []} for n in sorted(hidden)]
+        return {**reply, "topics": topics}
 
     # -- the ACL APIs -------------------------------------------------------------------
 

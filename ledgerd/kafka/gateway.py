@@ -225,7 +225,8 @@ class Gateway:
             super_users=parse_super_users(config.gateway_super_users)))
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
                                              Awaitable[dict[str, Any] | None]]] = {
-            ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
+            ApiKey.API_VERSIONS: self.api_versions,
+            ApiKey.METADATA: functools.partial(self.acls.authorized_metadata, self.metadata),
             ApiKey.FETCH: self.fetch, ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.FIND_COORDINATOR: self.find_coordinator,

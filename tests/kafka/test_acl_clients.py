@@ -157,3 +157,33 @@ def test_describe_groups_reports_the_operations_the_acls_allow(
     on_group = AclBindingFilter(ResourceType.GROUP, group, ResourcePatternType.ANY, None,
                                 None, AclOperation.ANY, AclPermissionType.ANY)
     assert admin.delete_acls([on_group])[on_group].result(BOUND_S) == [read]
+
+
+def test_metadata_hides_topics_the_principal_may_not_describe(
+        kafka_cluster: KafkaCluster, admin) -> None:  # type: ignore[no-untyped-def]
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        NewTopic,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    hidden, shown = "acl-hidden", "acl-shown"
+    for topic in (hidden, shown):
+        admin.create_topics([NewTopic(topic, 1)])[topic].result(BOUND_S)
+    deny = _binding(hidden, "DESCRIBE", "DENY", "User:*")
+    admin.create_acls([deny])[deny].result(BOUND_S)
+    try:
+        listed = admin.list_topics(timeout=BOUND_S).topics
+        assert shown in listed and hidden not in listed
+        named = admin.list_topics(topic=hidden, timeout=BOUND_S).topics[hidden]
+        assert named.error is not None
+        assert named.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        on_topic = AclBindingFilter(ResourceType.TOPIC, hidden, ResourcePatternType.ANY,
+                                    None, None, AclOperation.ANY, AclPermissionType.ANY)
+        admin.delete_acls([on_topic])[on_topic].result(BOUND_S)
+    assert hidden in admin.list_topics(timeout=BOUND_S).topics
