@@ -184,6 +184,20 @@ class GatewayAcls:
                     "partitions": []} for n in sorted(hidden)]
         return {**reply, "topics": topics}
 
+    async def authorized_list_groups(
+            self, handler: Callable[[Any, int, dict[str, Any]], Awaitable[dict[str, Any]]],
+            conn: _Connection, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        """ListGroups as Kafka authorizes it, around the gateway's ``handler``: every
+        group for DESCRIBE on the cluster, else those the principal may DESCRIBE."""
+        reply = await handler(conn, version, body)
+        authorizer = await self.current()
+        allowed = self.allows(conn)
+        if authorizer.is_open or allowed(AclOperation.DESCRIBE, cluster()):
+            return reply
+        return {**reply, "groups": [
+            g for g in reply["groups"]
+            if allowed(AclOperation.DESCRIBE, Resource(ResourceType.GROUP, g["group_id"]))]}
+
     # -- the ACL APIs -------------------------------------------------------------------
 
     async def create_acls(self, conn: _Connection, version: int, body: dict[str, Any],

@@ -20,8 +20,9 @@ these are its rules, per API (operation on resource):
   broker's) the cluster.
 - Cluster: DescribeCluster and DescribeAcls DESCRIBE on the cluster; CreateAcls and
   DeleteAcls ALTER.
-- ApiVersions, SASL, Metadata (its handler filters), ListGroups and InitProducerId
-  without a transactional id need nothing here.
+- ApiVersions, SASL and InitProducerId without a transactional id need nothing;
+  Metadata and ListGroups are filtered around their handlers
+  (``acl_admin.GatewayAcls.authorized_metadata`` / ``authorized_list_groups``).
 
 Kafka answers most denials per entity; the gateway refuses the whole request of any but
 Produce and Fetch with the error of the first resource refused (``refusals.py``), so a

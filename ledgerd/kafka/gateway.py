@@ -236,7 +236,9 @@ class Gateway:
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
-            ApiKey.LIST_GROUPS: self.list_groups, ApiKey.DESCRIBE_GROUPS: self.describe_groups,
+            ApiKey.LIST_GROUPS: functools.partial(self.acls.authorized_list_groups,
+                                                  self.list_groups),
+            ApiKey.DESCRIBE_GROUPS: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups, ApiKey.OFFSET_DELETE: self.offset_delete,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
             # transactions: the coordinator's (``transactions.py``)
