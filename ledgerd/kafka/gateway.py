@@ -776,23 +776,16 @@ class Gateway:
                         limit_name="the topic's max.message.bytes"
                         if policy.max_message_bytes < self.config.max_batch_bytes
                         else "max_batch_bytes", transactional=tid is not None)
+                    if policy.compression is not None:  # the topic's codec, as Kafka does
+                        batches = await trio.to_thread.run_sync(
+                            recompressed, batches, policy.compression,
+                            policy.max_message_bytes)
                 except BatchError as exc:
                     log.warning("kafka_bad_batch", extra=fields(
                         peer=conn.peer, topic=t["name"], partition=pd["index"],
                         error=str(exc)))
                     work[key] = exc.code
                     continue
-                if policy.compression is not None:  # the topic's codec, as Kafka's broker
-                    try:
-                        batches = await trio.to_thread.run_sync(
-                            recompressed, batches, policy.compression,
-                            policy.max_message_bytes)
-                    except BatchError as exc:
-                        log.warning("kafka_bad_batch", extra=fields(
-                            peer=conn.peer, topic=t["name"], partition=pd["index"],
-                            error=str(exc)))
-                        work[key] = exc.code
-                        continue
                 part = self.partition(*key)
                 if not await part.wait_for_room(sum(len(b) for _, b in batches), deadline):
                     work[key] = ErrorCode.REQUEST_TIMED_OUT  # the client retries

@@ -4,6 +4,17 @@ deletes them, and the gateway enforces them on producers and consumers."""
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from tests.kafka.conftest import KafkaCluster
 
@@ -11,35 +22,17 @@ BOUND_S = 60
 
 
 @pytest.fixture
-def admin(kafka_cluster: KafkaCluster):  # type: ignore[no-untyped-def]
-    from confluent_kafka.admin import AdminClient
-
+def admin(kafka_cluster: KafkaCluster) -> AdminClient:
     return AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
 
 
 def _binding(topic: str, op: str, permission: str, principal: str = "User:ANONYMOUS",
-             pattern: str = "LITERAL"):  # type: ignore[no-untyped-def]
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
+             pattern: str = "LITERAL") -> AclBinding:
     return AclBinding(ResourceType.TOPIC, topic, ResourcePatternType[pattern], principal,
                       "*", AclOperation[op], AclPermissionType[permission])
 
 
-def test_admin_client_creates_describes_and_deletes_acls(admin) -> None:  # type: ignore[no-untyped-def]
-    from confluent_kafka.admin import (
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        ResourcePatternType,
-        ResourceType,
-    )
-
+def test_admin_client_creates_describes_and_deletes_acls(admin: AdminClient) -> None:
     made = [_binding("acl-orders", "READ", "ALLOW", "User:alice"),
             _binding("acl-orders-", "WRITE", "ALLOW", "User:bob", pattern="PREFIXED"),
             _binding("acl-other", "DESCRIBE", "DENY", "User:carol")]
@@ -63,17 +56,7 @@ def test_admin_client_creates_describes_and_deletes_acls(admin) -> None:  # type
 
 
 def test_a_deny_acl_refuses_a_producer_and_a_consumer_until_deleted(
-        kafka_cluster: KafkaCluster, admin) -> None:  # type: ignore[no-untyped-def]
-    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-    from confluent_kafka.admin import (
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        NewTopic,
-        ResourcePatternType,
-        ResourceType,
-    )
-
+        kafka_cluster: KafkaCluster, admin: AdminClient) -> None:
     topic = "acl-denied"
     admin.create_topics([NewTopic(topic, 1)])[topic].result(BOUND_S)
     for future in admin.create_acls([_binding(topic, "WRITE", "DENY"),
@@ -121,21 +104,10 @@ def test_a_deny_acl_refuses_a_producer_and_a_consumer_until_deleted(
 
 
 def test_describe_groups_reports_the_operations_the_acls_allow(
-        kafka_cluster: KafkaCluster, admin) -> None:  # type: ignore[no-untyped-def]
+        kafka_cluster: KafkaCluster, admin: AdminClient) -> None:
     """DescribeGroups v3+ with include_authorized_operations: the bitfield of what the
     caller may do to the group. (librdkafka's DescribeCluster and DescribeTopics read
     theirs from Metadata v8+, which is not served yet.)"""
-    from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import (
-        AclBinding,
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        NewTopic,
-        ResourcePatternType,
-        ResourceType,
-    )
-
     group = "acl-group"
     admin.create_topics([NewTopic("acl-group-topic", 1)])["acl-group-topic"].result(BOUND_S)
     consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": group})
@@ -180,17 +152,7 @@ def test_describe_groups_reports_the_operations_the_acls_allow(
 
 
 def test_metadata_hides_topics_the_principal_may_not_describe(
-        kafka_cluster: KafkaCluster, admin) -> None:  # type: ignore[no-untyped-def]
-    from confluent_kafka import KafkaError
-    from confluent_kafka.admin import (
-        AclBindingFilter,
-        AclOperation,
-        AclPermissionType,
-        NewTopic,
-        ResourcePatternType,
-        ResourceType,
-    )
-
+        kafka_cluster: KafkaCluster, admin: AdminClient) -> None:
     hidden, shown = "acl-hidden", "acl-shown"
     for topic in (hidden, shown):
         admin.create_topics([NewTopic(topic, 1)])[topic].result(BOUND_S)
