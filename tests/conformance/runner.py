@@ -6,7 +6,8 @@
 1. start ``ledgerd local --bookies 3 --kafka PORT`` (ZooKeeper, three bookies and a
    gateway) with its data under ``build/conformance/<mode>/cluster``, and wait for its
    "Running" line; the gateway's address is read from its "Kafka gateway:" line;
-2. write ``tests/test.conf`` in the librdkafka tree with that ``bootstrap.servers``;
+2. write ``build/conformance/<mode>/test.conf`` with that ``bootstrap.servers`` (the
+   test-runner is pointed at it by ``RDKAFKA_TEST_CONF``);
 3. run ``test-runner`` once per test number (``TESTS=0001``; a test that outlives its
    own time limit makes the test-runner kill its whole process, so one process per
    number keeps one hung test from taking the others' results with it), ``--jobs`` at
@@ -234,7 +235,9 @@ def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path) ->
            # librdkafka's CI setting: longer client timeouts, at most 3 tests at once
            "CI": "true",
            "TEST_KAFKA_VERSION": suite.broker_version,
-           "RDKAFKA_TEST_CONF": str(tests_dir / "test.conf"),
+           # the run's own copy (beside its logs), so that runs from several
+           # checkouts sharing one librdkafka build do not point at each other's gateway
+           "RDKAFKA_TEST_CONF": str(logs.parent / "test.conf"),
            # the libraries just built, not a system librdkafka (kcat's)
            "LD_LIBRARY_PATH": f"{tree / 'src'}:{tree / 'src-cpp'}"}
     env.pop("TESTS_SKIP", None)
@@ -405,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with local_cluster(data, work / "ledgerd-local.out") as gateway:
-            (tree / "tests" / "test.conf").write_text(TEST_CONF.format(
+            (work / "test.conf").write_text(TEST_CONF.format(
                 bootstrap=gateway.bootstrap))
             print(f"librdkafka {version} test-runner, {mode.value} mode "
                   f"({' '.join(MODE_ARGS[mode])}), {len(numbers)} test numbers, "
