@@ -12,8 +12,9 @@
    own time limit makes the test-runner kill its whole process, so one process per
    number keeps one hung test from taking the others' results with it), ``--jobs`` at
    a time, each bounded by the harness's own limit, with the mode's flags: ``-Q``
-   (quick) or none (full), always ``-E`` (no socket emulation) and ``-L`` (no tests
-   that need no broker: they test librdkafka against itself);
+   (quick) or none (full), always ``-L`` (no tests that need no broker: they test
+   librdkafka against itself); socket emulation stays on (the tests that cut, delay or
+   refuse the client's connections with librdkafka's sockem run too);
 4. compare every test's result with ``tests/conformance/librdkafka.toml`` and print
    what does not match; stop the cluster (SIGINT, as a person at its terminal would).
 
@@ -52,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTATIONS = ROOT / "tests" / "conformance" / "librdkafka.toml"
 BUILD = ROOT / "build"
 
-MODE_ARGS = {Mode.QUICK: ["-Q", "-E", "-L"], Mode.FULL: ["-E", "-L"]}
+MODE_ARGS = {Mode.QUICK: ["-Q", "-L"], Mode.FULL: ["-L"]}
 # The harness's own limit on one test-runner process (the tests' own limits are
 # shorter; this only catches a runner that hangs past them).
 PROCESS_LIMIT_S = {Mode.QUICK: 600.0, Mode.FULL: 1800.0}
