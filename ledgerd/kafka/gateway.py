@@ -848,7 +848,12 @@ class Gateway:
                     limit = max(1, min(pr["partition_max_bytes"], budget - total))
                     lso = -1
                     try:
-                        records, hw = await part.read(pr["fetch_offset"], limit)
+                        # only the response's first records may exceed the limits (KIP-74:
+                        # a batch larger than them still makes progress); after that a
+                        # batch that does not fit waits for the next fetch, so the whole
+                        # response stays within the client's fetch.max.bytes
+                        records, hw = await part.read(pr["fetch_offset"], limit,
+                                                      min_one=total == 0)
                         lso = hw
                         if body["isolation_level"]:  # read_committed: below the LSO only
                             records, lso, aborted = await transactions.read_committed(

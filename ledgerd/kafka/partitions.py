@@ -815,9 +815,11 @@ class PartitionLog:
         while len(self.positions) > 256:
             self.positions.popitem(last=False)
 
-    async def read(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        """Whole batches from the one holding ``offset``, about ``max_bytes`` (at least
-        one batch), and the high watermark. Raises OffsetOutOfRangeError."""
+    async def read(self, offset: int, max_bytes: int,
+                   min_one: bool = True) -> tuple[bytes, int]:
+        """Whole batches from the one holding ``offset``, at most ``max_bytes`` (but at
+        least one batch when ``min_one``: the first partition of a fetch, KIP-74), and
+        the high watermark. Raises OffsetOutOfRangeError."""
         self.last_used = trio.current_time()
         hw = await self.high_watermark()
         if offset == hw:
@@ -826,9 +828,9 @@ class PartitionLog:
         if offset > hw or offset < start:
             raise OffsetOutOfRangeError(offset, start, hw)
         if self.tail and self.tail[0][0] <= offset < self.tail[-1][1]:
-            return self._from_tail(offset, max_bytes), hw
+            return self._from_tail(offset, max_bytes, min_one), hw
         while True:
-            ahead = self._from_ahead(offset, max_bytes)
+            ahead = self._from_ahead(offset, max_bytes, min_one)
             if ahead is not None:
                 self._read_ahead()
                 return ahead, hw
@@ -836,7 +838,7 @@ class PartitionLog:
                 break
             await self.ahead_progress.wait()  # the read-ahead is fetching exactly this
         try:
-            return await self._read_stored(offset, max_bytes), hw
+            return await self._read_stored(offset, max_bytes, min_one), hw
         except NoSuchLedgerError:
             # its ledger was dropped (retention, DeleteRecords, perhaps by another
             # gateway) since the first offset was last read here
@@ -847,7 +849,7 @@ class PartitionLog:
                 raise OffsetOutOfRangeError(offset, start, hw) from None
             raise
 
-    async def _read_stored(self, offset: int, max_bytes: int) -> bytes:
+    async def _read_stored(self, offset: int, max_bytes: int, min_one: bool) -> bytes:
         """Whole batches from the ledgers, from the one holding ``offset``."""
         lid, eid = await self.locate(offset)
         h = await self._handle(lid)
@@ -866,11 +868,13 @@ class PartitionLog:
             fits = 1 if not out else (max_bytes - size) * len(out) // size
             top = min(last, eid + max(0, min(63, fits - 1)))
             for entry in await h.read_batch(eid, top):
-                if out and size + len(entry.payload) > max_bytes:
+                if (out or not min_one) and size + len(entry.payload) > max_bytes:
                     top, full = entry.entry_id - 1, True  # the next fetch starts there
                     break
                 out.append(entry.payload)
                 size += len(entry.payload)
+            if not out:  # not even its first batch fits, and none was owed
+                return b""
             self._note_position(BatchHeader.parse(out[-1]).next_offset, lid, top + 1)
             eid = top + 1
             full = full or size >= max_bytes
@@ -882,7 +886,7 @@ class PartitionLog:
         self._read_ahead()
         return b"".join(out)
 
-    def _from_ahead(self, offset: int, max_bytes: int) -> bytes | None:
+    def _from_ahead(self, offset: int, max_bytes: int, min_one: bool) -> bytes | None:
         """Batches from the read-ahead, from the one holding ``offset`` (None: it does
         not hold that offset)."""
         while self.ahead and self.ahead[0][1] <= offset:
@@ -891,7 +895,8 @@ class PartitionLog:
             return None
         out: list[bytes] = []
         size = 0
-        while self.ahead and (not out or size + len(self.ahead[0][2]) <= max_bytes):
+        while self.ahead and ((min_one and not out)
+                              or size + len(self.ahead[0][2]) <= max_bytes):
             _, nxt, batch = self.ahead.popleft()
             self.ahead_bytes -= len(batch)
             out.append(batch)
@@ -941,12 +946,12 @@ class PartitionLog:
         self.ahead_progress.set()
         self.ahead_progress = trio.Event()
 
-    def _from_tail(self, offset: int, max_bytes: int) -> bytes:
+    def _from_tail(self, offset: int, max_bytes: int, min_one: bool) -> bytes:
         i = bisect.bisect_right(self.tail, offset, key=lambda t: t[0]) - 1
         out: list[bytes] = []
         size = 0
         for _, _, batch in itertools.islice(self.tail, i, None):
-            if out and size + len(batch) > max_bytes:
+            if (out or not min_one) and size + len(batch) > max_bytes:
                 break
             out.append(batch)
             size += len(batch)
