@@ -99,6 +99,27 @@ class GatewayConfig(ClientConfig):
             "connection must authenticate with SASL PLAIN (user = principal name, "
             "password = its token) or a client certificate before any request but "
             "ApiVersions, and requests need the client role (topics: admin).")
+    gateway_peer_token_file: str = setting(
+        "", bk="(ledgerd: gateways' transaction markers)",
+        doc="File holding (first line) the token this gateway authenticates with to the "
+            "other gateways when they require it (gateway_principals_file set): SASL "
+            "PLAIN as the principal it names there, which needs the admin role to write "
+            "transaction markers (empty: auth_token_file).")
+
+    def peer_token(self) -> bytes | None:
+        """The token of gateway_peer_token_file (else auth_token_file's), or None."""
+        if not self.gateway_peer_token_file:
+            return self.auth_token()
+        try:
+            with open(self.gateway_peer_token_file, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except OSError as exc:
+            raise ConfigError("gateway_peer_token_file", self.gateway_peer_token_file,
+                              f"a readable file ({exc.strerror})") from None
+        if not token:
+            raise ConfigError("gateway_peer_token_file", self.gateway_peer_token_file,
+                              "a file whose first line is the token")
+        return token.encode()
 
     def tls_server_context(self) -> ssl.SSLContext | None:
         if not self.gateway_tls_certificate_path:

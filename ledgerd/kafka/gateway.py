@@ -73,7 +73,7 @@ from ledgerd.kafka.partitions import (
     PartitionSettings,
     log_name,
 )
-from ledgerd.kafka.peer import send_marker
+from ledgerd.kafka.peer import peer_auth, send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
@@ -191,6 +191,7 @@ class Gateway:
         self.tokens = load_principals(config.gateway_principals_file,
                                       "gateway_principals_file") \
             if config.gateway_principals_file else None
+        self.peer_auth = peer_auth(config, self.tokens)  # reaching the other gateways
         # who must prove themselves: everyone, with a principals file or client certificates
         self.authorizing = self.tokens is not None or \
             config.gateway_tls_client_auth == "required"
@@ -945,7 +946,7 @@ class Gateway:
         if owner == self.node_id or owner not in self.nodes:
             return await self.txn.write_local_marker(marker)
         host, port = self.nodes[owner]
-        return await send_marker(host, port, marker)
+        return await send_marker(host, port, marker, self.peer_auth)
 
     # -- groups -------------------------------------------------------------------------
 

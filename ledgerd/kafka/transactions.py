@@ -43,6 +43,7 @@ from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.control_records import committed_prefix, control_batch
+from ledgerd.kafka.peer import PeerAuthError
 from ledgerd.kafka.records import BatchHeader
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.txn_coordinator import (
@@ -374,8 +375,12 @@ class TxnCoordinator:
                 code = await self.gw.write_marker(marker)
             except (LedgerdError, FencedError, OSError, trio.BrokenResourceError,
                     trio.TooSlowError) as exc:
-                log.info("kafka_txn_marker_retry", extra=fields(
-                    topic=marker.topic, partition=marker.partition, error=repr(exc)))
+                # (a gateway that cannot authenticate to another says so louder: only
+                # its operator can fix that)
+                (log.warning if isinstance(exc, PeerAuthError) else log.info)(
+                    "kafka_txn_marker_retry", extra=fields(
+                        topic=marker.topic, partition=marker.partition, error=str(exc)
+                        if isinstance(exc, PeerAuthError) else repr(exc)))
                 code = -1
             if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 return  # written (or the topic was deleted: nothing left to end)
