@@ -288,7 +288,10 @@ class TxnCoordinator:
         (visible as the group's offsets only when it commits)."""
         gid = body["group_id"]
         group = await self.gw._existing_group(gid) if gid else ErrorCode.INVALID_GROUP_ID
-        code = group if isinstance(group, int) else 0
+        code = group if isinstance(group, int) else 0 if group is None else \
+            group.check_txn_commit(member_id=body["member_id"],
+                                   generation=body["generation_id"],
+                                   instance_id=body["group_instance_id"])
         pending: list[PendingOffset] = []
         for t in body["topics"]:
             count = await self.gw.partition_count(t["name"])

@@ -160,6 +160,57 @@ def test_offsets_sent_with_a_transaction_count_only_if_it_commits(
     assert _values(out) == [b"out-committed"]
 
 
+def test_a_zombie_consumer_generation_cannot_commit_offsets_through_a_transaction(
+        kafka_cluster: KafkaCluster) -> None:
+    """KIP-447 with a subscribed consumer: offsets sent with its current group metadata
+    commit with the transaction; sent with the metadata of a generation the group has
+    left behind (a zombie whose partitions may have moved), they are refused and the
+    transaction must abort."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    bootstrap = kafka_cluster.bootstrap
+    _create(bootstrap, "txn-zin", 2)
+    conf = {"bootstrap.servers": bootstrap, "group.id": "txn-zombie",
+            "enable.auto.commit": False, "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300}
+
+    def member(c: Any) -> Any:
+        """Poll until ``c`` has an assignment: its group metadata then names its
+        member id and generation."""
+        deadline = time.monotonic() + BOUND_S
+        while not c.assignment():
+            assert time.monotonic() < deadline, "no assignment within the bound"
+            c.poll(0.2)
+        return c.consumer_group_metadata()
+
+    first = Consumer(conf)
+    second = Consumer(conf)
+    p = _producer(bootstrap, "txn-zombie-app")
+    try:
+        first.subscribe(["txn-zin"])
+        old = member(first)
+        p.begin_transaction()
+        p.send_offsets_to_transaction([TopicPartition("txn-zin", 0, 3)], old, BOUND_S)
+        p.commit_transaction(BOUND_S)
+        assert first.committed([TopicPartition("txn-zin", 0)], BOUND_S)[0].offset == 3
+        second.subscribe(["txn-zin"])  # a rebalance: the group's generation moves on
+        deadline = time.monotonic() + BOUND_S
+        while not (first.assignment() and second.assignment()
+                   and len(first.assignment()) == 1):
+            assert time.monotonic() < deadline, "no rebalance within the bound"
+            first.poll(0.1)
+            second.poll(0.1)
+        p.begin_transaction()
+        with pytest.raises(KafkaException) as refused:
+            p.send_offsets_to_transaction([TopicPartition("txn-zin", 0, 9)], old, BOUND_S)
+        assert refused.value.args[0].txn_requires_abort(), refused.value
+        p.abort_transaction(BOUND_S)
+        assert first.committed([TopicPartition("txn-zin", 0)], BOUND_S)[0].offset == 3
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_transaction_left_by_a_killed_gateway_is_aborted_and_commits_survive(
         zk_chroot: str, tmp_path: Path) -> None:
     """A producer commits one transaction, writes a second (acknowledged) and is gone;
