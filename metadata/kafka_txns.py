@@ -31,7 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ledgerd.metadata.cas import cas_update
-from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.errors import (
+    BadVersionError,
+    CorruptMetadataError,
+    NodeExistsError,
+    NoNodeError,
+)
 from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["MAX_EPOCH", "PendingOffset", "TxnRecord", "TxnState", "TxnStore", "znode_name"]
@@ -156,6 +161,20 @@ class TxnStore:
         record, _ = await cas_update(self.store, self.path(transactional_id), change,
                                      decode=TxnRecord.from_json, encode=TxnRecord.to_json)
         return record
+
+    async def expire(self, transactional_id: str,
+                     expired: Callable[[TxnRecord], bool]) -> bool:
+        """Delete the record if ``expired`` says so of it as stored, unless it changed
+        meanwhile (compare-and-set on its version). True if deleted."""
+        path = self.path(transactional_id)
+        try:
+            raw, stat = await self.store.get(path)
+            if not expired(TxnRecord.from_json(raw, path)):
+                return False
+            await self.store.delete(path, stat.version)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
 
     async def names(self) -> list[str]:
         try:

@@ -79,6 +79,11 @@ class GatewayConfig(ClientConfig):
     group_max_session_timeout_ms: int = setting(
         300000, bk="(Kafka: group.max.session.timeout.ms)", minimum=1,
         doc="Largest session timeout a consumer may ask for.")
+    transactional_id_expiration_ms: int = setting(
+        604800000, bk="(Kafka: transactional.id.expiration.ms)", minimum=1000,
+        doc="A transactional id whose producer has not begun or ended a transaction for "
+            "this long, and has none open, is forgotten (its record deleted from "
+            "ZooKeeper): a producer using it again starts with a new producer id.")
     gateway_tls_certificate_path: str = setting(
         "", bk="(Kafka: ssl.keystore.location, PEM)",
         doc="PEM certificate chain of the gateway's listener; set, the listener speaks "
