@@ -24,12 +24,26 @@ are handled at once per connection; reading pauses beyond that. Produce admissio
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
 
-State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count,
-configs, low watermarks: ``topics.py``; the topic admin APIs are ``topic_admin.py``),
-``gateways/<id>``, ``groups/<group>`` (generation and protocol type: made by a group's
-first completed join or first commit, deleted with the group), ``producer_ids`` (a CAS
-counter).
-Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
+State in ZooKeeper under ``<root>/kafka``, each kind through its typed store in
+``metadata/`` (versioned records, compare-and-set changes, paths from
+``metadata.paths``); this module makes no store call of its own on these nodes and
+writes no JSON:
+
+- ``topics/<topic>``: partition count, configs, low watermarks
+  (``metadata.kafka_topics``, read through the cache of ``topics.py``; the topic admin
+  APIs are ``topic_admin.py``);
+- ``gateways/<id>``: this gateway's registration, ephemeral in its session, and the
+  live ones' (``metadata.kafka_gateways.GatewayStore``);
+- ``groups/<group>``: generation and protocol type, made by a group's first completed
+  join or first commit, deleted with the group (``metadata.kafka_groups``);
+- ``producer_ids``: the idempotent producers' id counter
+  (``metadata.kafka_gateways.ProducerIdStore``);
+- ``transactions/<id>`` and ``txn_partitions/``: the transaction coordinator's
+  (``metadata.kafka_txns``, ``transactions.py``).
+
+Committed offsets are cursors of the partitions' logs (``kafka.<group>``,
+``metadata.logs``). A failed write of a partition's log answers the Kafka error its
+type says (``storage_errors.py``).
 """
 
 from __future__ import annotations
