@@ -8,7 +8,8 @@ access control entry (principal ``Type:name``, host, operation, ALLOW or DENY). 
     {"format": 1, "acls": [[resource_type, name, pattern_type, principal, host,
                             operation, permission], ...]}
 
-with Kafka's numbers for the enums (those of the wire, ``AclOperation.code()`` ...).
+with Kafka's numbers for the enums (those of the wire, ``AclOperation.code()`` ...),
+declared once (``AclRecord``, through ``jsondoc``).
 One record, not one per resource as Kafka's ZooKeeper layout has: every gateway reads
 the whole set at once to authorize (one read per ``TTL``), and a change is one
 compare-and-set (``AclStore.add`` / ``remove``), so two admins creating or deleting at
@@ -21,18 +22,14 @@ Pure record types and a thin store; no trio.
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ledgerd.metadata.cas import cas_update
-from ledgerd.metadata.errors import (
-    ChangeRejectedError,
-    CorruptMetadataError,
-    NodeExistsError,
-    NoNodeError,
-)
+from ledgerd.metadata.errors import ChangeRejectedError, NodeExistsError, NoNodeError
+from ledgerd.metadata.jsondoc import Codec, decode, encode, json_field
+from ledgerd.metadata.paths import kafka_acls_path
 from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["CLUSTER_NAME", "WILDCARD", "AclBinding", "AclOperation", "AclPermission",
@@ -142,19 +139,32 @@ class AclBinding:
                    permission=AclPermission(int(perm)))
 
 
+def _load_bindings(value: object) -> tuple[AclBinding, ...]:
+    if not isinstance(value, list) or not all(isinstance(b, list) for b in value):
+        raise TypeError(f"expected lists of binding fields, got {value!r}")
+    return tuple(AclBinding.from_list(item) for item in value)
+
+
+BINDINGS: Codec[tuple[AclBinding, ...]] = Codec(lambda t: [b.to_list() for b in t],
+                                                _load_bindings)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AclRecord:
+    """The record: every binding, in the order they were created."""
+
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[int | None] = None
+
+    bindings: tuple[AclBinding, ...] = json_field("acls", BINDINGS, default=())
+
+
 def _decode(raw: bytes, path: str) -> tuple[AclBinding, ...]:
-    try:
-        doc = json.loads(raw)
-        if doc.get("format") != 1:
-            raise ValueError(f"unknown format {doc.get('format')!r}")
-        return tuple(AclBinding.from_list(item) for item in doc["acls"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptMetadataError(path, str(exc)) from exc
+    return decode(AclRecord, raw, path).bindings
 
 
 def _encode(bindings: tuple[AclBinding, ...]) -> bytes:
-    return json.dumps({"format": 1, "acls": [b.to_list() for b in bindings]},
-                      separators=(",", ":")).encode()
+    return encode(AclRecord(bindings=bindings))
 
 
 class AclStore:
@@ -164,7 +174,7 @@ class AclStore:
 
     def __init__(self, store: MetadataStore, kafka_root: str) -> None:
         self.store = store
-        self.path = f"{kafka_root}/acls"
+        self.path = kafka_acls_path(kafka_root)
 
     async def bindings(self) -> tuple[AclBinding, ...]:
         """Every binding, in the order they were created (none: no record yet)."""

@@ -24,12 +24,26 @@ are handled at once per connection; reading pauses beyond that. Produce admissio
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
 
-State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count,
-configs, low watermarks: ``topics.py``; the topic admin APIs are ``topic_admin.py``),
-``gateways/<id>``, ``groups/<group>`` (generation and protocol type: made by a group's
-first completed join or first commit, deleted with the group), ``producer_ids`` (a CAS
-counter).
-Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
+State in ZooKeeper under ``<root>/kafka``, each kind through its typed store in
+``metadata/`` (versioned records, compare-and-set changes, paths from
+``metadata.paths``); this module makes no store call of its own on these nodes and
+writes no JSON:
+
+- ``topics/<topic>``: partition count, configs, low watermarks
+  (``metadata.kafka_topics``, read through the cache of ``topics.py``; the topic admin
+  APIs are ``topic_admin.py``);
+- ``gateways/<id>``: this gateway's registration, ephemeral in its session, and the
+  live ones' (``metadata.kafka_gateways.GatewayStore``);
+- ``groups/<group>``: generation and protocol type, made by a group's first completed
+  join or first commit, deleted with the group (``metadata.kafka_groups``);
+- ``producer_ids``: the idempotent producers' id counter
+  (``metadata.kafka_gateways.ProducerIdStore``);
+- ``transactions/<id>`` and ``txn_partitions/``: the transaction coordinator's
+  (``metadata.kafka_txns``, ``transactions.py``).
+
+Committed offsets are cursors of the partitions' logs (``kafka.<group>``,
+``metadata.logs``). A failed write of a partition's log answers the Kafka error its
+type says (``storage_errors.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +51,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import json
 import logging
 import re
 import struct
@@ -77,18 +90,26 @@ from ledgerd.kafka.partitions import (
     PartitionSettings,
     log_name,
 )
-from ledgerd.kafka.peer import send_marker
+from ledgerd.kafka.peer import peer_auth, send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
-from ledgerd.kafka.topics import TopicRecord, TopicStore
+from ledgerd.kafka.topics import TopicCache
 from ledgerd.kafka.txn_coordinator import Marker
-from ledgerd.metadata.cas import cas_update
-from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
+from ledgerd.metadata.errors import (
+    BadVersionError,
+    CorruptMetadataError,
+    NodeExistsError,
+    NoNodeError,
+)
 from ledgerd.metadata.kafka_acls import ResourceType
+from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
+from ledgerd.metadata.kafka_groups import GroupStore, group_znode
+from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore
 from ledgerd.metadata.logs import CursorRecord
+from ledgerd.metadata.paths import kafka_root
 from ledgerd.metadata.store import SessionEvent
 from ledgerd.wire.status import FencedError
 
@@ -101,7 +122,6 @@ __all__ = ["Gateway", "serve_gateway"]
 log = logging.getLogger(__name__)
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 _SIZE = struct.Struct(">i")
 # A handler's answer that closes the connection instead of replying (acks=0 errors).
 _CLOSE: dict[str, Any] = {}
@@ -110,11 +130,6 @@ IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
 DELETE_FANOUT = 32  # cursor deletions of one DeleteGroups in flight at once
 CLUSTER_ID = "ledgerd"  # Metadata's and DescribeCluster's cluster id
-
-
-def _key_name(name: str) -> str:
-    """A group id as a ZooKeeper/cursor name: itself when plain, else hex."""
-    return name if _SAFE.match(name) else "x-" + name.encode().hex()[:180]
 
 
 def _rank(node: int, key: str) -> int:
@@ -179,14 +194,17 @@ class Gateway:
         self.client = client
         self.config = config
         self.store = client.store
-        self.root = f"{config.zk_ledgers_root_path.rstrip('/')}/kafka"
+        self.root = kafka_root(config.zk_ledgers_root_path)
         self.port = 0
         self.node_id = -1
         self.nodes: dict[int, tuple[str, int]] = {}
         self.lease = Lease(config.zk_timeout_ms / 1000 * LEASE_FRACTION)
         self._confirming = trio.Lock()  # one membership refresh at a time
         self.topics: dict[str, int] = {}  # partition counts as last read
-        self.topic_store = TopicStore(self.store, self.root)
+        self.topic_store = TopicCache(TopicStore(self.store, self.root))
+        self.gateway_store = GatewayStore(self.store, self.root)
+        self.group_store = GroupStore(self.store, self.root)
+        self.producer_ids = ProducerIdStore(self.store, self.root)
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.groups: dict[str, Group] = {}
         self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
@@ -200,6 +218,7 @@ class Gateway:
         self.tokens = load_principals(config.gateway_principals_file,
                                       "gateway_principals_file") \
             if config.gateway_principals_file else None
+        self.peer_auth = peer_auth(config, self.tokens)  # reaching the other gateways
         # who must prove themselves: everyone, with a principals file or client certificates
         self.authorizing = self.tokens is not None or \
             config.gateway_tls_client_auth == "required"
@@ -281,25 +300,8 @@ class Gateway:
         return self.owner(key) == self.node_id
 
     async def _register(self) -> None:
-        path = f"{self.root}/gateways/{self.node_id}"
         host, port = self.config.advertised(self.port)
-        data = json.dumps({"host": host, "port": port}).encode()
-        try:
-            await self.store.create(path, data, ephemeral=True, make_parents=True)
-        except NodeExistsError:  # a previous session's node (ours, or a killed
-            # predecessor's on this port), not yet expired
-            try:
-                owner = (await self.store.get(path))[1].ephemeral_owner
-            except NoNodeError:
-                owner = 0
-            if owner and owner == self.store.session_id:
-                await self.store.set(path, data)
-                return
-            try:
-                await self.store.delete(path)
-            except NoNodeError:
-                pass
-            await self.store.create(path, data, ephemeral=True, make_parents=True)
+        await self.gateway_store.register(self.node_id, GatewayRecord(host=host, port=port))
 
     async def _refresh(self) -> None:
         """Re-read the live gateways, confirming the lease on leadership (the sending
@@ -309,15 +311,8 @@ class Gateway:
         and the lease stay as they were."""
         async with self._confirming:
             asked_at = trio.current_time()
-            path = f"{self.root}/gateways"
-            nodes: dict[int, tuple[str, int]] = {}
-            for child in await self.store.children(path):
-                try:
-                    raw, _ = await self.store.get(f"{path}/{child}")
-                except NoNodeError:
-                    continue
-                doc = json.loads(raw)
-                nodes[int(child)] = (doc["host"], int(doc["port"]))
+            nodes = {node: (record.host, record.port)
+                     for node, record in (await self.gateway_store.live()).items()}
             session = self.store.session_id
             if self.lease.on_confirmed(session_id=session, asked_at=asked_at):
                 await self._session_lost("confirmed in a new ZooKeeper session")
@@ -903,7 +898,12 @@ class Gateway:
                     limit = max(1, min(pr["partition_max_bytes"], budget - total))
                     lso = -1
                     try:
-                        records, hw = await part.read(pr["fetch_offset"], limit)
+                        # only the response's first records may exceed the limits (KIP-74:
+                        # a batch larger than them still makes progress); after that a
+                        # batch that does not fit waits for the next fetch, so the whole
+                        # response stays within the client's fetch.max.bytes
+                        records, hw = await part.read(pr["fetch_offset"], limit,
+                                                      min_one=total == 0)
                         lso = hw
                         if body["isolation_level"]:  # read_committed: below the LSO only
                             records, lso, aborted = await transactions.read_committed(
@@ -973,20 +973,7 @@ class Gateway:
 
     async def new_producer_id(self) -> int:
         """A producer id never given before (a CAS counter in ZooKeeper)."""
-        path = f"{self.root}/producer_ids"
-        try:
-            await self.store.create(path, b"0", make_parents=True)
-        except NodeExistsError:
-            pass
-        got: list[int] = []
-
-        def bump(current: int) -> int:
-            got[:] = [current]
-            return current + 1
-
-        await cas_update(self.store, path, bump, decode=lambda raw, _p: int(raw),
-                         encode=lambda n: str(n).encode())
-        return got[0]
+        return await self.producer_ids.next()
 
     async def write_marker(self, marker: Marker) -> int:
         """Write a transaction marker into its partition's log: here if this gateway
@@ -995,7 +982,7 @@ class Gateway:
         if owner == self.node_id or owner not in self.nodes:
             return await self.txn.write_local_marker(marker)
         host, port = self.nodes[owner]
-        return await send_marker(host, port, marker)
+        return await send_marker(host, port, marker, self.peer_auth)
 
     # -- groups -------------------------------------------------------------------------
 
@@ -1026,25 +1013,17 @@ class Gateway:
         group = self.groups.get(group_id)
         if group is not None:
             return group
-        try:
-            raw, _ = await self.store.get(f"{self.root}/groups/{_key_name(group_id)}")
-        except NoNodeError:
+        record = await self.group_store.get(group_id)
+        if record is None:
             return None
         group = Group(group_id, self.group_settings)
-        doc = json.loads(raw)
-        group.generation = group.persisted = int(doc["generation"])
-        group.protocol_type = str(doc.get("protocol_type", ""))
+        group.generation = group.persisted = record.generation
+        group.protocol_type = record.protocol_type
         return self.groups.setdefault(group_id, group)
 
     async def _store_group(self, group: Group) -> None:
-        path = f"{self.root}/groups/{_key_name(group.group_id)}"
         gen = group.generation
-        doc = json.dumps({"format": 1, "group": group.group_id, "generation": gen,
-                          "protocol_type": group.protocol_type}).encode()
-        try:
-            await self.store.set(path, doc)
-        except NoNodeError:
-            await self.store.create(path, doc, make_parents=True)
+        await self.group_store.save(group.group_id, gen, group.protocol_type)
         group.persisted = max(group.persisted, gen)
 
     async def _wait(self, reply: Reply) -> dict[str, Any]:
@@ -1141,7 +1120,7 @@ class Gateway:
         await self._ensure_group_record(group_id)
         part = self.partition(topic, p)
         name = log_name(topic, p)
-        cursor = "kafka." + _key_name(group_id)
+        cursor = "kafka." + group_znode(group_id)
         lid = eid = entry_offset = 0
         hw = await part.high_watermark()
         try:
@@ -1179,7 +1158,7 @@ class Gateway:
         group = await self._group(body["group_id"])
         if isinstance(group, int):
             return {"error_code": group, "topics": []}
-        cursor = "kafka." + _key_name(body["group_id"])
+        cursor = "kafka." + group_znode(body["group_id"])
         wanted = body["topics"]
         if wanted is None:
             wanted = []
@@ -1216,13 +1195,7 @@ class Gateway:
             return
         group = self.groups.get(group_id)
         if group is None or group.persisted < 0:
-            doc = json.dumps({"format": 1, "group": group_id, "generation": 0,
-                              "protocol_type": ""}).encode()
-            try:
-                await self.store.create(f"{self.root}/groups/{_key_name(group_id)}", doc,
-                                        make_parents=True)
-            except NodeExistsError:
-                pass
+            await self.group_store.ensure(group_id)
             if group is not None:
                 group.persisted = max(group.persisted, 0)
         self.group_records.add(group_id)
@@ -1233,13 +1206,8 @@ class Gateway:
         """Group id -> protocol type of the groups with a record in ZooKeeper that this
         gateway coordinates (a record is read only if its name does not say already
         that the group is another gateway's, or in memory here)."""
-        path = f"{self.root}/groups"
-        try:
-            children = await self.store.children(path)
-        except NoNodeError:
-            return {}
         out: dict[str, str] = {}
-        for child in children:
+        for child in await self.group_store.names():
             if not child.startswith("x-"):  # a plain name is the group id itself
                 if not self.owns(f"group/{child}"):
                     continue
@@ -1247,15 +1215,13 @@ class Gateway:
                     out[child] = self.groups[child].protocol_type
                     continue
             try:
-                raw, _ = await self.store.get(f"{path}/{child}")
-                doc = json.loads(raw)
-                if self.owns(f"group/{doc['group']}"):
-                    out[str(doc["group"])] = str(doc.get("protocol_type", ""))
-            except NoNodeError:
-                continue  # deleted meanwhile
-            except (ValueError, KeyError, TypeError) as exc:
+                record = await self.group_store.get_named(child)
+            except CorruptMetadataError as exc:  # an unknown format too: named, skipped
                 log.warning("kafka_group_record_unreadable", extra=fields(
-                    znode=f"{path}/{child}", error=repr(exc)))
+                    znode=exc.path, error=str(exc)))
+                continue
+            if record is not None and self.owns(f"group/{record.group_id}"):
+                out[record.group_id] = record.protocol_type
         return out
 
     async def list_groups(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -1349,10 +1315,7 @@ class Gateway:
                     for p in range(self.topics[topic]):
                         nursery.start_soon(delete_one, topic, p)
             removed = sum(found)
-            try:
-                await self.store.delete(f"{self.root}/groups/{_key_name(gid)}")
-            except NoNodeError:
-                pass
+            await self.group_store.delete(gid)
         finally:
             if self.groups.get(gid) is group:
                 del self.groups[gid]
@@ -1365,7 +1328,7 @@ class Gateway:
     async def _delete_offset(self, gid: str, topic: str, p: int) -> bool:
         try:
             return await self.client.logs.store.delete_cursor(
-                log_name(topic, p), "kafka." + _key_name(gid))
+                log_name(topic, p), "kafka." + group_znode(gid))
         except NoNodeError:
             return False
 

@@ -24,8 +24,8 @@ from ledgerd.kafka.topic_configs import (
     incrementally_altered,
     topic_entries,
 )
-from ledgerd.kafka.topics import TopicRecord
 from ledgerd.metadata.errors import CorruptMetadataError
+from ledgerd.metadata.kafka_topics import TopicRecord
 
 LIMIT = 1 << 20
 
