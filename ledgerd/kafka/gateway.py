@@ -136,6 +136,15 @@ def _rank(node: int, key: str) -> int:
     return zlib.crc32(f"{node}/{key}".encode())
 
 
+class ClusterMetadataMissingError(LedgerdError):
+    """The cluster's root holds no INSTANCEID: its metadata was lost (and is not yet
+    restored or rebuilt)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(f"the cluster's metadata is missing: no {root}/INSTANCEID in "
+                         "ZooKeeper")
+
+
 def _plain_check(tokens: dict[str, Principal], auth: bytes) -> Principal | None:
     """The principal a SASL PLAIN message (authzid NUL user NUL password) proves: the
     password is a token of the principals file and the user its principal's name."""
@@ -300,6 +309,12 @@ class Gateway:
         return self.owner(key) == self.node_id
 
     async def _register(self) -> None:
+        """Register this gateway (ephemeral) — only under a cluster root that exists: a
+        gateway never recreates a root that was lost (a wiped ZooKeeper, a deleted root)
+        before the operator restores or rebuilds it; it stops serving meanwhile."""
+        root = self.config.zk_ledgers_root_path.rstrip("/")
+        if await self.store.exists(f"{root}/INSTANCEID") is None:
+            raise ClusterMetadataMissingError(root)
         host, port = self.config.advertised(self.port)
         await self.gateway_store.register(self.node_id, GatewayRecord(host=host, port=port))
 
@@ -373,12 +388,25 @@ class Gateway:
     async def _membership(self) -> None:
         """Refresh the view of the live gateways every second, or more often if the
         lease is shorter, so that a running gateway's lease never lapses."""
+        missing = False
         while True:
             await trio.sleep(min(1.0, self.lease.duration / 3))
             try:
                 await self._refresh()
+            except ClusterMetadataMissingError as exc:  # said once, not every second
+                if not missing:
+                    log.error("cluster_metadata_missing", extra=fields(
+                        problem=str(exc), action=(
+                            "this gateway does not register or serve partitions until the "
+                            "metadata is back: `ledgerd shell metadata restore FILE` (a "
+                            "snapshot) or `ledgerd shell metadata rebuild --apply`")))
+                    missing = True
             except Exception as exc:  # ZooKeeper away: keep the last view
                 log.warning("kafka_membership_refresh_failed", extra=fields(error=repr(exc)))
+            else:
+                if missing:
+                    log.info("cluster_metadata_back", extra=fields(node_id=self.node_id))
+                    missing = False
             await self._sweep_idle()
 
     async def _sweep_idle(self) -> None:
