@@ -698,7 +698,12 @@ class PartitionLog:
             if leads and self.writer is not None and generation == self.generation:
                 return self.acked_end
             if leads and self.authority is not None:
-                return await self._settled_end()
+                # not beside a writer being opened here: the recovery would fence the
+                # ledger it just added (and it would open another, at a new epoch)
+                async with self._opening:
+                    if self.writer is not None and generation == self.generation:
+                        return self.acked_end
+                    return await self._settled_end()
         now = trio.current_time()
         if self._remote_end is not None and now - self._remote_end[0] < 0.05:
             return self._remote_end[1]

@@ -60,6 +60,10 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
     if api is ApiKey.METADATA:
         return {"brokers": [], "topics": [{"error_code": code, "name": t["name"],
                                            "partitions": []} for t in body["topics"] or []]}
+    if api is ApiKey.OFFSET_FOR_LEADER_EPOCH:
+        return {"topics": _topics(body["topics"], name="topic", parts="partitions",
+                                  index="partition", out_name="topic",
+                                  out_index="partition", error_code=code)}
     if api is ApiKey.CREATE_TOPICS:
         return {"topics": [{"name": t["name"], "error_code": code} for t in body["topics"]]}
     if api is ApiKey.DELETE_TOPICS:

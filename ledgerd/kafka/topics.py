@@ -10,6 +10,10 @@ required (records written before configs existed hold only it).
   below which nothing is served (the ledgers wholly before it are then dropped; the
   batch holding it stays, and a consumer skips the records before it, as with any
   fetch from inside a batch).
+- ``topic_id``: the topic's Kafka id (Metadata v10+, Fetch v13+), a random UUID as 32
+  hex digits, made with the record; a record written before ids existed gets one the
+  first time it is asked for (``TopicStore.topic_id``, by CAS: every gateway sees the
+  same). A topic deleted and made again has a new id, as in Kafka.
 - ``replicas``: a replica assignment given at creation, recorded as asked; it places
   nothing (a partition's data is on its ledgers' bookie ensembles, its leader is
   chosen by rendezvous hashing over the live gateways).
@@ -23,6 +27,7 @@ made through another gateway is seen within that.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -49,9 +54,14 @@ class TopicRecord:
     configs: Mapping[str, str] = field(default_factory=dict)
     log_start: Mapping[int, int] = field(default_factory=dict)
     replicas: tuple[tuple[int, ...], ...] = ()
+    topic_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # "": none yet
 
     def __post_init__(self) -> None:
         _count(self.partitions, "partitions", 1)
+        if self.topic_id and (len(self.topic_id) != 32 or
+                              self.topic_id.strip("0123456789abcdef")):
+            raise ValueError(f"topic_id must be 32 lowercase hex digits, got "
+                             f"{self.topic_id!r}")
 
     def start_of(self, partition: int) -> int:
         """The partition's low watermark set by DeleteRecords (0: none)."""
@@ -70,6 +80,8 @@ class TopicRecord:
             doc["log_start"] = {str(p): o for p, o in sorted(self.log_start.items())}
         if self.replicas:
             doc["replicas"] = [list(r) for r in self.replicas]
+        if self.topic_id:
+            doc["topic_id"] = self.topic_id
         return json.dumps(doc).encode()
 
     @classmethod
@@ -89,8 +101,12 @@ class TopicRecord:
                          for p, o in starts.items()}
             replicas = tuple(tuple(_count(b, "a replica") for b in r)
                              for r in doc.get("replicas", []))
+            topic_id = doc.get("topic_id", "")
+            if not isinstance(topic_id, str):
+                raise ValueError("topic_id must be a string")
             return cls(partitions=_count(doc["partitions"], "partitions", 1),
-                       configs=configs, log_start=log_start, replicas=replicas)
+                       configs=configs, log_start=log_start, replicas=replicas,
+                       topic_id=topic_id)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a topic record: {exc}") from exc
 
@@ -147,6 +163,21 @@ class TopicStore:
                                      encode=TopicRecord.to_json)
         self._cache[topic] = (trio.current_time(), record)
         return record
+
+    async def topic_id(self, topic: str) -> bytes | None:
+        """The topic's id as 16 bytes (None: no such topic), given to a record that has
+        none by compare-and-set (whoever sets it first, every gateway reads that one)."""
+        record = await self.get(topic)
+        if record is None:
+            return None
+        if not record.topic_id:
+            fresh = uuid.uuid4().hex
+            try:
+                record = await self.update(
+                    topic, lambda r: r if r.topic_id else replace(r, topic_id=fresh))
+            except NoNodeError:
+                return None
+        return bytes.fromhex(record.topic_id)
 
     async def delete(self, topic: str) -> None:
         self._cache.pop(topic, None)
