@@ -79,7 +79,7 @@ from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
-from ledgerd.kafka.topics import TopicRecord, TopicStore
+from ledgerd.kafka.topics import TopicRecord, TopicStore, new_topic_id
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
@@ -643,7 +643,8 @@ class Gateway:
                            replicas: tuple[tuple[int, ...], ...] = ()) -> None:
         """Raises NodeExistsError if the topic exists."""
         await self.topic_store.create(topic, TopicRecord(
-            partitions=partitions, configs=configs or {}, replicas=replicas))
+            partitions=partitions, configs=configs or {}, replicas=replicas,
+            topic_id=new_topic_id()))
         self.topics[topic] = partitions
         log.info("kafka_topic_created", extra=fields(
             topic=topic, partitions=partitions, configs=",".join(

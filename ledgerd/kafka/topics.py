@@ -11,7 +11,7 @@ required (records written before configs existed hold only it).
   batch holding it stays, and a consumer skips the records before it, as with any
   fetch from inside a batch).
 - ``topic_id``: the topic's Kafka id (Metadata v10+, Fetch v13+), a random UUID as 32
-  hex digits, made with the record; a record written before ids existed gets one the
+  hex digits, given to the record when the gateway creates the topic; a record written before ids existed gets one the
   first time it is asked for (``TopicStore.topic_id``, by CAS: every gateway sees the
   same). A topic deleted and made again has a new id, as in Kafka.
 - ``replicas``: a replica assignment given at creation, recorded as asked; it places
@@ -37,7 +37,7 @@ from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import CorruptMetadataError, NoNodeError
 from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["TTL_S", "TopicRecord", "TopicStore"]
+__all__ = ["TTL_S", "TopicRecord", "TopicStore", "new_topic_id"]
 
 TTL_S = 1.0  # a cached record is read again after this long
 
@@ -54,7 +54,7 @@ class TopicRecord:
     configs: Mapping[str, str] = field(default_factory=dict)
     log_start: Mapping[int, int] = field(default_factory=dict)
     replicas: tuple[tuple[int, ...], ...] = ()
-    topic_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # "": none yet
+    topic_id: str = ""  # 32 hex digits ("": none yet; ``new_topic_id``)
 
     def __post_init__(self) -> None:
         _count(self.partitions, "partitions", 1)
@@ -109,6 +109,11 @@ class TopicRecord:
                        topic_id=topic_id)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a topic record: {exc}") from exc
+
+
+def new_topic_id() -> str:
+    """A fresh topic id for a record (a random UUID, as Kafka makes them)."""
+    return uuid.uuid4().hex
 
 
 class TopicStore:
@@ -171,7 +176,7 @@ class TopicStore:
         if record is None:
             return None
         if not record.topic_id:
-            fresh = uuid.uuid4().hex
+            fresh = new_topic_id()
             try:
                 record = await self.update(
                     topic, lambda r: r if r.topic_id else replace(r, topic_id=fresh))

@@ -121,6 +121,33 @@ async def test_each_writer_takes_a_new_durable_epoch_and_stamps_its_batches(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_topic_without_an_id_gets_one_that_every_gateway_agrees_on(
+        zk_chroot: str) -> None:
+    """A topic record from before topic ids gets one when first asked: two gateways
+    asking at once (compare-and-set) get the same, kept in the record."""
+    import trio
+
+    from ledgerd.kafka.topics import TopicRecord, TopicStore
+    from tests.cluster import metadata_store
+
+    async with metadata_store(zk_chroot) as s1, metadata_store(zk_chroot) as s2:
+        await s1.create("/k/topics/old", b'{"format": 1, "partitions": 2}',
+                        make_parents=True)
+        ids: list[bytes | None] = []
+
+        async def ask(store: object) -> None:
+            ids.append(await TopicStore(store, "/k").topic_id("old"))  # type: ignore[arg-type]
+
+        async with trio.open_nursery() as nursery:
+            for store in (s1, s2, s1):
+                nursery.start_soon(ask, store)
+        assert len(set(ids)) == 1 and ids[0] is not None and len(ids[0]) == 16
+        raw, _ = await s2.get("/k/topics/old")
+        record = TopicRecord.from_json(raw, "/k/topics/old")
+        assert bytes.fromhex(record.topic_id) == ids[0] and record.partitions == 2
+        assert await TopicStore(s2, "/k").topic_id("missing") is None
+
+
 # -- real clients, two gateways -----------------------------------------------------------
 
 @pytest.fixture
