@@ -337,6 +337,22 @@ def test_consumer_position_is_validated_across_two_leader_changes(
     assert found[:2] == [(0, 1), (600, epoch3)]
     assert found[2][1] in (1, epoch2, epoch3) and 0 <= found[2][0] < 600  # the newest
 
+    # DescribeCluster: both gateways, as Metadata lists them, at every version
+    cluster = admin.describe_cluster(request_timeout=30).result(60)
+    assert cluster.cluster_id == "ledgerd"
+    assert sorted((n.id, n.port) for n in cluster.nodes) == sorted(
+        (_node(g), g.port) for g in (a, b))
+    for version in (0, 1, 2):
+        described = _ask(other, ApiKey.DESCRIBE_CLUSTER, version, {
+            "include_cluster_authorized_operations": False, "endpoint_type": 1,
+            "include_fenced_brokers": True})
+        assert described["error_code"] == 0 and described["cluster_id"] == "ledgerd"
+        assert sorted(br["broker_id"] for br in described["brokers"]) == sorted(  # type: ignore[union-attr]
+            (_node(a), _node(b)))
+    controllers = _ask(other, ApiKey.DESCRIBE_CLUSTER, 1, {
+        "include_cluster_authorized_operations": False, "endpoint_type": 2})
+    assert controllers["error_code"] == ErrorCode.MISMATCHED_ENDPOINT_TYPE
+
 
 class _Logger:
     """A ``logging.Logger`` stand-in for librdkafka's ``logger``: keeps the lines."""
