@@ -11,6 +11,10 @@ batches, the epoch of a ledger's entry 0 is the epoch of the whole ledger, and t
 log's *epoch history* is the list of ``(epoch, first offset)`` of its ledgers (those
 holding a batch).
 
+A partition never written (``writers`` 0) is at epoch 1, the one its first writer
+takes (``current_epoch``): a client that read Metadata before the first produce (as
+librdkafka's tests do, then ask ListOffsets) is not told its epoch is stale.
+
 - ``check_current_epoch``: a request's ``current_leader_epoch`` against the leader's
   (Kafka's ``Partition.getLocalLog``): -1 means unchecked; older is
   FENCED_LEADER_EPOCH (the client's metadata is stale), newer UNKNOWN_LEADER_EPOCH
@@ -27,10 +31,15 @@ from collections.abc import Iterable
 
 from ledgerd.kafka.api import ErrorCode
 
-__all__ = ["UNDEFINED", "check_current_epoch", "end_offset_for_epoch", "epoch_at",
-           "epoch_history"]
+__all__ = ["UNDEFINED", "check_current_epoch", "current_epoch", "end_offset_for_epoch",
+           "epoch_at", "epoch_history"]
 
 UNDEFINED = -1  # Kafka's UNDEFINED_EPOCH and UNDEFINED_EPOCH_OFFSET
+
+
+def current_epoch(writers: int) -> int:
+    """The leader epoch of a log whose record counts ``writers`` (see above)."""
+    return max(writers, 1)
 
 
 def check_current_epoch(current: int, leader: int) -> ErrorCode:

@@ -756,14 +756,14 @@ class Gateway:
         """Each partition's leader epoch as its log record holds it now (``epochs.py``):
         the same on every gateway, never lower than what a client saw before (clients
         ignore a Metadata answer whose epoch went down)."""
-        out = [0] * count
+        out = [epochs.current_epoch(0)] * count
         limit = trio.CapacityLimiter(32)
 
         async def one(p: int) -> None:
             async with limit:
                 try:
                     record, _ = await self.client.logs.store.get(log_name(topic, p))
-                    out[p] = record.writers
+                    out[p] = epochs.current_epoch(record.writers)
                 except NoNodeError:
                     pass
             part = self.partitions.get((topic, p))

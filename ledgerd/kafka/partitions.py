@@ -553,14 +553,14 @@ class PartitionLog:
             record, _ = await self.client.logs.store.get(self.name)
         except NoNodeError:
             return ()  # created with the topic, no ledger written yet
-        self._epoch = (trio.current_time(), record.writers)
+        self._epoch = (trio.current_time(), epochs.current_epoch(record.writers))
         return record.ledgers
 
     # -- leader epochs (``epochs.py``) --------------------------------------------------
 
     async def leader_epoch(self, *, fresh: bool = False) -> int:
         """The partition's leader epoch: this gateway's writer's while it writes, else
-        the log record's ``writers`` count (0: never written), as read within
+        the log record's ``writers`` count (``epochs.current_epoch``), as read within
         START_TTL_S (``fresh``: read now)."""
         if self.writer is not None:
             return self.writer.epoch
@@ -568,7 +568,7 @@ class PartitionLog:
         if fresh or self._epoch is None or now - self._epoch[0] >= START_TTL_S:
             await self._ledgers()
             if self._epoch is None or now - self._epoch[0] >= START_TTL_S:
-                self._epoch = (now, 0)  # no log record yet
+                self._epoch = (now, epochs.current_epoch(0))  # no log record yet
         return self._epoch[1]
 
     async def epoch_starts(self) -> list[tuple[int, int]]:

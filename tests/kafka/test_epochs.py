@@ -19,6 +19,7 @@ import ledgerd
 from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.epochs import (
     check_current_epoch,
+    current_epoch,
     end_offset_for_epoch,
     epoch_at,
     epoch_history,
@@ -39,6 +40,7 @@ FENCED, UNKNOWN = ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH
 # -- the pure rules ----------------------------------------------------------------------
 
 def test_a_clients_epoch_is_fenced_when_older_and_unknown_when_newer() -> None:
+    assert [current_epoch(w) for w in (0, 1, 2)] == [1, 1, 2]
     assert [check_current_epoch(c, 5) for c in (-1, 4, 5, 6)] == [
         ErrorCode.NONE, FENCED, ErrorCode.NONE, UNKNOWN]
 
@@ -94,7 +96,7 @@ async def test_each_writer_takes_a_new_durable_epoch_and_stamps_its_batches(
             return item.base_offset
 
         reader = PartitionLog(cb, "ep", 0, SETTINGS, nursery)
-        assert await reader.leader_epoch() == 0  # never written
+        assert await reader.leader_epoch() == 1  # never written: its first writer's
         a = PartitionLog(ca, "ep", 0, SETTINGS, nursery)
         assert await produce(a, 3) == 0
         assert a.writer is not None and a.writer.epoch == 1
@@ -118,6 +120,53 @@ async def test_each_writer_takes_a_new_durable_epoch_and_stamps_its_batches(
         assert await a.end_offset_for_epoch(0) == (0, 0)
         assert await a.end_offset_for_epoch(4) == (-1, -1)
         assert [await a.epoch_of(o) for o in (0, 2, 3, 8, 9)] == [1, 1, 2, 2, 3]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_leaders_recovery_waits_for_the_writer_it_is_opening(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str) -> None:
+    """A high watermark asked of the leader while its writer is being opened (the new
+    ledger already on the log's list) waits for that writer instead of recovering the
+    log's tail, which would fence the new ledger (and make the next append open another
+    writer, at another epoch)."""
+    import trio
+
+    async def leads() -> bool:
+        return True
+
+    await start_bookies(bookie_factory, zk_chroot, 3)
+    async with ledgerd.open_client(zk_chroot) as client, trio.open_nursery() as nursery:
+        part = PartitionLog(client, "race", 0, SETTINGS, nursery, authority=leads)
+        reached, gate = trio.Event(), trio.Event()
+        rebuild = part._rebuild_producers
+
+        async def held(skip: int) -> None:  # the writer's ledger is listed by now
+            reached.set()
+            await gate.wait()
+            await rebuild(skip)
+
+        part._rebuild_producers = held  # type: ignore[method-assign]
+        nursery.start_soon(part.open_writer)
+        with trio.fail_after(30):
+            await reached.wait()
+        hws: list[int] = []
+
+        async def ask() -> None:
+            hws.append(await part.high_watermark())
+
+        nursery.start_soon(ask)
+        with trio.fail_after(10):  # it waits on the opening writer, not on the bookies
+            while part._opening.statistics().tasks_waiting == 0:
+                await trio.sleep(0.01)
+        gate.set()
+        with trio.fail_after(30):
+            while not hws:
+                await trio.sleep(0.01)
+        assert hws == [0] and part.writer is not None and part.writer.epoch == 1
+        item = part.enqueue(_split(_batch(2)), nursery)
+        await item.done.wait()
+        assert item.error is None and item.base_offset == 0
+        assert part.writer is not None and part.writer.epoch == 1  # not fenced
         nursery.cancel_scope.cancel()
 
 
