@@ -142,11 +142,11 @@ class ErrorCode(enum.IntEnum):
 SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.PRODUCE: (0, 7),
     # the data path at the versions librdkafka 2.15 asks (Fetch 16, Metadata 13,
-    # ListOffsets 7, OffsetCommit 9, OffsetForLeaderEpoch 2) and the Java client's:
-    # leader epochs (KIP-320) from Metadata 7, Fetch 9, ListOffsets 4; topic ids from
-    # Metadata 10 and Fetch 13
-    ApiKey.FETCH: (4, 16),
-    ApiKey.LIST_OFFSETS: (1, 7),
+    # ListOffsets 7, OffsetCommit 9, OffsetForLeaderEpoch 2) and the Java client's
+    # (Fetch 17, ListOffsets 10 in 4.0): leader epochs (KIP-320) from Metadata 7,
+    # Fetch 9, ListOffsets 4; topic ids from Metadata 10 and Fetch 13
+    ApiKey.FETCH: (4, 17),
+    ApiKey.LIST_OFFSETS: (1, 10),
     ApiKey.METADATA: (0, 13),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
     ApiKey.OFFSET_COMMIT: (2, 9),
@@ -198,8 +198,8 @@ PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 
 # the client would parse, and closes the connection.
 DECLARED: dict[ApiKey, tuple[int, int]] = {
     **SUPPORTED,
-    ApiKey.FETCH: (0, 16),
-    ApiKey.LIST_OFFSETS: (0, 7),
+    ApiKey.FETCH: (0, 17),
+    ApiKey.LIST_OFFSETS: (0, 10),
     ApiKey.OFFSET_COMMIT: (0, 9),
     ApiKey.OFFSET_FETCH: (0, 5),
 }
@@ -232,7 +232,8 @@ REQUESTS: dict[ApiKey, Message] = {
             Field("partition_data", array(Field("index", INT32),
                                           Field("records", NULLABLE_BYTES))))))),
     ApiKey.FETCH: Message((
-        # v12+: tagged cluster_id, v15+: tagged replica_state (skipped: no followers)
+        # v12+: tagged cluster_id, v15+: tagged replica_state, v17+: each partition's
+        # tagged replica_directory_id (skipped: no followers)
         Field("replica_id", INT32, until=14, default=-1),
         Field("max_wait_ms", INT32), Field("min_bytes", INT32),
         Field("max_bytes", INT32, since=3, default=0x7FFFFFFF),
@@ -264,7 +265,8 @@ REQUESTS: dict[ApiKey, Message] = {
                 Field("partition_index", INT32),
                 Field("current_leader_epoch", INT32, since=4, default=-1),
                 Field("timestamp", INT64),
-                Field("max_num_offsets", INT32, until=0, default=1)))))), flexible_from=6),
+                Field("max_num_offsets", INT32, until=0, default=1))))),
+        Field("timeout_ms", INT32, since=10, default=0)), flexible_from=6),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: Message((
         Field("replica_id", INT32, since=3, default=-2),
         Field("topics", array(

@@ -997,12 +997,17 @@ class Gateway:
                         res["offset"] = await part.high_watermark()
                         if body["isolation_level"]:  # read_committed: the LSO
                             res["offset"] = (await part.stable_view(res["offset"]))[0]
-                    elif ts == -2:
+                    elif ts == -2 or (ts == -4 and version >= 8):
+                        # EARLIEST, EARLIEST_LOCAL (KIP-405): nothing is tiered away
                         res["offset"] = await part.start_offset()
+                    elif ts == -5 and version >= 9:
+                        pass  # LATEST_TIERED (KIP-1005): none, -1 as Kafka without tiering
                     elif ts == -3 and version >= 7:  # MAX_TIMESTAMP (KIP-734)
                         found = await part.offset_of_max_timestamp()
                         if found is not None:
                             res["timestamp"], res["offset"] = found
+                    elif ts in (-3, -4, -5):  # a sentinel newer than the request
+                        res["error_code"] = ErrorCode.UNSUPPORTED_VERSION
                     elif ts < 0:
                         res["error_code"] = ErrorCode.INVALID_REQUEST
                     else:

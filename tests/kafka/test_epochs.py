@@ -385,6 +385,18 @@ def test_consumer_position_is_validated_across_two_leader_changes(
              for p in offsets["topics"][0]["partitions"]]  # type: ignore[index]
     assert found[:2] == [(0, 1), (600, epoch3)]
     assert found[2][1] in (1, epoch2, epoch3) and 0 <= found[2][0] < 600  # the newest
+    sentinels = _ask(leader_gw, ApiKey.LIST_OFFSETS, 10, {"replica_id": -1, "timeout_ms": 500,
+                                                          "topics": [
+        {"name": "epochs", "partitions": [
+            {"partition_index": 0, "current_leader_epoch": epoch3, "timestamp": ts}
+            for ts in (-4, -5)]}]})
+    assert [(p["error_code"], p["offset"]) for p in sentinels["topics"][0]["partitions"]] \
+        == [(0, 0), (0, -1)]  # type: ignore[index]  # nothing tiered: the log start; none
+    too_new = _ask(leader_gw, ApiKey.LIST_OFFSETS, 6, {"replica_id": -1, "topics": [
+        {"name": "epochs", "partitions": [
+            {"partition_index": 0, "current_leader_epoch": -1, "timestamp": -3}]}]})
+    assert too_new["topics"][0]["partitions"][0]["error_code"] == \
+        ErrorCode.UNSUPPORTED_VERSION  # type: ignore[index]
 
     # DescribeCluster: both gateways, as Metadata lists them, at every version
     cluster = admin.describe_cluster(request_timeout=30).result(60)
