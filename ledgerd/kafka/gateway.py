@@ -755,7 +755,7 @@ class Gateway:
     async def leader_epochs(self, topic: str, count: int) -> list[int]:
         """Each partition's leader epoch as its log record holds it now (``epochs.py``):
         the same on every gateway, never lower than what a client saw before (clients
-        ignore a Metadata answer whose epoch went down)."""
+        ignore a Metadata answer whose epoch went down). Reads only."""
         out = [epochs.current_epoch(0)] * count
         limit = trio.CapacityLimiter(32)
 

@@ -561,7 +561,7 @@ class PartitionLog:
     async def leader_epoch(self, *, fresh: bool = False) -> int:
         """The partition's leader epoch: this gateway's writer's while it writes, else
         the log record's ``writers`` count (``epochs.current_epoch``), as read within
-        START_TTL_S (``fresh``: read now)."""
+        START_TTL_S (``fresh``: read now). Reads only: if cancelled, nothing changed."""
         if self.writer is not None:
             return self.writer.epoch
         now = trio.current_time()
@@ -1040,7 +1040,8 @@ class PartitionLog:
         """ListOffsets' MAX_TIMESTAMP (-3, KIP-734): ``(timestamp, offset)`` of the first
         record carrying the log's largest timestamp; None for an empty log. Every batch
         header is read once: what a ledger was scanned up to is remembered (entries
-        below its last readable one never change)."""
+        below its last readable one never change). If cancelled, what was remembered
+        stays true."""
         best: tuple[int, int, int] | None = None  # (timestamp, ledger, entry)
         for lid in await self._ledgers():
             try:

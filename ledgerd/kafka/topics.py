@@ -171,7 +171,8 @@ class TopicStore:
 
     async def topic_id(self, topic: str) -> bytes | None:
         """The topic's id as 16 bytes (None: no such topic), given to a record that has
-        none by compare-and-set (whoever sets it first, every gateway reads that one)."""
+        none by compare-and-set (whoever sets it first, every gateway reads that one).
+        If cancelled, the id may have been written: the next call reads it."""
         record = await self.get(topic)
         if record is None:
             return None
