@@ -58,8 +58,10 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
             body["topics"] or [], name="name", parts="partition_indexes", index=None,
             error_code=code, committed_offset=-1, metadata="")}
     if api is ApiKey.METADATA:
-        return {"brokers": [], "topics": [{"error_code": code, "name": t["name"],
-                                           "partitions": []} for t in body["topics"] or []]}
+        return {"brokers": [], "error_code": code,  # top level: v13+
+                "topics": [{"error_code": code, "name": t["name"],
+                            "topic_id": t["topic_id"], "partitions": []}
+                           for t in body["topics"] or []]}
     if api is ApiKey.OFFSET_FOR_LEADER_EPOCH:
         return {"topics": _topics(body["topics"], name="topic", parts="partitions",
                                   index="partition", out_name="topic",
