@@ -78,6 +78,32 @@ def _split(raw: bytes) -> list[tuple[BatchHeader, bytes]]:
     return split_batches(raw, max_batch_bytes=1 << 20)
 
 
+def test_a_log_record_keeps_its_writer_count() -> None:
+    from ledgerd.metadata.errors import CorruptMetadataError
+    from ledgerd.metadata.logs import LogRecord
+
+    record = LogRecord(ledgers=(3, 4), writers=2)
+    assert LogRecord.from_json(record.to_json(), "/l") == record
+    assert LogRecord.from_json(b'{"format": 1, "ledgers": [3]}', "/l").writers == 0  # old
+    for bad in (b'-1', b'"2"', b'true'):
+        with pytest.raises(CorruptMetadataError):
+            LogRecord.from_json(b'{"format": 1, "ledgers": [], "writers": %s}' % bad, "/l")
+
+
+async def test_writers_count_opens_not_rolls(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str) -> None:
+    await start_bookies(bookie_factory, zk_chroot, 3)
+    async with ledgerd.open_client(zk_chroot) as client:
+        writer = await client.logs.open_writer("counted", 3, 2, 2, roll_entries=2)
+        for i in range(5):
+            await writer.append(b"e%d" % i)
+        record, _ = await client.logs.store.get("counted")
+        assert len(record.ledgers) >= 3 and record.writers == writer.epoch == 1  # rolled
+        again = await client.logs.open_writer("counted", 3, 2, 2)
+        assert again.epoch == 2 and (await client.logs.store.get("counted"))[0].writers == 2
+        await again.close()
+
+
 async def test_each_writer_takes_a_new_durable_epoch_and_stamps_its_batches(
         bookie_factory: Callable[..., BookieProcess], zk_chroot: str) -> None:
     """Three writers in turn (a gateway, another, the first again as after a lost
