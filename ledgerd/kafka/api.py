@@ -10,7 +10,8 @@ encodings; ApiVersions v3-v4 and the group/cluster admin APIs (ListGroups,
 DescribeGroups, DeleteGroups, DescribeCluster) are served at every version Kafka
 defines, flexible ones included, since admin tools ask for the newest; so are the
 topic admin APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs,
-CreatePartitions, DeleteRecords). Produce
+CreatePartitions, DeleteRecords) and the ACL APIs (DescribeAcls, CreateAcls,
+DeleteAcls). Produce
 advertises 0-7 but answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka
 drops compression unless Produce's minimum is 0.
 """
@@ -65,6 +66,9 @@ class ApiKey(enum.IntEnum):
     WRITE_TXN_MARKERS = 27
     OFFSET_FOR_LEADER_EPOCH = 23
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
@@ -188,6 +192,11 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_RECORDS: (0, 2),
+    # ACLs (KIP-140; v1 adds pattern types, KIP-290): librdkafka 2.x asks 0-2, the Java
+    # admin client 3
+    ApiKey.DESCRIBE_ACLS: (0, 3),
+    ApiKey.CREATE_ACLS: (0, 3),
+    ApiKey.DELETE_ACLS: (0, 3),
 }
 PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
 
@@ -211,6 +220,13 @@ ERROR = Field("error_code", INT16, default=0)
 REQUEST_HEADER = Message((
     Field("api_key", INT16), Field("api_version", INT16), Field("correlation_id", INT32),
     Field("client_id", NULLABLE_STRING)))
+
+# an ACL filter (DescribeAcls' body, each of DeleteAcls' filters); 3 = LITERAL
+_ACL_FILTER = (
+    Field("resource_type_filter", INT8), Field("resource_name_filter", NULLABLE_STRING),
+    Field("pattern_type_filter", INT8, since=1, default=3),
+    Field("principal_filter", NULLABLE_STRING), Field("host_filter", NULLABLE_STRING),
+    Field("operation", INT8), Field("permission_type", INT8))
 
 REQUESTS: dict[ApiKey, Message] = {
     ApiKey.API_VERSIONS: Message((
@@ -413,6 +429,14 @@ REQUESTS: dict[ApiKey, Message] = {
             Field("partitions", array(Field("partition_index", INT32),
                                       Field("offset", INT64))))),
         Field("timeout_ms", INT32)), flexible_from=2),
+    ApiKey.DESCRIBE_ACLS: Message(_ACL_FILTER, flexible_from=2),
+    ApiKey.CREATE_ACLS: Message((
+        Field("creations", array(
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("resource_pattern_type", INT8, since=1, default=3),
+            Field("principal", STRING), Field("host", STRING),
+            Field("operation", INT8), Field("permission_type", INT8))),), flexible_from=2),
+    ApiKey.DELETE_ACLS: Message((Field("filters", array(*_ACL_FILTER)),), flexible_from=2),
 }
 
 RESPONSES: dict[ApiKey, Message] = {
@@ -580,7 +604,7 @@ RESPONSES: dict[ApiKey, Message] = {
                 Field("client_id", STRING), Field("client_host", STRING),
                 Field("member_metadata", BYTES), Field("member_assignment", BYTES)),
                 default=()),
-            # INT32_MIN: not requested (Kafka's default); ledgerd has no group ACLs
+            # INT32_MIN: not requested (Kafka's default); else the ACLs' bitfield
             Field("authorized_operations", INT32, since=3, default=-2147483648)))),
         flexible_from=5),
     ApiKey.DELETE_GROUPS: Message((
@@ -643,6 +667,29 @@ RESPONSES: dict[ApiKey, Message] = {
             Field("partitions", array(Field("partition_index", INT32),
                                       Field("low_watermark", INT64, default=-1),
                                       ERROR))))),
+        flexible_from=2),
+    ApiKey.DESCRIBE_ACLS: Message((
+        THROTTLE, ERROR, Field("error_message", NULLABLE_STRING),
+        Field("resources", array(
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("pattern_type", INT8, since=1, default=3),
+            Field("acls", array(Field("principal", STRING), Field("host", STRING),
+                                Field("operation", INT8), Field("permission_type", INT8)))),
+            default=())), flexible_from=2),
+    ApiKey.CREATE_ACLS: Message((
+        THROTTLE,
+        Field("results", array(ERROR, Field("error_message", NULLABLE_STRING)))),
+        flexible_from=2),
+    ApiKey.DELETE_ACLS: Message((
+        THROTTLE,
+        Field("filter_results", array(
+            ERROR, Field("error_message", NULLABLE_STRING),
+            Field("matching_acls", array(
+                ERROR, Field("error_message", NULLABLE_STRING),
+                Field("resource_type", INT8), Field("resource_name", STRING),
+                Field("pattern_type", INT8, since=1, default=3),
+                Field("principal", STRING), Field("host", STRING),
+                Field("operation", INT8), Field("permission_type", INT8)), default=())))),
         flexible_from=2),
 }
 assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED) == set(DECLARED)

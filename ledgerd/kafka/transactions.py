@@ -21,7 +21,9 @@ sent to it as WriteTxnMarkers (``peer.py``), and retried until it is written.
 Recovery: every ``TICK_S`` each gateway reads the records of the transactional ids it
 coordinates; it completes those found in a PREPARE state (a coordinator killed
 between the decision and the markers) and aborts, with the producer's epoch bumped,
-those ONGOING past their ``transaction.timeout.ms`` (a producer that is gone).
+those ONGOING past their ``transaction.timeout.ms`` (a producer that is gone), and
+deletes those idle (no transaction open) for ``transactional_id_expiration_ms``, as
+Kafka expires transactional ids, so the records do not grow without bound.
 
 Produce: a transactional batch is accepted only for a partition that the producer's
 ongoing transaction added (KIP-890's verification): ``verify`` asks the record, and
@@ -43,6 +45,7 @@ from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.control_records import committed_prefix, control_batch
+from ledgerd.kafka.peer import PeerAuthError
 from ledgerd.kafka.records import BatchHeader
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.txn_coordinator import (
@@ -76,6 +79,7 @@ __all__ = ["TxnCoordinator", "admit_transactional", "read_committed"]
 
 log = logging.getLogger(__name__)
 
+_IDLE = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
 TICK_S = 1.0  # how often each gateway looks for transactions to complete or time out
 COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
 MARKER_RETRY_S = 0.2
@@ -287,7 +291,10 @@ class TxnCoordinator:
         (visible as the group's offsets only when it commits)."""
         gid = body["group_id"]
         group = await self.gw._existing_group(gid) if gid else ErrorCode.INVALID_GROUP_ID
-        code = group if isinstance(group, int) else 0
+        code = group if isinstance(group, int) else 0 if group is None else \
+            group.check_txn_commit(member_id=body["member_id"],
+                                   generation=body["generation_id"],
+                                   instance_id=body["group_instance_id"])
         pending: list[PendingOffset] = []
         for t in body["topics"]:
             count = await self.gw.partition_count(t["name"])
@@ -374,8 +381,12 @@ class TxnCoordinator:
                 code = await self.gw.write_marker(marker)
             except (LedgerdError, FencedError, OSError, trio.BrokenResourceError,
                     trio.TooSlowError) as exc:
-                log.info("kafka_txn_marker_retry", extra=fields(
-                    topic=marker.topic, partition=marker.partition, error=repr(exc)))
+                # (a gateway that cannot authenticate to another says so louder: only
+                # its operator can fix that)
+                (log.warning if isinstance(exc, PeerAuthError) else log.info)(
+                    "kafka_txn_marker_retry", extra=fields(
+                        topic=marker.topic, partition=marker.partition, error=str(exc)
+                        if isinstance(exc, PeerAuthError) else repr(exc)))
                 code = -1
             if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 return  # written (or the topic was deleted: nothing left to end)
@@ -472,10 +483,11 @@ class TxnCoordinator:
             if not child.startswith("x-") and not self.owns(child):
                 continue
             known = self.cache.get(child) if cached else None
-            if known is not None and known.state in (TxnState.EMPTY,
-                                                     TxnState.COMPLETE_COMMIT,
-                                                     TxnState.COMPLETE_ABORT):
-                continue  # idle, and only this gateway changes its state
+            if known is not None and known.state in _IDLE:
+                # idle, and only this gateway changes its state
+                if self._expired(known):
+                    await self._expire(known.transactional_id)
+                continue
             record = await self.records.get_named(child)
             if record is None:
                 continue
@@ -483,6 +495,9 @@ class TxnCoordinator:
             if not self.owns(tid):
                 continue
             self._remember(record)
+            if self._expired(record):
+                await self._expire(tid)
+                continue
             if record.state is TxnState.ONGOING:
                 now = _now_ms()
                 if now <= record.started_ms + record.timeout_ms:
@@ -499,6 +514,17 @@ class TxnCoordinator:
             if needs_completion(record):
                 assert self.gw.nursery is not None
                 self.gw.nursery.start_soon(self._complete_bounded, record)
+
+    def _expired(self, record: TxnRecord) -> bool:
+        """Idle past ``transactional_id_expiration_ms`` (Kafka's rule: no transaction
+        open, none begun or ended for that long)."""
+        return record.state in _IDLE and _now_ms() - record.updated_ms > \
+            self.gw.config.transactional_id_expiration_ms
+
+    async def _expire(self, transactional_id: str) -> None:
+        if await self.records.expire(transactional_id, self._expired):
+            self.cache.pop(transactional_id, None)
+            log.info("kafka_txn_id_expired", extra=fields(transactional_id=transactional_id))
 
     async def _complete_bounded(self, record: TxnRecord) -> None:
         lock = self._completing.get(record.transactional_id)

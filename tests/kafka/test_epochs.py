@@ -202,7 +202,8 @@ async def test_a_topic_without_an_id_gets_one_that_every_gateway_agrees_on(
     asking at once (compare-and-set) get the same, kept in the record."""
     import trio
 
-    from ledgerd.kafka.topics import TopicRecord, TopicStore
+    from ledgerd.kafka.topics import TopicCache
+    from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore
     from tests.cluster import metadata_store
 
     async with metadata_store(zk_chroot) as s1, metadata_store(zk_chroot) as s2:
@@ -211,7 +212,7 @@ async def test_a_topic_without_an_id_gets_one_that_every_gateway_agrees_on(
         ids: list[bytes | None] = []
 
         async def ask(store: object) -> None:
-            ids.append(await TopicStore(store, "/k").topic_id("old"))  # type: ignore[arg-type]
+            ids.append(await TopicCache(TopicStore(store, "/k")).topic_id("old"))  # type: ignore[arg-type]
 
         async with trio.open_nursery() as nursery:
             for store in (s1, s2, s1):
@@ -220,7 +221,7 @@ async def test_a_topic_without_an_id_gets_one_that_every_gateway_agrees_on(
         raw, _ = await s2.get("/k/topics/old")
         record = TopicRecord.from_json(raw, "/k/topics/old")
         assert bytes.fromhex(record.topic_id) == ids[0] and record.partitions == 2
-        assert await TopicStore(s2, "/k").topic_id("missing") is None
+        assert await TopicCache(TopicStore(s2, "/k")).topic_id("missing") is None
 
 
 # -- real clients, two gateways -----------------------------------------------------------

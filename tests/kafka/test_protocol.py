@@ -197,17 +197,17 @@ async def test_idle_partitions_shed_reader_state_and_readers_are_dropped() -> No
     assert [parts[k].shed_calls for k in (("read", 0), ("written", 0), ("busy", 0))] == [1, 1, 0]
 
 
-async def test_producer_memory_is_bounded_and_recent_producers_stay() -> None:
-    from ledgerd.kafka.partitions import MAX_PRODUCERS, PartitionLog, PartitionSettings
+def test_producer_memory_is_bounded_and_recent_producers_stay() -> None:
+    from ledgerd.kafka.producer_state import MAX_PRODUCERS, ProducerState
 
-    part = PartitionLog(None, "t", 0, PartitionSettings(1, 1, 1, 1 << 20, 0, 1 << 20))  # type: ignore[arg-type]
+    producers = ProducerState()
     for pid in range(MAX_PRODUCERS + 5):
-        part._note_producer(pid, 0, 0, 0, pid)
+        producers.note(pid, 0, 0, 0, pid)
         if pid == MAX_PRODUCERS - 1:  # producer 0 heard again just before the limit
-            part._note_producer(0, 0, 1, 1, 100)
-    assert len(part.producers) == MAX_PRODUCERS
-    assert 0 in part.producers and 6 in part.producers  # the five least recently heard went:
-    assert not {1, 2, 3, 4, 5} & set(part.producers)
+            producers.note(0, 0, 1, 1, 100)
+    assert len(producers) == MAX_PRODUCERS
+    assert 0 in producers and 6 in producers  # the five least recently heard went:
+    assert not {1, 2, 3, 4, 5} & set(producers)
 
 
 # -- declarations against Kafka's own message schemas -----------------------------------
