@@ -121,10 +121,10 @@ class LogPosition:
     entry_id: int
 
 
-def _append_after(tail: int | None, new: tuple[int, ...],
-                  name: str) -> Callable[[LogRecord], LogRecord]:
+def _append_after(tail: int | None, new: tuple[int, ...], name: str, *,
+                  writer: bool = False) -> Callable[[LogRecord], LogRecord]:
     """A CAS change adding ``new`` only while the list still ends with ``tail`` (None:
-    is still empty)."""
+    is still empty); ``writer``: a new writer's first ledger, counted in ``writers``."""
     def change(record: LogRecord) -> LogRecord:
         last = record.ledgers[-1] if record.ledgers else None
         if last != tail:
@@ -132,7 +132,8 @@ def _append_after(tail: int | None, new: tuple[int, ...],
                                        f"{list(record.ledgers[-3:])}); another writer took over")
         if record.unbounded:
             raise LogFencedError(name, "the log is backed by an unbounded ledger")
-        return replace(record, ledgers=record.ledgers + new)
+        return replace(record, ledgers=record.ledgers + new,
+                       writers=record.writers + 1 if writer else record.writers)
     return change
 
 
@@ -223,8 +224,11 @@ class LogWriter:
 
     def __init__(self, logs: Logs, name: str, handle: WriteHandle, *, password: bytes | str,
                  quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int,
-                 roll_interval: float = 0.0, unbounded: bool = False) -> None:
+                 roll_interval: float = 0.0, unbounded: bool = False, epoch: int = 0) -> None:
         self.logs = logs
+        # this writer's term: a ledger-backed log's ``writers`` count after its open (one
+        # more than any earlier writer's), an unbounded ledger's term
+        self.epoch = epoch
         self.name = name
         self.handle = handle
         self.password = password
@@ -370,17 +374,19 @@ class Logs:
             handle = await self.client.create_ledger(*quorums, password=password)
             tail = ledgers[-1] if ledgers else None
             try:
-                await self.store.update(name, _append_after(tail, (handle.ledger_id,), name))
+                opened, _ = await self.store.update(
+                    name, _append_after(tail, (handle.ledger_id,), name, writer=True))
             except LogFencedError:
                 await self.client.delete_ledger(handle.ledger_id)  # another writer got in first
                 continue
             except BaseException:
                 await self.client.delete_ledger(handle.ledger_id)
                 raise
-            log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id))
+            log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
+                                                       epoch=opened.writers))
             return LogWriter(self, name, handle, password=password, quorums=quorums,
                              roll_entries=roll_entries, roll_bytes=roll_bytes,
-                             roll_interval=roll_interval)
+                             roll_interval=roll_interval, epoch=opened.writers)
         raise LogFencedError(name, "gave up after 10 writers raced to open the log")
 
     async def _open_unbounded(self, name: str, record: LogRecord,
@@ -406,7 +412,7 @@ class Logs:
         log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
                                                    term=handle.term))
         return LogWriter(self, name, handle, password=password, quorums=quorums,
-                         roll_entries=0, roll_bytes=0, unbounded=True)
+                         roll_entries=0, roll_bytes=0, unbounded=True, epoch=handle.term)
 
     async def ledgers(self, name: str) -> tuple[int, ...]:
         """The log's ledger ids in order; NoSuchLogError names a missing log."""

@@ -11,6 +11,11 @@ configs existed hold only ``partitions``).
   below which nothing is served (the ledgers wholly before it are then dropped; the
   batch holding it stays, and a consumer skips the records before it, as with any
   fetch from inside a batch).
+- ``topic_id``: the topic's Kafka id (Metadata v10+, Fetch v13+), a random UUID as 32
+  lowercase hex digits, given when the gateway creates the topic; a record from before
+  ids exist has none (``""``) until it is first asked for, then gets one by
+  compare-and-set (``ledgerd/kafka/topics.py``), so every gateway answers the same. A
+  topic deleted and created again has a new id, as in Kafka.
 - ``replicas``: a replica assignment given at creation, recorded as asked; it places
   nothing (a partition's data is on its ledgers' bookie ensembles, its leader is
   chosen by rendezvous hashing over the live gateways).
@@ -22,17 +27,27 @@ gateway, never undo each other. The gateway caches records (``ledgerd/kafka/topi
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import NoNodeError
-from ledgerd.metadata.jsondoc import COUNT, INT_LISTS, INT_MAP, STR_MAP, decode, encode, json_field
+from ledgerd.metadata.jsondoc import (
+    COUNT,
+    INT_LISTS,
+    INT_MAP,
+    STR,
+    STR_MAP,
+    decode,
+    encode,
+    json_field,
+)
 from ledgerd.metadata.paths import KAFKA_TOPICS, kafka_topic_path
 from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["TopicRecord", "TopicStore"]
+__all__ = ["TopicRecord", "TopicStore", "new_topic_id"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,10 +62,15 @@ class TopicRecord:
                                               omit_default=True)
     replicas: tuple[tuple[int, ...], ...] = json_field("replicas", INT_LISTS, default=(),
                                                        omit_default=True)
+    topic_id: str = json_field("topic_id", STR, default="", omit_default=True)  # "": none yet
 
     def __post_init__(self) -> None:
         if not isinstance(self.partitions, int) or self.partitions < 1:
             raise ValueError(f"partitions must be an integer >= 1, got {self.partitions!r}")
+        if self.topic_id and (len(self.topic_id) != 32 or
+                              self.topic_id.strip("0123456789abcdef")):
+            raise ValueError(f"topic_id must be 32 lowercase hex digits, got "
+                             f"{self.topic_id!r}")
 
     def start_of(self, partition: int) -> int:
         """The partition's low watermark set by DeleteRecords (0: none)."""
@@ -67,6 +87,11 @@ class TopicRecord:
     @classmethod
     def from_json(cls, raw: bytes, path: str) -> TopicRecord:
         return decode(cls, raw, path)
+
+
+def new_topic_id() -> str:
+    """A fresh topic id for a record (a random UUID, as Kafka makes them)."""
+    return uuid.uuid4().hex
 
 
 class TopicStore:

@@ -7,6 +7,10 @@ dense offset of the first listed ledger's entry 0 (the count of entries truncate
 away), so offsets stay stable across truncation. A log backed by one unbounded ledger
 lists just that ledger and says ``"unbounded": true``.
 
+``"writers": N`` counts the writers that have opened the log (``open_writer``'s CAS
+adds one with its ledger; a roll does not): durable and monotonic, it numbers the
+writers' terms (the Kafka gateway's leader epoch). Absent: 0.
+
 ``"commits": {"<writer>": N}`` remembers, for writers that append ledgers in numbered
 batches (a Spark streaming query, by its id), the last batch appended: the same CAS
 that adds a batch's ledgers records its number, so a batch replayed after a crash is
@@ -45,6 +49,7 @@ class LogRecord:
     base: int = 0
     unbounded: bool = False
     commits: tuple[tuple[str, int], ...] = ()  # (writer, last batch), oldest first
+    writers: int = 0  # writers that opened the log (each open_writer adds one)
 
     def to_json(self) -> bytes:
         doc: dict[str, object] = {"format": 1, "ledgers": list(self.ledgers)}
@@ -54,6 +59,8 @@ class LogRecord:
             doc["unbounded"] = True
         if self.commits:
             doc["commits"] = dict(self.commits)
+        if self.writers:
+            doc["writers"] = self.writers
         return json.dumps(doc).encode()
 
     def last_batch(self, writer: str) -> int:
@@ -87,7 +94,10 @@ class LogRecord:
                     isinstance(w, str) and isinstance(b, int) and not isinstance(b, bool)
                     and b >= 0 for w, b in commits.items()):
                 raise ValueError("commits must map writer names to batch numbers >= 0")
-            return cls(ledgers, base, unbounded, tuple(commits.items()))
+            writers = doc.get("writers", 0)
+            if not isinstance(writers, int) or isinstance(writers, bool) or writers < 0:
+                raise ValueError(f"writers must be a non-negative integer, got {writers!r}")
+            return cls(ledgers, base, unbounded, tuple(commits.items()), writers)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a log record: {exc}") from exc
 

@@ -161,8 +161,9 @@ class GatewayAcls:
             return await handler(conn, version, body)
         allowed = self.allows(conn)
         wanted = body["topics"]
-        hidden = {t["name"] for t in wanted or ()
-                  if not allowed(AclOperation.DESCRIBE, _topic(t["name"]))}
+        hidden = {t["name"] for t in wanted or ()  # (None: an id no topic has)
+                  if t["name"] is not None
+                  and not allowed(AclOperation.DESCRIBE, _topic(t["name"]))}
         if hidden:
             body = {**body, "topics": [t for t in wanted if t["name"] not in hidden]}
         reply = await handler(conn, version, body)

@@ -101,6 +101,8 @@ def needs(api: ApiKey, body: dict[str, Any]) -> list[Need]:
         return [Need(op.WRITE, _txn(tid))] if tid is not None else []
     if api is ApiKey.LIST_OFFSETS:
         return _topics(op.DESCRIBE, body["topics"])
+    if api is ApiKey.OFFSET_FOR_LEADER_EPOCH:
+        return _topics(op.DESCRIBE, body["topics"], key="topic")
     if api in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT,
                ApiKey.LEAVE_GROUP):
         return [Need(op.READ, _group(body["group_id"]))]

@@ -66,7 +66,7 @@ from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka import retention, topic_admin, transactions
+from ledgerd.kafka import epochs, retention, topic_admin, transactions
 from ledgerd.kafka.acl_admin import GatewayAcls
 from ledgerd.kafka.acls import AclSettings, Resource, cluster, parse_super_users
 from ledgerd.kafka.api import (
@@ -93,7 +93,7 @@ from ledgerd.kafka.partitions import (
 from ledgerd.kafka.peer import peer_auth, send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
-from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import TopicCache
@@ -107,7 +107,7 @@ from ledgerd.metadata.errors import (
 from ledgerd.metadata.kafka_acls import ResourceType
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
 from ledgerd.metadata.kafka_groups import GroupStore, group_znode
-from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore
+from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore, new_topic_id
 from ledgerd.metadata.logs import CursorRecord
 from ledgerd.metadata.paths import kafka_root
 from ledgerd.metadata.store import SessionEvent
@@ -211,6 +211,8 @@ class Gateway:
         self._confirming = trio.Lock()  # one membership refresh at a time
         self.topics: dict[str, int] = {}  # partition counts as last read
         self.topic_store = TopicCache(TopicStore(self.store, self.root))
+        self.topic_names: dict[bytes, str] = {}  # topic id -> name, as last seen
+        self._ids_scanned = -1.0  # when every topic's id was last read (an unknown id)
         self.gateway_store = GatewayStore(self.store, self.root)
         self.group_store = GroupStore(self.store, self.root)
         self.producer_ids = ProducerIdStore(self.store, self.root)
@@ -269,6 +271,7 @@ class Gateway:
             ApiKey.DESCRIBE_GROUPS: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups, ApiKey.OFFSET_DELETE: self.offset_delete,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             # transactions: the coordinator's (``transactions.py``)
             ApiKey.ADD_PARTITIONS_TO_TXN: lambda _c, v, b: self.txn.add_partitions(v, b),
             ApiKey.ADD_OFFSETS_TO_TXN: lambda _c, v, b: self.txn.add_offsets(v, b),
@@ -609,6 +612,7 @@ class Gateway:
                 slot.close = True  # no error code fits every API: the client sees a close
                 slot.done.set()
                 return False
+        await self._name_topic_ids(api, version, body)  # ACLs and handlers go by name
         refused_topics: frozenset[str] = frozenset()
         if not (await self.acls.current()).is_open:
             judged = verdict(api, body, self.acls.allows(conn))
@@ -698,7 +702,8 @@ class Gateway:
                            replicas: tuple[tuple[int, ...], ...] = ()) -> None:
         """Raises NodeExistsError if the topic exists."""
         await self.topic_store.create(topic, TopicRecord(
-            partitions=partitions, configs=configs or {}, replicas=replicas))
+            partitions=partitions, configs=configs or {}, replicas=replicas,
+            topic_id=new_topic_id()))
         self.topics[topic] = partitions
         log.info("kafka_topic_created", extra=fields(
             topic=topic, partitions=partitions, configs=",".join(
@@ -732,11 +737,21 @@ class Gateway:
     async def metadata(self, conn: _Conn, version: int, body: dict[str, Any],
                        ) -> dict[str, Any]:
         wanted = body["topics"]
+        topics: list[dict[str, Any]] = []
         if wanted is None or (version == 0 and not wanted):
             names = await self.all_topics()
         else:
-            names = [t["name"] for t in wanted]
-        topics = []
+            names = []
+            for t in wanted:
+                name = t["name"]
+                if name is None:  # v10+: named by id
+                    name = await self.topic_by_id(t["topic_id"])
+                    if name is None:
+                        topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_ID,
+                                       "name": None, "topic_id": t["topic_id"],
+                                       "partitions": []})
+                        continue
+                names.append(name)
         for name in names:
             count = await self.partition_count(name) if _TOPIC.match(name) else None
             if count is None:
@@ -754,16 +769,94 @@ class Gateway:
                 topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                "name": name, "partitions": []})
                 continue
+            topic_id = await self.topic_id(name) if version >= 10 else ZERO_UUID
+            leader_epochs = await self.leader_epochs(name, count) if version >= 7 \
+                else [-1] * count
             parts = []
             for p in range(count):
                 leader = self.owner(f"{name}/{p}")
                 parts.append({"error_code": 0, "partition_index": p, "leader_id": leader,
+                              "leader_epoch": leader_epochs[p],
                               "replica_nodes": [leader], "isr_nodes": [leader]})
-            topics.append({"error_code": 0, "name": name, "partitions": parts})
+            topics.append({"error_code": 0, "name": name, "topic_id": topic_id or ZERO_UUID,
+                           "partitions": parts})
         brokers = [{"node_id": n, "host": h, "port": p, "rack": None}
                    for n, (h, p) in sorted(self.nodes.items())]
         return {"brokers": brokers, "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
                 "topics": topics}
+
+    async def topic_id(self, name: str) -> bytes | None:
+        """The topic's id (made for a record without one), remembered for lookups."""
+        tid = await self.topic_store.topic_id(name)
+        if tid is not None:
+            self.topic_names[tid] = name
+        return tid
+
+    async def _name_topic_ids(self, api: ApiKey, version: int, body: dict[str, Any],
+                              ) -> None:
+        """Fill in the names of the topics a request names by id (Metadata v10+, Fetch
+        v13+), before the ACLs judge it and the handler serves it: an id no topic has
+        keeps no name (Metadata: None, Fetch: "") and is answered UNKNOWN_TOPIC_ID."""
+        if api is ApiKey.FETCH and version >= 13:
+            for t in body["topics"]:
+                t["topic"] = await self.topic_by_id(t["topic_id"]) or ""
+        elif api is ApiKey.METADATA and version >= 10:
+            for t in body["topics"] or ():
+                if t["name"] is None:
+                    t["name"] = await self.topic_by_id(t["topic_id"])
+
+    async def topic_by_id(self, topic_id: bytes) -> str | None:
+        """The name of the topic with ``topic_id`` (None: no such topic now): from the
+        ids seen, checked against the topic's record; an id not seen makes every
+        topic's record be read, at most once a second."""
+        name = self.topic_names.get(topic_id)
+        if name is not None:
+            record = await self.topic_store.get(name)
+            if record is not None and record.topic_id == topic_id.hex():
+                return name
+            del self.topic_names[topic_id]
+        now = trio.current_time()
+        if topic_id == ZERO_UUID or now - self._ids_scanned < 1.0:
+            return None
+        self._ids_scanned = now
+        for other in await self.topic_store.names():
+            if await self.topic_id(other) == topic_id:
+                return other
+        return None
+
+    async def leader_epochs(self, topic: str, count: int) -> list[int]:
+        """Each partition's leader epoch as its log record holds it now (``epochs.py``):
+        the same on every gateway, never lower than what a client saw before (clients
+        ignore a Metadata answer whose epoch went down). Reads only."""
+        out = [epochs.current_epoch(0)] * count
+        limit = trio.CapacityLimiter(32)
+
+        async def one(p: int) -> None:
+            async with limit:
+                try:
+                    record, _ = await self.client.logs.store.get(log_name(topic, p))
+                    out[p] = epochs.current_epoch(record.writers)
+                except NoNodeError:
+                    pass
+            part = self.partitions.get((topic, p))
+            if part is not None and part.writer is not None:
+                out[p] = max(out[p], part.writer.epoch)
+
+        async with trio.open_nursery() as nursery:
+            for p in range(count):
+                nursery.start_soon(one, p)
+        return out
+
+    async def _epoch_error(self, part: PartitionLog, current: int) -> int:
+        """The error for a request naming ``current`` as the partition's leader epoch
+        (Fetch v9+, ListOffsets v4+, OffsetForLeaderEpoch v2+): 0 if it is -1 or ours.
+        A newer one than ours is checked against the log record again first."""
+        if current < 0:
+            return 0
+        code = epochs.check_current_epoch(current, await part.leader_epoch())
+        if code == ErrorCode.UNKNOWN_LEADER_EPOCH and part.writer is None:
+            code = epochs.check_current_epoch(current, await part.leader_epoch(fresh=True))
+        return int(code)
 
     async def _admit_produce(self, conn: _Conn, body: dict[str, Any], deadline: float,
                              refused: frozenset[str] = frozenset(),
@@ -869,7 +962,10 @@ class Gateway:
 
     async def fetch(self, conn: _Conn, version: int, body: dict[str, Any]) -> dict[str, Any]:
         started = trio.current_time()
-        reply = await self._fetch(body)
+        # v13+: topic ids that name no topic (``_name_topic_ids`` left their names "")
+        unknown = {t["topic_id"] for t in body["topics"] if not t["topic"]} \
+            if version >= 13 else set()
+        reply = await self._fetch(body, unknown)
         self.metrics.fetch_latency.observe(trio.current_time() - started)
         for t in reply["responses"]:
             for part in t["partitions"]:
@@ -888,7 +984,7 @@ class Gateway:
                                       ErrorCode.TOPIC_AUTHORIZATION_FAILED)["responses"]
         return reply
 
-    async def _fetch(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _fetch(self, body: dict[str, Any], unknown: set[bytes]) -> dict[str, Any]:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         while True:
             # the client's limit, within Kafka's broker-side fetch.max.bytes
@@ -909,10 +1005,20 @@ class Gateway:
                                            "high_watermark": -1, "aborted_transactions": [],
                                            "records": b""}
                     parts.append(res)
+                    if t["topic_id"] in unknown:
+                        res["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
+                        continue
                     if count is None or not 0 <= pr["partition"] < count:
                         res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                         continue
                     part = self.partition(t["topic"], pr["partition"])
+                    try:  # KIP-320: a client whose leader epoch is not ours is told so
+                        res["error_code"] = await self._epoch_error(
+                            part, pr["current_leader_epoch"])
+                    except (LedgerdError, FencedError) as exc:
+                        res["error_code"] = storage_error_code(exc)
+                    if res["error_code"]:
+                        continue
                     if total >= budget:  # full: the rest get no records this time
                         try:
                             hw = await part.high_watermark()
@@ -952,7 +1058,8 @@ class Gateway:
                         waits.append(part.changed)
                     elif not records:
                         poll = True
-                responses.append({"topic": t["topic"], "partitions": parts})
+                responses.append({"topic": t["topic"], "topic_id": t["topic_id"],
+                                  "partitions": parts})
             now = trio.current_time()
             if total >= body["min_bytes"] or total > 0 or now >= deadline or not (
                     waits or poll):
@@ -975,21 +1082,69 @@ class Gateway:
                 part = self.partition(t["name"], pr["partition_index"])
                 ts = pr["timestamp"]
                 try:
+                    res["error_code"] = await self._epoch_error(
+                        part, pr["current_leader_epoch"])
+                    if res["error_code"]:
+                        continue
                     if ts == -1:
                         res["offset"] = await part.high_watermark()
                         if body["isolation_level"]:  # read_committed: the LSO
                             res["offset"] = (await part.stable_view(res["offset"]))[0]
-                    elif ts == -2:
+                    elif ts == -2 or (ts == -4 and version >= 8):
+                        # EARLIEST, EARLIEST_LOCAL (KIP-405): nothing is tiered away
                         res["offset"] = await part.start_offset()
+                    elif ts == -5 and version >= 9:
+                        pass  # LATEST_TIERED (KIP-1005): none, -1 as Kafka without tiering
+                    elif ts == -3 and version >= 7:  # MAX_TIMESTAMP (KIP-734)
+                        found = await part.offset_of_max_timestamp()
+                        if found is not None:
+                            res["timestamp"], res["offset"] = found
+                    elif ts in (-3, -4, -5):  # a sentinel newer than the request
+                        res["error_code"] = ErrorCode.UNSUPPORTED_VERSION
                     elif ts < 0:
                         res["error_code"] = ErrorCode.INVALID_REQUEST
                     else:
                         found = await part.offset_for_time(ts)
                         if found is not None:
                             res["timestamp"], res["offset"] = found
+                    if version >= 4 and res["offset"] >= 0:
+                        res["leader_epoch"] = await part.epoch_of(res["offset"])
                 except (LedgerdError, FencedError) as exc:
                     res["error_code"] = storage_error_code(exc)
             topics.append({"name": t["name"], "partitions": parts})
+        return {"topics": topics}
+
+    async def offset_for_leader_epoch(self, conn: _Conn, version: int, body: dict[str, Any],
+                                      ) -> dict[str, Any]:
+        """KIP-101/KIP-320: where each asked epoch ended (``epochs.end_offset_for_epoch``
+        over the epoch history the log's ledgers hold). Only the partition's leader
+        answers, as in Kafka (its log end is the high watermark it acknowledged)."""
+        topics = []
+        for t in body["topics"]:
+            count = await self.partition_count(t["topic"]) if _TOPIC.match(t["topic"]) \
+                else None
+            parts = []
+            for pr in t["partitions"]:
+                res: dict[str, Any] = {"partition": pr["partition"], "error_code": 0,
+                                       "leader_epoch": -1, "end_offset": -1}
+                parts.append(res)
+                if count is None or not 0 <= pr["partition"] < count:
+                    res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not await self.may_lead(f"{t['topic']}/{pr['partition']}"):
+                    res["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    continue
+                part = self.partition(t["topic"], pr["partition"])
+                try:
+                    res["error_code"] = await self._epoch_error(
+                        part, pr["current_leader_epoch"])
+                    if res["error_code"]:
+                        continue
+                    res["leader_epoch"], res["end_offset"] = await part.end_offset_for_epoch(
+                        pr["leader_epoch"])
+                except (LedgerdError, FencedError) as exc:
+                    res["error_code"] = storage_error_code(exc)
+            topics.append({"topic": t["topic"], "partitions": parts})
         return {"topics": topics}
 
     async def init_producer_id(self, conn: _Conn, version: int, body: dict[str, Any],

@@ -65,6 +65,7 @@ import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
+from ledgerd.kafka import epochs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
 from ledgerd.kafka.producer_state import ProducerState, last_sequence
@@ -148,6 +149,10 @@ class PartitionLog:
         self.changed = trio.Event()  # set (and replaced) whenever acked_end moves
         self.room = trio.Event()  # set (and replaced) whenever the appender takes a group
         self.first_offsets: dict[int, int | None] = {}  # ledger -> offset of entry 0
+        self.first_epochs: dict[int, int] = {}  # ledger -> leader epoch of entry 0
+        self._epoch: tuple[float, int] | None = None  # the log's epoch as read, and when
+        # ledger -> (largest max timestamp, its entry, last entry scanned): MAX_TIMESTAMP
+        self.max_times: dict[int, tuple[int, int, int]] = {}
         self.positions: OrderedDict[int, tuple[int, int]] = OrderedDict()  # next off -> pos
         self.tail: deque[tuple[int, int, bytes]] = deque()  # (base, next offset, batch)
         self.tail_bytes = 0
@@ -277,7 +282,7 @@ class PartitionLog:
                         continue
                 item.base_offset = self.next_offset
                 for h, raw in item.batches:
-                    batch = with_base_offset(raw, self.next_offset)
+                    batch = with_base_offset(raw, self.next_offset, writer.epoch)
                     payloads.append(batch)
                     placed.append((self.next_offset, self.next_offset + h.record_count, batch))
                     self.next_offset += h.record_count
@@ -500,7 +505,36 @@ class PartitionLog:
             record, _ = await self.client.logs.store.get(self.name)
         except NoNodeError:
             return ()  # created with the topic, no ledger written yet
+        self._epoch = (trio.current_time(), epochs.current_epoch(record.writers))
         return record.ledgers
+
+    # -- leader epochs (``epochs.py``) --------------------------------------------------
+
+    async def leader_epoch(self, *, fresh: bool = False) -> int:
+        """The partition's leader epoch: this gateway's writer's while it writes, else
+        the log record's ``writers`` count (``epochs.current_epoch``), as read within
+        START_TTL_S (``fresh``: read now). Reads only: if cancelled, nothing changed."""
+        if self.writer is not None:
+            return self.writer.epoch
+        now = trio.current_time()
+        if fresh or self._epoch is None or now - self._epoch[0] >= START_TTL_S:
+            await self._ledgers()
+            if self._epoch is None or now - self._epoch[0] >= START_TTL_S:
+                self._epoch = (now, epochs.current_epoch(0))  # no log record yet
+        return self._epoch[1]
+
+    async def epoch_starts(self) -> list[tuple[int, int]]:
+        """``(leader epoch, first offset)`` of each of the log's ledgers that holds a
+        batch, in list order (entry 0 of each read once and remembered)."""
+        out: list[tuple[int, int]] = []
+        for lid in await self._ledgers():
+            try:
+                first = await self._first_offset(lid)
+            except NoSuchLedgerError:
+                continue
+            if first is not None:
+                out.append((self.first_epochs.get(lid, -1), first))
+        return out
 
     async def _handle(self, lid: int) -> WriteHandle | ReadHandle:
         if self.writer is not None and self.writer.ledger_id == lid:
@@ -542,8 +576,10 @@ class PartitionLog:
             return self.first_offsets[lid]
         if await self._last_entry(lid) < 0:
             return None
-        first = (await self._header(lid, 0)).base_offset
+        header = await self._header(lid, 0)
+        first = header.base_offset
         self.first_offsets[lid] = first
+        self.first_epochs[lid] = header.leader_epoch
         return first
 
     async def _end_before(self, skip: int | None) -> int:
@@ -614,13 +650,34 @@ class PartitionLog:
             if leads and self.writer is not None and generation == self.generation:
                 return self.acked_end
             if leads and self.authority is not None:
-                return await self._settled_end()
+                # not beside a writer being opened here: the recovery would fence the
+                # ledger it just added (and it would open another, at a new epoch)
+                async with self._opening:
+                    if self.writer is not None and generation == self.generation:
+                        return self.acked_end
+                    return await self._settled_end()
         now = trio.current_time()
         if self._remote_end is not None and now - self._remote_end[0] < 0.05:
             return self._remote_end[1]
         end = await self._end_before(None)
         self._remote_end = (now, end)
         return end
+
+    async def history(self) -> tuple[list[tuple[int, int]], int, int]:
+        """``(epoch history, current epoch, log end)`` (``epochs.epoch_history``)."""
+        current = await self.leader_epoch()
+        end = await self.high_watermark()
+        return epochs.epoch_history(await self.epoch_starts(), current, end), current, end
+
+    async def end_offset_for_epoch(self, requested: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: ``(leader epoch, end offset)`` for ``requested``."""
+        history, current, end = await self.history()
+        return epochs.end_offset_for_epoch(history, current, end, requested)
+
+    async def epoch_of(self, offset: int) -> int:
+        """The leader epoch of the batch holding ``offset`` (-1: not known)."""
+        history, _, _ = await self.history()
+        return epochs.epoch_at(history, offset)
 
     # -- transactions -------------------------------------------------------------------
 
@@ -934,6 +991,42 @@ class PartitionLog:
             offset, found = await trio.to_thread.run_sync(first_at_or_after, batch, timestamp)
             return found, offset
         return None
+
+
+    async def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+        """ListOffsets' MAX_TIMESTAMP (-3, KIP-734): ``(timestamp, offset)`` of the first
+        record carrying the log's largest timestamp; None for an empty log. Every batch
+        header is read once: what a ledger was scanned up to is remembered (entries
+        below its last readable one never change). If cancelled, what was remembered
+        stays true."""
+        best: tuple[int, int, int] | None = None  # (timestamp, ledger, entry)
+        for lid in await self._ledgers():
+            try:
+                last = await self._last_entry(lid)
+            except NoSuchLedgerError:
+                continue
+            ts, eid, upto = self.max_times.get(lid, (-1, -1, -1))
+            if upto < last:
+                h = await self._handle(lid)
+                at = upto + 1
+                while at <= last:
+                    top = min(last, at + 255)
+                    for entry in await h.read_batch(at, top):
+                        bh = BatchHeader.parse(entry.payload)
+                        if eid < 0 or bh.max_timestamp > ts:
+                            ts, eid = bh.max_timestamp, entry.entry_id
+                    at = top + 1
+                self.max_times[lid] = (ts, eid, last)
+                while len(self.max_times) > 4096:  # a memory, not a registry
+                    self.max_times.pop(next(iter(self.max_times)))
+            if eid >= 0 and (best is None or ts > best[0]):
+                best = (ts, lid, eid)
+        if best is None:
+            return None
+        h = await self._handle(best[1])
+        batch = (await h.read_batch(best[2], best[2]))[0].payload
+        offset, found = await trio.to_thread.run_sync(first_at_or_after, batch, best[0])
+        return found, offset
 
 
 def settings_from(get: Callable[[str], int]) -> PartitionSettings:

@@ -9,10 +9,12 @@ by compare-and-set where they change a record, and refresh the cache at once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import trio
 
-from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore
+from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore, new_topic_id
 
 __all__ = ["TTL_S", "TopicCache"]
 
@@ -59,6 +61,22 @@ class TopicCache:
         record = await self.store.update(topic, change)
         self._cache[topic] = (trio.current_time(), record)
         return record
+
+    async def topic_id(self, topic: str) -> bytes | None:
+        """The topic's id as 16 bytes (None: no such topic), given to a record that has
+        none by compare-and-set (whoever sets it first, every gateway reads that one).
+        If cancelled, the id may have been written: the next call reads it."""
+        record = await self.get(topic)
+        if record is None:
+            return None
+        if not record.topic_id:
+            fresh = new_topic_id()
+            try:
+                record = await self.update(
+                    topic, lambda r: r if r.topic_id else replace(r, topic_id=fresh))
+            except NoNodeError:
+                return None
+        return bytes.fromhex(record.topic_id)
 
     async def delete(self, topic: str) -> None:
         self._cache.pop(topic, None)

@@ -20,7 +20,17 @@ from ledgerd.kafka.groups import (
     subscribed_topics,
 )
 from ledgerd.kafka.refusals import refusal
-from ledgerd.kafka.schema import BOOL, BYTES, STRING, Array, Field, Reader, decode, encode
+from ledgerd.kafka.schema import (
+    BOOL,
+    BYTES,
+    STRING,
+    UUID,
+    Array,
+    Field,
+    Reader,
+    decode,
+    encode,
+)
 
 
 def _subscription(*topics: str) -> bytes:
@@ -144,6 +154,8 @@ def _scalar(kind: Any) -> Any:
         return b"b"
     if kind is BOOL:
         return False
+    if kind is UUID:
+        return bytes(16)
     return 1 if kind.fmt else None
 
 
