@@ -158,7 +158,8 @@ class GatewayAcls:
         is answered TOPIC_AUTHORIZATION_FAILED instead of UNKNOWN_TOPIC_OR_PARTITION."""
         authorizer = await self.current()
         if authorizer.is_open:
-            return await handler(conn, version, body)
+            return self._with_operations(conn, version, body,
+                                         await handler(conn, version, body))
         allowed = self.allows(conn)
         wanted = body["topics"]
         hidden = {t["name"] for t in wanted or ()  # (None: an id no topic has)
@@ -183,7 +184,25 @@ class GatewayAcls:
             topics.append(t)
         topics += [{"error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "name": n,
                     "partitions": []} for n in sorted(hidden)]
-        return {**reply, "topics": topics}
+        return self._with_operations(conn, version, body, {**reply, "topics": topics})
+
+    def _with_operations(self, conn: _Connection, version: int, body: dict[str, Any],
+                         reply: dict[str, Any]) -> dict[str, Any]:
+        """Metadata v8+: the topics' (and, v8-10, the cluster's) authorized operations,
+        where the request asks for them (KIP-430); a topic refused keeps the "not
+        requested" value, as Kafka answers it."""
+        if version < 8:
+            return reply
+        if body.get("include_topic_authorized_operations"):
+            reply = {**reply, "topics": [
+                t if t["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED else {
+                    **t, "topic_authorized_operations": self.authorized_operations(
+                        conn.principal, _topic(t["name"]), peer=conn.peer)}
+                for t in reply["topics"]]}
+        if version <= 10 and body.get("include_cluster_authorized_operations"):
+            reply = {**reply, "cluster_authorized_operations": self.authorized_operations(
+                conn.principal, cluster(), peer=conn.peer)}
+        return reply
 
     async def authorized_list_groups(
             self, handler: Callable[[Any, int, dict[str, Any]], Awaitable[dict[str, Any]]],

@@ -106,8 +106,7 @@ def test_a_deny_acl_refuses_a_producer_and_a_consumer_until_deleted(
 def test_describe_groups_reports_the_operations_the_acls_allow(
         kafka_cluster: KafkaCluster, admin: AdminClient) -> None:
     """DescribeGroups v3+ with include_authorized_operations: the bitfield of what the
-    caller may do to the group. (librdkafka's DescribeCluster and DescribeTopics read
-    theirs from Metadata v8+, which is not served yet.)"""
+    caller may do to the group."""
     group = "acl-group"
     admin.create_topics([NewTopic("acl-group-topic", 1)])["acl-group-topic"].result(BOUND_S)
     consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": group})
@@ -169,3 +168,37 @@ def test_metadata_hides_topics_the_principal_may_not_describe(
                                     None, None, AclOperation.ANY, AclPermissionType.ANY)
         admin.delete_acls([on_topic])[on_topic].result(BOUND_S)
     assert hidden in admin.list_topics(timeout=BOUND_S).topics
+
+
+def test_describe_topics_and_cluster_report_the_operations_the_acls_allow(
+        kafka_cluster: KafkaCluster, admin: AdminClient) -> None:
+    """librdkafka's DescribeTopics and DescribeCluster with
+    include_authorized_operations read the bitfields from Metadata v8+ (KIP-430)."""
+    from confluent_kafka import TopicCollection
+
+    topic = "acl-ops-topic"
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(BOUND_S)
+
+    def topic_ops() -> set[AclOperation]:
+        [future] = admin.describe_topics(TopicCollection([topic]),
+                                         include_authorized_operations=True).values()
+        return set(future.result(BOUND_S).authorized_operations)
+
+    def cluster_ops() -> set[AclOperation]:
+        return set(admin.describe_cluster(include_authorized_operations=True)
+                   .result(BOUND_S).authorized_operations)
+
+    every_topic_op = {AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE,
+                      AclOperation.DELETE, AclOperation.ALTER, AclOperation.DESCRIBE,
+                      AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    assert topic_ops() == every_topic_op  # no ACL: everyone may (the default)
+    assert AclOperation.DESCRIBE in cluster_ops()
+    read = _binding(topic, "READ", "ALLOW")
+    admin.create_acls([read])[read].result(BOUND_S)
+    try:
+        assert topic_ops() == {AclOperation.READ, AclOperation.DESCRIBE}  # DESCRIBE implied
+    finally:
+        match = AclBindingFilter(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL,
+                                 "User:ANONYMOUS", "*", AclOperation.READ,
+                                 AclPermissionType.ALLOW)
+        admin.delete_acls([match])[match].result(BOUND_S)
