@@ -7,7 +7,12 @@ is a compare-and-set of the machine's transition over the record just read, so a
 coordinator that crashed, or lost the id to another gateway, leaves nothing that the
 next one does not see. In memory there is only a cache of the records this gateway
 wrote (used to check transactional produce requests without a ZooKeeper read),
-dropped whenever the set of live gateways or the ZooKeeper session changes.
+dropped whenever the set of live gateways or the ZooKeeper session changes. With each
+record it wrote the cache keeps its znode version, so the next change of that record
+is a compare-and-set against it without reading it first (a version conflict reads
+it; ``metadata.cas``), and completing a transaction this gateway just prepared does
+not read back what it just wrote: a steady producer's transaction costs its three
+writes (ONGOING, PREPARE_*, COMPLETE_*) and no read.
 
 Ending a transaction: EndTxn writes PREPARE_COMMIT / PREPARE_ABORT, then the markers
 (one control batch per partition the transaction touched) and, for a commit, the
@@ -102,6 +107,7 @@ class TxnCoordinator:
         self.gw = gateway
         self.records = TxnStore(gateway.store, gateway.root)
         self.cache: dict[str, TxnRecord] = {}  # records this gateway wrote (see module doc)
+        self._versions: dict[str, int] = {}  # their znode versions, where known
         self._cache_view: tuple[frozenset[int], int] = (frozenset(), 0)
         self._completing: dict[str, trio.Lock] = {}
 
@@ -114,15 +120,27 @@ class TxnCoordinator:
         view = (frozenset(self.gw.nodes), self.gw.lease.session_id)
         if view != self._cache_view:
             self.cache.clear()
+            self._versions.clear()
             self._cache_view = view
             return False
         return True
 
-    def _remember(self, record: TxnRecord) -> None:
+    def _remember(self, record: TxnRecord, version: int | None = None) -> None:
+        """Cache ``record``, as stored at ``version`` (None: not known)."""
         self._cache_valid()
-        self.cache[record.transactional_id] = record
+        tid = record.transactional_id
+        self.cache[tid] = record
+        if version is None:
+            self._versions.pop(tid, None)
+        else:
+            self._versions[tid] = version
         while len(self.cache) > 10000:
-            self.cache.pop(next(iter(self.cache)))
+            oldest = next(iter(self.cache))
+            del self.cache[oldest]
+            self._versions.pop(oldest, None)
+
+    def _cached(self, transactional_id: str) -> TxnRecord | None:
+        return self.cache.get(transactional_id) if self._cache_valid() else None
 
     async def get(self, transactional_id: str) -> TxnRecord | None:
         return await self.records.get(transactional_id)
@@ -130,9 +148,15 @@ class TxnCoordinator:
     async def change(self, transactional_id: str,
                      fn: Callable[[TxnRecord], TxnRecord]) -> TxnRecord:
         """Apply ``fn`` to the stored record under compare-and-set (raises TxnRefused
-        from ``fn``, NoNodeError if there is no record)."""
-        record = await self.records.update(transactional_id, fn)
-        self._remember(record)
+        from ``fn``, NoNodeError if there is no record); tried first on the record this
+        gateway last wrote, if its version is known. If cancelled, the change may or
+        may not have been written."""
+        cached = self._cached(transactional_id)
+        version = self._versions.get(transactional_id)
+        known = (cached, version) if cached is not None and version is not None else None
+        record, version = await self.records.update_versioned(transactional_id, fn,
+                                                              known=known)
+        self._remember(record, version)
         return record
 
     # -- requests -----------------------------------------------------------------------
@@ -170,7 +194,7 @@ class TxnCoordinator:
                         await self.records.create(record)
                     except NodeExistsError:
                         continue
-                    self._remember(record)
+                    self._remember(record, 0)  # a new znode's version
                     log.info("kafka_txn_producer", extra=fields(
                         transactional_id=tid, producer_id=pid, epoch=0))
                     return {"error_code": 0, "producer_id": pid, "producer_epoch": 0}
@@ -327,7 +351,9 @@ class TxnCoordinator:
         lock = self._completing.setdefault(tid, trio.Lock())
         try:
             async with lock:
-                current = await self.get(tid)
+                # ``record`` still the one this gateway wrote last (end_txn's PREPARE,
+                # or what the sweep just read): no need to read it back
+                current = record if self._cached(tid) is record else await self.get(tid)
                 if current is None or current.state is not record.state or \
                         current.producer_epoch != record.producer_epoch:
                     return True  # completed meanwhile (another attempt, or gateway)
