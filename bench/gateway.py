@@ -21,7 +21,8 @@ interleaved in every round (order alternates):
   during it instead of pausing the clock) for ``--e2e-seconds``, while a
   ``read_committed`` consumer in a thread of the same process (assign, no group)
   notes when each arrives; p50/p99/max of due time to arrival, every message checked
-  to arrive. Beside it, in the same round and at the same rate, the native client's
+  to arrive; beside them the producer's own due-time-to-delivery-report (acks=all)
+  p50/p99. Beside it, in the same round and at the same rate, the native client's
   appends (``run_writes`` of ``ledgerd bench writes``, paced, one 1 KiB entry each, at
   most ``--native-window`` in flight) and their p99 from submit to durable.
 - **consume** (after the rounds): a topic of ``--consume-mb`` MiB read from the beginning
@@ -177,6 +178,11 @@ def _e2e(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[str, A
         raise RuntimeError("the e2e warm-up message was not delivered")
     total = max(1, int(rate * seconds))
     latencies: list[float] = []
+    acks: list[float] = []  # due time to the delivery report (acks=all), beside them
+
+    def acked(err: object, msg: Any) -> None:
+        if err is None:
+            acks.append(time.perf_counter() - _STAMP.unpack_from(msg.value())[0])
     ready = threading.Event()
     failure: list[BaseException] = []
 
@@ -187,16 +193,18 @@ def _e2e(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[str, A
             c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
             deadline = time.perf_counter() + seconds + 60
             while len(latencies) < total and time.perf_counter() < deadline:
-                got = c.consume(1000, 0.2)
+                # one message per call: ``consume(n, timeout)`` would wait to fill n
+                m = c.poll(0.2)
                 now = time.perf_counter()
-                for m in got:
-                    if m.error():
-                        raise RuntimeError(str(m.error()))
-                    (due,) = _STAMP.unpack_from(m.value())
-                    if due == 0.0:
-                        ready.set()  # the warm-up message: the fetch session is up
-                    else:
-                        latencies.append(now - due)
+                if m is None:
+                    continue
+                if m.error():
+                    raise RuntimeError(str(m.error()))
+                (due,) = _STAMP.unpack_from(m.value())
+                if due == 0.0:
+                    ready.set()  # the warm-up message: the fetch session is up
+                else:
+                    latencies.append(now - due)
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -210,11 +218,11 @@ def _e2e(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[str, A
     start = time.perf_counter() + 0.01
     for i in range(total):
         due = start + i / rate
+        p.poll(0)  # delivery reports as they come (their latency is the ack's)
         wait = due - time.perf_counter()
         if wait > 0:
-            p.poll(0)
             time.sleep(max(wait, 0.0005))
-        _produce_one(p, topic, _STAMP.pack(due) + PAYLOAD[8:])
+        _produce_one(p, topic, _STAMP.pack(due) + PAYLOAD[8:], acked)
     if p.flush(60):
         raise RuntimeError("e2e: messages undelivered after 60 s")
     consumer.join(seconds + 90)
@@ -222,7 +230,9 @@ def _e2e(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[str, A
         raise RuntimeError(f"e2e consumer: {failure[0]!r}") from failure[0]
     if len(latencies) != total:
         raise RuntimeError(f"e2e: {len(latencies)} of {total} messages consumed")
-    return {"rate": round(rate), "messages": total, **latency_summary(latencies)}
+    ack = latency_summary(acks)
+    return {"rate": round(rate), "messages": total, **latency_summary(latencies),
+            "ack_p50_ms": ack["p50_ms"], "ack_p99_ms": ack["p99_ms"]}
 
 
 def _consume(bootstrap: str, topic: str, total_bytes: int) -> float:
@@ -298,8 +308,9 @@ def _round(args: argparse.Namespace, cases: set[str], n: int, bootstrap: str,
                     "rate", "appends_per_s", "p50_ms", "p99_ms", "max_ms")}
         e, a = row["e2e"], row["native_paced"]
         line.append(f"e2e at {e['rate']:,}/s p50 {e['p50_ms']:.1f} p99 {e['p99_ms']:.1f} "
-                    f"max {e['max_ms']:.1f} ms, native append p99 {a['p99_ms']:.1f} ms "
-                    f"({a['appends_per_s']:,.0f}/s)")
+                    f"max {e['max_ms']:.1f} ms (producer's ack p50 {e['ack_p50_ms']:.1f} "
+                    f"p99 {e['ack_p99_ms']:.1f}), native append p50 {a['p50_ms']:.1f} "
+                    f"p99 {a['p99_ms']:.1f} ms ({a['appends_per_s']:,.0f}/s)")
     print(" ".join(line), flush=True)
     return row
 
