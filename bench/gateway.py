@@ -200,7 +200,7 @@ def _e2e(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[str, A
                     continue
                 if m.error():
                     raise RuntimeError(str(m.error()))
-                (due,) = _STAMP.unpack_from(m.value())
+                (due,) = _STAMP.unpack_from(m.value() or b"")
                 if due == 0.0:
                     ready.set()  # the warm-up message: the fetch session is up
                 else:
