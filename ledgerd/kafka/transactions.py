@@ -11,15 +11,22 @@ dropped whenever the set of live gateways or the ZooKeeper session changes. With
 record it wrote the cache keeps its znode version, so the next change of that record
 is a compare-and-set against it without reading it first (a version conflict reads
 it; ``metadata.cas``), and completing a transaction this gateway just prepared does
-not read back what it just wrote: a steady producer's transaction costs its three
-writes (ONGOING, PREPARE_*, COMPLETE_*) and no read.
+not read back what it just wrote: a steady producer's transaction costs two writes
+(ONGOING together with the last one's COMPLETE_*, then PREPARE_*; see below) and no
+read.
 
 Ending a transaction: EndTxn writes PREPARE_COMMIT / PREPARE_ABORT, then the markers
 (one control batch per partition the transaction touched) and, for a commit, the
 offsets it committed to consumer groups (as the groups' cursors), then
 COMPLETE_*. EndTxn is answered once the markers are written, or after
 ``COMPLETE_WAIT_S`` at most: the decision is durable by then and completing it is
-the recovery task's job. A marker for a partition this gateway leads goes into its
+the recovery task's job. COMPLETE_* is not written at once: the producer's next
+request (AddPartitionsToTxn, usually within milliseconds) writes it together with its
+own change (``txn_coordinator.settle``, applied by every change this gateway makes to
+a record whose markers it wrote): two ZooKeeper writes per transaction instead of
+three. If no change comes within ``FOLD_WAIT_S`` this gateway writes COMPLETE_* alone;
+meanwhile the record is PREPARE_*, which any other gateway treats as before (it
+writes the markers again and completes it). A marker for a partition this gateway leads goes into its
 log through the partition's appender; one for a partition another gateway leads is
 sent to it as WriteTxnMarkers (``peer.py``), and retried until it is written.
 
@@ -66,6 +73,7 @@ from ledgerd.kafka.txn_coordinator import (
     markers,
     needs_completion,
     new_record,
+    settle,
     time_out,
     txn_offset_commit,
 )
@@ -83,6 +91,7 @@ log = logging.getLogger(__name__)
 
 TICK_S = 1.0  # how often each gateway looks for transactions to complete or time out
 COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
+FOLD_WAIT_S = 0.25  # how long COMPLETE_* waits to ride on the next transaction's write
 MARKER_RETRY_S = 0.2
 
 # the first version of each API that knows PRODUCER_FENCED (older ones are told
@@ -110,6 +119,9 @@ class TxnCoordinator:
         self._versions: dict[str, int] = {}  # their znode versions, where known
         self._cache_view: tuple[frozenset[int], int] = (frozenset(), 0)
         self._completing: dict[str, trio.Lock] = {}
+        # PREPARE_* records whose markers (and a commit's offsets) this gateway wrote,
+        # not yet marked COMPLETE_* (see the module docstring)
+        self._finished: dict[str, TxnRecord] = {}
 
     # -- records ------------------------------------------------------------------------
 
@@ -146,17 +158,32 @@ class TxnCoordinator:
         return await self.records.get(transactional_id)
 
     async def change(self, transactional_id: str,
-                     fn: Callable[[TxnRecord], TxnRecord]) -> TxnRecord:
+                     fn: Callable[[TxnRecord], TxnRecord], *,
+                     settling: bool = True) -> TxnRecord:
         """Apply ``fn`` to the stored record under compare-and-set (raises TxnRefused
         from ``fn``, NoNodeError if there is no record); tried first on the record this
-        gateway last wrote, if its version is known. If cancelled, the change may or
-        may not have been written."""
+        gateway last wrote, if its version is known. ``settling``: a PREPARE_* record
+        whose markers this gateway wrote is completed in the same write, before ``fn``
+        (``txn_coordinator.settle``). If cancelled, the change may or may not have been
+        written."""
         cached = self._cached(transactional_id)
         version = self._versions.get(transactional_id)
         known = (cached, version) if cached is not None and version is not None else None
-        record, version = await self.records.update_versioned(transactional_id, fn,
-                                                              known=known)
+        finished = self._finished.get(transactional_id) if settling else None
+
+        def settled(r: TxnRecord) -> TxnRecord:
+            return fn(settle(r, completed=finished, now_ms=_now_ms()))
+
+        record, version = await self.records.update_versioned(
+            transactional_id, settled if finished is not None else fn, known=known)
         self._remember(record, version)
+        if finished is not None and not needs_completion(record) and \
+                self._finished.get(transactional_id) == finished:
+            del self._finished[transactional_id]
+            log.info("kafka_txn_completed", extra=fields(
+                transactional_id=transactional_id, producer_id=finished.producer_id,
+                epoch=finished.producer_epoch, state=finished.state.value,
+                partitions=len(finished.partitions), with_next_change=True))
         return record
 
     # -- requests -----------------------------------------------------------------------
@@ -290,7 +317,7 @@ class TxnCoordinator:
                 transactional_id=tid, producer_id=record.producer_id,
                 epoch=record.producer_epoch, state=record.state.value,
                 partitions=len(record.partitions), offsets=len(record.offsets)))
-            await self._try_complete(record, COMPLETE_WAIT_S)
+            await self._try_complete(record, COMPLETE_WAIT_S, defer=True)
         elif code == ErrorCode.CONCURRENT_TRANSACTIONS and self.gw.nursery is not None:
             # a retry of an EndTxn whose completion a crash interrupted: complete it now
             # rather than at the next sweep
@@ -343,10 +370,12 @@ class TxnCoordinator:
 
     # -- completion ---------------------------------------------------------------------
 
-    async def complete(self, record: TxnRecord) -> bool:
+    async def complete(self, record: TxnRecord, *, defer: bool = False) -> bool:
         """Write the markers of a PREPARE_* record (retrying each until written or
-        cancelled), store a commit's offsets, then mark it COMPLETE_*. True when done;
-        if cancelled, the record stays PREPARE_* for the next attempt."""
+        cancelled; not again if this gateway wrote them), store a commit's offsets,
+        then mark it COMPLETE_* (``defer``: leave that to the next transaction's first
+        change, or to a task ``FOLD_WAIT_S`` later). True when done; if cancelled, the
+        record stays PREPARE_* for the next attempt."""
         tid = record.transactional_id
         lock = self._completing.setdefault(tid, trio.Lock())
         try:
@@ -356,19 +385,30 @@ class TxnCoordinator:
                 current = record if self._cached(tid) is record else await self.get(tid)
                 if current is None or current.state is not record.state or \
                         current.producer_epoch != record.producer_epoch:
+                    if self._finished.get(tid) == record:
+                        del self._finished[tid]
                     return True  # completed meanwhile (another attempt, or gateway)
-                async with trio.open_nursery() as nursery:
-                    for m in markers(current):
-                        nursery.start_soon(self._write_marker, m, current)
-                if current.state is TxnState.PREPARE_COMMIT:
-                    for o in current.offsets:
-                        await self.gw._commit(o.group, o.topic, o.partition, o.offset,
-                                              o.metadata, o.leader_epoch)
+                if self._finished.get(tid) != current:
+                    async with trio.open_nursery() as nursery:
+                        for m in markers(current):
+                            nursery.start_soon(self._write_marker, m, current)
+                    if current.state is TxnState.PREPARE_COMMIT:
+                        for o in current.offsets:
+                            await self.gw._commit(o.group, o.topic, o.partition, o.offset,
+                                                  o.metadata, o.leader_epoch)
+                    self._finished[tid] = current
+                if defer and self.gw.nursery is not None:
+                    self.gw.nursery.start_soon(self._complete_later, current)
+                    return True
                 try:
                     await self.change(tid, lambda r: complete(r, prepared=current,
-                                                              now_ms=_now_ms()))
+                                                              now_ms=_now_ms()),
+                                      settling=False)
                 except TxnRefused:
                     return True
+                finally:
+                    if self._finished.get(tid) == current:
+                        del self._finished[tid]
                 log.info("kafka_txn_completed", extra=fields(
                     transactional_id=tid, producer_id=current.producer_id,
                     epoch=current.producer_epoch, state=current.state.value,
@@ -534,12 +574,20 @@ class TxnCoordinator:
             transactional_id=record.transactional_id, state=record.state.value))
         await self._try_complete(record, 30.0)
 
-    async def _try_complete(self, record: TxnRecord, bound: float) -> None:
+    async def _complete_later(self, prepared: TxnRecord) -> None:
+        """COMPLETE_* for ``prepared`` (its markers written) unless the producer's next
+        transaction wrote it within ``FOLD_WAIT_S``."""
+        await trio.sleep(FOLD_WAIT_S)
+        if self._finished.get(prepared.transactional_id) == prepared:
+            await self._try_complete(prepared, 30.0)
+
+    async def _try_complete(self, record: TxnRecord, bound: float, *,
+                            defer: bool = False) -> None:
         """``complete`` for at most ``bound`` seconds; a failure is logged (the record
         stays prepared, and the next sweep tries again)."""
         with trio.move_on_after(bound):
             try:
-                await self.complete(record)
+                await self.complete(record, defer=defer)
             except Exception as exc:
                 log.warning("kafka_txn_complete_failed", extra=fields(
                     transactional_id=record.transactional_id, error=repr(exc)))

@@ -137,3 +137,43 @@ async def test_a_record_another_coordinator_changed_is_read_again(
     assert await TxnStore(store, root).get("t") == fenced
     assert fenced is not None and fenced.state is TxnState.EMPTY
     assert len(written) == 1
+
+
+async def test_the_next_transaction_writes_the_last_ones_completion(
+        autojump_clock: Any) -> None:
+    """Back-to-back transactions: each AddPartitionsToTxn writes the last transaction's
+    COMPLETE_COMMIT with its own ONGOING (two writes per transaction, not three); the
+    last one is completed alone once ``FOLD_WAIT_S`` passes, and a sweep meanwhile
+    completes it without writing its markers a second time."""
+    from ledgerd.kafka.transactions import FOLD_WAIT_S
+
+    root = "/ledgers/kafka"
+    store = _CountingStore(InMemoryStore(InMemoryCluster()), TxnStore(None, root).path("t"))  # type: ignore[arg-type]
+    records = TxnStore(store, root)  # type: ignore[arg-type]
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written)
+    async with trio.open_nursery() as nursery:
+        txns.gw.nursery = nursery
+        epoch = (await txns.init_producer_id(3, {
+            "transactional_id": "t", "producer_id": -1, "producer_epoch": -1,
+            "transaction_timeout_ms": 60000}))["producer_epoch"]
+        store.reads = 0
+        with trio.fail_after(60):
+            for _ in range(4):
+                assert await _transaction(txns, epoch) == (0, 0)
+            _, stat = await store.inner.get(store.path)
+            record = await records.get("t")
+            assert record is not None and record.state is TxnState.PREPARE_COMMIT
+            assert stat.version == 2 * 4  # ONGOING (with the last COMPLETE), PREPARE
+            await trio.sleep(2 * FOLD_WAIT_S)
+            record = await records.get("t")
+            assert record is not None and record.state is TxnState.COMPLETE_COMMIT
+            assert (await store.inner.get(store.path))[1].version == 2 * 4 + 1
+            # a fifth, and the sweep finds it prepared before its completion is due
+            assert await _transaction(txns, epoch) == (0, 0)
+            await txns.sweep()
+            await trio.sleep(2 * FOLD_WAIT_S)
+        nursery.cancel_scope.cancel()
+    record = await records.get("t")
+    assert record is not None and record.state is TxnState.COMPLETE_COMMIT
+    assert [(m.partition, m.commit) for m in written] == [(0, True)] * 5
