@@ -169,8 +169,7 @@ class TxnStore:
         """``change`` applied under compare-and-set; raises what it raises, and
         NoNodeError if there is no record. If cancelled, the change may or may not
         have been written."""
-        record, _ = await cas_update(self.store, self.path(transactional_id), change,
-                                     decode=TxnRecord.from_json, encode=TxnRecord.to_json)
+        record, _ = await self.update_versioned(transactional_id, change)
         return record
 
     async def expire(self, transactional_id: str,
@@ -186,6 +185,17 @@ class TxnStore:
         except (NoNodeError, BadVersionError):
             return False
         return True
+
+    async def update_versioned(self, transactional_id: str,
+                               change: Callable[[TxnRecord], TxnRecord], *,
+                               known: tuple[TxnRecord, int] | None = None,
+                               ) -> tuple[TxnRecord, int]:
+        """As :meth:`update`, with the record's new version; ``known`` (the record
+        last written, and its version) saves the read when it is still current
+        (``metadata.cas``)."""
+        return await cas_update(self.store, self.path(transactional_id), change,
+                                decode=TxnRecord.from_json, encode=TxnRecord.to_json,
+                                known=known)
 
     async def names(self) -> list[str]:
         try:
