@@ -50,7 +50,7 @@ from ledgerd.base.logs import fields
 from ledgerd.disk.cookie import Cookie
 from ledgerd.disk.errors import StorageError
 from ledgerd.disk.storage import LedgerStorage
-from ledgerd.metadata.cluster import check_layout, instance_id
+from ledgerd.metadata.cluster import check_layout, instance_id, read_layout
 from ledgerd.metadata.cookies import CookieStore
 from ledgerd.metadata.errors import LayoutMismatchError, MetadataError, NoNodeError
 from ledgerd.metadata.ledgers import LedgerManager
@@ -114,6 +114,9 @@ class Bookie:
         self.exit_code = 0
         self.ready = trio.Event()
         self._stop = trio.Event()
+        # why this bookie started without its cluster's metadata ("": it did not)
+        self.awaiting_metadata = ""
+        self._sup: Supervisor | None = None
         self._draining = False
         self._cookie_bytes = b""
         self._cookie_version = -1  # the ZooKeeper cookie's version, for its compare-and-set
@@ -138,7 +141,7 @@ class Bookie:
             await self._bind()
             await self._connect_metadata()
             check = await self.storage.open(*await self._cookies())
-            if check is not None and self.store is not None:
+            if check is not None and self.store is not None and not self.awaiting_metadata:
                 cookies = CookieStore(self.store, self.config.zk_ledgers_root_path)
                 if check.create_remote:
                     await cookies.create(self.bookie_id, self._cookie_bytes)
@@ -156,13 +159,11 @@ class Bookie:
                 await sup.start("admin-http", self.http.run)
                 await sup.start("disk-checker", self.disk_checker.run)
                 await sup.start("gc", self.gc.run)
+                self._sup = sup
                 if self.registry is not None:
-                    await sup.start("registration", self._registration)
+                    if not self.awaiting_metadata:
+                        await self._join(sup)
                     await sup.start("metadata-watch", self._metadata_watch)
-                    # After replay and the first checkpoint (storage.open): a pass now.
-                    await sup.start("scrubber", self.scrubber.run)
-                    if self.config.auto_recovery_daemon_enabled:
-                        await sup.start("autorecovery", self._autorecovery)
                 await sup.start("watchdog", partial(watchdog_service, self._healthy))
                 await sup.start("loop-lag", partial(
                     loop_lag_monitor, self.metrics.loop_lag,
@@ -205,25 +206,48 @@ class Bookie:
         try:
             layout = await check_layout(self.store, root, cfg.ledger_manager_type)
         except LayoutMismatchError as exc:
-            if not any((Path(d) / "current" / "VERSION").exists() for d in self.storage.all_dirs()):
+            if await read_layout(self.store, root) is not None or not self._local_cookie():
                 raise
-            # A bookie with data whose cluster is gone: initnewcluster would make a new
-            # instance this data does not belong to. Say what brings it back instead.
-            raise LayoutMismatchError(
-                f"{exc}. This bookie holds data of a cluster whose metadata is gone: do not "
-                "run initnewcluster or format the bookie; run `ledgerd shell metadata "
-                "restore FILE` (a snapshot) or `ledgerd shell metadata rebuild --apply` "
-                "with the bookies running, then start it again") from None
+            # A bookie with data whose cluster's metadata is gone (a ZooKeeper restarted
+            # empty, a deleted root, and this bookie restarted meanwhile): it starts
+            # anyway, serving reads and its holdings for `metadata rebuild`, without
+            # writing anything to ZooKeeper (no cookie, no registration: that would
+            # recreate a root the operator restores into) and with GC frozen; it joins
+            # once the metadata is back (``_metadata_watch``).
+            layout = cfg.ledger_manager_type
+            self.awaiting_metadata = str(exc)
+            log.error("cluster_metadata_missing", extra=fields(
+                bookie_id=self.bookie_id, problem=str(exc), action=(
+                    "this bookie starts without registering, serves its data for "
+                    "`ledgerd shell metadata rebuild`, and its GC deletes nothing; bring "
+                    "the metadata back with `ledgerd shell metadata restore FILE` (a "
+                    "snapshot) or `ledgerd shell metadata rebuild --bookies HOST:PORT,... "
+                    "--apply`; do not run initnewcluster or format this bookie")))
         self.registry = BookieRegistry(self.store, root)
         self.gc.ledgers = LedgerManager(self.store, root, layout)
         self.scrubber.ledgers = self.gc.ledgers
         self.scrubber.marks = UnderreplicationManager(self.store, root)
 
+    def _local_cookie(self) -> Cookie | None:
+        """The cookie stamped in this bookie's directories (the first found), if any."""
+        for d in self.storage.all_dirs():
+            version = Path(d) / "current" / "VERSION"
+            if version.exists():
+                return Cookie.from_bytes(version.read_bytes(), str(version))
+        return None
+
     async def _cookies(self) -> tuple[Cookie | None, bytes | None]:
         cfg = self.config
         iid = ""
         remote: bytes | None = None
-        if self.store is not None:
+        if self.store is not None and self.awaiting_metadata:
+            local = self._local_cookie()
+            assert local is not None
+            iid = self.gc.instance_id = local.instance_id  # the data's own cluster
+            # the cookie on disk stands in for ZooKeeper's (which is gone with the rest,
+            # and put back from it once the metadata is: ``_metadata_watch``)
+            remote = local.to_bytes()
+        elif self.store is not None:
             iid = await instance_id(self.store, cfg.zk_ledgers_root_path)
             self.gc.instance_id = iid
             got = await CookieStore(self.store, cfg.zk_ledgers_root_path).get(self.bookie_id)
@@ -387,6 +411,15 @@ class Bookie:
                 await listener.aclose()
             await trio.sleep_forever()  # until stopped: connections drain meanwhile
 
+    async def _join(self, sup: Supervisor) -> None:
+        """The services that take part in the cluster's metadata: the registration,
+        the scrubber (after replay and the first checkpoint: a pass now), autorecovery.
+        Started once the metadata is there (a bookie started without it waits)."""
+        await sup.start("registration", self._registration)
+        await sup.start("scrubber", self.scrubber.run)
+        if self.config.auto_recovery_daemon_enabled:
+            await sup.start("autorecovery", self._autorecovery)
+
     async def _registration(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         registry = self.registry
         assert registry is not None
@@ -443,6 +476,19 @@ class Bookie:
                 if said:
                     log.info("cluster_metadata_back", extra=fields(bookie_id=self.bookie_id))
                     said = ""
+                if self.awaiting_metadata:
+                    # started without metadata: its cookie back, then the registration
+                    # service it did not start (which registers at once)
+                    cookies = CookieStore(store, root)
+                    if await cookies.get(self.bookie_id) is None:
+                        await cookies.create(self.bookie_id, self._cookie_bytes)
+                        log.warning("cookie_restored", extra=fields(bookie_id=self.bookie_id))
+                    assert self._sup is not None
+                    await self._join(self._sup)
+                    self.awaiting_metadata = ""
+                    log.warning("re_registered_after_metadata_loss", extra=fields(
+                        bookie_id=self.bookie_id, read_only=self.state.read_only))
+                    continue
                 ro = self.state.read_only
                 if await store.exists(registry.registration_path(self.bookie_id, read_only=ro)) \
                         is not None:

@@ -130,6 +130,12 @@ IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
 DELETE_FANOUT = 32  # cursor deletions of one DeleteGroups in flight at once
 CLUSTER_ID = "ledgerd"  # Metadata's and DescribeCluster's cluster id
+# A topic this gateway deleted is not auto-created again for this long: the deleting
+# client's own metadata refresh right after DeleteTopics (librdkafka refreshes the
+# topics it knows, and a client allowed to auto-create would bring it straight back)
+# finds it gone, as it would while a Kafka broker still processes the deletion.
+DELETED_GRACE_S = 10.0
+MAX_DELETED_REMEMBERED = 10_000
 
 
 def _rank(node: int, key: str) -> int:
@@ -217,6 +223,7 @@ class Gateway:
         self.group_store = GroupStore(self.store, self.root)
         self.producer_ids = ProducerIdStore(self.store, self.root)
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
+        self.deleted: dict[str, float] = {}  # topics deleted lately, when (DELETED_GRACE_S)
         self.groups: dict[str, Group] = {}
         self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
         self.group_settings = GroupSettings(config.group_initial_rebalance_delay_ms / 1000,
@@ -759,7 +766,8 @@ class Gateway:
                     topics.append({"error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
                                    "name": name, "partitions": []})
                     continue
-                if self.config.auto_create_topics and body["allow_auto_topic_creation"]:
+                if self.config.auto_create_topics and body["allow_auto_topic_creation"] \
+                        and not self._deleted_lately(name):
                     try:
                         await self.create_topic(name, self.config.default_partitions)
                     except NodeExistsError:
@@ -1565,6 +1573,18 @@ class Gateway:
 
     # -- topics admin -------------------------------------------------------------------
 
+    def _remember_deleted(self, name: str) -> None:
+        now = trio.current_time()
+        self.deleted.pop(name, None)  # (kept in the order deleted: the oldest first)
+        self.deleted[name] = now
+        while self.deleted and (len(self.deleted) > MAX_DELETED_REMEMBERED or
+                                now - next(iter(self.deleted.values())) > DELETED_GRACE_S):
+            del self.deleted[next(iter(self.deleted))]
+
+    def _deleted_lately(self, name: str) -> bool:
+        at = self.deleted.get(name)
+        return at is not None and trio.current_time() - at <= DELETED_GRACE_S
+
     async def delete_topics(self, conn: _Conn, version: int, body: dict[str, Any],
                             ) -> dict[str, Any]:
         out = []
@@ -1574,6 +1594,7 @@ class Gateway:
                 out.append({"name": name, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
                 continue
             await self.topic_store.delete(name)
+            self._remember_deleted(name)
             self.topics.pop(name, None)
             await self.txn.forget_topic(name)
             for p in range(count):

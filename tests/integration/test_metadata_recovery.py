@@ -237,6 +237,10 @@ def _bookie_run(conf: Path) -> tuple[int, str]:
 
 async def test_a_bookie_with_data_refuses_a_lost_or_new_cluster_and_names_restore(
         bookie_factory: Factory, zk_chroot: str, tmp_path: Path) -> None:
+    """A bookie restarted while its cluster's metadata is gone starts without it: it
+    serves its holdings (for a rebuild), writes nothing to ZooKeeper (the root stays
+    gone for the restore) and says what brings the metadata back. Under a root
+    re-initialised as another cluster it refuses to start. After the restore it joins."""
     (b,) = await start_bookies(bookie_factory, zk_chroot, 1)
     async with ledgerd.open_client(zk_chroot, throttle=0) as client:
         lh = await client.create_ledger(1, 1, 1, password=b"pw")
@@ -248,8 +252,24 @@ async def test_a_bookie_with_data_refuses_a_lost_or_new_cluster_and_names_restor
     assert b.terminate() == 0
     async with metadata_store(zk_chroot, init=False) as store:
         await store.delete("/ledgers", recursive=True)
-    code, stderr = _bookie_run(b.config_path)
-    assert code == 1 and "metadata restore" in stderr and "do not" in stderr, stderr
+    b.start_ready(timeout=EVENT_BOUND_S)
+    log = b.log_tail(200)
+    assert "cluster_metadata_missing" in log and "metadata restore" in log, log
+    assert "do not run initnewcluster or format" in log, log
+    [held] = await _holdings(b.address)
+    assert [h.ledger_id for h in held.ledgers] == [lh.ledger_id], held
+    async with metadata_store(zk_chroot, init=False) as store:
+        assert await store.exists("/ledgers") is None  # nothing written back
+    code, out = await _shell(zk_chroot, "restore", str(snap))
+    assert code == 0, out
+    async with metadata_store(zk_chroot, init=False) as store:
+        await wait_registered(store, b)  # the running bookie joined
+    async with ledgerd.open_client(zk_chroot) as client:
+        rh = await client.open_ledger(lh.ledger_id, password=b"pw")
+        assert [e.payload async for e in rh.read()] == [b"kept"]
+    assert b.terminate() == 0
+    async with metadata_store(zk_chroot, init=False) as store:
+        await store.delete("/ledgers", recursive=True)
     async with metadata_store(zk_chroot) as store:  # an operator's initnewcluster
         code, stderr = _bookie_run(b.config_path)
         assert code == 1 and "metadata restore" in stderr and "instance" in stderr, stderr

@@ -471,3 +471,25 @@ def test_changing_a_topic_needs_the_admin_role(
         in gw.log_text()
     root.incremental_alter_configs([res])[res].result(BOUND_S)
     assert _configs(alice, "sec-cfg")["retention.ms"].value == "5000"
+
+
+def test_a_deleted_topic_is_not_auto_created_again_by_the_deleting_clients_refresh(
+        kafka_cluster: KafkaCluster) -> None:
+    """A client that may auto-create topics and knows the one it deletes refreshes its
+    metadata right after DeleteTopics; that refresh must not bring the topic back
+    (librdkafka's test 0033 deletes its topics through such a consumer). An explicit
+    CreateTopics recreates it at once."""
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(kafka_cluster)
+    admin.create_topics([NewTopic("deleted-stays", 2)])["deleted-stays"].result(BOUND_S)
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap})
+    assert "deleted-stays" in producer.list_topics("deleted-stays", timeout=BOUND_S).topics
+    admin.delete_topics(["deleted-stays"])["deleted-stays"].result(BOUND_S)
+    seen = producer.list_topics("deleted-stays", timeout=BOUND_S).topics["deleted-stays"]
+    assert seen.error is not None and seen.error.code() == \
+        KafkaError.UNKNOWN_TOPIC_OR_PART, seen.error
+    assert "deleted-stays" not in admin.list_topics(timeout=BOUND_S).topics
+    admin.create_topics([NewTopic("deleted-stays", 3)])["deleted-stays"].result(BOUND_S)
+    assert len(admin.list_topics(timeout=BOUND_S).topics["deleted-stays"].partitions) == 3
