@@ -116,7 +116,8 @@ def encode_log_header(header: LogHeader) -> bytes:
         "first_offset": header.first_offset, "ensemble_size": header.ensemble_size,
         "write_quorum": header.write_quorum, "ack_quorum": header.ack_quorum,
         "name_length": len(name), "name": name, "crc32c": 0})
-    return body[:-_CRC] + google_crc32c.value(body[:-_CRC]).to_bytes(_CRC, "big")
+    crc = int(google_crc32c.value(body[:-_CRC]))
+    return body[:-_CRC] + crc.to_bytes(_CRC, "big")
 
 
 def decode_log_header(payload: bytes) -> LogHeader | None:
