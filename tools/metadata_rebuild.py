@@ -3,12 +3,13 @@
 The I/O around :mod:`metadata.rebuild` (pure): every bookie named (registered, in the
 snapshot's cookies, or ``--bookies``) is asked for its holdings page by page
 (``LedgerHoldingsRequest``, an admin request) and for its status (the cluster instance
-its cookie names; all must agree); entry 0 of each ledger the snapshot does not describe
-is read to learn its digest type and whether it is a log header (``metadata.logheader``).
-The plan is printed; with ``--apply`` the cluster root is made if missing (with the
-bookies' instance id, LAYOUT last), the GC freeze flag set, the ledgers written (a
-restored OPEN ledger the bookies show moved on is written over, by compare-and-set), the
-id counter advanced past them, and the logs the headers name written (no cursors).
+its cookie names; all must agree); entry 0 of each ledger neither the live metadata
+nor the snapshot describes is read to learn its digest type and whether it is a log
+header (``metadata.logheader``). The plan is printed; with ``--apply`` the cluster root
+is made if missing (with the bookies' instance id, LAYOUT last), the GC freeze flag
+set, the ledgers written (a restored OPEN ledger the bookies show moved on is written
+over, by compare-and-set), the id counter advanced past them, and the logs the headers
+name written (no cursors).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
     headers: dict[int, LogHeader] = {}
     firsts = await read_first_entries({
         lid: [h.bookie_id for h in gathered.held[lid] if h.holds(0)]
-        for lid in sorted(set(gathered.held) - set(known))})
+        for lid in sorted(set(gathered.held) - live - set(known))})
     for lid, first in firsts.items():
         if first:
             digests[lid] = detect_digest(first)

@@ -66,6 +66,11 @@ async def test_a_new_writer_fences_the_old_one(zk_chroot: str, tmp_path: Path) -
         await new.append(b"c")
         await new.close()
         assert [e.payload async for e in client.logs.read("orders", b"pw")] == [b"a", b"b", b"c"]
+        # The new ledger's header continues the log from the fenced ledger's end.
+        rh = await client.open_ledger(second, b"pw", recovery=False)
+        assert decode_log_header((await rh.read_batch(0, 0))[0].payload) == LogHeader(
+            name="orders", seq=1, prev_ledger_id=first, first_offset=2, ensemble_size=3,
+            write_quorum=3, ack_quorum=2)
 
 
 async def test_append_closed_ledgers_fences_the_tail_then_truncate(zk_chroot: str,
