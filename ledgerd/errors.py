@@ -9,14 +9,16 @@ closed under it, a read found no replica that could serve it, and so on. Where s
 decision stands for a bookie status it is also that status's class, so one ``except``
 catches a family: ``wire.status.FencedError`` catches ``LedgerFencedError``,
 ``LogFencedError`` and ``FencedChangeError``; ``UnauthorizedError`` catches
-``BadPasswordError`` and ``AccessDeniedError``.
+``BadPasswordError`` and ``AccessDeniedError``; ``ledgerd.base.errors.UnavailableError``
+catches what may succeed when more servers answer (``NotEnoughBookiesError``,
+``LedgerUnavailableError``, ``ReplicaTimeoutError``, ``MetadataUnavailableError``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ledgerd.base.errors import LedgerdError
+from ledgerd.base.errors import LedgerdError, UnavailableError
 from ledgerd.machines.placement import NotEnoughBookiesError
 from ledgerd.machines.writer import FailureKind
 from ledgerd.metadata.ledger import password_check
@@ -33,6 +35,7 @@ __all__ = [
     "LedgerFencedError",
     "LedgerHandleError",
     "LedgerRecoveryError",
+    "LedgerUnavailableError",
     "LedgerdError",
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
@@ -63,6 +66,16 @@ class LeadershipLostError(LedgerHandleError):
     """Another writer took the unbounded ledger over (it raised the term): this writer
     withdrew. Its acknowledged entries stay; unacknowledged ones may or may not survive
     the new term's recovery. Take over again (``take_over_ledger``) to write once more."""
+
+
+class LedgerUnavailableError(LedgerHandleError, UnavailableError):
+    """The writer could not go on for want of servers: an ensemble change found too few
+    writable bookies (``kind`` NO_BOOKIES), or the metadata store failed it (METADATA).
+    Entries it had sent may or may not survive the ledger's recovery."""
+
+    def __init__(self, ledger_id: int, reason: str, kind: FailureKind) -> None:
+        super().__init__(ledger_id, reason)
+        self.kind = kind
 
 
 class LedgerClosedError(LedgerHandleError):
@@ -135,7 +148,7 @@ class EntryUnavailableError(LedgerdError):
         self.failures = failures
 
 
-class ReplicaTimeoutError(LedgerdError):
+class ReplicaTimeoutError(UnavailableError):
     """No replica answered a read within the read timeout."""
 
     def __init__(self, timeout_s: float) -> None:

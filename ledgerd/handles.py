@@ -34,6 +34,7 @@ from ledgerd.errors import (
     LedgerClosedError,
     LedgerFencedError,
     LedgerHandleError,
+    LedgerUnavailableError,
     NotEnoughBookiesError,
     ReadBeyondLacError,
     refused,
@@ -563,6 +564,8 @@ class WriteHandle(_HandleBase):
             error = LedgerClosedError(self.ledger_id, reason)
         elif kind is FailureKind.UNAUTHORIZED:
             error = refused(self.ledger_id, reason, self._key, self.metadata.password_check)
+        elif kind in (FailureKind.NO_BOOKIES, FailureKind.METADATA, FailureKind.UNAVAILABLE):
+            error = LedgerUnavailableError(self.ledger_id, reason, kind)
         else:
             error = LedgerHandleError(self.ledger_id, reason)
         self._error = error

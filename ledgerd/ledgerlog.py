@@ -140,11 +140,13 @@ class LogPosition:
     entry_id: int
 
 
-def _append_after(tail: int | None, new: tuple[int, ...],
-                  name: str, seq: int | None = None) -> Callable[[LogRecord], LogRecord]:
+def _append_after(tail: int | None, new: tuple[int, ...], name: str, *,
+                  writer: bool = False, seq: int | None = None
+                  ) -> Callable[[LogRecord], LogRecord]:
     """A CAS change adding ``new`` only while the list still ends with ``tail`` (None:
     is still empty) and, given ``seq`` (its log header's), the new ledger still gets
-    that position in the log."""
+    that position in the log; ``writer``: a new writer's first ledger, counted in
+    ``writers``."""
     def change(record: LogRecord) -> LogRecord:
         last = record.ledgers[-1] if record.ledgers else None
         if last != tail:
@@ -155,7 +157,8 @@ def _append_after(tail: int | None, new: tuple[int, ...],
                                        f"not {seq}; another writer took over")
         if record.unbounded:
             raise LogFencedError(name, "the log is backed by an unbounded ledger")
-        return replace(record, ledgers=record.ledgers + new)
+        return replace(record, ledgers=record.ledgers + new,
+                       writers=record.writers + 1 if writer else record.writers)
     return change
 
 
@@ -253,9 +256,12 @@ class LogWriter:
 
     def __init__(self, logs: Logs, name: str, handle: WriteHandle, *, password: bytes | str,
                  quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int,
-                 roll_interval: float = 0.0, unbounded: bool = False,
+                 roll_interval: float = 0.0, unbounded: bool = False, epoch: int = 0,
                  header: tuple[int, int] | None = None) -> None:
         self.logs = logs
+        # this writer's term: a ledger-backed log's ``writers`` count after its open (one
+        # more than any earlier writer's), an unbounded ledger's term
+        self.epoch = epoch
         self.name = name
         self.handle = handle
         self.password = password
@@ -328,7 +334,7 @@ class LogWriter:
         try:
             await self.logs.store.update(
                 self.name, _append_after(old.ledger_id, (new.ledger_id,), self.name,
-                                         None if header is None else header[0]))
+                                         seq=None if header is None else header[0]))
         except BaseException:
             with trio.move_on_after(5, shield=True):
                 await client.delete_ledger(new.ledger_id)
@@ -422,8 +428,9 @@ class Logs:
             handle = await self._new_ledger(name, quorums, password,
                                             -1 if tail is None else tail, place)
             try:
-                await self.store.update(name, _append_after(
-                    tail, (handle.ledger_id,), name, None if place is None else place[0]))
+                opened, _ = await self.store.update(name, _append_after(
+                    tail, (handle.ledger_id,), name, writer=True,
+                    seq=None if place is None else place[0]))
             except LogFencedError:
                 await self.client.delete_ledger(handle.ledger_id)  # another writer got in first
                 continue
@@ -431,10 +438,12 @@ class Logs:
                 with trio.move_on_after(5, shield=True):
                     await self.client.delete_ledger(handle.ledger_id)
                 raise
-            log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id))
+            log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
+                                                       epoch=opened.writers))
             return LogWriter(self, name, handle, password=password, quorums=quorums,
                              roll_entries=roll_entries, roll_bytes=roll_bytes,
-                             roll_interval=roll_interval, header=place)
+                             roll_interval=roll_interval, epoch=opened.writers,
+                             header=place)
         raise LogFencedError(name, "gave up after 10 writers raced to open the log")
 
     async def _new_ledger(self, name: str, quorums: tuple[int, int, int],
@@ -504,7 +513,7 @@ class Logs:
         log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
                                                    term=handle.term))
         return LogWriter(self, name, handle, password=password, quorums=quorums,
-                         roll_entries=0, roll_bytes=0, unbounded=True)
+                         roll_entries=0, roll_bytes=0, unbounded=True, epoch=handle.term)
 
     async def ledgers(self, name: str) -> tuple[int, ...]:
         """The log's ledger ids in order; NoSuchLogError names a missing log."""

@@ -1,6 +1,8 @@
 """Cluster metadata: the MetadataStore protocol with ZooKeeper and in-memory stores, the
 ledger metadata model, the ledger manager, bookie registry, cookies, underreplication and
-auditor election, and log records.
+auditor election, log records, and the Kafka gateway's records (``kafka_topics``,
+``kafka_groups``, ``kafka_gateways``, ``kafka_txns``, ``kafka_acls``; their JSON declared once in
+``jsondoc``).
 
 kazoo is imported only by :mod:`metadata.zookeeper`. The names below are imported on
 first use (PEP 562), so that the pure model (``metadata.ledger``, ``metadata.errors``)

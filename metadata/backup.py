@@ -27,6 +27,8 @@ from collections.abc import Callable
 import trio
 
 from ledgerd.metadata.errors import NodeExistsError, NoNodeError, NotEmptyError
+from ledgerd.metadata.kafka_gateways import ProducerIdStore
+from ledgerd.metadata.paths import kafka_root
 from ledgerd.metadata.snapshot import FREEZE_NODE, Node, Snapshot, SnapshotError
 from ledgerd.metadata.store import MetadataStore
 
@@ -241,7 +243,7 @@ async def _advance_producer_ids(store: MetadataStore, root: str, nodes: list[Nod
         value = int(node.data or b"0")
     except ValueError:
         return
-    await store.set(_abs(root, node.path), str(value + PRODUCER_ID_GAP).encode())
+    await ProducerIdStore(store, kafka_root(root)).advance(value + PRODUCER_ID_GAP)
 
 
 # -- the GC freeze flag -----------------------------------------------------------------

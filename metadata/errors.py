@@ -1,8 +1,16 @@
-"""Errors of the metadata package: one root, leaves named for what happened."""
+"""Errors of the metadata package: one root, leaves named for what happened.
+
+Nothing of kazoo crosses this package's boundary: ``metadata.zookeeper`` turns each
+ZooKeeper answer into a leaf here. A lost connection or an operation timeout (kazoo's
+ConnectionLoss, OperationTimeoutError, KazooTimeoutError) is retried, then raised as
+MetadataUnavailableError, which is also a ``ledgerd.base.errors.UnavailableError``: the
+caller may try again later, and a write that failed so may or may not have landed.
+Any other kazoo failure is a plain MetadataError.
+"""
 
 from __future__ import annotations
 
-from ledgerd.base.errors import LedgerdError
+from ledgerd.base.errors import LedgerdError, UnavailableError
 
 __all__ = [
     "BadServersError",
@@ -18,6 +26,7 @@ __all__ = [
     "NotAuthorizedError",
     "NotEmptyError",
     "SessionExpiredError",
+    "UnknownFormatError",
 ]
 
 
@@ -66,8 +75,9 @@ class NotAuthorizedError(MetadataError):
         self.path = path
 
 
-class MetadataUnavailableError(MetadataError):
-    """The metadata service could not be reached after bounded retries."""
+class MetadataUnavailableError(MetadataError, UnavailableError):
+    """The metadata service could not be reached, or did not answer in time, after
+    bounded retries (a write that failed so may or may not have landed)."""
 
     def __init__(self, servers: str, reason: str) -> None:
         self.servers = servers
@@ -89,6 +99,21 @@ class CorruptMetadataError(MetadataError):
         self.path = path
         self.reason = reason
         super().__init__(f"corrupt or foreign data at {path}: {reason}")
+
+
+class UnknownFormatError(CorruptMetadataError):
+    """A record's ``format`` is not one this version reads (a newer ledgerd wrote it):
+    refused rather than misread, and never overwritten."""
+
+    def __init__(self, path: str, found: object, known: int) -> None:
+        self.path = path
+        self.found = found
+        self.known = known
+        what = "without a format" if found is None else f"of format {found!r}"
+        self.reason = f"a record {what}; this ledgerd reads format {known}"
+        MetadataError.__init__(self, f"{path} holds a record {what}; this ledgerd reads "
+                                     f"format {known} only (was it written by a newer "
+                                     "ledgerd, or by something else?)")
 
 
 class LayoutMismatchError(MetadataError):

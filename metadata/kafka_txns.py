@@ -31,7 +31,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ledgerd.metadata.cas import cas_update
-from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.errors import (
+    BadVersionError,
+    CorruptMetadataError,
+    NodeExistsError,
+    NoNodeError,
+    UnknownFormatError,
+)
+from ledgerd.metadata.paths import (
+    KAFKA_TRANSACTIONS,
+    kafka_txn_flag_path,
+    kafka_txn_path,
+)
 from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["MAX_EPOCH", "PendingOffset", "TxnRecord", "TxnState", "TxnStore", "znode_name"]
@@ -94,8 +105,13 @@ class TxnRecord:
     def from_json(cls, raw: bytes, path: str) -> TxnRecord:
         try:
             doc = json.loads(raw)
-            if doc.get("format") != 1:
-                raise ValueError(f"unknown format {doc.get('format')!r}")
+            if not isinstance(doc, dict):
+                raise TypeError("not a JSON object")
+        except (ValueError, TypeError) as exc:
+            raise CorruptMetadataError(path, str(exc)) from exc
+        if doc.get("format") != 1:
+            raise UnknownFormatError(path, doc.get("format"), 1)
+        try:
             return cls(
                 transactional_id=str(doc["transactional_id"]),
                 producer_id=int(doc["producer_id"]),
@@ -125,18 +141,18 @@ class TxnStore:
 
     def __init__(self, store: MetadataStore, kafka_root: str) -> None:
         self.store = store
-        self.root = f"{kafka_root}/transactions"
-        self.flags = f"{kafka_root}/txn_partitions"
+        self.kafka_root = kafka_root
+        self.root = f"{kafka_root}/{KAFKA_TRANSACTIONS}"
 
     def path(self, transactional_id: str) -> str:
-        return f"{self.root}/{znode_name(transactional_id)}"
+        return kafka_txn_path(self.kafka_root, znode_name(transactional_id))
 
     async def get(self, transactional_id: str) -> TxnRecord | None:
         return await self.get_named(znode_name(transactional_id))
 
     async def get_named(self, name: str) -> TxnRecord | None:
         """The record stored under znode ``name`` (None: none)."""
-        path = f"{self.root}/{name}"
+        path = kafka_txn_path(self.kafka_root, name)
         try:
             raw, _ = await self.store.get(path)
         except NoNodeError:
@@ -153,9 +169,33 @@ class TxnStore:
         """``change`` applied under compare-and-set; raises what it raises, and
         NoNodeError if there is no record. If cancelled, the change may or may not
         have been written."""
-        record, _ = await cas_update(self.store, self.path(transactional_id), change,
-                                     decode=TxnRecord.from_json, encode=TxnRecord.to_json)
+        record, _ = await self.update_versioned(transactional_id, change)
         return record
+
+    async def expire(self, transactional_id: str,
+                     expired: Callable[[TxnRecord], bool]) -> bool:
+        """Delete the record if ``expired`` says so of it as stored, unless it changed
+        meanwhile (compare-and-set on its version). True if deleted."""
+        path = self.path(transactional_id)
+        try:
+            raw, stat = await self.store.get(path)
+            if not expired(TxnRecord.from_json(raw, path)):
+                return False
+            await self.store.delete(path, stat.version)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
+
+    async def update_versioned(self, transactional_id: str,
+                               change: Callable[[TxnRecord], TxnRecord], *,
+                               known: tuple[TxnRecord, int] | None = None,
+                               ) -> tuple[TxnRecord, int]:
+        """As :meth:`update`, with the record's new version; ``known`` (the record
+        last written, and its version) saves the read when it is still current
+        (``metadata.cas``)."""
+        return await cas_update(self.store, self.path(transactional_id), change,
+                                decode=TxnRecord.from_json, encode=TxnRecord.to_json,
+                                known=known)
 
     async def names(self) -> list[str]:
         try:
@@ -167,7 +207,7 @@ class TxnStore:
                               offset: int | None = None) -> int | None:
         """The offset from which the partition may hold transactions: read (None: it
         has none yet), or with ``offset`` recorded there unless one is already."""
-        path = f"{self.flags}/{topic}/{partition}"
+        path = kafka_txn_flag_path(self.kafka_root, topic, partition)
         if offset is not None:
             try:
                 await self.store.create(path, str(offset).encode(), make_parents=True)
@@ -185,6 +225,7 @@ class TxnStore:
 
     async def forget_topic(self, topic: str) -> None:
         try:
-            await self.store.delete(f"{self.flags}/{topic}", recursive=True)
+            await self.store.delete(kafka_txn_flag_path(self.kafka_root, topic),
+                                    recursive=True)
         except NoNodeError:
             pass

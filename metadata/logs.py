@@ -7,6 +7,10 @@ dense offset of the first listed ledger's entry 0 (the count of entries truncate
 away), so offsets stay stable across truncation. A log backed by one unbounded ledger
 lists just that ledger and says ``"unbounded": true``.
 
+``"writers": N`` counts the writers that have opened the log (``open_writer``'s CAS
+adds one with its ledger; a roll does not): durable and monotonic, it numbers the
+writers' terms (the Kafka gateway's leader epoch). Absent: 0.
+
 ``"commits": {"<writer>": N}`` remembers, for writers that append ledgers in numbered
 batches (a Spark streaming query, by its id), the last batch appended: the same CAS
 that adds a batch's ledgers records its number, so a batch replayed after a crash is
@@ -49,6 +53,7 @@ class LogRecord:
     base: int = 0
     unbounded: bool = False
     commits: tuple[tuple[str, int], ...] = ()  # (writer, last batch), oldest first
+    writers: int = 0  # writers that opened the log (each open_writer adds one)
     first_seq: int = 0  # the position in the log of ledgers[0] (truncated ones count)
 
     @property
@@ -64,6 +69,8 @@ class LogRecord:
             doc["unbounded"] = True
         if self.commits:
             doc["commits"] = dict(self.commits)
+        if self.writers:
+            doc["writers"] = self.writers
         if self.first_seq:
             doc["first_seq"] = self.first_seq
         return json.dumps(doc).encode()
@@ -99,10 +106,13 @@ class LogRecord:
                     isinstance(w, str) and isinstance(b, int) and not isinstance(b, bool)
                     and b >= 0 for w, b in commits.items()):
                 raise ValueError("commits must map writer names to batch numbers >= 0")
+            writers = doc.get("writers", 0)
+            if not isinstance(writers, int) or isinstance(writers, bool) or writers < 0:
+                raise ValueError(f"writers must be a non-negative integer, got {writers!r}")
             first_seq = doc.get("first_seq", 0)
             if not isinstance(first_seq, int) or isinstance(first_seq, bool) or first_seq < 0:
                 raise ValueError(f"first_seq must be a non-negative integer, got {first_seq!r}")
-            return cls(ledgers, base, unbounded, tuple(commits.items()), first_seq)
+            return cls(ledgers, base, unbounded, tuple(commits.items()), writers, first_seq)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a log record: {exc}") from exc
 

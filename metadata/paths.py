@@ -7,6 +7,12 @@
 
 The two-digit and three-digit top-level directories never collide with the fixed nodes
 (LAYOUT, INSTANCEID, available, idgen, idgen-long, cookies, underreplication).
+
+The Kafka gateway keeps its state under ``<root>/kafka`` (:func:`kafka_root`): a node per
+topic, consumer group, live gateway and transactional id, the partitions that may hold
+transactions, and the producer id counter. Its typed stores (``metadata.kafka_topics``,
+``metadata.kafka_groups``, ``metadata.kafka_gateways``, ``metadata.kafka_txns``) take
+their paths from the functions here.
 """
 
 from __future__ import annotations
@@ -16,6 +22,14 @@ import re
 __all__ = [
     "LEGACY_LIMIT",
     "LedgerLayout",
+    "kafka_acls_path",
+    "kafka_gateway_path",
+    "kafka_group_path",
+    "kafka_producer_ids_path",
+    "kafka_root",
+    "kafka_topic_path",
+    "kafka_txn_flag_path",
+    "kafka_txn_path",
     "ledger_id_from_path",
     "ledger_path",
     "underreplicated_path",
@@ -80,3 +94,53 @@ def underreplicated_path(root: str, ledger_id: int) -> str:
     h = f"{ledger_id:016x}"
     return (f"{root}/underreplication/ledgers/{h[0:4]}/{h[4:8]}/{h[8:12]}/{h[12:16]}/"
             f"urL{ledger_id:010d}")
+
+
+# -- the Kafka gateway's nodes ------------------------------------------------------------
+
+KAFKA_TOPICS = "topics"
+KAFKA_GROUPS = "groups"
+KAFKA_GATEWAYS = "gateways"
+KAFKA_TRANSACTIONS = "transactions"
+KAFKA_TXN_PARTITIONS = "txn_partitions"
+KAFKA_PRODUCER_IDS = "producer_ids"
+KAFKA_ACLS = "acls"
+
+
+def kafka_root(root: str) -> str:
+    """``<root>/kafka``: every node of the Kafka gateway is below it."""
+    return f"{root.rstrip('/')}/kafka"
+
+
+def kafka_topic_path(kafka: str, topic: str) -> str:
+    return f"{kafka}/{KAFKA_TOPICS}/{topic}"
+
+
+def kafka_group_path(kafka: str, znode: str) -> str:
+    """A consumer group's record, under its znode name (``kafka_groups.group_znode``)."""
+    return f"{kafka}/{KAFKA_GROUPS}/{znode}"
+
+
+def kafka_gateway_path(kafka: str, node_id: int) -> str:
+    return f"{kafka}/{KAFKA_GATEWAYS}/{node_id}"
+
+
+def kafka_txn_path(kafka: str, znode: str) -> str:
+    """A transactional id's record, under its znode name (``kafka_txns.znode_name``)."""
+    return f"{kafka}/{KAFKA_TRANSACTIONS}/{znode}"
+
+
+def kafka_txn_flag_path(kafka: str, topic: str, partition: int | None = None) -> str:
+    """Where a partition records the offset its transactions start from (the topic's
+    node with ``partition`` None)."""
+    base = f"{kafka}/{KAFKA_TXN_PARTITIONS}/{topic}"
+    return base if partition is None else f"{base}/{partition}"
+
+
+def kafka_producer_ids_path(kafka: str) -> str:
+    return f"{kafka}/{KAFKA_PRODUCER_IDS}"
+
+
+def kafka_acls_path(kafka: str) -> str:
+    """The one record of every ACL binding (``kafka_acls``)."""
+    return f"{kafka}/{KAFKA_ACLS}"

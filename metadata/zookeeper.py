@@ -178,6 +178,11 @@ class ZooKeeperStore:
                 delay = min(delay * 2, 2.0)
             except kz.ConnectionClosedError as exc:
                 raise SessionExpiredError(f"{what} {path}: client closed") from exc
+            except kz.KazooException as exc:
+                # Any other answer (a marshalling or server-side error): still a
+                # MetadataError, so no kazoo type reaches the callers.
+                raise MetadataError(f"{what} {path}: ZooKeeper failed the call: "
+                                    f"{exc!r}") from exc
         raise AssertionError("unreachable")
 
     # -- operations ---------------------------------------------------------------------

@@ -67,9 +67,14 @@ class _Progress:
 async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
                      outstanding: int, duration: float, warmup: float = 0.0, *,
                      keep: bool = False, interruptible: bool = False,
-                     batch: int = 1) -> dict[str, Any]:
+                     batch: int = 1, rate: float = 0.0) -> dict[str, Any]:
     """Keep ``outstanding`` appends in flight for ``warmup + duration`` seconds; counts
     and latencies cover appends submitted after the warm-up and durable before the end.
+
+    With ``rate`` (appends/s, one entry each), appends are submitted on that schedule
+    instead, ``outstanding`` only capping how many may be in flight: the latency at a
+    given load rather than at saturation (the loop never waits on an append past the
+    next one's due time, so a slow append does not delay the ones after it).
 
     The ledgers are closed, then deleted unless ``keep``. With ``interruptible``, SIGINT
     (Ctrl-C) ends the run early: what is in flight completes, the ledgers are closed
@@ -80,8 +85,11 @@ async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
     async with ledgerd.open_client(zk, throttle=0,
                                    max_inflight_per_bookie=max(1000, 4 * outstanding)) as client, \
             trio.open_nursery() as nursery:
+        if rate and batch > 1:
+            raise ValueError("a paced run appends one entry at a time (batch=1)")
         handles = [await client.create_ledger(e, qw, qa) for _ in range(ledgers)]
-        start = trio.current_time() + warmup
+        begun = trio.current_time()
+        start = begun + warmup
         end = start + duration
 
         if interruptible:
@@ -101,13 +109,22 @@ async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
         count = i = 0
         while trio.current_time() < end:
             while len(inflight) < outstanding:
+                if rate and begun + i / rate > trio.current_time():
+                    break  # the next append is not due yet
                 if batch > 1:
                     inflight += await handles[i % ledgers].submit_many(
                         [payload] * min(batch, outstanding - len(inflight)))
                 else:
                     inflight.append(await handles[i % ledgers].submit(payload))
                 i += 1
-            await inflight[0]
+            if rate and len(inflight) < outstanding:
+                with trio.move_on_at(begun + i / rate):
+                    if inflight:
+                        await inflight[0]
+                    else:
+                        await trio.sleep_forever()
+            else:
+                await inflight[0]
             # One ledger's appends complete in order: take the done ones off the front
             # (scanning all ``outstanding`` after every wake-up cost the client ~5% of
             # its CPU at 800). Several ledgers complete in any order: keep what is not done.
@@ -141,7 +158,7 @@ async def run_writes(zk: str, e: int, qw: int, qa: int, size: int, ledgers: int,
     progress.done()
     result = {"kind": "writes", "ensemble": e, "write_quorum": qw, "ack_quorum": qa,
               "entry_size": size, "ledgers": ledgers, "outstanding": outstanding,
-              "batch": batch,
+              "batch": batch, **({"rate": rate} if rate else {}),
               "seconds": round(ran, 3), "appends": count,
               "appends_per_s": round(count / ran, 1),
               "mb_per_s": round(count * size / ran / 1e6, 2), **latency_summary(lat),

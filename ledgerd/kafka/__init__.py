@@ -5,7 +5,10 @@
 - ``partitions``: a partition as a log (appends, offsets, reads);
 - ``groups``: the classic consumer-group protocol as a state machine, and what the
   group admin APIs may say and delete;
-- ``refusals``: the reply refusing a whole request (a version not served);
+- ``compression``: a topic's ``compression.type`` applied to produced batches;
+- ``acls`` / ``authorization`` / ``acl_admin``: Kafka's ACLs (decisions, what each
+  request needs, the ACL APIs and the authorizer the gateway judges by);
+- ``refusals``: the reply refusing a whole request (a version not served, a denial);
 - ``gateway``: the trio server (``ledgerd gateway --conf F``).
 """
 

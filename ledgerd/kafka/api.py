@@ -10,7 +10,8 @@ encodings; ApiVersions v3-v4 and the group/cluster admin APIs (ListGroups,
 DescribeGroups, DeleteGroups, DescribeCluster) are served at every version Kafka
 defines, flexible ones included, since admin tools ask for the newest; so are the
 topic admin APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs,
-CreatePartitions, DeleteRecords). Produce
+CreatePartitions, DeleteRecords) and the ACL APIs (DescribeAcls, CreateAcls,
+DeleteAcls). Produce
 advertises 0-7 but answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka
 drops compression unless Produce's minimum is 0.
 """
@@ -29,6 +30,7 @@ from ledgerd.kafka.schema import (
     NULLABLE_BYTES,
     NULLABLE_STRING,
     STRING,
+    UUID,
     Array,
     Field,
     Message,
@@ -62,7 +64,11 @@ class ApiKey(enum.IntEnum):
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     WRITE_TXN_MARKERS = 27
+    OFFSET_FOR_LEADER_EPOCH = 23
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
@@ -124,22 +130,30 @@ class ErrorCode(enum.IntEnum):
     SASL_AUTHENTICATION_FAILED = 58
     NON_EMPTY_GROUP = 68
     GROUP_ID_NOT_FOUND = 69
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
     UNSUPPORTED_COMPRESSION_TYPE = 76
     MEMBER_ID_REQUIRED = 79
     FENCED_INSTANCE_ID = 82
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
     PRODUCER_FENCED = 90
+    UNKNOWN_TOPIC_ID = 100
     MISMATCHED_ENDPOINT_TYPE = 114
 
 
 # Versions advertised (ApiVersions) and, where narrower, served.
 SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.PRODUCE: (0, 7),
-    ApiKey.FETCH: (4, 11),
-    ApiKey.LIST_OFFSETS: (1, 5),
-    ApiKey.METADATA: (0, 4),
-    ApiKey.OFFSET_COMMIT: (2, 7),
+    # the data path at the versions librdkafka 2.15 asks (Fetch 16, Metadata 13,
+    # ListOffsets 7, OffsetCommit 9, OffsetForLeaderEpoch 2) and the Java client's
+    # (Fetch 17, ListOffsets 10 in 4.0): leader epochs (KIP-320) from Metadata 7,
+    # Fetch 9, ListOffsets 4; topic ids from Metadata 10 and Fetch 13
+    ApiKey.FETCH: (4, 17),
+    ApiKey.LIST_OFFSETS: (1, 10),
+    ApiKey.METADATA: (0, 13),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
+    ApiKey.OFFSET_COMMIT: (2, 9),
     ApiKey.OFFSET_FETCH: (1, 5),
     ApiKey.FIND_COORDINATOR: (0, 2),
     # v3+ of Heartbeat and SyncGroup and v5 of JoinGroup carry group.instance.id
@@ -178,6 +192,11 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.DELETE_RECORDS: (0, 2),
+    # ACLs (KIP-140; v1 adds pattern types, KIP-290): librdkafka 2.x asks 0-2, the Java
+    # admin client 3
+    ApiKey.DESCRIBE_ACLS: (0, 3),
+    ApiKey.CREATE_ACLS: (0, 3),
+    ApiKey.DELETE_ACLS: (0, 3),
 }
 PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
 
@@ -188,9 +207,9 @@ PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 
 # the client would parse, and closes the connection.
 DECLARED: dict[ApiKey, tuple[int, int]] = {
     **SUPPORTED,
-    ApiKey.FETCH: (0, 11),
-    ApiKey.LIST_OFFSETS: (0, 5),
-    ApiKey.OFFSET_COMMIT: (0, 7),
+    ApiKey.FETCH: (0, 17),
+    ApiKey.LIST_OFFSETS: (0, 10),
+    ApiKey.OFFSET_COMMIT: (0, 9),
     ApiKey.OFFSET_FETCH: (0, 5),
 }
 
@@ -202,13 +221,25 @@ REQUEST_HEADER = Message((
     Field("api_key", INT16), Field("api_version", INT16), Field("correlation_id", INT32),
     Field("client_id", NULLABLE_STRING)))
 
+# an ACL filter (DescribeAcls' body, each of DeleteAcls' filters); 3 = LITERAL
+_ACL_FILTER = (
+    Field("resource_type_filter", INT8), Field("resource_name_filter", NULLABLE_STRING),
+    Field("pattern_type_filter", INT8, since=1, default=3),
+    Field("principal_filter", NULLABLE_STRING), Field("host_filter", NULLABLE_STRING),
+    Field("operation", INT8), Field("permission_type", INT8))
+
 REQUESTS: dict[ApiKey, Message] = {
     ApiKey.API_VERSIONS: Message((
         Field("client_software_name", STRING, since=3, default=""),
         Field("client_software_version", STRING, since=3, default="")), flexible_from=3),
     ApiKey.METADATA: Message((
-        Field("topics", array(Field("name", STRING), nullable=True)),
-        Field("allow_auto_topic_creation", BOOL, since=4, default=True))),
+        Field("topics", array(Field("topic_id", UUID, since=10, default=bytes(16)),
+                              Field("name", NULLABLE_STRING), nullable=True)),
+        Field("allow_auto_topic_creation", BOOL, since=4, default=True),
+        Field("include_cluster_authorized_operations", BOOL, since=8, until=10,
+              default=False),
+        Field("include_topic_authorized_operations", BOOL, since=8, default=False)),
+        flexible_from=9),
     ApiKey.PRODUCE: Message((
         Field("transactional_id", NULLABLE_STRING, since=3),
         Field("acks", INT16), Field("timeout_ms", INT32),
@@ -217,23 +248,30 @@ REQUESTS: dict[ApiKey, Message] = {
             Field("partition_data", array(Field("index", INT32),
                                           Field("records", NULLABLE_BYTES))))))),
     ApiKey.FETCH: Message((
-        Field("replica_id", INT32), Field("max_wait_ms", INT32), Field("min_bytes", INT32),
+        # v12+: tagged cluster_id, v15+: tagged replica_state, v17+: each partition's
+        # tagged replica_directory_id (skipped: no followers)
+        Field("replica_id", INT32, until=14, default=-1),
+        Field("max_wait_ms", INT32), Field("min_bytes", INT32),
         Field("max_bytes", INT32, since=3, default=0x7FFFFFFF),
         Field("isolation_level", INT8, since=4, default=0),
         Field("session_id", INT32, since=7, default=0),
         Field("session_epoch", INT32, since=7, default=-1),
         Field("topics", array(
-            Field("topic", STRING),
+            Field("topic", STRING, until=12, default=""),
+            Field("topic_id", UUID, since=13, default=bytes(16)),
             Field("partitions", array(
                 Field("partition", INT32),
                 Field("current_leader_epoch", INT32, since=9, default=-1),
                 Field("fetch_offset", INT64),
+                Field("last_fetched_epoch", INT32, since=12, default=-1),
                 Field("log_start_offset", INT64, since=5, default=-1),
                 Field("partition_max_bytes", INT32))))),
         Field("forgotten_topics_data", array(
-            Field("topic", STRING), Field("partitions", Array.of_scalar(INT32))),
+            Field("topic", STRING, until=12, default=""),
+            Field("topic_id", UUID, since=13, default=bytes(16)),
+            Field("partitions", Array.of_scalar(INT32))),
             since=7, default=()),
-        Field("rack_id", STRING, since=11, default=""))),
+        Field("rack_id", STRING, since=11, default="")), flexible_from=12),
     ApiKey.LIST_OFFSETS: Message((
         Field("replica_id", INT32),
         Field("isolation_level", INT8, since=2, default=0),
@@ -243,7 +281,16 @@ REQUESTS: dict[ApiKey, Message] = {
                 Field("partition_index", INT32),
                 Field("current_leader_epoch", INT32, since=4, default=-1),
                 Field("timestamp", INT64),
-                Field("max_num_offsets", INT32, until=0, default=1))))))),
+                Field("max_num_offsets", INT32, until=0, default=1))))),
+        Field("timeout_ms", INT32, since=10, default=0)), flexible_from=6),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: Message((
+        Field("replica_id", INT32, since=3, default=-2),
+        Field("topics", array(
+            Field("topic", STRING),
+            Field("partitions", array(
+                Field("partition", INT32),
+                Field("current_leader_epoch", INT32, since=2, default=-1),
+                Field("leader_epoch", INT32)))))), flexible_from=4),
     ApiKey.INIT_PRODUCER_ID: Message((
         Field("transactional_id", NULLABLE_STRING),
         Field("transaction_timeout_ms", INT32),
@@ -314,7 +361,7 @@ REQUESTS: dict[ApiKey, Message] = {
                 Field("partition_index", INT32), Field("committed_offset", INT64),
                 Field("committed_leader_epoch", INT32, since=6, default=-1),
                 Field("commit_timestamp", INT64, since=1, until=1, default=-1),
-                Field("committed_metadata", NULLABLE_STRING))))))),
+                Field("committed_metadata", NULLABLE_STRING)))))), flexible_from=8),
     ApiKey.OFFSET_FETCH: Message((
         Field("group_id", STRING),
         Field("topics", array(Field("name", STRING),
@@ -382,6 +429,14 @@ REQUESTS: dict[ApiKey, Message] = {
             Field("partitions", array(Field("partition_index", INT32),
                                       Field("offset", INT64))))),
         Field("timeout_ms", INT32)), flexible_from=2),
+    ApiKey.DESCRIBE_ACLS: Message(_ACL_FILTER, flexible_from=2),
+    ApiKey.CREATE_ACLS: Message((
+        Field("creations", array(
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("resource_pattern_type", INT8, since=1, default=3),
+            Field("principal", STRING), Field("host", STRING),
+            Field("operation", INT8), Field("permission_type", INT8))),), flexible_from=2),
+    ApiKey.DELETE_ACLS: Message((Field("filters", array(*_ACL_FILTER)),), flexible_from=2),
 }
 
 RESPONSES: dict[ApiKey, Message] = {
@@ -398,12 +453,20 @@ RESPONSES: dict[ApiKey, Message] = {
         Field("cluster_id", NULLABLE_STRING, since=2),
         Field("controller_id", INT32, since=1, default=-1),
         Field("topics", array(
-            ERROR, Field("name", STRING),
+            ERROR, Field("name", NULLABLE_STRING),
+            Field("topic_id", UUID, since=10, default=bytes(16)),
             Field("is_internal", BOOL, since=1, default=False),
             Field("partitions", array(
                 ERROR, Field("partition_index", INT32), Field("leader_id", INT32),
+                Field("leader_epoch", INT32, since=7, default=-1),
                 Field("replica_nodes", Array.of_scalar(INT32)),
-                Field("isr_nodes", Array.of_scalar(INT32)))))))),
+                Field("isr_nodes", Array.of_scalar(INT32)),
+                Field("offline_replicas", Array.of_scalar(INT32), since=5, default=()))),
+            # INT32_MIN: not requested (Kafka's default); ledgerd has no topic ACLs here
+            Field("topic_authorized_operations", INT32, since=8, default=-2147483648))),
+        Field("cluster_authorized_operations", INT32, since=8, until=10,
+              default=-2147483648),
+        Field("error_code", INT16, since=13, default=0)), flexible_from=9),
     ApiKey.PRODUCE: Message((
         Field("responses", array(
             Field("name", STRING),
@@ -416,8 +479,11 @@ RESPONSES: dict[ApiKey, Message] = {
         Field("throttle_time_ms", INT32, since=1, default=0),
         Field("error_code", INT16, since=7, default=0),
         Field("session_id", INT32, since=7, default=0),
+        # v12+: the tagged diverging_epoch, current_leader, snapshot_id and (v16+)
+        # node_endpoints are written absent
         Field("responses", array(
-            Field("topic", STRING),
+            Field("topic", STRING, until=12, default=""),
+            Field("topic_id", UUID, since=13, default=bytes(16)),
             Field("partitions", array(
                 Field("partition_index", INT32), ERROR, Field("high_watermark", INT64),
                 Field("last_stable_offset", INT64, since=4, default=-1),
@@ -426,7 +492,7 @@ RESPONSES: dict[ApiKey, Message] = {
                                                     Field("first_offset", INT64),
                                                     nullable=True), since=4),
                 Field("preferred_read_replica", INT32, since=11, default=-1),
-                Field("records", NULLABLE_BYTES))))))),
+                Field("records", NULLABLE_BYTES)))))), flexible_from=12),
     ApiKey.LIST_OFFSETS: Message((
         Field("throttle_time_ms", INT32, since=2, default=0),
         Field("topics", array(
@@ -436,7 +502,15 @@ RESPONSES: dict[ApiKey, Message] = {
                 Field("old_style_offsets", Array.of_scalar(INT64), until=0, default=()),
                 Field("timestamp", INT64, since=1, default=-1),
                 Field("offset", INT64, since=1, default=-1),
-                Field("leader_epoch", INT32, since=4, default=-1))))))),
+                Field("leader_epoch", INT32, since=4, default=-1)))))), flexible_from=6),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: Message((
+        Field("throttle_time_ms", INT32, since=2, default=0),
+        Field("topics", array(
+            Field("topic", STRING),
+            Field("partitions", array(
+                ERROR, Field("partition", INT32),
+                Field("leader_epoch", INT32, since=1, default=-1),
+                Field("end_offset", INT64, default=-1)))))), flexible_from=4),
     ApiKey.INIT_PRODUCER_ID: Message((
         THROTTLE, ERROR, Field("producer_id", INT64, default=-1),
         Field("producer_epoch", INT16, default=-1)), flexible_from=2),
@@ -487,7 +561,8 @@ RESPONSES: dict[ApiKey, Message] = {
         Field("throttle_time_ms", INT32, since=3, default=0),
         Field("topics", array(
             Field("name", STRING),
-            Field("partitions", array(Field("partition_index", INT32), ERROR)))))),
+            Field("partitions", array(Field("partition_index", INT32), ERROR))))),
+        flexible_from=8),
     ApiKey.OFFSET_FETCH: Message((
         Field("throttle_time_ms", INT32, since=3, default=0),
         Field("topics", array(
@@ -529,7 +604,7 @@ RESPONSES: dict[ApiKey, Message] = {
                 Field("client_id", STRING), Field("client_host", STRING),
                 Field("member_metadata", BYTES), Field("member_assignment", BYTES)),
                 default=()),
-            # INT32_MIN: not requested (Kafka's default); ledgerd has no group ACLs
+            # INT32_MIN: not requested (Kafka's default); else the ACLs' bitfield
             Field("authorized_operations", INT32, since=3, default=-2147483648)))),
         flexible_from=5),
     ApiKey.DELETE_GROUPS: Message((
@@ -592,6 +667,29 @@ RESPONSES: dict[ApiKey, Message] = {
             Field("partitions", array(Field("partition_index", INT32),
                                       Field("low_watermark", INT64, default=-1),
                                       ERROR))))),
+        flexible_from=2),
+    ApiKey.DESCRIBE_ACLS: Message((
+        THROTTLE, ERROR, Field("error_message", NULLABLE_STRING),
+        Field("resources", array(
+            Field("resource_type", INT8), Field("resource_name", STRING),
+            Field("pattern_type", INT8, since=1, default=3),
+            Field("acls", array(Field("principal", STRING), Field("host", STRING),
+                                Field("operation", INT8), Field("permission_type", INT8)))),
+            default=())), flexible_from=2),
+    ApiKey.CREATE_ACLS: Message((
+        THROTTLE,
+        Field("results", array(ERROR, Field("error_message", NULLABLE_STRING)))),
+        flexible_from=2),
+    ApiKey.DELETE_ACLS: Message((
+        THROTTLE,
+        Field("filter_results", array(
+            ERROR, Field("error_message", NULLABLE_STRING),
+            Field("matching_acls", array(
+                ERROR, Field("error_message", NULLABLE_STRING),
+                Field("resource_type", INT8), Field("resource_name", STRING),
+                Field("pattern_type", INT8, since=1, default=3),
+                Field("principal", STRING), Field("host", STRING),
+                Field("operation", INT8), Field("permission_type", INT8)), default=())))),
         flexible_from=2),
 }
 assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED) == set(DECLARED)

@@ -79,6 +79,11 @@ class GatewayConfig(ClientConfig):
     group_max_session_timeout_ms: int = setting(
         300000, bk="(Kafka: group.max.session.timeout.ms)", minimum=1,
         doc="Largest session timeout a consumer may ask for.")
+    transactional_id_expiration_ms: int = setting(
+        604800000, bk="(Kafka: transactional.id.expiration.ms)", minimum=1000,
+        doc="A transactional id whose producer has not begun or ended a transaction for "
+            "this long, and has none open, is forgotten (its record deleted from "
+            "ZooKeeper): a producer using it again starts with a new producer id.")
     gateway_tls_certificate_path: str = setting(
         "", bk="(Kafka: ssl.keystore.location, PEM)",
         doc="PEM certificate chain of the gateway's listener; set, the listener speaks "
@@ -99,6 +104,36 @@ class GatewayConfig(ClientConfig):
             "connection must authenticate with SASL PLAIN (user = principal name, "
             "password = its token) or a client certificate before any request but "
             "ApiVersions, and requests need the client role (topics: admin).")
+    gateway_allow_everyone_if_no_acl_found: bool = setting(
+        True, bk="(Kafka: allow.everyone.if.no.acl.found)",
+        doc="A resource no ACL binding covers is open to every principal (Kafka's "
+            "default is false; true keeps a cluster without ACLs serving as before). "
+            "The ACLs are checked after the roles of gateway_principals_file.")
+    gateway_super_users: str = setting(
+        "", bk="(Kafka: super.users)",
+        doc="Principals (User:name, separated by ';') the ACLs never refuse; an "
+            "unauthenticated client is User:ANONYMOUS.")
+    gateway_peer_token_file: str = setting(
+        "", bk="(ledgerd: gateways' transaction markers)",
+        doc="File holding (first line) the token this gateway authenticates with to the "
+            "other gateways when they require it (gateway_principals_file set): SASL "
+            "PLAIN as the principal it names there, which needs the admin role to write "
+            "transaction markers (empty: auth_token_file).")
+
+    def peer_token(self) -> bytes | None:
+        """The token of gateway_peer_token_file (else auth_token_file's), or None."""
+        if not self.gateway_peer_token_file:
+            return self.auth_token()
+        try:
+            with open(self.gateway_peer_token_file, encoding="utf-8") as f:
+                token = f.readline().strip()
+        except OSError as exc:
+            raise ConfigError("gateway_peer_token_file", self.gateway_peer_token_file,
+                              f"a readable file ({exc.strerror})") from None
+        if not token:
+            raise ConfigError("gateway_peer_token_file", self.gateway_peer_token_file,
+                              "a file whose first line is the token")
+        return token.encode()
 
     def tls_server_context(self) -> ssl.SSLContext | None:
         if not self.gateway_tls_certificate_path:

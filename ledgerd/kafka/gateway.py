@@ -24,12 +24,26 @@ are handled at once per connection; reading pauses beyond that. Produce admissio
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
 
-State in ZooKeeper under ``<root>/kafka``: ``topics/<topic>`` (partition count,
-configs, low watermarks: ``topics.py``; the topic admin APIs are ``topic_admin.py``),
-``gateways/<id>``, ``groups/<group>`` (generation and protocol type: made by a group's
-first completed join or first commit, deleted with the group), ``producer_ids`` (a CAS
-counter).
-Committed offsets are cursors of the partitions' logs (``kafka.<group>``).
+State in ZooKeeper under ``<root>/kafka``, each kind through its typed store in
+``metadata/`` (versioned records, compare-and-set changes, paths from
+``metadata.paths``); this module makes no store call of its own on these nodes and
+writes no JSON:
+
+- ``topics/<topic>``: partition count, configs, low watermarks
+  (``metadata.kafka_topics``, read through the cache of ``topics.py``; the topic admin
+  APIs are ``topic_admin.py``);
+- ``gateways/<id>``: this gateway's registration, ephemeral in its session, and the
+  live ones' (``metadata.kafka_gateways.GatewayStore``);
+- ``groups/<group>``: generation and protocol type, made by a group's first completed
+  join or first commit, deleted with the group (``metadata.kafka_groups``);
+- ``producer_ids``: the idempotent producers' id counter
+  (``metadata.kafka_gateways.ProducerIdStore``);
+- ``transactions/<id>`` and ``txn_partitions/``: the transaction coordinator's
+  (``metadata.kafka_txns``, ``transactions.py``).
+
+Committed offsets are cursors of the partitions' logs (``kafka.<group>``,
+``metadata.logs``). A failed write of a partition's log answers the Kafka error its
+type says (``storage_errors.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +51,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import json
 import logging
 import re
 import struct
@@ -53,7 +66,9 @@ from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka import retention, topic_admin, transactions
+from ledgerd.kafka import epochs, retention, topic_admin, transactions
+from ledgerd.kafka.acl_admin import GatewayAcls
+from ledgerd.kafka.acls import AclSettings, Resource, cluster, parse_super_users
 from ledgerd.kafka.api import (
     DECLARED,
     PRODUCE_SERVED_FROM,
@@ -64,6 +79,8 @@ from ledgerd.kafka.api import (
     ApiKey,
     ErrorCode,
 )
+from ledgerd.kafka.authorization import verdict
+from ledgerd.kafka.compression import recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
 from ledgerd.kafka.metrics import GatewayMetrics
@@ -73,17 +90,26 @@ from ledgerd.kafka.partitions import (
     PartitionSettings,
     log_name,
 )
-from ledgerd.kafka.peer import send_marker
+from ledgerd.kafka.peer import peer_auth, send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
-from ledgerd.kafka.schema import KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
-from ledgerd.kafka.topics import TopicRecord, TopicStore
+from ledgerd.kafka.topics import TopicCache
 from ledgerd.kafka.txn_coordinator import Marker
-from ledgerd.metadata.cas import cas_update
-from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
+from ledgerd.metadata.errors import (
+    BadVersionError,
+    CorruptMetadataError,
+    NodeExistsError,
+    NoNodeError,
+)
+from ledgerd.metadata.kafka_acls import ResourceType
+from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
+from ledgerd.metadata.kafka_groups import GroupStore, group_znode
+from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore, new_topic_id
 from ledgerd.metadata.logs import CursorRecord
+from ledgerd.metadata.paths import kafka_root
 from ledgerd.metadata.store import SessionEvent
 from ledgerd.wire.status import FencedError
 
@@ -96,23 +122,27 @@ __all__ = ["Gateway", "serve_gateway"]
 log = logging.getLogger(__name__)
 
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 _SIZE = struct.Struct(">i")
 # A handler's answer that closes the connection instead of replying (acks=0 errors).
 _CLOSE: dict[str, Any] = {}
 FETCH_MAX_BYTES = 50 << 20  # one fetch response at most (Kafka: fetch.max.bytes)
 IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
+DELETE_FANOUT = 32  # cursor deletions of one DeleteGroups in flight at once
 CLUSTER_ID = "ledgerd"  # Metadata's and DescribeCluster's cluster id
-
-
-def _key_name(name: str) -> str:
-    """A group id as a ZooKeeper/cursor name: itself when plain, else hex."""
-    return name if _SAFE.match(name) else "x-" + name.encode().hex()[:180]
 
 
 def _rank(node: int, key: str) -> int:
     return zlib.crc32(f"{node}/{key}".encode())
+
+
+class ClusterMetadataMissingError(LedgerdError):
+    """The cluster's root holds no INSTANCEID: its metadata was lost (and is not yet
+    restored or rebuilt)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(f"the cluster's metadata is missing: no {root}/INSTANCEID in "
+                         "ZooKeeper")
 
 
 def _plain_check(tokens: dict[str, Principal], auth: bytes) -> Principal | None:
@@ -141,6 +171,9 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
     ApiKey.ALTER_CONFIGS: frozenset({"admin"}),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: frozenset({"admin"}),
     ApiKey.CREATE_PARTITIONS: frozenset({"admin"}), ApiKey.DELETE_RECORDS: frozenset({"admin"}),
+    # the ACLs themselves (Kafka: ALTER / DESCRIBE on the cluster, checked after)
+    ApiKey.CREATE_ACLS: frozenset({"admin"}), ApiKey.DELETE_ACLS: frozenset({"admin"}),
+    ApiKey.DESCRIBE_ACLS: frozenset({"admin"}),
 }
 
 
@@ -170,14 +203,19 @@ class Gateway:
         self.client = client
         self.config = config
         self.store = client.store
-        self.root = f"{config.zk_ledgers_root_path.rstrip('/')}/kafka"
+        self.root = kafka_root(config.zk_ledgers_root_path)
         self.port = 0
         self.node_id = -1
         self.nodes: dict[int, tuple[str, int]] = {}
         self.lease = Lease(config.zk_timeout_ms / 1000 * LEASE_FRACTION)
         self._confirming = trio.Lock()  # one membership refresh at a time
         self.topics: dict[str, int] = {}  # partition counts as last read
-        self.topic_store = TopicStore(self.store, self.root)
+        self.topic_store = TopicCache(TopicStore(self.store, self.root))
+        self.topic_names: dict[bytes, str] = {}  # topic id -> name, as last seen
+        self._ids_scanned = -1.0  # when every topic's id was last read (an unknown id)
+        self.gateway_store = GatewayStore(self.store, self.root)
+        self.group_store = GroupStore(self.store, self.root)
+        self.producer_ids = ProducerIdStore(self.store, self.root)
         self.partitions: dict[tuple[str, int], PartitionLog] = {}
         self.groups: dict[str, Group] = {}
         self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
@@ -191,6 +229,7 @@ class Gateway:
         self.tokens = load_principals(config.gateway_principals_file,
                                       "gateway_principals_file") \
             if config.gateway_principals_file else None
+        self.peer_auth = peer_auth(config, self.tokens)  # reaching the other gateways
         # who must prove themselves: everyone, with a principals file or client certificates
         self.authorizing = self.tokens is not None or \
             config.gateway_tls_client_auth == "required"
@@ -210,9 +249,14 @@ class Gateway:
                            lambda: len(self.nodes))
         self.nursery: trio.Nursery | None = None
         self.txn = transactions.TxnCoordinator(self)
+        # ACLs (acl_admin.py): every request is judged after the roles' check
+        self.acls = GatewayAcls(self.store, self.root, AclSettings(
+            allow_if_no_acl=config.gateway_allow_everyone_if_no_acl_found,
+            super_users=parse_super_users(config.gateway_super_users)))
         self.handlers: dict[ApiKey, Callable[[_Conn, int, dict[str, Any]],
                                              Awaitable[dict[str, Any] | None]]] = {
-            ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
+            ApiKey.API_VERSIONS: self.api_versions,
+            ApiKey.METADATA: functools.partial(self.acls.authorized_metadata, self.metadata),
             ApiKey.FETCH: self.fetch, ApiKey.LIST_OFFSETS: self.list_offsets,
             ApiKey.INIT_PRODUCER_ID: self.init_producer_id,
             ApiKey.FIND_COORDINATOR: self.find_coordinator,
@@ -222,9 +266,12 @@ class Gateway:
             ApiKey.DELETE_TOPICS: self.delete_topics,
             ApiKey.SASL_HANDSHAKE: self.sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.sasl_authenticate,
-            ApiKey.LIST_GROUPS: self.list_groups, ApiKey.DESCRIBE_GROUPS: self.describe_groups,
+            ApiKey.LIST_GROUPS: functools.partial(self.acls.authorized_list_groups,
+                                                  self.list_groups),
+            ApiKey.DESCRIBE_GROUPS: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups, ApiKey.OFFSET_DELETE: self.offset_delete,
             ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             # transactions: the coordinator's (``transactions.py``)
             ApiKey.ADD_PARTITIONS_TO_TXN: lambda _c, v, b: self.txn.add_partitions(v, b),
             ApiKey.ADD_OFFSETS_TO_TXN: lambda _c, v, b: self.txn.add_offsets(v, b),
@@ -238,6 +285,9 @@ class Gateway:
             ApiKey.ALTER_CONFIGS: functools.partial(topic_admin.alter_configs, self),
             ApiKey.INCREMENTAL_ALTER_CONFIGS: functools.partial(
                 topic_admin.incremental_alter_configs, self),
+            ApiKey.CREATE_ACLS: self.acls.create_acls,
+            ApiKey.DESCRIBE_ACLS: self.acls.describe_acls,
+            ApiKey.DELETE_ACLS: self.acls.delete_acls,
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -262,25 +312,14 @@ class Gateway:
         return self.owner(key) == self.node_id
 
     async def _register(self) -> None:
-        path = f"{self.root}/gateways/{self.node_id}"
+        """Register this gateway (ephemeral) — only under a cluster root that exists: a
+        gateway never recreates a root that was lost (a wiped ZooKeeper, a deleted root)
+        before the operator restores or rebuilds it; it stops serving meanwhile."""
+        root = self.config.zk_ledgers_root_path.rstrip("/")
+        if await self.store.exists(f"{root}/INSTANCEID") is None:
+            raise ClusterMetadataMissingError(root)
         host, port = self.config.advertised(self.port)
-        data = json.dumps({"host": host, "port": port}).encode()
-        try:
-            await self.store.create(path, data, ephemeral=True, make_parents=True)
-        except NodeExistsError:  # a previous session's node (ours, or a killed
-            # predecessor's on this port), not yet expired
-            try:
-                owner = (await self.store.get(path))[1].ephemeral_owner
-            except NoNodeError:
-                owner = 0
-            if owner and owner == self.store.session_id:
-                await self.store.set(path, data)
-                return
-            try:
-                await self.store.delete(path)
-            except NoNodeError:
-                pass
-            await self.store.create(path, data, ephemeral=True, make_parents=True)
+        await self.gateway_store.register(self.node_id, GatewayRecord(host=host, port=port))
 
     async def _refresh(self) -> None:
         """Re-read the live gateways, confirming the lease on leadership (the sending
@@ -290,15 +329,8 @@ class Gateway:
         and the lease stay as they were."""
         async with self._confirming:
             asked_at = trio.current_time()
-            path = f"{self.root}/gateways"
-            nodes: dict[int, tuple[str, int]] = {}
-            for child in await self.store.children(path):
-                try:
-                    raw, _ = await self.store.get(f"{path}/{child}")
-                except NoNodeError:
-                    continue
-                doc = json.loads(raw)
-                nodes[int(child)] = (doc["host"], int(doc["port"]))
+            nodes = {node: (record.host, record.port)
+                     for node, record in (await self.gateway_store.live()).items()}
             session = self.store.session_id
             if self.lease.on_confirmed(session_id=session, asked_at=asked_at):
                 await self._session_lost("confirmed in a new ZooKeeper session")
@@ -359,12 +391,25 @@ class Gateway:
     async def _membership(self) -> None:
         """Refresh the view of the live gateways every second, or more often if the
         lease is shorter, so that a running gateway's lease never lapses."""
+        missing = False
         while True:
             await trio.sleep(min(1.0, self.lease.duration / 3))
             try:
                 await self._refresh()
+            except ClusterMetadataMissingError as exc:  # said once, not every second
+                if not missing:
+                    log.error("cluster_metadata_missing", extra=fields(
+                        problem=str(exc), action=(
+                            "this gateway does not register or serve partitions until the "
+                            "metadata is back: `ledgerd shell metadata restore FILE` (a "
+                            "snapshot) or `ledgerd shell metadata rebuild --apply`")))
+                    missing = True
             except Exception as exc:  # ZooKeeper away: keep the last view
                 log.warning("kafka_membership_refresh_failed", extra=fields(error=repr(exc)))
+            else:
+                if missing:
+                    log.info("cluster_metadata_back", extra=fields(node_id=self.node_id))
+                    missing = False
             await self._sweep_idle()
 
     async def _sweep_idle(self) -> None:
@@ -567,6 +612,20 @@ class Gateway:
                 slot.close = True  # no error code fits every API: the client sees a close
                 slot.done.set()
                 return False
+        await self._name_topic_ids(api, version, body)  # ACLs and handlers go by name
+        refused_topics: frozenset[str] = frozenset()
+        if not (await self.acls.current()).is_open:
+            judged = verdict(api, body, self.acls.allows(conn))
+            if judged.refuse is not None or judged.topics:
+                log.warning("kafka_acl_denied", extra=fields(
+                    peer=conn.peer, principal=conn.principal.name, api=api.name,
+                    error=_code_name(judged.refuse or ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                    topics=",".join(sorted(judged.topics)) or "-"))
+            if judged.refuse is not None:
+                slot.frame = self._frame(api, version, cid, refusal(api, body, judged.refuse))
+                slot.done.set()
+                return True
+            refused_topics = judged.topics
         if api is ApiKey.PRODUCE:
             if version < PRODUCE_SERVED_FROM:
                 if body["acks"] == 0:  # it reads no response: a close tells it (as below)
@@ -579,13 +638,16 @@ class Gateway:
                 return True
             started = trio.current_time()
             deadline = started + max(body["timeout_ms"], 0) / 1000
-            work = await self._admit_produce(conn, body, deadline)
+            work = await self._admit_produce(conn, body, deadline, refused_topics)
             nursery.start_soon(self._finish, slot, api, version, cid,
                                self._complete_produce, (body, work, started, deadline))
             return True
         if api is ApiKey.FETCH:  # a parked fetch must not hold up what follows it
+            handler = self.handlers[api]
+            if refused_topics:  # the others are fetched; these answer the refusal
+                handler = functools.partial(self._fetch_refusing, refused_topics)
             nursery.start_soon(self._finish, slot, api, version, cid,
-                               self.handlers[api], (conn, version, body))
+                               handler, (conn, version, body))
         else:  # one at a time, in order, as Kafka does (a commit before its leave)
             await self._finish(slot, api, version, cid, self.handlers[api],
                                (conn, version, body))
@@ -640,7 +702,8 @@ class Gateway:
                            replicas: tuple[tuple[int, ...], ...] = ()) -> None:
         """Raises NodeExistsError if the topic exists."""
         await self.topic_store.create(topic, TopicRecord(
-            partitions=partitions, configs=configs or {}, replicas=replicas))
+            partitions=partitions, configs=configs or {}, replicas=replicas,
+            topic_id=new_topic_id()))
         self.topics[topic] = partitions
         log.info("kafka_topic_created", extra=fields(
             topic=topic, partitions=partitions, configs=",".join(
@@ -674,11 +737,21 @@ class Gateway:
     async def metadata(self, conn: _Conn, version: int, body: dict[str, Any],
                        ) -> dict[str, Any]:
         wanted = body["topics"]
+        topics: list[dict[str, Any]] = []
         if wanted is None or (version == 0 and not wanted):
             names = await self.all_topics()
         else:
-            names = [t["name"] for t in wanted]
-        topics = []
+            names = []
+            for t in wanted:
+                name = t["name"]
+                if name is None:  # v10+: named by id
+                    name = await self.topic_by_id(t["topic_id"])
+                    if name is None:
+                        topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_ID,
+                                       "name": None, "topic_id": t["topic_id"],
+                                       "partitions": []})
+                        continue
+                names.append(name)
         for name in names:
             count = await self.partition_count(name) if _TOPIC.match(name) else None
             if count is None:
@@ -696,23 +769,103 @@ class Gateway:
                 topics.append({"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                "name": name, "partitions": []})
                 continue
+            topic_id = await self.topic_id(name) if version >= 10 else ZERO_UUID
+            leader_epochs = await self.leader_epochs(name, count) if version >= 7 \
+                else [-1] * count
             parts = []
             for p in range(count):
                 leader = self.owner(f"{name}/{p}")
                 parts.append({"error_code": 0, "partition_index": p, "leader_id": leader,
+                              "leader_epoch": leader_epochs[p],
                               "replica_nodes": [leader], "isr_nodes": [leader]})
-            topics.append({"error_code": 0, "name": name, "partitions": parts})
+            topics.append({"error_code": 0, "name": name, "topic_id": topic_id or ZERO_UUID,
+                           "partitions": parts})
         brokers = [{"node_id": n, "host": h, "port": p, "rack": None}
                    for n, (h, p) in sorted(self.nodes.items())]
         return {"brokers": brokers, "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
                 "topics": topics}
 
+    async def topic_id(self, name: str) -> bytes | None:
+        """The topic's id (made for a record without one), remembered for lookups."""
+        tid = await self.topic_store.topic_id(name)
+        if tid is not None:
+            self.topic_names[tid] = name
+        return tid
+
+    async def _name_topic_ids(self, api: ApiKey, version: int, body: dict[str, Any],
+                              ) -> None:
+        """Fill in the names of the topics a request names by id (Metadata v10+, Fetch
+        v13+), before the ACLs judge it and the handler serves it: an id no topic has
+        keeps no name (Metadata: None, Fetch: "") and is answered UNKNOWN_TOPIC_ID."""
+        if api is ApiKey.FETCH and version >= 13:
+            for t in body["topics"]:
+                t["topic"] = await self.topic_by_id(t["topic_id"]) or ""
+        elif api is ApiKey.METADATA and version >= 10:
+            for t in body["topics"] or ():
+                if t["name"] is None:
+                    t["name"] = await self.topic_by_id(t["topic_id"])
+
+    async def topic_by_id(self, topic_id: bytes) -> str | None:
+        """The name of the topic with ``topic_id`` (None: no such topic now): from the
+        ids seen, checked against the topic's record; an id not seen makes every
+        topic's record be read, at most once a second."""
+        name = self.topic_names.get(topic_id)
+        if name is not None:
+            record = await self.topic_store.get(name)
+            if record is not None and record.topic_id == topic_id.hex():
+                return name
+            del self.topic_names[topic_id]
+        now = trio.current_time()
+        if topic_id == ZERO_UUID or now - self._ids_scanned < 1.0:
+            return None
+        self._ids_scanned = now
+        for other in await self.topic_store.names():
+            if await self.topic_id(other) == topic_id:
+                return other
+        return None
+
+    async def leader_epochs(self, topic: str, count: int) -> list[int]:
+        """Each partition's leader epoch as its log record holds it now (``epochs.py``):
+        the same on every gateway, never lower than what a client saw before (clients
+        ignore a Metadata answer whose epoch went down). Reads only."""
+        out = [epochs.current_epoch(0)] * count
+        limit = trio.CapacityLimiter(32)
+
+        async def one(p: int) -> None:
+            async with limit:
+                try:
+                    record, _ = await self.client.logs.store.get(log_name(topic, p))
+                    out[p] = epochs.current_epoch(record.writers)
+                except NoNodeError:
+                    pass
+            part = self.partitions.get((topic, p))
+            if part is not None and part.writer is not None:
+                out[p] = max(out[p], part.writer.epoch)
+
+        async with trio.open_nursery() as nursery:
+            for p in range(count):
+                nursery.start_soon(one, p)
+        return out
+
+    async def _epoch_error(self, part: PartitionLog, current: int) -> int:
+        """The error for a request naming ``current`` as the partition's leader epoch
+        (Fetch v9+, ListOffsets v4+, OffsetForLeaderEpoch v2+): 0 if it is -1 or ours.
+        A newer one than ours is checked against the log record again first."""
+        if current < 0:
+            return 0
+        code = epochs.check_current_epoch(current, await part.leader_epoch())
+        if code == ErrorCode.UNKNOWN_LEADER_EPOCH and part.writer is None:
+            code = epochs.check_current_epoch(current, await part.leader_epoch(fresh=True))
+        return int(code)
+
     async def _admit_produce(self, conn: _Conn, body: dict[str, Any], deadline: float,
+                             refused: frozenset[str] = frozenset(),
                              ) -> dict[tuple[str, int], Any]:
         """Validate and queue each partition's batches (called in request order, so a
         full partition queue holds this connection's next requests back, as a Kafka
         broker mutes a channel); returns per partition an error code or the queued
-        item."""
+        item. The ``refused`` topics' partitions (the ACLs) get
+        TOPIC_AUTHORIZATION_FAILED."""
         assert self.nursery is not None
         work: dict[tuple[str, int], Any] = {}
         tid = body["transactional_id"]
@@ -720,6 +873,9 @@ class Gateway:
             count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
             for pd in t["partition_data"]:
                 key = (t["name"], pd["index"])
+                if t["name"] in refused:
+                    work[key] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
                 if count is None or not 0 <= pd["index"] < count:
                     work[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
@@ -736,6 +892,10 @@ class Gateway:
                         limit_name="the topic's max.message.bytes"
                         if policy.max_message_bytes < self.config.max_batch_bytes
                         else "max_batch_bytes", transactional=tid is not None)
+                    if policy.compression is not None:  # the topic's codec, as Kafka does
+                        batches = await trio.to_thread.run_sync(
+                            recompressed, batches, policy.compression,
+                            policy.max_message_bytes)
                 except BatchError as exc:
                     log.warning("kafka_bad_batch", extra=fields(
                         peer=conn.peer, topic=t["name"], partition=pd["index"],
@@ -802,7 +962,10 @@ class Gateway:
 
     async def fetch(self, conn: _Conn, version: int, body: dict[str, Any]) -> dict[str, Any]:
         started = trio.current_time()
-        reply = await self._fetch(body)
+        # v13+: topic ids that name no topic (``_name_topic_ids`` left their names "")
+        unknown = {t["topic_id"] for t in body["topics"] if not t["topic"]} \
+            if version >= 13 else set()
+        reply = await self._fetch(body, unknown)
         self.metrics.fetch_latency.observe(trio.current_time() - started)
         for t in reply["responses"]:
             for part in t["partitions"]:
@@ -810,7 +973,18 @@ class Gateway:
                 self.metrics.bytes_out += len(part["records"])
         return reply
 
-    async def _fetch(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _fetch_refusing(self, refused: frozenset[str], conn: _Conn, version: int,
+                              body: dict[str, Any]) -> dict[str, Any]:
+        """Fetch the topics the ACLs allow; ``refused`` answer TOPIC_AUTHORIZATION_FAILED
+        (Kafka's answer per topic)."""
+        allowed = {**body, "topics": [t for t in body["topics"] if t["topic"] not in refused]}
+        reply = await self.fetch(conn, version, allowed)
+        denied = {**body, "topics": [t for t in body["topics"] if t["topic"] in refused]}
+        reply["responses"] += refusal(ApiKey.FETCH, denied,
+                                      ErrorCode.TOPIC_AUTHORIZATION_FAILED)["responses"]
+        return reply
+
+    async def _fetch(self, body: dict[str, Any], unknown: set[bytes]) -> dict[str, Any]:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         while True:
             # the client's limit, within Kafka's broker-side fetch.max.bytes
@@ -831,10 +1005,20 @@ class Gateway:
                                            "high_watermark": -1, "aborted_transactions": [],
                                            "records": b""}
                     parts.append(res)
+                    if t["topic_id"] in unknown:
+                        res["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
+                        continue
                     if count is None or not 0 <= pr["partition"] < count:
                         res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                         continue
                     part = self.partition(t["topic"], pr["partition"])
+                    try:  # KIP-320: a client whose leader epoch is not ours is told so
+                        res["error_code"] = await self._epoch_error(
+                            part, pr["current_leader_epoch"])
+                    except (LedgerdError, FencedError) as exc:
+                        res["error_code"] = storage_error_code(exc)
+                    if res["error_code"]:
+                        continue
                     if total >= budget:  # full: the rest get no records this time
                         try:
                             hw = await part.high_watermark()
@@ -848,7 +1032,12 @@ class Gateway:
                     limit = max(1, min(pr["partition_max_bytes"], budget - total))
                     lso = -1
                     try:
-                        records, hw = await part.read(pr["fetch_offset"], limit)
+                        # only the response's first records may exceed the limits (KIP-74:
+                        # a batch larger than them still makes progress); after that a
+                        # batch that does not fit waits for the next fetch, so the whole
+                        # response stays within the client's fetch.max.bytes
+                        records, hw = await part.read(pr["fetch_offset"], limit,
+                                                      min_one=total == 0)
                         lso = hw
                         if body["isolation_level"]:  # read_committed: below the LSO only
                             records, lso, aborted = await transactions.read_committed(
@@ -869,7 +1058,8 @@ class Gateway:
                         waits.append(part.changed)
                     elif not records:
                         poll = True
-                responses.append({"topic": t["topic"], "partitions": parts})
+                responses.append({"topic": t["topic"], "topic_id": t["topic_id"],
+                                  "partitions": parts})
             now = trio.current_time()
             if total >= body["min_bytes"] or total > 0 or now >= deadline or not (
                     waits or poll):
@@ -892,21 +1082,69 @@ class Gateway:
                 part = self.partition(t["name"], pr["partition_index"])
                 ts = pr["timestamp"]
                 try:
+                    res["error_code"] = await self._epoch_error(
+                        part, pr["current_leader_epoch"])
+                    if res["error_code"]:
+                        continue
                     if ts == -1:
                         res["offset"] = await part.high_watermark()
                         if body["isolation_level"]:  # read_committed: the LSO
                             res["offset"] = (await part.stable_view(res["offset"]))[0]
-                    elif ts == -2:
+                    elif ts == -2 or (ts == -4 and version >= 8):
+                        # EARLIEST, EARLIEST_LOCAL (KIP-405): nothing is tiered away
                         res["offset"] = await part.start_offset()
+                    elif ts == -5 and version >= 9:
+                        pass  # LATEST_TIERED (KIP-1005): none, -1 as Kafka without tiering
+                    elif ts == -3 and version >= 7:  # MAX_TIMESTAMP (KIP-734)
+                        found = await part.offset_of_max_timestamp()
+                        if found is not None:
+                            res["timestamp"], res["offset"] = found
+                    elif ts in (-3, -4, -5):  # a sentinel newer than the request
+                        res["error_code"] = ErrorCode.UNSUPPORTED_VERSION
                     elif ts < 0:
                         res["error_code"] = ErrorCode.INVALID_REQUEST
                     else:
                         found = await part.offset_for_time(ts)
                         if found is not None:
                             res["timestamp"], res["offset"] = found
+                    if version >= 4 and res["offset"] >= 0:
+                        res["leader_epoch"] = await part.epoch_of(res["offset"])
                 except (LedgerdError, FencedError) as exc:
                     res["error_code"] = storage_error_code(exc)
             topics.append({"name": t["name"], "partitions": parts})
+        return {"topics": topics}
+
+    async def offset_for_leader_epoch(self, conn: _Conn, version: int, body: dict[str, Any],
+                                      ) -> dict[str, Any]:
+        """KIP-101/KIP-320: where each asked epoch ended (``epochs.end_offset_for_epoch``
+        over the epoch history the log's ledgers hold). Only the partition's leader
+        answers, as in Kafka (its log end is the high watermark it acknowledged)."""
+        topics = []
+        for t in body["topics"]:
+            count = await self.partition_count(t["topic"]) if _TOPIC.match(t["topic"]) \
+                else None
+            parts = []
+            for pr in t["partitions"]:
+                res: dict[str, Any] = {"partition": pr["partition"], "error_code": 0,
+                                       "leader_epoch": -1, "end_offset": -1}
+                parts.append(res)
+                if count is None or not 0 <= pr["partition"] < count:
+                    res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not await self.may_lead(f"{t['topic']}/{pr['partition']}"):
+                    res["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    continue
+                part = self.partition(t["topic"], pr["partition"])
+                try:
+                    res["error_code"] = await self._epoch_error(
+                        part, pr["current_leader_epoch"])
+                    if res["error_code"]:
+                        continue
+                    res["leader_epoch"], res["end_offset"] = await part.end_offset_for_epoch(
+                        pr["leader_epoch"])
+                except (LedgerdError, FencedError) as exc:
+                    res["error_code"] = storage_error_code(exc)
+            topics.append({"topic": t["topic"], "partitions": parts})
         return {"topics": topics}
 
     async def init_producer_id(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -918,20 +1156,7 @@ class Gateway:
 
     async def new_producer_id(self) -> int:
         """A producer id never given before (a CAS counter in ZooKeeper)."""
-        path = f"{self.root}/producer_ids"
-        try:
-            await self.store.create(path, b"0", make_parents=True)
-        except NodeExistsError:
-            pass
-        got: list[int] = []
-
-        def bump(current: int) -> int:
-            got[:] = [current]
-            return current + 1
-
-        await cas_update(self.store, path, bump, decode=lambda raw, _p: int(raw),
-                         encode=lambda n: str(n).encode())
-        return got[0]
+        return await self.producer_ids.next()
 
     async def write_marker(self, marker: Marker) -> int:
         """Write a transaction marker into its partition's log: here if this gateway
@@ -940,7 +1165,7 @@ class Gateway:
         if owner == self.node_id or owner not in self.nodes:
             return await self.txn.write_local_marker(marker)
         host, port = self.nodes[owner]
-        return await send_marker(host, port, marker)
+        return await send_marker(host, port, marker, self.peer_auth)
 
     # -- groups -------------------------------------------------------------------------
 
@@ -971,25 +1196,17 @@ class Gateway:
         group = self.groups.get(group_id)
         if group is not None:
             return group
-        try:
-            raw, _ = await self.store.get(f"{self.root}/groups/{_key_name(group_id)}")
-        except NoNodeError:
+        record = await self.group_store.get(group_id)
+        if record is None:
             return None
         group = Group(group_id, self.group_settings)
-        doc = json.loads(raw)
-        group.generation = group.persisted = int(doc["generation"])
-        group.protocol_type = str(doc.get("protocol_type", ""))
+        group.generation = group.persisted = record.generation
+        group.protocol_type = record.protocol_type
         return self.groups.setdefault(group_id, group)
 
     async def _store_group(self, group: Group) -> None:
-        path = f"{self.root}/groups/{_key_name(group.group_id)}"
         gen = group.generation
-        doc = json.dumps({"format": 1, "group": group.group_id, "generation": gen,
-                          "protocol_type": group.protocol_type}).encode()
-        try:
-            await self.store.set(path, doc)
-        except NoNodeError:
-            await self.store.create(path, doc, make_parents=True)
+        await self.group_store.save(group.group_id, gen, group.protocol_type)
         group.persisted = max(group.persisted, gen)
 
     async def _wait(self, reply: Reply) -> dict[str, Any]:
@@ -1086,7 +1303,7 @@ class Gateway:
         await self._ensure_group_record(group_id)
         part = self.partition(topic, p)
         name = log_name(topic, p)
-        cursor = "kafka." + _key_name(group_id)
+        cursor = "kafka." + group_znode(group_id)
         lid = eid = entry_offset = 0
         hw = await part.high_watermark()
         try:
@@ -1124,7 +1341,7 @@ class Gateway:
         group = await self._group(body["group_id"])
         if isinstance(group, int):
             return {"error_code": group, "topics": []}
-        cursor = "kafka." + _key_name(body["group_id"])
+        cursor = "kafka." + group_znode(body["group_id"])
         wanted = body["topics"]
         if wanted is None:
             wanted = []
@@ -1161,13 +1378,7 @@ class Gateway:
             return
         group = self.groups.get(group_id)
         if group is None or group.persisted < 0:
-            doc = json.dumps({"format": 1, "group": group_id, "generation": 0,
-                              "protocol_type": ""}).encode()
-            try:
-                await self.store.create(f"{self.root}/groups/{_key_name(group_id)}", doc,
-                                        make_parents=True)
-            except NodeExistsError:
-                pass
+            await self.group_store.ensure(group_id)
             if group is not None:
                 group.persisted = max(group.persisted, 0)
         self.group_records.add(group_id)
@@ -1178,13 +1389,8 @@ class Gateway:
         """Group id -> protocol type of the groups with a record in ZooKeeper that this
         gateway coordinates (a record is read only if its name does not say already
         that the group is another gateway's, or in memory here)."""
-        path = f"{self.root}/groups"
-        try:
-            children = await self.store.children(path)
-        except NoNodeError:
-            return {}
         out: dict[str, str] = {}
-        for child in children:
+        for child in await self.group_store.names():
             if not child.startswith("x-"):  # a plain name is the group id itself
                 if not self.owns(f"group/{child}"):
                     continue
@@ -1192,15 +1398,13 @@ class Gateway:
                     out[child] = self.groups[child].protocol_type
                     continue
             try:
-                raw, _ = await self.store.get(f"{path}/{child}")
-                doc = json.loads(raw)
-                if self.owns(f"group/{doc['group']}"):
-                    out[str(doc["group"])] = str(doc.get("protocol_type", ""))
-            except NoNodeError:
-                continue  # deleted meanwhile
-            except (ValueError, KeyError, TypeError) as exc:
+                record = await self.group_store.get_named(child)
+            except CorruptMetadataError as exc:  # an unknown format too: named, skipped
                 log.warning("kafka_group_record_unreadable", extra=fields(
-                    znode=f"{path}/{child}", error=repr(exc)))
+                    znode=exc.path, error=str(exc)))
+                continue
+            if record is not None and self.owns(f"group/{record.group_id}"):
+                out[record.group_id] = record.protocol_type
         return out
 
     async def list_groups(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -1236,6 +1440,9 @@ class Gateway:
             if isinstance(group, int):
                 res["error_code"] = group
                 continue
+            if body["include_authorized_operations"]:
+                res["authorized_operations"] = self.acls.authorized_operations(
+                    conn.principal, Resource(ResourceType.GROUP, gid), peer=conn.peer)
             summary = group.summary() if group is not None and group.is_known \
                 else DEAD_SUMMARY
             if summary.state is GroupState.DEAD and version >= 6:  # Kafka 4's answer
@@ -1277,14 +1484,21 @@ class Gateway:
         if code:
             return int(code)
         try:
-            removed = 0
-            for topic in await self.all_topics():
-                for p in range(self.topics[topic]):
-                    removed += await self._delete_offset(gid, topic, p)
-            try:
-                await self.store.delete(f"{self.root}/groups/{_key_name(gid)}")
-            except NoNodeError:
-                pass
+            # one cursor per partition of every topic: deleted side by side, so a
+            # cluster of many partitions answers within the client's request timeout
+            found: list[bool] = []
+            limiter = trio.CapacityLimiter(DELETE_FANOUT)
+
+            async def delete_one(topic: str, p: int) -> None:
+                async with limiter:
+                    found.append(await self._delete_offset(gid, topic, p))
+
+            async with trio.open_nursery() as nursery:
+                for topic in await self.all_topics():
+                    for p in range(self.topics[topic]):
+                        nursery.start_soon(delete_one, topic, p)
+            removed = sum(found)
+            await self.group_store.delete(gid)
         finally:
             if self.groups.get(gid) is group:
                 del self.groups[gid]
@@ -1297,7 +1511,7 @@ class Gateway:
     async def _delete_offset(self, gid: str, topic: str, p: int) -> bool:
         try:
             return await self.client.logs.store.delete_cursor(
-                log_name(topic, p), "kafka." + _key_name(gid))
+                log_name(topic, p), "kafka." + group_znode(gid))
         except NoNodeError:
             return False
 
@@ -1340,7 +1554,10 @@ class Gateway:
                     "error_message": "the gateways are brokers; ledgerd has no "
                                      "controller endpoints", "cluster_id": CLUSTER_ID,
                     "endpoint_type": body["endpoint_type"], "brokers": []}
+        ops = self.acls.authorized_operations(conn.principal, cluster(), peer=conn.peer) \
+            if body["include_cluster_authorized_operations"] else -2147483648
         return {"error_code": 0, "error_message": None, "endpoint_type": 1,
+                "cluster_authorized_operations": ops,
                 "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
                 "brokers": [{"broker_id": n, "host": h, "port": p, "rack": None,
                              "is_fenced": False}
@@ -1419,7 +1636,10 @@ _DENIALS = {ApiKey.CREATE_TOPICS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
             ApiKey.ALTER_CONFIGS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
             ApiKey.INCREMENTAL_ALTER_CONFIGS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
             ApiKey.CREATE_PARTITIONS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-            ApiKey.DELETE_RECORDS: ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+            ApiKey.DELETE_RECORDS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            ApiKey.CREATE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ApiKey.DELETE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ApiKey.DESCRIBE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
 
 
 def _denied(api: ApiKey, body: dict[str, Any]) -> dict[str, Any]:

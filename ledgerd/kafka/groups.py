@@ -355,6 +355,23 @@ class Group:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
+    def check_txn_commit(self, *, member_id: str, generation: int,
+                         instance_id: str | None) -> int:
+        """May a transactional producer commit offsets for this group (TxnOffsetCommit
+        v3+, KIP-447)? Named by member, generation or instance, the member must be the
+        group's current one at its current generation, so a zombie of a consumer whose
+        partitions moved cannot commit through its transaction; named by none (v0-2, or
+        a producer outside the group), it may. Unlike a plain commit, not refused while
+        the group completes a rebalance (as Kafka)."""
+        if self.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation < 0 and not member_id and instance_id is None:
+            return ErrorCode.NONE
+        fenced = self._fenced(member_id, instance_id)
+        if fenced:
+            return fenced
+        return self._check(member_id, generation) or ErrorCode.NONE
+
     # -- administration -----------------------------------------------------------------
 
     def summary(self) -> GroupSummary:

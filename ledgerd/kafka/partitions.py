@@ -34,13 +34,14 @@ out of order. Only the partition's leader gateway writes; opening the log writer
 any previous one, whose next append then fails and whose clients are told
 NOT_LEADER_OR_FOLLOWER.
 
-Idempotent producers are checked as Kafka's broker checks them: a batch whose
-(producer, epoch, sequence) matches one of that producer's last five is answered with
-its first offset and not written again; a batch that does not continue the producer's
-last sequence gets OUT_OF_ORDER_SEQUENCE_NUMBER (the client resends it after the one
-that failed before it), one from an older epoch INVALID_PRODUCER_EPOCH. A producer this
-gateway knows nothing of (new, forgotten, or older than the log's last 1,000 batches
-read at takeover) is accepted at any sequence, as Kafka does since 2.5.
+Idempotent producers are checked as Kafka's broker checks them, by the pure machine
+in ``producer_state.py``: a batch whose (producer, epoch, sequence) matches one of that
+producer's last five is answered with its first offset and not written again; a batch
+that does not continue the producer's last sequence gets OUT_OF_ORDER_SEQUENCE_NUMBER
+(the client resends it after the one that failed before it), one from an older epoch
+INVALID_PRODUCER_EPOCH. A producer this gateway knows nothing of (new, forgotten, or
+older than the log's last 1,000 batches read at takeover) is accepted at any sequence,
+as Kafka does since 2.5.
 
 The writer and the producer state are trusted only under the gateway's lease on
 leadership (``lease.py``): before each group append and each high watermark answered
@@ -64,8 +65,10 @@ import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
+from ledgerd.kafka import epochs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
+from ledgerd.kafka.producer_state import ProducerState, last_sequence
 from ledgerd.kafka.records import BatchHeader, with_base_offset
 from ledgerd.kafka.timestamps import first_at_or_after
 from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
@@ -80,10 +83,7 @@ __all__ = ["OffsetOutOfRangeError", "PartitionLog", "PartitionSettings", "log_na
 
 log = logging.getLogger(__name__)
 
-PRODUCER_BATCHES = 5  # batches remembered per producer (Kafka: max.in.flight 5)
-SEQUENCE_WRAP = 1 << 31  # a producer's sequence goes on from 2**31 - 1 to 0
 PRODUCER_SCAN = 1000  # batches read back at takeover to rebuild producer state
-MAX_PRODUCERS = 10000  # idempotent producers remembered per partition (LRU)
 START_TTL_S = 1.0  # the log's first offset is read again after this long
 
 
@@ -149,6 +149,10 @@ class PartitionLog:
         self.changed = trio.Event()  # set (and replaced) whenever acked_end moves
         self.room = trio.Event()  # set (and replaced) whenever the appender takes a group
         self.first_offsets: dict[int, int | None] = {}  # ledger -> offset of entry 0
+        self.first_epochs: dict[int, int] = {}  # ledger -> leader epoch of entry 0
+        self._epoch: tuple[float, int] | None = None  # the log's epoch as read, and when
+        # ledger -> (largest max timestamp, its entry, last entry scanned): MAX_TIMESTAMP
+        self.max_times: dict[int, tuple[int, int, int]] = {}
         self.positions: OrderedDict[int, tuple[int, int]] = OrderedDict()  # next off -> pos
         self.tail: deque[tuple[int, int, bytes]] = deque()  # (base, next offset, batch)
         self.tail_bytes = 0
@@ -156,7 +160,7 @@ class PartitionLog:
         # pid -> its last batches' (epoch, first sequence, last sequence, base offset): a
         # retried batch (same epoch and sequence) is answered with its first offset, not
         # appended again; the next batch must continue the last sequence
-        self.producers: OrderedDict[int, deque[tuple[int, int, int, int]]] = OrderedDict()
+        self.producers = ProducerState()  # idempotent producers (producer_state.py)
         self._remote_end: tuple[float, int] | None = None
         # the log's first offset as last read (ledgers dropped from the front by
         # retention or DeleteRecords move it), and when
@@ -201,7 +205,7 @@ class PartitionLog:
         if h.producer_id >= 0 and h.base_sequence >= 0:
             records = sum(bh.record_count for bh, _ in batches)
             item.producer = (h.producer_id, h.producer_epoch, h.base_sequence,
-                             (h.base_sequence + records - 1) % SEQUENCE_WRAP)
+                             last_sequence(h.base_sequence, records))
         self.queue.append(item)
         self.queued_bytes += sum(len(b) for _, b in batches)
         if not self.appending:
@@ -254,11 +258,10 @@ class PartitionLog:
             payloads: list[bytes] = []
             placed: list[tuple[int, int, bytes]] = []  # (base, next offset, batch) written
             fresh: list[_Produce] = []
-            # idempotent producers' batches placed in this group: pid -> (epoch, last
-            # sequence), and (pid, epoch, first sequence) -> base offset (a retry of a
-            # batch still queued when its request timed out rides on the first copy)
-            last_seq: dict[int, tuple[int, int]] = {}
-            ahead: dict[tuple[int, int, int], int] = {}
+            # idempotent producers' batches, checked in the order they are placed (a
+            # retry of a batch still queued when its request timed out rides on the
+            # first copy)
+            admission = self.producers.group()
             for item in items:
                 if item.marker is not None:
                     # the transaction ends here: a batch of it that comes later is
@@ -271,21 +274,15 @@ class PartitionLog:
                     item.code = ErrorCode.INVALID_TXN_STATE
                     continue
                 if item.producer is not None:
-                    pid, epoch, first, last = item.producer
-                    dup = ahead.get((pid, epoch, first))
-                    if dup is None:
-                        dup = self._duplicate(item)
+                    dup, item.code = admission.admit(item.producer, self.next_offset)
                     if dup is not None:
                         item.base_offset = dup
                         continue
-                    item.code = self._sequence_error(item.producer, last_seq.get(pid))
                     if item.code:
                         continue
-                    last_seq[pid] = (epoch, last)
-                    ahead[(pid, epoch, first)] = self.next_offset
                 item.base_offset = self.next_offset
                 for h, raw in item.batches:
-                    batch = with_base_offset(raw, self.next_offset)
+                    batch = with_base_offset(raw, self.next_offset, writer.epoch)
                     payloads.append(batch)
                     placed.append((self.next_offset, self.next_offset + h.record_count, batch))
                     self.next_offset += h.record_count
@@ -319,7 +316,7 @@ class PartitionLog:
             self._remember(base, nxt, batch)
         for item in fresh:
             if item.producer is not None:
-                self._note_producer(*item.producer, item.base_offset)
+                self.producers.note(*item.producer, item.base_offset)
         if placed:
             self.acked_end = placed[-1][1]
             if self.txn is not None and self.txn.covered == placed[0][0]:
@@ -338,46 +335,6 @@ class PartitionLog:
             return False
         md = await self.client.ledger_metadata(writer.ledger_id)
         return md.state is LedgerState.OPEN
-
-    def _duplicate(self, item: _Produce) -> int | None:
-        """The offset an idempotent producer's retried batch got the first time."""
-        if item.producer is None:
-            return None
-        pid, epoch, seq, _ = item.producer
-        for e, s, _, offset in self.producers.get(pid, ()):
-            if e == epoch and s == seq:
-                return offset
-        return None
-
-    def _sequence_error(self, producer: tuple[int, int, int, int],
-                        placed: tuple[int, int] | None) -> int:
-        """0 if the batch continues its producer's sequence (``placed``: the producer's
-        (epoch, last sequence) earlier in this group), else the Kafka error code."""
-        pid, epoch, first, _ = producer
-        if placed is None:
-            recent = self.producers.get(pid)
-            if not recent:
-                return 0  # a producer not known here: accepted, as Kafka does since 2.5
-            placed = recent[-1][0], recent[-1][2]
-        known_epoch, last = placed
-        if epoch < known_epoch:
-            return ErrorCode.INVALID_PRODUCER_EPOCH
-        if epoch > known_epoch:  # a bumped epoch starts its sequence again
-            return 0 if first == 0 else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
-        return 0 if first == (last + 1) % SEQUENCE_WRAP \
-            else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
-
-    def _note_producer(self, pid: int, epoch: int, seq: int, last: int, offset: int) -> None:
-        if seq < 0:
-            return
-        recent = self.producers.get(pid)
-        if recent is None:
-            recent = self.producers[pid] = deque(maxlen=PRODUCER_BATCHES)
-            while len(self.producers) > MAX_PRODUCERS:  # the least recently heard go
-                self.producers.popitem(last=False)
-        else:
-            self.producers.move_to_end(pid)
-        recent.append((epoch, seq, last, offset))
 
     async def _rebuild_producers(self, skip: int) -> None:
         """Producer state from the log's last ``PRODUCER_SCAN`` batches, as Kafka
@@ -402,8 +359,8 @@ class PartitionLog:
                 eid = lo - 1
         for bh in reversed(found):
             if bh.producer_id >= 0:
-                self._note_producer(bh.producer_id, bh.producer_epoch, bh.base_sequence,
-                                    (bh.base_sequence + bh.record_count - 1) % SEQUENCE_WRAP,
+                self.producers.note(bh.producer_id, bh.producer_epoch, bh.base_sequence,
+                                    last_sequence(bh.base_sequence, bh.record_count),
                                     bh.base_offset)
 
     def _remember(self, base: int, nxt: int, batch: bytes) -> None:
@@ -548,7 +505,36 @@ class PartitionLog:
             record, _ = await self.client.logs.store.get(self.name)
         except NoNodeError:
             return ()  # created with the topic, no ledger written yet
+        self._epoch = (trio.current_time(), epochs.current_epoch(record.writers))
         return record.ledgers
+
+    # -- leader epochs (``epochs.py``) --------------------------------------------------
+
+    async def leader_epoch(self, *, fresh: bool = False) -> int:
+        """The partition's leader epoch: this gateway's writer's while it writes, else
+        the log record's ``writers`` count (``epochs.current_epoch``), as read within
+        START_TTL_S (``fresh``: read now). Reads only: if cancelled, nothing changed."""
+        if self.writer is not None:
+            return self.writer.epoch
+        now = trio.current_time()
+        if fresh or self._epoch is None or now - self._epoch[0] >= START_TTL_S:
+            await self._ledgers()
+            if self._epoch is None or now - self._epoch[0] >= START_TTL_S:
+                self._epoch = (now, epochs.current_epoch(0))  # no log record yet
+        return self._epoch[1]
+
+    async def epoch_starts(self) -> list[tuple[int, int]]:
+        """``(leader epoch, first offset)`` of each of the log's ledgers that holds a
+        batch, in list order (entry 0 of each read once and remembered)."""
+        out: list[tuple[int, int]] = []
+        for lid in await self._ledgers():
+            try:
+                first = await self._first_offset(lid)
+            except NoSuchLedgerError:
+                continue
+            if first is not None:
+                out.append((self.first_epochs.get(lid, -1), first))
+        return out
 
     async def _handle(self, lid: int) -> WriteHandle | ReadHandle:
         if self.writer is not None and self.writer.ledger_id == lid:
@@ -590,8 +576,10 @@ class PartitionLog:
             return self.first_offsets[lid]
         if await self._last_entry(lid) < 0:
             return None
-        first = (await self._header(lid, 0)).base_offset
+        header = await self._header(lid, 0)
+        first = header.base_offset
         self.first_offsets[lid] = first
+        self.first_epochs[lid] = header.leader_epoch
         return first
 
     async def _end_before(self, skip: int | None) -> int:
@@ -662,13 +650,34 @@ class PartitionLog:
             if leads and self.writer is not None and generation == self.generation:
                 return self.acked_end
             if leads and self.authority is not None:
-                return await self._settled_end()
+                # not beside a writer being opened here: the recovery would fence the
+                # ledger it just added (and it would open another, at a new epoch)
+                async with self._opening:
+                    if self.writer is not None and generation == self.generation:
+                        return self.acked_end
+                    return await self._settled_end()
         now = trio.current_time()
         if self._remote_end is not None and now - self._remote_end[0] < 0.05:
             return self._remote_end[1]
         end = await self._end_before(None)
         self._remote_end = (now, end)
         return end
+
+    async def history(self) -> tuple[list[tuple[int, int]], int, int]:
+        """``(epoch history, current epoch, log end)`` (``epochs.epoch_history``)."""
+        current = await self.leader_epoch()
+        end = await self.high_watermark()
+        return epochs.epoch_history(await self.epoch_starts(), current, end), current, end
+
+    async def end_offset_for_epoch(self, requested: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: ``(leader epoch, end offset)`` for ``requested``."""
+        history, current, end = await self.history()
+        return epochs.end_offset_for_epoch(history, current, end, requested)
+
+    async def epoch_of(self, offset: int) -> int:
+        """The leader epoch of the batch holding ``offset`` (-1: not known)."""
+        history, _, _ = await self.history()
+        return epochs.epoch_at(history, offset)
 
     # -- transactions -------------------------------------------------------------------
 
@@ -815,9 +824,11 @@ class PartitionLog:
         while len(self.positions) > 256:
             self.positions.popitem(last=False)
 
-    async def read(self, offset: int, max_bytes: int) -> tuple[bytes, int]:
-        """Whole batches from the one holding ``offset``, about ``max_bytes`` (at least
-        one batch), and the high watermark. Raises OffsetOutOfRangeError."""
+    async def read(self, offset: int, max_bytes: int,
+                   min_one: bool = True) -> tuple[bytes, int]:
+        """Whole batches from the one holding ``offset``, at most ``max_bytes`` (but at
+        least one batch when ``min_one``: the first partition of a fetch, KIP-74), and
+        the high watermark. Raises OffsetOutOfRangeError."""
         self.last_used = trio.current_time()
         hw = await self.high_watermark()
         if offset == hw:
@@ -826,9 +837,9 @@ class PartitionLog:
         if offset > hw or offset < start:
             raise OffsetOutOfRangeError(offset, start, hw)
         if self.tail and self.tail[0][0] <= offset < self.tail[-1][1]:
-            return self._from_tail(offset, max_bytes), hw
+            return self._from_tail(offset, max_bytes, min_one), hw
         while True:
-            ahead = self._from_ahead(offset, max_bytes)
+            ahead = self._from_ahead(offset, max_bytes, min_one)
             if ahead is not None:
                 self._read_ahead()
                 return ahead, hw
@@ -836,7 +847,7 @@ class PartitionLog:
                 break
             await self.ahead_progress.wait()  # the read-ahead is fetching exactly this
         try:
-            return await self._read_stored(offset, max_bytes), hw
+            return await self._read_stored(offset, max_bytes, min_one), hw
         except NoSuchLedgerError:
             # its ledger was dropped (retention, DeleteRecords, perhaps by another
             # gateway) since the first offset was last read here
@@ -847,7 +858,7 @@ class PartitionLog:
                 raise OffsetOutOfRangeError(offset, start, hw) from None
             raise
 
-    async def _read_stored(self, offset: int, max_bytes: int) -> bytes:
+    async def _read_stored(self, offset: int, max_bytes: int, min_one: bool) -> bytes:
         """Whole batches from the ledgers, from the one holding ``offset``."""
         lid, eid = await self.locate(offset)
         h = await self._handle(lid)
@@ -866,11 +877,13 @@ class PartitionLog:
             fits = 1 if not out else (max_bytes - size) * len(out) // size
             top = min(last, eid + max(0, min(63, fits - 1)))
             for entry in await h.read_batch(eid, top):
-                if out and size + len(entry.payload) > max_bytes:
+                if (out or not min_one) and size + len(entry.payload) > max_bytes:
                     top, full = entry.entry_id - 1, True  # the next fetch starts there
                     break
                 out.append(entry.payload)
                 size += len(entry.payload)
+            if not out:  # not even its first batch fits, and none was owed
+                return b""
             self._note_position(BatchHeader.parse(out[-1]).next_offset, lid, top + 1)
             eid = top + 1
             full = full or size >= max_bytes
@@ -882,7 +895,7 @@ class PartitionLog:
         self._read_ahead()
         return b"".join(out)
 
-    def _from_ahead(self, offset: int, max_bytes: int) -> bytes | None:
+    def _from_ahead(self, offset: int, max_bytes: int, min_one: bool) -> bytes | None:
         """Batches from the read-ahead, from the one holding ``offset`` (None: it does
         not hold that offset)."""
         while self.ahead and self.ahead[0][1] <= offset:
@@ -891,7 +904,8 @@ class PartitionLog:
             return None
         out: list[bytes] = []
         size = 0
-        while self.ahead and (not out or size + len(self.ahead[0][2]) <= max_bytes):
+        while self.ahead and ((min_one and not out)
+                              or size + len(self.ahead[0][2]) <= max_bytes):
             _, nxt, batch = self.ahead.popleft()
             self.ahead_bytes -= len(batch)
             out.append(batch)
@@ -941,12 +955,12 @@ class PartitionLog:
         self.ahead_progress.set()
         self.ahead_progress = trio.Event()
 
-    def _from_tail(self, offset: int, max_bytes: int) -> bytes:
+    def _from_tail(self, offset: int, max_bytes: int, min_one: bool) -> bytes:
         i = bisect.bisect_right(self.tail, offset, key=lambda t: t[0]) - 1
         out: list[bytes] = []
         size = 0
         for _, _, batch in itertools.islice(self.tail, i, None):
-            if out and size + len(batch) > max_bytes:
+            if (out or not min_one) and size + len(batch) > max_bytes:
                 break
             out.append(batch)
             size += len(batch)
@@ -977,6 +991,42 @@ class PartitionLog:
             offset, found = await trio.to_thread.run_sync(first_at_or_after, batch, timestamp)
             return found, offset
         return None
+
+
+    async def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+        """ListOffsets' MAX_TIMESTAMP (-3, KIP-734): ``(timestamp, offset)`` of the first
+        record carrying the log's largest timestamp; None for an empty log. Every batch
+        header is read once: what a ledger was scanned up to is remembered (entries
+        below its last readable one never change). If cancelled, what was remembered
+        stays true."""
+        best: tuple[int, int, int] | None = None  # (timestamp, ledger, entry)
+        for lid in await self._ledgers():
+            try:
+                last = await self._last_entry(lid)
+            except NoSuchLedgerError:
+                continue
+            ts, eid, upto = self.max_times.get(lid, (-1, -1, -1))
+            if upto < last:
+                h = await self._handle(lid)
+                at = upto + 1
+                while at <= last:
+                    top = min(last, at + 255)
+                    for entry in await h.read_batch(at, top):
+                        bh = BatchHeader.parse(entry.payload)
+                        if eid < 0 or bh.max_timestamp > ts:
+                            ts, eid = bh.max_timestamp, entry.entry_id
+                    at = top + 1
+                self.max_times[lid] = (ts, eid, last)
+                while len(self.max_times) > 4096:  # a memory, not a registry
+                    self.max_times.pop(next(iter(self.max_times)))
+            if eid >= 0 and (best is None or ts > best[0]):
+                best = (ts, lid, eid)
+        if best is None:
+            return None
+        h = await self._handle(best[1])
+        batch = (await h.read_batch(best[2], best[2]))[0].payload
+        offset, found = await trio.to_thread.run_sync(first_at_or_after, batch, best[0])
+        return found, offset
 
 
 def settings_from(get: Callable[[str], int]) -> PartitionSettings:

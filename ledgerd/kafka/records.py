@@ -59,6 +59,7 @@ class BatchHeader:
     producer_epoch: int
     base_sequence: int
     record_count: int
+    leader_epoch: int = -1  # partitionLeaderEpoch: the epoch of the leader that wrote it
 
     @property
     def last_offset(self) -> int:
@@ -77,9 +78,10 @@ class BatchHeader:
         if len(data) - at < HEADER_SIZE:
             raise BatchError(2, f"record batch of {len(data) - at} bytes is shorter than "
                                 f"its {HEADER_SIZE}-byte header")
-        (base, blen, _epoch, magic, crc, attrs, lod, bts, mts, pid, pep, seq,
+        (base, blen, epoch, magic, crc, attrs, lod, bts, mts, pid, pep, seq,
          count) = _HEADER.unpack_from(data, at)
-        return cls(base, blen + 12, magic, crc, attrs, lod, bts, mts, pid, pep, seq, count)
+        return cls(base, blen + 12, magic, crc, attrs, lod, bts, mts, pid, pep, seq, count,
+                   epoch)
 
 
 def split_batches(records: bytes, *, max_batch_bytes: int,
@@ -132,9 +134,14 @@ def split_batches(records: bytes, *, max_batch_bytes: int,
     return out
 
 
-def with_base_offset(batch: bytes, base_offset: int) -> bytes:
-    """The batch with its baseOffset rewritten (the CRC does not cover it)."""
-    return struct.pack(">q", base_offset) + batch[8:]
+def with_base_offset(batch: bytes, base_offset: int, leader_epoch: int | None = None,
+                     ) -> bytes:
+    """The batch with its baseOffset rewritten and, if given, its partitionLeaderEpoch
+    (as a Kafka leader stamps it; the CRC covers neither)."""
+    if leader_epoch is None:
+        return struct.pack(">q", base_offset) + batch[8:]
+    return struct.pack(">q", base_offset) + batch[8:12] + struct.pack(">i", leader_epoch) \
+        + batch[16:]
 
 
 def with_log_append_time(batch: bytes, now_ms: int) -> bytes:

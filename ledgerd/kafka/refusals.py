@@ -46,10 +46,13 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
             body["topic_data"], name="name", parts="partition_data", index="index",
             out_parts="partition_responses", out_index="index", error_code=code)}
     if api is ApiKey.FETCH:
-        return {"error_code": code, "session_id": 0, "responses": _topics(
+        responses = _topics(
             body["topics"], name="topic", parts="partitions", index="partition",
             out_name="topic", error_code=code, high_watermark=-1,
-            aborted_transactions=[], records=b"")}
+            aborted_transactions=[], records=b"")
+        for out, t in zip(responses, body["topics"], strict=True):
+            out["topic_id"] = t["topic_id"]  # v13+: the client knows it by its id
+        return {"error_code": code, "session_id": 0, "responses": responses}
     if api in (ApiKey.LIST_OFFSETS, ApiKey.OFFSET_COMMIT):
         return {"topics": _topics(body["topics"], name="name", parts="partitions",
                                   index="partition_index", error_code=code)}
@@ -58,8 +61,14 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
             body["topics"] or [], name="name", parts="partition_indexes", index=None,
             error_code=code, committed_offset=-1, metadata="")}
     if api is ApiKey.METADATA:
-        return {"brokers": [], "topics": [{"error_code": code, "name": t["name"],
-                                           "partitions": []} for t in body["topics"] or []]}
+        return {"brokers": [], "error_code": code,  # top level: v13+
+                "topics": [{"error_code": code, "name": t["name"],
+                            "topic_id": t["topic_id"], "partitions": []}
+                           for t in body["topics"] or []]}
+    if api is ApiKey.OFFSET_FOR_LEADER_EPOCH:
+        return {"topics": _topics(body["topics"], name="topic", parts="partitions",
+                                  index="partition", out_name="topic",
+                                  out_index="partition", error_code=code)}
     if api is ApiKey.CREATE_TOPICS:
         return {"topics": [{"name": t["name"], "error_code": code} for t in body["topics"]]}
     if api is ApiKey.DELETE_TOPICS:
@@ -92,5 +101,9 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
     if api is ApiKey.DELETE_RECORDS:
         return {"topics": _topics(body["topics"], name="name", parts="partitions",
                                   index="partition_index", error_code=code)}
+    if api is ApiKey.CREATE_ACLS:
+        return {"results": [{"error_code": code} for _ in body["creations"]]}
+    if api is ApiKey.DELETE_ACLS:
+        return {"filter_results": [{"error_code": code} for _ in body["filters"]]}
     # every other response has a top-level error code
     return {"error_code": code}

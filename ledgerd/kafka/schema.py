@@ -8,7 +8,8 @@ field is written down in exactly one place and both directions agree by construc
 
 Types (``docs/design/protocol.md`` of Kafka, KIP-482 for the flexible forms):
 
-- ``INT8`` … ``INT64``, ``BOOL`` big-endian; ``UINT32`` unsigned.
+- ``INT8`` … ``INT64``, ``BOOL`` big-endian; ``UINT32`` unsigned; ``UUID`` 16 raw
+  bytes (a topic id; all zero = none).
 - ``STRING`` int16 length + UTF-8; ``NULLABLE_STRING`` -1 = None; ``BYTES`` int32
   length; ``NULLABLE_BYTES`` -1 = None (record sets are nullable bytes).
 - ``Array(fields...)`` int32 count (-1 = None when ``nullable``), of structs;
@@ -32,8 +33,8 @@ from ledgerd.base.errors import LedgerdError
 
 __all__ = [
     "BOOL", "BYTES", "INT8", "INT16", "INT32", "INT64", "NULLABLE_BYTES", "NULLABLE_STRING",
-    "STRING", "UINT32", "Array", "Field", "KafkaDecodeError", "Message", "Reader", "decode",
-    "encode", "uvarint",
+    "STRING", "UINT32", "UUID", "ZERO_UUID", "Array", "Field", "KafkaDecodeError", "Message",
+    "Reader", "decode", "encode", "uvarint",
 ]
 
 
@@ -57,12 +58,15 @@ INT32 = Scalar("int32", ">i")
 INT64 = Scalar("int64", ">q")
 UINT32 = Scalar("uint32", ">I")
 BOOL = Scalar("bool", ">?")
+UUID = Scalar("uuid", ">16s")
 STRING = Scalar("string", "")
 NULLABLE_STRING = Scalar("nullable_string", "")
 BYTES = Scalar("bytes", "")
 NULLABLE_BYTES = Scalar("nullable_bytes", "")
 
-_STRUCTS = {s.name: struct.Struct(s.fmt) for s in (INT8, INT16, INT32, INT64, UINT32, BOOL)}
+_STRUCTS = {s.name: struct.Struct(s.fmt)
+            for s in (INT8, INT16, INT32, INT64, UINT32, BOOL, UUID)}
+ZERO_UUID = bytes(16)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from ledgerd.base.errors import LedgerdError
 from ledgerd.kafka.records import HEADER_SIZE, BatchHeader
 
-__all__ = ["MAX_RECORDS_BYTES", "RecordsError", "first_at_or_after", "record_times"]
+__all__ = ["MAX_RECORDS_BYTES", "RecordsError", "first_at_or_after", "record_times",
+           "records_of"]
 
 MAX_RECORDS_BYTES = 64 << 20  # a batch's records, decompressed, at most
 LOG_APPEND_TIME = 0x08
@@ -63,7 +64,7 @@ def record_times(batch: bytes) -> Iterator[tuple[int, int]]:
     batch may hold millions). Raises RecordsError, when it gets there, for records that
     do not parse or cannot be decompressed here."""
     h = BatchHeader.parse(batch)
-    body = _records(h, memoryview(batch)[HEADER_SIZE:h.length])
+    body = records_of(h, memoryview(batch)[HEADER_SIZE:h.length])
     at = 0
     for i in range(h.record_count):
         length, at = _varint(body, at, i)
@@ -91,7 +92,9 @@ def _varint(data: bytes | memoryview, at: int, record: int) -> tuple[int, int]:
     raise RecordsError(f"record {record}: a varint at byte {at} does not end")
 
 
-def _records(h: BatchHeader, raw: memoryview) -> bytes | memoryview:
+def records_of(h: BatchHeader, raw: memoryview) -> bytes | memoryview:
+    """The records section of the batch ``h`` heads (``raw``: its bytes after the
+    header), decompressed (bounded by ``MAX_RECORDS_BYTES``). Raises RecordsError."""
     codec = h.attributes & 7
     if codec == 0:
         return raw

@@ -49,8 +49,8 @@ from ledgerd.kafka.topic_configs import (
     incrementally_altered,
     topic_entries,
 )
-from ledgerd.kafka.topics import TopicRecord
 from ledgerd.metadata.errors import ChangeRejectedError, NodeExistsError, NoNodeError
+from ledgerd.metadata.kafka_topics import TopicRecord
 
 if TYPE_CHECKING:
     from ledgerd.kafka.gateway import Gateway

@@ -14,8 +14,10 @@ gateway does what it says:
 - ``message.timestamp.type``: ``LogAppendTime`` makes the gateway stamp each batch
   with the time it takes it;
 - ``cleanup.policy=delete`` (the only policy: there is no compaction);
-- ``compression.type=producer`` (batches are stored as produced; recompressing to
-  another codec is not done);
+- ``compression.type``: ``producer`` stores batches as produced; ``uncompressed``,
+  ``gzip``, ``snappy``, ``lz4`` or ``zstd`` makes the gateway recompress each produced
+  batch with that codec before it appends it, as Kafka's broker does
+  (``compression.py``);
 - ``message.format.version``, ``flush.ms``, ``flush.messages``,
   ``delete.retention.ms``, ``segment.bytes``, ``segment.ms``: accepted because they
   hold trivially (every batch is stored as RecordBatch v2, as Kafka 3+ does whatever
@@ -25,8 +27,8 @@ gateway does what it says:
   roll at the gateway's ``log_roll_bytes``).
 
 Anything else is refused, never kept silently: an unknown name with INVALID_CONFIG,
-a value the gateway cannot honour (``cleanup.policy=compact``, ``compression.type=
-gzip``) with POLICY_VIOLATION, each with a message naming the config.
+a value the gateway cannot honour (``cleanup.policy=compact``) with POLICY_VIOLATION,
+each with a message naming the config.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 
 from ledgerd.base.errors import LedgerdError
 from ledgerd.kafka.api import ErrorCode
+from ledgerd.kafka.compression import Codec
 
 __all__ = ["CONFIG_SPECS", "ConfigRefusedError", "ConfigSource", "ConfigSpec", "OpType",
            "ResourceType", "TopicPolicy", "altered", "broker_entries", "checked",
@@ -145,10 +148,6 @@ def _format_version(name: str, value: str) -> str:
     return v
 
 
-_RECOMPRESS = "the gateway stores batches as produced and does not recompress them " \
-              "(only 'producer')"
-
-
 @dataclass(frozen=True, slots=True)
 class ConfigSpec:
     """One topic config the gateway knows: its default (None: the gateway's setting
@@ -167,9 +166,9 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("cleanup.policy", "delete", ConfigType.LIST, _cleanup_policy,
                "Only 'delete': old ledgers are dropped by retention; no compaction."),
     ConfigSpec("compression.type", "producer", ConfigType.STRING,
-               _one_of("producer", refused={c: _RECOMPRESS for c in (
-                   "gzip", "snappy", "lz4", "zstd", "uncompressed")}),
-               "Only 'producer': batches are stored with the producer's compression."),
+               _one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+               "'producer' keeps the producer's codec; any other value makes the gateway "
+               "recompress each produced batch with that codec."),
     ConfigSpec("delete.retention.ms", "86400000", ConfigType.LONG, _integer(0, LONG_MAX),
                "Accepted; it only matters to compaction, which 'delete' topics do not run."),
     ConfigSpec("flush.messages", str(LONG_MAX), ConfigType.LONG, _integer(1, LONG_MAX),
@@ -291,6 +290,7 @@ class TopicPolicy:
     retention_bytes: int = -1
     max_message_bytes: int = 1 << 20
     log_append_time: bool = False
+    compression: Codec | None = None  # None: the producer's
 
     @classmethod
     def of(cls, configs: Mapping[str, str], *, max_batch_bytes: int) -> TopicPolicy:
@@ -298,7 +298,8 @@ class TopicPolicy:
                    retention_bytes=int(configs.get("retention.bytes", "-1")),
                    max_message_bytes=min(int(configs.get("max.message.bytes",
                                                          max_batch_bytes)), max_batch_bytes),
-                   log_append_time=configs.get("message.timestamp.type") == "LogAppendTime")
+                   log_append_time=configs.get("message.timestamp.type") == "LogAppendTime",
+                   compression=Codec.of_config(configs.get("compression.type", "producer")))
 
     @property
     def has_retention(self) -> bool:

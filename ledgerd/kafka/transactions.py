@@ -7,21 +7,35 @@ is a compare-and-set of the machine's transition over the record just read, so a
 coordinator that crashed, or lost the id to another gateway, leaves nothing that the
 next one does not see. In memory there is only a cache of the records this gateway
 wrote (used to check transactional produce requests without a ZooKeeper read),
-dropped whenever the set of live gateways or the ZooKeeper session changes.
+dropped whenever the set of live gateways or the ZooKeeper session changes. With each
+record it wrote the cache keeps its znode version, so the next change of that record
+is a compare-and-set against it without reading it first (a version conflict reads
+it; ``metadata.cas``), and completing a transaction this gateway just prepared does
+not read back what it just wrote: a steady producer's transaction costs two writes
+(ONGOING together with the last one's COMPLETE_*, then PREPARE_*; see below) and no
+read.
 
 Ending a transaction: EndTxn writes PREPARE_COMMIT / PREPARE_ABORT, then the markers
 (one control batch per partition the transaction touched) and, for a commit, the
 offsets it committed to consumer groups (as the groups' cursors), then
 COMPLETE_*. EndTxn is answered once the markers are written, or after
 ``COMPLETE_WAIT_S`` at most: the decision is durable by then and completing it is
-the recovery task's job. A marker for a partition this gateway leads goes into its
+the recovery task's job. COMPLETE_* is not written at once: the producer's next
+request (AddPartitionsToTxn, usually within milliseconds) writes it together with its
+own change (``txn_coordinator.settle``, applied by every change this gateway makes to
+a record whose markers it wrote): two ZooKeeper writes per transaction instead of
+three. If no change comes within ``FOLD_WAIT_S`` this gateway writes COMPLETE_* alone;
+meanwhile the record is PREPARE_*, which any other gateway treats as before (it
+writes the markers again and completes it). A marker for a partition this gateway leads goes into its
 log through the partition's appender; one for a partition another gateway leads is
 sent to it as WriteTxnMarkers (``peer.py``), and retried until it is written.
 
 Recovery: every ``TICK_S`` each gateway reads the records of the transactional ids it
 coordinates; it completes those found in a PREPARE state (a coordinator killed
 between the decision and the markers) and aborts, with the producer's epoch bumped,
-those ONGOING past their ``transaction.timeout.ms`` (a producer that is gone).
+those ONGOING past their ``transaction.timeout.ms`` (a producer that is gone), and
+deletes those idle (no transaction open) for ``transactional_id_expiration_ms``, as
+Kafka expires transactional ids, so the records do not grow without bound.
 
 Produce: a transactional batch is accepted only for a partition that the producer's
 ongoing transaction added (KIP-890's verification): ``verify`` asks the record, and
@@ -43,6 +57,7 @@ from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.control_records import committed_prefix, control_batch
+from ledgerd.kafka.peer import PeerAuthError
 from ledgerd.kafka.records import BatchHeader
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.txn_coordinator import (
@@ -61,6 +76,7 @@ from ledgerd.kafka.txn_coordinator import (
     markers,
     needs_completion,
     new_record,
+    settle,
     time_out,
     txn_offset_commit,
 )
@@ -76,8 +92,10 @@ __all__ = ["TxnCoordinator", "admit_transactional", "read_committed"]
 
 log = logging.getLogger(__name__)
 
+_IDLE = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
 TICK_S = 1.0  # how often each gateway looks for transactions to complete or time out
 COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
+FOLD_WAIT_S = 0.25  # how long COMPLETE_* waits to ride on the next transaction's write
 MARKER_RETRY_S = 0.2
 
 # the first version of each API that knows PRODUCER_FENCED (older ones are told
@@ -102,8 +120,12 @@ class TxnCoordinator:
         self.gw = gateway
         self.records = TxnStore(gateway.store, gateway.root)
         self.cache: dict[str, TxnRecord] = {}  # records this gateway wrote (see module doc)
+        self._versions: dict[str, int] = {}  # their znode versions, where known
         self._cache_view: tuple[frozenset[int], int] = (frozenset(), 0)
         self._completing: dict[str, trio.Lock] = {}
+        # PREPARE_* records whose markers (and a commit's offsets) this gateway wrote,
+        # not yet marked COMPLETE_* (see the module docstring)
+        self._finished: dict[str, TxnRecord] = {}
 
     # -- records ------------------------------------------------------------------------
 
@@ -114,25 +136,58 @@ class TxnCoordinator:
         view = (frozenset(self.gw.nodes), self.gw.lease.session_id)
         if view != self._cache_view:
             self.cache.clear()
+            self._versions.clear()
             self._cache_view = view
             return False
         return True
 
-    def _remember(self, record: TxnRecord) -> None:
+    def _remember(self, record: TxnRecord, version: int | None = None) -> None:
+        """Cache ``record``, as stored at ``version`` (None: not known)."""
         self._cache_valid()
-        self.cache[record.transactional_id] = record
+        tid = record.transactional_id
+        self.cache[tid] = record
+        if version is None:
+            self._versions.pop(tid, None)
+        else:
+            self._versions[tid] = version
         while len(self.cache) > 10000:
-            self.cache.pop(next(iter(self.cache)))
+            oldest = next(iter(self.cache))
+            del self.cache[oldest]
+            self._versions.pop(oldest, None)
+
+    def _cached(self, transactional_id: str) -> TxnRecord | None:
+        return self.cache.get(transactional_id) if self._cache_valid() else None
 
     async def get(self, transactional_id: str) -> TxnRecord | None:
         return await self.records.get(transactional_id)
 
     async def change(self, transactional_id: str,
-                     fn: Callable[[TxnRecord], TxnRecord]) -> TxnRecord:
+                     fn: Callable[[TxnRecord], TxnRecord], *,
+                     settling: bool = True) -> TxnRecord:
         """Apply ``fn`` to the stored record under compare-and-set (raises TxnRefused
-        from ``fn``, NoNodeError if there is no record)."""
-        record = await self.records.update(transactional_id, fn)
-        self._remember(record)
+        from ``fn``, NoNodeError if there is no record); tried first on the record this
+        gateway last wrote, if its version is known. ``settling``: a PREPARE_* record
+        whose markers this gateway wrote is completed in the same write, before ``fn``
+        (``txn_coordinator.settle``). If cancelled, the change may or may not have been
+        written."""
+        cached = self._cached(transactional_id)
+        version = self._versions.get(transactional_id)
+        known = (cached, version) if cached is not None and version is not None else None
+        finished = self._finished.get(transactional_id) if settling else None
+
+        def settled(r: TxnRecord) -> TxnRecord:
+            return fn(settle(r, completed=finished, now_ms=_now_ms()))
+
+        record, version = await self.records.update_versioned(
+            transactional_id, settled if finished is not None else fn, known=known)
+        self._remember(record, version)
+        if finished is not None and not needs_completion(record) and \
+                self._finished.get(transactional_id) == finished:
+            del self._finished[transactional_id]
+            log.info("kafka_txn_completed", extra=fields(
+                transactional_id=transactional_id, producer_id=finished.producer_id,
+                epoch=finished.producer_epoch, state=finished.state.value,
+                partitions=len(finished.partitions), with_next_change=True))
         return record
 
     # -- requests -----------------------------------------------------------------------
@@ -170,7 +225,7 @@ class TxnCoordinator:
                         await self.records.create(record)
                     except NodeExistsError:
                         continue
-                    self._remember(record)
+                    self._remember(record, 0)  # a new znode's version
                     log.info("kafka_txn_producer", extra=fields(
                         transactional_id=tid, producer_id=pid, epoch=0))
                     return {"error_code": 0, "producer_id": pid, "producer_epoch": 0}
@@ -266,7 +321,7 @@ class TxnCoordinator:
                 transactional_id=tid, producer_id=record.producer_id,
                 epoch=record.producer_epoch, state=record.state.value,
                 partitions=len(record.partitions), offsets=len(record.offsets)))
-            await self._try_complete(record, COMPLETE_WAIT_S)
+            await self._try_complete(record, COMPLETE_WAIT_S, defer=True)
         elif code == ErrorCode.CONCURRENT_TRANSACTIONS and self.gw.nursery is not None:
             # a retry of an EndTxn whose completion a crash interrupted: complete it now
             # rather than at the next sweep
@@ -287,7 +342,10 @@ class TxnCoordinator:
         (visible as the group's offsets only when it commits)."""
         gid = body["group_id"]
         group = await self.gw._existing_group(gid) if gid else ErrorCode.INVALID_GROUP_ID
-        code = group if isinstance(group, int) else 0
+        code = group if isinstance(group, int) else 0 if group is None else \
+            group.check_txn_commit(member_id=body["member_id"],
+                                   generation=body["generation_id"],
+                                   instance_id=body["group_instance_id"])
         pending: list[PendingOffset] = []
         for t in body["topics"]:
             count = await self.gw.partition_count(t["name"])
@@ -319,30 +377,45 @@ class TxnCoordinator:
 
     # -- completion ---------------------------------------------------------------------
 
-    async def complete(self, record: TxnRecord) -> bool:
+    async def complete(self, record: TxnRecord, *, defer: bool = False) -> bool:
         """Write the markers of a PREPARE_* record (retrying each until written or
-        cancelled), store a commit's offsets, then mark it COMPLETE_*. True when done;
-        if cancelled, the record stays PREPARE_* for the next attempt."""
+        cancelled; not again if this gateway wrote them), store a commit's offsets,
+        then mark it COMPLETE_* (``defer``: leave that to the next transaction's first
+        change, or to a task ``FOLD_WAIT_S`` later). True when done; if cancelled, the
+        record stays PREPARE_* for the next attempt."""
         tid = record.transactional_id
         lock = self._completing.setdefault(tid, trio.Lock())
         try:
             async with lock:
-                current = await self.get(tid)
+                # ``record`` still the one this gateway wrote last (end_txn's PREPARE,
+                # or what the sweep just read): no need to read it back
+                current = record if self._cached(tid) is record else await self.get(tid)
                 if current is None or current.state is not record.state or \
                         current.producer_epoch != record.producer_epoch:
+                    if self._finished.get(tid) == record:
+                        del self._finished[tid]
                     return True  # completed meanwhile (another attempt, or gateway)
-                async with trio.open_nursery() as nursery:
-                    for m in markers(current):
-                        nursery.start_soon(self._write_marker, m, current)
-                if current.state is TxnState.PREPARE_COMMIT:
-                    for o in current.offsets:
-                        await self.gw._commit(o.group, o.topic, o.partition, o.offset,
-                                              o.metadata, o.leader_epoch)
+                if self._finished.get(tid) != current:
+                    async with trio.open_nursery() as nursery:
+                        for m in markers(current):
+                            nursery.start_soon(self._write_marker, m, current)
+                    if current.state is TxnState.PREPARE_COMMIT:
+                        for o in current.offsets:
+                            await self.gw._commit(o.group, o.topic, o.partition, o.offset,
+                                                  o.metadata, o.leader_epoch)
+                    self._finished[tid] = current
+                if defer and self.gw.nursery is not None:
+                    self.gw.nursery.start_soon(self._complete_later, current)
+                    return True
                 try:
                     await self.change(tid, lambda r: complete(r, prepared=current,
-                                                              now_ms=_now_ms()))
+                                                              now_ms=_now_ms()),
+                                      settling=False)
                 except TxnRefused:
                     return True
+                finally:
+                    if self._finished.get(tid) == current:
+                        del self._finished[tid]
                 log.info("kafka_txn_completed", extra=fields(
                     transactional_id=tid, producer_id=current.producer_id,
                     epoch=current.producer_epoch, state=current.state.value,
@@ -374,8 +447,12 @@ class TxnCoordinator:
                 code = await self.gw.write_marker(marker)
             except (LedgerdError, FencedError, OSError, trio.BrokenResourceError,
                     trio.TooSlowError) as exc:
-                log.info("kafka_txn_marker_retry", extra=fields(
-                    topic=marker.topic, partition=marker.partition, error=repr(exc)))
+                # (a gateway that cannot authenticate to another says so louder: only
+                # its operator can fix that)
+                (log.warning if isinstance(exc, PeerAuthError) else log.info)(
+                    "kafka_txn_marker_retry", extra=fields(
+                        topic=marker.topic, partition=marker.partition, error=str(exc)
+                        if isinstance(exc, PeerAuthError) else repr(exc)))
                 code = -1
             if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 return  # written (or the topic was deleted: nothing left to end)
@@ -472,10 +549,11 @@ class TxnCoordinator:
             if not child.startswith("x-") and not self.owns(child):
                 continue
             known = self.cache.get(child) if cached else None
-            if known is not None and known.state in (TxnState.EMPTY,
-                                                     TxnState.COMPLETE_COMMIT,
-                                                     TxnState.COMPLETE_ABORT):
-                continue  # idle, and only this gateway changes its state
+            if known is not None and known.state in _IDLE:
+                # idle, and only this gateway changes its state
+                if self._expired(known):
+                    await self._expire(known.transactional_id)
+                continue
             record = await self.records.get_named(child)
             if record is None:
                 continue
@@ -483,6 +561,9 @@ class TxnCoordinator:
             if not self.owns(tid):
                 continue
             self._remember(record)
+            if self._expired(record):
+                await self._expire(tid)
+                continue
             if record.state is TxnState.ONGOING:
                 now = _now_ms()
                 if now <= record.started_ms + record.timeout_ms:
@@ -500,6 +581,17 @@ class TxnCoordinator:
                 assert self.gw.nursery is not None
                 self.gw.nursery.start_soon(self._complete_bounded, record)
 
+    def _expired(self, record: TxnRecord) -> bool:
+        """Idle past ``transactional_id_expiration_ms`` (Kafka's rule: no transaction
+        open, none begun or ended for that long)."""
+        return record.state in _IDLE and _now_ms() - record.updated_ms > \
+            self.gw.config.transactional_id_expiration_ms
+
+    async def _expire(self, transactional_id: str) -> None:
+        if await self.records.expire(transactional_id, self._expired):
+            self.cache.pop(transactional_id, None)
+            log.info("kafka_txn_id_expired", extra=fields(transactional_id=transactional_id))
+
     async def _complete_bounded(self, record: TxnRecord) -> None:
         lock = self._completing.get(record.transactional_id)
         if lock is not None and lock.locked():
@@ -508,12 +600,20 @@ class TxnCoordinator:
             transactional_id=record.transactional_id, state=record.state.value))
         await self._try_complete(record, 30.0)
 
-    async def _try_complete(self, record: TxnRecord, bound: float) -> None:
+    async def _complete_later(self, prepared: TxnRecord) -> None:
+        """COMPLETE_* for ``prepared`` (its markers written) unless the producer's next
+        transaction wrote it within ``FOLD_WAIT_S``."""
+        await trio.sleep(FOLD_WAIT_S)
+        if self._finished.get(prepared.transactional_id) == prepared:
+            await self._try_complete(prepared, 30.0)
+
+    async def _try_complete(self, record: TxnRecord, bound: float, *,
+                            defer: bool = False) -> None:
         """``complete`` for at most ``bound`` seconds; a failure is logged (the record
         stays prepared, and the next sweep tries again)."""
         with trio.move_on_after(bound):
             try:
-                await self.complete(record)
+                await self.complete(record, defer=defer)
             except Exception as exc:
                 log.warning("kafka_txn_complete_failed", extra=fields(
                     transactional_id=record.transactional_id, error=repr(exc)))

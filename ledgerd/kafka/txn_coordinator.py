@@ -25,7 +25,10 @@ Rules kept here:
 - A transaction in a PREPARE state takes no new request (CONCURRENT_TRANSACTIONS):
   the next transaction starts only once every marker of the last is written, so a
   producer's late batch can never land after its own marker (Jepsen's "hanging
-  transaction"; the partitions also check, ``partitions.py``).
+  transaction"; the partitions also check, ``partitions.py``). The one exception is
+  the coordinator that wrote those markers: its next change of the record may
+  complete it first (``settle``), so COMPLETE_* rides on the producer's next request
+  (AddPartitionsToTxn, usually) instead of costing a write of its own.
 
 Every change is a function ``record -> record`` applied under compare-and-set by the
 gateway (``metadata.cas.cas_update``); a refusal raises :class:`TxnRefused` with the
@@ -45,8 +48,8 @@ from ledgerd.metadata.kafka_txns import MAX_EPOCH, PendingOffset, TxnRecord, Txn
 __all__ = [
     "MAX_EPOCH", "MAX_TXN_OFFSETS", "MAX_TXN_PARTITIONS", "Marker", "PendingOffset",
     "TxnRecord", "TxnRefused", "TxnState", "add_offsets", "add_partitions", "begin_end",
-    "complete", "init_producer", "markers", "needs_completion", "new_record", "time_out",
-    "txn_offset_commit",
+    "complete", "init_producer", "markers", "needs_completion", "new_record", "settle",
+    "time_out", "txn_offset_commit",
 ]
 
 MAX_TXN_PARTITIONS = 10_000  # partitions one transaction may touch
@@ -273,3 +276,13 @@ def complete(record: TxnRecord, *, prepared: TxnRecord, now_ms: int) -> TxnRecor
         else TxnState.COMPLETE_ABORT
     return replace(record, state=state, partitions=(), groups=(), offsets=(),
                    started_ms=-1, updated_ms=now_ms)
+
+
+def settle(record: TxnRecord, *, completed: TxnRecord | None, now_ms: int) -> TxnRecord:
+    """``record`` completed if it is ``completed``, the very PREPARE_* record whose
+    markers (and a commit's offsets) the caller has written, else unchanged (the same
+    object): applied before any other change, it folds COMPLETE_* into that change's
+    write. A later transaction prepared at the same epoch is a different record."""
+    if completed is None or record.state not in PREPARED or record != completed:
+        return record
+    return complete(record, prepared=completed, now_ms=now_ms)

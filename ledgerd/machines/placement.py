@@ -18,7 +18,7 @@ import random
 import re
 from collections.abc import Collection, Mapping, Sequence
 
-from ledgerd.base.errors import LedgerdError
+from ledgerd.base.errors import UnavailableError
 
 __all__ = ["DEFAULT_RACK", "RACK", "NotEnoughBookiesError", "Placement", "adheres",
            "choose_ensemble", "choose_replacements", "rack_violations"]
@@ -28,8 +28,9 @@ DEFAULT_RACK = "/default-rack"
 _ATTEMPTS = 16
 
 
-class NotEnoughBookiesError(LedgerdError):
-    """Fewer writable bookies than an ensemble or a replacement needs."""
+class NotEnoughBookiesError(UnavailableError):
+    """Fewer writable bookies than an ensemble or a replacement needs (raised before
+    anything is sent to a bookie)."""
 
     def __init__(self, needed: int, available: int, excluded: int = 0) -> None:
         if excluded:

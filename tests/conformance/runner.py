@@ -6,13 +6,15 @@
 1. start ``ledgerd local --bookies 3 --kafka PORT`` (ZooKeeper, three bookies and a
    gateway) with its data under ``build/conformance/<mode>/cluster``, and wait for its
    "Running" line; the gateway's address is read from its "Kafka gateway:" line;
-2. write ``tests/test.conf`` in the librdkafka tree with that ``bootstrap.servers``;
+2. write ``build/conformance/<mode>/test.conf`` with that ``bootstrap.servers`` (the
+   test-runner is pointed at it by ``RDKAFKA_TEST_CONF``);
 3. run ``test-runner`` once per test number (``TESTS=0001``; a test that outlives its
    own time limit makes the test-runner kill its whole process, so one process per
    number keeps one hung test from taking the others' results with it), ``--jobs`` at
    a time, each bounded by the harness's own limit, with the mode's flags: ``-Q``
-   (quick) or none (full), always ``-E`` (no socket emulation) and ``-L`` (no tests
-   that need no broker: they test librdkafka against itself);
+   (quick) or none (full), always ``-L`` (no tests that need no broker: they test
+   librdkafka against itself); socket emulation stays on (the tests that cut, delay or
+   refuse the client's connections with librdkafka's sockem run too);
 4. compare every test's result with ``tests/conformance/librdkafka.toml`` and print
    what does not match; stop the cluster (SIGINT, as a person at its terminal would).
 
@@ -51,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXPECTATIONS = ROOT / "tests" / "conformance" / "librdkafka.toml"
 BUILD = ROOT / "build"
 
-MODE_ARGS = {Mode.QUICK: ["-Q", "-E", "-L"], Mode.FULL: ["-E", "-L"]}
+MODE_ARGS = {Mode.QUICK: ["-Q", "-L"], Mode.FULL: ["-L"]}
 # The harness's own limit on one test-runner process (the tests' own limits are
 # shorter; this only catches a runner that hangs past them).
 PROCESS_LIMIT_S = {Mode.QUICK: 600.0, Mode.FULL: 1800.0}
@@ -234,7 +236,9 @@ def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path) ->
            # librdkafka's CI setting: longer client timeouts, at most 3 tests at once
            "CI": "true",
            "TEST_KAFKA_VERSION": suite.broker_version,
-           "RDKAFKA_TEST_CONF": str(tests_dir / "test.conf"),
+           # the run's own copy (beside its logs), so that runs from several
+           # checkouts sharing one librdkafka build do not point at each other's gateway
+           "RDKAFKA_TEST_CONF": str(logs.parent / "test.conf"),
            # the libraries just built, not a system librdkafka (kcat's)
            "LD_LIBRARY_PATH": f"{tree / 'src'}:{tree / 'src-cpp'}"}
     env.pop("TESTS_SKIP", None)
@@ -405,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with local_cluster(data, work / "ledgerd-local.out") as gateway:
-            (tree / "tests" / "test.conf").write_text(TEST_CONF.format(
+            (work / "test.conf").write_text(TEST_CONF.format(
                 bootstrap=gateway.bootstrap))
             print(f"librdkafka {version} test-runner, {mode.value} mode "
                   f"({' '.join(MODE_ARGS[mode])}), {len(numbers)} test numbers, "

@@ -20,7 +20,17 @@ from ledgerd.kafka.groups import (
     subscribed_topics,
 )
 from ledgerd.kafka.refusals import refusal
-from ledgerd.kafka.schema import BOOL, BYTES, STRING, Array, Field, Reader, decode, encode
+from ledgerd.kafka.schema import (
+    BOOL,
+    BYTES,
+    STRING,
+    UUID,
+    Array,
+    Field,
+    Reader,
+    decode,
+    encode,
+)
 
 
 def _subscription(*topics: str) -> bytes:
@@ -144,6 +154,8 @@ def _scalar(kind: Any) -> Any:
         return b"b"
     if kind is BOOL:
         return False
+    if kind is UUID:
+        return bytes(16)
     return 1 if kind.fmt else None
 
 
@@ -183,3 +195,32 @@ def test_the_old_versions_declared_but_not_served_are_the_ones_refused() -> None
     v0 = b"".join(encode(REQUESTS[ApiKey.LIST_OFFSETS], 0, _sample(
         REQUESTS[ApiKey.LIST_OFFSETS].fields)))
     assert len(v0) == 4 + 4 + 3 + 4 + 4 + 8 + 4  # replica, topics, "s", parts, index, ts, max
+
+
+def test_a_transactional_commit_is_checked_against_the_member_and_generation_it_names(
+        ) -> None:
+    """KIP-447: TxnOffsetCommit v3 names the consumer's member, generation and instance;
+    a zombie (an old generation, a member the group no longer has) is refused, so its
+    transaction cannot commit offsets of partitions that moved. One naming none (v0-2)
+    commits as before, even while the group has members."""
+    g, me = _stable("t1")
+    gen = g.generation
+    assert g.check_txn_commit(member_id=me, generation=gen, instance_id=None) == 0
+    assert g.check_txn_commit(member_id="", generation=-1, instance_id=None) == 0
+    assert g.check_commit(member_id="", generation=-1) == ErrorCode.ILLEGAL_GENERATION
+    assert g.check_txn_commit(member_id=me, generation=gen - 1, instance_id=None) \
+        == ErrorCode.ILLEGAL_GENERATION
+    assert g.check_txn_commit(member_id="gone", generation=gen, instance_id=None) \
+        == ErrorCode.UNKNOWN_MEMBER_ID
+    # a rebalance: the member rejoined, the group completes it; a transactional commit
+    # of the new generation is not held up meanwhile (a plain one is)
+    joined = _join(g, me, 1.0, "t1").value
+    assert g.state is GroupState.COMPLETING_REBALANCE
+    new = joined["generation_id"]
+    assert g.check_commit(member_id=me, generation=new) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert g.check_txn_commit(member_id=me, generation=new, instance_id=None) == 0
+    assert g.check_txn_commit(member_id=me, generation=gen, instance_id=None) \
+        == ErrorCode.ILLEGAL_GENERATION
+    assert g.leave(member_id=me, now=2.0) == 0 and g.delete() == 0
+    assert g.check_txn_commit(member_id="", generation=-1, instance_id=None) \
+        == ErrorCode.COORDINATOR_NOT_AVAILABLE

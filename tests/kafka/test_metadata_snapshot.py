@@ -51,3 +51,49 @@ def test_topics_groups_and_offsets_are_in_the_snapshot_and_restore_node_for_node
     assert done.returncode == 0, done.stderr
     diff = json.loads(done.stdout)
     assert diff["same"] and not diff["version_only"], diff
+
+
+def test_a_gateway_does_not_recreate_a_lost_root_and_serves_again_after_a_restore(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """The cluster's root deleted under a running gateway: it stops serving and logs
+    that the metadata is missing (once), but never writes its registration back, which
+    would recreate a root the operator must restore into empty; after the restore it
+    registers again and the data produced before the loss is read back."""
+    import time
+
+    from kazoo.client import KazooClient
+
+    from tests.kafka.conftest import GatewayProcess, running_cluster
+
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log")
+    with running_cluster(tmp_path, zk_chroot, 3, gw) as cluster:
+        kcat(cluster, "-P", "-t", "lost", stdin="".join(f"m{i}\n" for i in range(5)))
+        snap = tmp_path / "lost.snap"
+        done = shell(zk_chroot, "metadata", "snapshot", str(snap))
+        assert done.returncode == 0, done.stderr
+        hosts, chroot = zk_chroot.split("/", 1)
+        zk = KazooClient(hosts=hosts, timeout=10)
+        zk.start(timeout=30)
+        try:
+            zk.delete(f"/{chroot}/ledgers", recursive=True)
+
+            def wait_log(line: str, after: int) -> None:
+                deadline = time.monotonic() + BOUND_S
+                while line not in gw.log_path.read_text(errors="replace")[after:]:
+                    assert time.monotonic() < deadline, f"no {line}:\n{gw.log_text()}"
+                    time.sleep(0.1)
+
+            wait_log("cluster_metadata_missing", 0)
+            # a negative: watched over three more membership refreshes (one a second)
+            watch_until = time.monotonic() + 3.0
+            while time.monotonic() < watch_until:
+                assert zk.exists(f"/{chroot}/ledgers") is None, "the gateway wrote the root"
+                time.sleep(0.1)
+        finally:
+            zk.stop()
+        done = shell(zk_chroot, "metadata", "restore", str(snap))
+        assert done.returncode == 0, done.stderr
+        wait_log("cluster_metadata_back", 0)
+        kcat(cluster, "-P", "-t", "lost", stdin="after\n")
+        got = kcat(cluster, "-C", "-t", "lost", "-o", "beginning", "-e")
+        assert got.split() == [f"m{i}" for i in range(5)] + ["after"]

@@ -93,7 +93,7 @@ def _defaults(fields: tuple[object, ...]) -> dict[str, object]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(api=st.sampled_from(list(ApiKey)), version=st.integers(0, 11),
+@given(api=st.sampled_from(list(ApiKey)), version=st.integers(0, 17),
        data=st.binary(max_size=200))
 def test_hostile_bytes_raise_only_decode_errors(api: ApiKey, version: int, data: bytes) -> None:
     try:
@@ -197,14 +197,166 @@ async def test_idle_partitions_shed_reader_state_and_readers_are_dropped() -> No
     assert [parts[k].shed_calls for k in (("read", 0), ("written", 0), ("busy", 0))] == [1, 1, 0]
 
 
-async def test_producer_memory_is_bounded_and_recent_producers_stay() -> None:
-    from ledgerd.kafka.partitions import MAX_PRODUCERS, PartitionLog, PartitionSettings
+def test_producer_memory_is_bounded_and_recent_producers_stay() -> None:
+    from ledgerd.kafka.producer_state import MAX_PRODUCERS, ProducerState
 
-    part = PartitionLog(None, "t", 0, PartitionSettings(1, 1, 1, 1 << 20, 0, 1 << 20))  # type: ignore[arg-type]
+    producers = ProducerState()
     for pid in range(MAX_PRODUCERS + 5):
-        part._note_producer(pid, 0, 0, 0, pid)
+        producers.note(pid, 0, 0, 0, pid)
         if pid == MAX_PRODUCERS - 1:  # producer 0 heard again just before the limit
-            part._note_producer(0, 0, 1, 1, 100)
-    assert len(part.producers) == MAX_PRODUCERS
-    assert 0 in part.producers and 6 in part.producers  # the five least recently heard went:
-    assert not {1, 2, 3, 4, 5} & set(part.producers)
+            producers.note(0, 0, 1, 1, 100)
+    assert len(producers) == MAX_PRODUCERS
+    assert 0 in producers and 6 in producers  # the five least recently heard went:
+    assert not {1, 2, 3, 4, 5} & set(producers)
+
+
+# -- declarations against Kafka's own message schemas -----------------------------------
+
+_JSON_NAMES = {ApiKey.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch", ApiKey.FETCH: "Fetch",
+               ApiKey.METADATA: "Metadata", ApiKey.LIST_OFFSETS: "ListOffsets",
+               ApiKey.OFFSET_COMMIT: "OffsetCommit", ApiKey.DESCRIBE_CLUSTER:
+               "DescribeCluster"}
+
+
+def _kafka_json(name: str) -> dict[str, object]:
+    """Kafka's ``clients/src/main/resources/common/message/<name>.json``, as kafka-python
+    bundles it (Kafka 4's: versions below each API's new minimum are gone)."""
+    import importlib.resources
+    import json
+
+    raw = importlib.resources.read_text("kafka.protocol.schemas.resources", name + ".json")
+    return json.loads("\n".join(line for line in raw.splitlines()
+                                if not line.strip().startswith("//")))
+
+
+def _in(spec: str, version: int) -> bool:
+    if spec == "none":
+        return False
+    if spec.endswith("+"):
+        return version >= int(spec[:-1])
+    low, _, high = spec.partition("-")
+    return int(low) <= version <= int(high or low)
+
+
+def _shape_kafka(fields: list[dict[str, object]], version: int,
+                 structs: dict[str, list[dict[str, object]]]) -> list[object]:
+    """The wire shape of Kafka's fields at ``version``: kinds in order (tagged fields,
+    which ride in the tag buffer, left out); strings and bytes by kind, nullable or not
+    (the same bytes for a value that is not null)."""
+    out: list[object] = []
+    for f in fields:
+        if not _in(str(f["versions"]), version) or "tag" in f:
+            continue
+        kind = str(f["type"])
+        if kind.startswith("[]"):
+            inner = kind[2:]
+            sub = f.get("fields") or structs.get(inner)
+            out.append(("array", _shape_kafka(sub, version, structs)  # type: ignore[arg-type]
+                        if sub is not None else _kind(inner)))
+        else:
+            out.append(_kind(kind))
+    return out
+
+
+def _kind(kind: str) -> str:
+    return {"records": "bytes"}.get(kind, kind)
+
+
+def _shape_ours(fields: tuple[object, ...], version: int) -> list[object]:
+    from ledgerd.kafka.schema import Array, Field
+    out: list[object] = []
+    for f in fields:
+        assert isinstance(f, Field)
+        if not f.present(version):
+            continue
+        if isinstance(f.kind, Array):
+            out.append(("array", _shape_ours(f.kind.fields, version) if f.kind.of is None
+                        else _kind(f.kind.of.name.replace("nullable_", ""))))
+        else:
+            out.append(_kind(f.kind.name.replace("nullable_", "")))
+    return out
+
+
+@pytest.mark.parametrize("api", list(_JSON_NAMES))
+def test_declarations_match_kafkas_message_schemas(api: ApiKey) -> None:
+    """Every version declared of the APIs with leader epochs and topic ids has the
+    fields of Kafka's JSON schema, in its order, and is flexible where Kafka's is."""
+    from ledgerd.kafka.api import DECLARED
+    for suffix, ours in (("Request", REQUESTS[api]), ("Response", RESPONSES[api])):
+        doc = _kafka_json(_JSON_NAMES[api] + suffix)
+        structs = {str(s["name"]): s["fields"]  # type: ignore[index]
+                   for s in doc.get("commonStructs", [])}  # type: ignore[attr-defined]
+        first = int(str(doc["validVersions"]).split("-")[0].rstrip("+"))
+        for version in range(max(first, DECLARED[api][0]), DECLARED[api][1] + 1):
+            assert _in(str(doc["validVersions"]), version), (api, version)
+            assert ours.is_flexible(version) == _in(str(doc["flexibleVersions"]), version), (
+                api, suffix, version)
+            assert _shape_ours(ours.fields, version) == _shape_kafka(
+                doc["fields"], version, structs), (api, suffix, version)  # type: ignore[arg-type]
+
+
+def _sample(fields: tuple[object, ...], version: int, seed: list[int]) -> dict[str, object]:
+    """A value for every field present at ``version``, each array holding two elements,
+    every scalar distinct (so a field read into its neighbour's place shows)."""
+    from ledgerd.kafka.schema import (
+        BOOL,
+        BYTES,
+        NULLABLE_BYTES,
+        NULLABLE_STRING,
+        STRING,
+        UUID,
+        Array,
+        Field,
+        Scalar,
+    )
+
+    def scalar(kind: Scalar) -> object:
+        seed[0] += 1
+        n = seed[0]
+        if kind in (STRING, NULLABLE_STRING):
+            return f"s{n}"
+        if kind in (BYTES, NULLABLE_BYTES):
+            return b"b%d" % n
+        if kind is UUID:
+            return bytes([n % 256]) * 16
+        if kind is BOOL:
+            return bool(n % 2)
+        return n % 100
+
+    out: dict[str, object] = {}
+    for f in fields:
+        assert isinstance(f, Field)
+        if not f.present(version):
+            continue
+        if isinstance(f.kind, Array):
+            of = f.kind.of
+            out[f.name] = [scalar(of) if of is not None
+                           else _sample(f.kind.fields, version, seed) for _ in range(2)]
+        else:
+            out[f.name] = scalar(f.kind)
+    return out
+
+
+@pytest.mark.parametrize("api", list(ApiKey))
+def test_every_declared_version_round_trips_with_every_field_set(api: ApiKey) -> None:
+    from ledgerd.kafka.api import DECLARED
+    low, high = DECLARED[api]
+    for version in range(low, high + 1):
+        for message in (REQUESTS[api], RESPONSES[api]):
+            value = _sample(message.fields, version, [0])
+            back = decode(message, version, Reader(b"".join(encode(message, version, value))))
+            assert _present(back, message.fields, version) == value, (api, version)
+
+
+def _present(value: dict[str, object], fields: tuple[object, ...], version: int,
+             ) -> dict[str, object]:
+    from ledgerd.kafka.schema import Array, Field
+    out: dict[str, object] = {}
+    for f in fields:
+        assert isinstance(f, Field)
+        if f.present(version):
+            v = value[f.name]
+            if isinstance(f.kind, Array) and f.kind.of is None:
+                v = [_present(x, f.kind.fields, version) for x in v]  # type: ignore[attr-defined]
+            out[f.name] = v
+    return out

@@ -124,3 +124,49 @@ def test_creating_topics_needs_the_admin_role(secure_gateway: tuple[GatewayProce
         refused.result(60)
     assert "principal=alice api=CREATE_TOPICS roles=client needs=admin" in gw.log_text()
     root.create_topics([NewTopic("by-root", 3)])["by-root"].result(60)
+
+
+def test_acls_name_the_authenticated_principal(secure_gateway: tuple[GatewayProcess, Path],
+                                               ) -> None:
+    """An ACL for ``User:alice`` applies to the connection that proved alice (SASL
+    PLAIN), and to no one else; the ACL APIs need the admin role first."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        NewTopic,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    from tests.kafka.test_admin_clients import sasl_admin
+
+    gw, base = secure_gateway
+    root, alice = sasl_admin(gw, base, "root"), sasl_admin(gw, base, "alice")
+    root.create_topics([NewTopic("acl-secure", 1)])["acl-secure"].result(60)
+
+    def write_acl(user: str) -> AclBinding:
+        return AclBinding(ResourceType.TOPIC, "acl-secure", ResourcePatternType.LITERAL,
+                          f"User:{user}", "*", AclOperation.WRITE, AclPermissionType.ALLOW)
+
+    refused = alice.create_acls([write_acl("alice")])[write_acl("alice")]
+    with pytest.raises(KafkaException, match="CLUSTER_AUTHORIZATION_FAILED"):
+        refused.result(60)  # a client may not grant itself
+    root.create_acls([write_acl("etl")])[write_acl("etl")].result(60)
+
+    def produce_as_alice() -> KafkaError | None:
+        errors: list[KafkaError | None] = []
+        producer = Producer({"bootstrap.servers": gw.bootstrap, "security.protocol": "sasl_ssl",
+                             "ssl.ca.location": str(base / "ca.pem"),
+                             "sasl.mechanisms": "PLAIN", "sasl.username": "alice",
+                             "sasl.password": (base / "alice").read_text().strip(),
+                             "retries": 0})
+        producer.produce("acl-secure", b"x", on_delivery=lambda e, _m: errors.append(e))
+        assert producer.flush(60) == 0
+        return errors[0]
+
+    denied = produce_as_alice()  # the topic's ACLs name etl only
+    assert denied is not None and denied.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    root.create_acls([write_acl("alice")])[write_acl("alice")].result(60)
+    assert produce_as_alice() is None

@@ -11,6 +11,8 @@ nothing committed is lost."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +24,10 @@ from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
 
 
-def _create(bootstrap: str, topic: str, partitions: int) -> None:
+def _create(bootstrap: str, topic: str, partitions: int, **conf: Any) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **conf})
     admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(BOUND_S)
 
 
@@ -39,13 +41,13 @@ def _producer(bootstrap: str, tid: str, **extra: Any) -> Any:
 
 
 def _read(bootstrap: str, topic: str, partitions: int, isolation: str,
-          until: set[bytes]) -> list[tuple[int, int, bytes]]:
+          until: set[bytes], **conf: Any) -> list[tuple[int, int, bytes]]:
     """Every (partition, offset, value) from the beginning until each value of ``until``
     was read (``until`` is committed last, so what came before it is all there)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txn-read-{isolation}",
-                  "enable.auto.commit": False, "isolation.level": isolation})
+                  "enable.auto.commit": False, "isolation.level": isolation, **conf})
     got: list[tuple[int, int, bytes]] = []
     try:
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -158,6 +160,57 @@ def test_offsets_sent_with_a_transaction_count_only_if_it_commits(
     assert _values(out) == [b"out-committed"]
 
 
+def test_a_zombie_consumer_generation_cannot_commit_offsets_through_a_transaction(
+        kafka_cluster: KafkaCluster) -> None:
+    """KIP-447 with a subscribed consumer: offsets sent with its current group metadata
+    commit with the transaction; sent with the metadata of a generation the group has
+    left behind (a zombie whose partitions may have moved), they are refused and the
+    transaction must abort."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    bootstrap = kafka_cluster.bootstrap
+    _create(bootstrap, "txn-zin", 2)
+    conf = {"bootstrap.servers": bootstrap, "group.id": "txn-zombie",
+            "enable.auto.commit": False, "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300}
+
+    def member(c: Any) -> Any:
+        """Poll until ``c`` has an assignment: its group metadata then names its
+        member id and generation."""
+        deadline = time.monotonic() + BOUND_S
+        while not c.assignment():
+            assert time.monotonic() < deadline, "no assignment within the bound"
+            c.poll(0.2)
+        return c.consumer_group_metadata()
+
+    first = Consumer(conf)
+    second = Consumer(conf)
+    p = _producer(bootstrap, "txn-zombie-app")
+    try:
+        first.subscribe(["txn-zin"])
+        old = member(first)
+        p.begin_transaction()
+        p.send_offsets_to_transaction([TopicPartition("txn-zin", 0, 3)], old, BOUND_S)
+        p.commit_transaction(BOUND_S)
+        assert first.committed([TopicPartition("txn-zin", 0)], BOUND_S)[0].offset == 3
+        second.subscribe(["txn-zin"])  # a rebalance: the group's generation moves on
+        deadline = time.monotonic() + BOUND_S
+        while not (first.assignment() and second.assignment()
+                   and len(first.assignment()) == 1):
+            assert time.monotonic() < deadline, "no rebalance within the bound"
+            first.poll(0.1)
+            second.poll(0.1)
+        p.begin_transaction()
+        with pytest.raises(KafkaException) as refused:
+            p.send_offsets_to_transaction([TopicPartition("txn-zin", 0, 9)], old, BOUND_S)
+        assert refused.value.args[0].txn_requires_abort(), refused.value
+        p.abort_transaction(BOUND_S)
+        assert first.committed([TopicPartition("txn-zin", 0)], BOUND_S)[0].offset == 3
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_transaction_left_by_a_killed_gateway_is_aborted_and_commits_survive(
         zk_chroot: str, tmp_path: Path) -> None:
     """A producer commits one transaction, writes a second (acknowledged) and is gone;
@@ -251,24 +304,22 @@ def test_a_commit_decided_before_a_gateway_is_killed_is_completed_by_the_next(
         assert "kafka_txn_completed" in (tmp_path / "gateway.log").read_text()
 
 
-def test_a_transaction_over_partitions_of_two_gateways_ends_on_both(
-        zk_chroot: str, tmp_path: Path) -> None:
+def _spread(a: GatewayProcess, b: GatewayProcess, tmp_path: Path, zk_chroot: str,
+            **conf: Any) -> None:
     """Two gateways lead the partitions of one topic between them; one of them
     coordinates the transaction and sends the markers of the other's partitions to it
     (WriteTxnMarkers). A commit is read on every partition, an abort on none."""
     from tests.kafka.crash_kit import sees_only, status, wait_until
 
-    a = GatewayProcess(zk_chroot, tmp_path / "a.log")
-    b = GatewayProcess(zk_chroot, tmp_path / "b.log")
     with running_cluster(tmp_path, zk_chroot, 3, a):
         try:
             b.start()
             wait_until(sees_only(a, a, b), "a sees both gateways")
             wait_until(sees_only(b, a, b), "b sees both gateways")
             parts = 6
-            _create(a.bootstrap, "txn-spread", parts)
+            _create(a.bootstrap, "txn-spread", parts, **conf)
             both = f"{a.bootstrap},{b.bootstrap}"
-            p = _producer(both, "txn-spread-app")
+            p = _producer(both, "txn-spread-app", **conf)
             p.begin_transaction()
             for i in range(parts * 2):
                 p.produce("txn-spread", value=b"c%d" % i, partition=i % parts)
@@ -286,12 +337,47 @@ def test_a_transaction_over_partitions_of_two_gateways_ends_on_both(
                    for g in (a, b)]
             assert led[0] and led[1], led  # each gateway wrote some of the partitions
             ends = {b"end%d" % i for i in range(parts)}
-            got = _read(both, "txn-spread", parts, "read_committed", ends)
+            got = _read(both, "txn-spread", parts, "read_committed", ends, **conf)
             assert _values(got) == sorted([b"c%d" % i for i in range(parts * 2)]
                                           + list(ends))
         finally:
             if b.running:
                 b.stop(signal.SIGKILL)
+
+
+def test_a_transaction_over_partitions_of_two_gateways_ends_on_both(
+        zk_chroot: str, tmp_path: Path) -> None:
+    _spread(GatewayProcess(zk_chroot, tmp_path / "a.log"),
+            GatewayProcess(zk_chroot, tmp_path / "b.log"), tmp_path, zk_chroot)
+
+
+def test_secure_gateways_send_each_other_markers_over_tls_and_sasl(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """The same over listeners that require TLS and SASL PLAIN: a gateway reaches the
+    other over TLS and authenticates as the admin principal of its peer token."""
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(
+        str(tmp_path / "gateway.pem"))
+    principals = tmp_path / "principals.toml"
+    for name, roles in (("app", "client,admin"), ("gateways", "admin")):
+        made = subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "shell", "gentoken",
+                               name, "--roles", roles, "--token-file", str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=60, check=True)
+        with principals.open("a") as f:
+            f.write(made.stdout)
+    env = {"LEDGERD_GATEWAY_TLS_CERTIFICATE_PATH": str(tmp_path / "gateway.pem"),
+           "LEDGERD_GATEWAY_TLS_KEY_PATH": str(tmp_path / "gateway.pem"),
+           "LEDGERD_GATEWAY_TLS_TRUST_PATH": str(tmp_path / "ca.pem"),
+           "LEDGERD_GATEWAY_PRINCIPALS_FILE": str(principals),
+           "LEDGERD_GATEWAY_PEER_TOKEN_FILE": str(tmp_path / "gateways")}
+    _spread(GatewayProcess(zk_chroot, tmp_path / "a.log", env=env),
+            GatewayProcess(zk_chroot, tmp_path / "b.log", env=env), tmp_path, zk_chroot,
+            **{"security.protocol": "sasl_ssl", "ssl.ca.location": str(tmp_path / "ca.pem"),
+               "sasl.mechanisms": "PLAIN", "sasl.username": "app",
+               "sasl.password": (tmp_path / "app").read_text().strip()})
 
 
 def test_a_batch_arriving_after_its_transaction_ended_is_refused_not_left_hanging(

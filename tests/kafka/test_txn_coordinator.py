@@ -29,6 +29,7 @@ from ledgerd.kafka.txn_coordinator import (
     init_producer,
     markers,
     new_record,
+    settle,
     time_out,
     txn_offset_commit,
 )
@@ -231,3 +232,27 @@ def test_index_gives_the_lso_and_the_aborted_transactions_a_fetch_lists() -> Non
     assert last == 4 and kept == b"".join(log[:4])
     assert committed_prefix(records, 0) == (b"", -1)
     assert committed_prefix(records, 7) == (records, 6)
+
+
+def test_the_coordinator_that_wrote_the_markers_settles_the_record_in_its_next_change(
+        ) -> None:
+    """Issue #47: COMPLETE_* and the next change (here the next transaction's
+    ONGOING, or a new producer's epoch) in one write, but only from the very PREPARE
+    record whose markers the caller wrote."""
+    prepared = begin_end(_ongoing(), producer_id=42, producer_epoch=0, commit=True,
+                         now_ms=2000)
+    with pytest.raises(TxnRefused) as exc:
+        add_partitions(prepared, producer_id=42, producer_epoch=0, partitions=[("u", 0)],
+                       now_ms=3000)
+    assert exc.value.code == ErrorCode.CONCURRENT_TRANSACTIONS
+    settled = settle(prepared, completed=prepared, now_ms=3000)
+    assert settled.state is TxnState.COMPLETE_COMMIT and settled.partitions == ()
+    nxt = add_partitions(settled, producer_id=42, producer_epoch=0, partitions=[("u", 0)],
+                         now_ms=3000)
+    assert (nxt.state, nxt.partitions, nxt.started_ms) == (TxnState.ONGOING, (("u", 0),), 3000)
+    assert init_producer(settled, timeout_ms=60000, now_ms=3000).producer_epoch == 1
+    # nothing to settle: the same object; a later transaction prepared at the same
+    # epoch is not the one whose markers exist
+    later = begin_end(nxt, producer_id=42, producer_epoch=0, commit=False, now_ms=4000)
+    for r, done in ((later, prepared), (prepared, later), (prepared, None), (nxt, nxt)):
+        assert settle(r, completed=done, now_ms=5000) is r

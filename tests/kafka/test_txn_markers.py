@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.transactions import TxnCoordinator
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.kafka_txns import TxnRecord, TxnState, TxnStore
@@ -42,3 +43,172 @@ async def test_a_marker_retry_stops_once_the_transaction_has_moved_on(
     with trio.fail_after(60):
         await txns._write_marker(marker, prepared)
     assert len(attempts) == 2
+
+
+async def test_idle_transactional_ids_expire_and_busy_or_recent_ones_stay(
+        autojump_clock: Any) -> None:
+    """A transactional id idle (no transaction open) past transactional_id_expiration_ms
+    is forgotten, so a client cycling through ids cannot grow ZooKeeper without bound;
+    one with a transaction open, or idle for less, stays."""
+    from ledgerd.kafka import transactions
+
+    store = InMemoryStore(InMemoryCluster())
+    root = "/ledgers/kafka"
+    now = transactions._now_ms()
+    day = 24 * 3600 * 1000
+    records = TxnStore(store, root)
+    for tid, state, updated in (("old-done", TxnState.COMPLETE_COMMIT, now - 8 * day),
+                                ("old-empty", TxnState.EMPTY, now - 8 * day),
+                                ("recent", TxnState.COMPLETE_ABORT, now - day),
+                                ("old-open", TxnState.PREPARE_COMMIT, now - 8 * day)):
+        await records.create(TxnRecord(transactional_id=tid, producer_id=1, producer_epoch=0,
+                                       timeout_ms=60000, state=state, updated_ms=updated,
+                                       partitions=(("orders", 0),)))
+
+    async def write_marker(marker: Marker) -> int:
+        return 0
+
+    gw = SimpleNamespace(store=store, root=root, write_marker=write_marker, nodes={},
+                         lease=SimpleNamespace(session_id=1), owns=lambda _key: True,
+                         config=SimpleNamespace(transactional_id_expiration_ms=7 * day))
+    txns = TxnCoordinator(gw)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        gw.nursery = nursery
+        await txns.sweep()
+    assert await records.get("old-done") is None and await records.get("old-empty") is None
+    assert await records.get("recent") is not None
+    assert await records.get("old-open") is not None  # completed now, not forgotten
+
+
+class _CountingStore:
+    """The in-memory store, counting the reads of one path (the record's)."""
+
+    def __init__(self, inner: InMemoryStore, path: str) -> None:
+        self.inner, self.path, self.reads = inner, path, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, path: str) -> Any:
+        self.reads += path == self.path
+        return await self.inner.get(path)
+
+
+def _coordinator(store: Any, root: str, written: list[Marker]) -> TxnCoordinator:
+    """A coordinator over ``store`` that owns every id and partition, for a gateway
+    whose marker writes succeed (into ``written``)."""
+    async def write_marker(marker: Marker) -> int:
+        written.append(marker)
+        return 0
+
+    async def partition_count(_topic: str) -> int:
+        return 1
+
+    async def new_producer_id() -> int:
+        return 7
+
+    gw = SimpleNamespace(store=store, root=root, write_marker=write_marker, nodes={},
+                         lease=SimpleNamespace(session_id=1), owns=lambda _key: True,
+                         partition_count=partition_count, new_producer_id=new_producer_id,
+                         nursery=None)
+    return TxnCoordinator(gw)  # type: ignore[arg-type]
+
+
+async def _transaction(txns: TxnCoordinator, epoch: int, version: int = 3) -> tuple[int, int]:
+    """AddPartitionsToTxn of orders/0, then EndTxn(commit): their error codes."""
+    ids = {"transactional_id": "t", "producer_id": 7, "producer_epoch": epoch}
+    added = await txns.add_partitions(version, {**ids, "topics": [
+        {"name": "orders", "partitions": [0]}]})
+    ended = await txns.end_txn(version, {**ids, "committed": True})
+    return added["results"][0]["results"][0]["error_code"], ended["error_code"]
+
+
+async def test_a_steady_producers_transaction_reads_no_record(autojump_clock: Any) -> None:
+    """Issue #47's transactional bench: each transaction read its record back four
+    times (AddPartitionsToTxn's and EndTxn's compare-and-sets, and completing read it
+    twice), one ZooKeeper round trip each. The coordinator now sets against the
+    version it last wrote: three writes, no read, the same record at the end."""
+    root = "/ledgers/kafka"
+    store = _CountingStore(InMemoryStore(InMemoryCluster()), TxnStore(None, root).path("t"))  # type: ignore[arg-type]
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written)
+    init = await txns.init_producer_id(3, {"transactional_id": "t", "producer_id": -1,
+                                           "producer_epoch": -1,
+                                           "transaction_timeout_ms": 60000})
+    assert (init["error_code"], init["producer_id"]) == (0, 7)
+    with trio.fail_after(60):
+        assert await _transaction(txns, init["producer_epoch"]) == (0, 0)
+        store.reads = 0
+        for _ in range(3):
+            assert await _transaction(txns, init["producer_epoch"]) == (0, 0)
+    assert store.reads == 0
+    assert [(m.topic, m.partition, m.commit) for m in written] == [("orders", 0, True)] * 4
+    record = await TxnStore(store, root).get("t")  # type: ignore[arg-type]
+    assert record is not None and record.state is TxnState.COMPLETE_COMMIT
+    _, stat = await store.inner.get(store.path)
+    assert stat.version == 4 * 3  # ONGOING, PREPARE_COMMIT, COMPLETE_COMMIT each time
+
+
+async def test_a_record_another_coordinator_changed_is_read_again(
+        autojump_clock: Any) -> None:
+    """The version this coordinator last wrote is only a guess: once another
+    coordinator changed the record (here: a new producer fenced the epoch), the next
+    request is decided on the stored record, as before: the old producer is fenced,
+    and the record stays as the other coordinator left it."""
+    root = "/ledgers/kafka"
+    store = InMemoryStore(InMemoryCluster())
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written)
+    body = {"transactional_id": "t", "producer_id": -1, "producer_epoch": -1,
+            "transaction_timeout_ms": 60000}
+    epoch = (await txns.init_producer_id(3, body))["producer_epoch"]
+    with trio.fail_after(60):
+        assert await _transaction(txns, epoch) == (0, 0)
+        other = _coordinator(store, root, written)
+        assert (await other.init_producer_id(3, body))["producer_epoch"] == epoch + 1
+        fenced = await TxnStore(store, root).get("t")
+        added, ended = await _transaction(txns, epoch)
+    assert added == ended == ErrorCode.PRODUCER_FENCED
+    assert await TxnStore(store, root).get("t") == fenced
+    assert fenced is not None and fenced.state is TxnState.EMPTY
+    assert len(written) == 1
+
+
+async def test_the_next_transaction_writes_the_last_ones_completion(
+        autojump_clock: Any) -> None:
+    """Back-to-back transactions: each AddPartitionsToTxn writes the last transaction's
+    COMPLETE_COMMIT with its own ONGOING (two writes per transaction, not three); the
+    last one is completed alone once ``FOLD_WAIT_S`` passes, and a sweep meanwhile
+    completes it without writing its markers a second time."""
+    from ledgerd.kafka.transactions import FOLD_WAIT_S
+
+    root = "/ledgers/kafka"
+    store = _CountingStore(InMemoryStore(InMemoryCluster()), TxnStore(None, root).path("t"))  # type: ignore[arg-type]
+    records = TxnStore(store, root)  # type: ignore[arg-type]
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written)
+    async with trio.open_nursery() as nursery:
+        txns.gw.nursery = nursery
+        epoch = (await txns.init_producer_id(3, {
+            "transactional_id": "t", "producer_id": -1, "producer_epoch": -1,
+            "transaction_timeout_ms": 60000}))["producer_epoch"]
+        store.reads = 0
+        with trio.fail_after(60):
+            for _ in range(4):
+                assert await _transaction(txns, epoch) == (0, 0)
+            _, stat = await store.inner.get(store.path)
+            record = await records.get("t")
+            assert record is not None and record.state is TxnState.PREPARE_COMMIT
+            assert stat.version == 2 * 4  # ONGOING (with the last COMPLETE), PREPARE
+            await trio.sleep(2 * FOLD_WAIT_S)
+            record = await records.get("t")
+            assert record is not None and record.state is TxnState.COMPLETE_COMMIT
+            assert (await store.inner.get(store.path))[1].version == 2 * 4 + 1
+            # a fifth, and the sweep finds it prepared before its completion is due
+            assert await _transaction(txns, epoch) == (0, 0)
+            await txns.sweep()
+            await trio.sleep(2 * FOLD_WAIT_S)
+        nursery.cancel_scope.cancel()
+    record = await records.get("t")
+    assert record is not None and record.state is TxnState.COMPLETE_COMMIT
+    assert [(m.partition, m.commit) for m in written] == [(0, True)] * 5

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import trio
 import trio.testing
@@ -122,6 +125,41 @@ async def test_cas_update_close_and_rejection(stores: StoreFactory) -> None:
         await other.update(lid, lambda md: md.with_state(LedgerState.IN_RECOVERY))
     await m.delete(lid, version=v2)
     assert not await m.exists(lid)
+
+
+async def test_cas_update_from_a_known_version_falls_back_to_the_stored_value(
+        stores: StoreFactory) -> None:
+    """``known`` (the value a caller last wrote, and its version) saves the read only
+    while it is current: once another writer moved the node on, the change applies to
+    the stored value, even where it refused or kept the stale one."""
+    from ledgerd.metadata.cas import cas_update
+
+    s = await stores.open()
+    await s.create("/cas-known", b"1", make_parents=True)
+
+    def add(n: int) -> Callable[[int], int]:
+        return lambda v: v + n
+
+    def decode(raw: bytes, _path: str) -> int:
+        return int(raw)
+
+    def encode(v: int) -> bytes:
+        return str(v).encode()
+
+    def update(change: Callable[[int], int], known: tuple[int, int]) -> Any:
+        return cas_update(s, "/cas-known", change, decode=decode, encode=encode,
+                          known=known)
+
+    assert await update(add(1), (1, 0)) == (2, 1)  # current: written from it
+    assert await update(add(10), (1, 0)) == (12, 2)  # stale: 10 added to the stored 2
+
+    def refuse_stale(v: int) -> int:
+        if v == 2:
+            raise ChangeRejectedError("only the stale value is refused")
+        return v if v == 12 else v + 1
+
+    assert await update(refuse_stale, (2, 1)) == (12, 2)  # kept: the stored 12 decides
+    assert (await s.get("/cas-known"))[0] == b"12"
 
 
 async def test_racing_cas_updates_all_apply(stores: StoreFactory) -> None:

@@ -1,0 +1,137 @@
+"""Idempotent producers' state on one partition, as Kafka's broker keeps it: a pure
+machine (no I/O) that the partition's appender asks and tells.
+
+Each producer id (pid) is remembered with its last PRODUCER_BATCHES batches: epoch,
+first and last sequence, and the offset the batch was written at. A batch is
+
+- a *duplicate* when its (epoch, first sequence) is among them: answered with the
+  offset it got the first time, not written again (a retry whose answer was lost);
+- *in sequence* when its epoch is the producer's and its first sequence follows the
+  last one (wrapping after 2**31 - 1), or its epoch is newer and it starts at 0, or the
+  producer is not known here (Kafka accepts those since 2.5: its state may have
+  expired);
+- refused otherwise: INVALID_PRODUCER_EPOCH for an older epoch,
+  OUT_OF_ORDER_SEQUENCE_NUMBER for a gap.
+
+The batches of one append group are checked together (``group()``): a batch placed
+earlier in the group counts as the producer's last, and a retry of a batch still in
+the group rides on the first copy. At most MAX_PRODUCERS producers are remembered per
+partition; the least recently heard go first. The state is rebuilt from the log's
+last batches when a gateway becomes the partition's writer (``partitions.py``)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+
+from ledgerd.kafka.api import ErrorCode
+
+__all__ = ["MAX_PRODUCERS", "PRODUCER_BATCHES", "SEQUENCE_WRAP", "GroupAdmission",
+           "Producer", "ProducerState"]
+
+PRODUCER_BATCHES = 5  # batches remembered per producer (Kafka: max.in.flight 5)
+SEQUENCE_WRAP = 1 << 31  # a producer's sequence goes on from 2**31 - 1 to 0
+MAX_PRODUCERS = 10000  # idempotent producers remembered per partition (LRU)
+
+# (producer id, epoch, first sequence, last sequence) of a batch or of a request's batches
+Producer = tuple[int, int, int, int]
+
+
+def last_sequence(first: int, records: int) -> int:
+    """The sequence of the last of ``records`` records whose first is ``first``."""
+    return (first + records - 1) % SEQUENCE_WRAP
+
+
+class ProducerState:
+    """The producers remembered on one partition (see the module docstring)."""
+
+    def __init__(self, max_producers: int = MAX_PRODUCERS,
+                 batches: int = PRODUCER_BATCHES) -> None:
+        self.max_producers = max_producers
+        self.batches = batches
+        # pid -> its last batches: (epoch, first sequence, last sequence, base offset)
+        self._recent: OrderedDict[int, deque[tuple[int, int, int, int]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._recent
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._recent)
+
+    def clear(self) -> None:
+        """Forget every producer (the partition's writer was dropped)."""
+        self._recent.clear()
+
+    def duplicate(self, producer: Producer) -> int | None:
+        """The offset the batch got when it was first written, if it was."""
+        pid, epoch, seq, _ = producer
+        for e, s, _, offset in self._recent.get(pid, ()):
+            if e == epoch and s == seq:
+                return offset
+        return None
+
+    def sequence_error(self, producer: Producer, placed: tuple[int, int] | None = None,
+                       ) -> int:
+        """0 if the batch continues its producer's sequence (``placed``: the producer's
+        (epoch, last sequence) earlier in the same group), else the Kafka error code."""
+        pid, epoch, first, _ = producer
+        if placed is None:
+            recent = self._recent.get(pid)
+            if not recent:
+                return 0  # a producer not known here: accepted, as Kafka does since 2.5
+            placed = recent[-1][0], recent[-1][2]
+        known_epoch, last = placed
+        if epoch < known_epoch:
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        if epoch > known_epoch:  # a bumped epoch starts its sequence again
+            return 0 if first == 0 else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        return 0 if first == (last + 1) % SEQUENCE_WRAP \
+            else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+    def note(self, pid: int, epoch: int, first: int, last: int, offset: int) -> None:
+        """A batch of the producer was written at ``offset`` (a batch without a
+        sequence, ``first`` < 0, is not an idempotent producer's)."""
+        if first < 0:
+            return
+        recent = self._recent.get(pid)
+        if recent is None:
+            recent = self._recent[pid] = deque(maxlen=self.batches)
+            while len(self._recent) > self.max_producers:  # the least recently heard go
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(pid)
+        recent.append((epoch, first, last, offset))
+
+    def group(self) -> GroupAdmission:
+        """The check of one append group's batches (nothing is remembered until the
+        group is written and each batch ``note``d)."""
+        return GroupAdmission(self)
+
+
+class GroupAdmission:
+    """The batches of one append group, checked in the order they will be written."""
+
+    def __init__(self, state: ProducerState) -> None:
+        self.state = state
+        self._last: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last sequence) placed
+        self._placed: dict[tuple[int, int, int], int] = {}  # (pid, epoch, first) -> offset
+
+    def admit(self, producer: Producer, offset: int) -> tuple[int | None, int]:
+        """``(duplicate's offset, 0)`` for a batch written before (in this group or
+        earlier): answered, not written; ``(None, error)`` for one refused;
+        ``(None, 0)`` for one to write at ``offset`` (it counts as placed)."""
+        pid, epoch, first, last = producer
+        dup = self._placed.get((pid, epoch, first))
+        if dup is None:
+            dup = self.state.duplicate(producer)
+        if dup is not None:
+            return dup, 0
+        code = self.state.sequence_error(producer, self._last.get(pid))
+        if code:
+            return None, code
+        self._last[pid] = (epoch, last)
+        self._placed[(pid, epoch, first)] = offset
+        return None, 0

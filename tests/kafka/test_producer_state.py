@@ -1,0 +1,61 @@
+"""The idempotent producers' rules as a pure machine (``producer_state.py``), driven
+without a partition or a socket: duplicates answered with their first offset (also
+within one append group), sequence gaps and old epochs refused, a new epoch from 0,
+an unknown producer at any sequence, sequences wrapping after 2**31 - 1, and only the
+last five batches of a producer remembered."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledgerd.kafka.api import ErrorCode
+from ledgerd.kafka.producer_state import (
+    PRODUCER_BATCHES,
+    SEQUENCE_WRAP,
+    ProducerState,
+    last_sequence,
+)
+
+
+def _written(state: ProducerState, *batches: tuple[int, int, int, int, int]) -> None:
+    for pid, epoch, first, records, offset in batches:
+        state.note(pid, epoch, first, last_sequence(first, records), offset)
+
+
+def test_a_retry_is_answered_with_its_first_offset_and_a_gap_or_old_epoch_refused() -> None:
+    state = ProducerState()
+    _written(state, (7, 1, 0, 3, 100), (7, 1, 3, 2, 103))
+    group = state.group()
+    assert group.admit((7, 1, 0, 2), 200) == (100, 0)  # a retry: not written again
+    assert group.admit((7, 1, 3, 4), 200) == (103, 0)
+    assert group.admit((7, 1, 6, 6), 200) == (None, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert group.admit((7, 0, 5, 5), 200) == (None, ErrorCode.INVALID_PRODUCER_EPOCH)
+    assert group.admit((7, 2, 1, 1), 200) == (None, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert group.admit((7, 1, 5, 9), 200) == (None, 0)  # continues: placed at 200
+    assert group.admit((7, 1, 10, 10), 205) == (None, 0)  # continues what this group placed
+    assert group.admit((7, 1, 5, 9), 206) == (200, 0)  # a retry of a batch still queued
+    assert group.admit((9, 4, 1234, 1240), 206) == (None, 0)  # unknown producer: any sequence
+    assert group.admit((7, 2, 0, 0), 207) == (None, 0)  # a bumped epoch starts at 0
+
+
+def test_nothing_is_remembered_until_a_batch_is_noted_and_sequences_wrap() -> None:
+    state = ProducerState()
+    state.group().admit((1, 0, 0, 4), 0)
+    assert 1 not in state  # admitted, not written: the group failed, say
+    _written(state, (1, 0, SEQUENCE_WRAP - 2, 2, 10))
+    assert last_sequence(SEQUENCE_WRAP - 2, 2) == SEQUENCE_WRAP - 1
+    assert state.sequence_error((1, 0, 0, 3)) == 0  # after 2**31 - 1 comes 0
+    assert state.sequence_error((1, 0, SEQUENCE_WRAP, 3)) == \
+        ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    state.note(1, 0, -1, -1, 99)  # no sequence: not an idempotent producer's batch
+    assert state.duplicate((1, 0, -1, -1)) is None
+
+
+@given(st.integers(min_value=1, max_value=20))
+def test_only_the_last_batches_of_a_producer_are_remembered(count: int) -> None:
+    state = ProducerState()
+    for i in range(count):
+        state.note(3, 0, i * 10, i * 10 + 9, 1000 + i)
+    remembered = [i for i in range(count) if state.duplicate((3, 0, i * 10, 0)) is not None]
+    assert remembered == list(range(max(0, count - PRODUCER_BATCHES), count))

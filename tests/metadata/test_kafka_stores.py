@@ -1,0 +1,221 @@
+"""The Kafka gateway's typed stores (topics, groups, gateways, producer ids, transactions)
+on the in-memory twin and on ZooKeeper: round trips, compare-and-set under a conflicting
+writer, unknown formats refused by name, and the documents older gateways wrote read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, UnknownFormatError
+from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
+from ledgerd.metadata.kafka_groups import GroupRecord, GroupStore, group_znode
+from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore
+from ledgerd.metadata.kafka_txns import TxnRecord, TxnStore
+from ledgerd.metadata.store import MetadataStore
+from tests.metadata.conftest import StoreFactory
+
+ROOT = "/ledgers/kafka"
+
+
+class Interfering:
+    """A real store whose next ``set`` first lets another session write: the CAS that
+    follows then conflicts, deterministically, on either store."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.before_set: Callable[[], Awaitable[None]] | None = None
+        self.conflicts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def set(self, path: str, data: bytes, version: int = -1) -> Any:
+        if self.before_set is not None:
+            write, self.before_set = self.before_set, None
+            await write()
+            self.conflicts += 1
+        return await self.store.set(path, data, version)
+
+
+async def test_topic_record_round_trip_and_cas_update(stores: StoreFactory) -> None:
+    topics = TopicStore(await stores.open(), ROOT)
+    assert await topics.get("t") is None and await topics.names() == []
+    record = TopicRecord(partitions=3, configs={"retention.ms": "5"}, log_start={1: 40},
+                         replicas=((1, 2), (2, 3), (3, 1)))
+    await topics.create("t", record)
+    with pytest.raises(NodeExistsError):
+        await topics.create("t", record)
+    assert await topics.get("t") == record and await topics.names() == ["t"]
+    grown = await topics.update("t", lambda r: replace(r, partitions=5))
+    assert grown == replace(record, partitions=5) == await topics.get("t")
+    await topics.delete("t")
+    assert await topics.get("t") is None
+
+
+async def test_topic_update_after_a_conflicting_writer_keeps_both_changes(
+        stores: StoreFactory) -> None:
+    mine, other = Interfering(await stores.open()), TopicStore(await stores.open(), ROOT)
+    topics = TopicStore(mine, ROOT)  # type: ignore[arg-type]
+    await topics.create("t", TopicRecord(partitions=2))
+
+    async def configs_changed_meanwhile() -> None:
+        await other.update("t", lambda r: replace(r, configs={"cleanup.policy": "delete"}))
+
+    mine.before_set = configs_changed_meanwhile
+    moved = await topics.update("t", lambda r: r.with_start(1, 7))
+    assert mine.conflicts == 1
+    assert moved == TopicRecord(partitions=2, configs={"cleanup.policy": "delete"},
+                                log_start={1: 7})
+    assert await other.get("t") == moved
+
+
+async def test_documents_older_gateways_wrote_are_read(stores: StoreFactory) -> None:
+    store = await stores.open()
+    # bytes as the gateway wrote them before the typed stores (json.dumps, no format
+    # field in topic and gateway documents, a bare number for the producer ids)
+    await store.create(f"{ROOT}/topics/old", b'{"partitions": 4}', make_parents=True)
+    await store.create(f"{ROOT}/topics/old1", json.dumps(
+        {"format": 1, "partitions": 2, "configs": {"retention.ms": "9"},
+         "log_start": {"0": 3}}).encode())
+    odd = "group with spaces/é"
+    await store.create(f"{ROOT}/groups/{group_znode(odd)}", json.dumps(
+        {"format": 1, "group": odd, "generation": 4, "protocol_type": "consumer"}).encode(),
+        make_parents=True)
+    await store.create(f"{ROOT}/groups/g0", json.dumps(
+        {"format": 1, "group": "g0", "generation": 0, "protocol_type": ""}).encode())
+    await store.create(f"{ROOT}/gateways/7", json.dumps(
+        {"host": "gw7.example", "port": 9092}).encode(), make_parents=True)
+    await store.create(f"{ROOT}/producer_ids", b"41")
+
+    topics = TopicStore(store, ROOT)
+    assert await topics.get("old") == TopicRecord(partitions=4)
+    assert await topics.get("old1") == TopicRecord(partitions=2, configs={"retention.ms": "9"},
+                                                   log_start={0: 3})
+    groups = GroupStore(store, ROOT)
+    assert group_znode(odd).startswith("x-")
+    assert await groups.get(odd) == GroupRecord(group_id=odd, generation=4,
+                                                protocol_type="consumer")
+    assert await groups.get("g0") == GroupRecord(group_id="g0", generation=0)
+    assert sorted(await groups.names()) == sorted(["g0", group_znode(odd)])
+    assert await GatewayStore(store, ROOT).live() == {
+        7: GatewayRecord(host="gw7.example", port=9092)}
+    assert await ProducerIdStore(store, ROOT).next() == 41
+    # and what is written now, older gateways read: the same keys, a format beside them
+    doc = json.loads(GatewayRecord(host="h", port=1).to_json())
+    assert (doc["host"], doc["port"]) == ("h", 1)
+    assert json.loads(TopicRecord(partitions=4).to_json()) == {"format": 1, "partitions": 4}
+
+
+async def test_unknown_formats_are_refused_naming_the_znode_and_never_overwritten(
+        stores: StoreFactory) -> None:
+    store = await stores.open()
+    newer = {"format": 2, "partitions": 1, "group": "g", "generation": 1, "host": "h",
+             "port": 1, "transactional_id": "tx"}
+    paths = {"topics": f"{ROOT}/topics/t", "groups": f"{ROOT}/groups/g",
+             "gateways": f"{ROOT}/gateways/3", "transactions": f"{ROOT}/transactions/tx"}
+    for path in paths.values():
+        await store.create(path, json.dumps(newer).encode(), make_parents=True)
+    reads: dict[str, Callable[[], Awaitable[object]]] = {
+        "topics": lambda: TopicStore(store, ROOT).get("t"),
+        "groups": lambda: GroupStore(store, ROOT).get("g"),
+        "gateways": lambda: GatewayStore(store, ROOT).live(),
+        "transactions": lambda: TxnStore(store, ROOT).get("tx"),
+    }
+    for kind, read in reads.items():
+        with pytest.raises(UnknownFormatError) as info:
+            await read()
+        assert info.value.path == paths[kind] and paths[kind] in str(info.value), kind
+        assert "format 2" in str(info.value)
+    with pytest.raises(UnknownFormatError):
+        await TopicStore(store, ROOT).update("t", lambda r: replace(r, partitions=9))
+    with pytest.raises(UnknownFormatError):
+        await GroupStore(store, ROOT).save("g", 5, "consumer")
+    for path in paths.values():
+        raw, stat = await store.get(path)
+        assert json.loads(raw) == newer and stat.version == 0
+    # a group record was always written with its format: one without it is refused
+    await store.create(f"{ROOT}/groups/nofmt", b'{"group": "nofmt", "generation": 1}')
+    with pytest.raises(UnknownFormatError, match="without a format"):
+        await GroupStore(store, ROOT).get("nofmt")
+
+
+async def test_malformed_documents_are_corrupt_naming_the_znode(stores: StoreFactory) -> None:
+    store = await stores.open()
+    await store.create(f"{ROOT}/topics/a", b'{"partitions": 0}', make_parents=True)
+    await store.create(f"{ROOT}/topics/b", b"not json")
+    await store.create(f"{ROOT}/topics/c", b'{"partitions": 1, "log_start": {"0": -1}}')
+    await store.create(f"{ROOT}/gateways/x", b'{"host": "h", "port": 1}', make_parents=True)
+    for name in ("a", "b", "c"):
+        with pytest.raises(CorruptMetadataError) as info:
+            await TopicStore(store, ROOT).get(name)
+        assert not isinstance(info.value, UnknownFormatError)
+        assert info.value.path == f"{ROOT}/topics/{name}"
+    with pytest.raises(CorruptMetadataError, match="gateways/x"):
+        await GatewayStore(store, ROOT).live()
+
+
+async def test_group_save_is_cas_and_never_lowers_the_generation(stores: StoreFactory) -> None:
+    mine, other = Interfering(await stores.open()), GroupStore(await stores.open(), ROOT)
+    groups = GroupStore(mine, ROOT)  # type: ignore[arg-type]
+    assert await groups.ensure("g") is True
+    assert await groups.ensure("g") is False
+    assert await groups.get("g") == GroupRecord(group_id="g", generation=0)
+    assert await groups.save("g", 2, "consumer") == GroupRecord(
+        group_id="g", generation=2, protocol_type="consumer")
+
+    async def newer_coordinator_saves() -> None:
+        await other.save("g", 5, "consumer")
+
+    mine.before_set = newer_coordinator_saves
+    kept = await groups.save("g", 3, "consumer")  # a stale coordinator's save
+    assert mine.conflicts == 1
+    assert kept.generation == 5 == (await other.get("g") or kept).generation
+    assert await groups.ensure("g") is False  # ensure never resets it
+    assert (await groups.get("g") or kept).generation == 5
+    assert await groups.delete("g") is True and await groups.delete("g") is False
+    assert await groups.save("h", 1, "") == GroupRecord(group_id="h", generation=1)
+
+
+async def test_gateway_registration_replaces_a_previous_sessions_node(
+        stores: StoreFactory) -> None:
+    first, second = await stores.open(), await stores.open()
+    await GatewayStore(first, ROOT).register(1, GatewayRecord(host="a", port=1))
+    await GatewayStore(first, ROOT).register(1, GatewayRecord(host="a", port=2))  # rewritten
+    await GatewayStore(first, ROOT).register(2, GatewayRecord(host="b", port=3))
+    gateways = GatewayStore(second, ROOT)
+    assert await gateways.live() == {1: GatewayRecord(host="a", port=2),
+                                     2: GatewayRecord(host="b", port=3)}
+    await gateways.register(1, GatewayRecord(host="c", port=4))  # a successor on its id
+    _, stat = await second.get(gateways.path(1))
+    assert stat.ephemeral_owner == second.session_id
+    await first.close()  # its other registration goes with its session
+    assert await gateways.live() == {1: GatewayRecord(host="c", port=4)}
+
+
+async def test_producer_ids_are_never_given_twice(stores: StoreFactory) -> None:
+    a = ProducerIdStore(await stores.open(), ROOT)
+    b = ProducerIdStore(await stores.open(), ROOT)
+    assert await a.peek() is None
+    got = [await a.next(), await b.next(), await a.next()]
+    assert got == [0, 1, 2] and await b.peek() == 3
+    assert await b.advance(1000) == 1000 and await a.advance(10) == 1000  # never back
+    assert await a.next() == 1000
+
+
+async def test_txn_records_keep_their_paths(stores: StoreFactory) -> None:
+    store = await stores.open()
+    txns = TxnStore(store, ROOT)
+    record = TxnRecord(transactional_id="tx", producer_id=3, producer_epoch=0,
+                       timeout_ms=1000)
+    await txns.create(record)
+    assert await store.exists(f"{ROOT}/transactions/tx") is not None
+    assert await txns.get("tx") == record and await txns.names() == ["tx"]
+    assert await txns.partition_start("t", 0, 17) == 17
+    assert await store.exists(f"{ROOT}/txn_partitions/t/0") is not None
+    await txns.forget_topic("t")
+    assert await txns.partition_start("t", 0) is None
