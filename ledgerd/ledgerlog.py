@@ -14,6 +14,16 @@ A log is read as its ledgers one after another. A client reaches its cluster's l
   CAS, after fencing the log's tail so no writer keeps adding behind them.
 - ``truncate`` drops whole ledgers before a position and deletes them.
 
+**Log headers** (``metadata.logheader``): a writer's new ledger gets, as entry 0 and
+before it goes onto the list, a header naming the log, the ledger's position in it
+(``seq``, counted from the log's creation), the ledger before it and the offset of its
+first log entry; the ledger's metadata marks it (``first_log_entry`` is then 1) and every
+reader here skips it, so it is not a log entry and has no offset. ``metadata rebuild``
+puts the log back from these headers when no snapshot has it. Ledgers added with
+``append_ledgers`` (written elsewhere), logs written before headers and logs backed by an
+unbounded ledger have none (``header=False`` leaves them out on purpose: the Kafka
+gateway reads its ledgers by entry id).
+
 A position is ``(ledger id, entry id)``; the order of positions is the list's order.
 Every entry also has a dense 64-bit **offset**: the count of entries before it in the
 log. A ledger's first offset is the record's ``base`` (entries truncated away) plus the
@@ -37,7 +47,7 @@ client imports it, not the other way round.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -49,6 +59,13 @@ from ledgerd.errors import LedgerdError, NoSuchLedgerError
 from ledgerd.handles import ReadHandle, WriteHandle
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError, NoNodeError
 from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.logheader import (
+    HEADER_KEY,
+    LogHeader,
+    decode_log_header,
+    encode_log_header,
+    first_log_entry,
+)
 from ledgerd.metadata.logs import CursorRecord, LogRecord, LogStore
 from ledgerd.metadata.store import MetadataStore
 from ledgerd.wire.entry import Entry
@@ -56,7 +73,7 @@ from ledgerd.wire.status import FencedError
 
 __all__ = ["BatchAlreadyAppendedError", "LedgerClient", "LogCursor", "LogEntry",
            "LogFencedError", "LogPosition", "LogSegment", "LogWriter", "Logs", "NoSuchLogError",
-           "Start", "entry_for_offset", "log_segments"]
+           "Start", "entry_for_offset", "log_entry_count", "log_segments"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +94,9 @@ class LedgerClient(Protocol):
 
     async def create_ledger(self, ensemble_size: int | None = None,
                             write_quorum: int | None = None, ack_quorum: int | None = None, *,
-                            password: bytes | str = b"") -> WriteHandle: ...
+                            password: bytes | str = b"",
+                            custom_metadata: Mapping[str, str] | None = None,
+                            ) -> WriteHandle: ...
 
     async def create_unbounded_ledger(self, ensemble_size: int | None = None,
                                       write_quorum: int | None = None,
@@ -122,14 +141,20 @@ class LogPosition:
 
 
 def _append_after(tail: int | None, new: tuple[int, ...], name: str, *,
-                  writer: bool = False) -> Callable[[LogRecord], LogRecord]:
+                  writer: bool = False, seq: int | None = None
+                  ) -> Callable[[LogRecord], LogRecord]:
     """A CAS change adding ``new`` only while the list still ends with ``tail`` (None:
-    is still empty); ``writer``: a new writer's first ledger, counted in ``writers``."""
+    is still empty) and, given ``seq`` (its log header's), the new ledger still gets
+    that position in the log; ``writer``: a new writer's first ledger, counted in
+    ``writers``."""
     def change(record: LogRecord) -> LogRecord:
         last = record.ledgers[-1] if record.ledgers else None
         if last != tail:
             raise LogFencedError(name, f"the list no longer ends with ledger {tail} (it ends "
                                        f"{list(record.ledgers[-3:])}); another writer took over")
+        if seq is not None and record.next_seq != seq:
+            raise LogFencedError(name, f"the next ledger's position is {record.next_seq}, "
+                                       f"not {seq}; another writer took over")
         if record.unbounded:
             raise LogFencedError(name, "the log is backed by an unbounded ledger")
         return replace(record, ledgers=record.ledgers + new,
@@ -162,11 +187,18 @@ class LogEntry:
 @dataclass(frozen=True, slots=True)
 class LogSegment:
     """One listed ledger: its first entry's offset (None while an earlier ledger is still
-    open: not known yet) and its entry count (None while it is open)."""
+    open: not known yet), its entry count (None while it is open) and the entry id of
+    its first log entry (1 when entry 0 is its log header)."""
 
     ledger_id: int
     first_offset: int | None
     count: int | None
+    first_entry: int = 0
+
+
+def log_entry_count(md: LedgerMetadata) -> int:
+    """A closed ledger's log entries (its header, if any, is not one)."""
+    return max(0, md.last_entry_id + 1 - first_log_entry(md.custom_metadata))
 
 
 def entry_for_offset(md: LedgerMetadata, offset: int) -> int:
@@ -224,7 +256,8 @@ class LogWriter:
 
     def __init__(self, logs: Logs, name: str, handle: WriteHandle, *, password: bytes | str,
                  quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int,
-                 roll_interval: float = 0.0, unbounded: bool = False, epoch: int = 0) -> None:
+                 roll_interval: float = 0.0, unbounded: bool = False, epoch: int = 0,
+                 header: tuple[int, int] | None = None) -> None:
         self.logs = logs
         # this writer's term: a ledger-backed log's ``writers`` count after its open (one
         # more than any earlier writer's), an unbounded ledger's term
@@ -239,16 +272,22 @@ class LogWriter:
         self.unbounded = unbounded
         self.opened_at = trio.current_time()
         self.closed = False
+        # (seq, first offset) of the current ledger's log header; None: no headers
+        self.header = header
 
     @property
     def ledger_id(self) -> int:
         return self.handle.ledger_id
 
+    def _entries(self, handle: WriteHandle) -> int:
+        """Log entries acknowledged in ``handle``'s ledger (its header is not one)."""
+        return handle.last_add_confirmed + 1 - first_log_entry(handle.metadata.custom_metadata)
+
     def _due(self) -> bool:
         if self.unbounded:
             return False  # an unbounded ledger rolls fragments, not ledgers
         h = self.handle
-        return ((self.roll_entries > 0 and h.last_add_confirmed + 1 >= self.roll_entries)
+        return ((self.roll_entries > 0 and self._entries(h) >= self.roll_entries)
                 or (self.roll_bytes > 0 and h.length >= self.roll_bytes)
                 or (self.roll_interval > 0
                     and trio.current_time() - self.opened_at >= self.roll_interval))
@@ -264,7 +303,7 @@ class LogWriter:
         for data in items:
             batch.append(data)
             if not self.unbounded and self.roll_entries > 0 and (
-                    self.handle.last_add_confirmed + 1 + len(batch) >= self.roll_entries):
+                    self._entries(self.handle) + len(batch) >= self.roll_entries):
                 out += await self._write(batch)
                 batch = []
         if batch:
@@ -284,16 +323,24 @@ class LogWriter:
         if self.unbounded:
             raise LedgerdError(f"log {self.name!r} is one unbounded ledger: it does not roll")
         old = self.handle
-        e, qw, qa = self.quorums
         client = self.logs.client
-        new = await client.create_ledger(e, qw, qa, password=self.password)
+        header: tuple[int, int] | None = None
+        if self.header is not None:
+            # Every add to ``old`` was awaited: its acknowledged entries are its end.
+            seq, first = self.header
+            header = (seq + 1, -1 if first < 0 else first + self._entries(old))
+        new = await self.logs._new_ledger(self.name, self.quorums, self.password,
+                                          old.ledger_id, header)
         try:
             await self.logs.store.update(
-                self.name, _append_after(old.ledger_id, (new.ledger_id,), self.name))
+                self.name, _append_after(old.ledger_id, (new.ledger_id,), self.name,
+                                         seq=None if header is None else header[0]))
         except BaseException:
-            await client.delete_ledger(new.ledger_id)
+            with trio.move_on_after(5, shield=True):
+                await client.delete_ledger(new.ledger_id)
             raise
         self.handle = new
+        self.header = header
         self.opened_at = trio.current_time()
         await old.close()
         log.info("log_rolled", extra=fields(log=self.name, closed=old.ledger_id,
@@ -346,14 +393,17 @@ class Logs:
                           write_quorum: int | None = None, ack_quorum: int | None = None, *,
                           password: bytes | str = b"", roll_entries: int = 0,
                           roll_bytes: int = 256 << 20, roll_interval: float = 0.0,
-                          unbounded: bool | None = None, create: bool = True) -> LogWriter:
+                          unbounded: bool | None = None, create: bool = True,
+                          header: bool = True) -> LogWriter:
         """Become the log's writer.
 
         A ledger-backed log: fence its last two ledgers, add a new one (CAS). A log backed
         by an unbounded ledger: take the ledger over (raise its term). ``unbounded`` chooses
         the kind when the log is created (default: ledgers); for an existing log it must
         match (None: whatever the log is). ``roll_interval`` (seconds) rolls a ledger-backed
-        log's ledger by age too, checked after each append."""
+        log's ledger by age too, checked after each append. ``header`` (ledger-backed
+        logs): each ledger this writer adds starts with a log header (the module doc);
+        False adds plain ledgers, whose log ``metadata rebuild`` cannot put back."""
         cfg = self.client.config
         quorums = (cfg.ensemble_size if ensemble_size is None else ensemble_size,
                    cfg.write_quorum_size if write_quorum is None else write_quorum,
@@ -369,25 +419,76 @@ class Logs:
         if unbounded:
             return await self._open_unbounded(name, record, quorums, password)
         for _ in range(10):
-            ledgers = await self.ledgers(name)
+            record, _ = await self._record(name)
+            ledgers = record.ledgers
             await self._fence(ledgers[-FENCE_TAIL:], password)
-            handle = await self.client.create_ledger(*quorums, password=password)
             tail = ledgers[-1] if ledgers else None
+            place = (record.next_seq, await self._next_offset(name, record, password)) \
+                if header else None
+            handle = await self._new_ledger(name, quorums, password,
+                                            -1 if tail is None else tail, place)
             try:
-                opened, _ = await self.store.update(
-                    name, _append_after(tail, (handle.ledger_id,), name, writer=True))
+                opened, _ = await self.store.update(name, _append_after(
+                    tail, (handle.ledger_id,), name, writer=True,
+                    seq=None if place is None else place[0]))
             except LogFencedError:
                 await self.client.delete_ledger(handle.ledger_id)  # another writer got in first
                 continue
             except BaseException:
-                await self.client.delete_ledger(handle.ledger_id)
+                with trio.move_on_after(5, shield=True):
+                    await self.client.delete_ledger(handle.ledger_id)
                 raise
             log.info("log_writer_opened", extra=fields(log=name, ledger=handle.ledger_id,
                                                        epoch=opened.writers))
             return LogWriter(self, name, handle, password=password, quorums=quorums,
                              roll_entries=roll_entries, roll_bytes=roll_bytes,
-                             roll_interval=roll_interval, epoch=opened.writers)
+                             roll_interval=roll_interval, epoch=opened.writers,
+                             header=place)
         raise LogFencedError(name, "gave up after 10 writers raced to open the log")
+
+    async def _new_ledger(self, name: str, quorums: tuple[int, int, int],
+                          password: bytes | str, prev: int,
+                          place: tuple[int, int] | None) -> WriteHandle:
+        """A new ledger for the log; with ``place = (seq, first offset)`` its entry 0 is
+        the log header, written (acknowledged) before the ledger can go onto the list.
+        If the header cannot be written the ledger is deleted; if cancelled, a ledger
+        with only its header may remain, on no list (``metadata rebuild`` names it)."""
+        if place is None:
+            return await self.client.create_ledger(*quorums, password=password)
+        handle = await self.client.create_ledger(*quorums, password=password,
+                                                 custom_metadata={HEADER_KEY: "1"})
+        md = handle.metadata
+        try:
+            await handle.append(encode_log_header(LogHeader(
+                name=name, seq=place[0], prev_ledger_id=prev, first_offset=place[1],
+                ensemble_size=md.ensemble_size, write_quorum=md.write_quorum,
+                ack_quorum=md.ack_quorum)))
+        except BaseException:
+            with trio.move_on_after(5, shield=True):
+                await handle.abandon()
+                await self.client.delete_ledger(handle.ledger_id)
+            raise
+        return handle
+
+    async def _next_offset(self, name: str, record: LogRecord, password: bytes | str) -> int:
+        """The offset the log's next ledger starts at, its last ledger closed (fenced):
+        from that ledger's header and count, else from the layout (-1: not known)."""
+        if not record.ledgers:
+            return record.base
+        tail = record.ledgers[-1]
+        try:
+            md = await self.client.ledger_metadata(tail)
+            if md.is_closed and first_log_entry(md.custom_metadata) and md.last_entry_id >= 0:
+                rh = await self.client.open_ledger(tail, password, recovery=False)
+                got = decode_log_header((await rh.read_batch(0, 0))[0].payload)
+                if got is not None and got.first_offset >= 0:
+                    return got.first_offset + log_entry_count(md)
+            seg = (await self.layout(name))[-1]
+        except (LedgerdError, ValueError):
+            return -1
+        if seg.first_offset is None or seg.count is None:
+            return -1
+        return seg.first_offset + seg.count
 
     async def _open_unbounded(self, name: str, record: LogRecord,
                               quorums: tuple[int, int, int], password: bytes | str) -> LogWriter:
@@ -498,6 +599,7 @@ class Logs:
         ledgers to their end, an open one to its LAC. Nothing is fenced."""
         for lid, first in log_segments(name, await self.ledgers(name), start):
             rh = await self.client.open_ledger(lid, password, recovery=False)
+            first = max(first, first_log_entry(rh.metadata.custom_metadata))
             last = rh.last_add_confirmed if rh.is_closed else await rh.read_lac()
             if first <= last:
                 async for entry in rh.read(first, last):
@@ -524,6 +626,7 @@ class Logs:
         lid = record.ledgers[index]
         while True:
             rh = await self.client.open_ledger(lid, password, recovery=False)
+            eid = max(eid, first_log_entry(rh.metadata.custom_metadata))  # skip its header
             if not rh.is_closed:
                 await rh.read_lac()
             while True:
@@ -574,8 +677,8 @@ class Logs:
                 out.append(LogSegment(lid, md.start_entry - md.noops_before(md.start_entry),
                                       None))
                 break
-            count = md.last_entry_id + 1 if md.is_closed else None
-            out.append(LogSegment(lid, offset, count))
+            count = log_entry_count(md) if md.is_closed else None
+            out.append(LogSegment(lid, offset, count, first_log_entry(md.custom_metadata)))
             offset = None if offset is None or count is None else offset + count
         return out
 
@@ -606,14 +709,15 @@ class Logs:
         if not md.is_closed:
             raise LedgerdError(f"log {name!r}: ledger {lid} is still open; truncation drops "
                                "closed ledgers only (open the log's writer to close it)")
-        return md.last_entry_id + 1
+        return log_entry_count(md)
 
     async def _drop_front(self, name: str, drop: tuple[int, ...], entries: int,
                           ) -> list[int]:
         def change(record: LogRecord) -> LogRecord:
             if record.ledgers[:len(drop)] != drop:
                 raise LogFencedError(name, "the log's front changed during truncation")
-            return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries)
+            return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries,
+                           first_seq=record.first_seq + len(drop))
 
         if not drop:
             return []
@@ -662,24 +766,26 @@ class Logs:
             return 0, entry_for_offset(md, start), start
         layout = await self.layout(name)
         if start == "start":
-            return 0, 0, record.base
+            return 0, layout[0].first_entry, record.base
         if start == "end":
             last = layout[-1]
             if last.first_offset is None:
                 raise LedgerdError(f"log {name!r}: its end is not known while an earlier "
                                    "ledger is still open (a writer is taking over)")
             if last.count is not None:
-                return len(layout) - 1, last.count, last.first_offset + last.count
+                return (len(layout) - 1, last.first_entry + last.count,
+                        last.first_offset + last.count)
             rh = await self.client.open_ledger(last.ledger_id, password, recovery=False)
-            lac = await rh.read_lac()
-            return len(layout) - 1, lac + 1, last.first_offset + lac + 1
+            lac = max(await rh.read_lac(), last.first_entry - 1)
+            return len(layout) - 1, lac + 1, last.first_offset + lac + 1 - last.first_entry
         if isinstance(start, LogPosition):
             for i, seg in enumerate(layout):
                 if seg.ledger_id == start.ledger_id:
                     if seg.first_offset is None:
                         raise LedgerdError(f"log {name!r}: ledger {seg.ledger_id}'s offsets are "
                                            "not known yet (an earlier ledger is still open)")
-                    return i, start.entry_id, seg.first_offset + start.entry_id
+                    eid = max(start.entry_id, seg.first_entry)
+                    return i, eid, seg.first_offset + eid - seg.first_entry
             raise LedgerdError(f"log {name!r} has no ledger {start.ledger_id} (truncated, or "
                                "never in this log)")
         if start < record.base:
@@ -689,5 +795,5 @@ class Logs:
             if seg.first_offset is None:
                 break
             if seg.count is None or start < seg.first_offset + seg.count:
-                return i, start - seg.first_offset, start
+                return i, start - seg.first_offset + seg.first_entry, start
         raise LedgerdError(f"log {name!r}: offset {start} is past the end of its closed ledgers")

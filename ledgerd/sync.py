@@ -41,6 +41,7 @@ from ledgerd.ledgerlog import (
     log_segments,
 )
 from ledgerd.metadata.ledger import LedgerMetadata
+from ledgerd.metadata.logheader import first_log_entry
 from ledgerd.wire.entry import Entry
 
 __all__ = ["SyncClient", "SyncLogWriter", "SyncLogs", "SyncReadHandle", "SyncWriteHandle"]
@@ -211,6 +212,7 @@ class SyncLogs:
         LAC), from ``start`` inclusive; nothing is fenced."""
         for lid, first in log_segments(name, self.ledgers(name), start):
             rh = self._client.open_ledger(lid, password, recovery=False)
+            first = max(first, first_log_entry(rh.metadata.custom_metadata))  # its header
             last = rh.last_add_confirmed if rh.metadata.is_closed else rh.read_lac()
             if first <= last:
                 yield from rh.read(first, last)

@@ -16,6 +16,10 @@ batches (a Spark streaming query, by its id), the last batch appended: the same 
 that adds a batch's ledgers records its number, so a batch replayed after a crash is
 recognised and not appended twice. The most recent ``MAX_COMMITS`` writers are kept.
 
+``"first_seq": N`` is the position in the log of the first listed ledger, counted from the
+log's creation (truncation adds the ledgers it drops): ledger ``i`` of the list is the
+log's ledger ``first_seq + i``, the ``seq`` its log header records (``logheader``).
+
 Cursors (a consumer's durable position) live under ``<logs root>/<name>/cursors/<cursor>``
 as ``{"format": 1, "offset": N, "ledger": L, "entry": E}`` (the next entry to read),
 changed by compare-and-set. A Kafka consumer group's cursor (kept by the Kafka gateway)
@@ -50,6 +54,12 @@ class LogRecord:
     unbounded: bool = False
     commits: tuple[tuple[str, int], ...] = ()  # (writer, last batch), oldest first
     writers: int = 0  # writers that opened the log (each open_writer adds one)
+    first_seq: int = 0  # the position in the log of ledgers[0] (truncated ones count)
+
+    @property
+    def next_seq(self) -> int:
+        """The position in the log the next ledger added gets."""
+        return self.first_seq + len(self.ledgers)
 
     def to_json(self) -> bytes:
         doc: dict[str, object] = {"format": 1, "ledgers": list(self.ledgers)}
@@ -61,6 +71,8 @@ class LogRecord:
             doc["commits"] = dict(self.commits)
         if self.writers:
             doc["writers"] = self.writers
+        if self.first_seq:
+            doc["first_seq"] = self.first_seq
         return json.dumps(doc).encode()
 
     def last_batch(self, writer: str) -> int:
@@ -97,7 +109,10 @@ class LogRecord:
             writers = doc.get("writers", 0)
             if not isinstance(writers, int) or isinstance(writers, bool) or writers < 0:
                 raise ValueError(f"writers must be a non-negative integer, got {writers!r}")
-            return cls(ledgers, base, unbounded, tuple(commits.items()), writers)
+            first_seq = doc.get("first_seq", 0)
+            if not isinstance(first_seq, int) or isinstance(first_seq, bool) or first_seq < 0:
+                raise ValueError(f"first_seq must be a non-negative integer, got {first_seq!r}")
+            return cls(ledgers, base, unbounded, tuple(commits.items()), writers, first_seq)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a log record: {exc}") from exc
 

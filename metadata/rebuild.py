@@ -11,12 +11,17 @@ Rules, per ledger missing from the live metadata:
   check, custom metadata, ctime, ``unbounded``/``noops``, and its ensembles up to the
   snapshot's last fragment; a ledger CLOSED there stays closed at the same entry.
 - **Write sets.** Without a snapshot, the ensemble comes from the striping rule: entry
-  ``e`` is on positions ``e mod E .. e + Qw - 1 mod E``. ``Qw`` is the most copies any
-  entry has; the ensemble is every bookie holding the ledger (``E`` of them); a
-  bookie's position is the one after which its held residues ``e mod E`` end. Entries
-  whose holders do not fit one ensemble (a bookie replaced mid-ledger) start a new
-  fragment at the first such entry. ``Qa`` cannot be known from the bookies: it is
-  taken as 1, the safest for recovery (and listed as assumed).
+  ``e`` of a fragment is on its ensemble's positions ``e mod E .. e + Qw - 1 mod E``.
+  ``Qw`` is the most copies that at least two entries have (one entry with an extra
+  copy, written to a bookie just before the writer replaced it, does not count) and
+  ``E`` the size under which the fewest fragments explain every entry's holders (ties:
+  the larger): a fragment grows entry by entry while some placement of its bookies on
+  ``E`` positions puts every entry's holders in its write set, and the first entry no
+  placement fits (a bookie replaced mid-ledger: its replacement holds the entries
+  after the change) starts a new fragment. A fragment's positions that no entry shows
+  keep the previous fragment's bookie. A ledger whose entry 0 is a log header takes
+  ``E``, ``Qw`` and ``Qa`` from it; otherwise ``Qa`` cannot be known from the bookies:
+  it is taken as 1, the safest for recovery (and listed as assumed).
 - **The end** (BookKeeper's recovery rule): every entry up to the highest LAC any
   bookie reports was acknowledged and is kept; past it, entries are kept while each is
   held by at least one bookie (recovery reads it and writes it back to Qa copies); the
@@ -29,26 +34,45 @@ Rules, per ledger missing from the live metadata:
   mismatch is reported and the ledger is left out.
 - The digest type comes from the caller (``detect_digest`` on entry 0's bytes).
 
-What the bookies cannot say (log names, cursors, custom metadata) without a snapshot is
-in ``Plan.lost``.
+**Logs** (``plan_logs``): a ledger whose entry 0 is a log header (``metadata.logheader``)
+names its log and its position (``seq``) there, and the ledger before it. A log missing
+from the live metadata is put back as the chain that ends at its highest ``seq`` (ties:
+the ledger holding log entries, then the higher id) and follows each header's ``prev``
+back while the previous ``seq`` is found: truncated ledgers (deleted) end it, and so does
+a ledger without a header (appended from elsewhere); its ``base`` (the truncation point)
+is the first ledger's recorded first offset, so offsets do not move. Ledgers with the
+log's header off the chain (a writer that stopped before adding its new ledger) are
+named, not listed. The rebuilt ledgers keep the header mark, so readers skip entry 0.
+
+**OPEN snapshot ledgers against the bookies**: a ledger OPEN in the snapshot whose
+bookies show entries on a bookie its last ensemble does not name (an ensemble change
+after the snapshot) gets its later fragments from the bookies; if the live metadata
+still has the snapshot's version (``restore`` wrote it), ``LedgerPlan.update`` says to
+write it over (compare-and-set).
+
+What the bookies cannot say (cursors, custom metadata, logs written without headers)
+without a snapshot is in ``Plan.lost``.
 """
 
 from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import google_crc32c
 
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
+from ledgerd.metadata.logheader import HEADER_KEY, LogHeader
 
-__all__ = ["BookieLedger", "LedgerPlan", "Plan", "detect_digest", "merge_ranges",
-           "plan_ledger", "plan_rebuild"]
+__all__ = ["BookieLedger", "LedgerPlan", "LogPlan", "Plan", "detect_digest", "merge_ranges",
+           "plan_ledger", "plan_logs", "plan_rebuild"]
 
 _HEADER = 32
 MAX_ORDER_SEARCH = 7  # bookies of a fragment whose orderings are searched (7! = 5040)
+MAX_PLACEMENTS = 5040  # placements of a fragment's bookies kept while it grows
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +105,19 @@ class LedgerPlan:
     problems: tuple[str, ...] = ()
     assumed: tuple[str, ...] = ()
     end: int = -1  # the last entry recovery keeps (the ledger's end once closed)
+    update: bool = False  # live from the snapshot: write over it (see the module doc)
+
+
+@dataclass(frozen=True, slots=True)
+class LogPlan:
+    """A log put back from its ledgers' headers."""
+
+    name: str
+    ledgers: tuple[int, ...]
+    base: int  # the offset of the first listed ledger's first log entry
+    first_seq: int  # the position of the first listed ledger (earlier ones truncated)
+    problems: tuple[str, ...] = ()
+    left_out: tuple[int, ...] = ()  # ledgers with this log's header, not listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +125,8 @@ class Plan:
     ledgers: tuple[LedgerPlan, ...]
     lost: tuple[str, ...] = ()
     skipped_live: int = 0  # ledgers the live metadata already has
+    logs: tuple[LogPlan, ...] = ()
+    live_logs: tuple[str, ...] = ()  # logs the headers name that the live metadata has
 
     @property
     def writable(self) -> list[LedgerPlan]:
@@ -129,30 +168,128 @@ def _holders_by_entry(held: Sequence[BookieLedger], last: int) -> list[tuple[str
     return [tuple(sorted(x)) for x in out]
 
 
-def _order(bookies: Sequence[str], by_entry: Sequence[tuple[str, ...]], first: int,
-           size: int, write_quorum: int) -> tuple[str, ...]:
-    """Ensemble positions from the striping rule: entry ``e`` (the fragment starting at
-    ``first``) is on positions ``e .. e + Qw - 1`` (mod E). The first ordering of the
-    bookies under which every entry's holders sit in its write set is taken; the
-    pattern repeats every E entries, so 2E entries decide. More than
-    ``MAX_ORDER_SEARCH`` bookies: sorted order (reported by the caller as assumed)."""
-    members = sorted(bookies)
-    if write_quorum >= size or len(members) > MAX_ORDER_SEARCH:
-        return tuple(members)
-    window = [(e, by_entry[e]) for e in range(first, min(len(by_entry), first + 2 * size))
-              if by_entry[e]]
-    for perm in itertools.permutations(members):
-        pos = {b: i for i, b in enumerate(perm)}
-        if all(all((pos[b] - e) % size < write_quorum for b in who if b in pos)
-               for e, who in window):
-            return perm
-    return tuple(members)
+def _copies(by_entry: Sequence[tuple[str, ...]]) -> int:
+    """``Qw`` from the copies entries have: the most that at least two entries have (a
+    single entry with an extra copy, left on a bookie the writer then replaced, does not
+    count), or the most any has when no count repeats."""
+    counts = Counter(map(len, by_entry))
+    counts.pop(0, None)
+    repeated = [c for c, n in counts.items() if n >= 2]
+    return max(repeated or counts or [1])
+
+
+def _extend(placements: list[dict[str, int]], members: Sequence[str], who: Sequence[str],
+            entry_id: int, size: int, write_quorum: int) -> list[dict[str, int]]:
+    """The placements (bookie -> position) of ``members`` plus ``who`` under which entry
+    ``entry_id``'s holders ``who`` are all in its write set (none: no placement fits)."""
+    new = [b for b in who if b not in members]
+    if not new:
+        return [p for p in placements
+                if all((p[b] - entry_id) % size < write_quorum for b in who)]
+    if len(members) + len(new) > size:
+        return []
+    out: list[dict[str, int]] = []
+    for p in placements:
+        free = [i for i in range(size) if i not in p.values()]
+        for spots in itertools.permutations(free, len(new)):
+            q = {**p, **dict(zip(new, spots, strict=True))}
+            if all((q[b] - entry_id) % size < write_quorum for b in who):
+                out.append(q)
+                if len(out) >= MAX_PLACEMENTS:
+                    return out
+    return out
+
+
+def _split(by_entry: Sequence[tuple[str, ...]], size: int, qw: int, last: int
+           ) -> list[tuple[int, dict[str, int]]]:
+    """Fragments as ``(first entry, a placement of the bookies seen in it)``: each grows
+    while a placement fits every entry's holders (the module doc). An entry with more
+    holders than ``qw`` (an extra copy) constrains nothing."""
+    out: list[tuple[int, dict[str, int]]] = []
+    first = 0
+    placements: list[dict[str, int]] = [{}]
+    members: list[str] = []
+    full = qw >= size  # every position holds every entry: any placement fits
+    # Once one placement of all ``size`` bookies is left, each entry is checked against
+    # its write set by residue: the fast path, the whole ledger for most ledgers.
+    fast: list[frozenset[str]] | None = None
+    for e in range(min(last, len(by_entry) - 1) + 1):
+        who = by_entry[e]
+        if not who or len(who) > qw:
+            continue
+        if fast is not None:
+            if fast[e % size].issuperset(who):
+                continue
+            grown: list[dict[str, int]] = []
+        else:
+            grown = _extend(placements, members, who, e, size, qw)
+            if full and grown:
+                grown = grown[:1]
+        if not grown:
+            out.append((first, placements[0]))
+            first, members, fast = e, [], None
+            grown = _extend([{}], [], who, e, size, qw)[:1 if full else MAX_PLACEMENTS] or [{}]
+        placements = grown
+        members = list(dict.fromkeys([*members, *who]))
+        if len(placements) == 1 and len(members) == size:
+            p = placements[0]
+            fast = [frozenset(b for b, i in p.items() if (i - r) % size < qw)
+                    for r in range(size)]
+    out.append((first, placements[0]))
+    return out
+
+
+def _ensembles(split: list[tuple[int, dict[str, int]]], holders: Sequence[str], size: int,
+               prior: Sequence[str] = ()) -> list[tuple[int, tuple[str, ...]]]:
+    """Each fragment's ensemble: its placement, positions no entry shows given the
+    previous fragment's bookie there (``prior`` before the first), then other holders."""
+    out: list[tuple[int, tuple[str, ...]]] = []
+    previous = list(prior)
+    for first, placement in split:
+        slots: list[str | None] = [None] * size
+        for b, i in placement.items():
+            slots[i] = b
+        for i in range(size):
+            if slots[i] is None and i < len(previous) and previous[i] not in slots:
+                slots[i] = previous[i]
+        spare = iter([b for b in sorted(holders) if b not in slots])
+        ensemble = tuple(b for b in (x if x is not None else next(spare, None)
+                                     for x in slots) if b is not None)
+        out.append((first, ensemble))
+        previous = list(ensemble)
+    return out
+
+
+def _fragments(by_entry: Sequence[tuple[str, ...]], holders: Sequence[str], size: int | None,
+               qw: int, last: int, prior: Sequence[str] = ()
+               ) -> tuple[int, list[tuple[int, tuple[str, ...]]]]:
+    """``(E, fragments)``: under ``size`` if known (a snapshot, a log header), else the
+    size whose split needs the fewest fragments (ties: the larger). Past
+    ``MAX_ORDER_SEARCH`` bookies: one fragment of them, sorted (the caller says so)."""
+    n = len(holders)
+    if size is None and n > MAX_ORDER_SEARCH:
+        return n, [(0, tuple(sorted(holders)))]
+    if size is not None and size > MAX_ORDER_SEARCH:
+        return size, [(0, tuple(sorted(holders)[:size]))]
+    if size is None:
+        split = _split(by_entry, n, min(qw, n), last)
+        size = n
+        if len(split) > 1:  # a bookie replaced mid-ledger? fewer positions may explain it
+            for e_size in range(n - 1, max(1, qw) - 1, -1):
+                other = _split(by_entry, e_size, qw, last)
+                if len(other) < len(split):
+                    split, size = other, e_size
+    else:
+        split = _split(by_entry, size, min(qw, size), last)
+    return size, _ensembles(split, holders, size, prior)
 
 
 def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
                 snapshot: LedgerMetadata | None = None, digest_type: str = "crc32c",
-                length: int = 0, now_ms: int = 0) -> LedgerPlan:
-    """The metadata one ledger gets back (see the module doc)."""
+                length: int = 0, now_ms: int = 0, header: LogHeader | None = None
+                ) -> LedgerPlan:
+    """The metadata one ledger gets back (see the module doc); ``header`` is its entry
+    0's log header, if it has one."""
     holders = tuple(sorted(h.bookie_id for h in held))
     problems: list[str] = []
     assumed: list[str] = []
@@ -185,19 +322,23 @@ def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
                             f"bookies hold entries only up to {last}")
         return LedgerPlan(ledger_id, snapshot, "snapshot", holders, tuple(problems),
                           end=snapshot.last_entry_id)
-    copies = max((len(x) for x in by_entry), default=len(held))
+    size: int | None
     if snapshot is not None:
-        e_size, qw, qa = snapshot.ensemble_size, snapshot.write_quorum, snapshot.ack_quorum
+        size, qw, qa = snapshot.ensemble_size, snapshot.write_quorum, snapshot.ack_quorum
+    elif header is not None:
+        size, qw, qa = header.ensemble_size, header.write_quorum, header.ack_quorum
     else:
-        e_size = len(holders)
-        qw = max(1, min(copies, e_size))
+        size, qw = None, max(1, min(_copies(by_entry), len(holders)))
         # The smallest ack quorum: recovery then counts an entry absent only when every
         # bookie of its write set says so. A larger guess could let recovery truncate an
         # entry acknowledged by fewer copies than guessed; 1 only makes it wait longer.
         qa = 1
         assumed.append(f"ack_quorum {qa} (bookies do not record it; the safest for "
                        f"recovery)")
-    ensembles = _fragments(by_entry, holders, e_size, qw, last)
+    prior = snapshot.ensembles[-1][1] if snapshot is not None else ()
+    e_size, ensembles = _fragments(by_entry, holders, size, qw, last, prior)
+    if e_size > MAX_ORDER_SEARCH:
+        assumed.append(f"ensemble order sorted ({e_size} bookies: orderings not searched)")
     if snapshot is not None:
         ensembles = _after_snapshot(snapshot, ensembles)
     term = max(h.term for h in held)
@@ -223,42 +364,13 @@ def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
                 ensemble_size=e_size, write_quorum=qw, ack_quorum=qa,
                 ensembles=tuple(ensembles), state=LedgerState.OPEN,
                 digest_type=digest_type, password_check=next(iter(checks), ""),
-                ctime_ms=now_ms, term=term, unbounded=unbounded)
+                ctime_ms=now_ms, term=term, unbounded=unbounded,
+                custom_metadata={HEADER_KEY: "1"} if header is not None else {})
     except ValueError as exc:
         return LedgerPlan(ledger_id, None, "bookies", holders,
                           (*problems, f"cannot form metadata: {exc}"), tuple(assumed))
     return LedgerPlan(ledger_id, md, "snapshot+bookies" if snapshot else "bookies", holders,
                       tuple(problems), tuple(assumed), end=last)
-
-
-def _fragments(by_entry: Sequence[tuple[str, ...]], holders: Sequence[str], size: int,
-               qw: int, last: int) -> list[tuple[int, tuple[str, ...]]]:
-    """Fragments from who holds what: a new fragment starts at the first entry whose
-    holders are not all in the current ensemble."""
-    starts = [0]
-    current: set[str] = set()
-    for e in range(last + 1):
-        who = set(by_entry[e]) if e < len(by_entry) else set()
-        if not who:
-            continue
-        if len(current | who) > size and e > starts[-1]:
-            starts.append(e)
-            current = set()
-        current |= who
-    out: list[tuple[int, tuple[str, ...]]] = []
-    for i, first in enumerate(starts):
-        end = starts[i + 1] - 1 if i + 1 < len(starts) else last
-        seen: set[str] = set()
-        for e in range(first, end + 1):
-            seen.update(by_entry[e] if e < len(by_entry) else ())
-        members = sorted(seen)
-        for b in holders:  # a fragment of few entries may not show every member
-            if len(members) >= size:
-                break
-            if b not in members:
-                members.append(b)
-        out.append((first, _order(members[:size], by_entry, first, size, qw)))
-    return out
 
 
 def _after_snapshot(snapshot: LedgerMetadata, found: list[tuple[int, tuple[str, ...]]]
@@ -268,6 +380,58 @@ def _after_snapshot(snapshot: LedgerMetadata, found: list[tuple[int, tuple[str, 
     last_first = keep[-1][0]
     keep += [(first, ens) for first, ens in found if first > last_first and ens != keep[-1][1]]
     return keep
+
+
+def plan_logs(headers: Mapping[int, LogHeader], ends: Mapping[int, int], *,
+              live: Collection[str] = ()) -> tuple[LogPlan, ...]:
+    """The logs the headers name and the live metadata lacks (``live``), by name: each
+    the chain ending at its highest ``seq`` (the module doc). ``ends`` gives each
+    ledger's last entry (its log entries are 1..end)."""
+    by_name: dict[str, dict[int, LogHeader]] = {}
+    for lid, h in headers.items():
+        by_name.setdefault(h.name, {})[lid] = h
+    out: list[LogPlan] = []
+    for name in sorted(set(by_name) - set(live)):
+        mine = by_name[name]
+        tail = max(mine, key=lambda lid: (mine[lid].seq, ends.get(lid, 0) >= 1, lid))
+        chain = [tail]
+        while True:
+            h = mine[chain[-1]]
+            prev = h.prev_ledger_id
+            if prev in mine and mine[prev].seq == h.seq - 1 and prev not in chain:
+                chain.append(prev)
+            else:
+                break
+        chain.reverse()
+        problems: list[str] = []
+        counts = [max(0, ends.get(lid, 0)) for lid in chain]
+        known = [(i, mine[lid].first_offset) for i, lid in enumerate(chain)
+                 if mine[lid].first_offset >= 0]
+        if known:
+            i, offset = known[0]
+            base = offset - sum(counts[:i])
+            if i:
+                problems.append(f"the first {i} ledger(s) do not record their first offset: "
+                                f"base {base} counted back from ledger {chain[i]}")
+        else:
+            base = 0
+            problems.append("no ledger records its first offset: offsets restart at 0")
+        for i in range(len(chain) - 1):
+            a, b = mine[chain[i]], mine[chain[i + 1]]
+            if a.first_offset >= 0 and b.first_offset >= 0 and \
+                    a.first_offset + counts[i] != b.first_offset:
+                problems.append(
+                    f"ledger {chain[i + 1]} records first offset {b.first_offset}, but ledger "
+                    f"{chain[i]} ends at offset {a.first_offset + counts[i]}: offsets after "
+                    f"it move by {a.first_offset + counts[i] - b.first_offset}")
+        left = tuple(sorted(set(mine) - set(chain)))
+        if left:
+            problems.append(f"ledger(s) {list(left)} carry this log's header but are not on "
+                            "the chain (a writer that stopped before adding its new ledger, "
+                            "or ledgers before a gap): left out of the log, kept as ledgers")
+        out.append(LogPlan(name, tuple(chain), base, mine[chain[0]].seq, tuple(problems),
+                           left))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,22 +445,52 @@ class RebuildInput:
     lengths: Mapping[int, int] = field(default_factory=dict)
     snapshot_logs: Sequence[str] = ()
     now_ms: int = 0
+    headers: Mapping[int, LogHeader] = field(default_factory=dict)  # entry 0 log headers
+    live_logs: frozenset[str] = frozenset()
 
 
 def plan_rebuild(given: RebuildInput) -> Plan:
     """Plans for every ledger a bookie holds or the snapshot lists and the live metadata
-    lacks, in id order."""
+    lacks, in id order; then, for ledgers OPEN in the snapshot and live (restored), the
+    fragments the bookies show after the snapshot's (``update``); then the logs the
+    ledgers' headers name that neither the live metadata nor the snapshot has."""
     wanted = sorted((set(given.held) | set(given.snapshot)) - given.live)
     plans = [plan_ledger(lid, given.held.get(lid, ()), snapshot=given.snapshot.get(lid),
                          digest_type=given.digests.get(lid, "crc32c"),
-                         length=given.lengths.get(lid, 0), now_ms=given.now_ms)
+                         length=given.lengths.get(lid, 0), now_ms=given.now_ms,
+                         header=given.headers.get(lid))
              for lid in wanted]
+    skipped = len((set(given.held) | set(given.snapshot)) & given.live)
+    for lid in sorted(set(given.snapshot) & given.live & set(given.held)):
+        snap = given.snapshot[lid]
+        if snap.is_closed:
+            continue
+        p = plan_ledger(lid, given.held[lid], snapshot=snap, now_ms=given.now_ms)
+        if p.metadata is not None and p.metadata.ensembles != snap.ensembles:
+            plans.append(replace(p, metadata=replace(snap, ensembles=p.metadata.ensembles),
+                                 update=True, problems=(*p.problems, (
+                                     f"OPEN in the snapshot; the bookies show "
+                                     f"{len(p.metadata.ensembles) - len(snap.ensembles)} "
+                                     "fragment(s) after its last (an ensemble change after "
+                                     "the snapshot)"))))
+            skipped -= 1
+    plans.sort(key=lambda p: p.ledger_id)
+    ends = {lid: max((b for h in held for _, b in h.ranges), default=-1)
+            for lid, held in given.held.items()}
+    ends.update({p.ledger_id: p.end for p in plans})
+    named = {n.rsplit("/", 1)[-1] for n in given.snapshot_logs}
+    logs = plan_logs(given.headers, ends, live=given.live_logs | named)
     lost: list[str] = []
     if not given.snapshot:
-        lost.append("log names, their ledger lists and cursors; Kafka topics and group "
-                    "offsets; custom metadata and ack quorums (no snapshot given)")
-    return Plan(tuple(plans), tuple(lost), len((set(given.held) | set(given.snapshot))
-                                               & given.live))
+        lost.append("cursors (consumers' positions); Kafka topics and group offsets; custom "
+                    "metadata; ack quorums of ledgers without a log header (no snapshot "
+                    "given)")
+        lost.append("logs whose ledgers carry no log header: written before headers, "
+                    "ledgers added with append_ledgers, logs of one unbounded ledger, "
+                    "the Kafka gateway's partition logs (no snapshot given)")
+    return Plan(tuple(plans), tuple(lost), skipped, logs,
+                tuple(sorted({h.name for h in given.headers.values()}
+                             & (given.live_logs | named))))
 
 
 __all__ += ["RebuildInput"]

@@ -234,9 +234,9 @@ def restore_cmd(ctx: click.Context, file: Path, replace: bool, force: bool,
     human = (f"restored {written} nodes of {file} (taken {_when(snap.taken_ms)}) into "
              f"{_zk(ctx)}{root}" + (f", replacing {replaced['nodes']} nodes" if replaced
                                     else "")
-             + "\nGC is frozen on every bookie: run `ledgerd shell metadata rebuild` to add "
-               "ledgers created after the snapshot, then `ledgerd shell metadata gc-freeze "
-               "--clear`")
+             + f"\nGC is frozen on every bookie: run `ledgerd shell metadata rebuild --snapshot "
+               f"{file}` to add ledgers created after the snapshot (and the fragments open "
+               "ledgers gained since), then `ledgerd shell metadata gc-freeze --clear`")
     emit(as_json, doc, human)
 
 
@@ -405,14 +405,31 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
                         "problems": list(p.problems), "assumed": list(p.assumed),
                         "end": p.end,
                         "metadata": (json.loads(p.metadata.to_json())
-                                     if p.metadata is not None else None)}
-                       for p in the_plan.ledgers]}
+                                     if p.metadata is not None else None),
+                        **({"update": True} if p.update else {})}
+                       for p in the_plan.ledgers],
+           "logs": [{"name": lp.name, "ledgers": list(lp.ledgers), "base": lp.base,
+                     "first_seq": lp.first_seq, "problems": list(lp.problems),
+                     "left_out": list(lp.left_out)} for lp in the_plan.logs],
+           "logs_live": list(the_plan.live_logs),
+           "corrupt_log_headers": {str(k): v for k, v in gathered.corrupt_headers.items()}}
     lines = [f"rebuild of {_zk(ctx)}{root}: {len(the_plan.writable)} ledger(s) to write, "
              f"{len(the_plan.ledgers) - len(the_plan.writable)} not rebuildable, "
-             f"{the_plan.skipped_live} already in the live metadata"]
+             f"{the_plan.skipped_live} already in the live metadata, "
+             f"{len(the_plan.logs)} log(s) from their ledgers' headers"]
     if the_plan.ledgers:
         lines.append(table(["ledger", "E/Qw/Qa", "state", "digest", "ensembles", "from",
                             "notes"], _plan_rows(the_plan)))
+    for lp in the_plan.logs:
+        lines.append(f"log {lp.name}: ledgers {' '.join(map(str, lp.ledgers))} (from position "
+                     f"{lp.first_seq}, offset {lp.base}); cursors lost"
+                     + "".join(f"; {what}" for what in lp.problems))
+    if the_plan.live_logs:
+        lines.append(f"logs already in the live metadata (left alone): "
+                     f"{', '.join(the_plan.live_logs)}")
+    for lid, why in sorted(gathered.corrupt_headers.items()):
+        lines.append(f"ledger {lid}: entry 0 is a corrupt log header ({why}): its log is "
+                     "not rebuilt from it")
     for b, e in sorted(gathered.unreachable.items()):
         lines.append(f"unreachable: {b}: {e}")
     for what in the_plan.lost:

@@ -3,11 +3,13 @@
 The I/O around :mod:`metadata.rebuild` (pure): every bookie named (registered, in the
 snapshot's cookies, or ``--bookies``) is asked for its holdings page by page
 (``LedgerHoldingsRequest``, an admin request) and for its status (the cluster instance
-its cookie names; all must agree); entry 0 of each ledger rebuilt without a snapshot is
-read to learn its digest type, and its last entry for its length. The plan is printed;
-with ``--apply`` the cluster root is made if missing (with the bookies' instance id,
-LAYOUT last), the GC freeze flag set, the ledgers written and the id counter advanced
-past them.
+its cookie names; all must agree); entry 0 of each ledger neither the live metadata
+nor the snapshot describes is read to learn its digest type and whether it is a log
+header (``metadata.logheader``). The plan is printed; with ``--apply`` the cluster root
+is made if missing (with the bookies' instance id, LAYOUT last), the GC freeze flag
+set, the ledgers written (a restored OPEN ledger the bookies show moved on is written
+over, by compare-and-set), the id counter advanced past them, and the logs the headers
+name written (no cursors).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -39,6 +42,7 @@ class Gathered:
         self.held: dict[int, list[BookieLedger]] = {}
         self.instance_ids: dict[str, str] = {}
         self.unreachable: dict[str, str] = {}
+        self.corrupt_headers: dict[int, str] = {}  # ledger -> why its log header is bad
 
 
 async def _bookie_holdings(address: str, secret: bytes, out: Gathered) -> None:
@@ -153,6 +157,13 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
     """The plan: live ledgers are left alone; digest types are read from the bookies
     (entry 0) for ledgers the snapshot does not describe."""
     from ledgerd.metadata.ledgers import LedgerManager
+    from ledgerd.metadata.logheader import (
+        CorruptLogHeaderError,
+        LogHeader,
+        decode_log_header,
+        payload_of_entry,
+    )
+    from ledgerd.metadata.logs import LogStore
     from ledgerd.metadata.rebuild import detect_digest
 
     live: set[int] = set()
@@ -161,27 +172,44 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
             live.add(lid)
     known = snapshot_ledgers(snap)
     digests: dict[int, str] = {}
+    headers: dict[int, LogHeader] = {}
     firsts = await read_first_entries({
         lid: [h.bookie_id for h in gathered.held[lid] if h.holds(0)]
         for lid in sorted(set(gathered.held) - live - set(known))})
     for lid, first in firsts.items():
         if first:
             digests[lid] = detect_digest(first)
+            try:
+                header = decode_log_header(payload_of_entry(first, digests[lid]))
+            except CorruptLogHeaderError as exc:
+                gathered.corrupt_headers[lid] = str(exc)
+                continue
+            if header is not None:
+                headers[lid] = header
     logs = [n.path for n in snap.nodes if category(n.path, snap.layout) == "logs"] if snap \
         else []
+    live_logs: list[str] = []
+    if live:
+        live_logs = await LogStore(store, f"{root.rstrip('/')}/logs").names() \
+            if store is not None else []
     return plan_rebuild(RebuildInput(held=gathered.held, live=frozenset(live), snapshot=known,
                                      digests=digests, snapshot_logs=logs,
-                                     now_ms=int(time.time() * 1000)))
+                                     now_ms=int(time.time() * 1000), headers=headers,
+                                     live_logs=frozenset(live_logs)))
 
 
 async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str,
                      the_plan: Plan) -> int:
     """Write the plan's ledgers (GC frozen first; the root made if missing, LAYOUT
-    last); returns how many were written. A ledger created meanwhile is left alone."""
+    last), then its logs; returns how many ledgers were written. A ledger or log created
+    meanwhile is left alone; a restored ledger (``update``) is written over only while
+    its live metadata still ends with the snapshot's fragments and is OPEN."""
     from ledgerd.metadata.backup import advance_counter, set_freeze
     from ledgerd.metadata.cluster import FIXED_NODES, _layout_bytes
     from ledgerd.metadata.errors import NodeExistsError
+    from ledgerd.metadata.ledger import LedgerState
     from ledgerd.metadata.ledgers import LedgerManager
+    from ledgerd.metadata.logs import LogRecord, LogStore
 
     has_layout = await store.exists(f"{root}/LAYOUT") is not None
     if not has_layout:
@@ -199,6 +227,7 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
     await set_freeze(store, root, "metadata rebuilt from the bookies; check it, then clear "
                                   "with `ledgerd shell metadata gc-freeze --clear`")
     ledgers = LedgerManager(store, root, layout)
+    updates = {p.ledger_id: p.update for p in the_plan.ledgers}
     written = 0
     top = max((p.ledger_id for p in the_plan.writable), default=-1)
     limit = trio.Semaphore(16)  # the ZooKeeper store's own limit
@@ -206,6 +235,13 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
     async def write(lid: int, md: LedgerMetadata) -> None:
         nonlocal written
         async with limit:
+            if updates.get(lid):
+                live, version = await ledgers.read(lid)
+                if live.state is LedgerState.OPEN and \
+                        md.ensembles[:len(live.ensembles)] == live.ensembles:
+                    await ledgers.write(lid, replace(live, ensembles=md.ensembles), version)
+                    written += 1
+                return
             for _ in range(3):
                 try:
                     await ledgers.create(md, ledger_id=lid)
@@ -224,6 +260,12 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
             nursery.start_soon(write, p.ledger_id, p.metadata)
     if top >= 0:
         await advance_counter(store, f"{root}/idgen", top + 1)
+    logs = LogStore(store, f"{root.rstrip('/')}/logs")
+    for lp in the_plan.logs:
+        try:
+            await logs.create(lp.name, LogRecord(lp.ledgers, lp.base, first_seq=lp.first_seq))
+        except NodeExistsError:
+            pass  # created meanwhile: left alone
     if not has_layout:
         await store.create(f"{root}/LAYOUT", _layout_bytes(layout))
     return written

@@ -573,7 +573,7 @@ def logstat(ctx: click.Context, name: str, password: str, as_json: bool) -> None
                 lac = await rh.read_lac()
                 count = (lac + 1 - md.noops_before(lac + 1) - seg.first_offset
                          if record.unbounded and seg.first_offset is not None
-                         else lac + 1)
+                         else max(0, lac + 1 - seg.first_entry))
             rows.append({"ledger_id": seg.ledger_id, "state": md.state.value,
                          "first_offset": seg.first_offset, "entries": count,
                          "bytes": md.length, "fragments": len(md.ensembles),

@@ -391,7 +391,7 @@ class PartitionLog:
             s = self.settings
             writer = await self.client.logs.open_writer(
                 self.name, s.ensemble_size, s.write_quorum, s.ack_quorum,
-                roll_bytes=s.roll_bytes, create=True)
+                roll_bytes=s.roll_bytes, create=True, header=False)
             try:
                 # Handles opened before the recovery above see the old writer's ledger
                 # OPEN at a LAC that may lag its last acknowledged entry: drop them.

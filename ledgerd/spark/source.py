@@ -43,6 +43,7 @@ from pyspark.sql.types import (
 )
 
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
+from ledgerd.metadata.logheader import first_log_entry
 from ledgerd.spark.options import (
     ID_COLUMNS,
     LedgerRange,
@@ -118,12 +119,15 @@ def _check_schema(schema: StructType, decode: str) -> None:
                                     "(decode=json maps other columns to JSON fields)")
 
 
-def _readable_end(client: SyncClient, ledger_id: int, password: str) -> tuple[int, bool, list[int]]:
-    """(last readable entry, closed?, fragment starts) without fencing."""
+def _readable_end(client: SyncClient, ledger_id: int, password: str
+                  ) -> tuple[int, bool, list[int], int]:
+    """(last readable entry, closed?, fragment starts, first data entry) without fencing;
+    the first data entry is 1 when entry 0 is a log header (``metadata.logheader``)."""
     rh = client.open_ledger(ledger_id, password, recovery=False)
     md = rh.metadata
     last = md.last_entry_id if md.is_closed else rh.read_lac()
-    return last, md.is_closed, [first for first, _ in md.ensembles]
+    return (last, md.is_closed, [first for first, _ in md.ensembles],
+            first_log_entry(md.custom_metadata))
 
 
 def _arrow_batch(schema: StructType, decode: str, entries: list[Entry]) -> pa.RecordBatch:
@@ -207,14 +211,14 @@ class LedgerdReader(DataSourceReader):
         ledgers = client.logs.ledgers(opts.log) if opts.log else opts.ledgers
         out: list[InputPartition] = []
         for lid in ledgers:
-            end, closed, starts = _readable_end(client, lid, opts.password)
+            end, closed, starts, head = _readable_end(client, lid, opts.password)
             last = end if opts.last_entry is None else opts.last_entry
             if last > end:
                 raise LedgerdError(f"ledger {lid}: last_entry {last} is past its "
                                    f"{'last' if closed else 'last confirmed'} entry {end}")
+            first = max(opts.first_entry, head)
             out += [InputPartition(r) for r in plan_ranges(
-                lid, starts, opts.first_entry, last, opts.entries_per_partition,
-                closed=closed)]
+                lid, starts, first, last, opts.entries_per_partition, closed=closed)]
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch | tuple[Any, ...]]:
@@ -269,8 +273,8 @@ class LedgerdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pos = start if start.ledger != -1 else Offset(ledgers[0], -1)
         budget = max_rows
         for lid in ledgers[i:]:
-            end, closed, _ = _readable_end(self.client, lid, self.opts.password)
-            first = pos.entry + 1 if lid == pos.ledger else 0
+            end, closed, _, head = _readable_end(self.client, lid, self.opts.password)
+            first = max(pos.entry + 1 if lid == pos.ledger else 0, head)
             available = max(0, end - first + 1)
             if budget is not None and available >= budget:
                 return Offset(lid, first + budget - 1)
@@ -320,7 +324,8 @@ class LedgerdStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out: list[InputPartition] = []
         for lid in ledgers[i:j + 1]:
             md = self.client.ledger_metadata(lid)
-            first = s.entry + 1 if lid == s.ledger else 0
+            first = max(s.entry + 1 if lid == s.ledger else 0,
+                        first_log_entry(md.custom_metadata))
             if lid == e.ledger:
                 last = e.entry
             elif md.is_closed:

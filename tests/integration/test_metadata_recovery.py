@@ -188,16 +188,47 @@ async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_
         dangling = await client.create_ledger(3, 2, 2, password=b"pw")
         for i in range(12):
             await dangling.append(b"d-%d" % i)
+        # Two logs: "events" rolled over four ledgers, its first truncated away (offsets
+        # 10.. stay); "audit" left by a writer that stopped, its last ledger open.
+        writer = await client.logs.open_writer("events", 3, 2, 2, password=b"pw",
+                                               roll_entries=10)
+        await writer.append_many([b"e-%d" % i for i in range(35)])
+        await writer.close()
+        events = await client.logs.ledgers("events")
+        assert len(events) == 4
+        assert await client.logs.truncate("events", events[1]) == [events[0]]
+        cursor = await client.logs.open_cursor("events", "reader")
+        await cursor.commit(LogEntry(LogPosition(events[1], 3), 12, b"e-12"))
+        audit = await client.logs.open_writer("audit", 3, 3, 2, password=b"pw",
+                                              roll_entries=4)
+        await audit.append_many([b"a-%d" % i for i in range(9)])
+        audit_ledgers = await client.logs.ledgers("audit")
+        assert len(audit_ledgers) == 3
+        # The truncated ledger is deleted: bookies' GC drops it (so it cannot come back).
+        with trio.fail_after(EVENT_BOUND_S):
+            for b in bookies:
+                while any(h.ledger_id == events[0] for page in await _holdings(b.address)
+                          for h in page.ledgers):
+                    await trio.sleep(0.2)
+        deleted = {b.address: (await _gc_status(b))["ledgers_deleted"] for b in bookies}
         async with metadata_store(zk_chroot, init=False) as store:
             iid = (await store.get("/ledgers/INSTANCEID"))[0].decode()
             await store.delete("/ledgers", recursive=True)
 
     named = ",".join(b.address for b in bookies)
     code, out = await _shell(zk_chroot, "rebuild", "--bookies", named)
-    assert code == 0 and "dry run" in out and "lost: log names" in out, out
+    assert code == 0 and "dry run" in out and "lost: cursors" in out, out
+    assert f"log events: ledgers {' '.join(map(str, events[1:]))} (from position 1, " \
+           "offset 10); cursors lost" in out, out
     code, out = await _shell(zk_chroot, "rebuild", "--bookies", named, "--json")
-    ends = {p["ledger_id"]: p["end"] for p in json.loads(out)["ledgers"]}
-    assert ends == {striped.ledger_id: 29, full.ledger_id: 4, dangling.ledger_id: 11}, out
+    doc = json.loads(out)
+    ends = {p["ledger_id"]: p["end"] for p in doc["ledgers"]}
+    assert ends == {striped.ledger_id: 29, full.ledger_id: 4, dangling.ledger_id: 11,
+                    # a log's ledger: its header, then its entries
+                    events[1]: 10, events[2]: 10, events[3]: 5,
+                    audit_ledgers[0]: 4, audit_ledgers[1]: 4, audit_ledgers[2]: 1}, out
+    assert {lg["name"]: (lg["ledgers"], lg["base"]) for lg in doc["logs"]} == {
+        "events": (list(events[1:]), 10), "audit": (list(audit_ledgers), 0)}, out
     async with metadata_store(zk_chroot, init=False) as store:
         assert await store.exists("/ledgers/LAYOUT") is None  # a dry run writes nothing
     # A bookie that does not answer: its entries would be missing from the plan.
@@ -210,8 +241,9 @@ async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_
                              "--secret-file", str(secret), "--json")
     assert code == 0, out
     doc = json.loads(out)
-    assert doc["written"] == 3, out
-    assert sorted(doc["closed"].values()) == ["closed at 11", "closed at 29", "closed at 4"]
+    assert doc["written"] == 9, out
+    closed = {int(k): v for k, v in doc["closed"].items()}
+    assert closed == {lid: f"closed at {end}" for lid, end in ends.items()}, closed
     async with metadata_store(zk_chroot, init=False) as store:
         assert (await store.get("/ledgers/INSTANCEID"))[0].decode() == iid
         assert await store.exists("/ledgers/gcfreeze") is not None
@@ -224,8 +256,105 @@ async def test_rebuild_without_a_snapshot_brings_back_every_ledger_closed_where_
             assert [e.payload async for e in rh.read()] == [b"%s-%d" % (prefix, i)
                                                              for i in range(n)]
         assert (await reader.ledger_metadata(full.ledger_id)).digest_type == "crc32"
+        # The logs: same ledgers in order, same truncation point and offsets, every
+        # acknowledged entry through the log reader; the cursor is lost (no snapshot).
+        assert await reader.logs.ledgers("events") == events[1:]
+        assert [e.payload async for e in reader.logs.read("events", b"pw")] == [
+            b"e-%d" % i for i in range(10, 35)]
+        assert await _follow(reader, "events", "start", 25) == [
+            (i, b"e-%d" % i) for i in range(10, 35)]
+        assert await _follow(reader, "events", 30, 5) == [(i, b"e-%d" % i)
+                                                          for i in range(30, 35)]
+        assert (await reader.logs.open_cursor("events", "reader")).offset is None
+        assert await reader.logs.ledgers("audit") == audit_ledgers
+        assert [e.payload async for e in reader.logs.read("audit", b"pw")] == [
+            b"a-%d" % i for i in range(9)]
+    for b in bookies:  # none since the metadata went
+        assert (await _gc_status(b))["ledgers_deleted"] == deleted[b.address]
+
+
+async def _follow(client: ledgerd.Client, name: str, start: int | str,
+                  n: int) -> list[tuple[int, bytes]]:
+    """The first ``n`` entries a log follower returns from ``start``: (offset, payload)."""
+    out: list[tuple[int, bytes]] = []
+    with trio.fail_after(EVENT_BOUND_S):
+        async for e in client.logs.follow(name, b"pw", start=start, poll_s=0.2):  # type: ignore[arg-type]
+            out.append((e.offset, e.payload))
+            if len(out) == n:
+                break
+    return out
+
+
+async def test_a_bookie_replaced_mid_ledger_is_a_fragment_with_or_without_the_snapshot(
+        bookie_factory: Factory, zk_chroot: str, tmp_path: Path) -> None:
+    bookies = await start_bookies(lambda: bookie_factory(gc_wait_time_ms=1000), zk_chroot, 4)
+    snap = tmp_path / "meta.snap"
+    async with ledgerd.open_client(zk_chroot, throttle=0) as client:
+        lh = await client.create_ledger(3, 2, 2, password=b"pw")
+        for i in range(20):
+            await lh.append(b"x-%d" % i)
+        code, out = await _shell(zk_chroot, "snapshot", str(snap))
+        assert code == 0, out
+        # A bookie of its ensemble dies mid-write: the writer replaces it (a fragment).
+        victim = next(b for b in bookies if b.address == lh.metadata.ensembles[0][1][1])
+        victim.kill9()
+        for i in range(20, 40):
+            await lh.append(b"x-%d" % i)
+        md = await client.ledger_metadata(lh.ledger_id)
+        assert len(md.ensembles) == 2 and victim.address not in md.ensembles[1][1], md
+        # It comes back, holding the entries it got before: four holders for an
+        # ensemble of three.
+        async with metadata_store(zk_chroot, init=False) as store:
+            victim.start()
+            await wait_registered(store, victim)
+            iid = (await store.get("/ledgers/INSTANCEID"))[0].decode()
+            assert iid
+            await store.delete("/ledgers", recursive=True)
+
+    named = ",".join(b.address for b in bookies)
+    code, out = await _shell(zk_chroot, "rebuild", "--bookies", named, "--json")
+    assert code == 0, out
+    (plan,) = [p for p in json.loads(out)["ledgers"] if p["ledger_id"] == lh.ledger_id]
+    got = plan["metadata"]
+    assert (got["ensemble_size"], got["write_quorum"]) == (3, 2), plan
+    assert plan["end"] == 39 and len(got["ensembles"]) == 2, plan
+    # The replacement starts the second fragment (the split may come a few entries
+    # after the change: entries before it fit both ensembles' write sets), and every
+    # entry's copies are on bookies of its write set under the rebuilt fragments (where
+    # reads and recovery look), bar a copy left on the victim past its fragment.
+    replacement = (set(md.ensembles[1][1]) - set(md.ensembles[0][1])).pop()
+    assert replacement in got["ensembles"][1][1], plan
+    assert md.ensembles[1][0] <= got["ensembles"][1][0] < md.ensembles[1][0] + 3, plan
+    held: dict[str, set[int]] = {}
     for b in bookies:
-        assert (await _gc_status(b))["ledgers_deleted"] == 0
+        for page in await _holdings(b.address):
+            for r in page.ranges:
+                if r.ledger_id == lh.ledger_id:
+                    held.setdefault(b.address, set()).update(
+                        range(r.first_entry_id, r.last_entry_id + 1))
+    for e in range(40):
+        ens = [bs for first, bs in got["ensembles"] if first <= e][-1]
+        holders = {b for b, ids in held.items() if e in ids}
+        write_set = {ens[(e + i) % 3] for i in range(2)}
+        assert holders - {victim.address} <= write_set and holders & write_set, (e, plan)
+
+    # Restored from the snapshot the ledger is OPEN with one fragment; rebuild --snapshot
+    # gives it the fragment the bookies show since.
+    code, out = await _shell(zk_chroot, "restore", str(snap))
+    assert code == 0, out
+    code, out = await _shell(zk_chroot, "rebuild", "--snapshot", str(snap), "--bookies",
+                             named, "--apply", "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert [(p["ledger_id"], p.get("update")) for p in doc["ledgers"]] == [
+        (lh.ledger_id, True)], doc
+    async with ledgerd.open_client(zk_chroot) as reader:
+        rebuilt = await reader.ledger_metadata(lh.ledger_id)
+        assert [set(ens) for _, ens in rebuilt.ensembles] == [set(ens) for _, ens in
+                                                              md.ensembles]
+        rh = await reader.open_ledger(lh.ledger_id, password=b"pw")
+        assert rh.is_closed and rh.last_add_confirmed == 39
+        assert [e.payload async for e in rh.read()] == [b"x-%d" % i for i in range(40)]
 
 
 def _bookie_run(conf: Path) -> tuple[int, str]:

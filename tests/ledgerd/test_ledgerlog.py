@@ -8,6 +8,7 @@ import pytest
 
 import ledgerd
 from ledgerd import LedgerdError, LedgerFencedError, LogFencedError, LogPosition, NoSuchLogError
+from ledgerd.metadata.logheader import LogHeader, decode_log_header
 from tests.ledgerd.inproc import inprocess_cluster
 
 
@@ -24,14 +25,28 @@ async def test_writer_rolls_and_the_log_reads_back_in_order(zk_chroot: str,
         assert len(ledgers) == 3
         assert [p.ledger_id for p in positions] == [lid for lid in ledgers
                                                      for _ in range(100)][:250]
-        assert positions[100] == LogPosition(ledgers[1], 0)
-        for lid, last in zip(ledgers, (99, 99, 49), strict=True):
+        # Entry 0 of each ledger is its log header: log entries start at entry 1.
+        assert positions[100] == LogPosition(ledgers[1], 1)
+        for i, (lid, last) in enumerate(zip(ledgers, (100, 100, 50), strict=True)):
             md = await client.ledger_metadata(lid)
             assert md.is_closed and md.last_entry_id == last
+            rh = await client.open_ledger(lid, b"pw", recovery=False)
+            header = decode_log_header((await rh.read_batch(0, 0))[0].payload)
+            assert header == LogHeader(name="events", seq=i, first_offset=100 * i,
+                                       prev_ledger_id=ledgers[i - 1] if i else -1,
+                                       ensemble_size=3, write_quorum=2, ack_quorum=2)
         got = [e.payload async for e in client.logs.read("events", b"pw")]
         assert got == [f"e{i}".encode() for i in range(250)]
+        seen = []
+        async for e in client.logs.follow("events", b"pw", start=99):  # across a header
+            seen.append((e.offset, e.position, e.payload))
+            if len(seen) == 3:
+                break
+        assert seen == [(99, LogPosition(ledgers[0], 100), b"e99"),
+                        (100, LogPosition(ledgers[1], 1), b"e100"),
+                        (101, LogPosition(ledgers[1], 2), b"e101")]
         tail = [e.payload async for e in client.logs.read("events", b"pw",
-                                                          start=LogPosition(ledgers[1], 98))]
+                                                          start=LogPosition(ledgers[1], 99))]
         assert tail == [f"e{i}".encode() for i in range(198, 250)]
 
 
@@ -43,7 +58,7 @@ async def test_a_new_writer_fences_the_old_one(zk_chroot: str, tmp_path: Path) -
         new = await client.logs.open_writer("orders", 3, 3, 2, password=b"pw")
         first, second = await client.logs.ledgers("orders")
         assert (first, second) == (old.ledger_id, new.ledger_id)
-        assert (await client.ledger_metadata(first)).last_entry_id == 1
+        assert (await client.ledger_metadata(first)).last_entry_id == 2  # header, a, b
         with pytest.raises(LedgerFencedError):
             await old.append(b"lost")
         with pytest.raises(LogFencedError, match="another writer took over"):
@@ -51,6 +66,11 @@ async def test_a_new_writer_fences_the_old_one(zk_chroot: str, tmp_path: Path) -
         await new.append(b"c")
         await new.close()
         assert [e.payload async for e in client.logs.read("orders", b"pw")] == [b"a", b"b", b"c"]
+        # The new ledger's header continues the log from the fenced ledger's end.
+        rh = await client.open_ledger(second, b"pw", recovery=False)
+        assert decode_log_header((await rh.read_batch(0, 0))[0].payload) == LogHeader(
+            name="orders", seq=1, prev_ledger_id=first, first_offset=2, ensemble_size=3,
+            write_quorum=3, ack_quorum=2)
 
 
 async def test_append_closed_ledgers_fences_the_tail_then_truncate(zk_chroot: str,

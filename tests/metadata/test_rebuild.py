@@ -5,11 +5,20 @@ reference of where a known ledger's entries went."""
 from __future__ import annotations
 
 import google_crc32c
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
-from ledgerd.metadata.rebuild import BookieLedger, detect_digest, merge_ranges, plan_ledger
+from ledgerd.metadata.logheader import LogHeader, first_log_entry
+from ledgerd.metadata.rebuild import (
+    BookieLedger,
+    RebuildInput,
+    detect_digest,
+    merge_ranges,
+    plan_ledger,
+    plan_logs,
+    plan_rebuild,
+)
 
 BOOKIES = ("b0:1", "b1:1", "b2:1", "b3:1", "b4:1")
 
@@ -93,3 +102,102 @@ def test_an_unbounded_ledger_without_a_snapshot_names_its_unknown_noops() -> Non
     plan = plan_ledger(7, held)
     assert plan.metadata is not None and plan.metadata.unbounded and plan.metadata.term == 2
     assert any("no-op entries" in p for p in plan.problems), plan.problems
+
+
+def _held_with_change(ensembles: list[tuple[int, tuple[str, ...]]], qw: int, last: int,
+                      lac: int) -> list[BookieLedger]:
+    """What each bookie holds after a writer wrote entries 0..last through these
+    fragments (a replaced bookie keeps the entries it got before the change)."""
+    ids: dict[str, list[int]] = {}
+    for e in range(last + 1):
+        ens = [b for first, b in ensembles if first <= e][-1]
+        for i in range(qw):
+            ids.setdefault(ens[(e + i) % len(ens)], []).append(e)
+    return [BookieLedger(bookie_id=b, ledger_id=7, ranges=merge_ranges([(e, e) for e in got]),
+                         lac=min(lac, max(got)), key_check="ab" * 32)
+            for b, got in ids.items()]
+
+
+def _readable(md: LedgerMetadata, held: list[BookieLedger], last: int) -> bool:
+    """Every entry has a copy on a bookie of its write set under ``md``."""
+    for e in range(last + 1):
+        ens = md.ensemble_for(e)
+        write_set = {ens[(e + i) % md.ensemble_size] for i in range(md.write_quorum)}
+        if not any(h.holds(e) for h in held if h.bookie_id in write_set):
+            return False
+    return True
+
+
+@settings(deadline=None)
+@given(st.integers(2, 5).flatmap(lambda n: st.tuples(
+    st.just(n), st.integers(1, n - 1), st.permutations(BOOKIES[:n]), st.integers(0, n - 1),
+    st.integers(2 * n, 30), st.integers(10, 40))))
+def test_a_bookie_replaced_mid_ledger_splits_it_into_fragments(
+        case: tuple[int, int, list[str], int, int, int]) -> None:
+    size, qw, order, pos, change, extra = case
+    old = tuple(order)
+    new = tuple("b9:1" if i == pos else b for i, b in enumerate(old))
+    last = change + extra
+    held = _held_with_change([(0, old), (change, new)], qw, last, lac=last)
+    plan = plan_ledger(7, held)
+    md = plan.metadata
+    assert md is not None and not plan.problems, plan
+    # Not E = every holder (size + 1): the replacement starts a fragment of its own.
+    assert (md.ensemble_size, md.write_quorum) == (size, qw), md
+    assert len(md.ensembles) == 2 and md.ensembles[1][0] <= change + size, md.ensembles
+    assert "b9:1" in md.ensembles[1][1] and "b9:1" not in md.ensembles[0][1]
+    assert _readable(md, held, last)
+
+
+def test_an_open_snapshot_ledger_takes_the_fragments_the_bookies_show_after_it() -> None:
+    old, new = BOOKIES[:3], (BOOKIES[0], BOOKIES[3], BOOKIES[2])
+    snap = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2,
+                          ensembles=((0, old),), digest_type="crc32c")
+    held = _held_with_change([(0, old), (12, new)], 2, 30, lac=29)
+    plan = plan_rebuild(RebuildInput(held={7: held}, live=frozenset({7}), snapshot={7: snap}))
+    (p,) = plan.ledgers
+    assert p.update and p.metadata is not None and plan.skipped_live == 0
+    assert p.metadata.ensembles[0] == (0, old) and BOOKIES[3] in p.metadata.ensembles[1][1]
+    assert p.metadata.ack_quorum == 2 and _readable(p.metadata, held, 30)
+    # The same ledger whose bookies show nothing new is left alone.
+    same = _held_with_change([(0, old)], 2, 30, lac=29)
+    plan = plan_rebuild(RebuildInput(held={7: same}, live=frozenset({7}), snapshot={7: snap}))
+    assert plan.ledgers == () and plan.skipped_live == 1
+
+
+def _header(name: str, seq: int, prev: int, first: int) -> LogHeader:
+    return LogHeader(name=name, seq=seq, prev_ledger_id=prev, first_offset=first,
+                     ensemble_size=3, write_quorum=2, ack_quorum=2)
+
+
+def test_a_log_comes_back_from_its_headers_in_order_with_its_truncation_point() -> None:
+    # Log "a": ledgers 3, 5 truncated away (seq 0, 1); 8 (seq 2, 10 entries from offset
+    # 40), 11, 12 on the list; 13 an orphan of seq 4 holding only its header (its writer
+    # stopped before adding it); 12 holds entries. Log "b" lives on.
+    headers = {8: _header("a", 2, 5, 40), 11: _header("a", 3, 8, 50),
+               12: _header("a", 4, 11, 57), 13: _header("a", 4, 11, 57),
+               20: _header("b", 0, -1, 0)}
+    ends = {8: 10, 11: 7, 12: 3, 13: 0, 20: 5}
+    (log,) = plan_logs(headers, ends, live={"b"})
+    assert (log.name, log.ledgers, log.base, log.first_seq) == ("a", (8, 11, 12), 40, 2)
+    assert log.left_out == (13,) and len(log.problems) == 1
+    # A ledger whose end is not where the next header says: named, offsets kept.
+    (log,) = plan_logs(headers, {**ends, 11: 6}, live={"b"})
+    assert any("move by -1" in p for p in log.problems)
+    # A gap (seq 3 missing): the log starts after it.
+    del headers[11]
+    (log,) = plan_logs(headers, ends, live={"b"})
+    assert log.ledgers == (12,) and log.base == 57 and 8 in log.left_out
+
+
+def test_a_log_ledger_takes_its_quorums_and_mark_from_its_header() -> None:
+    held = _held(BOOKIES[:3], 2, 9, lac=9)
+    plan = plan_ledger(7, held, header=_header("a", 0, -1, 0))
+    md = plan.metadata
+    assert md is not None and not plan.assumed
+    assert (md.ensemble_size, md.write_quorum, md.ack_quorum) == (3, 2, 2)
+    assert first_log_entry(md.custom_metadata) == 1
+    given_ = RebuildInput(held={7: held}, headers={7: _header("a", 0, -1, 0)})
+    plan2 = plan_rebuild(given_)
+    assert [lg.ledgers for lg in plan2.logs] == [(7,)]
+    assert any("cursors" in what for what in plan2.lost)

@@ -56,7 +56,8 @@ def test_log_reads_in_order_across_rolled_ledgers(spark: Any, cluster: SparkClus
                                for i in range(1200))
         ledgers = client.logs.ledgers("clicks")
         assert len(ledgers) == 3
-        tail = client.logs.read("clicks", b"pw", start=ledgerd.LogPosition(ledgers[1], 498))
+        # Entry 0 of each ledger is its log header: entry e of ledger 1 holds n = 499 + e.
+        tail = client.logs.read("clicks", b"pw", start=ledgerd.LogPosition(ledgers[1], 499))
         assert [json.loads(e.payload)["n"] for e in tail] == list(range(998, 1200))
         with pytest.raises(ledgerd.LedgerdError, match="has no ledger 424242"):
             list(client.logs.read("clicks", b"pw", start=ledgerd.LogPosition(424242, 0)))
@@ -67,7 +68,7 @@ def test_log_reads_in_order_across_rolled_ledgers(spark: Any, cluster: SparkClus
         rows = df.orderBy("n").collect()
         assert [r.n for r in rows] == list(range(1200))
         assert [(r.ledger_id, r.entry_id) for r in rows] == [
-            (ledgers[i // 500], i % 500) for i in range(1200)]
+            (ledgers[i // 500], i % 500 + 1) for i in range(1200)]
         counts = {r.user: r["count"] for r in df.groupBy("user").count().collect()}
         assert counts == {f"u{k}": len(range(k, 1200, 7)) for k in range(7)}
 
