@@ -124,6 +124,79 @@ def snapshot_cmd(ctx: click.Context, file: Path, max_passes: int, as_json: bool)
     emit(as_json, doc, "\n".join(lines))
 
 
+def _read_snapshot_file(path: Path) -> Any:
+    """``SnapshotFile`` for one file: verified (its checksum), or invalid with why."""
+    from ledgerd.metadata.errors import CorruptMetadataError
+    from ledgerd.metadata.retention import SnapshotFile
+    from ledgerd.metadata.snapshot import Snapshot
+
+    mtime_ms = int(path.stat().st_mtime * 1000)
+    try:
+        snap = Snapshot.from_bytes(path.read_bytes(), str(path))
+    except (OSError, CorruptMetadataError) as exc:
+        return SnapshotFile(name=path.name, taken_ms=mtime_ms, is_valid=False,
+                            problem=str(exc) or type(exc).__name__)
+    return SnapshotFile(name=path.name, taken_ms=snap.taken_ms or mtime_ms, is_valid=True)
+
+
+@metadata_group.command("prune")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--keep", type=click.IntRange(1, None), default=24, show_default=True,
+              help="Valid snapshots always kept, the newest, however old.")
+@click.option("--max-age-days", type=click.FloatRange(0, None), default=7.0,
+              show_default=True,
+              help="Other snapshots are deleted once older than this.")
+@click.option("--pattern", default="metadata-*.snap", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True)
+def prune_cmd(directory: Path, keep: int, max_age_days: float, pattern: str, dry_run: bool,
+              as_json: bool) -> None:
+    """Delete old snapshots from DIRECTORY, never the newest --keep that verify.
+
+    Files are verified (checksum) newest first until --keep valid ones are found; any
+    other file older than --max-age-days is deleted. The only valid snapshot is never
+    deleted, whatever its age. Needs no ZooKeeper."""
+    import time
+
+    from ledgerd.metadata.retention import SnapshotFile, plan_prune
+
+    paths = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    files: list[SnapshotFile] = []
+    valid = 0
+    for p in paths:
+        if valid < keep:
+            f = _read_snapshot_file(p)
+            valid += bool(f.is_valid)
+        else:
+            f = SnapshotFile(name=p.name, taken_ms=int(p.stat().st_mtime * 1000),
+                             is_valid=None)
+        files.append(f)
+    decision = plan_prune(files, keep=keep, max_age_ms=int(max_age_days * 86_400_000),
+                          now_ms=int(time.time() * 1000))
+    deleted: list[str] = []
+    if not dry_run:
+        for name in decision.delete:
+            try:
+                (directory / name).unlink()
+            except FileNotFoundError:
+                continue
+            deleted.append(name)
+    invalid = {f.name: f.problem for f in files if f.is_valid is False}
+    doc = {"directory": str(directory), "keep": keep, "max_age_days": max_age_days,
+           "dry_run": dry_run, "delete": list(decision.delete), "deleted": deleted,
+           "kept_newest_valid": list(decision.kept_newest),
+           "kept_recent": list(decision.kept_recent), "invalid": invalid}
+    lines = [f"{directory}: {len(files)} snapshot file(s); kept the newest "
+             f"{len(decision.kept_newest)} valid (--keep {keep}) and "
+             f"{len(decision.kept_recent)} younger than {max_age_days:g} days; "
+             + (f"would delete {len(decision.delete)}" if dry_run
+                else f"deleted {len(deleted)}")]
+    if not decision.kept_newest:
+        lines.append("warning: no snapshot here verifies: none can be restored")
+    lines += [f"invalid: {name}: {why}" for name, why in sorted(invalid.items())]
+    emit(as_json, doc, "\n".join(lines))
+
+
 @metadata_group.command("diff")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--paths", "show_paths", is_flag=True, help="List every differing path.")
