@@ -22,18 +22,19 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 
-from ledgerd.metadata.errors import NodeExistsError, NoNodeError, NotEmptyError
+from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError, NotEmptyError
 from ledgerd.metadata.kafka_gateways import ProducerIdStore
 from ledgerd.metadata.paths import kafka_root
 from ledgerd.metadata.snapshot import FREEZE_NODE, Node, Snapshot, SnapshotError
 from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["advance_counter", "clear_freeze", "freeze_state", "read_counter", "read_tree",
-           "restore_snapshot", "set_freeze", "take_snapshot"]
+__all__ = ["advance_counter", "clear_freeze", "create_nodes", "freeze_state", "raise_versions",
+           "read_counter", "read_tree", "restore_snapshot", "set_freeze", "take_snapshot"]
 
 _PARALLEL = 16  # operations in flight (the ZooKeeper store's own limit)
 _COUNTER_PARENTS = ("idgen",)
@@ -195,10 +196,9 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
     await set_freeze(store, root, reason or f"restored from a snapshot taken at "
                                           f"{snap.taken_ms} ms")
     limit = trio.Semaphore(_PARALLEL)
-    written = 0
 
     async def put(node: Node) -> None:
-        nonlocal written
+        """One node the slow way (the bulk path's leftovers, and LAYOUT)."""
         path = _abs(root, node.path)
         async with limit:
             try:
@@ -210,22 +210,82 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
                 have = stat.version if stat is not None else 0
                 while have < node.version:
                     have = (await store.set(path, node.data, have)).version
-        written += 1
 
-    # One depth at a time: every parent exists before its children are created.
+    # One depth at a time: every parent exists before its children are created. The
+    # nodes of a depth are created pipelined; versions are raised afterwards, many
+    # compare-and-set writes per transaction (a busy cursor's version can be in the
+    # millions: one round trip per version took hours).
     by_depth: dict[int, list[Node]] = {}
     for n in nodes:
         if n.path and n.path != "LAYOUT":
             by_depth.setdefault(n.path.count("/"), []).append(n)
+    created: list[Node] = []
+    written = 0
     for depth in sorted(by_depth):
+        level = by_depth[depth]
+        errors = await create_nodes(store, [(_abs(root, n.path), n.data) for n in level])
+        created += [n for n, err in zip(level, errors, strict=True) if err is None]
         async with trio.open_nursery() as nursery:
-            for n in by_depth[depth]:
-                nursery.start_soon(put, n)
+            for n, err in zip(level, errors, strict=True):
+                if err is not None:
+                    nursery.start_soon(put, n)
+        written += len(level)
+    if versions:
+        behind = [n for n in created if n.version > 0]
+        errors = await raise_versions(store, [(_abs(root, n.path), n.data, 0, n.version)
+                                              for n in behind])
+        async with trio.open_nursery() as nursery:
+            for n, err in zip(behind, errors, strict=True):
+                if err is not None:
+                    nursery.start_soon(put, n)
     for parent, value in sorted(snap.counters.items()):
         await advance_counter(store, _abs(root, parent), value + id_gap)
     await _advance_producer_ids(store, root, nodes)
     await put(layout)
-    return written + (1 if root_node else 0)
+    return written + 1 + (1 if root_node else 0)
+
+
+async def create_nodes(store: MetadataStore, nodes: Sequence[tuple[str, bytes]]
+                       ) -> list[MetadataError | None]:
+    """Create persistent nodes whose parents exist; per node None or the error. The
+    ZooKeeper store pipelines them (``create_many``); any other store takes
+    ``_PARALLEL`` at a time. If cancelled, some nodes may exist."""
+    bulk: Callable[..., Any] | None = getattr(store, "create_many", None)
+    if bulk is not None:
+        return list(await bulk(nodes))
+    out: list[MetadataError | None] = [None] * len(nodes)
+    limit = trio.Semaphore(_PARALLEL)
+
+    async def one(i: int, path: str, data: bytes) -> None:
+        async with limit:
+            try:
+                await store.create(path, data)
+            except MetadataError as exc:
+                out[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i, (path, data) in enumerate(nodes):
+            nursery.start_soon(one, i, path, data)
+    return out
+
+
+async def raise_versions(store: MetadataStore, nodes: Sequence[tuple[str, bytes, int, int]]
+                         ) -> list[MetadataError | None]:
+    """Bring each ``(path, data, version_now, version_wanted)`` to its version by
+    compare-and-set writes, ending with ``data``; per node None or the error. The
+    ZooKeeper store writes many versions per transaction (``raise_versions``). If
+    cancelled, a node may stand between its two versions."""
+    bulk: Callable[..., Any] | None = getattr(store, "raise_versions", None)
+    if bulk is not None:
+        return list(await bulk(nodes))
+    out: list[MetadataError | None] = [None] * len(nodes)
+    for i, (path, data, have, want) in enumerate(nodes):
+        try:
+            while have < want:
+                have = (await store.set(path, data, have)).version
+        except MetadataError as exc:
+            out[i] = exc
+    return out
 
 
 PRODUCER_ID_GAP = 1_000_000  # Kafka producer ids skipped after a restore

@@ -250,26 +250,50 @@ def diff_cmd(ctx: click.Context, file: Path, show_paths: bool, as_json: bool) ->
 @click.option("--no-versions", "no_versions", is_flag=True,
               help="Create nodes at version 0 instead of their snapshot versions.")
 @click.option("--id-gap", type=click.IntRange(0, 1 << 30), default=10_000, show_default=True,
-              help="Ledger ids to skip past the snapshot's counter (ledgers created after "
-                   "the snapshot hold the next ones).")
+              help="Ledger ids to skip past the snapshot's counter when the bookies cannot "
+                   "say how far ledgers created after the snapshot went.")
+@click.option("--id-margin", type=click.IntRange(0, 1 << 30), default=10_000,
+              show_default=True,
+              help="Ledger ids to skip past the highest one the bookies hold.")
+@click.option("--bookies", default="", help="Bookies to ask for their highest ledger id "
+              "(host:port,...), besides the registered ones and those with cookies in the "
+              "snapshot.")
+@click.option("--secret", envvar="LEDGERD_ADMIN_SECRET", default="",
+              help="The bookies' admin_secret (needed from other hosts).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def restore_cmd(ctx: click.Context, file: Path, replace: bool, force: bool,
-                no_versions: bool, id_gap: int, as_json: bool) -> None:
+                no_versions: bool, id_gap: int, id_margin: int, bookies: str, secret: str,
+                as_json: bool) -> None:
     """Write snapshot FILE into the root: into an empty one, or with --replace over a
     non-empty one (says what it replaces). Sets the GC freeze flag; clear it with
-    `metadata gc-freeze --clear` once `metadata rebuild` finds nothing missing."""
+    `metadata gc-freeze --clear` once `metadata rebuild` finds nothing missing.
+
+    The ledger id counter goes --id-margin past the highest ledger id the bookies hold
+    (asked by LedgerHoldings), or --id-gap past the snapshot's when they do not answer
+    (at least that when some do not)."""
     from ledgerd.metadata.backup import read_tree, restore_snapshot
     from ledgerd.metadata.errors import NoNodeError
-    from ledgerd.metadata.snapshot import diff_nodes
+    from ledgerd.metadata.registry import BookieRegistry
+    from ledgerd.metadata.snapshot import category, diff_nodes, restore_id_gap
+    from ledgerd.tools.metadata_rebuild import max_held_ledger_id
 
     _refuse_unnamed(ctx, "metadata restore")
     snap = _load(file)
     root = _root(ctx)
+    targets = {b.strip() for b in bookies.split(",") if b.strip()}
+    targets |= {n.path.split("/", 1)[1] for n in snap.nodes
+                if category(n.path, snap.layout) == "cookies"}
 
     async def run() -> Any:
         store = await _store(ctx, need_cluster=False)
         try:
+            if await store.exists(f"{root}/available") is not None:
+                targets.update((await BookieRegistry(store, root).list_bookies()).all)
+            held_max, unreachable = await max_held_ledger_id(targets, secret.encode())
+            chosen = restore_id_gap(snap.counters.get("idgen", 0), held_max=held_max,
+                                    all_answered=bool(targets) and not unreachable,
+                                    default_gap=id_gap, margin=id_margin)
             try:
                 live = await read_tree(store, root)
             except NoNodeError:
@@ -295,18 +319,25 @@ def restore_cmd(ctx: click.Context, file: Path, replace: bool, force: bool,
                     f"(not in the snapshot or changed since: {facts or 'none'})", force,
                     json_out=as_json))
             written = await restore_snapshot(
-                store, root, snap, replace=replace, versions=not no_versions, id_gap=id_gap,
+                store, root, snap, replace=replace, versions=not no_versions,
+                id_gap=chosen.gap,
                 reason=f"restored from {file.name} (taken {_when(snap.taken_ms)})")
-            return written, replaced
+            return written, replaced, chosen, held_max, unreachable
         finally:
             await store.close()
 
-    written, replaced = _run(run)
+    written, replaced, chosen, held_max, unreachable = _run(run)
+    counter = snap.counters.get("idgen", 0)
     doc = {"file": str(file), "root": root, "nodes_written": written, "replaced": replaced,
-           "gc_frozen": True}
+           "gc_frozen": True, "id_gap": chosen.gap, "id_gap_reason": chosen.reason,
+           "id_counter_at_least": counter + chosen.gap, "bookies_max_ledger_id": held_max,
+           "unreachable": unreachable}
     human = (f"restored {written} nodes of {file} (taken {_when(snap.taken_ms)}) into "
              f"{_zk(ctx)}{root}" + (f", replacing {replaced['nodes']} nodes" if replaced
                                     else "")
+             + f"\nledger ids start at {counter + chosen.gap} or beyond: the snapshot's "
+               f"counter {counter} + gap {chosen.gap} ({chosen.reason})"
+             + "".join(f"\nunreachable: {b}: {e}" for b, e in sorted(unreachable.items()))
              + "\nGC is frozen on every bookie: run `ledgerd shell metadata rebuild` to add "
                "ledgers created after the snapshot, then `ledgerd shell metadata gc-freeze "
                "--clear`")
