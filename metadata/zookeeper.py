@@ -315,14 +315,14 @@ class ZooKeeperStore:
             tx = c.transaction()
             for _ in range(n):
                 tx.create(f"{parent}/ID-", b"", ephemeral=True, sequence=True)
-            made = tx.commit()
+            made = tx.commit_async().get(timeout=t)
             bad = [r for r in made if isinstance(r, Exception)]
             if bad:
                 raise bad[0]
             tx = c.transaction()
             for node in made:
                 tx.delete(node)
-            tx.commit()
+            tx.commit_async().get(timeout=t)
             return max(int(str(node).rsplit("-", 1)[1]) for node in made) + 1
 
         current = await self._call("advance_sequence", parent, partial(step, 1), retry=False)
