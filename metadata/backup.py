@@ -34,7 +34,8 @@ from ledgerd.metadata.snapshot import FREEZE_NODE, Node, Snapshot, SnapshotError
 from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["advance_counter", "clear_freeze", "create_nodes", "freeze_state", "raise_versions",
-           "read_counter", "read_tree", "restore_snapshot", "set_freeze", "take_snapshot"]
+           "read_counter", "read_tree", "restore_snapshot", "set_freeze", "settled_nodes",
+           "take_snapshot"]
 
 _PARALLEL = 16  # operations in flight (the ZooKeeper store's own limit)
 _COUNTER_PARENTS = ("idgen",)
@@ -184,7 +185,8 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
                                 "`metadata diff` shows what a restore would replace; "
                                 "pass --replace to delete it and restore")
         await _empty_root(store, root, reason or "a restore with --replace is emptying it")
-    nodes = sorted(snap.nodes, key=lambda n: (n.path.count("/") if n.path else -1, n.path))
+    nodes = sorted(settled_nodes(snap.nodes),
+                   key=lambda n: (n.path.count("/") if n.path else -1, n.path))
     layout = next((n for n in nodes if n.path == "LAYOUT"), None)
     if layout is None:
         raise SnapshotError("the snapshot has no LAYOUT node: not a cluster's snapshot")
@@ -286,6 +288,34 @@ async def raise_versions(store: MetadataStore, nodes: Sequence[tuple[str, bytes,
         except MetadataError as exc:
             out[i] = exc
     return out
+
+
+_TXNS = "kafka/transactions/"
+_TXN_FLAGS = "kafka/txn_partitions/"
+
+
+def settled_nodes(nodes: Sequence[Node]) -> list[Node]:
+    """``nodes`` with the Kafka transaction records a restore writes instead of the
+    snapshot's (``kafka_txns.settle_after_restore``: every transaction that may have
+    begun since is aborted by the coordinator), each one version past the snapshot's so
+    a coordinator holding the old version cannot compare-and-set over it. Pure."""
+    from ledgerd.metadata.kafka_txns import TxnRecord, settle_after_restore
+
+    flagged = [(parts[2], int(parts[3])) for n in nodes
+               if n.path.startswith(_TXN_FLAGS)
+               and len(parts := n.path.split("/")) == 4 and parts[3].isdigit()]
+    records: dict[str, tuple[Node, TxnRecord]] = {}
+    for n in nodes:
+        if n.path.startswith(_TXNS) and n.path.count("/") == 2:
+            try:
+                records[n.path] = (n, TxnRecord.from_json(n.data, n.path))
+            except MetadataError:
+                continue  # restored as it is; the coordinator reports it
+    by_id = {r.transactional_id: path for path, (_, r) in records.items()}
+    changed = {by_id[r.transactional_id]: r for r in
+               settle_after_restore([r for _, r in records.values()], flagged)}
+    return [Node(n.path, changed[n.path].to_json(), n.version + 1) if n.path in changed
+            else n for n in nodes]
 
 
 PRODUCER_ID_GAP = 1_000_000  # Kafka producer ids skipped after a restore

@@ -116,6 +116,49 @@ async def test_a_restore_moves_the_kafka_producer_id_counter_past_the_snapshot()
     assert int(raw) == 42 + PRODUCER_ID_GAP
 
 
+async def test_a_restore_leaves_no_partition_in_a_transaction_nobody_ends() -> None:
+    """After the snapshot a producer may have begun a transaction in a flagged
+    partition; the restored records make the coordinator abort every such one, and a
+    flag made after the snapshot is not brought back (the partition reads as holding
+    no transaction)."""
+    from ledgerd.kafka.txn_coordinator import markers, time_out
+    from ledgerd.metadata.kafka_txns import TxnRecord, TxnState, TxnStore
+
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    txns = TxnStore(store, "/ledgers/kafka")
+    await txns.partition_start("t", 0, 10)
+    await txns.partition_start("t", 1, 20)
+    done = TxnRecord(transactional_id="done", producer_id=5, producer_epoch=2,
+                     timeout_ms=60_000, state=TxnState.COMPLETE_COMMIT, updated_ms=7)
+    going = TxnRecord(transactional_id="going", producer_id=6, producer_epoch=0,
+                      timeout_ms=60_000, state=TxnState.ONGOING, partitions=(("t", 0),),
+                      groups=("g",), started_ms=1_000, updated_ms=1_000)
+    prepared = TxnRecord(transactional_id="prepared", producer_id=7, producer_epoch=0,
+                         timeout_ms=60_000, state=TxnState.PREPARE_COMMIT,
+                         partitions=(("t", 1),), started_ms=1_000, updated_ms=1_000)
+    for r in (done, going, prepared):
+        await txns.create(r)
+    snap = await take_snapshot(store, "/ledgers")
+    await txns.partition_start("later", 0, 5)  # the first transaction there: after it
+
+    await restore_snapshot(store, "/ledgers", snap, replace=True)
+    back = TxnStore(store, "/ledgers/kafka")
+    assert await back.partition_start("later", 0) is None
+    assert await back.partition_start("t", 0) == 10
+    now = 10**13
+    for tid in ("done", "going"):
+        record = await back.get(tid)
+        assert record is not None and record.state is TxnState.ONGOING, record
+        aborted = time_out(record, now_ms=now)
+        assert aborted.state is TxnState.PREPARE_ABORT, aborted
+        assert {(m.topic, m.partition) for m in markers(aborted)} == {("t", 0), ("t", 1)}
+        assert not any(m.commit for m in markers(aborted))
+    assert await back.get("prepared") == prepared
+    _, stat = await store.get(back.path("done"))
+    assert stat.version == 1  # one past the snapshot's: a cached version cannot CAS
+
+
 class _CountingStore(ZooKeeperStore):
     """The real ZooKeeper store, counting the single writes a restore makes."""
 
