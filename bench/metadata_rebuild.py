@@ -20,6 +20,7 @@ document.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -111,7 +112,16 @@ async def _count(zk: str) -> int:
 async def main(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {"ledgers": args.ledgers, "bookies": args.bookies,
                               "entries": args.entries, "fill_procs": args.fill_procs,
+                              "zk_tick_ms": args.zk_tick_ms,
                               "load_start": _load()}
+    # ZooKeeper's tick as in production (2 s there; the test clusters' 200 ms caps a
+    # session at 4 s, which a shell command reading 100,000 ledgers on a loaded 2-core
+    # host outlived: "session expired" in the first 100,000-ledger run).
+    from ledgerd.tools import processcluster
+    from ledgerd.tools.zkserver import ZooKeeperServer
+
+    processcluster.ZooKeeperServer = functools.partial(  # type: ignore[misc]
+        ZooKeeperServer, tick_time_ms=args.zk_tick_ms)
     with tempfile.TemporaryDirectory(prefix="ledgerd-dr-bench-", dir=args.dir) as tmp:
         async with process_cluster(Path(tmp), bookies=args.bookies,
                                    settings={"journal_prealloc_mb": 4}) as cluster:
@@ -163,6 +173,8 @@ if __name__ == "__main__":
     parser.add_argument("--dir", default=None, help="where the cluster's directory goes")
     parser.add_argument("--fill-worker", nargs=3, metavar=("ZK", "FIRST", "COUNT"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--zk-tick-ms", type=int, default=2000,
+                        help="ZooKeeper's tickTime (sessions may last 20 ticks)")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="write each CLI step's cProfile output to DIR/<step>.prof")
     parser.add_argument("--json", action="store_true", help="(the output is JSON anyway)")

@@ -334,11 +334,12 @@ class ZooKeeperStore:
 
     # -- bulk operations (restore and rebuild) -------------------------------------------
 
-    def _pipeline(self, starts: Sequence[tuple[str, Callable[[], Any]]], window: int
-                  ) -> list[MetadataError | None]:
+    def _pipeline(self, starts: Sequence[tuple[str, Callable[[], Any]]], window: int,
+                  results: list[Any] | None = None) -> list[MetadataError | None]:
         """Runs in one worker thread: start each request (kazoo's ``*_async``), keeping
-        ``window`` in flight on the session, and collect each outcome in order. ZooKeeper
-        applies one session's requests in the order sent."""
+        ``window`` in flight on the session, and collect each outcome in order (the
+        replies into ``results`` if given). ZooKeeper applies one session's requests in
+        the order sent."""
         t = self._op_timeout
         out: list[MetadataError | None] = [None] * len(starts)
         pending: deque[tuple[int, str, Any]] = deque()
@@ -347,6 +348,8 @@ class ZooKeeperStore:
             i, path, result = pending.popleft()
             try:
                 got = result.get(timeout=t)
+                if results is not None:
+                    results[i] = got
             except kz.NoNodeError:
                 out[i] = NoNodeError(path)
             except kz.NodeExistsError:
@@ -373,6 +376,37 @@ class ZooKeeperStore:
             pending.append((i, path, start()))
         while pending:
             finish()
+        return out
+
+    async def read_many(self, paths: Sequence[str], *, window: int = 256, chunk: int = 2000
+                        ) -> list[tuple[bytes, NodeStat, list[str]] | None]:
+        """Each node's data, stat and (when it has any) sorted children, pipelined
+        (``window`` requests in flight, one worker thread per ``chunk``); None for a
+        node that does not exist (or went away between its two reads). Raises the
+        first other error. If cancelled, nothing changed."""
+        c = self._client
+        out: list[tuple[bytes, NodeStat, list[str]] | None] = []
+        for i in range(0, len(paths), chunk):
+            part = paths[i:i + chunk]
+            got: list[Any] = [None] * len(part)
+            errors = await self._call("read_many", part[0], partial(
+                self._pipeline, [(p, partial(c.get_async, p)) for p in part], window, got),
+                retry=False)
+            parents = [k for k, (err, g) in enumerate(zip(errors, got, strict=True))
+                       if err is None and g[1].numChildren]
+            kids: list[Any] = [None] * len(parents)
+            kid_errors = await self._call("read_many", part[0], partial(
+                self._pipeline, [(part[k], partial(c.get_children_async, part[k]))
+                                 for k in parents], window, kids), retry=False)
+            children = {k: sorted(names) for k, names, err
+                        in zip(parents, kids, kid_errors, strict=True) if err is None}
+            for k, (err, g) in enumerate(zip(errors, got, strict=True)):
+                if isinstance(err, NoNodeError):
+                    out.append(None)
+                elif err is not None:
+                    raise err
+                else:
+                    out.append((bytes(g[0] or b""), _stat(g[1]), children.get(k, [])))
         return out
 
     async def create_many(self, nodes: Sequence[tuple[str, bytes]], *, window: int = 256,
