@@ -282,8 +282,9 @@ def restore_cmd(ctx: click.Context, file: Path, replace: bool, force: bool,
     snap = _load(file)
     root = _root(ctx)
     targets = {b.strip() for b in bookies.split(",") if b.strip()}
+    snap_layout = snap.layout  # a scan of the nodes: once, not per node
     targets |= {n.path.split("/", 1)[1] for n in snap.nodes
-                if category(n.path, snap.layout) == "cookies"}
+                if category(n.path, snap_layout) == "cookies"}
 
     async def run() -> Any:
         store = await _store(ctx, need_cluster=False)
@@ -387,9 +388,9 @@ async def _instance_at(store: Any, root: str) -> str:
     return bytes(raw or b"").decode().strip()
 
 
-def _plan_rows(the_plan: Any) -> list[list[Any]]:
+def _plan_rows(plans: Any) -> list[list[Any]]:
     rows = []
-    for p in the_plan.ledgers:
+    for p in plans:
         md = p.metadata
         if md is None:
             rows.append([p.ledger_id, "-", "-", "-", ",".join(p.holders), p.source,
@@ -422,11 +423,13 @@ def _plan_rows(the_plan: Any) -> list[list[Any]]:
               help="With --apply: write the plan although some bookies did not answer "
                    "(their entries are missing from it; without a snapshot their "
                    "ledgers' ensembles and ends can be wrong).")
+@click.option("--rows", type=click.IntRange(0, None), default=200, show_default=True,
+              help="Ledgers the printed plan shows, those with problems first (0: all).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
                 layout: str | None, secret: str, do_apply: bool, secret_file: Path | None,
-                allow_unreachable: bool, as_json: bool) -> None:
+                allow_unreachable: bool, rows: int, as_json: bool) -> None:
     """Rebuild ledger metadata missing from ZooKeeper from what the bookies hold (a dry
     run prints the plan; --apply writes it and freezes GC until `gc-freeze --clear`).
 
@@ -455,8 +458,9 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
                 listed = await BookieRegistry(store, root).list_bookies()
                 targets |= set(listed.all)
             if snap is not None:
+                snap_layout = snap.layout  # a scan of the nodes: once, not per node
                 targets |= {n.path.split("/", 1)[1] for n in snap.nodes
-                            if category(n.path, snap.layout) == "cookies"}
+                            if category(n.path, snap_layout) == "cookies"}
             if not targets:
                 raise ShellError("no bookie to ask: none is registered and no snapshot names "
                                  "any; pass --bookies host:port,...")
@@ -505,18 +509,26 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
            "closed": {str(k): v for k, v in closing.items()},
            "skipped_live": the_plan.skipped_live, "lost": list(the_plan.lost),
            "unreachable": gathered.unreachable,
+           # Built only for --json: 100,000 ledgers' metadata is seconds of encoding.
            "ledgers": [{"ledger_id": p.ledger_id, "source": p.source, "holders": p.holders,
                         "problems": list(p.problems), "assumed": list(p.assumed),
                         "end": p.end,
                         "metadata": (json.loads(p.metadata.to_json())
                                      if p.metadata is not None else None)}
-                       for p in the_plan.ledgers]}
+                       for p in the_plan.ledgers] if as_json else []}
     lines = [f"rebuild of {_zk(ctx)}{root}: {len(the_plan.writable)} ledger(s) to write, "
              f"{len(the_plan.ledgers) - len(the_plan.writable)} not rebuildable, "
              f"{the_plan.skipped_live} already in the live metadata"]
     if the_plan.ledgers:
+        # Ledgers with problems first; at most --rows of them (--json lists every one).
+        shown = sorted(the_plan.ledgers, key=lambda p: (not p.problems, p.ledger_id))
+        if rows:
+            shown = shown[:rows]
         lines.append(table(["ledger", "E/Qw/Qa", "state", "digest", "ensembles", "from",
-                            "notes"], _plan_rows(the_plan)))
+                            "notes"], _plan_rows(shown)))
+        if len(shown) < len(the_plan.ledgers):
+            lines.append(f"... and {len(the_plan.ledgers) - len(shown)} more ledger(s) "
+                         f"(--rows 0 or --json shows every one)")
     for b, e in sorted(gathered.unreachable.items()):
         lines.append(f"unreachable: {b}: {e}")
     for what in the_plan.lost:

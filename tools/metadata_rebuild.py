@@ -232,7 +232,8 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
     for lid, first in firsts.items():
         if first:
             digests[lid] = detect_digest(first)
-    logs = [n.path for n in snap.nodes if category(n.path, snap.layout) == "logs"] if snap \
+    snap_layout = snap.layout if snap else ""  # a scan of the nodes: once, not per node
+    logs = [n.path for n in snap.nodes if category(n.path, snap_layout) == "logs"] if snap \
         else []
     return plan_rebuild(RebuildInput(held=gathered.held, live=frozenset(live), snapshot=known,
                                      digests=digests, snapshot_logs=logs,
