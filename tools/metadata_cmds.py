@@ -161,10 +161,14 @@ def prune_cmd(directory: Path, keep: int, max_age_days: float, pattern: str, dry
     from ledgerd.metadata.retention import SnapshotFile, plan_prune
 
     paths = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    now = time.time()
+    # Nothing old enough to delete: nothing is read (a large cluster's snapshots are
+    # tens of megabytes each, and the timer runs hourly).
+    any_old = any(now - p.stat().st_mtime > max_age_days * 86_400 for p in paths)
     files: list[SnapshotFile] = []
     valid = 0
     for p in paths:
-        if valid < keep:
+        if any_old and valid < keep:
             f = _read_snapshot_file(p)
             valid += bool(f.is_valid)
         else:
@@ -172,7 +176,7 @@ def prune_cmd(directory: Path, keep: int, max_age_days: float, pattern: str, dry
                              is_valid=None)
         files.append(f)
     decision = plan_prune(files, keep=keep, max_age_ms=int(max_age_days * 86_400_000),
-                          now_ms=int(time.time() * 1000))
+                          now_ms=int(now * 1000))
     deleted: list[str] = []
     if not dry_run:
         for name in decision.delete:
@@ -191,7 +195,7 @@ def prune_cmd(directory: Path, keep: int, max_age_days: float, pattern: str, dry
              f"{len(decision.kept_recent)} younger than {max_age_days:g} days; "
              + (f"would delete {len(decision.delete)}" if dry_run
                 else f"deleted {len(deleted)}")]
-    if not decision.kept_newest:
+    if any_old and not decision.kept_newest:
         lines.append("warning: no snapshot here verifies: none can be restored")
     lines += [f"invalid: {name}: {why}" for name, why in sorted(invalid.items())]
     emit(as_json, doc, "\n".join(lines))

@@ -85,3 +85,11 @@ def test_prune_command_keeps_the_newest_valid_snapshots_whatever_their_age(
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "metadata-1.snap", "metadata-3.snap", "metadata-4.snap"]
     assert set(doc["invalid"]) == {"metadata-1.snap", "metadata-2.snap"}  # type: ignore[arg-type]
+
+
+def test_prune_reads_nothing_when_nothing_is_old_enough(tmp_path: Path) -> None:
+    _write(tmp_path, "metadata-1.snap", 1, corrupt=True)
+    _write(tmp_path, "metadata-2.snap", 2)
+    doc = _prune(tmp_path, "--keep", "1", "--max-age-days", "7")
+    assert doc["invalid"] == {} and doc["delete"] == [], doc  # not even verified
+    assert len(list(tmp_path.iterdir())) == 2
