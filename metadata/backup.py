@@ -29,7 +29,7 @@ import trio
 
 from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError, NotEmptyError
 from ledgerd.metadata.kafka_gateways import ProducerIdStore
-from ledgerd.metadata.paths import kafka_root
+from ledgerd.metadata.paths import KAFKA_TRANSACTIONS, KAFKA_TXN_PARTITIONS, kafka_root
 from ledgerd.metadata.snapshot import FREEZE_NODE, Node, Snapshot, SnapshotError
 from ledgerd.metadata.store import MetadataStore
 
@@ -303,8 +303,8 @@ async def raise_versions(store: MetadataStore, nodes: Sequence[tuple[str, bytes,
     return out
 
 
-_TXNS = "kafka/transactions/"
-_TXN_FLAGS = "kafka/txn_partitions/"
+_TXNS = f"kafka/{KAFKA_TRANSACTIONS}/"  # relative to the root, as snapshot paths are
+_TXN_FLAGS = f"kafka/{KAFKA_TXN_PARTITIONS}/"
 
 
 def settled_nodes(nodes: Sequence[Node]) -> list[Node]:
