@@ -59,6 +59,15 @@ async def _shell(out: dict[str, object], step: str, zk: str, *args: str) -> None
     out[f"{step}_rss_mb"] = round(int(kb) / 1024, 1)
     out[f"{step}_load"] = _load()
     out[f"{step}_stdout_bytes"] = len(done.stdout)
+    if "--json" in args:  # what a rebuild wrote and why not more (a short count fails)
+        doc = json.loads(done.stdout)
+        ledgers = doc.get("ledgers", [])
+        out[f"{step}_written"] = doc.get("written")
+        out[f"{step}_planned"] = len(ledgers)
+        out[f"{step}_not_rebuildable"] = sum(1 for x in ledgers if x["metadata"] is None)
+        out[f"{step}_unreachable"] = doc.get("unreachable")
+        problems = sorted({p for x in ledgers for p in x["problems"]})
+        out[f"{step}_problems"] = problems[:5]
 
 
 async def _fill(zk: str, first: int, count: int, entries: int, concurrency: int) -> None:
@@ -152,12 +161,14 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 await store.delete("/ledgers", recursive=True)
             named = ",".join(b.address for b in cluster.bookies)
             await _shell(out, "rebuild_dry_run", zk, "rebuild", "--bookies", named)
-            await _shell(out, "rebuild_apply", zk, "rebuild", "--bookies", named, "--apply")
+            await _shell(out, "rebuild_apply", zk, "rebuild", "--bookies", named, "--apply",
+                         "--json")
             out["holdings"] = {b.address: await _holdings_stream(b.address)
                                for b in cluster.bookies}
             out["rebuilt_ledgers"] = await _count(zk)
             if out["rebuilt_ledgers"] != args.ledgers:
-                raise SystemExit(f"rebuilt {out['rebuilt_ledgers']} of {args.ledgers} ledgers")
+                raise SystemExit(f"rebuilt {out['rebuilt_ledgers']} of {args.ledgers} "
+                                 f"ledgers: {json.dumps(out)}")
     return out
 
 

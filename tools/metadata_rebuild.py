@@ -308,6 +308,22 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
         for p in slow:
             assert p.metadata is not None
             nursery.start_soon(write, p.ledger_id, p.metadata)
+    # Every planned ledger is read back (pipelined): one missing is written again the
+    # slow way, and one still missing fails the rebuild rather than leaving it short
+    # in silence (a 100,000-ledger bench round found 48,803 after an apply that
+    # reported no error; not reproduced).
+    read_many = getattr(store, "read_many", None)
+    if read_many is not None:
+        found = await read_many([paths[p.ledger_id] for p in plans])
+        missing = [p for p, got in zip(plans, found, strict=True) if got is None]
+        async with trio.open_nursery() as nursery:
+            for p in missing:
+                assert p.metadata is not None
+                nursery.start_soon(write, p.ledger_id, p.metadata)
+        if missing and any(got is None for got in
+                           await read_many([paths[p.ledger_id] for p in missing])):
+            raise RebuildError(f"{len(missing)} planned ledger(s) were missing after the "
+                               "writes and could not all be written again")
     if top >= 0:
         await advance_counter(store, f"{root}/idgen", top + 1)
     if not has_layout:
