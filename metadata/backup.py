@@ -22,18 +22,20 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import trio
 
-from ledgerd.metadata.errors import NodeExistsError, NoNodeError, NotEmptyError
+from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError, NotEmptyError
 from ledgerd.metadata.kafka_gateways import ProducerIdStore
-from ledgerd.metadata.paths import kafka_root
+from ledgerd.metadata.paths import KAFKA_TRANSACTIONS, KAFKA_TXN_PARTITIONS, kafka_root
 from ledgerd.metadata.snapshot import FREEZE_NODE, Node, Snapshot, SnapshotError
 from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["advance_counter", "clear_freeze", "freeze_state", "read_counter", "read_tree",
-           "restore_snapshot", "set_freeze", "take_snapshot"]
+__all__ = ["advance_counter", "clear_freeze", "create_nodes", "freeze_state", "raise_versions",
+           "read_counter", "read_tree", "restore_snapshot", "set_freeze", "settled_nodes",
+           "take_snapshot"]
 
 _PARALLEL = 16  # operations in flight (the ZooKeeper store's own limit)
 _COUNTER_PARENTS = ("idgen",)
@@ -51,6 +53,19 @@ async def read_tree(store: MetadataStore, root: str) -> dict[str, Node]:
     limit = trio.Semaphore(_PARALLEL)
     level = [""]
     await store.get(root)  # NoNodeError for a missing root, before anything else
+    bulk: Callable[..., Any] | None = getattr(store, "read_many", None)
+    while level and bulk is not None:
+        # The ZooKeeper store reads a whole depth pipelined (a thread per node read
+        # was most of a 100,000-ledger snapshot's time).
+        deeper: list[str] = []
+        for rel, got in zip(level, await bulk([_abs(root, r) for r in level]), strict=True):
+            if got is None or got[1].ephemeral_owner:
+                continue
+            data, stat, names = got
+            if rel != FREEZE_NODE:
+                out[rel] = Node(rel, data, stat.version)
+            deeper.extend(f"{rel}/{c}" if rel else c for c in names)
+        level = sorted(deeper)
     while level:
         following: list[str] = []
 
@@ -183,7 +198,8 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
                                 "`metadata diff` shows what a restore would replace; "
                                 "pass --replace to delete it and restore")
         await _empty_root(store, root, reason or "a restore with --replace is emptying it")
-    nodes = sorted(snap.nodes, key=lambda n: (n.path.count("/") if n.path else -1, n.path))
+    nodes = sorted(settled_nodes(snap.nodes),
+                   key=lambda n: (n.path.count("/") if n.path else -1, n.path))
     layout = next((n for n in nodes if n.path == "LAYOUT"), None)
     if layout is None:
         raise SnapshotError("the snapshot has no LAYOUT node: not a cluster's snapshot")
@@ -195,10 +211,9 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
     await set_freeze(store, root, reason or f"restored from a snapshot taken at "
                                           f"{snap.taken_ms} ms")
     limit = trio.Semaphore(_PARALLEL)
-    written = 0
 
     async def put(node: Node) -> None:
-        nonlocal written
+        """One node the slow way (the bulk path's leftovers, and LAYOUT)."""
         path = _abs(root, node.path)
         async with limit:
             try:
@@ -210,22 +225,110 @@ async def restore_snapshot(store: MetadataStore, root: str, snap: Snapshot, *,
                 have = stat.version if stat is not None else 0
                 while have < node.version:
                     have = (await store.set(path, node.data, have)).version
-        written += 1
 
-    # One depth at a time: every parent exists before its children are created.
+    # One depth at a time: every parent exists before its children are created. The
+    # nodes of a depth are created pipelined; versions are raised afterwards, many
+    # compare-and-set writes per transaction (a busy cursor's version can be in the
+    # millions: one round trip per version took hours).
     by_depth: dict[int, list[Node]] = {}
     for n in nodes:
         if n.path and n.path != "LAYOUT":
             by_depth.setdefault(n.path.count("/"), []).append(n)
+    created: list[Node] = []
+    written = 0
     for depth in sorted(by_depth):
+        level = by_depth[depth]
+        errors = await create_nodes(store, [(_abs(root, n.path), n.data) for n in level])
+        created += [n for n, err in zip(level, errors, strict=True) if err is None]
         async with trio.open_nursery() as nursery:
-            for n in by_depth[depth]:
-                nursery.start_soon(put, n)
+            for n, err in zip(level, errors, strict=True):
+                if err is not None:
+                    nursery.start_soon(put, n)
+        written += len(level)
+    if versions:
+        behind = [n for n in created if n.version > 0]
+        errors = await raise_versions(store, [(_abs(root, n.path), n.data, 0, n.version)
+                                              for n in behind])
+        async with trio.open_nursery() as nursery:
+            for n, err in zip(behind, errors, strict=True):
+                if err is not None:
+                    nursery.start_soon(put, n)
     for parent, value in sorted(snap.counters.items()):
         await advance_counter(store, _abs(root, parent), value + id_gap)
     await _advance_producer_ids(store, root, nodes)
     await put(layout)
-    return written + (1 if root_node else 0)
+    return written + 1 + (1 if root_node else 0)
+
+
+async def create_nodes(store: MetadataStore, nodes: Sequence[tuple[str, bytes]]
+                       ) -> list[MetadataError | None]:
+    """Create persistent nodes whose parents exist; per node None or the error. The
+    ZooKeeper store pipelines them (``create_many``); any other store takes
+    ``_PARALLEL`` at a time. If cancelled, some nodes may exist."""
+    bulk: Callable[..., Any] | None = getattr(store, "create_many", None)
+    if bulk is not None:
+        return list(await bulk(nodes))
+    out: list[MetadataError | None] = [None] * len(nodes)
+    limit = trio.Semaphore(_PARALLEL)
+
+    async def one(i: int, path: str, data: bytes) -> None:
+        async with limit:
+            try:
+                await store.create(path, data)
+            except MetadataError as exc:
+                out[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i, (path, data) in enumerate(nodes):
+            nursery.start_soon(one, i, path, data)
+    return out
+
+
+async def raise_versions(store: MetadataStore, nodes: Sequence[tuple[str, bytes, int, int]]
+                         ) -> list[MetadataError | None]:
+    """Bring each ``(path, data, version_now, version_wanted)`` to its version by
+    compare-and-set writes, ending with ``data``; per node None or the error. The
+    ZooKeeper store writes many versions per transaction (``raise_versions``). If
+    cancelled, a node may stand between its two versions."""
+    bulk: Callable[..., Any] | None = getattr(store, "raise_versions", None)
+    if bulk is not None:
+        return list(await bulk(nodes))
+    out: list[MetadataError | None] = [None] * len(nodes)
+    for i, (path, data, have, want) in enumerate(nodes):
+        try:
+            while have < want:
+                have = (await store.set(path, data, have)).version
+        except MetadataError as exc:
+            out[i] = exc
+    return out
+
+
+_TXNS = f"kafka/{KAFKA_TRANSACTIONS}/"  # relative to the root, as snapshot paths are
+_TXN_FLAGS = f"kafka/{KAFKA_TXN_PARTITIONS}/"
+
+
+def settled_nodes(nodes: Sequence[Node]) -> list[Node]:
+    """``nodes`` with the Kafka transaction records a restore writes instead of the
+    snapshot's (``kafka_txns.settle_after_restore``: every transaction that may have
+    begun since is aborted by the coordinator), each one version past the snapshot's so
+    a coordinator holding the old version cannot compare-and-set over it. Pure."""
+    from ledgerd.metadata.kafka_txns import TxnRecord, settle_after_restore
+
+    flagged = [(parts[2], int(parts[3])) for n in nodes
+               if n.path.startswith(_TXN_FLAGS)
+               and len(parts := n.path.split("/")) == 4 and parts[3].isdigit()]
+    records: dict[str, tuple[Node, TxnRecord]] = {}
+    for n in nodes:
+        if n.path.startswith(_TXNS) and n.path.count("/") == 2:
+            try:
+                records[n.path] = (n, TxnRecord.from_json(n.data, n.path))
+            except MetadataError:
+                continue  # restored as it is; the coordinator reports it
+    by_id = {r.transactional_id: path for path, (_, r) in records.items()}
+    changed = {by_id[r.transactional_id]: r for r in
+               settle_after_restore([r for _, r in records.values()], flagged)}
+    return [Node(n.path, changed[n.path].to_json(), n.version + 1) if n.path in changed
+            else n for n in nodes]
 
 
 PRODUCER_ID_GAP = 1_000_000  # Kafka producer ids skipped after a restore

@@ -229,3 +229,43 @@ class TxnStore:
                                     recursive=True)
         except NoNodeError:
             pass
+
+
+# -- after a metadata restore ------------------------------------------------------------
+
+PREPARED_STATES = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+
+def settle_after_restore(records: list[TxnRecord], flagged: list[tuple[str, int]]
+                         ) -> list[TxnRecord]:
+    """The transaction records a restored snapshot gets instead of its own, so that no
+    partition is left in a transaction nobody will end (pure).
+
+    After the snapshot a producer may have begun a transaction (same producer id and
+    epoch as its record, or the ONGOING one going on) in any partition flagged as
+    transactional; its batches are in the log, its record is not. The coordinator ends
+    only what records name, so every record that is not PREPARE_* becomes ONGOING over
+    every flagged partition (and those it named), already past its timeout: the
+    coordinator's recovery aborts it at its next tick, bumping the producer's epoch
+    (the producer is fenced and starts again) and writing an abort marker to each of
+    those partitions (a marker for a producer with nothing open there is ignored).
+    PREPARE_* records are kept: their decision was made before the snapshot and
+    recovery completes it. Flags not in the snapshot are not restored: those
+    partitions read as holding no transaction (LSO = high watermark), never stuck.
+    Returns only the records changed."""
+    out = []
+    for r in records:
+        if r.state in PREPARED_STATES:
+            continue
+        partitions = tuple(sorted(set(r.partitions) | set(flagged)))
+        if not partitions:
+            continue
+        out.append(TxnRecord(
+            transactional_id=r.transactional_id, producer_id=r.producer_id,
+            producer_epoch=r.producer_epoch, last_epoch=r.last_epoch,
+            timeout_ms=r.timeout_ms, state=TxnState.ONGOING, partitions=partitions,
+            groups=(), offsets=(), started_ms=0, updated_ms=r.updated_ms))
+    return out
+
+
+__all__ += ["settle_after_restore"]

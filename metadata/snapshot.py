@@ -264,3 +264,42 @@ class SnapshotError(MetadataError):
 
 
 __all__ += ["SnapshotError"]
+
+
+ID_MARGIN = 10_000  # ids skipped past the highest a bookie holds (see restore_id_gap)
+
+
+@dataclass(frozen=True, slots=True)
+class IdGap:
+    """How far a restore moves the ledger id counter past the snapshot's, and why."""
+
+    gap: int
+    reason: str
+
+
+def restore_id_gap(counter: int, *, held_max: int | None, all_answered: bool,
+                   default_gap: int, margin: int = ID_MARGIN) -> IdGap:
+    """The id gap for a restore of a snapshot whose ``idgen`` counter is ``counter``.
+
+    Ledgers created after the snapshot hold ids from ``counter`` on; a new ledger must
+    not reuse one (bookies would hand its writer another ledger's entries). With the
+    highest ledger id the bookies hold (``held_max``, from LedgerHoldings) the counter
+    goes ``margin`` past it (the margin covers ledgers created with no entry on any
+    bookie yet). When some bookie did not answer, or none did (``held_max`` None), it
+    goes at least ``default_gap`` past the snapshot's counter too."""
+    if default_gap < 0 or margin < 0:
+        raise ValueError(f"id gaps must be >= 0, got {default_gap} and {margin}")
+    if held_max is None:
+        return IdGap(default_gap, f"the default {default_gap} (no bookie answered)")
+    derived = max(0, held_max + 1 - counter) + margin
+    if all_answered:
+        return IdGap(derived, f"highest ledger id on the bookies {held_max} + margin "
+                              f"{margin}")
+    if derived >= default_gap:
+        return IdGap(derived, f"highest ledger id on the bookies that answered {held_max} "
+                              f"+ margin {margin} (not every bookie answered)")
+    return IdGap(default_gap, f"the default {default_gap} (not every bookie answered; the "
+                              f"highest ledger id on those that did, {held_max}, is below)")
+
+
+__all__ += ["ID_MARGIN", "IdGap", "restore_id_gap"]

@@ -18,7 +18,8 @@ import logging
 import random
 import socket
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -304,35 +305,168 @@ class ZooKeeperStore:
     async def advance_sequence(self, parent: str, at_least: int, *, batch: int = 500) -> int:
         """Move ``parent``'s sequential-child counter to ``at_least`` or beyond (a
         restored tree's id generator): ephemeral sequential nodes created and deleted in
-        transactions of ``batch``, each create and delete moving the counter by one.
-        Returns the next number the counter gives."""
+        transactions of ``batch``. Returns the next number the counter gives (at least:
+        where it stands is read from the names of the nodes made, never assumed; a
+        delete does not move the counter, and the number of creates needed is not
+        guessed from it)."""
         c, t = self._client, self._op_timeout
 
-        def probe() -> int:
-            node = c.create_async(f"{parent}/ID-", b"", ephemeral=True,
-                                  sequence=True).get(timeout=t)
-            c.delete_async(node).get(timeout=t)
-            return int(str(node).rsplit("-", 1)[1]) + 2
-
-        def step(n: int) -> None:
+        def step(n: int) -> int:
             tx = c.transaction()
             for _ in range(n):
                 tx.create(f"{parent}/ID-", b"", ephemeral=True, sequence=True)
-            made = tx.commit()
+            made = tx.commit_async().get(timeout=t)
             bad = [r for r in made if isinstance(r, Exception)]
             if bad:
                 raise bad[0]
             tx = c.transaction()
             for node in made:
                 tx.delete(node)
-            tx.commit()
+            tx.commit_async().get(timeout=t)
+            return max(int(str(node).rsplit("-", 1)[1]) for node in made) + 1
 
-        current = await self._call("advance_sequence", parent, probe)
+        current = await self._call("advance_sequence", parent, partial(step, 1), retry=False)
         while current < at_least:
-            n = max(1, min(batch, (at_least - current + 1) // 2))
-            await self._call("advance_sequence", parent, partial(step, n), retry=False)
-            current += 2 * n
-        return await self._call("advance_sequence", parent, probe)
+            n = max(1, min(batch, at_least - current))
+            current = await self._call("advance_sequence", parent, partial(step, n),
+                                       retry=False)
+        return current
+
+    # -- bulk operations (restore and rebuild) -------------------------------------------
+
+    def _pipeline(self, starts: Sequence[tuple[str, Callable[[], Any]]], window: int,
+                  results: list[Any] | None = None) -> list[MetadataError | None]:
+        """Runs in one worker thread: start each request (kazoo's ``*_async``), keeping
+        ``window`` in flight on the session, and collect each outcome in order (the
+        replies into ``results`` if given). ZooKeeper applies one session's requests in
+        the order sent."""
+        t = self._op_timeout
+        out: list[MetadataError | None] = [None] * len(starts)
+        pending: deque[tuple[int, str, Any]] = deque()
+
+        def finish() -> None:
+            i, path, result = pending.popleft()
+            try:
+                got = result.get(timeout=t)
+                if results is not None:
+                    results[i] = got
+            except kz.NoNodeError:
+                out[i] = NoNodeError(path)
+            except kz.NodeExistsError:
+                out[i] = NodeExistsError(path)
+            except kz.BadVersionError:
+                out[i] = BadVersionError(path, -1)
+            except (kz.NoAuthError, kz.AuthFailedError):
+                out[i] = NotAuthorizedError(path)
+            except (*_RETRYABLE, kz.ConnectionClosedError, kz.SessionExpiredError) as exc:
+                out[i] = MetadataUnavailableError(self._servers, f"{path}: "
+                                                  f"{type(exc).__name__}")
+            else:
+                if isinstance(got, list):  # a transaction: the first failed op says why
+                    bad = next((r for r in got if isinstance(r, Exception)
+                                and not isinstance(r, kz.RolledBackError)), None)
+                    if bad is not None:
+                        out[i] = (BadVersionError(path, -1)
+                                  if isinstance(bad, kz.BadVersionError)
+                                  else MetadataError(f"{path}: {type(bad).__name__}"))
+
+        for i, (path, start) in enumerate(starts):
+            if len(pending) >= window:
+                finish()
+            pending.append((i, path, start()))
+        while pending:
+            finish()
+        return out
+
+    async def read_many(self, paths: Sequence[str], *, window: int = 256, chunk: int = 2000
+                        ) -> list[tuple[bytes, NodeStat, list[str]] | None]:
+        """Each node's data, stat and (when it has any) sorted children, pipelined
+        (``window`` requests in flight, one worker thread per ``chunk``); None for a
+        node that does not exist (or went away between its two reads). Raises the
+        first other error. If cancelled, nothing changed."""
+        c = self._client
+        out: list[tuple[bytes, NodeStat, list[str]] | None] = []
+        for i in range(0, len(paths), chunk):
+            part = paths[i:i + chunk]
+            got: list[Any] = [None] * len(part)
+            errors = await self._call("read_many", part[0], partial(
+                self._pipeline, [(p, partial(c.get_async, p)) for p in part], window, got),
+                retry=False)
+            parents = [k for k, (err, g) in enumerate(zip(errors, got, strict=True))
+                       if err is None and g[1].numChildren]
+            kids: list[Any] = [None] * len(parents)
+            kid_errors = await self._call("read_many", part[0], partial(
+                self._pipeline, [(part[k], partial(c.get_children_async, part[k]))
+                                 for k in parents], window, kids), retry=False)
+            children = {k: sorted(names) for k, names, err
+                        in zip(parents, kids, kid_errors, strict=True) if err is None}
+            for k, (err, g) in enumerate(zip(errors, got, strict=True)):
+                if isinstance(err, NoNodeError):
+                    out.append(None)
+                elif err is not None:
+                    raise err
+                else:
+                    out.append((bytes(g[0] or b""), _stat(g[1]), children.get(k, [])))
+        return out
+
+    async def create_many(self, nodes: Sequence[tuple[str, bytes]], *, window: int = 256,
+                          chunk: int = 2000) -> list[MetadataError | None]:
+        """Create persistent nodes (parents must exist), pipelined: ``window`` requests
+        in flight, one worker thread per ``chunk``. Returns, per node in order, None
+        (created) or the error (NodeExistsError, NoNodeError for a missing parent,
+        MetadataUnavailableError: the node may or may not exist). Nothing is retried.
+        If cancelled, the chunk under way completes; later ones are not sent."""
+        c = self._client
+        out: list[MetadataError | None] = []
+        for i in range(0, len(nodes), chunk):
+            starts = [(path, partial(c.create_async, path, data))
+                      for path, data in nodes[i:i + chunk]]
+            out += await self._call("create_many", nodes[i][0],
+                                    partial(self._pipeline, starts, window), retry=False)
+        return out
+
+    async def raise_versions(self, nodes: Sequence[tuple[str, bytes, int, int]], *,
+                             batch: int = 1000, window: int = 64, chunk: int = 2000
+                             ) -> list[MetadataError | None]:
+        """Bring each node ``(path, data, version_now, version_wanted)`` to its wanted
+        version, ending with ``data``: transactions of up to ``batch`` compare-and-set
+        writes each (every write moves the version by one; a transaction's writes but
+        its last are empty, so no reader sees a value the node never had), pipelined
+        ``window`` transactions at a time. A node written by anyone else meanwhile gets
+        BadVersionError. Returns per node None or the error. If cancelled, a node may
+        stand at a version between its two (holding ``data``)."""
+        c = self._client
+
+        def txn(path: str, data: bytes, first: int, count: int) -> Any:
+            tx = c.transaction()
+            for k in range(count):
+                tx.set_data(path, data if k == count - 1 else b"", version=first + k)
+            return tx.commit_async()
+
+        out: list[MetadataError | None] = [None] * len(nodes)
+        starts: list[tuple[str, Callable[[], Any]]] = []
+        owner: list[int] = []
+
+        async def flush() -> None:
+            got = await self._call("raise_versions", starts[0][0],
+                                   partial(self._pipeline, list(starts), window), retry=False)
+            for i, err in zip(owner, got, strict=True):
+                if err is not None and out[i] is None:
+                    out[i] = err
+            starts.clear()
+            owner.clear()
+
+        for i, (path, data, have, want) in enumerate(nodes):
+            while have < want:
+                count = min(batch, want - have)
+                starts.append((path, partial(txn, path, data, have, count)))
+                owner.append(i)
+                have += count
+            if len(starts) >= chunk:
+                await flush()
+        if starts:
+            await flush()
+        return out
 
     # -- watches and session events ------------------------------------------------------
 

@@ -124,6 +124,83 @@ def snapshot_cmd(ctx: click.Context, file: Path, max_passes: int, as_json: bool)
     emit(as_json, doc, "\n".join(lines))
 
 
+def _read_snapshot_file(path: Path) -> Any:
+    """``SnapshotFile`` for one file: verified (its checksum), or invalid with why."""
+    from ledgerd.metadata.errors import CorruptMetadataError
+    from ledgerd.metadata.retention import SnapshotFile
+    from ledgerd.metadata.snapshot import Snapshot
+
+    mtime_ms = int(path.stat().st_mtime * 1000)
+    try:
+        snap = Snapshot.from_bytes(path.read_bytes(), str(path))
+    except (OSError, CorruptMetadataError) as exc:
+        return SnapshotFile(name=path.name, taken_ms=mtime_ms, is_valid=False,
+                            problem=str(exc) or type(exc).__name__)
+    return SnapshotFile(name=path.name, taken_ms=snap.taken_ms or mtime_ms, is_valid=True)
+
+
+@metadata_group.command("prune")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--keep", type=click.IntRange(1, None), default=24, show_default=True,
+              help="Valid snapshots always kept, the newest, however old.")
+@click.option("--max-age-days", type=click.FloatRange(0, None), default=7.0,
+              show_default=True,
+              help="Other snapshots are deleted once older than this.")
+@click.option("--pattern", default="metadata-*.snap", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("--json", "as_json", is_flag=True)
+def prune_cmd(directory: Path, keep: int, max_age_days: float, pattern: str, dry_run: bool,
+              as_json: bool) -> None:
+    """Delete old snapshots from DIRECTORY, never the newest --keep that verify.
+
+    Files are verified (checksum) newest first until --keep valid ones are found; any
+    other file older than --max-age-days is deleted. The only valid snapshot is never
+    deleted, whatever its age. Needs no ZooKeeper."""
+    import time
+
+    from ledgerd.metadata.retention import SnapshotFile, plan_prune
+
+    paths = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    now = time.time()
+    # Nothing old enough to delete: nothing is read (a large cluster's snapshots are
+    # tens of megabytes each, and the timer runs hourly).
+    any_old = any(now - p.stat().st_mtime > max_age_days * 86_400 for p in paths)
+    files: list[SnapshotFile] = []
+    valid = 0
+    for p in paths:
+        if any_old and valid < keep:
+            f = _read_snapshot_file(p)
+            valid += bool(f.is_valid)
+        else:
+            f = SnapshotFile(name=p.name, taken_ms=int(p.stat().st_mtime * 1000),
+                             is_valid=None)
+        files.append(f)
+    decision = plan_prune(files, keep=keep, max_age_ms=int(max_age_days * 86_400_000),
+                          now_ms=int(now * 1000))
+    deleted: list[str] = []
+    if not dry_run:
+        for name in decision.delete:
+            try:
+                (directory / name).unlink()
+            except FileNotFoundError:
+                continue
+            deleted.append(name)
+    invalid = {f.name: f.problem for f in files if f.is_valid is False}
+    doc = {"directory": str(directory), "keep": keep, "max_age_days": max_age_days,
+           "dry_run": dry_run, "delete": list(decision.delete), "deleted": deleted,
+           "kept_newest_valid": list(decision.kept_newest),
+           "kept_recent": list(decision.kept_recent), "invalid": invalid}
+    lines = [f"{directory}: {len(files)} snapshot file(s); kept the newest "
+             f"{len(decision.kept_newest)} valid (--keep {keep}) and "
+             f"{len(decision.kept_recent)} younger than {max_age_days:g} days; "
+             + (f"would delete {len(decision.delete)}" if dry_run
+                else f"deleted {len(deleted)}")]
+    if any_old and not decision.kept_newest:
+        lines.append("warning: no snapshot here verifies: none can be restored")
+    lines += [f"invalid: {name}: {why}" for name, why in sorted(invalid.items())]
+    emit(as_json, doc, "\n".join(lines))
+
+
 @metadata_group.command("diff")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--paths", "show_paths", is_flag=True, help="List every differing path.")
@@ -177,26 +254,51 @@ def diff_cmd(ctx: click.Context, file: Path, show_paths: bool, as_json: bool) ->
 @click.option("--no-versions", "no_versions", is_flag=True,
               help="Create nodes at version 0 instead of their snapshot versions.")
 @click.option("--id-gap", type=click.IntRange(0, 1 << 30), default=10_000, show_default=True,
-              help="Ledger ids to skip past the snapshot's counter (ledgers created after "
-                   "the snapshot hold the next ones).")
+              help="Ledger ids to skip past the snapshot's counter when the bookies cannot "
+                   "say how far ledgers created after the snapshot went.")
+@click.option("--id-margin", type=click.IntRange(0, 1 << 30), default=10_000,
+              show_default=True,
+              help="Ledger ids to skip past the highest one the bookies hold.")
+@click.option("--bookies", default="", help="Bookies to ask for their highest ledger id "
+              "(host:port,...), besides the registered ones and those with cookies in the "
+              "snapshot.")
+@click.option("--secret", envvar="LEDGERD_ADMIN_SECRET", default="",
+              help="The bookies' admin_secret (needed from other hosts).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def restore_cmd(ctx: click.Context, file: Path, replace: bool, force: bool,
-                no_versions: bool, id_gap: int, as_json: bool) -> None:
+                no_versions: bool, id_gap: int, id_margin: int, bookies: str, secret: str,
+                as_json: bool) -> None:
     """Write snapshot FILE into the root: into an empty one, or with --replace over a
     non-empty one (says what it replaces). Sets the GC freeze flag; clear it with
-    `metadata gc-freeze --clear` once `metadata rebuild` finds nothing missing."""
+    `metadata gc-freeze --clear` once `metadata rebuild` finds nothing missing.
+
+    The ledger id counter goes --id-margin past the highest ledger id the bookies hold
+    (asked by LedgerHoldings), or --id-gap past the snapshot's when they do not answer
+    (at least that when some do not)."""
     from ledgerd.metadata.backup import read_tree, restore_snapshot
     from ledgerd.metadata.errors import NoNodeError
-    from ledgerd.metadata.snapshot import diff_nodes
+    from ledgerd.metadata.registry import BookieRegistry
+    from ledgerd.metadata.snapshot import category, diff_nodes, restore_id_gap
+    from ledgerd.tools.metadata_rebuild import max_held_ledger_id
 
     _refuse_unnamed(ctx, "metadata restore")
     snap = _load(file)
     root = _root(ctx)
+    targets = {b.strip() for b in bookies.split(",") if b.strip()}
+    snap_layout = snap.layout  # a scan of the nodes: once, not per node
+    targets |= {n.path.split("/", 1)[1] for n in snap.nodes
+                if category(n.path, snap_layout) == "cookies"}
 
     async def run() -> Any:
         store = await _store(ctx, need_cluster=False)
         try:
+            if await store.exists(f"{root}/available") is not None:
+                targets.update((await BookieRegistry(store, root).list_bookies()).all)
+            held_max, unreachable = await max_held_ledger_id(targets, secret.encode())
+            chosen = restore_id_gap(snap.counters.get("idgen", 0), held_max=held_max,
+                                    all_answered=bool(targets) and not unreachable,
+                                    default_gap=id_gap, margin=id_margin)
             try:
                 live = await read_tree(store, root)
             except NoNodeError:
@@ -222,18 +324,25 @@ def restore_cmd(ctx: click.Context, file: Path, replace: bool, force: bool,
                     f"(not in the snapshot or changed since: {facts or 'none'})", force,
                     json_out=as_json))
             written = await restore_snapshot(
-                store, root, snap, replace=replace, versions=not no_versions, id_gap=id_gap,
+                store, root, snap, replace=replace, versions=not no_versions,
+                id_gap=chosen.gap,
                 reason=f"restored from {file.name} (taken {_when(snap.taken_ms)})")
-            return written, replaced
+            return written, replaced, chosen, held_max, unreachable
         finally:
             await store.close()
 
-    written, replaced = _run(run)
+    written, replaced, chosen, held_max, unreachable = _run(run)
+    counter = snap.counters.get("idgen", 0)
     doc = {"file": str(file), "root": root, "nodes_written": written, "replaced": replaced,
-           "gc_frozen": True}
+           "gc_frozen": True, "id_gap": chosen.gap, "id_gap_reason": chosen.reason,
+           "id_counter_at_least": counter + chosen.gap, "bookies_max_ledger_id": held_max,
+           "unreachable": unreachable}
     human = (f"restored {written} nodes of {file} (taken {_when(snap.taken_ms)}) into "
              f"{_zk(ctx)}{root}" + (f", replacing {replaced['nodes']} nodes" if replaced
                                     else "")
+             + f"\nledger ids start at {counter + chosen.gap} or beyond: the snapshot's "
+               f"counter {counter} + gap {chosen.gap} ({chosen.reason})"
+             + "".join(f"\nunreachable: {b}: {e}" for b, e in sorted(unreachable.items()))
              + f"\nGC is frozen on every bookie: run `ledgerd shell metadata rebuild --snapshot "
                f"{file}` to add ledgers created after the snapshot (and the fragments open "
                "ledgers gained since), then `ledgerd shell metadata gc-freeze --clear`")
@@ -283,9 +392,9 @@ async def _instance_at(store: Any, root: str) -> str:
     return bytes(raw or b"").decode().strip()
 
 
-def _plan_rows(the_plan: Any) -> list[list[Any]]:
+def _plan_rows(plans: Any) -> list[list[Any]]:
     rows = []
-    for p in the_plan.ledgers:
+    for p in plans:
         md = p.metadata
         if md is None:
             rows.append([p.ledger_id, "-", "-", "-", ",".join(p.holders), p.source,
@@ -318,11 +427,13 @@ def _plan_rows(the_plan: Any) -> list[list[Any]]:
               help="With --apply: write the plan although some bookies did not answer "
                    "(their entries are missing from it; without a snapshot their "
                    "ledgers' ensembles and ends can be wrong).")
+@click.option("--rows", type=click.IntRange(0, None), default=200, show_default=True,
+              help="Ledgers the printed plan shows, those with problems first (0: all).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
                 layout: str | None, secret: str, do_apply: bool, secret_file: Path | None,
-                allow_unreachable: bool, as_json: bool) -> None:
+                allow_unreachable: bool, rows: int, as_json: bool) -> None:
     """Rebuild ledger metadata missing from ZooKeeper from what the bookies hold (a dry
     run prints the plan; --apply writes it and freezes GC until `gc-freeze --clear`).
 
@@ -351,8 +462,9 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
                 listed = await BookieRegistry(store, root).list_bookies()
                 targets |= set(listed.all)
             if snap is not None:
+                snap_layout = snap.layout  # a scan of the nodes: once, not per node
                 targets |= {n.path.split("/", 1)[1] for n in snap.nodes
-                            if category(n.path, snap.layout) == "cookies"}
+                            if category(n.path, snap_layout) == "cookies"}
             if not targets:
                 raise ShellError("no bookie to ask: none is registered and no snapshot names "
                                  "any; pass --bookies host:port,...")
@@ -401,13 +513,14 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
            "closed": {str(k): v for k, v in closing.items()},
            "skipped_live": the_plan.skipped_live, "lost": list(the_plan.lost),
            "unreachable": gathered.unreachable,
+           # Built only for --json: 100,000 ledgers' metadata is seconds of encoding.
            "ledgers": [{"ledger_id": p.ledger_id, "source": p.source, "holders": p.holders,
                         "problems": list(p.problems), "assumed": list(p.assumed),
                         "end": p.end,
                         "metadata": (json.loads(p.metadata.to_json())
                                      if p.metadata is not None else None),
                         **({"update": True} if p.update else {})}
-                       for p in the_plan.ledgers],
+                       for p in the_plan.ledgers] if as_json else [],
            "logs": [{"name": lp.name, "ledgers": list(lp.ledgers), "base": lp.base,
                      "first_seq": lp.first_seq, "problems": list(lp.problems),
                      "left_out": list(lp.left_out)} for lp in the_plan.logs],
@@ -418,8 +531,15 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
              f"{the_plan.skipped_live} already in the live metadata, "
              f"{len(the_plan.logs)} log(s) from their ledgers' headers"]
     if the_plan.ledgers:
+        # Ledgers with problems first; at most --rows of them (--json lists every one).
+        shown = sorted(the_plan.ledgers, key=lambda p: (not p.problems, p.ledger_id))
+        if rows:
+            shown = shown[:rows]
         lines.append(table(["ledger", "E/Qw/Qa", "state", "digest", "ensembles", "from",
-                            "notes"], _plan_rows(the_plan)))
+                            "notes"], _plan_rows(shown)))
+        if len(shown) < len(the_plan.ledgers):
+            lines.append(f"... and {len(the_plan.ledgers) - len(shown)} more ledger(s) "
+                         f"(--rows 0 or --json shows every one)")
     for lp in the_plan.logs:
         lines.append(f"log {lp.name}: ledgers {' '.join(map(str, lp.ledgers))} (from position "
                      f"{lp.first_seq}, offset {lp.base}); cursors lost"

@@ -112,8 +112,15 @@ async def test_snapshot_wipe_restore_rebuild_keeps_clients_working(
                 assert "no cluster" in str(gc["frozen"]), gc
                 assert gc["ledgers_deleted"] == 0, gc
 
-        code, out = await _shell(zk_chroot, "restore", str(snap))
+        # No fixed gap: the ledger id counter goes past the highest id a bookie holds
+        # (the late ledger's; with the old fixed gap of 0 a new ledger would take its id).
+        code, out = await _shell(zk_chroot, "restore", str(snap), "--id-gap", "0",
+                                 "--id-margin", "1", "--json")
         assert code == 0, out
+        doc = json.loads(out)
+        assert doc["bookies_max_ledger_id"] == late.ledger_id, doc
+        assert doc["id_counter_at_least"] == late.ledger_id + 2, doc
+        assert "highest ledger id on the bookies" in doc["id_gap_reason"], doc
         code, out = await _shell(zk_chroot, "restore", str(snap))
         assert code != 0 and "not empty" in out and "--replace" in out, out
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ledgerd.metadata.errors import CorruptMetadataError
-from ledgerd.metadata.snapshot import Node, Snapshot, category, diff_nodes
+from ledgerd.metadata.snapshot import Node, Snapshot, category, diff_nodes, restore_id_gap
 
 LAYOUT = Node("LAYOUT", b"ledgerd-layout\t1\nhierarchical", 0)
 
@@ -65,3 +65,19 @@ def test_diff_names_only_snapshot_only_live_and_changed() -> None:
     assert (d.only_a, d.only_b, d.changed, d.version_only) == (("x",), ("w",), ("z",), ("y",))
     assert not d.is_empty
     assert diff_nodes(a, a).is_empty
+
+
+def test_the_restore_id_gap_comes_from_what_the_bookies_hold() -> None:
+    # 25,000 ledgers created since the snapshot: a fixed gap of 10,000 reused ids.
+    got = restore_id_gap(1000, held_max=26_000, all_answered=True, default_gap=10_000,
+                         margin=100)
+    assert got.gap == 25_101 and "26000 + margin 100" in got.reason
+    # Nothing created since: the margin alone (not the default).
+    assert restore_id_gap(1000, held_max=400, all_answered=True, default_gap=10_000,
+                          margin=100).gap == 100
+    # A bookie silent: never below the default.
+    partial = restore_id_gap(1000, held_max=400, all_answered=False, default_gap=10_000,
+                             margin=100)
+    assert partial.gap == 10_000 and "not every bookie answered" in partial.reason
+    none = restore_id_gap(1000, held_max=None, all_answered=False, default_gap=10_000)
+    assert none.gap == 10_000 and "no bookie answered" in none.reason

@@ -48,3 +48,14 @@ def test_gateway_unit_and_example_config() -> None:
                                                           "/etc/ledgerd/gateway.toml"]
     cfg = load_config(GatewayConfig, path=ROOT / "systemd" / "gateway.toml")
     assert cfg.gateway_port == 9092 and cfg.throttle == 0
+
+
+def test_snapshot_unit_prunes_by_verified_snapshots_not_by_age_alone() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(ROOT / "systemd" / "ledgerd-metadata-snapshot.service")
+    service = unit["Service"]
+    post = service["ExecStartPost"].split()
+    assert post[0].endswith("/ledgerd") and post[1:4] == ["shell", "metadata", "prune"]
+    assert post[post.index("--keep") + 1] == "${SNAPSHOT_KEEP}"
+    env = dict(kv.split("=", 1) for kv in service["Environment"].split())
+    assert int(env["SNAPSHOT_KEEP"]) >= 1 and float(env["SNAPSHOT_MAX_AGE_DAYS"]) > 0
