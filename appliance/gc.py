@@ -3,13 +3,9 @@
 Every ``gc_wait_time_ms`` (or when an admin asks):
 1. Ledgers this bookie holds but the metadata store no longer has are deleted here. The
    local list is taken *before* the metadata scan: a ledger's metadata exists before its
-   first add, so a ledger missing from a later scan was deleted, not just created. A
-   ledger is deleted only when two passes in a row find it missing (the metadata
-   trusted in both), and each candidate is checked once more on its own before
-   deletion; a failed scan deletes nothing. (One pass is not enough: a root deleted
-   recursively loses its ledgers' znodes before, in no fixed order, the LAYOUT the
-   guard below checks, so a pass running meanwhile sees ledgers gone while the
-   metadata still looks whole.)
+   first add, so a ledger missing from a later scan was deleted, not just created. Each
+   candidate is checked once more on its own before deletion; a failed scan deletes
+   nothing.
    Unbounded ledgers (a term above 0 here) whose metadata starts past entry 0 had front
    fragments deleted for retention: their entries below the start are dropped here.
    Nothing is deleted while the metadata cannot be trusted to list every ledger
@@ -115,9 +111,6 @@ class GarbageCollector:
         self.pass_done = trio.Event()
         self.instance_id = ""  # the cluster instance this bookie's cookie names
         self.frozen = ""  # why the last pass deleted no ledger ("" when it could)
-        # ledgers the last pass found missing from the metadata (deleted only when the
-        # next pass finds them missing too: see the module doc)
-        self.suspects: set[int] = set()
 
     def trigger(self, kind: AdminKind) -> bool:
         """Ask for a pass now (``kind`` forces that compaction); False if one is running."""
@@ -230,19 +223,12 @@ class GarbageCollector:
         self.frozen = await self.metadata_guard()
         if self.frozen:
             log.warning("ledger_gc_frozen", extra=fields(reason=self.frozen))
-            self.suspects.clear()
             return 0
         live: set[int] = set()
         async for lid in self.ledgers.iter_ledger_ids():
             live.add(lid)
-        missing = local - live
-        # Only what the previous pass found missing too: a root deleted recursively
-        # loses its ledgers' znodes before (in any order) its LAYOUT, so one pass may
-        # see ledgers gone while the guard still holds; the next pass sees the guard
-        # fail and deletes nothing.
-        confirmed, self.suspects = missing & self.suspects, set(missing)
         deleted = 0
-        for lid in sorted(confirmed):
+        for lid in sorted(local - live):
             idx = self.storage.ledger(lid)
             if idx is None:
                 continue
@@ -252,7 +238,6 @@ class GarbageCollector:
             self.frozen = await self.metadata_guard()
             if self.frozen:
                 log.warning("ledger_gc_frozen", extra=fields(reason=self.frozen))
-                self.suspects.clear()
                 return deleted
             # A ledger re-created with this id may have written here while we asked
             # (BookKeeper's classic GC race): then it is not garbage; the next pass

@@ -163,9 +163,32 @@ def _iterate(path: Path, start: int, alignment: int) -> Iterator[_Item]:
             yield ScanKind.END, file_id, pos, 0, 0, b"", "", -1
 
 
+def _header_unwritten(path: Path) -> bool:
+    """True if ``path`` has no header of its own: shorter than one and all zeros, a
+    zeroed header, or (a recycled file renamed, then the crash) the header of another
+    file id than its name's. Only the newest file may be so (``Journal._new_file``)."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER_SIZE)
+    if len(header) < HEADER_SIZE or not any(header):
+        return not any(header)
+    try:
+        file_id = decode_header(header)
+    except ValueError:
+        return False  # a damaged header is not an unwritten one: reported as corrupt
+    try:
+        return file_id != int(path.stem, 16)
+    except ValueError:
+        return False
+
+
 def scan_journal_file(path: Path, start: int = 0, *, alignment: int = 4096,
                       skip_invalid: bool = False, is_newest: bool = True) -> Iterator[Record]:
     """Records of one file from ``start`` (replay). See the module rules for errors."""
+    if is_newest and _header_unwritten(path):
+        # A crash while the journal made this file: created (or a recycled file renamed
+        # to it) but its header not yet written and synced. Records go into a file only
+        # after that, so nothing in it was ever acknowledged: it holds no record.
+        return
     for kind, file_id, pos, _length, rtype, body, problem, nxt in _iterate(path, start,
                                                                           alignment):
         if kind is ScanKind.RECORD:

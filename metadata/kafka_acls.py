@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import ChangeRejectedError, NodeExistsError, NoNodeError
 from ledgerd.metadata.jsondoc import Codec, decode, encode, json_field
@@ -83,7 +84,7 @@ class AclPermission(enum.IntEnum):
     ALLOW = 3
 
 
-class InvalidAclError(ValueError):
+class InvalidAclError(LedgerdError, ValueError):
     """A binding that cannot be stored (Kafka: InvalidRequestException); ``reason``
     names the field."""
 

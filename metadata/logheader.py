@@ -51,6 +51,8 @@ from construct import (
     this,
 )
 
+from ledgerd.base.errors import LedgerdError
+
 __all__ = ["HEADER_KEY", "LOG_HEADER", "LOG_HEADER_FIXED", "MAGIC", "CorruptLogHeaderError",
            "LogHeader", "decode_log_header", "encode_log_header", "first_log_entry",
            "payload_of_entry"]
@@ -84,7 +86,7 @@ _ENTRY_HEADER = 32  # ledger id, entry id, LAC, length (``wire.layouts.ENTRY_HEA
 _DIGEST_SIZES = {"crc32c": 4, "crc32": 8, "hmac": 20, "dummy": 0}
 
 
-class CorruptLogHeaderError(ValueError):
+class CorruptLogHeaderError(LedgerdError, ValueError):
     """Bytes that start with the header's magic but are not a valid header."""
 
 

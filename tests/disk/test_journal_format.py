@@ -193,3 +193,21 @@ def test_the_journal_writer_leaves_no_gap(tmp_path: Path, alignment: int) -> Non
     assert [i.kind for i in items if i.kind is not ScanKind.RECORD] == [ScanKind.END]
     paddings = [i for i in items if i.type == RecordType.PADDING]
     assert paddings and all(i.crc_ok for i in paddings)
+
+
+def test_a_newest_file_whose_header_was_never_written_holds_no_record(tmp_path: Path) -> None:
+    """kill -9 while the journal made its next file: created (0 bytes, or zeroed), or a
+    recycled file renamed to it with the old file's header still in place. Nothing was
+    acknowledged in it (records follow the header's fdatasync), so replay finds no
+    record there; in any file but the newest the same is corruption."""
+    empty = tmp_path / "1a.txn"
+    empty.write_bytes(b"")
+    zeroed = tmp_path / "1b.txn"
+    zeroed.write_bytes(bytes(HEADER_SIZE * 4))
+    recycled = tmp_path / "1c.txn"
+    recycled.write_bytes(encode_header(0x07) + bytes(HEADER_SIZE))
+    for path in (empty, zeroed, recycled):
+        assert list(scan_journal_file(path, is_newest=True)) == [], path
+    for path in (empty, zeroed):
+        with pytest.raises(CorruptRecordError):
+            list(scan_journal_file(path, is_newest=False))
