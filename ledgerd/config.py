@@ -157,18 +157,7 @@ class ClientConfig(ZooKeeperSettings):
 
     def auth_token(self) -> bytes | None:
         """The token of auth_token_file, or None."""
-        if not self.auth_token_file:
-            return None
-        try:
-            with open(self.auth_token_file, encoding="utf-8") as f:
-                token = f.readline().strip()
-        except OSError as exc:
-            raise ConfigError("auth_token_file", self.auth_token_file,
-                              f"a readable file ({exc.strerror})") from None
-        if not token:
-            raise ConfigError("auth_token_file", self.auth_token_file,
-                              "a file whose first line is the token")
-        return token.encode()
+        return read_token_file("auth_token_file", self.auth_token_file)
 
     def tls_context(self) -> ssl.SSLContext | None:
         """The client TLS context, or None when tls_trust_path is empty (plaintext)."""
@@ -189,3 +178,18 @@ class ClientConfig(ZooKeeperSettings):
                 (self.ensemble_size, self.write_quorum_size, self.ack_quorum_size),
                 "ensemble_size >= write_quorum_size >= ack_quorum_size >= 1",
             )
+
+
+def read_token_file(key: str, path: str) -> bytes | None:
+    """The token in the first line of ``path`` (the setting ``key``), or None when the
+    setting is empty; ConfigError naming the setting when it cannot be read."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except OSError as exc:
+        raise ConfigError(key, path, f"a readable file ({exc.strerror})") from None
+    if not token:
+        raise ConfigError(key, path, "a file whose first line is the token")
+    return token.encode()

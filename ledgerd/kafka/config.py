@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ledgerd.base.settings import ConfigError, setting
 from ledgerd.base.tls import server_context
-from ledgerd.config import ClientConfig
+from ledgerd.config import ClientConfig, read_token_file
 
 __all__ = ["GatewayConfig"]
 
@@ -124,16 +124,7 @@ class GatewayConfig(ClientConfig):
         """The token of gateway_peer_token_file (else auth_token_file's), or None."""
         if not self.gateway_peer_token_file:
             return self.auth_token()
-        try:
-            with open(self.gateway_peer_token_file, encoding="utf-8") as f:
-                token = f.readline().strip()
-        except OSError as exc:
-            raise ConfigError("gateway_peer_token_file", self.gateway_peer_token_file,
-                              f"a readable file ({exc.strerror})") from None
-        if not token:
-            raise ConfigError("gateway_peer_token_file", self.gateway_peer_token_file,
-                              "a file whose first line is the token")
-        return token.encode()
+        return read_token_file("gateway_peer_token_file", self.gateway_peer_token_file)
 
     def tls_server_context(self) -> ssl.SSLContext | None:
         if not self.gateway_tls_certificate_path:
