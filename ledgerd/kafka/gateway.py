@@ -226,6 +226,9 @@ class Gateway:
         self.deleted: dict[str, float] = {}  # topics deleted lately, when (DELETED_GRACE_S)
         self.groups: dict[str, Group] = {}
         self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
+        # a group record's save and its deletion never interleave: a save begun before
+        # DeleteGroups (its read, then its write) would make the record again after
+        self._group_record_lock = trio.Lock()
         self.group_settings = GroupSettings(config.group_initial_rebalance_delay_ms / 1000,
                                             config.group_min_session_timeout_ms,
                                             config.group_max_session_timeout_ms)
@@ -436,6 +439,8 @@ class Gateway:
             await trio.sleep(0.1)
             now = trio.current_time()
             for group in list(self.groups.values()):
+                if self.groups.get(group.group_id) is not group:
+                    continue  # deleted (or reloaded) while an earlier group was stored
                 group.tick(now)
                 if group.generation > group.persisted:
                     try:
@@ -1214,7 +1219,10 @@ class Gateway:
 
     async def _store_group(self, group: Group) -> None:
         gen = group.generation
-        await self.group_store.save(group.group_id, gen, group.protocol_type)
+        async with self._group_record_lock:
+            if group.state is GroupState.DEAD or self.groups.get(group.group_id) is not group:
+                return  # deleted meanwhile: its record must stay gone
+            await self.group_store.save(group.group_id, gen, group.protocol_type)
         group.persisted = max(group.persisted, gen)
 
     async def _wait(self, reply: Reply) -> dict[str, Any]:
@@ -1506,7 +1514,8 @@ class Gateway:
                     for p in range(self.topics[topic]):
                         nursery.start_soon(delete_one, topic, p)
             removed = sum(found)
-            await self.group_store.delete(gid)
+            async with self._group_record_lock:
+                await self.group_store.delete(gid)
         finally:
             if self.groups.get(gid) is group:
                 del self.groups[gid]

@@ -172,6 +172,7 @@ def test_joins_with_a_bad_session_timeout_or_unknown_protocol_are_refused() -> N
 
 async def test_idle_partitions_shed_reader_state_and_readers_are_dropped() -> None:
     import trio
+    import trio.testing
 
     from ledgerd.kafka.config import GatewayConfig
     from ledgerd.kafka.gateway import IDLE_S, Gateway
@@ -360,3 +361,63 @@ def _present(value: dict[str, object], fields: tuple[object, ...], version: int,
                 v = [_present(x, f.kind.fields, version) for x in v]  # type: ignore[attr-defined]
             out[f.name] = v
     return out
+
+
+async def test_a_group_record_stays_deleted_when_a_save_races_delete_groups() -> None:
+    """The group tick stores a group whose generation moved (a member left) while
+    DeleteGroups deletes it: the record must stay gone, whether the save was half done
+    (read, not yet written) when the delete came, or began after it from a stale list."""
+    import trio
+    import trio.testing
+
+    from ledgerd.kafka.config import GatewayConfig
+    from ledgerd.kafka.gateway import Gateway
+    from ledgerd.kafka.groups import Group
+
+    class Records:  # the group store: a save reads, waits for the test, then writes
+        def __init__(self) -> None:
+            self.held: set[str] = set()
+            self.saving, self.go = trio.Event(), trio.Event()
+
+        async def save(self, gid: str, generation: int, protocol_type: str) -> None:
+            self.saving.set()
+            await self.go.wait()
+            self.held.add(gid)
+
+        async def delete(self, gid: str) -> bool:
+            found = gid in self.held
+            self.held.discard(gid)
+            return found
+
+        async def get(self, gid: str) -> None:
+            return None
+
+    class Client:
+        store = None
+
+    gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
+    records = Records()
+    gw.group_store = records  # type: ignore[assignment]
+    gw.owns = lambda key: True  # type: ignore[method-assign]
+
+    async def no_topics() -> list[str]:
+        return []
+
+    gw.all_topics = no_topics  # type: ignore[method-assign]
+    group = gw.groups.setdefault("g", Group("g", gw.group_settings))
+    group.generation, group.persisted = 2, 1
+    codes: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gw._store_group, group)
+        await records.saving.wait()  # the save has read the record, not written it
+
+        async def delete() -> None:
+            codes.append(await gw._delete_group("g"))
+
+        nursery.start_soon(delete)
+        await trio.testing.wait_all_tasks_blocked()
+        records.go.set()
+    assert codes == [0] and "g" not in gw.groups
+    assert records.held == set()
+    await gw._store_group(group)  # the tick's list, taken before the delete
+    assert records.held == set()
