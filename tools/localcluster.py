@@ -16,6 +16,7 @@ newcomer can watch the others re-replicate its ledgers and the bookie come back.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import socketserver
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import trio
@@ -256,7 +258,8 @@ class LocalCluster:
                     reply = f"error {exc}"
                 self.wfile.write(reply.encode() + b"\n")
 
-        self._ctl = socketserver.UnixStreamServer(str(path), Handler)
+        with unix_address(path) as address:
+            self._ctl = socketserver.UnixStreamServer(address, Handler)
         os.chmod(path, 0o600)
         threading.Thread(target=self._ctl.serve_forever, name="local-ctl", daemon=True).start()
         return path
@@ -302,6 +305,22 @@ def last_line(log_tail: str) -> str:
     return lines[-1] if lines else "(its log is empty)"
 
 
+@contextlib.contextmanager
+def unix_address(path: Path) -> Iterator[str]:
+    """An address for binding or connecting a Unix socket at ``path``, which may be
+    longer than the 107 bytes ``sockaddr_un`` holds (a ``--data`` or temp directory deep
+    down): then the path through an open descriptor of its directory
+    (``/proc/self/fd/N/name``), valid while the block runs."""
+    if len(os.fsencode(path)) < 100:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
+
+
 def send_control(base: Path, action: str, index: int | None = None,
                  timeout: float = 180.0) -> str:
     """Send one request to the ``ledgerd local`` running on ``base``; its answer.
@@ -311,7 +330,8 @@ def send_control(base: Path, action: str, index: int | None = None,
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
-            sock.connect(str(path))
+            with unix_address(path) as address:
+                sock.connect(address)
             sock.sendall(line.encode() + b"\n")
             reply = sock.makefile("rb").read().decode().rstrip("\n")
     except (FileNotFoundError, ConnectionRefusedError) as exc:

@@ -567,3 +567,24 @@ async def test_a_ledger_with_no_spare_bookie_waits_and_says_why(zk_chroot: str,
         assert "event=rereplication_failed" not in text
     finally:
         _stop(proc)
+
+
+def test_the_control_socket_works_under_a_data_directory_too_long_for_a_socket_path(
+        tmp_path: Path) -> None:
+    """``sockaddr_un`` holds 107 bytes: a ``--data`` directory deeper than that still
+    gets its ``ctl.sock``, and ``ledgerd local ctl`` reaches it."""
+    from ledgerd.tools.localcluster import CTL_SOCKET, LocalCluster, send_control
+
+    base = tmp_path / ("d" * 60) / ("e" * 60)
+    base.mkdir(parents=True)
+    assert len(str(base / CTL_SOCKET)) > 107
+    cluster = LocalCluster(base, bookies=0, zk="127.0.0.1:1")
+    cluster.control = lambda action, index: f"{action} {index}"  # type: ignore[method-assign]
+    path = cluster.serve_control()
+    try:
+        assert path.is_socket()
+        assert send_control(base, "kill", 2, timeout=10) == "kill 2"
+    finally:
+        assert cluster._ctl is not None
+        cluster._ctl.shutdown()
+        cluster._ctl.server_close()
