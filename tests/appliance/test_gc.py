@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from ledgerd.appliance.gc import GarbageCollector, GcOptions
-from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.cluster import delete_root, init_new_cluster
 from ledgerd.metadata.errors import SessionExpiredError
 from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.metadata.ledgers import LedgerManager
@@ -285,3 +285,41 @@ async def test_only_two_consecutive_trusted_passes_delete_a_ledger(tmp_path: Pat
         p = await gc.gc_once()
         assert p.ledgers_deleted == 1 and b.storage.list_ledgers() == []
         assert not gc.suspects
+
+
+class _DeleteHookStore(InMemoryStore):
+    """Runs ``after_delete(path)`` after each node it deletes, one at a time as a
+    recursive delete goes: a GC pass landing between two of a slow delete's steps."""
+
+    after_delete: Any = None
+
+    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
+        await super().delete(path, version, recursive=recursive)
+        if self.after_delete is not None:
+            await self.after_delete(path)
+
+
+async def test_delete_root_stops_gc_before_any_ledger_goes(tmp_path: Path) -> None:
+    """``delete_root`` deletes LAYOUT before the rest: even a recursive delete slow
+    enough for two GC passes after each node it removes (more than the two-pass rule
+    covers) loses no ledger, because every pass finds the guard failing."""
+    store = _DeleteHookStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    ledgers = LedgerManager(store, "/ledgers")
+    held = [(await ledgers.create(_meta()))[0] for _ in range(3)]
+    async with running_bookie(tmp_path) as b:
+        for lid in held:
+            await b.storage.add_entries(lid, 0, [entry(lid, 0, payload=b"x")], bind_key=KEY)
+        gc = GarbageCollector(b.storage, ledgers, GcOptions(rate=0))
+        deleted: list[str] = []
+
+        async def two_passes(path: str) -> None:
+            deleted.append(path)
+            for _ in range(2):
+                await gc.gc_once()
+                assert gc.frozen, f"GC trusted the metadata after {path} was deleted"
+
+        store.after_delete = two_passes
+        await delete_root(store, "/ledgers")
+        assert deleted[0] == "/ledgers/LAYOUT" and len(deleted) > len(held)
+        assert gc.ledgers_deleted == 0 and sorted(b.storage.list_ledgers()) == sorted(held)
