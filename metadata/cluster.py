@@ -7,14 +7,15 @@ record, so a bookie cannot join a cluster it was not formatted for.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
-from ledgerd.metadata.errors import LayoutMismatchError, NodeExistsError
+from ledgerd.metadata.errors import LayoutMismatchError, NodeExistsError, NoNodeError
 from ledgerd.metadata.paths import LedgerLayout
 from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["FIXED_NODES", "check_layout", "init_new_cluster", "instance_id", "metaformat",
-           "read_layout"]
+__all__ = ["FIXED_NODES", "check_layout", "delete_root", "init_new_cluster", "instance_id",
+           "metaformat", "read_layout"]
 
 FIXED_NODES = ("available", "available/readonly", "idgen", "idgen-long", "cookies",
                "underreplication", "underreplication/ledgers", "underreplication/locks",
@@ -93,7 +94,20 @@ async def metaformat(store: MetadataStore, root: str,
                      layout: str = LedgerLayout.HIERARCHICAL) -> str:
     """Wipe everything under ``root`` and initialise a new cluster; returns the instance id."""
     if await store.exists(root) is not None:
-        await store.delete(root, recursive=True)
+        await delete_root(store, root)
     iid = await init_new_cluster(store, root, layout)
     assert iid is not None
     return iid
+
+
+async def delete_root(store: MetadataStore, root: str) -> None:
+    """Delete a cluster's whole ``root``, its LAYOUT first.
+
+    A recursive delete removes children in no fixed order, so the ledgers' znodes may go
+    before LAYOUT, and a bookie's GC pass running meanwhile would see live ledgers gone
+    from a cluster that still looks whole (issue #49). With LAYOUT gone first every
+    bookie's GC deletes nothing (``GarbageCollector.metadata_guard``) before any ledger
+    disappears. If cancelled, part of the root may remain, LAYOUT already gone."""
+    with contextlib.suppress(NoNodeError):
+        await store.delete(f"{root}/LAYOUT")
+    await store.delete(root, recursive=True)

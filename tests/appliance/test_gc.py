@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from ledgerd.appliance.gc import GarbageCollector, GcOptions
-from ledgerd.metadata.cluster import init_new_cluster
+from ledgerd.metadata.cluster import delete_root, init_new_cluster
 from ledgerd.metadata.errors import SessionExpiredError
 from ledgerd.metadata.ledger import LedgerMetadata
 from ledgerd.metadata.ledgers import LedgerManager
@@ -39,8 +39,11 @@ async def test_gc_deletes_ledgers_missing_from_metadata_and_reclaims_logs(tmp_pa
         await ledgers.delete(dropped)
         gc = GarbageCollector(b.storage, ledgers, GcOptions(minor_threshold=0.6, rate=0))
         before = len(b.storage.entry_logger.paths)
+        await gc.gc_once()  # one pass finds it missing: a suspect, not yet deleted
+        assert sorted(b.storage.list_ledgers()) == sorted([kept, dropped])
+        assert gc.suspects == {dropped} and gc.status()["suspects"] == 1
         assert gc.trigger(AdminKind.MINOR_COMPACTION)
-        await gc.gc_once(AdminKind.MINOR_COMPACTION)
+        await gc.gc_once(AdminKind.MINOR_COMPACTION)  # the next pass confirms it
         assert b.storage.list_ledgers() == [kept]
         assert gc.ledgers_deleted == 1 and gc.logs_compacted >= 1
         assert len(b.storage.entry_logger.paths) < before
@@ -115,8 +118,10 @@ async def test_a_ledger_recreated_while_gc_checks_it_is_not_deleted(tmp_path: Pa
             await ledgers.create(_meta(), ledger_id=ledger_id)
             await b.storage.add_entries(ledger_id, 0, [entry(ledger_id, 0, payload=b"new")],
                                         bind_key=KEY)
-        ledgers.meanwhile = recreate
         gc = GarbageCollector(b.storage, ledgers, GcOptions(rate=0))
+        p = await gc.gc_once()  # a suspect: the next pass checks it and deletes it
+        assert p.ledgers_deleted == 0 and gc.suspects == {lid}
+        ledgers.meanwhile = recreate
         p = await gc.gc_once()
         assert p.ledgers_deleted == 0 and b.storage.list_ledgers() == [lid]
         assert b.storage.read_entry(lid, 0) == entry(lid, 0, payload=b"new")
@@ -172,10 +177,12 @@ async def test_a_ledger_deleted_while_compaction_copies_it(tmp_path: Path) -> No
         await b.storage.checkpoint()
         await ledgers.delete(gone)
         gc = GarbageCollector(b.storage, ledgers, GcOptions(major_threshold=0.9, rate=400))
+        await gc.gc_once()  # ``gone`` a suspect: the pass below deletes it
         async with trio.open_nursery() as nursery:
             nursery.start_soon(gc.gc_once, AdminKind.MAJOR_COMPACTION)
-            while gc.current is None or gc.current.progress.entries_moved < 20:
-                await trio.sleep(0.01)
+            with trio.fail_after(30):  # a pass that ends first would leave us waiting
+                while gc.current is None or gc.current.progress.entries_moved < 20:
+                    await trio.sleep(0.01)
             await ledgers.delete(victim)
             assert await b.storage.delete_ledger(victim)
         assert gc.last is not None and gc.last.error == ""
@@ -220,3 +227,99 @@ async def test_minor_and_major_passes_keep_their_own_intervals(
     assert majors == [1800, 3600, 5400, 7200]
     assert all(t % 300 == 0 and t % 1800 != 0 for t in minors) and len(minors) == 20
     assert sum(1 for _, k in kinds if k == "gc") == len(kinds) - 24
+
+
+async def test_a_root_deleted_recursively_under_a_pass_loses_no_ledger(tmp_path: Path) -> None:
+    """A recursive delete of the root removes ledger znodes before (in no fixed order)
+    the LAYOUT the guard checks: a pass running meanwhile sees ledgers gone while the
+    metadata still looks whole. It only suspects them; by the next pass the LAYOUT is
+    gone too, the guard holds GC back, and nothing is deleted (issue #49)."""
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    ledgers = LedgerManager(store, "/ledgers")
+    held = [(await ledgers.create(_meta()))[0] for _ in range(3)]
+    async with running_bookie(tmp_path) as b:
+        for lid in held:
+            await b.storage.add_entries(lid, 0, [entry(lid, 0, payload=b"x")], bind_key=KEY)
+        gc = GarbageCollector(b.storage, ledgers, GcOptions(rate=0))
+        await gc.gc_once()
+        assert not gc.suspects  # all listed: nothing suspected
+        for lid in held[:2]:  # the recursive delete has reached two ledgers...
+            await ledgers.delete(lid)
+        p = await gc.gc_once()
+        assert p.ledgers_deleted == 0 and gc.frozen == "" and gc.suspects == set(held[:2])
+        await store.delete("/ledgers", recursive=True)  # ...and then the rest
+        p = await gc.gc_once()
+        assert p.ledgers_deleted == 0 and "no cluster" in gc.frozen and not gc.suspects
+        assert sorted(b.storage.list_ledgers()) == sorted(held)
+        for lid in held:
+            assert b.storage.read_entry(lid, 0) == entry(lid, 0, payload=b"x")
+
+
+async def test_only_two_consecutive_trusted_passes_delete_a_ledger(tmp_path: Path) -> None:
+    """A frozen pass between two that find a ledger missing resets the count, and so
+    does a pass that finds it listed again (metadata put back): each time the ledger
+    needs two trusted passes in a row before it goes."""
+    store = InMemoryStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    ledgers = LedgerManager(store, "/ledgers")
+    lid, _ = await ledgers.create(_meta())
+    async with running_bookie(tmp_path) as b:
+        await b.storage.add_entries(lid, 0, [entry(lid, 0, payload=b"x")], bind_key=KEY)
+        await ledgers.delete(lid)
+        gc = GarbageCollector(b.storage, ledgers, GcOptions(rate=0))
+        await gc.gc_once()
+        assert gc.suspects == {lid}
+        await store.create("/ledgers/gcfreeze", b"{}")
+        p = await gc.gc_once()
+        assert p.ledgers_deleted == 0 and "gcfreeze" in gc.frozen and not gc.suspects
+        await store.delete("/ledgers/gcfreeze")
+        p = await gc.gc_once()  # trusted again, but the first of two
+        assert p.ledgers_deleted == 0 and gc.suspects == {lid}
+        await ledgers.create(_meta(), ledger_id=lid)  # listed again (a restore)
+        p = await gc.gc_once()
+        assert p.ledgers_deleted == 0 and not gc.suspects
+        await ledgers.delete(lid)
+        p = await gc.gc_once()
+        assert p.ledgers_deleted == 0 and gc.suspects == {lid}
+        p = await gc.gc_once()
+        assert p.ledgers_deleted == 1 and b.storage.list_ledgers() == []
+        assert not gc.suspects
+
+
+class _DeleteHookStore(InMemoryStore):
+    """Runs ``after_delete(path)`` after each node it deletes, one at a time as a
+    recursive delete goes: a GC pass landing between two of a slow delete's steps."""
+
+    after_delete: Any = None
+
+    async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
+        await super().delete(path, version, recursive=recursive)
+        if self.after_delete is not None:
+            await self.after_delete(path)
+
+
+async def test_delete_root_stops_gc_before_any_ledger_goes(tmp_path: Path) -> None:
+    """``delete_root`` deletes LAYOUT before the rest: even a recursive delete slow
+    enough for two GC passes after each node it removes (more than the two-pass rule
+    covers) loses no ledger, because every pass finds the guard failing."""
+    store = _DeleteHookStore(InMemoryCluster())
+    await init_new_cluster(store, "/ledgers")
+    ledgers = LedgerManager(store, "/ledgers")
+    held = [(await ledgers.create(_meta()))[0] for _ in range(3)]
+    async with running_bookie(tmp_path) as b:
+        for lid in held:
+            await b.storage.add_entries(lid, 0, [entry(lid, 0, payload=b"x")], bind_key=KEY)
+        gc = GarbageCollector(b.storage, ledgers, GcOptions(rate=0))
+        deleted: list[str] = []
+
+        async def two_passes(path: str) -> None:
+            deleted.append(path)
+            for _ in range(2):
+                await gc.gc_once()
+                assert gc.frozen, f"GC trusted the metadata after {path} was deleted"
+
+        store.after_delete = two_passes
+        await delete_root(store, "/ledgers")
+        assert deleted[0] == "/ledgers/LAYOUT" and len(deleted) > len(held)
+        assert gc.ledgers_deleted == 0 and sorted(b.storage.list_ledgers()) == sorted(held)
