@@ -21,8 +21,10 @@ first log entry; the ledger's metadata marks it (``first_log_entry`` is then 1) 
 reader here skips it, so it is not a log entry and has no offset. ``metadata rebuild``
 puts the log back from these headers when no snapshot has it. Ledgers added with
 ``append_ledgers`` (written elsewhere), logs written before headers and logs backed by an
-unbounded ledger have none (``header=False`` leaves them out on purpose: the Kafka
-gateway reads its ledgers by entry id).
+unbounded ledger have none (``header=False`` leaves them out on purpose). A writer may
+add its own bytes to each header (``header_extra``: the Kafka gateway puts its topic
+there, so ``metadata rebuild`` makes the topic record again), and each header records
+the log's ``writers`` count (the writer's term) so a rebuilt log counts on from it.
 
 A position is ``(ledger id, entry id)``; the order of positions is the list's order.
 Every entry also has a dense 64-bit **offset**: the count of entries before it in the
@@ -257,7 +259,7 @@ class LogWriter:
     def __init__(self, logs: Logs, name: str, handle: WriteHandle, *, password: bytes | str,
                  quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int,
                  roll_interval: float = 0.0, unbounded: bool = False, epoch: int = 0,
-                 header: tuple[int, int] | None = None) -> None:
+                 header: tuple[int, int] | None = None, header_extra: bytes = b"") -> None:
         self.logs = logs
         # this writer's term: a ledger-backed log's ``writers`` count after its open (one
         # more than any earlier writer's), an unbounded ledger's term
@@ -274,6 +276,7 @@ class LogWriter:
         self.closed = False
         # (seq, first offset) of the current ledger's log header; None: no headers
         self.header = header
+        self.header_extra = header_extra  # carried by each of its ledgers' headers
 
     @property
     def ledger_id(self) -> int:
@@ -330,7 +333,8 @@ class LogWriter:
             seq, first = self.header
             header = (seq + 1, -1 if first < 0 else first + self._entries(old))
         new = await self.logs._new_ledger(self.name, self.quorums, self.password,
-                                          old.ledger_id, header)
+                                          old.ledger_id, header, writers=self.epoch,
+                                          extra=self.header_extra)
         try:
             await self.logs.store.update(
                 self.name, _append_after(old.ledger_id, (new.ledger_id,), self.name,
@@ -394,7 +398,7 @@ class Logs:
                           password: bytes | str = b"", roll_entries: int = 0,
                           roll_bytes: int = 256 << 20, roll_interval: float = 0.0,
                           unbounded: bool | None = None, create: bool = True,
-                          header: bool = True) -> LogWriter:
+                          header: bool = True, header_extra: bytes = b"") -> LogWriter:
         """Become the log's writer.
 
         A ledger-backed log: fence its last two ledgers, add a new one (CAS). A log backed
@@ -402,8 +406,10 @@ class Logs:
         the kind when the log is created (default: ledgers); for an existing log it must
         match (None: whatever the log is). ``roll_interval`` (seconds) rolls a ledger-backed
         log's ledger by age too, checked after each append. ``header`` (ledger-backed
-        logs): each ledger this writer adds starts with a log header (the module doc);
-        False adds plain ledgers, whose log ``metadata rebuild`` cannot put back."""
+        logs): each ledger this writer adds starts with a log header (the module doc),
+        carrying ``header_extra`` (at most ``logheader.MAX_EXTRA`` bytes: what the caller
+        wants ``metadata rebuild`` to find, e.g. the Kafka gateway's topic); False adds
+        plain ledgers, whose log ``metadata rebuild`` cannot put back."""
         cfg = self.client.config
         quorums = (cfg.ensemble_size if ensemble_size is None else ensemble_size,
                    cfg.write_quorum_size if write_quorum is None else write_quorum,
@@ -426,7 +432,8 @@ class Logs:
             place = (record.next_seq, await self._next_offset(name, record, password)) \
                 if header else None
             handle = await self._new_ledger(name, quorums, password,
-                                            -1 if tail is None else tail, place)
+                                            -1 if tail is None else tail, place,
+                                            writers=record.writers + 1, extra=header_extra)
             try:
                 opened, _ = await self.store.update(name, _append_after(
                     tail, (handle.ledger_id,), name, writer=True,
@@ -443,14 +450,16 @@ class Logs:
             return LogWriter(self, name, handle, password=password, quorums=quorums,
                              roll_entries=roll_entries, roll_bytes=roll_bytes,
                              roll_interval=roll_interval, epoch=opened.writers,
-                             header=place)
+                             header=place, header_extra=header_extra)
         raise LogFencedError(name, "gave up after 10 writers raced to open the log")
 
     async def _new_ledger(self, name: str, quorums: tuple[int, int, int],
                           password: bytes | str, prev: int,
-                          place: tuple[int, int] | None) -> WriteHandle:
+                          place: tuple[int, int] | None, *, writers: int = 0,
+                          extra: bytes = b"") -> WriteHandle:
         """A new ledger for the log; with ``place = (seq, first offset)`` its entry 0 is
-        the log header, written (acknowledged) before the ledger can go onto the list.
+        the log header (with ``writers``, the log's count once it is listed, and
+        ``extra``), written (acknowledged) before the ledger can go onto the list.
         If the header cannot be written the ledger is deleted; if cancelled, a ledger
         with only its header may remain, on no list (``metadata rebuild`` names it)."""
         if place is None:
@@ -462,7 +471,7 @@ class Logs:
             await handle.append(encode_log_header(LogHeader(
                 name=name, seq=place[0], prev_ledger_id=prev, first_offset=place[1],
                 ensemble_size=md.ensemble_size, write_quorum=md.write_quorum,
-                ack_quorum=md.ack_quorum)))
+                ack_quorum=md.ack_quorum, writers=writers, extra=extra)))
         except BaseException:
             with trio.move_on_after(5, shield=True):
                 await handle.abandon()

@@ -20,6 +20,10 @@ configs existed hold only ``partitions``).
   nothing (a partition's data is on its ledgers' bookie ensembles, its leader is
   chosen by rendezvous hashing over the live gateways).
 
+A partition log's ledgers carry their topic in their log header's extra field
+(``TopicOrigin``: the topic's name, the partition, and this record as it was when the
+ledger was made), so ``metadata rebuild`` can make the record again without a snapshot.
+
 Every change is a compare-and-set on the record (:meth:`TopicStore.update`), so a
 partition count that grows, a config change and a low watermark that moves, from any
 gateway, never undo each other. The gateway caches records (``ledgerd/kafka/topics.py``).
@@ -27,27 +31,32 @@ gateway, never undo each other. The gateway caches records (``ledgerd/kafka/topi
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from ledgerd.metadata.cas import cas_update
-from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.errors import CorruptMetadataError, NoNodeError, UnknownFormatError
 from ledgerd.metadata.jsondoc import (
     COUNT,
     INT_LISTS,
     INT_MAP,
     STR,
     STR_MAP,
+    Codec,
     decode,
     encode,
     json_field,
 )
+from ledgerd.metadata.logheader import MAX_EXTRA
 from ledgerd.metadata.paths import KAFKA_TOPICS, kafka_topic_path
-from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["TopicRecord", "TopicStore", "new_topic_id"]
+if TYPE_CHECKING:  # the records are pure (``metadata.rebuild`` plans with them)
+    from ledgerd.metadata.store import MetadataStore
+
+__all__ = ["TopicOrigin", "TopicRecord", "TopicStore", "new_topic_id",
+           "partition_log_name", "topic_origin"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +98,64 @@ class TopicRecord:
         return decode(cls, raw, path)
 
 
+def _record_doc(value: object) -> TopicRecord:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a topic record, got {value!r}")
+    try:
+        return decode(TopicRecord, json.dumps(value).encode(), "record")
+    except (CorruptMetadataError, UnknownFormatError) as exc:
+        raise ValueError(str(exc)) from exc
+
+
+TOPIC_RECORD: Codec[TopicRecord] = Codec(lambda r: json.loads(encode(r)), _record_doc)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicOrigin:
+    """A Kafka partition log's topic, as each of its ledgers' log headers carries it
+    (``extra``): the topic's name, the partition, and the topic record as it was when
+    the ledger was made (configs changed later are not in it)."""
+
+    FORMAT: ClassVar[int] = 1
+    UNVERSIONED: ClassVar[int | None] = None
+
+    topic: str = json_field("kafka_topic", STR)
+    partition: int = json_field("partition", COUNT)
+    record: TopicRecord = json_field("record", TOPIC_RECORD)  # noqa: RUF009 (frozen)
+
+    def to_json(self) -> bytes:
+        return encode(self)
+
+    @classmethod
+    def from_json(cls, raw: bytes, path: str) -> TopicOrigin:
+        return decode(cls, raw, path)
+
+    @classmethod
+    def from_extra(cls, extra: bytes) -> TopicOrigin | None:
+        """The origin a log header's ``extra`` holds (None: none, or not one)."""
+        if not extra.startswith(b"{"):
+            return None
+        try:
+            return cls.from_json(extra, "log header")
+        except (CorruptMetadataError, UnknownFormatError):
+            return None
+
+
+def partition_log_name(topic: str, partition: int) -> str:
+    """The log holding a partition's batches: ``kafka.<topic>.<partition>``."""
+    return f"kafka.{topic}.{partition}"
+
+
+def topic_origin(topic: str, partition: int, record: TopicRecord) -> bytes:
+    """The ``TopicOrigin`` a partition log's ledger header carries (its ``extra``); the
+    configs left out if they would not fit (``logheader.MAX_EXTRA``)."""
+    raw = TopicOrigin(topic=topic, partition=partition, record=record).to_json()
+    if len(raw) > MAX_EXTRA:
+        raw = TopicOrigin(topic=topic, partition=partition,
+                          record=replace(record, configs={}, replicas=())).to_json()
+    return raw
+
+
 def new_topic_id() -> str:
     """A fresh topic id for a record (a random UUID, as Kafka makes them)."""
     return uuid.uuid4().hex
@@ -128,6 +195,8 @@ class TopicStore:
         """Apply ``change`` by compare-and-set; raises NoNodeError if the topic is gone
         and whatever ``change`` raises (nothing written then). If cancelled, the change
         may or may not have been written."""
+        from ledgerd.metadata.cas import cas_update
+
         record, _ = await cas_update(self.store, self.path(topic), change,
                                      decode=TopicRecord.from_json,
                                      encode=TopicRecord.to_json)

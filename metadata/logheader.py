@@ -22,6 +22,18 @@ The header, big-endian (the CRC32C covers every byte before it)::
         | crc32c |
         | int32  |
 
+Version 2 (written since; version 1 is still read, as ``writers`` 0 and no extra) puts
+two fields between the name and the CRC::
+
+    ... name | writers | extra length | extra    | crc32c
+             | int64   | int32        | (bytes)  | int32
+
+``writers`` is the log record's ``writers`` count once this ledger is on the list (the
+writer's term: a rebuilt log keeps counting from it, so a Kafka partition's leader epoch
+never goes back; 0: not known); ``extra`` is what the log's writer asks to carry (at
+most 64 KiB; the Kafka gateway puts its topic there, ``metadata.kafka_topics.TopicOrigin``,
+so ``metadata rebuild`` can make the topic record again).
+
 ``seq`` is the ledger's position in the log counted from the log's creation (ledgers
 truncated away still count: ``LogRecord.first_seq``), so the order is known even after
 truncation; ``prev`` is the ledger listed before it when it was added (-1: the first),
@@ -53,14 +65,15 @@ from construct import (
 
 from ledgerd.base.errors import LedgerdError
 
-__all__ = ["HEADER_KEY", "LOG_HEADER", "LOG_HEADER_FIXED", "MAGIC", "CorruptLogHeaderError",
-           "LogHeader", "decode_log_header", "encode_log_header", "first_log_entry",
-           "payload_of_entry"]
+__all__ = ["HEADER_KEY", "LOG_HEADER", "LOG_HEADER_FIXED", "LOG_HEADER_V2", "MAGIC", "MAX_EXTRA",
+           "CorruptLogHeaderError", "LogHeader", "decode_log_header", "encode_log_header",
+           "first_log_entry", "payload_of_entry"]
 
 MAGIC = b"\x89LDGLOG\n"  # a non-ASCII first byte and a newline, as PNG's magic does
-VERSION = 1
+VERSION = 2  # the version written; 1 (no writers, no extra) is still read
 HEADER_KEY = "ledgerd.log-header"  # custom metadata of a ledger whose entry 0 is a header
 _MAX_NAME = 200  # a log name's limit (``metadata.logs``)
+MAX_EXTRA = 64 << 10  # the extra field's limit (a writer's own data, e.g. a Kafka topic)
 
 LOG_HEADER_FIXED = Struct(
     "magic" / Const(MAGIC),
@@ -74,9 +87,18 @@ LOG_HEADER_FIXED = Struct(
     "name_length" / Int16ub,
 )
 assert LOG_HEADER_FIXED.sizeof() == 39
-LOG_HEADER = Struct(
+LOG_HEADER = Struct(  # version 1
     *LOG_HEADER_FIXED.subcons,
     "name" / Bytes(this.name_length),
+    "crc32c" / Int32ub,
+    Terminated,
+)
+LOG_HEADER_V2 = Struct(
+    *LOG_HEADER_FIXED.subcons,
+    "name" / Bytes(this.name_length),
+    "writers" / Int64sb,
+    "extra_length" / Int32ub,
+    "extra" / Bytes(this.extra_length),
     "crc32c" / Int32ub,
     Terminated,
 )
@@ -99,6 +121,8 @@ class LogHeader:
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
+    writers: int = 0  # the log record's writers count with this ledger on it (0: unknown)
+    extra: bytes = b""  # what the log's writer asked to carry (version 2)
 
     def __post_init__(self) -> None:
         if not 0 < len(self.name.encode()) <= _MAX_NAME:
@@ -109,15 +133,19 @@ class LogHeader:
         if not 255 >= self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1:
             raise ValueError(f"quorums E={self.ensemble_size} Qw={self.write_quorum} "
                              f"Qa={self.ack_quorum} invalid")
+        if self.writers < 0 or len(self.extra) > MAX_EXTRA:
+            raise ValueError(f"writers {self.writers} below 0 or extra of {len(self.extra)} "
+                             f"bytes over {MAX_EXTRA}")
 
 
 def encode_log_header(header: LogHeader) -> bytes:
     name = header.name.encode()
-    body: bytes = LOG_HEADER.build({
+    body: bytes = LOG_HEADER_V2.build({
         "version": VERSION, "seq": header.seq, "prev_ledger_id": header.prev_ledger_id,
         "first_offset": header.first_offset, "ensemble_size": header.ensemble_size,
         "write_quorum": header.write_quorum, "ack_quorum": header.ack_quorum,
-        "name_length": len(name), "name": name, "crc32c": 0})
+        "name_length": len(name), "name": name, "writers": header.writers,
+        "extra_length": len(header.extra), "extra": header.extra, "crc32c": 0})
     crc = int(google_crc32c.value(body[:-_CRC]))
     return body[:-_CRC] + crc.to_bytes(_CRC, "big")
 
@@ -131,17 +159,20 @@ def decode_log_header(payload: bytes) -> LogHeader | None:
     if len(payload) < MIN_SIZE or google_crc32c.value(payload[:-_CRC]) != int.from_bytes(
             payload[-_CRC:], "big"):
         raise CorruptLogHeaderError("log header: CRC32C mismatch or truncated")
+    version = int.from_bytes(payload[len(MAGIC):len(MAGIC) + 2], "big")
+    layout = {1: LOG_HEADER, 2: LOG_HEADER_V2}.get(version)
+    if layout is None:
+        raise CorruptLogHeaderError(f"log header version {version} (this build reads 1 to "
+                                    f"{VERSION})")
     try:
-        doc = LOG_HEADER.parse(payload)
+        doc = layout.parse(payload)
     except ConstructError as exc:
         raise CorruptLogHeaderError(f"log header: {exc}") from exc
-    if doc.version != VERSION:
-        raise CorruptLogHeaderError(f"log header version {doc.version} (this build reads "
-                                    f"{VERSION})")
     try:
         return LogHeader(name=doc.name.decode(), seq=doc.seq, prev_ledger_id=doc.prev_ledger_id,
                          first_offset=doc.first_offset, ensemble_size=doc.ensemble_size,
-                         write_quorum=doc.write_quorum, ack_quorum=doc.ack_quorum)
+                         write_quorum=doc.write_quorum, ack_quorum=doc.ack_quorum,
+                         writers=doc.get("writers", 0), extra=bytes(doc.get("extra", b"")))
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptLogHeaderError(f"log header: {exc}") from exc
 

@@ -43,6 +43,15 @@ a ledger without a header (appended from elsewhere); its ``base`` (the truncatio
 is the first ledger's recorded first offset, so offsets do not move. Ledgers with the
 log's header off the chain (a writer that stopped before adding its new ledger) are
 named, not listed. The rebuilt ledgers keep the header mark, so readers skip entry 0.
+The log's ``writers`` count is the highest its headers record (a Kafka partition's
+leader epoch goes on from there).
+
+**Kafka topics** (``plan_topics``): a Kafka partition log's headers carry its topic
+(``kafka_topics.TopicOrigin``: name, partition, the topic record when the ledger was
+made). A topic neither the live metadata nor the snapshot has gets its record back
+from the newest such header (the highest ledger id: the latest configs any ledger
+recorded), with the partition count at least one past the highest partition seen under
+the same topic id, and each partition's DeleteRecords low watermark the highest seen.
 
 **OPEN snapshot ledgers against the bookies**: a ledger OPEN in the snapshot whose
 bookies show entries on a bookie its last ensemble does not name (an ensemble change
@@ -50,8 +59,8 @@ after the snapshot) gets its later fragments from the bookies; if the live metad
 still has the snapshot's version (``restore`` wrote it), ``LedgerPlan.update`` says to
 write it over (compare-and-set).
 
-What the bookies cannot say (cursors, custom metadata, logs written without headers)
-without a snapshot is in ``Plan.lost``.
+What the bookies cannot say (cursors and Kafka group offsets, custom metadata, logs
+written without headers) without a snapshot is in ``Plan.lost``.
 """
 
 from __future__ import annotations
@@ -64,11 +73,12 @@ from dataclasses import dataclass, field, replace
 
 import google_crc32c
 
+from ledgerd.metadata.kafka_topics import TopicOrigin, TopicRecord, partition_log_name
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.metadata.logheader import HEADER_KEY, LogHeader
 
-__all__ = ["BookieLedger", "LedgerPlan", "LogPlan", "Plan", "detect_digest", "merge_ranges",
-           "plan_ledger", "plan_logs", "plan_rebuild"]
+__all__ = ["BookieLedger", "LedgerPlan", "LogPlan", "Plan", "TopicPlan", "detect_digest",
+           "merge_ranges", "plan_ledger", "plan_logs", "plan_rebuild", "plan_topics"]
 
 _HEADER = 32
 MAX_ORDER_SEARCH = 7  # bookies of a fragment whose orderings are searched (7! = 5040)
@@ -118,6 +128,17 @@ class LogPlan:
     first_seq: int  # the position of the first listed ledger (earlier ones truncated)
     problems: tuple[str, ...] = ()
     left_out: tuple[int, ...] = ()  # ledgers with this log's header, not listed
+    writers: int = 0  # the log record's writers count (the highest its headers record)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    """A Kafka topic record made again from its partition logs' headers."""
+
+    name: str
+    record: TopicRecord
+    ledger_id: int  # the ledger whose header gave the record (the newest)
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +148,8 @@ class Plan:
     skipped_live: int = 0  # ledgers the live metadata already has
     logs: tuple[LogPlan, ...] = ()
     live_logs: tuple[str, ...] = ()  # logs the headers name that the live metadata has
+    topics: tuple[TopicPlan, ...] = ()  # Kafka topic records made from the headers
+    live_topics: tuple[str, ...] = ()  # topics the headers name, live or in the snapshot
 
     @property
     def writable(self) -> list[LedgerPlan]:
@@ -240,9 +263,12 @@ def _split(by_entry: Sequence[tuple[str, ...]], size: int, qw: int, last: int
 
 
 def _ensembles(split: list[tuple[int, dict[str, int]]], holders: Sequence[str], size: int,
-               prior: Sequence[str] = ()) -> list[tuple[int, tuple[str, ...]]]:
+               prior: Sequence[str] = (), others: Sequence[str] = ()
+               ) -> list[tuple[int, tuple[str, ...]]]:
     """Each fragment's ensemble: its placement, positions no entry shows given the
-    previous fragment's bookie there (``prior`` before the first), then other holders."""
+    previous fragment's bookie there (``prior`` before the first), then other holders,
+    then bookies that hold none of it (``others``: a ledger of fewer entries than its
+    ensemble, e.g. a log's ledger holding only its header, shows too few bookies)."""
     out: list[tuple[int, tuple[str, ...]]] = []
     previous = list(prior)
     for first, placement in split:
@@ -252,7 +278,8 @@ def _ensembles(split: list[tuple[int, dict[str, int]]], holders: Sequence[str], 
         for i in range(size):
             if slots[i] is None and i < len(previous) and previous[i] not in slots:
                 slots[i] = previous[i]
-        spare = iter([b for b in sorted(holders) if b not in slots])
+        spare = iter([b for b in [*sorted(holders), *sorted(set(others) - set(holders))]
+                      if b not in slots])
         ensemble = tuple(b for b in (x if x is not None else next(spare, None)
                                      for x in slots) if b is not None)
         out.append((first, ensemble))
@@ -261,7 +288,7 @@ def _ensembles(split: list[tuple[int, dict[str, int]]], holders: Sequence[str], 
 
 
 def _fragments(by_entry: Sequence[tuple[str, ...]], holders: Sequence[str], size: int | None,
-               qw: int, last: int, prior: Sequence[str] = ()
+               qw: int, last: int, prior: Sequence[str] = (), others: Sequence[str] = ()
                ) -> tuple[int, list[tuple[int, tuple[str, ...]]]]:
     """``(E, fragments)``: under ``size`` if known (a snapshot, a log header), else the
     size whose split needs the fewest fragments (ties: the larger). Past
@@ -281,15 +308,16 @@ def _fragments(by_entry: Sequence[tuple[str, ...]], holders: Sequence[str], size
                     split, size = other, e_size
     else:
         split = _split(by_entry, size, min(qw, size), last)
-    return size, _ensembles(split, holders, size, prior)
+    return size, _ensembles(split, holders, size, prior, others)
 
 
 def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
                 snapshot: LedgerMetadata | None = None, digest_type: str = "crc32c",
-                length: int = 0, now_ms: int = 0, header: LogHeader | None = None
-                ) -> LedgerPlan:
+                length: int = 0, now_ms: int = 0, header: LogHeader | None = None,
+                others: Sequence[str] = ()) -> LedgerPlan:
     """The metadata one ledger gets back (see the module doc); ``header`` is its entry
-    0's log header, if it has one."""
+    0's log header, if it has one; ``others``, the bookies that answered (to fill
+    ensemble positions no entry shows)."""
     holders = tuple(sorted(h.bookie_id for h in held))
     problems: list[str] = []
     assumed: list[str] = []
@@ -336,7 +364,7 @@ def plan_ledger(ledger_id: int, held: Sequence[BookieLedger], *,
         assumed.append(f"ack_quorum {qa} (bookies do not record it; the safest for "
                        f"recovery)")
     prior = snapshot.ensembles[-1][1] if snapshot is not None else ()
-    e_size, ensembles = _fragments(by_entry, holders, size, qw, last, prior)
+    e_size, ensembles = _fragments(by_entry, holders, size, qw, last, prior, others)
     if e_size > MAX_ORDER_SEARCH:
         assumed.append(f"ensemble order sorted ({e_size} bookies: orderings not searched)")
     if snapshot is not None:
@@ -430,7 +458,37 @@ def plan_logs(headers: Mapping[int, LogHeader], ends: Mapping[int, int], *,
                             "the chain (a writer that stopped before adding its new ledger, "
                             "or ledgers before a gap): left out of the log, kept as ledgers")
         out.append(LogPlan(name, tuple(chain), base, mine[chain[0]].seq, tuple(problems),
-                           left))
+                           left, max(mine[lid].writers for lid in chain)))
+    return tuple(out)
+
+
+def plan_topics(headers: Mapping[int, LogHeader], *, known: Collection[str] = ()
+                ) -> tuple[TopicPlan, ...]:
+    """The Kafka topic records the headers carry (``TopicOrigin``) for topics not in
+    ``known`` (live or in the snapshot), by name (the module doc)."""
+    by_topic: dict[str, dict[int, TopicOrigin]] = {}
+    for lid, h in headers.items():
+        origin = TopicOrigin.from_extra(h.extra) if h.extra else None
+        if origin is not None and h.name == partition_log_name(origin.topic, origin.partition):
+            by_topic.setdefault(origin.topic, {})[lid] = origin
+    out: list[TopicPlan] = []
+    for name in sorted(set(by_topic) - set(known)):
+        mine = by_topic[name]
+        newest = max(mine)
+        record = mine[newest].record
+        same = [o for o in mine.values() if o.record.topic_id == record.topic_id]
+        problems: list[str] = []
+        others = sorted({o.record.topic_id for o in mine.values()} - {record.topic_id})
+        if others:
+            problems.append(f"ledgers of an earlier topic of this name (id(s) {others}) "
+                            "left out of the record")
+        partitions = max(record.partitions, max(o.partition for o in same) + 1)
+        starts: dict[int, int] = {}
+        for o in same:
+            for p, offset in o.record.log_start.items():
+                starts[p] = max(starts.get(p, 0), offset)
+        out.append(TopicPlan(name, replace(record, partitions=partitions, log_start=starts),
+                             newest, tuple(problems)))
     return tuple(out)
 
 
@@ -447,6 +505,8 @@ class RebuildInput:
     now_ms: int = 0
     headers: Mapping[int, LogHeader] = field(default_factory=dict)  # entry 0 log headers
     live_logs: frozenset[str] = frozenset()
+    live_topics: frozenset[str] = frozenset()  # Kafka topics the live metadata has
+    snapshot_topics: frozenset[str] = frozenset()  # Kafka topics the snapshot has
 
 
 def plan_rebuild(given: RebuildInput) -> Plan:
@@ -455,10 +515,11 @@ def plan_rebuild(given: RebuildInput) -> Plan:
     fragments the bookies show after the snapshot's (``update``); then the logs the
     ledgers' headers name that neither the live metadata nor the snapshot has."""
     wanted = sorted((set(given.held) | set(given.snapshot)) - given.live)
+    answered = sorted({h.bookie_id for held in given.held.values() for h in held})
     plans = [plan_ledger(lid, given.held.get(lid, ()), snapshot=given.snapshot.get(lid),
                          digest_type=given.digests.get(lid, "crc32c"),
                          length=given.lengths.get(lid, 0), now_ms=given.now_ms,
-                         header=given.headers.get(lid))
+                         header=given.headers.get(lid), others=answered)
              for lid in wanted]
     skipped = len((set(given.held) | set(given.snapshot)) & given.live)
     for lid in sorted(set(given.snapshot) & given.live & set(given.held)):
@@ -479,18 +540,27 @@ def plan_rebuild(given: RebuildInput) -> Plan:
             for lid, held in given.held.items()}
     ends.update({p.ledger_id: p.end for p in plans})
     named = {n.rsplit("/", 1)[-1] for n in given.snapshot_logs}
-    logs = plan_logs(given.headers, ends, live=given.live_logs | named)
+    # A ledger not rebuilt is on no log (its log starts after it, as after a gap).
+    unwritten = {p.ledger_id for p in plans if p.metadata is None}
+    logs = plan_logs({lid: h for lid, h in given.headers.items() if lid not in unwritten},
+                     ends, live=given.live_logs | named)
+    known_topics = given.live_topics | given.snapshot_topics
+    topics = plan_topics(given.headers, known=known_topics)
     lost: list[str] = []
     if not given.snapshot:
-        lost.append("cursors (consumers' positions); Kafka topics and group offsets; custom "
-                    "metadata; ack quorums of ledgers without a log header (no snapshot "
-                    "given)")
-        lost.append("logs whose ledgers carry no log header: written before headers, "
-                    "ledgers added with append_ledgers, logs of one unbounded ledger, "
-                    "the Kafka gateway's partition logs (no snapshot given)")
+        lost.append("cursors (consumers' positions) and Kafka group offsets; Kafka "
+                    "transaction records and partition flags; custom metadata; ack quorums "
+                    "of ledgers without a log header (no snapshot given)")
+        lost.append("logs whose ledgers carry no log header: written before headers "
+                    "(Kafka partitions included), ledgers added with append_ledgers, logs "
+                    "of one unbounded ledger; Kafka topics none of whose ledgers has a "
+                    "header (no snapshot given)")
+    named_topics = {o.topic for h in given.headers.values() if h.extra
+                    for o in (TopicOrigin.from_extra(h.extra),) if o is not None}
     return Plan(tuple(plans), tuple(lost), skipped, logs,
                 tuple(sorted({h.name for h in given.headers.values()}
-                             & (given.live_logs | named))))
+                             & (given.live_logs | named))), topics,
+                tuple(sorted(named_topics & known_topics)))
 
 
 __all__ += ["RebuildInput"]

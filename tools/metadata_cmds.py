@@ -525,11 +525,16 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
                      "first_seq": lp.first_seq, "problems": list(lp.problems),
                      "left_out": list(lp.left_out)} for lp in the_plan.logs],
            "logs_live": list(the_plan.live_logs),
+           "kafka_topics": [{"name": tp.name, "from_ledger": tp.ledger_id,
+                             "record": json.loads(tp.record.to_json()),
+                             "problems": list(tp.problems)} for tp in the_plan.topics],
+           "kafka_topics_live": list(the_plan.live_topics),
            "corrupt_log_headers": {str(k): v for k, v in gathered.corrupt_headers.items()}}
     lines = [f"rebuild of {_zk(ctx)}{root}: {len(the_plan.writable)} ledger(s) to write, "
              f"{len(the_plan.ledgers) - len(the_plan.writable)} not rebuildable, "
              f"{the_plan.skipped_live} already in the live metadata, "
-             f"{len(the_plan.logs)} log(s) from their ledgers' headers"]
+             f"{len(the_plan.logs)} log(s) and {len(the_plan.topics)} Kafka topic(s) from "
+             f"their ledgers' headers"]
     if the_plan.ledgers:
         # Ledgers with problems first; at most --rows of them (--json lists every one).
         shown = sorted(the_plan.ledgers, key=lambda p: (not p.problems, p.ledger_id))
@@ -547,6 +552,15 @@ def rebuild_cmd(ctx: click.Context, snapshot_file: Path | None, bookies: str,
     if the_plan.live_logs:
         lines.append(f"logs already in the live metadata (left alone): "
                      f"{', '.join(the_plan.live_logs)}")
+    for tp in the_plan.topics:
+        configs = ",".join(f"{k}={v}" for k, v in sorted(tp.record.configs.items())) or "-"
+        lines.append(f"kafka topic {tp.name}: {tp.record.partitions} partition(s), id "
+                     f"{tp.record.topic_id or '-'}, configs {configs} (from ledger "
+                     f"{tp.ledger_id}'s header); group offsets lost"
+                     + "".join(f"; {what}" for what in tp.problems))
+    if the_plan.live_topics:
+        lines.append(f"kafka topics live or in the snapshot (left alone): "
+                     f"{', '.join(the_plan.live_topics)}")
     for lid, why in sorted(gathered.corrupt_headers.items()):
         lines.append(f"ledger {lid}: entry 0 is a corrupt log header ({why}): its log is "
                      "not rebuilt from it")

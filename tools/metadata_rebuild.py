@@ -8,8 +8,9 @@ nor the snapshot describes is read to learn its digest type and whether it is a 
 header (``metadata.logheader``). The plan is printed; with ``--apply`` the cluster root
 is made if missing (with the bookies' instance id, LAYOUT last), the GC freeze flag
 set, the ledgers written (a restored OPEN ledger the bookies show moved on is written
-over, by compare-and-set), the id counter advanced past them, and the logs the headers
-name written (no cursors).
+over, by compare-and-set), the id counter advanced past them, the logs the headers
+name written (no cursors), and the Kafka topic records their headers carry (topics
+neither live nor in the snapshot; no group offsets).
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
                snap: Snapshot | None) -> Plan:
     """The plan: live ledgers are left alone; digest types are read from the bookies
     (entry 0) for ledgers the snapshot does not describe."""
+    from ledgerd.metadata.kafka_topics import TopicStore
     from ledgerd.metadata.ledgers import LedgerManager
     from ledgerd.metadata.logheader import (
         CorruptLogHeaderError,
@@ -229,6 +231,7 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
         payload_of_entry,
     )
     from ledgerd.metadata.logs import LogStore
+    from ledgerd.metadata.paths import kafka_root
     from ledgerd.metadata.rebuild import detect_digest
 
     live: set[int] = set()
@@ -255,13 +258,20 @@ async def plan(store: MetadataStore | None, root: str, layout: str, gathered: Ga
     logs = [n.path for n in snap.nodes if category(n.path, snap_layout) == "logs"] if snap \
         else []
     live_logs: list[str] = []
+    live_topics: list[str] = []
     if live:
         live_logs = await LogStore(store, f"{root.rstrip('/')}/logs").names() \
             if store is not None else []
+    if store is not None and await store.exists(root) is not None:
+        live_topics = await TopicStore(store, kafka_root(root)).names()
+    snap_topics = [n.path.rsplit("/", 1)[-1] for n in snap.nodes
+                   if category(n.path, snap_layout) == "kafka_topics"] if snap else []
     return plan_rebuild(RebuildInput(held=gathered.held, live=frozenset(live), snapshot=known,
                                      digests=digests, snapshot_logs=logs,
                                      now_ms=int(time.time() * 1000), headers=headers,
-                                     live_logs=frozenset(live_logs)))
+                                     live_logs=frozenset(live_logs),
+                                     live_topics=frozenset(live_topics),
+                                     snapshot_topics=frozenset(snap_topics)))
 
 
 async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str,
@@ -273,9 +283,11 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
     from ledgerd.metadata.backup import advance_counter, create_nodes, set_freeze
     from ledgerd.metadata.cluster import FIXED_NODES, _layout_bytes
     from ledgerd.metadata.errors import NodeExistsError
+    from ledgerd.metadata.kafka_topics import TopicStore
     from ledgerd.metadata.ledger import LedgerState
     from ledgerd.metadata.ledgers import LedgerManager
     from ledgerd.metadata.logs import LogRecord, LogStore
+    from ledgerd.metadata.paths import kafka_root
 
     has_layout = await store.exists(f"{root}/LAYOUT") is not None
     if not has_layout:
@@ -367,9 +379,16 @@ async def apply_plan(store: MetadataStore, root: str, layout: str, instance: str
     logs = LogStore(store, f"{root.rstrip('/')}/logs")
     for lp in the_plan.logs:
         try:
-            await logs.create(lp.name, LogRecord(lp.ledgers, lp.base, first_seq=lp.first_seq))
+            await logs.create(lp.name, LogRecord(lp.ledgers, lp.base, first_seq=lp.first_seq,
+                                                 writers=lp.writers))
         except NodeExistsError:
             pass  # created meanwhile: left alone
+    topics = TopicStore(store, kafka_root(root))
+    for tp in the_plan.topics:
+        try:
+            await topics.create(tp.name, tp.record)
+        except NodeExistsError:
+            pass  # created meanwhile (a gateway, an operator): left alone
     if not has_layout:
         await store.create(f"{root}/LAYOUT", _layout_bytes(layout))
     return written

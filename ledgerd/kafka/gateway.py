@@ -107,7 +107,7 @@ from ledgerd.metadata.errors import (
 from ledgerd.metadata.kafka_acls import ResourceType
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
 from ledgerd.metadata.kafka_groups import GroupStore, group_znode
-from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore, new_topic_id
+from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore, new_topic_id, topic_origin
 from ledgerd.metadata.logs import CursorRecord
 from ledgerd.metadata.paths import kafka_root
 from ledgerd.metadata.store import SessionEvent
@@ -735,10 +735,32 @@ class Gateway:
                 self.client, topic, p, self.part_settings, self.nursery,
                 authority=lambda: self.may_lead(key))
             part.txn_flag = lambda offset: self.txn.partition_flag(topic, p, offset)
+            part.origin = lambda: self._topic_origin(topic, p)
         record = self.topic_store.cached(topic)
         if record is not None:  # DeleteRecords' low watermark, from any gateway
             part.floor = record.start_of(p)
+            if record is not part.origin_record:
+                # the topic as the partition's next ledger header carries it (configs
+                # changed since the writer opened go into the ledgers made after)
+                part.origin_record = record
+                part.header_extra = topic_origin(topic, p, record)
+                if part.writer is not None:
+                    part.writer.header_extra = part.header_extra
         return part
+
+    async def _topic_origin(self, topic: str, p: int) -> bytes:
+        """What each new ledger of the partition's log carries of its topic in its log
+        header (``TopicOrigin``: ``metadata rebuild`` makes the topic record again from
+        it), the record read now and given its topic id first if it has none; b"" if
+        the topic is gone."""
+        await self.topic_store.topic_id(topic)
+        record = await self.topic_store.get(topic, fresh=True)
+        if record is None:
+            return b""
+        part = self.partitions.get((topic, p))
+        if part is not None:
+            part.origin_record = record
+        return topic_origin(topic, p, record)
 
     # -- handlers -----------------------------------------------------------------------
 
@@ -1331,7 +1353,7 @@ class Gateway:
             if lid:
                 for seg in await self.client.logs.layout(name):
                     if seg.ledger_id == lid and seg.first_offset is not None:
-                        entry_offset = seg.first_offset + eid
+                        entry_offset = seg.first_offset + eid - seg.first_entry
         except LedgerdError:
             pass  # the position is a hint for ledgerd readers; the Kafka offset is kept
         try:

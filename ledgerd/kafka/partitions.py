@@ -2,7 +2,12 @@
 
 Partition ``p`` of topic ``t`` is the log ``kafka.<t>.<p>`` (ledger-backed). Each
 produced RecordBatch is one entry, stored byte for byte with its baseOffset set to the
-Kafka offset of its first record, so the entries themselves are the offset index:
+Kafka offset of its first record, so the entries themselves are the offset index.
+Each ledger the gateway adds starts with a log header (``metadata.logheader``: entry
+0, carrying the topic, ``TopicOrigin``, so ``metadata rebuild`` brings back the log and
+the topic without a snapshot); such a ledger's batches start at entry 1. The ledger's
+custom metadata says which (``first_log_entry``, read once per ledger): ledgers written
+before headers hold batches from entry 0, and both kinds may share a log.
 
 - The *high watermark* is the next offset after the last acknowledged entry. The
   partition's leader (the gateway that owns it) is its authority: while it writes, the
@@ -19,10 +24,10 @@ Kafka offset of its first record, so the entries themselves are the offset index
   opening the log for writing (which fences and closes the previous ledgers), the end
   is read from freshly read, CLOSED metadata; read handles opened before that recovery
   are dropped, never asked.
-- *Locating* an offset finds the ledger whose entry 0 starts at or before it (entry 0
-  of each ledger is read once and cached), then the entry by binary search over that
-  ledger's entries (a handful of reads), and remembers "next offset -> entry" so a
-  consumer reading on does no search at all.
+- *Locating* an offset finds the ledger whose first batch starts at or before it (that
+  batch's header is read once per ledger and cached), then the entry by binary search
+  over that ledger's entries (a handful of reads), and remembers "next offset -> entry"
+  so a consumer reading on does no search at all.
 - The writing gateway keeps its recently acknowledged batches in a bounded tail cache,
   so consumers at the tail are served without a bookie read.
 
@@ -73,7 +78,9 @@ from ledgerd.kafka.records import BatchHeader, with_base_offset
 from ledgerd.kafka.timestamps import first_at_or_after
 from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
 from ledgerd.metadata.errors import NoNodeError
+from ledgerd.metadata.kafka_topics import partition_log_name
 from ledgerd.metadata.ledger import LedgerState
+from ledgerd.metadata.logheader import first_log_entry
 
 if TYPE_CHECKING:
     from ledgerd.client import Client
@@ -88,7 +95,7 @@ START_TTL_S = 1.0  # the log's first offset is read again after this long
 
 
 def log_name(topic: str, partition: int) -> str:
-    return f"kafka.{topic}.{partition}"
+    return partition_log_name(topic, partition)
 
 
 class OffsetOutOfRangeError(LedgerdError):
@@ -148,8 +155,16 @@ class PartitionLog:
         self.appending = False
         self.changed = trio.Event()  # set (and replaced) whenever acked_end moves
         self.room = trio.Event()  # set (and replaced) whenever the appender takes a group
-        self.first_offsets: dict[int, int | None] = {}  # ledger -> offset of entry 0
-        self.first_epochs: dict[int, int] = {}  # ledger -> leader epoch of entry 0
+        # ledger -> the entry id of its first batch: 1 below a log header, else 0
+        self.first_entries: dict[int, int] = {}
+        self.first_offsets: dict[int, int | None] = {}  # ledger -> offset of its 1st batch
+        self.first_epochs: dict[int, int] = {}  # ledger -> leader epoch of its 1st batch
+        # what each new ledger's log header carries of the topic (``TopicOrigin`` JSON):
+        # ``origin`` reads it when the writer opens (set by the gateway), which also
+        # keeps ``header_extra`` (and the writer's) current as the topic record changes
+        self.origin: Callable[[], Awaitable[bytes]] | None = None
+        self.header_extra = b""
+        self.origin_record: object = None  # the topic record header_extra was made from
         self._epoch: tuple[float, int] | None = None  # the log's epoch as read, and when
         # ledger -> (largest max timestamp, its entry, last entry scanned): MAX_TIMESTAMP
         self.max_times: dict[int, tuple[int, int, int]] = {}
@@ -349,7 +364,7 @@ class PartitionLog:
                 last = await self._last_entry(lid)
             except NoSuchLedgerError:
                 continue
-            first = max(0, last - (PRODUCER_SCAN - len(found)) + 1)
+            first = max(await self._first_entry(lid), last - (PRODUCER_SCAN - len(found)) + 1)
             h = await self._handle(lid)
             eid = last
             while eid >= first:
@@ -389,9 +404,12 @@ class PartitionLog:
                 return
             generation = self.generation
             s = self.settings
+            if self.origin is not None:
+                self.header_extra = await self.origin()
             writer = await self.client.logs.open_writer(
                 self.name, s.ensemble_size, s.write_quorum, s.ack_quorum,
-                roll_bytes=s.roll_bytes, create=True, header=False)
+                roll_bytes=s.roll_bytes, create=True, header=True,
+                header_extra=self.header_extra)
             try:
                 # Handles opened before the recovery above see the old writer's ledger
                 # OPEN at a LAC that may lag its last acknowledged entry: drop them.
@@ -566,17 +584,29 @@ class PartitionLog:
             return await rh.read_lac()
         return h.last_add_confirmed
 
+    async def _first_entry(self, lid: int) -> int:
+        """The entry id of the ledger's first batch: 1 when entry 0 is a log header (its
+        metadata says so), else 0; read once per ledger."""
+        got = self.first_entries.get(lid)
+        if got is None:
+            h = await self._handle(lid)
+            got = self.first_entries[lid] = first_log_entry(h.metadata.custom_metadata)
+            while len(self.first_entries) > 4096:  # a memory, not a registry
+                self.first_entries.pop(next(iter(self.first_entries)))
+        return got
+
     async def _header(self, lid: int, eid: int) -> BatchHeader:
         h = await self._handle(lid)
         return BatchHeader.parse((await h.read_batch(eid, eid))[0].payload)
 
     async def _first_offset(self, lid: int) -> int | None:
-        """The offset of the ledger's entry 0 (None: the ledger holds no entry yet)."""
+        """The offset of the ledger's first batch (None: it holds no batch yet)."""
         if lid in self.first_offsets:
             return self.first_offsets[lid]
-        if await self._last_entry(lid) < 0:
+        first_entry = await self._first_entry(lid)
+        if await self._last_entry(lid) < first_entry:
             return None
-        header = await self._header(lid, 0)
+        header = await self._header(lid, first_entry)
         first = header.base_offset
         self.first_offsets[lid] = first
         self.first_epochs[lid] = header.leader_epoch
@@ -592,7 +622,7 @@ class PartitionLog:
                 last = await self._last_entry(lid)
             except NoSuchLedgerError:
                 continue
-            if last >= 0:
+            if last >= await self._first_entry(lid):
                 return (await self._header(lid, last)).next_offset
         return 0
 
@@ -613,7 +643,7 @@ class PartitionLog:
             if not h.is_closed:
                 raise LogFencedError(self.name, f"ledger {lid} is open again: another "
                                                 "writer is taking the log over")
-            if h.last_add_confirmed >= 0:
+            if h.last_add_confirmed >= first_log_entry(h.metadata.custom_metadata):
                 return (await self._header(lid, h.last_add_confirmed)).next_offset
         return 0
 
@@ -788,7 +818,7 @@ class PartitionLog:
             return hit
         md = await self.client.ledger_metadata(ledger_id)
         newest = -1
-        if md.last_entry_id >= 0:
+        if md.last_entry_id >= first_log_entry(md.custom_metadata):
             newest = (await self._header(ledger_id, md.last_entry_id)).max_timestamp
         if md.is_closed:
             self.summaries[ledger_id] = (md.length, newest)
@@ -808,7 +838,7 @@ class PartitionLog:
             first = await self._first_offset(lid)
             if first is None or first > offset:
                 continue
-            lo, hi = 0, await self._last_entry(lid)
+            lo, hi = await self._first_entry(lid), await self._last_entry(lid)
             while lo < hi:  # the last entry whose base offset is <= offset
                 mid = (lo + hi + 1) // 2
                 if (await self._header(lid, mid)).base_offset <= offset:
@@ -975,9 +1005,10 @@ class PartitionLog:
         last readable entry (the LAC while open: nothing unconfirmed)."""
         for lid in await self._ledgers():
             last = await self._last_entry(lid)
-            if last < 0 or (await self._header(lid, last)).max_timestamp < timestamp:
+            lo = await self._first_entry(lid)
+            if last < lo or (await self._header(lid, last)).max_timestamp < timestamp:
                 continue
-            lo, hi = 0, last
+            hi = last
             while lo < hi:
                 mid = (lo + hi) // 2
                 if (await self._header(lid, mid)).max_timestamp >= timestamp:
@@ -1005,7 +1036,7 @@ class PartitionLog:
                 last = await self._last_entry(lid)
             except NoSuchLedgerError:
                 continue
-            ts, eid, upto = self.max_times.get(lid, (-1, -1, -1))
+            ts, eid, upto = self.max_times.get(lid, (-1, -1, await self._first_entry(lid) - 1))
             if upto < last:
                 h = await self._handle(lid)
                 at = upto + 1

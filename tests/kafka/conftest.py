@@ -120,10 +120,12 @@ def kafka_cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathF
 
 @contextmanager
 def running_cluster(base: Path, zk: str, n: int, gateway: GatewayProcess,
-                    ) -> Iterator[KafkaCluster]:
-    """``n`` registered bookie processes and ``gateway`` started; all killed after."""
+                    settings: dict[str, object] | None = None) -> Iterator[KafkaCluster]:
+    """``n`` registered bookie processes (``settings`` added to theirs) and ``gateway``
+    started; all killed after."""
     bookies = [BookieProcess(base / f"bookie{i}", zk, settings={
-        "zk_timeout_ms": 4000, "journal_prealloc_mb": 4}) for i in range(n)]
+        "zk_timeout_ms": 4000, "journal_prealloc_mb": 4, **(settings or {})})
+        for i in range(n)]
 
     async def up() -> None:
         async with metadata_store(zk) as store:

@@ -6,8 +6,10 @@ the running gateway is left alone)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.kafka.conftest import KafkaCluster
@@ -97,3 +99,108 @@ def test_a_gateway_does_not_recreate_a_lost_root_and_serves_again_after_a_restor
         kcat(cluster, "-P", "-t", "lost", stdin="after\n")
         got = kcat(cluster, "-C", "-t", "lost", "-o", "beginning", "-e")
         assert got.split() == [f"m{i}" for i in range(5)] + ["after"]
+
+
+def test_a_topic_comes_back_from_its_ledgers_headers_without_a_snapshot(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """Issue 49 without a snapshot: a topic produced to by a stock client (acks=all),
+    its gateway killed, the root deleted, ``metadata rebuild --apply`` from the bookies
+    alone: the topic record (partitions, id, configs) and its partition logs come back
+    from the ledgers' log headers, and a restarted gateway serves every acknowledged
+    message at its original offset (group offsets are lost, as documented)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kazoo.client import KazooClient
+
+    from ledgerd.metadata.kafka_topics import TopicRecord
+    from ledgerd.metadata.logs import LogRecord
+    from tests.kafka.conftest import GatewayProcess, running_cluster
+
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("s" * 64)
+    secret.chmod(0o600)
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log")
+    hosts, chroot = zk_chroot.split("/", 1)
+    root = f"/{chroot}/ledgers"
+    topic = "dr.headers"
+    with running_cluster(tmp_path, zk_chroot, 3, gw,
+                         {"cluster_secret_file": str(secret), "gc_wait_time_ms": 1000}
+                         ) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1,
+                                      config={"retention.ms": "86400000"})]
+                            )[topic].result(BOUND_S)
+        acked: dict[tuple[int, int], bytes] = {}
+
+        def produce(first: int, n: int, size: int) -> None:
+            producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
+                                 "linger.ms": 5})
+
+            def done(err: object, msg: object) -> None:
+                assert err is None, err
+                acked[(msg.partition(), msg.offset())] = msg.value()  # type: ignore[attr-defined]
+            for i in range(first, first + n):
+                producer.produce(topic, value=b"%05d" % i + bytes(size), partition=i % 3,
+                                 on_delivery=done)
+            assert producer.flush(BOUND_S) == 0
+
+        # 1.2 MB a partition: each log rolls past its first 1 MiB ledger (every ledger
+        # with its header); then a second writer per partition (the epoch goes on)
+        produce(0, 150, 24_000)
+        cluster.gateway.restart()
+        produce(150, 150, 500)
+        assert len(acked) == 300
+        zk = KazooClient(hosts=hosts, timeout=10)
+        zk.start(timeout=30)
+        try:
+            before = TopicRecord.from_json(zk.get(f"{root}/kafka/topics/{topic}")[0], topic)
+            assert before.topic_id and before.configs == {"retention.ms": "86400000"}
+            logs = {p: LogRecord.from_json(zk.get(f"{root}/logs/kafka.{topic}.{p}")[0], "")
+                    for p in range(3)}
+            assert all(len(r.ledgers) >= 3 for r in logs.values()), logs  # rolled
+            cluster.gateway.stop(signal.SIGKILL)  # its ledgers left open
+            zk.delete(f"{root}/LAYOUT")  # first: every bookie's GC stops at once
+            zk.delete(root, recursive=True)
+        finally:
+            zk.stop()
+
+        named = ",".join(b.address for b in cluster.bookies)
+        done = shell(zk_chroot, "metadata", "rebuild", "--bookies", named)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"kafka topic {topic}: 3 partition(s), id {before.topic_id}, configs " \
+               "retention.ms=86400000" in done.stdout, done.stdout
+        done = shell(zk_chroot, "metadata", "rebuild", "--bookies", named, "--apply",
+                     "--secret-file", str(secret), "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        doc = json.loads(done.stdout)
+        assert [t["name"] for t in doc["kafka_topics"]] == [topic], doc["kafka_topics"]
+        (tmp_path / "rebuild.json").write_text(done.stdout)
+        assert not any(v.startswith("not closed") for v in doc["closed"].values()), doc
+        # every ledger of every partition log written back, closed where it ended
+        assert {lid for r in logs.values() for lid in r.ledgers} <= {
+            int(k) for k in doc["closed"]}, doc
+        zk = KazooClient(hosts=hosts, timeout=10)
+        zk.start(timeout=30)
+        try:
+            after = TopicRecord.from_json(zk.get(f"{root}/kafka/topics/{topic}")[0], topic)
+            assert after == before
+            for p in range(3):
+                got = LogRecord.from_json(zk.get(f"{root}/logs/kafka.{topic}.{p}")[0], "")
+                assert (got.ledgers, got.writers) == (logs[p].ledgers, logs[p].writers)
+        finally:
+            zk.stop()
+
+        cluster.gateway.start()
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "dr-h",
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
+        got: dict[tuple[int, int], bytes] = {}
+        deadline = time.monotonic() + BOUND_S
+        while len(got) < len(acked) and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                got[(m.partition(), m.offset())] = m.value()
+        consumer.close()
+        assert got == acked
+        produce(300, 3, 10)  # and it writes on after them
+        assert len(acked) == 303 and max(o for p, o in acked if p == 0) == 100

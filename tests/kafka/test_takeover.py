@@ -120,3 +120,62 @@ async def test_a_writer_that_may_not_lead_or_was_taken_over_answers_no_stale_seq
         assert await produce(a, _idempotent(6)) == (0, 6)
         assert await a.high_watermark() == 8
         nursery.cancel_scope.cancel()
+
+
+async def test_a_log_of_ledgers_without_headers_then_with_them_reads_as_one(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str) -> None:
+    """Older data: a partition log whose first ledger was written before headers (its
+    batches from entry 0), then a ledger this gateway adds (entry 0 its log header, the
+    topic in it; batches from entry 1). Every reader maps the same offsets: reads,
+    locate, the start, timestamps, MAX_TIMESTAMP, epochs."""
+    from ledgerd.kafka.records import BatchHeader, with_base_offset
+    from ledgerd.metadata.kafka_topics import TopicOrigin, TopicRecord, topic_origin
+    from ledgerd.metadata.logheader import decode_log_header, first_log_entry
+
+    await start_bookies(bookie_factory, zk_chroot, 3)
+    async with ledgerd.open_client(zk_chroot) as ca, ledgerd.open_client(zk_chroot) as cb, \
+            trio.open_nursery() as nursery:
+        old = await ca.logs.open_writer("kafka.mixed.0", 3, 2, 2, header=False)
+        await old.append_many([with_base_offset(_batch(3), 0, old.epoch),
+                               with_base_offset(_batch(3), 3, old.epoch)])
+        await old.close()
+        record = TopicRecord(partitions=1, topic_id="ab" * 16)
+        new = PartitionLog(ca, "mixed", 0, SETTINGS, nursery)
+
+        async def origin() -> bytes:
+            return topic_origin("mixed", 0, record)
+        new.origin = origin
+        for _ in range(2):
+            item = new.enqueue(_split(_batch(2)), nursery)  # type: ignore[arg-type]
+            await item.done.wait()
+            assert item.error is None
+        assert new.acked_end == 10
+        first, second = await ca.logs.ledgers("kafka.mixed.0")
+        md = await ca.ledger_metadata(second)
+        assert first_log_entry(md.custom_metadata) == 1
+        assert first_log_entry((await ca.ledger_metadata(first)).custom_metadata) == 0
+        assert new.writer is not None and new.writer.ledger_id == second
+        rh = new.writer.handle  # (open: a reader's LAC lags the writer's)
+        header = decode_log_header((await rh.read_batch(0, 0))[0].payload)
+        assert header is not None and header.writers == 2
+        assert TopicOrigin.from_extra(header.extra) == TopicOrigin(topic="mixed", partition=0,
+                                                                   record=record)
+        assert BatchHeader.parse((await rh.read_batch(1, 1))[0].payload).base_offset == 6
+        await new.release()  # closed: another gateway reads it to its end
+        reader = PartitionLog(cb, "mixed", 0, SETTINGS, nursery)
+        assert await reader.high_watermark() == 10 and await reader.start_offset() == 0
+        assert [await reader.locate(o) for o in (0, 4, 6, 9)] == [
+            (first, 0), (first, 1), (second, 1), (second, 2)]
+        offsets = []
+        at = 0
+        while at < 10:
+            raw, _ = await reader.read(at, 1 << 20)
+            batches = _split(raw)
+            offsets += [h.base_offset for h, _ in batches]  # type: ignore[attr-defined]
+            at = batches[-1][0].next_offset  # type: ignore[attr-defined]
+        assert offsets == [0, 3, 6, 8]
+        assert await reader.offset_for_time(1_700_000_000_001) == (1_700_000_000_001, 1)
+        assert await reader.offset_of_max_timestamp() == (1_700_000_000_002, 2)
+        assert [o for _, o in await reader.epoch_starts()] == [0, 6]
+        assert (await reader.ledger_summary(second))[1] == 1_700_000_000_001
+        nursery.cancel_scope.cancel()

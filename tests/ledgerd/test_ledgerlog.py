@@ -34,7 +34,8 @@ async def test_writer_rolls_and_the_log_reads_back_in_order(zk_chroot: str,
             header = decode_log_header((await rh.read_batch(0, 0))[0].payload)
             assert header == LogHeader(name="events", seq=i, first_offset=100 * i,
                                        prev_ledger_id=ledgers[i - 1] if i else -1,
-                                       ensemble_size=3, write_quorum=2, ack_quorum=2)
+                                       ensemble_size=3, write_quorum=2, ack_quorum=2,
+                                       writers=1)  # one writer's term, across its rolls
         got = [e.payload async for e in client.logs.read("events", b"pw")]
         assert got == [f"e{i}".encode() for i in range(250)]
         seen = []
@@ -70,7 +71,7 @@ async def test_a_new_writer_fences_the_old_one(zk_chroot: str, tmp_path: Path) -
         rh = await client.open_ledger(second, b"pw", recovery=False)
         assert decode_log_header((await rh.read_batch(0, 0))[0].payload) == LogHeader(
             name="orders", seq=1, prev_ledger_id=first, first_offset=2, ensemble_size=3,
-            write_quorum=3, ack_quorum=2)
+            write_quorum=3, ack_quorum=2, writers=2)  # the second writer's term
 
 
 async def test_append_closed_ledgers_fences_the_tail_then_truncate(zk_chroot: str,

@@ -4,10 +4,18 @@ reference of where a known ledger's entries went."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import google_crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ledgerd.metadata.kafka_topics import (
+    TopicOrigin,
+    TopicRecord,
+    partition_log_name,
+    topic_origin,
+)
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
 from ledgerd.metadata.logheader import LogHeader, first_log_entry
 from ledgerd.metadata.rebuild import (
@@ -201,3 +209,85 @@ def test_a_log_ledger_takes_its_quorums_and_mark_from_its_header() -> None:
     plan2 = plan_rebuild(given_)
     assert [lg.ledgers for lg in plan2.logs] == [(7,)]
     assert any("cursors" in what for what in plan2.lost)
+
+
+TOPIC_ID = "ab" * 16
+
+
+def _kafka(topic: str, p: int, seq: int, prev: int, record: TopicRecord, *,
+           writers: int = 1) -> LogHeader:
+    return LogHeader(name=partition_log_name(topic, p), seq=seq, prev_ledger_id=prev,
+                     first_offset=-1, ensemble_size=3, write_quorum=2, ack_quorum=2,
+                     writers=writers, extra=topic_origin(topic, p, record))
+
+
+@given(st.builds(
+    TopicRecord, partitions=st.integers(1, 10_000),
+    configs=st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=5),
+    log_start=st.dictionaries(st.integers(0, 10_000), st.integers(0, 2**63 - 1), max_size=5),
+    replicas=st.lists(st.lists(st.integers(0, 99), max_size=3).map(tuple), max_size=3)
+    .map(tuple),
+    topic_id=st.sampled_from(["", TOPIC_ID])),
+    st.text(min_size=1, max_size=60), st.integers(0, 2**31 - 1))
+def test_a_topic_origin_round_trips_through_a_log_header(record: TopicRecord, topic: str,
+                                                         p: int) -> None:
+    extra = topic_origin(topic, p, record)
+    assert TopicOrigin.from_extra(extra) == TopicOrigin(topic=topic, partition=p,
+                                                        record=record)
+    assert TopicOrigin.from_extra(b"") is None and TopicOrigin.from_extra(b"{}") is None
+
+
+def test_a_kafka_topic_comes_back_from_its_partition_logs_headers() -> None:
+    old = TopicRecord(partitions=2, configs={"retention.ms": "1000"}, topic_id=TOPIC_ID,
+                      log_start={0: 5})
+    new = TopicRecord(partitions=3, configs={"retention.ms": "2000"}, topic_id=TOPIC_ID)
+    headers = {
+        # partition 0: two ledgers (a roll), the second after the configs changed
+        4: _kafka("t.x", 0, 0, -1, old, writers=1),
+        9: _kafka("t.x", 0, 1, 4, new, writers=3),
+        # partition 1: one ledger from before the change; partition 2 never written
+        6: _kafka("t.x", 1, 0, -1, old),
+        # a topic the live metadata has; a plain log
+        7: _kafka("live", 0, 0, -1, old),
+        8: _header("plain", 0, -1, 0),
+    }
+    plan = plan_rebuild(RebuildInput(held={}, headers=headers,
+                                     live_topics=frozenset({"live"})))
+    (tp,) = plan.topics
+    assert (tp.name, tp.ledger_id, tp.problems) == ("t.x", 9, ())
+    assert tp.record == TopicRecord(partitions=3, configs={"retention.ms": "2000"},
+                                    topic_id=TOPIC_ID, log_start={0: 5})
+    assert plan.live_topics == ("live",)
+    logs = {lg.name: lg for lg in plan.logs}
+    assert logs["kafka.t.x.0"].ledgers == (4, 9) and logs["kafka.t.x.0"].writers == 3
+    assert logs["kafka.t.x.1"].ledgers == (6,) and logs["plain"].writers == 0
+    # One from the snapshot is left alone too; a header naming another log is ignored.
+    plan = plan_rebuild(RebuildInput(held={}, headers={**headers, 10: replace(
+        headers[9], name="kafka.other.0")}, snapshot_topics=frozenset({"t.x"})))
+    assert [tp.name for tp in plan.topics] == ["live"]
+    # An earlier topic of the same name (another id): its ledgers do not count.
+    plan = plan_rebuild(RebuildInput(held={}, headers={
+        **headers, 2: _kafka("t.x", 7, 0, -1, replace(old, topic_id="cd" * 16))}))
+    tp = next(tp for tp in plan.topics if tp.name == "t.x")
+    assert tp.record.partitions == 3 and "cd" * 16 in tp.problems[0]
+
+
+def test_a_log_ledger_holding_only_its_header_gets_its_whole_ensemble() -> None:
+    # E=3, Qw=2: entry 0 (the header) on two bookies; a writer rolled to it and stopped.
+    # The third position holds nothing of it: any other bookie that answered fills it.
+    only_header = _held(BOOKIES[:3], 2, 0, lac=-1)
+    assert len(only_header) == 2
+    other = [BookieLedger(bookie_id=BOOKIES[2], ledger_id=8, ranges=((0, 5),))]
+    given_ = RebuildInput(held={7: only_header, 8: other},
+                          headers={7: _header("a", 1, 8, 6), 8: _header("a", 0, -1, 0)})
+    plan = plan_rebuild(given_)
+    p7 = next(p for p in plan.ledgers if p.ledger_id == 7)
+    assert p7.metadata is not None and p7.end == 0, p7.problems
+    ((first, ensemble),) = p7.metadata.ensembles
+    assert first == 0 and sorted(ensemble) == sorted(BOOKIES[:3])
+    assert ensemble[:2] == BOOKIES[:2]  # the holders where the striping puts entry 0
+    assert [lg.ledgers for lg in plan.logs] == [(8, 7)]
+    # With no third bookie to name it stays out, and so does it from its log.
+    plan = plan_rebuild(RebuildInput(held={7: only_header},
+                                     headers={7: _header("a", 0, -1, 0)}))
+    assert plan.ledgers[0].metadata is None and plan.logs == ()
