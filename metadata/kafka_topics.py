@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the records are pure (``metadata.rebuild`` plans with them)
     from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["TopicOrigin", "TopicRecord", "TopicStore", "new_topic_id",
-           "partition_log_name", "topic_origin"]
+           "origin_record", "partition_log_name", "topic_origin"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,14 +146,26 @@ def partition_log_name(topic: str, partition: int) -> str:
     return f"kafka.{topic}.{partition}"
 
 
+def origin_record(record: TopicRecord, partition: int) -> TopicRecord:
+    """What of ``record`` a ledger header of ``partition`` carries: everything but the
+    replica assignment (informational here: the gateways place no replicas) and the
+    other partitions' DeleteRecords low watermarks (each partition's own headers carry
+    its own), so its size does not grow with the partition count."""
+    start = record.start_of(partition)
+    return replace(record, replicas=(), log_start={partition: start} if start else {})
+
+
 def topic_origin(topic: str, partition: int, record: TopicRecord) -> bytes:
-    """The ``TopicOrigin`` a partition log's ledger header carries (its ``extra``); the
-    configs left out if they would not fit (``logheader.MAX_EXTRA``)."""
-    raw = TopicOrigin(topic=topic, partition=partition, record=record).to_json()
+    """The ``TopicOrigin`` a partition log's ledger header carries (its ``extra``): the
+    topic's :func:`origin_record`; its configs left out if they would not fit
+    (``logheader.MAX_EXTRA``), and nothing (b"") if even that would not (a header never
+    fails a writer's roll: the topic then comes back only from a snapshot)."""
+    kept = origin_record(record, partition)
+    raw = TopicOrigin(topic=topic, partition=partition, record=kept).to_json()
     if len(raw) > MAX_EXTRA:
         raw = TopicOrigin(topic=topic, partition=partition,
-                          record=replace(record, configs={}, replicas=())).to_json()
-    return raw
+                          record=replace(kept, configs={})).to_json()
+    return raw if len(raw) <= MAX_EXTRA else b""
 
 
 def new_topic_id() -> str:

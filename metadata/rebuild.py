@@ -542,10 +542,22 @@ def plan_rebuild(given: RebuildInput) -> Plan:
     named = {n.rsplit("/", 1)[-1] for n in given.snapshot_logs}
     # A ledger not rebuilt is on no log (its log starts after it, as after a gap).
     unwritten = {p.ledger_id for p in plans if p.metadata is None}
-    logs = plan_logs({lid: h for lid, h in given.headers.items() if lid not in unwritten},
-                     ends, live=given.live_logs | named)
+    written = {lid: h for lid, h in given.headers.items() if lid not in unwritten}
     known_topics = given.live_topics | given.snapshot_topics
-    topics = plan_topics(given.headers, known=known_topics)
+    # a topic only from ledgers that are rebuilt (its record must not name a partition
+    # whose log does not come back), and its partition logs only from the ledgers of
+    # the incarnation (topic id) the record is made from: a topic deleted and made
+    # again restarts its logs at seq 0, and the older chain must not win on its seq
+    topics = plan_topics(written, known=known_topics)
+    chosen = {t.name: t.record.topic_id for t in topics}
+
+    def this_incarnation(h: LogHeader) -> bool:
+        origin = TopicOrigin.from_extra(h.extra) if h.extra else None
+        return (origin is None or origin.topic not in chosen
+                or origin.record.topic_id == chosen[origin.topic])
+
+    logs = plan_logs({lid: h for lid, h in written.items() if this_incarnation(h)},
+                     ends, live=given.live_logs | named)
     lost: list[str] = []
     if not given.snapshot:
         lost.append("cursors (consumers' positions) and Kafka group offsets; Kafka "

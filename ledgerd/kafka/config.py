@@ -113,6 +113,12 @@ class GatewayConfig(ClientConfig):
         "", bk="(Kafka: super.users)",
         doc="Principals (User:name, separated by ';') the ACLs never refuse; an "
             "unauthenticated client is User:ANONYMOUS.")
+    gateway_log_headers: bool = setting(
+        True, bk="(Kafka: inter.broker.protocol.version, in spirit)",
+        doc="New ledgers of partition logs begin with a log header carrying the topic, "
+            "so `metadata rebuild` brings topics back without a snapshot. Set false "
+            "while upgrading from a gateway that cannot read headers (it would read "
+            "one as a batch); set true once every gateway is upgraded.")
     gateway_peer_token_file: str = setting(
         "", bk="(ledgerd: gateways' transaction markers)",
         doc="File holding (first line) the token this gateway authenticates with to the "

@@ -107,7 +107,13 @@ from ledgerd.metadata.errors import (
 from ledgerd.metadata.kafka_acls import ResourceType
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
 from ledgerd.metadata.kafka_groups import GroupStore, group_znode
-from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore, new_topic_id, topic_origin
+from ledgerd.metadata.kafka_topics import (
+    TopicRecord,
+    TopicStore,
+    new_topic_id,
+    origin_record,
+    topic_origin,
+)
 from ledgerd.metadata.logs import CursorRecord
 from ledgerd.metadata.paths import kafka_root
 from ledgerd.metadata.store import SessionEvent
@@ -235,7 +241,7 @@ class Gateway:
         self.part_settings = PartitionSettings(
             config.ensemble_size, config.write_quorum_size, config.ack_quorum_size,
             config.log_roll_bytes, config.tail_cache_bytes, config.max_append_bytes,
-            config.read_ahead_bytes)
+            config.read_ahead_bytes, config.gateway_log_headers)
         self.tokens = load_principals(config.gateway_principals_file,
                                       "gateway_principals_file") \
             if config.gateway_principals_file else None
@@ -739,13 +745,18 @@ class Gateway:
         record = self.topic_store.cached(topic)
         if record is not None:  # DeleteRecords' low watermark, from any gateway
             part.floor = record.start_of(p)
-            if record is not part.origin_record:
+            if record is not part.origin_source:
                 # the topic as the partition's next ledger header carries it (configs
-                # changed since the writer opened go into the ledgers made after)
-                part.origin_record = record
-                part.header_extra = topic_origin(topic, p, record)
-                if part.writer is not None:
-                    part.writer.header_extra = part.header_extra
+                # changed since the writer opened go into the ledgers made after),
+                # encoded again only when what the header keeps of it changed (the
+                # cache makes a new record object each time it reads the znode)
+                part.origin_source = record
+                kept = origin_record(record, p)
+                if kept != part.origin_record:
+                    part.origin_record = kept
+                    part.header_extra = topic_origin(topic, p, record)
+                    if part.writer is not None:
+                        part.writer.header_extra = part.header_extra
         return part
 
     async def _topic_origin(self, topic: str, p: int) -> bytes:
@@ -759,7 +770,7 @@ class Gateway:
             return b""
         part = self.partitions.get((topic, p))
         if part is not None:
-            part.origin_record = record
+            part.origin_source, part.origin_record = record, origin_record(record, p)
         return topic_origin(topic, p, record)
 
     # -- handlers -----------------------------------------------------------------------

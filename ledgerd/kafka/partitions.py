@@ -113,6 +113,7 @@ class PartitionSettings:
     tail_cache_bytes: int
     max_append_bytes: int  # one append_many's batches at most (several entries)
     read_ahead_bytes: int = 4 << 20  # batches read ahead of a consumer (0 = off)
+    log_headers: bool = True  # new ledgers begin with a log header (gateway_log_headers)
 
 
 @dataclass(slots=True)
@@ -164,7 +165,8 @@ class PartitionLog:
         # keeps ``header_extra`` (and the writer's) current as the topic record changes
         self.origin: Callable[[], Awaitable[bytes]] | None = None
         self.header_extra = b""
-        self.origin_record: object = None  # the topic record header_extra was made from
+        self.origin_source: object = None  # the cached topic record last looked at
+        self.origin_record: object = None  # what header_extra holds of it (origin_record)
         self._epoch: tuple[float, int] | None = None  # the log's epoch as read, and when
         # ledger -> (largest max timestamp, its entry, last entry scanned): MAX_TIMESTAMP
         self.max_times: dict[int, tuple[int, int, int]] = {}
@@ -408,7 +410,7 @@ class PartitionLog:
                 self.header_extra = await self.origin()
             writer = await self.client.logs.open_writer(
                 self.name, s.ensemble_size, s.write_quorum, s.ack_quorum,
-                roll_bytes=s.roll_bytes, create=True, header=True,
+                roll_bytes=s.roll_bytes, create=True, header=s.log_headers,
                 header_extra=self.header_extra)
             try:
                 # Handles opened before the recovery above see the old writer's ledger

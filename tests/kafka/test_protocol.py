@@ -421,3 +421,35 @@ async def test_a_group_record_stays_deleted_when_a_save_races_delete_groups() ->
     assert records.held == set()
     await gw._store_group(group)  # the tick's list, taken before the delete
     assert records.held == set()
+
+
+async def test_a_partitions_header_topic_is_encoded_again_only_when_it_changed() -> None:
+    """The topic cache makes a new record object each time it reads the znode (about a
+    second apart, on most requests): the header's topic is encoded again only when what
+    it keeps of the record changed, not per request and partition."""
+    from dataclasses import replace
+
+    from ledgerd.kafka.config import GatewayConfig
+    from ledgerd.kafka.gateway import Gateway
+    from ledgerd.metadata.kafka_topics import TopicOrigin, TopicRecord
+
+    class Client:
+        store = None
+
+    class Topics:
+        record = TopicRecord(partitions=2, configs={"retention.ms": "1"}, log_start={1: 9})
+
+        def cached(self, topic: str) -> TopicRecord:
+            return replace(self.record)  # equal, never the same object
+
+    gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
+    topics = Topics()
+    gw.topic_store = topics  # type: ignore[assignment]
+    first = gw.partition("t", 0).header_extra
+    assert gw.partition("t", 0).header_extra is first  # equal record: not encoded again
+    topics.record = topics.record.with_start(1, 20)  # another partition's low watermark
+    assert gw.partition("t", 0).header_extra is first
+    topics.record = replace(topics.record, configs={"retention.ms": "2"})
+    changed = gw.partition("t", 0).header_extra
+    origin = TopicOrigin.from_extra(changed)
+    assert origin is not None and origin.record.configs == {"retention.ms": "2"}

@@ -179,3 +179,27 @@ async def test_a_log_of_ledgers_without_headers_then_with_them_reads_as_one(
         assert [o for _, o in await reader.epoch_starts()] == [0, 6]
         assert (await reader.ledger_summary(second))[1] == 1_700_000_000_001
         nursery.cancel_scope.cancel()
+
+
+async def test_a_gateway_told_not_to_write_headers_writes_batches_from_entry_0(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str) -> None:
+    """``gateway_log_headers = false`` (a rolling upgrade from gateways that cannot read
+    headers): the partition's new ledger has no header, its first batch is entry 0, as
+    an older gateway reads it."""
+    from dataclasses import replace
+
+    from ledgerd.kafka.records import BatchHeader
+    from ledgerd.metadata.logheader import first_log_entry
+
+    await start_bookies(bookie_factory, zk_chroot, 3)
+    async with ledgerd.open_client(zk_chroot) as client, trio.open_nursery() as nursery:
+        part = PartitionLog(client, "old", 0, replace(SETTINGS, log_headers=False), nursery)
+        item = part.enqueue(_split(_batch(2)), nursery)  # type: ignore[arg-type]
+        await item.done.wait()
+        assert item.error is None and part.writer is not None
+        lid = part.writer.ledger_id
+        assert first_log_entry((await client.ledger_metadata(lid)).custom_metadata) == 0
+        first = (await part.writer.handle.read_batch(0, 0))[0].payload
+        assert BatchHeader.parse(first).base_offset == 0
+        await part.release()
+        nursery.cancel_scope.cancel()

@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 from ledgerd.metadata.kafka_topics import (
     TopicOrigin,
     TopicRecord,
+    origin_record,
     partition_log_name,
     topic_origin,
 )
 from ledgerd.metadata.ledger import LedgerMetadata, LedgerState
-from ledgerd.metadata.logheader import LogHeader, first_log_entry
+from ledgerd.metadata.logheader import MAX_EXTRA, LogHeader, first_log_entry
 from ledgerd.metadata.rebuild import (
     BookieLedger,
     RebuildInput,
@@ -233,7 +234,8 @@ def test_a_topic_origin_round_trips_through_a_log_header(record: TopicRecord, to
                                                          p: int) -> None:
     extra = topic_origin(topic, p, record)
     assert TopicOrigin.from_extra(extra) == TopicOrigin(topic=topic, partition=p,
-                                                        record=record)
+                                                        record=origin_record(record, p))
+    assert TopicOrigin.from_extra(extra).record.start_of(p) == record.start_of(p)
     assert TopicOrigin.from_extra(b"") is None and TopicOrigin.from_extra(b"{}") is None
 
 
@@ -270,6 +272,31 @@ def test_a_kafka_topic_comes_back_from_its_partition_logs_headers() -> None:
         **headers, 2: _kafka("t.x", 7, 0, -1, replace(old, topic_id="cd" * 16))}))
     tp = next(tp for tp in plan.topics if tp.name == "t.x")
     assert tp.record.partitions == 3 and "cd" * 16 in tp.problems[0]
+    # Nor does its chain of a partition, though longer (seq 40 against the recreated
+    # topic's 0, 1): the log is made of the chosen incarnation's ledgers only.
+    plan = plan_rebuild(RebuildInput(held={}, headers={
+        **headers, 1: _kafka("t.x", 0, 40, -1, replace(old, topic_id="cd" * 16))}))
+    assert {lg.name: lg.ledgers for lg in plan.logs}["kafka.t.x.0"] == (4, 9)
+    # A topic whose only header is on a ledger that cannot be rebuilt does not come back
+    # (its record would name a partition with no log).
+    plan = plan_rebuild(RebuildInput(held={20: _held(BOOKIES[:3], 2, 0, lac=-1)},
+                                     headers={20: _kafka("gone", 0, 0, -1, old)}))
+    assert plan.ledgers[0].metadata is None and plan.topics == ()
+
+
+def test_a_topic_origin_stays_within_a_header_whatever_the_partition_count() -> None:
+    """Each partition's headers carry its own low watermark, no replica assignment, and
+    no configs if they would not fit: a topic of 100,000 partitions, all trimmed by
+    DeleteRecords, with a thousand long configs, still fits (a header too big would
+    fail every roll of the partition's writer)."""
+    big = TopicRecord(partitions=100_000, log_start={p: 7 for p in range(100_000)},
+                      replicas=tuple((1, 2, 3) for _ in range(100_000)),
+                      configs={f"k{i}": "v" * 100 for i in range(1000)}, topic_id=TOPIC_ID)
+    extra = topic_origin("big", 5, big)
+    assert 0 < len(extra) <= MAX_EXTRA
+    origin = TopicOrigin.from_extra(extra)
+    assert origin is not None and origin.record == TopicRecord(
+        partitions=100_000, log_start={5: 7}, topic_id=TOPIC_ID)
 
 
 def test_a_log_ledger_holding_only_its_header_gets_its_whole_ensemble() -> None:
