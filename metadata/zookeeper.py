@@ -1,9 +1,11 @@
 """The ZooKeeper MetadataStore, over kazoo: the only module that imports kazoo.
 
 kazoo is blocking, so every call runs in a worker thread through
-``trio.to_thread.run_sync`` under a capacity limiter, with ``abandon_on_cancel=False``: a
-cancelled caller waits for the call it started, so no thread, lock or node is leaked
-behind its back. Each call is bounded by ``operation_timeout`` (kazoo's sync calls can
+``trio.to_thread.run_sync`` under a capacity limiter. A change runs with
+``abandon_on_cancel=False``: a cancelled caller waits for the call it started, so no
+node is written behind its back. A read is abandoned on cancel (its thread finishes
+within ``operation_timeout`` and holds its limiter slot until then), so a stop with
+ZooKeeper gone does not wait out a read in flight. Each call is bounded by ``operation_timeout`` (kazoo's sync calls can
 otherwise wait forever while disconnected). A lost connection is retried with backoff a
 bounded number of times, then raises MetadataUnavailableError naming the servers.
 
@@ -145,14 +147,14 @@ class ZooKeeperStore:
     # -- the bridge -------------------------------------------------------------------
 
     async def _call(self, what: str, path: str, fn: Callable[[], T], *,
-                    retry: bool = True) -> T:
+                    retry: bool = True, read: bool = False) -> T:
         if self._closed:
             raise SessionExpiredError("store closed")
         delay = 0.05
         attempts = self._retries if retry else 1
         for attempt in range(1, attempts + 1):
             try:
-                return await trio.to_thread.run_sync(fn, abandon_on_cancel=False,
+                return await trio.to_thread.run_sync(fn, abandon_on_cancel=read,
                                                      limiter=self._limiter)
             except kz.NoNodeError:
                 raise NoNodeError(path) from None
@@ -234,7 +236,7 @@ class ZooKeeperStore:
             acls, _ = c.get_acls_async(path).get(timeout=t)
             return [f"{a.id.scheme}:{a.id.id}:{a.perms}" for a in acls]
 
-        return await self._call("get_acl", path, run)
+        return await self._call("get_acl", path, run, read=True)
 
     async def get(self, path: str) -> tuple[bytes, NodeStat]:
         c, t = self._client, self._op_timeout
@@ -243,7 +245,7 @@ class ZooKeeperStore:
             data, zstat = c.get_async(path).get(timeout=t)
             return bytes(data or b""), _stat(zstat)
 
-        return await self._call("get", path, run)
+        return await self._call("get", path, run, read=True)
 
     async def set(self, path: str, data: bytes, version: int = -1) -> NodeStat:
         """Write data. If an attempt's reply was lost and the retry then conflicts, the
@@ -287,7 +289,7 @@ class ZooKeeperStore:
             zstat = c.exists_async(path).get(timeout=t)
             return None if zstat is None else _stat(zstat)
 
-        return await self._call("exists", path, run)
+        return await self._call("exists", path, run, read=True)
 
     async def sync(self, path: str) -> None:
         c, t = self._client, self._op_timeout
@@ -300,7 +302,8 @@ class ZooKeeperStore:
     async def children(self, path: str) -> list[str]:
         c, t = self._client, self._op_timeout
         return await self._call("children", path,
-                                lambda: sorted(c.get_children_async(path).get(timeout=t)))
+                                lambda: sorted(c.get_children_async(path).get(timeout=t)),
+                                read=True)
 
     async def advance_sequence(self, parent: str, at_least: int, *, batch: int = 500) -> int:
         """Move ``parent``'s sequential-child counter to ``at_least`` or beyond (a

@@ -58,3 +58,25 @@ async def test_cancelled_calls_leak_no_threads(zk_chroot: str) -> None:
         assert await store.exists("/c") is not None
     finally:
         await store.close()
+
+
+async def test_a_read_in_flight_is_abandoned_when_its_caller_is_cancelled(
+        tmp_path: Path) -> None:
+    """ZooKeeper gone, a read waiting out its operation timeout: cancelling the caller (a
+    bookie's stop) returns at once, not after the timeout (writes still wait: a write
+    must not land behind a caller that gave up on it)."""
+    server = ZooKeeperServer(data_dir=tmp_path / "zk")
+    server.start()
+    try:
+        store = await ZooKeeperStore.connect(server.connect_string, session_timeout=20.0,
+                                             operation_timeout=15.0, retries=1)
+        await store.create("/x", b"1")
+        server.stop()
+        for read in (store.children, store.get, store.exists):
+            t0 = trio.current_time()
+            with trio.move_on_after(0.5):
+                await read("/x")
+            assert trio.current_time() - t0 < 5, read.__name__
+        await store.close()
+    finally:
+        server.stop()
