@@ -23,6 +23,7 @@ __all__ = [
     "LEGACY_LIMIT",
     "LedgerLayout",
     "kafka_acls_path",
+    "kafka_broker_configs_path",
     "kafka_gateway_path",
     "kafka_group_path",
     "kafka_producer_ids_path",
@@ -105,6 +106,7 @@ KAFKA_TRANSACTIONS = "transactions"
 KAFKA_TXN_PARTITIONS = "txn_partitions"
 KAFKA_PRODUCER_IDS = "producer_ids"
 KAFKA_ACLS = "acls"
+KAFKA_BROKER_CONFIGS = "broker_configs"
 
 
 def kafka_root(root: str) -> str:
@@ -144,3 +146,8 @@ def kafka_producer_ids_path(kafka: str) -> str:
 def kafka_acls_path(kafka: str) -> str:
     """The one record of every ACL binding (``kafka_acls``)."""
     return f"{kafka}/{KAFKA_ACLS}"
+
+
+def kafka_broker_configs_path(kafka: str) -> str:
+    """The one record of the dynamic broker configs (``kafka_broker_configs``)."""
+    return f"{kafka}/{KAFKA_BROKER_CONFIGS}"

@@ -265,6 +265,8 @@ class Gateway:
                            lambda: len(self.nodes))
         self.nursery: trio.Nursery | None = None
         self.txn = transactions.TxnCoordinator(self)
+        # dynamic broker configs (topic_admin.py, broker_configs.py)
+        self.broker_configs = topic_admin.BrokerConfigCache(self.store, self.root)
         # ACLs (acl_admin.py): every request is judged after the roles' check
         self.acls = GatewayAcls(self.store, self.root, AclSettings(
             allow_if_no_acl=config.gateway_allow_everyone_if_no_acl_found,
@@ -481,6 +483,7 @@ class Gateway:
                 nursery.start_soon(self._tick_groups)
                 nursery.start_soon(self.txn.run)
                 nursery.start_soon(retention.run, self)
+                nursery.start_soon(self.broker_configs.run)
                 served: list[Any] = listeners
                 if tls is not None:
                     served = [trio.SSLListener(lst, tls, https_compatible=False)
@@ -728,10 +731,12 @@ class Gateway:
                 f"{k}={v}" for k, v in sorted((configs or {}).items())) or "-"))
 
     def topic_policy(self, topic: str) -> TopicPolicy:
-        """What the topic's configs (as last read) make the gateway enforce."""
+        """What the topic's configs (as last read), over the dynamic broker configs'
+        defaults, make the gateway enforce."""
         record = self.topic_store.cached(topic)
-        return TopicPolicy.of(record.configs if record is not None else {},
-                              max_batch_bytes=self.config.max_batch_bytes)
+        configs = self.broker_configs.topic_configs(
+            self.node_id, record.configs if record is not None else {})
+        return TopicPolicy.of(configs, max_batch_bytes=self.config.max_batch_bytes)
 
     def partition(self, topic: str, p: int) -> PartitionLog:
         part = self.partitions.get((topic, p))

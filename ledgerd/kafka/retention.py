@@ -139,7 +139,6 @@ async def run(gw: Gateway) -> None:
     since it started): drop the ledgers that retention.ms / retention.bytes or the
     DeleteRecords low watermark no longer keep. A partition that fails is logged and
     tried again next round."""
-    from ledgerd.kafka.topic_configs import TopicPolicy
 
     while True:
         await trio.sleep(RETENTION_CHECK_S)
@@ -149,8 +148,7 @@ async def run(gw: Gateway) -> None:
             record = gw.topic_store.cached(topic)
             if record is None:
                 continue
-            policy = TopicPolicy.of(record.configs,
-                                    max_batch_bytes=gw.config.max_batch_bytes)
+            policy = gw.topic_policy(topic)
             try:
                 if record.start_of(p) > 0:
                     await drop_before(gw.client, part, record.start_of(p))

@@ -22,11 +22,14 @@ record (``topics.py``), changed by compare-and-set.
   it at once on this gateway and within ``topics.TTL_S`` on the others, and the
   ledgers wholly before it are dropped (or at the next retention round, if one is
   still open).
-- DescribeConfigs answers a topic's configs (every one the gateway knows, set or
-  default) and a broker's (this gateway's settings under Kafka's names, read-only).
+- DescribeConfigs answers a topic's configs (every one the gateway knows: set on the
+  topic, set by a dynamic broker config, or default) and a broker's (this gateway's
+  settings under Kafka's names, read-only, and the dynamic broker configs).
   AlterConfigs replaces a topic's set configs; IncrementalAlterConfigs applies SET,
-  DELETE, APPEND and SUBTRACT; both honour ``validate_only``. Broker configs are
-  read-only (they are the gateway's configuration file).
+  DELETE, APPEND and SUBTRACT; both honour ``validate_only``. On resource BROKER they
+  change the dynamic broker configs (``broker_configs.py``) of this gateway (name
+  ``"<id>"``, as Kafka's brokers take only their own) or of every gateway (name
+  ``""``); every gateway reads them within ``topics.TTL_S``.
 """
 
 from __future__ import annotations
@@ -34,23 +37,40 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka import retention
 from ledgerd.kafka.api import ErrorCode
+from ledgerd.kafka.broker_configs import (
+    broker_altered,
+    broker_entries,
+    broker_incrementally_altered,
+    effective_topic_configs,
+    topic_defaults,
+)
 from ledgerd.kafka.topic_configs import (
     ConfigRefusedError,
     ResourceType,
     altered,
-    broker_entries,
     incrementally_altered,
     topic_entries,
 )
-from ledgerd.metadata.errors import ChangeRejectedError, NodeExistsError, NoNodeError
+from ledgerd.kafka.topics import TTL_S
+from ledgerd.metadata.errors import (
+    ChangeRejectedError,
+    MetadataError,
+    NodeExistsError,
+    NoNodeError,
+)
+from ledgerd.metadata.kafka_broker_configs import BrokerConfigRecord, BrokerConfigStore
 from ledgerd.metadata.kafka_topics import TopicRecord
+from ledgerd.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
     from ledgerd.kafka.gateway import Gateway
@@ -261,8 +281,34 @@ def broker_settings(gw: Gateway) -> dict[str, str]:
     }
 
 
+class BrokerConfigCache:
+    """The dynamic broker configs as this gateway last read them (within ``TTL_S``
+    while ``run`` runs; at once after a change made through this gateway)."""
+
+    def __init__(self, store: MetadataStore, kafka_root: str) -> None:
+        self.store = BrokerConfigStore(store, kafka_root)
+        self.record = BrokerConfigRecord()
+
+    async def refresh(self) -> BrokerConfigRecord:
+        try:
+            self.record = await self.store.get()
+        except MetadataError as exc:
+            log.warning("kafka_broker_configs_unread", extra=fields(error=str(exc)))
+        return self.record
+
+    async def run(self) -> None:
+        while True:
+            await self.refresh()
+            await trio.sleep(TTL_S)
+
+    def topic_configs(self, node_id: int, configs: Mapping[str, str]) -> dict[str, str]:
+        """A topic's ``configs`` with the dynamic broker configs' defaults under them."""
+        return effective_topic_configs(configs, self.record.default,
+                                       self.record.of(node_id))
+
+
 def _is_this_broker(gw: Gateway, name: str) -> bool:
-    return name in ("", str(gw.node_id))
+    return name == str(gw.node_id)
 
 
 async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[str, Any],
@@ -282,11 +328,16 @@ async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[s
                 res.update(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                            error_message=f"topic {name!r} does not exist")
                 continue
-            res["configs"] = topic_entries(version, record.configs, keys,
-                                           max_batch_bytes=gw.config.max_batch_bytes,
-                                           **options)
-        elif rtype == ResourceType.BROKER and _is_this_broker(gw, name):
-            res["configs"] = broker_entries(version, broker_settings(gw), keys, **options)
+            dynamic = await gw.broker_configs.refresh()
+            res["configs"] = topic_entries(
+                version, record.configs, keys, max_batch_bytes=gw.config.max_batch_bytes,
+                broker_defaults=topic_defaults(dynamic.default, dynamic.of(gw.node_id)),
+                **options)
+        elif rtype == ResourceType.BROKER and (name == "" or _is_this_broker(gw, name)):
+            dynamic = await gw.broker_configs.refresh()
+            res["configs"] = broker_entries(
+                version, broker_settings(gw), dynamic.default,
+                None if name == "" else dynamic.of(gw.node_id), keys, **options)
         elif rtype == ResourceType.BROKER:
             res.update(error_code=ErrorCode.INVALID_REQUEST,
                        error_message=f"broker {name!r}: this is gateway {gw.node_id}; ask "
@@ -298,17 +349,38 @@ async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[s
     return {"results": results}
 
 
+async def _alter_broker(gw: Gateway, name: str, validate_only: bool, change: Any) -> None:
+    """Apply ``change(current values) -> new values`` to this gateway's dynamic broker
+    configs (``name`` its id) or the cluster-wide default (``name`` "") by CAS."""
+    if name and not _is_this_broker(gw, name):
+        raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
+                                 f"broker {name!r}: this is gateway {gw.node_id}; a "
+                                 "broker's own configs are changed through that broker")
+    broker = gw.node_id if name else None
+    if validate_only:
+        change((await gw.broker_configs.refresh()).of(broker))
+        return
+    try:
+        gw.broker_configs.record = await gw.broker_configs.store.update(broker, change)
+    except ChangeRejectedError as exc:  # the record's size limit
+        raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION, str(exc)) from None
+    log.info("kafka_broker_configs_altered", extra=fields(
+        broker=name or "default", configs=",".join(
+            f"{k}={v}" for k, v in sorted(gw.broker_configs.record.of(broker).items()))
+        or "-"))
+
+
 async def _alter(gw: Gateway, r: dict[str, Any], validate_only: bool,
-                 change: Any) -> dict[str, Any]:
-    """Apply ``change(current configs) -> new configs`` to resource ``r`` by CAS."""
+                 change: Any, broker_change: Any) -> dict[str, Any]:
+    """Apply ``change(current configs) -> new configs`` to resource ``r`` by CAS
+    (``broker_change`` to a broker's dynamic configs)."""
     rtype, name = r["resource_type"], r["resource_name"]
     res: dict[str, Any] = {"resource_type": rtype, "resource_name": name,
                            "error_code": 0, "error_message": None}
     try:
         if rtype == ResourceType.BROKER:
-            raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
-                                     "broker configs are read-only here: they are the "
-                                     "gateway's configuration file")
+            await _alter_broker(gw, name, validate_only, broker_change)
+            return res
         if rtype != ResourceType.TOPIC:
             raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
                                      f"resource type {rtype}: only topic configs change")
@@ -338,7 +410,9 @@ async def alter_configs(gw: Gateway, conn: object, version: int, body: dict[str,
         pairs = [(c["name"], c["value"]) for c in r["configs"]]
         out.append(await _alter(gw, r, body["validate_only"],
                                 lambda _cur, pairs=pairs: altered(
-                                    pairs, max_batch_bytes=limit, last_wins=True)))
+                                    pairs, max_batch_bytes=limit, last_wins=True),
+                                lambda _cur, pairs=pairs: broker_altered(
+                                    pairs, broker_settings(gw), max_batch_bytes=limit)))
     return {"responses": out}
 
 
@@ -350,5 +424,7 @@ async def incremental_alter_configs(gw: Gateway, conn: object, version: int,
         ops = [(c["name"], c["config_operation"], c["value"]) for c in r["configs"]]
         out.append(await _alter(gw, r, body["validate_only"],
                                 lambda cur, ops=ops: incrementally_altered(
-                                    cur, ops, max_batch_bytes=limit)))
+                                    cur, ops, max_batch_bytes=limit),
+                                lambda cur, ops=ops: broker_incrementally_altered(
+                                    cur, ops, broker_settings(gw), max_batch_bytes=limit)))
     return {"responses": out}

@@ -43,7 +43,7 @@ from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.compression import Codec
 
 __all__ = ["CONFIG_SPECS", "ConfigRefusedError", "ConfigSource", "ConfigSpec", "OpType",
-           "ResourceType", "TopicPolicy", "altered", "broker_entries", "checked",
+           "ResourceType", "TopicPolicy", "altered", "checked", "config_entry",
            "incrementally_altered", "topic_entries"]
 
 LONG_MAX = 2**63 - 1
@@ -65,6 +65,8 @@ class ConfigSource(enum.IntEnum):
 
     UNKNOWN = 0
     DYNAMIC_TOPIC_CONFIG = 1
+    DYNAMIC_BROKER_CONFIG = 2
+    DYNAMIC_DEFAULT_BROKER_CONFIG = 3
     STATIC_BROKER_CONFIG = 4
     DEFAULT_CONFIG = 5
 
@@ -306,55 +308,47 @@ class TopicPolicy:
         return self.retention_ms >= 0 or self.retention_bytes >= 0
 
 
-def _entry(version: int, name: str, value: str | None, *, read_only: bool, source: int,
-           kind: ConfigType, doc: str, include_synonyms: bool,
-           include_docs: bool) -> dict[str, Any]:
+def config_entry(version: int, name: str, value: str | None, *, read_only: bool,
+                 source: int, kind: ConfigType, doc: str, include_synonyms: bool,
+                 include_docs: bool, synonyms: Sequence[tuple[str, str | None, int]] = (),
+                 ) -> dict[str, Any]:
+    """One DescribeConfigs entry; ``synonyms`` (name, value, source) in the order they
+    take precedence, the entry's own first (only itself if none are given)."""
     entry: dict[str, Any] = {
         "name": name, "value": value, "read_only": read_only,
         "is_default": source == ConfigSource.DEFAULT_CONFIG, "config_source": source,
         "is_sensitive": False, "synonyms": [], "config_type": kind,
         "documentation": doc if include_docs else None}
     if include_synonyms and version >= 1:
-        entry["synonyms"] = [{"name": name, "value": value, "source": source}]
+        entry["synonyms"] = [{"name": n, "value": v, "source": src}
+                             for n, v, src in (synonyms or [(name, value, source)])]
     return entry
 
 
 def topic_entries(version: int, configs: Mapping[str, str], keys: Sequence[str] | None, *,
                   max_batch_bytes: int, include_synonyms: bool = False,
-                  include_docs: bool = False) -> list[dict[str, Any]]:
+                  include_docs: bool = False,
+                  broker_defaults: Mapping[str, Sequence[tuple[str, str, int]]] | None = None,
+                  ) -> list[dict[str, Any]]:
     """DescribeConfigs' entries for a topic: every config the gateway knows (or those
-    of ``keys`` it knows), set ones as DYNAMIC_TOPIC_CONFIG, the rest as defaults."""
+    of ``keys`` it knows), set ones as DYNAMIC_TOPIC_CONFIG, then those a dynamic
+    broker config sets (``broker_defaults``: name -> its broker synonyms as (name,
+    value, source), ``broker_configs.topic_defaults``), the rest as defaults."""
     out = []
+    broker_defaults = broker_defaults or {}
     for name in sorted(CONFIG_SPECS) if keys is None else keys:
         spec = CONFIG_SPECS.get(name)
         if spec is None:
             continue  # Kafka leaves out names it does not know
+        levels: list[tuple[str, str, int]] = []
         if name in configs:
-            value, source = configs[name], ConfigSource.DYNAMIC_TOPIC_CONFIG
-        else:
-            value = spec.default if spec.default is not None else str(max_batch_bytes)
-            source = ConfigSource.DEFAULT_CONFIG
-        out.append(_entry(version, name, value, read_only=False, source=source,
-                          kind=spec.kind, doc=spec.doc, include_synonyms=include_synonyms,
-                          include_docs=include_docs))
-    return out
-
-
-def broker_entries(version: int, settings: Mapping[str, str], keys: Sequence[str] | None,
-                   *, include_synonyms: bool = False, include_docs: bool = False,
-                   ) -> list[dict[str, Any]]:
-    """DescribeConfigs' entries for a broker (a gateway): its settings under Kafka's
-    names, read-only (STATIC_BROKER_CONFIG), as tools that read a broker's limits
-    expect."""
-    out = []
-    for name in sorted(settings) if keys is None else keys:
-        if name not in settings:
-            continue
-        value = settings[name]
-        kind = ConfigType.LONG if value.lstrip("-").isdigit() else (
-            ConfigType.BOOLEAN if value in ("true", "false") else ConfigType.STRING)
-        out.append(_entry(version, name, value, read_only=True,
-                          source=ConfigSource.STATIC_BROKER_CONFIG, kind=kind,
-                          doc="the gateway's setting (read-only)",
-                          include_synonyms=include_synonyms, include_docs=include_docs))
+            levels.append((name, configs[name], ConfigSource.DYNAMIC_TOPIC_CONFIG))
+        levels += broker_defaults.get(name, ())
+        levels.append((name, spec.default if spec.default is not None
+                       else str(max_batch_bytes), ConfigSource.DEFAULT_CONFIG))
+        _, value, source = levels[0]
+        out.append(config_entry(version, name, value, read_only=False, source=source,
+                                kind=spec.kind, doc=spec.doc, synonyms=levels,
+                                include_synonyms=include_synonyms,
+                                include_docs=include_docs))
     return out

@@ -317,6 +317,70 @@ def test_retention_bytes_keeps_the_newest_ledgers_that_hold_that_much(
         == "1500000"
 
 
+def test_dynamic_broker_configs_set_the_topics_defaults_and_are_honoured(
+        kafka_cluster: KafkaCluster) -> None:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ConfigSource,
+    )
+
+    admin = _admin(kafka_cluster)
+    _create(admin, "dyn-a")
+    _create(admin, "dyn-own", config={"retention.ms": "-1"})
+    _fill(kafka_cluster, "dyn-a", 250)
+    _fill(kafka_cluster, "dyn-own", 250)
+    before, own_before = _ledgers(kafka_cluster, "dyn-a"), _ledgers(kafka_cluster, "dyn-own")
+    assert len(before) >= 3 and len(own_before) >= 3
+    node = str(admin.describe_cluster().result(BOUND_S).nodes[0].id)
+
+    def broker_configs() -> dict[str, Any]:
+        res = ConfigResource("broker", node)
+        return admin.describe_configs([res])[res].result(BOUND_S)  # type: ignore[no-any-return]
+
+    def incremental(*entries: tuple[str, str | None, Any]) -> Any:
+        res = ConfigResource("broker", node, incremental_configs=[
+            ConfigEntry(n, v, incremental_operation=op) for n, v, op in entries])
+        return admin.incremental_alter_configs([res])[res]
+
+    try:
+        incremental(("log.retention.ms", "1", AlterConfigOpType.SET),
+                    ("background.threads", "9", AlterConfigOpType.SET)).result(BOUND_S)
+        got = broker_configs()
+        assert got["log.retention.ms"].value == "1" and not got["log.retention.ms"].is_read_only
+        assert got["log.retention.ms"].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+        assert got["num.partitions"].is_read_only
+        topic = _configs(admin, "dyn-a")["retention.ms"]
+        assert topic.value == "1" and topic.source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+        # honoured: the topic without its own retention.ms loses its closed ledgers, the
+        # one with its own keeps them
+        _until("retention dropped every closed ledger of the topic without its own",
+               lambda: _ledgers(kafka_cluster, "dyn-a") == before[-1:])
+        assert _ledgers(kafka_cluster, "dyn-own") == own_before
+
+        static = _refusal(incremental(("num.partitions", "3", AlterConfigOpType.SET)))
+        assert static.code() == KafkaError.INVALID_REQUEST and "num.partitions" in static.str()
+        unknown = _refusal(incremental(("no.such.config", "1", AlterConfigOpType.SET)))
+        assert unknown.code() == KafkaError.INVALID_CONFIG and "no.such.config" in unknown.str()
+
+        # AlterConfigs replaces the broker's whole dynamic set
+        whole = ConfigResource("broker", node, set_config={
+            "sasl.kerberos.min.time.before.relogin": "58000"})
+        admin.alter_configs([whole])[whole].result(BOUND_S)
+        got = broker_configs()
+        assert got["sasl.kerberos.min.time.before.relogin"].value == "58000"
+        assert got["log.retention.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+        assert got["background.threads"].source == ConfigSource.DEFAULT_CONFIG.value
+        assert _configs(admin, "dyn-a")["retention.ms"].is_default
+    finally:
+        incremental(("log.retention.ms", None, AlterConfigOpType.DELETE),
+                    ("background.threads", None, AlterConfigOpType.DELETE),
+                    ("sasl.kerberos.min.time.before.relogin", None,
+                     AlterConfigOpType.DELETE)).result(BOUND_S)
+
+
 def test_kafka_python_admin_uses_the_newest_versions(kafka_cluster: KafkaCluster) -> None:
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewPartitions
     from kafka.admin import NewTopic as KpNewTopic

@@ -19,7 +19,6 @@ from ledgerd.kafka.topic_configs import (
     OpType,
     TopicPolicy,
     altered,
-    broker_entries,
     checked,
     incrementally_altered,
     topic_entries,
@@ -140,8 +139,6 @@ def test_describe_configs_entries_encode_at_every_version(version: int) -> None:
     # only the keys asked for (unknown ones left out, as Kafka does)
     only = topic_entries(version, {}, ["retention.bytes", "nope"], max_batch_bytes=LIMIT)
     assert [e["name"] for e in only] == ["retention.bytes"]
-    broker = broker_entries(version, {"num.partitions": "1"}, None)
-    assert broker[0]["read_only"]
     req = REQUESTS[ApiKey.DESCRIBE_CONFIGS]
     raw = b"".join(encode(req, version, {"resources": [
         {"resource_type": 2, "resource_name": "t", "configuration_keys": None}]}))
