@@ -337,15 +337,17 @@ class Group:
 
     def check_commit(self, *, member_id: str, generation: int,
                      instance_id: str | None = None) -> int:
-        """May this member commit offsets now? (generation -1: a simple commit, allowed
-        while the group has no members)."""
+        """May this member commit offsets now? (generation -1 and no member: a simple
+        commit, as an admin client's AlterConsumerGroupOffsets is, allowed while the
+        group has no members; while it has, the committer is not one of them:
+        UNKNOWN_MEMBER_ID, as Kafka answers)."""
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         fenced = self._fenced(member_id, instance_id)
         if fenced:
             return fenced
         if generation < 0 and not member_id:
-            return ErrorCode.NONE if not self.members else ErrorCode.ILLEGAL_GENERATION
+            return ErrorCode.NONE if not self.members else ErrorCode.UNKNOWN_MEMBER_ID
         error = self._check(member_id, generation)
         if error is not None:
             return error

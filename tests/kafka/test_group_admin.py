@@ -207,7 +207,7 @@ def test_a_transactional_commit_is_checked_against_the_member_and_generation_it_
     gen = g.generation
     assert g.check_txn_commit(member_id=me, generation=gen, instance_id=None) == 0
     assert g.check_txn_commit(member_id="", generation=-1, instance_id=None) == 0
-    assert g.check_commit(member_id="", generation=-1) == ErrorCode.ILLEGAL_GENERATION
+    assert g.check_commit(member_id="", generation=-1) == ErrorCode.UNKNOWN_MEMBER_ID
     assert g.check_txn_commit(member_id=me, generation=gen - 1, instance_id=None) \
         == ErrorCode.ILLEGAL_GENERATION
     assert g.check_txn_commit(member_id="gone", generation=gen, instance_id=None) \

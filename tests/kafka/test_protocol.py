@@ -167,7 +167,7 @@ def test_joins_with_a_bad_session_timeout_or_unknown_protocol_are_refused() -> N
                    protocols=[("sticky", b"")], session_timeout_ms=10000,
                    rebalance_timeout_ms=0, now=0)
     assert other.value["error_code"] == ErrorCode.INCONSISTENT_GROUP_PROTOCOL  # type: ignore[index]
-    assert g.check_commit(member_id="", generation=-1) == ErrorCode.ILLEGAL_GENERATION
+    assert g.check_commit(member_id="", generation=-1) == ErrorCode.UNKNOWN_MEMBER_ID
 
 
 async def test_idle_partitions_shed_reader_state_and_readers_are_dropped() -> None:
