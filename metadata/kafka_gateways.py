@@ -4,7 +4,8 @@
 ZooKeeper session: the set of these is the membership every gateway hashes partitions
 and groups over (``ledgerd/kafka/gateway.py``). JSON ``{"format": 1, "host": H, "port":
 P}``, the address clients are sent to; registrations written before the format field
-existed hold only ``host`` and ``port`` (format 1).
+existed hold only ``host`` and ``port`` (format 1). ``rack`` (Kafka's ``broker.rack``) is
+written only when the gateway has one.
 
 ``<root>/kafka/producer_ids`` hands out idempotent producers' ids: the next id as a
 decimal number (not JSON: the node has held a bare number since the first gateway, and
@@ -33,6 +34,7 @@ class GatewayRecord:
 
     host: str = json_field("host", STR)
     port: int = json_field("port", PORT)
+    rack: str = json_field("rack", STR, default="", omit_default=True)
 
     def to_json(self) -> bytes:
         return encode(self)

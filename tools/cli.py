@@ -272,12 +272,18 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
               show_default=True, help="Ledger znode layout (ledger_manager_type).")
 @click.option("--kafka", "kafka_port", type=click.IntRange(0, 65535), default=None,
               help="Also run a Kafka gateway on this port (docs/kafka.md).")
+@click.option("--kafka-gateways", "kafka_gateways", type=click.IntRange(1, 9), default=1,
+              show_default=True,
+              help="With --kafka: this many gateways, on consecutive ports from it; more "
+                   "than one get node ids 1..N, each its own rack (RACK1..RACKN) and "
+                   "rack-aware reads (fetch from follower).")
 @click.option("--tls", is_flag=True,
               help="TLS-only bookies, with a throwaway CA and certificates made under "
                    "<data>/tls (clients need tls_trust_path=<data>/tls/ca.pem).")
 @click.pass_context
 def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | None,
-              zk_root: str, layout: str, kafka_port: int | None, tls: bool) -> None:
+              zk_root: str, layout: str, kafka_port: int | None, kafka_gateways: int,
+              tls: bool) -> None:
     """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C.
 
     While it runs, `ledgerd local ctl kill|stop|start N` and `ledgerd local ctl status`
@@ -289,11 +295,15 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     if not zk_root.startswith("/") or zk_root.endswith("/"):
         raise click.BadParameter(f"{zk_root!r}: a znode path such as /ledgers",
                                  param_hint="--zk-root")
+    if kafka_gateways > 1 and kafka_port is None:
+        raise click.BadParameter("needs --kafka PORT (the first gateway's port)",
+                                 param_hint="--kafka-gateways")
     if kafka_port:
-        _check_port_free(kafka_port, "--kafka")
+        for i in range(kafka_gateways):
+            _check_port_free(kafka_port + i, "--kafka" if i == 0 else "--kafka-gateways")
     base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
     cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls,
-                           kafka_port=kafka_port)
+                           kafka_port=kafka_port, kafka_gateways=kafka_gateways)
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: Any) -> None:
@@ -328,6 +338,9 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
             metrics = cluster.gateway_line.rsplit("metrics ", 1)[-1]
             click.echo(f"Kafka gateway: 127.0.0.1:{kafka_port}, metrics {metrics}, log "
                        f"{base / 'gateway.log'} (try: kcat -b 127.0.0.1:{kafka_port} -L)")
+            for i in range(1, kafka_gateways):
+                click.echo(f"Kafka gateway {i + 1}: 127.0.0.1:{kafka_port + i}, rack "
+                           f"RACK{i + 1}, log {cluster.gateway_log(i)}")
         click.echo(f"data: {base}" + ("" if data else " (removed on exit; --data DIR keeps it)"))
         cluster.serve_control()
         click.echo("\nWatch a bookie die and come back, in another terminal: "

@@ -79,13 +79,17 @@ class LocalCluster:
     def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
                  register_timeout: float = 60.0, root: str = "/ledgers",
                  layout: str = "hierarchical", tls: bool = False,
-                 kafka_port: int | None = None) -> None:
+                 kafka_port: int | None = None, kafka_gateways: int = 1) -> None:
         self.base = Path(base)
         self.processes = ProcessCluster(base, bookies=bookies, zk=zk, root=root,
                                         layout=layout, register_timeout=register_timeout)
         self.kafka_port = kafka_port  # a Kafka gateway on this port (None: none)
-        self.gateway: subprocess.Popen[bytes] | None = None
-        self.gateway_line = ""  # what the gateway printed when it started
+        # more than one: on consecutive ports, node ids 1..N, each in its own rack
+        # (RACK1..RACKN, as librdkafka's test clusters name them), rack-aware reads on
+        self.kafka_gateways = kafka_gateways
+        self.gateway: subprocess.Popen[bytes] | None = None  # the first gateway
+        self.gateways: list[subprocess.Popen[bytes]] = []
+        self.gateway_line = ""  # what the (first) gateway printed when it started
         self.tls = tls
         self.tls_files: dict[str, str] = {}
         self._dead: set[str] = set()
@@ -133,34 +137,46 @@ class LocalCluster:
             processes.start_bookie(processes.add_bookie(name=f"bookie{i}", port=self._port(i)))
         trio.run(self._wait_registered)
         if self.kafka_port is not None:
-            self._start_gateway()
+            for i in range(self.kafka_gateways):
+                self._start_gateway(i)
 
-    def _start_gateway(self) -> None:
-        """``ledgerd gateway`` on ``kafka_port``, a client of this cluster (with TLS, it
-        reaches the bookies with the local client certificate)."""
+    def gateway_log(self, i: int = 0) -> Path:
+        return self.base / ("gateway.log" if i == 0 else f"gateway{i + 1}.log")
+
+    def _start_gateway(self, i: int = 0) -> None:
+        """``ledgerd gateway`` number ``i`` on ``kafka_port + i``, a client of this
+        cluster (with TLS, it reaches the bookies with the local client certificate)."""
+        assert self.kafka_port is not None
         env = {**os.environ, "LEDGERD_ZK_SERVERS": self.zk,
                "LEDGERD_ZK_LEDGERS_ROOT_PATH": self.root, "LEDGERD_THROTTLE": "0",
                "LEDGERD_GATEWAY_ADMIN_PORT": "0"}
+        if self.kafka_gateways > 1:
+            env.update(LEDGERD_NODE_ID=str(i + 1), LEDGERD_GATEWAY_RACK=f"RACK{i + 1}",
+                       LEDGERD_GATEWAY_RACK_AWARE_READS="true")
         if self.tls:
             env.update(LEDGERD_TLS_TRUST_PATH=self.tls_files["ca"],
                        LEDGERD_TLS_CERTIFICATE_PATH=self.tls_files["client_cert"],
                        LEDGERD_TLS_KEY_PATH=self.tls_files["client_key"])
-        log_path = self.base / "gateway.log"
+        log_path = self.gateway_log(i)
         before = log_path.stat().st_size if log_path.exists() else 0  # an earlier run's
         with open(log_path, "ab") as log:
-            self.gateway = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "ledgerd.tools.cli", "gateway", "--port",
-                 str(self.kafka_port)], stdout=log, stderr=subprocess.STDOUT,
+                 str(self.kafka_port + i)], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.gateways.append(proc)
+        if i == 0:
+            self.gateway = proc
         deadline = time.monotonic() + self.processes.register_timeout
         while b"kafka gateway on" not in log_path.read_bytes()[before:]:
-            if self.gateway.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
                 raise LocalClusterError("the Kafka gateway did not start: " + " | ".join(tail))
             time.sleep(0.05)
-        started = log_path.read_bytes()[before:].decode(errors="replace")
-        self.gateway_line = next(ln for ln in started.splitlines()
-                                 if ln.startswith("kafka gateway on"))
+        if i == 0:
+            started = log_path.read_bytes()[before:].decode(errors="replace")
+            self.gateway_line = next(ln for ln in started.splitlines()
+                                     if ln.startswith("kafka gateway on"))
 
     def _port(self, i: int) -> int:
         """A stable port per bookie when free (cookies name it), else any free one."""
@@ -265,13 +281,15 @@ class LocalCluster:
         return path
 
     def stop(self) -> None:
-        if self.gateway is not None and self.gateway.poll() is None:
-            self.gateway.terminate()
+        for proc in self.gateways:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.gateways:
             try:
-                self.gateway.wait(30)
+                proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.gateway.kill()
-                self.gateway.wait()
+                proc.kill()
+                proc.wait()
         if self._ctl is not None:
             self._ctl.shutdown()
             self._ctl.server_close()

@@ -36,6 +36,17 @@ class GatewayConfig(ClientConfig):
         -1, bk="(Kafka: node.id)", minimum=-1, maximum=2**31 - 1,
         doc="This gateway's broker id in Metadata (-1 = derived from its advertised "
             "host and port).")
+    gateway_rack: str = setting(
+        "", bk="(Kafka: broker.rack)",
+        doc="The rack (or availability zone) this gateway is in, told to clients in "
+            "Metadata and DescribeCluster; with gateway_rack_aware_reads, consumers "
+            "that say their client.rack are sent to a gateway in their rack for reads.")
+    gateway_rack_aware_reads: bool = setting(
+        False, bk="(Kafka: replica.selector.class=RackAwareReplicaSelector)",
+        doc="Fetch from follower (KIP-392): a consumer whose client.rack is not the "
+            "partition leader's rack is told to fetch from a live gateway in its rack "
+            "(preferred read replica), which serves the partition's acknowledged "
+            "records from the bookies up to what it has learnt is acknowledged.")
     default_partitions: int = setting(
         1, bk="(Kafka: num.partitions)", minimum=1, maximum=10000,
         doc="Partitions of a topic created automatically or without a count.")

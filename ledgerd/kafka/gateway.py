@@ -93,6 +93,7 @@ from ledgerd.kafka.partitions import (
 from ledgerd.kafka.peer import peer_auth, send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
+from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
 from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
@@ -219,6 +220,7 @@ class Gateway:
         self.port = 0
         self.node_id = -1
         self.nodes: dict[int, tuple[str, int]] = {}
+        self.racks: dict[int, str] = {}  # the live gateways' racks (those that have one)
         self.lease = Lease(config.zk_timeout_ms / 1000 * LEASE_FRACTION)
         self._confirming = trio.Lock()  # one membership refresh at a time
         self.topics: dict[str, int] = {}  # partition counts as last read
@@ -337,7 +339,8 @@ class Gateway:
         if await self.store.exists(f"{root}/INSTANCEID") is None:
             raise ClusterMetadataMissingError(root)
         host, port = self.config.advertised(self.port)
-        await self.gateway_store.register(self.node_id, GatewayRecord(host=host, port=port))
+        await self.gateway_store.register(self.node_id, GatewayRecord(
+            host=host, port=port, rack=self.config.gateway_rack))
 
     async def _refresh(self) -> None:
         """Re-read the live gateways, confirming the lease on leadership (the sending
@@ -347,8 +350,9 @@ class Gateway:
         and the lease stay as they were."""
         async with self._confirming:
             asked_at = trio.current_time()
-            nodes = {node: (record.host, record.port)
-                     for node, record in (await self.gateway_store.live()).items()}
+            live = await self.gateway_store.live()
+            nodes = {node: (record.host, record.port) for node, record in live.items()}
+            racks = {node: record.rack for node, record in live.items() if record.rack}
             session = self.store.session_id
             if self.lease.on_confirmed(session_id=session, asked_at=asked_at):
                 await self._session_lost("confirmed in a new ZooKeeper session")
@@ -358,7 +362,9 @@ class Gateway:
             elif self.node_id not in nodes:
                 await self._register()
                 nodes[self.node_id] = self.config.advertised(self.port)
-            self.nodes = nodes
+            if self.config.gateway_rack:
+                racks[self.node_id] = self.config.gateway_rack
+            self.nodes, self.racks = nodes, racks
             for (topic, p), part in list(self.partitions.items()):
                 if part.writer is not None and not self.owns(f"{topic}/{p}"):
                     log.info("kafka_partition_moved", extra=fields(
@@ -826,12 +832,15 @@ class Gateway:
             parts = []
             for p in range(count):
                 leader = self.owner(f"{name}/{p}")
+                # every live gateway serves the partition's reads from its ledgers (a
+                # follower up to what it has learnt is acknowledged): the replicas
+                replicas = [leader, *sorted(n for n in self.nodes if n != leader)]
                 parts.append({"error_code": 0, "partition_index": p, "leader_id": leader,
                               "leader_epoch": leader_epochs[p],
-                              "replica_nodes": [leader], "isr_nodes": [leader]})
+                              "replica_nodes": replicas, "isr_nodes": replicas})
             topics.append({"error_code": 0, "name": name, "topic_id": topic_id or ZERO_UUID,
                            "partitions": parts})
-        brokers = [{"node_id": n, "host": h, "port": p, "rack": None}
+        brokers = [{"node_id": n, "host": h, "port": p, "rack": self.racks.get(n)}
                    for n, (h, p) in sorted(self.nodes.items())]
         return {"brokers": brokers, "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
                 "topics": topics}
@@ -1035,6 +1044,19 @@ class Gateway:
                                       ErrorCode.TOPIC_AUTHORIZATION_FAILED)["responses"]
         return reply
 
+    def _preferred_replica(self, body: dict[str, Any], topic: str, partition: int) -> int:
+        """Fetch v11+ from a consumer that says its rack, to this partition's leader,
+        with gateway_rack_aware_reads: the gateway in that rack to fetch from, or
+        NO_PREFERENCE (``replica_selector.py``)."""
+        if not self.config.gateway_rack_aware_reads or body.get("replica_id", -1) >= 0:
+            return NO_PREFERENCE
+        key = f"{topic}/{partition}"
+        if not self.owns(key):
+            return NO_PREFERENCE  # a follower serves what it is asked
+        return preferred_read_replica(client_rack=body.get("rack_id") or "",
+                                      leader=self.node_id, racks=self.racks,
+                                      partition_key=key)
+
     async def _fetch(self, body: dict[str, Any], unknown: set[bytes]) -> dict[str, Any]:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         while True:
@@ -1070,7 +1092,11 @@ class Gateway:
                         res["error_code"] = storage_error_code(exc)
                     if res["error_code"]:
                         continue
-                    if total >= budget:  # full: the rest get no records this time
+                    preferred = self._preferred_replica(body, t["topic"], pr["partition"])
+                    if preferred != NO_PREFERENCE or total >= budget:
+                        # KIP-392: a consumer sent to a gateway in its rack gets no
+                        # records here, only where the partition stands; a full response
+                        # leaves the rest without records this time
                         try:
                             hw = await part.high_watermark()
                             lso = (await part.stable_view(hw))[0] \
@@ -1078,7 +1104,9 @@ class Gateway:
                         except (LedgerdError, FencedError) as exc:
                             res["error_code"] = storage_error_code(exc)
                             continue
-                        res.update(high_watermark=hw, last_stable_offset=lso, records=b"")
+                        res.update(high_watermark=hw, last_stable_offset=lso, records=b"",
+                                   preferred_read_replica=preferred,
+                                   log_start_offset=await part.start_offset())
                         continue
                     limit = max(1, min(pr["partition_max_bytes"], budget - total))
                     lso = -1
@@ -1614,7 +1642,7 @@ class Gateway:
         return {"error_code": 0, "error_message": None, "endpoint_type": 1,
                 "cluster_authorized_operations": ops,
                 "cluster_id": CLUSTER_ID, "controller_id": self.node_id,
-                "brokers": [{"broker_id": n, "host": h, "port": p, "rack": None,
+                "brokers": [{"broker_id": n, "host": h, "port": p, "rack": self.racks.get(n),
                              "is_fenced": False}
                             for n, (h, p) in sorted(self.nodes.items())]}
 

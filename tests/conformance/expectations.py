@@ -107,6 +107,7 @@ class Suite:
     librdkafka: str  # the release whose tests/ these are, e.g. "2.15.0"
     broker_version: str  # TEST_KAFKA_VERSION: which tests apply and what they assume
     reasons: dict[str, Reason]
+    gateways: int = 1  # Kafka gateways in the cluster (brokers, each its own rack)
     tests: dict[str, Expectation] = field(default_factory=dict)
 
     def counts(self, mode: Mode) -> dict[Expected, int]:
@@ -152,6 +153,10 @@ def parse_suite(data: dict[str, Any], source: str = "<expectations>") -> Suite:
         if not VERSION.match(value):
             raise ExpectationsError(f"{source} [suite]: `{key}` {value!r} is not a "
                                     "version such as 2.15.0")
+    gateways = suite.get("gateways", 1)
+    if not isinstance(gateways, int) or isinstance(gateways, bool) or not 1 <= gateways <= 9:
+        raise ExpectationsError(f"{source} [suite]: `gateways` {gateways!r} is not a "
+                                "number of gateways from 1 to 9")
     reasons: dict[str, Reason] = {}
     for key, table in data.get("reasons", {}).items():
         where = f"{source} [reasons.{key}]"
@@ -195,7 +200,7 @@ def parse_suite(data: dict[str, Any], source: str = "<expectations>") -> Suite:
     if unused:
         raise ExpectationsError(f"{source}: reason(s) no test uses: {sorted(unused)}")
     return Suite(librdkafka=librdkafka, broker_version=broker_version, reasons=reasons,
-                 tests=tests)
+                 tests=tests, gateways=gateways)
 
 
 def load_suite(path: Path) -> Suite:

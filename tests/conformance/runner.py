@@ -125,23 +125,38 @@ class Gateway:
             return False
 
 
-def _free_port() -> int:
+def _free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free loopback ports."""
     from ledgerd.tools.zkserver import find_free_port
 
-    return find_free_port()
+    for _ in range(100):
+        first = find_free_port()
+        if first + n <= 65536 and all(_port_free(first + i) for i in range(1, n)):
+            return first
+    raise HarnessError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @contextmanager
-def local_cluster(data: Path, out: Path) -> Iterator[Gateway]:
-    """``ledgerd local --bookies 3 --kafka PORT --data data`` until the block ends; its
-    output goes to ``out``. Raises HarnessError when it does not start in time.
+def local_cluster(data: Path, out: Path, gateways: int = 1) -> Iterator[Gateway]:
+    """``ledgerd local --bookies 3 --kafka PORT --kafka-gateways N --data data`` until
+    the block ends; its output goes to ``out``. Raises HarnessError when it does not
+    start in time.
 
     On exit it is stopped with SIGINT (it stops the gateway, bookies and ZooKeeper it
     started) and waited for; if it does not stop in time, it is killed.
     """
-    port = _free_port()
+    port = _free_ports(gateways)
     cmd = [sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
-           "--data", str(data), "--kafka", str(port)]
+           "--data", str(data), "--kafka", str(port), "--kafka-gateways", str(gateways)]
     lines: queue.Queue[str | None] = queue.Queue()
     with open(out, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -380,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="only these test numbers, comma-separated (e.g. 0001,0081)")
     parser.add_argument("--jobs", type=int, default=2,
                         help="test-runner processes at once (default 2)")
+    parser.add_argument("--gateways", type=int, default=None,
+                        help="Kafka gateways in the cluster (default: the list's "
+                             "[suite] gateways)")
     args = parser.parse_args(argv)
     mode = Mode(args.mode)
     if args.jobs < 1:
@@ -408,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["rm", "-rf", str(data)], check=True)
         work.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        with local_cluster(data, work / "ledgerd-local.out") as gateway:
+        gateways = args.gateways or suite.gateways
+        with local_cluster(data, work / "ledgerd-local.out", gateways) as gateway:
             (work / "test.conf").write_text(TEST_CONF.format(
                 bootstrap=gateway.bootstrap))
             print(f"librdkafka {version} test-runner, {mode.value} mode "
