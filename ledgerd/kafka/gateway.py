@@ -829,15 +829,23 @@ class Gateway:
             topic_id = await self.topic_id(name) if version >= 10 else ZERO_UUID
             leader_epochs = await self.leader_epochs(name, count) if version >= 7 \
                 else [-1] * count
+            record = self.topic_store.cached(name)
+            assigned = record.replicas if record is not None else ()
             parts = []
             for p in range(count):
                 leader = self.owner(f"{name}/{p}")
-                # every live gateway serves the partition's reads from its ledgers (a
-                # follower up to what it has learnt is acknowledged): the replicas
-                replicas = [leader, *sorted(n for n in self.nodes if n != leader)]
+                if p < len(assigned):
+                    # a replica assignment given at creation is told as given (it places
+                    # nothing); its live gateways are in sync
+                    replicas = list(assigned[p])
+                    isr = [n for n in replicas if n in self.nodes]
+                else:
+                    # every live gateway serves the partition's reads from its ledgers
+                    # (a follower up to what it has learnt is acknowledged)
+                    replicas = isr = [leader, *sorted(n for n in self.nodes if n != leader)]
                 parts.append({"error_code": 0, "partition_index": p, "leader_id": leader,
                               "leader_epoch": leader_epochs[p],
-                              "replica_nodes": replicas, "isr_nodes": replicas})
+                              "replica_nodes": replicas, "isr_nodes": isr})
             topics.append({"error_code": 0, "name": name, "topic_id": topic_id or ZERO_UUID,
                            "partitions": parts})
         brokers = [{"node_id": n, "host": h, "port": p, "rack": self.racks.get(n)}

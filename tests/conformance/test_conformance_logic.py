@@ -236,6 +236,15 @@ def test_reasons_are_checked_too() -> None:
         parse_suite({**SUITE_TOML, "tests": {"admin": {"checks": "x", "quick": "pass"}}})
 
 
+def test_the_suite_says_how_many_gateways_the_cluster_runs() -> None:
+    assert suite().gateways == 1
+    assert parse_suite({**SUITE_TOML, "suite": {**SUITE_TOML["suite"], "gateways": 3}}
+                       ).gateways == 3
+    for bad in (0, 10, "3", True):
+        with pytest.raises(ExpectationsError, match=r"\[suite\]: `gateways`"):
+            parse_suite({**SUITE_TOML, "suite": {**SUITE_TOML["suite"], "gateways": bad}})
+
+
 def test_the_committed_list_loads_and_the_docs_table_is_current() -> None:
     listed = load_suite(doctable.EXPECTATIONS)
     assert listed.counts(Mode.QUICK)[Expected.PASS] > 0
