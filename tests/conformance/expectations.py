@@ -9,6 +9,12 @@ what it checks and its expected result in each mode (``quick``: the test-runner'
 - ``skip``: the test skips itself on this set-up (it needs SSL, SASL, ...), for the reason;
 - ``flaky``: it passes or fails from run to run, for the reason; neither is an error.
 
+A test may name the ``listener`` it runs against: ``plaintext`` (the default: the
+cluster every other test uses) or ``ssl`` (a second cluster whose gateway listens with
+TLS and requires client certificates; the test-runner gets an SSL test.conf and the
+SSL_* variables librdkafka's cluster tool trivup sets). Every test of one number runs
+in one test-runner process, so they all name the same listener.
+
 Reasons are declared once under ``[reasons]``, each with its ``kind``, so the report
 and the docs group failures by cause:
 
@@ -49,6 +55,11 @@ class Mode(enum.Enum):
     FULL = "full"
 
 
+class Listener(enum.Enum):
+    PLAINTEXT = "plaintext"  # the gateway of the cluster every other test uses
+    SSL = "ssl"  # a gateway listening with TLS, client certificates required
+
+
 class ReasonKind(enum.Enum):
     API = "api"
     HARNESS = "harness"
@@ -80,6 +91,7 @@ class Expectation:
     full: Expected
     reason: Reason | None = None
     note: str = ""
+    listener: Listener = Listener.PLAINTEXT
 
     def __post_init__(self) -> None:
         if not TEST_NAME.match(self.name):
@@ -110,6 +122,10 @@ class Suite:
     gateways: int = 1  # Kafka gateways in the cluster (brokers, each its own rack)
     tests: dict[str, Expectation] = field(default_factory=dict)
 
+    def numbers_on(self, listener: Listener) -> set[str]:
+        """The test numbers whose tests run against ``listener``."""
+        return {e.number for e in self.tests.values() if e.listener is listener}
+
     def counts(self, mode: Mode) -> dict[Expected, int]:
         out = dict.fromkeys(Expected, 0)
         for e in self.tests.values():
@@ -117,7 +133,7 @@ class Suite:
         return out
 
 
-_TEST_KEYS = {"checks", "quick", "full", "reason", "note"}
+_TEST_KEYS = {"checks", "quick", "full", "reason", "note", "listener"}
 _REASON_KEYS = {"kind", "text", "item"}
 
 
@@ -190,12 +206,21 @@ def parse_suite(data: dict[str, Any], source: str = "<expectations>") -> Suite:
                 raise ExpectationsError(f"{where}: reason {key!r} is not declared under "
                                         f"[reasons] (declared: {', '.join(sorted(reasons))})")
             reason = reasons[key]
+        listener = _enum(Listener, _str(table, "listener", where,
+                                        default=Listener.PLAINTEXT.value), f"{where} listener")
         try:
             tests[name] = Expectation(name=name, checks=_str(table, "checks", where),
                                       quick=quick, full=full, reason=reason,
-                                      note=_str(table, "note", where, default=""))
+                                      note=_str(table, "note", where, default=""),
+                                      listener=listener)
         except ExpectationsError as exc:
             raise ExpectationsError(f"{source}: {exc}") from None
+        other = next((e for e in tests.values()
+                      if e.number == name[:4] and e.listener is not listener), None)
+        if other is not None:
+            raise ExpectationsError(
+                f"{where}: listener {listener.value}, but {other.name} (the same number, "
+                f"run by the same test-runner process) has listener {other.listener.value}")
     unused = set(reasons) - {e.reason.key for e in tests.values() if e.reason is not None}
     if unused:
         raise ExpectationsError(f"{source}: reason(s) no test uses: {sorted(unused)}")

@@ -11,6 +11,7 @@ from tests.conformance import doctable
 from tests.conformance.expectations import (
     ExpectationsError,
     Expected,
+    Listener,
     Mode,
     Suite,
     load_suite,
@@ -112,7 +113,8 @@ SUITE_TOML = {
     "tests": {
         "0012_produce_consume": {"checks": "produce, consume", "quick": "pass"},
         "0081_admin": {"checks": "admin", "quick": "fail", "reason": "configs"},
-        "0097_ssl_verify": {"checks": "ssl", "quick": "skip", "reason": "ssl"},
+        "0097_ssl_verify": {"checks": "ssl", "quick": "skip", "reason": "ssl",
+                            "listener": "ssl"},
         "0055_producer_latency": {"checks": "latency", "quick": "flaky", "reason": "slow"},
         "0019_list_groups": {"checks": "groups", "quick": "pass", "full": "fail",
                              "reason": "configs"},
@@ -210,6 +212,8 @@ def _with_test(**table: object) -> dict[str, object]:
     ({"checks": "x", "quick": "pass", "sometimes": 1}, ["0001_multiobj", "sometimes"]),
     ({"checks": "", "quick": "pass"}, ["0001_multiobj", "`checks` is empty"]),
     ({"quick": "pass"}, ["0001_multiobj", "`checks` is missing"]),
+    ({"checks": "x", "quick": "pass", "listener": "tls"}, ["0001_multiobj", "'tls'",
+                                                           "plaintext, ssl"]),
 ])
 def test_a_bad_entry_is_refused_naming_the_test_and_what_is_wrong(
         table: dict[str, object], words: list[str]) -> None:
@@ -243,6 +247,24 @@ def test_the_suite_says_how_many_gateways_the_cluster_runs() -> None:
     for bad in (0, 10, "3", True):
         with pytest.raises(ExpectationsError, match=r"\[suite\]: `gateways`"):
             parse_suite({**SUITE_TOML, "suite": {**SUITE_TOML["suite"], "gateways": bad}})
+
+
+def test_a_test_says_which_listener_it_runs_against_plaintext_by_default() -> None:
+    s = suite()
+    assert s.tests["0097_ssl_verify"].listener is Listener.SSL
+    assert s.tests["0012_produce_consume"].listener is Listener.PLAINTEXT
+    # the numbers the SSL cluster runs: one test-runner process per number
+    assert s.numbers_on(Listener.SSL) == {"0097"}
+    assert "0012" not in s.numbers_on(Listener.SSL)
+
+
+def test_every_test_of_a_number_runs_against_the_same_listener() -> None:
+    # one test-runner process runs every test of a number, against one cluster
+    data = {**SUITE_TOML, "tests": {**SUITE_TOML["tests"], "0097_ssl_verify_local": {
+        "checks": "x", "quick": "pass"}}}
+    with pytest.raises(ExpectationsError,
+                       match=r"0097_ssl_verify_local.*plaintext.*0097_ssl_verify.*ssl"):
+        parse_suite(data, "list.toml")
 
 
 def test_the_committed_list_loads_and_the_docs_table_is_current() -> None:
