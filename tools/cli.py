@@ -280,10 +280,19 @@ def autorecovery_cmd(ctx: click.Context, conf: Path | None, worker_id: str | Non
 @click.option("--tls", is_flag=True,
               help="TLS-only bookies, with a throwaway CA and certificates made under "
                    "<data>/tls (clients need tls_trust_path=<data>/tls/ca.pem).")
+@click.option("--kafka-tls", "kafka_tls", is_flag=True,
+              help="The Kafka gateway (--kafka) listens with TLS only (Kafka's SSL), with a "
+                   "certificate for 127.0.0.1 and localhost from the throwaway CA under "
+                   "<data>/tls, and verifies Kafka clients' certificates against that CA "
+                   "(<data>/tls/ca.key issues more; client.pem/client.key is one).")
+@click.option("--kafka-client-auth", "kafka_client_auth",
+              type=click.Choice(["required", "optional", "none"]), default=None,
+              help="With --kafka-tls: whether Kafka clients must present a certificate "
+                   "(gateway_tls_client_auth; Kafka's ssl.client.auth).  [default: required]")
 @click.pass_context
 def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | None,
               zk_root: str, layout: str, kafka_port: int | None, kafka_gateways: int,
-              tls: bool) -> None:
+              tls: bool, kafka_tls: bool, kafka_client_auth: str | None) -> None:
     """Run a local cluster (ZooKeeper + bookies) in the foreground until Ctrl-C.
 
     While it runs, `ledgerd local ctl kill|stop|start N` and `ledgerd local ctl status`
@@ -298,12 +307,17 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
     if kafka_gateways > 1 and kafka_port is None:
         raise click.BadParameter("needs --kafka PORT (the first gateway's port)",
                                  param_hint="--kafka-gateways")
+    if kafka_tls and kafka_port is None:
+        raise click.UsageError("--kafka-tls is for the Kafka gateway: give --kafka PORT too")
+    if kafka_client_auth is not None and not kafka_tls:
+        raise click.UsageError("--kafka-client-auth needs --kafka-tls")
     if kafka_port:
         for i in range(kafka_gateways):
             _check_port_free(kafka_port + i, "--kafka" if i == 0 else "--kafka-gateways")
     base = data or Path(tempfile.mkdtemp(prefix="ledgerd-local-"))
     cluster = LocalCluster(base, bookies=bookies, zk=zk, root=zk_root, layout=layout, tls=tls,
-                           kafka_port=kafka_port, kafka_gateways=kafka_gateways)
+                           kafka_port=kafka_port, kafka_gateways=kafka_gateways,
+                           kafka_tls=(kafka_client_auth or "required") if kafka_tls else "")
     stop = threading.Event()
 
     def _on_signal(signum: int, frame: Any) -> None:
@@ -336,11 +350,21 @@ def local_cmd(ctx: click.Context, bookies: int, data: Path | None, zk: str | Non
                        f"{b.admin_port}/metrics, log {b.log_path}")
         if kafka_port is not None:
             metrics = cluster.gateway_line.rsplit("metrics ", 1)[-1]
+            kcat = f"kcat -b 127.0.0.1:{kafka_port}"
+            if kafka_tls:
+                f = cluster.tls_files
+                kcat += (f" -X security.protocol=ssl -X ssl.ca.location={f['ca']} -X "
+                         f"ssl.certificate.location={f['client_cert']} -X "
+                         f"ssl.key.location={f['client_key']}")
             click.echo(f"Kafka gateway: 127.0.0.1:{kafka_port}, metrics {metrics}, log "
-                       f"{base / 'gateway.log'} (try: kcat -b 127.0.0.1:{kafka_port} -L)")
+                       f"{base / 'gateway.log'} (try: {kcat} -L)")
             for i in range(1, kafka_gateways):
                 click.echo(f"Kafka gateway {i + 1}: 127.0.0.1:{kafka_port + i}, rack "
                            f"RACK{i + 1}, log {cluster.gateway_log(i)}")
+            if kafka_tls:
+                who = "every gateway requires" if kafka_gateways > 1 else "the gateway requires"
+                click.echo(f"Kafka TLS: {who} it (client certificates {cluster.kafka_tls}); "
+                           f"CA {cluster.tls_files['ca']}, its key {cluster.tls_files['ca_key']}")
         click.echo(f"data: {base}" + ("" if data else " (removed on exit; --data DIR keeps it)"))
         cluster.serve_control()
         click.echo("\nWatch a bookie die and come back, in another terminal: "

@@ -47,12 +47,15 @@ LocalClusterError = ClusterError
 
 
 def make_local_certificates(where: Path) -> dict[str, str]:
-    """A CA, a bookie certificate (127.0.0.1, localhost; roles bookie, recovery, admin)
-    and a client certificate (role client) as PEM files under ``where``, made once and
-    reused: for trying TLS locally, not for production (trustme's throwaway CA)."""
-    files = {"ca": where / "ca.pem", "bookie_cert": where / "bookie.pem",
-             "bookie_key": where / "bookie.key", "client_cert": where / "client.pem",
-             "client_key": where / "client.key"}
+    """A CA (its key beside it, to issue more certificates with), a bookie certificate
+    (127.0.0.1, localhost; roles bookie, recovery, admin), a Kafka gateway certificate
+    (127.0.0.1, localhost) and a client certificate (role client) as PEM files under
+    ``where``, made once and reused: for trying TLS locally, not for production
+    (trustme's throwaway CA)."""
+    files = {"ca": where / "ca.pem", "ca_key": where / "ca.key",
+             "bookie_cert": where / "bookie.pem", "bookie_key": where / "bookie.key",
+             "gateway_cert": where / "gateway.pem", "gateway_key": where / "gateway.key",
+             "client_cert": where / "client.pem", "client_key": where / "client.key"}
     if not all(p.exists() for p in files.values()):
         try:
             import trustme
@@ -62,10 +65,13 @@ def make_local_certificates(where: Path) -> dict[str, str]:
         where.mkdir(parents=True, exist_ok=True)
         ca = trustme.CA(organization_name="ledgerd local")
         ca.cert_pem.write_to_path(str(files["ca"]))
+        ca.private_key_pem.write_to_path(str(files["ca_key"]))
+        files["ca_key"].chmod(0o600)
         for name, ou, hosts in (("bookie", "0:bookie,recovery,admin", ("127.0.0.1", "localhost")),
+                                ("gateway", "", ("127.0.0.1", "localhost")),
                                 ("client", "0:client", ("client.local",))):
             cert = ca.issue_cert(*hosts, common_name=f"ledgerd-local-{name}",
-                                 organization_unit_name=ou)
+                                 organization_unit_name=ou or None)
             files[f"{name}_cert"].write_bytes(b"".join(b.bytes() for b in cert.cert_chain_pems))
             cert.private_key_pem.write_to_path(str(files[f"{name}_key"]))
             files[f"{name}_key"].chmod(0o600)
@@ -79,7 +85,8 @@ class LocalCluster:
     def __init__(self, base: Path, *, bookies: int = 3, zk: str | None = None,
                  register_timeout: float = 60.0, root: str = "/ledgers",
                  layout: str = "hierarchical", tls: bool = False,
-                 kafka_port: int | None = None, kafka_gateways: int = 1) -> None:
+                 kafka_port: int | None = None, kafka_gateways: int = 1,
+                 kafka_tls: str = "") -> None:
         self.base = Path(base)
         self.processes = ProcessCluster(base, bookies=bookies, zk=zk, root=root,
                                         layout=layout, register_timeout=register_timeout)
@@ -87,6 +94,9 @@ class LocalCluster:
         # more than one: on consecutive ports, node ids 1..N, each in its own rack
         # (RACK1..RACKN, as librdkafka's test clusters name them), rack-aware reads on
         self.kafka_gateways = kafka_gateways
+        # "": their listeners are plaintext; else TLS only, and this is their client
+        # authentication (none, optional, required), as gateway_tls_client_auth
+        self.kafka_tls = kafka_tls
         self.gateway: subprocess.Popen[bytes] | None = None  # the first gateway
         self.gateways: list[subprocess.Popen[bytes]] = []
         self.gateway_line = ""  # what the (first) gateway printed when it started
@@ -128,8 +138,9 @@ class LocalCluster:
             "cluster_secret_file": str(secret), "auto_recovery_daemon_enabled": True,
             "zk_ledgers_root_path": self.root, "ledger_manager_type": processes.layout,
             "lost_bookie_recovery_delay_s": 0, "open_ledger_rereplication_grace_period_ms": 10000})
-        if self.tls:
+        if self.tls or self.kafka_tls:
             self.tls_files = make_local_certificates(self.base / "tls")
+        if self.tls:
             processes.settings.update(tls_certificate_path=self.tls_files["bookie_cert"],
                                       tls_key_path=self.tls_files["bookie_key"],
                                       tls_trust_path=self.tls_files["ca"], tls_required=True)
@@ -145,7 +156,9 @@ class LocalCluster:
 
     def _start_gateway(self, i: int = 0) -> None:
         """``ledgerd gateway`` number ``i`` on ``kafka_port + i``, a client of this
-        cluster (with TLS, it reaches the bookies with the local client certificate)."""
+        cluster (with TLS, it reaches the bookies with the local client certificate).
+        With ``kafka_tls`` its listener speaks TLS only, with the local gateway
+        certificate, and verifies Kafka clients' certificates against the local CA."""
         assert self.kafka_port is not None
         env = {**os.environ, "LEDGERD_ZK_SERVERS": self.zk,
                "LEDGERD_ZK_LEDGERS_ROOT_PATH": self.root, "LEDGERD_THROTTLE": "0",
@@ -157,6 +170,11 @@ class LocalCluster:
             env.update(LEDGERD_TLS_TRUST_PATH=self.tls_files["ca"],
                        LEDGERD_TLS_CERTIFICATE_PATH=self.tls_files["client_cert"],
                        LEDGERD_TLS_KEY_PATH=self.tls_files["client_key"])
+        if self.kafka_tls:
+            env.update(LEDGERD_GATEWAY_TLS_CERTIFICATE_PATH=self.tls_files["gateway_cert"],
+                       LEDGERD_GATEWAY_TLS_KEY_PATH=self.tls_files["gateway_key"],
+                       LEDGERD_GATEWAY_TLS_TRUST_PATH=self.tls_files["ca"],
+                       LEDGERD_GATEWAY_TLS_CLIENT_AUTH=self.kafka_tls)
         log_path = self.gateway_log(i)
         before = log_path.stat().st_size if log_path.exists() else 0  # an earlier run's
         with open(log_path, "ab") as log:

@@ -328,6 +328,57 @@ async def test_local_cluster_with_a_kafka_gateway(zk_chroot: str, tmp_path: Path
         _stop(proc)
 
 
+async def test_local_cluster_with_a_tls_kafka_gateway(zk_chroot: str, tmp_path: Path) -> None:
+    """`ledgerd local --kafka PORT --kafka-tls`: the gateway's listener speaks TLS only
+    and requires a client certificate from the local CA; the printed kcat line (which
+    names the CA and the client's certificate) works as printed, without a certificate
+    the connection fails, and the CA's key is there to issue more."""
+    from ledgerd.tools.zkserver import find_free_port
+
+    port = find_free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "2",
+                             "--data", str(tmp_path / "local"), "--zk", zk_chroot,
+                             "--kafka", str(port), "--kafka-tls"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        lines = await _until_running(proc)
+        tls = tmp_path / "local" / "tls"
+        assert any(ln.startswith("Kafka TLS: the gateway requires it (client certificates "
+                                 f"required); CA {tls / 'ca.pem'}, its key {tls / 'ca.key'}")
+                   for ln in lines), lines
+        hint = next(ln for ln in lines if ln.startswith("Kafka gateway: "))
+        listing = hint.split("(try: ")[1].rstrip(")\n").split()
+        assert listing[:3] == ["kcat", "-b", f"127.0.0.1:{port}"]
+        assert "security.protocol=ssl" in listing
+        done = await trio.to_thread.run_sync(lambda: subprocess.run(
+            listing, capture_output=True, text=True, timeout=60))
+        assert done.returncode == 0, done.stderr
+        assert "1 brokers" in done.stdout
+        anonymous = ["kcat", "-b", f"127.0.0.1:{port}", "-X", "security.protocol=ssl", "-X",
+                     f"ssl.ca.location={tls / 'ca.pem'}", "-m", "3", "-L"]
+        refused = await trio.to_thread.run_sync(lambda: subprocess.run(
+            anonymous, capture_output=True, text=True, timeout=60))
+        assert refused.returncode != 0
+        plain = await trio.to_thread.run_sync(lambda: subprocess.run(
+            ["kcat", "-b", f"127.0.0.1:{port}", "-m", "3", "-L"], capture_output=True,
+            text=True, timeout=60))
+        assert plain.returncode != 0
+        assert (tls / "ca.key").stat().st_mode & 0o077 == 0
+        os.kill(proc.pid, signal.SIGINT)
+        assert await trio.to_thread.run_sync(proc.wait, 120) == 0
+    finally:
+        _stop(proc)
+
+
+def test_kafka_tls_needs_a_kafka_gateway(tmp_path: Path) -> None:
+    for args, words in ((["--kafka-tls"], "give --kafka PORT"),
+                        (["--kafka", "0", "--kafka-client-auth", "optional"],
+                         "--kafka-client-auth needs --kafka-tls")):
+        r = _cli("local", "--data", str(tmp_path / "local"), *args, env=dict(os.environ))
+        assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
 def _children(pid: int) -> list[int]:
     """The live processes whose parent is ``pid``, by PID."""
     out = []
