@@ -18,6 +18,15 @@
 4. compare every test's result with ``tests/conformance/librdkafka.toml`` and print
    what does not match; stop the cluster (SIGINT, as a person at its terminal would).
 
+The tests listed with ``listener = "ssl"`` (0097_ssl_verify) run against a second
+cluster, ``ledgerd local --bookies 3 --kafka PORT --kafka-tls`` under
+``build/conformance/<mode>/cluster-ssl``, whose gateway listens with TLS only and
+requires client certificates; the harness makes the client's certificate and keys from
+that cluster's CA in every form trivup (librdkafka's cluster tool) makes them
+(``sslfiles.py``, under ``.../ssl``), writes ``.../test-ssl.conf`` (``security.protocol=ssl``
+and the ``ssl.*`` keys) and gives those tests trivup's SSL_* variables. The second
+cluster starts only when such a test is to run.
+
 The exit status is 0 when every test did what the list says (a listed failure that
 passes is reported, not an error), 1 otherwise, 2 when the harness itself could not
 run (the cluster did not start, the test-runner is missing, the gateway died).
@@ -41,12 +50,14 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conformance.expectations import Mode, Suite, load_suite
+from tests.conformance.expectations import Listener, Mode, Suite, load_suite
 from tests.conformance.outcomes import Outcome, Result, has_summary, parse_output
+from tests.conformance.sslfiles import TEST_CONF as SSL_TEST_CONF
+from tests.conformance.sslfiles import make_ssl_files
 from tests.conformance.verdict import Finding, Verdict, judge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,18 +156,32 @@ def _port_free(port: int) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """Where a test-runner process goes: a gateway, its test.conf and what it adds to
+    the process's environment (the SSL_* variables for the SSL listener)."""
+
+    gateway: Gateway
+    data: Path  # the cluster's data directory (`ledgerd local --data`)
+    conf: Path
+    env: dict[str, str]
+
+
 @contextmanager
-def local_cluster(data: Path, out: Path, gateways: int = 1) -> Iterator[Gateway]:
+def local_cluster(data: Path, out: Path, gateways: int = 1, *,
+                  kafka_tls: bool = False) -> Iterator[Gateway]:
     """``ledgerd local --bookies 3 --kafka PORT --kafka-gateways N --data data`` until
     the block ends; its output goes to ``out``. Raises HarnessError when it does not
-    start in time.
+    start in time. With ``kafka_tls`` the gateways listen with TLS, requiring client
+    certificates (``--kafka-tls``; the CA is ``data/tls/ca.pem``, with its key beside it).
 
     On exit it is stopped with SIGINT (it stops the gateway, bookies and ZooKeeper it
     started) and waited for; if it does not stop in time, it is killed.
     """
     port = _free_ports(gateways)
     cmd = [sys.executable, "-m", "ledgerd.tools.cli", "local", "--bookies", "3",
-           "--data", str(data), "--kafka", str(port), "--kafka-gateways", str(gateways)]
+           "--data", str(data), "--kafka", str(port), "--kafka-gateways", str(gateways),
+           *(["--kafka-tls"] if kafka_tls else [])]
     lines: queue.Queue[str | None] = queue.Queue()
     with open(out, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -242,18 +267,33 @@ class NumberRun:
     log: Path
 
 
-def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path) -> NumberRun:
-    """One test-runner process for the tests numbered ``number``; its output goes to
-    ``logs/NNNN.log``. Killed (its whole process group) past PROCESS_LIMIT_S."""
+def _ssl_target(work: Path, clusters: ExitStack) -> Target:
+    """The second cluster, its gateway listening with TLS (client certificates
+    required), and the client's files, test.conf and SSL_* variables for it."""
+    data = work / "cluster-ssl"
+    gateway = clusters.enter_context(local_cluster(data, work / "ledgerd-local-ssl.out",
+                                                   kafka_tls=True))
+    env, files = make_ssl_files(work / "ssl", data / "tls" / "ca.pem", data / "tls" / "ca.key")
+    conf = work / "test-ssl.conf"
+    conf.write_text(SSL_TEST_CONF.format(bootstrap=gateway.bootstrap, **files))
+    return Target(gateway=gateway, data=data, conf=conf, env=env)
+
+
+def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path,
+               target: Target) -> NumberRun:
+    """One test-runner process for the tests numbered ``number``, against ``target``;
+    its output goes to ``logs/NNNN.log``. Killed (its whole process group) past
+    PROCESS_LIMIT_S."""
     tests_dir = tree / "tests"
-    env = {**os.environ,
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SSL_")},
+           **target.env,
            "TESTS": number,
            # librdkafka's CI setting: longer client timeouts, at most 3 tests at once
            "CI": "true",
            "TEST_KAFKA_VERSION": suite.broker_version,
            # the run's own copy (beside its logs), so that runs from several
            # checkouts sharing one librdkafka build do not point at each other's gateway
-           "RDKAFKA_TEST_CONF": str(logs.parent / "test.conf"),
+           "RDKAFKA_TEST_CONF": str(target.conf),
            # the libraries just built, not a system librdkafka (kcat's)
            "LD_LIBRARY_PATH": f"{tree / 'src'}:{tree / 'src-cpp'}"}
     env.pop("TESTS_SKIP", None)
@@ -283,10 +323,11 @@ def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path) ->
                      seconds=time.monotonic() - started, died=died, log=log)
 
 
-def run_all(numbers: list[str], tree: Path, mode: Mode, suite: Suite, work: Path,
-            gateway: Gateway, jobs: int) -> tuple[list[NumberRun], list[str]]:
-    """Every number, ``jobs`` at a time; returns the runs and the numbers not started
-    (the run's time limit passed, or the gateway stopped accepting connections)."""
+def run_all(numbers: dict[str, Target], tree: Path, mode: Mode, suite: Suite, work: Path,
+            jobs: int) -> tuple[list[NumberRun], list[str]]:
+    """Every number against its target, ``jobs`` at a time; returns the runs and the
+    numbers not started (the run's time limit passed, or a gateway stopped accepting
+    connections)."""
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + RUN_LIMIT_S[mode]
@@ -297,15 +338,16 @@ def run_all(numbers: list[str], tree: Path, mode: Mode, suite: Suite, work: Path
     def one(number: str) -> NumberRun | None:
         if stop.is_set() or time.monotonic() > deadline:
             return None
+        gateway = numbers[number].gateway
         if not gateway.is_accepting():
             print(f"the gateway at {gateway.bootstrap} accepts no connections; stopping "
                   f"(its log: {gateway.log})", file=sys.stderr)
             stop.set()
             return None
-        return run_number(number, tree, mode, suite, logs)
+        return run_number(number, tree, mode, suite, logs, numbers[number])
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(one, n): n for n in numbers}
+        futures = {pool.submit(one, n): n for n in sorted(numbers)}
         for future in as_completed(futures):
             run = future.result()
             if run is None:
@@ -421,22 +463,35 @@ def main(argv: list[str] | None = None) -> int:
                                    f"librdkafka {version}")
             numbers = sorted(set(wanted))
         work = BUILD / "conformance" / mode.value
-        data = work / "cluster"
-        if data.exists():
-            subprocess.run(["rm", "-rf", str(data)], check=True)
+        for old in (work / "cluster", work / "cluster-ssl", work / "ssl"):
+            if old.exists():
+                subprocess.run(["rm", "-rf", str(old)], check=True)
         work.mkdir(parents=True, exist_ok=True)
+        on_ssl = sorted(set(numbers) & suite.numbers_on(Listener.SSL))
         started = time.monotonic()
         gateways = args.gateways or suite.gateways
-        with local_cluster(data, work / "ledgerd-local.out", gateways) as gateway:
-            (work / "test.conf").write_text(TEST_CONF.format(
-                bootstrap=gateway.bootstrap))
+        with ExitStack() as clusters:
+            targets: dict[str, Target] = {}
+            if set(numbers) - set(on_ssl):
+                data = work / "cluster"
+                gateway = clusters.enter_context(local_cluster(
+                    data, work / "ledgerd-local.out", gateways))
+                (work / "test.conf").write_text(TEST_CONF.format(bootstrap=gateway.bootstrap))
+                plain = Target(gateway=gateway, data=data, conf=work / "test.conf", env={})
+                targets.update((n, plain) for n in numbers if n not in on_ssl)
+            if on_ssl:
+                ssl = _ssl_target(work, clusters)
+                targets.update((n, ssl) for n in on_ssl)
+            clusters_used = list({id(t): t for t in targets.values()}.values())
             print(f"librdkafka {version} test-runner, {mode.value} mode "
                   f"({' '.join(MODE_ARGS[mode])}), {len(numbers)} test numbers, "
-                  f"{args.jobs} at a time, against the gateway at {gateway.bootstrap}",
-                  flush=True)
-            runs, not_started = run_all(numbers, tree, mode, suite, work, gateway, args.jobs)
-            gateway_alive = gateway.is_accepting()
-            bookies = bookie_status(data)
+                  f"{args.jobs} at a time, against "
+                  + " and ".join(f"the gateway at {t.gateway.bootstrap}"
+                                 + (f" (SSL: {', '.join(on_ssl)})" if t.env else "")
+                                 for t in clusters_used), flush=True)
+            runs, not_started = run_all(targets, tree, mode, suite, work, args.jobs)
+            dead_gateways = [t.gateway for t in clusters_used if not t.gateway.is_accepting()]
+            bookies = "\n".join(bookie_status(t.data) for t in clusters_used)
     except HarnessError as exc:
         print(f"conformance: {exc}", file=sys.stderr)
         return 2
@@ -445,14 +500,16 @@ def main(argv: list[str] | None = None) -> int:
     verdict = judge(suite, mode, outcomes, [r.number for r in runs], died)
     (work / "results.json").write_text(_results_json(verdict, suite, runs))
     print(report(verdict, suite, not_started))
-    print(f"({time.monotonic() - started:.0f}s; logs in {work / 'logs'}, gateway log "
-          f"{gateway.log})")
+    print(f"({time.monotonic() - started:.0f}s; logs in {work / 'logs'}, gateway log"
+          f"{'s' if len(clusters_used) > 1 else ''} "
+          f"{', '.join(str(t.gateway.log) for t in clusters_used)})")
     if "exited" in bookies:
         print(f"a bookie exited during the run (`ledgerd local ctl status`):\n{bookies}",
               file=sys.stderr)
-    if not gateway_alive:
-        print(f"the gateway was not accepting connections at the end; see {gateway.log}",
-              file=sys.stderr)
+    for gateway in dead_gateways:
+        print(f"the gateway at {gateway.bootstrap} was not accepting connections at the end; "
+              f"see {gateway.log}", file=sys.stderr)
+    if dead_gateways:
         return 2
     return 0 if verdict.is_ok and not not_started else 1
 
