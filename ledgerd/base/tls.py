@@ -30,7 +30,7 @@ from typing import Any
 from ledgerd.base.errors import LedgerdError
 
 __all__ = ["ANONYMOUS", "Principal", "ReloadingContext", "TlsConfigError", "client_context",
-           "drain_decrypted", "principal_of", "server_context"]
+           "drain_decrypted", "pending_alert", "principal_of", "server_context"]
 
 _PROTOCOLS = {
     "TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,
@@ -181,6 +181,18 @@ def drain_decrypted(stream: Any, first: bytes | bytearray, max_bytes: int) -> by
         chunks.append(more)
         total += len(more)
     return b"".join(chunks) if len(chunks) > 1 else first
+
+
+def pending_alert(stream: Any) -> bytes:
+    """What a ``trio.SSLStream`` whose handshake just failed had still to send: the TLS
+    alert OpenSSL wrote saying why (unknown CA, certificate required, ...).
+
+    trio marks the stream broken on the SSLError and leaves the alert in its outgoing
+    memory BIO unsent, so the peer sees the connection close without a word; a server
+    sends these bytes on the transport stream itself before closing. Empty for a stream
+    without that BIO (plain TCP, or a trio that keeps it elsewhere)."""
+    outgoing = getattr(stream, "_outgoing", None)
+    return outgoing.read() if isinstance(outgoing, ssl.MemoryBIO) else b""
 
 
 def _rdn(subject: Iterable[Any], name: str) -> list[str]:

@@ -48,11 +48,13 @@ type says (``storage_errors.py``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
 import logging
 import re
+import ssl
 import struct
 import time
 import zlib
@@ -64,7 +66,7 @@ import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
-from ledgerd.base.tls import ANONYMOUS, Principal, principal_of
+from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka import epochs, retention, topic_admin, transactions
 from ledgerd.kafka.acl_admin import GatewayAcls
@@ -515,7 +517,7 @@ class Gateway:
         try:
             if isinstance(stream, trio.SSLStream):
                 with trio.fail_after(10):
-                    await stream.do_handshake()
+                    await self._handshake(stream, peer)
                 cert = stream.getpeercert()
                 if cert:
                     conn.principal = principal_of(cert)
@@ -533,6 +535,24 @@ class Gateway:
         finally:
             self.connections -= 1
             await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, stream: trio.SSLStream[Any], peer: str) -> None:
+        """The TLS handshake; when it fails (an untrusted or missing client certificate),
+        the alert saying why reaches the client, as a Kafka broker's does, and the
+        gateway logs it."""
+        try:
+            await stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
+                log.info("kafka_tls_handshake_failed", extra=fields(
+                    peer=peer, reason=cause.reason or str(cause)))
+                alert = pending_alert(stream)
+                if alert:
+                    with trio.move_on_after(1), contextlib.suppress(
+                            trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        await stream.transport_stream.send_all(alert)
+            raise
 
     async def _connection(self, stream: trio.abc.Stream, conn: _Conn) -> None:
         send, receive = trio.open_memory_channel[_Slot](self.config.max_inflight_requests)

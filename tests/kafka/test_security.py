@@ -103,6 +103,33 @@ def test_wrong_password_plaintext_and_missing_sasl_are_refused(
     assert "kafka_unauthenticated_request" in gw.log_text()
 
 
+def test_a_refused_client_certificate_gets_the_tls_alert_saying_why(
+        secure_gateway: tuple[GatewayProcess, Path], tmp_path: Path) -> None:
+    """A certificate from a CA the gateway does not trust fails the handshake with the
+    TLS alert OpenSSL chose (unknown CA), as a Kafka broker's refusal does: the client
+    learns why, instead of a connection closed without a word (trio's SSLStream drops
+    the alert it was about to send when the handshake fails)."""
+    import socket
+    import ssl
+
+    import trustme
+
+    gw, base = secure_gateway
+    stranger = trustme.CA().issue_cert("etl.example", common_name="etl",
+                                       organization_unit_name="0:client")
+    stranger.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "stranger.pem"))
+    ctx = ssl.create_default_context(cafile=str(base / "ca.pem"))
+    ctx.load_cert_chain(str(tmp_path / "stranger.pem"))
+    host, port = gw.bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=20) as raw, \
+            ctx.wrap_socket(raw, server_hostname=host) as tls:
+        # TLS 1.3: the client's side of the handshake is done before the gateway
+        # checks its certificate; the alert arrives on the first read
+        with pytest.raises(ssl.SSLError, match=r"(?i)unknown.ca"):
+            tls.recv(1)
+    assert "kafka_tls_handshake_failed" in gw.log_text()
+
+
 def test_creating_topics_needs_the_admin_role(secure_gateway: tuple[GatewayProcess, Path],
                                               ) -> None:
     from confluent_kafka import KafkaException
