@@ -290,3 +290,47 @@ def test_test_numbers_and_version_come_from_the_librdkafka_tree(tmp_path: Path) 
         (tests / name).write_text("")
     assert numbers_of(tests) == ["0001", "0045", "0053"]
     assert librdkafka_version(tmp_path) == "2.15.0"
+
+
+def test_the_ssl_files_are_trivups_signed_by_the_clusters_ca(tmp_path: Path) -> None:
+    """The files and SSL_* variables 0097_ssl_verify reads (its envname table,
+    SSL_password, SSL_client_auth): the client's certificate chains to the CA that
+    ``ledgerd local --kafka-tls`` made, its PEM key needs the password, the PKCS#12
+    bundle holds key, certificate and CA under that password, and all_cas.pem has the
+    unused CA first."""
+    import trustme
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    from tests.conformance.sslfiles import make_ssl_files
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    ca.private_key_pem.write_to_path(str(tmp_path / "ca.key"))
+    env, conf = make_ssl_files(tmp_path / "ssl", tmp_path / "ca.pem", tmp_path / "ca.key")
+    for var in ("SSL_pkcs", "SSL_pub_der", "SSL_pub_pem", "SSL_priv_der", "SSL_priv_pem",
+                "SSL_ca_der", "SSL_all_cas_pem"):
+        assert Path(env[var]).is_file(), var
+    assert env["SSL_client_auth"] == "required"
+    password = env["SSL_password"].encode()
+    assert conf["password"] == env["SSL_password"]
+    authority = x509.load_pem_x509_certificate((tmp_path / "ca.pem").read_bytes())
+    chain = x509.load_pem_x509_certificates(Path(conf["certificate"]).read_bytes())
+    assert [c.subject for c in chain[1:]] == [authority.subject]  # certificate, then CA
+    chain[0].verify_directly_issued_by(authority)
+    assert x509.load_der_x509_certificate(Path(env["SSL_pub_der"]).read_bytes()) == chain[0]
+    assert x509.load_der_x509_certificate(Path(env["SSL_ca_der"]).read_bytes()) == authority
+    pem_key = Path(conf["key"]).read_bytes()
+    with pytest.raises(TypeError):
+        serialization.load_pem_private_key(pem_key, password=None)  # encrypted
+    key = serialization.load_pem_private_key(pem_key, password=password)
+    der_key = serialization.load_der_private_key(Path(env["SSL_priv_der"]).read_bytes(), None)
+    assert key.public_key() == der_key.public_key() == chain[0].public_key()
+    bundle = pkcs12.load_pkcs12(Path(env["SSL_pkcs"]).read_bytes(), password)
+    assert bundle.cert is not None and bundle.cert.certificate == chain[0]
+    assert [c.certificate for c in bundle.additional_certs] == [authority]
+    cas = x509.load_pem_x509_certificates(Path(env["SSL_all_cas_pem"]).read_bytes())
+    assert len(cas) == 2 and cas[1] == authority and cas[0] != authority
+    ou = chain[0].subject.get_attributes_for_oid(x509.NameOID.ORGANIZATIONAL_UNIT_NAME)
+    assert [a.value for a in ou] == ["0:client,admin"]  # the gateway's roles
