@@ -96,10 +96,12 @@ def cleanable_prefix(closed: Sequence[LedgerView], *, now_ms: int,
     return n
 
 
-def first_dirty(ledgers: Sequence[LedgerView]) -> int:
-    """The first offset no pass has compacted yet (the log's first offset if none)."""
+def first_dirty(ledgers: Sequence[LedgerView], remembered: int = -1) -> int:
+    """The first offset no pass has compacted yet: the largest ``clean_through`` of the
+    ledgers or ``remembered`` (what this gateway's last pass covered), else the log's
+    first offset."""
     start = ledgers[0].first_offset if ledgers else 0
-    return max([start] + [lv.clean_through for lv in ledgers])
+    return max([start, remembered] + [lv.clean_through for lv in ledgers])
 
 
 def dirty_ratio(cleanable: Sequence[LedgerView], dirty_from: int) -> float:
@@ -118,17 +120,23 @@ def dirty_ratio(cleanable: Sequence[LedgerView], dirty_from: int) -> float:
     return dirty / total
 
 
-def should_clean(cleanable: Sequence[LedgerView], *, min_dirty_ratio: float,
+def should_clean(cleanable: Sequence[LedgerView], *, dirty_from: int,
+                 min_dirty_ratio: float, delete_retention_ms: int,
                  tombstones_due_ms: int | None, now_ms: int) -> bool:
-    """A pass runs: the dirty share reached ``min_dirty_ratio`` (and there is a dirty
-    byte), or a tombstone kept by an earlier pass is due now (``tombstones_due_ms``:
-    when the earliest is; None: not known, as after a restart, which runs one pass)."""
+    """A pass runs when: the dirty share reached ``min_dirty_ratio`` (with a dirty byte);
+    a tombstone an earlier pass kept is due (``tombstones_due_ms``; None: not known, as
+    after a restart, which runs one pass); or a dirty ledger's newest record is older
+    than ``delete_retention_ms`` (a tombstone in it may be due), so that tombstones go
+    whatever the ratio."""
     if not cleanable:
         return False
     if tombstones_due_ms is None or tombstones_due_ms <= now_ms:
         return True
-    ratio = dirty_ratio(cleanable, first_dirty(cleanable))
-    return ratio > 0 and ratio >= min_dirty_ratio
+    ratio = dirty_ratio(cleanable, dirty_from)
+    if ratio > 0 and ratio >= min_dirty_ratio:
+        return True
+    return any(lv.next_offset > dirty_from and lv.max_timestamp < now_ms - delete_retention_ms
+               for lv in cleanable)
 
 
 class OffsetMap:
