@@ -597,7 +597,9 @@ class Logs:
                                       (old.seq, old.first_offset), writers=old.writers,
                                       extra=old.extra, custom=tags)
 
-    async def replace_ledgers(self, name: str, swap: Mapping[int, int]) -> tuple[int, ...]:
+    async def replace_ledgers(self, name: str, swap: Mapping[int, int], *,
+                              deleted: Callable[[], None] | None = None,
+                              ) -> tuple[int, ...]:
         """Put each closed ledger ``new`` in the place of ``old`` (``swap``: old ->
         new, same entry counts) with one compare-and-set of the ledger list, refused
         (LogFencedError, nothing changed) unless every old one is still listed; then
@@ -622,6 +624,8 @@ class Logs:
         except NoNodeError:
             raise NoSuchLogError(name) from None
         for old in swap:
+            if deleted is not None:
+                deleted()
             try:
                 await self.client.delete_ledger(old)
             except NoSuchLedgerError:

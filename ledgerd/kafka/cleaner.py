@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ledgerd.base.logs import fields
+from ledgerd.disk.crashpoints import crash_point
 from ledgerd.errors import NoSuchLedgerError
 from ledgerd.kafka.compaction import (
     CLEAN_THROUGH_KEY,
@@ -240,6 +241,7 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
                 out = await trio.to_thread.run_sync(compacted, await _entries(
                     part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)))
                 await handle.append_many([c.batch for c in out])
+                crash_point("kafka_compaction.writing")
             if handle.last_add_confirmed != last:
                 raise LogFencedError(part.name, f"replacement of ledger {lv.ledger_id} "
                                                 f"ends at entry {handle.last_add_confirmed}, "
@@ -248,7 +250,11 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
             before += lv.size
             after += handle.metadata.length
         if swap:
-            await client.logs.replace_ledgers(part.name, swap)
+            crash_point("kafka_compaction.written")
+
+            def deleting() -> None:
+                crash_point("kafka_compaction.swapped")
+            await client.logs.replace_ledgers(part.name, swap, deleted=deleting)
     except BaseException:
         with trio.move_on_after(10, shield=True):
             for new in swap.values():

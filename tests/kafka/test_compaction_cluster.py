@@ -139,6 +139,19 @@ def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(
             c.close()
 
 
+def _touch(bootstrap: str) -> None:
+    """Ask for the partition's watermarks (the gateway then has it in use)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "touch"})
+    try:
+        c.get_watermark_offsets(TopicPartition("crash", 0), 10)
+    except Exception:  # the gateway may be dying on purpose already
+        pass
+    finally:
+        c.close()
+
+
 def _orphans(zk: str) -> int:
     """Replacement ledgers (tagged compacted-for) no log lists."""
     import trio
@@ -158,38 +171,67 @@ def _orphans(zk: str) -> int:
     return trio.run(count)
 
 
+CRASH_POINTS = ("kafka_compaction.writing", "kafka_compaction.written",
+                "kafka_compaction.swapped")
+
+
 def test_kill_9_while_compacting_loses_no_keys_latest_value(
         zk_chroot: str, tmp_path: Path) -> None:
+    """Rounds of new values for 25 keys, each followed by a kill -9 of the gateway:
+    at a named step of a pass (``LEDGERD_CRASH_AT``: a replacement half written, all
+    written before the swap, swapped before the old ledgers are deleted), or at a
+    random moment. After each restart every key's latest acknowledged value reads
+    back; at the end the log is compacted and no replacement is left orphaned."""
     seed = int(os.environ.get("COMPACTION_CRASH_SEED", random.randrange(1 << 30)))
     print(f"COMPACTION_CRASH_SEED={seed}")
     rng = random.Random(seed)
-    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log",
-                        env={**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000"})
+    idle = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000",
+            "LEDGERD_COMPACTION_BACKOFF_MS": "600000"}  # no pass while producing
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=dict(idle))
     with running_cluster(tmp_path, zk_chroot, 3, gw):
         _create(gw.bootstrap, "crash", {"cleanup.policy": "compact",
                                         "min.cleanable.dirty.ratio": "0.01"})
         latest: dict[bytes, bytes] = {}
-        kills = 0
-        for round_ in range(6):
-            values = [(b"k%02d" % k, b"%d:%d:" % (k, round_) + b"x" * VALUE)
-                      for k in range(25)]
-            acked = _produce(gw.bootstrap, "crash", values)
-            assert all(err is None for _, _, err in acked), acked
-            latest.update(values)  # type: ignore[arg-type]
-            # kill -9 at a random point of the passes that follow
-            time.sleep(rng.uniform(0.0, 1.5))
+        kills = orphaned = 0
+        plan = [p for p in CRASH_POINTS for _ in range(2)] + [None] * 3
+        rng.shuffle(plan)
+        for round_, point in enumerate(plan):
+            # three rounds of values (1.5 MB): a ledger rolls, superseded records in it
+            for half in range(3):
+                values = [(b"k%02d" % k, b"%d:%d.%d:" % (k, round_, half) + b"x" * VALUE)
+                          for k in range(25)]
+                acked = _produce(gw.bootstrap, "crash", values)
+                assert all(err is None for _, _, err in acked), acked
+                latest.update(values)  # type: ignore[arg-type]
+            gw.env = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000"}
+            if point is not None:  # the next pass kills it at that step
+                gw.env["LEDGERD_CRASH_AT"] = point
             gw.restart(signal.SIGKILL)
+            _touch(gw.bootstrap)  # the gateway compacts partitions it has served
+            if point is None:  # kill -9 at a random moment of the passes
+                time.sleep(rng.uniform(0.0, 1.0))
+                gw.stop(signal.SIGKILL)
+            else:
+                wait_until(lambda: not gw.running, f"a pass reached {point}", bound=60)
             kills += 1
+            orphaned += _orphans(zk_chroot)  # a pass killed before its swap
+            gw.env = dict(idle)
+            gw.start()
             got = {k: v for _, k, v in _consume(gw.bootstrap, "crash")}
-            assert got == latest, f"after kill {kills} (seed {seed})"
-        passes = _metric(gw, "ledgerd_kafka_compaction_passes")
+            assert got == latest, f"after kill {kills} at {point} (seed {seed})"
+        gw.env = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000"}
+        gw.restart()
+        _touch(gw.bootstrap)
 
         def compacted() -> bool:
             got = _consume(gw.bootstrap, "crash")
-            return len(got) < 25 * 6 and {k: v for _, k, v in got} == latest
+            return len(got) < 25 * 3 * len(plan) and {k: v for _, k, v in got} == latest
         wait_until(compacted, "the restarted gateway compacts", bound=120)
         # replacements a killed pass never listed are reclaimed once 10 s old
         wait_until(lambda: _orphans(zk_chroot) == 0, "orphaned replacements deleted",
                    bound=90)
-        print(f"{kills} kills, every key's latest value read back; passes since the "
-              f"last restart {passes:.0f}")
+        log_text = gw.log_path.read_text(errors="replace")
+        print(f"{kills} kills, every key's latest value read back after each; "
+              f"{log_text.count('kafka_compaction_pass')} passes and "
+              f"{log_text.count('log_ledgers_replaced')} swaps logged, {orphaned} "
+              "orphaned replacements counted after the kills (all reclaimed)")
