@@ -357,5 +357,6 @@ async def run(gw: Gateway) -> None:
             try:
                 gw.metrics.compaction_orphans_deleted += len(
                     await sweep_orphans(gw.client, older_than_s=cfg.compaction_orphan_age_s))
+                gw.metrics.compaction_sweeps += 1
             except Exception as exc:
                 log.warning("kafka_compaction_sweep_deferred", extra=fields(error=repr(exc)))

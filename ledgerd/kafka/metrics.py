@@ -45,6 +45,7 @@ class GatewayMetrics:
         self.compaction_bytes_before = 0  # of the ledgers a pass replaced
         self.compaction_bytes_after = 0  # of their replacements
         self.compaction_orphans_deleted = 0
+        self.compaction_sweeps = 0  # looks for orphaned replacements
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
@@ -118,7 +119,9 @@ class _Collector:
                 ("ledgerd_kafka_compaction_bytes_after", "Bytes of their replacements.",
                  m.compaction_bytes_after),
                 ("ledgerd_kafka_compaction_orphans_deleted", "Ledgers a compaction pass "
-                 "wrote and never listed, deleted.", m.compaction_orphans_deleted)):
+                 "wrote and never listed, deleted.", m.compaction_orphans_deleted),
+                ("ledgerd_kafka_compaction_sweeps", "Looks for orphaned replacements.",
+                 m.compaction_sweeps)):
             yield CounterMetricFamily(name, doc, value=value)
         for name, (doc, fn) in sorted(m.gauges.items()):
             yield GaugeMetricFamily(name, doc, value=fn())
