@@ -376,8 +376,10 @@ class PartitionLog:
                 eid = lo - 1
         for bh in reversed(found):
             if bh.producer_id >= 0:
+                # lastOffsetDelta, not recordCount: compaction removes records from a
+                # batch and keeps its offsets, so its last sequence (as Kafka's)
                 self.producers.note(bh.producer_id, bh.producer_epoch, bh.base_sequence,
-                                    last_sequence(bh.base_sequence, bh.record_count),
+                                    last_sequence(bh.base_sequence, bh.last_offset_delta + 1),
                                     bh.base_offset)
 
     def _remember(self, base: int, nxt: int, batch: bytes) -> None:
