@@ -157,13 +157,17 @@ def _orphans(zk: str) -> int:
     import trio
 
     import ledgerd
+    from ledgerd.errors import NoSuchLedgerError
     from ledgerd.kafka.compaction import COMPACTED_LOG_KEY
 
     async def count() -> int:
         async with ledgerd.open_client(zk) as client:
             n = 0
             async for lid in client.list_ledgers():
-                md = await client.ledger_metadata(lid)
+                try:
+                    md = await client.ledger_metadata(lid)
+                except NoSuchLedgerError:
+                    continue  # deleted since it was listed
                 name = dict(md.custom_metadata).get(COMPACTED_LOG_KEY)
                 if name is not None and lid not in await client.logs.ledgers(name):
                     n += 1
