@@ -300,3 +300,27 @@ def test_repeated_passes_with_a_small_map_keep_every_keys_latest_record() -> Non
     assert through == offset
     kept = sum(BatchHeader.parse(b).record_count for b in log)
     assert kept == len(before)  # one record per key: every superseded one went
+
+
+def test_a_keyless_refusal_carries_record_errors_from_produce_v8() -> None:
+    """KIP-467: Produce v8's partition response names each refused record (librdkafka
+    then fails exactly those with INVALID_RECORD, the rest of the batch with
+    _INVALID_DIFFERENT_RECORD); v7 has only the error code."""
+    from ledgerd.kafka.api import RESPONSES, SUPPORTED, ApiKey, ErrorCode
+    from ledgerd.kafka.gateway import _keyless_refusal
+    from ledgerd.kafka.schema import Reader, decode, encode
+
+    assert SUPPORTED[ApiKey.PRODUCE][1] >= 8
+    refusal = _keyless_refusal("t", 0, [0, 10])
+    why = "Compacted topic cannot accept message without key in topic partition t-0."
+    entry = {"index": 0, "error_code": refusal.code, "base_offset": -1,
+             "error_message": refusal.message, "record_errors": refusal.record_errors}
+    body = {"responses": [{"name": "t", "partition_responses": [entry]}]}
+    msg = RESPONSES[ApiKey.PRODUCE]
+    got = decode(msg, 8, Reader(b"".join(encode(msg, 8, body))))
+    part = got["responses"][0]["partition_responses"][0]
+    assert part["error_code"] == ErrorCode.INVALID_RECORD and part["error_message"] == why
+    assert [(e["batch_index"], e["batch_index_error_message"])
+            for e in part["record_errors"]] == [(0, why), (10, why)]
+    old = decode(msg, 7, Reader(b"".join(encode(msg, 7, body))))
+    assert old["responses"][0]["partition_responses"][0]["error_code"] == 87
