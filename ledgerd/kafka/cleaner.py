@@ -36,7 +36,12 @@ deleted, forgets what it knew of unlisted ledgers and reads again from the list
 (``PartitionLog.forget_unlisted``); entry ids and offsets are the same in the
 replacement. Until the bookies' GC drops the old ledger's entries, a reader still
 holding it reads the uncompacted batches: the same records at the same offsets, more
-of them. Batches in the tail cache were never in a closed ledger being compacted.
+of them; so does the writer's tail cache, which may still hold the last batches of a
+ledger just compacted (it rolled recently), and the read-ahead.
+
+``sweep_orphans`` reads the metadata of every ledger (one ZooKeeper read each), every
+``compaction_orphan_age_s / 2`` on every gateway: with many ledgers, keep that age
+long (an hour by default).
 """
 
 from __future__ import annotations
