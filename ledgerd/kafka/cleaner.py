@@ -111,8 +111,7 @@ class PassResult:
 
 async def _entries(part: PartitionLog, lid: int, first: int, last: int,
                    ) -> list[bytes]:
-    h = await part._handle(lid)
-    return [e.payload for e in await h.read_batch(first, last)]
+    return await part.read_entries(lid, first, last)
 
 
 async def _views(client: Client, part: PartitionLog,

@@ -820,6 +820,12 @@ class PartitionLog:
         self.start_moved()
         return True
 
+    async def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
+        """The payloads of a ledger's entries ``first..last`` (batches; entry 0 of a
+        ledger with a log header is its header)."""
+        h = await self._handle(ledger_id)
+        return [e.payload for e in await h.read_batch(first, last)]
+
     async def batch_header(self, ledger_id: int, entry_id: int) -> BatchHeader:
         """The header of the batch in that entry."""
         return await self._header(ledger_id, entry_id)
