@@ -456,16 +456,19 @@ class Logs:
     async def _new_ledger(self, name: str, quorums: tuple[int, int, int],
                           password: bytes | str, prev: int,
                           place: tuple[int, int] | None, *, writers: int = 0,
-                          extra: bytes = b"") -> WriteHandle:
+                          extra: bytes = b"", custom: Mapping[str, str] | None = None,
+                          ) -> WriteHandle:
         """A new ledger for the log; with ``place = (seq, first offset)`` its entry 0 is
         the log header (with ``writers``, the log's count once it is listed, and
         ``extra``), written (acknowledged) before the ledger can go onto the list.
         If the header cannot be written the ledger is deleted; if cancelled, a ledger
         with only its header may remain, on no list (``metadata rebuild`` names it)."""
         if place is None:
-            return await self.client.create_ledger(*quorums, password=password)
+            return await self.client.create_ledger(*quorums, password=password,
+                                                   custom_metadata=custom)
         handle = await self.client.create_ledger(*quorums, password=password,
-                                                 custom_metadata={HEADER_KEY: "1"})
+                                                 custom_metadata={**(custom or {}),
+                                                                  HEADER_KEY: "1"})
         md = handle.metadata
         try:
             await handle.append(encode_log_header(LogHeader(
@@ -566,6 +569,69 @@ class Logs:
 
         record, _ = await self.store.update(name, change)
         log.info("log_ledgers_appended", extra=fields(log=name, ledgers=",".join(map(str, new))))
+        return record.ledgers
+
+    async def new_replacement(self, name: str, old_ledger_id: int, prev: int, *,
+                              password: bytes | str = b"",
+                              custom: Mapping[str, str] | None = None) -> WriteHandle:
+        """An open ledger to take the place of closed ledger ``old_ledger_id`` of the log
+        (``replace_ledgers``): the same quorums and custom metadata (with ``custom``
+        added) and, if the old one starts with a log header, a header with the same
+        place (``seq``, first offset, writers, extra) and ``prev`` as the ledger listed
+        before it. The caller appends the entries and closes it. If cancelled, the
+        ledger may remain, on no list (the caller tags it to find it again)."""
+        md = await self.client.ledger_metadata(old_ledger_id)
+        tags = {**dict(md.custom_metadata), **(custom or {})}
+        tags.pop(HEADER_KEY, None)
+        quorums = (md.ensemble_size, md.write_quorum, md.ack_quorum)
+        if not first_log_entry(md.custom_metadata):
+            return await self._new_ledger(name, quorums, password, prev, None, custom=tags)
+        rh = await self.client.open_ledger(old_ledger_id, password, recovery=False)
+        try:
+            old = decode_log_header((await rh.read_batch(0, 0))[0].payload)
+        finally:
+            await rh.close()
+        if old is None:
+            raise LedgerdError(f"log {name!r}: ledger {old_ledger_id} has no log header")
+        return await self._new_ledger(name, quorums, password, prev,
+                                      (old.seq, old.first_offset), writers=old.writers,
+                                      extra=old.extra, custom=tags)
+
+    async def replace_ledgers(self, name: str, swap: Mapping[int, int], *,
+                              deleted: Callable[[], None] | None = None,
+                              ) -> tuple[int, ...]:
+        """Put each closed ledger ``new`` in the place of ``old`` (``swap``: old ->
+        new, same entry counts) with one compare-and-set of the ledger list, refused
+        (LogFencedError, nothing changed) unless every old one is still listed; then
+        delete the old ledgers. Returns the new list. A crash before the CAS leaves the
+        old ledgers listed (the new ones on no list); after it, the new ones (the old
+        ones, if not deleted yet, on no list)."""
+        for new in swap.values():
+            if not (await self.client.ledger_metadata(new)).is_closed:
+                raise LedgerdError(f"log {name!r}: ledger {new} must be closed before it "
+                                   "replaces another")
+
+        def change(record: LogRecord) -> LogRecord:
+            missing = [lid for lid in swap if lid not in record.ledgers]
+            if missing or record.unbounded:
+                raise LogFencedError(name, f"ledgers {missing} are no longer listed; the "
+                                           "list changed during compaction")
+            return replace(record, ledgers=tuple(swap.get(lid, lid)
+                                                 for lid in record.ledgers))
+
+        try:
+            record, _ = await self.store.update(name, change)
+        except NoNodeError:
+            raise NoSuchLogError(name) from None
+        for old in swap:
+            if deleted is not None:
+                deleted()
+            try:
+                await self.client.delete_ledger(old)
+            except NoSuchLedgerError:
+                pass
+        log.info("log_ledgers_replaced", extra=fields(
+            log=name, replaced=",".join(f"{o}->{n}" for o, n in swap.items())))
         return record.ledgers
 
     async def truncate(self, name: str, before_ledger: int) -> list[int]:

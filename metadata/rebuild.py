@@ -428,8 +428,15 @@ def plan_logs(headers: Mapping[int, LogHeader], ends: Mapping[int, int], *,
             prev = h.prev_ledger_id
             if prev in mine and mine[prev].seq == h.seq - 1 and prev not in chain:
                 chain.append(prev)
-            else:
-                break
+                continue
+            # its prev is gone: compaction (the Kafka gateway's cleaner) put a
+            # replacement with the same place in the log in its stead; the only ledger
+            # of the seq before is that one (two would be ambiguous: a gap)
+            before = [lid for lid in mine if mine[lid].seq == h.seq - 1 and lid not in chain]
+            if prev not in mine and len(before) == 1:
+                chain.append(before[0])
+                continue
+            break
         chain.reverse()
         problems: list[str] = []
         counts = [max(0, ends.get(lid, 0)) for lid in chain]

@@ -104,6 +104,10 @@ CRASH_POINTS: Mapping[str, str] = {
     "gc.deleting_ledgers": "a ledger's index unlinked, the others not yet",
     "gc.deleting_logs": "dead logs about to be unlinked",
     "index.created": "a checkpoint made a ledger's index file, its header not yet written",
+    # the Kafka gateway's log cleaner (kafka/cleaner.py)
+    "kafka_compaction.writing": "a replacement ledger created and partly written",
+    "kafka_compaction.written": "every replacement closed, the ledger list not yet swapped",
+    "kafka_compaction.swapped": "the list names the replacements, old ledgers not deleted",
 }
 
 # Storage faults by name: what the native helper fails, and on which files.

@@ -12,7 +12,7 @@ defines, flexible ones included, since admin tools ask for the newest; so are th
 topic admin APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs,
 CreatePartitions, DeleteRecords) and the ACL APIs (DescribeAcls, CreateAcls,
 DeleteAcls). Produce
-advertises 0-7 but answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka
+advertises 0-8 but answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka
 drops compression unless Produce's minimum is 0.
 """
 
@@ -144,7 +144,9 @@ class ErrorCode(enum.IntEnum):
 
 # Versions advertised (ApiVersions) and, where narrower, served.
 SUPPORTED: dict[ApiKey, tuple[int, int]] = {
-    ApiKey.PRODUCE: (0, 7),
+    # v8: record_errors and error_message (KIP-467), which a compacted topic's refusal
+    # of keyless records fills in
+    ApiKey.PRODUCE: (0, 8),
     # the data path at the versions librdkafka 2.15 asks (Fetch 16, Metadata 13,
     # ListOffsets 7, OffsetCommit 9, OffsetForLeaderEpoch 2) and the Java client's
     # (Fetch 17, ListOffsets 10 in 4.0): leader epochs (KIP-320) from Metadata 7,
@@ -473,7 +475,12 @@ RESPONSES: dict[ApiKey, Message] = {
             Field("partition_responses", array(
                 Field("index", INT32), ERROR, Field("base_offset", INT64, default=-1),
                 Field("log_append_time_ms", INT64, since=2, default=-1),
-                Field("log_start_offset", INT64, since=5, default=-1))))),
+                Field("log_start_offset", INT64, since=5, default=-1),
+                Field("record_errors", array(
+                    Field("batch_index", INT32),
+                    Field("batch_index_error_message", NULLABLE_STRING)),
+                      since=8, default=()),
+                Field("error_message", NULLABLE_STRING, since=8, default=None))))),
         Field("throttle_time_ms", INT32, since=1, default=0))),
     ApiKey.FETCH: Message((
         Field("throttle_time_ms", INT32, since=1, default=0),

@@ -12,7 +12,9 @@ What each name does here, as on a Kafka broker:
 
 - the *topic defaults* (``log.retention.ms``, ``log.retention.bytes``,
   ``message.max.bytes``, ``log.message.timestamp.type``, ``compression.type``,
-  ``log.cleanup.policy``, ``log.cleaner.delete.retention.ms``, ``log.segment.bytes``,
+  ``log.cleanup.policy``, ``log.cleaner.delete.retention.ms``,
+  ``log.cleaner.min.compaction.lag.ms``, ``log.cleaner.max.compaction.lag.ms``,
+  ``log.cleaner.min.cleanable.ratio``, ``log.segment.bytes``,
   ``log.flush.interval.ms``, ``log.flush.interval.messages``): the value every topic
   without its own (topic config) takes, on the partitions the gateway leads. Each is
   checked as its topic config is (``topic_configs``), so a value a topic may not
@@ -77,6 +79,9 @@ _TOPIC_DEFAULTS = {
     "compression.type": "compression.type",
     "log.cleanup.policy": "cleanup.policy",
     "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "log.segment.bytes": "segment.bytes",
     "log.flush.interval.ms": "flush.ms",
     "log.flush.interval.messages": "flush.messages",

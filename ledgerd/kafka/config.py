@@ -56,6 +56,18 @@ class GatewayConfig(ClientConfig):
     log_roll_bytes: int = setting(
         256 << 20, bk="(ledgerd: log roll)", minimum=1 << 20,
         doc="A partition's log moves to a new ledger after this many bytes.")
+    compaction_map_bytes: int = setting(
+        16 << 20, bk="(Kafka: log.cleaner.dedupe.buffer.size)", minimum=24 * 16,
+        doc="Memory for a compaction pass's offset map (24 bytes a key): a pass over "
+            "more distinct keys compacts only the part of the log the keys that fit "
+            "cover, the rest on later passes.")
+    compaction_backoff_ms: int = setting(
+        15000, bk="(Kafka: log.cleaner.backoff.ms)", minimum=10,
+        doc="How often the gateway looks for compacted partitions it leads to clean.")
+    compaction_orphan_age_s: int = setting(
+        3600, bk="(ledgerd)", minimum=10,
+        doc="A ledger a compaction pass wrote but never listed (the gateway died before "
+            "the swap) is deleted once this old; a pass older than half this gives up.")
     tail_cache_bytes: int = setting(
         8 << 20, bk="(ledgerd)", minimum=0,
         doc="Recently written batches each partition keeps in memory for consumers at "

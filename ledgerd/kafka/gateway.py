@@ -68,7 +68,7 @@ from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka import epochs, retention, topic_admin, transactions
+from ledgerd.kafka import cleaner, epochs, retention, topic_admin, transactions
 from ledgerd.kafka.acl_admin import GatewayAcls
 from ledgerd.kafka.acls import AclSettings, Resource, cluster, parse_super_users
 from ledgerd.kafka.api import (
@@ -82,6 +82,7 @@ from ledgerd.kafka.api import (
     ErrorCode,
 )
 from ledgerd.kafka.authorization import verdict
+from ledgerd.kafka.compaction import keyless_records
 from ledgerd.kafka.compression import recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
@@ -492,6 +493,7 @@ class Gateway:
                 nursery.start_soon(self.txn.run)
                 nursery.start_soon(retention.run, self)
                 nursery.start_soon(self.broker_configs.run)
+                nursery.start_soon(cleaner.run, self)
                 served: list[Any] = listeners
                 if tls is not None:
                     served = [trio.SSLListener(lst, tls, https_compatible=False)
@@ -984,6 +986,11 @@ class Gateway:
                         batches = await trio.to_thread.run_sync(
                             recompressed, batches, policy.compression,
                             policy.max_message_bytes)
+                    if policy.compact:  # keyless records cannot be compacted
+                        keyless = await trio.to_thread.run_sync(keyless_records, batches)
+                        if keyless:
+                            work[key] = _keyless_refusal(t["name"], pd["index"], keyless)
+                            continue
                 except BatchError as exc:
                     log.warning("kafka_bad_batch", extra=fields(
                         peer=conn.peer, topic=t["name"], partition=pd["index"],
@@ -1017,6 +1024,9 @@ class Gateway:
             entry: dict[str, Any] = {"index": p, "error_code": 0, "base_offset": -1}
             if isinstance(item, int):
                 entry["error_code"] = item
+            elif isinstance(item, _Refusal):
+                entry.update(error_code=item.code, error_message=item.message,
+                             record_errors=item.record_errors)
             else:
                 with trio.move_on_at(deadline):
                     await item.done.wait()
@@ -1822,3 +1832,21 @@ async def serve_gateway(client: Client, config: GatewayConfig, *,
         await nursery.start(gw.run)
         task_status.started(gw)
 
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """A partition's produce refused with a message and KIP-467 record errors (v8+)."""
+
+    code: int
+    message: str
+    record_errors: list[dict[str, Any]]
+
+
+def _keyless_refusal(topic: str, partition: int, keyless: list[int]) -> _Refusal:
+    """A compacted topic's answer to records without a key, Kafka's words: the whole
+    batch is refused (nothing written), each keyless record named by its index."""
+    why = ("Compacted topic cannot accept message without key in topic partition "
+           f"{topic}-{partition}.")
+    return _Refusal(ErrorCode.INVALID_RECORD, why,
+                    [{"batch_index": i, "batch_index_error_message": why} for i in keyless])

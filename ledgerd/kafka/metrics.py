@@ -37,6 +37,15 @@ class GatewayMetrics:
         self.connections_refused = 0
         self.connections_closed_bad = 0  # bad frames, unknown APIs, unsupported versions
         self.auth_failures = 0
+        # compaction (``cleaner.py``)
+        self.compaction_passes = 0
+        self.compaction_partial_passes = 0  # the offset map filled up
+        self.compaction_failures = 0
+        self.compaction_records_removed = 0
+        self.compaction_bytes_before = 0  # of the ledgers a pass replaced
+        self.compaction_bytes_after = 0  # of their replacements
+        self.compaction_orphans_deleted = 0
+        self.compaction_sweeps = 0  # looks for orphaned replacements
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
@@ -95,7 +104,24 @@ class _Collector:
                 ("ledgerd_kafka_connections_closed_bad", "Connections closed for a bad frame, "
                  "an unknown API or an unsupported version.", m.connections_closed_bad),
                 ("ledgerd_kafka_authentication_failures", "SASL authentications refused.",
-                 m.auth_failures)):
+                 m.auth_failures),
+                ("ledgerd_kafka_compaction_passes", "Compaction passes that completed.",
+                 m.compaction_passes),
+                ("ledgerd_kafka_compaction_partial_passes", "Passes whose offset map filled "
+                 "up (compaction_map_bytes): they compacted a prefix of the log.",
+                 m.compaction_partial_passes),
+                ("ledgerd_kafka_compaction_failures", "Passes that failed (the log was "
+                 "left as it was).", m.compaction_failures),
+                ("ledgerd_kafka_compaction_records_removed", "Records compaction removed.",
+                 m.compaction_records_removed),
+                ("ledgerd_kafka_compaction_bytes_before", "Bytes of the ledgers compaction "
+                 "replaced.", m.compaction_bytes_before),
+                ("ledgerd_kafka_compaction_bytes_after", "Bytes of their replacements.",
+                 m.compaction_bytes_after),
+                ("ledgerd_kafka_compaction_orphans_deleted", "Ledgers a compaction pass "
+                 "wrote and never listed, deleted.", m.compaction_orphans_deleted),
+                ("ledgerd_kafka_compaction_sweeps", "Looks for orphaned replacements.",
+                 m.compaction_sweeps)):
             yield CounterMetricFamily(name, doc, value=value)
         for name, (doc, fn) in sorted(m.gauges.items()):
             yield GaugeMetricFamily(name, doc, value=fn())

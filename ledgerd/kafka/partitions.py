@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ledgerd.base.logs import fields
-from ledgerd.errors import LedgerdError, NoSuchLedgerError
+from ledgerd.errors import EntryUnavailableError, LedgerdError, NoSuchLedgerError
 from ledgerd.kafka import epochs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
@@ -376,8 +376,10 @@ class PartitionLog:
                 eid = lo - 1
         for bh in reversed(found):
             if bh.producer_id >= 0:
+                # lastOffsetDelta, not recordCount: compaction removes records from a
+                # batch and keeps its offsets, so its last sequence (as Kafka's)
                 self.producers.note(bh.producer_id, bh.producer_epoch, bh.base_sequence,
-                                    last_sequence(bh.base_sequence, bh.record_count),
+                                    last_sequence(bh.base_sequence, bh.last_offset_delta + 1),
                                     bh.base_offset)
 
     def _remember(self, base: int, nxt: int, batch: bytes) -> None:
@@ -800,6 +802,34 @@ class PartitionLog:
             self._start = (now, first)
         return max(self.floor, self._start[1])
 
+    async def forget_unlisted(self) -> bool:
+        """Forget what is remembered of ledgers the log no longer lists (compaction
+        replaced them, retention dropped them): their handles, the positions and
+        read-ahead pointing into them, what was read of them. True if there were any."""
+        listed = set(await self._ledgers())
+        known = set(self.handles) | {lid for lid, _ in self.positions.values()} \
+            | set(self.first_offsets)
+        gone = known - listed
+        if not gone:
+            return False
+        for memory in (self.first_entries, self.first_offsets, self.first_epochs,
+                       self.summaries, self.max_times):
+            for lid in gone:
+                memory.pop(lid, None)
+        await self._forget_reads()
+        self.start_moved()
+        return True
+
+    async def read_entries(self, ledger_id: int, first: int, last: int) -> list[bytes]:
+        """The payloads of a ledger's entries ``first..last`` (batches; entry 0 of a
+        ledger with a log header is its header)."""
+        h = await self._handle(ledger_id)
+        return [e.payload for e in await h.read_batch(first, last)]
+
+    async def batch_header(self, ledger_id: int, entry_id: int) -> BatchHeader:
+        """The header of the batch in that entry."""
+        return await self._header(ledger_id, entry_id)
+
     def start_moved(self) -> None:
         """Forget the remembered first offset (ledgers were just dropped here)."""
         self._start = None
@@ -878,17 +908,24 @@ class PartitionLog:
             if not (self.ahead_running and offset == self.ahead_expect):
                 break
             await self.ahead_progress.wait()  # the read-ahead is fetching exactly this
-        try:
-            return await self._read_stored(offset, max_bytes, min_one), hw
-        except NoSuchLedgerError:
-            # its ledger was dropped (retention, DeleteRecords, perhaps by another
-            # gateway) since the first offset was last read here
-            self.start_moved()
-            self.positions.clear()
-            start = await self.start_offset()
-            if offset < start:
-                raise OffsetOutOfRangeError(offset, start, hw) from None
-            raise
+        for attempt in range(2):
+            try:
+                return await self._read_stored(offset, max_bytes, min_one), hw
+            except (NoSuchLedgerError, EntryUnavailableError) as exc:
+                # its ledger was replaced by compaction or dropped (retention,
+                # DeleteRecords), perhaps by another gateway, since it was read here: a
+                # replacement, which the list names now, holds the same offsets
+                if not attempt and await self.forget_unlisted():
+                    continue
+                if not isinstance(exc, NoSuchLedgerError):
+                    raise
+                self.start_moved()
+                self.positions.clear()
+                start = await self.start_offset()
+                if offset < start:
+                    raise OffsetOutOfRangeError(offset, start, hw) from None
+                raise
+        raise AssertionError("unreachable")
 
     async def _read_stored(self, offset: int, max_bytes: int, min_one: bool) -> bytes:
         """Whole batches from the ledgers, from the one holding ``offset``."""

@@ -13,6 +13,17 @@ untouched. Layout (``DefaultRecordBatch.java``), big-endian::
 The CRC leaves out baseOffset, batchLength, leaderEpoch and magic, so rewriting the
 base offset keeps it valid. attributes: bits 0-2 compression (0 none, 1 gzip,
 2 snappy, 3 lz4, 4 zstd), bit 3 LogAppendTime, bit 4 transactional, bit 5 control.
+
+The records section (compressed as a whole by the codec) holds ``recordCount`` records,
+each (``DefaultRecord.java``; varints zigzag-encoded)::
+
+    length varint (bytes after it) | attributes i8 | timestampDelta varint
+    | offsetDelta varint | keyLength varint (-1: null) | key | valueLength varint
+    (-1: null, a tombstone) | value | headerCount varint | headers...
+
+``record_spans`` reads that layout and ``batch_with_records`` writes a batch from
+records kept byte for byte (compaction, ``compaction.py``): both sides of the layout
+are here.
 """
 
 from __future__ import annotations
@@ -24,8 +35,8 @@ import google_crc32c
 
 from ledgerd.base.errors import LedgerdError
 
-__all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "split_batches", "with_base_offset",
-           "with_log_append_time"]
+__all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "RecordSpan", "batch_with_records",
+           "record_spans", "split_batches", "with_base_offset", "with_log_append_time"]
 
 HEADER_SIZE = 61
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -153,3 +164,70 @@ def with_log_append_time(batch: bytes, now_ms: int) -> bytes:
     struct.pack_into(">h", tail, 0, attrs)
     struct.pack_into(">q", tail, 35 - 21, now_ms)
     return batch[:17] + struct.pack(">I", google_crc32c.value(bytes(tail))) + bytes(tail)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpan:
+    """One record of a batch's (decompressed) records section: where it lies
+    (``start``..``end``, its length prefix included), its offset and timestamp deltas,
+    its key (None: null) and whether its value is null (a tombstone)."""
+
+    start: int
+    end: int
+    offset_delta: int
+    timestamp_delta: int
+    key: bytes | None
+    is_tombstone: bool
+
+
+def _varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
+    """A zigzag varint (up to 10 bytes) at ``at``; returns it and the next position."""
+    shift = value = 0
+    for i in range(at, min(at + 10, len(data))):
+        b = data[i]
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (value >> 1) ^ -(value & 1), i + 1
+        shift += 7
+    raise BatchError(2, f"a varint at byte {at} does not end")
+
+
+def record_spans(body: bytes | memoryview, count: int) -> list[RecordSpan]:
+    """The ``count`` records of a decompressed records section, in order. Raises
+    BatchError (CORRUPT_MESSAGE) naming the record that does not parse."""
+    out: list[RecordSpan] = []
+    at = 0
+    for i in range(count):
+        start = at
+        length, at = _varint(body, at)
+        end = at + length
+        if length < 6 or end > len(body):
+            raise BatchError(2, f"record {i} claims {length} bytes; {len(body) - at} remain")
+        at += 1  # attributes
+        ts, at = _varint(body, at)
+        off, at = _varint(body, at)
+        klen, at = _varint(body, at)
+        key = None
+        if klen >= 0:
+            key, at = bytes(body[at:at + klen]), at + klen
+        vlen, at = _varint(body, at)
+        if at > end or (vlen > 0 and at + vlen > end):
+            raise BatchError(2, f"record {i}'s fields run past its {length} bytes")
+        out.append(RecordSpan(start, end, off, ts, key, vlen < 0))
+        at = end
+    if at != len(body):
+        raise BatchError(2, f"{len(body) - at} bytes after the batch's {count} records")
+    return out
+
+
+def batch_with_records(header: bytes | memoryview, records: bytes, count: int) -> bytes:
+    """A batch with ``header``'s 61 bytes (base offset, lastOffsetDelta, timestamps,
+    producer id, epoch and base sequence, attributes and codec kept) around
+    ``records``, the records section already compressed with the header's codec
+    and holding ``count`` records: batchLength, recordCount and the CRC-32C new."""
+    head = bytearray(header[:HEADER_SIZE])
+    struct.pack_into(">i", head, 8, HEADER_SIZE - 12 + len(records))
+    struct.pack_into(">i", head, 57, count)
+    tail = bytes(head[21:]) + records
+    struct.pack_into(">I", head, 17, google_crc32c.value(tail))
+    return bytes(head[:21]) + tail

@@ -13,22 +13,31 @@ gateway does what it says:
   gateway's ``max_batch_bytes``);
 - ``message.timestamp.type``: ``LogAppendTime`` makes the gateway stamp each batch
   with the time it takes it;
-- ``cleanup.policy=delete`` (the only policy: there is no compaction);
+- ``cleanup.policy``: ``delete`` (retention only), ``compact`` (the partition's leader
+  compacts its closed ledgers: ``compaction.py``, ``cleaner.py``; keyless records are
+  refused), or both (``compact,delete``: compaction and retention);
+- ``delete.retention.ms``: on a compacted topic, a tombstone (a record with a null
+  value) that is its key's latest stays this long past its timestamp, then the cleaner
+  removes it;
+- ``min.compaction.lag.ms``: a ledger is compacted only once its newest record is this
+  old; ``min.cleanable.dirty.ratio``: a pass runs only once the part of the log not
+  compacted yet is at least this share of the compactable part;
 - ``compression.type``: ``producer`` stores batches as produced; ``uncompressed``,
   ``gzip``, ``snappy``, ``lz4`` or ``zstd`` makes the gateway recompress each produced
   batch with that codec before it appends it, as Kafka's broker does
   (``compression.py``);
-- ``message.format.version``, ``flush.ms``, ``flush.messages``,
-  ``delete.retention.ms``, ``segment.bytes``, ``segment.ms``: accepted because they
-  hold trivially (every batch is stored as RecordBatch v2, as Kafka 3+ does whatever
-  the setting; every acknowledged batch is already on its ack quorum's journals;
-  tombstone retention only matters to compaction, which a ``delete`` topic does not
-  run; segment sizes only set how much past a retention limit is kept, and ledgers
-  roll at the gateway's ``log_roll_bytes``).
+- ``message.format.version``, ``flush.ms``, ``flush.messages``, ``segment.bytes``,
+  ``segment.ms``: accepted because they hold trivially (every batch is stored as
+  RecordBatch v2, as Kafka 3+ does whatever the setting; every acknowledged batch is
+  already on its ack quorum's journals; segment sizes only set how much past a
+  retention limit is kept, and ledgers roll at the gateway's ``log_roll_bytes``);
+- ``max.compaction.lag.ms``: its default only (no limit). Kafka rolls the active
+  segment to honour a lower one; the gateway never compacts its active ledger, which
+  rolls by size only, so a lower value is refused (POLICY_VIOLATION).
 
 Anything else is refused, never kept silently: an unknown name with INVALID_CONFIG,
-a value the gateway cannot honour (``cleanup.policy=compact``) with POLICY_VIOLATION,
-each with a message naming the config.
+a value the gateway cannot honour (``max.compaction.lag.ms`` below its default) with
+POLICY_VIOLATION, each with a message naming the config.
 """
 
 from __future__ import annotations
@@ -131,14 +140,34 @@ def _one_of(*allowed: str, refused: Mapping[str, str] | None = None,
 
 def _cleanup_policy(name: str, value: str) -> str:
     items = [v.strip() for v in value.split(",") if v.strip()]
-    if "compact" in items:
-        raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION,
-                                 f"{name}={value}: compacted topics are not supported "
-                                 "(ledgerd does not compact logs; only 'delete')")
-    if items != ["delete"]:
+    if not items or len(set(items)) != len(items) or \
+            not set(items) <= {"compact", "delete"}:
         raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
-                                 f"{name}={value!r}: allowed 'delete'")
-    return "delete"
+                                 f"{name}={value!r}: allowed 'delete', 'compact' or "
+                                 "'compact,delete'")
+    return ",".join(items)
+
+
+def _ratio(name: str, value: str) -> str:
+    try:
+        r = float(value.strip())
+    except ValueError:
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                 f"{name}={value!r}: not a number") from None
+    if not 0.0 <= r <= 1.0:
+        raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                                 f"{name}={r}: allowed 0 to 1")
+    return str(r)
+
+
+def _max_compaction_lag(name: str, value: str) -> str:
+    v = _integer(1, LONG_MAX)(name, value)
+    if int(v) != LONG_MAX:
+        raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION,
+                                 f"{name}={v}: only {LONG_MAX} (no limit); the gateway "
+                                 "never compacts a partition's active ledger, which "
+                                 "rolls by size only")
+    return v
 
 
 def _format_version(name: str, value: str) -> str:
@@ -166,13 +195,16 @@ class ConfigSpec:
 
 CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("cleanup.policy", "delete", ConfigType.LIST, _cleanup_policy,
-               "Only 'delete': old ledgers are dropped by retention; no compaction."),
+               "'delete': old ledgers are dropped by retention; 'compact': the leader's "
+               "cleaner keeps at least the latest record of each key in closed ledgers "
+               "(offsets unchanged; keyless records are refused); 'compact,delete': both."),
     ConfigSpec("compression.type", "producer", ConfigType.STRING,
                _one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
                "'producer' keeps the producer's codec; any other value makes the gateway "
                "recompress each produced batch with that codec."),
     ConfigSpec("delete.retention.ms", "86400000", ConfigType.LONG, _integer(0, LONG_MAX),
-               "Accepted; it only matters to compaction, which 'delete' topics do not run."),
+               "On a compacted topic: how long a tombstone (null value) that is its key's "
+               "latest is kept past its timestamp before the cleaner removes it."),
     ConfigSpec("flush.messages", str(LONG_MAX), ConfigType.LONG, _integer(1, LONG_MAX),
                "Accepted; every acknowledged batch is already on its ack quorum's "
                "journals."),
@@ -182,6 +214,14 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("max.message.bytes", None, ConfigType.INT, _integer(0, INT_MAX),
                "Largest record batch accepted (MESSAGE_TOO_LARGE above it); at most the "
                "gateway's max_batch_bytes.", default_from="max_batch_bytes"),
+    ConfigSpec("max.compaction.lag.ms", str(LONG_MAX), ConfigType.LONG,
+               _max_compaction_lag,
+               "Only the default (no limit): the active ledger is never compacted."),
+    ConfigSpec("min.cleanable.dirty.ratio", "0.5", ConfigType.DOUBLE, _ratio,
+               "A compaction pass runs once the share of the compactable ledgers' bytes "
+               "not compacted yet is at least this."),
+    ConfigSpec("min.compaction.lag.ms", "0", ConfigType.LONG, _integer(0, LONG_MAX),
+               "A closed ledger is compacted only once its newest record is this old."),
     ConfigSpec("message.format.version", "3.0-IV1", ConfigType.STRING, _format_version,
                "Accepted and without effect, as on Kafka 3+: batches are stored as "
                "RecordBatch v2."),
@@ -293,10 +333,21 @@ class TopicPolicy:
     max_message_bytes: int = 1 << 20
     log_append_time: bool = False
     compression: Codec | None = None  # None: the producer's
+    compact: bool = False  # cleanup.policy holds 'compact'
+    delete: bool = True  # cleanup.policy holds 'delete' (retention applies)
+    delete_retention_ms: int = 86_400_000
+    min_compaction_lag_ms: int = 0
+    min_cleanable_dirty_ratio: float = 0.5
 
     @classmethod
     def of(cls, configs: Mapping[str, str], *, max_batch_bytes: int) -> TopicPolicy:
-        return cls(retention_ms=int(configs.get("retention.ms", "-1")),
+        policy = configs.get("cleanup.policy", "delete").split(",")
+        return cls(compact="compact" in policy, delete="delete" in policy,
+                   delete_retention_ms=int(configs.get("delete.retention.ms", "86400000")),
+                   min_compaction_lag_ms=int(configs.get("min.compaction.lag.ms", "0")),
+                   min_cleanable_dirty_ratio=float(
+                       configs.get("min.cleanable.dirty.ratio", "0.5")),
+                   retention_ms=int(configs.get("retention.ms", "-1")),
                    retention_bytes=int(configs.get("retention.bytes", "-1")),
                    max_message_bytes=min(int(configs.get("max.message.bytes",
                                                          max_batch_bytes)), max_batch_bytes),
@@ -305,7 +356,8 @@ class TopicPolicy:
 
     @property
     def has_retention(self) -> bool:
-        return self.retention_ms >= 0 or self.retention_bytes >= 0
+        """Retention applies: the policy holds 'delete' and a limit is set."""
+        return self.delete and (self.retention_ms >= 0 or self.retention_bytes >= 0)
 
 
 def config_entry(version: int, name: str, value: str | None, *, read_only: bool,

@@ -132,10 +132,11 @@ def test_topic_configs_are_kept_described_altered_and_refused_when_not_honoured(
     assert got["max.message.bytes"].value == "5000"
     assert got["cleanup.policy"].value == "delete" and got["cleanup.policy"].is_default
 
-    compact = _refusal(admin.create_topics([NewTopic(
-        "cfg-compact", 1, config={"cleanup.policy": "compact"})])["cfg-compact"])
-    assert compact.code() == KafkaError.POLICY_VIOLATION
-    assert "cleanup.policy" in compact.str()
+    lag = _refusal(admin.create_topics([NewTopic(
+        "cfg-compact", 1, config={"cleanup.policy": "compact",
+                                  "max.compaction.lag.ms": "60000"})])["cfg-compact"])
+    assert lag.code() == KafkaError.POLICY_VIOLATION
+    assert "max.compaction.lag.ms" in lag.str()
     unknown = _refusal(admin.create_topics([NewTopic(
         "cfg-unknown", 1, config={"dummy.doesntexist": "1"})])["cfg-unknown"])
     assert unknown.code() == KafkaError.INVALID_CONFIG and "dummy.doesntexist" in unknown.str()
@@ -154,12 +155,29 @@ def test_topic_configs_are_kept_described_altered_and_refused_when_not_honoured(
     assert got["retention.ms"].value == "-1" and got["retention.ms"].is_default
     assert got["max.message.bytes"].value == "5000"
 
-    bad = ConfigResource("topic", "cfg-a", incremental_configs=[
+    # compaction is honoured now: APPEND and SUBTRACT edit the policy list
+    both = ConfigResource("topic", "cfg-a", incremental_configs=[
         ConfigEntry("cleanup.policy", "compact",
-                    incremental_operation=AlterConfigOpType.APPEND)])
-    refused = _refusal(admin.incremental_alter_configs([bad])[bad])
-    assert refused.code() == KafkaError.POLICY_VIOLATION and "compact" in refused.str()
+                    incremental_operation=AlterConfigOpType.APPEND),
+        ConfigEntry("min.cleanable.dirty.ratio", "0.1",
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([both])[both].result(BOUND_S)
+    got = _configs(admin, "cfg-a")
+    assert got["cleanup.policy"].value == "delete,compact"
+    assert got["min.cleanable.dirty.ratio"].value == "0.1"
+    back = ConfigResource("topic", "cfg-a", incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact",
+                    incremental_operation=AlterConfigOpType.SUBTRACT),
+        ConfigEntry("min.cleanable.dirty.ratio", None,
+                    incremental_operation=AlterConfigOpType.DELETE)])
+    admin.incremental_alter_configs([back])[back].result(BOUND_S)
     assert _configs(admin, "cfg-a")["cleanup.policy"].value == "delete"
+    bad = ConfigResource("topic", "cfg-a", incremental_configs=[
+        ConfigEntry("max.compaction.lag.ms", "1000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    refused = _refusal(admin.incremental_alter_configs([bad])[bad])
+    assert refused.code() == KafkaError.POLICY_VIOLATION
+    assert "max.compaction.lag.ms" in refused.str()
 
     # AlterConfigs replaces the whole set
     whole = ConfigResource("topic", "cfg-a", set_config={"message.timestamp.type":

@@ -36,9 +36,12 @@ def _refused(name: str, value: str | None) -> ConfigRefusedError:
 
 
 def test_configs_the_gateway_cannot_honour_are_refused_naming_them() -> None:
-    compact = _refused("cleanup.policy", "compact")
-    assert compact.code == ErrorCode.POLICY_VIOLATION and "cleanup.policy" in compact.message
-    assert _refused("cleanup.policy", "delete,compact").code == ErrorCode.POLICY_VIOLATION
+    lag = _refused("max.compaction.lag.ms", "60000")
+    assert lag.code == ErrorCode.POLICY_VIOLATION and "max.compaction.lag.ms" in lag.message
+    assert _refused("cleanup.policy", "compact,compact").code == ErrorCode.INVALID_CONFIG
+    assert _refused("cleanup.policy", "shred").code == ErrorCode.INVALID_CONFIG
+    assert _refused("min.cleanable.dirty.ratio", "1.5").code == ErrorCode.INVALID_CONFIG
+    assert _refused("min.compaction.lag.ms", "-1").code == ErrorCode.INVALID_CONFIG
     brotli = _refused("compression.type", "brotli")
     assert brotli.code == ErrorCode.INVALID_CONFIG and "compression.type" in brotli.message
     unknown = _refused("dummy.doesntexist", "x")
@@ -54,6 +57,27 @@ def test_configs_the_gateway_cannot_honour_are_refused_naming_them() -> None:
 def test_honoured_configs_are_normalised() -> None:
     assert checked("retention.ms", " 1000 ", max_batch_bytes=LIMIT) == "1000"
     assert checked("cleanup.policy", "delete", max_batch_bytes=LIMIT) == "delete"
+    # compaction is honoured (compaction.py, cleaner.py), alone or with retention
+    for policy in ("compact", "compact,delete", " delete , compact"):
+        assert checked("cleanup.policy", policy, max_batch_bytes=LIMIT) == \
+            policy.replace(" ", "")
+    assert checked("min.cleanable.dirty.ratio", "0.1", max_batch_bytes=LIMIT) == "0.1"
+    assert checked("max.compaction.lag.ms", str(2**63 - 1), max_batch_bytes=LIMIT) == \
+        str(2**63 - 1)
+
+
+def test_topic_policy_reads_compaction_configs() -> None:
+    both = TopicPolicy.of({"cleanup.policy": "compact,delete", "retention.ms": "5",
+                           "delete.retention.ms": "7", "min.compaction.lag.ms": "9",
+                           "min.cleanable.dirty.ratio": "0.25"}, max_batch_bytes=LIMIT)
+    assert both.compact and both.delete and both.has_retention
+    assert (both.delete_retention_ms, both.min_compaction_lag_ms,
+            both.min_cleanable_dirty_ratio) == (7, 9, 0.25)
+    # a compact-only topic keeps its records whatever retention.ms says, as Kafka's
+    only = TopicPolicy.of({"cleanup.policy": "compact", "retention.ms": "5"},
+                          max_batch_bytes=LIMIT)
+    assert only.compact and not only.delete and not only.has_retention
+    assert not TopicPolicy.of({}, max_batch_bytes=LIMIT).compact
     # every codec Kafka names is honoured: the gateway recompresses (compression.py)
     for codec in ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"):
         assert checked("compression.type", f" {codec}", max_batch_bytes=LIMIT) == codec
@@ -80,7 +104,7 @@ def test_alter_replaces_the_set_and_refuses_duplicates() -> None:
                 last_wins=True)
     # an unknown name is what is reported, before a value not honoured
     with pytest.raises(ConfigRefusedError) as info:
-        altered([("cleanup.policy", "compact"), ("dummy.doesntexist", "1")],
+        altered([("max.compaction.lag.ms", "5"), ("dummy.doesntexist", "1")],
                 max_batch_bytes=LIMIT)
     assert info.value.code == ErrorCode.INVALID_CONFIG
 
@@ -92,11 +116,16 @@ def test_incremental_set_delete_append_subtract() -> None:
                                 max_batch_bytes=LIMIT)
     assert out == {"retention.ms": "7"}
     assert current == {"retention.ms": "5", "retention.bytes": "9"}  # not changed in place
-    # APPEND of compact to a list config is refused like a SET of it would be
+    # APPEND and SUBTRACT on the list config cleanup.policy (its default is delete)
+    both = incrementally_altered({}, [("cleanup.policy", OpType.APPEND, "compact")],
+                                 max_batch_bytes=LIMIT)
+    assert both == {"cleanup.policy": "delete,compact"}
+    assert incrementally_altered(both, [("cleanup.policy", OpType.SUBTRACT, "delete")],
+                                 max_batch_bytes=LIMIT) == {"cleanup.policy": "compact"}
     with pytest.raises(ConfigRefusedError) as info:
-        incrementally_altered({}, [("cleanup.policy", OpType.APPEND, "compact")],
+        incrementally_altered({}, [("cleanup.policy", OpType.APPEND, "shred")],
                               max_batch_bytes=LIMIT)
-    assert info.value.code == ErrorCode.POLICY_VIOLATION
+    assert info.value.code == ErrorCode.INVALID_CONFIG
     # SUBTRACT empties the list: back to the default
     assert incrementally_altered({"cleanup.policy": "delete"},
                                  [("cleanup.policy", OpType.SUBTRACT, "delete")],

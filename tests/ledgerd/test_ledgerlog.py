@@ -101,3 +101,36 @@ async def test_append_closed_ledgers_fences_the_tail_then_truncate(zk_chroot: st
         assert await client.logs.names() == ["batches"]
         await client.logs.delete("batches")
         assert await client.logs.names() == []
+
+
+async def test_replace_ledgers_swaps_in_place_with_one_cas_and_refuses_a_changed_list(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """Compaction's swap (Logs.replace_ledgers): a replacement takes its old ledger's
+    place (header place kept, custom metadata added), the old one is deleted; refused,
+    nothing changed, once the old ledger is no longer listed."""
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot) as client:
+        writer = await client.logs.open_writer("swap", 3, 2, 2, roll_entries=2)
+        for i in range(5):
+            await writer.append(b"e%d" % i)
+        await writer.close()
+        first, second, last = await client.logs.ledgers("swap")
+        new = await client.logs.new_replacement("swap", first, -1, custom={"t": "1"})
+        with pytest.raises(LedgerdError, match="must be closed"):
+            await client.logs.replace_ledgers("swap", {first: new.ledger_id})
+        await new.append_many([b"E0", b"E1"])
+        await new.close()
+        md = await client.ledger_metadata(new.ledger_id)
+        assert dict(md.custom_metadata)["t"] == "1" and md.last_entry_id == 2  # header + 2
+        assert await client.logs.replace_ledgers("swap", {first: new.ledger_id}) == (
+            new.ledger_id, second, last)
+        with pytest.raises(ledgerd.NoSuchLedgerError):
+            await client.ledger_metadata(first)
+        assert [e.payload async for e in client.logs.read("swap")] == [
+            b"E0", b"E1", b"e2", b"e3", b"e4"]
+        # the old ledger is gone from the list: a second swap of it is refused
+        other = await client.logs.new_replacement("swap", second, new.ledger_id)
+        await other.close()
+        with pytest.raises(LogFencedError, match="no longer listed"):
+            await client.logs.replace_ledgers("swap", {first: other.ledger_id})
+        assert await client.logs.ledgers("swap") == (new.ledger_id, second, last)

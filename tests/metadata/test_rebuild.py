@@ -193,6 +193,11 @@ def test_a_log_comes_back_from_its_headers_in_order_with_its_truncation_point() 
     # A ledger whose end is not where the next header says: named, offsets kept.
     (log,) = plan_logs(headers, {**ends, 11: 6}, live={"b"})
     assert any("move by -1" in p for p in log.problems)
+    # Ledger 8 replaced by compaction (ledger 30: same place, its successor's prev
+    # gone): the chain goes through the replacement.
+    compacted = {**{k: v for k, v in headers.items() if k != 8}, 30: _header("a", 2, 5, 40)}
+    (log,) = plan_logs(compacted, {**ends, 30: 10}, live={"b"})
+    assert log.ledgers == (30, 11, 12) and log.base == 40 and log.left_out == (13,)
     # A gap (seq 3 missing): the log starts after it.
     del headers[11]
     (log,) = plan_logs(headers, ends, live={"b"})

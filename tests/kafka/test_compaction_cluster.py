@@ -1,0 +1,250 @@
+"""Compacted topics on a real cluster (ZooKeeper, bookie processes, a ``ledgerd
+gateway`` process) with a stock client (confluent-kafka): the cleaner keeps exactly
+the latest value of each key at its original offset, tombstones go after
+delete.retention.ms, keyless records are refused, and a gateway killed with SIGKILL
+while it compacts loses no key's latest acknowledged value."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.kafka.conftest import GatewayProcess, running_cluster
+from tests.kafka.crash_kit import BOUND_S, wait_until
+
+FAST_CLEANER = {"LEDGERD_COMPACTION_BACKOFF_MS": "200",
+                "LEDGERD_COMPACTION_ORPHAN_AGE_S": "10"}
+VALUE = 20_000  # bytes: about 50 a ledger (log_roll_bytes is 1 MiB in these tests)
+
+
+def _create(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, config=configs)])[topic].result(
+        BOUND_S)
+
+
+def _produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes | None]],
+             ) -> list[tuple[bytes | None, int, Any]]:
+    """(key, offset, error) of each record, acks=all, in order."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                  "linger.ms": 5, "message.timeout.ms": int(BOUND_S * 1000)})
+    out: list[tuple[bytes | None, int, Any]] = []
+    for key, value in records:
+        p.produce(topic, value=value, key=key, partition=0,
+                  on_delivery=lambda err, msg: out.append((msg.key(), msg.offset(), err)))
+        p.poll(0)
+    assert p.flush(BOUND_S) == 0
+    return out
+
+
+def _consume(bootstrap: str, topic: str) -> list[tuple[int, bytes, bytes | None]]:
+    """Every (offset, key, value) from the start to the high watermark."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g{random.random()}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                  "enable.partition.eof": True})
+    try:
+        _, high = c.get_watermark_offsets(TopicPartition(topic, 0), BOUND_S)
+        c.assign([TopicPartition(topic, 0, 0)])
+        out: list[tuple[int, bytes, bytes | None]] = []
+        deadline = time.monotonic() + BOUND_S
+        while not out or out[-1][0] < high - 1:
+            assert time.monotonic() < deadline, "consumer did not reach the high watermark"
+            msg = c.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            out.append((msg.offset(), msg.key(), msg.value()))
+        return out
+    finally:
+        c.close()
+
+
+def _metric(gw: GatewayProcess, name: str) -> float:
+    text = urllib.request.urlopen(gw.metrics_url, timeout=10).read().decode()
+    m = re.search(rf"^{name}(?:_total)? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(
+        zk_chroot: str, tmp_path: Path) -> None:
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=FAST_CLEANER)
+    with running_cluster(tmp_path, zk_chroot, 3, gw):
+        _create(gw.bootstrap, "kv", {"cleanup.policy": "compact",
+                                     "min.cleanable.dirty.ratio": "0.01",
+                                     "delete.retention.ms": "3000"})
+        # keyless records are refused, nothing of their batch written
+        refused = _produce(gw.bootstrap, "kv", [(None, b"no key")])
+        assert refused[0][2] is not None and refused[0][2].code() == 87  # INVALID_RECORD
+        # 20 keys x 8 rounds over several ledgers, then tombstones for keys 0-4, then
+        # filler under one key so that all of it is in closed ledgers
+        rounds = [(b"k%02d" % k, b"%02d:%d:" % (k, r) + b"x" * VALUE)
+                  for r in range(8) for k in range(20)]
+        tombstones: list[tuple[bytes | None, bytes | None]] = [
+            (b"k%02d" % k, None) for k in range(5)]
+        filler = [(b"filler", b"f%d:" % i + b"y" * VALUE) for i in range(60)]
+        acked = _produce(gw.bootstrap, "kv", rounds + tombstones + filler)
+        assert all(err is None for _, _, err in acked), acked
+        latest = {key: off for key, off, _ in acked}
+        started = time.monotonic()
+        before = _consume(gw.bootstrap, "kv")
+        assert len(before) == len(acked)
+
+        def compacted() -> bool:
+            got = _consume(gw.bootstrap, "kv")
+            keys = [k for _, k, _ in got if k != b"filler"]
+            return len(keys) == len(set(keys)) == 15  # one each; tombstones gone
+        wait_until(compacted, "the cleaner compacted the topic", bound=120)
+        took = time.monotonic() - started
+        got = _consume(gw.bootstrap, "kv")
+        for offset, key, value in got:
+            assert offset == latest[key] or key == b"filler", (offset, key)
+            if key != b"filler":
+                k = int(key[1:])
+                assert value is not None and value.startswith(b"%02d:7:" % k)
+        assert {k for _, k, _ in got} == {b"k%02d" % k for k in range(5, 20)} | {b"filler"}
+        assert got[-1][0] == latest[b"filler"]  # the last record is never compacted away
+        removed = _metric(gw, "ledgerd_kafka_compaction_records_removed")
+        b_before = _metric(gw, "ledgerd_kafka_compaction_bytes_before")
+        b_after = _metric(gw, "ledgerd_kafka_compaction_bytes_after")
+        print(f"compaction: {len(before)} records -> {len(got)} read back, "
+              f"{removed:.0f} removed, ledger bytes {b_before:.0f} -> {b_after:.0f}, "
+              f"{took:.1f} s from the last produce to the compacted view")
+        assert removed >= len(before) - len(got) - 60  # filler in the active ledger stays
+        assert b_after < b_before
+        # a consumer asking for an offset inside a removed range gets the next kept one
+        from confluent_kafka import Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": gw.bootstrap, "group.id": "inside",
+                      "enable.auto.commit": False})
+        try:
+            c.assign([TopicPartition("kv", 0, 3)])
+            deadline = time.monotonic() + BOUND_S
+            msg = None
+            while msg is None or msg.error():
+                assert time.monotonic() < deadline
+                msg = c.poll(1.0)
+            assert msg.offset() == min(o for o, _, _ in got if o >= 3)
+        finally:
+            c.close()
+
+
+def _touch(bootstrap: str) -> None:
+    """Ask for the partition's watermarks (the gateway then has it in use)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "touch"})
+    try:
+        c.get_watermark_offsets(TopicPartition("crash", 0), 10)
+    except Exception:  # the gateway may be dying on purpose already
+        pass
+    finally:
+        c.close()
+
+
+def _orphans(zk: str) -> int:
+    """Replacement ledgers (tagged compacted-for) no log lists."""
+    import trio
+
+    import ledgerd
+    from ledgerd.errors import NoSuchLedgerError
+    from ledgerd.kafka.compaction import COMPACTED_LOG_KEY
+
+    async def count() -> int:
+        async with ledgerd.open_client(zk) as client:
+            n = 0
+            async for lid in client.list_ledgers():
+                try:
+                    md = await client.ledger_metadata(lid)
+                except NoSuchLedgerError:
+                    continue  # deleted since it was listed
+                name = dict(md.custom_metadata).get(COMPACTED_LOG_KEY)
+                if name is not None and lid not in await client.logs.ledgers(name):
+                    n += 1
+            return n
+    return trio.run(count)
+
+
+CRASH_POINTS = ("kafka_compaction.writing", "kafka_compaction.written",
+                "kafka_compaction.swapped")
+
+
+def test_kill_9_while_compacting_loses_no_keys_latest_value(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """Rounds of new values for 25 keys, each followed by a kill -9 of the gateway:
+    at a named step of a pass (``LEDGERD_CRASH_AT``: a replacement half written, all
+    written before the swap, swapped before the old ledgers are deleted), or at a
+    random moment. After each restart every key's latest acknowledged value reads
+    back; at the end the log is compacted and no replacement is left orphaned."""
+    seed = int(os.environ.get("COMPACTION_CRASH_SEED", random.randrange(1 << 30)))
+    print(f"COMPACTION_CRASH_SEED={seed}")
+    rng = random.Random(seed)
+    idle = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000",
+            "LEDGERD_COMPACTION_BACKOFF_MS": "600000"}  # no pass while producing
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=dict(idle))
+    with running_cluster(tmp_path, zk_chroot, 3, gw):
+        _create(gw.bootstrap, "crash", {"cleanup.policy": "compact",
+                                        "min.cleanable.dirty.ratio": "0.01"})
+        latest: dict[bytes, bytes] = {}
+        kills = orphaned = 0
+        plan = [p for p in CRASH_POINTS for _ in range(2)] + [None] * 3
+        rng.shuffle(plan)
+        for round_, point in enumerate(plan):
+            # three rounds of values (1.5 MB): a ledger rolls, superseded records in it
+            for half in range(3):
+                values = [(b"k%02d" % k, b"%d:%d.%d:" % (k, round_, half) + b"x" * VALUE)
+                          for k in range(25)]
+                acked = _produce(gw.bootstrap, "crash", values)
+                assert all(err is None for _, _, err in acked), acked
+                latest.update(values)  # type: ignore[arg-type]
+            gw.env = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000"}
+            if point is not None:  # the next pass kills it at that step
+                gw.env["LEDGERD_CRASH_AT"] = point
+            gw.restart(signal.SIGKILL)
+            _touch(gw.bootstrap)  # the gateway compacts partitions it has served
+            if point is None:  # kill -9 at a random moment of the passes
+                time.sleep(rng.uniform(0.0, 1.0))
+                gw.stop(signal.SIGKILL)
+            else:
+                wait_until(lambda: not gw.running, f"a pass reached {point}", bound=60)
+            kills += 1
+            orphaned += _orphans(zk_chroot)  # a pass killed before its swap
+            gw.env = dict(idle)
+            gw.start()
+            read = _consume(gw.bootstrap, "crash")
+            got = {k: v for _, k, v in read}
+            wrong = {k: (latest[k][:8], got.get(k, b"")[:8]) for k in latest
+                     if got.get(k) != latest[k]}
+            assert not wrong, (f"after kill {kills} at {point} (seed {seed}): "
+                               f"{wrong} (read {len(read)}, last {read[-1][0]})")
+        gw.env = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000"}
+        gw.restart()
+        _touch(gw.bootstrap)
+
+        def compacted() -> bool:
+            got = _consume(gw.bootstrap, "crash")
+            return len(got) < 25 * 3 * len(plan) and {k: v for _, k, v in got} == latest
+        wait_until(compacted, "the restarted gateway compacts", bound=120)
+        # replacements a killed pass never listed are reclaimed once 10 s old
+        wait_until(lambda: _orphans(zk_chroot) == 0, "orphaned replacements deleted",
+                   bound=90)
+        # sweeps that see the last pass's replacements 10 s old delete none of them
+        wait_until(lambda: _metric(gw, "ledgerd_kafka_compaction_sweeps") >= 3,
+                   "three sweeps for orphans", bound=60)
+        got = {k: v for _, k, v in _consume(gw.bootstrap, "crash")}
+        assert got == latest
+        log_text = gw.log_path.read_text(errors="replace")
+        print(f"{kills} kills, every key's latest value read back after each; "
+              f"{log_text.count('kafka_compaction_pass')} passes and "
+              f"{log_text.count('log_ledgers_replaced')} swaps logged, {orphaned} "
+              "orphaned replacements counted after the kills (all reclaimed)")
