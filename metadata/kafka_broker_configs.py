@@ -87,19 +87,19 @@ class BrokerConfigStore:
         self.store = store
         self.path = kafka_broker_configs_path(kafka_root)
 
-    async def get(self) -> BrokerConfigRecord:
-        """The record (an empty one if none was written yet)."""
+    async def get(self) -> tuple[BrokerConfigRecord, int]:
+        """The record and its znode version (an empty one, -1, if none was written)."""
         try:
-            raw, _ = await self.store.get(self.path)
+            raw, stat = await self.store.get(self.path)
         except NoNodeError:
-            return BrokerConfigRecord()
-        return _decode(raw, self.path)
+            return BrokerConfigRecord(), -1
+        return _decode(raw, self.path), stat.version
 
     async def update(self, broker: int | None,
                      change: Callable[[Mapping[str, str]], Mapping[str, str]],
-                     ) -> BrokerConfigRecord:
+                     ) -> tuple[BrokerConfigRecord, int]:
         """Replace ``broker``'s (None: the default's) values with ``change(values)``,
-        under compare-and-set; returns the record after. ``change`` may raise
+        under compare-and-set; returns the record after and its znode version. ``change`` may raise
         ChangeRejectedError (nothing is written). If cancelled, the change may or may
         not have been written."""
 
@@ -119,6 +119,5 @@ class BrokerConfigStore:
                                     make_parents=True)
         except NodeExistsError:
             pass
-        result, _ = await cas_update(self.store, self.path, apply, decode=_decode,
-                                     encode=_encode)
-        return result
+        return await cas_update(self.store, self.path, apply, decode=_decode,
+                                encode=_encode)

@@ -851,20 +851,10 @@ class Gateway:
             topic_id = await self.topic_id(name) if version >= 10 else ZERO_UUID
             leader_epochs = await self.leader_epochs(name, count) if version >= 7 \
                 else [-1] * count
-            record = self.topic_store.cached(name)
-            assigned = record.replicas if record is not None else ()
             parts = []
             for p in range(count):
                 leader = self.owner(f"{name}/{p}")
-                if p < len(assigned):
-                    # a replica assignment given at creation is told as given (it places
-                    # nothing); its live gateways are in sync
-                    replicas = list(assigned[p])
-                    isr = [n for n in replicas if n in self.nodes]
-                else:
-                    # every live gateway serves the partition's reads from its ledgers
-                    # (a follower up to what it has learnt is acknowledged)
-                    replicas = isr = [leader, *sorted(n for n in self.nodes if n != leader)]
+                replicas, isr = self._replicas(name, p, leader)
                 parts.append({"error_code": 0, "partition_index": p, "leader_id": leader,
                               "leader_epoch": leader_epochs[p],
                               "replica_nodes": replicas, "isr_nodes": isr})
@@ -1082,18 +1072,40 @@ class Gateway:
                                       ErrorCode.TOPIC_AUTHORIZATION_FAILED)["responses"]
         return reply
 
-    def _preferred_replica(self, body: dict[str, Any], topic: str, partition: int) -> int:
+    def _preferred_replica(self, body: dict[str, Any], topic: str, partition: int,
+                           part: PartitionLog, offset: int) -> int:
         """Fetch v11+ from a consumer that says its rack, to this partition's leader,
         with gateway_rack_aware_reads: the gateway in that rack to fetch from, or
-        NO_PREFERENCE (``replica_selector.py``)."""
+        NO_PREFERENCE (``replica_selector.py``). Only a consumer reading what a follower
+        can already see is sent away (``PartitionLog.visible_end``: one group append
+        behind the high watermark): one at the tail stays, or a follower would answer
+        it out of range and send it back. The choice is among the partition's replicas
+        as Metadata tells them (the Java client refuses any other)."""
         if not self.config.gateway_rack_aware_reads or body.get("replica_id", -1) >= 0:
             return NO_PREFERENCE
         key = f"{topic}/{partition}"
-        if not self.owns(key):
+        if not self.owns(key) or part.writer is None or not 0 <= offset < part.visible_end:
             return NO_PREFERENCE  # a follower serves what it is asked
+        replicas = set(self._replicas(topic, partition, self.node_id)[0])
         return preferred_read_replica(client_rack=body.get("rack_id") or "",
-                                      leader=self.node_id, racks=self.racks,
+                                      leader=self.node_id,
+                                      racks={n: r for n, r in self.racks.items()
+                                             if n in replicas},
                                       partition_key=key)
+
+    def _replicas(self, topic: str, partition: int, leader: int,
+                  ) -> tuple[list[int], list[int]]:
+        """The partition's replicas and in-sync replicas as Metadata tells them: a
+        replica assignment given at creation as given (it places nothing; its live
+        gateways are in sync), else every live gateway, the leader first: each serves
+        the partition's reads from its ledgers (a follower up to what it has learnt
+        is acknowledged)."""
+        record = self.topic_store.cached(topic)
+        if record is not None and partition < len(record.replicas):
+            replicas = list(record.replicas[partition])
+            return replicas, [n for n in replicas if n in self.nodes]
+        every = [leader, *sorted(n for n in self.nodes if n != leader)]
+        return every, every
 
     async def _fetch(self, body: dict[str, Any], unknown: set[bytes]) -> dict[str, Any]:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
@@ -1130,7 +1142,8 @@ class Gateway:
                         res["error_code"] = storage_error_code(exc)
                     if res["error_code"]:
                         continue
-                    preferred = self._preferred_replica(body, t["topic"], pr["partition"])
+                    preferred = self._preferred_replica(body, t["topic"], pr["partition"],
+                                                        part, pr["fetch_offset"])
                     if preferred != NO_PREFERENCE or total >= budget:
                         # KIP-392: a consumer sent to a gateway in its rack gets no
                         # records here, only where the partition stands; a full response

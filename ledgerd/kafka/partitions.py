@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ledgerd.base.errors import UnavailableError
 from ledgerd.base.logs import fields
 from ledgerd.errors import EntryUnavailableError, LedgerdError, NoSuchLedgerError
 from ledgerd.kafka import epochs
@@ -96,6 +97,17 @@ START_TTL_S = 1.0  # the log's first offset is read again after this long
 
 def log_name(topic: str, partition: int) -> str:
     return partition_log_name(topic, partition)
+
+
+class StaleViewError(UnavailableError):
+    """The log's batches up to an offset this gateway reported were not where its view
+    of the log put them (ledgers replaced or dropped since): retried by the client
+    (REQUEST_TIMED_OUT), never answered as OFFSET_OUT_OF_RANGE, whose high watermark
+    at or above the fetch offset would make a consumer reset its position."""
+
+    def __init__(self, log_name: str, offset: int) -> None:
+        super().__init__(f"log {log_name!r}: the batch at offset {offset} is not where "
+                         "this gateway's view of the log put it; try again")
 
 
 class OffsetOutOfRangeError(LedgerdError):
@@ -151,6 +163,10 @@ class PartitionLog:
         self.writer: LogWriter | None = None
         self.next_offset = -1  # assigned to the next batch (writer only)
         self.acked_end = -1  # high watermark while this gateway writes
+        # where the bookies' last add confirmed (piggybacked on later adds) is known to
+        # have reached: every batch before this is visible to a follower reading the
+        # log (one group append behind acked_end)
+        self.visible_end = -1
         self.queue: deque[_Produce] = deque()
         self.queued_bytes = 0
         self.appending = False
@@ -335,6 +351,7 @@ class PartitionLog:
             if item.producer is not None:
                 self.producers.note(*item.producer, item.base_offset)
         if placed:
+            self.visible_end = self.acked_end
             self.acked_end = placed[-1][1]
             if self.txn is not None and self.txn.covered == placed[0][0]:
                 for _base, _nxt, batch in placed:  # contiguous: the index follows the log
@@ -431,7 +448,7 @@ class PartitionLog:
                         pass
                 raise
             self.writer = writer
-            self.next_offset = self.acked_end = end
+            self.next_offset = self.acked_end = self.visible_end = end
             self._settled = None
             self.tail.clear()
             self.tail_bytes = 0
@@ -445,7 +462,7 @@ class PartitionLog:
         for the caller to let go of."""
         writer, self.writer = self.writer, None
         self.generation += 1
-        self.next_offset = self.acked_end = -1
+        self.next_offset = self.acked_end = self.visible_end = -1
         self.producers.clear()
         self._remote_end = None
         self._settled = None
@@ -772,7 +789,7 @@ class PartitionLog:
                 lid, eid = await self.locate(at, cached=False)
                 last = await self._last_entry(lid, refresh=False)
             if eid > last:
-                raise OffsetOutOfRangeError(at, await self.start_offset(), until)
+                raise StaleViewError(self.name, at)
             h = await self._handle(lid)
             top = min(last, eid + 63)
             for entry in await h.read_batch(eid, top):
@@ -780,7 +797,7 @@ class PartitionLog:
                 if bh.next_offset > index.covered:
                     index.observe(bh, batch_kind(entry.payload, bh))
             if index.covered == at:  # no progress: a batch below its own start?
-                raise OffsetOutOfRangeError(at, await self.start_offset(), until)
+                raise StaleViewError(self.name, at)
             self._note_position(index.covered, lid, top + 1)
 
     async def start_offset(self) -> int:

@@ -291,10 +291,17 @@ class BrokerConfigCache:
     def __init__(self, store: MetadataStore, kafka_root: str) -> None:
         self.store = BrokerConfigStore(store, kafka_root)
         self.record = BrokerConfigRecord()
+        self.version = -1  # the znode version of ``record``
+
+    def keep(self, record: BrokerConfigRecord, version: int) -> None:
+        """Take ``record`` unless the one held is newer (a read that began before a
+        change this gateway made, and ended after it, does not undo it here)."""
+        if version >= self.version:
+            self.record, self.version = record, version
 
     async def refresh(self) -> BrokerConfigRecord:
         try:
-            self.record = await self.store.get()
+            self.keep(*await self.store.get())
         except MetadataError as exc:
             log.warning("kafka_broker_configs_unread", extra=fields(error=str(exc)))
         return self.record
@@ -354,17 +361,33 @@ async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[s
 
 async def _alter_broker(gw: Gateway, name: str, validate_only: bool, change: Any) -> None:
     """Apply ``change(current values) -> new values`` to this gateway's dynamic broker
-    configs (``name`` its id) or the cluster-wide default (``name`` "") by CAS."""
+    configs (``name`` its id) or the cluster-wide default (``name`` "") by CAS. A live
+    gateway's own configs change only through it (as Kafka's brokers take only their
+    own); those of a gateway that is gone may be deleted through any, so an operator
+    can clear what a departed gateway left."""
+    other: int | None = None
     if name and not _is_this_broker(gw, name):
-        raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
-                                 f"broker {name!r}: this is gateway {gw.node_id}; a "
-                                 "broker's own configs are changed through that broker")
-    broker = gw.node_id if name else None
+        other = int(name) if name.isdigit() else -1
+        if other < 0 or other in gw.nodes:
+            raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
+                                     f"broker {name!r}: this is gateway {gw.node_id}; a "
+                                     "live broker's own configs are changed through that "
+                                     "broker")
+        given = change
+
+        def change(old: Any) -> Any:
+            new = given(old)
+            if any(old.get(k) != v for k, v in new.items()):
+                raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
+                                         f"broker {name}: not a live gateway; its configs "
+                                         "can only be deleted")
+            return new
+    broker = other if other is not None else (gw.node_id if name else None)
     if validate_only:
         change((await gw.broker_configs.refresh()).of(broker))
         return
     try:
-        gw.broker_configs.record = await gw.broker_configs.store.update(broker, change)
+        gw.broker_configs.keep(*await gw.broker_configs.store.update(broker, change))
     except ChangeRejectedError as exc:  # the record's size limit
         raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION, str(exc)) from None
     log.info("kafka_broker_configs_altered", extra=fields(

@@ -18,6 +18,7 @@ from ledgerd.kafka.broker_configs import (
     topic_defaults,
 )
 from ledgerd.kafka.schema import Reader, decode, encode
+from ledgerd.kafka.topic_admin import BrokerConfigCache
 from ledgerd.kafka.topic_configs import ConfigRefusedError, OpType, TopicPolicy, topic_entries
 from ledgerd.metadata.errors import ChangeRejectedError
 from ledgerd.metadata.kafka_broker_configs import BrokerConfigRecord, BrokerConfigStore
@@ -135,16 +136,27 @@ def test_describe_configs_shows_where_each_value_comes_from(version: int) -> Non
 def test_the_record_round_trips_and_the_store_changes_by_compare_and_set() -> None:
     async def main() -> None:
         store = BrokerConfigStore(InMemoryStore(InMemoryCluster()), "/ledgers/kafka")
-        assert await store.get() == BrokerConfigRecord()
+        assert await store.get() == (BrokerConfigRecord(), -1)
         await store.update(None, lambda cur: {**cur, "log.retention.ms": "5"})
-        await store.update(3, lambda cur: {**cur, "background.threads": "2"})
-        record = await store.get()
+        _, version = await store.update(3, lambda cur: {**cur, "background.threads": "2"})
+        record, read_version = await store.get()
+        assert read_version == version
         assert record.of(None) == {"log.retention.ms": "5"}
         assert record.of(3) == {"background.threads": "2"} and record.of(4) == {}
         await store.update(3, lambda cur: {})
-        assert (await store.get()).brokers == {}
+        assert (await store.get())[0].brokers == {}
         with pytest.raises(ChangeRejectedError):
             await store.update(None, lambda cur: {f"k{i}": "x" * 100 for i in range(5000)})
-        assert (await store.get()).of(None) == {"log.retention.ms": "5"}
+        assert (await store.get())[0].of(None) == {"log.retention.ms": "5"}
+
+        # a gateway's cache: a read that began before its own change and ended after
+        # it does not undo the change
+        cache = BrokerConfigCache(store.store, "/ledgers/kafka")
+        stale = await store.get()
+        cache.keep(*await store.update(None, lambda cur: {"log.retention.ms": "7"}))
+        cache.keep(*stale)
+        assert cache.record.of(None) == {"log.retention.ms": "7"}
+        await cache.refresh()
+        assert cache.record.of(None) == {"log.retention.ms": "7"}
 
     trio.run(main)

@@ -383,6 +383,19 @@ def test_dynamic_broker_configs_set_the_topics_defaults_and_are_honoured(
         unknown = _refusal(incremental(("no.such.config", "1", AlterConfigOpType.SET)))
         assert unknown.code() == KafkaError.INVALID_CONFIG and "no.such.config" in unknown.str()
 
+        # a gateway that is gone: its values can be deleted through any gateway, not set
+        def departed(op: int, value: str | None) -> dict[str, Any]:
+            reply = _ask(kafka_cluster.gateway, ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {
+                "resources": [{"resource_type": 4, "resource_name": "99999", "configs": [
+                    {"name": "background.threads", "config_operation": op,
+                     "value": value}]}], "validate_only": False})
+            return reply["responses"][0]  # type: ignore[no-any-return]
+
+        refused = departed(0, "3")
+        assert refused["error_code"] == ErrorCode.INVALID_REQUEST
+        assert "only be deleted" in refused["error_message"]
+        assert departed(1, None)["error_code"] == 0
+
         # AlterConfigs replaces the broker's whole dynamic set
         whole = ConfigResource("broker", node, set_config={
             "sasl.kerberos.min.time.before.relogin": "58000"})
