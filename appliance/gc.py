@@ -44,9 +44,9 @@ from typing import Any
 
 import trio
 
+from ledgerd.base.crashpoints import crash_point
 from ledgerd.base.logs import fields
 from ledgerd.disk.compaction import CompactionLimits, CompactionProgress, compact_entry_logs
-from ledgerd.disk.crashpoints import crash_point
 from ledgerd.disk.storage import LedgerStorage
 from ledgerd.metadata.errors import NoNodeError
 from ledgerd.metadata.ledgers import LedgerManager

@@ -26,8 +26,8 @@ from typing import Protocol
 
 import trio
 
+from ledgerd.base.crashpoints import crash_point
 from ledgerd.base.logs import fields
-from ledgerd.disk.crashpoints import crash_point
 from ledgerd.disk.dbindex import DbLedgerCache
 from ledgerd.disk.entrylog import (
     ENTRY_LOG_HEADER_SIZE,

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ledgerd.base.crashpoints import crash_point
 from ledgerd.base.logs import fields
-from ledgerd.disk.crashpoints import crash_point
 from ledgerd.disk.errors import CorruptRecordError
 from ledgerd.disk.fdcache import FdCache
 from ledgerd.disk.layouts import (

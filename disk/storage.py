@@ -39,9 +39,9 @@ from typing import Any, NamedTuple
 
 import trio
 
+from ledgerd.base.crashpoints import crash_point
 from ledgerd.base.logs import fields
 from ledgerd.disk.cookie import Cookie, CookieCheck, check_cookies, stamp_cookies
-from ledgerd.disk.crashpoints import crash_point
 from ledgerd.disk.dbstorage import DbStore
 from ledgerd.disk.entrylog import EntryLogger, EntryLogMeta, read_entry_log_meta
 from ledgerd.disk.entrystore import EntryStore

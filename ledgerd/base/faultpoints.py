@@ -3,7 +3,7 @@
 A fault point is a place where a test makes the appliance fail on purpose, named so a
 test states *where* instead of guessing *when*. Three kinds, one table:
 
-- ``crash``: ``crash_point(name)`` in ``disk/`` and the GC (``disk/crashpoints.py``) sends
+- ``crash``: ``crash_point(name)`` in ``disk/``, the GC and the Kafka cleaner (``ledgerd/base/crashpoints.py``) sends
   SIGKILL to its own process when ``LEDGERD_CRASH_AT=name`` (or ``name:n``, the n-th time
   it is reached) is set: the death of ``kill -9`` or of a power cut that spares the disk.
 - ``storage``: rules the native helper applies before a ``pwrite``/``fdatasync``

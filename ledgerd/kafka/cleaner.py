@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ledgerd.base.crashpoints import crash_point
 from ledgerd.base.logs import fields
-from ledgerd.disk.crashpoints import crash_point
 from ledgerd.errors import NoSuchLedgerError
 from ledgerd.kafka.compaction import (
     CLEAN_THROUGH_KEY,
@@ -63,6 +63,7 @@ from ledgerd.kafka.compaction import (
     Compacted,
     LedgerView,
     OffsetMap,
+    TxnKeys,
     cleanable_prefix,
     compact_batch,
     first_dirty,
@@ -203,19 +204,25 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
     changed: list[LedgerView] = []
     removed_total = 0
 
-    def compacted(batches: list[bytes]) -> list[Compacted]:
+    def compacted(batches: list[bytes], txn_keys: TxnKeys) -> list[Compacted]:
         return [compact_batch(b, omap, covered=covered, now_ms=now_ms,
-                              delete_retention_ms=policy.delete_retention_ms)
+                              delete_retention_ms=policy.delete_retention_ms,
+                              txn_keys=txn_keys)
                 for b in batches]
 
+    # the transactional keys met before each ledger: its replacement is written with
+    # the same, so it removes exactly what was decided here
+    txn_keys = TxnKeys()
+    keys_before: dict[int, TxnKeys] = {}
     for lv in cleanable:
         if lv.first_offset >= covered:
             break
+        keys_before[lv.ledger_id] = txn_keys.snapshot()
         first, last, _ = extent[lv.ledger_id]
         removed = 0
         for at in range(first, last + 1, READ_CHUNK):
             out = await trio.to_thread.run_sync(compacted, await _entries(
-                part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)))
+                part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)), txn_keys)
             removed += sum(c.removed for c in out)
             for c in out:
                 if c.oldest_tombstone >= 0:
@@ -234,7 +241,11 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
                 raise LogFencedError(part.name, f"compaction pass over {max_pass_s:.0f} s: "
                                                 "given up before its swap")
             first, last, _ = extent[lv.ledger_id]
+            if lv.ledger_id not in listed:
+                raise LogFencedError(part.name, f"ledger {lv.ledger_id} left the log during "
+                                                "the compaction pass (retention?)")
             i = listed.index(lv.ledger_id)
+            keys = keys_before[lv.ledger_id].snapshot()
             prev = -1 if i == 0 else swap.get(listed[i - 1], listed[i - 1])
             handle = await client.logs.new_replacement(
                 part.name, lv.ledger_id, prev,
@@ -243,7 +254,7 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
             swap[lv.ledger_id] = handle.ledger_id
             for at in range(first, last + 1, READ_CHUNK):
                 out = await trio.to_thread.run_sync(compacted, await _entries(
-                    part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)))
+                    part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)), keys)
                 await handle.append_many([c.batch for c in out])
                 crash_point("kafka_compaction.writing")
             if handle.last_add_confirmed != last:
@@ -255,6 +266,11 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
             after += handle.metadata.length
         if swap:
             crash_point("kafka_compaction.written")
+            if trio.current_time() - started > max_pass_s:
+                # a replacement older than the orphan age could be swept (deleted as
+                # an orphan) by another gateway just as it is listed
+                raise LogFencedError(part.name, f"compaction pass over {max_pass_s:.0f} s: "
+                                                "given up before its swap")
 
             def deleting() -> None:
                 crash_point("kafka_compaction.swapped")

@@ -57,8 +57,8 @@ class GatewayConfig(ClientConfig):
         256 << 20, bk="(ledgerd: log roll)", minimum=1 << 20,
         doc="A partition's log moves to a new ledger after this many bytes.")
     compaction_map_bytes: int = setting(
-        16 << 20, bk="(Kafka: log.cleaner.dedupe.buffer.size)", minimum=24 * 16,
-        doc="Memory for a compaction pass's offset map (24 bytes a key): a pass over "
+        16 << 20, bk="(Kafka: log.cleaner.dedupe.buffer.size)", minimum=128 * 16,
+        doc="Memory for a compaction pass's offset map (128 bytes a key): a pass over "
             "more distinct keys compacts only the part of the log the keys that fit "
             "cover, the rest on later passes.")
     compaction_backoff_ms: int = setting(
@@ -67,7 +67,9 @@ class GatewayConfig(ClientConfig):
     compaction_orphan_age_s: int = setting(
         3600, bk="(ledgerd)", minimum=10,
         doc="A ledger a compaction pass wrote but never listed (the gateway died before "
-            "the swap) is deleted once this old; a pass older than half this gives up.")
+            "the swap) is deleted once this old; a pass older than half this gives up "
+            "before its swap. The age is the creating gateway's clock against the "
+            "sweeping one's: keep the gateways' clocks within half this of each other.")
     tail_cache_bytes: int = setting(
         8 << 20, bk="(ledgerd)", minimum=0,
         doc="Recently written batches each partition keeps in memory for consumers at "

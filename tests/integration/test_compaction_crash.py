@@ -1,7 +1,7 @@
 """GC and compaction killed at every step, on a real bookie process (issue #20).
 
 One bookie lives through a sequence of kill -9s, each at a named step of a GC pass
-(``LEDGERD_CRASH_AT``, disk/crashpoints.py): deleting ledgers, deleting dead logs,
+(``LEDGERD_CRASH_AT``, ledgerd/base/crashpoints.py): deleting ledgers, deleting dead logs,
 copying live entries, after the copies are durable but before the index points at them,
 while the index flushes, and before the old log is unlinked. The seed picks which
 occurrence of each step dies and the payload sizes. After every restart: every entry of

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from ledgerd.kafka.compaction import (
     LedgerView,
     OffsetMap,
+    TxnKeys,
     cleanable_prefix,
     compact_batch,
     dirty_ratio,
@@ -176,6 +177,32 @@ def test_transactional_and_keyless_records_are_left_alone() -> None:
     keyless = _batch(0, [(None, b"1", 0), (None, None, 0)])
     assert compact_batch(keyless, omap, covered=100, now_ms=T0,
                          delete_retention_ms=0).removed == 0
+
+
+def test_a_tombstone_over_a_transactional_records_key_stays() -> None:
+    """Transactional records are never compacted: a tombstone for a key one of them
+    holds below it stays, or that record would be the key's value again."""
+    v1 = _batch(0, [(b"k", b"v1", 0), (b"j", b"j1", 0)], base_offset=0)
+    v2 = _batch(0, [(b"k", b"v2", 0)], base_offset=2, transactional=True, pid=7, epoch=0,
+                seq=0)
+    dead = _batch(0, [(b"k", None, 0), (b"j", None, 0)], base_offset=3)
+    omap = OffsetMap(10)
+    for b in (v1, v2, dead):
+        map_batch(omap, b, dirty_from=0)
+    late = T0 + 2 * DAY
+    keys = TxnKeys()
+    out = [compact_batch(b, omap, covered=5, now_ms=late, delete_retention_ms=DAY,
+                         txn_keys=keys) for b in (v1, v2, dead)]
+    assert _read(out[0].batch) == []  # v1 and j1 superseded by the tombstones
+    assert out[1].batch is v2
+    # k's tombstone stays (v2 is below it), j's goes
+    assert [(o, k, t) for o, k, t, _ in _read(out[2].batch)] == [(3, b"k", True)]
+    # without the transactional record met first, both tombstones go
+    alone = compact_batch(dead, omap, covered=5, now_ms=late, delete_retention_ms=DAY,
+                          txn_keys=TxnKeys())
+    assert _read(alone.batch) == []
+    # past TXN_KEYS_MAX keys, every tombstone stays
+    assert TxnKeys(overflow=True).guards(b"anything")
 
 
 def test_keyless_records_are_named_by_their_index() -> None:

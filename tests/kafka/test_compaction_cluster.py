@@ -23,6 +23,16 @@ FAST_CLEANER = {"LEDGERD_COMPACTION_BACKOFF_MS": "200",
 VALUE = 20_000  # bytes: about 50 a ledger (log_roll_bytes is 1 MiB in these tests)
 
 
+def _alter(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    res = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+        for k, v in configs.items()])
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.incremental_alter_configs([res])[res].result(60)
+
+
 def _create(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -80,9 +90,12 @@ def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(
         zk_chroot: str, tmp_path: Path) -> None:
     gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=FAST_CLEANER)
     with running_cluster(tmp_path, zk_chroot, 3, gw):
+        # no pass until everything is read back once (min.compaction.lag.ms lowered
+        # then): the cleaner checks every 200 ms and could clean before the first read
         _create(gw.bootstrap, "kv", {"cleanup.policy": "compact",
                                      "min.cleanable.dirty.ratio": "0.01",
-                                     "delete.retention.ms": "3000"})
+                                     "delete.retention.ms": "3000",
+                                     "min.compaction.lag.ms": "3600000"})
         # keyless records are refused, nothing of their batch written
         refused = _produce(gw.bootstrap, "kv", [(None, b"no key")])
         assert refused[0][2] is not None and refused[0][2].code() == 87  # INVALID_RECORD
@@ -99,6 +112,7 @@ def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(
         started = time.monotonic()
         before = _consume(gw.bootstrap, "kv")
         assert len(before) == len(acked)
+        _alter(gw.bootstrap, "kv", {"min.compaction.lag.ms": "0"})
 
         def compacted() -> bool:
             got = _consume(gw.bootstrap, "kv")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgerd.disk import crashpoints
+from ledgerd.base import crashpoints
 from ledgerd.native import faults as native_faults
 from ledgerd.testing import faults
 from ledgerd.tools.faults.nemesis import KINDS
