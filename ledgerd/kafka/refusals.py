@@ -105,5 +105,8 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
         return {"results": [{"error_code": code} for _ in body["creations"]]}
     if api is ApiKey.DELETE_ACLS:
         return {"filter_results": [{"error_code": code} for _ in body["filters"]]}
+    if api is ApiKey.ALTER_USER_SCRAM_CREDENTIALS:
+        users = dict.fromkeys(op["name"] for op in [*body["deletions"], *body["upsertions"]])
+        return {"results": [{"user": u, "error_code": code} for u in users]}
     # every other response has a top-level error code
     return {"error_code": code}

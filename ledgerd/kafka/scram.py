@@ -25,8 +25,13 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import IntEnum
+
+from ledgerd.metadata.kafka_scram import ScramCredential
+
+__all__ = ["MAX_ITERATIONS", "MIN_ITERATIONS", "Mechanism", "ScramClient", "ScramCredential",
+           "ScramError", "ScramServer", "credential", "credential_from_salted",
+           "salted_password"]
 
 MIN_ITERATIONS = 4096   # Kafka's ScramMechanism.minIterations
 MAX_ITERATIONS = 16384  # Kafka's ScramMechanism.maxIterations (the admin API's bound)
@@ -55,15 +60,6 @@ class Mechanism(IntEnum):
 
 class ScramError(Exception):
     """The exchange failed; ``str(self)`` is the message for the client."""
-
-
-@dataclass(frozen=True, slots=True)
-class ScramCredential:
-    """What the server keeps for one user and mechanism."""
-    salt: bytes
-    iterations: int
-    stored_key: bytes
-    server_key: bytes
 
 
 def _hmac(mech: Mechanism, key: bytes, msg: bytes) -> bytes:
