@@ -133,3 +133,19 @@ def test_store_cas_and_user_cap() -> None:
             assert set(await store.credentials()) == {"a", "b"}
 
     trio.run(main)
+
+
+def test_gateway_sasl_mechanisms_misconfigured_is_refused() -> None:
+    from ledgerd.base.settings import ConfigError
+    from ledgerd.kafka.config import GatewayConfig
+
+    assert GatewayConfig().scram_mechanisms() == ()
+    both = GatewayConfig(gateway_sasl_mechanisms="PLAIN, scram-sha-512,SCRAM-SHA-256")
+    assert both.scram_mechanisms() == ("SCRAM-SHA-512", "SCRAM-SHA-256")
+    with pytest.raises(ConfigError, match="one or more of PLAIN"):
+        GatewayConfig(gateway_sasl_mechanisms="SCRAM-SHA-1")
+    with pytest.raises(ConfigError, match="one or more of"):
+        GatewayConfig(gateway_sasl_mechanisms=" , ")
+    with pytest.raises(ConfigError, match="PLAIN among them"):
+        GatewayConfig(gateway_sasl_mechanisms="SCRAM-SHA-256",
+                      gateway_principals_file="/etc/ledgerd/principals.toml")
