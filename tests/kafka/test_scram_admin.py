@@ -149,3 +149,22 @@ def test_gateway_sasl_mechanisms_misconfigured_is_refused() -> None:
     with pytest.raises(ConfigError, match="PLAIN among them"):
         GatewayConfig(gateway_sasl_mechanisms="SCRAM-SHA-256",
                       gateway_principals_file="/etc/ledgerd/principals.toml")
+
+
+def test_refusals_name_each_user() -> None:
+    from ledgerd.kafka.api import ApiKey
+    from ledgerd.kafka.refusals import refusal
+
+    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    described = refusal(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+                        {"users": [{"name": "a"}, {"name": "b"}]}, code)
+    assert described["error_code"] == code and described["error_message"]
+    assert [(r["user"], r["error_code"], r["credential_infos"])
+            for r in described["results"]] == [("a", code, []), ("b", code, [])]
+    assert refusal(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, {"users": None},
+                   code)["results"] == []
+    altered = refusal(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, {
+        "deletions": [{"name": "a", "mechanism": 1}],
+        "upsertions": [_up("b"), _up("a", SHA512)]}, code)
+    assert [(r["user"], r["error_code"]) for r in altered["results"]] == [
+        ("a", code), ("b", code)]
