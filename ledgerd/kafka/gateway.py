@@ -177,6 +177,8 @@ def _plain_check(tokens: dict[str, Principal], auth: bytes) -> Principal | None:
     return principal
 
 
+SCRAM_TTL_S = 1.0  # how stale the credentials a SCRAM login checks may be
+
 # Roles any one of which a request needs when the gateway authenticates (empty: anyone)
 _CLIENT = frozenset({"client", "admin"})
 _NEEDS: dict[ApiKey, frozenset[str]] = {
@@ -263,6 +265,8 @@ class Gateway:
         # SCRAM (scram.py): credentials in ZooKeeper (scram_admin.py serves their APIs)
         self.scram_mechanisms = config.scram_mechanisms()
         self.scram_store = ScramStore(self.store, self.root)
+        # the credentials logins check, read at most once a second (SCRAM_TTL_S)
+        self._scram_cache: tuple[float, Credentials] | None = None
         # an unknown user's fake salt: stable for this gateway's life
         self._scram_fake_secret = secrets.token_bytes(32)
         self._super_users = parse_super_users(config.gateway_super_users)
@@ -1777,7 +1781,7 @@ class Gateway:
         failed = (f"Authentication failed during authentication due to invalid "
                   f"credentials with SASL mechanism {mech.sasl_name}")
         if conn.scram is None:
-            creds = await self.scram_store.credentials()
+            creds = await self._scram_credentials()
             conn.scram = ScramServer(
                 mech, lambda name: creds.get(name, {}).get(int(mech)),
                 fake_secret=self._scram_fake_secret)
@@ -1797,6 +1801,14 @@ class Gateway:
                                                          mechanism=mech.sasl_name))
         return {"error_code": 0, "error_message": None, "auth_bytes": reply}
 
+    async def _scram_credentials(self) -> Credentials:
+        """The stored credentials, read again when a second old (or changed here):
+        logins, which anyone may attempt, cost ZooKeeper at most one read a second."""
+        now = trio.current_time()
+        if self._scram_cache is None or now - self._scram_cache[0] >= SCRAM_TTL_S:
+            self._scram_cache = (now, await self.scram_store.credentials())
+        return self._scram_cache[1]
+
     # -- SCRAM credentials (scram_admin.py) -----------------------------------------------
 
     async def describe_scram(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -1814,9 +1826,11 @@ class Gateway:
         try:
             await self.scram_store.update(change)
         except ChangeRejectedError as e:
+            self._scram_cache = None
             users = dict.fromkeys(r["user"] for r in results)
             return {"results": [{"user": u, "error_code": ErrorCode.UNACCEPTABLE_CREDENTIAL,
                                  "error_message": str(e)} for u in users]}
+        self._scram_cache = None  # this gateway's logins see the change at once
         log.info("kafka_scram_altered", extra=fields(
             peer=conn.peer, principal=conn.principal.name,
             users=",".join(r["user"] for r in results if not r["error_code"]) or "-"))
