@@ -28,6 +28,7 @@ __all__ = [
     "kafka_group_path",
     "kafka_producer_ids_path",
     "kafka_root",
+    "kafka_scram_path",
     "kafka_topic_path",
     "kafka_txn_flag_path",
     "kafka_txn_path",
@@ -107,6 +108,7 @@ KAFKA_TXN_PARTITIONS = "txn_partitions"
 KAFKA_PRODUCER_IDS = "producer_ids"
 KAFKA_ACLS = "acls"
 KAFKA_BROKER_CONFIGS = "broker_configs"
+KAFKA_SCRAM = "scram"
 
 
 def kafka_root(root: str) -> str:
@@ -151,3 +153,8 @@ def kafka_acls_path(kafka: str) -> str:
 def kafka_broker_configs_path(kafka: str) -> str:
     """The one record of the dynamic broker configs (``kafka_broker_configs``)."""
     return f"{kafka}/{KAFKA_BROKER_CONFIGS}"
+
+
+def kafka_scram_path(kafka: str) -> str:
+    """The one record of every SCRAM credential (``kafka_scram``)."""
+    return f"{kafka}/{KAFKA_SCRAM}"

@@ -76,6 +76,8 @@ class ApiKey(enum.IntEnum):
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
 
 
@@ -138,6 +140,9 @@ class ErrorCode(enum.IntEnum):
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
     PRODUCER_FENCED = 90
+    RESOURCE_NOT_FOUND = 91
+    DUPLICATE_RESOURCE = 92
+    UNACCEPTABLE_CREDENTIAL = 93
     UNKNOWN_TOPIC_ID = 100
     MISMATCHED_ENDPOINT_TYPE = 114
 
@@ -199,6 +204,10 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DESCRIBE_ACLS: (0, 3),
     ApiKey.CREATE_ACLS: (0, 3),
     ApiKey.DELETE_ACLS: (0, 3),
+    # SCRAM credentials (KIP-554): version 0, the only one Kafka defines, flexible;
+    # librdkafka 2.x and the Java admin client ask it
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
 }
 PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
 
@@ -439,6 +448,14 @@ REQUESTS: dict[ApiKey, Message] = {
             Field("principal", STRING), Field("host", STRING),
             Field("operation", INT8), Field("permission_type", INT8))),), flexible_from=2),
     ApiKey.DELETE_ACLS: Message((Field("filters", array(*_ACL_FILTER)),), flexible_from=2),
+    # users null (or empty): every user
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: Message((
+        Field("users", array(Field("name", STRING), nullable=True)),), flexible_from=0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: Message((
+        Field("deletions", array(Field("name", STRING), Field("mechanism", INT8))),
+        Field("upsertions", array(
+            Field("name", STRING), Field("mechanism", INT8), Field("iterations", INT32),
+            Field("salt", BYTES), Field("salted_password", BYTES)))), flexible_from=0),
 }
 
 RESPONSES: dict[ApiKey, Message] = {
@@ -698,6 +715,18 @@ RESPONSES: dict[ApiKey, Message] = {
                 Field("principal", STRING), Field("host", STRING),
                 Field("operation", INT8), Field("permission_type", INT8)), default=())))),
         flexible_from=2),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: Message((
+        THROTTLE, ERROR, Field("error_message", NULLABLE_STRING),
+        Field("results", array(
+            Field("user", STRING), ERROR, Field("error_message", NULLABLE_STRING),
+            Field("credential_infos", array(Field("mechanism", INT8),
+                                            Field("iterations", INT32)))), default=())),
+        flexible_from=0),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: Message((
+        THROTTLE,
+        Field("results", array(Field("user", STRING), ERROR,
+                               Field("error_message", NULLABLE_STRING)))),
+        flexible_from=0),
 }
 assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED) == set(DECLARED)
 assert all(DECLARED[k][0] <= lo and hi <= DECLARED[k][1] for k, (lo, hi) in SUPPORTED.items())

@@ -156,9 +156,10 @@ def needs(api: ApiKey, body: dict[str, Any]) -> list[Need]:
             elif rtype is not None:
                 out.append(Need(wanted, Resource(rtype, r["resource_name"])))
         return out
-    if api in (ApiKey.DESCRIBE_CLUSTER, ApiKey.DESCRIBE_ACLS):
+    if api in (ApiKey.DESCRIBE_CLUSTER, ApiKey.DESCRIBE_ACLS,
+               ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS):
         return [Need(op.DESCRIBE, cluster())]
-    if api in (ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS):
+    if api in (ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS):
         return [Need(op.ALTER, cluster())]
     return []
 

@@ -11,7 +11,9 @@ from ledgerd.base.settings import ConfigError, setting
 from ledgerd.base.tls import server_context
 from ledgerd.config import ClientConfig, read_token_file
 
-__all__ = ["GatewayConfig"]
+__all__ = ["SASL_MECHANISMS", "GatewayConfig"]
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +131,14 @@ class GatewayConfig(ClientConfig):
             "connection must authenticate with SASL PLAIN (user = principal name, "
             "password = its token) or a client certificate before any request but "
             "ApiVersions, and requests need the client role (topics: admin).")
+    gateway_sasl_mechanisms: str = setting(
+        "PLAIN", bk="(Kafka: sasl.enabled.mechanisms)",
+        doc="The SASL mechanisms offered, separated by ',': PLAIN (needs "
+            "gateway_principals_file), SCRAM-SHA-256, SCRAM-SHA-512 (credentials made with "
+            "AlterUserScramCredentials, kept in ZooKeeper). With a SCRAM mechanism every "
+            "connection must authenticate before any request but ApiVersions; a SCRAM "
+            "user has the client role, and the admin role too when its User:<name> is in "
+            "gateway_super_users; the ACLs are checked after.")
     gateway_allow_everyone_if_no_acl_found: bool = setting(
         True, bk="(Kafka: allow.everyone.if.no.acl.found)",
         doc="A resource no ACL binding covers is open to every principal (Kafka's "
@@ -181,3 +191,20 @@ class GatewayConfig(ClientConfig):
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError("group_min_session_timeout_ms", self.group_min_session_timeout_ms,
                               "at most group_max_session_timeout_ms")
+        mechanisms = self.sasl_mechanisms()
+        unknown = [m for m in mechanisms if m not in SASL_MECHANISMS]
+        if unknown or not mechanisms:
+            raise ConfigError("gateway_sasl_mechanisms", self.gateway_sasl_mechanisms,
+                              "one or more of " + ", ".join(SASL_MECHANISMS))
+        if "PLAIN" not in mechanisms and self.gateway_principals_file:
+            raise ConfigError("gateway_sasl_mechanisms", self.gateway_sasl_mechanisms,
+                              "PLAIN among them when gateway_principals_file is set")
+
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        """The mechanisms gateway_sasl_mechanisms names, in its order."""
+        return tuple(dict.fromkeys(m.strip().upper()
+                                   for m in self.gateway_sasl_mechanisms.split(",")
+                                   if m.strip()))
+
+    def scram_mechanisms(self) -> tuple[str, ...]:
+        return tuple(m for m in self.sasl_mechanisms() if m.startswith("SCRAM-"))

@@ -54,6 +54,7 @@ import hashlib
 import hmac
 import logging
 import re
+import secrets
 import ssl
 import struct
 import time
@@ -68,7 +69,7 @@ from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka import cleaner, epochs, retention, topic_admin, transactions
+from ledgerd.kafka import cleaner, epochs, retention, scram_admin, topic_admin, transactions
 from ledgerd.kafka.acl_admin import GatewayAcls
 from ledgerd.kafka.acls import AclSettings, Resource, cluster, parse_super_users
 from ledgerd.kafka.api import (
@@ -98,12 +99,14 @@ from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_l
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
 from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.scram import Mechanism, ScramError, ScramServer
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import TopicCache
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.errors import (
     BadVersionError,
+    ChangeRejectedError,
     CorruptMetadataError,
     NodeExistsError,
     NoNodeError,
@@ -111,6 +114,7 @@ from ledgerd.metadata.errors import (
 from ledgerd.metadata.kafka_acls import ResourceType
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
 from ledgerd.metadata.kafka_groups import GroupStore, group_znode
+from ledgerd.metadata.kafka_scram import Credentials, ScramStore
 from ledgerd.metadata.kafka_topics import (
     TopicRecord,
     TopicStore,
@@ -173,6 +177,8 @@ def _plain_check(tokens: dict[str, Principal], auth: bytes) -> Principal | None:
     return principal
 
 
+SCRAM_TTL_S = 1.0  # how stale the credentials a SCRAM login checks may be
+
 # Roles any one of which a request needs when the gateway authenticates (empty: anyone)
 _CLIENT = frozenset({"client", "admin"})
 _NEEDS: dict[ApiKey, frozenset[str]] = {
@@ -190,6 +196,9 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
     # the ACLs themselves (Kafka: ALTER / DESCRIBE on the cluster, checked after)
     ApiKey.CREATE_ACLS: frozenset({"admin"}), ApiKey.DELETE_ACLS: frozenset({"admin"}),
     ApiKey.DESCRIBE_ACLS: frozenset({"admin"}),
+    # SCRAM credentials (Kafka: DESCRIBE / ALTER on the cluster, checked after)
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: frozenset({"admin"}),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: frozenset({"admin"}),
 }
 
 
@@ -199,6 +208,7 @@ class _Conn:
     client_id: str = ""
     principal: Principal = ANONYMOUS
     sasl_mechanism: str = ""
+    scram: ScramServer | None = None  # a SCRAM exchange under way
 
     @property
     def authenticated(self) -> bool:
@@ -252,7 +262,15 @@ class Gateway:
             if config.gateway_principals_file else None
         self.peer_auth = peer_auth(config, self.tokens)  # reaching the other gateways
         # who must prove themselves: everyone, with a principals file or client certificates
-        self.authorizing = self.tokens is not None or \
+        # SCRAM (scram.py): credentials in ZooKeeper (scram_admin.py serves their APIs)
+        self.scram_mechanisms = config.scram_mechanisms()
+        self.scram_store = ScramStore(self.store, self.root)
+        # the credentials logins check, read at most once a second (SCRAM_TTL_S)
+        self._scram_cache: tuple[float, Credentials] | None = None
+        # an unknown user's fake salt: stable for this gateway's life
+        self._scram_fake_secret = secrets.token_bytes(32)
+        self._super_users = parse_super_users(config.gateway_super_users)
+        self.authorizing = self.tokens is not None or bool(self.scram_mechanisms) or \
             config.gateway_tls_client_auth == "required"
         self.connections = 0
         self.metrics = GatewayMetrics()
@@ -311,6 +329,8 @@ class Gateway:
             ApiKey.CREATE_ACLS: self.acls.create_acls,
             ApiKey.DESCRIBE_ACLS: self.acls.describe_acls,
             ApiKey.DELETE_ACLS: self.acls.delete_acls,
+            ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: self.describe_scram,
+            ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self.alter_scram,
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -1734,28 +1754,100 @@ class Gateway:
 
     # -- SASL ---------------------------------------------------------------------------
 
+    def _mechanisms(self) -> list[str]:
+        """The SASL mechanisms offered: PLAIN with a principals file, and SCRAM's."""
+        return (["PLAIN"] if self.tokens is not None else []) + list(self.scram_mechanisms)
+
     async def sasl_handshake(self, conn: _Conn, version: int, body: dict[str, Any],
                              ) -> dict[str, Any]:
-        if self.tokens is None or body["mechanism"] != "PLAIN":
+        offered = self._mechanisms()
+        if body["mechanism"] not in offered:
             return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
-                    "mechanisms": ["PLAIN"] if self.tokens is not None else []}
-        conn.sasl_mechanism = "PLAIN"
-        return {"error_code": 0, "mechanisms": ["PLAIN"]}
+                    "mechanisms": offered}
+        conn.sasl_mechanism = body["mechanism"]
+        conn.scram = None
+        return {"error_code": 0, "mechanisms": offered}
 
     async def sasl_authenticate(self, conn: _Conn, version: int, body: dict[str, Any],
                                 ) -> dict[str, Any]:
+        if conn.sasl_mechanism.startswith("SCRAM-"):
+            return await self._scram_authenticate(conn, body["auth_bytes"])
         if self.tokens is None or conn.sasl_mechanism != "PLAIN":
             return {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
-                    "error_message": "SaslHandshake with mechanism PLAIN first"}
+                    "error_message": "SaslHandshake with a mechanism offered first"}
         principal = _plain_check(self.tokens, body["auth_bytes"])
         if principal is None:
-            self.metrics.auth_failures += 1
-            log.warning("kafka_sasl_failed", extra=fields(peer=conn.peer))
-            return {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
-                    "error_message": "Authentication failed: invalid user name or password"}
+            return self._auth_failed(conn, "Authentication failed: invalid user name or "
+                                           "password")
         conn.principal = principal
         log.info("kafka_authenticated", extra=fields(peer=conn.peer, principal=principal.name))
         return {"error_code": 0, "error_message": None}
+
+    def _auth_failed(self, conn: _Conn, message: str) -> dict[str, Any]:
+        self.metrics.auth_failures += 1
+        log.warning("kafka_sasl_failed", extra=fields(peer=conn.peer))
+        return {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED, "error_message": message}
+
+    async def _scram_authenticate(self, conn: _Conn, auth: bytes) -> dict[str, Any]:
+        mech = Mechanism.from_sasl_name(conn.sasl_mechanism)
+        assert mech is not None
+        failed = (f"Authentication failed during authentication due to invalid "
+                  f"credentials with SASL mechanism {mech.sasl_name}")
+        if conn.scram is None:
+            creds = await self._scram_credentials()
+            conn.scram = ScramServer(
+                mech, lambda name: creds.get(name, {}).get(int(mech)),
+                fake_secret=self._scram_fake_secret)
+        try:
+            reply = conn.scram.step(auth)
+        except ScramError as e:
+            conn.scram, conn.sasl_mechanism = None, ""
+            # the same message for an unknown user and a wrong password
+            return {**self._auth_failed(conn, failed), "auth_bytes": f"e={e}".encode()}
+        if conn.scram.done:
+            assert conn.scram.user is not None
+            name = conn.scram.user
+            conn.scram, conn.sasl_mechanism = None, ""
+            roles = {"client"} | ({"admin"} if f"User:{name}" in self._super_users else set())
+            conn.principal = Principal(name, frozenset(roles), authenticated=True)
+            log.info("kafka_authenticated", extra=fields(peer=conn.peer, principal=name,
+                                                         mechanism=mech.sasl_name))
+        return {"error_code": 0, "error_message": None, "auth_bytes": reply}
+
+    async def _scram_credentials(self) -> Credentials:
+        """The stored credentials, read again when a second old (or changed here):
+        logins, which anyone may attempt, cost ZooKeeper at most one read a second."""
+        now = trio.current_time()
+        if self._scram_cache is None or now - self._scram_cache[0] >= SCRAM_TTL_S:
+            self._scram_cache = (now, await self.scram_store.credentials())
+        return self._scram_cache[1]
+
+    # -- SCRAM credentials (scram_admin.py) -----------------------------------------------
+
+    async def describe_scram(self, conn: _Conn, version: int, body: dict[str, Any],
+                             ) -> dict[str, Any]:
+        return scram_admin.describe(body, await self.scram_store.credentials())
+
+    async def alter_scram(self, conn: _Conn, version: int, body: dict[str, Any],
+                          ) -> dict[str, Any]:
+        results: list[dict[str, Any]] = []
+
+        def change(current: Credentials) -> Credentials:
+            out, results[:] = scram_admin.alter(body, current)
+            return out
+
+        try:
+            await self.scram_store.update(change)
+        except ChangeRejectedError as e:
+            self._scram_cache = None
+            users = dict.fromkeys(r["user"] for r in results)
+            return {"results": [{"user": u, "error_code": ErrorCode.UNACCEPTABLE_CREDENTIAL,
+                                 "error_message": str(e)} for u in users]}
+        self._scram_cache = None  # this gateway's logins see the change at once
+        log.info("kafka_scram_altered", extra=fields(
+            peer=conn.peer, principal=conn.principal.name,
+            users=",".join(r["user"] for r in results if not r["error_code"]) or "-"))
+        return {"results": results}
 
 
 async def _delete_log(client: Client, name: str) -> None:
@@ -1786,7 +1878,9 @@ _DENIALS = {ApiKey.CREATE_TOPICS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
             ApiKey.DELETE_RECORDS: ErrorCode.TOPIC_AUTHORIZATION_FAILED,
             ApiKey.CREATE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
             ApiKey.DELETE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
-            ApiKey.DESCRIBE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
+            ApiKey.DESCRIBE_ACLS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            ApiKey.ALTER_USER_SCRAM_CREDENTIALS: ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
 
 
 def _denied(api: ApiKey, body: dict[str, Any]) -> dict[str, Any]:

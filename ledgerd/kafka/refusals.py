@@ -105,5 +105,15 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
         return {"results": [{"error_code": code} for _ in body["creations"]]}
     if api is ApiKey.DELETE_ACLS:
         return {"filter_results": [{"error_code": code} for _ in body["filters"]]}
+    if api is ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS:
+        # as Kafka's getErrorResponse: the error, with a message, at the top and for
+        # each user asked (librdkafka 2.x crashes on a refusal without them)
+        message = f"refused: error {code}"
+        return {"error_code": code, "error_message": message, "results": [
+            {"user": u["name"], "error_code": code, "error_message": message,
+             "credential_infos": []} for u in body["users"] or []]}
+    if api is ApiKey.ALTER_USER_SCRAM_CREDENTIALS:
+        users = dict.fromkeys(op["name"] for op in [*body["deletions"], *body["upsertions"]])
+        return {"results": [{"user": u, "error_code": code} for u in users]}
     # every other response has a top-level error code
     return {"error_code": code}
