@@ -77,7 +77,16 @@ def test_a_gateway_does_not_recreate_a_lost_root_and_serves_again_after_a_restor
         zk = KazooClient(hosts=hosts, timeout=10)
         zk.start(timeout=30)
         try:
-            zk.delete(f"/{chroot}/ledgers", recursive=True)
+            from kazoo.exceptions import NotEmptyError
+
+            for _ in range(20):  # a recursive delete is not atomic: a node made under
+                try:            # the root while it runs (a bookie, the gateway) fails it
+                    zk.delete(f"/{chroot}/ledgers", recursive=True)
+                    break
+                except NotEmptyError:
+                    continue
+            else:
+                raise AssertionError("the root could not be deleted in 20 tries")
 
             def wait_log(line: str, after: int) -> None:
                 deadline = time.monotonic() + BOUND_S
