@@ -49,6 +49,8 @@ from ledgerd.kafka.topic_configs import (
     _integer,
     checked,
     config_entry,
+    list_applied,
+    operation,
 )
 
 __all__ = ["BROKER_SPECS", "BrokerSpec", "broker_altered", "broker_entries",
@@ -152,11 +154,7 @@ def broker_incrementally_altered(current: Mapping[str, str],
         if name in seen:
             raise ConfigRefusedError(ErrorCode.INVALID_REQUEST, f"config {name!r} given twice")
         seen.add(name)
-        try:
-            kind = OpType(op)
-        except ValueError:
-            raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
-                                     f"{name}: unknown operation {op}") from None
+        kind = operation(name, op)
         if kind is OpType.DELETE:
             if name not in BROKER_SPECS:
                 _check(name, value, static, max_batch_bytes=max_batch_bytes)  # raises
@@ -172,13 +170,7 @@ def broker_incrementally_altered(current: Mapping[str, str],
         if _kind(spec) is not ConfigType.LIST:
             raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
                                      f"{name}: {kind.name} applies to list configs only")
-        base = out.get(name, static.get(name, ""))
-        items = [v for v in base.split(",") if v]
-        given = [v.strip() for v in (value or "").split(",") if v.strip()]
-        if kind is OpType.APPEND:
-            items += [v for v in given if v not in items]
-        else:
-            items = [v for v in items if v not in given]
+        items = list_applied(kind, out.get(name, static.get(name, "")), value)
         if not items:
             out.pop(name, None)  # an emptied list falls back to the file's value
         else:

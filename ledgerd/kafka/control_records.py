@@ -37,7 +37,14 @@ from dataclasses import dataclass, field
 
 import google_crc32c
 
-from ledgerd.kafka.records import CONTROL, HEADER_SIZE, TRANSACTIONAL, BatchError, BatchHeader
+from ledgerd.kafka.records import (
+    CONTROL,
+    HEADER_SIZE,
+    TRANSACTIONAL,
+    BatchError,
+    BatchHeader,
+    read_varint,
+)
 
 __all__ = ["MAX_ABORTED", "ControlType", "TxnIndex", "batch_kind", "committed_prefix",
            "control_batch", "control_type"]
@@ -87,17 +94,6 @@ def control_batch(*, producer_id: int, producer_epoch: int, commit: bool,
     return batch
 
 
-def _varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
-    shift = result = 0
-    for i in range(at, min(at + 10, len(data))):
-        b = data[i]
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (result >> 1) ^ -(result & 1), i + 1
-        shift += 7
-    raise BatchError(2, f"control record: a varint at byte {at} does not end")
-
-
 def control_type(batch: bytes | memoryview) -> ControlType:
     """What a control batch marks (the key of its first record). Raises BatchError if
     it is not a control batch or its key is not one Kafka defines."""
@@ -105,11 +101,11 @@ def control_type(batch: bytes | memoryview) -> ControlType:
     if not h.attributes & CONTROL:
         raise BatchError(87, "not a control batch")
     at = HEADER_SIZE
-    _length, at = _varint(batch, at)
+    _length, at = read_varint(batch, at)
     at += 1  # attributes
-    _ts, at = _varint(batch, at)
-    _off, at = _varint(batch, at)
-    key_len, at = _varint(batch, at)
+    _ts, at = read_varint(batch, at)
+    _off, at = read_varint(batch, at)
+    key_len, at = read_varint(batch, at)
     if key_len < 4 or at + key_len > len(batch):
         raise BatchError(2, f"control record key of {key_len} bytes")
     _version, kind = _KEY.unpack_from(batch, at)

@@ -36,7 +36,8 @@ import google_crc32c
 from ledgerd.base.errors import LedgerdError
 
 __all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "RecordSpan", "batch_with_records",
-           "record_spans", "split_batches", "with_base_offset", "with_log_append_time"]
+           "read_varint", "record_spans", "split_batches", "with_base_offset",
+           "with_log_append_time"]
 
 HEADER_SIZE = 61
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -180,8 +181,9 @@ class RecordSpan:
     is_tombstone: bool
 
 
-def _varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
-    """A zigzag varint (up to 10 bytes) at ``at``; returns it and the next position."""
+def read_varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
+    """A zigzag varint (up to 10 bytes) at ``at``; returns it and the next position.
+    Raises BatchError (CORRUPT_MESSAGE) if it does not end."""
     shift = value = 0
     for i in range(at, min(at + 10, len(data))):
         b = data[i]
@@ -199,18 +201,18 @@ def record_spans(body: bytes | memoryview, count: int) -> list[RecordSpan]:
     at = 0
     for i in range(count):
         start = at
-        length, at = _varint(body, at)
+        length, at = read_varint(body, at)
         end = at + length
         if length < 6 or end > len(body):
             raise BatchError(2, f"record {i} claims {length} bytes; {len(body) - at} remain")
         at += 1  # attributes
-        ts, at = _varint(body, at)
-        off, at = _varint(body, at)
-        klen, at = _varint(body, at)
+        ts, at = read_varint(body, at)
+        off, at = read_varint(body, at)
+        klen, at = read_varint(body, at)
         key = None
         if klen >= 0:
             key, at = bytes(body[at:at + klen]), at + klen
-        vlen, at = _varint(body, at)
+        vlen, at = read_varint(body, at)
         if at > end or (vlen > 0 and at + vlen > end):
             raise BatchError(2, f"record {i}'s fields run past its {length} bytes")
         out.append(RecordSpan(start, end, off, ts, key, vlen < 0))

@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Iterator
 
 from ledgerd.base.errors import LedgerdError
-from ledgerd.kafka.records import HEADER_SIZE, BatchHeader
+from ledgerd.kafka.records import HEADER_SIZE, BatchError, BatchHeader, read_varint
 
 __all__ = ["MAX_RECORDS_BYTES", "RecordsError", "first_at_or_after", "record_times",
            "records_of"]
@@ -81,15 +81,11 @@ def record_times(batch: bytes) -> Iterator[tuple[int, int]]:
 
 
 def _varint(data: bytes | memoryview, at: int, record: int) -> tuple[int, int]:
-    """A zigzag varint (up to 10 bytes) at ``at``; returns it and the next position."""
-    shift = value = 0
-    for i in range(at, min(at + 10, len(data))):
-        b = data[i]
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (value >> 1) ^ -(value & 1), i + 1
-        shift += 7
-    raise RecordsError(f"record {record}: a varint at byte {at} does not end")
+    """``records.read_varint``, its failure naming the record."""
+    try:
+        return read_varint(data, at)
+    except BatchError:
+        raise RecordsError(f"record {record}: a varint at byte {at} does not end") from None
 
 
 def records_of(h: BatchHeader, raw: memoryview) -> bytes | memoryview:

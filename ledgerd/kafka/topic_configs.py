@@ -53,7 +53,7 @@ from ledgerd.kafka.compression import Codec
 
 __all__ = ["CONFIG_SPECS", "ConfigRefusedError", "ConfigSource", "ConfigSpec", "OpType",
            "ResourceType", "TopicPolicy", "altered", "checked", "config_entry",
-           "incrementally_altered", "topic_entries"]
+           "incrementally_altered", "list_applied", "operation", "topic_entries"]
 
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
@@ -297,11 +297,7 @@ def incrementally_altered(current: Mapping[str, str],
         if spec is None:
             checked(name, value, max_batch_bytes=max_batch_bytes)  # raises: unknown
             raise AssertionError("unreachable")
-        try:
-            kind = OpType(op)
-        except ValueError:
-            raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
-                                     f"{name}: unknown operation {op}") from None
+        kind = operation(name, op)
         if kind is OpType.DELETE:
             out.pop(name, None)
             continue
@@ -311,17 +307,30 @@ def incrementally_altered(current: Mapping[str, str],
         if spec.kind is not ConfigType.LIST:
             raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
                                      f"{name}: {kind.name} applies to list configs only")
-        items = [v for v in out.get(name, spec.default or "").split(",") if v]
-        given = [v.strip() for v in (value or "").split(",") if v.strip()]
-        if kind is OpType.APPEND:
-            items += [v for v in given if v not in items]
-        else:
-            items = [v for v in items if v not in given]
+        items = list_applied(kind, out.get(name, spec.default or ""), value)
         if not items:
             out.pop(name, None)  # an emptied list falls back to the default
         else:
             out[name] = checked(name, ",".join(items), max_batch_bytes=max_batch_bytes)
     return out
+
+
+def operation(name: str, op: int) -> OpType:
+    """IncrementalAlterConfigs' operation ``op`` on config ``name``, or a refusal."""
+    try:
+        return OpType(op)
+    except ValueError:
+        raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
+                                 f"{name}: unknown operation {op}") from None
+
+
+def list_applied(kind: OpType, current: str, value: str | None) -> list[str]:
+    """APPEND / SUBTRACT of ``value``'s comma-separated items to / from ``current``."""
+    items = [v for v in current.split(",") if v]
+    given = [v.strip() for v in (value or "").split(",") if v.strip()]
+    if kind is OpType.APPEND:
+        return items + [v for v in given if v not in items]
+    return [v for v in items if v not in given]
 
 
 @dataclass(frozen=True, slots=True)
