@@ -27,6 +27,7 @@ import secrets
 from collections.abc import Callable
 from enum import IntEnum
 
+from ledgerd.base.errors import LedgerdError
 from ledgerd.metadata.kafka_scram import ScramCredential
 
 __all__ = ["MAX_ITERATIONS", "MIN_ITERATIONS", "Mechanism", "ScramClient", "ScramCredential",
@@ -58,7 +59,7 @@ class Mechanism(IntEnum):
         return None
 
 
-class ScramError(Exception):
+class ScramError(LedgerdError):
     """The exchange failed; ``str(self)`` is the message for the client."""
 
 

@@ -83,7 +83,10 @@ def test_scram_credentials_then_produce_and_consume(
         finally:
             consumer.close()
         assert mech.encode() in got
-    assert "principal=sam" in gw.log_text()
+    deadline = time.monotonic() + TIMEOUT
+    while "principal=sam" not in gw.log_text():
+        assert time.monotonic() < deadline, "sam's login was not logged"
+        time.sleep(0.1)
 
     # sam is a client, not an admin: the credential APIs need the admin role (Alter
     # here: confluent-kafka 2.16 aborts the process on a refused Describe)
@@ -92,7 +95,11 @@ def test_scram_credentials_then_produce_and_consume(
         "sam", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"mine")])
     with pytest.raises(KafkaException, match="CLUSTER_AUTHORIZATION_FAILED"):
         refused["sam"].result(TIMEOUT)
-    assert "principal=sam api=ALTER_USER_SCRAM_CREDENTIALS" in gw.log_text()
+    # the gateway's log reaches its file through a copying thread: wait for the line
+    deadline = time.monotonic() + TIMEOUT
+    while "principal=sam api=ALTER_USER_SCRAM_CREDENTIALS" not in gw.log_text():
+        assert time.monotonic() < deadline, "the refusal was not logged"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize(("user", "password"), [("sam", "wrong"), ("nobody", "x")])
