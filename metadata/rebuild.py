@@ -42,7 +42,12 @@ back while the previous ``seq`` is found: truncated ledgers (deleted) end it, an
 a ledger without a header (appended from elsewhere); its ``base`` (the truncation point)
 is the first ledger's recorded first offset, so offsets do not move. Ledgers with the
 log's header off the chain (a writer that stopped before adding its new ledger) are
-named, not listed. The rebuilt ledgers keep the header mark, so readers skip entry 0.
+named, not listed. Where a header's ``prev`` is gone but ledgers of the previous
+``seq`` are found, compaction replaced that ledger (its replacement holds its place and
+header): the chain goes through the one holding the most log entries (then the lowest
+id), so a stray replacement a crashed pass left beside the swapped-in one does not cut
+the log short; one without log entries is no replacement and ends the chain there.
+The rebuilt ledgers keep the header mark, so readers skip entry 0.
 The log's ``writers`` count is the highest its headers record (a Kafka partition's
 leader epoch goes on from there).
 
@@ -410,6 +415,16 @@ def _after_snapshot(snapshot: LedgerMetadata, found: list[tuple[int, tuple[str, 
     return keep
 
 
+def _replacement(candidates: Sequence[int], ends: Mapping[int, int]) -> int:
+    """Of the ledgers holding the same place of a log whose original is gone, the one
+    the chain goes through. Each is a compaction replacement of that original (the one
+    a pass swapped in, or a stray one a pass left when it died before its swap; either
+    holds every record compaction keeps, at its original offset: the same entries
+    with fewer records). A complete one holds the most entries (a pass that died
+    while writing left fewer): the fullest, then the lowest id (the earliest)."""
+    return min(candidates, key=lambda lid: (-ends.get(lid, 0), lid))
+
+
 def plan_logs(headers: Mapping[int, LogHeader], ends: Mapping[int, int], *,
               live: Collection[str] = ()) -> tuple[LogPlan, ...]:
     """The logs the headers name and the live metadata lacks (``live``), by name: each
@@ -430,11 +445,13 @@ def plan_logs(headers: Mapping[int, LogHeader], ends: Mapping[int, int], *,
                 chain.append(prev)
                 continue
             # its prev is gone: compaction (the Kafka gateway's cleaner) put a
-            # replacement with the same place in the log in its stead; the only ledger
-            # of the seq before is that one (two would be ambiguous: a gap)
-            before = [lid for lid in mine if mine[lid].seq == h.seq - 1 and lid not in chain]
-            if prev not in mine and len(before) == 1:
-                chain.append(before[0])
+            # replacement with the same place in the log in its stead
+            # (one with no log entry is no replacement: an orphan of a failed roll, or
+            # left by a ledger truncated away; the log starts after it)
+            before = [lid for lid in mine if mine[lid].seq == h.seq - 1 and lid not in chain
+                      and ends.get(lid, 0) >= 1]
+            if prev not in mine and before:
+                chain.append(_replacement(before, ends))
                 continue
             break
         chain.reverse()

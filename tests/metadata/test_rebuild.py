@@ -198,6 +198,20 @@ def test_a_log_comes_back_from_its_headers_in_order_with_its_truncation_point() 
     compacted = {**{k: v for k, v in headers.items() if k != 8}, 30: _header("a", 2, 5, 40)}
     (log,) = plan_logs(compacted, {**ends, 30: 10}, live={"b"})
     assert log.ledgers == (30, 11, 12) and log.base == 40 and log.left_out == (13,)
+    # A stray replacement beside it (31: a later pass died before its swap, all 10
+    # entries written; 32: one that died while writing, 4 of them; 33: holds no log
+    # entry): the chain still goes through the complete one, the log is not cut short.
+    strays = {**compacted, 31: _header("a", 2, 5, 40), 32: _header("a", 2, 5, 40),
+              33: _header("a", 2, 5, 40)}
+    (log,) = plan_logs(strays, {**ends, 30: 10, 31: 10, 32: 4, 33: 0}, live={"b"})
+    assert log.ledgers == (30, 11, 12) and log.base == 40
+    assert log.left_out == (13, 31, 32, 33)
+    (log,) = plan_logs(strays, {**ends, 30: 9, 31: 10, 32: 4, 33: 0}, live={"b"})
+    assert log.ledgers == (31, 11, 12)
+    # Only an empty one where the ledger was: no replacement, the log starts after it.
+    empty = {**{k: v for k, v in compacted.items() if k != 30}, 33: _header("a", 2, 5, 40)}
+    (log,) = plan_logs(empty, {**ends, 33: 0}, live={"b"})
+    assert log.ledgers == (11, 12) and 33 in log.left_out
     # A gap (seq 3 missing): the log starts after it.
     del headers[11]
     (log,) = plan_logs(headers, ends, live={"b"})
