@@ -94,6 +94,11 @@ class GatewayConfig(ClientConfig):
     max_inflight_requests: int = setting(
         16, bk="(Kafka: queued.max.requests, per connection)", minimum=1, maximum=1024,
         doc="Requests of one connection being handled at once before reading pauses.")
+    max_queued_request_bytes: int = setting(
+        512 << 20, bk="(Kafka: queued.max.request.bytes)", minimum=1 << 20,
+        doc="Bytes of requests being handled at once over every connection; a "
+            "connection whose next request does not fit reads nothing more until it "
+            "does (at least max_request_bytes + 4).")
     max_connections: int = setting(
         1000, bk="(Kafka: max.connections)", minimum=1,
         doc="Client connections served at once; more are closed on accept.")
@@ -188,6 +193,9 @@ class GatewayConfig(ClientConfig):
         if self.max_batch_bytes + 4096 > self.max_frame_bytes:
             raise ConfigError("max_batch_bytes", self.max_batch_bytes,
                               f"at most max_frame_bytes - 4096 ({self.max_frame_bytes - 4096})")
+        if self.max_queued_request_bytes < self.max_request_bytes + 4:
+            raise ConfigError("max_queued_request_bytes", self.max_queued_request_bytes,
+                              f"at least max_request_bytes + 4 ({self.max_request_bytes + 4})")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError("group_min_session_timeout_ms", self.group_min_session_timeout_ms,
                               "at most group_max_session_timeout_ms")

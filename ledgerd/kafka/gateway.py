@@ -20,7 +20,9 @@ their own (a parked Fetch or a Produce awaiting its quorum does not stop the nex
 request), every other request in turn, before the next is read (so a group's commit
 lands before the leave that follows it); responses are written in request order, as
 Kafka requires. At most ``max_inflight_requests``
-are handled at once per connection; reading pauses beyond that. Produce admission
+are handled at once per connection; reading pauses beyond that, and while the
+requests held over every connection would pass ``max_queued_request_bytes``
+(``request_budget.py``). Produce admission
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
 
@@ -98,6 +100,7 @@ from ledgerd.kafka.peer import peer_auth, send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
+from ledgerd.kafka.request_budget import RequestBudget
 from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.scram import Mechanism, ScramError, ScramServer
 from ledgerd.kafka.storage_errors import storage_error_code
@@ -212,6 +215,7 @@ class _Conn:
     principal: Principal = ANONYMOUS
     sasl_mechanism: str = ""
     scram: ScramServer | None = None  # a SCRAM exchange under way
+    held: int = 0  # bytes of the gateway's request budget its requests hold
 
     @property
     def authenticated(self) -> bool:
@@ -225,6 +229,8 @@ class _Slot:
     done: trio.Event = field(default_factory=trio.Event)
     frame: bytes | None = None  # None: no response (acks=0)
     close: bool = False
+    conn: _Conn | None = None  # whose request budget bytes it holds
+    held: int = 0  # those bytes (given back once the request is handled)
 
 
 class Gateway:
@@ -289,6 +295,14 @@ class Gateway:
                            lambda: sum(len(g.members) for g in self.groups.values()))
         self.metrics.gauge("ledgerd_kafka_live_gateways", "Gateways registered in ZooKeeper.",
                            lambda: len(self.nodes))
+        self.requests_held = RequestBudget(config.max_queued_request_bytes)
+        self.metrics.gauge("ledgerd_kafka_request_bytes_held",
+                           "Bytes of requests being handled, over every connection (at "
+                           "most max_queued_request_bytes).", lambda: self.requests_held.used)
+        self.metrics.counter("ledgerd_kafka_request_budget_waits",
+                             "Requests whose connection waited for room in "
+                             "max_queued_request_bytes before reading them.",
+                             lambda: self.requests_held.waits)
         self.nursery: trio.Nursery | None = None
         self.txn = transactions.TxnCoordinator(self)
         # dynamic broker configs (topic_admin.py, broker_configs.py)
@@ -581,31 +595,53 @@ class Gateway:
 
     async def _connection(self, stream: trio.abc.Stream, conn: _Conn) -> None:
         send, receive = trio.open_memory_channel[_Slot](self.config.max_inflight_requests)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._responder, stream, receive, nursery.cancel_scope)
-            buf = bytearray()
-            async with send:
-                while True:
-                    while len(buf) < 4 or len(buf) < 4 + _SIZE.unpack_from(buf)[0]:
-                        if len(buf) >= 4:
-                            size = _SIZE.unpack_from(buf)[0]
-                            if not 8 <= size <= self.config.max_request_bytes:
-                                self.metrics.connections_closed_bad += 1
-                                log.warning("kafka_bad_frame", extra=fields(
-                                    peer=conn.peer, size=size,
-                                    limit=self.config.max_request_bytes))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._responder, stream, receive, nursery.cancel_scope)
+                buf = bytearray()
+                async with send:
+                    while True:
+                        while len(buf) < 4:
+                            data = await stream.receive_some(65536)
+                            if not data:
                                 return
-                        data = await stream.receive_some(65536)
-                        if not data:
+                            buf += data
+                        size = _SIZE.unpack_from(buf)[0]
+                        if not 8 <= size <= self.config.max_request_bytes:
+                            self.metrics.connections_closed_bad += 1
+                            log.warning("kafka_bad_frame", extra=fields(
+                                peer=conn.peer, size=size,
+                                limit=self.config.max_request_bytes))
                             return
-                        buf += data
-                    size = _SIZE.unpack_from(buf)[0]
-                    frame = bytes(buf[4:4 + size])
-                    del buf[:4 + size]
-                    slot = _Slot()
-                    await send.send(slot)  # waits while max_inflight_requests are open
-                    if not await self._admit(conn, frame, slot, nursery):
-                        return
+                        # room for the whole request before its body is read (or
+                        # nothing more is read from this peer until there is)
+                        await self.requests_held.take(4 + size)
+                        conn.held += 4 + size
+                        slot = _Slot(conn=conn, held=4 + size)
+                        while len(buf) < 4 + size:
+                            data = await stream.receive_some(65536)
+                            if not data:
+                                return
+                            buf += data
+                        frame = bytes(buf[4:4 + size])
+                        del buf[:4 + size]
+                        await send.send(slot)  # waits while max_inflight_requests are open
+                        admitted = await self._admit(conn, frame, slot, nursery)
+                        if slot.done.is_set():
+                            self._handled(slot)
+                        if not admitted:
+                            return
+        finally:
+            # what the requests not handled (the connection ended first) still hold
+            self.requests_held.give(conn.held)
+            conn.held = 0
+
+    def _handled(self, slot: _Slot) -> None:
+        """Give back the request budget ``slot``'s request held (once handled)."""
+        if slot.held and slot.conn is not None:
+            self.requests_held.give(slot.held)
+            slot.conn.held -= slot.held
+            slot.held = 0
 
     async def _responder(self, stream: trio.abc.Stream,
                          slots: trio.MemoryReceiveChannel[_Slot],
@@ -613,6 +649,7 @@ class Gateway:
         async with slots:
             async for slot in slots:
                 await slot.done.wait()
+                self._handled(slot)
                 if slot.frame is not None:
                     await stream.send_all(slot.frame)
                 if slot.close:
@@ -733,6 +770,7 @@ class Gateway:
         except Exception:
             log.exception("kafka_request_failed", extra=fields(api=api.name))
             slot.close = True
+            self._handled(slot)
             slot.done.set()
             return
         if reply is _CLOSE:
@@ -741,6 +779,7 @@ class Gateway:
             if api not in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self.metrics.error(api, reply.get("error_code", 0))
             slot.frame = self._frame(api, version, cid, reply)
+        self._handled(slot)
         slot.done.set()
 
     def _frame(self, api: ApiKey, version: int, cid: int, body: dict[str, Any]) -> bytes:

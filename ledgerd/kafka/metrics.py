@@ -47,6 +47,7 @@ class GatewayMetrics:
         self.compaction_orphans_deleted = 0
         self.compaction_sweeps = 0  # looks for orphaned replacements
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
+        self.counted: dict[str, tuple[str, Callable[[], float]]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         for c in (ProcessCollector, PlatformCollector, GCCollector):
@@ -58,6 +59,10 @@ class GatewayMetrics:
 
     def gauge(self, name: str, doc: str, fn: Callable[[], float]) -> None:
         self.gauges[name] = (doc, fn)
+
+    def counter(self, name: str, doc: str, fn: Callable[[], float]) -> None:
+        """A count kept elsewhere (``fn`` reads it), exported as a counter."""
+        self.counted[name] = (doc, fn)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -123,5 +128,7 @@ class _Collector:
                 ("ledgerd_kafka_compaction_sweeps", "Looks for orphaned replacements.",
                  m.compaction_sweeps)):
             yield CounterMetricFamily(name, doc, value=value)
+        for name, (doc, fn) in sorted(m.counted.items()):
+            yield CounterMetricFamily(name, doc, value=fn())
         for name, (doc, fn) in sorted(m.gauges.items()):
             yield GaugeMetricFamily(name, doc, value=fn())

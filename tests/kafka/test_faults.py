@@ -8,10 +8,12 @@ from __future__ import annotations
 import signal
 import socket
 import struct
+import time
+from pathlib import Path
 
 from ledgerd.kafka.api import REQUESTS, RESPONSES, ApiKey, ErrorCode
 from ledgerd.kafka.schema import Reader, decode, encode
-from tests.kafka.conftest import KafkaCluster
+from tests.kafka.conftest import GatewayProcess, KafkaCluster
 from tests.kafka.producer_proc import produce_through_faults, read_exactly_once
 
 
@@ -124,3 +126,60 @@ def test_bad_requests_get_kafka_errors_and_the_gateway_goes_on(
     with _connect(kafka_cluster) as sock:  # and the gateway still answers
         sock.sendall(_request(ApiKey.API_VERSIONS, 2, {}))
         assert _reply(sock, ApiKey.API_VERSIONS, 2)["error_code"] == 0
+
+
+def _metric(url: str, name: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not in {url}")
+
+
+def _answers_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK))
+    except TimeoutError:
+        return False
+    finally:
+        sock.settimeout(30)
+
+
+def test_requests_held_over_all_connections_are_bounded(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    # A gateway whose request budget (max_queued_request_bytes) holds one of its
+    # largest requests and not two: a connection that announced one and sends it
+    # slowly holds its bytes; a second one waits for room before it reads its own, and
+    # a request after it waits in turn (first come, first served); when the first
+    # connection goes, its bytes come back and both go on. Nothing is refused.
+    gw = GatewayProcess(kafka_cluster.zk, tmp_path / "gw.log", env={
+        "LEDGERD_MAX_REQUEST_BYTES": "600000",
+        "LEDGERD_MAX_QUEUED_REQUEST_BYTES": str(1 << 20)})
+    gw.start()
+    host, port = gw.bootstrap.split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as slow:
+            slow.sendall(struct.pack(">i", 600000) + b"\x00" * 1000)  # and no more yet
+            with socket.create_connection((host, int(port)), timeout=30) as small:
+                small.sendall(_request(ApiKey.API_VERSIONS, 2, {}))  # fits beside it
+                assert _reply(small, ApiKey.API_VERSIONS, 2)["error_code"] == 0
+            big = socket.create_connection((host, int(port)), timeout=30)
+            big.sendall(struct.pack(">i", 600000))  # does not fit: waits
+            behind = socket.create_connection((host, int(port)), timeout=30)
+            behind.sendall(_request(ApiKey.API_VERSIONS, 2, {}))
+            assert not _answers_within(behind, 1.0)
+            assert _metric(gw.metrics_url, "ledgerd_kafka_request_budget_waits_total") == 2
+            assert _metric(gw.metrics_url, "ledgerd_kafka_request_bytes_held") == 600004
+        # the slow connection closed: its bytes back, the waiting ones go on
+        assert _reply(behind, ApiKey.API_VERSIONS, 2)["error_code"] == 0
+        big.close()
+        behind.close()
+        deadline = time.monotonic() + 30
+        while _metric(gw.metrics_url, "ledgerd_kafka_request_bytes_held") != 0:
+            assert time.monotonic() < deadline, "request bytes still held"
+            time.sleep(0.05)
+    finally:
+        gw.stop(signal.SIGKILL)
