@@ -208,6 +208,11 @@ _NEEDS: dict[ApiKey, frozenset[str]] = {
 }
 
 
+# the largest request a connection may send before it has authenticated, on a gateway
+# that requires authentication (Kafka's sasl.server.max.receive.size)
+PRE_AUTH_MAX_REQUEST_BYTES = 512 << 10
+
+
 @dataclass(slots=True)
 class _Conn:
     peer: str
@@ -607,11 +612,16 @@ class Gateway:
                                 return
                             buf += data
                         size = _SIZE.unpack_from(buf)[0]
-                        if not 8 <= size <= self.config.max_request_bytes:
+                        limit = self.config.max_request_bytes
+                        if self.authorizing and not conn.authenticated:
+                            # before authentication only the small SASL requests come
+                            # (Kafka: sasl.server.max.receive.size)
+                            limit = min(limit, PRE_AUTH_MAX_REQUEST_BYTES)
+                        if not 8 <= size <= limit:
                             self.metrics.connections_closed_bad += 1
                             log.warning("kafka_bad_frame", extra=fields(
-                                peer=conn.peer, size=size,
-                                limit=self.config.max_request_bytes))
+                                peer=conn.peer, size=size, limit=limit,
+                                authenticated=conn.authenticated))
                             return
                         # room for the whole request before its body is read (or
                         # nothing more is read from this peer until there is)

@@ -130,6 +130,40 @@ def test_a_refused_client_certificate_gets_the_tls_alert_saying_why(
     assert "kafka_tls_handshake_failed" in gw.log_text()
 
 
+def test_before_authenticating_only_small_requests_are_read(
+        secure_gateway: tuple[GatewayProcess, Path]) -> None:
+    """A connection that has not authenticated may announce no request over 512 KiB
+    (Kafka's sasl.server.max.receive.size): it cannot make the gateway hold
+    max_request_bytes for it; one that has (its client certificate) may."""
+    import socket
+    import ssl
+    import struct
+
+    gw, base = secure_gateway
+    host, port = gw.bootstrap.rsplit(":", 1)
+
+    def announce(size: int, cert: Path | None) -> bool:
+        """Whether the gateway closes the connection after the size alone."""
+        ctx = ssl.create_default_context(cafile=str(base / "ca.pem"))
+        if cert is not None:
+            ctx.load_cert_chain(str(cert))
+        with socket.create_connection((host, int(port)), timeout=20) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host) as tls:
+            tls.sendall(struct.pack(">i", size))
+            tls.settimeout(1.0)
+            try:
+                return tls.recv(1) == b""
+            except TimeoutError:
+                return False  # still reading the body
+            except (ConnectionResetError, ssl.SSLError):
+                return True
+
+    assert announce(1 << 20, None)
+    assert "authenticated=False" in gw.log_text() and "limit=524288" in gw.log_text()
+    assert not announce(1 << 20, base / "etl.pem")
+    assert not announce(400 << 10, None)
+
+
 def test_creating_topics_needs_the_admin_role(secure_gateway: tuple[GatewayProcess, Path],
                                               ) -> None:
     from confluent_kafka import KafkaException
