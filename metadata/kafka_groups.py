@@ -8,7 +8,8 @@ gateway is here: the generation and the protocol type. JSON::
 A record is made by a group's first completed join or first offset commit (generation 0:
 a consumer that assigns its partitions itself, an admin setting offsets) and deleted
 with the group. Its committed offsets are not here: they are cursors of the partitions'
-logs (``metadata.logs``), named ``kafka.<znode name>``.
+logs (``metadata.logs``), named ``kafka.<znode name>``, listed in the group's offset
+index (``metadata.kafka_offsets``).
 
 A group id that is not a plain name is stored as ``x-`` and the start of its hex (the
 record names the id). Changes are compare-and-set, and a generation never goes back: a

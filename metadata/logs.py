@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ledgerd.metadata.cas import cas_update
-from ledgerd.metadata.errors import CorruptMetadataError, NoNodeError
+from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, NoNodeError
 from ledgerd.metadata.store import MetadataStore
 
 __all__ = ["MAX_COMMITS", "CursorRecord", "LogRecord", "LogStore"]
@@ -213,6 +213,14 @@ class LogStore:
             raise ValueError(f"invalid cursor name {cursor!r} (letters, digits, . _ -; up "
                              "to 200)")
         return f"{self.path(name)}/cursors/{cursor}"
+
+    async def ensure_cursors(self, name: str) -> None:
+        """Make the log's ``cursors`` node unless it exists (a multi that creates a
+        cursor needs its parent); NoNodeError if the log has no record."""
+        try:
+            await self.store.create(f"{self.path(name)}/cursors")
+        except NodeExistsError:
+            pass
 
     async def cursors(self, name: str) -> list[str]:
         path = f"{self.path(name)}/cursors"

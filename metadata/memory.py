@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -25,7 +25,17 @@ from ledgerd.metadata.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from ledgerd.metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
+from ledgerd.metadata.store import (
+    Check,
+    Create,
+    NodeStat,
+    Op,
+    SessionEvent,
+    SessionFanout,
+    SetData,
+    WatchEvent,
+    WatchKind,
+)
 
 __all__ = ["InMemoryCluster", "InMemoryStore"]
 
@@ -171,9 +181,7 @@ class InMemoryStore:
         node = self._node(path)
         if version >= 0 and node.version != version:
             raise BadVersionError(path, version)
-        node.data = bytes(data)
-        node.version += 1
-        self.cluster.notify(path, WatchKind.DATA)
+        self._set_now(node, path, data)
         return self._stat(node)
 
     async def delete(self, path: str, version: int = -1, *, recursive: bool = False) -> None:
@@ -188,6 +196,73 @@ class InMemoryStore:
             for child in sorted(node.children):
                 await self.delete(posixpath.join(path, child), recursive=True)
         self.cluster.remove(path)
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        """Every op checked against the tree as the ops before it leave it, then all
+        applied with no checkpoint between them (no other task sees a state between)."""
+        await trio.lowlevel.checkpoint()
+        self._live()
+        nodes = self.cluster.nodes
+        seen: dict[str, tuple[bool, int]] = {}  # path -> (exists, version) after the ops
+        kids: dict[str, int] = {}  # path -> children count after the ops
+
+        def state(path: str) -> tuple[bool, int]:
+            if path in seen:
+                return seen[path]
+            node = nodes.get(path)
+            return (False, 0) if node is None else (True, node.version)
+
+        def count(path: str) -> int:
+            return kids[path] if path in kids else len(nodes[path].children) \
+                if path in nodes else 0
+
+        for op in ops:
+            _check_path(op.path)
+            exists, version = state(op.path)
+            if isinstance(op, Create):
+                parent = _parent(op.path)
+                if not state(parent)[0]:
+                    raise NoNodeError(parent)
+                if parent in nodes and nodes[parent].ephemeral_owner:
+                    raise MetadataError(f"ephemeral node {parent} cannot have children")
+                if exists:
+                    raise NodeExistsError(op.path)
+                seen[op.path] = (True, 0)
+                kids[op.path] = 0
+                kids[parent] = count(parent) + 1
+                continue
+            if not exists:
+                raise NoNodeError(op.path)
+            if op.version >= 0 and op.version != version:
+                raise BadVersionError(op.path, op.version)
+            if isinstance(op, SetData):
+                seen[op.path] = (True, version + 1)
+            elif not isinstance(op, Check):  # Remove
+                if count(op.path):
+                    raise NotEmptyError(op.path)
+                parent = _parent(op.path)
+                seen[op.path] = (False, 0)
+                kids[parent] = count(parent) - 1
+        for op in ops:  # every op holds: apply them all, with no checkpoint between
+            if isinstance(op, Create):
+                self._create_now(op.path, op.data)
+            elif isinstance(op, SetData):
+                self._set_now(self.cluster.nodes[op.path], op.path, op.data)
+            elif not isinstance(op, Check):
+                self.cluster.remove(op.path)
+
+    def _create_now(self, path: str, data: bytes) -> None:
+        parent = _parent(path)
+        self.cluster.nodes[path] = _Node(bytes(data), 0, 0, int(time.time() * 1000))
+        self.cluster.nodes[parent].children.add(posixpath.basename(path))
+        self.cluster.notify(path, WatchKind.DATA)
+        self.cluster.notify(path, WatchKind.CHILDREN)
+        self.cluster.notify(parent, WatchKind.CHILDREN)
+
+    def _set_now(self, node: _Node, path: str, data: bytes) -> None:
+        node.data = bytes(data)
+        node.version += 1
+        self.cluster.notify(path, WatchKind.DATA)
 
     async def exists(self, path: str) -> NodeStat | None:
         await trio.lowlevel.checkpoint()

@@ -26,6 +26,8 @@ __all__ = [
     "kafka_broker_configs_path",
     "kafka_gateway_path",
     "kafka_group_path",
+    "kafka_offset_index_complete_path",
+    "kafka_offset_index_path",
     "kafka_producer_ids_path",
     "kafka_root",
     "kafka_scram_path",
@@ -109,6 +111,8 @@ KAFKA_PRODUCER_IDS = "producer_ids"
 KAFKA_ACLS = "acls"
 KAFKA_BROKER_CONFIGS = "broker_configs"
 KAFKA_SCRAM = "scram"
+KAFKA_OFFSET_INDEX = "offset_index"
+KAFKA_OFFSET_INDEX_COMPLETE = "offset_index_complete"
 
 
 def kafka_root(root: str) -> str:
@@ -123,6 +127,23 @@ def kafka_topic_path(kafka: str, topic: str) -> str:
 def kafka_group_path(kafka: str, znode: str) -> str:
     """A consumer group's record, under its znode name (``kafka_groups.group_znode``)."""
     return f"{kafka}/{KAFKA_GROUPS}/{znode}"
+
+
+def kafka_offset_index_path(kafka: str, group: str | None = None,
+                            topic: str | None = None) -> str:
+    """The groups' offset index (``kafka_offsets``): its root, a group's node (under
+    its znode name) or the group's node of one topic."""
+    path = f"{kafka}/{KAFKA_OFFSET_INDEX}"
+    if group is not None:
+        path += f"/{group}"
+        if topic is not None:
+            path += f"/{topic}"
+    return path
+
+
+def kafka_offset_index_complete_path(kafka: str) -> str:
+    """Made once every offset committed before the index existed is indexed."""
+    return f"{kafka}/{KAFKA_OFFSET_INDEX_COMPLETE}"
 
 
 def kafka_gateway_path(kafka: str, node_id: int) -> str:

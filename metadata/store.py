@@ -16,20 +16,24 @@ Semantics, as ZooKeeper's:
   notifications coalesce instead of queuing without bound;
 - session events: ``LOST`` when the session expired (ephemerals are gone), ``CONNECTED``
   when a session is (re-)established, ``SUSPENDED`` when the connection dropped but the
-  session may still live.
+  session may still live;
+- ``multi`` applies a list of operations (:class:`Check`, :class:`Create`,
+  :class:`SetData`, :class:`Remove`) atomically, as ZooKeeper's multi-op transaction:
+  all of them or none, and no reader sees a state between them.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
-__all__ = ["MetadataStore", "NodeStat", "SessionEvent", "SessionFanout", "WatchEvent", "WatchKind"]
+__all__ = ["Check", "Create", "MetadataStore", "NodeStat", "Op", "Remove", "SessionEvent",
+           "SessionFanout", "SetData", "WatchEvent", "WatchKind"]
 
 
 class SessionEvent(enum.Enum):
@@ -55,6 +59,42 @@ class NodeStat:
     ephemeral_owner: int  # session id, 0 for persistent nodes
     ctime_ms: int
     num_children: int
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A multi's condition: ``path`` exists (at ``version`` when that is >= 0)."""
+
+    path: str
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """A multi's create of a persistent node (its parent must exist)."""
+
+    path: str
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SetData:
+    """A multi's write (compare-and-set when ``version >= 0``)."""
+
+    path: str
+    data: bytes
+    version: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """A multi's delete of a node without children (CAS when ``version >= 0``)."""
+
+    path: str
+    version: int = -1
+
+
+Op = Check | Create | SetData | Remove
 
 
 class SessionFanout:
@@ -117,6 +157,13 @@ class MetadataStore(Protocol):
 
     async def exists(self, path: str) -> NodeStat | None:
         """The stat of ``path``, or None."""
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        """Apply ``ops`` atomically, in order (each sees the ones before it): all of them
+        or, if any fails, none; raises the first failing op's error (NoNodeError,
+        NodeExistsError, BadVersionError, NotEmptyError) naming its path. A multi
+        retried after a lost reply that had landed fails as a conflict would (its
+        creates exist, its versions moved): callers re-read and decide again."""
 
     async def sync(self, path: str) -> None:
         """Bring this session's view of ``path`` up to date (ZooKeeper's ``sync``): a

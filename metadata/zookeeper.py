@@ -46,7 +46,17 @@ from ledgerd.metadata.errors import (
     NotEmptyError,
     SessionExpiredError,
 )
-from ledgerd.metadata.store import NodeStat, SessionEvent, SessionFanout, WatchEvent, WatchKind
+from ledgerd.metadata.store import (
+    Check,
+    Create,
+    NodeStat,
+    Op,
+    SessionEvent,
+    SessionFanout,
+    SetData,
+    WatchEvent,
+    WatchKind,
+)
 
 # A chroot that does not exist yet is normal here (a new cluster's, created on init);
 # what matters is reported by check_layout, in one line.
@@ -290,6 +300,43 @@ class ZooKeeperStore:
             return None if zstat is None else _stat(zstat)
 
         return await self._call("exists", path, run, read=True)
+
+    async def multi(self, ops: Sequence[Op]) -> None:
+        """ZooKeeper's multi-op transaction (kazoo's ``transaction``); the failing op's
+        error names that op's path."""
+        if not ops:
+            return
+        c, t = self._client, self._op_timeout
+
+        def run() -> None:
+            tx = c.transaction()
+            for op in ops:
+                if isinstance(op, Check):
+                    tx.check(op.path, op.version)
+                elif isinstance(op, Create):
+                    tx.create(op.path, op.data)
+                elif isinstance(op, SetData):
+                    tx.set_data(op.path, op.data, op.version)
+                else:
+                    tx.delete(op.path, op.version)
+            results = tx.commit_async().get(timeout=t)
+            for op, result in zip(ops, results, strict=False):
+                if not isinstance(result, Exception) or isinstance(result, kz.RolledBackError):
+                    continue
+                version = -1 if isinstance(op, Create) else op.version
+                if isinstance(result, kz.NoNodeError):
+                    raise NoNodeError(op.path)
+                if isinstance(result, kz.NodeExistsError):
+                    raise NodeExistsError(op.path)
+                if isinstance(result, kz.BadVersionError):
+                    raise BadVersionError(op.path, version)
+                if isinstance(result, kz.NotEmptyError):
+                    raise NotEmptyError(op.path)
+                raise result
+            if any(isinstance(r, Exception) for r in results):  # rolled back, no cause
+                raise MetadataError(f"multi on {ops[0].path}: rolled back: {results!r}")
+
+        await self._call("multi", ops[0].path, run)
 
     async def sync(self, path: str) -> None:
         c, t = self._client, self._op_timeout

@@ -41,11 +41,17 @@ writes no JSON:
 - ``producer_ids``: the idempotent producers' id counter
   (``metadata.kafka_gateways.ProducerIdStore``);
 - ``transactions/<id>`` and ``txn_partitions/``: the transaction coordinator's
-  (``metadata.kafka_txns``, ``transactions.py``).
+  (``metadata.kafka_txns``, ``transactions.py``);
+- ``offset_index/<group>/<topic>``: the partitions each group has committed offsets
+  for, so OffsetFetch of all topics and DeleteGroups read only the group's own
+  (``metadata.kafka_offsets``, decisions in ``offset_index.py``);
+  ``offset_index_complete`` once the offsets committed before the index existed are
+  indexed (a one-time migration, run by any gateway that finds it absent).
 
 Committed offsets are cursors of the partitions' logs (``kafka.<group>``,
-``metadata.logs``). A failed write of a partition's log answers the Kafka error its
-type says (``storage_errors.py``).
+``metadata.logs``), created only together with their index entry (one multi-op
+transaction). A failed write of a partition's log answers the Kafka error its type
+says (``storage_errors.py``).
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ from ledgerd.kafka.compression import recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
 from ledgerd.kafka.metrics import GatewayMetrics
+from ledgerd.kafka.offset_index import cursor_groups, indexed_reads
 from ledgerd.kafka.partitions import (
     OffsetOutOfRangeError,
     PartitionLog,
@@ -108,7 +115,6 @@ from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import TopicCache
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.errors import (
-    BadVersionError,
     ChangeRejectedError,
     CorruptMetadataError,
     NodeExistsError,
@@ -117,6 +123,7 @@ from ledgerd.metadata.errors import (
 from ledgerd.metadata.kafka_acls import ResourceType
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
 from ledgerd.metadata.kafka_groups import GroupStore, group_znode
+from ledgerd.metadata.kafka_offsets import OffsetIndex
 from ledgerd.metadata.kafka_scram import Credentials, ScramStore
 from ledgerd.metadata.kafka_topics import (
     TopicRecord,
@@ -261,6 +268,8 @@ class Gateway:
         self.deleted: dict[str, float] = {}  # topics deleted lately, when (DELETED_GRACE_S)
         self.groups: dict[str, Group] = {}
         self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
+        self._index_complete = False  # offset_index_complete seen (it is never removed)
+        self._index_migrating = False
         # a group record's save and its deletion never interleave: a save begun before
         # DeleteGroups (its read, then its write) would make the record again after
         self._group_record_lock = trio.Lock()
@@ -536,6 +545,7 @@ class Gateway:
                 nursery.start_soon(retention.run, self)
                 nursery.start_soon(self.broker_configs.run)
                 nursery.start_soon(cleaner.run, self)
+                nursery.start_soon(self._check_offset_index)
                 served: list[Any] = listeners
                 if tls is not None:
                     served = [trio.SSLListener(lst, tls, https_compatible=False)
@@ -801,6 +811,73 @@ class Gateway:
         return b"".join([_SIZE.pack(size), head, *pieces])
 
     # -- topics -------------------------------------------------------------------------
+
+    @functools.cached_property
+    def offset_index(self) -> OffsetIndex:
+        """The groups' offset index (made on first use: ``client.logs`` is the
+        cluster's log store)."""
+        return OffsetIndex(self.store, self.root, self.client.logs.store, log_name)
+
+    async def _offsets_indexed(self) -> bool:
+        """True if every committed offset is in the offset index (the migration is
+        done); else starts the migration in the background, unless under way."""
+        if self._index_complete:
+            return True
+        if await self.offset_index.complete():
+            self._index_complete = True
+            return True
+        if not self._index_migrating and self.nursery is not None:
+            self._index_migrating = True
+            self.nursery.start_soon(self._migrate_offset_index)
+        return False
+
+    async def _check_offset_index(self) -> None:
+        """At start: migrate to the offset index if that was never done (a failure to
+        look is logged; the first request that needs the index looks again)."""
+        try:
+            await self._offsets_indexed()
+        except LedgerdError as exc:
+            log.warning("kafka_offset_index_migration_failed", extra=fields(error=repr(exc)))
+
+    async def _migrate_offset_index(self) -> None:
+        """Index the offsets committed before the offset index existed: every
+        partition's cursor names read once (OFFSET_FETCH_READS at a time), an entry
+        added for each group's cursor, then ``offset_index_complete`` made. Run by
+        any gateway that finds that node absent, once per cluster (concurrent runs add
+        the same entries). A failure is logged; the next request that needs the index
+        starts it again."""
+        try:
+            started = trio.current_time()
+            cursors: dict[tuple[str, int], list[str]] = {}
+            limit = trio.Semaphore(OFFSET_FETCH_READS)
+
+            async def scan(topic: str, p: int) -> None:
+                async with limit:
+                    try:
+                        cursors[(topic, p)] = await self.client.logs.store.cursors(
+                            log_name(topic, p))
+                    except NoNodeError:
+                        pass
+
+            async with trio.open_nursery() as nursery:
+                for topic in await self.all_topics():
+                    for p in range(self.topics[topic]):
+                        nursery.start_soon(scan, topic, p)
+            plan = cursor_groups(cursors)
+            entries = 0
+            for group, topics in plan.items():
+                for topic, parts in topics.items():
+                    await self.offset_index.add(group, topic, parts)
+                    entries += len(parts)
+            await self.offset_index.mark_complete()
+            self._index_complete = True
+            log.info("kafka_offset_index_migrated", extra=fields(
+                partitions=len(cursors), groups=len(plan), entries=entries,
+                seconds=round(trio.current_time() - started, 3)))
+        except LedgerdError as exc:
+            log.warning("kafka_offset_index_migration_failed", extra=fields(error=repr(exc)))
+        finally:
+            self._index_migrating = False
 
     async def partition_count(self, topic: str) -> int | None:
         """The topic's partition count (None: no such topic), from its record as read
@@ -1517,7 +1594,6 @@ class Gateway:
         await self._ensure_group_record(group_id)
         part = self.partition(topic, p)
         name = log_name(topic, p)
-        cursor = "kafka." + group_znode(group_id)
         lid = eid = entry_offset = 0
         hw = await part.high_watermark()
         try:
@@ -1541,14 +1617,8 @@ class Gateway:
                 pass
         record = CursorRecord(entry_offset, lid, eid, kafka_offset=max(offset, 0),
                               kafka_metadata=metadata, kafka_leader_epoch=leader_epoch)
-        while True:
-            got = await self.client.logs.store.get_cursor(name, cursor)
-            try:
-                await self.client.logs.store.put_cursor(name, cursor, record,
-                                                        None if got is None else got[1])
-                return
-            except (BadVersionError, NodeExistsError):
-                continue
+        # a new cursor is created with its offset index entry, in one multi
+        await self.offset_index.commit(group_znode(group_id), topic, p, record)
 
     async def offset_fetch(self, conn: _Conn, version: int, body: dict[str, Any],
                            ) -> dict[str, Any]:
@@ -1557,14 +1627,15 @@ class Gateway:
             return {"error_code": group, "topics": []}
         cursor = "kafka." + group_znode(body["group_id"])
         wanted = body["topics"]
-        if wanted is None:
+        if wanted is None and await self._offsets_indexed():
+            wanted = await self._indexed_partitions(body["group_id"])
+        elif wanted is None:  # offsets not indexed yet (the migration is under way)
             wanted = []
             for name in await self.all_topics():
                 wanted.append({"name": name,
                                "partition_indexes": list(range(self.topics[name]))})
-        # one ZooKeeper read per partition, OFFSET_FETCH_READS at a time (a request for
-        # every topic's offsets reads every partition's cursor: one after another that
-        # took a second over a few hundred topics)
+        # one ZooKeeper read per partition, OFFSET_FETCH_READS at a time (every topic's
+        # offsets: the partitions the group's offset index lists)
         found: dict[tuple[str, int], dict[str, Any]] = {}
         limit = trio.Semaphore(OFFSET_FETCH_READS)
 
@@ -1594,6 +1665,31 @@ class Gateway:
                 parts = [r for r in parts if r["committed_offset"] >= 0]
             topics.append({"name": t["name"], "partitions": parts})
         return {"topics": topics, "error_code": 0}
+
+    async def _indexed_partitions(self, group_id: str) -> list[dict[str, Any]]:
+        """The partitions the group's offset index lists, of topics that exist, as
+        OffsetFetch's topics: one read for the index's topics, one per topic for its
+        entry (and its partition count, cached); a deleted topic's entries dropped."""
+        group = group_znode(group_id)
+        entries: dict[str, tuple[int, ...]] = {}
+        counts: dict[str, int | None] = {}
+        limit = trio.Semaphore(OFFSET_FETCH_READS)
+
+        async def read(topic: str) -> None:
+            async with limit:
+                entry = await self.offset_index.entry(group, topic)
+                if entry is not None:
+                    entries[topic] = entry.partitions
+                    counts[topic] = await self.partition_count(topic) \
+                        if _TOPIC.match(topic) else None
+
+        async with trio.open_nursery() as nursery:
+            for topic in await self.offset_index.topics(group):
+                nursery.start_soon(read, topic)
+        reads, gone = indexed_reads(entries, counts)
+        for topic in gone:  # its cursors went with its logs: drop the entries left
+            await self.offset_index.remove(group, topic, keep_present=True)
+        return [{"name": t, "partition_indexes": ps} for t, ps in reads.items()]
 
     # -- group and cluster admin --------------------------------------------------------
 
@@ -1711,20 +1807,22 @@ class Gateway:
         if code:
             return int(code)
         try:
-            # one cursor per partition of every topic: deleted side by side, so a
-            # cluster of many partitions answers within the client's request timeout
             found: list[bool] = []
-            limiter = trio.CapacityLimiter(DELETE_FANOUT)
+            if not await self._offsets_indexed():
+                # offsets not indexed yet: one cursor per partition of every topic,
+                # deleted side by side (the index's own entries go below)
+                limiter = trio.CapacityLimiter(DELETE_FANOUT)
 
-            async def delete_one(topic: str, p: int) -> None:
-                async with limiter:
-                    found.append(await self._delete_offset(gid, topic, p))
+                async def delete_one(topic: str, p: int) -> None:
+                    async with limiter:
+                        found.append(await self._delete_offset(gid, topic, p))
 
-            async with trio.open_nursery() as nursery:
-                for topic in await self.all_topics():
-                    for p in range(self.topics[topic]):
-                        nursery.start_soon(delete_one, topic, p)
-            removed = sum(found)
+                async with trio.open_nursery() as nursery:
+                    for topic in await self.all_topics():
+                        for p in range(self.topics[topic]):
+                            nursery.start_soon(delete_one, topic, p)
+            # the cursors the group's offset index lists, each with its entry
+            removed = sum(found) + await self.offset_index.drop_group(group_znode(gid))
             async with self._group_record_lock:
                 await self.group_store.delete(gid)
         finally:
@@ -1765,7 +1863,11 @@ class Gateway:
                     err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 elif err == ErrorCode.NONE:
                     try:
-                        if await self._delete_offset(gid, t["name"], p):
+                        deleted, listed = await self.offset_index.remove(
+                            group_znode(gid), t["name"], (p,))
+                        # one the index did not list: committed before it existed
+                        if deleted or (not listed and
+                                       await self._delete_offset(gid, t["name"], p)):
                             log.info("kafka_offset_deleted", extra=fields(
                                 group=gid, topic=t["name"], partition=p))
                     except LedgerdError as exc:

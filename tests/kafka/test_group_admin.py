@@ -224,3 +224,17 @@ def test_a_transactional_commit_is_checked_against_the_member_and_generation_it_
     assert g.leave(member_id=me, now=2.0) == 0 and g.delete() == 0
     assert g.check_txn_commit(member_id="", generation=-1, instance_id=None) \
         == ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+def test_the_offset_index_reads_listed_partitions_of_live_topics_and_migrates_group_cursors(
+        ) -> None:
+    from ledgerd.kafka.offset_index import cursor_groups, indexed_reads
+
+    # a partition beyond the topic's count is not read; a topic gone is to be dropped
+    assert indexed_reads({"b": (1, 0, 7), "a": (0,), "gone": (0,)},
+                         {"a": 1, "b": 2, "gone": None}) == ({"a": [0], "b": [0, 1]},
+                                                             ["gone"])
+    # only Kafka groups' cursors (kafka.<group znode>) are indexed
+    assert cursor_groups({("t", 0): ["kafka.g", "reader", "kafka.x-6869"],
+                          ("t", 1): ["kafka.g"], ("u", 0): ["kafka.", "kafka...", "kafka.h"]}) \
+        == {"g": {"t": {0, 1}}, "x-6869": {"t": {0}}, "h": {"u": {0}}}

@@ -404,6 +404,15 @@ async def test_a_group_record_stays_deleted_when_a_save_races_delete_groups() ->
         return []
 
     gw.all_topics = no_topics  # type: ignore[method-assign]
+
+    class NoOffsets:  # the offset index: complete, and the group has no offsets
+        async def complete(self) -> bool:
+            return True
+
+        async def drop_group(self, group: str) -> int:
+            return 0
+
+    gw.offset_index = NoOffsets()  # type: ignore[assignment]
     group = gw.groups.setdefault("g", Group("g", gw.group_settings))
     group.generation, group.persisted = 2, 1
     codes: list[int] = []

@@ -12,7 +12,7 @@ from ledgerd.metadata.errors import (
     NoNodeError,
     NotEmptyError,
 )
-from ledgerd.metadata.store import SessionEvent, WatchKind
+from ledgerd.metadata.store import Check, Create, Op, Remove, SessionEvent, SetData, WatchKind
 from tests.metadata.conftest import StoreFactory
 
 
@@ -150,3 +150,29 @@ async def test_sync_then_get_sees_another_sessions_write(stores: StoreFactory) -
     await a.set("/synced", b"2")
     await b.sync("/synced")
     assert (await b.get("/synced"))[0] == b"2"
+
+
+async def test_multi_applies_all_its_ops_or_none(stores: StoreFactory) -> None:
+    s = await stores.open()
+    await s.create("/m")
+    await s.create("/m/a", b"a")
+    await s.multi([Check("/m/a", 0), SetData("/m/a", b"a1", 0), Create("/m/b", b"b"),
+                   Create("/m/b/c"), Remove("/m/b/c")])
+    assert (await s.get("/m/a"))[0] == b"a1" and (await s.get("/m/b"))[0] == b"b"
+    assert await s.exists("/m/b/c") is None
+    # each failing op names itself, and nothing before it is applied
+    cases: list[tuple[list[Op], type[Exception], str]] = [
+        ([SetData("/m/a", b"x"), Check("/m/a", 0)], BadVersionError, "/m/a"),
+        ([Create("/m/z"), Create("/m/b")], NodeExistsError, "/m/b"),
+        ([Create("/m/z"), Remove("/m/none")], NoNodeError, "/m/none"),
+        ([Create("/m/z"), Remove("/m")], NotEmptyError, "/m"),
+        ([Remove("/m/b"), Create("/m/b/c")], NoNodeError, "/m/b"),
+    ]
+    for ops, error, path in cases:
+        with pytest.raises(error, match=path):
+            await s.multi(ops)
+        assert (await s.get("/m/a"))[0] == b"a1" and await s.exists("/m/z") is None
+        assert await s.exists("/m/b") is not None
+    # create-then-delete in one multi asserts absence and leaves nothing
+    await s.multi([Create("/m/y"), Remove("/m/y"), Remove("/m/b", 0)])
+    assert await s.children("/m") == ["a"]
