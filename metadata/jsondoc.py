@@ -123,6 +123,13 @@ INT_MAP: Codec[Mapping[int, int]] = Codec(
     lambda m: {str(k): v for k, v in sorted(m.items())}, _int_map)
 INT_LISTS: Codec[tuple[tuple[int, ...], ...]] = Codec(lambda t: [list(r) for r in t],
                                                       _int_lists)
+STR_LIST: Codec[tuple[str, ...]] = Codec(list, lambda v: _str_list(v))
+
+
+def _str_list(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of strings, got {value!r}")
+    return tuple(_str(v) for v in value)
 
 
 def json_field(key: str, codec: Codec[Any], *, default: Any = dataclasses.MISSING,

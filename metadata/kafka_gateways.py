@@ -5,7 +5,10 @@ ZooKeeper session: the set of these is the membership every gateway hashes parti
 and groups over (``ledgerd/kafka/gateway.py``). JSON ``{"format": 1, "host": H, "port":
 P}``, the address clients are sent to; registrations written before the format field
 existed hold only ``host`` and ``port`` (format 1). ``rack`` (Kafka's ``broker.rack``) is
-written only when the gateway has one.
+written only when the gateway has one; ``features``, the names of what this gateway's
+version does that the others must know of before relying on it (``offset_index``: it
+writes each group's offset index), only when it has any. Readers ignore keys they do
+not know, so a new key needs no new format.
 
 ``<root>/kafka/producer_ids`` hands out idempotent producers' ids: the next id as a
 decimal number (not JSON: the node has held a bare number since the first gateway, and
@@ -20,7 +23,7 @@ from typing import ClassVar
 
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, NoNodeError
-from ledgerd.metadata.jsondoc import PORT, STR, decode, encode, json_field
+from ledgerd.metadata.jsondoc import PORT, STR, STR_LIST, decode, encode, json_field
 from ledgerd.metadata.paths import KAFKA_GATEWAYS, kafka_gateway_path, kafka_producer_ids_path
 from ledgerd.metadata.store import MetadataStore
 
@@ -35,6 +38,8 @@ class GatewayRecord:
     host: str = json_field("host", STR)
     port: int = json_field("port", PORT)
     rack: str = json_field("rack", STR, default="", omit_default=True)
+    features: tuple[str, ...] = json_field("features", STR_LIST, default=(),
+                                           omit_default=True)
 
     def to_json(self) -> bytes:
         return encode(self)

@@ -164,6 +164,11 @@ MAX_DELETED_REMEMBERED = 10_000
 
 OFFSET_FETCH_READS = 32  # cursor reads one OffsetFetch has in flight at once
 
+# what this version does that the other gateways must know of before relying on it,
+# told in its registration (``metadata.kafka_gateways``): ``offset_index``, it writes
+# each group's offset index with the group's offsets
+FEATURES = ("offset_index",)
+
 
 def _rank(node: int, key: str) -> int:
     return zlib.crc32(f"{node}/{key}".encode())
@@ -269,6 +274,7 @@ class Gateway:
         self.groups: dict[str, Group] = {}
         self.group_records: set[str] = set()  # groups whose ZooKeeper record exists
         self._index_complete = False  # offset_index_complete seen (it is never removed)
+        self.features: dict[int, frozenset[str]] = {}  # live gateway -> its FEATURES
         self._index_migrating = False
         # a group record's save and its deletion never interleave: a save begun before
         # DeleteGroups (its read, then its write) would make the record again after
@@ -394,7 +400,7 @@ class Gateway:
             raise ClusterMetadataMissingError(root)
         host, port = self.config.advertised(self.port)
         await self.gateway_store.register(self.node_id, GatewayRecord(
-            host=host, port=port, rack=self.config.gateway_rack))
+            host=host, port=port, rack=self.config.gateway_rack, features=FEATURES))
 
     async def _refresh(self) -> None:
         """Re-read the live gateways, confirming the lease on leadership (the sending
@@ -407,6 +413,9 @@ class Gateway:
             live = await self.gateway_store.live()
             nodes = {node: (record.host, record.port) for node, record in live.items()}
             racks = {node: record.rack for node, record in live.items() if record.rack}
+            self.features = {node: frozenset(record.features)
+                             for node, record in live.items()}
+            self.features[self.node_id] = frozenset(FEATURES)
             session = self.store.session_id
             if self.lease.on_confirmed(session_id=session, asked_at=asked_at):
                 await self._session_lost("confirmed in a new ZooKeeper session")
@@ -826,7 +835,15 @@ class Gateway:
         if await self.offset_index.complete():
             self._index_complete = True
             return True
-        if not self._index_migrating and self.nursery is not None:
+        older = sorted(n for n in self.nodes
+                       if "offset_index" not in self.features.get(n, ()))
+        if older:
+            # a gateway of an older version writes offsets without index entries: one
+            # it created after the migration would never be listed (nor deleted with
+            # its group), so the migration waits until every gateway indexes
+            log.info("kafka_offset_index_migration_waits", extra=fields(
+                gateways=",".join(map(str, older))))
+        elif not self._index_migrating and self.nursery is not None:
             self._index_migrating = True
             self.nursery.start_soon(self._migrate_offset_index)
         return False

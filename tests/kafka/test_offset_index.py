@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import ledgerd
 from ledgerd.kafka.config import GatewayConfig
@@ -258,3 +259,42 @@ def test_offsets_committed_before_the_index_existed_are_found_then_indexed(
         assert _index(kafka_cluster, "oi-old") == {}
     finally:
         after.close()
+
+
+def test_the_migration_waits_until_every_live_gateway_indexes() -> None:
+    """A gateway of an older version (its registration names no ``offset_index``
+    feature) commits offsets without index entries; one it created after the migration
+    would never be listed or deleted with its group. So the migration starts only once
+    every live gateway indexes (a rolling upgrade finished)."""
+    from ledgerd.kafka.gateway import FEATURES
+
+    class Client:
+        store = None
+
+    class Index:
+        async def complete(self) -> bool:
+            return False
+
+    async def main() -> None:
+        gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
+        gw.__dict__["offset_index"] = Index()  # the cached property, stubbed
+        started: list[bool] = []
+
+        async def migrate() -> None:
+            started.append(True)
+
+        gw._migrate_offset_index = migrate  # type: ignore[method-assign]
+        async with trio.open_nursery() as nursery:
+            gw.nursery = nursery
+            gw.node_id = 1
+            gw.nodes = {1: ("h", 1), 2: ("h", 2)}
+            gw.features = {1: frozenset(FEATURES), 2: frozenset()}  # 2: the old version
+            assert not await gw._offsets_indexed()
+            await trio.testing.wait_all_tasks_blocked()
+            assert started == []
+            gw.features[2] = frozenset(FEATURES)  # upgraded
+            assert not await gw._offsets_indexed()  # answered from the scan meanwhile
+            await trio.testing.wait_all_tasks_blocked()
+            assert started == [True]
+
+    trio.run(main)

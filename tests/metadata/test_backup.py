@@ -202,3 +202,15 @@ async def test_advancing_the_id_counter_on_zookeeper_reaches_what_was_asked(
         await store.close()
     # A delete does not move ZooKeeper's sequence; counting it did (half the gap).
     assert 1234 <= reached <= new_id < 1234 + 10
+
+
+def test_a_restore_leaves_out_the_offset_index_mark() -> None:
+    """A snapshot read while group offsets were committed may hold a cursor without its
+    offset index entry: the restore leaves out ``offset_index_complete``, so gateways
+    started on the restored root index every cursor again."""
+    from ledgerd.metadata.backup import settled_nodes
+
+    nodes = [Node("LAYOUT", b"x", 0), Node("kafka", b"", 0),
+             Node("kafka/offset_index_complete", b"", 0),
+             Node("kafka/offset_index", b"", 3)]
+    assert [n.path for n in settled_nodes(nodes)] == ["LAYOUT", "kafka", "kafka/offset_index"]
