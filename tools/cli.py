@@ -497,6 +497,7 @@ def _register() -> None:
     from ledgerd.tools.audit import audit_cmd
     from ledgerd.tools.benchcmd import reads_cmd, writes_cmd
     from ledgerd.tools.durability_cmds import register as register_durability
+    from ledgerd.tools.kafka_cmds import register as register_kafka
     from ledgerd.tools.metadata_cmds import register as register_metadata
     from ledgerd.tools.replication_cmds import register as register_replication
     from ledgerd.tools.shell import shell
@@ -507,6 +508,7 @@ def _register() -> None:
     register_storage()
     register_durability()
     register_metadata()
+    register_kafka()
 
     cli.add_command(shell)
     cli.add_command(audit_cmd)

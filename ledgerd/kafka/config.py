@@ -140,7 +140,8 @@ class GatewayConfig(ClientConfig):
         "PLAIN", bk="(Kafka: sasl.enabled.mechanisms)",
         doc="The SASL mechanisms offered, separated by ',': PLAIN (needs "
             "gateway_principals_file), SCRAM-SHA-256, SCRAM-SHA-512 (credentials made with "
-            "AlterUserScramCredentials, kept in ZooKeeper). With a SCRAM mechanism every "
+            "AlterUserScramCredentials or ledgerd shell kafka scram set, kept in "
+            "ZooKeeper). With a SCRAM mechanism every "
             "connection must authenticate before any request but ApiVersions; a SCRAM "
             "user has the client role, and the admin role too when its User:<name> is in "
             "gateway_super_users; the ACLs are checked after.")

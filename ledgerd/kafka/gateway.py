@@ -115,7 +115,6 @@ from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import TopicCache
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.errors import (
-    ChangeRejectedError,
     CorruptMetadataError,
     NodeExistsError,
     NoNodeError,
@@ -2023,20 +2022,10 @@ class Gateway:
 
     async def alter_scram(self, conn: _Conn, version: int, body: dict[str, Any],
                           ) -> dict[str, Any]:
-        results: list[dict[str, Any]] = []
-
-        def change(current: Credentials) -> Credentials:
-            out, results[:] = scram_admin.alter(body, current)
-            return out
-
         try:
-            await self.scram_store.update(change)
-        except ChangeRejectedError as e:
-            self._scram_cache = None
-            users = dict.fromkeys(r["user"] for r in results)
-            return {"results": [{"user": u, "error_code": ErrorCode.UNACCEPTABLE_CREDENTIAL,
-                                 "error_message": str(e)} for u in users]}
-        self._scram_cache = None  # this gateway's logins see the change at once
+            results = await scram_admin.alter_stored(self.scram_store, body)
+        finally:
+            self._scram_cache = None  # this gateway's logins see the change at once
         log.info("kafka_scram_altered", extra=fields(
             peer=conn.peer, principal=conn.principal.name,
             users=",".join(r["user"] for r in results if not r["error_code"]) or "-"))

@@ -30,12 +30,13 @@ from enum import IntEnum
 from ledgerd.base.errors import LedgerdError
 from ledgerd.metadata.kafka_scram import ScramCredential
 
-__all__ = ["MAX_ITERATIONS", "MIN_ITERATIONS", "Mechanism", "ScramClient", "ScramCredential",
-           "ScramError", "ScramServer", "credential", "credential_from_salted",
+__all__ = ["MAX_ITERATIONS", "MIN_ITERATIONS", "SALT_BYTES", "Mechanism", "ScramClient",
+           "ScramCredential", "ScramError", "ScramServer", "credential", "credential_from_salted",
            "salted_password"]
 
 MIN_ITERATIONS = 4096   # Kafka's ScramMechanism.minIterations
 MAX_ITERATIONS = 16384  # Kafka's ScramMechanism.maxIterations (the admin API's bound)
+SALT_BYTES = 32  # a new credential's random salt
 
 
 class Mechanism(IntEnum):
@@ -88,7 +89,7 @@ def credential_from_salted(mech: Mechanism, salt: bytes, iterations: int,
 
 def credential(mech: Mechanism, password: str, salt: bytes | None = None,
                iterations: int = MIN_ITERATIONS) -> ScramCredential:
-    salt = salt if salt is not None else secrets.token_bytes(32)
+    salt = salt if salt is not None else secrets.token_bytes(SALT_BYTES)
     return credential_from_salted(mech, salt, iterations,
                                   salted_password(mech, password, salt, iterations))
 

@@ -1,7 +1,10 @@
 """DescribeUserScramCredentials and AlterUserScramCredentials (KIP-554), decided
 without I/O: :func:`describe` answers from the stored credentials, :func:`alter`
-returns the credentials after a request and the per-user results (the gateway runs it
-inside the store's compare-and-set, ``metadata/kafka_scram.py``).
+returns the credentials after a request and the per-user results, and
+:func:`refusal` says why one change is refused whatever is stored.
+:func:`alter_stored` runs :func:`alter` inside the store's compare-and-set
+(``metadata/kafka_scram.py``): the gateway's AlterUserScramCredentials and ``ledgerd
+shell kafka scram`` (``tools/kafka_cmds.py``) both write through it.
 
 As Kafka's ``ZkAdminManager``:
 
@@ -19,6 +22,7 @@ As Kafka's ``ZkAdminManager``:
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +30,15 @@ from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.scram import (
     MAX_ITERATIONS,
     MIN_ITERATIONS,
+    SALT_BYTES,
     Mechanism,
     credential_from_salted,
+    salted_password,
 )
-from ledgerd.metadata.kafka_scram import Credentials, ScramCredential
+from ledgerd.metadata.errors import ChangeRejectedError
+from ledgerd.metadata.kafka_scram import Credentials, ScramCredential, ScramStore
 
-__all__ = ["MAX_REQUEST_OPS", "alter", "describe"]
+__all__ = ["MAX_REQUEST_OPS", "alter", "alter_stored", "describe", "refusal", "upsertion"]
 
 MAX_REQUEST_OPS = 1000  # deletions + upsertions one request may carry
 
@@ -71,6 +78,31 @@ def _failed(name: str, code: ErrorCode, message: str) -> dict[str, Any]:
             "credential_infos": []}
 
 
+def refusal(name: str, mechanism: int, iterations: int | None = None,
+            ) -> tuple[ErrorCode, str] | None:
+    """Why a change to ``name``'s ``mechanism`` credential (an upsertion with
+    ``iterations``, a deletion with None) is refused whatever is stored, or None: an
+    empty user name, a mechanism other than 1 or 2, iterations outside 4096..16384."""
+    if not name:
+        return ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty"
+    if mechanism not in {int(m) for m in Mechanism}:
+        return ErrorCode.UNSUPPORTED_SASL_MECHANISM, f"Unknown SCRAM mechanism {mechanism}"
+    if iterations is not None and not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        return (ErrorCode.UNACCEPTABLE_CREDENTIAL,
+                f"Iterations {iterations} not in the range {MIN_ITERATIONS}..{MAX_ITERATIONS}")
+    return None
+
+
+def upsertion(name: str, mech: Mechanism, password: str, iterations: int,
+              salt: bytes | None = None) -> dict[str, Any]:
+    """One AlterUserScramCredentials upsertion, as a Kafka client makes it: a random
+    salt and the salted password (PBKDF2; check :func:`refusal` first, as iterations
+    past the limit cost that much)."""
+    salt = salt if salt is not None else secrets.token_bytes(SALT_BYTES)
+    return {"name": name, "mechanism": int(mech), "iterations": iterations, "salt": salt,
+            "salted_password": salted_password(mech, password, salt, iterations)}
+
+
 def alter(body: dict[str, Any], current: Credentials,
           derive: Callable[[Mechanism, bytes, int, bytes], ScramCredential]
           = credential_from_salted) -> tuple[Credentials, list[dict[str, Any]]]:
@@ -93,18 +125,12 @@ def alter(body: dict[str, Any], current: Credentials,
 
     for kind, op in ops:
         name, mech = op["name"], op["mechanism"]
-        if not name:
-            refuse(name, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
-        elif mech not in {int(m) for m in Mechanism}:
-            refuse(name, ErrorCode.UNSUPPORTED_SASL_MECHANISM,
-                   f"Unknown SCRAM mechanism {mech}")
+        refused = refusal(name, mech, op["iterations"] if kind == "upsert" else None)
+        if refused is not None:
+            refuse(name, *refused)
         elif seen[(name, mech)] > 1:
             refuse(name, ErrorCode.DUPLICATE_RESOURCE,
                    "A user credential cannot be altered twice in the same request")
-        elif kind == "upsert" and not MIN_ITERATIONS <= op["iterations"] <= MAX_ITERATIONS:
-            refuse(name, ErrorCode.UNACCEPTABLE_CREDENTIAL,
-                   f"Iterations {op['iterations']} not in the range "
-                   f"{MIN_ITERATIONS}..{MAX_ITERATIONS}")
         elif kind == "upsert" and (not op["salt"] or not op["salted_password"]):
             refuse(name, ErrorCode.UNACCEPTABLE_CREDENTIAL,
                    "An empty salt or salted password")
@@ -129,3 +155,22 @@ def alter(body: dict[str, Any], current: Credentials,
     out = {n: m for n, m in current.items() if n not in changed}
     out.update({n: m for n, m in changed.items() if m})
     return out, results
+
+
+async def alter_stored(store: ScramStore, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """:func:`alter` under ``store``'s compare-and-set (run again on each version read);
+    the results of the version written. A change past the store's bounds (users, bytes)
+    is refused for every user named: UNACCEPTABLE_CREDENTIAL with the reason."""
+    results: list[dict[str, Any]] = []
+
+    def change(current: Credentials) -> Credentials:
+        out, results[:] = alter(body, current)
+        return out
+
+    try:
+        await store.update(change)
+    except ChangeRejectedError as e:
+        users = dict.fromkeys(r["user"] for r in results)
+        return [{"user": u, "error_code": ErrorCode.UNACCEPTABLE_CREDENTIAL,
+                 "error_message": str(e)} for u in users]
+    return results

@@ -168,3 +168,39 @@ def test_refusals_name_each_user() -> None:
         "upsertions": [_up("b"), _up("a", SHA512)]}, code)
     assert [(r["user"], r["error_code"]) for r in altered["results"]] == [
         ("a", code), ("b", code)]
+
+
+def test_upsertion_alter_stored_and_refusal() -> None:
+    """What both writers share (the gateway's AlterUserScramCredentials and ``ledgerd
+    shell kafka scram``): an upsertion made from a password authenticates once stored;
+    a change past the store's cap is refused per user, nothing written; the refusals
+    that need no stored credentials."""
+    from ledgerd.kafka.scram_admin import alter_stored, refusal, upsertion
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            store = ScramStore(InMemoryStore(InMemoryCluster()), "/ledgerd/kafka")
+            up = upsertion("ann", Mechanism.SCRAM_SHA_256, "pw", 4096)
+            assert len(up["salt"]) == 32 and up["salted_password"]
+            results = await alter_stored(store, {"deletions": [], "upsertions": [up]})
+            assert _codes(results) == {"ann": 0}
+            creds = await store.credentials()
+            server = ScramServer(Mechanism.SCRAM_SHA_256,
+                                 lambda n: creds.get(n, {}).get(SHA256), fake_secret=b"k")
+            client = ScramClient(Mechanism.SCRAM_SHA_256, "ann", "pw")
+            client.check(server.step(client.final(server.step(client.first()))))
+            store.MAX_USERS = 1
+            results = await alter_stored(store, {"deletions": [], "upsertions": [
+                upsertion("bo", Mechanism.SCRAM_SHA_512, "x", 4096)]})
+            assert _codes(results) == {"bo": ErrorCode.UNACCEPTABLE_CREDENTIAL}
+            assert "limit of 1" in results[0]["error_message"]
+            assert set(await store.credentials()) == {"ann"}
+
+    trio.run(main)
+    assert refusal("ann", SHA256, 4096) is None and refusal("ann", SHA512) is None
+    assert refusal("", SHA256) == (ErrorCode.UNACCEPTABLE_CREDENTIAL,
+                                   "Username must not be empty")
+    assert refusal("ann", 3)[0] == ErrorCode.UNSUPPORTED_SASL_MECHANISM  # type: ignore[index]
+    assert refusal("ann", SHA256, 16385) == (
+        ErrorCode.UNACCEPTABLE_CREDENTIAL, "Iterations 16385 not in the range 4096..16384")
+    assert refusal("ann", SHA256, 4095) is not None
