@@ -61,7 +61,6 @@ import functools
 import hashlib
 import hmac
 import logging
-import re
 import secrets
 import ssl
 import struct
@@ -112,7 +111,7 @@ from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, en
 from ledgerd.kafka.scram import Mechanism, ScramError, ScramServer
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
-from ledgerd.kafka.topics import TopicCache
+from ledgerd.kafka.topics import INTERNAL_TOPICS, TopicCache, valid_topic_name
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.errors import (
     CorruptMetadataError,
@@ -144,7 +143,6 @@ __all__ = ["Gateway", "serve_gateway"]
 
 log = logging.getLogger(__name__)
 
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 _SIZE = struct.Struct(">i")
 # A handler's answer that closes the connection instead of replying (acks=0 errors).
 _CLOSE: dict[str, Any] = {}
@@ -1005,14 +1003,14 @@ class Gateway:
                         continue
                 names.append(name)
         for name in names:
-            count = await self.partition_count(name) if _TOPIC.match(name) else None
+            count = await self.partition_count(name) if valid_topic_name(name) else None
             if count is None:
-                if not _TOPIC.match(name):
+                if not valid_topic_name(name):
                     topics.append({"error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
                                    "name": name, "partitions": []})
                     continue
                 if self.config.auto_create_topics and body["allow_auto_topic_creation"] \
-                        and not self._deleted_lately(name):
+                        and not self._deleted_lately(name) and name not in INTERNAL_TOPICS:
                     try:
                         await self.create_topic(name, self.config.default_partitions)
                     except NodeExistsError:
@@ -1124,7 +1122,7 @@ class Gateway:
         work: dict[tuple[str, int], Any] = {}
         tid = body["transactional_id"]
         for t in body["topic_data"]:
-            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            count = await self.partition_count(t["name"]) if valid_topic_name(t["name"]) else None
             for pd in t["partition_data"]:
                 key = (t["name"], pd["index"])
                 if t["name"] in refused:
@@ -1292,7 +1290,7 @@ class Gateway:
             waits: list[trio.Event] = []
             poll = False  # a partition another gateway writes: look again soon
             for t in body["topics"]:
-                count = await self.partition_count(t["topic"]) if _TOPIC.match(t["topic"]) \
+                count = await self.partition_count(t["topic"]) if valid_topic_name(t["topic"]) \
                     else None
                 parts = []
                 for pr in t["partitions"]:
@@ -1374,7 +1372,7 @@ class Gateway:
                            ) -> dict[str, Any]:
         topics = []
         for t in body["topics"]:
-            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            count = await self.partition_count(t["name"]) if valid_topic_name(t["name"]) else None
             parts = []
             for pr in t["partitions"]:
                 res: dict[str, Any] = {"partition_index": pr["partition_index"],
@@ -1425,7 +1423,7 @@ class Gateway:
         answers, as in Kafka (its log end is the high watermark it acknowledged)."""
         topics = []
         for t in body["topics"]:
-            count = await self.partition_count(t["topic"]) if _TOPIC.match(t["topic"]) \
+            count = await self.partition_count(t["topic"]) if valid_topic_name(t["topic"]) \
                 else None
             parts = []
             for pr in t["partitions"]:
@@ -1581,7 +1579,7 @@ class Gateway:
             instance_id=body["group_instance_id"])
         topics = []
         for t in body["topics"]:
-            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            count = await self.partition_count(t["name"]) if valid_topic_name(t["name"]) else None
             parts = []
             for pr in t["partitions"]:
                 code = error
@@ -1697,7 +1695,7 @@ class Gateway:
                 if entry is not None:
                     entries[topic] = entry.partitions
                     counts[topic] = await self.partition_count(topic) \
-                        if _TOPIC.match(topic) else None
+                        if valid_topic_name(topic) else None
 
         async with trio.open_nursery() as nursery:
             for topic in await self.offset_index.topics(group):
@@ -1870,7 +1868,7 @@ class Gateway:
             return {"error_code": code}
         topics = []
         for t in body["topics"]:
-            count = await self.partition_count(t["name"]) if _TOPIC.match(t["name"]) else None
+            count = await self.partition_count(t["name"]) if valid_topic_name(t["name"]) else None
             parts = []
             for pr in t["partitions"]:
                 p = pr["partition_index"]
@@ -1927,7 +1925,7 @@ class Gateway:
                             ) -> dict[str, Any]:
         out = []
         for name in body["topic_names"]:
-            count = await self.partition_count(name) if _TOPIC.match(name) else None
+            count = await self.partition_count(name) if valid_topic_name(name) else None
             if count is None:
                 out.append({"name": name, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
                 continue

@@ -212,7 +212,12 @@ class ScramServer:
             raise ScramError("invalid-encoding")
         if attrs[0][1] != "biws":  # base64("n,,")
             raise ScramError("channel-bindings-dont-match")
-        if not hmac.compare_digest(attrs[1][1].encode(), self._nonce.encode()):
+        # Kafka 3.x checks that the nonce *ends with* the combined one (Kafka 4 wants it
+        # equal): librdkafka before 2.6.1 (Debian's kcat among its users) sends its
+        # own nonce twice, ``r=<client nonce><client nonce><server nonce>``. The proof
+        # covers the message as sent, so the server's nonce is still in what it signs.
+        sent = attrs[1][1]
+        if not hmac.compare_digest(sent[-len(self._nonce):].encode(), self._nonce.encode()):
             raise ScramError("invalid-proof")
         try:
             proof = base64.b64decode(text[idx + 3:], validate=True)

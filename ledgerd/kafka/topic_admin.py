@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -61,7 +60,7 @@ from ledgerd.kafka.topic_configs import (
     incrementally_altered,
     topic_entries,
 )
-from ledgerd.kafka.topics import TTL_S
+from ledgerd.kafka.topics import INTERNAL_TOPICS, NAME_RULE, TTL_S, valid_topic_name
 from ledgerd.metadata.errors import (
     ChangeRejectedError,
     MetadataError,
@@ -80,7 +79,6 @@ __all__ = ["alter_configs", "create_partitions", "create_topics", "delete_record
 
 log = logging.getLogger(__name__)
 
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 MAX_PARTITIONS = 10000
 
 
@@ -116,9 +114,13 @@ async def create_topics(gw: Gateway, conn: object, version: int, body: dict[str,
         out.append(res)
         replicas: tuple[tuple[int, ...], ...] = ()
         try:
-            if not _TOPIC.match(name):
-                raise ConfigRefusedError(ErrorCode.INVALID_TOPIC_EXCEPTION,
-                                         "topic names are 1-180 of [A-Za-z0-9._-]")
+            if not valid_topic_name(name):
+                raise ConfigRefusedError(ErrorCode.INVALID_TOPIC_EXCEPTION, NAME_RULE)
+            if name in INTERNAL_TOPICS:
+                raise ConfigRefusedError(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"{name} is Kafka's internal topic, which clients do not create (the "
+                    "gateway keeps offsets and transactions in ZooKeeper)")
             if t["assignments"]:
                 if n != -1 or t["replication_factor"] != -1:
                     raise ConfigRefusedError(
@@ -164,7 +166,7 @@ async def create_partitions(gw: Gateway, conn: object, version: int, body: dict[
         name, count = t["name"], t["count"]
         res: dict[str, Any] = {"name": name, "error_code": 0, "error_message": None}
         results.append(res)
-        record = await gw.topic_store.get(name, fresh=True) if _TOPIC.match(name) else None
+        record = await gw.topic_store.get(name, fresh=True) if valid_topic_name(name) else None
         try:
             if record is None:
                 raise _Refused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -213,7 +215,7 @@ async def delete_records(gw: Gateway, conn: object, version: int, body: dict[str
     topics = []
     for t in body["topics"]:
         name = t["name"]
-        record = await gw.topic_store.get(name) if _TOPIC.match(name) else None
+        record = await gw.topic_store.get(name) if valid_topic_name(name) else None
         parts = []
         for pr in t["partitions"]:
             p = pr["partition_index"]
@@ -333,7 +335,7 @@ async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[s
         options = {"include_synonyms": body["include_synonyms"],
                    "include_docs": body["include_documentation"]}
         if rtype == ResourceType.TOPIC:
-            record = await gw.topic_store.get(name) if _TOPIC.match(name) else None
+            record = await gw.topic_store.get(name) if valid_topic_name(name) else None
             if record is None:
                 res.update(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                            error_message=f"topic {name!r} does not exist")
@@ -410,7 +412,7 @@ async def _alter(gw: Gateway, r: dict[str, Any], validate_only: bool,
         if rtype != ResourceType.TOPIC:
             raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
                                      f"resource type {rtype}: only topic configs change")
-        record = await gw.topic_store.get(name, fresh=True) if _TOPIC.match(name) else None
+        record = await gw.topic_store.get(name, fresh=True) if valid_topic_name(name) else None
         if record is None:
             raise ConfigRefusedError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                      f"topic {name!r} does not exist")

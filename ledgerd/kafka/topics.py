@@ -8,6 +8,7 @@ by compare-and-set where they change a record, and refresh the cache at once.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -16,9 +17,26 @@ import trio
 from ledgerd.metadata.errors import NoNodeError
 from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore, new_topic_id
 
-__all__ = ["TTL_S", "TopicCache"]
+__all__ = ["INTERNAL_TOPICS", "NAME_RULE", "TTL_S", "TopicCache", "valid_topic_name"]
 
 TTL_S = 1.0  # a cached record is read again after this long
+
+# A topic's name goes into ZooKeeper paths (its record, its partitions' logs and their
+# cursors): Kafka's characters, at most 180 of them (Kafka allows 249; the longest log
+# and cursor names must stay within what ZooKeeper paths and the ledgers' custom
+# metadata carry), and never "." or ".." (Kafka refuses them too: a path would not
+# name a node).
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
+NAME_RULE = "topic names are 1-180 of [A-Za-z0-9._-], other than '.' and '..'"
+# Kafka's own topics, which clients do not make: the gateway keeps committed offsets
+# and transactions in ZooKeeper, so these names are never created (auto-creation,
+# CreateTopics) and a client asking for them finds no such topic.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
+def valid_topic_name(name: str) -> bool:
+    """Whether ``name`` may name a topic (``NAME_RULE``)."""
+    return name not in (".", "..") and _NAME.match(name) is not None
 
 
 class TopicCache:

@@ -183,3 +183,33 @@ def test_requests_held_over_all_connections_are_bounded(
             time.sleep(0.05)
     finally:
         gw.stop(signal.SIGKILL)
+
+
+def test_topic_names_that_cannot_be_topics_are_refused_by_name(
+        kafka_cluster: KafkaCluster) -> None:
+    """"." and ".." (paths that name no node) and Kafka's internal topics are never
+    made: Metadata answers INVALID_TOPIC_EXCEPTION or no such topic, CreateTopics
+    INVALID_TOPIC_EXCEPTION with the rule; the connection stays up (no failed request,
+    as "." once made)."""
+    with _connect(kafka_cluster) as sock:
+        sock.sendall(_request(ApiKey.METADATA, 4, {
+            "topics": [{"name": n} for n in (".", "..", "__consumer_offsets", "ok.name")],
+            "allow_auto_topic_creation": True}))
+        got = {t["name"]: t["error_code"]  # type: ignore[index]
+               for t in _reply(sock, ApiKey.METADATA, 4)["topics"]}  # type: ignore[attr-defined]
+        assert got == {".": ErrorCode.INVALID_TOPIC_EXCEPTION,
+                       "..": ErrorCode.INVALID_TOPIC_EXCEPTION,
+                       "__consumer_offsets": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                       "ok.name": ErrorCode.NONE}
+        sock.sendall(_request(ApiKey.CREATE_TOPICS, 4, {"topics": [
+            {"name": n, "num_partitions": 1, "replication_factor": -1, "assignments": [],
+             "configs": []} for n in ("..", "__transaction_state")],
+            "timeout_ms": 10000, "validate_only": False}))
+        made = _reply(sock, ApiKey.CREATE_TOPICS, 4)["topics"]
+        assert [(t["name"], t["error_code"]) for t in made] == [  # type: ignore[attr-defined]
+            ("..", ErrorCode.INVALID_TOPIC_EXCEPTION),
+            ("__transaction_state", ErrorCode.INVALID_TOPIC_EXCEPTION)]
+        assert "'.' and '..'" in made[0]["error_message"]  # type: ignore[index]
+        sock.sendall(_request(ApiKey.API_VERSIONS, 2, {}))
+        assert _reply(sock, ApiKey.API_VERSIONS, 2)["error_code"] == 0
+    assert "kafka_request_failed" not in kafka_cluster.gateway.log_text()

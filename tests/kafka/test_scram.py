@@ -132,3 +132,39 @@ def test_no_step_after_the_end() -> None:
     server.step(client.final(server.step(client.first())))
     with pytest.raises(ScramError):
         server.step(b"n,,n=alice,r=x")
+
+
+def test_old_librdkafkas_repeated_client_nonce_is_accepted_as_kafka_3_does() -> None:
+    """librdkafka before 2.6.1 (Debian's kcat) sends ``r=<client nonce><combined
+    nonce>`` in client-final; Kafka 3.x accepts a nonce that ends with the combined
+    one (its proof signs the message as sent). One that does not end so is refused."""
+    import hashlib
+    import hmac as hmac_
+
+    mech = Mechanism.SCRAM_SHA_256
+    creds = {"sam": credential(mech, "pw")}
+
+    def final(client: ScramClient, server_first: bytes, nonce: str) -> bytes:
+        """client-final with ``nonce``, its proof right for the message as sent."""
+        attrs = dict(kv.split("=", 1) for kv in server_first.decode().split(","))
+        salted = salted_password(mech, "pw", base64.b64decode(attrs["s"]), int(attrs["i"]))
+        client_key = hmac_.new(salted, b"Client Key", hashlib.sha256).digest()
+        without_proof = f"c=biws,r={nonce}"
+        auth = ",".join((f"n=sam,r={client.nonce}", server_first.decode(),
+                         without_proof)).encode()
+        sig = hmac_.new(hashlib.sha256(client_key).digest(), auth, hashlib.sha256).digest()
+        proof = bytes(a ^ b for a, b in zip(client_key, sig, strict=True))
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+    def combined(server_first: bytes) -> str:
+        return dict(kv.split("=", 1) for kv in server_first.decode().split(","))["r"]
+
+    client = ScramClient(mech, "sam", "pw")
+    server = _server(mech, creds)
+    first = server.step(client.first())
+    assert server.step(final(client, first, client.nonce + combined(first))).startswith(b"v=")
+    assert server.user == "sam"
+    server = _server(mech, creds)
+    first = server.step(client.first())
+    with pytest.raises(ScramError, match="invalid-proof"):  # the server's nonce cut short
+        server.step(final(client, first, client.nonce + combined(first)[:-1]))
