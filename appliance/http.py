@@ -54,7 +54,11 @@ class AdminHttp:
 
     async def run(self, *, task_status: trio.TaskStatus[list[trio.SocketListener]] = (
             trio.TASK_STATUS_IGNORED)) -> None:
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {self.host}:{self.port} (the admin "
+                                     f"endpoint's port): {exc.strerror}") from exc
         self.bound_port = listeners[0].socket.getsockname()[1]
         log.info("admin_listening", extra=fields(address=f"{self.host}:{self.bound_port}"))
         await trio.serve_listeners(self._serve, listeners, task_status=task_status)

@@ -531,7 +531,11 @@ class Gateway:
                   ) -> None:
         """Listen, register, serve until cancelled; ``task_status.started(port)``."""
         cfg = self.config
-        listeners = await trio.open_tcp_listeners(cfg.gateway_port, host=cfg.gateway_host)
+        try:
+            listeners = await trio.open_tcp_listeners(cfg.gateway_port, host=cfg.gateway_host)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {cfg.gateway_host}:{cfg.gateway_port} "
+                                     f"(gateway_port): {exc.strerror}") from exc
         self.port = listeners[0].socket.getsockname()[1]
         self.node_id = cfg.effective_node_id(self.port)
         tls = cfg.tls_server_context()

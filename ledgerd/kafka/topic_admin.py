@@ -344,7 +344,7 @@ async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[s
             res["configs"] = topic_entries(
                 version, record.configs, keys, max_batch_bytes=gw.config.max_batch_bytes,
                 broker_defaults=topic_defaults(dynamic.default, dynamic.of(gw.node_id)),
-                **options)
+                static_defaults={"segment.bytes": str(gw.config.log_roll_bytes)}, **options)
         elif rtype == ResourceType.BROKER and (name == "" or _is_this_broker(gw, name)):
             dynamic = await gw.broker_configs.refresh()
             res["configs"] = broker_entries(

@@ -390,13 +390,17 @@ def topic_entries(version: int, configs: Mapping[str, str], keys: Sequence[str] 
                   max_batch_bytes: int, include_synonyms: bool = False,
                   include_docs: bool = False,
                   broker_defaults: Mapping[str, Sequence[tuple[str, str, int]]] | None = None,
+                  static_defaults: Mapping[str, str] | None = None,
                   ) -> list[dict[str, Any]]:
     """DescribeConfigs' entries for a topic: every config the gateway knows (or those
     of ``keys`` it knows), set ones as DYNAMIC_TOPIC_CONFIG, then those a dynamic
     broker config sets (``broker_defaults``: name -> its broker synonyms as (name,
-    value, source), ``broker_configs.topic_defaults``), the rest as defaults."""
+    value, source), ``broker_configs.topic_defaults``), the rest as defaults: the
+    gateway's own where its settings give one (``static_defaults``, e.g. the ledger
+    roll size for ``segment.bytes``), else the spec's."""
     out = []
     broker_defaults = broker_defaults or {}
+    static_defaults = static_defaults or {}
     for name in sorted(CONFIG_SPECS) if keys is None else keys:
         spec = CONFIG_SPECS.get(name)
         if spec is None:
@@ -405,8 +409,9 @@ def topic_entries(version: int, configs: Mapping[str, str], keys: Sequence[str] 
         if name in configs:
             levels.append((name, configs[name], ConfigSource.DYNAMIC_TOPIC_CONFIG))
         levels += broker_defaults.get(name, ())
-        levels.append((name, spec.default if spec.default is not None
-                       else str(max_batch_bytes), ConfigSource.DEFAULT_CONFIG))
+        default = static_defaults.get(name, spec.default)
+        levels.append((name, default if default is not None else str(max_batch_bytes),
+                       ConfigSource.DEFAULT_CONFIG))
         _, value, source = levels[0]
         out.append(config_entry(version, name, value, read_only=False, source=source,
                                 kind=spec.kind, doc=spec.doc, synonyms=levels,

@@ -213,3 +213,22 @@ def test_topic_names_that_cannot_be_topics_are_refused_by_name(
         sock.sendall(_request(ApiKey.API_VERSIONS, 2, {}))
         assert _reply(sock, ApiKey.API_VERSIONS, 2)["error_code"] == 0
     assert "kafka_request_failed" not in kafka_cluster.gateway.log_text()
+
+
+def test_a_port_in_use_is_named(kafka_cluster: KafkaCluster) -> None:
+    import os
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "ledgerd.tools.cli", "gateway", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "LEDGERD_ZK_SERVERS": kafka_cluster.zk,
+                 "LEDGERD_GATEWAY_HOST": "127.0.0.1", "LEDGERD_GATEWAY_ADMIN_PORT": "0"})
+    assert done.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port} (gateway_port): Address already in use" \
+        in done.stderr, done.stderr[-2000:]

@@ -23,7 +23,7 @@ from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.partitions import log_name
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
-from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.conftest import GATEWAY_ENV, GatewayProcess, KafkaCluster, running_cluster
 from tests.kafka.test_admin_clients import _reply, sasl_admin
 from tests.kafka.test_faults import _request
 from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
@@ -131,6 +131,9 @@ def test_topic_configs_are_kept_described_altered_and_refused_when_not_honoured(
     assert got["retention.ms"].value == "600000" and not got["retention.ms"].is_default
     assert got["max.message.bytes"].value == "5000"
     assert got["cleanup.policy"].value == "delete" and got["cleanup.policy"].is_default
+    # the default segment size is what the gateway rolls ledgers at (log_roll_bytes)
+    assert got["segment.bytes"].value == GATEWAY_ENV["LEDGERD_LOG_ROLL_BYTES"]
+    assert got["segment.bytes"].is_default
 
     lag = _refusal(admin.create_topics([NewTopic(
         "cfg-compact", 1, config={"cleanup.policy": "compact",
