@@ -313,8 +313,8 @@ def _translate(
             notes.append(ConfigNote(source, name, f"{name} ignored: {reason}", True))
             continue
         close = difflib.get_close_matches(name, [*fields, *table], n=1, cutoff=0.6)
-        hint = (f"did you mean {close[0]!r}?" if close else
-                "a known key (`ledgerd config --defaults` lists them)")
+        hint = ("a known key" + (f": did you mean {close[0]!r}?" if close else
+                                  " (`ledgerd config --defaults` lists them)"))
         problems.append(ConfigError(name, value, hint, source))
     return out
 
@@ -389,6 +389,15 @@ def load_config(
     if notes is not None:
         notes.extend(found)
     if problems:
+        # and what the checks across keys say with the bad values left at their
+        # defaults, so one --check lists that too (only the first it finds)
+        try:
+            cls(**values)
+        except ConfigError as exc:
+            if exc.key not in {p.key for p in problems}:
+                problems.append(exc)
+        except (TypeError, ValueError):
+            pass
         raise ConfigError.several(problems)
     try:
         return cls(**values)

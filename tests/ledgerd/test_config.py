@@ -132,6 +132,21 @@ def test_docs_table_matches_declarations() -> None:
     assert len(gateway_only) > 10 and "\n".join(gateway_only) in doc
 
 
+def test_a_check_across_keys_is_reported_beside_the_bad_keys() -> None:
+    """A new user's --check: four bad keys and a mechanism the gateway does not know
+    (checked across keys, after the others) are five problems in one go."""
+    from ledgerd.kafka.config import GatewayConfig
+
+    text = ('gateway_prot = 9092\ngateway_port = 70000\nmax_batch_bytes = 100\n'
+            'gateway_tls_client_auth = "maybe"\ngateway_sasl_mechanisms = "PLAIN,GSSAPI"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(GatewayConfig, text=text, env={})
+    keys = [p.key for p in info.value.problems]
+    assert sorted(keys) == sorted(["gateway_prot", "gateway_port", "max_batch_bytes",
+                                   "gateway_tls_client_auth", "gateway_sasl_mechanisms"])
+    assert "allowed: a known key: did you mean 'gateway_port'?" in str(info.value)
+
+
 def test_every_bad_key_is_reported_and_bookkeeper_names_are_aliases() -> None:
     from ledgerd.base.settings import ConfigNote
 
