@@ -52,7 +52,11 @@ def test_topics_groups_and_offsets_are_in_the_snapshot_and_restore_node_for_node
                  "--json")
     assert done.returncode == 0, done.stderr
     diff = json.loads(done.stdout)
-    assert diff["same"] and not diff["version_only"], diff
+    # node for node, but for the mark that every group offset is indexed, which a
+    # restore leaves out on purpose (gateways index the restored offsets again)
+    only = [n if isinstance(n, str) else n["path"] for n in diff["only_snapshot"]]
+    assert only == ["kafka/offset_index_complete"], diff
+    assert not diff["changed"] and not diff["only_live"] and not diff["version_only"], diff
 
 
 def test_a_gateway_does_not_recreate_a_lost_root_and_serves_again_after_a_restore(
