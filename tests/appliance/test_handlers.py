@@ -634,6 +634,7 @@ async def test_reads_that_miss_index_pages_read_them_off_the_event_loop(tmp_path
         cache = b.storage.cache
         for lid in (3, 5):  # and the OS page cache does not hold theirs
             fd = os.open(cache.ledgers[lid].path, os.O_RDONLY)
+            os.fsync(fd)  # written back first: DONTNEED leaves dirty pages (a busy host)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
         # (Only the first look can be sure the page is cold: a RWF_NOWAIT read that
