@@ -6,9 +6,14 @@ of a ``cleanup.policy=compact`` topic this gateway leads, ``clean`` runs one pas
 
 1. the closed ledgers are looked at (never the active, last one; an empty closed ledger
    is skipped) and the cleanable ones chosen (``min.compaction.lag.ms``);
-2. the offset map is built over the dirty part (``compaction.map_batch``, at most
-   ``compaction_map_bytes / 24`` keys; a full map ends the pass's range there, logged
-   and counted in ``ledgerd_kafka_compaction_partial_passes``);
+2. the dirty part is read: its transactions followed (``compaction.TxnScan``: the
+   aborted ones, and the stable end, before the first one not resolved in the
+   cleanable ledgers), and the offset map built below that end
+   (``compaction.map_batch``: data records and those of committed transactions, at
+   most ``compaction_map_bytes / ENTRY_BYTES`` entries, aborted ranges counted; a full
+   map ends the pass's range there, logged and counted in
+   ``ledgerd_kafka_compaction_partial_passes``): as it is read up to its first
+   transactional batch, from there (if any) in a second read;
 3. each cleanable ledger below that range's end is read and its batches compacted
    (``compaction.compact_batch``); one where nothing goes keeps its ledger. Each other
    one is read again and written, batch by batch, into a *replacement*: a new ledger
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,13 +69,14 @@ from ledgerd.kafka.compaction import (
     Compacted,
     LedgerView,
     OffsetMap,
-    TxnKeys,
+    TxnScan,
     cleanable_prefix,
     compact_batch,
     first_dirty,
     map_batch,
     should_clean,
 )
+from ledgerd.kafka.records import BatchHeader
 from ledgerd.ledgerlog import LogFencedError, NoSuchLogError
 from ledgerd.metadata.logheader import first_log_entry
 
@@ -139,6 +146,32 @@ async def _views(client: Client, part: PartitionLog,
     return views, extent
 
 
+async def _scan_dirty(part: PartitionLog, cleanable: list[LedgerView],
+                      extent: dict[int, tuple[int, int, dict[str, str]]], dirty_from: int,
+                      each: Callable[[bytes], int | None]) -> int | None:
+    """Call ``each`` (in a worker thread) on the batches of the cleanable ledgers from
+    the one holding ``dirty_from`` on, in offset order, until it returns an offset,
+    which is returned (None: it never did)."""
+    for lv in cleanable:
+        if lv.next_offset <= dirty_from:
+            continue
+        first, last, _ = extent[lv.ledger_id]
+        for at in range(first, last + 1, READ_CHUNK):
+            batches = await _entries(part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1))
+
+            def chunk(batches: list[bytes] = batches) -> int | None:
+                for b in batches:
+                    stop = each(b)
+                    if stop is not None:
+                        return stop
+                return None
+
+            stop = await trio.to_thread.run_sync(chunk)
+            if stop is not None:
+                return stop
+    return None
+
+
 async def _delete_replaced(client: Client, extent: dict[int, tuple[int, int, dict[str, str]]],
                            ) -> None:
     """Delete old ledgers a crash left after their swap (their replacements name them)."""
@@ -174,55 +207,50 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
                         delete_retention_ms=policy.delete_retention_ms,
                         tombstones_due_ms=state.tombstones_due_ms, now_ms=now_ms):
         return None
-    # the offset map over the dirty part
+    # the dirty part's transactions, then the offset map below its stable end
     omap = OffsetMap(map_entries)
-    covered = cleanable[-1].next_offset
-    full = False
-    for lv in cleanable:
-        if lv.next_offset <= dirty_from or full:
-            continue
-        first, last, _ = extent[lv.ledger_id]
-        for at in range(first, last + 1, READ_CHUNK):
-            batches = await _entries(part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1))
+    txns = TxnScan(omap, dirty_from=dirty_from)
+    await _scan_dirty(part, cleanable, extent, dirty_from, txns.add)
+    stable = txns.stable_end(cleanable[-1].next_offset)
+    aborted = txns.aborted
 
-            def mapped(batches: list[bytes] = batches) -> int | None:
-                for b in batches:
-                    stop = map_batch(omap, b, dirty_from=dirty_from)
-                    if stop is not None:
-                        return stop
-                return None
+    mapped_to = txns.mapped_to  # what the scan mapped as it read (all, without txns)
 
-            stop = await trio.to_thread.run_sync(mapped)
-            if stop is not None:
-                covered, full = stop, True
-                log.warning("kafka_compaction_map_full", extra=fields(
-                    topic=part.topic, partition=part.partition, keys=len(omap),
-                    covered=covered))
-                break
+    def mapped(batch: bytes) -> int | None:
+        if BatchHeader.parse(batch).base_offset >= stable:
+            return stable
+        return map_batch(omap, batch, dirty_from=mapped_to, aborted=aborted)
+
+    stop = None
+    if not txns.map_full and mapped_to < stable:
+        stop = await _scan_dirty(part, cleanable, extent, mapped_to, mapped)
+    full = txns.map_full or (stop is not None and stop < stable)
+    covered = stable if stop is None else min(stop, stable)
+    if full:
+        log.warning("kafka_compaction_map_full", extra=fields(
+            topic=part.topic, partition=part.partition, keys=len(omap),
+            aborted_txns=len(aborted), covered=covered))
     # which ledgers lose records
     oldest_tombstone = -1
     changed: list[LedgerView] = []
     removed_total = 0
 
-    def compacted(batches: list[bytes], txn_keys: TxnKeys) -> list[Compacted]:
+    def compacted(batches: list[bytes]) -> list[Compacted]:
         return [compact_batch(b, omap, covered=covered, now_ms=now_ms,
                               delete_retention_ms=policy.delete_retention_ms,
-                              txn_keys=txn_keys)
+                              aborted=aborted)
                 for b in batches]
 
-    # the transactional keys met before each ledger: its replacement is written with
-    # the same, so it removes exactly what was decided here
-    txn_keys = TxnKeys()
-    keys_before: dict[int, TxnKeys] = {}
+    # the decisions depend only on the batch, the map, covered and the aborted
+    # transactions: a replacement removes exactly what was decided here
     for lv in cleanable:
         if lv.first_offset >= covered:
             break
-        keys_before[lv.ledger_id] = txn_keys.snapshot()
         first, last, _ = extent[lv.ledger_id]
         removed = 0
         for at in range(first, last + 1, READ_CHUNK):
             out = await trio.to_thread.run_sync(compacted, await _entries(
-                part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)), txn_keys)
+                part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)))
             removed += sum(c.removed for c in out)
             for c in out:
                 if c.oldest_tombstone >= 0:
@@ -245,7 +273,6 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
                 raise LogFencedError(part.name, f"ledger {lv.ledger_id} left the log during "
                                                 "the compaction pass (retention?)")
             i = listed.index(lv.ledger_id)
-            keys = keys_before[lv.ledger_id].snapshot()
             prev = -1 if i == 0 else swap.get(listed[i - 1], listed[i - 1])
             handle = await client.logs.new_replacement(
                 part.name, lv.ledger_id, prev,
@@ -254,7 +281,7 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
             swap[lv.ledger_id] = handle.ledger_id
             for at in range(first, last + 1, READ_CHUNK):
                 out = await trio.to_thread.run_sync(compacted, await _entries(
-                    part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)), keys)
+                    part, lv.ledger_id, at, min(last, at + READ_CHUNK - 1)))
                 await handle.append_many([c.batch for c in out])
                 crash_point("kafka_compaction.writing")
             if handle.last_add_confirmed != last:
@@ -295,7 +322,8 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
     log.info("kafka_compaction_pass", extra=fields(
         topic=part.topic, partition=part.partition, replaced=len(swap),
         removed=removed_total, bytes_before=before, bytes_after=after, covered=covered,
-        map_full=full, seconds=round(result.seconds, 3)))
+        map_full=full, aborted_txns=len(aborted), open_txns=txns.unresolved,
+        seconds=round(result.seconds, 3)))
     return result
 
 

@@ -14,22 +14,64 @@ cleaner (``cleaner.py``) does the I/O, this module decides:
   runs once the dirty bytes are at least ``min.cleanable.dirty.ratio`` of the
   cleanable bytes, or when a tombstone it kept before has become due
   (``should_clean``).
-- *The offset map* (``OffsetMap``): key -> latest offset over the dirty part, keys
-  held as 16-byte BLAKE2b digests (Kafka: MD5) and bounded in entries (the gateway's
-  ``compaction_map_bytes`` / 24, as Kafka's ``log.cleaner.dedupe.buffer.size``). When
-  it is full the pass covers only the offsets mapped so far (``covered``): a later
-  pass goes on from there.
-- *Which records go* (``compact_batch``): a keyed record of a data batch at offset
-  ``o < covered`` whose key the map holds at a later offset; and a tombstone (null
-  value) that is its key's latest once its timestamp is older than
-  ``delete.retention.ms``. Why this is safe: after a pass that covered ``C``, no record
-  below ``C`` is superseded by another below ``C`` (the clean part was deduplicated by
-  earlier passes, the map removes what the dirty part supersedes), so a tombstone
-  whose key the map does not hold is its key's latest below ``C`` and no older value of
-  that key is left for it to hide.
-- Transactional and control batches are left as they are and their records are not
-  put into the map: a transactional record may belong to an aborted transaction, so it
-  supersedes nothing (compaction keeps more than the minimum there, never less).
+- *Transactions* (``TxnScan``): the pass first reads the dirty part to follow its
+  transactions, as the partition's ``TxnIndex`` does (``control_records.py``): a
+  producer's first transactional data batch opens its transaction, its COMMIT or
+  ABORT control batch (an unreadable one counts as ABORT) ends it. The aborted ones
+  that hold a record are kept as (producer id, first offset, marker offset)
+  (``AbortedTxns``). The *stable end* is the first offset of the earliest transaction
+  not resolved within the cleanable ledgers (ongoing, or its marker in the active
+  ledger): as Kafka's cleaner cleans only below the first unstable offset, nothing at
+  or past it is mapped or touched; a later pass handles it.
+- *The offset map* (``OffsetMap``): key -> latest offset (the larger one, whatever
+  order they come in) of the *values* below the stable end: the records of data
+  batches and of committed transactions (the transactional ones in no aborted
+  range), in offset order (``map_batch``); never a record of an aborted transaction.
+  Until its first transactional batch the scan maps data batches as it reads them; the
+  rest of the dirty part below the stable end is read again to map it. Keys are held as 16-byte BLAKE2b digests (Kafka: MD5); the map is
+  bounded in entries (the gateway's ``compaction_map_bytes`` / ``ENTRY_BYTES``, as
+  Kafka's ``log.cleaner.dedupe.buffer.size``), and the transactions tracked count
+  against it (``reserved``: one per open transaction while the scan runs, one per
+  aborted range kept; at most half of it, so that keys always fit: a transaction
+  opening past that is not followed and ends the stable end at its first offset,
+  while the scan follows those already open to their markers, so a pass always gets
+  past the first transaction of its dirty part once that one is resolved). When it
+  is full the map covers only the offsets mapped so far.
+- *Covered*: the pass's range end, the lesser of the stable end and where the map
+  filled; every map entry is below it, and every transaction with a record below it
+  was seen resolved.
+- *Which records go* (``compact_batch``), only below ``covered``: every record of a
+  transactional data batch of an aborted transaction (``AbortedTxns``); and of a data
+  batch or a transactional one of a committed transaction, a keyed record whose key the
+  map holds at a later offset, and a tombstone (null value) that is its key's latest
+  once its timestamp is older than ``delete.retention.ms``. Control batches (the
+  transaction markers) stay as they are.
+
+Why this is safe. Call a *value* a record of a data batch or of a committed
+transaction (an aborted one is no value: read_committed consumers drop it). After a
+pass that covered ``C`` (written as ``clean-through``, where the next dirty part
+starts), the log below ``C`` holds (I1) no value superseded by a later value of its
+key below ``C``, (I2) no record of an aborted transaction and (I3) only records of
+data batches and of transactions the pass saw resolved. By induction: the clean part
+(below the previous pass's ``C``) holds them; in the dirty part below ``C`` every
+transaction was resolved (``covered`` stops before the first unresolved one), its
+aborted ones are emptied and the map holds every value of ``[dirty_from, C)``, so a
+value superseded there, or in the clean part by one there, goes. A transactional batch
+of the clean part is therefore one of a committed transaction (or one of an aborted
+one already emptied), and is compacted like a data batch. Hence a tombstone below
+``C`` that is its key's latest (the map holds no later value) has no older value of
+its key below it (I1), aborted or not (I2): removing it shows no old value to either
+kind of consumer. (The cleaner before this one left transactional batches as they
+were, in the clean part too, and guarded tombstones over their keys instead (its
+``TxnKeys``); its ledgers carry ``clean-through`` under ``LEGACY_CLEAN_THROUGH_KEY``,
+which is not read: the first pass over such a log takes it all as dirty, and I1-I3
+hold from then on.)
+
+Consumers: offsets, batch headers (producer id, attributes) and control batches never
+change, so the partition's ``TxnIndex``, rebuilt from headers, gives the same LSO and
+aborted-transaction list; a read_committed consumer reads each key's latest committed
+value (only values supersede, only below every open transaction) and a read_uncommitted
+one at least that (records of aborted transactions go, which it would have shown).
 
 A batch keeps its baseOffset, lastOffsetDelta, timestamps, producer id, epoch and base
 sequence, attributes and codec; its kept records are byte for byte what they were
@@ -48,11 +90,13 @@ Keyless records cannot be compacted: a compacted topic refuses them at produce
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ledgerd.kafka.compression import Codec, compress
+from ledgerd.kafka.control_records import ControlType, batch_kind
 from ledgerd.kafka.records import (
     CONTROL,
     HEADER_SIZE,
@@ -69,10 +113,12 @@ __all__ = [
     "CLEAN_THROUGH_KEY",
     "COMPACTED_LOG_KEY",
     "ENTRY_BYTES",
+    "LEGACY_CLEAN_THROUGH_KEY",
+    "AbortedTxns",
     "Compacted",
     "LedgerView",
     "OffsetMap",
-    "TxnKeys",
+    "TxnScan",
     "cleanable_prefix",
     "compact_batch",
     "dirty_ratio",
@@ -82,13 +128,14 @@ __all__ = [
     "should_clean",
 ]
 
-CLEAN_THROUGH_KEY = "ledgerd.kafka.clean-through"  # a replacement ledger's pass covered
+# a replacement ledger's pass covered (with transactions resolved: module docstring)
+CLEAN_THROUGH_KEY = "ledgerd.kafka.clean-through-txn"
+LEGACY_CLEAN_THROUGH_KEY = "ledgerd.kafka.clean-through"  # written by the cleaner before
 COMPACTED_LOG_KEY = "ledgerd.kafka.compacted-for"  # the log a replacement was written for
 # an offset map entry as this map holds it in memory: a 16-byte digest as a bytes
 # object and an int in a dict (measured with tracemalloc: about 123 bytes a key;
 # Kafka's SkimpyOffsetMap packs one in 24)
 ENTRY_BYTES = 128
-TXN_KEYS_MAX = 10_000  # transactional keys a pass tracks before it keeps every tombstone
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,27 +204,38 @@ def should_clean(cleanable: Sequence[LedgerView], *, dirty_from: int,
 
 
 class OffsetMap:
-    """Key -> its latest offset seen, at most ``capacity`` keys (module docstring)."""
+    """Key -> its latest offset seen, at most ``capacity`` entries: its keys and what is
+    ``reserved`` (module docstring)."""
 
-    __slots__ = ("capacity", "latest")
+    __slots__ = ("capacity", "latest", "reserved")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"an offset map needs room for a key, got {capacity}")
         self.capacity = capacity
         self.latest: dict[bytes, int] = {}
+        self.reserved = 0  # entries counted for the transactions a pass tracks
 
     @staticmethod
     def digest(key: bytes) -> bytes:
         return hashlib.blake2b(key, digest_size=16).digest()
 
+    def room(self) -> int:
+        return self.capacity - len(self.latest) - self.reserved
+
     def put(self, key: bytes, offset: int) -> bool:
-        """Record ``offset`` as ``key``'s latest; False (nothing changed) if the key is
-        new and the map is full."""
-        d = self.digest(key)
-        if d not in self.latest and len(self.latest) >= self.capacity:
-            return False
-        self.latest[d] = offset
+        """Record ``offset`` as ``key``'s latest (unless it holds a later one); False
+        (nothing changed) if the key is new and the map is full."""
+        return self.put_digest(self.digest(key), offset)
+
+    def put_digest(self, d: bytes, offset: int) -> bool:
+        known = self.latest.get(d)
+        if known is None:
+            if self.room() < 1:
+                return False
+            self.latest[d] = offset
+        elif offset > known:
+            self.latest[d] = offset
         return True
 
     def get(self, key: bytes) -> int | None:
@@ -187,41 +245,6 @@ class OffsetMap:
         return len(self.latest)
 
 
-def _is_data(h: BatchHeader) -> bool:
-    return not h.attributes & (CONTROL | TRANSACTIONAL)
-
-
-class TxnKeys:
-    """The keys of the transactional records a pass has met so far, in log order (as
-    16-byte digests). Transactional batches are never compacted, so their records stay
-    and supersede nothing: a tombstone over a key one of them holds, further down the
-    log, must stay too, or that record (committed, or aborted and shown to
-    read_uncommitted consumers) would become its key's value again. Past
-    ``TXN_KEYS_MAX`` keys the pass keeps every tombstone."""
-
-    __slots__ = ("digests", "overflow")
-
-    def __init__(self, digests: frozenset[bytes] = frozenset(), overflow: bool = False,
-                 ) -> None:
-        self.digests = set(digests)
-        self.overflow = overflow
-
-    def snapshot(self) -> TxnKeys:
-        return TxnKeys(frozenset(self.digests), self.overflow)
-
-    def add(self, batch: bytes, h: BatchHeader) -> None:
-        if self.overflow or not h.record_count:
-            return
-        for r in record_spans(_records(batch, h), h.record_count):
-            if r.key is not None:
-                self.digests.add(OffsetMap.digest(r.key))
-        if len(self.digests) > TXN_KEYS_MAX:
-            self.overflow, self.digests = True, set()
-
-    def guards(self, key: bytes) -> bool:
-        return self.overflow or OffsetMap.digest(key) in self.digests
-
-
 def _records(batch: bytes, h: BatchHeader) -> bytes | memoryview:
     try:
         return records_of(h, memoryview(batch)[HEADER_SIZE:h.length])
@@ -229,18 +252,143 @@ def _records(batch: bytes, h: BatchHeader) -> bytes | memoryview:
         raise BatchError(2, f"batch at offset {h.base_offset}: {exc}") from None
 
 
-def map_batch(omap: OffsetMap, batch: bytes, *, dirty_from: int) -> int | None:
-    """Put the keyed records of a data batch at or after ``dirty_from`` into the map.
-    Returns None if all fit, else the offset of the first record that did not (the
-    map covers the offsets below it). Raises BatchError for records that do not parse."""
+def map_batch(omap: OffsetMap, batch: bytes, *, dirty_from: int,
+              aborted: AbortedTxns | None = None) -> int | None:
+    """Put the keyed records at or after ``dirty_from`` of a data batch, or of a
+    transactional one in no ``aborted`` transaction (committed: the caller maps only
+    below the stable end; None: none is), into the map. Returns None if all fit, else
+    the offset of the first record that did not (the map covers the offsets below
+    it). Raises BatchError for records that do not parse."""
     h = BatchHeader.parse(batch)
-    if not _is_data(h) or h.next_offset <= dirty_from or not h.record_count:
+    if h.attributes & CONTROL or h.next_offset <= dirty_from or not h.record_count:
+        return None
+    if h.attributes & TRANSACTIONAL and (
+            aborted is None or aborted.holds(h.producer_id, h.base_offset)):
         return None
     for r in record_spans(_records(batch, h), h.record_count):
         offset = h.base_offset + r.offset_delta
         if offset >= dirty_from and r.key is not None and not omap.put(r.key, offset):
             return offset
     return None
+
+
+class AbortedTxns:
+    """The aborted transactions a scan saw resolved, with a record in the dirty part:
+    per producer id, (first offset, marker offset), in offset order."""
+
+    __slots__ = ("ranges",)
+
+    def __init__(self) -> None:
+        self.ranges: dict[int, list[tuple[int, int]]] = {}
+
+    def add(self, pid: int, first: int, marker: int) -> None:
+        self.ranges.setdefault(pid, []).append((first, marker))
+
+    def holds(self, pid: int, offset: int) -> bool:
+        """True if ``offset`` (of a batch of ``pid``) lies in an aborted transaction."""
+        ranges = self.ranges.get(pid)
+        if not ranges:
+            return False
+        i = bisect.bisect_right(ranges, (offset, NO_OFFSET)) - 1
+        return i >= 0 and ranges[i][0] <= offset <= ranges[i][1]
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self.ranges.values())
+
+
+NO_OFFSET = 2**63 - 1
+
+
+@dataclass(slots=True)
+class _Open:
+    first: int  # of the transaction's first batch the scan saw
+    records: bool = False  # a batch of it held a record (else nothing to remove)
+
+
+class TxnScan:
+    """The transactions of a pass's dirty part (module docstring): ``add`` each batch
+    in offset order until it returns an offset (the scan may end there), then
+    ``stable_end(end)`` and ``aborted``; then, unless ``map_full``, the batches from
+    ``mapped_to`` to the stable end go through ``map_batch``. What it tracks is
+    counted in ``omap.reserved`` (at most half the map's capacity); ``stable_end``
+    releases what open transactions held."""
+
+    __slots__ = ("aborted", "dirty_from", "eager", "limit", "map_full", "mapped_to", "omap",
+                 "open", "stopped", "unresolved")
+
+    def __init__(self, omap: OffsetMap, *, dirty_from: int) -> None:
+        self.omap = omap
+        self.dirty_from = dirty_from
+        self.limit = max(1, omap.capacity // 2)
+        self.open: dict[int, _Open] = {}  # producer id -> its open transaction
+        self.aborted = AbortedTxns()
+        self.stopped: int | None = None
+        self.unresolved = 0  # transactions still open at the end (``stable_end``)
+        # until the first transactional batch, data batches go into the map as they are
+        # read: the map is built up to ``mapped_to`` (full there if ``map_full``), and
+        # a log without transactions is read once, as before transactions were followed
+        self.eager = True
+        self.mapped_to = dirty_from
+        self.map_full = False
+
+    def add(self, batch: bytes) -> int | None:
+        """Account for one batch. Returns None, or an offset once there is nothing
+        more to learn: the map filled there while no transaction was seen yet
+        (``map_full``), or a transaction opening there did not fit (``limit``, or the
+        map's room), so the stable end is at most that, and none of those opened
+        before is still open. Past such a transaction no new one is followed, only the
+        open ones to their markers. Raises BatchError for records that do not
+        parse."""
+        h = BatchHeader.parse(batch)
+        if h.next_offset <= self.dirty_from:
+            return None
+        if self.eager:  # no transaction so far: data batches are mapped at once
+            if not h.attributes & TRANSACTIONAL:
+                stop = map_batch(self.omap, batch, dirty_from=self.dirty_from)
+                if stop is None:
+                    self.mapped_to = h.next_offset
+                    return None
+                self.eager, self.map_full, self.stopped = False, True, stop
+                return stop
+            self.eager = False
+            self.mapped_to = max(self.mapped_to, h.base_offset)
+        if not h.attributes & TRANSACTIONAL:
+            return self._done()
+        pid = h.producer_id
+        if h.attributes & CONTROL:
+            txn = self.open.pop(pid, None)
+            if txn is None:
+                return self._done()  # begun before the dirty part, or not followed
+            if batch_kind(batch, h) is ControlType.COMMIT or not txn.records:
+                self.omap.reserved -= 1
+            else:  # its entry now holds the range
+                self.aborted.add(pid, txn.first, h.base_offset)
+            return self._done()
+        txn = self.open.get(pid)
+        if txn is None:
+            if self.stopped is not None:
+                return self._done()
+            if self.omap.reserved >= self.limit or self.omap.room() < 1:
+                self.stopped = h.base_offset
+                return self._done()
+            txn = self.open[pid] = _Open(h.base_offset)
+            self.omap.reserved += 1
+        txn.records = txn.records or h.record_count > 0
+        return None
+
+    def _done(self) -> int | None:
+        return self.stopped if self.stopped is not None and not self.open else None
+
+    def stable_end(self, end: int) -> int:
+        """Where the map may reach: ``end`` (the cleanable ledgers'), or where the scan
+        ended, and not past the first offset of an open transaction. Call it once,
+        after the last ``add``: it releases the entries open transactions held."""
+        stop = end if self.stopped is None else min(end, self.stopped)
+        stable = min([stop, *(t.first for t in self.open.values())])
+        self.omap.reserved -= len(self.open)
+        self.unresolved = len(self.open)
+        self.open.clear()
+        return stable
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,26 +403,32 @@ class Compacted:
 
 
 def compact_batch(batch: bytes, omap: OffsetMap, *, covered: int, now_ms: int,
-                  delete_retention_ms: int, txn_keys: TxnKeys | None = None) -> Compacted:
-    """``batch`` without the records compaction removes (module docstring): superseded
-    by a later offset of the same key in ``omap``, or tombstones older than
-    ``delete_retention_ms`` that are their key's latest and hold no key a
-    transactional record before them holds (``txn_keys``: those met so far in log
-    order; ``compact_batch`` adds a transactional batch's); only records below
-    ``covered``. Control and transactional batches come back as they are. Raises
-    BatchError for records that do not parse."""
+                  delete_retention_ms: int, aborted: AbortedTxns) -> Compacted:
+    """``batch`` without the records compaction removes (module docstring), only
+    records below ``covered``: all of a transactional batch in one of the ``aborted``
+    transactions; else those superseded by a later offset of the same key in
+    ``omap``, and tombstones older than ``delete_retention_ms`` that are their key's
+    latest. A transactional batch below ``covered`` and in no aborted transaction is
+    one of a committed transaction (the scan resolved every transaction below it).
+    Control batches come back as they are. Raises BatchError for records that do not
+    parse."""
     h = BatchHeader.parse(batch)
-    if txn_keys is not None and h.attributes & TRANSACTIONAL and not h.attributes & CONTROL:
-        txn_keys.add(batch, h)
-    if not _is_data(h) or not h.record_count or h.base_offset >= covered:
+    if h.attributes & CONTROL or not h.record_count or h.base_offset >= covered:
         return Compacted(batch, 0)
     body = _records(batch, h)
     spans = record_spans(body, h.record_count)
+    dropped = bool(h.attributes & TRANSACTIONAL) and aborted.holds(h.producer_id,
+                                                                  h.base_offset)
     kept = []
     oldest = -1
     for r in spans:
         offset = h.base_offset + r.offset_delta
-        if offset >= covered or r.key is None:
+        if offset >= covered:
+            kept.append(r)
+            continue
+        if dropped:
+            continue
+        if r.key is None:
             kept.append(r)
             continue
         latest = omap.get(r.key)
@@ -283,8 +437,7 @@ def compact_batch(batch: bytes, omap: OffsetMap, *, covered: int, now_ms: int,
         if r.is_tombstone:
             ts = h.max_timestamp if h.attributes & LOG_APPEND_TIME \
                 else h.base_timestamp + r.timestamp_delta
-            if ts < now_ms - delete_retention_ms and not (
-                    txn_keys is not None and txn_keys.guards(r.key)):
+            if ts < now_ms - delete_retention_ms:
                 continue
             oldest = ts if oldest < 0 else min(oldest, ts)
         kept.append(r)

@@ -60,7 +60,8 @@ class GatewayConfig(ClientConfig):
         doc="A partition's log moves to a new ledger after this many bytes.")
     compaction_map_bytes: int = setting(
         16 << 20, bk="(Kafka: log.cleaner.dedupe.buffer.size)", minimum=128 * 16,
-        doc="Memory for a compaction pass's offset map (128 bytes a key): a pass over "
+        doc="Memory for a compaction pass's offset map (128 bytes a key, or a "
+            "transaction it tracks): a pass over "
             "more distinct keys compacts only the part of the log the keys that fit "
             "cover, the rest on later passes.")
     compaction_backoff_ms: int = setting(

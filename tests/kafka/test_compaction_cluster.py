@@ -1,8 +1,10 @@
 """Compacted topics on a real cluster (ZooKeeper, bookie processes, a ``ledgerd
 gateway`` process) with a stock client (confluent-kafka): the cleaner keeps exactly
 the latest value of each key at its original offset, tombstones go after
-delete.retention.ms, keyless records are refused, and a gateway killed with SIGKILL
-while it compacts loses no key's latest acknowledged value."""
+delete.retention.ms, keyless records are refused, a topic written only in
+transactions is compacted (aborted records removed, committed ones compacted), and a
+gateway killed with SIGKILL while it compacts loses no key's latest acknowledged
+value."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.kafka.conftest import GatewayProcess, running_cluster
 from tests.kafka.crash_kit import BOUND_S, wait_until
@@ -153,6 +157,114 @@ def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(
             c.close()
 
 
+def _consume_to_end(bootstrap: str, topic: str, isolation: str,
+                    ) -> list[tuple[int, bytes, bytes | None]]:
+    """Every (offset, key, value) a consumer with ``isolation`` reads from the start
+    until it is told it reached the end (the LSO for read_committed)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g{random.random()}",
+                  "enable.auto.commit": False, "isolation.level": isolation,
+                  "enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        out: list[tuple[int, bytes, bytes | None]] = []
+        deadline = time.monotonic() + BOUND_S
+        while True:
+            assert time.monotonic() < deadline, f"{isolation}: no end after {out[-3:]}"
+            msg = c.poll(1.0)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return out
+                continue
+            out.append((msg.offset(), msg.key(), msg.value()))
+    finally:
+        c.close()
+
+
+def test_a_compacted_topic_written_in_transactions_keeps_the_latest_committed_values(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """Kafka Streams' changelog with exactly_once_v2: a compacted topic only a
+    transactional producer writes. Rounds of values for 10 keys, some rounds aborted
+    (the last one too), 3 keys made tombstones in a committed one, then committed filler
+    so that all of it is in closed ledgers. After the cleaner ran: a read_committed
+    consumer from the start reads exactly each key's latest committed value, a
+    read_uncommitted one no aborted or superseded record, every record kept at its
+    offset, and the ledgers shrank."""
+    from confluent_kafka import Producer
+
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=FAST_CLEANER)
+    with running_cluster(tmp_path, zk_chroot, 3, gw):
+        _create(gw.bootstrap, "changelog", {"cleanup.policy": "compact",
+                                            "min.cleanable.dirty.ratio": "0.01",
+                                            "delete.retention.ms": "3000",
+                                            "min.compaction.lag.ms": "3600000"})
+        p = Producer({"bootstrap.servers": gw.bootstrap, "transactional.id": "streams-app",
+                      "linger.ms": 5, "socket.timeout.ms": 6000})
+        p.init_transactions(BOUND_S)
+        aborted_rounds = {1, 4, 7}
+        latest: dict[bytes, bytes | None] = {}
+        for r in range(8):
+            p.begin_transaction()
+            values = {b"k%02d" % k: b"%02d:%d:" % (k, r) + b"x" * VALUE for k in range(10)}
+            if r == 6:  # committed tombstones
+                values.update({b"k%02d" % k: None for k in range(3)})
+            for key, value in values.items():
+                p.produce("changelog", key=key, value=value, partition=0)
+            if r in aborted_rounds:
+                assert p.flush(BOUND_S) == 0  # written to the log, then aborted
+                p.abort_transaction(BOUND_S)
+            else:
+                p.commit_transaction(BOUND_S)
+                latest.update(values)
+        for t in range(8):  # filler, 8 small transactions: the last ones roll a ledger
+            p.begin_transaction()
+            for i in range(10):
+                p.produce("changelog", key=b"filler",
+                          value=b"f%d.%d:" % (t, i) + b"y" * VALUE, partition=0)
+            p.commit_transaction(BOUND_S)
+        want = {k: v for k, v in latest.items() if v is not None}
+        before = _consume_to_end(gw.bootstrap, "changelog", "read_uncommitted")
+        committed_before = _consume_to_end(gw.bootstrap, "changelog", "read_committed")
+        assert len(before) == 8 * 10 + 80 and len(committed_before) == 5 * 10 + 80
+        at = {(k, v): o for o, k, v in before}
+        started = time.monotonic()
+        _alter(gw.bootstrap, "changelog", {"min.compaction.lag.ms": "0"})
+
+        def keys_of(got: list[tuple[int, bytes, bytes | None]],
+                    ) -> list[tuple[bytes, bytes | None]]:
+            return [(k, v) for _, k, v in got if k != b"filler"]
+
+        def compacted() -> bool:
+            got = keys_of(_consume_to_end(gw.bootstrap, "changelog", "read_uncommitted"))
+            return len(got) == len(want) and dict(got) == want
+        wait_until(compacted, "the cleaner compacted the transactional topic", bound=120)
+        took = time.monotonic() - started
+        committed = _consume_to_end(gw.bootstrap, "changelog", "read_committed")
+        uncommitted = _consume_to_end(gw.bootstrap, "changelog", "read_uncommitted")
+        # exactly each key's latest committed value (rounds 5 and 6; 7 was aborted;
+        # k00-k02's tombstones gone after delete.retention.ms), none aborted
+        assert len(keys_of(committed)) == len(want) and dict(keys_of(committed)) == want
+        assert all(v is not None and v.split(b":")[1] in (b"5", b"6")
+                   for _, v in keys_of(committed))
+        assert len(keys_of(uncommitted)) == len(want) and dict(keys_of(uncommitted)) == want
+        # every record kept is where it was; the filler's last value is there
+        for offset, key, value in uncommitted:
+            assert at[(key, value)] == offset, (offset, key)
+        assert committed[-1] == before[-1]
+        removed = _metric(gw, "ledgerd_kafka_compaction_records_removed")
+        b_before = _metric(gw, "ledgerd_kafka_compaction_bytes_before")
+        b_after = _metric(gw, "ledgerd_kafka_compaction_bytes_after")
+        print(f"transactional compaction: {len(before)} records ({len(committed_before)} "
+              f"committed) -> {len(uncommitted)} read back, {removed:.0f} removed, "
+              f"ledger bytes {b_before:.0f} -> {b_after:.0f}, {took:.1f} s from the "
+              "last commit to the compacted view")
+        assert b_after < b_before / 2
+        assert removed >= 8 * 10 - len(want)
+
+
 def _touch(bootstrap: str) -> None:
     """Ask for the partition's watermarks (the gateway then has it in use)."""
     from confluent_kafka import Consumer, TopicPartition
@@ -189,17 +301,51 @@ def _orphans(zk: str) -> int:
     return trio.run(count)
 
 
+def _latest(gw: GatewayProcess, transactional: bool) -> dict[bytes, bytes | None]:
+    """Each key's last value a consumer from the start reads (read_committed for a
+    transactional topic)."""
+    read = _consume_to_end(gw.bootstrap, "crash", "read_committed") if transactional \
+        else _consume(gw.bootstrap, "crash")
+    return {k: v for _, k, v in read}
+
+
 CRASH_POINTS = ("kafka_compaction.writing", "kafka_compaction.written",
                 "kafka_compaction.swapped")
 
 
+def _produce_txn(bootstrap: str, topic: str, committed: list[tuple[bytes, bytes]],
+                 aborted: list[tuple[bytes, bytes]]) -> None:
+    """``committed`` in one transaction, then ``aborted`` written and aborted."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "crash-app",
+                  "linger.ms": 5, "socket.timeout.ms": 6000})
+    p.init_transactions(BOUND_S)
+    for records, commit in ((committed, True), (aborted, False)):
+        if not records:
+            continue
+        p.begin_transaction()
+        for key, value in records:
+            p.produce(topic, key=key, value=value, partition=0)
+        if commit:
+            p.commit_transaction(BOUND_S)
+        else:
+            assert p.flush(BOUND_S) == 0
+            p.abort_transaction(BOUND_S)
+
+
+@pytest.mark.parametrize("transactional", [False, True],
+                         ids=["idempotent", "transactional"])
 def test_kill_9_while_compacting_loses_no_keys_latest_value(
-        zk_chroot: str, tmp_path: Path) -> None:
+        zk_chroot: str, tmp_path: Path, transactional: bool) -> None:
     """Rounds of new values for 25 keys, each followed by a kill -9 of the gateway:
     at a named step of a pass (``LEDGERD_CRASH_AT``: a replacement half written, all
     written before the swap, swapped before the old ledgers are deleted), or at a
     random moment. After each restart every key's latest acknowledged value reads
-    back; at the end the log is compacted and no replacement is left orphaned."""
+    back; at the end the log is compacted and no replacement is left orphaned. The
+    transactional variant writes each third of a round in a committed transaction and
+    ends the round with an aborted one over every key: read_committed consumers read
+    back the latest committed values, and compaction removes aborted records."""
     seed = int(os.environ.get("COMPACTION_CRASH_SEED", random.randrange(1 << 30)))
     print(f"COMPACTION_CRASH_SEED={seed}")
     rng = random.Random(seed)
@@ -218,9 +364,13 @@ def test_kill_9_while_compacting_loses_no_keys_latest_value(
             for half in range(3):
                 values = [(b"k%02d" % k, b"%d:%d.%d:" % (k, round_, half) + b"x" * VALUE)
                           for k in range(25)]
-                acked = _produce(gw.bootstrap, "crash", values)
-                assert all(err is None for _, _, err in acked), acked
-                latest.update(values)  # type: ignore[arg-type]
+                if transactional:
+                    garbage = [(k, b"aborted:" + v) for k, v in values] if half == 2 else []
+                    _produce_txn(gw.bootstrap, "crash", values, garbage)
+                else:
+                    acked = _produce(gw.bootstrap, "crash", values)  # type: ignore[arg-type]
+                    assert all(err is None for _, _, err in acked), acked
+                latest.update(values)
             gw.env = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000"}
             if point is not None:  # the next pass kills it at that step
                 gw.env["LEDGERD_CRASH_AT"] = point
@@ -235,18 +385,34 @@ def test_kill_9_while_compacting_loses_no_keys_latest_value(
             orphaned += _orphans(zk_chroot)  # a pass killed before its swap
             gw.env = dict(idle)
             gw.start()
+            if transactional:  # the markers of a transaction may be completed by recovery
+                wait_until(lambda: _latest(gw, True) == latest,
+                           f"latest committed values after kill {kills} at {point} "
+                           f"(seed {seed})", bound=60)
+                continue
             read = _consume(gw.bootstrap, "crash")
             got = {k: v for _, k, v in read}
             wrong = {k: (latest[k][:8], got.get(k, b"")[:8]) for k in latest
                      if got.get(k) != latest[k]}
             assert not wrong, (f"after kill {kills} at {point} (seed {seed}): "
                                f"{wrong} (read {len(read)}, last {read[-1][0]})")
+        if transactional:  # committed filler: the last aborted records in closed ledgers
+            for t in range(6):
+                filler = [(b"filler", b"f%d.%d:" % (t, i) + b"y" * VALUE) for i in range(10)]
+                _produce_txn(gw.bootstrap, "crash", filler, [])
+                latest.update(filler)
         gw.env = {**FAST_CLEANER, "LEDGERD_ZK_TIMEOUT_MS": "3000"}
         gw.restart()
         _touch(gw.bootstrap)
 
         def compacted() -> bool:
-            got = _consume(gw.bootstrap, "crash")
+            if transactional:  # and no aborted record is left (read_uncommitted)
+                every = _consume_to_end(gw.bootstrap, "crash", "read_uncommitted")
+                if any(v is not None and v.startswith(b"aborted:") for _, _, v in every):
+                    return False
+                got = _consume_to_end(gw.bootstrap, "crash", "read_committed")
+            else:
+                got = _consume(gw.bootstrap, "crash")
             return len(got) < 25 * 3 * len(plan) and {k: v for _, k, v in got} == latest
         wait_until(compacted, "the restarted gateway compacts", bound=120)
         # replacements a killed pass never listed are reclaimed once 10 s old
@@ -255,8 +421,7 @@ def test_kill_9_while_compacting_loses_no_keys_latest_value(
         # sweeps that see the last pass's replacements 10 s old delete none of them
         wait_until(lambda: _metric(gw, "ledgerd_kafka_compaction_sweeps") >= 3,
                    "three sweeps for orphans", bound=60)
-        got = {k: v for _, k, v in _consume(gw.bootstrap, "crash")}
-        assert got == latest
+        assert _latest(gw, transactional) == latest
         log_text = gw.log_path.read_text(errors="replace")
         print(f"{kills} kills, every key's latest value read back after each; "
               f"{log_text.count('kafka_compaction_pass')} passes and "
