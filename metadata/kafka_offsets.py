@@ -38,8 +38,10 @@ exists, readers find a group's offsets by the old scan of every partition.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+
+import trio
 
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import (
@@ -61,6 +63,8 @@ __all__ = ["CURSOR_PREFIX", "IndexEntry", "OffsetIndex", "with_partitions", "wit
 
 CURSOR_PREFIX = "kafka."  # a group's cursor is this and the group's znode name
 _ATTEMPTS = 100
+REMOVE_CHUNK = 500  # cursors one removal multi deletes at most (well within 1 MiB)
+PRESENT_READS = 32  # cursor reads in flight while a removal looks which exist
 
 
 def with_partitions(partitions: tuple[int, ...], added: Iterable[int]) -> tuple[int, ...]:
@@ -193,40 +197,65 @@ class OffsetIndex:
                      partitions: Collection[int] | None = None, *,
                      keep_present: bool = False) -> tuple[tuple[int, ...], bool]:
         """Delete the group's cursors on ``partitions`` of the topic (None: all it
-        lists) with their entries, in one multi. Returns the partitions whose cursors
+        lists) with their entries, REMOVE_CHUNK cursors a multi. Returns those whose cursors
         were deleted, and whether the index listed every one asked for (False: a
         cursor of the old layout may exist for the others). ``keep_present``: delete
         no cursor, only the entries of those that do not exist (a deleted topic's)."""
-        for _ in range(_ATTEMPTS):
+        wanted = None if partitions is None else set(partitions)
+        deleted: list[int] = []
+        done: set[int] = set()  # asked for and no longer listed (each multi's share)
+        all_listed: bool | None = None
+        attempts = 0
+        while attempts < _ATTEMPTS:
             entry = await self.entry(group, topic)
             listed = entry.partitions if entry is not None else ()
-            targets = listed if partitions is None else tuple(
-                p for p in listed if p in set(partitions))
-            all_listed = partitions is None or set(partitions) <= set(listed)
+            if all_listed is None:  # as first read
+                all_listed = wanted is None or wanted <= set(listed)
+            targets = tuple(p for p in listed if (wanted is None or p in wanted)
+                            and p not in done)
             if entry is None or not targets:
-                return (), all_listed
-            present = []
-            for p in targets:
-                name = self.log_of(topic, p)
-                if await self.logs.get_cursor(name, CURSOR_PREFIX + group) is not None:
-                    present.append(p)
+                return tuple(sorted(deleted)), all_listed
+            # at most REMOVE_CHUNK cursors a multi: ZooKeeper refuses a request past
+            # jute.maxbuffer (1 MiB) by dropping the connection
+            chunk = targets[:REMOVE_CHUNK]
+            present = await self._present(group, topic, chunk)
             if keep_present:
-                targets = tuple(p for p in targets if p not in present)
+                chunk = tuple(p for p in chunk if p not in present)
                 present = []
-                if not targets:
-                    return (), all_listed
+                if not chunk:
+                    done.update(targets[:REMOVE_CHUNK])
+                    continue
             ops: list[Op] = [Remove(self._cursor_path(group, topic, p)) for p in present]
-            keep = without_partitions(listed, set(targets))
+            keep = without_partitions(listed, set(chunk))
             path = self.topic_path(group, topic)
             ops.append(SetData(path, IndexEntry(keep).to_json(), entry.version) if keep
                        else Remove(path, entry.version))
             try:
                 await self.store.multi(ops)
-                return tuple(present), all_listed
             except (BadVersionError, NoNodeError, NotEmptyError):
+                attempts += 1
                 continue  # a commit or another delete came first: read again
+            deleted += present
+            done.update(targets[:REMOVE_CHUNK])
         raise MetadataError(f"gave up deleting offsets of {group} on {topic}: "
                             f"{_ATTEMPTS} conflicts")
+
+    async def _present(self, group: str, topic: str, partitions: Sequence[int]) -> list[int]:
+        """Those of ``partitions`` on which the group has a cursor (PRESENT_READS reads
+        at a time)."""
+        found: list[int] = []
+        limit = trio.Semaphore(PRESENT_READS)
+
+        async def look(p: int) -> None:
+            async with limit:
+                if await self.logs.get_cursor(self.log_of(topic, p),
+                                              CURSOR_PREFIX + group) is not None:
+                    found.append(p)
+
+        async with trio.open_nursery() as nursery:
+            for p in partitions:
+                nursery.start_soon(look, p)
+        return sorted(found)
 
     async def drop_group(self, group: str) -> int:
         """Delete every cursor the group's index lists, with the index; returns how many

@@ -365,6 +365,17 @@ def _count(metrics: GatewayMetrics, result: PassResult) -> None:
     metrics.compaction_bytes_after += result.bytes_after
 
 
+def state_of(states: dict[tuple[str, int], tuple[str, CleanerState]],
+             partition: tuple[str, int], topic_id: str) -> CleanerState:
+    """What the cleaner remembers of ``partition`` of the topic with ``topic_id``: a
+    fresh state when the topic was deleted and made again under its name (a new log,
+    whose offsets below the old one's ``clean_through`` no pass has compacted)."""
+    kept = states.get(partition)
+    if kept is None or kept[0] != topic_id:
+        kept = states[partition] = (topic_id, CleanerState())
+    return kept[1]
+
+
 async def run(gw: Gateway) -> None:
     """Every ``compaction_backoff_ms``: a pass (``clean``) for each compacted partition
     this gateway leads and has used since it started; every half
@@ -372,7 +383,9 @@ async def run(gw: Gateway) -> None:
     and tried again next round."""
 
     cfg = gw.config
-    states: dict[tuple[str, int], CleanerState] = {}
+    # per partition: the topic id its state is of (a topic deleted and made again under
+    # the same name is a new log: what a pass remembered of the old one must not count)
+    states: dict[tuple[str, int], tuple[str, CleanerState]] = {}
     next_sweep = trio.current_time() + min(60.0, cfg.compaction_orphan_age_s / 2)
     while True:
         await trio.sleep(cfg.compaction_backoff_ms / 1000)
@@ -386,7 +399,7 @@ async def run(gw: Gateway) -> None:
             policy = gw.topic_policy(topic)  # its configs over the dynamic broker configs'
             if not policy.compact:
                 continue
-            state = states.setdefault((topic, p), CleanerState())
+            state = state_of(states, (topic, p), record.topic_id)
             try:
                 result = await clean(gw.client, part, policy, state,
                                      now_ms=int(time.time() * 1000),

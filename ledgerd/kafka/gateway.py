@@ -857,6 +857,14 @@ class Gateway:
         except LedgerdError as exc:
             log.warning("kafka_offset_index_migration_failed", extra=fields(error=repr(exc)))
 
+    async def _indexing_gateways(self) -> frozenset[int] | None:
+        """The live gateways as registered now, if every one writes the offset index
+        (its registration names the ``offset_index`` feature); else None."""
+        live = await self.gateway_store.live()
+        if any("offset_index" not in record.features for record in live.values()):
+            return None
+        return frozenset(live)
+
     async def _migrate_offset_index(self) -> None:
         """Index the offsets committed before the offset index existed: every
         partition's cursor names read once (OFFSET_FETCH_READS at a time), an entry
@@ -866,6 +874,7 @@ class Gateway:
         starts it again."""
         try:
             started = trio.current_time()
+            before = await self._indexing_gateways()
             cursors: dict[tuple[str, int], list[str]] = {}
             limit = trio.Semaphore(OFFSET_FETCH_READS)
 
@@ -887,6 +896,16 @@ class Gateway:
                 for topic, parts in topics.items():
                     await self.offset_index.add(group, topic, parts)
                     entries += len(parts)
+            after = await self._indexing_gateways()
+            if before is None or after != before:
+                # a gateway that does not index is live, or the gateways changed while
+                # the cursors were read (one that came and went may not have indexed
+                # what it committed): not done; the next request that needs the index
+                # starts the migration again
+                log.info("kafka_offset_index_migration_repeats", extra=fields(
+                    before=before is not None and ",".join(map(str, sorted(before))),
+                    after=after is not None and ",".join(map(str, sorted(after)))))
+                return
             await self.offset_index.mark_complete()
             self._index_complete = True
             log.info("kafka_offset_index_migrated", extra=fields(

@@ -722,3 +722,18 @@ def test_a_keyless_refusal_carries_record_errors_from_produce_v8() -> None:
             for e in part["record_errors"]] == [(0, why), (10, why)]
     old = decode(msg, 7, Reader(b"".join(encode(msg, 7, body))))
     assert old["responses"][0]["partition_responses"][0]["error_code"] == 87
+
+
+def test_a_topic_made_again_under_its_name_is_cleaned_from_a_fresh_state() -> None:
+    """The cleaner's memory of a partition belongs to its topic id: a topic deleted and
+    made again under the same name starts from nothing, or the new log's offsets below
+    the old one's clean_through would count as compacted (and a tombstone there could
+    go while an older value of its key stays: the deleted key back)."""
+    from ledgerd.kafka.cleaner import CleanerState, state_of
+
+    states: dict[tuple[str, int], tuple[str, CleanerState]] = {}
+    old = state_of(states, ("t", 0), "id-1")
+    old.clean_through = 100
+    assert state_of(states, ("t", 0), "id-1") is old
+    fresh = state_of(states, ("t", 0), "id-2")
+    assert fresh is not old and fresh.clean_through == -1

@@ -298,3 +298,60 @@ def test_the_migration_waits_until_every_live_gateway_indexes() -> None:
             assert started == [True]
 
     trio.run(main)
+
+
+def test_the_migration_is_not_done_when_the_gateways_changed_while_it_read() -> None:
+    """The gateways are read before and after the cursors: a gateway that does not
+    index came (or any gateway came or went) meanwhile, and the migration is not
+    marked done (the next request that needs the index starts it again)."""
+    from ledgerd.kafka.gateway import FEATURES
+    from ledgerd.metadata.kafka_gateways import GatewayRecord
+
+    new = GatewayRecord(host="h", port=1, features=FEATURES)
+    old = GatewayRecord(host="h", port=2)
+
+    class Client:
+        store = None
+
+        class logs:
+            class store:
+                @staticmethod
+                async def cursors(name: str) -> list[str]:
+                    return ["kafka.g"]
+
+    class Index:
+        def __init__(self) -> None:
+            self.added: list[tuple[str, str]] = []
+            self.marked = False
+
+        async def add(self, group: str, topic: str, parts: Sequence[int]) -> None:
+            self.added.append((group, topic))
+
+        async def mark_complete(self) -> None:
+            self.marked = True
+
+    async def run(views: list[dict[int, GatewayRecord]]) -> Index:
+        gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
+        index = Index()
+        gw.__dict__["offset_index"] = index
+
+        class Registrations:
+            @staticmethod
+            async def live() -> dict[int, GatewayRecord]:
+                return views.pop(0)
+
+        async def all_topics() -> list[str]:
+            return ["t"]
+
+        gw.gateway_store = Registrations()  # type: ignore[assignment]
+        gw.all_topics = all_topics  # type: ignore[method-assign]
+        gw.topics["t"] = 1
+        await gw._migrate_offset_index()
+        return index
+
+    done = trio.run(run, [{1: new, 2: new}, {1: new, 2: new}])
+    assert done.added == [("g", "t")] and done.marked
+    joined = trio.run(run, [{1: new}, {1: new, 2: new}])  # came while it read
+    assert joined.added and not joined.marked
+    older = trio.run(run, [{1: new}, {1: new, 3: old}])  # an old one came
+    assert not older.marked

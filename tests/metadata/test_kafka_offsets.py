@@ -124,3 +124,35 @@ async def test_pruning_a_gone_topic_keeps_an_entry_whose_cursor_exists(
     await index.remove("g", "t", keep_present=True)
     assert store.hook is None
     assert await _indexed(index, "g") == await _cursors(index, "g", topics) == {"t": (0, 1)}
+
+
+async def test_a_wide_topics_offsets_are_removed_a_bounded_multi_at_a_time(
+        stores: StoreFactory, monkeypatch: Any) -> None:
+    """ZooKeeper refuses a request past jute.maxbuffer (1 MiB) by dropping the
+    connection: a group's offsets on a topic of thousands of partitions go in multis
+    of at most REMOVE_CHUNK cursors (here 10), each with its index write, so the
+    invariant holds between them; a partition asked for that is not listed is
+    reported (a cursor of the old layout may exist)."""
+    import ledgerd.metadata.kafka_offsets as kafka_offsets
+
+    monkeypatch.setattr(kafka_offsets, "REMOVE_CHUNK", 10)
+    index, store = await _setup(stores, ("w", 35))
+    for p in range(35):
+        await index.commit("g", "w", p, _rec(p))
+    sizes: list[int] = []
+    real = store.store.multi
+
+    async def counted(ops: Sequence[Op]) -> None:
+        sizes.append(len(ops))
+        await real(ops)
+
+    store.store.multi = counted  # type: ignore[method-assign]
+    deleted, listed = await index.remove("g", "w", [*range(0, 35, 2), 99])
+    assert deleted == tuple(range(0, 35, 2)) and not listed
+    assert sizes == [11, 9]  # 10 cursors and the index write, then 8 and the write
+    assert await _indexed(index, "g") == {"w": tuple(range(1, 35, 2))}
+    assert await _cursors(index, "g", {"w": 35}) == {"w": tuple(range(1, 35, 2))}
+    sizes.clear()
+    assert await index.drop_group("g") == 17
+    assert sizes == [11, 8] and await _indexed(index, "g") == {}
+    assert await _cursors(index, "g", {"w": 35}) == {}
