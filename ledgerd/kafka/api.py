@@ -10,8 +10,9 @@ encodings; ApiVersions v3-v4 and the group/cluster admin APIs (ListGroups,
 DescribeGroups, DeleteGroups, DescribeCluster) are served at every version Kafka
 defines, flexible ones included, since admin tools ask for the newest; so are the
 topic admin APIs (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs,
-CreatePartitions, DeleteRecords) and the ACL APIs (DescribeAcls, CreateAcls,
-DeleteAcls). Produce
+CreatePartitions, DeleteRecords), the ACL APIs (DescribeAcls, CreateAcls,
+DeleteAcls) and the hanging-transaction tooling (ListTransactions,
+DescribeTransactions, DescribeProducers); DescribeLogDirs at 0-4. Produce
 advertises 0-8 but answers v0-2 with UNSUPPORTED_VERSION, as Kafka 4 does: librdkafka
 drops compression unless Produce's minimum is 0.
 """
@@ -71,6 +72,7 @@ class ApiKey(enum.IntEnum):
     DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
@@ -79,6 +81,9 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
 
 
 class ErrorCode(enum.IntEnum):
@@ -144,6 +149,7 @@ class ErrorCode(enum.IntEnum):
     DUPLICATE_RESOURCE = 92
     UNACCEPTABLE_CREDENTIAL = 93
     UNKNOWN_TOPIC_ID = 100
+    TRANSACTIONAL_ID_NOT_FOUND = 105
     MISMATCHED_ENDPOINT_TYPE = 114
 
 
@@ -208,6 +214,18 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     # librdkafka 2.x and the Java admin client ask it
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
+    # hanging-transaction tooling (KIP-664: kafka-transactions.sh, kafka-python 3's
+    # KafkaAdminClient): DescribeProducers and DescribeTransactions 0, the only versions
+    # Kafka defines; ListTransactions 0-2 (v1 DurationFilter, KIP-994; v2
+    # TransactionalIdPattern, KIP-1152), all flexible; kafka-python asks the lowest
+    # that carries the filters it was given
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 2),
+    # topic sizes for Kafka UIs (AKHQ, kafka-ui, Redpanda Console) and kafka-python's
+    # describe_log_dirs: 0-4 (flexible from 2; v4 adds the volume's total and usable
+    # bytes); the Java admin client asks the newest, librdkafka does not ask it
+    ApiKey.DESCRIBE_LOG_DIRS: (0, 4),
 }
 PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
 
@@ -456,6 +474,22 @@ REQUESTS: dict[ApiKey, Message] = {
         Field("upsertions", array(
             Field("name", STRING), Field("mechanism", INT8), Field("iterations", INT32),
             Field("salt", BYTES), Field("salted_password", BYTES)))), flexible_from=0),
+    ApiKey.DESCRIBE_PRODUCERS: Message((
+        Field("topics", array(Field("name", STRING),
+                              Field("partition_indexes", Array.of_scalar(INT32)))),),
+        flexible_from=0),
+    ApiKey.DESCRIBE_TRANSACTIONS: Message((
+        Field("transactional_ids", Array.of_scalar(STRING)),), flexible_from=0),
+    ApiKey.LIST_TRANSACTIONS: Message((
+        Field("state_filters", Array.of_scalar(STRING)),
+        Field("producer_id_filters", Array.of_scalar(INT64)),
+        Field("duration_filter", INT64, since=1, default=-1),
+        Field("transactional_id_pattern", NULLABLE_STRING, since=2)), flexible_from=0),
+    # topics null: every topic
+    ApiKey.DESCRIBE_LOG_DIRS: Message((
+        Field("topics", array(Field("topic", STRING),
+                              Field("partitions", Array.of_scalar(INT32)), nullable=True)),),
+        flexible_from=2),
 }
 
 RESPONSES: dict[ApiKey, Message] = {
@@ -727,6 +761,50 @@ RESPONSES: dict[ApiKey, Message] = {
         Field("results", array(Field("user", STRING), ERROR,
                                Field("error_message", NULLABLE_STRING)))),
         flexible_from=0),
+    ApiKey.DESCRIBE_PRODUCERS: Message((
+        THROTTLE,
+        Field("topics", array(
+            Field("name", STRING),
+            Field("partitions", array(
+                Field("partition_index", INT32), ERROR,
+                Field("error_message", NULLABLE_STRING),
+                Field("active_producers", array(
+                    Field("producer_id", INT64), Field("producer_epoch", INT32),
+                    Field("last_sequence", INT32, default=-1),
+                    Field("last_timestamp", INT64, default=-1),
+                    Field("coordinator_epoch", INT32, default=-1),
+                    Field("current_txn_start_offset", INT64, default=-1)), default=())))))),
+        flexible_from=0),
+    ApiKey.DESCRIBE_TRANSACTIONS: Message((
+        THROTTLE,
+        Field("transaction_states", array(
+            ERROR, Field("transactional_id", STRING),
+            Field("transaction_state", STRING, default=""),
+            Field("transaction_timeout_ms", INT32, default=0),
+            Field("transaction_start_time_ms", INT64, default=-1),
+            Field("producer_id", INT64, default=-1),
+            Field("producer_epoch", INT16, default=-1),
+            Field("topics", array(Field("topic", STRING),
+                                  Field("partitions", Array.of_scalar(INT32))),
+                  default=())))), flexible_from=0),
+    ApiKey.LIST_TRANSACTIONS: Message((
+        THROTTLE, ERROR,
+        Field("unknown_state_filters", Array.of_scalar(STRING), default=()),
+        Field("transaction_states", array(
+            Field("transactional_id", STRING), Field("producer_id", INT64),
+            Field("transaction_state", STRING)), default=())), flexible_from=0),
+    ApiKey.DESCRIBE_LOG_DIRS: Message((
+        THROTTLE, Field("error_code", INT16, since=3, default=0),
+        Field("results", array(
+            ERROR, Field("log_dir", STRING),
+            Field("topics", array(
+                Field("name", STRING),
+                Field("partitions", array(
+                    Field("partition_index", INT32), Field("partition_size", INT64),
+                    Field("offset_lag", INT64, default=0),
+                    Field("is_future_key", BOOL, default=False))))),
+            Field("total_bytes", INT64, since=4, default=-1),
+            Field("usable_bytes", INT64, since=4, default=-1)))), flexible_from=2),
 }
 assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED) == set(DECLARED)
 assert all(DECLARED[k][0] <= lo and hi <= DECLARED[k][1] for k, (lo, hi) in SUPPORTED.items())

@@ -13,12 +13,15 @@ these are its rules, per API (operation on resource):
   FindCoordinator DESCRIBE on the group or transactional id.
 - Transactions: WRITE on the transactional id, and on the topics AddPartitionsToTxn
   names, READ on the group AddOffsetsToTxn and TxnOffsetCommit name (and its topics);
-  WriteTxnMarkers CLUSTER_ACTION on the cluster.
+  WriteTxnMarkers CLUSTER_ACTION on the cluster. The hanging-transaction tooling
+  (KIP-664): DescribeTransactions DESCRIBE on each transactional id, DescribeProducers
+  READ on each topic; ListTransactions is filtered in its handler (only the ids the
+  principal may DESCRIBE are listed, ``txn_admin.py``).
 - Topic admin: CreateTopics CREATE on the cluster or the topic; DeleteTopics and
   DeleteRecords DELETE; CreatePartitions ALTER; DescribeConfigs DESCRIBE_CONFIGS and
   AlterConfigs / IncrementalAlterConfigs ALTER_CONFIGS on the topic, the group or (a
   broker's) the cluster.
-- Cluster: DescribeCluster and DescribeAcls DESCRIBE on the cluster; CreateAcls and
+- Cluster: DescribeCluster, DescribeAcls and DescribeLogDirs DESCRIBE on the cluster; CreateAcls and
   DeleteAcls ALTER.
 - ApiVersions, SASL and InitProducerId without a transactional id need nothing;
   Metadata and ListGroups are filtered around their handlers
@@ -136,6 +139,10 @@ def needs(api: ApiKey, body: dict[str, Any]) -> list[Need]:
                 Need(op.READ, _group(body["group_id"])), *_topics(op.READ, body["topics"])]
     if api is ApiKey.WRITE_TXN_MARKERS:
         return [Need(op.CLUSTER_ACTION, cluster())]
+    if api is ApiKey.DESCRIBE_TRANSACTIONS:
+        return [Need(op.DESCRIBE, _txn(tid)) for tid in body["transactional_ids"]]
+    if api is ApiKey.DESCRIBE_PRODUCERS:
+        return _topics(op.READ, body["topics"])
     if api is ApiKey.CREATE_TOPICS:
         return [Need(op.CREATE, _topic(t["name"]), or_else=(op.CREATE, cluster()))
                 for t in body["topics"]]
@@ -157,7 +164,7 @@ def needs(api: ApiKey, body: dict[str, Any]) -> list[Need]:
                 out.append(Need(wanted, Resource(rtype, r["resource_name"])))
         return out
     if api in (ApiKey.DESCRIBE_CLUSTER, ApiKey.DESCRIBE_ACLS,
-               ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS):
+               ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.DESCRIBE_LOG_DIRS):
         return [Need(op.DESCRIBE, cluster())]
     if api in (ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS):
         return [Need(op.ALTER, cluster())]

@@ -76,7 +76,16 @@ from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka import cleaner, epochs, retention, scram_admin, topic_admin, transactions
+from ledgerd.kafka import (
+    cleaner,
+    epochs,
+    log_dirs,
+    retention,
+    scram_admin,
+    topic_admin,
+    transactions,
+    txn_admin,
+)
 from ledgerd.kafka.acl_admin import GatewayAcls
 from ledgerd.kafka.acls import AclSettings, Resource, cluster, parse_super_users
 from ledgerd.kafka.api import (
@@ -353,6 +362,13 @@ class Gateway:
             ApiKey.END_TXN: lambda _c, v, b: self.txn.end_txn(v, b),
             ApiKey.TXN_OFFSET_COMMIT: lambda _c, v, b: self.txn.txn_offset_commit(v, b),
             ApiKey.WRITE_TXN_MARKERS: lambda _c, v, b: self.txn.write_txn_markers(v, b),
+            # hanging-transaction tooling (KIP-664) and log dirs: ``txn_admin.py``,
+            # ``log_dirs.py``
+            ApiKey.LIST_TRANSACTIONS: functools.partial(txn_admin.list_transactions, self),
+            ApiKey.DESCRIBE_TRANSACTIONS: functools.partial(
+                txn_admin.describe_transactions, self),
+            ApiKey.DESCRIBE_PRODUCERS: functools.partial(txn_admin.describe_producers, self),
+            ApiKey.DESCRIBE_LOG_DIRS: functools.partial(log_dirs.describe_log_dirs, self),
             ApiKey.CREATE_TOPICS: functools.partial(topic_admin.create_topics, self),
             ApiKey.CREATE_PARTITIONS: functools.partial(topic_admin.create_partitions, self),
             ApiKey.DELETE_RECORDS: functools.partial(topic_admin.delete_records, self),

@@ -349,7 +349,8 @@ class PartitionLog:
             self._remember(base, nxt, batch)
         for item in fresh:
             if item.producer is not None:
-                self.producers.note(*item.producer, item.base_offset)
+                self.producers.note(*item.producer, item.base_offset,
+                                    timestamp=item.batches[-1][0].max_timestamp)
         if placed:
             self.visible_end = self.acked_end
             self.acked_end = placed[-1][1]
@@ -397,7 +398,7 @@ class PartitionLog:
                 # batch and keeps its offsets, so its last sequence (as Kafka's)
                 self.producers.note(bh.producer_id, bh.producer_epoch, bh.base_sequence,
                                     last_sequence(bh.base_sequence, bh.last_offset_delta + 1),
-                                    bh.base_offset)
+                                    bh.base_offset, timestamp=bh.max_timestamp)
 
     def _remember(self, base: int, nxt: int, batch: bytes) -> None:
         self.tail.append((base, nxt, batch))

@@ -51,6 +51,7 @@ class ProducerState:
         self.batches = batches
         # pid -> its last batches: (epoch, first sequence, last sequence, base offset)
         self._recent: OrderedDict[int, deque[tuple[int, int, int, int]]] = OrderedDict()
+        self._times: dict[int, int] = {}  # pid -> max timestamp of its last batch
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -64,6 +65,20 @@ class ProducerState:
     def clear(self) -> None:
         """Forget every producer (the partition's writer was dropped)."""
         self._recent.clear()
+        self._times.clear()
+
+    def latest(self, pid: int) -> tuple[int, int, int] | None:
+        """The producer's last batch as remembered: (epoch, last sequence, base
+        offset); None if it is not remembered here."""
+        recent = self._recent.get(pid)
+        if not recent:
+            return None
+        epoch, _, last, offset = recent[-1]
+        return epoch, last, offset
+
+    def last_timestamp(self, pid: int) -> int:
+        """The max timestamp of the producer's last batch noted (-1: not known)."""
+        return self._times.get(pid, -1)
 
     def duplicate(self, producer: Producer) -> int | None:
         """The offset the batch got when it was first written, if it was."""
@@ -91,19 +106,24 @@ class ProducerState:
         return 0 if first == (last + 1) % SEQUENCE_WRAP \
             else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
-    def note(self, pid: int, epoch: int, first: int, last: int, offset: int) -> None:
+    def note(self, pid: int, epoch: int, first: int, last: int, offset: int, *,
+             timestamp: int = -1) -> None:
         """A batch of the producer was written at ``offset`` (a batch without a
-        sequence, ``first`` < 0, is not an idempotent producer's)."""
+        sequence, ``first`` < 0, is not an idempotent producer's); ``timestamp``: its
+        max timestamp (DescribeProducers' LastTimestamp)."""
         if first < 0:
             return
         recent = self._recent.get(pid)
         if recent is None:
             recent = self._recent[pid] = deque(maxlen=self.batches)
             while len(self._recent) > self.max_producers:  # the least recently heard go
-                self._recent.popitem(last=False)
+                gone, _ = self._recent.popitem(last=False)
+                self._times.pop(gone, None)
         else:
             self._recent.move_to_end(pid)
         recent.append((epoch, first, last, offset))
+        if timestamp >= 0:
+            self._times[pid] = timestamp
 
     def group(self) -> GroupAdmission:
         """The check of one append group's batches (nothing is remembered until the

@@ -115,5 +115,17 @@ def _refusal(api: ApiKey, body: dict[str, Any], code: int) -> dict[str, Any]:
     if api is ApiKey.ALTER_USER_SCRAM_CREDENTIALS:
         users = dict.fromkeys(op["name"] for op in [*body["deletions"], *body["upsertions"]])
         return {"results": [{"user": u, "error_code": code} for u in users]}
-    # every other response has a top-level error code
+    if api is ApiKey.DESCRIBE_PRODUCERS:
+        return {"topics": _topics(body["topics"], name="name", parts="partition_indexes",
+                                  index=None, error_code=code, active_producers=[])}
+    if api is ApiKey.DESCRIBE_TRANSACTIONS:
+        return {"transaction_states": [{"transactional_id": tid, "error_code": code}
+                                       for tid in body["transactional_ids"]]}
+    if api is ApiKey.DESCRIBE_LOG_DIRS:
+        # v3+: the top-level error, as Kafka's; Kafka answers older versions no log
+        # dir at all, indistinguishable from a broker with none: here one nameless
+        # dir carries the error, in every version
+        return {"error_code": code, "results": [
+            {"error_code": code, "log_dir": "", "topics": []}]}
+    # every other response has a top-level error code (ListTransactions too)
     return {"error_code": code}

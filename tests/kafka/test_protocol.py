@@ -214,6 +214,10 @@ def test_producer_memory_is_bounded_and_recent_producers_stay() -> None:
 # -- declarations against Kafka's own message schemas -----------------------------------
 
 _JSON_NAMES = {ApiKey.OFFSET_FOR_LEADER_EPOCH: "OffsetForLeaderEpoch", ApiKey.FETCH: "Fetch",
+               ApiKey.LIST_TRANSACTIONS: "ListTransactions",
+               ApiKey.DESCRIBE_TRANSACTIONS: "DescribeTransactions",
+               ApiKey.DESCRIBE_PRODUCERS: "DescribeProducers",
+               ApiKey.DESCRIBE_LOG_DIRS: "DescribeLogDirs",
                ApiKey.METADATA: "Metadata", ApiKey.LIST_OFFSETS: "ListOffsets",
                ApiKey.OFFSET_COMMIT: "OffsetCommit", ApiKey.DESCRIBE_CLUSTER:
                "DescribeCluster"}
