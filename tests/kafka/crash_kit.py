@@ -16,7 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.kafka.conftest import GatewayProcess
 
@@ -142,12 +142,17 @@ def status(gateway: GatewayProcess) -> dict[str, Any]:
     return doc
 
 
-def wait_until(condition: Callable[[], bool], what: str, bound: float = BOUND_S) -> None:
-    """Poll ``condition`` (a cheap look at a process's state) until it holds."""
+T = TypeVar("T")
+
+
+def wait_until(condition: Callable[[], T], what: str, bound: float = BOUND_S) -> T:
+    """Poll ``condition`` (a cheap look at a process's state) until it holds; returns
+    what it gave then."""
     deadline = time.monotonic() + bound
-    while not condition():
+    while not (got := condition()):
         assert time.monotonic() < deadline, f"not within {bound} s: {what}"
         time.sleep(0.05)
+    return got
 
 
 def sees_only(gateway: GatewayProcess, *live: GatewayProcess) -> Callable[[], bool]:

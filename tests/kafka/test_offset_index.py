@@ -9,7 +9,7 @@ not to the cluster's 200 other topics; and offsets committed before the index ex
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from ledgerd.metadata.paths import kafka_offset_index_complete_path, kafka_root
 from ledgerd.metadata.store import MetadataStore, Op
 from tests.cluster import metadata_store
 from tests.kafka.conftest import KafkaCluster
+from tests.kafka.crash_kit import wait_until
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
 KAFKA = kafka_root("/ledgers")
@@ -64,13 +65,6 @@ def _fetch_all(admin: Any, group: str) -> dict[tuple[str, int], int]:
     """OffsetFetch with topics = null, as the client sends it."""
     got = admin.list_group_offsets(group)[group]
     return {(tp.topic, tp.partition): om.offset for tp, om in got.items()}
-
-
-def _until(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + BOUND_S
-    while not check():
-        assert time.monotonic() < deadline, f"not within {BOUND_S} s: {what}"
-        time.sleep(0.05)  # a poll's pause, not a timing assumption: the check decides
 
 
 def _index(cluster: KafkaCluster, group: str) -> dict[str, tuple[int, ...]]:
@@ -127,8 +121,8 @@ def test_fetch_of_all_topics_answers_exactly_the_groups_committed_partitions(
         p.commit_transaction(BOUND_S)
     finally:
         consumer.close()
-    _until("the transaction's offset is the group's",
-           lambda: ("oi-b", 0) in _fetch_all(admin, "oi-g"))
+    wait_until(lambda: ("oi-b", 0) in _fetch_all(admin, "oi-g"),
+               "the transaction's offset is the group's")
     assert _fetch_all(admin, "oi-g") == {("oi-a", 0): 6, ("oi-b", 0): 9, ("oi-b", 1): 3}
     assert _index(kafka_cluster, "oi-g") == {"oi-a": (0,), "oi-b": (0, 1)}
     # DeleteGroups takes every offset and the index; the other group keeps its own
@@ -247,7 +241,7 @@ def test_offsets_committed_before_the_index_existed_are_found_then_indexed(
     try:
         # whether the migration has run yet or not, the old offsets are there
         assert _fetch_all(after, "oi-old") == {("oi-old-a", 0): 11, ("oi-old-b", 0): 12}
-        _until("the migration is done", lambda: trio.run(complete))
+        wait_until(lambda: trio.run(complete), "the migration is done")
         migrated = [line for line in kafka_cluster.gateway.log_text().splitlines()
                     if "kafka_offset_index_migrated" in line]
         assert "groups=0" not in migrated[-1]  # this run's, which found old cursors

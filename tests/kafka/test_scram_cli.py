@@ -30,6 +30,7 @@ from ledgerd.metadata.paths import kafka_root
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot, metadata_store
 from tests.kafka.conftest import GatewayProcess, running_cluster
+from tests.kafka.crash_kit import wait_until
 
 TIMEOUT = 60
 SHA256, SHA512 = int(Mechanism.SCRAM_SHA_256), int(Mechanism.SCRAM_SHA_512)
@@ -286,9 +287,8 @@ def login(gw: GatewayProcess, user: str, password: str, mech: str = "SCRAM-SHA-2
 def wait_login(gw: GatewayProcess, user: str, password: str, want: bool) -> None:
     """New connections until one's login comes out ``want`` (a gateway reads the
     credentials again at most a second after its last read)."""
-    deadline = time.monotonic() + TIMEOUT
-    while login(gw, user, password) is not want:
-        assert time.monotonic() < deadline, f"{user}'s login never came out {want}"
+    wait_until(lambda: login(gw, user, password) is want,
+               f"{user}'s login comes out {want}", TIMEOUT)
 
 
 def test_a_scram_only_gateway_takes_a_credential_made_by_the_cli(
@@ -330,10 +330,8 @@ def test_a_scram_only_gateway_takes_a_credential_made_by_the_cli(
     assert listed.returncode == 0 and "scram-cli-topic" in listed.stdout, listed.stderr
     assert not login(gw, "alice", "wrong")
     assert not login(gw, "alice", "alice-pw", "SCRAM-SHA-512")  # no credential for 512
-    deadline = time.monotonic() + TIMEOUT
-    while "principal=alice mechanism=SCRAM-SHA-256" not in gw.log_text():
-        assert time.monotonic() < deadline, "alice's login was not logged"
-        time.sleep(0.1)
+    wait_until(lambda: "principal=alice mechanism=SCRAM-SHA-256" in gw.log_text(),
+               "alice's login logged", TIMEOUT)
 
     ok(scram(zk, "delete", "alice", "--mechanism", "SCRAM-SHA-256"))
     wait_login(gw, "alice", "alice-pw", False)

@@ -24,6 +24,7 @@ from ledgerd.kafka.schema import Reader, decode, encode
 from ledgerd.kafka.txn_admin import active_producers, describe_record, grouped, list_filter
 from ledgerd.metadata.kafka_txns import TxnRecord, TxnState
 from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.crash_kit import wait_until
 from tests.kafka.test_admin_clients import _reply
 from tests.kafka.test_faults import _request
 
@@ -148,16 +149,6 @@ def _producer(bootstrap: str, tid: str) -> Any:
     return p
 
 
-def _until(what: str, check: Any) -> Any:
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"not within {BOUND_S} s: {what}"
-        time.sleep(0.1)
-
-
 def _end_offset(bootstrap: str, topic: str, partition: int) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -228,9 +219,10 @@ def test_admin_client_finds_describes_and_aborts_a_hanging_transaction(
                     if t.transactional_id.startswith("txn-admin-")}
 
         # the committed one completes a moment after the commit is answered
-        listed = _until("the committed transaction completes", lambda: (
+        listed = wait_until(lambda: (
             lambda got: got if got.get("txn-admin-done") is not None and
-            got["txn-admin-done"].state is TransactionState.COMPLETE_COMMIT else None)(ours()))
+            got["txn-admin-done"].state is TransactionState.COMPLETE_COMMIT else None)(ours()),
+            "the committed transaction completes")
         assert listed["txn-admin-open"].state is TransactionState.ONGOING
         pid = listed["txn-admin-open"].producer_id
         assert set(ours(state_filters=["Ongoing"])) == {"txn-admin-open"}
@@ -319,7 +311,7 @@ def test_the_other_gateway_is_not_coordinator_nor_leader(
     NOT_LEADER_OR_FOLLOWER; each lists only the ids it coordinates."""
     from kafka import KafkaAdminClient
 
-    from tests.kafka.crash_kit import sees_only, wait_until
+    from tests.kafka.crash_kit import sees_only
 
     a = GatewayProcess(zk_chroot, tmp_path / "a.log")
     b = GatewayProcess(zk_chroot, tmp_path / "b.log")
