@@ -20,7 +20,6 @@ the bookies' disks, no one volume holds them. The partitions are measured
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ import trio
 
 from ledgerd.errors import LedgerdError, NoSuchLedgerError
 from ledgerd.kafka.api import ErrorCode
+from ledgerd.kafka.topics import valid_topic_name
 from ledgerd.kafka.txn_admin import TXN_ADMIN_READS
 from ledgerd.metadata.errors import NoNodeError
 
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["describe_log_dirs", "log_dir_name", "partition_size", "wanted_partitions"]
 
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 MAX_REMEMBERED = 1 << 16  # closed ledgers' lengths remembered (ledger ids are unique)
 _closed_lengths: OrderedDict[int, int] = OrderedDict()
 
@@ -94,7 +93,7 @@ async def describe_log_dirs(gw: Gateway, conn: Any, version: int, body: dict[str
         list(dict.fromkeys(t["topic"] for t in requested))
     counts: dict[str, int] = {}
     for name in names:
-        count = await gw.partition_count(name) if _TOPIC.match(name) else None
+        count = await gw.partition_count(name) if valid_topic_name(name) else None
         if count is not None:
             counts[name] = count
     limit = trio.Semaphore(TXN_ADMIN_READS)

@@ -48,6 +48,7 @@ from ledgerd.kafka.acls import Resource
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.producer_state import ProducerState
 from ledgerd.kafka.storage_errors import storage_error_code
+from ledgerd.kafka.topics import valid_topic_name
 from ledgerd.metadata.errors import MetadataError
 from ledgerd.metadata.kafka_acls import AclOperation, ResourceType
 from ledgerd.metadata.kafka_txns import TxnRecord, TxnState
@@ -63,7 +64,6 @@ __all__ = ["KAFKA_STATES", "TXN_ADMIN_READS", "ListFilter", "active_producers",
 log = logging.getLogger(__name__)
 
 TXN_ADMIN_READS = 32  # records (or partitions) one request reads at once (as OffsetFetch)
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,180}$")
 
 # every state name Kafka's coordinator knows (TransactionState.fromName): a filter
 # naming one of them is a known filter even where ledgerd has no such state (Dead,
@@ -237,7 +237,7 @@ async def describe_transactions(gw: Gateway, conn: Any, version: int, body: dict
 async def _partition_producers(gw: Gateway, topic: str, p: int) -> dict[str, Any]:
     res: dict[str, Any] = {"partition_index": p, "error_code": 0, "error_message": None,
                            "active_producers": []}
-    count = await gw.partition_count(topic) if _TOPIC.match(topic) else None
+    count = await gw.partition_count(topic) if valid_topic_name(topic) else None
     if count is None or not 0 <= p < count:
         res["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         return res

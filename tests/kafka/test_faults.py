@@ -43,7 +43,9 @@ def _request(api: ApiKey, version: int, body: dict[str, object], cid: int = 7) -
 def _reply(sock: socket.socket, api: ApiKey, version: int) -> dict[str, object]:
     size = struct.unpack(">i", _recv(sock, 4))[0]
     data = _recv(sock, size)
-    r = Reader(data, 4)  # after the correlation id
+    # after the correlation id (and a flexible response header's tags, but ApiVersions')
+    flexible = RESPONSES[api].is_flexible(version) and api is not ApiKey.API_VERSIONS
+    r = Reader(data, 5 if flexible else 4)
     return decode(RESPONSES[api], version, r)
 
 
@@ -208,6 +210,11 @@ def test_topic_names_that_cannot_be_topics_are_refused_by_name(
             ("..", ErrorCode.INVALID_TOPIC_EXCEPTION),
             ("__transaction_state", ErrorCode.INVALID_TOPIC_EXCEPTION)]
         assert "'.' and '..'" in made[0]["error_message"]  # type: ignore[index]
+        sock.sendall(_request(ApiKey.DESCRIBE_PRODUCERS, 0, {"topics": [
+            {"name": "..", "partition_indexes": [0]}]}))
+        described = _reply(sock, ApiKey.DESCRIBE_PRODUCERS, 0)["topics"]
+        assert described[0]["partitions"][0]["error_code"] \
+            == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION  # type: ignore[index]
         sock.sendall(_request(ApiKey.API_VERSIONS, 2, {}))
         assert _reply(sock, ApiKey.API_VERSIONS, 2)["error_code"] == 0
     assert "kafka_request_failed" not in kafka_cluster.gateway.log_text()
