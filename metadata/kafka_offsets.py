@@ -41,8 +41,7 @@ import json
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-import trio
-
+from ledgerd.base.fanout import each_at_most
 from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import (
     BadVersionError,
@@ -244,17 +243,13 @@ class OffsetIndex:
         """Those of ``partitions`` on which the group has a cursor (PRESENT_READS reads
         at a time)."""
         found: list[int] = []
-        limit = trio.Semaphore(PRESENT_READS)
 
         async def look(p: int) -> None:
-            async with limit:
-                if await self.logs.get_cursor(self.log_of(topic, p),
-                                              CURSOR_PREFIX + group) is not None:
-                    found.append(p)
+            if await self.logs.get_cursor(self.log_of(topic, p),
+                                          CURSOR_PREFIX + group) is not None:
+                found.append(p)
 
-        async with trio.open_nursery() as nursery:
-            for p in partitions:
-                nursery.start_soon(look, p)
+        await each_at_most(PRESENT_READS, look, partitions)
         return sorted(found)
 
     async def drop_group(self, group: str) -> int:

@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ledgerd.base.fanout import each_at_most
 from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
 from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of
@@ -892,20 +893,16 @@ class Gateway:
             started = trio.current_time()
             before = await self._indexing_gateways()
             cursors: dict[tuple[str, int], list[str]] = {}
-            limit = trio.Semaphore(OFFSET_FETCH_READS)
 
-            async def scan(topic: str, p: int) -> None:
-                async with limit:
-                    try:
-                        cursors[(topic, p)] = await self.client.logs.store.cursors(
-                            log_name(topic, p))
-                    except NoNodeError:
-                        pass
+            async def scan(tp: tuple[str, int]) -> None:
+                try:
+                    cursors[tp] = await self.client.logs.store.cursors(log_name(*tp))
+                except NoNodeError:
+                    pass
 
-            async with trio.open_nursery() as nursery:
-                for topic in await self.all_topics():
-                    for p in range(self.topics[topic]):
-                        nursery.start_soon(scan, topic, p)
+            await each_at_most(OFFSET_FETCH_READS, scan, [
+                (topic, p) for topic in await self.all_topics()
+                for p in range(self.topics[topic])])
             plan = cursor_groups(cursors)
             entries = 0
             for group, topics in plan.items():
@@ -946,15 +943,7 @@ class Gateway:
         """Every topic's name, its partition count read (OFFSET_FETCH_READS at a time:
         one after another, a few hundred topics took half a second)."""
         names = await self.topic_store.names()
-        limit = trio.Semaphore(OFFSET_FETCH_READS)
-
-        async def count(name: str) -> None:
-            async with limit:
-                await self.partition_count(name)
-
-        async with trio.open_nursery() as nursery:
-            for name in names:
-                nursery.start_soon(count, name)
+        await each_at_most(OFFSET_FETCH_READS, self.partition_count, names)
         return [n for n in names if n in self.topics]
 
     async def create_topic(self, topic: str, partitions: int, *,
@@ -1690,26 +1679,23 @@ class Gateway:
         # one ZooKeeper read per partition, OFFSET_FETCH_READS at a time (every topic's
         # offsets: the partitions the group's offset index lists)
         found: dict[tuple[str, int], dict[str, Any]] = {}
-        limit = trio.Semaphore(OFFSET_FETCH_READS)
 
-        async def read(topic: str, p: int) -> None:
+        async def read(tp: tuple[str, int]) -> None:
+            topic, p = tp
             res: dict[str, Any] = {"partition_index": p, "committed_offset": -1,
                                    "metadata": "", "error_code": 0}
-            async with limit:
-                try:
-                    got = await self.client.logs.store.get_cursor(log_name(topic, p), cursor)
-                except (NoNodeError, ValueError):
-                    got = None
+            try:
+                got = await self.client.logs.store.get_cursor(log_name(topic, p), cursor)
+            except (NoNodeError, ValueError):
+                got = None
             if got is not None and got[0].kafka_offset is not None:
                 res["committed_offset"] = got[0].kafka_offset
                 res["metadata"] = got[0].kafka_metadata or ""
                 res["committed_leader_epoch"] = got[0].kafka_leader_epoch
             found[(topic, p)] = res
 
-        async with trio.open_nursery() as nursery:
-            for t in wanted:
-                for p in t["partition_indexes"]:
-                    nursery.start_soon(read, t["name"], p)
+        await each_at_most(OFFSET_FETCH_READS, read, [
+            (t["name"], p) for t in wanted for p in t["partition_indexes"]])
         topics = []
         for t in wanted:
             parts = [found[(t["name"], p)] for p in t["partition_indexes"]
@@ -1726,19 +1712,15 @@ class Gateway:
         group = group_znode(group_id)
         entries: dict[str, tuple[int, ...]] = {}
         counts: dict[str, int | None] = {}
-        limit = trio.Semaphore(OFFSET_FETCH_READS)
 
         async def read(topic: str) -> None:
-            async with limit:
-                entry = await self.offset_index.entry(group, topic)
-                if entry is not None:
-                    entries[topic] = entry.partitions
-                    counts[topic] = await self.partition_count(topic) \
-                        if valid_topic_name(topic) else None
+            entry = await self.offset_index.entry(group, topic)
+            if entry is not None:
+                entries[topic] = entry.partitions
+                counts[topic] = await self.partition_count(topic) \
+                    if valid_topic_name(topic) else None
 
-        async with trio.open_nursery() as nursery:
-            for topic in await self.offset_index.topics(group):
-                nursery.start_soon(read, topic)
+        await each_at_most(OFFSET_FETCH_READS, read, await self.offset_index.topics(group))
         reads, gone = indexed_reads(entries, counts)
         for topic in gone:  # its cursors went with its logs: drop the entries left
             await self.offset_index.remove(group, topic, keep_present=True)

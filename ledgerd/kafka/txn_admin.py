@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ledgerd.base.fanout import each_at_most
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.acls import Resource
@@ -167,18 +168,14 @@ async def _read_records(gw: Gateway) -> list[TxnRecord]:
     ``TXN_ADMIN_READS`` at a time (a hashed znode name is read to learn its id)."""
     store = gw.txn.records
     names = [n for n in await store.names() if n.startswith("x-") or gw.txn.owns(n)]
-    limit = trio.Semaphore(TXN_ADMIN_READS)
     found: list[TxnRecord] = []
 
     async def read(name: str) -> None:
-        async with limit:
-            record = await store.get_named(name)
+        record = await store.get_named(name)
         if record is not None and gw.txn.owns(record.transactional_id):
             found.append(record)
 
-    async with trio.open_nursery() as nursery:
-        for name in names:
-            nursery.start_soon(read, name)
+    await each_at_most(TXN_ADMIN_READS, read, names)
     return sorted(found, key=lambda r: r.transactional_id)
 
 
@@ -211,15 +208,14 @@ async def describe_transactions(gw: Gateway, conn: Any, version: int, body: dict
                                 ) -> dict[str, Any]:
     ids = body["transactional_ids"]
     out: list[dict[str, Any]] = [{} for _ in ids]
-    limit = trio.Semaphore(TXN_ADMIN_READS)
 
-    async def one(i: int, tid: str) -> None:
+    async def one(at: tuple[int, str]) -> None:
+        i, tid = at
         coordinates = gw.txn.owns(tid)
         record = None
         if coordinates and tid:
             try:
-                async with limit:
-                    record = await gw.txn.get(tid)
+                record = await gw.txn.get(tid)
             except MetadataError as exc:
                 log.warning("kafka_describe_transaction_failed", extra=fields(
                     transactional_id=tid, error=repr(exc)))
@@ -228,9 +224,7 @@ async def describe_transactions(gw: Gateway, conn: Any, version: int, body: dict
                 return
         out[i] = describe_record(tid, record, coordinates=coordinates)
 
-    async with trio.open_nursery() as nursery:
-        for i, tid in enumerate(ids):
-            nursery.start_soon(one, i, tid)
+    await each_at_most(TXN_ADMIN_READS, one, enumerate(ids))
     return {"transaction_states": out}
 
 
