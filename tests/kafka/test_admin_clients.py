@@ -27,6 +27,7 @@ from ledgerd.kafka.schema import Reader, decode
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.crash_kit import wait_until
 from tests.kafka.test_faults import _closed, _connect, _recv, _request
 from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
 
@@ -331,7 +332,9 @@ def test_deleting_groups_and_their_offsets_needs_the_admin_role(
     with pytest.raises(KafkaException) as refused:
         alice.delete_consumer_groups(["sec-g"])["sec-g"].result(BOUND_S)
     assert refused.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
-    assert "principal=alice api=DELETE_GROUPS roles=client needs=admin" in gw.log_text()
+    # (the gateway logs before it answers; its output reaches the file through a thread)
+    wait_until(lambda: "principal=alice api=DELETE_GROUPS roles=client needs=admin"
+               in gw.log_text(), "the refusal logged")
     kp = KafkaAdminClient(bootstrap_servers=gw.bootstrap, security_protocol="SASL_SSL",
                           ssl_cafile=str(base / "ca.pem"), sasl_mechanism="PLAIN",
                           sasl_plain_username="alice",

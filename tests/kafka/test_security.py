@@ -18,6 +18,7 @@ import pytest
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, running_cluster
+from tests.kafka.crash_kit import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_wrong_password_plaintext_and_missing_sasl_are_refused(
     assert other.returncode != 0  # alice's token does not make you root
     assert plain.returncode != 0
     assert no_sasl.returncode != 0
-    assert "kafka_unauthenticated_request" in gw.log_text()
+    wait_until(lambda: "kafka_unauthenticated_request" in gw.log_text(), "the refusal logged")
 
 
 def test_a_refused_client_certificate_gets_the_tls_alert_saying_why(
@@ -127,7 +128,7 @@ def test_a_refused_client_certificate_gets_the_tls_alert_saying_why(
         # checks its certificate; the alert arrives on the first read
         with pytest.raises(ssl.SSLError, match=r"(?i)unknown.ca"):
             tls.recv(1)
-    assert "kafka_tls_handshake_failed" in gw.log_text()
+    wait_until(lambda: "kafka_tls_handshake_failed" in gw.log_text(), "the handshake logged")
 
 
 def test_before_authenticating_only_small_requests_are_read(
@@ -159,7 +160,8 @@ def test_before_authenticating_only_small_requests_are_read(
                 return True
 
     assert announce(1 << 20, None)
-    assert "authenticated=False" in gw.log_text() and "limit=524288" in gw.log_text()
+    wait_until(lambda: "authenticated=False" in gw.log_text()
+               and "limit=524288" in gw.log_text(), "the bad frame logged")
     assert not announce(1 << 20, base / "etl.pem")
     assert not announce(400 << 10, None)
 
@@ -183,7 +185,8 @@ def test_creating_topics_needs_the_admin_role(secure_gateway: tuple[GatewayProce
     refused = alice.create_topics([NewTopic("by-alice", 1)])["by-alice"]
     with pytest.raises(KafkaException, match="CLUSTER_AUTHORIZATION_FAILED"):
         refused.result(60)
-    assert "principal=alice api=CREATE_TOPICS roles=client needs=admin" in gw.log_text()
+    wait_until(lambda: "principal=alice api=CREATE_TOPICS roles=client needs=admin"
+               in gw.log_text(), "the refusal logged")
     root.create_topics([NewTopic("by-root", 3)])["by-root"].result(60)
 
 

@@ -24,6 +24,7 @@ from ledgerd.kafka.partitions import log_name
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GATEWAY_ENV, GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.crash_kit import wait_until
 from tests.kafka.test_admin_clients import _reply, sasl_admin
 from tests.kafka.test_faults import _request
 from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
@@ -565,8 +566,8 @@ def test_changing_a_topic_needs_the_admin_role(
                    alice.create_partitions([NewPartitions("sec-cfg", 2)])["sec-cfg"],
                    *alice.delete_records([TopicPartition("sec-cfg", 0, 0)]).values()):
         assert _refusal(future).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    assert "principal=alice api=INCREMENTAL_ALTER_CONFIGS roles=client needs=admin" \
-        in gw.log_text()
+    wait_until(lambda: "principal=alice api=INCREMENTAL_ALTER_CONFIGS roles=client "
+               "needs=admin" in gw.log_text(), "the refusal logged")
     root.incremental_alter_configs([res])[res].result(BOUND_S)
     assert _configs(alice, "sec-cfg")["retention.ms"].value == "5000"
 
