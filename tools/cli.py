@@ -498,6 +498,7 @@ def _register() -> None:
     from ledgerd.tools.benchcmd import reads_cmd, writes_cmd
     from ledgerd.tools.durability_cmds import register as register_durability
     from ledgerd.tools.kafka_cmds import register as register_kafka
+    from ledgerd.tools.kafka_tools import kafka_acls, kafka_configs, kafka_topics
     from ledgerd.tools.metadata_cmds import register as register_metadata
     from ledgerd.tools.replication_cmds import register as register_replication
     from ledgerd.tools.shell import shell
@@ -513,6 +514,9 @@ def _register() -> None:
     cli.add_command(shell)
     cli.add_command(audit_cmd)
     cli.add_command(upgrade_cmd)
+    cli.add_command(kafka_topics)
+    cli.add_command(kafka_acls)
+    cli.add_command(kafka_configs)
     bench_group.add_command(writes_cmd)
     bench_group.add_command(reads_cmd)
 

@@ -2,8 +2,8 @@
 
 A transaction's coordinator writes the markers of the partitions it leads itself; a
 partition that another gateway leads gets its marker through that gateway, as a
-Kafka broker's coordinator sends WriteTxnMarkers to each partition's leader. This is
-the smallest Kafka client that does it: one connection per marker, WriteTxnMarkers v0
+Kafka broker's coordinator sends WriteTxnMarkers to each partition's leader. It uses
+the small Kafka client of ``client.py``: one connection per marker, WriteTxnMarkers v0
 (request header v1), the partition's error code back. The gateway that receives it
 writes the marker only if it leads the partition (NOT_LEADER_OR_FOLLOWER otherwise,
 and the coordinator asks again where rendezvous hashing now points).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import ssl
-import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +28,9 @@ import trio
 
 from ledgerd.base.tls import client_context
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka.api import REQUEST_HEADER, REQUESTS, RESPONSES, ApiKey
-from ledgerd.kafka.schema import INT32, KafkaDecodeError, Reader, decode, encode
+from ledgerd.kafka.api import RESPONSES, ApiKey
+from ledgerd.kafka.client import exchange, reply_body, request_frame
+from ledgerd.kafka.schema import INT32, KafkaDecodeError, Reader, decode
 from ledgerd.kafka.txn_coordinator import Marker
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PeerAuth", "PeerAuthError", "peer_auth", "send_marker"]
 
-_SIZE = struct.Struct(">i")
 PEER_TIMEOUT_S = 10.0
 MAX_REPLY = 1 << 20
 
@@ -62,11 +61,7 @@ class PeerAuth:
 
 
 def _request(api: ApiKey, version: int, body: dict[str, Any], correlation_id: int) -> bytes:
-    header = encode(REQUEST_HEADER, 1, {
-        "api_key": int(api), "api_version": version,
-        "correlation_id": correlation_id, "client_id": "ledgerd-txn-coordinator"})
-    payload = b"".join([*header, *encode(REQUESTS[api], version, body)])
-    return _SIZE.pack(len(payload)) + payload
+    return request_frame(api, version, body, correlation_id, "ledgerd-txn-coordinator")
 
 
 def marker_request(marker: Marker, correlation_id: int = 1) -> bytes:
@@ -95,23 +90,11 @@ def marker_reply(frame: bytes, marker: Marker, correlation_id: int = 1) -> int:
 
 async def _exchange(stream: trio.abc.Stream, request: bytes, where: str) -> bytes:
     """Send one framed request and read its framed reply (without the size prefix)."""
-    await stream.send_all(request)
-    buf = bytearray()
-    while len(buf) < 4 or len(buf) < 4 + _SIZE.unpack_from(buf)[0]:
-        if len(buf) >= 4 and not 4 <= _SIZE.unpack_from(buf)[0] <= MAX_REPLY:
-            raise KafkaDecodeError("WriteTxnMarkers reply of a bad size")
-        data = await stream.receive_some(65536)
-        if not data:
-            raise trio.BrokenResourceError(f"gateway {where} closed the connection")
-        buf += data
-    return bytes(buf[4:4 + _SIZE.unpack_from(buf)[0]])
+    return await exchange(stream, request, f"gateway {where}", max_reply=MAX_REPLY)
 
 
 def _reply(frame: bytes, api: ApiKey, version: int, correlation_id: int) -> dict[str, Any]:
-    r = Reader(frame)
-    if r.scalar(INT32, "correlation id") != correlation_id:
-        raise KafkaDecodeError(f"{api.name} reply to another request")
-    return decode(RESPONSES[api], version, r, api.name)
+    return reply_body(frame, api, version, correlation_id)
 
 
 async def _authenticate(stream: trio.abc.Stream, auth: PeerAuth, where: str) -> None:

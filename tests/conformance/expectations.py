@@ -15,6 +15,13 @@ TLS and requires client certificates; the test-runner gets an SSL test.conf and 
 SSL_* variables librdkafka's cluster tool trivup sets). Every test of one number runs
 in one test-runner process, so they all name the same listener.
 
+A test marked ``kafka_tools = true`` runs with ``KAFKA_PATH`` (and ``BROKERS``) set: its
+``bin/`` holds ``kafka-topics.sh``, ``kafka-acls.sh`` and ``kafka-configs.sh``, which
+run ledgerd's own Kafka-compatible commands (``ledgerd kafka-topics`` ...) against the
+gateway, where librdkafka's cluster tool gives Kafka's. Only the tests that run those
+scripts get it: with ``KAFKA_PATH`` set, others run Kafka's Java programs from it
+(0113's full mode), which this harness does not have.
+
 Reasons are declared once under ``[reasons]``, each with its ``kind``, so the report
 and the docs group failures by cause:
 
@@ -92,6 +99,7 @@ class Expectation:
     reason: Reason | None = None
     note: str = ""
     listener: Listener = Listener.PLAINTEXT
+    kafka_tools: bool = False
 
     def __post_init__(self) -> None:
         if not TEST_NAME.match(self.name):
@@ -126,6 +134,10 @@ class Suite:
         """The test numbers whose tests run against ``listener``."""
         return {e.number for e in self.tests.values() if e.listener is listener}
 
+    def numbers_with_kafka_tools(self) -> set[str]:
+        """The test numbers that run Kafka's shell tools (KAFKA_PATH is set for them)."""
+        return {e.number for e in self.tests.values() if e.kafka_tools}
+
     def counts(self, mode: Mode) -> dict[Expected, int]:
         out = dict.fromkeys(Expected, 0)
         for e in self.tests.values():
@@ -133,7 +145,7 @@ class Suite:
         return out
 
 
-_TEST_KEYS = {"checks", "quick", "full", "reason", "note", "listener"}
+_TEST_KEYS = {"checks", "quick", "full", "reason", "note", "listener", "kafka_tools"}
 _REASON_KEYS = {"kind", "text", "item"}
 
 
@@ -151,6 +163,13 @@ def _str(table: dict[str, Any], key: str, where: str, *, default: str | None = N
         raise ExpectationsError(f"{where}: `{key}` is missing")
     if not isinstance(value, str):
         raise ExpectationsError(f"{where}: `{key}` must be a string, not {value!r}")
+    return value
+
+
+def _bool(table: dict[str, Any], key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ExpectationsError(f"{where}: `{key}` must be true or false, not {value!r}")
     return value
 
 
@@ -212,7 +231,8 @@ def parse_suite(data: dict[str, Any], source: str = "<expectations>") -> Suite:
             tests[name] = Expectation(name=name, checks=_str(table, "checks", where),
                                       quick=quick, full=full, reason=reason,
                                       note=_str(table, "note", where, default=""),
-                                      listener=listener)
+                                      listener=listener, kafka_tools=_bool(table, "kafka_tools",
+                                                                           where))
         except ExpectationsError as exc:
             raise ExpectationsError(f"{source}: {exc}") from None
         other = next((e for e in tests.values()

@@ -27,6 +27,13 @@ that cluster's CA in every form trivup (librdkafka's cluster tool) makes them
 and the ``ssl.*`` keys) and gives those tests trivup's SSL_* variables. The second
 cluster starts only when such a test is to run.
 
+The tests listed with ``kafka_tools = true`` run with ``KAFKA_PATH`` pointing at
+``build/conformance/<mode>/kafka``, whose ``bin/kafka-topics.sh``, ``kafka-acls.sh`` and
+``kafka-configs.sh`` run ``ledgerd kafka-topics`` / ``kafka-acls`` / ``kafka-configs``
+(Kafka's options, the Kafka protocol, ``tools/kafka_tools.py``) with this checkout's
+Python, and ``BROKERS`` set to the gateway's address (what ``kafka-topics.sh
+--bootstrap-server`` is given).
+
 The exit status is 0 when every test did what the list says (a listed failure that
 passes is reported, not an error), 1 otherwise, 2 when the harness itself could not
 run (the cluster did not start, the test-runner is missing, the gateway died).
@@ -279,8 +286,27 @@ def _ssl_target(work: Path, clusters: ExitStack) -> Target:
     return Target(gateway=gateway, data=data, conf=conf, env=env)
 
 
+KAFKA_TOOLS = ("kafka-topics", "kafka-acls", "kafka-configs")
+
+
+def make_kafka_path(where: Path) -> Path:
+    """A KAFKA_PATH whose bin/ has Kafka's three admin scripts, each running the ledgerd
+    command of the same name with this Python (so with this checkout's ledgerd)."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in KAFKA_TOOLS:
+        script = bin_dir / f"{tool}.sh"
+        script.write_text(
+            "#!/bin/sh\n"
+            f"# {tool}.sh for librdkafka's tests: ledgerd's own {tool} (tools/kafka_tools.py)\n"
+            f"exec {sys.executable} -c 'import sys; from ledgerd.tools.cli import main; "
+            f"main([\"{tool}\", *sys.argv[1:]])' \"$@\"\n")
+        script.chmod(0o755)
+    return where
+
+
 def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path,
-               target: Target) -> NumberRun:
+               target: Target, kafka_path: Path | None = None) -> NumberRun:
     """One test-runner process for the tests numbered ``number``, against ``target``;
     its output goes to ``logs/NNNN.log``. Killed (its whole process group) past
     PROCESS_LIMIT_S."""
@@ -298,6 +324,10 @@ def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path,
            "LD_LIBRARY_PATH": f"{tree / 'src'}:{tree / 'src-cpp'}"}
     env.pop("TESTS_SKIP", None)
     env.pop("SUBTESTS", None)
+    env.pop("KAFKA_PATH", None)
+    if kafka_path is not None and number in suite.numbers_with_kafka_tools():
+        env["KAFKA_PATH"] = str(kafka_path)
+        env["BROKERS"] = target.gateway.bootstrap
     log = logs / f"{number}.log"
     started = time.monotonic()
     died = ""
@@ -334,6 +364,7 @@ def run_all(numbers: dict[str, Target], tree: Path, mode: Mode, suite: Suite, wo
     runs: list[NumberRun] = []
     not_started: list[str] = []
     stop = threading.Event()
+    kafka_path = make_kafka_path(work / "kafka")
 
     def one(number: str) -> NumberRun | None:
         if stop.is_set() or time.monotonic() > deadline:
@@ -344,7 +375,7 @@ def run_all(numbers: dict[str, Target], tree: Path, mode: Mode, suite: Suite, wo
                   f"(its log: {gateway.log})", file=sys.stderr)
             stop.set()
             return None
-        return run_number(number, tree, mode, suite, logs, numbers[number])
+        return run_number(number, tree, mode, suite, logs, numbers[number], kafka_path)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(one, n): n for n in sorted(numbers)}

@@ -1,0 +1,204 @@
+"""``ledgerd kafka-topics`` / ``kafka-acls`` / ``kafka-configs`` against a real gateway:
+what Kafka's shell tools do, checked through a stock client (confluent-kafka), and the
+KAFKA_PATH scripts the conformance harness gives librdkafka's tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from ledgerd.tools.cli import cli
+from ledgerd.tools.kafka_tools import ToolError, _config_list, _properties, security_from
+from tests.conformance.runner import make_kafka_path
+from tests.kafka.conftest import KafkaCluster
+
+BOUND_S = 60
+
+
+def _tool(cluster: KafkaCluster, *args: str, stdin: str | None = None) -> Result:
+    return CliRunner().invoke(cli, [args[0], "--bootstrap-server", cluster.bootstrap,
+                                    *args[1:]], input=stdin)
+
+
+def _produce_error(cluster: KafkaCluster, topic: str) -> KafkaError | None:
+    got: list[KafkaError | None] = []
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "message.timeout.ms": 20_000,
+                  "retries": 0})
+    p.produce(topic, b"v", on_delivery=lambda err, _msg: got.append(err))
+    p.flush(BOUND_S)
+    assert len(got) == 1
+    return got[0]
+
+
+def test_kafka_topics_creates_describes_alters_and_deletes(kafka_cluster: KafkaCluster) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    made = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-ts",
+                 "--replication-factor", "2", "--partitions", "2",
+                 "--config", "message.timestamp.type=LogAppendTime",
+                 "--config", "retention.ms=3600000")
+    assert made.exit_code == 0, made.output
+    assert made.output == "Created topic tools-ts.\n"
+    res = ConfigResource("topic", "tools-ts")
+    configs = admin.describe_configs([res])[res].result(BOUND_S)
+    assert configs["message.timestamp.type"].value == "LogAppendTime"
+    assert configs["retention.ms"].value == "3600000"
+
+    again = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-ts")
+    assert again.exit_code == 1 and "TOPIC_ALREADY_EXISTS" in again.output
+    assert _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-ts",
+                 "--if-not-exists").exit_code == 0
+
+    listed = _tool(kafka_cluster, "kafka-topics", "--list")
+    assert "tools-ts" in listed.output.split()
+    described = _tool(kafka_cluster, "kafka-topics", "--describe", "--topic", "tools-t.",
+                      "--json")
+    (topic,) = json.loads(described.output)
+    assert (topic["topic"], topic["partition_count"]) == ("tools-ts", 2)
+    # Kafka's replication factor: the replicas Metadata lists (here the one gateway;
+    # the entries' own copies are the ledgers' write quorum)
+    assert topic["replication_factor"] == len(topic["partitions"][0]["replicas"]) == 1
+    assert topic["configs"] == {"message.timestamp.type": "LogAppendTime",
+                                "retention.ms": "3600000"}
+    text = _tool(kafka_cluster, "kafka-topics", "--describe", "--topic", "tools-ts").output
+    assert text.startswith("Topic: tools-ts\t") and "\tPartition: 1\t" in text
+
+    grown = _tool(kafka_cluster, "kafka-topics", "--alter", "--topic", "tools-ts",
+                  "--partitions", "4")
+    assert grown.exit_code == 0, grown.output
+    assert len(admin.list_topics("tools-ts", timeout=BOUND_S).topics["tools-ts"].partitions) == 4
+
+    gone = _tool(kafka_cluster, "kafka-topics", "--delete", "--topic", "tools-ts")
+    assert gone.exit_code == 0, gone.output
+    assert "tools-ts" not in admin.list_topics(timeout=BOUND_S).topics
+    missing = _tool(kafka_cluster, "kafka-topics", "--delete", "--topic", "tools-ts")
+    assert missing.exit_code == 1
+    assert "Topic 'tools-ts' does not exist as expected" in missing.output
+    assert _tool(kafka_cluster, "kafka-topics", "--delete", "--topic", "tools-ts",
+                 "--if-exists").exit_code == 0
+
+
+def test_kafka_topics_refuses_a_config_the_gateway_refuses(kafka_cluster: KafkaCluster) -> None:
+    bad = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-bad",
+                "--config", "cleanup.policy=sometimes")
+    assert bad.exit_code == 1
+    assert "INVALID_CONFIG" in bad.output and "cleanup.policy" in bad.output
+
+
+def test_kafka_configs_sets_and_deletes_topic_configs(kafka_cluster: KafkaCluster) -> None:
+    assert _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-cfg").exit_code == 0
+    set_ = _tool(kafka_cluster, "kafka-configs", "--alter", "--entity-type", "topics",
+                 "--entity-name", "tools-cfg",
+                 "--add-config", "retention.ms=60000,cleanup.policy=[compact,delete]")
+    assert set_.exit_code == 0, set_.output
+    assert set_.output == "Completed updating config for topic tools-cfg.\n"
+    described = json.loads(_tool(kafka_cluster, "kafka-configs", "--describe", "--topic",
+                                 "tools-cfg", "--json").output)
+    assert {c["name"]: c["value"] for c in described} == {
+        "retention.ms": "60000", "cleanup.policy": "compact,delete"}
+    assert _tool(kafka_cluster, "kafka-configs", "--alter", "--topic", "tools-cfg",
+                 "--delete-config", "retention.ms").exit_code == 0
+    text = _tool(kafka_cluster, "kafka-configs", "--describe", "--topic", "tools-cfg").output
+    assert text == ("Dynamic configs for topic tools-cfg are:\n"
+                    "  cleanup.policy=compact,delete sensitive=false "
+                    "synonyms={DYNAMIC_TOPIC_CONFIG:cleanup.policy=compact,delete}\n")
+
+
+def test_kafka_acls_scripts_deny_and_allow_again(kafka_cluster: KafkaCluster,
+                                                 tmp_path: Path) -> None:
+    """The harness's KAFKA_PATH/bin/kafka-acls.sh, as librdkafka's 0115 runs it."""
+    topic = "tools-acl"
+    assert _tool(kafka_cluster, "kafka-topics", "--create", "--topic", topic).exit_code == 0
+    assert _produce_error(kafka_cluster, topic) is None
+    bin_dir = make_kafka_path(tmp_path / "kafka") / "bin"
+    deny = ["--deny-principal", "User:*", "--operation", "All", "--deny-host", "*",
+            "--topic", topic]
+    added = subprocess.run(
+        [bin_dir / "kafka-acls.sh", "--bootstrap-server", kafka_cluster.bootstrap, "--add",
+         *deny], capture_output=True, text=True, timeout=BOUND_S, stdin=subprocess.DEVNULL)
+    assert added.returncode == 0, added.stderr
+    assert ("Adding ACLs for resource `ResourcePattern(resourceType=TOPIC, name=tools-acl, "
+            "patternType=LITERAL)`: \n \t(principal=User:*, host=*, operation=ALL, "
+            "permissionType=DENY) \n") in added.stdout
+    err = _produce_error(kafka_cluster, topic)
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+    listed = json.loads(_tool(kafka_cluster, "kafka-acls", "--list", "--topic", topic,
+                              "--json").output)
+    assert listed == [{"resource_type": 2, "name": topic, "pattern_type": 3, "acls": [
+        {"principal": "User:*", "host": "*", "operation": 2, "permission_type": 2}]}]
+
+    unforced = _tool(kafka_cluster, "kafka-acls", "--remove", *deny)
+    assert unforced.exit_code == 1 and "--force" in unforced.output
+    removed = subprocess.run(
+        [bin_dir / "kafka-acls.sh", "--bootstrap-server", kafka_cluster.bootstrap,
+         "--remove", "--force", *deny], capture_output=True, text=True, timeout=BOUND_S)
+    assert removed.returncode == 0, removed.stderr
+    assert json.loads(_tool(kafka_cluster, "kafka-acls", "--list", "--topic", topic,
+                            "--json").output) == []
+    assert _produce_error(kafka_cluster, topic) is None
+
+
+def test_kafka_acls_producer_shorthand(kafka_cluster: KafkaCluster) -> None:
+    added = _tool(kafka_cluster, "kafka-acls", "--add", "--allow-principal", "User:alice",
+                  "--producer", "--topic", "tools-prod", "--json")
+    assert added.exit_code == 0, added.output
+    (res,) = json.loads(added.output)
+    assert sorted(a["operation"] for a in res["acls"]) == [4, 5, 8]  # WRITE CREATE DESCRIBE
+    gone = _tool(kafka_cluster, "kafka-acls", "--remove", "--force", "--topic", "tools-prod",
+                 "--json")
+    assert len(json.loads(gone.output)[0]["acls"]) == 3
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["kafka-topics", "--bootstrap-server", "nowhere", "--list"], "is not host:port"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--list"],
+     "no Kafka server answered"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--list", "--delete"],
+     "give exactly one of"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--create"], "needs --topic"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
+      "--allow-principal", "User:a", "--operation", "Fly"], "--operation 'Fly'"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t"],
+     "--allow-principal, --deny-principal"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
+      "--allow-principal", "alice"], "Type:name"),
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--alter", "--topic", "t"],
+     "--alter needs --add-config"),
+])
+def test_bad_invocations_say_what_is_wrong(args: list[str], says: str) -> None:
+    got = CliRunner().invoke(cli, args)
+    assert got.exit_code != 0
+    assert says in got.output
+
+
+def test_command_config_properties(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("# comment\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                     'sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule'
+                     ' required username="alice" password="s3=cr\\"et";\n')
+    sec = security_from(_properties(props))
+    assert (sec.user, sec.password, sec.tls) == ("alice", b's3=cr"et', None)
+    with pytest.raises(ToolError, match=r"sasl\.mechanism=SCRAM-SHA-256"):
+        security_from({"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+                       "ssl.ca.location": "x"})
+    with pytest.raises(ToolError, match="a Java keystore"):
+        security_from({"security.protocol": "SSL",
+                       "ssl.truststore.location": "/etc/kafka/truststore.jks"})
+    with pytest.raises(ToolError, match=r"security\.protocol=SSL needs ssl\.ca\.location"):
+        security_from({"security.protocol": "SSL"})
+    bad = tmp_path / "bad.properties"
+    bad.write_text("no separator here\n")
+    with pytest.raises(ToolError, match="line 1"):
+        _properties(bad)
+
+
+def test_add_config_lists_keep_bracketed_commas() -> None:
+    assert _config_list("a=1,b=[x,y],c=", "--add-config") == {"a": "1", "b": "x,y", "c": ""}
+    with pytest.raises(ToolError, match="not key=value"):
+        _config_list(",,,", "--add-config")

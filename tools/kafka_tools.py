@@ -1,0 +1,729 @@
+"""Kafka's admin command lines, for the gateway: ``ledgerd kafka-topics``, ``kafka-acls``
+and ``kafka-configs``.
+
+Operators of Kafka script their clusters with ``kafka-topics.sh``, ``kafka-acls.sh`` and
+``kafka-configs.sh`` (Java programs of Kafka's distribution). These commands take the
+same options for what they cover and speak the same Kafka protocol to a gateway named by
+``--bootstrap-server`` (through ``kafka/client.py``: CreateTopics, DeleteTopics,
+CreatePartitions, Metadata, DescribeConfigs, IncrementalAlterConfigs, CreateAcls,
+DescribeAcls, DeleteAcls), so they work the same against Kafka itself. What they print
+follows Kafka's tools (``Created topic X.``, ``Adding ACLs for resource ...``); ``--json``
+prints one JSON document instead.
+
+A script written for Kafka's tools runs unchanged where ``kafka-topics.sh`` is a two-line
+wrapper: ``exec ledgerd kafka-topics "$@"`` (``docs/kafka.md``, "Kafka's command-line
+tools"; the conformance harness makes such a ``KAFKA_PATH/bin``).
+
+Security comes from ``--command-config FILE``, Kafka's client properties:
+``security.protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), ``sasl.mechanism``
+PLAIN with ``sasl.jaas.config`` (``username="..." password="..."``) or
+``sasl.username``/``sasl.password``, PEM files for TLS (``ssl.ca.location`` or a PEM
+``ssl.truststore.location``; ``ssl.certificate.location`` + ``ssl.key.location``, or a
+PEM ``ssl.keystore.location``; an empty ``ssl.endpoint.identification.algorithm`` turns
+host-name checks off). Not covered, each refused with a message that says so: Java
+keystores (JKS, PKCS12), SCRAM and GSSAPI logins, encrypted keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import trio
+
+from ledgerd.kafka.api import ApiKey, ErrorCode
+from ledgerd.metadata.kafka_acls import AclOperation, AclPermission, PatternType, ResourceType
+
+__all__ = ["kafka_acls", "kafka_configs", "kafka_topics"]
+
+T = TypeVar("T")
+TIMEOUT_MS = 30_000
+_CONFIG_TYPES = {"topics": 2, "brokers": 4, "broker-loggers": 8, "groups": 32}
+_SOURCES = {1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG",
+            3: "DYNAMIC_DEFAULT_BROKER_CONFIG", 4: "STATIC_BROKER_CONFIG",
+            5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG",
+            7: "CLIENT_METRICS_CONFIG", 8: "GROUP_CONFIG"}
+
+
+class ToolError(click.ClickException):
+    """One line naming what was wrong; exit status 1."""
+
+
+# -- connecting ---------------------------------------------------------------------------
+
+def _properties(path: Path | None) -> dict[str, str]:
+    """Kafka's client properties file: ``key=value`` lines, ``#`` and ``!`` comments."""
+    if path is None:
+        return {}
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ToolError(f"--command-config {path}: {exc.strerror or exc}") from None
+    props: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+        if m is None:
+            raise ToolError(f"--command-config {path}, line {n}: {line!r} is not key=value")
+        props[m.group(1)] = m.group(2).strip()
+    return props
+
+
+def _jaas_field(jaas: str, name: str) -> str:
+    m = re.search(rf'\b{name}\s*=\s*"((?:[^"\\]|\\.)*)"', jaas)
+    return m.group(1).replace('\\"', '"') if m else ""
+
+
+def _pem(props: dict[str, str], location: str, kind: str) -> str:
+    path = props.get(location, "")
+    if path and props.get(kind, "PEM" if path.endswith((".pem", ".crt")) else "JKS") != "PEM":
+        raise ToolError(f"{location}={path}: a Java keystore ({kind} "
+                        f"{props.get(kind, 'JKS')}); this tool reads PEM files: give "
+                        f"{kind}=PEM with a PEM file, or ssl.ca.location / "
+                        "ssl.certificate.location + ssl.key.location")
+    return path
+
+
+def security_from(props: dict[str, str]) -> Any:
+    """The ClientSecurity the properties describe; ToolError for what is not covered."""
+    from ledgerd.base.tls import client_context
+    from ledgerd.errors import LedgerdError
+    from ledgerd.kafka.client import ClientSecurity
+
+    protocol = props.get("security.protocol", "PLAINTEXT").upper()
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+        raise ToolError(f"security.protocol={protocol}: not PLAINTEXT, SSL, SASL_PLAINTEXT "
+                        "or SASL_SSL")
+    user, password = "", b""
+    if protocol.startswith("SASL"):
+        mechanism = props.get("sasl.mechanism", "GSSAPI").upper()
+        if mechanism != "PLAIN":
+            raise ToolError(f"sasl.mechanism={mechanism}: this tool logs in with PLAIN only")
+        jaas = props.get("sasl.jaas.config", "")
+        user = props.get("sasl.username") or _jaas_field(jaas, "username")
+        password = (props.get("sasl.password") or _jaas_field(jaas, "password")).encode()
+        if not user:
+            raise ToolError("sasl.mechanism=PLAIN needs sasl.jaas.config with username=\"...\" "
+                            "password=\"...\" (or sasl.username and sasl.password)")
+    tls = None
+    if protocol.endswith("SSL"):
+        if props.get("ssl.key.password"):
+            raise ToolError("ssl.key.password: encrypted keys are not read by this tool; "
+                            "give an unencrypted ssl.key.location")
+        trust = props.get("ssl.ca.location") or _pem(props, "ssl.truststore.location",
+                                                     "ssl.truststore.type")
+        cert = props.get("ssl.certificate.location") or _pem(
+            props, "ssl.keystore.location", "ssl.keystore.type")
+        if not trust:
+            raise ToolError(f"security.protocol={protocol} needs ssl.ca.location (the CA "
+                            "that signed the gateway's certificate, PEM)")
+        try:
+            tls = client_context(
+                trust, certificate=cert, key=props.get("ssl.key.location", ""),
+                verify_hostname=props.get("ssl.endpoint.identification.algorithm",
+                                          "https") != "")
+        except (LedgerdError, OSError) as exc:
+            text = str(exc)
+            for label, prop in (("tls_trust_path", "ssl.ca.location"),
+                                ("tls_certificate_path", "ssl.certificate.location"),
+                                ("tls_key_path", "ssl.key.location")):
+                text = text.replace(label, prop)
+            raise ToolError(text) from None
+    return ClientSecurity(tls=tls, user=user, password=password)
+
+
+def _servers(bootstrap: str) -> list[tuple[str, int]]:
+    out = []
+    for item in bootstrap.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ToolError(f"--bootstrap-server {bootstrap!r}: {item.strip()!r} is not "
+                            "host:port")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def _run(bootstrap: str, command_config: Path | None,
+         work: Callable[[Any], Awaitable[T]]) -> T:
+    """Connect to the first server of ``bootstrap`` that answers and run ``work`` on the
+    connection; every failure becomes one ToolError line."""
+    from ledgerd.kafka.client import KafkaClientError, KafkaConnection
+    from ledgerd.kafka.schema import KafkaDecodeError
+
+    servers = _servers(bootstrap)
+    security = security_from(_properties(command_config))
+
+    async def main() -> T:
+        problems = []
+        for host, port in servers:
+            try:
+                with trio.fail_after(10):
+                    conn = await KafkaConnection.open(host, port, security)
+            except (OSError, trio.BrokenResourceError, trio.TooSlowError,
+                    KafkaDecodeError) as exc:
+                problems.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                continue
+            async with conn:
+                with trio.fail_after(TIMEOUT_MS / 1000 + 10):
+                    return await work(conn)
+        raise ToolError("no Kafka server answered at --bootstrap-server " + bootstrap
+                        + " (" + "; ".join(problems) + ")")
+
+    try:
+        return trio.run(main)
+    except (KafkaClientError, KafkaDecodeError, trio.BrokenResourceError) as exc:
+        raise ToolError(str(exc)) from None
+    except trio.TooSlowError:
+        raise ToolError(f"no answer from {bootstrap} within {TIMEOUT_MS // 1000 + 10} s") \
+            from None
+
+
+def _error(code: int, message: str | None = None) -> str:
+    try:
+        name = ErrorCode(code).name
+    except ValueError:
+        name = f"error {code}"
+    return f"{name}: {message}" if message else name
+
+
+def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--json", "as_json", is_flag=True,
+                      help="One JSON document instead of Kafka's text.")(fn)
+    fn = click.option("--command-config", "command_config", default=None,
+                      type=click.Path(dir_okay=False, path_type=Path),
+                      help="Kafka client properties: security.protocol, sasl.*, ssl.*.")(fn)
+    return click.option("--bootstrap-server", "bootstrap", required=True,
+                        help="host:port[,host:port...] of the gateways (or Kafka).")(fn)
+
+
+def _one_action(**flags: bool) -> str:
+    chosen = [name for name, on in flags.items() if on]
+    if len(chosen) != 1:
+        raise ToolError("give exactly one of " + ", ".join(f"--{n}" for n in flags)
+                        + (f" (not {', '.join('--' + c for c in chosen)})" if chosen else ""))
+    return chosen[0]
+
+
+def _configs(pairs: Sequence[str], option: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ToolError(f"{option} {pair!r}: not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+# -- kafka-topics -------------------------------------------------------------------------
+
+async def _metadata(conn: Any, topics: list[str] | None) -> dict[str, Any]:
+    body = {"topics": None if topics is None else [{"name": t} for t in topics],
+            "allow_auto_topic_creation": False}
+    return await conn.call(ApiKey.METADATA, body)
+
+
+async def _matching(conn: Any, pattern: str, exclude_internal: bool) -> list[str]:
+    """Kafka's ``--topic``: a name, or a regular expression matched against every topic
+    (for all but --create)."""
+    md = await _metadata(conn, None)
+    names = sorted(t["name"] for t in md["topics"]
+                   if not t["error_code"] and not (exclude_internal and t["is_internal"]))
+    if pattern in names:
+        return [pattern]
+    try:
+        rx = re.compile(pattern)
+    except re.error:
+        return []
+    return [n for n in names if rx.fullmatch(n)]
+
+
+@click.command("kafka-topics")
+@_common
+@click.option("--create", is_flag=True, help="Create a topic.")
+@click.option("--delete", is_flag=True, help="Delete the topics --topic matches.")
+@click.option("--alter", is_flag=True, help="Add partitions (--partitions).")
+@click.option("--list", "list_", is_flag=True, help="Topic names, one per line.")
+@click.option("--describe", is_flag=True, help="Partitions, leaders and configs.")
+@click.option("--topic", default=None,
+              help="A topic name; for all but --create also a regular expression.")
+@click.option("--partitions", type=click.IntRange(1), default=None)
+@click.option("--replication-factor", "replication", type=click.IntRange(1), default=None)
+@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE",
+              help="A topic config for --create (repeatable).")
+@click.option("--if-not-exists", is_flag=True, help="--create: no error if it exists.")
+@click.option("--if-exists", is_flag=True, help="--delete/--alter/--describe: no error if "
+              "no topic matches.")
+@click.option("--exclude-internal", is_flag=True, help="Leave out internal topics.")
+def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, create: bool,
+                 delete: bool, alter: bool, list_: bool, describe: bool, topic: str | None,
+                 partitions: int | None, replication: int | None, configs: tuple[str, ...],
+                 if_not_exists: bool, if_exists: bool, exclude_internal: bool) -> None:
+    """Create, delete, list, describe and add partitions to topics (Kafka's
+    kafka-topics.sh)."""
+    action = _one_action(create=create, delete=delete, alter=alter, list=list_,
+                         describe=describe)
+    if action in ("create", "delete", "alter") and not topic:
+        raise ToolError(f"--{action} needs --topic")
+    if configs and action != "create":
+        raise ToolError("--config goes with --create; change a topic's configs with "
+                        "`ledgerd kafka-configs --alter`")
+    if action == "alter" and partitions is None:
+        raise ToolError("--alter needs --partitions (the new partition count)")
+    wanted = _configs(configs, "--config")
+
+    async def work(conn: Any) -> Any:
+        if action == "create":
+            return await _create_topic(conn, str(topic), partitions, replication, wanted,
+                                       if_not_exists)
+        names = await _matching(conn, topic, exclude_internal) if topic else None
+        if names == [] and action != "list" and not if_exists:
+            raise ToolError(f"Topic '{topic}' does not exist as expected")
+        if action == "list":
+            md = await _metadata(conn, None)
+            return sorted(t["name"] for t in md["topics"] if not t["error_code"]
+                          and not (exclude_internal and t["is_internal"])
+                          and (names is None or t["name"] in names))
+        if action == "delete":
+            return await _delete_topics(conn, names or [])
+        if action == "alter":
+            return await _add_partitions(conn, names or [], int(partitions or 0))
+        return await _describe_topics(conn, names, exclude_internal)
+
+    out = _run(bootstrap, command_config, work)
+    if as_json:
+        click.echo(json.dumps(out, sort_keys=True))
+    elif action == "list":
+        for name in out:
+            click.echo(name)
+    elif action == "describe":
+        click.echo(_describe_text(out))
+    else:
+        for line in out:
+            click.echo(line)
+
+
+async def _create_topic(conn: Any, topic: str, partitions: int | None,
+                        replication: int | None, configs: dict[str, str],
+                        if_not_exists: bool) -> list[str]:
+    got = await conn.call(ApiKey.CREATE_TOPICS, {"topics": [{
+        "name": topic, "num_partitions": -1 if partitions is None else partitions,
+        "replication_factor": -1 if replication is None else replication,
+        "assignments": [],
+        "configs": [{"name": k, "value": v} for k, v in configs.items()]}],
+        "timeout_ms": TIMEOUT_MS})
+    for t in got["topics"]:
+        if t["error_code"] == ErrorCode.TOPIC_ALREADY_EXISTS and if_not_exists:
+            return []
+        if t["error_code"]:
+            raise ToolError(f"creating topic {topic!r}: "
+                            f"{_error(t['error_code'], t.get('error_message'))}")
+    return [f"Created topic {topic}."]
+
+
+async def _delete_topics(conn: Any, names: list[str]) -> list[str]:
+    if not names:
+        return []
+    got = await conn.call(ApiKey.DELETE_TOPICS, {"topic_names": names,
+                                                 "timeout_ms": TIMEOUT_MS})
+    failed = [f"{r['name']}: {_error(r['error_code'])}" for r in got["responses"]
+              if r["error_code"]]
+    if failed:
+        raise ToolError("deleting topics: " + "; ".join(failed))
+    return [f"Deleted topic {n}." for n in names]
+
+
+async def _add_partitions(conn: Any, names: list[str], count: int) -> list[str]:
+    if not names:
+        return []
+    got = await conn.call(ApiKey.CREATE_PARTITIONS, {
+        "topics": [{"name": n, "count": count, "assignments": None} for n in names],
+        "timeout_ms": TIMEOUT_MS, "validate_only": False})
+    failed = [f"{r['name']}: {_error(r['error_code'], r['error_message'])}"
+              for r in got["results"] if r["error_code"]]
+    if failed:
+        raise ToolError("adding partitions: " + "; ".join(failed))
+    return [f"Topic {n} now has {count} partitions." for n in names]
+
+
+async def _describe_topics(conn: Any, names: list[str] | None,
+                           exclude_internal: bool) -> list[dict[str, Any]]:
+    md = await _metadata(conn, names)
+    topics = [t for t in md["topics"] if not t["error_code"]
+              and not (exclude_internal and t["is_internal"])]
+    topics.sort(key=lambda t: t["name"])
+    configs: dict[str, dict[str, str]] = {}
+    if topics:
+        got = await conn.call(ApiKey.DESCRIBE_CONFIGS, {"resources": [
+            {"resource_type": 2, "resource_name": t["name"], "configuration_keys": None}
+            for t in topics]})
+        for r in got["results"]:
+            configs[r["resource_name"]] = {c["name"]: c["value"] for c in r["configs"]
+                                           if c.get("config_source") == 1}
+    out = []
+    for t in topics:
+        parts = sorted(t["partitions"], key=lambda p: p["partition_index"])
+        out.append({
+            "topic": t["name"], "topic_id": t["topic_id"].hex() if t["topic_id"] else "",
+            "partition_count": len(parts),
+            "replication_factor": len(parts[0]["replica_nodes"]) if parts else 0,
+            "configs": configs.get(t["name"], {}),
+            "partitions": [{"partition": p["partition_index"], "leader": p["leader_id"],
+                            "replicas": list(p["replica_nodes"]), "isr": list(p["isr_nodes"])}
+                           for p in parts]})
+    return out
+
+
+def _describe_text(topics: list[dict[str, Any]]) -> str:
+    lines = []
+    for t in topics:
+        cfg = ",".join(f"{k}={v}" for k, v in sorted(t["configs"].items()))
+        lines.append(f"Topic: {t['topic']}\tTopicId: {t['topic_id']}\t"
+                     f"PartitionCount: {t['partition_count']}\t"
+                     f"ReplicationFactor: {t['replication_factor']}\tConfigs: {cfg}")
+        for p in t["partitions"]:
+            lines.append(f"\tTopic: {t['topic']}\tPartition: {p['partition']}\t"
+                         f"Leader: {p['leader']}\t"
+                         f"Replicas: {','.join(map(str, p['replicas']))}\t"
+                         f"Isr: {','.join(map(str, p['isr']))}")
+    return "\n".join(lines)
+
+
+# -- kafka-configs ------------------------------------------------------------------------
+
+def _config_list(text: str, option: str) -> dict[str, str]:
+    """Kafka's ``--add-config 'k1=v1,k2=[v2,v3]'``: commas inside brackets belong to the
+    value (which loses its brackets)."""
+    out: dict[str, str] = {}
+    for m in re.finditer(r"\s*([^=,\s]+)\s*=\s*(\[[^\]]*\]|[^,]*)\s*(?:,|$)", text):
+        value = m.group(2)
+        out[m.group(1)] = value[1:-1] if value.startswith("[") else value
+    if text.strip() and not out:
+        raise ToolError(f"{option} {text!r}: not key=value[,key=value...]")
+    return out
+
+
+@click.command("kafka-configs")
+@_common
+@click.option("--describe", is_flag=True, help="The entity's configs.")
+@click.option("--alter", is_flag=True, help="Change them (--add-config, --delete-config).")
+@click.option("--entity-type", "entity_type",
+              type=click.Choice(sorted(_CONFIG_TYPES)), default=None)
+@click.option("--entity-name", "entity_name", default=None)
+@click.option("--entity-default", "entity_default", is_flag=True,
+              help="The brokers' cluster-wide default (with --entity-type brokers).")
+@click.option("--topic", default=None, help="Short for --entity-type topics --entity-name.")
+@click.option("--broker", default=None, help="Short for --entity-type brokers --entity-name.")
+@click.option("--group", default=None, help="Short for --entity-type groups --entity-name.")
+@click.option("--add-config", "add_config", default="", metavar="K=V[,K=V...]",
+              help="Configs to set; a value with commas goes in brackets: k=[a,b].")
+@click.option("--add-config-file", "add_config_file", default=None,
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="A properties file of configs to set.")
+@click.option("--delete-config", "delete_config", default="", metavar="K[,K...]",
+              help="Configs to return to their defaults.")
+@click.option("--all", "all_", is_flag=True,
+              help="--describe: every config, defaults included.")
+def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, describe: bool,
+                  alter: bool, entity_type: str | None, entity_name: str | None,
+                  entity_default: bool, topic: str | None, broker: str | None,
+                  group: str | None, add_config: str, add_config_file: Path | None,
+                  delete_config: str, all_: bool) -> None:
+    """Describe and change topic, broker and group configs (Kafka's kafka-configs.sh)."""
+    action = _one_action(describe=describe, alter=alter)
+    for kind, name in (("topics", topic), ("brokers", broker), ("groups", group)):
+        if name is not None:
+            if entity_type not in (None, kind):
+                raise ToolError(f"--{kind[:-1]} and --entity-type {entity_type} disagree")
+            entity_type, entity_name = kind, name
+    if entity_type is None:
+        raise ToolError("give --entity-type (topics, brokers, groups) or --topic, --broker, "
+                        "--group")
+    if entity_default:
+        if entity_type != "brokers":
+            raise ToolError("--entity-default goes with --entity-type brokers")
+        entity_name = ""
+    if entity_name is None:
+        raise ToolError(f"--entity-type {entity_type} needs --entity-name")
+    rtype = _CONFIG_TYPES[entity_type]
+    adds = _config_list(add_config, "--add-config")
+    adds.update(_properties(add_config_file) if add_config_file else {})
+    deletes = [k.strip() for k in delete_config.split(",") if k.strip()]
+    if action == "alter" and not adds and not deletes:
+        raise ToolError("--alter needs --add-config, --add-config-file or --delete-config")
+    if set(adds) & set(deletes):
+        raise ToolError("a config both added and deleted: " + ", ".join(sorted(set(adds) &
+                                                                            set(deletes))))
+    name = str(entity_name)
+    label = f"{entity_type[:-1]} {name}" if name else "the default broker"
+
+    async def work(conn: Any) -> Any:
+        if action == "alter":
+            got = await conn.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, {"resources": [{
+                "resource_type": rtype, "resource_name": name, "configs": [
+                    *({"name": k, "config_operation": 0, "value": v} for k, v in adds.items()),
+                    *({"name": k, "config_operation": 1, "value": None} for k in deletes)]}],
+                "validate_only": False})
+            for r in got["responses"]:
+                if r["error_code"]:
+                    raise ToolError(f"altering the configs of {label}: "
+                                    f"{_error(r['error_code'], r['error_message'])}")
+            return {"altered": name, "set": adds, "deleted": deletes}
+        got = await conn.call(ApiKey.DESCRIBE_CONFIGS, {"resources": [{
+            "resource_type": rtype, "resource_name": name, "configuration_keys": None}],
+            "include_synonyms": True})
+        r = got["results"][0]
+        if r["error_code"]:
+            raise ToolError(f"describing the configs of {label}: "
+                            f"{_error(r['error_code'], r['error_message'])}")
+        return [{"name": c["name"], "value": c["value"], "sensitive": c["is_sensitive"],
+                 "source": _SOURCES.get(c["config_source"], str(c["config_source"]))}
+                for c in r["configs"]
+                if all_ or c["config_source"] not in (4, 5, -1)]
+
+    out = _run(bootstrap, command_config, work)
+    if as_json:
+        click.echo(json.dumps(out, sort_keys=True))
+    elif action == "alter":
+        click.echo(f"Completed updating config for {label}.")
+    else:
+        click.echo(f"{'All' if all_ else 'Dynamic'} configs for {label} are:")
+        for c in out:
+            value = "null" if c["sensitive"] else c["value"]
+            click.echo(f"  {c['name']}={value} sensitive={str(c['sensitive']).lower()} "
+                       f"synonyms={{{c['source']}:{c['name']}={value}}}")
+
+
+# -- kafka-acls ---------------------------------------------------------------------------
+
+_OPERATIONS = {op.name.replace("_", "").lower(): op for op in AclOperation
+               if op not in (AclOperation.UNKNOWN, AclOperation.ANY)}
+_PATTERNS = {p.name.lower(): p for p in PatternType if p is not PatternType.UNKNOWN}
+
+
+def _operation(name: str) -> AclOperation:
+    op = _OPERATIONS.get(name.replace("_", "").replace("-", "").lower())
+    if op is None:
+        raise ToolError(f"--operation {name!r}: not one of " + ", ".join(
+            "".join(w.capitalize() for w in o.name.split("_")) for o in _OPERATIONS.values()))
+    return op
+
+
+def _principal(value: str, option: str) -> str:
+    kind, sep, name = value.partition(":")
+    if not sep or not kind or not name:
+        raise ToolError(f"{option} {value!r}: a principal is Type:name, such as User:alice "
+                        "or User:*")
+    return value
+
+
+def _resources(topics: Sequence[str], groups: Sequence[str], cluster: bool,
+               txn_ids: Sequence[str]) -> list[tuple[ResourceType, str]]:
+    return ([(ResourceType.TOPIC, t) for t in topics]
+            + [(ResourceType.GROUP, g) for g in groups]
+            + ([(ResourceType.CLUSTER, "kafka-cluster")] if cluster else [])
+            + [(ResourceType.TRANSACTIONAL_ID, t) for t in txn_ids])
+
+
+def _pattern_text(rtype: int, name: str, pattern: int) -> str:
+    return (f"ResourcePattern(resourceType={ResourceType(rtype).name}, name={name}, "
+            f"patternType={PatternType(pattern).name})")
+
+
+def _acl_text(acl: dict[str, Any]) -> str:
+    return (f"(principal={acl['principal']}, host={acl['host']}, "
+            f"operation={AclOperation(acl['operation']).name}, "
+            f"permissionType={AclPermission(acl['permission_type']).name})")
+
+
+@click.command("kafka-acls")
+@_common
+@click.option("--add", is_flag=True, help="Add ACLs.")
+@click.option("--remove", is_flag=True, help="Remove ACLs.")
+@click.option("--list", "list_", is_flag=True, help="List ACLs.")
+@click.option("--topic", "topics", multiple=True, help="A topic (repeatable; * for all).")
+@click.option("--group", "groups", multiple=True, help="A consumer group (repeatable).")
+@click.option("--cluster", is_flag=True, help="The cluster resource.")
+@click.option("--transactional-id", "txn_ids", multiple=True,
+              help="A transactional id (repeatable).")
+@click.option("--resource-pattern-type", "pattern", default=None,
+              type=click.Choice(sorted(_PATTERNS), case_sensitive=False),
+              help="literal or prefixed (--add); also any or match for --list/--remove.")
+@click.option("--allow-principal", "allow_principals", multiple=True, metavar="TYPE:NAME")
+@click.option("--deny-principal", "deny_principals", multiple=True, metavar="TYPE:NAME")
+@click.option("--allow-host", "allow_hosts", multiple=True,
+              help="Host for --allow-principal (default *).")
+@click.option("--deny-host", "deny_hosts", multiple=True,
+              help="Host for --deny-principal (default *).")
+@click.option("--principal", "principals", multiple=True,
+              help="--list: only ACLs of this principal.")
+@click.option("--operation", "operations", multiple=True,
+              help="Read, Write, Create, Delete, Alter, Describe, ClusterAction, "
+              "DescribeConfigs, AlterConfigs, IdempotentWrite, All (repeatable; default All).")
+@click.option("--producer", is_flag=True,
+              help="Write, Describe and Create on the topics (and the transactional ids).")
+@click.option("--consumer", is_flag=True, help="Read and Describe on the topics, Read on "
+              "the groups.")
+@click.option("--idempotent", is_flag=True, help="With --producer: IdempotentWrite on the "
+              "cluster.")
+@click.option("--force", is_flag=True, help="--remove without asking.")
+def kafka_acls(bootstrap: str, command_config: Path | None, as_json: bool, add: bool,
+               remove: bool, list_: bool, topics: tuple[str, ...], groups: tuple[str, ...],
+               cluster: bool, txn_ids: tuple[str, ...], pattern: str | None,
+               allow_principals: tuple[str, ...], deny_principals: tuple[str, ...],
+               allow_hosts: tuple[str, ...], deny_hosts: tuple[str, ...],
+               principals: tuple[str, ...], operations: tuple[str, ...], producer: bool,
+               consumer: bool, idempotent: bool, force: bool) -> None:
+    """Add, remove and list ACLs (Kafka's kafka-acls.sh)."""
+    action = _one_action(add=add, remove=remove, list=list_)
+    resources = _resources(topics, groups, cluster, txn_ids)
+    pattern_type = _PATTERNS[(pattern or "literal").lower()]
+    if action == "list" and pattern is None:
+        pattern_type = PatternType.ANY
+    if action == "add" and pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
+        raise ToolError(f"--resource-pattern-type {pattern}: --add takes literal or prefixed")
+    if action != "list" and not resources:
+        raise ToolError(f"--{action} needs a resource: --topic, --group, --cluster or "
+                        "--transactional-id")
+    for p in (*allow_principals, *deny_principals, *principals):
+        _principal(p, "--principal")
+    grants: list[tuple[str, str, AclPermission]] = [
+        (p, h, AclPermission.ALLOW) for p in allow_principals for h in (allow_hosts or ("*",))
+    ] + [(p, h, AclPermission.DENY) for p in deny_principals for h in (deny_hosts or ("*",))]
+    if action == "add" and not grants:
+        raise ToolError("You must specify one of: --allow-principal, --deny-principal when "
+                        "trying to add ACLs.")
+    ops = [_operation(o) for o in operations]
+    bindings = _bindings(resources, grants, ops, producer, consumer, idempotent, action)
+    if action == "remove" and not force:
+        if not sys.stdin.isatty():
+            raise ToolError("--remove asks before removing ACLs; give --force when stdin "
+                            "is not a terminal")
+        what = ", ".join(_pattern_text(rt, n, pattern_type) for rt, n in resources)
+        if not click.confirm(f"Are you sure you want to remove ACLs from {what}?"):
+            raise ToolError("nothing removed")
+
+    async def work(conn: Any) -> Any:
+        if action == "add":
+            return await _add_acls(conn, bindings, pattern_type)
+        if action == "remove":
+            return await _remove_acls(conn, bindings, resources, grants, pattern_type)
+        return await _list_acls(conn, resources, pattern_type, principals)
+
+    out = _run(bootstrap, command_config, work)
+    if as_json:
+        click.echo(json.dumps(out, sort_keys=True))
+        return
+    for res in out:
+        verb = {"add": "Adding ACLs for", "remove": "Removed ACLs from",
+                "list": "Current ACLs for"}[action]
+        click.echo(f"{verb} resource `{_pattern_text(res['resource_type'], res['name'], res['pattern_type'])}`: ")
+        for acl in res["acls"]:
+            click.echo(f" \t{_acl_text(acl)} ")
+        click.echo("")
+
+
+def _bindings(resources: list[tuple[ResourceType, str]],
+              grants: list[tuple[str, str, AclPermission]], ops: list[AclOperation],
+              producer: bool, consumer: bool, idempotent: bool,
+              action: str) -> list[tuple[ResourceType, str, str, str, AclOperation,
+                                         AclPermission]]:
+    """(resource type, name, principal, host, operation, permission) per ACL to add or
+    remove: the named operations on every resource, or --producer / --consumer's."""
+    out = []
+    for principal, host, perm in grants:
+        for rtype, name in resources:
+            wanted = list(ops)
+            if producer:
+                wanted += {ResourceType.TOPIC: [AclOperation.WRITE, AclOperation.DESCRIBE,
+                                                AclOperation.CREATE],
+                           ResourceType.TRANSACTIONAL_ID: [AclOperation.WRITE,
+                                                           AclOperation.DESCRIBE]
+                           }.get(rtype, [])
+            if consumer:
+                wanted += {ResourceType.TOPIC: [AclOperation.READ, AclOperation.DESCRIBE],
+                           ResourceType.GROUP: [AclOperation.READ]}.get(rtype, [])
+            if not (ops or producer or consumer):
+                wanted = [AclOperation.ALL]
+            for op in dict.fromkeys(wanted):
+                out.append((rtype, name, principal, host, op, perm))
+        if producer and idempotent:
+            out.append((ResourceType.CLUSTER, "kafka-cluster", principal, host,
+                        AclOperation.IDEMPOTENT_WRITE, perm))
+    if (producer or consumer) and action == "add" and not out:
+        raise ToolError("--producer/--consumer need --topic (and --group for --consumer)")
+    return out
+
+
+def _grouped(acls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
+    for a in acls:
+        by.setdefault((a["resource_type"], a["resource_name"], a["pattern_type"]), []).append(
+            {k: a[k] for k in ("principal", "host", "operation", "permission_type")})
+    return [{"resource_type": rt, "name": n, "pattern_type": pt, "acls": v}
+            for (rt, n, pt), v in sorted(by.items())]
+
+
+async def _add_acls(conn: Any, bindings: list[Any], pattern_type: PatternType) -> Any:
+    creations = [{"resource_type": int(rt), "resource_name": n,
+                  "resource_pattern_type": int(pattern_type), "principal": p, "host": h,
+                  "operation": int(op), "permission_type": int(perm)}
+                 for rt, n, p, h, op, perm in bindings]
+    got = await conn.call(ApiKey.CREATE_ACLS, {"creations": creations})
+    for c, r in zip(creations, got["results"], strict=False):
+        if r["error_code"]:
+            raise ToolError(f"adding {_acl_text(c)} on "
+                            f"{_pattern_text(c['resource_type'], c['resource_name'], int(pattern_type))}: "
+                            f"{_error(r['error_code'], r['error_message'])}")
+    return _grouped([{**c, "pattern_type": c["resource_pattern_type"]} for c in creations])
+
+
+async def _remove_acls(conn: Any, bindings: list[Any],
+                       resources: list[tuple[ResourceType, str]], grants: list[Any],
+                       pattern_type: PatternType) -> Any:
+    if grants:
+        filters = [{"resource_type_filter": int(rt), "resource_name_filter": n,
+                    "pattern_type_filter": int(pattern_type), "principal_filter": p,
+                    "host_filter": h, "operation": int(op), "permission_type": int(perm)}
+                   for rt, n, p, h, op, perm in bindings]
+    else:  # no principal named: every ACL of the resources
+        filters = [{"resource_type_filter": int(rt), "resource_name_filter": n,
+                    "pattern_type_filter": int(pattern_type), "principal_filter": None,
+                    "host_filter": None, "operation": int(AclOperation.ANY),
+                    "permission_type": int(AclPermission.ANY)} for rt, n in resources]
+    got = await conn.call(ApiKey.DELETE_ACLS, {"filters": filters})
+    removed = []
+    for r in got["filter_results"]:
+        if r["error_code"]:
+            raise ToolError(f"removing ACLs: {_error(r['error_code'], r['error_message'])}")
+        removed += r["matching_acls"]
+    return _grouped(removed)
+
+
+async def _list_acls(conn: Any, resources: list[tuple[ResourceType, str]],
+                     pattern_type: PatternType, principals: Sequence[str]) -> Any:
+    filters = [(int(rt), n) for rt, n in resources] or [(int(ResourceType.ANY), None)]
+    acls = []
+    for principal in principals or (None,):
+        for rt, name in filters:
+            got = await conn.call(ApiKey.DESCRIBE_ACLS, {
+                "resource_type_filter": rt, "resource_name_filter": name,
+                "pattern_type_filter": int(pattern_type), "principal_filter": principal,
+                "host_filter": None, "operation": int(AclOperation.ANY),
+                "permission_type": int(AclPermission.ANY)})
+            if got["error_code"]:
+                raise ToolError("listing ACLs: "
+                                f"{_error(got['error_code'], got['error_message'])}")
+            for res in got["resources"]:
+                for a in res["acls"]:
+                    acls.append({"resource_type": res["resource_type"],
+                                 "resource_name": res["resource_name"],
+                                 "pattern_type": res["pattern_type"], **a})
+    unique = {json.dumps(a, sort_keys=True): a for a in acls}
+    return _grouped(list(unique.values()))
