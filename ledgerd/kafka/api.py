@@ -227,7 +227,7 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     # bytes); the Java admin client asks the newest, librdkafka does not ask it
     ApiKey.DESCRIBE_LOG_DIRS: (0, 4),
 }
-PRODUCE_SERVED_FROM = 3  # Produce v0-2 carry MessageSets (magic 0/1): answered 35
+RECORD_BATCH_PRODUCE = 3  # Produce v0-2 carry message sets (magic 0/1), up-converted
 
 # Versions whose request and response declarations below are faithful to Kafka's
 # (wider than SUPPORTED where older versions are declared too): a request at such a

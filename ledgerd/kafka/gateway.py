@@ -91,7 +91,7 @@ from ledgerd.kafka.acl_admin import GatewayAcls
 from ledgerd.kafka.acls import AclSettings, Resource, cluster, parse_super_users
 from ledgerd.kafka.api import (
     DECLARED,
-    PRODUCE_SERVED_FROM,
+    RECORD_BATCH_PRODUCE,
     REQUEST_HEADER,
     REQUESTS,
     RESPONSES,
@@ -104,6 +104,7 @@ from ledgerd.kafka.compaction import keyless_records
 from ledgerd.kafka.compression import recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
+from ledgerd.kafka.legacy_records import upconverted
 from ledgerd.kafka.metrics import GatewayMetrics
 from ledgerd.kafka.offset_index import cursor_groups, indexed_reads
 from ledgerd.kafka.partitions import (
@@ -783,18 +784,10 @@ class Gateway:
                 return True
             refused_topics = judged.topics
         if api is ApiKey.PRODUCE:
-            if version < PRODUCE_SERVED_FROM:
-                if body["acks"] == 0:  # it reads no response: a close tells it (as below)
-                    slot.close = True
-                    slot.done.set()
-                    return False
-                reply = refusal(api, body, ErrorCode.UNSUPPORTED_VERSION)
-                slot.frame = self._frame(api, version, cid, reply)
-                slot.done.set()
-                return True
             started = trio.current_time()
             deadline = started + max(body["timeout_ms"], 0) / 1000
-            work = await self._admit_produce(conn, body, deadline, refused_topics)
+            work = await self._admit_produce(conn, body, deadline, refused_topics,
+                                             legacy=version < RECORD_BATCH_PRODUCE)
             nursery.start_soon(self._finish, slot, api, version, cid,
                                self._complete_produce, (body, work, started, deadline))
             return True
@@ -1139,13 +1132,14 @@ class Gateway:
         return int(code)
 
     async def _admit_produce(self, conn: _Conn, body: dict[str, Any], deadline: float,
-                             refused: frozenset[str] = frozenset(),
-                             ) -> dict[tuple[str, int], Any]:
+                             refused: frozenset[str] = frozenset(), *,
+                             legacy: bool = False) -> dict[tuple[str, int], Any]:
         """Validate and queue each partition's batches (called in request order, so a
         full partition queue holds this connection's next requests back, as a Kafka
         broker mutes a channel); returns per partition an error code or the queued
         item. The ``refused`` topics' partitions (the ACLs) get
-        TOPIC_AUTHORIZATION_FAILED."""
+        TOPIC_AUTHORIZATION_FAILED. ``legacy``: Produce v0-2, whose message sets
+        (magic 0/1) are up-converted to one RecordBatch v2 each (``legacy_records.py``)."""
         assert self.nursery is not None
         work: dict[tuple[str, int], Any] = {}
         tid = body["transactional_id"]
@@ -1167,8 +1161,11 @@ class Gateway:
                     continue
                 policy = self.topic_policy(t["name"])
                 try:
+                    records = pd["records"]
+                    if legacy:
+                        records = await trio.to_thread.run_sync(upconverted, records)
                     batches = split_batches(
-                        pd["records"], max_batch_bytes=policy.max_message_bytes,
+                        records, max_batch_bytes=policy.max_message_bytes,
                         limit_name="the topic's max.message.bytes"
                         if policy.max_message_bytes < self.config.max_batch_bytes
                         else "max_batch_bytes", transactional=tid is not None)

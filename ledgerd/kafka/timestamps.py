@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from ledgerd.base.errors import LedgerdError
 from ledgerd.kafka.records import HEADER_SIZE, BatchError, BatchHeader, read_varint
 
-__all__ = ["MAX_RECORDS_BYTES", "RecordsError", "first_at_or_after", "record_times",
-           "records_of"]
+__all__ = ["MAX_RECORDS_BYTES", "RecordsError", "decompressed", "first_at_or_after",
+           "record_times", "records_of"]
 
 MAX_RECORDS_BYTES = 64 << 20  # a batch's records, decompressed, at most
 LOG_APPEND_TIME = 0x08
@@ -91,7 +91,13 @@ def _varint(data: bytes | memoryview, at: int, record: int) -> tuple[int, int]:
 def records_of(h: BatchHeader, raw: memoryview) -> bytes | memoryview:
     """The records section of the batch ``h`` heads (``raw``: its bytes after the
     header), decompressed (bounded by ``MAX_RECORDS_BYTES``). Raises RecordsError."""
-    codec = h.attributes & 7
+    return decompressed(h.attributes & 7, raw)
+
+
+def decompressed(codec: int, raw: bytes | memoryview) -> bytes | memoryview:
+    """``raw`` decompressed with ``codec`` (a batch's attributes bits 0-2: 0 none,
+    1 gzip, 2 snappy, 3 lz4, 4 zstd), at most ``MAX_RECORDS_BYTES``. Raises
+    RecordsError."""
     if codec == 0:
         return raw
     if codec == 1:  # gzip
