@@ -69,7 +69,7 @@ def _properties(path: Path | None) -> dict[str, str]:
         line = line.strip()
         if not line or line[0] in "#!":
             continue
-        m = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+        m = re.match(r"([^=:\s]+)(?:\s*[=:]\s*|\s+)(.*)$", line)
         if m is None:
             raise ToolError(f"--command-config {path}, line {n}: {line!r} is not key=value")
         props[m.group(1)] = m.group(2).strip()
@@ -83,7 +83,8 @@ def _jaas_field(jaas: str, name: str) -> str:
 
 def _pem(props: dict[str, str], location: str, kind: str) -> str:
     path = props.get(location, "")
-    if path and props.get(kind, "PEM" if path.endswith((".pem", ".crt")) else "JKS") != "PEM":
+    if path and props.get(kind, "PEM" if path.endswith((".pem", ".crt")) else "JKS"
+                          ).upper() != "PEM":
         raise ToolError(f"{location}={path}: a Java keystore ({kind} "
                         f"{props.get(kind, 'JKS')}); this tool reads PEM files: give "
                         f"{kind}=PEM with a PEM file, or ssl.ca.location / "
@@ -139,6 +140,23 @@ def security_from(props: dict[str, str]) -> Any:
     return ClientSecurity(tls=tls, user=user, password=password)
 
 
+def _reason(exc: BaseException) -> str:
+    """What went wrong, never empty (trio's exceptions often carry no text)."""
+    import ssl
+
+    if isinstance(exc, trio.TooSlowError):
+        return "no answer in time"
+    if isinstance(exc, ssl.SSLError) or isinstance(exc.__cause__, ssl.SSLError):
+        err = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+        return f"TLS handshake failed: {getattr(err, 'reason', None) or err}"
+    if isinstance(exc, trio.BrokenResourceError):
+        text = str(exc) or str(exc.__cause__ or "")
+        return (text or "the connection broke") + (
+            " (a listener that needs TLS or SASL closes a connection that does not "
+            "bring them: give --command-config with security.protocol)")
+    return str(exc) or type(exc).__name__
+
+
 def _servers(bootstrap: str) -> list[tuple[str, int]]:
     out = []
     for item in bootstrap.split(","):
@@ -168,7 +186,7 @@ def _run(bootstrap: str, command_config: Path | None,
                     conn = await KafkaConnection.open(host, port, security)
             except (OSError, trio.BrokenResourceError, trio.TooSlowError,
                     KafkaDecodeError) as exc:
-                problems.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                problems.append(f"{host}:{port}: {_reason(exc)}")
                 continue
             async with conn:
                 with trio.fail_after(TIMEOUT_MS / 1000 + 10):
@@ -178,11 +196,15 @@ def _run(bootstrap: str, command_config: Path | None,
 
     try:
         return trio.run(main)
-    except (KafkaClientError, KafkaDecodeError, trio.BrokenResourceError) as exc:
-        raise ToolError(str(exc)) from None
+    except (KafkaClientError, KafkaDecodeError, trio.BrokenResourceError, OSError) as exc:
+        raise ToolError(_reason(exc)) from None
     except trio.TooSlowError:
         raise ToolError(f"no answer from {bootstrap} within {TIMEOUT_MS // 1000 + 10} s") \
             from None
+
+
+def _source(code: int) -> str:
+    return _SOURCES.get(code, "UNKNOWN" if code < 0 else str(code))
 
 
 def _error(code: int, message: str | None = None) -> str:
@@ -229,19 +251,23 @@ async def _metadata(conn: Any, topics: list[str] | None) -> dict[str, Any]:
     return await conn.call(ApiKey.METADATA, body)
 
 
-async def _matching(conn: Any, pattern: str, exclude_internal: bool) -> list[str]:
-    """Kafka's ``--topic``: a name, or a regular expression matched against every topic
-    (for all but --create)."""
-    md = await _metadata(conn, None)
-    names = sorted(t["name"] for t in md["topics"]
-                   if not t["error_code"] and not (exclude_internal and t["is_internal"]))
-    if pattern in names:
-        return [pattern]
+def topic_filter(pattern: str) -> re.Pattern[str]:
+    """Kafka's ``--topic`` for all but --create (``TopicFilter``): a regular expression
+    matched against whole names, commas standing for ``|``, spaces and surrounding
+    quotes left out (so ``a.b`` also matches ``aXb``, as with Kafka's tool)."""
+    text = pattern.strip().replace(",", "|").replace(" ", "").strip("'\"")
     try:
-        rx = re.compile(pattern)
-    except re.error:
-        return []
-    return [n for n in names if rx.fullmatch(n)]
+        return re.compile(text)
+    except re.error as exc:
+        raise ToolError(f"--topic {pattern!r} is an invalid regex: {exc}") from None
+
+
+async def _matching(conn: Any, pattern: str, exclude_internal: bool) -> list[str]:
+    rx = topic_filter(pattern)
+    md = await _metadata(conn, None)
+    return sorted(t["name"] for t in md["topics"]
+                  if not t["error_code"] and not (exclude_internal and t["is_internal"])
+                  and rx.fullmatch(t["name"]))
 
 
 @click.command("kafka-topics")
@@ -253,8 +279,9 @@ async def _matching(conn: Any, pattern: str, exclude_internal: bool) -> list[str
 @click.option("--describe", is_flag=True, help="Partitions, leaders and configs.")
 @click.option("--topic", default=None,
               help="A topic name; for all but --create also a regular expression.")
-@click.option("--partitions", type=click.IntRange(1), default=None)
-@click.option("--replication-factor", "replication", type=click.IntRange(1), default=None)
+@click.option("--partitions", type=click.IntRange(1, 2**31 - 1), default=None)
+@click.option("--replication-factor", "replication", type=click.IntRange(1, 2**15 - 1),
+              default=None)
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE",
               help="A topic config for --create (repeatable).")
 @click.option("--if-not-exists", is_flag=True, help="--create: no error if it exists.")
@@ -277,6 +304,8 @@ def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, cre
     if action == "alter" and partitions is None:
         raise ToolError("--alter needs --partitions (the new partition count)")
     wanted = _configs(configs, "--config")
+    if topic and action != "create":
+        topic_filter(topic)
 
     async def work(conn: Any) -> Any:
         if action == "create":
@@ -303,10 +332,12 @@ def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, cre
         for name in out:
             click.echo(name)
     elif action == "describe":
-        click.echo(_describe_text(out))
-    else:
+        if out:
+            click.echo(_describe_text(out))
+    elif action == "create":
         for line in out:
             click.echo(line)
+    # (--delete and --alter print nothing, as Kafka's tool; --json lists the topics)
 
 
 async def _create_topic(conn: Any, topic: str, partitions: int | None,
@@ -336,7 +367,7 @@ async def _delete_topics(conn: Any, names: list[str]) -> list[str]:
               if r["error_code"]]
     if failed:
         raise ToolError("deleting topics: " + "; ".join(failed))
-    return [f"Deleted topic {n}." for n in names]
+    return names
 
 
 async def _add_partitions(conn: Any, names: list[str], count: int) -> list[str]:
@@ -349,7 +380,7 @@ async def _add_partitions(conn: Any, names: list[str], count: int) -> list[str]:
               for r in got["results"] if r["error_code"]]
     if failed:
         raise ToolError("adding partitions: " + "; ".join(failed))
-    return [f"Topic {n} now has {count} partitions." for n in names]
+    return names
 
 
 async def _describe_topics(conn: Any, names: list[str] | None,
@@ -364,13 +395,17 @@ async def _describe_topics(conn: Any, names: list[str] | None,
             {"resource_type": 2, "resource_name": t["name"], "configuration_keys": None}
             for t in topics]})
         for r in got["results"]:
+            if r["error_code"]:
+                raise ToolError(f"describing the configs of topic {r['resource_name']}: "
+                                f"{_error(r['error_code'], r['error_message'])}")
+            # Kafka's tool shows every config that is not a default
             configs[r["resource_name"]] = {c["name"]: c["value"] for c in r["configs"]
-                                           if c.get("config_source") == 1}
+                                           if c.get("config_source") != 5}
     out = []
     for t in topics:
         parts = sorted(t["partitions"], key=lambda p: p["partition_index"])
         out.append({
-            "topic": t["name"], "topic_id": t["topic_id"].hex() if t["topic_id"] else "",
+            "topic": t["name"], "topic_id": _uuid(t["topic_id"]),
             "partition_count": len(parts),
             "replication_factor": len(parts[0]["replica_nodes"]) if parts else 0,
             "configs": configs.get(t["name"], {}),
@@ -380,16 +415,27 @@ async def _describe_topics(conn: Any, names: list[str] | None,
     return out
 
 
+def _uuid(raw: bytes) -> str:
+    """A topic id as Kafka prints it (``Uuid.toString``: URL-safe base64, no padding);
+    empty for none."""
+    import base64
+
+    if not raw or raw == bytes(16):
+        return ""
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
 def _describe_text(topics: list[dict[str, Any]]) -> str:
     lines = []
     for t in topics:
         cfg = ",".join(f"{k}={v}" for k, v in sorted(t["configs"].items()))
-        lines.append(f"Topic: {t['topic']}\tTopicId: {t['topic_id']}\t"
+        tid = f"TopicId: {t['topic_id']}\t" if t["topic_id"] else ""
+        lines.append(f"Topic: {t['topic']}\t{tid}"
                      f"PartitionCount: {t['partition_count']}\t"
                      f"ReplicationFactor: {t['replication_factor']}\tConfigs: {cfg}")
         for p in t["partitions"]:
             lines.append(f"\tTopic: {t['topic']}\tPartition: {p['partition']}\t"
-                         f"Leader: {p['leader']}\t"
+                         f"Leader: {'none' if p['leader'] < 0 else p['leader']}\t"
                          f"Replicas: {','.join(map(str, p['replicas']))}\t"
                          f"Isr: {','.join(map(str, p['isr']))}")
     return "\n".join(lines)
@@ -397,15 +443,41 @@ def _describe_text(topics: list[dict[str, Any]]) -> str:
 
 # -- kafka-configs ------------------------------------------------------------------------
 
+def _split_outside_brackets(text: str, sep: str, option: str) -> list[str]:
+    pieces, cur, depth = [], [], 0
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ToolError(f"{option} {text!r}: a ']' without its '['")
+        if ch == sep and depth == 0:
+            pieces.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise ToolError(f"{option} {text!r}: a '[' without its ']'")
+    return [*pieces, "".join(cur)]
+
+
 def _config_list(text: str, option: str) -> dict[str, str]:
-    """Kafka's ``--add-config 'k1=v1,k2=[v2,v3]'``: commas inside brackets belong to the
-    value (which loses its brackets)."""
+    """Kafka's ``--add-config 'k1=v1,k2=[v2,v3]'``: ``,`` and ``=`` inside brackets belong
+    to the value (which loses its brackets); every piece must be ``key=value``, as
+    Kafka's ConfigCommand requires."""
     out: dict[str, str] = {}
-    for m in re.finditer(r"\s*([^=,\s]+)\s*=\s*(\[[^\]]*\]|[^,]*)\s*(?:,|$)", text):
-        value = m.group(2)
-        out[m.group(1)] = value[1:-1] if value.startswith("[") else value
-    if text.strip() and not out:
-        raise ToolError(f"{option} {text!r}: not key=value[,key=value...]")
+    if not text.strip():
+        return out
+    for piece in _split_outside_brackets(text, ",", option):
+        parts = _split_outside_brackets(piece, "=", option)
+        if len(parts) != 2 or not parts[0].strip():
+            raise ToolError(f"{option}: {piece.strip()!r} is not key=value (every config "
+                            "to add is key=val or key=[val1,val2])")
+        value = parts[1].strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        out[parts[0].strip()] = value
     return out
 
 
@@ -461,6 +533,10 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
         raise ToolError("a config both added and deleted: " + ", ".join(sorted(set(adds) &
                                                                             set(deletes))))
     name = str(entity_name)
+    # what a describe without --all shows (Kafka's ConfigCommand): the entity's own
+    # dynamic configs
+    dynamic = {"topics": 1, "brokers": 2 if name else 3, "broker-loggers": 6,
+               "groups": 8}[entity_type]
     label = f"{entity_type[:-1]} {name}" if name else "the default broker"
 
     async def work(conn: Any) -> Any:
@@ -483,9 +559,10 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
             raise ToolError(f"describing the configs of {label}: "
                             f"{_error(r['error_code'], r['error_message'])}")
         return [{"name": c["name"], "value": c["value"], "sensitive": c["is_sensitive"],
-                 "source": _SOURCES.get(c["config_source"], str(c["config_source"]))}
-                for c in r["configs"]
-                if all_ or c["config_source"] not in (4, 5, -1)]
+                 "source": _source(c["config_source"]),
+                 "synonyms": [{"name": y["name"], "value": y["value"],
+                               "source": _source(y["source"])} for y in c["synonyms"]]}
+                for c in r["configs"] if all_ or c["config_source"] == dynamic]
 
     out = _run(bootstrap, command_config, work)
     if as_json:
@@ -496,8 +573,11 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
         click.echo(f"{'All' if all_ else 'Dynamic'} configs for {label} are:")
         for c in out:
             value = "null" if c["sensitive"] else c["value"]
+            synonyms = ", ".join(
+                f"{y['source']}:{y['name']}={'null' if c['sensitive'] else y['value']}"
+                for y in c["synonyms"])
             click.echo(f"  {c['name']}={value} sensitive={str(c['sensitive']).lower()} "
-                       f"synonyms={{{c['source']}:{c['name']}={value}}}")
+                       f"synonyms={{{synonyms}}}")
 
 
 # -- kafka-acls ---------------------------------------------------------------------------
@@ -523,15 +603,22 @@ def _principal(value: str, option: str) -> str:
     return value
 
 
+Pattern = tuple[ResourceType, str, PatternType]
+Binding = tuple[ResourceType, str, PatternType, str, str, AclOperation, AclPermission]
+
+
 def _resources(topics: Sequence[str], groups: Sequence[str], cluster: bool,
-               txn_ids: Sequence[str]) -> list[tuple[ResourceType, str]]:
-    return ([(ResourceType.TOPIC, t) for t in topics]
-            + [(ResourceType.GROUP, g) for g in groups]
-            + ([(ResourceType.CLUSTER, "kafka-cluster")] if cluster else [])
-            + [(ResourceType.TRANSACTIONAL_ID, t) for t in txn_ids])
+               txn_ids: Sequence[str], pattern: PatternType) -> list[Pattern]:
+    """The resource patterns the options name; the cluster's is always LITERAL, as
+    with Kafka's tool."""
+    return ([(ResourceType.TOPIC, t, pattern) for t in topics]
+            + [(ResourceType.GROUP, g, pattern) for g in groups]
+            + ([(ResourceType.CLUSTER, "kafka-cluster", PatternType.LITERAL)]
+               if cluster else [])
+            + [(ResourceType.TRANSACTIONAL_ID, t, pattern) for t in txn_ids])
 
 
-def _pattern_text(rtype: int, name: str, pattern: int) -> str:
+def _pattern_text(rtype: int, name: str | None, pattern: int) -> str:
     return (f"ResourcePattern(resourceType={ResourceType(rtype).name}, name={name}, "
             f"patternType={PatternType(pattern).name})")
 
@@ -582,17 +669,19 @@ def kafka_acls(bootstrap: str, command_config: Path | None, as_json: bool, add: 
                consumer: bool, idempotent: bool, force: bool) -> None:
     """Add, remove and list ACLs (Kafka's kafka-acls.sh)."""
     action = _one_action(add=add, remove=remove, list=list_)
-    resources = _resources(topics, groups, cluster, txn_ids)
     pattern_type = _PATTERNS[(pattern or "literal").lower()]
-    if action == "list" and pattern is None:
-        pattern_type = PatternType.ANY
     if action == "add" and pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
         raise ToolError(f"--resource-pattern-type {pattern}: --add takes literal or prefixed")
+    resources = _resources(topics, groups, cluster, txn_ids, pattern_type)
     if action != "list" and not resources:
         raise ToolError(f"--{action} needs a resource: --topic, --group, --cluster or "
                         "--transactional-id")
-    for p in (*allow_principals, *deny_principals, *principals):
-        _principal(p, "--principal")
+    if idempotent and not producer:
+        raise ToolError("--idempotent goes with --producer")
+    for option, values in (("--allow-principal", allow_principals),
+                           ("--deny-principal", deny_principals), ("--principal", principals)):
+        for p in values:
+            _principal(p, option)
     grants: list[tuple[str, str, AclPermission]] = [
         (p, h, AclPermission.ALLOW) for p in allow_principals for h in (allow_hosts or ("*",))
     ] + [(p, h, AclPermission.DENY) for p in deny_principals for h in (deny_hosts or ("*",))]
@@ -600,64 +689,70 @@ def kafka_acls(bootstrap: str, command_config: Path | None, as_json: bool, add: 
         raise ToolError("You must specify one of: --allow-principal, --deny-principal when "
                         "trying to add ACLs.")
     ops = [_operation(o) for o in operations]
-    bindings = _bindings(resources, grants, ops, producer, consumer, idempotent, action)
+    bindings = _bindings(resources, grants, ops, producer, consumer, idempotent)
     if action == "remove" and not force:
         if not sys.stdin.isatty():
             raise ToolError("--remove asks before removing ACLs; give --force when stdin "
                             "is not a terminal")
-        what = ", ".join(_pattern_text(rt, n, pattern_type) for rt, n in resources)
+        what = ", ".join(_pattern_text(*r) for r in resources)
         if not click.confirm(f"Are you sure you want to remove ACLs from {what}?"):
             raise ToolError("nothing removed")
 
     async def work(conn: Any) -> Any:
+        added: list[dict[str, Any]] = []
+        removed: list[dict[str, Any]] = []
         if action == "add":
-            return await _add_acls(conn, bindings, pattern_type)
-        if action == "remove":
-            return await _remove_acls(conn, bindings, resources, grants, pattern_type)
-        return await _list_acls(conn, resources, pattern_type, principals)
+            added = await _add_acls(conn, bindings)
+        elif action == "remove":
+            removed = await _remove_acls(conn, bindings if grants else None, resources)
+        return {"added": added, "removed": removed,
+                "current": await _list_acls(conn, resources, principals)}
 
     out = _run(bootstrap, command_config, work)
     if as_json:
-        click.echo(json.dumps(out, sort_keys=True))
+        click.echo(json.dumps(out["current"] if action == "list" else out, sort_keys=True))
         return
-    for res in out:
-        verb = {"add": "Adding ACLs for", "remove": "Removed ACLs from",
-                "list": "Current ACLs for"}[action]
-        click.echo(f"{verb} resource `{_pattern_text(res['resource_type'], res['name'], res['pattern_type'])}`: ")
-        for acl in res["acls"]:
-            click.echo(f" \t{_acl_text(acl)} ")
-        click.echo("")
+    # as Kafka's tool: what was added, then the ACLs of the resources named now
+    for verb, groups_ in (("Adding ACLs for", out["added"]),
+                          ("Current ACLs for", out["current"])):
+        for res in groups_:
+            click.echo(f"{verb} resource `"
+                       f"{_pattern_text(res['resource_type'], res['name'], res['pattern_type'])}"
+                       "`: ")
+            for acl in res["acls"]:
+                click.echo(f" \t{_acl_text(acl)} ")
+            click.echo("")
 
 
-def _bindings(resources: list[tuple[ResourceType, str]],
-              grants: list[tuple[str, str, AclPermission]], ops: list[AclOperation],
-              producer: bool, consumer: bool, idempotent: bool,
-              action: str) -> list[tuple[ResourceType, str, str, str, AclOperation,
-                                         AclPermission]]:
-    """(resource type, name, principal, host, operation, permission) per ACL to add or
-    remove: the named operations on every resource, or --producer / --consumer's."""
-    out = []
+def _bindings(resources: list[Pattern], grants: list[tuple[str, str, AclPermission]],
+              ops: list[AclOperation], producer: bool, consumer: bool,
+              idempotent: bool) -> list[Binding]:
+    """Every ACL to add or remove: the named operations (default All) on every resource,
+    or --producer / --consumer's (which leave --operation aside, as Kafka's tool)."""
+    out: list[Binding] = []
     for principal, host, perm in grants:
-        for rtype, name in resources:
-            wanted = list(ops)
-            if producer:
-                wanted += {ResourceType.TOPIC: [AclOperation.WRITE, AclOperation.DESCRIBE,
-                                                AclOperation.CREATE],
-                           ResourceType.TRANSACTIONAL_ID: [AclOperation.WRITE,
-                                                           AclOperation.DESCRIBE]
-                           }.get(rtype, [])
-            if consumer:
-                wanted += {ResourceType.TOPIC: [AclOperation.READ, AclOperation.DESCRIBE],
-                           ResourceType.GROUP: [AclOperation.READ]}.get(rtype, [])
-            if not (ops or producer or consumer):
-                wanted = [AclOperation.ALL]
+        for rtype, name, pattern in resources:
+            if producer or consumer:
+                wanted: list[AclOperation] = []
+                if producer:
+                    wanted += {ResourceType.TOPIC: [AclOperation.WRITE, AclOperation.DESCRIBE,
+                                                    AclOperation.CREATE],
+                               ResourceType.TRANSACTIONAL_ID: [AclOperation.WRITE,
+                                                               AclOperation.DESCRIBE]
+                               }.get(rtype, [])
+                if consumer:
+                    wanted += {ResourceType.TOPIC: [AclOperation.READ, AclOperation.DESCRIBE],
+                               ResourceType.GROUP: [AclOperation.READ]}.get(rtype, [])
+            else:
+                wanted = ops or [AclOperation.ALL]
             for op in dict.fromkeys(wanted):
-                out.append((rtype, name, principal, host, op, perm))
+                out.append((rtype, name, pattern, principal, host, op, perm))
         if producer and idempotent:
-            out.append((ResourceType.CLUSTER, "kafka-cluster", principal, host,
-                        AclOperation.IDEMPOTENT_WRITE, perm))
-    if (producer or consumer) and action == "add" and not out:
-        raise ToolError("--producer/--consumer need --topic (and --group for --consumer)")
+            out.append((ResourceType.CLUSTER, "kafka-cluster", PatternType.LITERAL,
+                        principal, host, AclOperation.IDEMPOTENT_WRITE, perm))
+    if (producer or consumer) and grants and not out:
+        raise ToolError("--producer needs --topic (or --transactional-id); --consumer needs "
+                        "--topic or --group")
     return out
 
 
@@ -670,51 +765,64 @@ def _grouped(acls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for (rt, n, pt), v in sorted(by.items())]
 
 
-async def _add_acls(conn: Any, bindings: list[Any], pattern_type: PatternType) -> Any:
+async def _add_acls(conn: Any, bindings: list[Binding]) -> list[dict[str, Any]]:
     creations = [{"resource_type": int(rt), "resource_name": n,
-                  "resource_pattern_type": int(pattern_type), "principal": p, "host": h,
+                  "resource_pattern_type": int(pt), "principal": p, "host": h,
                   "operation": int(op), "permission_type": int(perm)}
-                 for rt, n, p, h, op, perm in bindings]
+                 for rt, n, pt, p, h, op, perm in bindings]
     got = await conn.call(ApiKey.CREATE_ACLS, {"creations": creations})
-    for c, r in zip(creations, got["results"], strict=False):
+    if len(got["results"]) != len(creations):
+        raise ToolError(f"CreateAcls answered {len(got['results'])} results for "
+                        f"{len(creations)} ACLs")
+    for c, r in zip(creations, got["results"], strict=True):
         if r["error_code"]:
-            raise ToolError(f"adding {_acl_text(c)} on "
-                            f"{_pattern_text(c['resource_type'], c['resource_name'], int(pattern_type))}: "
+            where = _pattern_text(c["resource_type"], c["resource_name"],
+                                  c["resource_pattern_type"])
+            raise ToolError(f"adding {_acl_text(c)} on {where}: "
                             f"{_error(r['error_code'], r['error_message'])}")
     return _grouped([{**c, "pattern_type": c["resource_pattern_type"]} for c in creations])
 
 
-async def _remove_acls(conn: Any, bindings: list[Any],
-                       resources: list[tuple[ResourceType, str]], grants: list[Any],
-                       pattern_type: PatternType) -> Any:
-    if grants:
+async def _remove_acls(conn: Any, bindings: list[Binding] | None,
+                       resources: list[Pattern]) -> list[dict[str, Any]]:
+    """Delete ``bindings`` (None: every ACL of the resources)."""
+    if bindings is not None:
         filters = [{"resource_type_filter": int(rt), "resource_name_filter": n,
-                    "pattern_type_filter": int(pattern_type), "principal_filter": p,
+                    "pattern_type_filter": int(pt), "principal_filter": p,
                     "host_filter": h, "operation": int(op), "permission_type": int(perm)}
-                   for rt, n, p, h, op, perm in bindings]
-    else:  # no principal named: every ACL of the resources
+                   for rt, n, pt, p, h, op, perm in bindings]
+    else:
         filters = [{"resource_type_filter": int(rt), "resource_name_filter": n,
-                    "pattern_type_filter": int(pattern_type), "principal_filter": None,
+                    "pattern_type_filter": int(pt), "principal_filter": None,
                     "host_filter": None, "operation": int(AclOperation.ANY),
-                    "permission_type": int(AclPermission.ANY)} for rt, n in resources]
+                    "permission_type": int(AclPermission.ANY)} for rt, n, pt in resources]
     got = await conn.call(ApiKey.DELETE_ACLS, {"filters": filters})
     removed = []
     for r in got["filter_results"]:
         if r["error_code"]:
             raise ToolError(f"removing ACLs: {_error(r['error_code'], r['error_message'])}")
-        removed += r["matching_acls"]
+        for m in r["matching_acls"]:
+            if m["error_code"]:
+                raise ToolError("removing " + _acl_text(m) + " from " + _pattern_text(
+                    m["resource_type"], m["resource_name"], m["pattern_type"]) + ": "
+                    + _error(m["error_code"], m["error_message"]))
+            removed.append(m)
     return _grouped(removed)
 
 
-async def _list_acls(conn: Any, resources: list[tuple[ResourceType, str]],
-                     pattern_type: PatternType, principals: Sequence[str]) -> Any:
-    filters = [(int(rt), n) for rt, n in resources] or [(int(ResourceType.ANY), None)]
+async def _list_acls(conn: Any, resources: list[Pattern],
+                     principals: Sequence[str]) -> list[dict[str, Any]]:
+    """The ACLs of the resource patterns (none named: every ACL), of ``principals``
+    only when given."""
+    filters: list[tuple[int, str | None, int]] = [
+        (int(rt), n, int(pt)) for rt, n, pt in resources
+    ] or [(int(ResourceType.ANY), None, int(PatternType.ANY))]
     acls = []
     for principal in principals or (None,):
-        for rt, name in filters:
+        for rt, name, pt in filters:
             got = await conn.call(ApiKey.DESCRIBE_ACLS, {
                 "resource_type_filter": rt, "resource_name_filter": name,
-                "pattern_type_filter": int(pattern_type), "principal_filter": principal,
+                "pattern_type_filter": pt, "principal_filter": principal,
                 "host_filter": None, "operation": int(AclOperation.ANY),
                 "permission_type": int(AclPermission.ANY)})
             if got["error_code"]:

@@ -89,15 +89,18 @@ async def exchange(stream: trio.abc.Stream, request: bytes, where: str,
     trio.BrokenResourceError when the server closes the connection first."""
     await stream.send_all(request)
     buf = bytearray()
-    while len(buf) < 4 or len(buf) < 4 + _SIZE.unpack_from(buf)[0]:
-        if len(buf) >= 4 and not 4 <= _SIZE.unpack_from(buf)[0] <= max_reply:
-            raise KafkaDecodeError(f"a reply of {_SIZE.unpack_from(buf)[0]} bytes from "
-                                   f"{where} (at most {max_reply} are read)")
+    size = -1
+    while size < 0 or len(buf) < 4 + size:
         data = await stream.receive_some(65536)
         if not data:
             raise trio.BrokenResourceError(f"{where} closed the connection")
         buf += data
-    return bytes(buf[4:4 + _SIZE.unpack_from(buf)[0]])
+        if size < 0 and len(buf) >= 4:
+            size = _SIZE.unpack_from(buf)[0]
+            if not 4 <= size <= max_reply:  # checked before the size is used
+                raise KafkaDecodeError(f"a reply of {size} bytes from {where} (at least 4, "
+                                       f"at most {max_reply} are read)")
+    return bytes(buf[4:4 + size])
 
 
 class KafkaConnection:

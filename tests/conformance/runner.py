@@ -49,6 +49,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -299,8 +300,9 @@ def make_kafka_path(where: Path) -> Path:
         script.write_text(
             "#!/bin/sh\n"
             f"# {tool}.sh for librdkafka's tests: ledgerd's own {tool} (tools/kafka_tools.py)\n"
-            f"exec {sys.executable} -c 'import sys; from ledgerd.tools.cli import main; "
-            f"main([\"{tool}\", *sys.argv[1:]])' \"$@\"\n")
+            f"exec {shlex.quote(sys.executable)} -c 'import sys; "
+            f"from ledgerd.tools.cli import main; main([\"{tool}\", *sys.argv[1:]])' "
+            '"$@"\n')
         script.chmod(0o755)
     return where
 

@@ -5,6 +5,7 @@ KAFKA_PATH scripts the conformance harness gives librdkafka's tests."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,13 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from ledgerd.tools.cli import cli
-from ledgerd.tools.kafka_tools import ToolError, _config_list, _properties, security_from
+from ledgerd.tools.kafka_tools import (
+    ToolError,
+    _config_list,
+    _properties,
+    security_from,
+    topic_filter,
+)
 from tests.conformance.runner import make_kafka_path
 from tests.kafka.conftest import KafkaCluster
 
@@ -74,7 +81,7 @@ def test_kafka_topics_creates_describes_alters_and_deletes(kafka_cluster: KafkaC
     assert len(admin.list_topics("tools-ts", timeout=BOUND_S).topics["tools-ts"].partitions) == 4
 
     gone = _tool(kafka_cluster, "kafka-topics", "--delete", "--topic", "tools-ts")
-    assert gone.exit_code == 0, gone.output
+    assert (gone.exit_code, gone.output) == (0, ""), gone.output  # as Kafka's: silent
     assert "tools-ts" not in admin.list_topics(timeout=BOUND_S).topics
     missing = _tool(kafka_cluster, "kafka-topics", "--delete", "--topic", "tools-ts")
     assert missing.exit_code == 1
@@ -99,14 +106,15 @@ def test_kafka_configs_sets_and_deletes_topic_configs(kafka_cluster: KafkaCluste
     assert set_.output == "Completed updating config for topic tools-cfg.\n"
     described = json.loads(_tool(kafka_cluster, "kafka-configs", "--describe", "--topic",
                                  "tools-cfg", "--json").output)
-    assert {c["name"]: c["value"] for c in described} == {
+    assert {c["name"]: c["value"] for c in described} == {  # only the topic's own
         "retention.ms": "60000", "cleanup.policy": "compact,delete"}
     assert _tool(kafka_cluster, "kafka-configs", "--alter", "--topic", "tools-cfg",
                  "--delete-config", "retention.ms").exit_code == 0
     text = _tool(kafka_cluster, "kafka-configs", "--describe", "--topic", "tools-cfg").output
     assert text == ("Dynamic configs for topic tools-cfg are:\n"
                     "  cleanup.policy=compact,delete sensitive=false "
-                    "synonyms={DYNAMIC_TOPIC_CONFIG:cleanup.policy=compact,delete}\n")
+                    "synonyms={DYNAMIC_TOPIC_CONFIG:cleanup.policy=compact,delete, "
+                    "DEFAULT_CONFIG:cleanup.policy=delete}\n")
 
 
 def test_kafka_acls_scripts_deny_and_allow_again(kafka_cluster: KafkaCluster,
@@ -130,6 +138,7 @@ def test_kafka_acls_scripts_deny_and_allow_again(kafka_cluster: KafkaCluster,
 
     listed = json.loads(_tool(kafka_cluster, "kafka-acls", "--list", "--topic", topic,
                               "--json").output)
+    # --list --topic T: the LITERAL bindings of T (Kafka's default pattern type)
     assert listed == [{"resource_type": 2, "name": topic, "pattern_type": 3, "acls": [
         {"principal": "User:*", "host": "*", "operation": 2, "permission_type": 2}]}]
 
@@ -148,11 +157,14 @@ def test_kafka_acls_producer_shorthand(kafka_cluster: KafkaCluster) -> None:
     added = _tool(kafka_cluster, "kafka-acls", "--add", "--allow-principal", "User:alice",
                   "--producer", "--topic", "tools-prod", "--json")
     assert added.exit_code == 0, added.output
-    (res,) = json.loads(added.output)
+    out = json.loads(added.output)
+    (res,) = out["added"]
     assert sorted(a["operation"] for a in res["acls"]) == [4, 5, 8]  # WRITE CREATE DESCRIBE
+    assert out["current"] == out["added"]
     gone = _tool(kafka_cluster, "kafka-acls", "--remove", "--force", "--topic", "tools-prod",
                  "--json")
-    assert len(json.loads(gone.output)[0]["acls"]) == 3
+    assert len(json.loads(gone.output)["removed"][0]["acls"]) == 3
+    assert json.loads(gone.output)["current"] == []
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -170,6 +182,16 @@ def test_kafka_acls_producer_shorthand(kafka_cluster: KafkaCluster) -> None:
       "--allow-principal", "alice"], "Type:name"),
     (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--alter", "--topic", "t"],
      "--alter needs --add-config"),
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--alter", "--topic", "t",
+      "--add-config", "a=1,garbage"], "'garbage' is not key=value"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--delete", "--topic", "a[("],
+     "is an invalid regex"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--create", "--topic", "t",
+      "--replication-factor", "40000"], "40000 is not in the range"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
+      "--deny-principal", "bob"], "--deny-principal 'bob'"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
+      "--allow-principal", "User:a", "--idempotent"], "--idempotent goes with --producer"),
 ])
 def test_bad_invocations_say_what_is_wrong(args: list[str], says: str) -> None:
     got = CliRunner().invoke(cli, args)
@@ -179,7 +201,7 @@ def test_bad_invocations_say_what_is_wrong(args: list[str], says: str) -> None:
 
 def test_command_config_properties(tmp_path: Path) -> None:
     props = tmp_path / "client.properties"
-    props.write_text("# comment\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+    props.write_text("# comment\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanism PLAIN\n"
                      'sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule'
                      ' required username="alice" password="s3=cr\\"et";\n')
     sec = security_from(_properties(props))
@@ -193,12 +215,51 @@ def test_command_config_properties(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match=r"security\.protocol=SSL needs ssl\.ca\.location"):
         security_from({"security.protocol": "SSL"})
     bad = tmp_path / "bad.properties"
-    bad.write_text("no separator here\n")
+    bad.write_text("lonely\n")
     with pytest.raises(ToolError, match="line 1"):
         _properties(bad)
 
 
 def test_add_config_lists_keep_bracketed_commas() -> None:
     assert _config_list("a=1,b=[x,y],c=", "--add-config") == {"a": "1", "b": "x,y", "c": ""}
-    with pytest.raises(ToolError, match="not key=value"):
-        _config_list(",,,", "--add-config")
+    assert _config_list("SCRAM-SHA-256=[iterations=8192,password=s]", "--add-config") == {
+        "SCRAM-SHA-256": "iterations=8192,password=s"}
+    for bad, says in ((",,,", "not key=value"), ("a=b=c", "not key=value"),
+                      ("k=[a,b", "without its ']'"), ("r=1,c:compact", "'c:compact'")):
+        with pytest.raises(ToolError, match=re.escape(says)):
+            _config_list(bad, "--add-config")
+
+
+def test_topic_filters_are_kafkas() -> None:
+    rx = topic_filter(" 'orders,payments.*' ")
+    assert [t for t in ("orders", "payments-eu", "orders2", "x") if rx.fullmatch(t)] == [
+        "orders", "payments-eu"]
+    assert topic_filter("a.b").fullmatch("aXb")  # a regex, as with Kafka's tool
+
+
+def test_an_unreachable_server_is_named_with_a_reason() -> None:
+    got = CliRunner().invoke(cli, ["kafka-topics", "--bootstrap-server", "127.0.0.1:1",
+                                   "--list"])
+    assert got.exit_code == 1
+    assert re.search(r"127\.0\.0\.1:1: \S", got.output), got.output  # a reason, not empty
+
+
+@pytest.mark.parametrize(("size", "says"), [(-5, "a reply of -5 bytes"),
+                                            (1 << 30, "at most"), (2, "a reply of 2 bytes")])
+def test_the_client_refuses_a_reply_size_before_using_it(size: int, says: str) -> None:
+    import struct
+
+    import trio
+    import trio.testing
+
+    from ledgerd.kafka.client import exchange
+    from ledgerd.kafka.schema import KafkaDecodeError
+
+    async def main() -> None:
+        ours, theirs = trio.testing.memory_stream_pair()
+        # the whole reply, size and more, arrives in the first read
+        await theirs.send_all(struct.pack(">i", size) + bytes(64))
+        with pytest.raises(KafkaDecodeError, match=re.escape(says)):
+            await exchange(ours, b"request", "the server")
+
+    trio.run(main)

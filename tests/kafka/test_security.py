@@ -234,3 +234,46 @@ def test_acls_name_the_authenticated_principal(secure_gateway: tuple[GatewayProc
     assert denied is not None and denied.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     root.create_acls([write_acl("alice")])[write_acl("alice")].result(60)
     assert produce_as_alice() is None
+
+
+def test_kafka_tools_over_sasl_ssl_and_with_a_client_certificate(
+        secure_gateway: tuple[GatewayProcess, Path], tmp_path: Path) -> None:
+    """``ledgerd kafka-topics --command-config``: Kafka's client properties for SASL_SSL
+    (PLAIN, a JAAS line) and SSL with a client certificate; the principal's roles decide;
+    what lacks them, or the listener's TLS, is named in one line."""
+    import trustme
+
+    gw, base = secure_gateway
+
+    def props(name: str, text: str) -> str:
+        (tmp_path / name).write_text(text)
+        return str(tmp_path / name)
+
+    def sasl(user: str, ca: Path = base / "ca.pem") -> str:
+        token = (base / user).read_text().strip()
+        return props(f"{user}-{ca.name}.properties", (
+            f"security.protocol=SASL_SSL\nssl.ca.location={ca}\nsasl.mechanism=PLAIN\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule "
+            f'required username="{user}" password="{token}";\n'))
+
+    def tool(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ledgerd.tools.cli", "kafka-topics",
+                               "--bootstrap-server", gw.bootstrap, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    made = tool("--create", "--topic", "tools-secure", "--command-config", sasl("root"))
+    assert (made.returncode, made.stdout) == (0, "Created topic tools-secure.\n"), made.stderr
+    refused = tool("--create", "--topic", "tools-alice", "--command-config", sasl("alice"))
+    assert refused.returncode == 1 and "CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
+    cert = props("etl.properties", f"security.protocol=SSL\nssl.ca.location={base / 'ca.pem'}\n"
+                 f"ssl.certificate.location={base / 'etl.pem'}\n"
+                 f"ssl.key.location={base / 'etl.pem'}\n")
+    listed = tool("--list", "--command-config", cert)
+    assert listed.returncode == 0 and "tools-secure" in listed.stdout.split(), listed.stderr
+    bare = tool("--list")
+    assert bare.returncode == 1 and "give --command-config" in bare.stderr, bare.stderr
+    other = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other))
+    wrong_ca = tool("--list", "--command-config", sasl("root", other))
+    assert wrong_ca.returncode == 1 and "TLS handshake failed" in wrong_ca.stderr, \
+        wrong_ca.stderr
