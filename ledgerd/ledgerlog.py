@@ -272,7 +272,10 @@ class LogWriter:
         self.roll_bytes = roll_bytes
         self.roll_interval = roll_interval
         self.unbounded = unbounded
-        self.opened_at = trio.current_time()
+        # when the current ledger took its first log entry (None: none yet): its age for
+        # ``roll_interval``, as Kafka ages a segment from its first record, so a quiet
+        # log does not roll a ledger for each entry that comes after a long pause
+        self.opened_at: float | None = None
         self.closed = False
         # (seq, first offset) of the current ledger's log header; None: no headers
         self.header = header
@@ -292,7 +295,7 @@ class LogWriter:
         h = self.handle
         return ((self.roll_entries > 0 and self._entries(h) >= self.roll_entries)
                 or (self.roll_bytes > 0 and h.length >= self.roll_bytes)
-                or (self.roll_interval > 0
+                or (self.roll_interval > 0 and self.opened_at is not None
                     and trio.current_time() - self.opened_at >= self.roll_interval))
 
     async def append(self, data: bytes) -> LogPosition:
@@ -316,6 +319,8 @@ class LogWriter:
     async def _write(self, batch: list[bytes]) -> list[LogPosition]:
         lid = self.handle.ledger_id
         ids = await self.handle.append_many(batch)
+        if self.opened_at is None:
+            self.opened_at = trio.current_time()
         if self._due():
             await self.roll()
         return [LogPosition(lid, eid) for eid in ids]
@@ -345,7 +350,7 @@ class LogWriter:
             raise
         self.handle = new
         self.header = header
-        self.opened_at = trio.current_time()
+        self.opened_at = None
         await old.close()
         log.info("log_rolled", extra=fields(log=self.name, closed=old.ledger_id,
                                             ledger=new.ledger_id))
@@ -405,7 +410,7 @@ class Logs:
         by an unbounded ledger: take the ledger over (raise its term). ``unbounded`` chooses
         the kind when the log is created (default: ledgers); for an existing log it must
         match (None: whatever the log is). ``roll_interval`` (seconds) rolls a ledger-backed
-        log's ledger by age too, checked after each append. ``header`` (ledger-backed
+        log's ledger by age too (counted from its first entry), checked after each append. ``header`` (ledger-backed
         logs): each ledger this writer adds starts with a log header (the module doc),
         carrying ``header_extra`` (at most ``logheader.MAX_EXTRA`` bytes: what the caller
         wants ``metadata rebuild`` to find, e.g. the Kafka gateway's topic); False adds

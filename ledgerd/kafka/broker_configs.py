@@ -14,7 +14,7 @@ What each name does here, as on a Kafka broker:
   ``message.max.bytes``, ``log.message.timestamp.type``, ``compression.type``,
   ``log.cleanup.policy``, ``log.cleaner.delete.retention.ms``,
   ``log.cleaner.min.compaction.lag.ms``, ``log.cleaner.max.compaction.lag.ms``,
-  ``log.cleaner.min.cleanable.ratio``, ``log.segment.bytes``,
+  ``log.cleaner.min.cleanable.ratio``, ``log.segment.bytes``, ``log.roll.ms``,
   ``log.flush.interval.ms``, ``log.flush.interval.messages``): the value every topic
   without its own (topic config) takes, on the partitions the gateway leads. Each is
   checked as its topic config is (``topic_configs``), so a value a topic may not
@@ -85,6 +85,7 @@ _TOPIC_DEFAULTS = {
     "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
     "log.flush.interval.ms": "flush.ms",
     "log.flush.interval.messages": "flush.messages",
 }

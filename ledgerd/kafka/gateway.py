@@ -967,6 +967,7 @@ class Gateway:
                 self.client, topic, p, self.part_settings, self.nursery,
                 authority=lambda: self.may_lead(key))
             part.txn_flag = lambda offset: self.txn.partition_flag(topic, p, offset)
+            part.rolling = lambda: self.topic_policy(topic).rolling(self.config.log_roll_bytes)
             part.origin = lambda: self._topic_origin(topic, p)
         record = self.topic_store.cached(topic)
         if record is not None:  # DeleteRecords' low watermark, from any gateway

@@ -218,6 +218,10 @@ class PartitionLog:
         self.txn: TxnIndex | None = None
         self.txn_from: int | None = None
         self.txn_flag: Callable[[int | None], Awaitable[int | None]] | None = None
+        # (bytes, seconds) at which the writer's ledger rolls, read before each append:
+        # the topic's segment.bytes / segment.ms (``TopicPolicy.rolling``); None: the
+        # settings' roll_bytes, no age limit
+        self.rolling: Callable[[], tuple[int, float]] | None = None
         self._txn_checked: tuple[int, int] | None = None
         self._txn_lock = trio.Lock()
         self.txn_verified: OrderedDict[int, int] = OrderedDict()
@@ -321,6 +325,8 @@ class PartitionLog:
                     self.next_offset += h.record_count
                 fresh.append(item)
             if payloads:
+                if self.rolling is not None:
+                    writer.roll_bytes, writer.roll_interval = self.rolling()
                 await writer.append_many(payloads)
             elif any(item.code for item in items) and not await self._still_writer(writer):
                 # A sequence refused without writing anything has not touched the
@@ -824,7 +830,8 @@ class PartitionLog:
         """Forget what is remembered of ledgers the log no longer lists (compaction
         replaced them, retention dropped them): their handles, the positions and
         read-ahead pointing into them, what was read of them. True if there were any."""
-        listed = set(await self._ledgers())
+        order = await self._ledgers()
+        listed = set(order)
         known = set(self.handles) | {lid for lid, _ in self.positions.values()} \
             | set(self.first_offsets)
         gone = known - listed
@@ -834,6 +841,12 @@ class PartitionLog:
                        self.summaries, self.max_times):
             for lid in gone:
                 memory.pop(lid, None)
+        # the batches kept of recent appends: those of the ledgers gone are what a
+        # compaction just rewrote (a fetch must get the replacement's records); only
+        # the last ledger's, never replaced, stay
+        last = await self._first_offset(order[-1]) if order else None
+        while self.tail and (last is None or self.tail[0][0] < last):
+            self.tail_bytes -= len(self.tail.popleft()[2])
         await self._forget_reads()
         self.start_moved()
         return True

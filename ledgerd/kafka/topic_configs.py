@@ -26,18 +26,21 @@ gateway does what it says:
   ``gzip``, ``snappy``, ``lz4`` or ``zstd`` makes the gateway recompress each produced
   batch with that codec before it appends it, as Kafka's broker does
   (``compression.py``);
-- ``message.format.version``, ``flush.ms``, ``flush.messages``, ``segment.bytes``,
-  ``segment.ms``: accepted because they hold trivially (every batch is stored as
-  RecordBatch v2, as Kafka 3+ does whatever the setting; every acknowledged batch is
-  already on its ack quorum's journals; segment sizes only set how much past a
-  retention limit is kept, and ledgers roll at the gateway's ``log_roll_bytes``);
-- ``max.compaction.lag.ms``: its default only (no limit). Kafka rolls the active
-  segment to honour a lower one; the gateway never compacts its active ledger, which
-  rolls by size only, so a lower value is refused (POLICY_VIOLATION).
+- ``segment.bytes``, ``segment.ms``: a partition's ledger (Kafka: its active segment)
+  rolls once it holds this many bytes (default: the gateway's ``log_roll_bytes``), or
+  after an append once its first record is this old (``ledgerlog.LogWriter``'s
+  ``roll_bytes`` / ``roll_interval``, set from the topic's policy before each append);
+  only closed ledgers are dropped by retention or compacted;
+- ``max.compaction.lag.ms``: on a compacted topic, the ledger rolls once its first
+  record is this old too (Kafka's ``LogConfig.maxSegmentMs``: the lower of it and
+  ``segment.ms``), so a record becomes compactable within about this long plus the
+  cleaner's ``compaction_backoff_ms``;
+- ``message.format.version``, ``flush.ms``, ``flush.messages``: accepted because they
+  hold trivially (every batch is stored as RecordBatch v2, as Kafka 3+ does whatever
+  the setting; every acknowledged batch is already on its ack quorum's journals).
 
-Anything else is refused, never kept silently: an unknown name with INVALID_CONFIG,
-a value the gateway cannot honour (``max.compaction.lag.ms`` below its default) with
-POLICY_VIOLATION, each with a message naming the config.
+Anything else is refused, never kept silently: an unknown name, or a value outside
+what the config allows, with INVALID_CONFIG and a message naming the config.
 """
 
 from __future__ import annotations
@@ -125,14 +128,11 @@ def _integer(low: int, high: int) -> Callable[[str, str], str]:
     return check
 
 
-def _one_of(*allowed: str, refused: Mapping[str, str] | None = None,
-            ) -> Callable[[str, str], str]:
+def _one_of(*allowed: str) -> Callable[[str, str], str]:
     def check(name: str, value: str) -> str:
         v = value.strip()
         if v in allowed:
             return v
-        if refused and v in refused:
-            raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION, f"{name}={v}: {refused[v]}")
         raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
                                  f"{name}={value!r}: allowed {', '.join(allowed)}")
     return check
@@ -158,16 +158,6 @@ def _ratio(name: str, value: str) -> str:
         raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
                                  f"{name}={r}: allowed 0 to 1")
     return str(r)
-
-
-def _max_compaction_lag(name: str, value: str) -> str:
-    v = _integer(1, LONG_MAX)(name, value)
-    if int(v) != LONG_MAX:
-        raise ConfigRefusedError(ErrorCode.POLICY_VIOLATION,
-                                 f"{name}={v}: only {LONG_MAX} (no limit); the gateway "
-                                 "never compacts a partition's active ledger, which "
-                                 "rolls by size only")
-    return v
 
 
 def _format_version(name: str, value: str) -> str:
@@ -215,8 +205,9 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
                "Largest record batch accepted (MESSAGE_TOO_LARGE above it); at most the "
                "gateway's max_batch_bytes.", default_from="max_batch_bytes"),
     ConfigSpec("max.compaction.lag.ms", str(LONG_MAX), ConfigType.LONG,
-               _max_compaction_lag,
-               "Only the default (no limit): the active ledger is never compacted."),
+               _integer(1, LONG_MAX),
+               "On a compacted topic, a partition's ledger rolls once its first record is "
+               "this old (as with segment.ms), so its records become compactable."),
     ConfigSpec("min.cleanable.dirty.ratio", "0.5", ConfigType.DOUBLE, _ratio,
                "A compaction pass runs once the share of the compactable ledgers' bytes "
                "not compacted yet is at least this."),
@@ -233,11 +224,12 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
                "Oldest ledgers are dropped while the partition stays at least this large "
                "without them (-1 = no limit)."),
     ConfigSpec("segment.bytes", "1073741824", ConfigType.INT, _integer(14, INT_MAX),
-               "Accepted; a partition's ledgers roll at the gateway's log_roll_bytes. "
-               "As with Kafka's segments, it only sets how much past a retention limit "
-               "is kept, never what is served."),
+               "A partition's ledger rolls once it holds this many bytes (default: the "
+               "gateway's log_roll_bytes); retention and compaction take closed ledgers "
+               "only."),
     ConfigSpec("segment.ms", "604800000", ConfigType.LONG, _integer(1, LONG_MAX),
-               "Accepted; as segment.bytes (ledgers roll by size, not by age)."),
+               "A partition's ledger rolls, at an append, once its first record is this "
+               "old (each roll costs a few ZooKeeper writes)."),
     ConfigSpec("retention.ms", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
                "Ledgers whose newest record is older than this are dropped (-1 = keep "
                "forever, the gateway's default: Kafka's is 7 days)."),
@@ -347,6 +339,9 @@ class TopicPolicy:
     delete_retention_ms: int = 86_400_000
     min_compaction_lag_ms: int = 0
     min_cleanable_dirty_ratio: float = 0.5
+    segment_bytes: int | None = None  # None: the gateway's log_roll_bytes
+    segment_ms: int = 604_800_000
+    max_compaction_lag_ms: int = LONG_MAX
 
     @classmethod
     def of(cls, configs: Mapping[str, str], *, max_batch_bytes: int) -> TopicPolicy:
@@ -361,7 +356,21 @@ class TopicPolicy:
                    max_message_bytes=min(int(configs.get("max.message.bytes",
                                                          max_batch_bytes)), max_batch_bytes),
                    log_append_time=configs.get("message.timestamp.type") == "LogAppendTime",
-                   compression=Codec.of_config(configs.get("compression.type", "producer")))
+                   compression=Codec.of_config(configs.get("compression.type", "producer")),
+                   segment_bytes=int(configs["segment.bytes"]) if "segment.bytes" in configs
+                   else None,
+                   segment_ms=int(configs.get("segment.ms", "604800000")),
+                   max_compaction_lag_ms=int(configs.get("max.compaction.lag.ms",
+                                                         str(LONG_MAX))))
+
+    def rolling(self, default_bytes: int) -> tuple[int, float]:
+        """(bytes, seconds) at which a partition's ledger rolls: segment.bytes (else
+        ``default_bytes``), and segment.ms, or on a compacted topic the lower of it and
+        max.compaction.lag.ms (Kafka's ``LogConfig.maxSegmentMs``)."""
+        ms = min(self.segment_ms, self.max_compaction_lag_ms) if self.compact \
+            else self.segment_ms
+        return (default_bytes if self.segment_bytes is None else self.segment_bytes,
+                ms / 1000)
 
     @property
     def has_retention(self) -> bool:

@@ -427,3 +427,60 @@ def test_kill_9_while_compacting_loses_no_keys_latest_value(
               f"{log_text.count('kafka_compaction_pass')} passes and "
               f"{log_text.count('log_ledgers_replaced')} swaps logged, {orphaned} "
               "orphaned replacements counted after the kills (all reclaimed)")
+
+
+def _ledger_count(zk: str, topic: str) -> int:
+    import trio
+
+    import ledgerd
+    from ledgerd.kafka.partitions import log_name
+
+    async def count() -> int:
+        async with ledgerd.open_client(zk) as client:
+            return len(await client.logs.ledgers(log_name(topic, 0)))
+
+    return trio.run(count)
+
+
+def test_ledgers_roll_by_age_segment_ms_and_max_compaction_lag_ms(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """segment.ms rolls a partition's ledger at an append once its first record is that
+    old; on a compacted topic max.compaction.lag.ms does too, so records written a
+    moment ago are compacted although the ledger is far from log_roll_bytes."""
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=FAST_CLEANER)
+    with running_cluster(tmp_path, zk_chroot, 3, gw):
+        from confluent_kafka import Producer
+
+        _create(gw.bootstrap, "aged", {"segment.ms": "2000"})
+        p = Producer({"bootstrap.servers": gw.bootstrap, "linger.ms": 0})
+
+        def put(value: bytes) -> None:
+            p.produce("aged", value=value, key=b"a", partition=0)
+            assert p.flush(BOUND_S) == 0
+
+        put(b"1")
+        started = time.monotonic()
+        one = _ledger_count(zk_chroot, "aged")
+        put(b"2")  # a young ledger: no roll
+        assert _ledger_count(zk_chroot, "aged") == one
+        assert time.monotonic() - started < 2.0, "too slow to tell (a loaded machine)"
+        time.sleep(2.1)
+        put(b"3")  # its first record is 2 s old: it rolls after this append
+        assert _ledger_count(zk_chroot, "aged") == one + 1
+        time.sleep(2.1)  # the new ledger is empty: it has no age yet
+        put(b"4")
+        assert _ledger_count(zk_chroot, "aged") == one + 1
+
+        _create(gw.bootstrap, "lag", {"cleanup.policy": "compact",
+                                      "min.cleanable.dirty.ratio": "0.01",
+                                      "max.compaction.lag.ms": "300"})
+        acked = _produce(gw.bootstrap, "lag", [(b"k", b"v%d" % i) for i in range(5)])
+        time.sleep(0.4)
+        acked += _produce(gw.bootstrap, "lag", [(b"other", b"x")])  # rolls after it
+
+        def compacted() -> bool:
+            return [(k, v) for _, k, v in _consume(gw.bootstrap, "lag")] == [
+                (b"k", b"v4"), (b"other", b"x")]
+        wait_until(compacted, "the cleaner compacted the rolled ledger", bound=60)
+        got = _consume(gw.bootstrap, "lag")
+        assert [o for o, _, _ in got] == [acked[4][1], acked[5][1]]  # offsets kept

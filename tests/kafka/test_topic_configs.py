@@ -36,8 +36,10 @@ def _refused(name: str, value: str | None) -> ConfigRefusedError:
 
 
 def test_configs_the_gateway_cannot_honour_are_refused_naming_them() -> None:
-    lag = _refused("max.compaction.lag.ms", "60000")
-    assert lag.code == ErrorCode.POLICY_VIOLATION and "max.compaction.lag.ms" in lag.message
+    # max.compaction.lag.ms is honoured (the ledger rolls by it: TopicPolicy.rolling)
+    assert checked("max.compaction.lag.ms", "60000", max_batch_bytes=LIMIT) == "60000"
+    lag = _refused("max.compaction.lag.ms", "0")
+    assert lag.code == ErrorCode.INVALID_CONFIG and "max.compaction.lag.ms" in lag.message
     assert _refused("cleanup.policy", "compact,compact").code == ErrorCode.INVALID_CONFIG
     assert _refused("cleanup.policy", "shred").code == ErrorCode.INVALID_CONFIG
     assert _refused("min.cleanable.dirty.ratio", "1.5").code == ErrorCode.INVALID_CONFIG
@@ -238,3 +240,15 @@ def test_log_append_time_stamps_the_batch_and_keeps_its_crc_valid() -> None:
     with pytest.raises(Exception) as info:
         split_batches(stamped, max_batch_bytes=20, limit_name="the topic's max.message.bytes")
     assert "max.message.bytes" in str(info.value)
+
+
+def test_a_partitions_ledger_rolls_by_segment_bytes_and_age() -> None:
+    """Kafka's LogConfig.maxSegmentMs: segment.ms, or on a compacted topic the lower of
+    it and max.compaction.lag.ms; segment.bytes, else the gateway's log_roll_bytes."""
+    assert TopicPolicy.of({}, max_batch_bytes=LIMIT).rolling(1 << 20) == (1 << 20, 604_800.0)
+    assert TopicPolicy.of({"segment.bytes": "5000", "segment.ms": "60000",
+                           "max.compaction.lag.ms": "100"},
+                          max_batch_bytes=LIMIT).rolling(1 << 20) == (5000, 60.0)
+    assert TopicPolicy.of({"cleanup.policy": "compact", "segment.ms": "60000",
+                           "max.compaction.lag.ms": "100"},
+                          max_batch_bytes=LIMIT).rolling(1 << 20) == (1 << 20, 0.1)
