@@ -1,4 +1,6 @@
-"""``ledgerd shell kafka scram``: the Kafka gateway's SCRAM credentials, in ZooKeeper.
+"""``ledgerd shell kafka scram`` and ``kafka acls``: the Kafka gateway's SCRAM credentials
+and ACL bindings, in ZooKeeper (``acls`` at the end: list and delete, the way back in
+when the ACLs lock everyone out of the ACL APIs).
 
 The way in for a gateway that offers only SCRAM and has no super user yet (Kafka's
 ``kafka-storage format --add-scram``, formerly ``kafka-configs --zookeeper ... --alter
@@ -212,3 +214,92 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     human = (table(["user", "mechanism", "iterations"], rows) if rows
              else f"no SCRAM credentials in {_zk(ctx)}{_path(ctx)}")
     emit(as_json, {"path": _path(ctx), "users": users}, human)
+
+
+@kafka_group.group("acls")
+def acls_group() -> None:
+    """The Kafka gateway's ACL bindings, read and removed straight in ZooKeeper.
+
+    The way back in for an operator whom the ACLs themselves lock out of the ACL APIs
+    (a binding on the cluster resource closes its DESCRIBE and ALTER to every other
+    principal, as on Kafka), as Kafka's kafka-acls.sh did with --authorizer-properties
+    zookeeper.connect=...: `ledgerd kafka-acls` goes through a gateway and its
+    authorizer; these do not. Gateways see a change within a second."""
+
+
+def _acl_row(b: Any) -> dict[str, Any]:
+    return {"resource_type": b.resource_type.name, "resource_name": b.resource_name,
+            "pattern_type": b.pattern_type.name, "principal": b.principal, "host": b.host,
+            "operation": b.operation.name, "permission": b.permission.name}
+
+
+def _acl_store(store: Any, ctx: click.Context) -> Any:
+    from ledgerd.metadata.kafka_acls import AclStore
+    from ledgerd.metadata.paths import kafka_root
+
+    return AclStore(store, kafka_root(_root(ctx)))
+
+
+@acls_group.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def acls_list_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Every ACL binding, in the order they were created."""
+
+    async def run() -> Any:
+        store = await _store(ctx)
+        try:
+            return await _acl_store(store, ctx).bindings()
+        finally:
+            await store.close()
+
+    rows = [_acl_row(b) for b in _run(run)]
+    human = table(["resource", "name", "pattern", "principal", "host", "operation",
+                   "permission"], [list(r.values()) for r in rows]) if rows \
+        else f"no ACL bindings under {_zk(ctx)}{_root(ctx)}"
+    emit(as_json, {"bindings": rows}, human)
+
+
+@acls_group.command("delete")
+@click.option("--all", "every", is_flag=True, help="Every binding.")
+@click.option("--resource-type", "rtype", default=None,
+              type=click.Choice(["topic", "group", "cluster", "transactional-id"],
+                                case_sensitive=False))
+@click.option("--resource-name", "rname", default=None)
+@click.option("--principal", default=None, help="Type:name, e.g. User:alice")
+@click.option("--force", is_flag=True, help="Without asking.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def acls_delete_cmd(ctx: click.Context, every: bool, rtype: str | None, rname: str | None,
+                    principal: str | None, force: bool, as_json: bool) -> None:
+    """Delete the bindings that match every filter given (--all: all of them)."""
+    from ledgerd.metadata.kafka_acls import ResourceType
+
+    if every == bool(rtype or rname or principal):
+        raise ShellError("give --all, or at least one of --resource-type, --resource-name, "
+                         "--principal (not both)")
+    _refuse_unnamed(ctx, "kafka acls delete")
+    wanted_type = None if rtype is None else ResourceType[rtype.upper().replace("-", "_")]
+
+    def doomed(b: Any) -> bool:
+        return ((wanted_type is None or b.resource_type is wanted_type)
+                and (rname is None or b.resource_name == rname)
+                and (principal is None or b.principal == principal))
+
+    if not force:
+        if not sys.stdin.isatty():
+            raise ShellError("kafka acls delete asks first; give --force when stdin is "
+                             "not a terminal")
+        if not click.confirm("Delete the matching ACL bindings?"):
+            return
+
+    async def run() -> Any:
+        store = await _store(ctx)
+        try:
+            return await _acl_store(store, ctx).remove(doomed)
+        finally:
+            await store.close()
+
+    rows = [_acl_row(b) for b in _run(run)]
+    emit(as_json, {"deleted": rows},
+         f"deleted {len(rows)} ACL binding{'s' if len(rows) != 1 else ''}")

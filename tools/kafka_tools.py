@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,7 +42,7 @@ __all__ = ["kafka_acls", "kafka_configs", "kafka_topics"]
 
 T = TypeVar("T")
 TIMEOUT_MS = 30_000
-_CONFIG_TYPES = {"topics": 2, "brokers": 4, "broker-loggers": 8, "groups": 32}
+_CONFIG_TYPES = {"topics": 2, "brokers": 4}  # the resources the gateway keeps configs of
 _SOURCES = {1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG",
             3: "DYNAMIC_DEFAULT_BROKER_CONFIG", 4: "STATIC_BROKER_CONFIG",
             5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG",
@@ -56,14 +55,15 @@ class ToolError(click.ClickException):
 
 # -- connecting ---------------------------------------------------------------------------
 
-def _properties(path: Path | None) -> dict[str, str]:
-    """Kafka's client properties file: ``key=value`` lines, ``#`` and ``!`` comments."""
+def _properties(path: Path | None, option: str = "--command-config") -> dict[str, str]:
+    """Kafka's client properties file: ``key=value`` (or ``key: value``, ``key value``)
+    lines, ``#`` and ``!`` comments."""
     if path is None:
         return {}
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ToolError(f"--command-config {path}: {exc.strerror or exc}") from None
+        raise ToolError(f"{option} {path}: {exc.strerror or exc}") from None
     props: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -71,7 +71,7 @@ def _properties(path: Path | None) -> dict[str, str]:
             continue
         m = re.match(r"([^=:\s]+)(?:\s*[=:]\s*|\s+)(.*)$", line)
         if m is None:
-            raise ToolError(f"--command-config {path}, line {n}: {line!r} is not key=value")
+            raise ToolError(f"{option} {path}, line {n}: {line!r} is not key=value")
         props[m.group(1)] = m.group(2).strip()
     return props
 
@@ -92,12 +92,28 @@ def _pem(props: dict[str, str], location: str, kind: str) -> str:
     return path
 
 
+_CLIENT_KEYS = {
+    "security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.jaas.config",
+    "sasl.username", "sasl.password", "ssl.ca.location", "ssl.truststore.location",
+    "ssl.truststore.type", "ssl.truststore.password", "ssl.certificate.location",
+    "ssl.key.location", "ssl.key.password", "ssl.keystore.location", "ssl.keystore.type",
+    "ssl.keystore.password", "ssl.endpoint.identification.algorithm", "client.id",
+    "request.timeout.ms", "default.api.timeout.ms"}
+
+
 def security_from(props: dict[str, str]) -> Any:
-    """The ClientSecurity the properties describe; ToolError for what is not covered."""
+    """The ClientSecurity the properties describe; ToolError for what is not covered.
+    A key this tool does not read is named on stderr (as Kafka's clients log "supplied
+    but isn't a known config"), so a typo does not pass for a setting."""
     from ledgerd.base.tls import client_context
     from ledgerd.errors import LedgerdError
     from ledgerd.kafka.client import ClientSecurity
 
+    for key in sorted(set(props) - _CLIENT_KEYS):
+        click.echo(f"note: --command-config: {key!r} is not a setting this tool reads; "
+                   "ignored", err=True)
+    if "sasl.mechanisms" in props and "sasl.mechanism" not in props:  # librdkafka's name
+        props = {**props, "sasl.mechanism": props["sasl.mechanisms"]}
     protocol = props.get("security.protocol", "PLAINTEXT").upper()
     if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
         raise ToolError(f"security.protocol={protocol}: not PLAINTEXT, SSL, SASL_PLAINTEXT "
@@ -145,15 +161,20 @@ def _reason(exc: BaseException) -> str:
     import ssl
 
     if isinstance(exc, trio.TooSlowError):
-        return "no answer in time"
+        return "no answer in time (not a Kafka listener?)"
     if isinstance(exc, ssl.SSLError) or isinstance(exc.__cause__, ssl.SSLError):
         err = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
         return f"TLS handshake failed: {getattr(err, 'reason', None) or err}"
     if isinstance(exc, trio.BrokenResourceError):
         text = str(exc) or str(exc.__cause__ or "")
         return (text or "the connection broke") + (
-            " (a listener that needs TLS or SASL closes a connection that does not "
-            "bring them: give --command-config with security.protocol)")
+            " (not a Kafka listener, or one that needs TLS or SASL, which closes a "
+            "connection that does not bring them: then give --command-config with "
+            "security.protocol)")
+    from ledgerd.kafka.schema import KafkaDecodeError
+
+    if isinstance(exc, KafkaDecodeError):
+        return f"its answer is not Kafka's (not a Kafka listener?): {exc}"
     return str(exc) or type(exc).__name__
 
 
@@ -355,6 +376,11 @@ async def _create_topic(conn: Any, topic: str, partitions: int | None,
         if t["error_code"]:
             raise ToolError(f"creating topic {topic!r}: "
                             f"{_error(t['error_code'], t.get('error_message'))}")
+    if replication is not None and replication > 1:
+        click.echo(f"note: --replication-factor {replication}: a gateway keeps each "
+                   "partition's records on its ledgers' write quorum of bookies (the "
+                   "gateway's write_quorum_size), and Metadata names one replica, the "
+                   "partition's leader", err=True)
     return [f"Created topic {topic}."]
 
 
@@ -483,7 +509,8 @@ def _config_list(text: str, option: str) -> dict[str, str]:
 
 @click.command("kafka-configs")
 @_common
-@click.option("--describe", is_flag=True, help="The entity's configs.")
+@click.option("--describe", is_flag=True,
+              help="The entity's configs (without --entity-name: every topic's or broker's).")
 @click.option("--alter", is_flag=True, help="Change them (--add-config, --delete-config).")
 @click.option("--entity-type", "entity_type",
               type=click.Choice(sorted(_CONFIG_TYPES)), default=None)
@@ -492,7 +519,6 @@ def _config_list(text: str, option: str) -> dict[str, str]:
               help="The brokers' cluster-wide default (with --entity-type brokers).")
 @click.option("--topic", default=None, help="Short for --entity-type topics --entity-name.")
 @click.option("--broker", default=None, help="Short for --entity-type brokers --entity-name.")
-@click.option("--group", default=None, help="Short for --entity-type groups --entity-name.")
 @click.option("--add-config", "add_config", default="", metavar="K=V[,K=V...]",
               help="Configs to set; a value with commas goes in brackets: k=[a,b].")
 @click.option("--add-config-file", "add_config_file", default=None,
@@ -505,42 +531,72 @@ def _config_list(text: str, option: str) -> dict[str, str]:
 def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, describe: bool,
                   alter: bool, entity_type: str | None, entity_name: str | None,
                   entity_default: bool, topic: str | None, broker: str | None,
-                  group: str | None, add_config: str, add_config_file: Path | None,
+                  add_config: str, add_config_file: Path | None,
                   delete_config: str, all_: bool) -> None:
-    """Describe and change topic, broker and group configs (Kafka's kafka-configs.sh)."""
+    """Describe and change topic and broker configs (Kafka's kafka-configs.sh)."""
     action = _one_action(describe=describe, alter=alter)
-    for kind, name in (("topics", topic), ("brokers", broker), ("groups", group)):
-        if name is not None:
+    for kind, given in (("topics", topic), ("brokers", broker)):
+        if given is not None:
             if entity_type not in (None, kind):
                 raise ToolError(f"--{kind[:-1]} and --entity-type {entity_type} disagree")
-            entity_type, entity_name = kind, name
+            entity_type, entity_name = kind, given
     if entity_type is None:
-        raise ToolError("give --entity-type (topics, brokers, groups) or --topic, --broker, "
-                        "--group")
+        raise ToolError("give --entity-type (topics or brokers), or --topic or --broker")
     if entity_default:
         if entity_type != "brokers":
             raise ToolError("--entity-default goes with --entity-type brokers")
         entity_name = ""
-    if entity_name is None:
-        raise ToolError(f"--entity-type {entity_type} needs --entity-name")
+    if entity_type == "brokers" and entity_name and not entity_name.isdigit():
+        raise ToolError(f"--entity-name {entity_name!r}: a broker is named by its integer "
+                        "id (--entity-default for the cluster-wide default)")
+    if action == "alter" and entity_name is None:
+        raise ToolError(f"--alter --entity-type {entity_type} needs --entity-name"
+                        + (" or --entity-default" if entity_type == "brokers" else ""))
+    if action == "describe" and (add_config or add_config_file or delete_config):
+        raise ToolError("--add-config, --add-config-file and --delete-config go with --alter")
     rtype = _CONFIG_TYPES[entity_type]
     adds = _config_list(add_config, "--add-config")
-    adds.update(_properties(add_config_file) if add_config_file else {})
+    if add_config_file:
+        adds.update(_properties(add_config_file, "--add-config-file"))
     deletes = [k.strip() for k in delete_config.split(",") if k.strip()]
     if action == "alter" and not adds and not deletes:
         raise ToolError("--alter needs --add-config, --add-config-file or --delete-config")
     if set(adds) & set(deletes):
         raise ToolError("a config both added and deleted: " + ", ".join(sorted(set(adds) &
                                                                             set(deletes))))
-    name = str(entity_name)
-    # what a describe without --all shows (Kafka's ConfigCommand): the entity's own
-    # dynamic configs
-    dynamic = {"topics": 1, "brokers": 2 if name else 3, "broker-loggers": 6,
-               "groups": 8}[entity_type]
-    label = f"{entity_type[:-1]} {name}" if name else "the default broker"
+
+    def label(name: str) -> str:
+        return f"{entity_type[:-1]} {name}" if name else "the default broker"  # type: ignore[index]
+
+    def dynamic(name: str) -> int:
+        """What a describe without --all shows (Kafka's ConfigCommand): the entity's
+        own dynamic configs."""
+        return 1 if entity_type == "topics" else 2 if name else 3
+
+    async def describe_one(conn: Any, name: str) -> list[dict[str, Any]]:
+        got = await conn.call(ApiKey.DESCRIBE_CONFIGS, {"resources": [{
+            "resource_type": rtype, "resource_name": name, "configuration_keys": None}],
+            "include_synonyms": True})
+        r = got["results"][0]
+        if r["error_code"]:
+            raise ToolError(f"describing the configs of {label(name)}: "
+                            f"{_error(r['error_code'], r['error_message'])}")
+        return [{"name": c["name"], "value": c["value"], "sensitive": c["is_sensitive"],
+                 "source": _source(c["config_source"]),
+                 "synonyms": [{"name": y["name"], "value": y["value"],
+                               "source": _source(y["source"])} for y in c["synonyms"]]}
+                for c in r["configs"] if all_ or c["config_source"] == dynamic(name)]
 
     async def work(conn: Any) -> Any:
         if action == "alter":
+            name = str(entity_name)
+            if deletes:  # as Kafka's tool: only configs the entity has may be deleted
+                have = {c["name"] for c in await describe_one(conn, name)
+                        if c["source"] == _source(dynamic(name))}
+                missing = [k for k in deletes if k not in have]
+                if missing:
+                    raise ToolError(f"Invalid config(s): {', '.join(missing)} (not set on "
+                                    f"{label(name)})")
             got = await conn.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, {"resources": [{
                 "resource_type": rtype, "resource_name": name, "configs": [
                     *({"name": k, "config_operation": 0, "value": v} for k, v in adds.items()),
@@ -548,30 +604,33 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
                 "validate_only": False})
             for r in got["responses"]:
                 if r["error_code"]:
-                    raise ToolError(f"altering the configs of {label}: "
+                    raise ToolError(f"altering the configs of {label(name)}: "
                                     f"{_error(r['error_code'], r['error_message'])}")
             return {"altered": name, "set": adds, "deleted": deletes}
-        got = await conn.call(ApiKey.DESCRIBE_CONFIGS, {"resources": [{
-            "resource_type": rtype, "resource_name": name, "configuration_keys": None}],
-            "include_synonyms": True})
-        r = got["results"][0]
-        if r["error_code"]:
-            raise ToolError(f"describing the configs of {label}: "
-                            f"{_error(r['error_code'], r['error_message'])}")
-        return [{"name": c["name"], "value": c["value"], "sensitive": c["is_sensitive"],
-                 "source": _source(c["config_source"]),
-                 "synonyms": [{"name": y["name"], "value": y["value"],
-                               "source": _source(y["source"])} for y in c["synonyms"]]}
-                for c in r["configs"] if all_ or c["config_source"] == dynamic]
+        if entity_name is not None:
+            names = [entity_name]
+        else:  # every topic, or every broker (gateway)
+            md = await _metadata(conn, None)
+            names = (sorted(t["name"] for t in md["topics"] if not t["error_code"])
+                     if entity_type == "topics"
+                     else [str(b["node_id"]) for b in sorted(md["brokers"],
+                                                             key=lambda b: b["node_id"])])
+        return {name: await describe_one(conn, name) for name in names}
 
     out = _run(bootstrap, command_config, work)
+    if action == "alter":
+        if as_json:
+            click.echo(json.dumps(out, sort_keys=True))
+        else:
+            click.echo(f"Completed updating config for {label(out['altered'])}.")
+        return
     if as_json:
-        click.echo(json.dumps(out, sort_keys=True))
-    elif action == "alter":
-        click.echo(f"Completed updating config for {label}.")
-    else:
-        click.echo(f"{'All' if all_ else 'Dynamic'} configs for {label} are:")
-        for c in out:
+        click.echo(json.dumps(out if entity_name is None else out[entity_name],
+                              sort_keys=True))
+        return
+    for name, configs in out.items():
+        click.echo(f"{'All' if all_ else 'Dynamic'} configs for {label(name)} are:")
+        for c in configs:
             value = "null" if c["sensitive"] else c["value"]
             synonyms = ", ".join(
                 f"{y['source']}:{y['name']}={'null' if c['sensitive'] else y['value']}"
@@ -678,6 +737,15 @@ def kafka_acls(bootstrap: str, command_config: Path | None, as_json: bool, add: 
                         "--transactional-id")
     if idempotent and not producer:
         raise ToolError("--idempotent goes with --producer")
+    if producer or consumer:  # as Kafka's AclCommand
+        which = "--producer" if producer else "--consumer"
+        for option, given in (("--operation", operations), ("--deny-principal",
+                                                            deny_principals),
+                              ("--deny-host", deny_hosts)):
+            if given:
+                raise ToolError(f"{which} cannot be combined with {option}")
+        if consumer and action == "add" and (not topics or not groups):
+            raise ToolError("--consumer needs --topic and --group")
     for option, values in (("--allow-principal", allow_principals),
                            ("--deny-principal", deny_principals), ("--principal", principals)):
         for p in values:
@@ -689,14 +757,29 @@ def kafka_acls(bootstrap: str, command_config: Path | None, as_json: bool, add: 
         raise ToolError("You must specify one of: --allow-principal, --deny-principal when "
                         "trying to add ACLs.")
     ops = [_operation(o) for o in operations]
+    for rtype, _, _ in resources:
+        wrong = [o for o in ops if o not in _VALID_OPS[rtype]]
+        if wrong:
+            raise ToolError(f"ResourceType {rtype.name} only supports operations "
+                            + ", ".join(_op_name(o) for o in _VALID_OPS[rtype])
+                            + f" (not {', '.join(_op_name(o) for o in wrong)})")
     bindings = _bindings(resources, grants, ops, producer, consumer, idempotent)
     if action == "remove" and not force:
-        if not sys.stdin.isatty():
-            raise ToolError("--remove asks before removing ACLs; give --force when stdin "
-                            "is not a terminal")
+        # as Kafka's tool, the answer is read from stdin (`yes | ...` works)
         what = ", ".join(_pattern_text(*r) for r in resources)
-        if not click.confirm(f"Are you sure you want to remove ACLs from {what}?"):
-            raise ToolError("nothing removed")
+        try:
+            sure = click.confirm(f"Are you sure you want to remove ACLs from {what}?",
+                                 err=True)
+        except click.Abort:
+            raise ToolError("no answer on stdin to the question before --remove; give "
+                            "--force") from None
+        if not sure:
+            return
+    if action == "add" and any(b[0] is ResourceType.CLUSTER for b in bindings):
+        click.echo("note: a binding on the cluster resource: principals it does not name "
+                   "now need another binding (or gateway_super_users) for the cluster's "
+                   "DESCRIBE and ALTER, which the ACL and config APIs need; `ledgerd shell "
+                   "kafka acls` reads and deletes bindings in ZooKeeper", err=True)
 
     async def work(conn: Any) -> Any:
         added: list[dict[str, Any]] = []
@@ -705,23 +788,64 @@ def kafka_acls(bootstrap: str, command_config: Path | None, as_json: bool, add: 
             added = await _add_acls(conn, bindings)
         elif action == "remove":
             removed = await _remove_acls(conn, bindings if grants else None, resources)
-        return {"added": added, "removed": removed,
-                "current": await _list_acls(conn, resources, principals)}
+        try:
+            current = await _list_acls(conn, resources, principals)
+        except ToolError as exc:
+            if action == "list":
+                raise
+            # the change is made; only the listing after it was refused
+            return {"added": added, "removed": removed, "current": None,
+                    "listing_failed": str(exc)}
+        return {"added": added, "removed": removed, "current": current}
 
     out = _run(bootstrap, command_config, work)
     if as_json:
-        click.echo(json.dumps(out["current"] if action == "list" else out, sort_keys=True))
-        return
-    # as Kafka's tool: what was added, then the ACLs of the resources named now
-    for verb, groups_ in (("Adding ACLs for", out["added"]),
-                          ("Current ACLs for", out["current"])):
-        for res in groups_:
-            click.echo(f"{verb} resource `"
-                       f"{_pattern_text(res['resource_type'], res['name'], res['pattern_type'])}"
-                       "`: ")
-            for acl in res["acls"]:
-                click.echo(f" \t{_acl_text(acl)} ")
-            click.echo("")
+        named = {k: _named(v) if isinstance(v, list) else v for k, v in out.items()}
+        click.echo(json.dumps(named["current"] if action == "list" else named,
+                              sort_keys=True))
+    else:
+        # as Kafka's tool: what was added, then the ACLs of the resources named now
+        for p in principals if action == "list" else ():
+            click.echo(f"ACLs for principal `{p}`")
+        for verb, groups_ in (("Adding ACLs for", out["added"]),
+                              ("Current ACLs for", out["current"] or [])):
+            for res in groups_:
+                where = _pattern_text(res["resource_type"], res["name"], res["pattern_type"])
+                click.echo(f"{verb} resource `{where}`: ")
+                for acl in res["acls"]:
+                    click.echo(f" \t{_acl_text(acl)} ")
+                click.echo("")
+    if out.get("listing_failed"):
+        click.echo(f"note: the ACLs were {'added' if action == 'add' else 'removed'}; "
+                   f"listing them after was refused: {out['listing_failed']}", err=True)
+
+
+def _op_name(op: AclOperation) -> str:
+    return "".join(w.capitalize() for w in op.name.split("_"))
+
+
+_O = AclOperation
+# the operations each resource type has (Kafka's AclCommand / AclEntry.supportedOperations)
+_VALID_OPS: dict[ResourceType, tuple[AclOperation, ...]] = {
+    ResourceType.TOPIC: (_O.READ, _O.WRITE, _O.CREATE, _O.DESCRIBE, _O.DELETE, _O.ALTER,
+                         _O.DESCRIBE_CONFIGS, _O.ALTER_CONFIGS, _O.ALL),
+    ResourceType.GROUP: (_O.READ, _O.DESCRIBE, _O.DELETE, _O.DESCRIBE_CONFIGS,
+                         _O.ALTER_CONFIGS, _O.ALL),
+    ResourceType.CLUSTER: (_O.CREATE, _O.CLUSTER_ACTION, _O.DESCRIBE_CONFIGS,
+                           _O.ALTER_CONFIGS, _O.IDEMPOTENT_WRITE, _O.ALTER, _O.DESCRIBE,
+                           _O.CREATE_TOKENS, _O.DESCRIBE_TOKENS, _O.ALL),
+    ResourceType.TRANSACTIONAL_ID: (_O.DESCRIBE, _O.WRITE, _O.ALL),
+}
+
+
+def _named(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ACL groups with Kafka's names instead of the protocol's numbers (``--json``)."""
+    return [{"resource_type": ResourceType(g["resource_type"]).name, "name": g["name"],
+             "pattern_type": PatternType(g["pattern_type"]).name,
+             "acls": [{"principal": a["principal"], "host": a["host"],
+                       "operation": AclOperation(a["operation"]).name,
+                       "permission": AclPermission(a["permission_type"]).name}
+                      for a in g["acls"]]} for g in groups]
 
 
 def _bindings(resources: list[Pattern], grants: list[tuple[str, str, AclPermission]],

@@ -28,7 +28,15 @@ from typing import Any
 import trio
 
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka.api import DECLARED, REQUEST_HEADER, REQUESTS, RESPONSES, SUPPORTED, ApiKey
+from ledgerd.kafka.api import (
+    DECLARED,
+    REQUEST_HEADER,
+    REQUESTS,
+    RESPONSES,
+    SUPPORTED,
+    ApiKey,
+    ErrorCode,
+)
 from ledgerd.kafka.schema import INT32, KafkaDecodeError, Reader, decode, encode
 
 __all__ = [
@@ -101,6 +109,13 @@ async def exchange(stream: trio.abc.Stream, request: bytes, where: str,
                 raise KafkaDecodeError(f"a reply of {size} bytes from {where} (at least 4, "
                                        f"at most {max_reply} are read)")
     return bytes(buf[4:4 + size])
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return f"error {code}"
 
 
 class KafkaConnection:
@@ -180,12 +195,13 @@ class KafkaConnection:
     async def _sasl_plain(self, security: ClientSecurity) -> None:
         got = await self.call(ApiKey.SASL_HANDSHAKE, {"mechanism": "PLAIN"}, version=1)
         if got["error_code"]:
-            raise SaslRefusedError(f"{self.where} refused SASL PLAIN (error "
-                                   f"{got['error_code']}; it offers "
+            raise SaslRefusedError(f"{self.where} refused SASL PLAIN "
+                                   f"({_code_name(got['error_code'])}; it offers "
                                    f"{', '.join(got['mechanisms']) or 'nothing'})")
         plain = b"\0" + security.user.encode() + b"\0" + security.password
         got = await self.call(ApiKey.SASL_AUTHENTICATE, {"auth_bytes": plain}, version=1)
         if got["error_code"]:
             raise SaslRefusedError(f"{self.where} refused the credentials of "
-                                   f"{security.user!r}: "
-                                   f"{got['error_message'] or got['error_code']}")
+                                   f"{security.user!r}: {_code_name(got['error_code'])}"
+                                   + (f": {got['error_message']}" if got["error_message"]
+                                      else ""))

@@ -24,6 +24,7 @@ from ledgerd.tools.kafka_tools import (
 )
 from tests.conformance.runner import make_kafka_path
 from tests.kafka.conftest import KafkaCluster
+from tests.kafka.crash_kit import wait_until
 
 BOUND_S = 60
 
@@ -50,7 +51,8 @@ def test_kafka_topics_creates_describes_alters_and_deletes(kafka_cluster: KafkaC
                  "--config", "message.timestamp.type=LogAppendTime",
                  "--config", "retention.ms=3600000")
     assert made.exit_code == 0, made.output
-    assert made.output == "Created topic tools-ts.\n"
+    assert made.stdout == "Created topic tools-ts.\n"
+    assert "--replication-factor 2" in made.stderr  # the note on what it means here
     res = ConfigResource("topic", "tools-ts")
     configs = admin.describe_configs([res])[res].result(BOUND_S)
     assert configs["message.timestamp.type"].value == "LogAppendTime"
@@ -139,8 +141,9 @@ def test_kafka_acls_scripts_deny_and_allow_again(kafka_cluster: KafkaCluster,
     listed = json.loads(_tool(kafka_cluster, "kafka-acls", "--list", "--topic", topic,
                               "--json").output)
     # --list --topic T: the LITERAL bindings of T (Kafka's default pattern type)
-    assert listed == [{"resource_type": 2, "name": topic, "pattern_type": 3, "acls": [
-        {"principal": "User:*", "host": "*", "operation": 2, "permission_type": 2}]}]
+    assert listed == [{"resource_type": "TOPIC", "name": topic, "pattern_type": "LITERAL",
+                       "acls": [{"principal": "User:*", "host": "*", "operation": "ALL",
+                                 "permission": "DENY"}]}]
 
     unforced = _tool(kafka_cluster, "kafka-acls", "--remove", *deny)
     assert unforced.exit_code == 1 and "--force" in unforced.output
@@ -159,7 +162,7 @@ def test_kafka_acls_producer_shorthand(kafka_cluster: KafkaCluster) -> None:
     assert added.exit_code == 0, added.output
     out = json.loads(added.output)
     (res,) = out["added"]
-    assert sorted(a["operation"] for a in res["acls"]) == [4, 5, 8]  # WRITE CREATE DESCRIBE
+    assert sorted(a["operation"] for a in res["acls"]) == ["CREATE", "DESCRIBE", "WRITE"]
     assert out["current"] == out["added"]
     gone = _tool(kafka_cluster, "kafka-acls", "--remove", "--force", "--topic", "tools-prod",
                  "--json")
@@ -192,6 +195,20 @@ def test_kafka_acls_producer_shorthand(kafka_cluster: KafkaCluster) -> None:
       "--deny-principal", "bob"], "--deny-principal 'bob'"),
     (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
       "--allow-principal", "User:a", "--idempotent"], "--idempotent goes with --producer"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
+      "--allow-principal", "User:a", "--operation", "ClusterAction"],
+     "ResourceType TOPIC only supports operations"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
+      "--allow-principal", "User:a", "--consumer"], "--consumer needs --topic and --group"),
+    (["kafka-acls", "--bootstrap-server", "127.0.0.1:1", "--add", "--topic", "t",
+      "--allow-principal", "User:a", "--producer", "--operation", "Write"],
+     "--producer cannot be combined with --operation"),
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--alter", "--topic", "t",
+      "--add-config-file", "/nonexistent.properties"], "--add-config-file /nonexistent"),
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--describe", "--topic", "t",
+      "--add-config", "a=1"], "go with --alter"),
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--describe", "--broker", "x"],
+     "integer id"),
 ])
 def test_bad_invocations_say_what_is_wrong(args: list[str], says: str) -> None:
     got = CliRunner().invoke(cli, args)
@@ -263,3 +280,61 @@ def test_the_client_refuses_a_reply_size_before_using_it(size: int, says: str) -
             await exchange(ours, b"request", "the server")
 
     trio.run(main)
+
+
+def test_kafka_acls_remove_reads_its_answer_from_stdin(kafka_cluster: KafkaCluster) -> None:
+    allow = ["--allow-principal", "User:erin", "--operation", "Read", "--topic", "tools-yes"]
+    assert _tool(kafka_cluster, "kafka-acls", "--add", *allow).exit_code == 0
+    kept = _tool(kafka_cluster, "kafka-acls", "--remove", *allow, stdin="n\n")
+    assert kept.exit_code == 0
+    assert "User:erin" in _tool(kafka_cluster, "kafka-acls", "--list", "--topic",
+                                "tools-yes").output
+    gone = _tool(kafka_cluster, "kafka-acls", "--remove", *allow, stdin="y\n")
+    assert gone.exit_code == 0, gone.output
+    assert "User:erin" not in _tool(kafka_cluster, "kafka-acls", "--list", "--topic",
+                                    "tools-yes").output
+
+
+def test_kafka_configs_describes_every_topic_and_refuses_deleting_what_is_unset(
+        kafka_cluster: KafkaCluster) -> None:
+    for t in ("tools-all-a", "tools-all-b"):
+        assert _tool(kafka_cluster, "kafka-topics", "--create", "--topic", t,
+                     "--config", "retention.ms=7000").exit_code == 0
+    every = json.loads(_tool(kafka_cluster, "kafka-configs", "--describe", "--entity-type",
+                             "topics", "--json").output)
+    assert every["tools-all-a"] == every["tools-all-b"] != []
+    unset = _tool(kafka_cluster, "kafka-configs", "--alter", "--topic", "tools-all-a",
+                  "--delete-config", "retention.bytes")
+    assert unset.exit_code == 1 and "Invalid config(s): retention.bytes" in unset.output
+
+
+def test_a_cluster_binding_that_locks_the_acl_apis_is_undone_in_zookeeper(
+        kafka_cluster: KafkaCluster) -> None:
+    """A binding on the cluster resource takes DESCRIBE of it from every principal it
+    does not name (Kafka's rule), so the ACL APIs refuse User:ANONYMOUS from then on;
+    `ledgerd shell kafka acls` reads and deletes bindings in ZooKeeper, past the
+    gateway's authorizer."""
+    shell = ["shell", "--zk", kafka_cluster.zk, "kafka", "acls"]
+    try:
+        added = _tool(kafka_cluster, "kafka-acls", "--add", "--allow-principal", "User:dave",
+                      "--producer", "--idempotent", "--topic", "tools-orders")
+        assert added.exit_code == 0, added.output
+        assert "Adding ACLs for resource `ResourcePattern(resourceType=CLUSTER" in \
+            added.output
+        assert "a binding on the cluster resource" in added.output  # the note
+        assert "listing them after was refused" in added.output
+        listed = _tool(kafka_cluster, "kafka-acls", "--list")
+        assert listed.exit_code == 1 and "CLUSTER_AUTHORIZATION_FAILED" in listed.output
+        seen = CliRunner().invoke(cli, [*shell, "list", "--json"])
+        assert seen.exit_code == 0, seen.output
+        assert {"resource_type": "CLUSTER", "resource_name": "kafka-cluster",
+                "pattern_type": "LITERAL", "principal": "User:dave", "host": "*",
+                "operation": "IDEMPOTENT_WRITE", "permission": "ALLOW"} in \
+            json.loads(seen.output)["bindings"]
+    finally:
+        undone = CliRunner().invoke(cli, [*shell, "delete", "--all", "--force"])
+        assert undone.exit_code == 0, undone.output
+
+    def listing_works() -> bool:
+        return _tool(kafka_cluster, "kafka-acls", "--list").exit_code == 0
+    wait_until(listing_works, "the gateway read the bindings again", bound=10)
