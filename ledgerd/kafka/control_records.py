@@ -44,6 +44,7 @@ from ledgerd.kafka.records import (
     BatchError,
     BatchHeader,
     read_varint,
+    zigzag,
 )
 
 __all__ = ["MAX_ABORTED", "ControlType", "TxnIndex", "batch_kind", "committed_prefix",
@@ -60,19 +61,6 @@ class ControlType(enum.IntEnum):
     COMMIT = 1
 
 
-def _zigzag(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while True:
-        byte = z & 0x7F
-        z >>= 7
-        if z:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def control_batch(*, producer_id: int, producer_epoch: int, commit: bool,
                   coordinator_epoch: int = 0, timestamp_ms: int | None = None) -> bytes:
     """A marker batch (base offset 0: the appender sets it) ending ``producer_id``'s
@@ -80,9 +68,9 @@ def control_batch(*, producer_id: int, producer_epoch: int, commit: bool,
     ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
     key = _KEY.pack(0, ControlType.COMMIT if commit else ControlType.ABORT)
     value = _VALUE.pack(0, coordinator_epoch)
-    body = (b"\x00" + _zigzag(0) + _zigzag(0) + _zigzag(len(key)) + key
-            + _zigzag(len(value)) + value + _zigzag(0))
-    record = _zigzag(len(body)) + body
+    body = (b"\x00" + zigzag(0) + zigzag(0) + zigzag(len(key)) + key
+            + zigzag(len(value)) + value + zigzag(0))
+    record = zigzag(len(body)) + body
     attributes = TRANSACTIONAL | CONTROL
     # the part the CRC covers: attributes onwards
     tail = struct.pack(">hiqqqhii", attributes, 0, ts, ts, producer_id, producer_epoch,

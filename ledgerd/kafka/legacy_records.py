@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import google_crc32c
 
 from ledgerd.kafka.compression import Codec, compress
-from ledgerd.kafka.records import HEADER_SIZE, BatchError
+from ledgerd.kafka.records import HEADER_SIZE, BatchError, zigzag
 from ledgerd.kafka.timestamps import RecordsError, decompressed
 
 __all__ = ["LegacyMessage", "legacy_message_set", "messages", "upconverted"]
@@ -142,27 +142,17 @@ def messages(message_set: bytes | memoryview, *, inner: bool = False,
         n += 1
 
 
-def _zigzag(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
 def _record(m: LegacyMessage, delta: int, base_ts: int) -> bytes:
     ts_delta = 0 if m.timestamp == NO_TIMESTAMP else m.timestamp - base_ts
-    body = [b"\x00", _zigzag(ts_delta), _zigzag(delta)]
+    body = [b"\x00", zigzag(ts_delta), zigzag(delta)]
     for field in (m.key, m.value):
         if field is None:
-            body.append(_zigzag(-1))
+            body.append(zigzag(-1))
         else:
-            body += [_zigzag(len(field)), field]
-    body.append(_zigzag(0))  # no headers
+            body += [zigzag(len(field)), field]
+    body.append(zigzag(0))  # no headers
     raw = b"".join(body)
-    return _zigzag(len(raw)) + raw
+    return zigzag(len(raw)) + raw
 
 
 def upconverted(message_set: bytes | memoryview) -> bytes:

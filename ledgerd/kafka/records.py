@@ -37,7 +37,7 @@ from ledgerd.base.errors import LedgerdError
 
 __all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "RecordSpan", "batch_with_records",
            "read_varint", "record_spans", "split_batches", "with_base_offset",
-           "with_log_append_time"]
+           "with_log_append_time", "zigzag"]
 
 HEADER_SIZE = 61
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -192,6 +192,17 @@ def read_varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
             return (value >> 1) ^ -(value & 1), i + 1
         shift += 7
     raise BatchError(2, f"a varint at byte {at} does not end")
+
+
+def zigzag(n: int) -> bytes:
+    """``n`` as a zigzag varint (what ``read_varint`` reads)."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
 
 
 def record_spans(body: bytes | memoryview, count: int) -> list[RecordSpan]:
