@@ -8,8 +8,11 @@ A log is read as its ledgers one after another. A client reaches its cluster's l
   closes any that a previous writer left open), creates a ledger, and adds it to the
   list with compare-and-set. The old writer's next add fails with LedgerFencedError.
 - The writer rolls to a new ledger once the current one holds ``roll_entries`` entries
-  or ``roll_bytes`` bytes: the new ledger goes onto the list first (a CAS that checks the
-  list still ends with ours), then the old one is closed.
+  or ``roll_bytes`` bytes (or, at an append, its first entry is ``roll_interval`` old),
+  right after that append: the new ledger goes onto the list first (a CAS that checks
+  the list still ends with ours), then the old one is closed. A roll that fails fails
+  the append it followed, although that append's entries are in the log (the caller
+  drops the writer; the next one fences and closes the ledger).
 - ``append_ledgers`` adds ledgers written elsewhere (the Spark writer's commit) with one
   CAS, after fencing the log's tail so no writer keeps adding behind them.
 - ``truncate`` drops whole ledgers before a position and deletes them.
@@ -410,7 +413,8 @@ class Logs:
         by an unbounded ledger: take the ledger over (raise its term). ``unbounded`` chooses
         the kind when the log is created (default: ledgers); for an existing log it must
         match (None: whatever the log is). ``roll_interval`` (seconds) rolls a ledger-backed
-        log's ledger by age too (counted from its first entry), checked after each append. ``header`` (ledger-backed
+        log's ledger by age too (counted from its first entry), checked after each
+        append. ``header`` (ledger-backed
         logs): each ledger this writer adds starts with a log header (the module doc),
         carrying ``header_extra`` (at most ``logheader.MAX_EXTRA`` bytes: what the caller
         wants ``metadata rebuild`` to find, e.g. the Kafka gateway's topic); False adds

@@ -104,7 +104,7 @@ from ledgerd.kafka.compaction import keyless_records
 from ledgerd.kafka.compression import recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
-from ledgerd.kafka.legacy_records import upconverted
+from ledgerd.kafka.legacy_records import legacy_batch
 from ledgerd.kafka.metrics import GatewayMetrics
 from ledgerd.kafka.offset_index import cursor_groups, indexed_reads
 from ledgerd.kafka.partitions import (
@@ -951,6 +951,12 @@ class Gateway:
             topic=topic, partitions=partitions, configs=",".join(
                 f"{k}={v}" for k, v in sorted((configs or {}).items())) or "-"))
 
+    @functools.cached_property
+    def legacy_limiter(self) -> trio.CapacityLimiter:
+        """Produce v0-2 up-conversions at once (each may decompress up to
+        ``MAX_RECORDS_BYTES``): two, one a core, so their memory stays bounded."""
+        return trio.CapacityLimiter(2)
+
     def topic_policy(self, topic: str) -> TopicPolicy:
         """What the topic's configs (as last read), over the dynamic broker configs'
         defaults, make the gateway enforce."""
@@ -1163,8 +1169,10 @@ class Gateway:
                 policy = self.topic_policy(t["name"])
                 try:
                     records = pd["records"]
-                    if legacy:
-                        records = await trio.to_thread.run_sync(upconverted, records)
+                    if legacy:  # one batch, compressed as the topic stores it
+                        records = await trio.to_thread.run_sync(
+                            legacy_batch, records, policy.compression,
+                            limiter=self.legacy_limiter)
                     batches = split_batches(
                         records, max_batch_bytes=policy.max_message_bytes,
                         limit_name="the topic's max.message.bytes"

@@ -17,15 +17,19 @@ timestamp type (1: LogAppendTime, the wrapper's timestamp applies to its inner m
 Kafka 3.x stores every topic in RecordBatch v2 and up-converts (``LogValidator``):
 the records in order, offsets assigned in the one new batch, a v0 message's timestamp
 ``NO_TIMESTAMP`` (-1), a v1 message's its own; no producer id, epoch or sequence. So
-does ``upconverted`` here: one uncompressed batch (the topic's ``compression.type``
-recompresses it as any batch), which the produce path then checks and stores as a
-batch produced in v2 (``records.split_batches``).
+does ``upconverted`` here: one uncompressed batch and the codec the wrappers had, which
+the produce path compresses with the topic's ``compression.type`` (with that codec when
+it is ``producer``, as Kafka keeps the producer's), then checks against
+max.message.bytes and stores as a batch produced in v2 (``records.split_batches``).
 
 Every length is checked against the bytes there, the CRC of every message (outer and
-inner) is checked, and decompression is bounded (``timestamps.MAX_RECORDS_BYTES``);
-a fault is a BatchError with Kafka's code (CORRUPT_MESSAGE, 2; UNSUPPORTED_COMPRESSION_TYPE,
-76, for a codec a v0/v1 message cannot carry; INVALID_RECORD, 87, for a magic-2 batch
-in Produce v0-2, as Kafka's ``ProduceRequest.validateRecords``). lz4 is read in the LZ4 frame format of
+inner) is checked, and decompression is bounded for the whole set together (``limit``,
+at most ``timestamps.MAX_RECORDS_BYTES``: a request of a few MB of wrappers cannot ask
+for GBs); a fault is a BatchError with Kafka's code (CORRUPT_MESSAGE, 2, for lengths,
+CRCs and compressed data that do not hold; UNSUPPORTED_COMPRESSION_TYPE, 76, for a
+codec a v0/v1 message cannot carry; INVALID_TIMESTAMP, 32, below -1; INVALID_RECORD,
+87, for a magic-2 batch in Produce v0-2, as Kafka's ``ProduceRequest.validateRecords``,
+an inner message of another magic than its wrapper's or compressed again). lz4 is read in the LZ4 frame format of
 magic 1; magic 0's lz4 (Kafka 0.8-0.9, whose frame header checksum was computed wrongly)
 is refused as corrupt.
 
@@ -42,11 +46,11 @@ from dataclasses import dataclass
 
 import google_crc32c
 
-from ledgerd.kafka.compression import Codec, compress
+from ledgerd.kafka.compression import Codec, compress, recompress
 from ledgerd.kafka.records import HEADER_SIZE, BatchError, zigzag
-from ledgerd.kafka.timestamps import RecordsError, decompressed
+from ledgerd.kafka.timestamps import MAX_RECORDS_BYTES, RecordsError, decompressed
 
-__all__ = ["LegacyMessage", "legacy_message_set", "messages", "upconverted"]
+__all__ = ["LegacyMessage", "legacy_batch", "legacy_message_set", "messages", "upconverted"]
 
 NO_TIMESTAMP = -1
 _ENTRY = struct.Struct(">qi")  # offset, messageSize
@@ -57,6 +61,7 @@ TIMESTAMP_TYPE = 0x08
 CORRUPT_MESSAGE = 2
 UNSUPPORTED_COMPRESSION_TYPE = 76
 INVALID_RECORD = 87
+INVALID_TIMESTAMP = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +87,25 @@ def _bytes(data: memoryview, at: int, end: int, what: str) -> tuple[bytes | None
     return bytes(data[at:at + n]), at + n
 
 
-def messages(message_set: bytes | memoryview, *, inner: bool = False,
+class _Budget:
+    """Bytes the wrappers of one message set may still decompress to, together."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+        self.codec = 0  # the first wrapper's codec (0: none)
+
+
+def messages(message_set: bytes | memoryview, *, limit: int = MAX_RECORDS_BYTES,
              ) -> Iterator[LegacyMessage]:
-    """The messages of a v0/v1 message set in order, wrappers opened. Raises
-    BatchError naming the fault (CORRUPT_MESSAGE for bad lengths and CRCs)."""
+    """The messages of a v0/v1 message set in order, wrappers opened (all of them
+    decompressing to at most ``limit`` bytes together). Raises BatchError naming the
+    fault (CORRUPT_MESSAGE for bad lengths, CRCs and compressed data)."""
+    return _messages(message_set, _Budget(limit), None)
+
+
+def _messages(message_set: bytes | memoryview, budget: _Budget, wrapper_magic: int | None,
+              ) -> Iterator[LegacyMessage]:
+    inner = wrapper_magic is not None
     data = memoryview(message_set)
     at = n = 0
     while at < len(data):
@@ -103,6 +123,9 @@ def messages(message_set: bytes | memoryview, *, inner: bool = False,
             raise BatchError(INVALID_RECORD, f"message {n} has magic {magic}: Produce v0-2 "
                                              "carry message sets of magic 0 or 1 (a "
                                              "RecordBatch, magic 2, needs Produce v3+)")
+        if inner and magic != wrapper_magic:
+            raise BatchError(INVALID_RECORD, f"inner message {n} has magic {magic}, its "
+                                             f"wrapper {wrapper_magic}")
         if zlib.crc32(data[at + 4:end]) != crc:
             raise BatchError(CORRUPT_MESSAGE, f"message {n} fails its CRC-32")
         pos = at + _HEAD.size
@@ -112,6 +135,9 @@ def messages(message_set: bytes | memoryview, *, inner: bool = False,
                 raise BatchError(CORRUPT_MESSAGE, f"message {n}: no room for its timestamp")
             timestamp = _TIMESTAMP.unpack_from(data, pos)[0]
             pos += 8
+            if timestamp < NO_TIMESTAMP:
+                raise BatchError(INVALID_TIMESTAMP, f"message {n} has timestamp "
+                                                    f"{timestamp}")
         key, pos = _bytes(data, pos, end, f"message {n}'s key")
         value, pos = _bytes(data, pos, end, f"message {n}'s value")
         if pos != end:
@@ -121,7 +147,7 @@ def messages(message_set: bytes | memoryview, *, inner: bool = False,
         if codec == 0:
             yield LegacyMessage(key, value, timestamp, magic)
         elif inner:
-            raise BatchError(CORRUPT_MESSAGE, f"inner message {n} is compressed again")
+            raise BatchError(INVALID_RECORD, f"inner message {n} is compressed again")
         elif codec > 3:
             raise BatchError(UNSUPPORTED_COMPRESSION_TYPE, f"message {n}: codec {codec} "
                              "(zstd needs RecordBatch v2, produce v7+)")
@@ -129,13 +155,15 @@ def messages(message_set: bytes | memoryview, *, inner: bool = False,
             raise BatchError(CORRUPT_MESSAGE, f"compressed message {n} has no value")
         else:
             try:
-                body = decompressed(codec, value)
+                body = decompressed(codec, value, budget.left)
             except RecordsError as exc:
                 lz4_v0 = " (magic 0's lz4 framing is not read)" if codec == 3 and magic == 0 \
                     else ""
                 raise BatchError(CORRUPT_MESSAGE, f"message {n}: {exc}{lz4_v0}") from None
+            budget.left -= len(body)
+            budget.codec = budget.codec or codec
             log_append = magic == 1 and attributes & TIMESTAMP_TYPE
-            for m in messages(body, inner=True):
+            for m in _messages(body, budget, magic):
                 yield LegacyMessage(m.key, m.value, timestamp if log_append else m.timestamp,
                                     m.magic)
         at = end
@@ -143,7 +171,9 @@ def messages(message_set: bytes | memoryview, *, inner: bool = False,
 
 
 def _record(m: LegacyMessage, delta: int, base_ts: int) -> bytes:
-    ts_delta = 0 if m.timestamp == NO_TIMESTAMP else m.timestamp - base_ts
+    # a v0 message among v1 ones keeps NO_TIMESTAMP (-1): base + delta = -1 (timestamps
+    # are >= -1, so the delta stays within 64 bits)
+    ts_delta = m.timestamp - base_ts
     body = [b"\x00", zigzag(ts_delta), zigzag(delta)]
     for field in (m.key, m.value):
         if field is None:
@@ -155,11 +185,15 @@ def _record(m: LegacyMessage, delta: int, base_ts: int) -> bytes:
     return zigzag(len(raw)) + raw
 
 
-def upconverted(message_set: bytes | memoryview) -> bytes:
+def upconverted(message_set: bytes | memoryview, limit: int = MAX_RECORDS_BYTES,
+                ) -> tuple[bytes, Codec]:
     """The messages of a v0/v1 message set as one uncompressed RecordBatch v2 (base
-    offset 0, no producer id). Raises BatchError for a set that does not parse or
-    holds no message."""
-    msgs = list(messages(message_set))
+    offset 0, no producer id), and the codec its wrappers had (UNCOMPRESSED: none; a
+    topic whose ``compression.type`` is ``producer`` stores the batch with it, as Kafka
+    keeps the producer's codec). The wrappers decompress to at most ``limit`` bytes
+    together. Raises BatchError for a set that does not parse or holds no message."""
+    budget = _Budget(limit)
+    msgs = list(_messages(message_set, budget, None))
     if not msgs:
         raise BatchError(INVALID_RECORD, "empty message set")
     stamped = [m.timestamp for m in msgs if m.timestamp != NO_TIMESTAMP]
@@ -171,7 +205,17 @@ def upconverted(message_set: bytes | memoryview) -> bytes:
     head = struct.pack(">qiibI", 0, len(tail) + 9, -1, 2, google_crc32c.value(tail))
     batch = head + tail
     assert len(batch) == HEADER_SIZE + len(records)
-    return batch
+    return batch, Codec(budget.codec)
+
+
+def legacy_batch(message_set: bytes | memoryview, topic_codec: Codec | None,
+                 limit: int = MAX_RECORDS_BYTES) -> bytes:
+    """A Produce v0-2 partition's message set as the one RecordBatch v2 to store:
+    up-converted, then compressed with the topic's codec (None: ``producer``, the
+    wrappers' own). Raises BatchError."""
+    batch, codec = upconverted(message_set, limit)
+    target = codec if topic_codec is None else topic_codec
+    return batch if target is Codec.UNCOMPRESSED else recompress(batch, target)
 
 
 def _message(m: LegacyMessage, attributes: int = 0) -> bytes:

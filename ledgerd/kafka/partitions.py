@@ -326,7 +326,11 @@ class PartitionLog:
                 fresh.append(item)
             if payloads:
                 if self.rolling is not None:
-                    writer.roll_bytes, writer.roll_interval = self.rolling()
+                    try:
+                        writer.roll_bytes, writer.roll_interval = self.rolling()
+                    except Exception as exc:  # the topic's policy: keep the last limits
+                        log.warning("kafka_roll_limits_unread", extra=fields(
+                            log=self.name, error=repr(exc)))
                 await writer.append_many(payloads)
             elif any(item.code for item in items) and not await self._still_writer(writer):
                 # A sequence refused without writing anything has not touched the
@@ -830,8 +834,7 @@ class PartitionLog:
         """Forget what is remembered of ledgers the log no longer lists (compaction
         replaced them, retention dropped them): their handles, the positions and
         read-ahead pointing into them, what was read of them. True if there were any."""
-        order = await self._ledgers()
-        listed = set(order)
+        listed = set(await self._ledgers())
         known = set(self.handles) | {lid for lid, _ in self.positions.values()} \
             | set(self.first_offsets)
         gone = known - listed
@@ -841,12 +844,11 @@ class PartitionLog:
                        self.summaries, self.max_times):
             for lid in gone:
                 memory.pop(lid, None)
-        # the batches kept of recent appends: those of the ledgers gone are what a
-        # compaction just rewrote (a fetch must get the replacement's records); only
-        # the last ledger's, never replaced, stay
-        last = await self._first_offset(order[-1]) if order else None
-        while self.tail and (last is None or self.tail[0][0] < last):
-            self.tail_bytes -= len(self.tail.popleft()[2])
+        # the batches kept of recent appends: some may lie in the ledgers gone, which a
+        # compaction just rewrote (a fetch must get the replacement's records); all go,
+        # with no I/O here (the next fetches read the bookies)
+        self.tail.clear()
+        self.tail_bytes = 0
         await self._forget_reads()
         self.start_moved()
         return True

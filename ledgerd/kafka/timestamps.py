@@ -94,21 +94,25 @@ def records_of(h: BatchHeader, raw: memoryview) -> bytes | memoryview:
     return decompressed(h.attributes & 7, raw)
 
 
-def decompressed(codec: int, raw: bytes | memoryview) -> bytes | memoryview:
+def decompressed(codec: int, raw: bytes | memoryview,
+                 limit: int = MAX_RECORDS_BYTES) -> bytes | memoryview:
     """``raw`` decompressed with ``codec`` (a batch's attributes bits 0-2: 0 none,
-    1 gzip, 2 snappy, 3 lz4, 4 zstd), at most ``MAX_RECORDS_BYTES``. Raises
-    RecordsError."""
+    1 gzip, 2 snappy, 3 lz4, 4 zstd), at most ``limit`` bytes (at most
+    ``MAX_RECORDS_BYTES``). Raises RecordsError."""
+    limit = min(limit, MAX_RECORDS_BYTES)
     if codec == 0:
         return raw
     if codec == 1:  # gzip
         d = zlib.decompressobj(wbits=47)  # gzip or zlib header
         try:
-            out = d.decompress(raw, MAX_RECORDS_BYTES + 1)
+            out = d.decompress(raw, limit + 1)
         except zlib.error as exc:
             raise RecordsError(f"gzip: {exc}") from None
-        return _bounded(out)
+        if len(out) <= limit and not d.eof:
+            raise RecordsError("gzip: the stream ends before its end")
+        return _bounded(out, limit)
     if codec == 2:
-        return _snappy(bytes(raw))
+        return _snappy(bytes(raw), limit)
     if codec == 3:
         try:
             import lz4.frame  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -116,7 +120,7 @@ def decompressed(codec: int, raw: bytes | memoryview) -> bytes | memoryview:
             raise RecordsError("lz4: the lz4 module is not installed") from None
         try:
             return _bounded(lz4.frame.LZ4FrameDecompressor().decompress(
-                bytes(raw), max_length=MAX_RECORDS_BYTES + 1))
+                bytes(raw), max_length=limit + 1), limit)
         except RuntimeError as exc:
             raise RecordsError(f"lz4: {exc}") from None
     if codec == 4:
@@ -124,38 +128,39 @@ def decompressed(codec: int, raw: bytes | memoryview) -> bytes | memoryview:
 
         try:
             with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as r:
-                return _bounded(r.read(MAX_RECORDS_BYTES + 1))
+                return _bounded(r.read(limit + 1), limit)
         except zstandard.ZstdError as exc:
             raise RecordsError(f"zstd: {exc}") from None
     raise RecordsError(f"unknown compression codec {codec}")
 
 
-def _bounded(out: bytes) -> bytes:
-    if len(out) > MAX_RECORDS_BYTES:
-        raise RecordsError(f"records expand past {MAX_RECORDS_BYTES} bytes")
+def _bounded(out: bytes, limit: int = MAX_RECORDS_BYTES) -> bytes:
+    if len(out) > limit:
+        raise RecordsError(f"records expand past {limit} bytes")
     return out
 
 
-def _snappy(data: bytes) -> bytes:
+def _snappy(data: bytes, limit: int = MAX_RECORDS_BYTES) -> bytes:
     """Kafka's snappy: the Java client's xerial framing (magic, version, compat, then
-    [length i32][raw block]...) or one raw block (librdkafka)."""
+    [length i32][raw block]...) or one raw block (librdkafka); at most ``limit`` bytes."""
     if not data.startswith(_XERIAL):
-        return _snappy_block(data)
+        return _snappy_block(data, limit)
     at, out = 16, bytearray()
     while at < len(data):
         if at + 4 > len(data):
             raise RecordsError("snappy: a truncated xerial block length")
         n = int.from_bytes(data[at:at + 4], "big")
         at += 4
-        out += _snappy_block(data[at:at + n])
+        out += _snappy_block(data[at:at + n], limit - len(out))
         at += n
-        if len(out) > MAX_RECORDS_BYTES:
-            raise RecordsError(f"records expand past {MAX_RECORDS_BYTES} bytes")
+        if len(out) > limit:
+            raise RecordsError(f"records expand past {limit} bytes")
     return bytes(out)
 
 
-def _snappy_block(data: bytes) -> bytes:
-    """One raw snappy block (the format's preamble and elements), bounded."""
+def _snappy_block(data: bytes, limit: int = MAX_RECORDS_BYTES) -> bytes:
+    """One raw snappy block (the format's preamble and elements), at most ``limit``
+    bytes."""
     size = shift = at = 0
     while True:
         if at >= len(data) or at > 4:
@@ -166,8 +171,9 @@ def _snappy_block(data: bytes) -> bytes:
         shift += 7
         if not b & 0x80:
             break
-    if size > MAX_RECORDS_BYTES:
-        raise RecordsError(f"snappy: a block of {size} bytes is over {MAX_RECORDS_BYTES}")
+    if size > limit:
+        raise RecordsError(f"snappy: a block of {size} bytes is over {limit}: records expand "
+                           "past what is read")
     out = bytearray()
     while at < len(data):
         tag = data[at]
@@ -177,12 +183,21 @@ def _snappy_block(data: bytes) -> bytes:
             n = tag >> 2
             if n >= 60:
                 extra = n - 59
+                if at + extra > len(data):
+                    raise RecordsError(f"snappy: a literal's length cut short at byte {at}")
                 n = int.from_bytes(data[at:at + extra], "little")
                 at += extra
             n += 1
+            if at + n > len(data):
+                raise RecordsError(f"snappy: a literal of {n} bytes at byte {at}; "
+                                   f"{len(data) - at} are there")
             out += data[at:at + n]
             at += n
+            if len(out) > size:
+                break
             continue
+        if at + (1, 2, 4)[kind - 1] > len(data):
+            raise RecordsError(f"snappy: a copy cut short at byte {at}")
         if kind == 1:
             n, back = 4 + ((tag >> 2) & 7), ((tag >> 5) << 8) | data[at]
             at += 1

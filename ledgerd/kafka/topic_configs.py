@@ -27,8 +27,9 @@ gateway does what it says:
   batch with that codec before it appends it, as Kafka's broker does
   (``compression.py``);
 - ``segment.bytes``, ``segment.ms``: a partition's ledger (Kafka: its active segment)
-  rolls once it holds this many bytes (default: the gateway's ``log_roll_bytes``), or
-  after an append once its first record is this old (``ledgerlog.LogWriter``'s
+  rolls once it holds this many bytes (default: the gateway's ``log_roll_bytes``; at
+  least 1 MiB), or at an append once its first record is this old (at least
+  ``MIN_ROLL_MS``, an hour) (``ledgerlog.LogWriter``'s
   ``roll_bytes`` / ``roll_interval``, set from the topic's policy before each append);
   only closed ledgers are dropped by retention or compacted;
 - ``max.compaction.lag.ms``: on a compacted topic, the ledger rolls once its first
@@ -59,6 +60,10 @@ __all__ = ["CONFIG_SPECS", "ConfigRefusedError", "ConfigSource", "ConfigSpec", "
            "incrementally_altered", "list_applied", "operation", "topic_entries"]
 
 LONG_MAX = 2**63 - 1
+# the lowest segment.ms / max.compaction.lag.ms: a partition's ledgers are one list in
+# one ZooKeeper record (about 100,000 fit); rolled once a minute a compacted topic
+# (whose list never shortens) would fill it in about 70 days, once an hour in 11 years
+MIN_ROLL_MS = 3_600_000
 INT_MAX = 2**31 - 1
 
 
@@ -205,9 +210,10 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
                "Largest record batch accepted (MESSAGE_TOO_LARGE above it); at most the "
                "gateway's max_batch_bytes.", default_from="max_batch_bytes"),
     ConfigSpec("max.compaction.lag.ms", str(LONG_MAX), ConfigType.LONG,
-               _integer(1, LONG_MAX),
+               _integer(MIN_ROLL_MS, LONG_MAX),
                "On a compacted topic, a partition's ledger rolls once its first record is "
-               "this old (as with segment.ms), so its records become compactable."),
+               "this old (as with segment.ms), so its records become compactable. At "
+               "least an hour: see segment.ms."),
     ConfigSpec("min.cleanable.dirty.ratio", "0.5", ConfigType.DOUBLE, _ratio,
                "A compaction pass runs once the share of the compactable ledgers' bytes "
                "not compacted yet is at least this."),
@@ -223,13 +229,14 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("retention.bytes", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
                "Oldest ledgers are dropped while the partition stays at least this large "
                "without them (-1 = no limit)."),
-    ConfigSpec("segment.bytes", "1073741824", ConfigType.INT, _integer(14, INT_MAX),
+    ConfigSpec("segment.bytes", "1073741824", ConfigType.INT, _integer(1 << 20, INT_MAX),
                "A partition's ledger rolls once it holds this many bytes (default: the "
                "gateway's log_roll_bytes); retention and compaction take closed ledgers "
-               "only."),
-    ConfigSpec("segment.ms", "604800000", ConfigType.LONG, _integer(1, LONG_MAX),
+               "only. At least 1 MiB (as Kafka 4.1+, and the gateway's log_roll_bytes)."),
+    ConfigSpec("segment.ms", "604800000", ConfigType.LONG, _integer(MIN_ROLL_MS, LONG_MAX),
                "A partition's ledger rolls, at an append, once its first record is this "
-               "old (each roll costs a few ZooKeeper writes)."),
+               "old. At least an hour: each roll adds a ledger to the partition's list, "
+               "one ZooKeeper record, which a compacted topic never shortens."),
     ConfigSpec("retention.ms", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
                "Ledgers whose newest record is older than this are dropped (-1 = keep "
                "forever, the gateway's default: Kafka's is 7 days)."),

@@ -442,45 +442,31 @@ def _ledger_count(zk: str, topic: str) -> int:
     return trio.run(count)
 
 
-def test_ledgers_roll_by_age_segment_ms_and_max_compaction_lag_ms(
+def test_a_topics_segment_bytes_rolls_its_ledgers_and_fetches_see_the_compaction(
         zk_chroot: str, tmp_path: Path) -> None:
-    """segment.ms rolls a partition's ledger at an append once its first record is that
-    old; on a compacted topic max.compaction.lag.ms does too, so records written a
-    moment ago are compacted although the ledger is far from log_roll_bytes."""
-    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=FAST_CLEANER)
+    """segment.bytes below the gateway's log_roll_bytes rolls the partition's ledger
+    (``TopicPolicy.rolling``, set on the writer before each append), so a compacted
+    topic's records are compacted that much sooner; and a fetch then reads the
+    compacted records, not the batches the gateway kept of its recent appends (a cache
+    large enough here to hold them all)."""
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env={
+        **FAST_CLEANER, "LEDGERD_LOG_ROLL_BYTES": str(64 << 20),
+        "LEDGERD_TAIL_CACHE_BYTES": str(16 << 20)})
     with running_cluster(tmp_path, zk_chroot, 3, gw):
-        from confluent_kafka import Producer
-
-        _create(gw.bootstrap, "aged", {"segment.ms": "2000"})
-        p = Producer({"bootstrap.servers": gw.bootstrap, "linger.ms": 0})
-
-        def put(value: bytes) -> None:
-            p.produce("aged", value=value, key=b"a", partition=0)
-            assert p.flush(BOUND_S) == 0
-
-        put(b"1")
-        started = time.monotonic()
-        one = _ledger_count(zk_chroot, "aged")
-        put(b"2")  # a young ledger: no roll
-        assert _ledger_count(zk_chroot, "aged") == one
-        assert time.monotonic() - started < 2.0, "too slow to tell (a loaded machine)"
-        time.sleep(2.1)
-        put(b"3")  # its first record is 2 s old: it rolls after this append
-        assert _ledger_count(zk_chroot, "aged") == one + 1
-        time.sleep(2.1)  # the new ledger is empty: it has no age yet
-        put(b"4")
-        assert _ledger_count(zk_chroot, "aged") == one + 1
-
-        _create(gw.bootstrap, "lag", {"cleanup.policy": "compact",
-                                      "min.cleanable.dirty.ratio": "0.01",
-                                      "max.compaction.lag.ms": "300"})
-        acked = _produce(gw.bootstrap, "lag", [(b"k", b"v%d" % i) for i in range(5)])
-        time.sleep(0.4)
-        acked += _produce(gw.bootstrap, "lag", [(b"other", b"x")])  # rolls after it
+        _create(gw.bootstrap, "sized", {"cleanup.policy": "compact",
+                                        "min.cleanable.dirty.ratio": "0.01",
+                                        "segment.bytes": str(1 << 20)})
+        acked = _produce(gw.bootstrap, "sized", [(b"k", b"v%d" % i) for i in range(5)])
+        # 1.2 MiB more under another key: the ledger passes 1 MiB and rolls
+        acked += _produce(gw.bootstrap, "sized",
+                          [(b"filler", b"f%d:" % i + b"y" * 100_000) for i in range(12)])
+        acked += _produce(gw.bootstrap, "sized", [(b"last", b"x")])
+        assert _ledger_count(zk_chroot, "sized") >= 2
 
         def compacted() -> bool:
-            return [(k, v) for _, k, v in _consume(gw.bootstrap, "lag")] == [
-                (b"k", b"v4"), (b"other", b"x")]
-        wait_until(compacted, "the cleaner compacted the rolled ledger", bound=60)
-        got = _consume(gw.bootstrap, "lag")
-        assert [o for o, _, _ in got] == [acked[4][1], acked[5][1]]  # offsets kept
+            return [(k, v) for _, k, v in _consume(gw.bootstrap, "sized")
+                    if k == b"k"] == [(b"k", b"v4")]
+        wait_until(compacted, "a fetch read the compacted ledger", bound=60)
+        got = _consume(gw.bootstrap, "sized")
+        assert got[0][0] == acked[4][1]  # the offset it was written at
+        assert got[-1][0] == acked[-1][1]

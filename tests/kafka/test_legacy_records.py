@@ -9,6 +9,7 @@ v2 reader (an independent reader) and checked by the gateway's own
 
 from __future__ import annotations
 
+import gzip
 import struct
 import zlib
 
@@ -22,6 +23,7 @@ from ledgerd.kafka.compression import Codec
 from ledgerd.kafka.legacy_records import (
     NO_TIMESTAMP,
     LegacyMessage,
+    legacy_batch,
     legacy_message_set,
     messages,
     upconverted,
@@ -70,7 +72,8 @@ def test_a_client_written_message_set_reads_back_and_upconverts(
         builder.append(i, m.timestamp if magic else None, m.key, m.value)
     raw = bytes(builder.build())
     assert list(messages(raw)) == msgs
-    batch = upconverted(raw)
+    batch, codec = upconverted(raw)
+    assert codec == (Codec.UNCOMPRESSED if not msgs or codec is Codec.UNCOMPRESSED else codec)
     assert _v2_records(batch) == _expected(msgs)
     ((header, _),) = split_batches(batch, max_batch_bytes=1 << 30)
     assert header.record_count == len(msgs)
@@ -83,7 +86,7 @@ def test_our_writer_and_reader_agree(drawn: tuple[int, Codec, list[LegacyMessage
     magic, codec, msgs = drawn
     raw = legacy_message_set(msgs, codec, magic=magic)
     assert list(messages(raw)) == msgs
-    assert _v2_records(upconverted(raw)) == _expected(msgs)
+    assert _v2_records(upconverted(raw)[0]) == _expected(msgs)
 
 
 def test_a_log_append_time_wrapper_gives_its_time_to_every_inner_message() -> None:
@@ -96,7 +99,8 @@ def test_a_log_append_time_wrapper_gives_its_time_to_every_inner_message() -> No
 
 
 def test_magic_zero_timestamps_are_none_after_upconversion() -> None:
-    batch = upconverted(legacy_message_set([LegacyMessage(b"k", b"v", magic=0)] * 3, magic=0))
+    batch, _ = upconverted(legacy_message_set([LegacyMessage(b"k", b"v", magic=0)] * 3,
+                                              magic=0))
     assert [t for _, t, _, _ in _v2_records(batch)] == [-1, -1, -1]
 
 
@@ -131,3 +135,60 @@ def test_a_compression_bomb_is_bounded() -> None:
     assert len(raw) < MAX_RECORDS_BYTES // 100
     with pytest.raises(BatchError, match="expand past"):
         upconverted(raw)
+
+
+def test_the_wrappers_of_one_set_share_one_decompression_budget() -> None:
+    """Eight wrappers of 1 MiB each, a 4 MiB budget: refused at the fifth, not after
+    building the whole batch."""
+    one = legacy_message_set([LegacyMessage(None, bytes(1 << 20), 1, 1)], Codec.GZIP)
+    with pytest.raises(BatchError, match="expand past") as got:
+        upconverted(one * 8, 4 << 20)
+    assert got.value.code == 2
+    batch, codec = upconverted(one * 3, 4 << 20)
+    assert codec is Codec.GZIP and len(_v2_records(batch)) == 3
+
+
+def test_a_cut_snappy_wrapper_is_corrupt_not_a_crash() -> None:
+    raw = legacy_message_set([LegacyMessage(b"k", b"value " * 50, 1, 1)], Codec.SNAPPY)
+    for cut in range(1, 40):  # the wrapper's value cut short, its CRC made right again
+        body = bytearray(raw[:len(raw) - cut])
+        struct.pack_into(">i", body, 8, len(body) - 12)  # messageSize
+        value_len_at = 12 + 4 + 2 + 8 + 4  # crc, magic+attrs, timestamp, key len -1
+        struct.pack_into(">i", body, value_len_at, len(body) - value_len_at - 4)
+        struct.pack_into(">I", body, 12, zlib.crc32(bytes(body[16:])))
+        with pytest.raises(BatchError) as got:
+            upconverted(bytes(body))
+        assert got.value.code == 2, cut
+
+
+def test_timestamps_below_minus_one_are_refused_and_mixed_sets_keep_none() -> None:
+    with pytest.raises(BatchError, match="timestamp") as got:
+        upconverted(legacy_message_set([LegacyMessage(b"k", b"v", -5, 1)]))
+    assert got.value.code == 32  # INVALID_TIMESTAMP
+    mixed = (legacy_message_set([LegacyMessage(b"a", b"1", 1_700_000_000_000, 1)])
+             + legacy_message_set([LegacyMessage(b"b", b"2", magic=0)]))
+    batch, _ = upconverted(mixed)
+    assert [t for _, t, _, _ in _v2_records(batch)] == [1_700_000_000_000, -1]
+
+
+def test_an_inner_message_of_another_magic_is_invalid() -> None:
+    inner = legacy_message_set([LegacyMessage(b"k", b"v", magic=0)])
+    wrapper = legacy_message_set([LegacyMessage(None, gzip.compress(inner), 5, 1)])
+    # attributes of the wrapper: gzip
+    raw = bytearray(wrapper)
+    raw[12 + 5] = 1
+    struct.pack_into(">I", raw, 12, zlib.crc32(bytes(raw[16:])))
+    with pytest.raises(BatchError, match="magic 0, its wrapper 1") as got:
+        upconverted(bytes(raw))
+    assert got.value.code == 87
+
+
+@pytest.mark.parametrize(("topic", "stored"), [(None, Codec.GZIP), (Codec.LZ4, Codec.LZ4),
+                                               (Codec.UNCOMPRESSED, Codec.UNCOMPRESSED)])
+def test_the_stored_batch_takes_the_topics_codec_or_the_producers(
+        topic: Codec | None, stored: Codec) -> None:
+    raw = legacy_message_set([LegacyMessage(b"k", b"v" * 100, 1, 1)], Codec.GZIP)
+    batch = legacy_batch(raw, topic)
+    ((header, _),) = split_batches(batch, max_batch_bytes=1 << 20)
+    assert header.attributes & 7 == stored
+    assert [v for _, _, _, v in _v2_records(batch)] == [b"v" * 100]

@@ -37,8 +37,8 @@ def _refused(name: str, value: str | None) -> ConfigRefusedError:
 
 def test_configs_the_gateway_cannot_honour_are_refused_naming_them() -> None:
     # max.compaction.lag.ms is honoured (the ledger rolls by it: TopicPolicy.rolling)
-    assert checked("max.compaction.lag.ms", "60000", max_batch_bytes=LIMIT) == "60000"
-    lag = _refused("max.compaction.lag.ms", "0")
+    assert checked("max.compaction.lag.ms", "3600000", max_batch_bytes=LIMIT) == "3600000"
+    lag = _refused("max.compaction.lag.ms", "60000")  # below an hour: see MIN_ROLL_MS
     assert lag.code == ErrorCode.INVALID_CONFIG and "max.compaction.lag.ms" in lag.message
     assert _refused("cleanup.policy", "compact,compact").code == ErrorCode.INVALID_CONFIG
     assert _refused("cleanup.policy", "shred").code == ErrorCode.INVALID_CONFIG
@@ -88,7 +88,9 @@ def test_topic_policy_reads_compaction_configs() -> None:
                    max_batch_bytes=LIMIT) == "LogAppendTime"
     # Segment sizes are accepted (librdkafka's tests create topics with them), in range.
     assert checked("segment.bytes", "10000000", max_batch_bytes=LIMIT) == "10000000"
-    assert checked("segment.ms", "60000", max_batch_bytes=LIMIT) == "60000"
+    assert checked("segment.ms", "3600000", max_batch_bytes=LIMIT) == "3600000"
+    assert _refused("segment.ms", "60000").code == ErrorCode.INVALID_CONFIG
+    assert _refused("segment.bytes", "1048575").code == ErrorCode.INVALID_CONFIG
     assert _refused("segment.bytes", "0").code == ErrorCode.INVALID_CONFIG
 
 
@@ -246,9 +248,9 @@ def test_a_partitions_ledger_rolls_by_segment_bytes_and_age() -> None:
     """Kafka's LogConfig.maxSegmentMs: segment.ms, or on a compacted topic the lower of
     it and max.compaction.lag.ms; segment.bytes, else the gateway's log_roll_bytes."""
     assert TopicPolicy.of({}, max_batch_bytes=LIMIT).rolling(1 << 20) == (1 << 20, 604_800.0)
-    assert TopicPolicy.of({"segment.bytes": "5000", "segment.ms": "60000",
-                           "max.compaction.lag.ms": "100"},
-                          max_batch_bytes=LIMIT).rolling(1 << 20) == (5000, 60.0)
-    assert TopicPolicy.of({"cleanup.policy": "compact", "segment.ms": "60000",
-                           "max.compaction.lag.ms": "100"},
-                          max_batch_bytes=LIMIT).rolling(1 << 20) == (1 << 20, 0.1)
+    assert TopicPolicy.of({"segment.bytes": "5000000", "segment.ms": "7200000",
+                           "max.compaction.lag.ms": "3600000"},
+                          max_batch_bytes=LIMIT).rolling(1 << 20) == (5000000, 7200.0)
+    assert TopicPolicy.of({"cleanup.policy": "compact", "segment.ms": "7200000",
+                           "max.compaction.lag.ms": "3600000"},
+                          max_batch_bytes=LIMIT).rolling(1 << 20) == (1 << 20, 3600.0)

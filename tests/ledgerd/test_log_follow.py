@@ -140,3 +140,26 @@ async def test_two_writers_race_to_open_a_log(zk_chroot: str, tmp_path: Path) ->
             await loser.append(b"too late")
         got = await _take(a.logs.follow("race"), 1)
         assert got[0].payload == b"mine" and got[0].offset == 0
+
+
+async def test_a_ledger_ages_from_its_first_entry(zk_chroot: str, tmp_path: Path) -> None:
+    """``roll_interval``: a ledger's age counts from its first entry (an empty ledger
+    does not age, so a quiet log does not roll once per entry); checked after each
+    append."""
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot, throttle=0) as client:
+        w = await client.logs.open_writer("aged", 3, 3, 2, password=b"p",
+                                          roll_interval=0.3)
+        await trio.sleep(0.4)  # empty: no age
+        first = await w.append(b"a")
+        assert len(await client.logs.ledgers("aged")) == 1
+        await trio.sleep(0.4)
+        second = await w.append(b"b")  # its ledger's first entry is 0.4 s old: rolls after
+        assert second.ledger_id == first.ledger_id
+        ledgers = await client.logs.ledgers("aged")
+        assert len(ledgers) == 2 and ledgers[0] == first.ledger_id
+        await trio.sleep(0.4)  # the new ledger is empty: no age yet
+        third = await w.append(b"c")
+        assert third.ledger_id == ledgers[1]
+        assert len(await client.logs.ledgers("aged")) == 2
+        await w.close()
