@@ -56,24 +56,21 @@ class ToolError(click.ClickException):
 # -- connecting ---------------------------------------------------------------------------
 
 def _properties(path: Path | None, option: str = "--command-config") -> dict[str, str]:
-    """Kafka's client properties file: ``key=value`` (or ``key: value``, ``key value``)
-    lines, ``#`` and ``!`` comments."""
+    """A Java properties file (Kafka's client properties), read as the bookie reads
+    ``bk_server.conf`` (``base/properties.py``: comments, continuations, escapes,
+    ``key=value``, ``key: value``, ``key value``)."""
+    from ledgerd.base.properties import PropertiesError, parse_properties
+
     if path is None:
         return {}
     try:
         text = path.read_text()
     except OSError as exc:
         raise ToolError(f"{option} {path}: {exc.strerror or exc}") from None
-    props: dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
-        m = re.match(r"([^=:\s]+)(?:\s*[=:]\s*|\s+)(.*)$", line)
-        if m is None:
-            raise ToolError(f"{option} {path}, line {n}: {line!r} is not key=value")
-        props[m.group(1)] = m.group(2).strip()
-    return props
+    try:
+        return {k: v.strip() for k, (_, v) in parse_properties(text).items()}
+    except PropertiesError as exc:
+        raise ToolError(f"{option} {path}, {exc}") from None
 
 
 def _jaas_field(jaas: str, name: str) -> str:

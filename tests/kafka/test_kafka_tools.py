@@ -220,7 +220,8 @@ def test_command_config_properties(tmp_path: Path) -> None:
     props = tmp_path / "client.properties"
     props.write_text("# comment\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanism PLAIN\n"
                      'sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule'
-                     ' required username="alice" password="s3=cr\\"et";\n')
+                     # the file holds \\\\", which properties read as \\": JAAS escapes the quote
+                     ' required username="alice" password="s3=cr\\\\"et";\n')
     sec = security_from(_properties(props))
     assert (sec.user, sec.password, sec.tls) == ("alice", b's3=cr"et', None)
     with pytest.raises(ToolError, match=r"sasl\.mechanism=SCRAM-SHA-256"):
@@ -232,9 +233,12 @@ def test_command_config_properties(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match=r"security\.protocol=SSL needs ssl\.ca\.location"):
         security_from({"security.protocol": "SSL"})
     bad = tmp_path / "bad.properties"
-    bad.write_text("lonely\n")
-    with pytest.raises(ToolError, match="line 1"):
+    bad.write_text("ok=1\nssl.key.location=/keys/\\u12zz\n")  # a broken \\u escape
+    with pytest.raises(ToolError, match="line 2: bad unicode escape"):
         _properties(bad)
+    cont = tmp_path / "cont.properties"  # a continued line, as Java reads it
+    cont.write_text("sasl.jaas.config=a \\\n    b\n")
+    assert _properties(cont) == {"sasl.jaas.config": "a b"}
 
 
 def test_add_config_lists_keep_bracketed_commas() -> None:
