@@ -220,7 +220,7 @@ def test_command_config_properties(tmp_path: Path) -> None:
     props = tmp_path / "client.properties"
     props.write_text("# comment\nsecurity.protocol = SASL_PLAINTEXT\nsasl.mechanism PLAIN\n"
                      'sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule'
-                     # the file holds \\\\", which properties read as \\": JAAS escapes the quote
+                     # the file holds \\" and properties read it as \": JAAS's escaped quote
                      ' required username="alice" password="s3=cr\\\\"et";\n')
     sec = security_from(_properties(props))
     assert (sec.user, sec.password, sec.tls) == ("alice", b's3=cr"et', None)

@@ -145,21 +145,22 @@ async def test_two_writers_race_to_open_a_log(zk_chroot: str, tmp_path: Path) ->
 async def test_a_ledger_ages_from_its_first_entry(zk_chroot: str, tmp_path: Path) -> None:
     """``roll_interval``: a ledger's age counts from its first entry (an empty ledger
     does not age, so a quiet log does not roll once per entry); checked after each
-    append."""
+    append. The age is set back by hand, as in the test above, not waited for."""
     async with inprocess_cluster(zk_chroot, tmp_path, 3), \
             ledgerd.open_client(zk_chroot, throttle=0) as client:
         w = await client.logs.open_writer("aged", 3, 3, 2, password=b"p",
-                                          roll_interval=0.3)
-        await trio.sleep(0.4)  # empty: no age
+                                          roll_interval=60.0)
+        assert w.opened_at is None  # empty: no age
         first = await w.append(b"a")
+        assert w.opened_at is not None
         assert len(await client.logs.ledgers("aged")) == 1
-        await trio.sleep(0.4)
-        second = await w.append(b"b")  # its ledger's first entry is 0.4 s old: rolls after
+        w.opened_at -= 61  # its first entry is now 61 s old
+        second = await w.append(b"b")  # goes in, then the ledger rolls
         assert second.ledger_id == first.ledger_id
         ledgers = await client.logs.ledgers("aged")
         assert len(ledgers) == 2 and ledgers[0] == first.ledger_id
-        await trio.sleep(0.4)  # the new ledger is empty: no age yet
-        third = await w.append(b"c")
-        assert third.ledger_id == ledgers[1]
+        assert w.opened_at is None  # the new ledger is empty: no age yet
+        third = await w.append(b"c")  # its first entry: the age starts here, no roll
+        assert third.ledger_id == ledgers[1] and w.opened_at is not None
         assert len(await client.logs.ledgers("aged")) == 2
         await w.close()
