@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from tests.appliance.harness import (
     running_bookie,
     small_journal,
 )
+from tests.disk.page_cache import evict
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
@@ -632,11 +632,7 @@ async def test_reads_that_miss_index_pages_read_them_off_the_event_loop(tmp_path
         assert [s for s, _ in replies] == [Status.OK] * 40
         await b.storage.checkpoint()  # pages written; the cache holds only the last few
         cache = b.storage.cache
-        for lid in (3, 5):  # and the OS page cache does not hold theirs
-            fd = os.open(cache.ledgers[lid].path, os.O_RDONLY)
-            os.fsync(fd)  # written back first: DONTNEED leaves dirty pages (a busy host)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+        evict(cache.ledgers[3].path, cache.ledgers[5].path)  # out of the OS page cache
         # (Only the first look can be sure the page is cold: a RWF_NOWAIT read that
         # finds it on disk starts reading it.)
         assert b.handler.read_now(ReadRequest(ledger_id=3, entry_id=65)) is None

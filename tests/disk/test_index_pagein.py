@@ -1,7 +1,7 @@
 """Index pages read off the event loop (interleaved storage).
 
 - A page the OS page cache holds is read on the loop (``preadv2`` with RWF_NOWAIT);
-  one it does not (evicted here with ``posix_fadvise``) is read in a worker thread.
+  one it does not (evicted here, ``page_cache.evict``) is read in a worker thread.
 - Reads: a page read by a worker thread is cached only if its ledger's file was not
   written meanwhile (the read could be older than the file) and the ledger is still the
   same one.
@@ -19,6 +19,7 @@ import trio
 from ledgerd.disk.index import LedgerCache
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
+from tests.disk.page_cache import evict
 
 KEY = b"k" * 20
 D = Digester(DigestType.CRC32C)
@@ -28,17 +29,10 @@ def _entry(ledger: int, entry: int) -> bytes:
     return encode_entry(D, ledger, entry, entry - 1, 0, b"x" * 20)
 
 
-def _cold(*paths: Path) -> None:
-    """Evict these (synced) files from the OS page cache."""
-    import os
-
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+def _not_in_memory(cache: LedgerCache) -> int:
+    """Ledgers 1-40 whose page 0 the cache does not hold (the OS page cache does not
+    either, after ``evict``)."""
+    return sum(0 not in cache.ledgers[lid].pages for lid in range(1, 41))
 
 
 def _opts(tmp_path: Path) -> StorageOptions:
@@ -63,7 +57,7 @@ async def test_a_page_read_off_the_loop_is_dropped_if_its_file_was_written_meanw
         assert 0 in idx.pages
         for lid in (2, 3, 4):  # push ledger 1's page out again, and out of the OS cache
             s.read_entry(lid, 0)
-        _cold(idx.path)
+        evict(idx.path)
         assert s.pages_missing(1, 5)
         seen = idx.file_writes
         pages = cache.read_pages(idx.path, [0])
@@ -73,7 +67,7 @@ async def test_a_page_read_off_the_loop_is_dropped_if_its_file_was_written_meanw
         assert cache.install_pages(idx, pages, seen) == 0
         for lid in (2, 3, 4):  # push ledger 1's page out again
             s.read_entry(lid, 0)
-        _cold(idx.path)
+        evict(idx.path)
         assert s.pages_missing(1, 5)
         await s.page_in(1, 0, 11)  # (the NOWAIT attempt may have started the disk read)
         assert not s.pages_missing(1, 5) and 0 in idx.pages
@@ -103,9 +97,10 @@ async def test_adds_whose_page_is_not_in_memory_do_not_read_it_on_the_loop(
         await s.checkpoint()  # every file written; two pages stay in memory
         cache = s.cache
         assert isinstance(cache, LedgerCache)
-        _cold(*(cache.ledgers[lid].path for lid in range(1, 41)))
+        evict(*(cache.ledgers[lid].path for lid in range(1, 41)))
+        cold = _not_in_memory(cache)
         groups = [s.submit_entries(lid, 10, [_entry(lid, 10)]) for lid in range(1, 41)]
-        assert cache.deferred_count >= 30  # their pages are on disk only: not read now
+        assert cache.deferred_count == cold >= 30  # their pages are on disk only: not read
         assert s.read_entry(7, 10) == _entry(7, 10) and s.last_entry_id(7) == 10
         for g in groups:
             await g.wait()
@@ -115,17 +110,19 @@ async def test_adds_whose_page_is_not_in_memory_do_not_read_it_on_the_loop(
         assert cache.paged_in >= 38
         # Deferred again, then a checkpoint writes them into their pages first.
         await s.checkpoint()
-        _cold(*(cache.ledgers[lid].path for lid in range(1, 41)))
+        evict(*(cache.ledgers[lid].path for lid in range(1, 41)))
+        cold = _not_in_memory(cache)
         groups = [s.submit_entries(lid, 11, [_entry(lid, 11)]) for lid in range(1, 41)]
-        assert cache.deferred_count >= 30
+        assert cache.deferred_count == cold >= 30
         await s.checkpoint()
         assert not cache.deferred
         for g in groups:
             await g.wait()
         # And some left waiting at a crash: the journal brings them back.
-        _cold(*(cache.ledgers[lid].path for lid in range(1, 41)))
+        evict(*(cache.ledgers[lid].path for lid in range(1, 41)))
+        cold = _not_in_memory(cache)
         groups = [s.submit_entries(lid, 12, [_entry(lid, 12)]) for lid in range(1, 41)]
-        assert cache.deferred_count >= 30
+        assert cache.deferred_count == cold >= 30
         for g in groups:
             await g.wait()
         nursery.cancel_scope.cancel()

@@ -174,14 +174,16 @@ async def test_adds_during_a_checkpoint_are_indexed_by_the_next(tmp_path: Path) 
         await nursery.start(s.run)
 
         added = trio.Event()  # set by each add; the checkpoints wait for one
+        done = trio.Event()  # set (and replaced) by each checkpoint's end
 
         async def writer(lid: int) -> None:
-            nonlocal added
             for e in range(300):
                 await s.add_entries(lid, e, [encode_entry(d, lid, e, e - 1, 0, b"x" * 30)],
                                     bind_key=b"k" * 20)
                 written[lid] = e
                 added.set()
+                if e % 15 == 14:  # no more than 15 adds without a checkpoint ending
+                    await done.wait()
 
         checkpoints = 0
         async with trio.open_nursery() as adds:
@@ -192,6 +194,8 @@ async def test_adds_during_a_checkpoint_are_indexed_by_the_next(tmp_path: Path) 
                 added = trio.Event()
                 await s.checkpoint()
                 checkpoints += 1
+                done.set()
+                done = trio.Event()
         await s.checkpoint()
         assert checkpoints >= 20
         nursery.cancel_scope.cancel()
