@@ -161,6 +161,7 @@ FETCH_MAX_BYTES = 50 << 20  # one fetch response at most (Kafka: fetch.max.bytes
 IDLE_S = 60.0  # a partition unused this long sheds its reader state
 MAX_METADATA = 4096  # bytes of a commit's metadata string (Kafka: offset.metadata.max.bytes)
 DELETE_FANOUT = 32  # cursor deletions of one DeleteGroups in flight at once
+GROUP_DELETE_FANOUT = 8  # groups of one DeleteGroups deleted at once
 CLUSTER_ID = "ledgerd"  # Metadata's and DescribeCluster's cluster id
 # A topic this gateway deleted is not auto-created again for this long: the deleting
 # client's own metadata refresh right after DeleteTopics (librdkafka refreshes the
@@ -1822,16 +1823,34 @@ class Gateway:
 
     async def delete_groups(self, conn: _Conn, version: int, body: dict[str, Any],
                             ) -> dict[str, Any]:
-        results = []
-        for gid in body["groups_names"]:
-            try:
-                code = await self._delete_group(gid)
-            except LedgerdError as exc:
-                log.warning("kafka_group_delete_failed", extra=fields(group=gid,
-                                                                      error=repr(exc)))
-                code = ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the client asks again
-            results.append({"group_id": gid, "error_code": code})
-        return {"results": results}
+        """The named groups are deleted side by side (``GROUP_DELETE_FANOUT`` at once):
+        each is a few ZooKeeper writes, and a client's request timeout covers them all.
+        A name given again is deleted again after the first, as if one by one."""
+        names: list[str] = body["groups_names"]
+        codes: list[int] = [0] * len(names)
+        limiter = trio.CapacityLimiter(GROUP_DELETE_FANOUT)
+
+        async def delete(i: int) -> None:
+            async with limiter:
+                codes[i] = await self._delete_group_logged(names[i])
+
+        firsts = {gid: i for i, gid in reversed(list(enumerate(names)))}
+        async with trio.open_nursery() as nursery:
+            for i in firsts.values():
+                nursery.start_soon(delete, i)
+        for i, gid in enumerate(names):
+            if firsts[gid] != i:
+                codes[i] = await self._delete_group_logged(gid)
+        return {"results": [{"group_id": gid, "error_code": code}
+                            for gid, code in zip(names, codes, strict=True)]}
+
+    async def _delete_group_logged(self, gid: str) -> int:
+        try:
+            return await self._delete_group(gid)
+        except LedgerdError as exc:
+            log.warning("kafka_group_delete_failed", extra=fields(group=gid,
+                                                                  error=repr(exc)))
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE  # retriable: the client asks again
 
     async def _delete_group(self, gid: str) -> int:
         """Mark the group dead (refused if it has members), delete its committed offsets

@@ -436,6 +436,61 @@ async def test_a_group_record_stays_deleted_when_a_save_races_delete_groups() ->
     assert records.held == set()
 
 
+async def test_the_groups_of_one_delete_groups_are_deleted_side_by_side_answered_in_order(
+        ) -> None:
+    """Each group's deletion waits for ZooKeeper: three groups' deletions are in flight
+    at once (a client's request timeout covers the whole request). A name given twice
+    is deleted once; its second answer, and an unknown group's, is GROUP_ID_NOT_FOUND."""
+    import trio
+
+    from ledgerd.kafka.config import GatewayConfig
+    from ledgerd.kafka.gateway import Gateway
+    from ledgerd.kafka.groups import Group
+
+    class Records:
+        async def delete(self, gid: str) -> bool:
+            return True
+
+        async def get(self, gid: str) -> None:
+            return None
+
+    class Client:
+        store = None
+
+    gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
+    gw.group_store = Records()  # type: ignore[assignment]
+    gw.owns = lambda key: True  # type: ignore[method-assign]
+    inside: set[str] = set()
+    all_in = trio.Event()
+
+    class Offsets:  # every deletion waits here until all three are inside
+        async def complete(self) -> bool:
+            return True
+
+        async def drop_group(self, group: str) -> int:
+            if group not in {"a", "b", "c"} - inside:
+                return 0  # no offsets (left)
+            inside.add(group)
+            if len(inside) == 3:
+                all_in.set()
+            await all_in.wait()
+            return 1
+
+    gw.offset_index = Offsets()  # type: ignore[assignment]
+    for gid in ("a", "b", "c"):
+        gw.groups[gid] = Group(gid, gw.group_settings)
+        gw.groups[gid].generation = 1
+    with trio.fail_after(10):
+        reply = await gw.delete_groups(None, 2, {  # type: ignore[arg-type]
+            "groups_names": ["c", "a", "zz", "b", "a"]})
+    assert reply == {"results": [
+        {"group_id": "c", "error_code": 0}, {"group_id": "a", "error_code": 0},
+        {"group_id": "zz", "error_code": ErrorCode.GROUP_ID_NOT_FOUND},
+        {"group_id": "b", "error_code": 0},
+        {"group_id": "a", "error_code": ErrorCode.GROUP_ID_NOT_FOUND}]}
+    assert not {"a", "b", "c"} & gw.groups.keys()
+
+
 async def test_a_partitions_header_topic_is_encoded_again_only_when_it_changed() -> None:
     """The topic cache makes a new record object each time it reads the znode (about a
     second apart, on most requests): the header's topic is encoded again only when what
