@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import click
 import trio
 
+from ledgerd import __version__
 from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.metadata.kafka_acls import AclOperation, AclPermission, PatternType, ResourceType
 
@@ -234,6 +235,8 @@ def _error(code: int, message: str | None = None) -> str:
 
 
 def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.version_option(
+        __version__, "--version", message="ledgerd %(version)s")(fn)
     fn = click.option("--json", "as_json", is_flag=True,
                       help="One JSON document instead of Kafka's text.")(fn)
     fn = click.option("--command-config", "command_config", default=None,
@@ -306,10 +309,26 @@ async def _matching(conn: Any, pattern: str, exclude_internal: bool) -> list[str
 @click.option("--if-exists", is_flag=True, help="--delete/--alter/--describe: no error if "
               "no topic matches.")
 @click.option("--exclude-internal", is_flag=True, help="Leave out internal topics.")
+@click.option("--replica-assignment", "assignment", default=None,
+              metavar="B:B,B:B,...", help="--create: each partition's brokers (gateways), "
+              "partitions separated by commas, brokers by colons; --alter: those of the "
+              "partitions added.")
+@click.option("--under-replicated-partitions", "under_replicated", is_flag=True,
+              help="--describe: only partitions whose ISR is smaller than their replicas.")
+@click.option("--unavailable-partitions", "unavailable", is_flag=True,
+              help="--describe: only partitions without a live leader.")
+@click.option("--under-min-isr-partitions", "under_min_isr", is_flag=True,
+              help="--describe: only partitions whose ISR is below min.insync.replicas.")
+@click.option("--at-min-isr-partitions", "at_min_isr", is_flag=True,
+              help="--describe: only partitions whose ISR is at min.insync.replicas.")
+@click.option("--topics-with-overrides", "with_overrides", is_flag=True,
+              help="--describe: only topics with configs set, without their partitions.")
 def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, create: bool,
                  delete: bool, alter: bool, list_: bool, describe: bool, topic: str | None,
                  partitions: int | None, replication: int | None, configs: tuple[str, ...],
-                 if_not_exists: bool, if_exists: bool, exclude_internal: bool) -> None:
+                 if_not_exists: bool, if_exists: bool, exclude_internal: bool,
+                 assignment: str | None, under_replicated: bool, unavailable: bool,
+                 under_min_isr: bool, at_min_isr: bool, with_overrides: bool) -> None:
     """Create, delete, list, describe and add partitions to topics (Kafka's
     kafka-topics.sh)."""
     action = _one_action(create=create, delete=delete, alter=alter, list=list_,
@@ -321,6 +340,23 @@ def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, cre
                         "`ledgerd kafka-configs --alter`")
     if action == "alter" and partitions is None:
         raise ToolError("--alter needs --partitions (the new partition count)")
+    filters = {name: on for name, on in (
+        ("under-replicated-partitions", under_replicated),
+        ("unavailable-partitions", unavailable), ("under-min-isr-partitions", under_min_isr),
+        ("at-min-isr-partitions", at_min_isr), ("topics-with-overrides", with_overrides))
+        if on}
+    if filters and action != "describe":
+        raise ToolError(f"--{next(iter(filters))} goes with --describe")
+    if len(filters) > 1:
+        raise ToolError("give at most one of " + ", ".join(f"--{f}" for f in filters))
+    assigned = None
+    if assignment is not None:
+        if action not in ("create", "alter"):
+            raise ToolError("--replica-assignment goes with --create or --alter")
+        if action == "create" and (partitions is not None or replication is not None):
+            raise ToolError("--replica-assignment gives the partitions and their replicas: "
+                            "not with --partitions or --replication-factor")
+        assigned = replica_assignment(assignment)
     wanted = _configs(configs, "--config")
     if topic and action != "create":
         topic_filter(topic)
@@ -328,7 +364,7 @@ def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, cre
     async def work(conn: Any) -> Any:
         if action == "create":
             return await _create_topic(conn, str(topic), partitions, replication, wanted,
-                                       if_not_exists)
+                                       if_not_exists, assigned)
         names = await _matching(conn, topic, exclude_internal) if topic else None
         if names == [] and action != "list" and not if_exists:
             raise ToolError(f"Topic '{topic}' does not exist as expected")
@@ -340,8 +376,9 @@ def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, cre
         if action == "delete":
             return await _delete_topics(conn, names or [])
         if action == "alter":
-            return await _add_partitions(conn, names or [], int(partitions or 0))
-        return await _describe_topics(conn, names, exclude_internal)
+            return await _add_partitions(conn, names or [], int(partitions or 0), assigned)
+        found = await _describe_topics(conn, names, exclude_internal)
+        return described(found, next(iter(filters), None))
 
     out = _run(bootstrap, command_config, work)
     if as_json:
@@ -351,20 +388,44 @@ def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, cre
             click.echo(name)
     elif action == "describe":
         if out:
-            click.echo(_describe_text(out))
+            click.echo(_describe_text(out, topic_lines=not filters or with_overrides,
+                                      partition_lines=not with_overrides))
     elif action == "create":
         for line in out:
             click.echo(line)
     # (--delete and --alter print nothing, as Kafka's tool; --json lists the topics)
 
 
+def replica_assignment(text: str) -> list[list[int]]:
+    """Kafka's ``--replica-assignment``: partitions' broker lists separated by commas,
+    the brokers of one by colons (``0:1,1:2``); each list the same length, no broker
+    twice in one."""
+    out: list[list[int]] = []
+    for i, part in enumerate(text.split(",")):
+        try:
+            brokers = [int(b) for b in part.split(":")]
+        except ValueError:
+            raise ToolError(f"--replica-assignment {text!r}: partition {i}'s {part!r} is "
+                            "not broker ids separated by colons") from None
+        if len(set(brokers)) != len(brokers):
+            raise ToolError(f"--replica-assignment: partition {i} lists a broker twice "
+                            f"({part})")
+        if out and len(brokers) != len(out[0]):
+            raise ToolError(f"--replica-assignment: partition {i} has {len(brokers)} "
+                            f"replicas, partition 0 has {len(out[0])}")
+        out.append(brokers)
+    return out
+
+
 async def _create_topic(conn: Any, topic: str, partitions: int | None,
                         replication: int | None, configs: dict[str, str],
-                        if_not_exists: bool) -> list[str]:
+                        if_not_exists: bool, assigned: list[list[int]] | None = None,
+                        ) -> list[str]:
     got = await conn.call(ApiKey.CREATE_TOPICS, {"topics": [{
         "name": topic, "num_partitions": -1 if partitions is None else partitions,
         "replication_factor": -1 if replication is None else replication,
-        "assignments": [],
+        "assignments": [{"partition_index": i, "broker_ids": b}
+                        for i, b in enumerate(assigned or [])],
         "configs": [{"name": k, "value": v} for k, v in configs.items()]}],
         "timeout_ms": TIMEOUT_MS})
     for t in got["topics"]:
@@ -393,11 +454,13 @@ async def _delete_topics(conn: Any, names: list[str]) -> list[str]:
     return names
 
 
-async def _add_partitions(conn: Any, names: list[str], count: int) -> list[str]:
+async def _add_partitions(conn: Any, names: list[str], count: int,
+                          assigned: list[list[int]] | None = None) -> list[str]:
     if not names:
         return []
     got = await conn.call(ApiKey.CREATE_PARTITIONS, {
-        "topics": [{"name": n, "count": count, "assignments": None} for n in names],
+        "topics": [{"name": n, "count": count, "assignments": None if assigned is None
+                    else [{"broker_ids": b} for b in assigned]} for n in names],
         "timeout_ms": TIMEOUT_MS, "validate_only": False})
     failed = [f"{r['name']}: {_error(r['error_code'], r['error_message'])}"
               for r in got["results"] if r["error_code"]]
@@ -413,6 +476,7 @@ async def _describe_topics(conn: Any, names: list[str] | None,
               and not (exclude_internal and t["is_internal"])]
     topics.sort(key=lambda t: t["name"])
     configs: dict[str, dict[str, str]] = {}
+    min_isr: dict[str, int] = {}
     if topics:
         got = await conn.call(ApiKey.DESCRIBE_CONFIGS, {"resources": [
             {"resource_type": 2, "resource_name": t["name"], "configuration_keys": None}
@@ -424,6 +488,10 @@ async def _describe_topics(conn: Any, names: list[str] | None,
             # Kafka's tool shows every config that is not a default
             configs[r["resource_name"]] = {c["name"]: c["value"] for c in r["configs"]
                                            if c.get("config_source") != 5}
+            for c in r["configs"]:
+                if c["name"] == "min.insync.replicas" and str(c["value"]).isdigit():
+                    min_isr[r["resource_name"]] = int(c["value"])
+    live = {b["node_id"] for b in md["brokers"]}
     out = []
     for t in topics:
         parts = sorted(t["partitions"], key=lambda p: p["partition_index"])
@@ -432,9 +500,36 @@ async def _describe_topics(conn: Any, names: list[str] | None,
             "partition_count": len(parts),
             "replication_factor": len(parts[0]["replica_nodes"]) if parts else 0,
             "configs": configs.get(t["name"], {}),
+            "min_insync_replicas": min_isr.get(t["name"], 1),
             "partitions": [{"partition": p["partition_index"], "leader": p["leader_id"],
+                            "leader_live": p["leader_id"] in live,
                             "replicas": list(p["replica_nodes"]), "isr": list(p["isr_nodes"])}
                            for p in parts]})
+    return out
+
+
+def described(topics: list[dict[str, Any]], only: str | None) -> list[dict[str, Any]]:
+    """The topics, or those ``only`` (a --describe filter of Kafka's tool) keeps: the
+    topics with configs set, or the topics with their partitions that are
+    under-replicated (ISR smaller than replicas), unavailable (no live leader), under or
+    at min.insync.replicas."""
+    if only is None:
+        return topics
+    if only == "topics-with-overrides":
+        return [t for t in topics if t["configs"]]
+
+    def keep(t: dict[str, Any], p: dict[str, Any]) -> bool:
+        isr, floor = len(p["isr"]), t["min_insync_replicas"]
+        return {"under-replicated-partitions": isr < len(p["replicas"]),
+                "unavailable-partitions": p["leader"] < 0 or not p["leader_live"],
+                "under-min-isr-partitions": isr < floor,
+                "at-min-isr-partitions": isr == floor}[only]
+
+    out = []
+    for t in topics:
+        parts = [p for p in t["partitions"] if keep(t, p)]
+        if parts:
+            out.append({**t, "partitions": parts})
     return out
 
 
@@ -448,15 +543,20 @@ def _uuid(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _describe_text(topics: list[dict[str, Any]]) -> str:
+def _describe_text(topics: list[dict[str, Any]], topic_lines: bool = True,
+                   partition_lines: bool = True) -> str:
+    """Kafka's --describe: a topic's line, then a line per partition (a partition
+    filter prints only the partitions' lines; --topics-with-overrides only the
+    topics')."""
     lines = []
     for t in topics:
         cfg = ",".join(f"{k}={v}" for k, v in sorted(t["configs"].items()))
         tid = f"TopicId: {t['topic_id']}\t" if t["topic_id"] else ""
-        lines.append(f"Topic: {t['topic']}\t{tid}"
-                     f"PartitionCount: {t['partition_count']}\t"
-                     f"ReplicationFactor: {t['replication_factor']}\tConfigs: {cfg}")
-        for p in t["partitions"]:
+        if topic_lines:
+            lines.append(f"Topic: {t['topic']}\t{tid}"
+                         f"PartitionCount: {t['partition_count']}\t"
+                         f"ReplicationFactor: {t['replication_factor']}\tConfigs: {cfg}")
+        for p in t["partitions"] if partition_lines else ():
             lines.append(f"\tTopic: {t['topic']}\tPartition: {p['partition']}\t"
                          f"Leader: {'none' if p['leader'] < 0 else p['leader']}\t"
                          f"Replicas: {','.join(map(str, p['replicas']))}\t"

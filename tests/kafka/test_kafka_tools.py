@@ -19,6 +19,8 @@ from ledgerd.tools.kafka_tools import (
     ToolError,
     _config_list,
     _properties,
+    described,
+    replica_assignment,
     security_from,
     topic_filter,
 )
@@ -90,6 +92,70 @@ def test_kafka_topics_creates_describes_alters_and_deletes(kafka_cluster: KafkaC
     assert "Topic 'tools-ts' does not exist as expected" in missing.output
     assert _tool(kafka_cluster, "kafka-topics", "--delete", "--topic", "tools-ts",
                  "--if-exists").exit_code == 0
+
+
+def test_kafka_topics_assigns_replicas_and_filters_descriptions(
+        kafka_cluster: KafkaCluster) -> None:
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    (node,) = admin.list_topics(timeout=BOUND_S).brokers
+    made = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-ra",
+                 "--replica-assignment", f"{node},{node}")
+    assert made.exit_code == 0, made.output
+    parts = admin.list_topics("tools-ra", timeout=BOUND_S).topics["tools-ra"].partitions
+    assert sorted(parts) == [0, 1] and all(p.replicas == [node] for p in parts.values())
+    far = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-ra2",
+                "--replica-assignment", "4242")
+    assert far.exit_code == 1 and "INVALID_REPLICA_ASSIGNMENT" in far.output
+    grown = _tool(kafka_cluster, "kafka-topics", "--alter", "--topic", "tools-ra",
+                  "--partitions", "3", "--replica-assignment", str(node))
+    assert grown.exit_code == 0, grown.output
+
+    def describe(*flag: str) -> str:
+        got = _tool(kafka_cluster, "kafka-topics", "--describe", "--topic", "tools-ra", *flag)
+        assert got.exit_code == 0, got.output
+        return got.output
+
+    # one replica, in sync, led by the live gateway: nothing under-replicated
+    assert describe("--under-replicated-partitions") == ""
+    assert describe("--unavailable-partitions") == ""
+    at_min = describe("--at-min-isr-partitions").splitlines()  # min.insync.replicas 1
+    assert [line.split("\t")[2] for line in at_min] == [f"Partition: {i}" for i in range(3)]
+    assert describe("--topics-with-overrides") == ""
+    assert _tool(kafka_cluster, "kafka-configs", "--alter", "--topic", "tools-ra",
+                 "--add-config", "retention.ms=7200000").exit_code == 0
+    wait_until(lambda: describe("--topics-with-overrides"), "the override described")
+    (line,) = describe("--topics-with-overrides").splitlines()
+    assert line.startswith("Topic: tools-ra\t") and "retention.ms=7200000" in line
+    assert _tool(kafka_cluster, "kafka-topics", "--version").output.startswith("ledgerd ")
+
+
+def test_describe_filters_keep_what_kafkas_tool_keeps() -> None:
+    def part(i: int, leader: int, live: bool, isr: list[int]) -> dict[str, object]:
+        return {"partition": i, "leader": leader, "leader_live": live,
+                "replicas": [1, 2], "isr": isr}
+
+    topic = {"topic": "t", "configs": {}, "min_insync_replicas": 2, "partitions": [
+        part(0, 1, True, [1, 2]), part(1, 1, True, [1]), part(2, -1, False, []),
+        part(3, 7, False, [1, 2])]}
+    plain = {**topic, "topic": "u", "partitions": [part(0, 1, True, [1, 2])]}
+
+    def kept(only: str | None) -> list[tuple[str, list[int]]]:
+        return [(t["topic"], [p["partition"] for p in t["partitions"]])
+                for t in described([topic, plain], only)]
+
+    assert kept(None) == [("t", [0, 1, 2, 3]), ("u", [0])]
+    assert kept("under-replicated-partitions") == [("t", [1, 2])]
+    assert kept("unavailable-partitions") == [("t", [2, 3])]
+    assert kept("under-min-isr-partitions") == [("t", [1, 2])]
+    assert kept("at-min-isr-partitions") == [("t", [0, 3]), ("u", [0])]
+    assert kept("topics-with-overrides") == []
+    assert [t["topic"] for t in described([{**topic, "configs": {"a": "1"}}, plain],
+                                          "topics-with-overrides")] == ["t"]
+    assert replica_assignment("0:1,1:2") == [[0, 1], [1, 2]]
+    for bad, says in (("0:1,1", "partition 1 has 1 replicas"), ("0:0", "a broker twice"),
+                      ("0:x", "not broker ids")):
+        with pytest.raises(ToolError, match=says):
+            replica_assignment(bad)
 
 
 def test_kafka_topics_refuses_a_config_the_gateway_refuses(kafka_cluster: KafkaCluster) -> None:
@@ -209,6 +275,14 @@ def test_kafka_acls_producer_shorthand(kafka_cluster: KafkaCluster) -> None:
       "--add-config", "a=1"], "go with --alter"),
     (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--describe", "--broker", "x"],
      "integer id"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--list",
+      "--under-replicated-partitions"], "--under-replicated-partitions goes with --describe"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--describe",
+      "--unavailable-partitions", "--topics-with-overrides"], "at most one of"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--create", "--topic", "t",
+      "--replica-assignment", "0", "--partitions", "2"], "not with --partitions"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--delete", "--topic", "t",
+      "--replica-assignment", "0"], "goes with --create or --alter"),
 ])
 def test_bad_invocations_say_what_is_wrong(args: list[str], says: str) -> None:
     got = CliRunner().invoke(cli, args)
