@@ -61,6 +61,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
 from ledgerd.kafka.producer_state import ProducerState, last_sequence
 from ledgerd.kafka.records import BatchHeader, with_base_offset
-from ledgerd.kafka.timestamps import first_at_or_after
+from ledgerd.kafka.timestamps import first_at_or_after, latest_record
 from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
 from ledgerd.metadata.errors import NoNodeError
 from ledgerd.metadata.kafka_topics import partition_log_name
@@ -93,6 +94,8 @@ log = logging.getLogger(__name__)
 
 PRODUCER_SCAN = 1000  # batches read back at takeover to rebuild producer state
 START_TTL_S = 1.0  # the log's first offset is read again after this long
+TIME_BLOCK = 64  # entries per block of a ledger's timestamp summary (TimeBlocks)
+TIME_BLOCKS_MAX = 1 << 17  # blocks remembered per partition (8 bytes each: 1 MiB)
 
 
 def log_name(topic: str, partition: int) -> str:
@@ -184,8 +187,9 @@ class PartitionLog:
         self.origin_source: object = None  # the cached topic record last looked at
         self.origin_record: object = None  # what header_extra holds of it (origin_record)
         self._epoch: tuple[float, int] | None = None  # the log's epoch as read, and when
-        # ledger -> (largest max timestamp, its entry, last entry scanned): MAX_TIMESTAMP
-        self.max_times: dict[int, tuple[int, int, int]] = {}
+        # ledger -> its timestamp summary (ListOffsets by time and MAX_TIMESTAMP)
+        self.time_blocks: OrderedDict[int, TimeBlocks] = OrderedDict()
+        self.time_block_count = 0  # blocks held in time_blocks, at most TIME_BLOCKS_MAX
         self.positions: OrderedDict[int, tuple[int, int]] = OrderedDict()  # next off -> pos
         self.tail: deque[tuple[int, int, bytes]] = deque()  # (base, next offset, batch)
         self.tail_bytes = 0
@@ -841,9 +845,13 @@ class PartitionLog:
         if not gone:
             return False
         for memory in (self.first_entries, self.first_offsets, self.first_epochs,
-                       self.summaries, self.max_times):
+                       self.summaries):
             for lid in gone:
                 memory.pop(lid, None)
+        for lid in gone:
+            dropped = self.time_blocks.pop(lid, None)
+            if dropped is not None:
+                self.time_block_count -= len(dropped.maxes)
         # the batches kept of recent appends: some may lie in the ledgers gone, which a
         # compaction just rewrote (a fetch must get the replacement's records); all go,
         # with no I/O here (the next fetches read the bookies)
@@ -1068,68 +1076,132 @@ class PartitionLog:
             size += len(batch)
         return b"".join(out)
 
+    async def _time_blocks(self, lid: int) -> TimeBlocks | None:
+        """The ledger's timestamp summary up to its last readable entry (None: no
+        batch yet): the largest batch maxTimestamp of each ``TIME_BLOCK`` entries.
+        Remembered and extended as the ledger grows (entries below its last readable
+        one never change); if cancelled, what was remembered stays true."""
+        last = await self._last_entry(lid)
+        first = await self._first_entry(lid)
+        if last < first:
+            return None
+        known = self.time_blocks.get(lid)
+        if known is not None and known.first == first and known.upto >= last:
+            self.time_blocks.move_to_end(lid)
+            return known
+        tb = TimeBlocks(first, first - 1, array("q")) if known is None or known.first != first \
+            else TimeBlocks(first, known.upto, array("q", known.maxes))
+        h = await self._handle(lid)
+        while tb.upto < last:
+            top = min(last, tb.upto + 256)
+            for entry in await h.read_batch(tb.upto + 1, top):
+                b = (entry.entry_id - first) // TIME_BLOCK
+                ts = BatchHeader.parse(entry.payload).max_timestamp
+                if b == len(tb.maxes):
+                    tb.maxes.append(ts)
+                elif ts > tb.maxes[b]:
+                    tb.maxes[b] = ts
+            tb.upto = top
+        self.time_blocks[lid] = tb
+        self.time_blocks.move_to_end(lid)
+        self.time_block_count += len(tb.maxes) - (len(known.maxes) if known else 0)
+        while self.time_block_count > TIME_BLOCKS_MAX and len(self.time_blocks) > 1:
+            _, gone = self.time_blocks.popitem(last=False)  # a memory, not a registry
+            self.time_block_count -= len(gone.maxes)
+        return tb
+
     async def offset_for_time(self, timestamp: int) -> tuple[int, int] | None:
-        """``(timestamp, offset)`` of the first record whose timestamp is at or after
-        ``timestamp``, as Kafka answers: the first batch whose max timestamp reaches it
-        (a binary search over each ledger's entries), then the first record in that
-        batch that does (``timestamps.first_at_or_after``, which opens compressed
-        batches too). None if no record is that late. Ledgers are searched up to their
-        last readable entry (the LAC while open: nothing unconfirmed)."""
+        """``(timestamp, offset)`` of the first record at or after the log start whose
+        timestamp is at or after ``timestamp``, as Kafka answers (``searchForTimestamp``
+        from the log start): the first batch, in offset order, whose maxTimestamp
+        reaches it, then the first record in it that does (``first_at_or_after``,
+        which opens compressed batches too). Timestamps need not grow with offsets (two
+        producers' clocks, CreateTime set upstream): each ledger's ``TimeBlocks`` say
+        which stretch of 64 entries holds the first such batch, and only that stretch
+        is read. None if no record is that late. Ledgers are searched up to their last
+        readable entry (the LAC while open: nothing unconfirmed)."""
+        start = await self.start_offset()
         for lid in await self._ledgers():
-            last = await self._last_entry(lid)
-            lo = await self._first_entry(lid)
-            if last < lo or (await self._header(lid, last)).max_timestamp < timestamp:
+            try:
+                found = await self._time_in(lid, timestamp, start)
+            except NoSuchLedgerError:  # dropped meanwhile (retention, compaction)
                 continue
-            hi = last
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if (await self._header(lid, mid)).max_timestamp >= timestamp:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            h = await self._handle(lid)
-            batch = (await h.read_batch(lo, lo))[0].payload
-            # in a worker thread: a compressed batch may expand to many records, and
-            # the event loop serves every other client meanwhile
-            offset, found = await trio.to_thread.run_sync(first_at_or_after, batch, timestamp)
-            return found, offset
+            if found is not None:
+                return found[1], found[0]
         return None
 
+    async def _time_in(self, lid: int, timestamp: int, start: int) -> tuple[int, int] | None:
+        tb = await self._time_blocks(lid)
+        if tb is None:
+            return None
+        h = await self._handle(lid)
+        for b, most in enumerate(tb.maxes):
+            if most < timestamp:
+                continue
+            lo = tb.first + b * TIME_BLOCK
+            for entry in await h.read_batch(lo, min(tb.upto, lo + TIME_BLOCK - 1)):
+                bh = BatchHeader.parse(entry.payload)
+                if bh.max_timestamp < timestamp or bh.next_offset <= start:
+                    continue
+                # in a worker thread: a compressed batch may expand to many records,
+                # and the event loop serves every other client meanwhile
+                found = await trio.to_thread.run_sync(
+                    first_at_or_after, entry.payload, timestamp, start)
+                if found is not None:
+                    return found
+        return None
 
     async def offset_of_max_timestamp(self) -> tuple[int, int] | None:
         """ListOffsets' MAX_TIMESTAMP (-3, KIP-734): ``(timestamp, offset)`` of the first
-        record carrying the log's largest timestamp; None for an empty log. Every batch
-        header is read once: what a ledger was scanned up to is remembered (entries
-        below its last readable one never change). If cancelled, what was remembered
-        stays true."""
-        best: tuple[int, int, int] | None = None  # (timestamp, ledger, entry)
+        record at or after the log start carrying the largest timestamp of those
+        records; None for an empty log. The ledgers' ``TimeBlocks`` (every batch header
+        read once) point at the stretch that holds it; where DeleteRecords left the
+        log start inside a ledger, that ledger's batches are looked at one by one."""
+        start = await self.start_offset()
+        best: tuple[int, int] | None = None  # (offset, timestamp) of the answer so far
         for lid in await self._ledgers():
             try:
-                last = await self._last_entry(lid)
-            except NoSuchLedgerError:
+                best = await self._latest_in(lid, start, best)
+            except NoSuchLedgerError:  # dropped meanwhile (retention, compaction)
                 continue
-            ts, eid, upto = self.max_times.get(lid, (-1, -1, await self._first_entry(lid) - 1))
-            if upto < last:
-                h = await self._handle(lid)
-                at = upto + 1
-                while at <= last:
-                    top = min(last, at + 255)
-                    for entry in await h.read_batch(at, top):
-                        bh = BatchHeader.parse(entry.payload)
-                        if eid < 0 or bh.max_timestamp > ts:
-                            ts, eid = bh.max_timestamp, entry.entry_id
-                    at = top + 1
-                self.max_times[lid] = (ts, eid, last)
-                while len(self.max_times) > 4096:  # a memory, not a registry
-                    self.max_times.pop(next(iter(self.max_times)))
-            if eid >= 0 and (best is None or ts > best[0]):
-                best = (ts, lid, eid)
-        if best is None:
-            return None
-        h = await self._handle(best[1])
-        batch = (await h.read_batch(best[2], best[2]))[0].payload
-        offset, found = await trio.to_thread.run_sync(first_at_or_after, batch, best[0])
-        return found, offset
+        return None if best is None else (best[1], best[0])
+
+    async def _latest_in(self, lid: int, start: int, best: tuple[int, int] | None,
+                         ) -> tuple[int, int] | None:
+        """``best``, or the ledger's first record at or after ``start`` with the largest
+        timestamp if that is larger than ``best``'s."""
+        tb = await self._time_blocks(lid)
+        if tb is None or (best is not None and max(tb.maxes) <= best[1]):
+            return best
+        h = await self._handle(lid)
+        first = await self._first_offset(lid)
+        # the log start inside (or past) this ledger: its batches above it, one by one
+        blocks = range(len(tb.maxes)) if first is not None and first < start else \
+            [tb.maxes.index(max(tb.maxes))]
+        for b in blocks:
+            if best is not None and tb.maxes[b] <= best[1]:
+                continue
+            lo = tb.first + b * TIME_BLOCK
+            for entry in await h.read_batch(lo, min(tb.upto, lo + TIME_BLOCK - 1)):
+                bh = BatchHeader.parse(entry.payload)
+                if bh.next_offset <= start or (best is not None
+                                               and bh.max_timestamp <= best[1]):
+                    continue
+                found = await trio.to_thread.run_sync(latest_record, entry.payload, start)
+                if found is not None and (best is None or found[1] > best[1]):
+                    best = found
+        return best
+
+
+@dataclass
+class TimeBlocks:
+    """A ledger's timestamp summary (Kafka's time index, in memory): ``maxes[b]`` is
+    the largest batch maxTimestamp among entries ``first + b * TIME_BLOCK`` to the
+    block's end, summarised up to entry ``upto``."""
+
+    first: int
+    upto: int
+    maxes: array[int]
 
 
 def settings_from(get: Callable[[str], int]) -> PartitionSettings:

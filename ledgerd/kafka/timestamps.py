@@ -42,21 +42,42 @@ class RecordsError(LedgerdError, ValueError):
     """A batch's records cannot be read: ``reason`` says where and why."""
 
 
-def first_at_or_after(batch: bytes, timestamp: int) -> tuple[int, int]:
-    """``(offset, timestamp)`` of the batch's first record whose timestamp is at or
-    after ``timestamp``. The caller picked the batch because its maxTimestamp reaches
-    ``timestamp``; if its records cannot be read, the batch's first offset and its
-    maxTimestamp are the answer (the batch granularity Kafka's own index has)."""
+def first_at_or_after(batch: bytes, timestamp: int, min_offset: int = 0,
+                      ) -> tuple[int, int] | None:
+    """``(offset, timestamp)`` of the batch's first record at or above ``min_offset``
+    (the log start) whose timestamp is at or after ``timestamp``; None if it has none.
+    If its records cannot be read, the batch's first offset (at least ``min_offset``)
+    and its maxTimestamp are the answer (the batch granularity Kafka's own index has)."""
     h = BatchHeader.parse(batch)
+    if h.next_offset <= min_offset or h.max_timestamp < timestamp:
+        return None
     if h.attributes & LOG_APPEND_TIME:
-        return h.base_offset, h.max_timestamp
+        return max(h.base_offset, min_offset), h.max_timestamp
     try:
         for offset, ts in record_times(batch):
-            if ts >= timestamp:
+            if ts >= timestamp and offset >= min_offset:
                 return offset, ts
+        return None
     except RecordsError:
-        pass
-    return h.base_offset, h.max_timestamp
+        return max(h.base_offset, min_offset), h.max_timestamp
+
+
+def latest_record(batch: bytes, min_offset: int = 0) -> tuple[int, int] | None:
+    """``(offset, timestamp)`` of the first record at or above ``min_offset`` carrying
+    the largest timestamp of those records; None if the batch has none there."""
+    h = BatchHeader.parse(batch)
+    if h.next_offset <= min_offset:
+        return None
+    if h.attributes & LOG_APPEND_TIME:
+        return max(h.base_offset, min_offset), h.max_timestamp
+    best: tuple[int, int] | None = None
+    try:
+        for offset, ts in record_times(batch):
+            if offset >= min_offset and (best is None or ts > best[1]):
+                best = offset, ts
+    except RecordsError:
+        return max(h.base_offset, min_offset), h.max_timestamp
+    return best
 
 
 def record_times(batch: bytes) -> Iterator[tuple[int, int]]:

@@ -16,6 +16,7 @@ from ledgerd.kafka.timestamps import (
     RecordsError,
     _snappy_block,
     first_at_or_after,
+    latest_record,
     record_times,
 )
 from tests.kafka.conftest import KafkaCluster
@@ -121,5 +122,69 @@ def test_offsets_for_times_names_the_record_inside_a_batch(
                 msg = consumer.poll(BOUND_S)
                 assert msg is not None and not msg.error()
                 assert (msg.offset(), msg.timestamp()[1]) == (offset, ts)
+    finally:
+        consumer.close()
+
+
+def test_the_log_start_bounds_the_record_named_and_the_latest_one() -> None:
+    stamps = [BASE_MS + 50, BASE_MS + 10, BASE_MS + 30, BASE_MS + 50, BASE_MS + 20]
+    batch = _batch(0, stamps, base_offset=100)
+    assert first_at_or_after(batch, BASE_MS + 25, 101) == (102, BASE_MS + 30)
+    assert first_at_or_after(batch, BASE_MS + 40, 104) is None  # only 103 and 100 reach it
+    assert first_at_or_after(batch, BASE_MS + 60) is None
+    assert first_at_or_after(batch, BASE_MS, 105) is None  # all below the log start
+    assert latest_record(batch) == (100, BASE_MS + 50)  # the first of the largest
+    assert latest_record(batch, 101) == (103, BASE_MS + 50)
+    assert latest_record(batch, 104) == (104, BASE_MS + 20)
+    assert latest_record(batch, 105) is None
+
+
+def test_offsets_for_times_follows_offsets_not_clocks_and_the_log_start(
+        kafka_cluster: KafkaCluster) -> None:
+    """Timestamps that go back and forth (producers' clocks, CreateTime set upstream),
+    one record a batch over more than two of the index's 64-entry blocks: every target
+    names the first record, in offset order at or after the log start, that reaches
+    it, as Kafka does; so does MAX_TIMESTAMP, once DeleteRecords moved the log start
+    past the largest one. The gateway used to binary-search as if timestamps grew
+    (a later offset, or none) and to answer below the log start."""
+    import random
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    topic = "ts-unordered"
+    rng = random.Random(47)
+    base = int(time.time() * 1000) - 3_600_000
+    stamps = [base + rng.randrange(0, 1000) * 10 for _ in range(150)]
+    stamps[3] = base + 20_000  # the largest, below the log start set later
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 0})
+    for i, ts in enumerate(stamps):  # one batch each
+        producer.produce(topic, value=b"r%d" % i, timestamp=ts)
+        assert producer.flush(BOUND_S) == 0
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    consumer = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": topic})
+    targets = sorted({rng.choice(stamps) + d for d in (-5, 0, 5) for _ in range(12)}
+                     | {base - 1, max(stamps) + 1})
+
+    def expected(target: int, start: int) -> int:
+        return next((o for o in range(start, len(stamps)) if stamps[o] >= target), -1)
+
+    def check(start: int) -> None:
+        got = [consumer.offsets_for_times([TopicPartition(topic, 0, t)], BOUND_S)[0].offset
+               for t in targets]  # (one a call: librdkafka keeps one per partition)
+        assert got == [expected(t, start) for t in targets]
+
+    def latest() -> int:
+        tp = TopicPartition(topic, 0)
+        return admin.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(BOUND_S).offset
+
+    try:
+        check(0)
+        assert latest() == 3
+        tp = TopicPartition(topic, 0, 10)
+        assert admin.delete_records([tp])[tp].result(BOUND_S).low_watermark == 10
+        check(10)
+        top = max(stamps[10:])
+        assert latest() == stamps.index(top, 10)
     finally:
         consumer.close()
