@@ -54,6 +54,14 @@ class ToolError(click.ClickException):
     """One line naming what was wrong; exit status 1."""
 
 
+class BadValueError(ToolError):
+    """An option's value is malformed (not host:port, not key=value, an invalid
+    regex, an unreadable properties file): exit status 2, as click gives an option
+    whose value it cannot convert."""
+
+    exit_code = 2
+
+
 # -- connecting ---------------------------------------------------------------------------
 
 def _properties(path: Path | None, option: str = "--command-config") -> dict[str, str]:
@@ -67,11 +75,11 @@ def _properties(path: Path | None, option: str = "--command-config") -> dict[str
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ToolError(f"{option} {path}: {exc.strerror or exc}") from None
+        raise BadValueError(f"{option} {path}: {exc.strerror or exc}") from None
     try:
         return {k: v.strip() for k, (_, v) in parse_properties(text).items()}
     except PropertiesError as exc:
-        raise ToolError(f"{option} {path}, {exc}") from None
+        raise BadValueError(f"{option} {path}, {exc}") from None
 
 
 def _jaas_field(jaas: str, name: str) -> str:
@@ -181,7 +189,7 @@ def _servers(bootstrap: str) -> list[tuple[str, int]]:
     for item in bootstrap.split(","):
         host, sep, port = item.strip().rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ToolError(f"--bootstrap-server {bootstrap!r}: {item.strip()!r} is not "
+            raise BadValueError(f"--bootstrap-server {bootstrap!r}: {item.strip()!r} is not "
                             "host:port")
         out.append((host.strip("[]"), int(port)))
     return out
@@ -259,7 +267,7 @@ def _configs(pairs: Sequence[str], option: str) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ToolError(f"{option} {pair!r}: not key=value")
+            raise BadValueError(f"{option} {pair!r}: not key=value")
         out[key.strip()] = value.strip()
     return out
 
@@ -280,7 +288,7 @@ def topic_filter(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(text)
     except re.error as exc:
-        raise ToolError(f"--topic {pattern!r} is an invalid regex: {exc}") from None
+        raise BadValueError(f"--topic {pattern!r} is an invalid regex: {exc}") from None
 
 
 async def _matching(conn: Any, pattern: str, exclude_internal: bool) -> list[str]:
@@ -391,9 +399,10 @@ def kafka_topics(bootstrap: str, command_config: Path | None, as_json: bool, cre
             click.echo(_describe_text(out, topic_lines=not filters or with_overrides,
                                       partition_lines=not with_overrides))
     elif action == "create":
-        for line in out:
-            click.echo(line)
-    # (--delete and --alter print nothing, as Kafka's tool; --json lists the topics)
+        for name in out:
+            click.echo(f"Created topic {name}.")
+    # (--delete and --alter print nothing, as Kafka's tool; --json lists the topics,
+    # for --create the one created: none if --if-not-exists found it)
 
 
 def replica_assignment(text: str) -> list[list[int]]:
@@ -405,13 +414,13 @@ def replica_assignment(text: str) -> list[list[int]]:
         try:
             brokers = [int(b) for b in part.split(":")]
         except ValueError:
-            raise ToolError(f"--replica-assignment {text!r}: partition {i}'s {part!r} is "
+            raise BadValueError(f"--replica-assignment {text!r}: partition {i}'s {part!r} is "
                             "not broker ids separated by colons") from None
         if len(set(brokers)) != len(brokers):
-            raise ToolError(f"--replica-assignment: partition {i} lists a broker twice "
+            raise BadValueError(f"--replica-assignment: partition {i} lists a broker twice "
                             f"({part})")
         if out and len(brokers) != len(out[0]):
-            raise ToolError(f"--replica-assignment: partition {i} has {len(brokers)} "
+            raise BadValueError(f"--replica-assignment: partition {i} has {len(brokers)} "
                             f"replicas, partition 0 has {len(out[0])}")
         out.append(brokers)
     return out
@@ -437,9 +446,9 @@ async def _create_topic(conn: Any, topic: str, partitions: int | None,
     if replication is not None and replication > 1:
         click.echo(f"note: --replication-factor {replication}: a gateway keeps each "
                    "partition's records on its ledgers' write quorum of bookies (the "
-                   "gateway's write_quorum_size), and Metadata names one replica, the "
-                   "partition's leader", err=True)
-    return [f"Created topic {topic}."]
+                   "gateway's write_quorum_size); Metadata's replicas are the live "
+                   "gateways, the partition's leader first", err=True)
+    return [topic]
 
 
 async def _delete_topics(conn: Any, names: list[str]) -> list[str]:
@@ -574,14 +583,14 @@ def _split_outside_brackets(text: str, sep: str, option: str) -> list[str]:
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise ToolError(f"{option} {text!r}: a ']' without its '['")
+                raise BadValueError(f"{option} {text!r}: a ']' without its '['")
         if ch == sep and depth == 0:
             pieces.append("".join(cur))
             cur = []
         else:
             cur.append(ch)
     if depth:
-        raise ToolError(f"{option} {text!r}: a '[' without its ']'")
+        raise BadValueError(f"{option} {text!r}: a '[' without its ']'")
     return [*pieces, "".join(cur)]
 
 
@@ -595,7 +604,7 @@ def _config_list(text: str, option: str) -> dict[str, str]:
     for piece in _split_outside_brackets(text, ",", option):
         parts = _split_outside_brackets(piece, "=", option)
         if len(parts) != 2 or not parts[0].strip():
-            raise ToolError(f"{option}: {piece.strip()!r} is not key=value (every config "
+            raise BadValueError(f"{option}: {piece.strip()!r} is not key=value (every config "
                             "to add is key=val or key=[val1,val2])")
         value = parts[1].strip()
         if value.startswith("[") and value.endswith("]"):
@@ -644,7 +653,7 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
             raise ToolError("--entity-default goes with --entity-type brokers")
         entity_name = ""
     if entity_type == "brokers" and entity_name and not entity_name.isdigit():
-        raise ToolError(f"--entity-name {entity_name!r}: a broker is named by its integer "
+        raise BadValueError(f"--entity-name {entity_name!r}: a broker is named by its integer "
                         "id (--entity-default for the cluster-wide default)")
     if action == "alter" and entity_name is None:
         raise ToolError(f"--alter --entity-type {entity_type} needs --entity-name"
@@ -746,7 +755,7 @@ _PATTERNS = {p.name.lower(): p for p in PatternType if p is not PatternType.UNKN
 def _operation(name: str) -> AclOperation:
     op = _OPERATIONS.get(name.replace("_", "").replace("-", "").lower())
     if op is None:
-        raise ToolError(f"--operation {name!r}: not one of " + ", ".join(
+        raise BadValueError(f"--operation {name!r}: not one of " + ", ".join(
             "".join(w.capitalize() for w in o.name.split("_")) for o in _OPERATIONS.values()))
     return op
 
@@ -754,7 +763,7 @@ def _operation(name: str) -> AclOperation:
 def _principal(value: str, option: str) -> str:
     kind, sep, name = value.partition(":")
     if not sep or not kind or not name:
-        raise ToolError(f"{option} {value!r}: a principal is Type:name, such as User:alice "
+        raise BadValueError(f"{option} {value!r}: a principal is Type:name, such as User:alice "
                         "or User:*")
     return value
 

@@ -1168,6 +1168,12 @@ class Gateway:
                     work[key] = ErrorCode.INVALID_RECORD
                     continue
                 policy = self.topic_policy(t["name"])
+                if body["acks"] == -1 and \
+                        policy.min_insync_replicas > self.config.ack_quorum_size:
+                    # Kafka's check of the ISR against min.insync.replicas; the copies
+                    # here are the ledger's ack quorum of bookies' journals
+                    work[key] = ErrorCode.NOT_ENOUGH_REPLICAS
+                    continue
                 try:
                     records = pd["records"]
                     if legacy:  # one batch, compressed as the topic stores it

@@ -36,9 +36,16 @@ gateway does what it says:
   record is this old too (Kafka's ``LogConfig.maxSegmentMs``: the lower of it and
   ``segment.ms``), so a record becomes compactable within about this long plus the
   cleaner's ``compaction_backoff_ms``;
-- ``message.format.version``, ``flush.ms``, ``flush.messages``: accepted because they
-  hold trivially (every batch is stored as RecordBatch v2, as Kafka 3+ does whatever
-  the setting; every acknowledged batch is already on its ack quorum's journals).
+- ``min.insync.replicas``: a produce with ``acks=all`` gets NOT_ENOUGH_REPLICAS, and
+  nothing is written, when the gateway's ledgers acknowledge an entry on fewer bookies
+  than this (its ``ack_quorum_size``): an acknowledged batch is on at least this many
+  journals, the copies Kafka's ISR stands for;
+- ``message.format.version``, ``flush.ms``, ``flush.messages``,
+  ``unclean.leader.election.enable``: accepted because they hold trivially (every
+  batch is stored as RecordBatch v2, as Kafka 3+ does whatever the setting; every
+  acknowledged batch is already on its ack quorum's journals; a new writer recovers
+  the ledger before it appends, so no election can drop an acknowledged batch, which
+  ``true`` would only permit).
 
 Anything else is refused, never kept silently: an unknown name, or a value outside
 what the config allows, with INVALID_CONFIG and a message naming the config.
@@ -143,6 +150,14 @@ def _one_of(*allowed: str) -> Callable[[str, str], str]:
     return check
 
 
+def _boolean(name: str, value: str) -> str:
+    v = value.strip().lower()  # Kafka's ConfigDef reads booleans case-insensitively
+    if v in ("true", "false"):
+        return v
+    raise ConfigRefusedError(ErrorCode.INVALID_CONFIG,
+                             f"{name}={value!r}: allowed true or false")
+
+
 def _cleanup_policy(name: str, value: str) -> str:
     items = [v.strip() for v in value.split(",") if v.strip()]
     if not items or len(set(items)) != len(items) or \
@@ -219,6 +234,13 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
                "not compacted yet is at least this."),
     ConfigSpec("min.compaction.lag.ms", "0", ConfigType.LONG, _integer(0, LONG_MAX),
                "A closed ledger is compacted only once its newest record is this old."),
+    ConfigSpec("min.insync.replicas", "1", ConfigType.INT, _integer(1, INT_MAX),
+               "A produce with acks=all is refused (NOT_ENOUGH_REPLICAS) when the "
+               "gateway's ledgers acknowledge on fewer bookies than this (its "
+               "ack_quorum_size)."),
+    ConfigSpec("unclean.leader.election.enable", "false", ConfigType.BOOLEAN, _boolean,
+               "Accepted; a new writer recovers the partition's ledger before it appends, "
+               "so no acknowledged batch is ever dropped, whatever this permits."),
     ConfigSpec("message.format.version", "3.0-IV1", ConfigType.STRING, _format_version,
                "Accepted and without effect, as on Kafka 3+: batches are stored as "
                "RecordBatch v2."),
@@ -349,6 +371,7 @@ class TopicPolicy:
     segment_bytes: int | None = None  # None: the gateway's log_roll_bytes
     segment_ms: int = 604_800_000
     max_compaction_lag_ms: int = LONG_MAX
+    min_insync_replicas: int = 1
 
     @classmethod
     def of(cls, configs: Mapping[str, str], *, max_batch_bytes: int) -> TopicPolicy:
@@ -368,7 +391,8 @@ class TopicPolicy:
                    else None,
                    segment_ms=int(configs.get("segment.ms", "604800000")),
                    max_compaction_lag_ms=int(configs.get("max.compaction.lag.ms",
-                                                         str(LONG_MAX))))
+                                                         str(LONG_MAX))),
+                   min_insync_replicas=int(configs.get("min.insync.replicas", "1")))
 
     def rolling(self, default_bytes: int) -> tuple[int, float]:
         """(bytes, seconds) at which a partition's ledger rolls: segment.bytes (else

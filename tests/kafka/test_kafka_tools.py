@@ -60,6 +60,9 @@ def test_kafka_topics_creates_describes_alters_and_deletes(kafka_cluster: KafkaC
     assert configs["message.timestamp.type"].value == "LogAppendTime"
     assert configs["retention.ms"].value == "3600000"
 
+    as_json = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-json",
+                    "--json")
+    assert json.loads(as_json.stdout) == ["tools-json"]
     again = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-ts")
     assert again.exit_code == 1 and "TOPIC_ALREADY_EXISTS" in again.output
     assert _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-ts",
@@ -127,6 +130,41 @@ def test_kafka_topics_assigns_replicas_and_filters_descriptions(
     (line,) = describe("--topics-with-overrides").splitlines()
     assert line.startswith("Topic: tools-ra\t") and "retention.ms=7200000" in line
     assert _tool(kafka_cluster, "kafka-topics", "--version").output.startswith("ledgerd ")
+
+
+def test_min_insync_replicas_is_held_against_the_ack_quorum(kafka_cluster: KafkaCluster,
+                                                             ) -> None:
+    """Kafka scripts set min.insync.replicas and unclean.leader.election.enable: both
+    are taken. An acks=all produce is refused with NOT_ENOUGH_REPLICAS (nothing
+    written) while the gateway's ledgers acknowledge on fewer bookies than asked;
+    acks=1 is not held to it, as on Kafka."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from ledgerd.kafka.config import GatewayConfig
+
+    quorum = GatewayConfig().ack_quorum_size  # what the test cluster's gateway runs with
+    for topic, floor in (("tools-isr-ok", quorum), ("tools-isr-high", quorum + 1)):
+        made = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", topic,
+                     "--config", f"min.insync.replicas={floor}",
+                     "--config", "unclean.leader.election.enable=false")
+        assert made.exit_code == 0, made.output
+    assert _produce_error(kafka_cluster, "tools-isr-ok") is None
+    err = _produce_error(kafka_cluster, "tools-isr-high")
+    assert err is not None and err.code() == KafkaError.NOT_ENOUGH_REPLICAS, err
+    got: list[KafkaError | None] = []
+    p = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "acks": 1})
+    p.produce("tools-isr-high", b"one", on_delivery=lambda e, _m: got.append(e))
+    p.flush(BOUND_S)
+    assert got == [None]
+    c = Consumer({"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "isr"})
+    try:  # the refused batch was not written: only acks=1's record is there
+        assert c.get_watermark_offsets(TopicPartition("tools-isr-high", 0),
+                                       BOUND_S) == (0, 1)
+    finally:
+        c.close()
+    bad = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "tools-isr-bad",
+                "--config", "unclean.leader.election.enable=maybe")
+    assert bad.exit_code == 1 and "unclean.leader.election.enable" in bad.output
 
 
 def test_describe_filters_keep_what_kafkas_tool_keeps() -> None:
@@ -288,6 +326,18 @@ def test_bad_invocations_say_what_is_wrong(args: list[str], says: str) -> None:
     got = CliRunner().invoke(cli, args)
     assert got.exit_code != 0
     assert says in got.output
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (["--bootstrap-server", "127.0.0.1", "--list"], 2),  # a malformed value
+    (["--bootstrap-server", "127.0.0.1:1", "--list", "--command-config", "/nonexistent"], 2),
+    (["--bootstrap-server", "127.0.0.1:1", "--create", "--topic", "t",
+      "--replica-assignment", "0:x"], 2),
+    (["--bootstrap-server", "127.0.0.1:1", "--list", "--bogus"], 2),  # unknown option
+    (["--bootstrap-server", "127.0.0.1:1", "--list", "--delete"], 1),  # usage
+])
+def test_malformed_values_exit_2_as_unknown_options_do(args: list[str], code: int) -> None:
+    assert CliRunner().invoke(cli, ["kafka-topics", *args]).exit_code == code
 
 
 def test_command_config_properties(tmp_path: Path) -> None:
