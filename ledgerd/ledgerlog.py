@@ -10,9 +10,12 @@ A log is read as its ledgers one after another. A client reaches its cluster's l
 - The writer rolls to a new ledger once the current one holds ``roll_entries`` entries
   or ``roll_bytes`` bytes (or, at an append, its first entry is ``roll_interval`` old),
   right after that append: the new ledger goes onto the list first (a CAS that checks
-  the list still ends with ours), then the old one is closed. A roll that fails fails
-  the append it followed, although that append's entries are in the log (the caller
-  drops the writer; the next one fences and closes the ledger).
+  the list still ends with ours), then the old one is closed. An entry that would take
+  a ledger holding entries past ``roll_bytes`` goes to a new one (rolled first; the
+  entries of the same call before it are written to the old one), so a ledger exceeds
+  ``roll_bytes`` only by an entry larger than that. A roll that fails fails the append
+  it followed (or came in), although that append's entries before it are in the log
+  (the caller drops the writer; the next one fences and closes the ledger).
 - ``append_ledgers`` adds ledgers written elsewhere (the Spark writer's commit) with one
   CAS, after fencing the log's tail so no writer keeps adding behind them.
 - ``truncate`` drops whole ledgers before a position and deletes them.
@@ -301,6 +304,14 @@ class LogWriter:
                 or (self.roll_interval > 0 and self.opened_at is not None
                     and trio.current_time() - self.opened_at >= self.roll_interval))
 
+    def _overflows(self, pending: int, more: int) -> bool:
+        """Would ``more`` bytes (the last of them one entry, after ``pending`` entries
+        not written yet) take the current ledger past ``roll_bytes`` while it would
+        hold other entries? (An empty ledger takes any one entry.)"""
+        return (not self.unbounded and self.roll_bytes > 0
+                and (pending > 0 or self._entries(self.handle) > 0)
+                and self.handle.length + more > self.roll_bytes)
+
     async def append(self, data: bytes) -> LogPosition:
         return (await self.append_many([data]))[0]
 
@@ -309,12 +320,23 @@ class LogWriter:
             raise LogFencedError(self.name, "the writer is closed")
         out: list[LogPosition] = []
         batch: list[bytes] = []
+        pending = 0  # bytes in ``batch``
         for data in items:
+            if self._overflows(len(batch), pending + len(data)):
+                # the ledger holds entries and these would take it past roll_bytes:
+                # what fits goes first, then (unless that filled it and it rolled) a
+                # new ledger, as Kafka rolls before an append its segment cannot take
+                if batch:
+                    out += await self._write(batch)
+                    batch, pending = [], 0
+                if self._overflows(0, len(data)):
+                    await self.roll()
             batch.append(data)
+            pending += len(data)
             if not self.unbounded and self.roll_entries > 0 and (
                     self._entries(self.handle) + len(batch) >= self.roll_entries):
                 out += await self._write(batch)
-                batch = []
+                batch, pending = [], 0
         if batch:
             out += await self._write(batch)
         return out

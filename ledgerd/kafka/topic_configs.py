@@ -27,8 +27,9 @@ gateway does what it says:
   batch with that codec before it appends it, as Kafka's broker does
   (``compression.py``);
 - ``segment.bytes``, ``segment.ms``: a partition's ledger (Kafka: its active segment)
-  rolls once it holds this many bytes (default: the gateway's ``log_roll_bytes``; at
-  least 1 MiB), or at an append once its first record is this old (at least
+  rolls once it holds this many bytes, or before a batch that would take it past
+  them (default: the gateway's ``log_roll_bytes``; at least 1 MiB), or at an append
+  once its first record is this old (at least
   ``MIN_ROLL_MS``, an hour) (``ledgerlog.LogWriter``'s
   ``roll_bytes`` / ``roll_interval``, set from the topic's policy before each append);
   only closed ledgers are dropped by retention or compacted;
