@@ -6,9 +6,10 @@ Operators of Kafka script their clusters with ``kafka-topics.sh``, ``kafka-acls.
 same options for what they cover and speak the same Kafka protocol to a gateway named by
 ``--bootstrap-server`` (through ``kafka/client.py``: CreateTopics, DeleteTopics,
 CreatePartitions, Metadata, DescribeConfigs, IncrementalAlterConfigs, CreateAcls,
-DescribeAcls, DeleteAcls), so they work the same against Kafka itself. What they print
-follows Kafka's tools (``Created topic X.``, ``Adding ACLs for resource ...``); ``--json``
-prints one JSON document instead.
+DescribeAcls, DeleteAcls, DescribeUserScramCredentials, AlterUserScramCredentials), so
+they work the same against Kafka itself. What they print follows Kafka's tools
+(``Created topic X.``, ``Adding ACLs for resource ...``); ``--json`` prints one JSON
+document instead.
 
 A script written for Kafka's tools runs unchanged where ``kafka-topics.sh`` is a two-line
 wrapper: ``exec ledgerd kafka-topics "$@"`` (``docs/kafka.md``, "Kafka's command-line
@@ -604,8 +605,8 @@ def _config_list(text: str, option: str) -> dict[str, str]:
     for piece in _split_outside_brackets(text, ",", option):
         parts = _split_outside_brackets(piece, "=", option)
         if len(parts) != 2 or not parts[0].strip():
-            raise BadValueError(f"{option}: {piece.strip()!r} is not key=value (every config "
-                            "to add is key=val or key=[val1,val2])")
+            raise BadValueError(f"{option}: {piece.strip()!r} is not key=value (every "
+                                "config to add is key=val or key=[val1,val2])")
         value = parts[1].strip()
         if value.startswith("[") and value.endswith("]"):
             value = value[1:-1]
@@ -619,12 +620,14 @@ def _config_list(text: str, option: str) -> dict[str, str]:
               help="The entity's configs (without --entity-name: every topic's or broker's).")
 @click.option("--alter", is_flag=True, help="Change them (--add-config, --delete-config).")
 @click.option("--entity-type", "entity_type",
-              type=click.Choice(sorted(_CONFIG_TYPES)), default=None)
+              type=click.Choice([*sorted(_CONFIG_TYPES), "users"]), default=None)
 @click.option("--entity-name", "entity_name", default=None)
 @click.option("--entity-default", "entity_default", is_flag=True,
               help="The brokers' cluster-wide default (with --entity-type brokers).")
 @click.option("--topic", default=None, help="Short for --entity-type topics --entity-name.")
 @click.option("--broker", default=None, help="Short for --entity-type brokers --entity-name.")
+@click.option("--user", default=None, help="Short for --entity-type users --entity-name: "
+              "a user's SCRAM credentials.")
 @click.option("--add-config", "add_config", default="", metavar="K=V[,K=V...]",
               help="Configs to set; a value with commas goes in brackets: k=[a,b].")
 @click.option("--add-config-file", "add_config_file", default=None,
@@ -637,24 +640,33 @@ def _config_list(text: str, option: str) -> dict[str, str]:
 def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, describe: bool,
                   alter: bool, entity_type: str | None, entity_name: str | None,
                   entity_default: bool, topic: str | None, broker: str | None,
-                  add_config: str, add_config_file: Path | None,
+                  user: str | None, add_config: str, add_config_file: Path | None,
                   delete_config: str, all_: bool) -> None:
-    """Describe and change topic and broker configs (Kafka's kafka-configs.sh)."""
+    """Describe and change topic and broker configs, and users' SCRAM credentials
+    (Kafka's kafka-configs.sh)."""
     action = _one_action(describe=describe, alter=alter)
-    for kind, given in (("topics", topic), ("brokers", broker)):
+    for kind, given in (("topics", topic), ("brokers", broker), ("users", user)):
         if given is not None:
             if entity_type not in (None, kind):
                 raise ToolError(f"--{kind[:-1]} and --entity-type {entity_type} disagree")
             entity_type, entity_name = kind, given
     if entity_type is None:
-        raise ToolError("give --entity-type (topics or brokers), or --topic or --broker")
+        raise ToolError("give --entity-type (topics, brokers or users), or --topic, --broker "
+                        "or --user")
+    if entity_type == "users":
+        if entity_default:
+            raise ToolError("--entity-default goes with --entity-type brokers (the gateway "
+                            "keeps no default user configs)")
+        _user_configs(bootstrap, command_config, as_json, action, entity_name,
+                      add_config, add_config_file, delete_config)
+        return
     if entity_default:
         if entity_type != "brokers":
             raise ToolError("--entity-default goes with --entity-type brokers")
         entity_name = ""
     if entity_type == "brokers" and entity_name and not entity_name.isdigit():
-        raise BadValueError(f"--entity-name {entity_name!r}: a broker is named by its integer "
-                        "id (--entity-default for the cluster-wide default)")
+        raise BadValueError(f"--entity-name {entity_name!r}: a broker is named by its "
+                            "integer id (--entity-default for the cluster-wide default)")
     if action == "alter" and entity_name is None:
         raise ToolError(f"--alter --entity-type {entity_type} needs --entity-name"
                         + (" or --entity-default" if entity_type == "brokers" else ""))
@@ -743,6 +755,109 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
                 for y in c["synonyms"])
             click.echo(f"  {c['name']}={value} sensitive={str(c['sensitive']).lower()} "
                        f"synonyms={{{synonyms}}}")
+
+
+def _scram_adds(name: str, adds: dict[str, str]) -> list[dict[str, Any]]:
+    """Kafka's ``SCRAM-SHA-256=[iterations=8192,password=secret]`` as upsertions: the
+    salted password made here (PBKDF2 with a random salt, as Kafka's ConfigCommand
+    does), so the password itself is never sent."""
+    import secrets
+
+    from ledgerd.kafka.scram import MIN_ITERATIONS, SALT_BYTES, Mechanism, salted_password
+
+    out = []
+    for key, value in adds.items():
+        mech = Mechanism.from_sasl_name(key)
+        if mech is None:
+            raise BadValueError(f"--add-config {key}: a user's configs here are "
+                                "SCRAM-SHA-256 and SCRAM-SHA-512 (the gateway serves no "
+                                "client quotas)")
+        fields_ = _config_list(value, f"--add-config {key}")
+        unknown = sorted(set(fields_) - {"iterations", "password"})
+        if unknown or "password" not in fields_:
+            raise BadValueError(f"--add-config {key}=[{value}]: give password=... and "
+                                "optionally iterations=N" + (f", not {', '.join(unknown)}"
+                                                              if unknown else ""))
+        try:
+            iterations = int(fields_.get("iterations", MIN_ITERATIONS))
+        except ValueError:
+            raise BadValueError(f"--add-config {key}: iterations="
+                                f"{fields_['iterations']!r} is not a number") from None
+        salt = secrets.token_bytes(SALT_BYTES)
+        out.append({"name": name, "mechanism": int(mech), "iterations": iterations,
+                    "salt": salt, "salted_password": salted_password(
+                        mech, fields_["password"], salt, iterations)})
+    return out
+
+
+def _user_configs(bootstrap: str, command_config: Path | None, as_json: bool, action: str,
+                  name: str | None, add_config: str, add_config_file: Path | None,
+                  delete_config: str) -> None:
+    """``kafka-configs --entity-type users``: SCRAM credentials through
+    DescribeUserScramCredentials and AlterUserScramCredentials (KIP-554), printed as
+    Kafka's tool prints them."""
+    from ledgerd.kafka.scram import Mechanism
+
+    if action == "alter":
+        if not name:
+            raise ToolError("--alter --entity-type users needs --entity-name (or --user)")
+        adds = _config_list(add_config, "--add-config")
+        if add_config_file:
+            adds.update(_properties(add_config_file, "--add-config-file"))
+        upserts = _scram_adds(name, adds)
+        deletions = []
+        for key in (k.strip() for k in delete_config.split(",") if k.strip()):
+            mech = Mechanism.from_sasl_name(key)
+            if mech is None:
+                raise BadValueError(f"--delete-config {key}: a user's configs here are "
+                                    "SCRAM-SHA-256 and SCRAM-SHA-512")
+            deletions.append({"name": name, "mechanism": int(mech)})
+        if not upserts and not deletions:
+            raise ToolError("--alter needs --add-config, --add-config-file or --delete-config")
+    elif add_config or add_config_file or delete_config:
+        raise ToolError("--add-config, --add-config-file and --delete-config go with --alter")
+
+    async def work(conn: Any) -> Any:
+        if action == "alter":
+            got = await conn.call(ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+                                  {"deletions": deletions, "upsertions": upserts})
+            for r in got["results"]:
+                if r["error_code"]:
+                    raise ToolError(f"altering the SCRAM credentials of user "
+                                    f"{r['user']!r}: "
+                                    f"{_error(r['error_code'], r['error_message'])}")
+            return {"altered": name, "set": [Mechanism(u["mechanism"]).sasl_name
+                                             for u in upserts],
+                    "deleted": [Mechanism(d["mechanism"]).sasl_name for d in deletions]}
+        got = await conn.call(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS,
+                              {"users": None if name is None else [{"name": name}]})
+        if got["error_code"]:
+            raise ToolError("describing SCRAM credentials: "
+                            f"{_error(got['error_code'], got['error_message'])}")
+        out = []
+        for r in got["results"]:
+            if r["error_code"] == ErrorCode.RESOURCE_NOT_FOUND:
+                out.append({"user": r["user"], "credentials": []})
+                continue
+            if r["error_code"]:
+                raise ToolError(f"describing the SCRAM credentials of user {r['user']!r}: "
+                                f"{_error(r['error_code'], r['error_message'])}")
+            out.append({"user": r["user"], "credentials": [
+                {"mechanism": Mechanism(c["mechanism"]).sasl_name,
+                 "iterations": c["iterations"]} for c in r["credential_infos"]]})
+        return sorted(out, key=lambda u: u["user"])
+
+    out = _run(bootstrap, command_config, work)
+    if as_json:
+        click.echo(json.dumps(out, sort_keys=True))
+    elif action == "alter":
+        click.echo(f"Completed updating config for user {name}.")
+    else:
+        for u in out:
+            creds = ", ".join(f"{c['mechanism']}=iterations={c['iterations']}"
+                              for c in u["credentials"])
+            click.echo(f"SCRAM credential configs for user-principal '{u['user']}' are "
+                       f"{creds}")
 
 
 # -- kafka-acls ---------------------------------------------------------------------------

@@ -125,3 +125,44 @@ def test_wrong_password_or_unknown_user_is_refused(
         admin.poll(0.1)
     assert seen.is_set(), errors
     assert any("invalid credentials" in e.str() for e in errors), errors
+
+
+def test_kafka_configs_makes_describes_and_deletes_a_users_credentials(
+        scram_gateway: tuple[GatewayProcess, str], tmp_path: pytest.TempPathFactory) -> None:
+    """``ledgerd kafka-configs --entity-type users`` as Kafka's tool: the salted
+    password made on the client side works for a real client's SCRAM login."""
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+    from confluent_kafka import Producer
+
+    from ledgerd.tools.cli import cli
+
+    gw, root_token = scram_gateway
+    props = Path(str(tmp_path)) / "admin.properties"
+    props.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                     f"sasl.username=root\nsasl.password={root_token}\n")
+
+    def tool(*args: str) -> str:
+        got = CliRunner().invoke(cli, ["kafka-configs", "--bootstrap-server", gw.bootstrap,
+                                       "--command-config", str(props), *args])
+        assert got.exit_code == 0, got.output
+        return got.stdout
+
+    assert tool("--alter", "--entity-type", "users", "--entity-name", "tia", "--add-config",
+                "SCRAM-SHA-512=[iterations=8192,password=tia-secret],"
+                "SCRAM-SHA-256=[password=tia-256]") == "Completed updating config for user tia.\n"
+    assert tool("--describe", "--user", "tia") == (
+        "SCRAM credential configs for user-principal 'tia' are "
+        "SCRAM-SHA-256=iterations=4096, SCRAM-SHA-512=iterations=8192\n")
+    producer = Producer(_conf(gw, "SCRAM-SHA-512", "tia", "tia-secret"))
+    producer.produce("scram-tool", value=b"v")
+    assert producer.flush(TIMEOUT) == 0
+    tool("--alter", "--user", "tia", "--delete-config", "SCRAM-SHA-512")
+    assert json.loads(tool("--describe", "--user", "tia", "--json")) == [
+        {"user": "tia", "credentials": [{"mechanism": "SCRAM-SHA-256", "iterations": 4096}]}]
+    bad = CliRunner().invoke(cli, ["kafka-configs", "--bootstrap-server", gw.bootstrap,
+                                   "--alter", "--user", "tia", "--add-config",
+                                   "producer_byte_rate=1024"])
+    assert bad.exit_code == 2 and "SCRAM-SHA-256 and SCRAM-SHA-512" in bad.output
