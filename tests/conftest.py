@@ -10,12 +10,115 @@ cluster (``ledgerd.testing.cluster.ProcessCluster``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from math import inf
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from ledgerd.testing.cluster import BookieProcess, ProcessCluster, ZooKeeperServer, fresh_chroot
+
+
+def _autojump_waits_for_real_work(clock: trio.testing.MockClock,
+                                  monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
+    """The clock's autojump held off while its run waits on real work: a
+    ``trio.to_thread.run_sync`` call, or a journal group on a native syncer thread
+    (``native.Syncer``: submitted, not yet collected).
+
+    The autojump moves virtual time to the next deadline once every task has waited
+    ``autojump_threshold`` of real time, and a task waiting on a thread counts as
+    waiting. On a loaded host a journal write and its fdatasync (or the entry log's
+    flush, the zeroer) can take longer than that, and the jump then fires virtual
+    timeouts (an add's 1 s, a poll's 3 s) on work that was never late. Holding the
+    threshold at infinity meanwhile, virtual time moves only when every task waits on
+    the clock itself. (MockClock cannot be subclassed.)"""
+    from ledgerd import native
+
+    threads = 0
+    syncers: set[int] = set()  # id() of the syncers with a job in flight
+    held = clock.autojump_threshold
+
+    def ours() -> bool:
+        try:
+            return trio.lowlevel.current_clock() is clock
+        except RuntimeError:  # not in a trio run
+            return False
+
+    def update(was_busy: bool) -> None:
+        nonlocal held
+        busy = bool(threads or syncers)
+        if busy and not was_busy:
+            held, clock.autojump_threshold = clock.autojump_threshold, inf
+        elif was_busy and not busy:
+            clock.autojump_threshold = held
+
+    run_sync = trio.to_thread.run_sync
+
+    async def run_sync_holding_the_clock(*args: Any, **kwargs: Any) -> Any:
+        nonlocal threads
+        if not ours():  # another trio run (a sync client's)
+            return await run_sync(*args, **kwargs)
+        was_busy = bool(threads or syncers)
+        threads += 1
+        update(was_busy)
+        try:
+            return await run_sync(*args, **kwargs)
+        finally:
+            was_busy = bool(threads or syncers)
+            threads -= 1
+            update(was_busy)
+
+    submit, collect, close = native.Syncer.submit, native.Syncer.collect, native.Syncer.close
+
+    def job_done(syncer: native.Syncer) -> None:
+        if id(syncer) in syncers:
+            was_busy = bool(threads or syncers)
+            syncers.discard(id(syncer))
+            update(was_busy)
+
+    def submit_holding_the_clock(self: native.Syncer, *args: Any, **kwargs: Any) -> None:
+        submit(self, *args, **kwargs)
+        if ours():
+            was_busy = bool(threads or syncers)
+            syncers.add(id(self))
+            update(was_busy)
+
+    def collect_releasing_the_clock(self: native.Syncer) -> float | None:
+        try:
+            seconds = collect(self)
+        except OSError:
+            job_done(self)
+            raise
+        if seconds is not None:
+            job_done(self)
+        return seconds
+
+    def close_releasing_the_clock(self: native.Syncer) -> None:
+        close(self)
+        job_done(self)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync_holding_the_clock)
+    monkeypatch.setattr(native.Syncer, "submit", submit_holding_the_clock)
+    monkeypatch.setattr(native.Syncer, "collect", collect_releasing_the_clock)
+    monkeypatch.setattr(native.Syncer, "close", close_releasing_the_clock)
+    return clock
+
+
+@pytest.fixture
+def mock_clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
+    """pytest-trio's ``mock_clock``, its autojump (if a test sets one) waiting for real
+    work (``_autojump_waits_for_real_work``)."""
+    return _autojump_waits_for_real_work(trio.testing.MockClock(), monkeypatch)
+
+
+@pytest.fixture
+def autojump_clock(monkeypatch: pytest.MonkeyPatch) -> trio.testing.MockClock:
+    """pytest-trio's ``autojump_clock``, its autojump waiting for real work
+    (``_autojump_waits_for_real_work``)."""
+    return _autojump_waits_for_real_work(trio.testing.MockClock(autojump_threshold=0),
+                                       monkeypatch)
 
 
 @pytest.fixture(scope="session")
