@@ -132,8 +132,9 @@ async def test_wrong_password_is_a_clear_unauthorized_error(bookie_factory: Fact
 async def test_tailing_reader_sees_each_entry_within_one_long_poll(bookie_factory: Factory,
                                                                    zk_chroot: str) -> None:
     await _cluster(bookie_factory, zk_chroot, 3)
-    poll_s = 20.0
-    async with ledgerd.open_client(zk_chroot, explicit_lac_interval_ms=100) as client, \
+    poll_s = 60.0
+    async with ledgerd.open_client(zk_chroot, explicit_lac_interval_ms=100,
+                                   add_entry_timeout_ms=120_000) as client, \
             ledgerd.open_client(zk_chroot) as tail_client:
         lh = await client.create_ledger(3, 2, 2)
         rh = await tail_client.open_ledger(lh.ledger_id, recovery=False)
@@ -143,8 +144,10 @@ async def test_tailing_reader_sees_each_entry_within_one_long_poll(bookie_factor
         async def tail() -> None:
             while len(got) < 20:
                 # One long-poll round, answered by the writer's explicit LAC (100 ms after
-                # it idles), well before its 5 s add timeout would wake it anyway.
-                with trio.fail_after(2.5):
+                # it idles): nothing else tells the reader within the bound, the writer's
+                # add timeout (whose wake-up once hid a lost explicit LAC) being far
+                # beyond it. The bound only stops a hang on a slow host.
+                with trio.fail_after(30):
                     lac = await rh.wait_lac_beyond(len(got) - 1, timeout=poll_s)
                 got.extend([e.payload async for e in rh.read(len(got), lac)])
                 await seen_send.send(len(got))

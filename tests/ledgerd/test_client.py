@@ -135,17 +135,19 @@ async def test_ensemble_change_when_a_bookie_stops(zk_chroot: str, tmp_path: Pat
 
 async def test_tailing_reader_follows_the_writer(zk_chroot: str, tmp_path: Path) -> None:
     async with inprocess_cluster(zk_chroot, tmp_path, 3), \
-            ledgerd.open_client(zk_chroot, explicit_lac_interval_ms=50) as client:
+            ledgerd.open_client(zk_chroot, explicit_lac_interval_ms=50,
+                                add_entry_timeout_ms=120_000) as client:
         lh = await client.create_ledger(3, 2, 2)
         rh = await client.open_ledger(lh.ledger_id, recovery=False)
         assert rh.last_add_confirmed == -1 and not rh.is_closed
         seen: list[bytes] = []
         for i in range(5):
             await lh.append(b"t%d" % i)
-            # The explicit LAC goes out 50 ms after the writer idles: well before the
-            # writer's 5 s add timeout, whose wake-up once hid a lost explicit LAC.
-            with trio.fail_after(2.5):
-                lac = await rh.wait_lac_beyond(i - 1, timeout=10)
+            # The explicit LAC goes out 50 ms after the writer idles; nothing else tells
+            # the reader within the bound: the writer's add timeout, whose wake-up once
+            # hid a lost explicit LAC, is far beyond it (the bound only stops a hang).
+            with trio.fail_after(30):
+                lac = await rh.wait_lac_beyond(i - 1, timeout=60)
             assert lac >= i
             seen += [e.payload async for e in rh.read(len(seen), lac)]
         assert seen == [b"t%d" % i for i in range(5)]
