@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from ledgerd.bookie_client import open_bookie_client
+from ledgerd.testing.cluster import EVENT_BOUND_S
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.wire.messages import AddRequest, ReadRequest
 from ledgerd.wire.status import Status
@@ -35,6 +36,19 @@ def _samples(text: str) -> dict[str, list[tuple[str, float]]]:
     return out
 
 
+async def _scrape_until(b: BookieProcess, done: Callable[[dict[str, list[tuple[str, float]]]],
+                                                         bool]) -> dict[str, list[tuple[str, float]]]:
+    """The bookie's /metrics once ``done`` holds for them (bounded only to stop a hang)."""
+    with trio.fail_after(EVENT_BOUND_S):
+        while True:
+            code, body = await admin_get(b.admin_port, "/metrics")
+            assert code == 200
+            series = _samples(body)
+            if done(series):
+                return series
+            await trio.sleep(0.05)
+
+
 async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., BookieProcess],
                                                   zk_chroot: str) -> None:
     b = bookie_factory(flush_interval_ms=200)  # checkpoints write (and open) index files
@@ -50,12 +64,8 @@ async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., 
             assert (await c.call(ReadRequest(ledger_id=5, entry_id=e)))[0] == Status.OK
     # Add replies leave from the journal's syncer; the bookie counts them when its event
     # loop collects the group, which can come after the reply: scrape until it has.
-    for _ in range(50):
-        code, body = await admin_get(b.admin_port, "/metrics")
-        assert code == 200
-        series = _samples(body)
-        if dict(series["bookkeeper_server_ADD_ENTRY_REQUEST_count"]).get('{success="true"}', 0) >= 20:
-            break
+    series = await _scrape_until(b, lambda series: dict(
+        series["bookkeeper_server_ADD_ENTRY_REQUEST_count"]).get('{success="true"}', 0) >= 20)
     assert series["bookie_SERVER_STATUS"] == [("", 1.0)]
     assert series["ledgerd_zookeeper_connected"] == [("", 1.0)]
     assert series["bookie_ledgers_count"] == [("", 1.0)]
@@ -73,11 +83,8 @@ async def test_bookkeeper_names_and_the_dashboard(bookie_factory: Callable[..., 
     assert series["ledgerd_ledger_cache_pages"][0][1] >= 1
     assert series["bookie_NUM_INDEX_PAGES"] == series["ledgerd_ledger_cache_pages"]
     assert series["ledgerd_open_entry_log_files"][0][1] >= 0
-    for _ in range(100):  # the first checkpoint after the adds writes the ledger's index file
-        if series["ledgerd_open_index_files"][0][1] >= 1:
-            break
-        await trio.sleep(0.05)
-        series = _samples((await admin_get(b.admin_port, "/metrics"))[1])
+    # the first checkpoint after the adds writes the ledger's index file
+    series = await _scrape_until(b, lambda series: series["ledgerd_open_index_files"][0][1] >= 1)
     assert series["ledgerd_open_index_files"] == [("", 1.0)]
     assert "process_resident_memory_bytes" in series and "python_info" in series
     # 20 small groups: the first prealloc step (zeroed at open) still covers them.
