@@ -55,14 +55,15 @@ def test_pwritev_writes_parts_back_to_back(scratch_dir: Path) -> None:
 def test_paced_write_writes_every_piece_with_pauses_between(scratch_dir: Path) -> None:
     path = scratch_dir / "paced.bin"
     data = bytes(range(256)) * 40  # 10,240 bytes: pieces of 4096, 4096, 2048
+    pause = 0.25  # long beside three 4 KiB pwrites even when a loaded host stalls them
     with native.open_file(path, os.O_RDWR | os.O_CREAT) as f:
         t0 = time.perf_counter()
-        assert f.pwrite_paced(data, 4096, 4096, 0.01) == len(data)
-        assert time.perf_counter() - t0 >= 0.02  # two pauses, none after the last piece
+        assert f.pwrite_paced(data, 4096, 4096, pause) == len(data)
+        assert time.perf_counter() - t0 >= 2 * pause  # two pauses, none after the last piece
         assert f.pread(len(data), 4096) == data
         t0 = time.perf_counter()
         assert f.pwrite_paced(data, 0, 4096, 0.0) == len(data)  # no pauses
-        assert time.perf_counter() - t0 < 0.02
+        assert time.perf_counter() - t0 < pause  # not even one
 
 
 def test_unaligned_direct_write_raises_einval_with_path(scratch_dir: Path) -> None:
