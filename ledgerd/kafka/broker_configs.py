@@ -88,6 +88,8 @@ _TOPIC_DEFAULTS = {
     "log.roll.ms": "segment.ms",
     "log.flush.interval.ms": "flush.ms",
     "log.flush.interval.messages": "flush.messages",
+    "min.insync.replicas": "min.insync.replicas",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
 BROKER_SPECS: dict[str, BrokerSpec] = {

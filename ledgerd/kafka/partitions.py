@@ -95,7 +95,9 @@ log = logging.getLogger(__name__)
 PRODUCER_SCAN = 1000  # batches read back at takeover to rebuild producer state
 START_TTL_S = 1.0  # the log's first offset is read again after this long
 TIME_BLOCK = 64  # entries per block of a ledger's timestamp summary (TimeBlocks)
-TIME_BLOCKS_MAX = 1 << 17  # blocks remembered per partition (8 bytes each: 1 MiB)
+TIME_BLOCKS_MAX = 1 << 15  # blocks remembered per partition (16 bytes each: 512 KiB)
+TIME_LEDGERS_MAX = 1024  # ledgers whose blocks a partition remembers
+LEDGER_MAX_KEPT = 1 << 16  # closed ledgers whose largest timestamp a partition remembers
 
 
 def log_name(topic: str, partition: int) -> str:
@@ -187,9 +189,11 @@ class PartitionLog:
         self.origin_source: object = None  # the cached topic record last looked at
         self.origin_record: object = None  # what header_extra holds of it (origin_record)
         self._epoch: tuple[float, int] | None = None  # the log's epoch as read, and when
-        # ledger -> its timestamp summary (ListOffsets by time and MAX_TIMESTAMP)
+        # ledger -> its timestamp summary (ListOffsets by time and MAX_TIMESTAMP), at
+        # most TIME_BLOCKS_MAX blocks in all; one scan of a ledger at a time
         self.time_blocks: OrderedDict[int, TimeBlocks] = OrderedDict()
-        self.time_block_count = 0  # blocks held in time_blocks, at most TIME_BLOCKS_MAX
+        self.time_locks: dict[int, trio.Lock] = {}
+        self.ledger_max: dict[int, int] = {}  # closed ledger -> its largest timestamp
         self.positions: OrderedDict[int, tuple[int, int]] = OrderedDict()  # next off -> pos
         self.tail: deque[tuple[int, int, bytes]] = deque()  # (base, next offset, batch)
         self.tail_bytes = 0
@@ -840,7 +844,7 @@ class PartitionLog:
         read-ahead pointing into them, what was read of them. True if there were any."""
         listed = set(await self._ledgers())
         known = set(self.handles) | {lid for lid, _ in self.positions.values()} \
-            | set(self.first_offsets)
+            | set(self.first_offsets) | set(self.time_blocks) | set(self.ledger_max)
         gone = known - listed
         if not gone:
             return False
@@ -849,9 +853,8 @@ class PartitionLog:
             for lid in gone:
                 memory.pop(lid, None)
         for lid in gone:
-            dropped = self.time_blocks.pop(lid, None)
-            if dropped is not None:
-                self.time_block_count -= len(dropped.maxes)
+            self.time_blocks.pop(lid, None)
+            self.ledger_max.pop(lid, None)
         # the batches kept of recent appends: some may lie in the ledgers gone, which a
         # compaction just rewrote (a fetch must get the replacement's records); all go,
         # with no I/O here (the next fetches read the bookies)
@@ -1078,37 +1081,79 @@ class PartitionLog:
 
     async def _time_blocks(self, lid: int) -> TimeBlocks | None:
         """The ledger's timestamp summary up to its last readable entry (None: no
-        batch yet): the largest batch maxTimestamp of each ``TIME_BLOCK`` entries.
-        Remembered and extended as the ledger grows (entries below its last readable
-        one never change); if cancelled, what was remembered stays true."""
+        batch yet): the largest batch maxTimestamp and the first offset of each
+        ``TIME_BLOCK`` entries. Built by reading the entries once, one scan per ledger
+        at a time (others wait for it), its progress kept chunk by chunk (a cancelled
+        scan leaves what it read), and extended as the ledger grows: entries below the
+        last readable one never change, so a summary only grows."""
+        lock = self.time_locks.setdefault(lid, trio.Lock())
+        try:
+            async with lock:
+                return await self._scan_times(lid)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self.time_locks.pop(lid, None)
+
+    async def _scan_times(self, lid: int) -> TimeBlocks | None:
         last = await self._last_entry(lid)
         first = await self._first_entry(lid)
         if last < first:
             return None
-        known = self.time_blocks.get(lid)
-        if known is not None and known.first == first and known.upto >= last:
-            self.time_blocks.move_to_end(lid)
-            return known
-        tb = TimeBlocks(first, first - 1, array("q")) if known is None or known.first != first \
-            else TimeBlocks(first, known.upto, array("q", known.maxes))
+        tb = self.time_blocks.get(lid)
+        if tb is None or tb.first != first:
+            tb = TimeBlocks(first, first - 1, array("q"), array("q"))
+        self._remember_times(lid, tb)
+        if tb.upto >= last:
+            return tb
         h = await self._handle(lid)
         while tb.upto < last:
             top = min(last, tb.upto + 256)
-            for entry in await h.read_batch(tb.upto + 1, top):
+            entries = await h.read_batch(tb.upto + 1, top)
+            for entry in entries:  # in place: a reader looks only up to the upto it saw
                 b = (entry.entry_id - first) // TIME_BLOCK
-                ts = BatchHeader.parse(entry.payload).max_timestamp
+                bh = BatchHeader.parse(entry.payload)
                 if b == len(tb.maxes):
-                    tb.maxes.append(ts)
-                elif ts > tb.maxes[b]:
-                    tb.maxes[b] = ts
+                    tb.maxes.append(bh.max_timestamp)
+                    tb.offsets.append(bh.base_offset)
+                elif bh.max_timestamp > tb.maxes[b]:
+                    tb.maxes[b] = bh.max_timestamp
             tb.upto = top
+            self._remember_times(lid, tb)
+        return tb
+
+    def _remember_times(self, lid: int, tb: TimeBlocks) -> None:
+        """Keep ``tb`` as the ledger's summary, the most recently used; the least
+        recently used ones go while more than ``TIME_BLOCKS_MAX`` blocks are kept."""
         self.time_blocks[lid] = tb
         self.time_blocks.move_to_end(lid)
-        self.time_block_count += len(tb.maxes) - (len(known.maxes) if known else 0)
-        while self.time_block_count > TIME_BLOCKS_MAX and len(self.time_blocks) > 1:
+        total = sum(len(t.maxes) for t in self.time_blocks.values())
+        while (total > TIME_BLOCKS_MAX or len(self.time_blocks) > TIME_LEDGERS_MAX) \
+                and len(self.time_blocks) > 1:
             _, gone = self.time_blocks.popitem(last=False)  # a memory, not a registry
-            self.time_block_count -= len(gone.maxes)
-        return tb
+            total -= len(gone.maxes)
+
+    async def _note_ledger_max(self, lid: int, tb: TimeBlocks | None) -> None:
+        """Remember a closed ledger's largest timestamp (its summary then covers all
+        of it), so later lookups skip the ledger without its blocks: a few bytes a
+        ledger, kept longer than the blocks. (Not an open one's: a reader's view of
+        it may be short of its end.)"""
+        if tb is not None and lid not in self.ledger_max \
+                and (await self._handle(lid)).is_closed and tb.upto >= (
+                    await self._last_entry(lid, refresh=False)):
+            self.ledger_max[lid] = max(tb.maxes)
+            while len(self.ledger_max) > LEDGER_MAX_KEPT:
+                self.ledger_max.pop(next(iter(self.ledger_max)))
+
+    async def _below_start(self, ledgers: list[int], i: int, start: int) -> bool:
+        """Does ledger ``ledgers[i]`` end at or before the log start (the next ledger
+        begins there or earlier)? Such a ledger waits to be dropped; none of it counts."""
+        if i + 1 >= len(ledgers):
+            return False
+        try:
+            nxt = await self._first_offset(ledgers[i + 1])
+        except NoSuchLedgerError:
+            return False
+        return nxt is not None and nxt <= start
 
     async def offset_for_time(self, timestamp: int) -> tuple[int, int] | None:
         """``(timestamp, offset)`` of the first record at or after the log start whose
@@ -1121,8 +1166,13 @@ class PartitionLog:
         is read. None if no record is that late. Ledgers are searched up to their last
         readable entry (the LAC while open: nothing unconfirmed)."""
         start = await self.start_offset()
-        for lid in await self._ledgers():
+        ledgers = list(await self._ledgers())
+        for i, lid in enumerate(ledgers):
+            if self.ledger_max.get(lid, timestamp) < timestamp:
+                continue  # closed, and nothing in it is that late
             try:
+                if await self._below_start(ledgers, i, start):
+                    continue
                 found = await self._time_in(lid, timestamp, start)
             except NoSuchLedgerError:  # dropped meanwhile (retention, compaction)
                 continue
@@ -1132,14 +1182,16 @@ class PartitionLog:
 
     async def _time_in(self, lid: int, timestamp: int, start: int) -> tuple[int, int] | None:
         tb = await self._time_blocks(lid)
+        await self._note_ledger_max(lid, tb)
         if tb is None:
             return None
+        upto, n = tb.upto, len(tb.maxes)  # (it may grow meanwhile: beyond these, later)
         h = await self._handle(lid)
-        for b, most in enumerate(tb.maxes):
-            if most < timestamp:
+        for b in range(tb.block_of(start), n):
+            if tb.maxes[b] < timestamp:
                 continue
             lo = tb.first + b * TIME_BLOCK
-            for entry in await h.read_batch(lo, min(tb.upto, lo + TIME_BLOCK - 1)):
+            for entry in await h.read_batch(lo, min(upto, lo + TIME_BLOCK - 1)):
                 bh = BatchHeader.parse(entry.payload)
                 if bh.max_timestamp < timestamp or bh.next_offset <= start:
                     continue
@@ -1155,12 +1207,17 @@ class PartitionLog:
         """ListOffsets' MAX_TIMESTAMP (-3, KIP-734): ``(timestamp, offset)`` of the first
         record at or after the log start carrying the largest timestamp of those
         records; None for an empty log. The ledgers' ``TimeBlocks`` (every batch header
-        read once) point at the stretch that holds it; where DeleteRecords left the
-        log start inside a ledger, that ledger's batches are looked at one by one."""
+        read once) point at the one stretch of 64 entries that holds it (and the
+        stretch holding the log start, whose batches below it do not count)."""
         start = await self.start_offset()
         best: tuple[int, int] | None = None  # (offset, timestamp) of the answer so far
-        for lid in await self._ledgers():
+        ledgers = list(await self._ledgers())
+        for i, lid in enumerate(ledgers):
+            if best is not None and self.ledger_max.get(lid, best[1] + 1) <= best[1]:
+                continue  # closed, and nothing in it is later than the best so far
             try:
+                if await self._below_start(ledgers, i, start):
+                    continue
                 best = await self._latest_in(lid, start, best)
             except NoSuchLedgerError:  # dropped meanwhile (retention, compaction)
                 continue
@@ -1171,18 +1228,22 @@ class PartitionLog:
         """``best``, or the ledger's first record at or after ``start`` with the largest
         timestamp if that is larger than ``best``'s."""
         tb = await self._time_blocks(lid)
-        if tb is None or (best is not None and max(tb.maxes) <= best[1]):
+        await self._note_ledger_max(lid, tb)
+        if tb is None:
             return best
+        upto, n = tb.upto, len(tb.maxes)
+        b0 = tb.block_of(start)
+        blocks = [b0]  # the block holding the log start: its batches one by one
+        rest = tb.maxes[b0 + 1:n]
+        if rest:
+            top = max(rest)
+            blocks.append(b0 + 1 + rest.index(top))  # the first block with the rest's max
         h = await self._handle(lid)
-        first = await self._first_offset(lid)
-        # the log start inside (or past) this ledger: its batches above it, one by one
-        blocks = range(len(tb.maxes)) if first is not None and first < start else \
-            [tb.maxes.index(max(tb.maxes))]
         for b in blocks:
             if best is not None and tb.maxes[b] <= best[1]:
                 continue
             lo = tb.first + b * TIME_BLOCK
-            for entry in await h.read_batch(lo, min(tb.upto, lo + TIME_BLOCK - 1)):
+            for entry in await h.read_batch(lo, min(upto, lo + TIME_BLOCK - 1)):
                 bh = BatchHeader.parse(entry.payload)
                 if bh.next_offset <= start or (best is not None
                                                and bh.max_timestamp <= best[1]):
@@ -1195,13 +1256,20 @@ class PartitionLog:
 
 @dataclass
 class TimeBlocks:
-    """A ledger's timestamp summary (Kafka's time index, in memory): ``maxes[b]`` is
-    the largest batch maxTimestamp among entries ``first + b * TIME_BLOCK`` to the
-    block's end, summarised up to entry ``upto``."""
+    """A ledger's timestamp summary (Kafka's time index, in memory): for each block of
+    ``TIME_BLOCK`` entries from ``first``, the largest batch maxTimestamp among them
+    (``maxes``) and the first batch's base offset (``offsets``), summarised up to entry
+    ``upto``. It only grows: entries up to ``upto`` never change."""
 
     first: int
     upto: int
     maxes: array[int]
+    offsets: array[int]
+
+    def block_of(self, offset: int) -> int:
+        """The first block that may hold ``offset`` or a later one: every block before
+        it ends below ``offset``."""
+        return max(0, bisect.bisect_right(self.offsets, offset) - 1)
 
 
 def settings_from(get: Callable[[str], int]) -> PartitionSettings:
