@@ -9,7 +9,10 @@ services, the listener, the admin endpoint, the disk checker and GC; register un
 Shutdown (``request_stop``, SIGTERM, SIGINT): STOPPING=1; stop accepting and stop reading
 requests; let in-flight adds reach the journal and their replies go out (bounded by the
 grace period); stop GC and the disk checker; close storage (last group, checkpoint);
-deregister; close the ZooKeeper session.
+deregister; close the ZooKeeper session. A stop during start-up cuts it short (the
+journal replay excepted: it ends with its checkpoint) and stops what had started, exit
+0; without that a bookie waiting on an unreachable ZooKeeper ignored the stop until its
+retries ran out, then exited 1.
 
 A critical service failure (storage: journal or checkpoint I/O) makes the bookie
 read-only when ``read_only_mode_enabled``, or stops it with exit code 1.
@@ -114,6 +117,7 @@ class Bookie:
         self.exit_code = 0
         self.ready = trio.Event()
         self._stop = trio.Event()
+        self._start_scope = trio.CancelScope()
         # why this bookie started without its cluster's metadata ("": it did not)
         self.awaiting_metadata = ""
         self._sup: Supervisor | None = None
@@ -132,28 +136,64 @@ class Bookie:
         if exit_code and not self.exit_code:
             self.exit_code = exit_code
         self._stop.set()
+        if not self.ready.is_set():
+            # A stop while starting (systemctl stop while ZooKeeper is unreachable, say)
+            # cuts the start-up short instead of waiting out its retries and then
+            # failing: what did start is stopped as on any stop.
+            self._start_scope.cancel()
+
+    def _start_phase(self) -> trio.CancelScope:
+        """A cancel scope for one stretch of the start-up; ``request_stop`` cancels it."""
+        self._start_scope = trio.CancelScope()
+        if self._stop.is_set():
+            self._start_scope.cancel()
+        return self._start_scope
 
     async def run(self, *, task_status: trio.TaskStatus[Bookie] = trio.TASK_STATUS_IGNORED) -> int:
         """Run until asked to stop; returns the process exit code."""
         try:
             # Bind first: a bookie that cannot take its port registers nothing, cookie
             # included, and its id (port 0) is known before the cookie names it.
-            await self._bind()
-            await self._connect_metadata()
-            check = await self.storage.open(*await self._cookies())
-            if check is not None and self.store is not None and not self.awaiting_metadata:
-                cookies = CookieStore(self.store, self.config.zk_ledgers_root_path)
-                if check.create_remote:
-                    await cookies.create(self.bookie_id, self._cookie_bytes)
-                elif check.update_remote:  # compare-and-set on the version read above
-                    await cookies.update(self.bookie_id, self._cookie_bytes,
-                                         self._cookie_version)
-            if check is not None and check.added:
-                log.warning("storage_expanded", extra=fields(
-                    bookie_id=self.bookie_id, added=[str(d) for d in check.added]))
-            async with trio.open_nursery() as root:
-                sup = Supervisor(root, on_critical=self._on_critical,
-                                 on_restart=self._count_restart)
+            with self._start_phase():
+                await self._bind()
+                await self._connect_metadata()
+                cookies = await self._cookies()
+                # Replay is not cut short by a stop: it ends with its checkpoint.
+                with trio.CancelScope(shield=True):
+                    check = await self.storage.open(*cookies)
+                if check is not None and self.store is not None and not self.awaiting_metadata:
+                    remote = CookieStore(self.store, self.config.zk_ledgers_root_path)
+                    if check.create_remote:
+                        await remote.create(self.bookie_id, self._cookie_bytes)
+                    elif check.update_remote:  # compare-and-set on the version read above
+                        await remote.update(self.bookie_id, self._cookie_bytes,
+                                            self._cookie_version)
+                if check is not None and check.added:
+                    log.warning("storage_expanded", extra=fields(
+                        bookie_id=self.bookie_id, added=[str(d) for d in check.added]))
+            if self._stop.is_set():
+                log.warning("bookie_start_interrupted", extra=fields(bookie_id=self.bookie_id))
+            else:
+                await self._serve(task_status)
+        finally:
+            for listener in self._listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+            self._listeners = []
+            with trio.CancelScope(shield=True):
+                if not self.storage.closed:
+                    try:
+                        await self.storage.close()
+                    except (StorageError, OSError) as exc:
+                        log.error("storage_close_failed", extra=fields(error=repr(exc)))
+        return self._stopped()
+
+    async def _serve(self, task_status: trio.TaskStatus[Bookie]) -> None:
+        """The services, from the first to READY=1, until asked to stop."""
+        async with trio.open_nursery() as root:
+            sup = Supervisor(root, on_critical=self._on_critical,
+                             on_restart=self._count_restart)
+            with self._start_phase():
                 await sup.start("storage", self.storage.run, critical=True)
                 await sup.start("listener", self._listener, critical=True)
                 await sup.start("admin-http", self.http.run)
@@ -171,27 +211,22 @@ class Bookie:
                 notify("READY=1")
                 self.ready.set()
                 log.info("bookie_ready", extra=fields(
-                    bookie_id=self.bookie_id, port=self.port, admin_port=self.http.bound_port,
+                    bookie_id=self.bookie_id, port=self.port,
+                    admin_port=self.http.bound_port,
                     replayed=self.storage.replayed_records, read_only=self.state.read_only,
                     tls=("required" if self.security.required else
                          "start_tls" if self.security.tls else "off"),
                     authorization=self.security.authorization))
                 task_status.started(self)
-                await self._stop.wait()
-                notify("STOPPING=1")
-                await self._shutdown(sup)
-                root.cancel_scope.cancel()
-        finally:
-            for listener in self._listeners:
-                with trio.CancelScope(shield=True):
-                    await listener.aclose()
-            self._listeners = []
-            with trio.CancelScope(shield=True):
-                if not self.storage.closed:
-                    try:
-                        await self.storage.close()
-                    except (StorageError, OSError) as exc:
-                        log.error("storage_close_failed", extra=fields(error=repr(exc)))
+            if not self.ready.is_set():
+                log.warning("bookie_start_interrupted", extra=fields(
+                    bookie_id=self.bookie_id, started=sorted(sup.services)))
+            await self._stop.wait()
+            notify("STOPPING=1")
+            await self._shutdown(sup)
+            root.cancel_scope.cancel()
+
+    def _stopped(self) -> int:
         log.info("bookie_stopped", extra=fields(bookie_id=self.bookie_id,
                                                 exit_code=self.exit_code))
         return self.exit_code
@@ -266,19 +301,18 @@ class Bookie:
         self._accept_scope.cancel()
         for scope in list(self._readers):
             scope.cancel()
-        with trio.move_on_after(DRAIN_GRACE_S):
-            await self._connections_done.wait()
+        if "listener" in sup.services:  # (a stop during start-up may come before it)
+            with trio.move_on_after(DRAIN_GRACE_S):
+                await self._connections_done.wait()
         # 2. Background work that writes.
         for name in ("autorecovery", "scrubber", "gc", "disk-checker"):
             if name in sup.services:
                 await sup.stop(name)
         # 3. Last journal group, checkpoint, close.
         await self.storage.close()
-        await sup.stop("storage")
-        await sup.stop("listener")
-        # 4. Leave the cluster.
-        if "registration" in sup.services:
-            await sup.stop("registration")
+        for name in ("storage", "listener", "registration"):  # 4. Leave the cluster.
+            if name in sup.services:
+                await sup.stop(name)
 
     def _on_critical(self, name: str, exc: BaseException) -> None:
         if self.config.read_only_mode_enabled and name == "storage":

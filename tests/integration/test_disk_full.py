@@ -171,7 +171,8 @@ async def test_enospc_from_a_ledger_directory_goes_read_only_and_back(
             ballast.unlink()
             await wait_registered(store, bookie, read_only=False)
             status, _ = await c.call(add(10_000))
-            assert status == Status.OK
+            assert status == Status.OK, (status, await _health(bookie.admin_port),
+                                         bookie.log_tail())
         assert await trio.to_thread.run_sync(bookie.terminate) == 0
         # Every acknowledged entry survived, in the entry logs written after the space
         # came back or replayed from the journal.
