@@ -51,7 +51,7 @@ from ledgerd.appliance.session import ConnectionOptions
 from ledgerd.appliance.supervisor import Supervisor
 from ledgerd.base.logs import fields
 from ledgerd.disk.cookie import Cookie
-from ledgerd.disk.errors import StorageError
+from ledgerd.disk.errors import DiskFullError, StorageError
 from ledgerd.disk.storage import LedgerStorage
 from ledgerd.metadata.cluster import check_layout, instance_id, read_layout
 from ledgerd.metadata.cookies import CookieStore
@@ -95,8 +95,7 @@ class Bookie:
             self.storage.usage, self._on_disk_change, threshold=config.disk_usage_threshold,
             lwm=config.disk_usage_lwm_threshold, interval_s=config.disk_check_interval_ms / 1000,
             on_dirs=self._on_dirs)
-        self.storage.on_disk_full = lambda exc: self.disk_checker.force_full(
-            f"{exc} (writable again under {config.disk_usage_lwm_threshold:.0%} used)")
+        self.storage.on_disk_full = self._on_storage_full
         self.admin = AdminHooks(trigger=self._admin_trigger, status=self.status,
                                 secret=config.admin_token())
         self.handler = RequestHandler(self.storage, self.state, self.metrics, admin=self.admin,
@@ -355,6 +354,11 @@ class Bookie:
             self.request_stop(1)
             return
         self.state.set(full, reason if full else "")
+
+    def _on_storage_full(self, exc: DiskFullError, began: float) -> None:
+        self.disk_checker.force_full(
+            f"{exc} (writable again under {self.config.disk_usage_lwm_threshold:.0%} used)",
+            began=began)
 
     def _on_dirs(self, unusable: set[Path], failed: set[Path]) -> None:
         self.storage.set_full_dirs(unusable)

@@ -9,7 +9,11 @@ go to the ledger directories that have room (``on_dirs``).
 
 Storage can also report a full disk itself (ENOSPC that came faster than the checker
 samples): ``force_full`` makes the bookie read-only at once with that reason, and the
-checker then samples every second until no directory it needs is full.
+checker then samples every second until no directory it needs is full. A report about
+a write that began before a check found the space back is stale and ignored (the
+write is retried; if it fails again, its own report counts): without that a
+checkpoint's ENOSPC from just before an operator freed space, delivered just after the
+check that saw it free, flapped a bookie writable, read-only, writable.
 """
 
 from __future__ import annotations
@@ -87,26 +91,31 @@ class DiskChecker:
         self.checks = 0
         self._forced = trio.Event()
         self._forced_reason = ""
+        self._space_back_at = float("-inf")  # when the last check that found space began
 
-    def force_full(self, reason: str) -> None:
-        """Storage hit ENOSPC: read-only now; writable again once a check finds every
-        directory it needs under the low-water mark."""
+    def force_full(self, reason: str, *, began: float | None = None) -> bool:
+        """Storage hit ENOSPC in a write that began at ``began`` (trio time): read-only
+        now; writable again once a check finds every directory it needs under the
+        low-water mark. Returns False (and changes nothing) if the bookie is read-only
+        for its disks already, or the write began before a check found space back."""
+        if self.full or (began is not None and began < self._space_back_at):
+            return False
         self._forced.set()
         self._forced_reason = reason
-        if not self.full:
-            self.full = True
-            log.warning("disk_full", extra=fields(reason=reason))
-            self.on_change(True, reason)
+        self.full = True
+        log.warning("disk_full", extra=fields(reason=reason))
+        self.on_change(True, reason)
+        return True
 
     async def check(self) -> bool:
+        began = trio.current_time()
         usage = await trio.to_thread.run_sync(self.usage)
         self.checks += 1
         self.worst = max(usage, key=lambda u: u.fraction, default=None)
         old = self.verdict
-        if self._forced_reason:
-            # After ENOSPC: every directory counts as full until under the low-water mark.
-            old = DiskVerdict(frozenset(u.path for u in usage), old.failed, True, "")
-        v = disk_verdict(usage, old.full, self.threshold, self.lwm)
+        # After ENOSPC: every directory counts as full until under the low-water mark.
+        was_full = frozenset(u.path for u in usage) if self._forced_reason else old.full
+        v = disk_verdict(usage, was_full, self.threshold, self.lwm)
         self.verdict = v
         for path in sorted(v.failed - old.failed):
             log.error("directory_out_of_service", extra=fields(
@@ -122,6 +131,8 @@ class DiskChecker:
         if v.read_only != self.full or (not v.read_only and self._forced_reason):
             self.full = v.read_only
             self._forced_reason = ""
+            if not v.read_only:
+                self._space_back_at = began
             log.warning("disk_full" if v.read_only else "disk_space_back",
                         extra=fields(reason=v.reason))
             self.on_change(v.read_only, v.reason)

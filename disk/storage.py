@@ -182,7 +182,8 @@ class LedgerStorage:
         self.failed_dirs: frozenset[Path] = frozenset()  # out of service (disk checker)
         # A ledger directory out of space (the last checkpoint's error), and whom to tell.
         self.disk_full: DiskFullError | None = None
-        self.on_disk_full: Callable[[DiskFullError], None] | None = None
+        # told of a checkpoint's ENOSPC/EDQUOT, with when (trio time) that checkpoint began
+        self.on_disk_full: Callable[[DiskFullError, float], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -311,6 +312,7 @@ class LedgerStorage:
             if not self.engine.is_flush_due():
                 with trio.move_on_after(self.options.flush_interval_ms / 1000.0):
                     await wanted.wait()
+            began = trio.current_time()
             try:
                 await self.checkpoint()
             except DiskFullError as exc:
@@ -318,7 +320,7 @@ class LedgerStorage:
                     log.error("ledger_dir_full", extra=fields(path=exc.path, error=str(exc)))
                 self.disk_full = exc
                 if self.on_disk_full is not None:
-                    self.on_disk_full(exc)
+                    self.on_disk_full(exc, began)
                 self.entry_logger.retry_writes()
 
     async def checkpoint(self, *, sync_index_dirs: bool = False) -> JournalPosition:

@@ -130,6 +130,51 @@ async def test_disk_checker_reports_changes_only(autojump_clock: Any) -> None:
     assert changes == [True, False]
 
 
+async def test_disk_checker_ignores_a_full_report_older_than_the_space_coming_back(
+        autojump_clock: Any) -> None:
+    """A checkpoint's ENOSPC from before an operator freed space, delivered after the
+    check that saw the space back, must not flap the bookie read-only again; a write
+    that fails after that check still counts."""
+    changes: list[bool] = []
+    checker = DiskChecker(lambda: _usage(0.5), lambda full, _r: changes.append(full),
+                          threshold=0.95, lwm=0.90, interval_s=1.0)
+    await checker.check()
+    assert checker.force_full("ENOSPC", began=trio.current_time())
+    assert not checker.force_full("ENOSPC again", began=trio.current_time())  # already
+    stale = trio.current_time()
+    await trio.sleep(1)
+    await checker.check()  # 50% used: writable again
+    assert changes == [True, False]
+    assert not checker.force_full("ENOSPC from a write begun before", began=stale)
+    assert changes == [True, False] and not checker.full
+    await trio.sleep(1)
+    assert checker.force_full("ENOSPC from a later write", began=trio.current_time())
+    assert changes == [True, False, True] and checker.full
+
+
+async def test_disk_checker_after_enospc_logs_only_what_changed(
+        autojump_clock: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """While a forced full lasts (checkpoints keep meeting ENOSPC), each check does not
+    say again that the journal, never full, has space back."""
+    changes: list[bool] = []
+    ledger = [0.5]
+    checker = DiskChecker(lambda: _dirs(j=0.1, l1=ledger[0]),
+                          lambda full, _r: changes.append(full),
+                          threshold=0.95, lwm=0.90, interval_s=1.0)
+    await checker.check()
+    ledger[0] = 0.93  # under the threshold, over the low-water mark: full after ENOSPC
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ledgerd.appliance.diskcheck"):
+        for _ in range(3):
+            checker.force_full("ENOSPC", began=trio.current_time())
+            await trio.sleep(0.1)
+            await checker.check()
+    said = [(r.getMessage(), str(getattr(r, _FIELDS_ATTR, {}).get("path", "")))
+            for r in caplog.records]
+    assert ("directory_space_back", "/j") not in said, said
+    assert [m for m, _ in said].count("disk_full") == 1 and changes == [True], said
+
+
 def test_sd_notify_sends_datagrams(tmp_path: Path) -> None:
     path = str(tmp_path / "notify")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
