@@ -1144,6 +1144,16 @@ class PartitionLog:
             while len(self.ledger_max) > LEDGER_MAX_KEPT:
                 self.ledger_max.pop(next(iter(self.ledger_max)))
 
+    async def largest_timestamp(self, lid: int) -> int:
+        """A closed ledger's largest batch maxTimestamp (-1 if it holds no batch): its
+        ``TimeBlocks`` read once, then kept in ``ledger_max``."""
+        known = self.ledger_max.get(lid)
+        if known is not None:
+            return known
+        tb = await self._time_blocks(lid)
+        await self._note_ledger_max(lid, tb)
+        return max(tb.maxes) if tb is not None and tb.maxes else -1
+
     async def _below_start(self, ledgers: list[int], i: int, start: int) -> bool:
         """Does ledger ``ledgers[i]`` end at or before the log start (the next ledger
         begins there or earlier)? Such a ledger waits to be dropped; none of it counts."""

@@ -4,8 +4,10 @@ Kafka deletes whole segments from the front of a partition's log; the gateway dr
 whole ledgers (a partition's log rolls to a new ledger every ``log_roll_bytes``), with
 Kafka's rules, the active (last) ledger never:
 
-- ``retention.ms``: leading ledgers whose newest record (the max timestamp of their
-  last batch) is older than ``now - retention.ms``;
+- ``retention.ms``: leading ledgers whose largest timestamp is older than
+  ``now - retention.ms`` (Kafka's segment rule: timestamps set upstream need not grow
+  with offsets, so the last batch's is a lower bound only; a ledger whose last batch
+  is old is read once, through its timestamp summary, before it may go);
 - ``retention.bytes``: leading ledgers while the log without them still holds at
   least ``retention.bytes``;
 - DeleteRecords' low watermark: leading ledgers whose every record lies before it
@@ -46,7 +48,8 @@ class Segment:
     """A closed ledger of the log, as retention sees it."""
 
     size: int  # bytes
-    max_timestamp: int  # of its last batch (ms; -1: empty)
+    max_timestamp: int  # the largest timestamp of its records (ms; -1: empty), or a
+    # lower bound of it at or after ``now - retention.ms`` (it is kept either way)
 
 
 def retention_cut(closed: Sequence[Segment], active_size: int, *, now_ms: int,
@@ -117,8 +120,13 @@ async def enforce(client: Client, part: PartitionLog, *, now_ms: int, retention_
     if len(ledgers) < 2:
         return 0
     closed: list[Segment] = []
+    cutoff = now_ms - retention_ms
+    leading = retention_ms >= 0  # every ledger so far is past retention.ms
     for lid in ledgers[:-1]:
-        size, newest = await part.ledger_summary(lid)
+        size, newest = await part.ledger_summary(lid)  # its last batch's
+        if leading and newest < cutoff:
+            newest = max(newest, await part.largest_timestamp(lid))
+        leading = leading and newest < cutoff
         closed.append(Segment(size=size, max_timestamp=newest))
     try:
         active = (await client.ledger_metadata(ledgers[-1])).length

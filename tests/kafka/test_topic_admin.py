@@ -317,6 +317,40 @@ def test_retention_ms_drops_old_ledgers(kafka_cluster: KafkaCluster) -> None:
     assert _first_read(kafka_cluster, "ret-a", 0) == low
 
 
+def test_retention_ms_keeps_a_ledger_whose_largest_timestamp_is_recent(
+        kafka_cluster: KafkaCluster) -> None:
+    """Kafka keeps a segment while its largest timestamp is recent, wherever in the
+    segment that record sits (timestamps set upstream need not grow with offsets): a
+    ledger with one recent record among old ones stays, and the log from it."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = _admin(kafka_cluster)
+    _create(admin, "ret-c")
+    now = int(time.time() * 1000)
+    old = now - 2 * 86_400_000
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 5,
+                         "batch.size": 40_000})
+    for i in range(400):  # 4 MB over 1 MiB ledgers; record 150 in the second one
+        producer.produce("ret-c", value=b"%06d" % i + b"x" * 9_994, partition=0,
+                         timestamp=now if i == 150 else old)
+        producer.poll(0)
+    assert producer.flush(BOUND_S) == 0
+    before = _ledgers(kafka_cluster, "ret-c")
+    assert len(before) >= 4
+    res = ConfigResource("topic", "ret-c", incremental_configs=[
+        ConfigEntry("retention.ms", str(86_400_000),
+                    incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(BOUND_S)
+    _until("retention dropped the first ledger",
+           lambda: len(_ledgers(kafka_cluster, "ret-c")) < len(before))
+    # one pass decides: the first ledger (all old) went, the one holding record 150 not
+    assert _ledgers(kafka_cluster, "ret-c") == before[1:]
+    low = _earliest(kafka_cluster, "ret-c")
+    assert 0 < low <= 150
+    assert _first_read(kafka_cluster, "ret-c", 150) == 150
+
+
 def test_retention_bytes_keeps_the_newest_ledgers_that_hold_that_much(
         kafka_cluster: KafkaCluster) -> None:
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
