@@ -157,21 +157,25 @@ class Bookie:
                 await self._bind()
                 await self._connect_metadata()
                 cookies = await self._cookies()
-                # Replay is not cut short by a stop: it ends with its checkpoint.
+                # Not cut short by a stop: the replay, which ends with its checkpoint,
+                # and ZooKeeper's copy of the cookie it stamps on a first start (a
+                # cookie on disk and not in ZooKeeper would refuse the next start).
                 with trio.CancelScope(shield=True):
                     check = await self.storage.open(*cookies)
-                if check is not None and self.store is not None and not self.awaiting_metadata:
-                    remote = CookieStore(self.store, self.config.zk_ledgers_root_path)
-                    if check.create_remote:
-                        await remote.create(self.bookie_id, self._cookie_bytes)
-                    elif check.update_remote:  # compare-and-set on the version read above
-                        await remote.update(self.bookie_id, self._cookie_bytes,
-                                            self._cookie_version)
+                    if check is not None and self.store is not None \
+                            and not self.awaiting_metadata:
+                        remote = CookieStore(self.store, self.config.zk_ledgers_root_path)
+                        if check.create_remote:
+                            await remote.create(self.bookie_id, self._cookie_bytes)
+                        elif check.update_remote:  # compare-and-set on the version read
+                            await remote.update(self.bookie_id, self._cookie_bytes,
+                                                self._cookie_version)
                 if check is not None and check.added:
                     log.warning("storage_expanded", extra=fields(
                         bookie_id=self.bookie_id, added=[str(d) for d in check.added]))
             if self._stop.is_set():
                 log.warning("bookie_start_interrupted", extra=fields(bookie_id=self.bookie_id))
+                task_status.started(self)  # (a caller's nursery.start returns; run ends)
             else:
                 await self._serve(task_status)
         finally:
@@ -220,6 +224,7 @@ class Bookie:
             if not self.ready.is_set():
                 log.warning("bookie_start_interrupted", extra=fields(
                     bookie_id=self.bookie_id, started=sorted(sup.services)))
+                task_status.started(self)
             await self._stop.wait()
             notify("STOPPING=1")
             await self._shutdown(sup)

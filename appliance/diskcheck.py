@@ -10,8 +10,9 @@ go to the ledger directories that have room (``on_dirs``).
 Storage can also report a full disk itself (ENOSPC that came faster than the checker
 samples): ``force_full`` makes the bookie read-only at once with that reason, and the
 checker then samples every second until no directory it needs is full. A report about
-a write that began before a check found the space back is stale and ignored (the
-write is retried; if it fails again, its own report counts): without that a
+a write that began before a check found the space back is stale: it only has the
+checker sample again at once (the write is retried; if it fails again, its own report
+counts): without that a
 checkpoint's ENOSPC from just before an operator freed space, delivered just after the
 check that saw it free, flapped a bookie writable, read-only, writable.
 """
@@ -98,7 +99,10 @@ class DiskChecker:
         now; writable again once a check finds every directory it needs under the
         low-water mark. Returns False (and changes nothing) if the bookie is read-only
         for its disks already, or the write began before a check found space back."""
-        if self.full or (began is not None and began < self._space_back_at):
+        if self.full:
+            return False
+        if began is not None and began < self._space_back_at:
+            self._forced.set()  # sampled again now: a disk really full again is seen
             return False
         self._forced.set()
         self._forced_reason = reason

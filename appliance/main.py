@@ -46,27 +46,48 @@ async def connect_metadata(config: BookieConfig) -> MetadataStore | None:
 
 
 async def _main(config: BookieConfig) -> int:
-    store = await connect_metadata(config)
-    try:
-        return await _serve(Bookie(config, LedgerStorage(config.storage_options()), store))
-    finally:
-        if store is not None:
-            with trio.CancelScope(shield=True):
-                await store.close()
+    # Signals are taken from the first step: a stop while ZooKeeper is being reached
+    # ends the start there, exit 0 (not the default SIGTERM death or a SIGINT traceback).
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        bookie: Bookie | None = None
+        connecting = trio.CancelScope()
+
+        async def on_signals() -> None:
+            async for signum in signals:
+                log.info("signal", extra=fields(signal=signal.Signals(signum).name))
+                if bookie is None:
+                    connecting.cancel()
+                else:
+                    bookie.request_stop()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(on_signals)
+            store = None
+            with connecting:
+                if config.zk_servers:
+                    log.info("metadata_connecting", extra=fields(
+                        servers=config.zk_servers, timeout_ms=config.zk_timeout_ms))
+                store = await connect_metadata(config)
+            if connecting.cancelled_caught:
+                log.warning("bookie_start_interrupted", extra=fields(step="connect_metadata"))
+                nursery.cancel_scope.cancel()
+                return 0
+            try:
+                bookie = Bookie(config, LedgerStorage(config.storage_options()), store)
+                code = await _serve(bookie)
+            finally:
+                if store is not None:
+                    with trio.CancelScope(shield=True):
+                        await store.close()
+            nursery.cancel_scope.cancel()
+        return code
 
 
 async def _serve(bookie: Bookie) -> int:
     async with trio.open_nursery() as nursery:
-        async def on_signals() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("signal", extra=fields(signal=signal.Signals(signum).name))
-                    bookie.request_stop()
-
         async def settle_heap_when_ready() -> None:
             await bookie.ready.wait()
             settle_heap()
-        nursery.start_soon(on_signals)
         nursery.start_soon(settle_heap_when_ready)
         code = await bookie.run()
         nursery.cancel_scope.cancel()

@@ -123,7 +123,15 @@ class ZooKeeperStore:
         client = KazooClient(hosts=servers, timeout=session_timeout,
                              logger=logging.getLogger("kazoo.client"), **extra)
         try:
-            await trio.to_thread.run_sync(client.start, connect_timeout, abandon_on_cancel=False)
+            # kazoo's ``start`` waits in a thread a cancel cannot reach for the whole
+            # timeout (a bookie asked to stop while ZooKeeper is away ignored SIGTERM
+            # that long): start the client, then wait for its session where a cancel
+            # can leave (the client is stopped below either way).
+            live = await trio.to_thread.run_sync(client.start_async)
+            if not await trio.to_thread.run_sync(live.wait, connect_timeout,
+                                                 abandon_on_cancel=True) \
+                    or not client.connected:
+                raise KazooTimeoutError("Connection time-out")
         except (KazooTimeoutError, kz.KazooException, OSError) as exc:
             await trio.to_thread.run_sync(_stop_client, client)
             raise MetadataUnavailableError(servers, f"no session within {connect_timeout}s "

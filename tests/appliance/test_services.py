@@ -152,6 +152,30 @@ async def test_disk_checker_ignores_a_full_report_older_than_the_space_coming_ba
     assert changes == [True, False, True] and checker.full
 
 
+async def test_a_stale_full_report_has_the_checker_sample_at_once(autojump_clock: Any) -> None:
+    """The write a stale report is about may have filled the freed space again: the
+    report is not taken, but the checker samples at once instead of a minute later."""
+    level = [0.99]
+    changes: list[tuple[bool, float]] = []
+    checker = DiskChecker(lambda: _usage(level[0]),
+                          lambda full, _r: changes.append((full, trio.current_time())),
+                          threshold=0.95, lwm=0.90, interval_s=60.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(checker.run)  # full from the first check
+        stale = trio.current_time()
+        level[0] = 0.5
+        await trio.sleep(1.5)  # sampled every second while full: space back
+        assert [full for full, _ in changes] == [True, False]
+        level[0] = 0.99  # filled again
+        t0 = trio.current_time()
+        assert not checker.force_full("ENOSPC", began=stale)
+        with trio.fail_after(120):
+            while len(changes) < 3:
+                await trio.sleep(0.01)
+        assert changes[2][0] and changes[2][1] - t0 < 1, changes
+        nursery.cancel_scope.cancel()
+
+
 async def test_disk_checker_after_enospc_logs_only_what_changed(
         autojump_clock: Any, caplog: pytest.LogCaptureFixture) -> None:
     """While a forced full lasts (checkpoints keep meeting ENOSPC), each check does not

@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -23,6 +25,9 @@ from ledgerd.metadata.cookies import CookieStore
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import ZooKeeperServer, find_free_port
 from tests.cluster import metadata_store, wait_registered
+
+if TYPE_CHECKING:
+    from ledgerd.appliance.config import BookieConfig
 
 
 def _run(conf: Path, timeout: float = 60) -> tuple[int, str, float]:
@@ -213,3 +218,80 @@ def test_sigterm_during_start_up_stops_promptly(
     log = b.log_path.read_text()
     assert "event=bookie_start_interrupted" in log and "event=bookie_stopped" in log, log
     assert "Traceback" not in log, log
+
+
+async def _open_then_stop(opening: Any, bookie: Any, *args: Any, **kwargs: Any) -> Any:
+    check = await opening(*args, **kwargs)
+    bookie.request_stop()
+    return check
+
+
+def _inprocess_config(base: Path, zk: str) -> BookieConfig:
+    from ledgerd.appliance.config import BookieConfig
+    from ledgerd.base.settings import load_config
+
+    return load_config(BookieConfig, env={}, overrides={
+        "bookie_port": find_free_port(), "listen_address": "127.0.0.1",
+        "admin_port": find_free_port(), "zk_servers": zk, "zk_timeout_ms": 4000,
+        "journal_prealloc_mb": 4, "journal_directory": str(base / "journal"),
+        "ledger_directories": [str(base / "ledgers")]})
+
+
+async def test_a_stop_during_the_first_start_keeps_the_cookie_in_zookeeper_too(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """A stop while storage opens on a first start: the cookie stamped on disk is also
+    written to ZooKeeper (else the next start is refused: a cookie on disk, none in
+    ZooKeeper), and a caller's ``nursery.start(bookie.run)`` returns; so does one
+    for a bookie asked to stop before it ran."""
+    from ledgerd.appliance.bookie import Bookie
+    from ledgerd.appliance.main import connect_metadata
+    from ledgerd.disk.storage import LedgerStorage
+
+    async with metadata_store(zk_chroot):
+        pass  # the cluster's metadata made (initnewcluster)
+    config = _inprocess_config(tmp_path / "b", zk_chroot)
+    for attempt in ("stop while opening", "stop before running", "start"):
+        store = await connect_metadata(config)
+        assert store is not None
+        try:
+            bookie = Bookie(config, LedgerStorage(config.storage_options()), store)
+            if attempt == "stop while opening":
+                bookie.storage.open = partial(  # type: ignore[method-assign]
+                    _open_then_stop, bookie.storage.open, bookie)
+            elif attempt == "stop before running":
+                bookie.request_stop()
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(60):
+                    await nursery.start(bookie.run)
+                if attempt == "start":
+                    assert bookie.ready.is_set()
+                    bookie.request_stop()
+                else:
+                    assert not bookie.ready.is_set()
+            assert bookie.exit_code == 0
+            got = await CookieStore(store, "/ledgers").get(bookie.bookie_id)
+            assert got is not None, attempt
+        finally:
+            await store.close()
+
+
+def test_sigterm_while_zookeeper_is_being_reached_stops_at_once(tmp_path: Path) -> None:
+    """ZooKeeper not there at start (nothing listens on its port): SIGTERM while the
+    bookie waits for it ends the start with exit 0, not the default SIGTERM death."""
+    b = BookieProcess(tmp_path / "b", f"127.0.0.1:{find_free_port()}",
+                      settings={"zk_timeout_ms": 60_000})
+    b.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "event=metadata_connecting" not in b.log_path.read_text():
+            assert b.running and time.monotonic() < deadline, b.log_tail()
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        code = b.terminate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if b.running:
+            b.kill9()
+    assert code == 0 and took < 10, (code, took, b.log_tail())
+    log = b.log_path.read_text()
+    assert "event=bookie_start_interrupted" in log and "Traceback" not in log, log
