@@ -228,7 +228,9 @@ def test_offsets_committed_before_the_index_existed_are_found_then_indexed(
 
     trio.run(old_layout)
     assert _index(kafka_cluster, "oi-old") == {}
-    kafka_cluster.gateway.restart()  # the upgraded gateway, on the old layout
+    gw = kafka_cluster.gateway
+    logged = gw.log_path.stat().st_size  # this run's lines come after
+    gw.restart()  # the upgraded gateway, on the old layout
 
     async def complete() -> bool:
         async with metadata_store(kafka_cluster.zk, init=False) as store:
@@ -242,9 +244,17 @@ def test_offsets_committed_before_the_index_existed_are_found_then_indexed(
         # whether the migration has run yet or not, the old offsets are there
         assert _fetch_all(after, "oi-old") == {("oi-old-a", 0): 11, ("oi-old-b", 0): 12}
         wait_until(lambda: trio.run(complete), "the migration is done")
-        migrated = [line for line in kafka_cluster.gateway.log_text().splitlines()
-                    if "kafka_offset_index_migrated" in line]
-        assert "groups=0" not in migrated[-1]  # this run's, which found old cursors
+
+        def migrated() -> list[str]:
+            # the gateway logs it after it made the completion node, and the line
+            # reaches the file through a copying thread: waited for, not read at once
+            with open(gw.log_path, "rb") as f:
+                f.seek(logged)
+                return [line for line in f.read().decode(errors="replace").splitlines()
+                        if "kafka_offset_index_migrated" in line]
+
+        this_run = wait_until(migrated, "the migration logged")
+        assert len(this_run) == 1 and "groups=0" not in this_run[0], this_run  # found old cursors
         assert _index(kafka_cluster, "oi-old") == {"oi-old-a": (0,), "oi-old-b": (0,)}
         assert _fetch_all(after, "oi-old") == {("oi-old-a", 0): 11, ("oi-old-b", 0): 12}
         assert _fetch_all(after, "oi-new") == {("oi-old-a", 1): 8}
