@@ -155,6 +155,16 @@ async def test_json_logs_are_one_object_a_line(
     assert "listening" in events and "bookie_stopping" in events, events
 
 
+def _timed_terminate(b: BookieProcess) -> tuple[int, float]:
+    """SIGTERM; the exit status and the seconds it took (killed if it did not exit)."""
+    t0 = time.monotonic()
+    try:
+        return b.terminate(timeout=60), time.monotonic() - t0
+    finally:
+        if b.running:
+            b.kill9()
+
+
 def test_sigterm_with_zookeeper_gone_stops_promptly(tmp_path: Path) -> None:
     """ZooKeeper down, then SIGTERM (systemctl stop): the bookie checkpoints and exits 0
     at once instead of waiting out the ZooKeeper client's retries to unregister (its
@@ -172,13 +182,7 @@ def test_sigterm_with_zookeeper_gone_stops_promptly(tmp_path: Path) -> None:
         b.start_ready()
     finally:
         zk.stop()
-    try:
-        t0 = time.monotonic()
-        code = b.terminate(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        if b.running:
-            b.kill9()
+    code, took = _timed_terminate(b)
     assert code == 0 and took < 5, (code, took, b.log_tail())
     log = (b.base / "bookie.log").read_text()
     assert "event=unregister_skipped" in log and "event=bookie_stopped" in log
@@ -286,12 +290,10 @@ def test_sigterm_while_zookeeper_is_being_reached_stops_at_once(tmp_path: Path) 
         while "event=metadata_connecting" not in b.log_path.read_text():
             assert b.running and time.monotonic() < deadline, b.log_tail()
             time.sleep(0.05)
-        t0 = time.monotonic()
-        code = b.terminate(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        if b.running:
-            b.kill9()
+    except BaseException:
+        b.kill9()
+        raise
+    code, took = _timed_terminate(b)
     assert code == 0 and took < 10, (code, took, b.log_tail())
     log = b.log_path.read_text()
     assert "event=bookie_start_interrupted" in log and "Traceback" not in log, log
