@@ -16,6 +16,10 @@ A log is read as its ledgers one after another. A client reaches its cluster's l
   ``roll_bytes`` only by an entry larger than that. A roll that fails fails the append
   it followed (or came in), although that append's entries before it are in the log
   (the caller drops the writer; the next one fences and closes the ledger).
+  Rolls by age wait while the list holds ``AGE_ROLL_MAX_LEDGERS`` ledgers (the list
+  is one ZooKeeper record, about 100,000 fit; logged once per writer, read again at
+  most once a minute), so a short ``roll_interval`` cannot fill it; rolls by size and
+  count go on.
 - ``append_ledgers`` adds ledgers written elsewhere (the Spark writer's commit) with one
   CAS, after fencing the log's tail so no writer keeps adding behind them.
 - ``truncate`` drops whole ledgers before a position and deletes them.
@@ -55,6 +59,7 @@ client imports it, not the other way round.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
@@ -79,11 +84,15 @@ from ledgerd.metadata.store import MetadataStore
 from ledgerd.wire.entry import Entry
 from ledgerd.wire.status import FencedError
 
-__all__ = ["BatchAlreadyAppendedError", "LedgerClient", "LogCursor", "LogEntry",
+__all__ = ["AGE_ROLL_MAX_LEDGERS", "BatchAlreadyAppendedError", "LedgerClient", "LogCursor", "LogEntry",
            "LogFencedError", "LogPosition", "LogSegment", "LogWriter", "Logs", "NoSuchLogError",
            "Start", "entry_for_offset", "log_entry_count", "log_segments"]
 
 log = logging.getLogger(__name__)
+# a roll by age waits while the log's list holds this many ledgers (a tenth of what
+# its one ZooKeeper record holds); read the list again this often while it waits
+AGE_ROLL_MAX_LEDGERS = 10_000
+AGE_ROLL_RECHECK_S = 60.0
 
 FENCE_TAIL = 2  # ledgers at the end of the list a new writer fences
 
@@ -168,6 +177,16 @@ def _append_after(tail: int | None, new: tuple[int, ...], name: str, *,
         return replace(record, ledgers=record.ledgers + new,
                        writers=record.writers + 1 if writer else record.writers)
     return change
+
+
+def _deferred(record: LogRecord, dropped: tuple[int, ...], delay_ms: int,
+              ) -> tuple[tuple[int, int], ...]:
+    """``record``'s deferred deletions, with ``dropped`` added (due ``delay_ms`` from
+    now) when there is a delay."""
+    if delay_ms <= 0:
+        return record.deferred
+    due = int(time.time() * 1000) + delay_ms
+    return record.deferred + tuple((lid, due) for lid in dropped)
 
 
 def log_segments(name: str, ledgers: tuple[int, ...],
@@ -265,7 +284,8 @@ class LogWriter:
     def __init__(self, logs: Logs, name: str, handle: WriteHandle, *, password: bytes | str,
                  quorums: tuple[int, int, int], roll_entries: int, roll_bytes: int,
                  roll_interval: float = 0.0, unbounded: bool = False, epoch: int = 0,
-                 header: tuple[int, int] | None = None, header_extra: bytes = b"") -> None:
+                 header: tuple[int, int] | None = None, header_extra: bytes = b"",
+                 listed: int = 0) -> None:
         self.logs = logs
         # this writer's term: a ledger-backed log's ``writers`` count after its open (one
         # more than any earlier writer's), an unbounded ledger's term
@@ -286,6 +306,10 @@ class LogWriter:
         # (seq, first offset) of the current ledger's log header; None: no headers
         self.header = header
         self.header_extra = header_extra  # carried by each of its ledgers' headers
+        # the ledgers on the log's list as of this writer's last compare-and-set (or
+        # read, while rolls by age wait for room), and when it was read for that
+        self.listed = listed
+        self._listed_read: float | None = None
 
     @property
     def ledger_id(self) -> int:
@@ -296,13 +320,38 @@ class LogWriter:
         return handle.last_add_confirmed + 1 - first_log_entry(handle.metadata.custom_metadata)
 
     def _due(self) -> bool:
+        """The current ledger is full (by count or size)."""
         if self.unbounded:
             return False  # an unbounded ledger rolls fragments, not ledgers
         h = self.handle
         return ((self.roll_entries > 0 and self._entries(h) >= self.roll_entries)
-                or (self.roll_bytes > 0 and h.length >= self.roll_bytes)
-                or (self.roll_interval > 0 and self.opened_at is not None
-                    and trio.current_time() - self.opened_at >= self.roll_interval))
+                or (self.roll_bytes > 0 and h.length >= self.roll_bytes))
+
+    def _aged(self) -> bool:
+        """The current ledger's first entry is ``roll_interval`` old."""
+        return (not self.unbounded and self.roll_interval > 0 and self.opened_at is not None
+                and trio.current_time() - self.opened_at >= self.roll_interval)
+
+    async def _room_to_age_roll(self) -> bool:
+        """A roll by age adds a ledger to the list: only while it holds fewer than
+        ``AGE_ROLL_MAX_LEDGERS`` (read again, at most every ``AGE_ROLL_RECHECK_S``,
+        while it is full: retention may have shortened it)."""
+        if self.listed < AGE_ROLL_MAX_LEDGERS:
+            return True
+        now = trio.current_time()
+        if self._listed_read is not None and now - self._listed_read < AGE_ROLL_RECHECK_S:
+            return False
+        first = self._listed_read is None
+        self._listed_read = now
+        record, _ = await self.logs._record(self.name)
+        self.listed = len(record.ledgers)
+        if self.listed < AGE_ROLL_MAX_LEDGERS:
+            self._listed_read = None
+            return True
+        if first:
+            log.warning("log_age_rolls_wait", extra=fields(
+                log=self.name, ledgers=self.listed, limit=AGE_ROLL_MAX_LEDGERS))
+        return False
 
     def _overflows(self, pending: int, more: int) -> bool:
         """Would ``more`` bytes (the last of them one entry, after ``pending`` entries
@@ -346,7 +395,7 @@ class LogWriter:
         ids = await self.handle.append_many(batch)
         if self.opened_at is None:
             self.opened_at = trio.current_time()
-        if self._due():
+        if self._due() or (self._aged() and await self._room_to_age_roll()):
             await self.roll()
         return [LogPosition(lid, eid) for eid in ids]
 
@@ -366,7 +415,7 @@ class LogWriter:
                                           old.ledger_id, header, writers=self.epoch,
                                           extra=self.header_extra)
         try:
-            await self.logs.store.update(
+            record, _ = await self.logs.store.update(
                 self.name, _append_after(old.ledger_id, (new.ledger_id,), self.name,
                                          seq=None if header is None else header[0]))
         except BaseException:
@@ -376,6 +425,7 @@ class LogWriter:
         self.handle = new
         self.header = header
         self.opened_at = None
+        self.listed = len(record.ledgers)
         await old.close()
         log.info("log_rolled", extra=fields(log=self.name, closed=old.ledger_id,
                                             ledger=new.ledger_id))
@@ -414,8 +464,9 @@ class Logs:
         return await self.store.names()
 
     async def delete(self, name: str, *, delete_ledgers: bool = True) -> None:
-        """Remove the log record (and, by default, its ledgers)."""
-        ledgers = await self.ledgers(name)
+        """Remove the log record (and, by default, its ledgers, those whose deletion was
+        deferred too)."""
+        ledgers = (await self._record(name))[0].all_ledgers()
         await self.store.delete(name)
         for lid in ledgers if delete_ledgers else ():
             try:
@@ -481,7 +532,8 @@ class Logs:
             return LogWriter(self, name, handle, password=password, quorums=quorums,
                              roll_entries=roll_entries, roll_bytes=roll_bytes,
                              roll_interval=roll_interval, epoch=opened.writers,
-                             header=place, header_extra=header_extra)
+                             header=place, header_extra=header_extra,
+                             listed=len(opened.ledgers))
         raise LogFencedError(name, "gave up after 10 writers raced to open the log")
 
     async def _new_ledger(self, name: str, quorums: tuple[int, int, int],
@@ -630,13 +682,14 @@ class Logs:
 
     async def replace_ledgers(self, name: str, swap: Mapping[int, int], *,
                               deleted: Callable[[], None] | None = None,
-                              ) -> tuple[int, ...]:
+                              delay_ms: int = 0) -> tuple[int, ...]:
         """Put each closed ledger ``new`` in the place of ``old`` (``swap``: old ->
         new, same entry counts) with one compare-and-set of the ledger list, refused
         (LogFencedError, nothing changed) unless every old one is still listed; then
-        delete the old ledgers. Returns the new list. A crash before the CAS leaves the
-        old ledgers listed (the new ones on no list); after it, the new ones (the old
-        ones, if not deleted yet, on no list)."""
+        delete the old ledgers, or with ``delay_ms`` defer that (``reap``). Returns the
+        new list. A crash before the CAS leaves the old ledgers listed (the new ones on
+        no list); after it, the new ones (the old ones, if not deleted yet, on no list,
+        or deferred)."""
         for new in swap.values():
             if not (await self.client.ledger_metadata(new)).is_closed:
                 raise LedgerdError(f"log {name!r}: ledger {new} must be closed before it "
@@ -648,13 +701,16 @@ class Logs:
                 raise LogFencedError(name, f"ledgers {missing} are no longer listed; the "
                                            "list changed during compaction")
             return replace(record, ledgers=tuple(swap.get(lid, lid)
-                                                 for lid in record.ledgers))
+                                                 for lid in record.ledgers),
+                           deferred=_deferred(record, tuple(swap), delay_ms))
 
         try:
             record, _ = await self.store.update(name, change)
         except NoNodeError:
             raise NoSuchLogError(name) from None
-        for old in swap:
+        if delay_ms > 0 and deleted is not None:
+            deleted()  # swapped; the deletions are the record's now
+        for old in swap if delay_ms <= 0 else ():
             if deleted is not None:
                 deleted()
             try:
@@ -665,15 +721,18 @@ class Logs:
             log=name, replaced=",".join(f"{o}->{n}" for o, n in swap.items())))
         return record.ledgers
 
-    async def truncate(self, name: str, before_ledger: int) -> list[int]:
-        """Drop (and delete) every ledger listed before ``before_ledger``; returns them.
-        The record's ``base`` grows by their entries, so offsets do not move."""
+    async def truncate(self, name: str, before_ledger: int, *, delay_ms: int = 0,
+                       ) -> list[int]:
+        """Drop (and delete, or with ``delay_ms`` defer that: ``reap``) every ledger
+        listed before ``before_ledger``; returns them. The record's ``base`` grows by
+        their entries, so offsets do not move."""
         record, _ = await self._record(name)
         if before_ledger not in record.ledgers:
             raise LedgerdError(f"log {name!r} has no ledger {before_ledger}")
         cut = record.ledgers.index(before_ledger)
         counts = [await self._closed_count(name, lid) for lid in record.ledgers[:cut]]
-        return await self._drop_front(name, record.ledgers[:cut], sum(counts))
+        return await self._drop_front(name, record.ledgers[:cut], sum(counts),
+                                      delay_ms=delay_ms)
 
     async def truncate_before(self, name: str, offset: int) -> dict[str, int]:
         """Retention by offset: drop whatever holds only entries before ``offset`` — whole
@@ -817,13 +876,14 @@ class Logs:
                                "closed ledgers only (open the log's writer to close it)")
         return log_entry_count(md)
 
-    async def _drop_front(self, name: str, drop: tuple[int, ...], entries: int,
-                          ) -> list[int]:
+    async def _drop_front(self, name: str, drop: tuple[int, ...], entries: int, *,
+                          delay_ms: int = 0) -> list[int]:
         def change(record: LogRecord) -> LogRecord:
             if record.ledgers[:len(drop)] != drop:
                 raise LogFencedError(name, "the log's front changed during truncation")
             return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries,
-                           first_seq=record.first_seq + len(drop))
+                           first_seq=record.first_seq + len(drop),
+                           deferred=_deferred(record, drop, delay_ms))
 
         if not drop:
             return []
@@ -831,6 +891,10 @@ class Logs:
             await self.store.update(name, change)
         except NoNodeError:
             raise NoSuchLogError(name) from None
+        if delay_ms > 0:
+            log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop)),
+                                                   delete_in_ms=delay_ms))
+            return list(drop)
         for lid in drop:
             try:
                 await self.client.delete_ledger(lid)
@@ -838,6 +902,34 @@ class Logs:
                 pass
         log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop))))
         return list(drop)
+
+    async def reap(self, name: str, *, now_ms: int | None = None) -> list[int]:
+        """Delete the log's ledgers whose deferred deletion is due (``truncate`` or
+        ``replace_ledgers`` with ``delay_ms``) and take them off the record (one
+        compare-and-set); returns them. A crash between the deletions and the
+        compare-and-set leaves them on the record, and the next call finds them gone."""
+        record, _ = await self._record(name)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        due = tuple(lid for lid, at in record.deferred if at <= now)
+        if not due:
+            return []
+        for lid in due:
+            try:
+                await self.client.delete_ledger(lid)
+            except NoSuchLedgerError:
+                pass
+
+        def change(current: LogRecord) -> LogRecord:
+            return replace(current, deferred=tuple(d for d in current.deferred
+                                                   if d[0] not in due))
+
+        try:
+            await self.store.update(name, change)
+        except NoNodeError:
+            return list(due)  # the log went (its deletion took the rest)
+        log.info("log_deferred_deleted", extra=fields(log=name,
+                                                      ledgers=",".join(map(str, due))))
+        return list(due)
 
     async def _record(self, name: str) -> tuple[LogRecord, int]:
         try:

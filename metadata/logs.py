@@ -55,6 +55,9 @@ class LogRecord:
     commits: tuple[tuple[str, int], ...] = ()  # (writer, last batch), oldest first
     writers: int = 0  # writers that opened the log (each open_writer adds one)
     first_seq: int = 0  # the position in the log of ledgers[0] (truncated ones count)
+    # ledgers dropped from the list whose deletion waits: (ledger id, due, wall-clock ms),
+    # moved here by the compare-and-set that drops them, so none is lost to a crash
+    deferred: tuple[tuple[int, int], ...] = ()
 
     @property
     def next_seq(self) -> int:
@@ -73,7 +76,14 @@ class LogRecord:
             doc["writers"] = self.writers
         if self.first_seq:
             doc["first_seq"] = self.first_seq
+        if self.deferred:
+            doc["deferred"] = [list(d) for d in self.deferred]
         return json.dumps(doc).encode()
+
+    def all_ledgers(self) -> tuple[int, ...]:
+        """The listed ledgers and those whose deletion is deferred: every ledger the
+        log still owns."""
+        return self.ledgers + tuple(lid for lid, _ in self.deferred)
 
     def last_batch(self, writer: str) -> int:
         """The last batch ``writer`` appended, or -1."""
@@ -112,7 +122,15 @@ class LogRecord:
             first_seq = doc.get("first_seq", 0)
             if not isinstance(first_seq, int) or isinstance(first_seq, bool) or first_seq < 0:
                 raise ValueError(f"first_seq must be a non-negative integer, got {first_seq!r}")
-            return cls(ledgers, base, unbounded, tuple(commits.items()), writers, first_seq)
+            deferred = doc.get("deferred", [])
+            if not isinstance(deferred, list) or not all(
+                    isinstance(d, list) and len(d) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                            for x in d) for d in deferred):
+                raise ValueError("deferred must be a list of [ledger id, due ms] pairs of "
+                                 "non-negative integers")
+            return cls(ledgers, base, unbounded, tuple(commits.items()), writers, first_seq,
+                       tuple((d[0], d[1]) for d in deferred))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a log record: {exc}") from exc
 

@@ -15,7 +15,7 @@ What each name does here, as on a Kafka broker:
   ``log.cleanup.policy``, ``log.cleaner.delete.retention.ms``,
   ``log.cleaner.min.compaction.lag.ms``, ``log.cleaner.max.compaction.lag.ms``,
   ``log.cleaner.min.cleanable.ratio``, ``log.segment.bytes``, ``log.roll.ms``,
-  ``log.flush.interval.ms``, ``log.flush.interval.messages``): the value every topic
+  ``log.segment.delete.delay.ms``, ``log.flush.interval.ms``, ``log.flush.interval.messages``): the value every topic
   without its own (topic config) takes, on the partitions the gateway leads. Each is
   checked as its topic config is (``topic_configs``), so a value a topic may not
   have (a policy the gateway cannot honour) is refused here too;
@@ -86,6 +86,7 @@ _TOPIC_DEFAULTS = {
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "log.segment.bytes": "segment.bytes",
     "log.roll.ms": "segment.ms",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
     "log.flush.interval.ms": "flush.ms",
     "log.flush.interval.messages": "flush.messages",
     "min.insync.replicas": "min.insync.replicas",

@@ -23,7 +23,9 @@ of a ``cleanup.policy=compact`` topic this gateway leads, ``clean`` runs one pas
 4. ``Logs.replace_ledgers`` puts every replacement in its old ledger's place with one
    compare-and-set of the log's ledger list, refused if one of them is no longer
    listed (retention or a new writer changed the list: the replacements are deleted and
-   the next pass starts again), then deletes the old ledgers.
+   the next pass starts again), and the old ledgers are deleted the topic's
+   ``file.delete.delay.ms`` later (the same compare-and-set puts them on the record's
+   deferred deletions: ``Logs.reap``, run by ``retention.reap``), or at once if it is 0.
 
 Crash safety: until the compare-and-set the list names only the old ledgers, after it
 only the new ones; each replacement holds every record compaction keeps at its
@@ -32,8 +34,9 @@ by a gateway that died before the swap is on no list: ``sweep_orphans`` (each ga
 every ``compaction_orphan_age_s / 2``) deletes the ledgers tagged ``compacted-for`` a
 log that does not list them once they are ``compaction_orphan_age_s`` old, and a pass
 that has run for half that gives up before its swap, so no live pass's ledger is
-swept. An old ledger whose deletion after the swap failed is deleted by the next pass
-(its replacement's custom metadata names it: ``replaces``).
+swept. An old ledger whose deletion after the swap failed (with no delay) is deleted by
+the next pass (its replacement's custom metadata names it: ``replaces``); one whose
+deletion is deferred stays on the record until it is due, whoever writes the log then.
 
 Readers: a gateway that held the old ledger (its handle, a remembered position, the
 read-ahead) gets NoSuchLedgerError or EntryUnavailableError from it once it is
@@ -173,11 +176,12 @@ async def _scan_dirty(part: PartitionLog, cleanable: list[LedgerView],
 
 
 async def _delete_replaced(client: Client, extent: dict[int, tuple[int, int, dict[str, str]]],
-                           ) -> None:
-    """Delete old ledgers a crash left after their swap (their replacements name them)."""
+                           deferred: frozenset[int]) -> None:
+    """Delete old ledgers a crash left after their swap (their replacements name them),
+    except those whose deletion the log's record defers (``Logs.reap`` deletes them)."""
     for _, _, custom in extent.values():
         old = custom.get(REPLACES_KEY)
-        if old is None:
+        if old is None or int(old) in deferred:
             continue
         try:
             await client.delete_ledger(int(old))
@@ -197,7 +201,9 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
     started = trio.current_time()
     views, extent = await _views(client, part)
     if not state.swept:
-        await _delete_replaced(client, extent)
+        record, _ = await client.logs.store.get(part.name)
+        await _delete_replaced(client, extent,
+                               frozenset(lid for lid, _ in record.deferred))
         state.swept = True
     cleanable = views[:cleanable_prefix(views, now_ms=now_ms,
                                         min_compaction_lag_ms=policy.min_compaction_lag_ms)]
@@ -301,7 +307,10 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
 
             def deleting() -> None:
                 crash_point("kafka_compaction.swapped")
-            await client.logs.replace_ledgers(part.name, swap, deleted=deleting)
+            await client.logs.replace_ledgers(part.name, swap, deleted=deleting,
+                                              delay_ms=policy.file_delete_delay_ms)
+            if policy.file_delete_delay_ms > 0:
+                part.note_deferred(now_ms + policy.file_delete_delay_ms)
     except BaseException:
         with trio.move_on_after(10, shield=True):
             for new in swap.values():

@@ -2088,7 +2088,7 @@ async def _delete_log(client: Client, name: str) -> None:
     except NoNodeError:
         return
     await client.logs.store.delete(name)
-    for lid in record.ledgers:
+    for lid in record.all_ledgers():  # those whose deletion was deferred too
         try:
             await client.delete_ledger(lid)
         except LedgerdError:

@@ -98,6 +98,7 @@ TIME_BLOCK = 64  # entries per block of a ledger's timestamp summary (TimeBlocks
 TIME_BLOCKS_MAX = 1 << 15  # blocks remembered per partition (16 bytes each: 512 KiB)
 TIME_LEDGERS_MAX = 1024  # ledgers whose blocks a partition remembers
 LEDGER_MAX_KEPT = 1 << 16  # closed ledgers whose largest timestamp a partition remembers
+NEVER = 2**63 - 1  # a time (wall-clock ms) that never comes
 
 
 def log_name(topic: str, partition: int) -> str:
@@ -207,6 +208,9 @@ class PartitionLog:
         # retention or DeleteRecords move it), and when
         self._start: tuple[float, int] | None = None
         self.floor = 0  # the low watermark DeleteRecords set (the topic record's)
+        # when the first deletion the log's record defers is due (wall-clock ms; NEVER:
+        # none), as last read or noted (``retention.reap``)
+        self.deferred_due_ms = NEVER
         self.summaries: dict[int, tuple[int, int]] = {}  # closed ledger -> bytes, newest
         self.last_used = trio.current_time()
         # read-ahead: consecutive batches (base, next offset, bytes) read from the bookies
@@ -564,6 +568,7 @@ class PartitionLog:
         except NoNodeError:
             return ()  # created with the topic, no ledger written yet
         self._epoch = (trio.current_time(), epochs.current_epoch(record.writers))
+        self.deferred_due_ms = min((at for _, at in record.deferred), default=NEVER)
         return record.ledgers
 
     # -- leader epochs (``epochs.py``) --------------------------------------------------
@@ -877,6 +882,10 @@ class PartitionLog:
     def start_moved(self) -> None:
         """Forget the remembered first offset (ledgers were just dropped here)."""
         self._start = None
+
+    def note_deferred(self, due_ms: int) -> None:
+        """Ledgers just dropped here are to be deleted at ``due_ms`` (wall clock)."""
+        self.deferred_due_ms = min(self.deferred_due_ms, due_ms)
 
     async def ledgers(self) -> tuple[int, ...]:
         """The log's ledgers, as listed now."""

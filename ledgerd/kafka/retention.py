@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ledgerd.kafka.partitions import PartitionLog
 
 __all__ = ["RETENTION_CHECK_S", "Segment", "drop_before", "drop_front", "enforce",
-           "ledgers_before", "retention_cut", "run"]
+           "ledgers_before", "reap", "retention_cut", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -82,23 +82,28 @@ def ledgers_before(firsts: Sequence[int | None], offset: int) -> int:
     return cut
 
 
-async def drop_front(client: Client, part: PartitionLog, count: int, why: str) -> int:
+async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *,
+                     delay_ms: int = 0) -> int:
     """Drop the log's first ``count`` ledgers (never its last): one compare-and-set of
-    the ledger list, then the ledgers are deleted. Returns how many went. Raises
+    the ledger list, then the ledgers are deleted, or ``delay_ms`` later (the topic's
+    file.delete.delay.ms: ``reap``). Returns how many went. Raises
     LedgerdError if one of them is still open (a writer that died before closing it:
     its recovery by the next writer closes it) or the list changed at the front."""
     ledgers = await part.ledgers()
     count = min(count, len(ledgers) - 1)
     if count <= 0:
         return 0
-    dropped = await client.logs.truncate(part.name, ledgers[count])
+    dropped = await client.logs.truncate(part.name, ledgers[count], delay_ms=delay_ms)
     part.start_moved()
+    if delay_ms > 0:
+        part.note_deferred(int(time.time() * 1000) + delay_ms)
     log.info("kafka_ledgers_dropped", extra=fields(
         topic=part.topic, partition=part.partition, ledgers=len(dropped), why=why))
     return len(dropped)
 
 
-async def drop_before(client: Client, part: PartitionLog, offset: int) -> int:
+async def drop_before(client: Client, part: PartitionLog, offset: int, *,
+                      delay_ms: int = 0) -> int:
     """Drop the leading ledgers that hold only records before ``offset``."""
     ledgers = await part.ledgers()
     firsts: list[int | None] = []
@@ -108,11 +113,23 @@ async def drop_before(client: Client, part: PartitionLog, offset: int) -> int:
         except NoSuchLedgerError:
             firsts.append(None)
     return await drop_front(client, part, ledgers_before(firsts, offset),
-                            f"before offset {offset}")
+                            f"before offset {offset}", delay_ms=delay_ms)
+
+
+async def reap(client: Client, part: PartitionLog) -> int:
+    """Delete the partition's dropped ledgers whose file.delete.delay.ms is over (the
+    log's record keeps them until then, so a gateway that dies first leaves them to
+    the partition's next writer); returns how many."""
+    gone = await client.logs.reap(part.name)
+    await part.ledgers()  # the record again: when the next deletion is due
+    if gone:
+        log.info("kafka_dropped_ledgers_deleted", extra=fields(
+            topic=part.topic, partition=part.partition, ledgers=len(gone)))
+    return len(gone)
 
 
 async def enforce(client: Client, part: PartitionLog, *, now_ms: int, retention_ms: int,
-                  retention_bytes: int) -> int:
+                  retention_bytes: int, delay_ms: int = 0) -> int:
     """Apply retention.ms / retention.bytes to the partition (its writer's gateway
     calls this); returns the ledgers dropped. A failure leaves the log as it was and
     is raised (the next round tries again)."""
@@ -136,7 +153,7 @@ async def enforce(client: Client, part: PartitionLog, *, now_ms: int, retention_
                         retention_bytes=retention_bytes)
     if not cut:
         return 0
-    return await drop_front(client, part, cut, "retention")
+    return await drop_front(client, part, cut, "retention", delay_ms=delay_ms)
 
 
 RETENTION_CHECK_S = 5.0  # how often a gateway applies retention (Kafka: 5 minutes)
@@ -158,12 +175,15 @@ async def run(gw: Gateway) -> None:
                 continue
             policy = gw.topic_policy(topic)
             try:
+                delay = policy.file_delete_delay_ms
                 if record.start_of(p) > 0:
-                    await drop_before(gw.client, part, record.start_of(p))
+                    await drop_before(gw.client, part, record.start_of(p), delay_ms=delay)
                 if policy.has_retention:
                     await enforce(gw.client, part, now_ms=int(time.time() * 1000),
                                   retention_ms=policy.retention_ms,
-                                  retention_bytes=policy.retention_bytes)
+                                  retention_bytes=policy.retention_bytes, delay_ms=delay)
+                if part.deferred_due_ms <= int(time.time() * 1000):
+                    await reap(gw.client, part)
             except Exception as exc:  # this partition waits for the next round
                 log.warning("kafka_retention_deferred", extra=fields(
                     topic=topic, partition=p, error=repr(exc)))

@@ -253,7 +253,9 @@ async def delete_records(gw: Gateway, conn: object, version: int, body: dict[str
                     topic=name, partition=p, error=repr(exc)))
                 continue
             try:
-                await retention.drop_before(gw.client, part, part.floor)
+                await retention.drop_before(
+                    gw.client, part, part.floor,
+                    delay_ms=gw.topic_policy(name).file_delete_delay_ms)
             except LedgerdError as exc:  # the retention rounds try again
                 log.info("kafka_ledgers_not_dropped_yet", extra=fields(
                     topic=name, partition=p, error=repr(exc)))

@@ -29,10 +29,14 @@ gateway does what it says:
 - ``segment.bytes``, ``segment.ms``: a partition's ledger (Kafka: its active segment)
   rolls once it holds this many bytes, or before a batch that would take it past
   them (default: the gateway's ``log_roll_bytes``; at least 1 MiB), or at an append
-  once its first record is this old (at least
-  ``MIN_ROLL_MS``, an hour) (``ledgerlog.LogWriter``'s
-  ``roll_bytes`` / ``roll_interval``, set from the topic's policy before each append);
-  only closed ledgers are dropped by retention or compacted;
+  once its first record is this old (at least 1 ms, as Kafka; while the partition's
+  list holds ``ledgerlog.AGE_ROLL_MAX_LEDGERS`` ledgers, rolls by age wait and rolls
+  by size go on) (``ledgerlog.LogWriter``'s ``roll_bytes`` / ``roll_interval``, set
+  from the topic's policy before each append); only closed ledgers are dropped by
+  retention or compacted;
+- ``file.delete.delay.ms``: a ledger dropped from a partition's list (by retention,
+  DeleteRecords or compaction) is deleted from the bookies this long after, the
+  delay kept in the log's record (``Logs.reap``);
 - ``max.compaction.lag.ms``: on a compacted topic, the ledger rolls once its first
   record is this old too (Kafka's ``LogConfig.maxSegmentMs``: the lower of it and
   ``segment.ms``), so a record becomes compactable within about this long plus the
@@ -68,10 +72,10 @@ __all__ = ["CONFIG_SPECS", "ConfigRefusedError", "ConfigSource", "ConfigSpec", "
            "incrementally_altered", "list_applied", "operation", "topic_entries"]
 
 LONG_MAX = 2**63 - 1
-# the lowest segment.ms / max.compaction.lag.ms: a partition's ledgers are one list in
-# one ZooKeeper record (about 100,000 fit); rolled once a minute a compacted topic
-# (whose list never shortens) would fill it in about 70 days, once an hour in 11 years
-MIN_ROLL_MS = 3_600_000
+# the lowest segment.ms / max.compaction.lag.ms, as Kafka's; a partition's ledgers are
+# one list in one ZooKeeper record (about 100,000 fit), so rolls by age stop while the
+# list holds ``ledgerlog.AGE_ROLL_MAX_LEDGERS`` (rolls by size go on)
+MIN_ROLL_MS = 1
 INT_MAX = 2**31 - 1
 
 
@@ -216,6 +220,10 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("delete.retention.ms", "86400000", ConfigType.LONG, _integer(0, LONG_MAX),
                "On a compacted topic: how long a tombstone (null value) that is its key's "
                "latest is kept past its timestamp before the cleaner removes it."),
+    ConfigSpec("file.delete.delay.ms", "60000", ConfigType.LONG, _integer(0, LONG_MAX),
+               "A ledger dropped from a partition's list (retention, DeleteRecords, "
+               "compaction) is deleted from the bookies this long after; until then a "
+               "reader that still holds it reads on."),
     ConfigSpec("flush.messages", str(LONG_MAX), ConfigType.LONG, _integer(1, LONG_MAX),
                "Accepted; every acknowledged batch is already on its ack quorum's "
                "journals."),
@@ -228,8 +236,7 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
     ConfigSpec("max.compaction.lag.ms", str(LONG_MAX), ConfigType.LONG,
                _integer(MIN_ROLL_MS, LONG_MAX),
                "On a compacted topic, a partition's ledger rolls once its first record is "
-               "this old (as with segment.ms), so its records become compactable. At "
-               "least an hour: see segment.ms."),
+               "this old (as with segment.ms), so its records become compactable."),
     ConfigSpec("min.cleanable.dirty.ratio", "0.5", ConfigType.DOUBLE, _ratio,
                "A compaction pass runs once the share of the compactable ledgers' bytes "
                "not compacted yet is at least this."),
@@ -258,8 +265,9 @@ CONFIG_SPECS: dict[str, ConfigSpec] = {s.name: s for s in (
                "only. At least 1 MiB (as Kafka 4.1+, and the gateway's log_roll_bytes)."),
     ConfigSpec("segment.ms", "604800000", ConfigType.LONG, _integer(MIN_ROLL_MS, LONG_MAX),
                "A partition's ledger rolls, at an append, once its first record is this "
-               "old. At least an hour: each roll adds a ledger to the partition's list, "
-               "one ZooKeeper record, which a compacted topic never shortens."),
+               "old. While the partition's list holds 10,000 ledgers (it is one ZooKeeper "
+               "record, which a compacted topic never shortens) rolls by age wait; rolls "
+               "by size go on."),
     ConfigSpec("retention.ms", "-1", ConfigType.LONG, _integer(-1, LONG_MAX),
                "Ledgers whose newest record is older than this are dropped (-1 = keep "
                "forever, the gateway's default: Kafka's is 7 days)."),
@@ -373,6 +381,7 @@ class TopicPolicy:
     segment_ms: int = 604_800_000
     max_compaction_lag_ms: int = LONG_MAX
     min_insync_replicas: int = 1
+    file_delete_delay_ms: int = 60_000
 
     @classmethod
     def of(cls, configs: Mapping[str, str], *, max_batch_bytes: int) -> TopicPolicy:
@@ -393,7 +402,8 @@ class TopicPolicy:
                    segment_ms=int(configs.get("segment.ms", "604800000")),
                    max_compaction_lag_ms=int(configs.get("max.compaction.lag.ms",
                                                          str(LONG_MAX))),
-                   min_insync_replicas=int(configs.get("min.insync.replicas", "1")))
+                   min_insync_replicas=int(configs.get("min.insync.replicas", "1")),
+                   file_delete_delay_ms=int(configs.get("file.delete.delay.ms", "60000")))
 
     def rolling(self, default_bytes: int) -> tuple[int, float]:
         """(bytes, seconds) at which a partition's ledger rolls: segment.bytes (else

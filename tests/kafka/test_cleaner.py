@@ -99,6 +99,16 @@ async def test_a_pass_replaces_ledgers_and_another_gateways_stale_reads_follow(
             now = set(await leader.ledgers())
             assert old - now and now - old  # some replaced, the last one never
             assert (await leader.ledgers())[-1] in old
+            # the old ledgers' deletion waits file.delete.delay.ms (60 s by default) on
+            # the log's record; until then they are there, then reap deletes them
+            record, _ = await ca.logs.store.get(leader.name)
+            due = max(at for _, at in record.deferred)
+            assert {lid for lid, _ in record.deferred} == old - now
+            assert due - time.time() * 1000 > 50_000 and leader.deferred_due_ms <= due
+            for lid in old - now:
+                assert (await ca.ledger_metadata(lid)).is_closed
+            assert await ca.logs.reap(leader.name, now_ms=due - 60_000) == []
+            assert sorted(await ca.logs.reap(leader.name, now_ms=due)) == sorted(old - now)
             for lid in old - now:  # the old ledgers are deleted
                 try:
                     await ca.ledger_metadata(lid)

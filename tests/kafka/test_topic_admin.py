@@ -626,3 +626,48 @@ def test_a_deleted_topic_is_not_auto_created_again_by_the_deleting_clients_refre
     assert "deleted-stays" not in admin.list_topics(timeout=BOUND_S).topics
     admin.create_topics([NewTopic("deleted-stays", 3)])["deleted-stays"].result(BOUND_S)
     assert len(admin.list_topics(timeout=BOUND_S).topics["deleted-stays"].partitions) == 3
+
+
+def _exists(cluster: KafkaCluster, ledger_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """Those of ``ledger_ids`` still on the bookies' metadata."""
+    async def read() -> tuple[int, ...]:
+        async with ledgerd.open_client(cluster.zk) as client:
+            out = []
+            for lid in ledger_ids:
+                try:
+                    await client.ledger_metadata(lid)
+                except ledgerd.NoSuchLedgerError:
+                    continue
+                out.append(lid)
+            return tuple(out)
+    return trio.run(read)
+
+
+def test_segment_ms_rolls_by_age_and_dropped_ledgers_wait_file_delete_delay(
+        kafka_cluster: KafkaCluster) -> None:
+    """segment.ms below an hour (Kafka Streams' repartition topics use 10 minutes):
+    each append to a ledger whose first record is older rolls it; DeleteRecords then
+    drops the ledgers before the low watermark from the list at once, and they are
+    deleted from the bookies file.delete.delay.ms later, not before."""
+    from confluent_kafka import Producer, TopicPartition
+
+    admin = _admin(kafka_cluster)
+    _create(admin, "fd-a", config={"segment.ms": "200", "file.delete.delay.ms": "4000"})
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 0})
+    for i in range(5):
+        producer.produce("fd-a", value=b"r%d" % i, partition=0)
+        assert producer.flush(BOUND_S) == 0
+        time.sleep(0.3)  # the ledger is past segment.ms at the next append
+    before = _ledgers(kafka_cluster, "fd-a")
+    # rolled by age (after the append that finds the ledger old): r0-r1, r2-r3, r4
+    assert len(before) >= 3
+    [(_, future)] = admin.delete_records([TopicPartition("fd-a", 0, 4)]).items()
+    assert future.result(BOUND_S).low_watermark == 4
+    dropped_at = time.monotonic()
+    after = _ledgers(kafka_cluster, "fd-a")
+    gone = tuple(lid for lid in before if lid not in after)
+    assert len(gone) >= 2 and _exists(kafka_cluster, gone) == gone  # dropped, kept
+    assert _first_read(kafka_cluster, "fd-a", 0) == 4
+    _until("dropped ledgers deleted once file.delete.delay.ms passed",
+           lambda: not _exists(kafka_cluster, gone))
+    assert time.monotonic() - dropped_at >= 3.5  # not before the delay (4 s)

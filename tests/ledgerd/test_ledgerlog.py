@@ -171,3 +171,71 @@ async def test_roll_bytes_holds_whatever_the_group_and_entry_sizes(zk_chroot: st
             assert md.length <= roll or len(held) == 1, (lid, md.length, held)
         got = [e.payload async for e in client.logs.read("sized", b"pw")]
         assert got == entries
+
+
+async def test_a_delayed_drop_keeps_the_ledgers_on_the_record_until_reaped(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """``truncate`` / ``replace_ledgers`` with ``delay_ms``: the ledgers leave the list in
+    the same compare-and-set that puts them on the record's deferred deletions; they are
+    readable until ``reap`` finds them due, and ``delete`` takes them with the log."""
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot) as client:
+        writer = await client.logs.open_writer("late", 3, 2, 2, roll_entries=2)
+        for i in range(7):
+            await writer.append(b"e%d" % i)
+        await writer.close()
+        first, second, third, last = await client.logs.ledgers("late")
+        assert await client.logs.truncate("late", second, delay_ms=60_000) == [first]
+        record, _ = await client.logs.store.get("late")
+        assert record.ledgers == (second, third, last)
+        [(lid, due)] = record.deferred
+        assert lid == first
+        assert (await client.ledger_metadata(first)).is_closed  # not deleted yet
+        new = await client.logs.new_replacement("late", second, -1)
+        await new.append_many([b"E2", b"E3"])
+        await new.close()
+        await client.logs.replace_ledgers("late", {second: new.ledger_id}, delay_ms=120_000)
+        record, _ = await client.logs.store.get("late")
+        assert record.ledgers == (new.ledger_id, third, last)
+        assert [d[0] for d in record.deferred] == [first, second]
+        assert (await client.ledger_metadata(second)).is_closed
+        assert await client.logs.reap("late", now_ms=due - 1) == []  # nothing due yet
+        assert await client.logs.reap("late", now_ms=due) == [first]
+        with pytest.raises(ledgerd.NoSuchLedgerError):
+            await client.ledger_metadata(first)
+        record, _ = await client.logs.store.get("late")
+        assert [d[0] for d in record.deferred] == [second]
+        assert [e.payload async for e in client.logs.read("late")] == [
+            b"E2", b"E3", b"e4", b"e5", b"e6"]
+        await client.logs.delete("late")  # the deferred one goes with the log
+        with pytest.raises(ledgerd.NoSuchLedgerError):
+            await client.ledger_metadata(second)
+
+
+async def test_rolls_by_age_wait_while_the_list_is_full(zk_chroot: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         ) -> None:
+    """A writer rolls by age only while the log lists fewer than AGE_ROLL_MAX_LEDGERS
+    (it is one ZooKeeper record); rolls by size go on, and once retention shortens the
+    list (read again after AGE_ROLL_RECHECK_S) rolls by age resume."""
+    from ledgerd import ledgerlog
+    monkeypatch.setattr(ledgerlog, "AGE_ROLL_MAX_LEDGERS", 3)
+    monkeypatch.setattr(ledgerlog, "AGE_ROLL_RECHECK_S", 0.0)
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot) as client:
+        writer = await client.logs.open_writer("aged", 3, 2, 2, roll_interval=0.001)
+        for i in range(6):
+            await writer.append(b"e%d" % i)
+            writer.opened_at = -1e9  # the ledger is old at every append
+        assert len(await client.logs.ledgers("aged")) == 3  # the limit: no roll past it
+        writer.roll_entries = 2
+        await writer.append_many([b"x", b"y"])  # full by count: rolls all the same
+        ledgers = await client.logs.ledgers("aged")
+        assert len(ledgers) == 4
+        await client.logs.truncate("aged", ledgers[-1])
+        writer.roll_entries = 0
+        writer.opened_at = -1e9
+        await writer.append(b"z")  # room again: rolls by age
+        assert len(await client.logs.ledgers("aged")) == 2
+        await writer.close()
+        assert [e.payload async for e in client.logs.read("aged")][-1] == b"z"
