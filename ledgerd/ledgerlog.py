@@ -84,8 +84,9 @@ from ledgerd.metadata.store import MetadataStore
 from ledgerd.wire.entry import Entry
 from ledgerd.wire.status import FencedError
 
-__all__ = ["AGE_ROLL_MAX_LEDGERS", "BatchAlreadyAppendedError", "LedgerClient", "LogCursor", "LogEntry",
-           "LogFencedError", "LogPosition", "LogSegment", "LogWriter", "Logs", "NoSuchLogError",
+__all__ = ["AGE_ROLL_MAX_LEDGERS", "MAX_DEFERRED", "BatchAlreadyAppendedError", "LedgerClient",
+           "LogCursor", "LogEntry", "LogFencedError", "LogPosition", "LogSegment", "LogWriter",
+           "Logs", "NoSuchLogError",
            "Start", "entry_for_offset", "log_entry_count", "log_segments"]
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ log = logging.getLogger(__name__)
 # its one ZooKeeper record holds); read the list again this often while it waits
 AGE_ROLL_MAX_LEDGERS = 10_000
 AGE_ROLL_RECHECK_S = 60.0
+# the most ledgers a log's record keeps waiting for deletion (``deferred``); a drop
+# that would keep more deletes the earliest due at once
+MAX_DEFERRED = 1000
 
 FENCE_TAIL = 2  # ledgers at the end of the list a new writer fences
 
@@ -179,14 +183,26 @@ def _append_after(tail: int | None, new: tuple[int, ...], name: str, *,
     return change
 
 
-def _deferred(record: LogRecord, dropped: tuple[int, ...], delay_ms: int,
-              ) -> tuple[tuple[int, int], ...]:
-    """``record``'s deferred deletions, with ``dropped`` added (due ``delay_ms`` from
-    now) when there is a delay."""
-    if delay_ms <= 0:
-        return record.deferred
-    due = int(time.time() * 1000) + delay_ms
-    return record.deferred + tuple((lid, due) for lid in dropped)
+class _Deferral:
+    """What a drop's compare-and-set writes as the record's deferred deletions
+    (``apply``, run for each version it tries), and which ledgers the dropper deletes
+    itself right after (``now``): every dropped one without a delay; with one, only
+    those past ``MAX_DEFERRED`` (the earliest due), so the record stays bounded."""
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = delay_ms
+        self.now: tuple[int, ...] = ()
+
+    def apply(self, record: LogRecord, dropped: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        if self.delay_ms <= 0:
+            self.now = dropped
+            return record.deferred
+        due = int(time.time() * 1000) + self.delay_ms
+        kept = sorted(record.deferred + tuple((lid, due) for lid in dropped),
+                      key=lambda d: d[1])
+        over = max(0, len(kept) - MAX_DEFERRED)
+        self.now = tuple(lid for lid, _ in kept[:over])
+        return tuple(kept[over:])
 
 
 def log_segments(name: str, ledgers: tuple[int, ...],
@@ -702,16 +718,17 @@ class Logs:
                                            "list changed during compaction")
             return replace(record, ledgers=tuple(swap.get(lid, lid)
                                                  for lid in record.ledgers),
-                           deferred=_deferred(record, tuple(swap), delay_ms))
+                           deferred=deferral.apply(record, tuple(swap)))
 
+        deferral = _Deferral(delay_ms)
         try:
             record, _ = await self.store.update(name, change)
         except NoNodeError:
             raise NoSuchLogError(name) from None
         if delay_ms > 0 and deleted is not None:
             deleted()  # swapped; the deletions are the record's now
-        for old in swap if delay_ms <= 0 else ():
-            if deleted is not None:
+        for old in deferral.now:
+            if deleted is not None and delay_ms <= 0:
                 deleted()
             try:
                 await self.client.delete_ledger(old)
@@ -883,24 +900,22 @@ class Logs:
                 raise LogFencedError(name, "the log's front changed during truncation")
             return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries,
                            first_seq=record.first_seq + len(drop),
-                           deferred=_deferred(record, drop, delay_ms))
+                           deferred=deferral.apply(record, drop))
 
         if not drop:
             return []
+        deferral = _Deferral(delay_ms)
         try:
             await self.store.update(name, change)
         except NoNodeError:
             raise NoSuchLogError(name) from None
-        if delay_ms > 0:
-            log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop)),
-                                                   delete_in_ms=delay_ms))
-            return list(drop)
-        for lid in drop:
+        for lid in deferral.now:
             try:
                 await self.client.delete_ledger(lid)
             except NoSuchLedgerError:
                 pass
-        log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop))))
+        log.info("log_truncated", extra=fields(log=name, dropped=",".join(map(str, drop)),
+                                               delete_in_ms=max(delay_ms, 0)))
         return list(drop)
 
     async def reap(self, name: str, *, now_ms: int | None = None) -> list[int]:

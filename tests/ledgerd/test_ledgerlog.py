@@ -239,3 +239,26 @@ async def test_rolls_by_age_wait_while_the_list_is_full(zk_chroot: str, tmp_path
         assert len(await client.logs.ledgers("aged")) == 2
         await writer.close()
         assert [e.payload async for e in client.logs.read("aged")][-1] == b"z"
+
+
+async def test_the_deferred_deletions_a_record_keeps_are_bounded(
+        zk_chroot: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drop that would keep more than MAX_DEFERRED deferred deletions deletes the
+    earliest due at once, so a long delay cannot grow the record without bound."""
+    from ledgerd import ledgerlog
+    monkeypatch.setattr(ledgerlog, "MAX_DEFERRED", 2)
+    async with inprocess_cluster(zk_chroot, tmp_path, 3), \
+            ledgerd.open_client(zk_chroot) as client:
+        writer = await client.logs.open_writer("bounded", 3, 2, 2, roll_entries=1)
+        for i in range(5):
+            await writer.append(b"e%d" % i)
+        await writer.close()
+        ledgers = await client.logs.ledgers("bounded")
+        for i in range(1, 4):  # one ledger dropped at a time, each due later
+            await client.logs.truncate("bounded", ledgers[i], delay_ms=60_000 + i)
+        record, _ = await client.logs.store.get("bounded")
+        assert [lid for lid, _ in record.deferred] == list(ledgers[1:3])
+        with pytest.raises(ledgerd.NoSuchLedgerError):  # the earliest due went at once
+            await client.ledger_metadata(ledgers[0])
+        for lid in ledgers[1:3]:
+            assert (await client.ledger_metadata(lid)).is_closed
