@@ -417,6 +417,10 @@ def replica_assignment(text: str) -> list[list[int]]:
         except ValueError:
             raise BadValueError(f"--replica-assignment {text!r}: partition {i}'s {part!r} is "
                             "not broker ids separated by colons") from None
+        wrong = [b for b in brokers if not 0 <= b < 2**31]
+        if wrong:
+            raise BadValueError(f"--replica-assignment: partition {i}'s broker id {wrong[0]} "
+                                f"is not one (0 to {2**31 - 1})")
         if len(set(brokers)) != len(brokers):
             raise BadValueError(f"--replica-assignment: partition {i} lists a broker twice "
                             f"({part})")
@@ -691,7 +695,36 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
         own dynamic configs."""
         return 1 if entity_type == "topics" else 2 if name else 3
 
+    security = security_from(_properties(command_config))
+    brokers: dict[str, tuple[str, int]] = {}  # id -> address, from the bootstrap's Metadata
+
+    async def on_broker(conn: Any, name: str, call: Callable[[Any], Awaitable[T]]) -> T:
+        """``call`` on the connection that must carry a request about ``name``: a
+        broker's own configs go to that broker (as Kafka's AdminClient routes them),
+        the rest to the bootstrap connection."""
+        from ledgerd.kafka.client import KafkaConnection
+
+        if entity_type != "brokers" or not name:
+            return await call(conn)
+        if not brokers:
+            for b in (await _metadata(conn, []))["brokers"]:
+                brokers[str(b["node_id"])] = (b["host"], b["port"])
+        if name not in brokers:
+            raise ToolError(f"broker {name} is not in the cluster (its brokers: "
+                            f"{', '.join(sorted(brokers, key=int)) or 'none'})")
+        host, port = brokers[name]
+        try:
+            with trio.fail_after(10):
+                other = await KafkaConnection.open(host, port, security)
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+            raise ToolError(f"broker {name} at {host}:{port}: {_reason(exc)}") from None
+        async with other:
+            return await call(other)
+
     async def describe_one(conn: Any, name: str) -> list[dict[str, Any]]:
+        return await on_broker(conn, name, lambda c: _describe_one(c, name))
+
+    async def _describe_one(conn: Any, name: str) -> list[dict[str, Any]]:
         got = await conn.call(ApiKey.DESCRIBE_CONFIGS, {"resources": [{
             "resource_type": rtype, "resource_name": name, "configuration_keys": None}],
             "include_synonyms": True})
@@ -715,11 +748,14 @@ def kafka_configs(bootstrap: str, command_config: Path | None, as_json: bool, de
                 if missing:
                     raise ToolError(f"Invalid config(s): {', '.join(missing)} (not set on "
                                     f"{label(name)})")
-            got = await conn.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, {"resources": [{
-                "resource_type": rtype, "resource_name": name, "configs": [
-                    *({"name": k, "config_operation": 0, "value": v} for k, v in adds.items()),
-                    *({"name": k, "config_operation": 1, "value": None} for k in deletes)]}],
-                "validate_only": False})
+            got = await on_broker(conn, name, lambda c: c.call(
+                ApiKey.INCREMENTAL_ALTER_CONFIGS, {"resources": [{
+                    "resource_type": rtype, "resource_name": name, "configs": [
+                        *({"name": k, "config_operation": 0, "value": v}
+                          for k, v in adds.items()),
+                        *({"name": k, "config_operation": 1, "value": None}
+                          for k in deletes)]}],
+                    "validate_only": False}))
             for r in got["responses"]:
                 if r["error_code"]:
                     raise ToolError(f"altering the configs of {label(name)}: "
@@ -763,7 +799,13 @@ def _scram_adds(name: str, adds: dict[str, str]) -> list[dict[str, Any]]:
     does), so the password itself is never sent."""
     import secrets
 
-    from ledgerd.kafka.scram import MIN_ITERATIONS, SALT_BYTES, Mechanism, salted_password
+    from ledgerd.kafka.scram import (
+        MAX_ITERATIONS,
+        MIN_ITERATIONS,
+        SALT_BYTES,
+        Mechanism,
+        salted_password,
+    )
 
     out = []
     for key, value in adds.items():
@@ -783,6 +825,12 @@ def _scram_adds(name: str, adds: dict[str, str]) -> list[dict[str, Any]]:
         except ValueError:
             raise BadValueError(f"--add-config {key}: iterations="
                                 f"{fields_['iterations']!r} is not a number") from None
+        # checked here, before the salting (PBKDF2) that would take as long as asked
+        if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            raise BadValueError(f"--add-config {key}: iterations={iterations} is not in "
+                                f"the range {MIN_ITERATIONS}..{MAX_ITERATIONS}")
+        if not fields_["password"]:
+            raise BadValueError(f"--add-config {key}: empty password")
         salt = secrets.token_bytes(SALT_BYTES)
         out.append({"name": name, "mechanism": int(mech), "iterations": iterations,
                     "salt": salt, "salted_password": salted_password(

@@ -496,7 +496,11 @@ def defaults_toml(cls: type[Any]) -> str:
     lines = [f"# ledgerd {cls.__name__}: every key with its default value.", ""]
     for name, (spec, kind, default) in _fields(cls).items():
         lines.append(f"# {spec.doc}")
-        lines.append(f"# BookKeeper: {spec.bk}. Allowed: {spec.describe(kind)}.")
+        # a name of BookKeeper's, or one in parentheses naming its own origin
+        # ("(Kafka: num.partitions)", "(ledgerd: ...)")
+        origin = spec.bk[1:-1] if spec.bk.startswith("(") and spec.bk.endswith(")") \
+            else f"BookKeeper: {spec.bk}"
+        lines.append(f"# {origin}. Allowed: {spec.describe(kind)}.")
         lines.append(f"{name} = {toml_value(default)}")
         lines.append("")
     return "\n".join(lines)

@@ -1310,12 +1310,16 @@ class Gateway:
                   ) -> tuple[list[int], list[int]]:
         """The partition's replicas and in-sync replicas as Metadata tells them: a
         replica assignment given at creation as given (it places nothing; its live
-        gateways are in sync), else every live gateway, the leader first: each serves
-        the partition's reads from its ledgers (a follower up to what it has learnt
-        is acknowledged)."""
+        gateways are in sync), with the leader put first if it is not in it (it serves
+        the partition, and clients and tools take the leader to be one of its replicas
+        and in sync), else every live gateway, the leader first: each serves the
+        partition's reads from its ledgers (a follower up to what it has learnt is
+        acknowledged)."""
         record = self.topic_store.cached(topic)
         if record is not None and partition < len(record.replicas):
             replicas = list(record.replicas[partition])
+            if leader >= 0 and leader not in replicas:
+                replicas.insert(0, leader)
             return replicas, [n for n in replicas if n in self.nodes]
         every = [leader, *sorted(n for n in self.nodes if n != leader)]
         return every, every

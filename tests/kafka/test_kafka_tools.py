@@ -321,6 +321,17 @@ def test_kafka_acls_producer_shorthand(kafka_cluster: KafkaCluster) -> None:
       "--replica-assignment", "0", "--partitions", "2"], "not with --partitions"),
     (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--delete", "--topic", "t",
       "--replica-assignment", "0"], "goes with --create or --alter"),
+    (["kafka-topics", "--bootstrap-server", "127.0.0.1:1", "--create", "--topic", "t",
+      "--replica-assignment", "99999999999999999999"], "is not one (0 to 2147483647)"),
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--alter", "--user", "eve",
+      "--add-config", "SCRAM-SHA-256=[iterations=0,password=x]"],
+     "iterations=0 is not in the range 4096..16384"),
+    # refused before salting: 10^8 PBKDF2 rounds would run for minutes
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--alter", "--user", "eve",
+      "--add-config", "SCRAM-SHA-256=[iterations=100000000,password=x]"],
+     "not in the range 4096..16384"),
+    (["kafka-configs", "--bootstrap-server", "127.0.0.1:1", "--alter", "--user", "eve",
+      "--add-config", "SCRAM-SHA-256=[password=]"], "empty password"),
 ])
 def test_bad_invocations_say_what_is_wrong(args: list[str], says: str) -> None:
     got = CliRunner().invoke(cli, args)
@@ -466,3 +477,66 @@ def test_a_cluster_binding_that_locks_the_acl_apis_is_undone_in_zookeeper(
     def listing_works() -> bool:
         return _tool(kafka_cluster, "kafka-acls", "--list").exit_code == 0
     wait_until(listing_works, "the gateway read the bindings again", bound=10)
+
+
+def test_kafka_configs_sends_a_brokers_own_configs_to_that_broker(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """With two gateways, --broker N through the other one's address: the request goes
+    to broker N (a gateway answers only for its own configs), as Kafka's tool does."""
+    from tests.kafka.conftest import GatewayProcess
+
+    second = GatewayProcess(kafka_cluster.zk, tmp_path / "gateway2.log")
+    second.start()
+    try:
+        node = int(second.start_line.split("(node ")[1].split(")")[0])
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        wait_until(lambda: node in {b.id for b in admin.list_topics(timeout=BOUND_S)
+                                    .brokers.values()}, "the second gateway listed")
+        done = _tool(kafka_cluster, "kafka-configs", "--alter", "--broker", str(node),
+                     "--add-config", "log.retention.ms=5000")
+        assert done.exit_code == 0, done.output
+        assert f"Completed updating config for broker {node}." in done.output
+        got = _tool(kafka_cluster, "kafka-configs", "--describe", "--broker", str(node),
+                    "--json")
+        assert got.exit_code == 0, got.output
+        assert {c["name"]: c["value"] for c in json.loads(got.output)} == {
+            "log.retention.ms": "5000"}
+        every = _tool(kafka_cluster, "kafka-configs", "--describe", "--entity-type",
+                      "brokers", "--json")
+        assert every.exit_code == 0 and str(node) in json.loads(every.output), every.output
+        undone = _tool(kafka_cluster, "kafka-configs", "--alter", "--broker", str(node),
+                       "--delete-config", "log.retention.ms")
+        assert undone.exit_code == 0, undone.output
+        missing = _tool(kafka_cluster, "kafka-configs", "--describe", "--broker", "12345")
+        assert missing.exit_code == 1 and "broker 12345 is not in the cluster" in missing.output
+    finally:
+        second.stop()
+
+
+def test_a_partitions_leader_is_among_its_replicas_whatever_the_assignment(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """A replica assignment places nothing: a partition whose leader (chosen among the
+    live gateways) is not in it still lists that leader first among its replicas and
+    in-sync replicas, which Kafka's tools and clients take for granted."""
+    from tests.kafka.conftest import GatewayProcess
+
+    second = GatewayProcess(kafka_cluster.zk, tmp_path / "gateway2.log")
+    second.start()
+    try:
+        node = int(second.start_line.split("(node ")[1].split(")")[0])
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        wait_until(lambda: len(admin.list_topics(timeout=BOUND_S).brokers) == 2,
+                   "the second gateway listed")
+        made = _tool(kafka_cluster, "kafka-topics", "--create", "--topic", "assigned-away",
+                     "--replica-assignment", ",".join([str(node)] * 16))
+        assert made.exit_code == 0, made.output
+        parts = admin.list_topics("assigned-away", timeout=BOUND_S) \
+            .topics["assigned-away"].partitions.values()
+        leaders = {p.leader for p in parts}
+        assert len(leaders) == 2  # some led by the unassigned gateway (all 16 by one: 2^-15)
+        for p in parts:
+            assert p.replicas[0] == p.leader and p.leader in p.isrs, (p.id, p.leader,
+                                                                     p.replicas, p.isrs)
+            assert node in p.replicas
+    finally:
+        second.stop()
