@@ -48,6 +48,13 @@ header): the chain goes through the one holding the most log entries (then the l
 id), so a stray replacement a crashed pass left beside the swapped-in one does not cut
 the log short; one without log entries is no replacement and ends the chain there.
 The rebuilt ledgers keep the header mark, so readers skip entry 0.
+Known limit: ledgers a log dropped with a deletion delay (its record's ``deferred``, the
+Kafka gateway's ``file.delete.delay.ms``) are still on the bookies until due; a rebuild
+inside that window follows their headers as if they were listed, so it can list again
+what retention or DeleteRecords dropped (offsets unchanged, records back) or an old
+ledger compaction replaced (the same records and more, its replacement named as off the
+chain), and the rebuilt record defers nothing, so those ledgers are not deleted until
+an operator or retention drops them again. Nothing acknowledged is lost either way.
 The log's ``writers`` count is the highest its headers record (a Kafka partition's
 leader epoch goes on from there).
 

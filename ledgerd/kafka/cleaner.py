@@ -313,7 +313,18 @@ async def clean(client: Client, part: PartitionLog, policy: TopicPolicy, state: 
                 part.note_deferred(now_ms + policy.file_delete_delay_ms)
     except BaseException:
         with trio.move_on_after(10, shield=True):
+            # Only replacements the log does not list are this pass's to delete: a
+            # failure or cancellation after the swap (deleting an old ledger at once,
+            # or a compare-and-set ZooKeeper applied before it was cancelled) leaves
+            # them listed, holding the partition's records. If the list cannot be
+            # read, none is deleted (sweep_orphans takes the unlisted ones later).
+            try:
+                on_list: set[int] | None = set(await client.logs.ledgers(part.name))
+            except Exception:
+                on_list = None
             for new in swap.values():
+                if on_list is None or new in on_list:
+                    continue
                 try:
                     await client.delete_ledger(new)
                 except Exception as exc:  # sweep_orphans deletes it later

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
 import trio
 
 import ledgerd
@@ -143,4 +144,48 @@ async def test_a_pass_replaces_ledgers_and_another_gateways_stale_reads_follow(
             item = fresh.enqueue(_split(raw), nursery)  # type: ignore[arg-type]
             await item.done.wait()
             assert item.error is None and not item.code and item.base_offset == end
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_failure_after_the_swap_keeps_the_listed_replacements(
+        bookie_factory: Callable[..., BookieProcess], zk_chroot: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With file.delete.delay.ms=0 the old ledgers are deleted right after the swap:
+    a failure there (or a cancellation) must not make the pass's cleanup delete the
+    replacements, which the log now lists and which hold the partition's records."""
+    import dataclasses
+
+    await start_bookies(bookie_factory, zk_chroot, 3)
+    with trio.fail_after(120):
+        async with ledgerd.open_client(zk_chroot) as ca, trio.open_nursery() as nursery:
+            leader = PartitionLog(ca, "t", 0, SETTINGS, nursery)
+            latest: dict[bytes, int] = {}
+            for r in range(6):
+                for k in range(5):
+                    raw = _batch(0, [(b"k%d" % k, b"v%d" % r + b"x" * 200, 0)])
+                    item = leader.enqueue(_split(raw), nursery)  # type: ignore[arg-type]
+                    await item.done.wait()
+                    assert item.error is None and not item.code
+                    latest[b"k%d" % k] = item.base_offset
+            end = leader.acked_end
+            old = set(await leader.ledgers())
+            real_delete = ca.delete_ledger
+
+            async def failing(lid: int) -> None:
+                if lid in old:
+                    raise ledgerd.LedgerdError(f"bookies unreachable deleting {lid}")
+                await real_delete(lid)
+            monkeypatch.setattr(ca, "delete_ledger", failing)
+            with pytest.raises(ledgerd.LedgerdError, match="bookies unreachable"):
+                await clean(ca, leader, dataclasses.replace(POLICY, file_delete_delay_ms=0),
+                            CleanerState(), now_ms=int(time.time() * 1000),
+                            map_entries=100, max_pass_s=60)
+            monkeypatch.setattr(ca, "delete_ledger", real_delete)
+            now = await leader.ledgers()
+            assert set(now) - old  # swapped: replacements listed
+            for lid in now:  # every listed ledger is there
+                assert (await ca.ledger_metadata(lid)).is_closed or lid == now[-1]
+            await leader.forget_unlisted()
+            seen = {k: o for o, k, _ in await _read_all(leader, end)}
+            assert seen == latest
             nursery.cancel_scope.cancel()
