@@ -57,6 +57,7 @@ says (``storage_errors.py``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import hmac
@@ -176,7 +177,10 @@ OFFSET_FETCH_READS = 32  # cursor reads one OffsetFetch has in flight at once
 # what this version does that the other gateways must know of before relying on it,
 # told in its registration (``metadata.kafka_gateways``): ``offset_index``, it writes
 # each group's offset index with the group's offsets
-FEATURES = ("offset_index",)
+# what this version does that every gateway must before it is used: "offset_index" (the
+# groups' offset index), "deferred_deletes" (keeping a log record's deferred deletions
+# when rewriting it: file.delete.delay.ms applies only once every live gateway does)
+FEATURES = ("offset_index", "deferred_deletes")
 
 
 def _rank(node: int, key: str) -> int:
@@ -964,7 +968,13 @@ class Gateway:
         record = self.topic_store.cached(topic)
         configs = self.broker_configs.topic_configs(
             self.node_id, record.configs if record is not None else {})
-        return TopicPolicy.of(configs, max_batch_bytes=self.config.max_batch_bytes)
+        policy = TopicPolicy.of(configs, max_batch_bytes=self.config.max_batch_bytes)
+        if policy.file_delete_delay_ms and any(
+                "deferred_deletes" not in self.features.get(n, ()) for n in self.nodes):
+            # a gateway of an older version rewriting a log record would drop its
+            # deferred deletions (and leak those ledgers): delete at once meanwhile
+            policy = dataclasses.replace(policy, file_delete_delay_ms=0)
+        return policy
 
     def partition(self, topic: str, p: int) -> PartitionLog:
         part = self.partitions.get((topic, p))

@@ -359,3 +359,21 @@ def test_the_migration_is_not_done_when_the_gateways_changed_while_it_read() -> 
     assert joined.added and not joined.marked
     older = trio.run(run, [{1: new}, {1: new, 3: old}])  # an old one came
     assert not older.marked
+
+
+def test_file_delete_delay_applies_once_every_live_gateway_keeps_deferred_deletions() -> None:
+    """A gateway of an older version (no ``deferred_deletes`` feature) rewriting a log
+    record would drop its deferred deletions and leak those ledgers: until every live
+    gateway has the feature, the topics' file.delete.delay.ms is enforced as 0."""
+    from ledgerd.kafka.gateway import FEATURES
+
+    class Client:
+        store = None
+
+    gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
+    gw.node_id = 1
+    gw.nodes = {1: ("h", 1), 2: ("h", 2)}
+    gw.features = {1: frozenset(FEATURES), 2: frozenset({"offset_index"})}  # 2: older
+    assert gw.topic_policy("t").file_delete_delay_ms == 0
+    gw.features[2] = frozenset(FEATURES)  # upgraded
+    assert gw.topic_policy("t").file_delete_delay_ms == 60_000
