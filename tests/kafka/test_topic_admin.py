@@ -652,12 +652,12 @@ def test_segment_ms_rolls_by_age_and_dropped_ledgers_wait_file_delete_delay(
     from confluent_kafka import Producer, TopicPartition
 
     admin = _admin(kafka_cluster)
-    _create(admin, "fd-a", config={"segment.ms": "200", "file.delete.delay.ms": "4000"})
+    # segment.ms 1: each acknowledged produce's round trip ages the ledger past it
+    _create(admin, "fd-a", config={"segment.ms": "1", "file.delete.delay.ms": "4000"})
     producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap, "linger.ms": 0})
     for i in range(5):
         producer.produce("fd-a", value=b"r%d" % i, partition=0)
         assert producer.flush(BOUND_S) == 0
-        time.sleep(0.3)  # the ledger is past segment.ms at the next append
     before = _ledgers(kafka_cluster, "fd-a")
     # rolled by age (after the append that finds the ledger old): r0-r1, r2-r3, r4
     assert len(before) >= 3
