@@ -1044,7 +1044,11 @@ class Gateway:
         for name in names:
             count = await self.partition_count(name) if valid_topic_name(name) else None
             if count is None:
-                if not valid_topic_name(name):
+                # Kafka's internal topics: no such topic here (the gateway keeps offsets
+                # and transactions in ZooKeeper), answered as an invalid one, which
+                # librdkafka takes as final: a producer to one fails at once instead of
+                # waiting out topic.metadata.propagation.max.ms
+                if not valid_topic_name(name) or name in INTERNAL_TOPICS:
                     topics.append({"error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
                                    "name": name, "partitions": []})
                     continue
@@ -1167,6 +1171,9 @@ class Gateway:
                 key = (t["name"], pd["index"])
                 if t["name"] in refused:
                     work[key] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
+                if t["name"] in INTERNAL_TOPICS:  # Kafka: no appends to internal topics
+                    work[key] = ErrorCode.INVALID_TOPIC_EXCEPTION
                     continue
                 if count is None or not 0 <= pd["index"] < count:
                     work[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -189,7 +189,7 @@ def test_requests_held_over_all_connections_are_bounded(
 def test_topic_names_that_cannot_be_topics_are_refused_by_name(
         kafka_cluster: KafkaCluster) -> None:
     """"." and ".." (paths that name no node) and Kafka's internal topics are never
-    made: Metadata answers INVALID_TOPIC_EXCEPTION or no such topic, CreateTopics
+    made: Metadata answers INVALID_TOPIC_EXCEPTION, CreateTopics
     INVALID_TOPIC_EXCEPTION with the rule; the connection stays up (no failed request,
     as "." once made)."""
     with _connect(kafka_cluster) as sock:
@@ -200,7 +200,7 @@ def test_topic_names_that_cannot_be_topics_are_refused_by_name(
                for t in _reply(sock, ApiKey.METADATA, 4)["topics"]}  # type: ignore[attr-defined]
         assert got == {".": ErrorCode.INVALID_TOPIC_EXCEPTION,
                        "..": ErrorCode.INVALID_TOPIC_EXCEPTION,
-                       "__consumer_offsets": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                       "__consumer_offsets": ErrorCode.INVALID_TOPIC_EXCEPTION,
                        "ok.name": ErrorCode.NONE}
         sock.sendall(_request(ApiKey.CREATE_TOPICS, 4, {"topics": [
             {"name": n, "num_partitions": 1, "replication_factor": -1, "assignments": [],
@@ -219,6 +219,34 @@ def test_topic_names_that_cannot_be_topics_are_refused_by_name(
         sock.sendall(_request(ApiKey.API_VERSIONS, 2, {}))
         assert _reply(sock, ApiKey.API_VERSIONS, 2)["error_code"] == 0
     assert "kafka_request_failed" not in kafka_cluster.gateway.log_text()
+
+
+def test_a_produce_to_an_internal_topic_fails_at_once(kafka_cluster: KafkaCluster) -> None:
+    """A stock producer (librdkafka) to ``__consumer_offsets`` gets its delivery report
+    with an error well within topic.metadata.propagation.max.ms (30 s), not after it;
+    a Produce naming it directly is refused as Kafka refuses appends to internal
+    topics."""
+    import time
+
+    from confluent_kafka import KafkaError, Producer
+
+    reports: list[KafkaError | None] = []
+    producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap,
+                         "message.timeout.ms": 120_000})
+    started = time.monotonic()
+    producer.produce("__consumer_offsets", b"x", on_delivery=lambda e, _m: reports.append(e))
+    producer.flush(60)
+    took = time.monotonic() - started
+    assert len(reports) == 1 and reports[0] is not None
+    assert reports[0].code() == KafkaError.TOPIC_EXCEPTION, reports[0]
+    assert took < 20, took  # well before the 30 s propagation wait
+    with _connect(kafka_cluster) as sock:
+        sock.sendall(_request(ApiKey.PRODUCE, 8, {
+            "transactional_id": None, "acks": -1, "timeout_ms": 5000, "topic_data": [
+                {"name": "__consumer_offsets", "partition_data": [
+                    {"index": 0, "records": b""}]}]}))
+        part = _reply(sock, ApiKey.PRODUCE, 8)["responses"][0]["partition_responses"][0]
+        assert part["error_code"] == ErrorCode.INVALID_TOPIC_EXCEPTION  # type: ignore[index]
 
 
 def test_a_port_in_use_is_named(kafka_cluster: KafkaCluster) -> None:
