@@ -58,6 +58,12 @@ class GatewayConfig(ClientConfig):
     log_roll_bytes: int = setting(
         256 << 20, bk="(ledgerd: log roll)", minimum=1 << 20,
         doc="A partition's log moves to a new ledger after this many bytes.")
+    retention_check_interval_ms: int = setting(
+        300000, bk="(Kafka: log.retention.check.interval.ms)", minimum=1000,
+        doc="How often the gateway applies retention (retention.ms, retention.bytes, "
+            "DeleteRecords' low watermark, file.delete.delay.ms's deletions) to the "
+            "partitions it leads that no client uses; those in use get it every 5 "
+            "seconds.")
     compaction_map_bytes: int = setting(
         16 << 20, bk="(Kafka: log.cleaner.dedupe.buffer.size)", minimum=128 * 16,
         doc="Memory for a compaction pass's offset map (128 bytes a key, or a "

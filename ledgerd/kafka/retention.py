@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from ledgerd.kafka.gateway import Gateway
     from ledgerd.kafka.partitions import PartitionLog
 
-__all__ = ["RETENTION_CHECK_S", "Segment", "drop_before", "drop_front", "enforce",
+__all__ = ["RETENTION_CHECK_S", "Segment", "apply", "apply_to_unused", "drop_before",
+           "drop_front", "enforce",
            "ledgers_before", "reap", "retention_cut", "run"]
 
 log = logging.getLogger(__name__)
@@ -160,30 +161,73 @@ RETENTION_CHECK_S = 5.0  # how often a gateway applies retention (Kafka: 5 minut
 
 
 async def run(gw: Gateway) -> None:
-    """Every RETENTION_CHECK_S, for each partition this gateway leads (and has used
-    since it started): drop the ledgers that retention.ms / retention.bytes or the
-    DeleteRecords low watermark no longer keep. A partition that fails is logged and
-    tried again next round."""
+    """Every RETENTION_CHECK_S, for each partition this gateway leads and has in use
+    (``gw.partitions``), and every ``retention_check_interval_ms`` (from the first
+    round on) for every other partition it leads too (``apply_to_unused``: a partition
+    nobody produced to or fetched from since the gateway started, which Kafka's
+    retention covers as well): drop the ledgers that retention.ms / retention.bytes or
+    the DeleteRecords low watermark no longer keep, and delete the dropped ledgers
+    whose file.delete.delay.ms is over. A partition that fails is logged and tried
+    again next round."""
 
+    next_unused = trio.current_time()
     while True:
         await trio.sleep(RETENTION_CHECK_S)
         for (topic, p), part in list(gw.partitions.items()):
-            if not gw.owns(f"{topic}/{p}"):
+            if gw.owns(f"{topic}/{p}"):
+                await apply(gw, topic, p, part)
+        if trio.current_time() >= next_unused:
+            next_unused = trio.current_time() + gw.config.retention_check_interval_ms / 1000
+            await apply_to_unused(gw)
+
+
+async def apply(gw: Gateway, topic: str, p: int, part: PartitionLog, *,
+                unused: bool = False) -> None:
+    """One partition's retention round (errors logged, never raised); ``unused``: the
+    partition was just opened for it, so its log record is read first (when its
+    dropped ledgers are due; a partition in use learns that as it reads the record)."""
+    record = gw.topic_store.cached(topic)
+    if record is None:
+        return
+    policy = gw.topic_policy(topic)
+    try:
+        if unused:
+            await part.ledgers()
+        delay = policy.file_delete_delay_ms
+        if record.start_of(p) > 0:
+            await drop_before(gw.client, part, record.start_of(p), delay_ms=delay)
+        if policy.has_retention:
+            await enforce(gw.client, part, now_ms=int(time.time() * 1000),
+                          retention_ms=policy.retention_ms,
+                          retention_bytes=policy.retention_bytes, delay_ms=delay)
+        if part.deferred_due_ms <= int(time.time() * 1000):
+            await reap(gw.client, part)
+    except Exception as exc:  # this partition waits for the next round
+        log.warning("kafka_retention_deferred", extra=fields(
+            topic=topic, partition=p, error=repr(exc)))
+
+
+async def apply_to_unused(gw: Gateway) -> int:
+    """A retention round for each partition this gateway leads that is not in use
+    here; each is opened for its round only (and let go after it unless a client
+    started using it meanwhile). Returns how many were visited."""
+    try:
+        topics = await gw.all_topics()
+    except Exception as exc:  # ZooKeeper away: the next round
+        log.warning("kafka_retention_deferred", extra=fields(topic="*", error=repr(exc)))
+        return 0
+    visited = 0
+    for topic in topics:
+        for p in range(gw.topics.get(topic, 0)):
+            key = (topic, p)
+            if key in gw.partitions or not gw.owns(f"{topic}/{p}"):
                 continue
-            record = gw.topic_store.cached(topic)
-            if record is None:
-                continue
-            policy = gw.topic_policy(topic)
-            try:
-                delay = policy.file_delete_delay_ms
-                if record.start_of(p) > 0:
-                    await drop_before(gw.client, part, record.start_of(p), delay_ms=delay)
-                if policy.has_retention:
-                    await enforce(gw.client, part, now_ms=int(time.time() * 1000),
-                                  retention_ms=policy.retention_ms,
-                                  retention_bytes=policy.retention_bytes, delay_ms=delay)
-                if part.deferred_due_ms <= int(time.time() * 1000):
-                    await reap(gw.client, part)
-            except Exception as exc:  # this partition waits for the next round
-                log.warning("kafka_retention_deferred", extra=fields(
-                    topic=topic, partition=p, error=repr(exc)))
+            part = gw.partition(topic, p)
+            opened = part.last_used
+            await apply(gw, topic, p, part, unused=True)
+            visited += 1
+            if gw.partitions.get(key) is part and part.writer is None \
+                    and part.last_used == opened:
+                await part.shed()
+                del gw.partitions[key]
+    return visited

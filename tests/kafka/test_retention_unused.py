@@ -1,0 +1,102 @@
+"""Retention on a partition nobody uses: after a gateway restart, a partition no client
+produces to or fetches from still gets its retention (as a Kafka broker's retention
+covers every log it leads), every ``retention_check_interval_ms``, and the ledgers it
+dropped are deleted once ``file.delete.delay.ms`` is over, by that same round."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+import ledgerd
+from ledgerd.errors import NoSuchLedgerError
+from ledgerd.kafka.partitions import log_name
+from ledgerd.tools.zkserver import ZooKeeperServer
+from tests.cluster import fresh_chroot
+from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+
+BOUND_S = 60  # every wait below is bounded; reaching it fails the test
+TOPIC = "idle-retention"
+
+
+@pytest.fixture(scope="module")
+def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[KafkaCluster]:
+    base = tmp_path_factory.mktemp("kafka-retention")
+    with fresh_chroot(zookeeper, "kafka-retention") as zk:
+        gateway = GatewayProcess(zk, base / "gateway.log",
+                                 env={"LEDGERD_RETENTION_CHECK_INTERVAL_MS": "1000"})
+        with running_cluster(base, zk, 3, gateway) as c:
+            yield c
+
+
+def _log_record(zk: str) -> Any:
+    async def get() -> Any:
+        async with ledgerd.open_client(zk) as client:
+            record, _ = await client.logs.store.get(log_name(TOPIC, 0))
+            return record
+    return trio.run(get)
+
+
+def _deleted(zk: str, ledgers: list[int]) -> list[int]:
+    async def check() -> list[int]:
+        gone = []
+        async with ledgerd.open_client(zk) as client:
+            for lid in ledgers:
+                try:
+                    await client.ledger_metadata(lid)
+                except NoSuchLedgerError:
+                    gone.append(lid)
+        return gone
+    return trio.run(check)
+
+
+def _wait(what: str, check: Any) -> Any:
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"not within {BOUND_S} s: {what}")
+
+
+def test_retention_reaches_a_partition_nobody_uses_after_a_restart(
+        cluster: KafkaCluster) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewTopic,
+    )
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, config={"file.delete.delay.ms": "2000"})]
+                        )[TOPIC].result(BOUND_S)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
+    for i in range(48):  # 4.8 MB: ledgers roll every MiB (the tests' log_roll_bytes)
+        producer.produce(TOPIC, value=b"%06d" % i + bytes(100_000 - 6), partition=0)
+        producer.poll(0)
+    assert producer.flush(BOUND_S) == 0
+    cluster.gateway.restart()  # nothing of the partition is in use on the new one
+    before = list(_log_record(cluster.zk).ledgers)
+    assert len(before) >= 3, before
+    resource = ConfigResource("topic", TOPIC, incremental_configs=[
+        ConfigEntry("retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([resource])[resource].result(BOUND_S)
+
+    # the closed ledgers are dropped (the last, open one stays), then deleted once due
+    after = _wait("retention drops the closed ledgers",
+                  lambda: (r := _log_record(cluster.zk)).ledgers == tuple(before[-1:]) and r)
+    assert sorted(lid for lid, _ in after.deferred) == sorted(before[:-1])
+    _wait("the dropped ledgers are deleted once file.delete.delay.ms is over",
+          lambda: not _log_record(cluster.zk).deferred)
+    assert _deleted(cluster.zk, before[:-1]) == before[:-1]
+    assert _deleted(cluster.zk, before[-1:]) == []
+    assert "kafka_retention_deferred" not in cluster.gateway.log_text()
