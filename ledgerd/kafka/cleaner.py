@@ -398,40 +398,57 @@ def state_of(states: dict[tuple[str, int], tuple[str, CleanerState]],
 
 async def run(gw: Gateway) -> None:
     """Every ``compaction_backoff_ms``: a pass (``clean``) for each compacted partition
-    this gateway leads and has used since it started; every half
-    ``compaction_orphan_age_s``, ``sweep_orphans``. A partition that fails is logged
-    and tried again next round."""
+    this gateway leads and has in use (``gw.partitions``), and every
+    ``retention_check_interval_ms`` (from the first round on) for each other compacted
+    partition it leads (one nobody used since the gateway started, whose tombstones
+    and older values are due all the same); every half ``compaction_orphan_age_s``,
+    ``sweep_orphans``. A partition that fails is logged and tried again next round."""
 
     cfg = gw.config
     # per partition: the topic id its state is of (a topic deleted and made again under
     # the same name is a new log: what a pass remembered of the old one must not count)
     states: dict[tuple[str, int], tuple[str, CleanerState]] = {}
     next_sweep = trio.current_time() + min(60.0, cfg.compaction_orphan_age_s / 2)
+
+    async def one(topic: str, p: int, part: PartitionLog) -> None:
+        record = gw.topic_store.cached(topic)
+        if record is None:
+            return
+        policy = gw.topic_policy(topic)  # its configs over the dynamic broker configs'
+        if not policy.compact:
+            return
+        state = state_of(states, (topic, p), record.topic_id)
+        try:
+            result = await clean(gw.client, part, policy, state,
+                                 now_ms=int(time.time() * 1000),
+                                 map_entries=cfg.compaction_map_bytes // ENTRY_BYTES,
+                                 max_pass_s=cfg.compaction_orphan_age_s / 2)
+        except Exception as exc:  # this partition waits for the next round
+            gw.metrics.compaction_failures += 1
+            log.warning("kafka_compaction_deferred", extra=fields(
+                topic=topic, partition=p, error=repr(exc)))
+            return
+        if result is not None:
+            _count(gw.metrics, result)
+
+    def compacted(topic: str) -> bool:
+        return gw.topic_policy(topic).compact
+
+    next_unused = trio.current_time()
     while True:
         await trio.sleep(cfg.compaction_backoff_ms / 1000)
         for (topic, p), part in list(gw.partitions.items()):
-            if not gw.owns(f"{topic}/{p}"):
-                states.pop((topic, p), None)
-                continue
-            record = gw.topic_store.cached(topic)
-            if record is None:
-                continue
-            policy = gw.topic_policy(topic)  # its configs over the dynamic broker configs'
-            if not policy.compact:
-                continue
-            state = state_of(states, (topic, p), record.topic_id)
+            if gw.owns(f"{topic}/{p}"):
+                await one(topic, p, part)
+        for key in [k for k in states if not gw.owns(f"{k[0]}/{k[1]}")]:
+            del states[key]
+        if trio.current_time() >= next_unused:
+            next_unused = trio.current_time() + cfg.retention_check_interval_ms / 1000
             try:
-                result = await clean(gw.client, part, policy, state,
-                                     now_ms=int(time.time() * 1000),
-                                     map_entries=cfg.compaction_map_bytes // ENTRY_BYTES,
-                                     max_pass_s=cfg.compaction_orphan_age_s / 2)
-            except Exception as exc:  # this partition waits for the next round
-                gw.metrics.compaction_failures += 1
+                await gw.each_unused_partition(one, only=compacted)
+            except Exception as exc:  # ZooKeeper away: the next round
                 log.warning("kafka_compaction_deferred", extra=fields(
-                    topic=topic, partition=p, error=repr(exc)))
-                continue
-            if result is not None:
-                _count(gw.metrics, result)
+                    topic="*", partition=-1, error=repr(exc)))
         if trio.current_time() >= next_sweep:
             next_sweep = trio.current_time() + cfg.compaction_orphan_age_s / 2
             try:

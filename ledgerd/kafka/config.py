@@ -61,9 +61,9 @@ class GatewayConfig(ClientConfig):
     retention_check_interval_ms: int = setting(
         300000, bk="(Kafka: log.retention.check.interval.ms)", minimum=1000,
         doc="How often the gateway applies retention (retention.ms, retention.bytes, "
-            "DeleteRecords' low watermark, file.delete.delay.ms's deletions) to the "
-            "partitions it leads that no client uses; those in use get it every 5 "
-            "seconds.")
+            "DeleteRecords' low watermark, file.delete.delay.ms's deletions) and "
+            "compaction to the partitions it leads that no client uses; those in use "
+            "get retention every 5 seconds and compaction every compaction_backoff_ms.")
     compaction_map_bytes: int = setting(
         16 << 20, bk="(Kafka: log.cleaner.dedupe.buffer.size)", minimum=128 * 16,
         doc="Memory for a compaction pass's offset map (128 bytes a key, or a "

@@ -944,6 +944,34 @@ class Gateway:
         await each_at_most(OFFSET_FETCH_READS, self.partition_count, names)
         return [n for n in names if n in self.topics]
 
+    async def each_unused_partition(
+            self, visit: Callable[[str, int, PartitionLog], Awaitable[None]], *,
+            only: Callable[[str], bool] = lambda _topic: True) -> int:
+        """``visit`` (which handles its own errors) each partition of the topics
+        ``only`` keeps that this gateway leads and no client uses here (not in
+        ``partitions``: nobody produced to or fetched from it since the gateway started,
+        or not for IDLE_S), for the background work a Kafka broker does on every log it
+        leads (retention, compaction); each is opened for its visit and let go after,
+        unless a client started using it meanwhile. Returns how many were visited;
+        raises if the topics cannot be listed (ZooKeeper away)."""
+        visited = 0
+        for topic in await self.all_topics():
+            if not only(topic):
+                continue
+            for p in range(self.topics.get(topic, 0)):
+                key = (topic, p)
+                if key in self.partitions or not self.owns(f"{topic}/{p}"):
+                    continue
+                part = self.partition(topic, p)
+                opened = part.last_used
+                await visit(topic, p, part)
+                visited += 1
+                if self.partitions.get(key) is part and part.writer is None \
+                        and part.last_used == opened:
+                    del self.partitions[key]
+                    await part.shed()
+        return visited
+
     async def create_topic(self, topic: str, partitions: int, *,
                            configs: dict[str, str] | None = None,
                            replicas: tuple[tuple[int, ...], ...] = ()) -> None:

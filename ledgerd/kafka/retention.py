@@ -211,23 +211,11 @@ async def apply_to_unused(gw: Gateway) -> int:
     """A retention round for each partition this gateway leads that is not in use
     here; each is opened for its round only (and let go after it unless a client
     started using it meanwhile). Returns how many were visited."""
+    async def visit(topic: str, p: int, part: PartitionLog) -> None:
+        await apply(gw, topic, p, part, unused=True)
+
     try:
-        topics = await gw.all_topics()
+        return await gw.each_unused_partition(visit)
     except Exception as exc:  # ZooKeeper away: the next round
         log.warning("kafka_retention_deferred", extra=fields(topic="*", error=repr(exc)))
         return 0
-    visited = 0
-    for topic in topics:
-        for p in range(gw.topics.get(topic, 0)):
-            key = (topic, p)
-            if key in gw.partitions or not gw.owns(f"{topic}/{p}"):
-                continue
-            part = gw.partition(topic, p)
-            opened = part.last_used
-            await apply(gw, topic, p, part, unused=True)
-            visited += 1
-            if gw.partitions.get(key) is part and part.writer is None \
-                    and part.last_used == opened:
-                await part.shed()
-                del gw.partitions[key]
-    return visited

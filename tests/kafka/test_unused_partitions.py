@@ -1,7 +1,8 @@
-"""Retention on a partition nobody uses: after a gateway restart, a partition no client
-produces to or fetches from still gets its retention (as a Kafka broker's retention
-covers every log it leads), every ``retention_check_interval_ms``, and the ledgers it
-dropped are deleted once ``file.delete.delay.ms`` is over, by that same round."""
+"""Partitions nobody uses: after a gateway restart, a partition no client produces to
+or fetches from still gets its retention and its compaction (as a Kafka broker's
+retention and cleaner cover every log it leads), every
+``retention_check_interval_ms``, and the ledgers retention dropped are deleted once
+``file.delete.delay.ms`` is over, by that same round."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ledgerd.kafka.partitions import log_name
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.test_compaction_cluster import _alter, _consume, _create, _metric, _produce
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
 TOPIC = "idle-retention"
@@ -29,15 +31,16 @@ def cluster(zookeeper: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.mktemp("kafka-retention")
     with fresh_chroot(zookeeper, "kafka-retention") as zk:
         gateway = GatewayProcess(zk, base / "gateway.log",
-                                 env={"LEDGERD_RETENTION_CHECK_INTERVAL_MS": "1000"})
+                                 env={"LEDGERD_RETENTION_CHECK_INTERVAL_MS": "1000",
+                                      "LEDGERD_COMPACTION_BACKOFF_MS": "200"})
         with running_cluster(base, zk, 3, gateway) as c:
             yield c
 
 
-def _log_record(zk: str) -> Any:
+def _log_record(zk: str, topic: str = TOPIC) -> Any:
     async def get() -> Any:
         async with ledgerd.open_client(zk) as client:
-            record, _ = await client.logs.store.get(log_name(TOPIC, 0))
+            record, _ = await client.logs.store.get(log_name(topic, 0))
             return record
     return trio.run(get)
 
@@ -100,3 +103,32 @@ def test_retention_reaches_a_partition_nobody_uses_after_a_restart(
     assert _deleted(cluster.zk, before[:-1]) == before[:-1]
     assert _deleted(cluster.zk, before[-1:]) == []
     assert "kafka_retention_deferred" not in cluster.gateway.log_text()
+
+
+def test_compaction_reaches_a_partition_nobody_uses_after_a_restart(
+        cluster: KafkaCluster) -> None:
+    topic = "idle-compacted"
+    _create(cluster.bootstrap, topic, {"cleanup.policy": "compact",
+                                       "min.cleanable.dirty.ratio": "0.01",
+                                       "min.compaction.lag.ms": "3600000"})
+    # 10 keys x 12 rounds of 20 kB over several ledgers (1 MiB each), then filler so
+    # that all of it is in closed ledgers
+    rounds: list[tuple[bytes | None, bytes | None]] = [
+        (b"k%d" % k, b"%d:%d:" % (k, r) + bytes(20_000)) for r in range(12) for k in range(10)]
+    filler: list[tuple[bytes | None, bytes | None]] = [
+        (b"filler", b"f%d:" % i + bytes(20_000)) for i in range(60)]
+    acked = _produce(cluster.bootstrap, topic, rounds + filler)
+    assert all(err is None for _, _, err in acked), acked
+    latest = {key: off for key, off, _ in acked}
+    before = _log_record(cluster.zk, topic).ledgers
+    cluster.gateway.restart()  # nothing of the partition is in use on the new one
+    _alter(cluster.bootstrap, topic, {"min.compaction.lag.ms": "0"})
+    _wait("a compaction pass over the unused partition",
+          lambda: _metric(cluster.gateway, "ledgerd_kafka_compaction_records_removed") > 0)
+    assert _log_record(cluster.zk, topic).ledgers != before  # replacements listed
+    got = _consume(cluster.bootstrap, topic)
+    keys = [k for _, k, _ in got if k != b"filler"]
+    assert sorted(keys) == sorted(b"k%d" % k for k in range(10))  # one value each
+    for offset, key, value in got:
+        assert offset == latest[key] or key == b"filler", (offset, key)
+        assert key == b"filler" or value.startswith(b"%d:11:" % int(key[1:]))
