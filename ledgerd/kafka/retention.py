@@ -105,14 +105,19 @@ async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *
 
 async def drop_before(client: Client, part: PartitionLog, offset: int, *,
                       delay_ms: int = 0) -> int:
-    """Drop the leading ledgers that hold only records before ``offset``."""
+    """Drop the leading ledgers that hold only records before ``offset``. The ledgers'
+    first offsets are read in log order up to the first one past ``offset`` (those
+    after it start later still): one or two reads once the front is trimmed."""
     ledgers = await part.ledgers()
     firsts: list[int | None] = []
     for lid in ledgers:
         try:
-            firsts.append(await part.first_offset(lid))
+            first = await part.first_offset(lid)
         except NoSuchLedgerError:
-            firsts.append(None)
+            first = None
+        firsts.append(first)
+        if first is not None and first > offset:
+            break
     return await drop_front(client, part, ledgers_before(firsts, offset),
                             f"before offset {offset}", delay_ms=delay_ms)
 

@@ -9,6 +9,8 @@ import struct
 
 import google_crc32c
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ledgerd.kafka.api import REQUESTS, RESPONSES, SUPPORTED, ApiKey, ErrorCode
 from ledgerd.kafka.records import BatchHeader, split_batches, with_log_append_time
@@ -260,3 +262,18 @@ def test_a_partitions_ledger_rolls_by_segment_bytes_and_age() -> None:
     assert TopicPolicy.of({"cleanup.policy": "compact", "segment.ms": "7200000",
                            "max.compaction.lag.ms": "3600000"},
                           max_batch_bytes=LIMIT).rolling(1 << 20) == (1 << 20, 3600.0)
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 50)), max_size=12), st.integers(0, 600))
+def test_delete_records_needs_the_first_offsets_only_up_to_one_past_the_offset(
+        steps: list[int | None], offset: int) -> None:
+    """``retention.drop_before`` reads the ledgers' first offsets in log order and stops
+    at the first one past the offset: the cut is the one the whole list gives."""
+    firsts: list[int | None] = []
+    at = 0
+    for s in steps:  # non-decreasing first offsets, None for an empty ledger
+        firsts.append(None if s is None else at + s)
+        at += s or 0
+    read = next((i + 1 for i, f in enumerate(firsts) if f is not None and f > offset),
+                len(firsts))
+    assert ledgers_before(firsts[:read], offset) == ledgers_before(firsts, offset)
