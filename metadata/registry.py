@@ -121,16 +121,40 @@ class BookieRegistry:
                         racks[name] = rack
         return BookieSet(writable, read_only, racks)
 
-    async def registered_pid(self, bookie_id: str) -> int | None:
+    async def registered_pid(self, bookie_id: str, *, read_only: bool | None = None
+                             ) -> int | None:
         """The process id a bookie's registration names, or None if it is not registered
         (or names none). After a bookie was killed and started again, its old
         registration stays until ZooKeeper expires the dead process's session; the new
-        process registers only then, so the id being listed is not enough."""
+        process registers only then, so the id being listed is not enough.
+        ``read_only``: the node in that list only (None: the writable one if any, else
+        the read-only one)."""
         try:
-            pid = (await self.bookie_info(bookie_id)).get("pid")
+            if read_only is None:
+                info = await self.bookie_info(bookie_id)
+            else:
+                raw, _ = await self.store.get(self._path(bookie_id, read_only))
+                info = json.loads(raw or b"{}")
         except NoNodeError:
             return None
+        pid = info.get("pid") if isinstance(info, dict) else None
         return pid if isinstance(pid, int) else None
+
+    async def registered_as(self, snapshot: BookieSet, bookie_id: str, pid: int | None, *,
+                            read_only: bool) -> bool:
+        """Whether process ``pid`` is registered in the one list (read-only, or writable)
+        and no longer in the other. ``register`` creates the new node before it removes
+        the old one, so a bookie moving between the lists is for a moment listed in
+        both, the old node still naming its process: that is a move not yet done, not
+        the state waited for (a bookie just turned read-only, seen still writable,
+        refuses adds). A node in the other list left by another process (killed, its
+        session not yet expired) does not count."""
+        listed = snapshot.read_only if read_only else snapshot.writable
+        if pid is None or bookie_id not in listed:
+            return False
+        if await self.registered_pid(bookie_id, read_only=read_only) != pid:
+            return False
+        return await self.registered_pid(bookie_id, read_only=not read_only) != pid
 
     async def registered_by(self, snapshot: BookieSet, pids: Mapping[str, int | None], *,
                             writable: bool = True) -> bool:
@@ -138,12 +162,16 @@ class BookieRegistry:
         either list if not ``writable``) with a registration naming that process id
         (None, a process not started, never matches): the test for "these processes are
         up", since a killed process's registration is listed until its session expires
-        (``registered_pid``)."""
+        (``registered_pid``). Writable means moved there: not still listed read-only
+        by the same process as well (``registered_as``)."""
         listed = snapshot.writable if writable else snapshot.writable | snapshot.read_only
         if not pids.keys() <= listed:
             return False
         for bookie_id, pid in pids.items():
-            if pid is None or await self.registered_pid(bookie_id) != pid:
+            if writable:
+                if not await self.registered_as(snapshot, bookie_id, pid, read_only=False):
+                    return False
+            elif pid is None or await self.registered_pid(bookie_id) != pid:
                 return False
         return True
 

@@ -109,7 +109,15 @@ async def wait_registered(store: ZooKeeperStore, bookie: BookieProcess, *,
             return not w and not r
         if full_disk_fails and read_only is False and r and not w:
             await _refuse_full_disk(registry, bookie)
-        if not (w or r if read_only is None else (r if read_only else w)):
+        if read_only is not None:
+            # Only the node of the process we started counts (a killed one's lingers
+            # until its session expires), and only once its move between the lists is
+            # done: ``register`` creates the new node before it removes the old one, and
+            # a wait for "writable" that took the old writable node of a bookie just
+            # turned read-only went on to adds refused READ_ONLY.
+            return await registry.registered_as(snapshot, bookie.bookie_id, bookie.pid,
+                                                read_only=read_only)
+        if not (w or r):
             return False
         # A node left by a killed process lingers until its session expires: only the
         # node of the process we started counts.

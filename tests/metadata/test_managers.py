@@ -254,6 +254,38 @@ async def test_registered_by_names_the_registering_process(stores: StoreFactory)
     assert await reg.registered_pid("b:2") == 102 and await reg.registered_pid("b:4") is None
 
 
+async def test_registered_as_waits_for_a_move_between_the_lists_to_end(
+        stores: StoreFactory) -> None:
+    """``register`` creates the new node before it removes the old one: a bookie just
+    turned read-only is listed writable too for a moment. A waiter for "writable" that
+    took that stale node sent adds refused READ_ONLY; the move counts once the old node
+    of the same process is gone (another process's lingering node does not hold it)."""
+    s = await stores.open()
+    await init_new_cluster(s, ROOT)
+    reg = BookieRegistry(s, ROOT)
+    await reg.register("b:1", {"pid": 101})
+    # read-only now, the writable node not yet removed
+    await s.create(reg.registration_path("b:1", read_only=True), b'{"pid": 101}',
+                   ephemeral=True)
+    snap = await reg.list_bookies()
+    assert "b:1" in snap.writable and "b:1" in snap.read_only
+    assert not await reg.registered_by(snap, {"b:1": 101})
+    assert not await reg.registered_as(snap, "b:1", 101, read_only=False)
+    assert not await reg.registered_as(snap, "b:1", 101, read_only=True)
+    assert await reg.registered_by(snap, {"b:1": 101}, writable=False)
+    await s.delete(reg.registration_path("b:1", read_only=False))
+    snap = await reg.list_bookies()
+    assert await reg.registered_as(snap, "b:1", 101, read_only=True)
+    assert not await reg.registered_as(snap, "b:1", 101, read_only=False)
+    # a writable node naming another (killed) process does not hold up "read-only"
+    await s.create(reg.registration_path("b:1", read_only=False), b'{"pid": 99}',
+                   ephemeral=True)
+    snap = await reg.list_bookies()
+    assert await reg.registered_as(snap, "b:1", 101, read_only=True)
+    assert await reg.registered_pid("b:1", read_only=False) == 99
+    assert await reg.registered_pid("b:1", read_only=True) == 101
+
+
 async def test_keep_registered_survives_session_expiry(stores: StoreFactory) -> None:
     s = await stores.open()
     await init_new_cluster(s, ROOT)
