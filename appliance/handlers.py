@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -476,7 +477,9 @@ class RequestHandler:
         return Status.OK, ForceLedgerResponse(ledger_id=req.ledger_id)
 
     async def _bookie_info(self, req: GetBookieInfoRequest, trusted: bool) -> Reply:
-        usage = await trio.to_thread.run_sync(self.storage.usage)
+        # no probe: a client asking for the space left never writes to the disks (the
+        # disk checker probes them)
+        usage = await trio.to_thread.run_sync(partial(self.storage.usage, probe=False))
         ledger_usage = [u for u in usage if u.path in self.storage.options.ledger_dirs] or usage
         state = BookieState.READ_ONLY if self.state.read_only else BookieState.WRITABLE
         return Status.OK, GetBookieInfoResponse(

@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -169,6 +170,7 @@ class LedgerStorage:
         self._insert_run = self.engine.insert
         self.on_checkpoint: Callable[[float], None] | None = None  # its duration, for metrics
         self._checkpoint_lock = trio.Lock()
+        self._probe_lock = threading.Lock()  # usage() runs in worker threads
         self.replayed_records = 0
         self.last_checkpoint: JournalPosition | None = None
         self.checkpoints = 0
@@ -735,10 +737,12 @@ class LedgerStorage:
 
     # -- disks -------------------------------------------------------------------------
 
-    def usage(self) -> list[DirUsage]:
+    def usage(self, *, probe: bool = True) -> list[DirUsage]:
         """Disk usage of every directory, for the disk checker (a worker thread): its
-        role, and whether a probe file can be written and synced there (a directory
-        on a failing or read-only-remounted disk is taken out of service)."""
+        role, and (``probe``) whether a probe file can be written and synced there (a
+        directory on a failing or read-only-remounted disk is taken out of service).
+        Probes are one at a time: two threads probing the same file name unlinked each
+        other's file, and the ENOENT took a healthy directory out of service."""
         o = self.options
         roles = {o.journal_dir: "journal"}
         for d in o.ledger_dirs:
@@ -747,7 +751,10 @@ class LedgerStorage:
             roles.setdefault(d, "index")
         out = []
         for d, role in roles.items():
-            error = _probe(d / "current")
+            error = ""
+            if probe:
+                with self._probe_lock:
+                    error = _probe(d / "current")
             try:
                 u = shutil.disk_usage(d)
                 total, free = u.total, u.free

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -517,3 +518,37 @@ def test_open_file_limit_is_lowered_to_what_the_process_may_open(
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (20000, 20000))
     assert _fd_budget(20000) == 20000 - FD_HEADROOM  # else EMFILE at 20,000 ledgers
     assert _fd_budget(4096) == 4096
+
+
+async def test_disk_probes_from_two_threads_never_fail_a_healthy_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk checker and a client's GetBookieInfo read the usage from worker threads
+    at the same time: their probes (write, sync, unlink a file of one name) once
+    unlinked each other's file, and the ENOENT took a healthy directory out of
+    service. GetBookieInfo reads the usage without probing."""
+    s = await _open(_opts(tmp_path))
+    try:
+        async def probe_many() -> None:
+            for _ in range(300):
+                errors = [u.error for u in await trio.to_thread.run_sync(s.usage) if u.error]
+                assert not errors, errors
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe_many)
+            nursery.start_soon(probe_many)
+        probe = tmp_path / "ledgers" / "current" / ".ledgerd-probe"
+        assert not probe.exists()
+        calls: list[str] = []
+        real = os.open
+
+        def spy(path: object, *args: object) -> int:
+            calls.append(str(path))
+            return real(path, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "open", spy)
+        got = s.usage(probe=False)
+        monkeypatch.undo()
+        assert {u.path for u in got} >= {tmp_path / "ledgers"}
+        assert not [c for c in calls if c.endswith(".ledgerd-probe")]
+    finally:
+        await s.close()
