@@ -891,6 +891,19 @@ class PartitionLog:
         """The log's ledgers, as listed now."""
         return await self._ledgers()
 
+    async def holds_batch(self, lid: int) -> bool:
+        """Whether ledger ``lid`` holds an acknowledged batch, as far as this gateway
+        knows: a closed one by its metadata, this gateway's writer's by its LAC;
+        another writer's open ledger counts as empty (what it holds is not known here).
+        A new writer finds the log's next offset in the last ledger that holds a batch
+        (``_closed_end``): drops keep one (``retention.drop_front``)."""
+        w = self.writer
+        if w is not None and w.ledger_id == lid:
+            return w.handle.last_add_confirmed >= first_log_entry(
+                w.handle.metadata.custom_metadata)
+        md = await self.client.ledger_metadata(lid)
+        return md.is_closed and md.last_entry_id >= first_log_entry(md.custom_metadata)
+
     async def first_offset(self, ledger_id: int) -> int | None:
         """The Kafka offset of the ledger's entry 0 (None: no entry yet)."""
         return await self._first_offset(ledger_id)

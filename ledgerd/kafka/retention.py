@@ -89,9 +89,15 @@ async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *
     the ledger list, then the ledgers are deleted, or ``delay_ms`` later (the topic's
     file.delete.delay.ms: ``reap``). Returns how many went. Raises
     LedgerdError if one of them is still open (a writer that died before closing it:
-    its recovery by the next writer closes it) or the list changed at the front."""
+    its recovery by the next writer closes it) or the list changed at the front.
+
+    The ledger that holds the log's last acknowledged batch is never dropped, even
+    when it is past retention: the ledgers after it (a writer's new ledger, one rolled
+    by segment.ms right after an append) hold no batch, and a new writer takes the
+    log's next offset from the last batch listed; with none, the offsets would start
+    again at 0 (as Kafka keeps its log end offset in its active segment's name)."""
     ledgers = await part.ledgers()
-    count = min(count, len(ledgers) - 1)
+    count = min(count, len(ledgers) - 1, await _last_holding(part, ledgers))
     if count <= 0:
         return 0
     dropped = await client.logs.truncate(part.name, ledgers[count], delay_ms=delay_ms)
@@ -101,6 +107,18 @@ async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *
     log.info("kafka_ledgers_dropped", extra=fields(
         topic=part.topic, partition=part.partition, ledgers=len(dropped), why=why))
     return len(dropped)
+
+
+async def _last_holding(part: PartitionLog, ledgers: Sequence[int]) -> int:
+    """The index of the last of ``ledgers`` that holds an acknowledged batch
+    (``len(ledgers)`` if none does: the log has no end to keep)."""
+    for i in range(len(ledgers) - 1, -1, -1):
+        try:
+            if await part.holds_batch(ledgers[i]):
+                return i
+        except NoSuchLedgerError:
+            continue
+    return len(ledgers)
 
 
 async def drop_before(client: Client, part: PartitionLog, offset: int, *,

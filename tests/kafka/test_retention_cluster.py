@@ -1,11 +1,13 @@
-"""Partitions nobody uses: after a gateway restart, a partition no client produces to
-or fetches from still gets its retention and its compaction (as a Kafka broker's
-retention and cleaner cover every log it leads), every
+"""Retention on a real cluster. Partitions nobody uses: after a gateway restart, a
+partition no client produces to or fetches from still gets its retention and its
+compaction (as a Kafka broker's retention and cleaner cover every log it leads), every
 ``retention_check_interval_ms``, and the ledgers retention dropped are deleted once
-``file.delete.delay.ms`` is over, by that same round."""
+``file.delete.delay.ms`` is over, by that same round. The log's end: retention past
+every record never lets a new writer start the offsets again at 0."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -132,3 +134,50 @@ def test_compaction_reaches_a_partition_nobody_uses_after_a_restart(
     for offset, key, value in got:
         assert offset == latest[key] or key == b"filler", (offset, key)
         assert key == b"filler" or value.startswith(b"%d:11:" % int(key[1:]))
+
+
+def test_retention_past_every_record_keeps_the_offsets_going(cluster: KafkaCluster) -> None:
+    """segment.ms=1 rolls the ledger right after each append, so the last ledger is
+    empty; retention.ms then finds every closed ledger past it. The ledger with the last
+    batch stays listed (found by an outside audit: all were dropped, and after a kill -9
+    the next writer, finding no batch, gave the next record offset 0 again)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    topic = "retention-end"
+    _create(cluster.bootstrap, topic, {"segment.ms": "1", "retention.ms": "3600000"})
+    offsets: list[int] = []
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True,
+                         "message.timeout.ms": BOUND_S * 1000})
+    for i in range(10):  # one at a time: each append rolls the ledger after it
+        producer.produce(topic, value=b"before-%d" % i, partition=0,
+                         on_delivery=lambda err, msg: offsets.append(
+                             -1 if err else msg.offset()))
+        assert producer.flush(BOUND_S) == 0
+    assert offsets == list(range(10))
+    before = len(_log_record(cluster.zk, topic).ledgers)
+    _alter(cluster.bootstrap, topic, {"retention.ms": "1"})
+    _wait("retention drops the ledgers before the last batch",
+          lambda: len(_log_record(cluster.zk, topic).ledgers) < before)
+    cluster.gateway.stop(signal.SIGKILL)
+    cluster.gateway.start()  # a new writer, which finds the log's end in what is listed
+    producer.produce(topic, value=b"after", partition=0,
+                     on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+    assert producer.flush(BOUND_S) == 0
+    assert offsets[-1] == 10, offsets
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "re",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), BOUND_S)
+        # the ledger of offset 9 kept (it may hold 8 too: a ledger rolls once its first
+        # record is a millisecond old); nothing renumbered
+        assert 0 < low <= 9 and high == 11, (low, high)
+        consumer.assign([TopicPartition(topic, 0, low)])
+        got: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + BOUND_S
+        while len(got) < 11 - low and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                got.append((m.offset(), m.value()))
+        assert got == [(o, b"before-%d" % o) for o in range(low, 10)] + [(10, b"after")]
+    finally:
+        consumer.close()
