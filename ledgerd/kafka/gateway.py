@@ -952,7 +952,7 @@ class Gateway:
         ``partitions``: nobody produced to or fetched from it since the gateway started,
         or not for IDLE_S), for the background work a Kafka broker does on every log it
         leads (retention, compaction); each is opened for its visit and let go after,
-        unless a client started using it meanwhile. Returns how many were visited;
+        unless a request took it meanwhile (``uses``). Returns how many were visited;
         raises if the topics cannot be listed (ZooKeeper away)."""
         visited = 0
         for topic in await self.all_topics():
@@ -963,11 +963,11 @@ class Gateway:
                 if key in self.partitions or not self.owns(f"{topic}/{p}"):
                     continue
                 part = self.partition(topic, p)
-                opened = part.last_used
+                uses = part.uses
                 await visit(topic, p, part)
                 visited += 1
                 if self.partitions.get(key) is part and part.writer is None \
-                        and part.last_used == opened:
+                        and part.uses == uses:
                     del self.partitions[key]
                     await part.shed()
         return visited
@@ -1029,6 +1029,7 @@ class Gateway:
                     part.header_extra = topic_origin(topic, p, record)
                     if part.writer is not None:
                         part.writer.header_extra = part.header_extra
+        part.uses += 1  # a visit by each_unused_partition lets go only an unused one
         return part
 
     async def _topic_origin(self, topic: str, p: int) -> bytes:

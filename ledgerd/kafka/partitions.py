@@ -213,6 +213,7 @@ class PartitionLog:
         self.deferred_due_ms = NEVER
         self.summaries: dict[int, tuple[int, int]] = {}  # closed ledger -> bytes, newest
         self.last_used = trio.current_time()
+        self.uses = 0  # times handed out by ``Gateway.partition``
         # read-ahead: consecutive batches (base, next offset, bytes) read from the bookies
         # ahead of the consumer, and where the next read starts; one run at a time
         self.ahead: deque[tuple[int, int, bytes]] = deque()
@@ -891,18 +892,23 @@ class PartitionLog:
         """The log's ledgers, as listed now."""
         return await self._ledgers()
 
-    async def holds_batch(self, lid: int) -> bool:
-        """Whether ledger ``lid`` holds an acknowledged batch, as far as this gateway
-        knows: a closed one by its metadata, this gateway's writer's by its LAC;
-        another writer's open ledger counts as empty (what it holds is not known here).
-        A new writer finds the log's next offset in the last ledger that holds a batch
-        (``_closed_end``): drops keep one (``retention.drop_front``)."""
+    async def holds_batch(self, lid: int) -> bool | None:
+        """Whether ledger ``lid`` holds an acknowledged batch: True when known to (a
+        closed ledger by its metadata, this gateway's writer's by its LAC: acknowledged
+        entries survive any recovery), False when known not to (a closed ledger without
+        one), None when that cannot be known here (an open ledger: another writer's, one
+        being closed by a roll, or this writer's with nothing acknowledged yet, whose
+        batches in flight a recovery may keep or not). A new writer finds the log's
+        next offset in the last ledger that holds a batch (``_closed_end``): drops keep
+        one (``retention.drop_front``). Raises NoSuchLedgerError."""
         w = self.writer
-        if w is not None and w.ledger_id == lid:
-            return w.handle.last_add_confirmed >= first_log_entry(
-                w.handle.metadata.custom_metadata)
+        if w is not None and w.ledger_id == lid and w.handle.last_add_confirmed >= \
+                first_log_entry(w.handle.metadata.custom_metadata):
+            return True
         md = await self.client.ledger_metadata(lid)
-        return md.is_closed and md.last_entry_id >= first_log_entry(md.custom_metadata)
+        if not md.is_closed:
+            return None
+        return md.last_entry_id >= first_log_entry(md.custom_metadata)
 
     async def first_offset(self, ledger_id: int) -> int | None:
         """The Kafka offset of the ledger's entry 0 (None: no entry yet)."""

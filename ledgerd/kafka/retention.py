@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ledgerd.kafka.partitions import PartitionLog
 
 __all__ = ["RETENTION_CHECK_S", "Segment", "apply", "apply_to_unused", "drop_before",
-           "drop_front", "enforce",
+           "drop_front", "enforce", "keep_from", "last_holding",
            "ledgers_before", "reap", "retention_cut", "run"]
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,10 @@ async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *
     log's next offset from the last batch listed; with none, the offsets would start
     again at 0 (as Kafka keeps its log end offset in its active segment's name)."""
     ledgers = await part.ledgers()
-    count = min(count, len(ledgers) - 1, await _last_holding(part, ledgers))
+    count = min(count, len(ledgers) - 1)
+    if count <= 0:
+        return 0
+    count = min(count, await last_holding(part, ledgers))
     if count <= 0:
         return 0
     dropped = await client.logs.truncate(part.name, ledgers[count], delay_ms=delay_ms)
@@ -109,16 +112,35 @@ async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *
     return len(dropped)
 
 
-async def _last_holding(part: PartitionLog, ledgers: Sequence[int]) -> int:
-    """The index of the last of ``ledgers`` that holds an acknowledged batch
-    (``len(ledgers)`` if none does: the log has no end to keep)."""
-    for i in range(len(ledgers) - 1, -1, -1):
+def keep_from(holding: Sequence[bool | None]) -> int:
+    """How many leading ledgers a drop may take so that the log's end stays listed,
+    given for each ledger (in log order) whether it holds an acknowledged batch (None:
+    not known, ``PartitionLog.holds_batch``): up to the last one known to hold one;
+    with none known, all of them only if every one is known to hold none (the log has
+    no end to keep), else none (one not known may be the only one with the end)."""
+    for i in range(len(holding) - 1, -1, -1):
+        if holding[i]:
+            return i
+    return len(holding) if all(h is False for h in holding) else 0
+
+
+async def last_holding(part: PartitionLog, ledgers: Sequence[int]) -> int:
+    """``keep_from`` of ``ledgers``, read from the last back to the first known to
+    hold a batch. A listed ledger that is gone (compaction swapped it, the list
+    changed under the round) counts as not known. A ledger known to hold a batch never
+    stops holding it, and the list keeps it until a drop that checked this again, so
+    the answer stays safe while the list grows or closes its open ledgers."""
+    states: list[bool | None] = []
+    for lid in reversed(ledgers):
         try:
-            if await part.holds_batch(ledgers[i]):
-                return i
+            held = await part.holds_batch(lid)
         except NoSuchLedgerError:
-            continue
-    return len(ledgers)
+            held = None
+        states.append(held)
+        if held:
+            break
+    states.reverse()
+    return len(ledgers) - len(states) + keep_from(states)
 
 
 async def drop_before(client: Client, part: PartitionLog, offset: int, *,
@@ -160,19 +182,27 @@ async def enforce(client: Client, part: PartitionLog, *, now_ms: int, retention_
     ledgers = await part.ledgers()
     if len(ledgers) < 2:
         return 0
+    # only the ledgers before the last known to hold a batch may go (``drop_front``):
+    # the rest are not looked at (an idle partition's kept ledger, past retention,
+    # would otherwise be read whole for its largest timestamp every round)
+    limit = min(len(ledgers) - 1, await last_holding(part, ledgers))
+    if limit <= 0:
+        return 0
     closed: list[Segment] = []
     cutoff = now_ms - retention_ms
     leading = retention_ms >= 0  # every ledger so far is past retention.ms
-    for lid in ledgers[:-1]:
+    for lid in ledgers[:limit]:
         size, newest = await part.ledger_summary(lid)  # its last batch's
         if leading and newest < cutoff:
             newest = max(newest, await part.largest_timestamp(lid))
         leading = leading and newest < cutoff
         closed.append(Segment(size=size, max_timestamp=newest))
-    try:
-        active = (await client.ledger_metadata(ledgers[-1])).length
-    except (NoSuchLedgerError, LedgerdError):
-        active = 0
+    active = 0  # the ledgers kept whatever retention says (an open one's length: 0)
+    for lid in ledgers[limit:]:
+        try:
+            active += (await client.ledger_metadata(lid)).length
+        except (NoSuchLedgerError, LedgerdError):
+            pass
     cut = retention_cut(closed, active, now_ms=now_ms, retention_ms=retention_ms,
                         retention_bytes=retention_bytes)
     if not cut:

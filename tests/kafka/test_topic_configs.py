@@ -9,12 +9,13 @@ import struct
 
 import google_crc32c
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ledgerd.kafka.api import REQUESTS, RESPONSES, SUPPORTED, ApiKey, ErrorCode
 from ledgerd.kafka.records import BatchHeader, split_batches, with_log_append_time
-from ledgerd.kafka.retention import Segment, ledgers_before, retention_cut
+from ledgerd.kafka.retention import Segment, keep_from, last_holding, ledgers_before, retention_cut
 from ledgerd.kafka.schema import Reader, decode, encode
 from ledgerd.kafka.topic_configs import (
     ConfigRefusedError,
@@ -277,3 +278,48 @@ def test_delete_records_needs_the_first_offsets_only_up_to_one_past_the_offset(
     read = next((i + 1 for i, f in enumerate(firsts) if f is not None and f > offset),
                 len(firsts))
     assert ledgers_before(firsts[:read], offset) == ledgers_before(firsts, offset)
+
+
+def test_a_drop_keeps_the_last_ledger_known_to_hold_a_batch() -> None:
+    """``retention.keep_from``: True holds an acknowledged batch, False holds none, None
+    not known (an open ledger: another writer's, one a roll is closing, this writer's
+    with nothing acknowledged yet)."""
+    assert keep_from([True, None]) == 0  # a roll's new ledger after the last batch
+    assert keep_from([True, True, None]) == 1
+    assert keep_from([None, None]) == 0  # the review's race: the holder not yet closed
+    assert keep_from([True, None, None]) == 0
+    assert keep_from([False, False]) == 2  # no batch anywhere: no end to keep
+    assert keep_from([False, None]) == 0
+    assert keep_from([False, True, False]) == 1
+
+
+@given(st.lists(st.sampled_from([True, False, None]), max_size=10), st.data())
+def test_whatever_an_unknown_ledger_holds_a_drop_leaves_the_logs_end(
+        holding: list[bool | None], data: st.DataObject) -> None:
+    truth = [h if h is not None else data.draw(st.booleans()) for h in holding]
+    cut = keep_from(holding)
+    assert 0 <= cut <= len(holding)
+    if any(truth):
+        assert any(truth[cut:])  # the last batch is still listed: offsets go on
+
+
+def test_last_holding_reads_back_to_the_first_holder_and_a_gone_ledger_is_unknown(
+        ) -> None:
+    from ledgerd.errors import NoSuchLedgerError
+
+    class Part:
+        def __init__(self, states: dict[int, bool | type[Exception] | None]) -> None:
+            self.states, self.asked = states, []  # type: ignore[var-annotated]
+
+        async def holds_batch(self, lid: int) -> bool | None:
+            self.asked.append(lid)
+            got = self.states[lid]
+            if got is NoSuchLedgerError:
+                raise NoSuchLedgerError(lid)
+            return got  # type: ignore[return-value]
+
+    part = Part({1: True, 2: True, 3: None, 4: None})
+    assert trio.run(last_holding, part, [1, 2, 3, 4]) == 1
+    assert part.asked == [4, 3, 2]  # not the first: it stops at the holder
+    gone = Part({1: False, 2: NoSuchLedgerError, 3: False})  # swapped by compaction
+    assert trio.run(last_holding, gone, [1, 2, 3]) == 0
