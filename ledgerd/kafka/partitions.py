@@ -99,6 +99,7 @@ TIME_BLOCKS_MAX = 1 << 15  # blocks remembered per partition (16 bytes each: 512
 TIME_LEDGERS_MAX = 1024  # ledgers whose blocks a partition remembers
 LEDGER_MAX_KEPT = 1 << 16  # closed ledgers whose largest timestamp a partition remembers
 NEVER = 2**63 - 1  # a time (wall-clock ms) that never comes
+END_READS = 5  # walks of the ledger list for the log's end while the list changes
 
 
 def log_name(topic: str, partition: int) -> str:
@@ -677,21 +678,38 @@ class PartitionLog:
         """The next offset after the log's last entry, from ledgers that recovery has
         closed (all but ``skip``, the new writer's): their metadata is read now, never
         taken from a handle opened before. Raises LogFencedError if one is still open
-        (another writer is taking the log over)."""
-        for lid in reversed(await self._ledgers() if ledgers is None else ledgers):
-            if lid == skip:
-                continue
-            self.handles.pop(lid, None)
-            try:
-                h = await self._handle(lid)
-            except NoSuchLedgerError:
-                continue
-            if not h.is_closed:
-                raise LogFencedError(self.name, f"ledger {lid} is open again: another "
-                                                "writer is taking the log over")
-            if h.last_add_confirmed >= first_log_entry(h.metadata.custom_metadata):
-                return (await self._header(lid, h.last_add_confirmed)).next_offset
-        return 0
+        (another writer is taking the log over).
+
+        A ledger gone while this reads that the list no longer names (compaction
+        swapped it for its replacement and deleted it, with file.delete.delay.ms 0)
+        means the list changed: the walk starts again from the list read anew, never
+        taking an earlier ledger's end (that would give offsets out twice); one still
+        listed but gone is passed over, as before. Raises LogFencedError if the list
+        keeps changing for END_READS walks."""
+        listed = await self._ledgers() if ledgers is None else ledgers
+        for _ in range(END_READS):
+            changed = False
+            for lid in reversed(listed):
+                if lid == skip:
+                    continue
+                self.handles.pop(lid, None)
+                try:
+                    h = await self._handle(lid)
+                except NoSuchLedgerError:
+                    fresh = await self._ledgers()
+                    if lid in fresh:
+                        continue
+                    listed, changed = fresh, True
+                    break
+                if not h.is_closed:
+                    raise LogFencedError(self.name, f"ledger {lid} is open again: another "
+                                                    "writer is taking the log over")
+                if h.last_add_confirmed >= first_log_entry(h.metadata.custom_metadata):
+                    return (await self._header(lid, h.last_add_confirmed)).next_offset
+            if not changed:
+                return 0
+        raise LogFencedError(self.name, "the log's ledger list kept changing while its "
+                                        "end was read")
 
     async def _settled_end(self) -> int:
         """The leader's high watermark before it writes: the log's tail recovered (the

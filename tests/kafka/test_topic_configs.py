@@ -323,3 +323,42 @@ def test_last_holding_reads_back_to_the_first_holder_and_a_gone_ledger_is_unknow
     assert part.asked == [4, 3, 2]  # not the first: it stops at the holder
     gone = Part({1: False, 2: NoSuchLedgerError, 3: False})  # swapped by compaction
     assert trio.run(last_holding, gone, [1, 2, 3]) == 0
+
+
+def test_a_new_writer_reads_the_end_again_when_compaction_swaps_a_ledger_meanwhile(
+        ) -> None:
+    """``PartitionLog._closed_end`` walks the listed ledgers from the last: one gone and
+    no longer listed (compaction swapped it for its replacement and deleted it, with
+    file.delete.delay.ms 0) means the list changed, and the walk starts again from the
+    list as it is now, never from an earlier ledger's end (found by review: offsets
+    would have been given out twice)."""
+    from types import SimpleNamespace
+
+    from ledgerd.errors import NoSuchLedgerError
+    from ledgerd.kafka.partitions import PartitionLog, PartitionSettings
+
+    async def made() -> PartitionLog:  # (it reads trio's clock)
+        return PartitionLog(SimpleNamespace(), "t", 0,  # type: ignore[arg-type]
+                            PartitionSettings(3, 2, 2, 1 << 20, 1 << 20, 1 << 20),
+                            None)  # type: ignore[arg-type]
+
+    part = trio.run(made)
+    lists = iter([(1, 2), (1, 3)])  # 2 is swapped for 3 (same entries) after the first read
+    ends = {1: 10, 3: 20}  # next offset after each ledger's last batch
+
+    async def ledgers() -> tuple[int, ...]:
+        return next(lists)
+
+    async def handle(lid: int) -> SimpleNamespace:
+        if lid not in ends:
+            raise NoSuchLedgerError(lid)
+        return SimpleNamespace(is_closed=True, last_add_confirmed=5,
+                               metadata=SimpleNamespace(custom_metadata={}))
+
+    async def header(lid: int, _entry: int) -> SimpleNamespace:
+        return SimpleNamespace(next_offset=ends[lid])
+
+    part._ledgers = ledgers  # type: ignore[method-assign]
+    part._handle = handle  # type: ignore[method-assign,assignment]
+    part._header = header  # type: ignore[method-assign,assignment]
+    assert trio.run(part._closed_end, None) == 20
