@@ -12,13 +12,11 @@ import trio
 
 import ledgerd
 from ledgerd.kafka import retention
-from ledgerd.kafka.partitions import PartitionLog, PartitionSettings
+from ledgerd.kafka.partitions import PartitionLog
 from ledgerd.tools.bookieprocess import BookieProcess
 from tests.cluster import start_bookies
-from tests.kafka.test_gateways import _split
+from tests.kafka.test_gateways import SETTINGS, _split
 from tests.kafka.test_protocol import _batch
-
-SETTINGS = PartitionSettings(3, 2, 2, 1 << 20, 1 << 20, 1 << 20)
 
 
 async def test_roll_close_between_check_and_truncate(
