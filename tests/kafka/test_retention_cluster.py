@@ -21,6 +21,7 @@ from ledgerd.kafka.partitions import log_name
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.crash_kit import wait_until
 from tests.kafka.test_compaction_cluster import _alter, _consume, _create, _metric, _produce
 
 BOUND_S = 60  # every wait below is bounded; reaching it fails the test
@@ -60,16 +61,6 @@ def _deleted(zk: str, ledgers: list[int]) -> list[int]:
     return trio.run(check)
 
 
-def _wait(what: str, check: Any) -> Any:
-    deadline = time.monotonic() + BOUND_S
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"not within {BOUND_S} s: {what}")
-
-
 def test_retention_reaches_a_partition_nobody_uses_after_a_restart(
         cluster: KafkaCluster) -> None:
     from confluent_kafka import Producer
@@ -97,11 +88,12 @@ def test_retention_reaches_a_partition_nobody_uses_after_a_restart(
     admin.incremental_alter_configs([resource])[resource].result(BOUND_S)
 
     # the closed ledgers are dropped (the last, open one stays), then deleted once due
-    after = _wait("retention drops the closed ledgers",
-                  lambda: (r := _log_record(cluster.zk)).ledgers == tuple(before[-1:]) and r)
+    after = wait_until(
+        lambda: (r := _log_record(cluster.zk)).ledgers == tuple(before[-1:]) and r,
+        "retention drops the closed ledgers")
     assert sorted(lid for lid, _ in after.deferred) == sorted(before[:-1])
-    _wait("the dropped ledgers are deleted once file.delete.delay.ms is over",
-          lambda: not _log_record(cluster.zk).deferred)
+    wait_until(lambda: not _log_record(cluster.zk).deferred,
+               "the dropped ledgers are deleted once file.delete.delay.ms is over")
     assert _deleted(cluster.zk, before[:-1]) == before[:-1]
     assert _deleted(cluster.zk, before[-1:]) == []
     assert "kafka_retention_deferred" not in cluster.gateway.log_text()
@@ -125,8 +117,8 @@ def test_compaction_reaches_a_partition_nobody_uses_after_a_restart(
     before = _log_record(cluster.zk, topic).ledgers
     cluster.gateway.restart()  # nothing of the partition is in use on the new one
     _alter(cluster.bootstrap, topic, {"min.compaction.lag.ms": "0"})
-    _wait("a compaction pass over the unused partition",
-          lambda: _metric(cluster.gateway, "ledgerd_kafka_compaction_records_removed") > 0)
+    wait_until(lambda: _metric(cluster.gateway, "ledgerd_kafka_compaction_records_removed") > 0,
+               "a compaction pass over the unused partition")
     assert _log_record(cluster.zk, topic).ledgers != before  # replacements listed
     got = _consume(cluster.bootstrap, topic)
     keys = [k for _, k, _ in got if k != b"filler"]
@@ -156,8 +148,8 @@ def test_retention_past_every_record_keeps_the_offsets_going(cluster: KafkaClust
     assert offsets == list(range(10))
     before = len(_log_record(cluster.zk, topic).ledgers)
     _alter(cluster.bootstrap, topic, {"retention.ms": "1"})
-    _wait("retention drops the ledgers before the last batch",
-          lambda: len(_log_record(cluster.zk, topic).ledgers) < before)
+    wait_until(lambda: len(_log_record(cluster.zk, topic).ledgers) < before,
+               "retention drops the ledgers before the last batch")
     cluster.gateway.stop(signal.SIGKILL)
     cluster.gateway.start()  # a new writer, which finds the log's end in what is listed
     producer.produce(topic, value=b"after", partition=0,
