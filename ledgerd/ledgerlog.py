@@ -739,17 +739,19 @@ class Logs:
         return record.ledgers
 
     async def truncate(self, name: str, before_ledger: int, *, delay_ms: int = 0,
-                       ) -> list[int]:
+                       mark: int = 0) -> list[int]:
         """Drop (and delete, or with ``delay_ms`` defer that: ``reap``) every ledger
         listed before ``before_ledger``; returns them. The record's ``base`` grows by
-        their entries, so offsets do not move."""
+        their entries, so offsets do not move; its ``mark`` becomes at least ``mark``
+        in the same compare-and-set (the application's lower bound of the log's next
+        position, for when the dropped ledgers held the last of it)."""
         record, _ = await self._record(name)
         if before_ledger not in record.ledgers:
             raise LedgerdError(f"log {name!r} has no ledger {before_ledger}")
         cut = record.ledgers.index(before_ledger)
         counts = [await self._closed_count(name, lid) for lid in record.ledgers[:cut]]
         return await self._drop_front(name, record.ledgers[:cut], sum(counts),
-                                      delay_ms=delay_ms)
+                                      delay_ms=delay_ms, mark=mark)
 
     async def truncate_before(self, name: str, offset: int) -> dict[str, int]:
         """Retention by offset: drop whatever holds only entries before ``offset`` — whole
@@ -894,13 +896,14 @@ class Logs:
         return log_entry_count(md)
 
     async def _drop_front(self, name: str, drop: tuple[int, ...], entries: int, *,
-                          delay_ms: int = 0) -> list[int]:
+                          delay_ms: int = 0, mark: int = 0) -> list[int]:
         def change(record: LogRecord) -> LogRecord:
             if record.ledgers[:len(drop)] != drop:
                 raise LogFencedError(name, "the log's front changed during truncation")
             return replace(record, ledgers=record.ledgers[len(drop):], base=record.base + entries,
                            first_seq=record.first_seq + len(drop),
-                           deferred=deferral.apply(record, drop))
+                           deferred=deferral.apply(record, drop),
+                           mark=max(record.mark, mark))
 
         if not drop:
             return []

@@ -20,6 +20,12 @@ recognised and not appended twice. The most recent ``MAX_COMMITS`` writers are k
 log's creation (truncation adds the ledgers it drops): ledger ``i`` of the list is the
 log's ledger ``first_seq + i``, the ``seq`` its log header records (``logheader``).
 
+``"mark": N`` is a lower bound the application keeps of the log's next position, in its
+own numbering, raised (never lowered) by the compare-and-set of a truncation that drops
+the ledgers holding it: the Kafka gateway records there the next offset after the last
+batch a drop takes, so a writer that finds no batch left listed still goes on after it.
+Absent: 0.
+
 Cursors (a consumer's durable position) live under ``<logs root>/<name>/cursors/<cursor>``
 as ``{"format": 1, "offset": N, "ledger": L, "entry": E}`` (the next entry to read),
 changed by compare-and-set. A Kafka consumer group's cursor (kept by the Kafka gateway)
@@ -58,6 +64,7 @@ class LogRecord:
     # ledgers dropped from the list whose deletion waits: (ledger id, due, wall-clock ms),
     # moved here by the compare-and-set that drops them, so none is lost to a crash
     deferred: tuple[tuple[int, int], ...] = ()
+    mark: int = 0  # the application's lower bound of the log's next position
 
     @property
     def next_seq(self) -> int:
@@ -78,6 +85,8 @@ class LogRecord:
             doc["first_seq"] = self.first_seq
         if self.deferred:
             doc["deferred"] = [list(d) for d in self.deferred]
+        if self.mark:
+            doc["mark"] = self.mark
         return json.dumps(doc).encode()
 
     def all_ledgers(self) -> tuple[int, ...]:
@@ -129,8 +138,11 @@ class LogRecord:
                             for x in d) for d in deferred):
                 raise ValueError("deferred must be a list of [ledger id, due ms] pairs of "
                                  "non-negative integers")
+            mark = doc.get("mark", 0)
+            if not isinstance(mark, int) or isinstance(mark, bool) or mark < 0:
+                raise ValueError(f"mark must be a non-negative integer, got {mark!r}")
             return cls(ledgers, base, unbounded, tuple(commits.items()), writers, first_seq,
-                       tuple((d[0], d[1]) for d in deferred))
+                       tuple((d[0], d[1]) for d in deferred), mark)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptMetadataError(path, f"not a log record: {exc}") from exc
 

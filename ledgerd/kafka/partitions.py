@@ -565,13 +565,18 @@ class PartitionLog:
     # -- reading ------------------------------------------------------------------------
 
     async def _ledgers(self) -> tuple[int, ...]:
+        return (await self._listing())[0]
+
+    async def _listing(self) -> tuple[tuple[int, ...], int]:
+        """The log's ledgers and its ``mark`` (the next offset after the last batch
+        retention dropped: a lower bound of the log's end), from one read."""
         try:
             record, _ = await self.client.logs.store.get(self.name)
         except NoNodeError:
-            return ()  # created with the topic, no ledger written yet
+            return (), 0  # created with the topic, no ledger written yet
         self._epoch = (trio.current_time(), epochs.current_epoch(record.writers))
         self.deferred_due_ms = min((at for _, at in record.deferred), default=NEVER)
-        return record.ledgers
+        return record.ledgers, record.mark
 
     # -- leader epochs (``epochs.py``) --------------------------------------------------
 
@@ -661,8 +666,10 @@ class PartitionLog:
 
     async def _end_before(self, skip: int | None) -> int:
         """The next offset after the log's last readable entry (ledgers other than
-        ``skip``), every open ledger's metadata read again first (``_last_entry``)."""
-        for lid in reversed(await self._ledgers()):
+        ``skip``), every open ledger's metadata read again first (``_last_entry``);
+        at least the log's mark."""
+        ledgers, mark = await self._listing()
+        for lid in reversed(ledgers):
             if lid == skip:
                 continue
             try:
@@ -670,15 +677,19 @@ class PartitionLog:
             except NoSuchLedgerError:
                 continue
             if last >= await self._first_entry(lid):
-                return (await self._header(lid, last)).next_offset
-        return 0
+                return max(mark, (await self._header(lid, last)).next_offset)
+        return mark
 
     async def _closed_end(self, skip: int | None,
-                          ledgers: tuple[int, ...] | None = None) -> int:
+                          listing: tuple[tuple[int, ...], int] | None = None) -> int:
         """The next offset after the log's last entry, from ledgers that recovery has
         closed (all but ``skip``, the new writer's): their metadata is read now, never
         taken from a handle opened before. Raises LogFencedError if one is still open
         (another writer is taking the log over).
+
+        Never below the log's mark, read with the list (``listing``: the ledgers and
+        mark of one read): retention records there the end of the batches it drops, a
+        second guard beside ``retention.drop_front``'s keeping the last batch listed.
 
         A ledger gone while this reads that the list no longer names (compaction
         swapped it for its replacement and deleted it, with file.delete.delay.ms 0)
@@ -686,7 +697,7 @@ class PartitionLog:
         taking an earlier ledger's end (that would give offsets out twice); one still
         listed but gone is passed over, as before. Raises LogFencedError if the list
         keeps changing for END_READS walks."""
-        listed = await self._ledgers() if ledgers is None else ledgers
+        listed, mark = await self._listing() if listing is None else listing
         for _ in range(END_READS):
             changed = False
             for lid in reversed(listed):
@@ -696,18 +707,18 @@ class PartitionLog:
                 try:
                     h = await self._handle(lid)
                 except NoSuchLedgerError:
-                    fresh = await self._ledgers()
+                    fresh, fresh_mark = await self._listing()
                     if lid in fresh:
                         continue
-                    listed, changed = fresh, True
+                    (listed, mark), changed = (fresh, fresh_mark), True
                     break
                 if not h.is_closed:
                     raise LogFencedError(self.name, f"ledger {lid} is open again: another "
                                                     "writer is taking the log over")
                 if h.last_add_confirmed >= first_log_entry(h.metadata.custom_metadata):
-                    return (await self._header(lid, h.last_add_confirmed)).next_offset
+                    return max(mark, (await self._header(lid, h.last_add_confirmed)).next_offset)
             if not changed:
-                return 0
+                return mark
         raise LogFencedError(self.name, "the log's ledger list kept changing while its "
                                         "end was read")
 
@@ -719,7 +730,8 @@ class PartitionLog:
         now = trio.current_time()
         if self._settled is not None and now - self._settled[2] < 0.05:
             return self._settled[1]
-        ledgers = await self._ledgers()
+        listing = await self._listing()
+        ledgers = listing[0]
         if self._settled is not None and self._settled[0] == ledgers:
             self._settled = (ledgers, self._settled[1], now)
             return self._settled[1]
@@ -731,7 +743,7 @@ class PartitionLog:
             if not md.is_closed:
                 self.handles.pop(lid, None)  # its view from before the recovery
                 await self.client.open_ledger(lid, recovery=True)
-        end = await self._closed_end(None, ledgers)
+        end = await self._closed_end(None, listing)
         self._settled = (ledgers, end, now)
         return end
 
@@ -927,6 +939,14 @@ class PartitionLog:
         if not md.is_closed:
             return None
         return md.last_entry_id >= first_log_entry(md.custom_metadata)
+
+    async def end_of(self, lid: int) -> int | None:
+        """The next offset after closed ledger ``lid``'s last batch; None if it holds
+        none or is open. Raises NoSuchLedgerError."""
+        md = await self.client.ledger_metadata(lid)
+        if not md.is_closed or md.last_entry_id < first_log_entry(md.custom_metadata):
+            return None
+        return (await self._header(lid, md.last_entry_id)).next_offset
 
     async def first_offset(self, ledger_id: int) -> int | None:
         """The Kafka offset of the ledger's entry 0 (None: no entry yet)."""

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ledgerd.kafka.partitions import PartitionLog
 
 __all__ = ["RETENTION_CHECK_S", "Segment", "apply", "apply_to_unused", "drop_before",
-           "drop_front", "enforce", "keep_from", "last_holding",
+           "drop_front", "dropped_end", "enforce", "keep_from", "last_holding",
            "ledgers_before", "reap", "retention_cut", "run"]
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,10 @@ async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *
     when it is past retention: the ledgers after it (a writer's new ledger, one rolled
     by segment.ms right after an append) hold no batch, and a new writer takes the
     log's next offset from the last batch listed; with none, the offsets would start
-    again at 0 (as Kafka keeps its log end offset in its active segment's name)."""
+    again at 0 (as Kafka keeps its log end offset in its active segment's name).
+    Beside that, the same compare-and-set raises the log's mark to the next offset
+    after the last batch dropped (``dropped_end``), which a new writer's end never
+    goes below: a second guard, should the last batch ever go all the same."""
     ledgers = await part.ledgers()
     count = min(count, len(ledgers) - 1)
     if count <= 0:
@@ -103,13 +106,24 @@ async def drop_front(client: Client, part: PartitionLog, count: int, why: str, *
     count = min(count, await last_holding(part, ledgers))
     if count <= 0:
         return 0
-    dropped = await client.logs.truncate(part.name, ledgers[count], delay_ms=delay_ms)
+    dropped = await client.logs.truncate(part.name, ledgers[count], delay_ms=delay_ms,
+                                         mark=await dropped_end(part, ledgers[:count]))
     part.start_moved()
     if delay_ms > 0:
         part.note_deferred(int(time.time() * 1000) + delay_ms)
     log.info("kafka_ledgers_dropped", extra=fields(
         topic=part.topic, partition=part.partition, ledgers=len(dropped), why=why))
     return len(dropped)
+
+
+async def dropped_end(part: PartitionLog, dropped: Sequence[int]) -> int:
+    """The next offset after the last batch in ``dropped`` (0 if none holds one): the
+    mark a drop of them records. Raises NoSuchLedgerError."""
+    for lid in reversed(dropped):
+        end = await part.end_of(lid)
+        if end is not None:
+            return end
+    return 0
 
 
 def keep_from(holding: Sequence[bool | None]) -> int:

@@ -128,24 +128,35 @@ def test_compaction_reaches_a_partition_nobody_uses_after_a_restart(
         assert key == b"filler" or value.startswith(b"%d:11:" % int(key[1:]))
 
 
-def test_retention_past_every_record_keeps_the_offsets_going(cluster: KafkaCluster) -> None:
-    """segment.ms=1 rolls the ledger right after each append, so the last ledger is
-    empty; retention.ms then finds every closed ledger past it. The ledger with the last
-    batch stays listed (found by an outside audit: all were dropped, and after a kill -9
-    the next writer, finding no batch, gave the next record offset 0 again)."""
-    from confluent_kafka import Consumer, Producer, TopicPartition
+def _ten_one_at_a_time(bootstrap: str, topic: str) -> tuple[Any, list[int]]:
+    """Produce before-0..9 to partition 0 one at a time (with segment.ms=1 each append
+    rolls the ledger after it, so the last ledger is empty); returns the idempotent
+    producer and the offsets acknowledged (-1 for a failure), which its later
+    deliveries append to."""
+    from confluent_kafka import Producer
 
-    topic = "retention-end"
-    _create(cluster.bootstrap, topic, {"segment.ms": "1", "retention.ms": "3600000"})
     offsets: list[int] = []
-    producer = Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True,
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                          "message.timeout.ms": BOUND_S * 1000})
-    for i in range(10):  # one at a time: each append rolls the ledger after it
+    for i in range(10):
         producer.produce(topic, value=b"before-%d" % i, partition=0,
                          on_delivery=lambda err, msg: offsets.append(
                              -1 if err else msg.offset()))
         assert producer.flush(BOUND_S) == 0
     assert offsets == list(range(10))
+    return producer, offsets
+
+
+def test_retention_past_every_record_keeps_the_offsets_going(cluster: KafkaCluster) -> None:
+    """segment.ms=1 rolls the ledger right after each append, so the last ledger is
+    empty; retention.ms then finds every closed ledger past it. The ledger with the last
+    batch stays listed (found by an outside audit: all were dropped, and after a kill -9
+    the next writer, finding no batch, gave the next record offset 0 again)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = "retention-end"
+    _create(cluster.bootstrap, topic, {"segment.ms": "1", "retention.ms": "3600000"})
+    producer, offsets = _ten_one_at_a_time(cluster.bootstrap, topic)
     before = len(_log_record(cluster.zk, topic).ledgers)
     _alter(cluster.bootstrap, topic, {"retention.ms": "1"})
     wait_until(lambda: len(_log_record(cluster.zk, topic).ledgers) < before,
@@ -163,6 +174,8 @@ def test_retention_past_every_record_keeps_the_offsets_going(cluster: KafkaClust
         # the ledger of offset 9 kept (it may hold 8 too: a ledger rolls once its first
         # record is a millisecond old); nothing renumbered
         assert 0 < low <= 9 and high == 11, (low, high)
+        # the drop recorded the end of the batches it took: the first one kept
+        assert _log_record(cluster.zk, topic).mark == low
         consumer.assign([TopicPartition(topic, 0, low)])
         got: list[tuple[int, bytes]] = []
         deadline = time.monotonic() + BOUND_S
@@ -171,5 +184,56 @@ def test_retention_past_every_record_keeps_the_offsets_going(cluster: KafkaClust
             if m is not None and not m.error():
                 got.append((m.offset(), m.value()))
         assert got == [(o, b"before-%d" % o) for o in range(low, 10)] + [(10, b"after")]
+    finally:
+        consumer.close()
+
+
+def test_the_log_mark_keeps_the_end_when_every_batch_is_dropped(
+        cluster: KafkaCluster) -> None:
+    """The second guard. Should a drop ever take every ledger that holds a batch (the
+    first guard, keeping the last one listed, is bypassed here: the log is truncated
+    directly, with the mark retention's drop records), the log's mark still holds the
+    end: after a kill -9 the next writer goes on at 10, and the watermarks say so."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from ledgerd.kafka.partitions import PartitionLog
+    from ledgerd.kafka.retention import dropped_end
+    from tests.kafka.test_gateways import SETTINGS
+
+    topic = "mark-end"
+    _create(cluster.bootstrap, topic, {"segment.ms": "1"})
+    producer, offsets = _ten_one_at_a_time(cluster.bootstrap, topic)
+
+    async def drop_every_batch() -> int:
+        async with ledgerd.open_client(cluster.zk) as client:
+            part = PartitionLog(client, topic, 0, SETTINGS)
+            ledgers = await part.ledgers()
+            # the writer's ledger, rolled to right after the last append, holds nothing
+            assert await part.holds_batch(ledgers[-1]) is not True
+            mark = await dropped_end(part, ledgers[:-1])
+            await client.logs.truncate(part.name, ledgers[-1], mark=mark)
+            return mark
+
+    assert trio.run(drop_every_batch) == 10
+    cluster.gateway.stop(signal.SIGKILL)
+    cluster.gateway.start()  # a new writer: no batch listed, only the mark
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "mark",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), BOUND_S) == (10, 10)
+        producer.produce(topic, value=b"after", partition=0,
+                         on_delivery=lambda err, msg: offsets.append(
+                             -1 if err else msg.offset()))
+        assert producer.flush(BOUND_S) == 0
+        assert offsets[-1] == 10, offsets
+        assert consumer.get_watermark_offsets(TopicPartition(topic, 0), BOUND_S) == (10, 11)
+        consumer.assign([TopicPartition(topic, 0, 10)])
+        deadline = time.monotonic() + BOUND_S
+        got = None
+        while got is None and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and not m.error():
+                got = (m.offset(), m.value())
+        assert got == (10, b"after")
     finally:
         consumer.close()

@@ -6,6 +6,7 @@ version, the record's JSON, which ledgers retention and DeleteRecords drop."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import google_crc32c
 import pytest
@@ -325,13 +326,10 @@ def test_last_holding_reads_back_to_the_first_holder_and_a_gone_ledger_is_unknow
     assert trio.run(last_holding, gone, [1, 2, 3]) == 0
 
 
-def test_a_new_writer_reads_the_end_again_when_compaction_swaps_a_ledger_meanwhile(
-        ) -> None:
-    """``PartitionLog._closed_end`` walks the listed ledgers from the last: one gone and
-    no longer listed (compaction swapped it for its replacement and deleted it, with
-    file.delete.delay.ms 0) means the list changed, and the walk starts again from the
-    list as it is now, never from an earlier ledger's end (found by review: offsets
-    would have been given out twice)."""
+def _walking_part(listing: Any, ends: dict[int, int | None]) -> Any:
+    """A PartitionLog with no client whose reads are fakes: ``listing()`` gives the
+    ledger list and mark; ledger ``lid`` is closed, gone if not in ``ends``, holding
+    batches up to next offset ``ends[lid]`` (None: no batch)."""
     from types import SimpleNamespace
 
     from ledgerd.errors import NoSuchLedgerError
@@ -342,23 +340,52 @@ def test_a_new_writer_reads_the_end_again_when_compaction_swaps_a_ledger_meanwhi
                             PartitionSettings(3, 2, 2, 1 << 20, 1 << 20, 1 << 20),
                             None)  # type: ignore[arg-type]
 
-    part = trio.run(made)
-    lists = iter([(1, 2), (1, 3)])  # 2 is swapped for 3 (same entries) after the first read
-    ends = {1: 10, 3: 20}  # next offset after each ledger's last batch
-
-    async def ledgers() -> tuple[int, ...]:
-        return next(lists)
-
     async def handle(lid: int) -> SimpleNamespace:
         if lid not in ends:
             raise NoSuchLedgerError(lid)
-        return SimpleNamespace(is_closed=True, last_add_confirmed=5,
+        return SimpleNamespace(is_closed=True,
+                               last_add_confirmed=-1 if ends[lid] is None else 5,
                                metadata=SimpleNamespace(custom_metadata={}))
 
     async def header(lid: int, _entry: int) -> SimpleNamespace:
         return SimpleNamespace(next_offset=ends[lid])
 
-    part._ledgers = ledgers  # type: ignore[method-assign]
-    part._handle = handle  # type: ignore[method-assign,assignment]
-    part._header = header  # type: ignore[method-assign,assignment]
+    part = trio.run(made)
+    part._listing = listing
+    part._handle = handle
+    part._header = header
+    return part
+
+
+def test_a_new_writer_reads_the_end_again_when_compaction_swaps_a_ledger_meanwhile(
+        ) -> None:
+    """``PartitionLog._closed_end`` walks the listed ledgers from the last: one gone and
+    no longer listed (compaction swapped it for its replacement and deleted it, with
+    file.delete.delay.ms 0) means the list changed, and the walk starts again from the
+    list as it is now, never from an earlier ledger's end (found by review: offsets
+    would have been given out twice)."""
+    lists = iter([(1, 2), (1, 3)])  # 2 is swapped for 3 (same entries) after the first read
+    ends: dict[int, int | None] = {1: 10, 3: 20}  # next offset after each one's last batch
+
+    async def listing() -> tuple[tuple[int, ...], int]:
+        return next(lists), 0
+
+    part = _walking_part(listing, ends)
     assert trio.run(part._closed_end, None) == 20
+
+
+@pytest.mark.parametrize(("ends", "mark", "expected"), [
+    ({1: 10, 2: None}, 0, 10),  # the last batch listed
+    ({1: None, 2: None}, 10, 10),  # no batch listed: the mark the drop recorded
+    ({1: 20, 2: None}, 10, 20),  # batches after the mark
+    ({}, 7, 7),  # nothing listed at all
+])
+def test_a_new_writers_end_is_never_below_the_log_mark(
+        ends: dict[int, int | None], mark: int, expected: int) -> None:
+    """``_closed_end`` takes the larger of the last listed batch's end and the log's
+    mark (what retention recorded of the batches it dropped)."""
+    async def listing() -> tuple[tuple[int, ...], int]:
+        return tuple(ends), mark
+
+    part = _walking_part(listing, ends)
+    assert trio.run(part._closed_end, None) == expected

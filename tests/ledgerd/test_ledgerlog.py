@@ -185,9 +185,10 @@ async def test_a_delayed_drop_keeps_the_ledgers_on_the_record_until_reaped(
             await writer.append(b"e%d" % i)
         await writer.close()
         first, second, third, last = await client.logs.ledgers("late")
-        assert await client.logs.truncate("late", second, delay_ms=60_000) == [first]
+        assert await client.logs.truncate("late", second, delay_ms=60_000, mark=7) == [first]
         record, _ = await client.logs.store.get("late")
         assert record.ledgers == (second, third, last)
+        assert record.mark == 7  # raised by the same compare-and-set
         [(lid, due)] = record.deferred
         assert lid == first
         assert (await client.ledger_metadata(first)).is_closed  # not deleted yet
@@ -198,6 +199,7 @@ async def test_a_delayed_drop_keeps_the_ledgers_on_the_record_until_reaped(
         record, _ = await client.logs.store.get("late")
         assert record.ledgers == (new.ledger_id, third, last)
         assert [d[0] for d in record.deferred] == [first, second]
+        assert record.mark == 7  # a replacement keeps it
         assert (await client.ledger_metadata(second)).is_closed
         assert await client.logs.reap("late", now_ms=due - 1) == []  # nothing due yet
         assert await client.logs.reap("late", now_ms=due) == [first]
@@ -207,6 +209,9 @@ async def test_a_delayed_drop_keeps_the_ledgers_on_the_record_until_reaped(
         assert [d[0] for d in record.deferred] == [second]
         assert [e.payload async for e in client.logs.read("late")] == [
             b"E2", b"E3", b"e4", b"e5", b"e6"]
+        await client.logs.truncate("late", third, mark=3)
+        record, _ = await client.logs.store.get("late")
+        assert record.ledgers == (third, last) and record.mark == 7  # never lowered
         await client.logs.delete("late")  # the deferred one goes with the log
         with pytest.raises(ledgerd.NoSuchLedgerError):
             await client.ledger_metadata(second)

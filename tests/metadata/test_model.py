@@ -125,16 +125,25 @@ _NAT = st.integers(min_value=0, max_value=2**62)
 
 @given(ledgers=st.lists(_NAT, max_size=8), base=_NAT, writers=_NAT, first_seq=_NAT,
        commits=st.dictionaries(st.text(min_size=1, max_size=8), _NAT, max_size=3),
-       deferred=st.lists(st.tuples(_NAT, _NAT), max_size=5))
+       deferred=st.lists(st.tuples(_NAT, _NAT), max_size=5), mark=_NAT)
 def test_log_record_round_trips_with_its_deferred_deletions(
         ledgers: list[int], base: int, writers: int, first_seq: int,
-        commits: dict[str, int], deferred: list[tuple[int, int]]) -> None:
+        commits: dict[str, int], deferred: list[tuple[int, int]], mark: int) -> None:
     from ledgerd.metadata.logs import LogRecord
 
     record = LogRecord(tuple(ledgers), base, False, tuple(commits.items()), writers,
-                       first_seq, tuple(deferred))
+                       first_seq, tuple(deferred), mark)
     assert LogRecord.from_json(record.to_json(), "/logs/x") == record
     assert record.all_ledgers() == tuple(ledgers) + tuple(lid for lid, _ in deferred)
+
+
+@pytest.mark.parametrize("mark", [-1, True, "3", 1.5, None])
+def test_a_log_record_with_a_malformed_mark_is_corrupt(mark: object) -> None:
+    from ledgerd.metadata.logs import LogRecord
+
+    raw = json.dumps({"format": 1, "ledgers": [1], "mark": mark}).encode()
+    with pytest.raises(CorruptMetadataError, match="mark must be"):
+        LogRecord.from_json(raw, "/logs/x")
 
 
 @pytest.mark.parametrize("deferred", [[[1]], [[1, -2]], [[1, True]], {"1": 2}, [["1", 2]]])
