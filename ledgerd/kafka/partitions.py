@@ -65,7 +65,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
@@ -76,7 +76,7 @@ from ledgerd.kafka import epochs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
 from ledgerd.kafka.producer_state import ProducerState, last_sequence
-from ledgerd.kafka.records import BatchHeader, with_base_offset
+from ledgerd.kafka.records import BatchHeader, empty_run_end, with_base_offset
 from ledgerd.kafka.timestamps import first_at_or_after, latest_record
 from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
 from ledgerd.metadata.errors import NoNodeError
@@ -99,7 +99,15 @@ TIME_BLOCKS_MAX = 1 << 15  # blocks remembered per partition (16 bytes each: 512
 TIME_LEDGERS_MAX = 1024  # ledgers whose blocks a partition remembers
 LEDGER_MAX_KEPT = 1 << 16  # closed ledgers whose largest timestamp a partition remembers
 NEVER = 2**63 - 1  # a time (wall-clock ms) that never comes
+T = TypeVar("T")
 END_READS = 5  # walks of the ledger list for the log's end while the list changes
+# reads past a run of batches compaction emptied, within one fetch (each reads on from
+# where the last stopped: a ledger's end, the read-ahead's, or the fetch's byte budget)
+EMPTY_READS = 64
+
+
+class _ListChanged(Exception):
+    """A walk over a log's ledgers found one gone that the list no longer names."""
 
 
 def log_name(topic: str, partition: int) -> str:
@@ -596,14 +604,27 @@ class PartitionLog:
     async def epoch_starts(self) -> list[tuple[int, int]]:
         """``(leader epoch, first offset)`` of each of the log's ledgers that holds a
         batch, in list order (entry 0 of each read once and remembered)."""
+        async def walk(ledgers: tuple[int, ...], _mark: int) -> list[tuple[int, int]]:
+            return [(self.first_epochs.get(lid, -1), first)
+                    for lid, first in await self._firsts(ledgers)]
+
+        return await self._walk(walk)
+
+    async def _firsts(self, ledgers: tuple[int, ...],
+                      limit: int | None = None) -> list[tuple[int, int]]:
+        """``(ledger, first offset)`` of those of ``ledgers`` that hold a batch, in
+        list order, at most ``limit``; one found gone goes through ``_pass_gone``."""
         out: list[tuple[int, int]] = []
-        for lid in await self._ledgers():
+        for lid in ledgers:
+            if limit is not None and len(out) >= limit:
+                break
             try:
                 first = await self._first_offset(lid)
             except NoSuchLedgerError:
+                await self._pass_gone(lid)
                 continue
             if first is not None:
-                out.append((self.first_epochs.get(lid, -1), first))
+                out.append((lid, first))
         return out
 
     async def _handle(self, lid: int) -> WriteHandle | ReadHandle:
@@ -668,17 +689,44 @@ class PartitionLog:
         """The next offset after the log's last readable entry (ledgers other than
         ``skip``), every open ledger's metadata read again first (``_last_entry``);
         at least the log's mark."""
-        ledgers, mark = await self._listing()
-        for lid in reversed(ledgers):
-            if lid == skip:
-                continue
+        async def walk(ledgers: tuple[int, ...], mark: int) -> int:
+            for lid in reversed(ledgers):
+                if lid == skip:
+                    continue
+                try:
+                    last = await self._last_entry(lid)
+                except NoSuchLedgerError:
+                    await self._pass_gone(lid)
+                    continue
+                if last >= await self._first_entry(lid):
+                    return max(mark, (await self._header(lid, last)).next_offset)
+            return mark
+
+        return await self._walk(walk)
+
+    async def _walk(self, walk: Callable[[tuple[int, ...], int], Awaitable[T]]) -> T:
+        """``walk`` over the listed ledgers and the log's mark, started again from the
+        list as read anew when it finds a ledger gone that the list no longer names
+        (``_pass_gone``); raises LogFencedError if the list keeps changing for
+        END_READS walks."""
+        for _ in range(END_READS):
             try:
-                last = await self._last_entry(lid)
-            except NoSuchLedgerError:
+                return await walk(*await self._listing())
+            except _ListChanged:
                 continue
-            if last >= await self._first_entry(lid):
-                return max(mark, (await self._header(lid, last)).next_offset)
-        return mark
+        raise LogFencedError(self.name, "the log's ledger list kept changing while it "
+                                        "was read")
+
+    async def _pass_gone(self, lid: int) -> None:
+        """Listed ledger ``lid`` was found gone: raises _ListChanged if the list no
+        longer names it (compaction swapped it for a replacement holding the same
+        offsets and deleted it, with file.delete.delay.ms 0, or retention dropped it),
+        so the walk starts again instead of taking a later ledger's first offset or an
+        earlier one's end (found by an outside audit: a consumer from offset 0 of a
+        compacted topic told OFFSET_OUT_OF_RANGE); returns if it is still listed (it is
+        passed over)."""
+        if lid not in await self._ledgers():
+            raise _ListChanged(lid)
 
     async def _closed_end(self, skip: int | None,
                           listing: tuple[tuple[int, ...], int] | None = None) -> int:
@@ -861,14 +909,11 @@ class PartitionLog:
         gateway or another), or the ``floor`` DeleteRecords set if that is later."""
         now = trio.current_time()
         if self._start is None or now - self._start[0] >= START_TTL_S:
-            first: int | None = None
-            for lid in await self._ledgers():
-                try:
-                    first = await self._first_offset(lid)
-                except NoSuchLedgerError:
-                    continue
-                if first is not None:
-                    break
+            async def walk(ledgers: tuple[int, ...], _mark: int) -> int | None:
+                found = await self._firsts(ledgers, limit=1)
+                return found[0][1] if found else None
+
+            first = await self._walk(walk)
             if first is None:
                 return max(self.floor, await self.high_watermark())
             self._start = (now, first)
@@ -1000,7 +1045,31 @@ class PartitionLog:
                    min_one: bool = True) -> tuple[bytes, int]:
         """Whole batches from the one holding ``offset``, at most ``max_bytes`` (but at
         least one batch when ``min_one``: the first partition of a fetch, KIP-74), and
-        the high watermark. Raises OffsetOutOfRangeError."""
+        the high watermark. Raises OffsetOutOfRangeError.
+
+        Batches that compaction emptied are not the whole answer while a record follows
+        below the high watermark: the read goes on past them, across ledgers (at most
+        EMPTY_READS more reads), within ``max_bytes`` (``records.empty_run_end``)."""
+        data, hw = await self._read_once(offset, max_bytes, min_one)
+        parts = [data]
+        size = len(data)
+        for _ in range(EMPTY_READS):
+            after = empty_run_end(parts[-1])
+            if after is None or after >= hw or size >= max_bytes:
+                break
+            try:
+                more, hw = await self._read_once(after, max_bytes - size, False)
+            except LedgerdError:
+                break  # retention or compaction moved it meanwhile: the empty batches
+                # are the answer, and the next fetch finds out
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return b"".join(parts) if len(parts) > 1 else data, hw
+
+    async def _read_once(self, offset: int, max_bytes: int,
+                         min_one: bool) -> tuple[bytes, int]:
         self.last_used = trio.current_time()
         hw = await self.high_watermark()
         if offset == hw:
@@ -1242,19 +1311,24 @@ class PartitionLog:
         is read. None if no record is that late. Ledgers are searched up to their last
         readable entry (the LAC while open: nothing unconfirmed)."""
         start = await self.start_offset()
-        ledgers = list(await self._ledgers())
-        for i, lid in enumerate(ledgers):
-            if self.ledger_max.get(lid, timestamp) < timestamp:
-                continue  # closed, and nothing in it is that late
-            try:
-                if await self._below_start(ledgers, i, start):
+
+        async def walk(listed: tuple[int, ...], _mark: int) -> tuple[int, int] | None:
+            ledgers = list(listed)
+            for i, lid in enumerate(ledgers):
+                if self.ledger_max.get(lid, timestamp) < timestamp:
+                    continue  # closed, and nothing in it is that late
+                try:
+                    if await self._below_start(ledgers, i, start):
+                        continue
+                    found = await self._time_in(lid, timestamp, start)
+                except NoSuchLedgerError:  # dropped or swapped meanwhile
+                    await self._pass_gone(lid)
                     continue
-                found = await self._time_in(lid, timestamp, start)
-            except NoSuchLedgerError:  # dropped meanwhile (retention, compaction)
-                continue
-            if found is not None:
-                return found[1], found[0]
-        return None
+                if found is not None:
+                    return found[1], found[0]
+            return None
+
+        return await self._walk(walk)
 
     async def _time_in(self, lid: int, timestamp: int, start: int) -> tuple[int, int] | None:
         tb = await self._time_blocks(lid)

@@ -36,7 +36,7 @@ import google_crc32c
 from ledgerd.base.errors import LedgerdError
 
 __all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "RecordSpan", "batch_with_records",
-           "read_varint", "record_spans", "split_batches", "with_base_offset",
+           "empty_run_end", "read_varint", "record_spans", "split_batches", "with_base_offset",
            "with_log_append_time", "zigzag"]
 
 HEADER_SIZE = 61
@@ -144,6 +144,21 @@ def split_batches(records: bytes, *, max_batch_bytes: int,
     if not out:
         raise BatchError(87, "empty record set")
     return out
+
+
+def empty_run_end(batches: bytes | memoryview) -> int | None:
+    """The next offset after ``batches`` (whole batches, back to back) if not one of
+    them holds a record (compaction empties batches and keeps them), else None (None
+    too for no batch). librdkafka takes a fetch that yields no record as a size limit
+    too tight: it doubles the partition's fetch size, and past 1 GiB reports
+    MSG_SIZE_TOO_LARGE, so a reader goes on past such a run."""
+    at, end = 0, None
+    while at < len(batches):
+        h = BatchHeader.parse(batches, at)
+        if h.record_count:
+            return None
+        at, end = at + h.length, h.next_offset
+    return end
 
 
 def with_base_offset(batch: bytes, base_offset: int, leader_epoch: int | None = None,

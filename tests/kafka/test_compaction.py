@@ -28,7 +28,14 @@ from ledgerd.kafka.compaction import (
 )
 from ledgerd.kafka.compression import Codec, recompress
 from ledgerd.kafka.control_records import TxnIndex, batch_kind, control_batch
-from ledgerd.kafka.records import HEADER_SIZE, BatchError, BatchHeader, record_spans
+from ledgerd.kafka.records import (
+    HEADER_SIZE,
+    BatchError,
+    BatchHeader,
+    batch_with_records,
+    empty_run_end,
+    record_spans,
+)
 from ledgerd.kafka.timestamps import records_of
 
 T0 = 1_700_000_000_000
@@ -737,3 +744,17 @@ def test_a_topic_made_again_under_its_name_is_cleaned_from_a_fresh_state() -> No
     assert state_of(states, ("t", 0), "id-1") is old
     fresh = state_of(states, ("t", 0), "id-2")
     assert fresh is not old and fresh.clean_through == -1
+
+
+@given(st.lists(st.tuples(st.integers(1, 5), st.booleans()), min_size=1, max_size=8))
+def test_a_run_of_emptied_batches_ends_where_its_last_batch_does(
+        spec: list[tuple[int, bool]]) -> None:
+    """``empty_run_end``: the next offset after the batches if compaction emptied every
+    one of them (a fetch reads on from there), else None."""
+    data, offset = b"", 0
+    for n, emptied in spec:
+        batch = _batch(0, [(b"k%d" % i, b"v", i) for i in range(n)], base_offset=offset)
+        data += batch_with_records(batch, b"", 0) if emptied else batch
+        offset += n
+    assert empty_run_end(data) == (offset if all(e for _, e in spec) else None)
+    assert empty_run_end(b"") is None

@@ -499,3 +499,59 @@ def test_a_topics_segment_bytes_rolls_its_ledgers_and_fetches_see_the_compaction
         got = _consume(gw.bootstrap, "sized")
         assert got[0][0] == acked[4][1]  # the offset it was written at
         assert got[-1][0] == acked[-1][1]
+
+
+def test_a_consumer_reads_past_ledgers_compaction_emptied_without_errors(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """A ledger rolled every 100 ms under three keys is emptied by compaction but for
+    its batches' headers. A fetch that yields no record makes librdkafka double the
+    partition's fetch size, and past 1 GiB (ten such fetches) report
+    MSG_SIZE_TOO_LARGE for each (found by an outside audit: 91 errors in one read
+    from the start); a fetch reads on past emptied batches, so a reader from offset 0
+    gets each key's latest value and no error."""
+    from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log", env=FAST_CLEANER)
+    with running_cluster(tmp_path, zk_chroot, 3, gw):
+        _create(gw.bootstrap, "emptied", {"cleanup.policy": "compact", "segment.ms": "100",
+                                          "min.cleanable.dirty.ratio": "0.01"})
+        p = Producer({"bootstrap.servers": gw.bootstrap, "linger.ms": 0,
+                      "message.timeout.ms": int(BOUND_S * 1000)})
+        acked: dict[bytes, tuple[int, bytes]] = {}
+
+        def delivered(err: Any, msg: Any) -> None:
+            assert err is None, err
+            acked[msg.key()] = (msg.offset(), msg.value())
+
+        started, i = time.monotonic(), 0
+        while time.monotonic() - started < 6:  # about 60 ledgers
+            p.produce("emptied", key=b"k%d" % (i % 3), value=b"v%d" % i, partition=0,
+                      on_delivery=delivered)
+            p.poll(0)
+            time.sleep(0.005)
+            i += 1
+        assert p.flush(BOUND_S) == 0
+        wait_until(lambda: _metric(gw, "ledgerd_kafka_compaction_records_removed") > i * 0.8,
+                   "the cleaner emptied the closed ledgers", bound=120)
+        c = Consumer({"bootstrap.servers": gw.bootstrap, "group.id": "emptied",
+                      "enable.auto.commit": False, "enable.partition.eof": True})
+        try:
+            _, high = c.get_watermark_offsets(TopicPartition("emptied", 0), BOUND_S)
+            c.assign([TopicPartition("emptied", 0, 0)])
+            got: dict[bytes, tuple[int, bytes]] = {}
+            errors: list[str] = []
+            deadline = time.monotonic() + BOUND_S
+            while time.monotonic() < deadline:
+                msg = c.poll(1.0)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        break
+                    errors.append(msg.error().str())
+                    continue
+                got[msg.key()] = (msg.offset(), msg.value())
+            assert errors == [], f"{len(errors)} errors, first {errors[:2]} ({i} produced)"
+            assert got == acked and max(o for o, _ in got.values()) == high - 1
+        finally:
+            c.close()

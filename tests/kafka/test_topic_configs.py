@@ -389,3 +389,54 @@ def test_a_new_writers_end_is_never_below_the_log_mark(
 
     part = _walking_part(listing, ends)
     assert trio.run(part._closed_end, None) == expected
+
+
+def _swapping_listing(before: tuple[int, ...], after: tuple[int, ...]) -> Any:
+    """A fake ``_listing``: ``before`` on the first read, ``after`` from then on (a
+    ledger of ``before`` swapped by compaction and deleted in between)."""
+    reads = iter([before])
+
+    async def listing() -> tuple[tuple[int, ...], int]:
+        return next(reads, after), 0
+    return listing
+
+
+def test_the_log_start_is_read_again_when_compaction_swaps_its_first_ledger() -> None:
+    """A walk from the first listed ledger that finds it gone and no longer listed
+    (swapped for a replacement with the same offsets) starts again from the list as it
+    is now, instead of taking the next ledger's first offset as the log start (found by
+    an outside audit: a consumer from offset 0 of a compacted topic was told
+    OFFSET_OUT_OF_RANGE)."""
+    from ledgerd.errors import NoSuchLedgerError
+
+    part = _walking_part(_swapping_listing((1, 2), (3, 2)), {})
+    firsts = {3: 0, 2: 10}
+
+    async def first_offset(lid: int) -> int | None:
+        if lid not in firsts:
+            raise NoSuchLedgerError(lid)
+        return firsts[lid]
+
+    part._first_offset = first_offset
+    assert trio.run(part.start_offset) == 0
+
+
+def test_a_followers_high_watermark_is_read_again_when_compaction_swaps_the_last_ledger(
+        ) -> None:
+    """The same for a follower's high watermark (``_end_before``): never an earlier
+    ledger's end, which would move it back."""
+    from ledgerd.errors import NoSuchLedgerError
+
+    part = _walking_part(_swapping_listing((1, 2), (1, 3)), {1: 10, 3: 20})
+
+    async def last_entry(lid: int) -> int:
+        if lid not in (1, 3):
+            raise NoSuchLedgerError(lid)
+        return 5
+
+    async def first_entry(lid: int) -> int:
+        return 0
+
+    part._last_entry = last_entry
+    part._first_entry = first_entry
+    assert trio.run(part._end_before, None) == 20
