@@ -408,23 +408,29 @@ class PartitionLog:
         rebuilds it from its log: a producer retrying a batch that the previous writer
         stored (its acknowledgement lost with that gateway) gets the stored offset."""
         self.producers.clear()
-        found: list[BatchHeader] = []
-        for lid in reversed(await self._ledgers()):
-            if lid == skip or len(found) >= PRODUCER_SCAN:
-                continue
-            try:
-                last = await self._last_entry(lid)
-            except NoSuchLedgerError:
-                continue
-            first = max(await self._first_entry(lid), last - (PRODUCER_SCAN - len(found)) + 1)
-            h = await self._handle(lid)
-            eid = last
-            while eid >= first:
-                lo = max(first, eid - 255)
-                batch = await h.read_batch(lo, eid)
-                found.extend(BatchHeader.parse(e.payload) for e in reversed(batch))
-                eid = lo - 1
-        for bh in reversed(found):
+
+        async def walk(ledgers: tuple[int, ...], _mark: int) -> list[BatchHeader]:
+            found: list[BatchHeader] = []
+            for lid in reversed(ledgers):
+                if lid == skip or len(found) >= PRODUCER_SCAN:
+                    continue
+                try:
+                    last = await self._last_entry(lid)
+                except NoSuchLedgerError:
+                    await self._pass_gone(lid)  # swapped by compaction: the list again
+                    continue
+                first = max(await self._first_entry(lid),
+                            last - (PRODUCER_SCAN - len(found)) + 1)
+                h = await self._handle(lid)
+                eid = last
+                while eid >= first:
+                    lo = max(first, eid - 255)
+                    batch = await h.read_batch(lo, eid)
+                    found.extend(BatchHeader.parse(e.payload) for e in reversed(batch))
+                    eid = lo - 1
+            return found
+
+        for bh in reversed(await self._walk(walk)):
             if bh.producer_id >= 0:
                 # lastOffsetDelta, not recordCount: compaction removes records from a
                 # batch and keeps its offsets, so its last sequence (as Kafka's)
@@ -1360,17 +1366,23 @@ class PartitionLog:
         read once) point at the one stretch of 64 entries that holds it (and the
         stretch holding the log start, whose batches below it do not count)."""
         start = await self.start_offset()
-        best: tuple[int, int] | None = None  # (offset, timestamp) of the answer so far
-        ledgers = list(await self._ledgers())
-        for i, lid in enumerate(ledgers):
-            if best is not None and self.ledger_max.get(lid, best[1] + 1) <= best[1]:
-                continue  # closed, and nothing in it is later than the best so far
-            try:
-                if await self._below_start(ledgers, i, start):
+
+        async def walk(listed: tuple[int, ...], _mark: int) -> tuple[int, int] | None:
+            best: tuple[int, int] | None = None  # (offset, timestamp) of the answer so far
+            ledgers = list(listed)
+            for i, lid in enumerate(ledgers):
+                if best is not None and self.ledger_max.get(lid, best[1] + 1) <= best[1]:
+                    continue  # closed, and nothing in it is later than the best so far
+                try:
+                    if await self._below_start(ledgers, i, start):
+                        continue
+                    best = await self._latest_in(lid, start, best)
+                except NoSuchLedgerError:  # dropped or swapped meanwhile
+                    await self._pass_gone(lid)
                     continue
-                best = await self._latest_in(lid, start, best)
-            except NoSuchLedgerError:  # dropped meanwhile (retention, compaction)
-                continue
+            return best
+
+        best = await self._walk(walk)
         return None if best is None else (best[1], best[0])
 
     async def _latest_in(self, lid: int, start: int, best: tuple[int, int] | None,
