@@ -24,7 +24,7 @@ log's ledger ``first_seq + i``, the ``seq`` its log header records (``logheader`
 own numbering, raised (never lowered) by the compare-and-set of a truncation that drops
 the ledgers holding it: the Kafka gateway records there the next offset after the last
 batch a drop takes, so a writer that finds no batch left listed still goes on after it.
-Absent: 0.
+Absent: 0 (as after ``metadata rebuild``, which makes log records anew from the ledgers).
 
 Cursors (a consumer's durable position) live under ``<logs root>/<name>/cursors/<cursor>``
 as ``{"format": 1, "offset": N, "ledger": L, "entry": E}`` (the next entry to read),
