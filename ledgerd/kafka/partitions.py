@@ -76,7 +76,7 @@ from ledgerd.kafka import epochs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
 from ledgerd.kafka.producer_state import ProducerState, last_sequence
-from ledgerd.kafka.records import BatchHeader, empty_run_end, with_base_offset
+from ledgerd.kafka.records import BatchHeader, batches_below, empty_run_end, with_base_offset
 from ledgerd.kafka.timestamps import first_at_or_after, latest_record
 from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
 from ledgerd.metadata.errors import NoNodeError
@@ -106,7 +106,7 @@ END_READS = 5  # walks of the ledger list for the log's end while the list chang
 EMPTY_READS = 64
 
 
-class _ListChanged(Exception):
+class _ListChanged(LedgerdError):
     """A walk over a log's ledgers found one gone that the list no longer names."""
 
 
@@ -915,13 +915,18 @@ class PartitionLog:
         gateway or another), or the ``floor`` DeleteRecords set if that is later."""
         now = trio.current_time()
         if self._start is None or now - self._start[0] >= START_TTL_S:
-            async def walk(ledgers: tuple[int, ...], _mark: int) -> int | None:
+            async def walk(ledgers: tuple[int, ...], mark: int) -> tuple[int | None, int]:
                 found = await self._firsts(ledgers, limit=1)
-                return found[0][1] if found else None
+                return (found[0][1] if found else None), mark
 
-            first = await self._walk(walk)
+            first, mark = await self._walk(walk)
             if first is None:
-                return max(self.floor, await self.high_watermark())
+                # no batch readable: the log as this walk saw it starts and ends at
+                # its mark (not at a high watermark read after it, which may already
+                # count batches the walk did not see: found by an outside audit, a
+                # gateway not leading the partition answered earliest 206 for a log
+                # starting at 0)
+                return max(self.floor, mark)
             self._start = (now, first)
         return max(self.floor, self._start[1])
 
@@ -1053,10 +1058,17 @@ class PartitionLog:
         least one batch when ``min_one``: the first partition of a fetch, KIP-74), and
         the high watermark. Raises OffsetOutOfRangeError.
 
+        Nothing at or past the high watermark is returned, even when the ledgers hold
+        it (the writer's LAC runs ahead of the last batch acknowledged to its producer,
+        and a follower's LAC may move on after its high watermark was read): a consumer
+        handed such a batch fetches next past the high watermark and is told
+        OFFSET_OUT_OF_RANGE (found by an outside audit, with a roll every 100 ms).
+
         Batches that compaction emptied are not the whole answer while a record follows
         below the high watermark: the read goes on past them, across ledgers (at most
         EMPTY_READS more reads), within ``max_bytes`` (``records.empty_run_end``)."""
         data, hw = await self._read_once(offset, max_bytes, min_one)
+        data = batches_below(data, hw)
         parts = [data]
         size = len(data)
         for _ in range(EMPTY_READS):
@@ -1064,7 +1076,9 @@ class PartitionLog:
             if after is None or after >= hw or size >= max_bytes:
                 break
             try:
-                more, hw = await self._read_once(after, max_bytes - size, False)
+                more, more_hw = await self._read_once(after, max_bytes - size, False)
+                more = batches_below(more, more_hw)
+                hw = max(hw, more_hw)
             except LedgerdError:
                 break  # retention or compaction moved it meanwhile: the empty batches
                 # are the answer, and the next fetch finds out

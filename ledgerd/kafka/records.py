@@ -36,7 +36,7 @@ import google_crc32c
 from ledgerd.base.errors import LedgerdError
 
 __all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "RecordSpan", "batch_with_records",
-           "empty_run_end", "read_varint", "record_spans", "split_batches", "with_base_offset",
+           "batches_below", "empty_run_end", "read_varint", "record_spans", "split_batches", "with_base_offset",
            "with_log_append_time", "zigzag"]
 
 HEADER_SIZE = 61
@@ -144,6 +144,18 @@ def split_batches(records: bytes, *, max_batch_bytes: int,
     if not out:
         raise BatchError(87, "empty record set")
     return out
+
+
+def batches_below(batches: bytes, end: int) -> bytes:
+    """``batches`` (whole batches, back to back) up to the first one at or past offset
+    ``end`` (a high watermark: a fetch never returns a batch beyond it)."""
+    at = 0
+    while at < len(batches):
+        h = BatchHeader.parse(batches, at)
+        if h.base_offset >= end:
+            return batches[:at]
+        at += h.length
+    return batches
 
 
 def empty_run_end(batches: bytes | memoryview) -> int | None:

@@ -33,6 +33,7 @@ from ledgerd.kafka.records import (
     BatchError,
     BatchHeader,
     batch_with_records,
+    batches_below,
     empty_run_end,
     record_spans,
 )
@@ -758,3 +759,17 @@ def test_a_run_of_emptied_batches_ends_where_its_last_batch_does(
         offset += n
     assert empty_run_end(data) == (offset if all(e for _, e in spec) else None)
     assert empty_run_end(b"") is None
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=8), st.integers(0, 45))
+def test_batches_below_a_high_watermark_stop_at_the_first_batch_at_or_past_it(
+        sizes: list[int], end: int) -> None:
+    """``batches_below``: whole batches, in order, up to the first whose base offset
+    reaches ``end``."""
+    batches, offset = [], 0
+    for n in sizes:
+        batches.append((offset, _batch(0, [(b"k", b"v", i) for i in range(n)],
+                                       base_offset=offset)))
+        offset += n
+    kept = b"".join(b for base, b in batches if base < end)
+    assert batches_below(b"".join(b for _, b in batches), end) == kept

@@ -1,7 +1,7 @@
-"""Walks over a partition's ledger list while compaction swaps a ledger (written by a
-fresh-eyes review of 54a6479, which found these two walks still passing over one; both
-failed there): ListOffsets' max timestamp and a new writer's producer state read the
-list again instead."""
+"""A partition's reads and walks over its ledger list, driven by fakes: walks read
+the list again when compaction swapped a ledger (the first two, written by a
+fresh-eyes review of 54a6479, failed there), a read stops below the high watermark,
+and the log start of a log with no batch seen is its mark."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -73,3 +73,37 @@ def test_producer_state_walks_again_when_compaction_swaps_the_last_ledger() -> N
     part._handle = handle
     trio.run(part._rebuild_producers, 9)
     assert part.producers.duplicate((7, 0, 5, 9)) == 10
+
+
+def test_a_read_never_returns_a_batch_at_or_past_the_high_watermark() -> None:
+    """The ledgers may hold batches past the high watermark (the writer's LAC runs
+    ahead of what its producers were told; a follower's LAC moves on after its high
+    watermark was read): a consumer handed one fetches next past the high watermark
+    and is told OFFSET_OUT_OF_RANGE (found by an outside audit). A read stops below it."""
+    part = _walking_part(_swapping_listing((1,), (1,)), {})
+    b0 = _batch(0, [(b"k", b"v", i) for i in range(3)], base_offset=0)
+    b3 = _batch(0, [(b"k", b"v", i) for i in range(3)], base_offset=3)
+
+    async def read_once(offset: int, max_bytes: int, min_one: bool) -> tuple[bytes, int]:
+        return b0 + b3, 3  # b3 is in the ledger, past the high watermark read first
+
+    part._read_once = read_once
+    assert trio.run(part.read, 0, 1 << 20) == (b0, 3)
+
+
+def test_the_log_start_of_a_log_with_no_batch_seen_is_its_mark_not_a_later_end() -> None:
+    """A walk that sees no batch (an open ledger whose LAC has not moved yet) answers
+    the log start from what it saw, not from a high watermark read after it, which may
+    count batches that landed meanwhile (found by an outside audit: a gateway not
+    leading the partition answered ListOffsets earliest 206 for a log starting at 0)."""
+    part = _walking_part(_swapping_listing((1,), (1,)), {})
+
+    async def first_offset(lid: int) -> None:
+        return None
+
+    async def high_watermark() -> int:
+        return 206
+
+    part._first_offset = first_offset
+    part.high_watermark = high_watermark
+    assert trio.run(part.start_offset) == 0

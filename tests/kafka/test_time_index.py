@@ -71,7 +71,11 @@ def _log(ledgers: list[tuple[int, list[bytes]]], start: int = 0) -> PartitionLog
     async def start_offset() -> int:
         return p.floor
 
-    for name, fn in (("_ledgers", ledgers_), ("_last_entry", last_entry),
+    async def listing() -> tuple[tuple[int, ...], int]:
+        return tuple(await ledgers_()), 0  # the ledgers and the log's mark, one read
+
+    for name, fn in (("_ledgers", ledgers_), ("_listing", listing),
+                     ("_last_entry", last_entry),
                      ("_first_entry", first_entry), ("_handle", handle),
                      ("_first_offset", first_offset), ("start_offset", start_offset)):
         setattr(p, name, fn)
