@@ -113,6 +113,7 @@ KAFKA_BROKER_CONFIGS = "broker_configs"
 KAFKA_SCRAM = "scram"
 KAFKA_OFFSET_INDEX = "offset_index"
 KAFKA_OFFSET_INDEX_COMPLETE = "offset_index_complete"
+KAFKA_SHARE_GROUPS = "share_groups"
 
 
 def kafka_root(root: str) -> str:
@@ -127,6 +128,14 @@ def kafka_topic_path(kafka: str, topic: str) -> str:
 def kafka_group_path(kafka: str, znode: str) -> str:
     """A consumer group's record, under its znode name (``kafka_groups.group_znode``)."""
     return f"{kafka}/{KAFKA_GROUPS}/{znode}"
+
+
+def kafka_share_group_path(kafka: str, znode: str, topic: str | None = None,
+                           partition: int = 0) -> str:
+    """A share group's record (its configs), under its znode name
+    (``kafka_groups.group_znode``), or the state of one of its share partitions."""
+    path = f"{kafka}/{KAFKA_SHARE_GROUPS}/{znode}"
+    return path if topic is None else f"{path}/{topic}.{partition}"
 
 
 def kafka_offset_index_path(kafka: str, group: str | None = None,

@@ -36,6 +36,7 @@ from ledgerd.kafka.schema import (
     Field,
     Message,
     array,
+    struct_of,
 )
 
 __all__ = ["DECLARED", "REQUESTS", "RESPONSES", "SUPPORTED", "ApiKey", "ErrorCode"]
@@ -84,6 +85,9 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    SHARE_GROUP_HEARTBEAT = 76
+    SHARE_FETCH = 78
+    SHARE_ACKNOWLEDGE = 79
 
 
 class ErrorCode(enum.IntEnum):
@@ -141,6 +145,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_LEADER_EPOCH = 75
     UNSUPPORTED_COMPRESSION_TYPE = 76
     MEMBER_ID_REQUIRED = 79
+    GROUP_MAX_SIZE_REACHED = 81
     FENCED_INSTANCE_ID = 82
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
@@ -150,7 +155,12 @@ class ErrorCode(enum.IntEnum):
     UNACCEPTABLE_CREDENTIAL = 93
     UNKNOWN_TOPIC_ID = 100
     TRANSACTIONAL_ID_NOT_FOUND = 105
+    FENCED_MEMBER_EPOCH = 110
     MISMATCHED_ENDPOINT_TYPE = 114
+    INVALID_RECORD_STATE = 121
+    SHARE_SESSION_NOT_FOUND = 122
+    INVALID_SHARE_SESSION_EPOCH = 123
+    SHARE_SESSION_LIMIT_REACHED = 133
 
 
 # Versions advertised (ApiVersions) and, where narrower, served.
@@ -226,6 +236,11 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     # describe_log_dirs: 0-4 (flexible from 2; v4 adds the volume's total and usable
     # bytes); the Java admin client asks the newest, librdkafka does not ask it
     ApiKey.DESCRIBE_LOG_DIRS: (0, 4),
+    # share groups (KIP-932, Kafka 4.1+): version 1, the first stable one, which
+    # librdkafka 2.15's share consumer asks (``share_server.py``)
+    ApiKey.SHARE_GROUP_HEARTBEAT: (1, 1),
+    ApiKey.SHARE_FETCH: (1, 1),
+    ApiKey.SHARE_ACKNOWLEDGE: (1, 1),
 }
 RECORD_BATCH_PRODUCE = 3  # Produce v0-2 carry message sets (magic 0/1), up-converted
 
@@ -806,5 +821,78 @@ RESPONSES: dict[ApiKey, Message] = {
             Field("total_bytes", INT64, since=4, default=-1),
             Field("usable_bytes", INT64, since=4, default=-1)))), flexible_from=2),
 }
+# -- share groups (KIP-932) ----------------------------------------------------------------
+_ACK_BATCHES = Field("acknowledgement_batches", array(
+    Field("first_offset", INT64), Field("last_offset", INT64),
+    Field("acknowledge_types", Array.of_scalar(INT8))))
+_LEADER = Field("current_leader", struct_of(Field("leader_id", INT32, default=-1),
+                                            Field("leader_epoch", INT32, default=-1)),
+                default={})
+_NODE_ENDPOINTS = Field("node_endpoints", array(
+    Field("node_id", INT32), Field("host", STRING), Field("port", INT32),
+    Field("rack", NULLABLE_STRING)), default=())
+REQUESTS.update({
+    ApiKey.SHARE_GROUP_HEARTBEAT: Message((
+        Field("group_id", STRING), Field("member_id", STRING), Field("member_epoch", INT32),
+        Field("rack_id", NULLABLE_STRING),
+        Field("subscribed_topic_names", Array.of_scalar(STRING, nullable=True))),
+        flexible_from=0),
+    ApiKey.SHARE_FETCH: Message((
+        Field("group_id", NULLABLE_STRING), Field("member_id", NULLABLE_STRING),
+        Field("share_session_epoch", INT32), Field("max_wait_ms", INT32),
+        Field("min_bytes", INT32), Field("max_bytes", INT32),
+        Field("max_records", INT32, since=1, default=500),
+        Field("batch_size", INT32, since=1, default=500),
+        Field("topics", array(
+            Field("topic_id", UUID),
+            Field("partitions", array(
+                Field("partition_index", INT32),
+                Field("partition_max_bytes", INT32, until=0, default=0),
+                _ACK_BATCHES)))),
+        Field("forgotten_topics_data", array(
+            Field("topic_id", UUID), Field("partitions", Array.of_scalar(INT32))))),
+        flexible_from=0),
+    ApiKey.SHARE_ACKNOWLEDGE: Message((
+        Field("group_id", NULLABLE_STRING), Field("member_id", NULLABLE_STRING),
+        Field("share_session_epoch", INT32),
+        Field("topics", array(
+            Field("topic_id", UUID),
+            Field("partitions", array(Field("partition_index", INT32), _ACK_BATCHES))))),
+        flexible_from=0),
+})
+RESPONSES.update({
+    ApiKey.SHARE_GROUP_HEARTBEAT: Message((
+        THROTTLE, ERROR, Field("error_message", NULLABLE_STRING),
+        Field("member_id", NULLABLE_STRING), Field("member_epoch", INT32, default=0),
+        Field("heartbeat_interval_ms", INT32, default=0),
+        Field("assignment", struct_of(
+            Field("topic_partitions", array(Field("topic_id", UUID),
+                                            Field("partitions", Array.of_scalar(INT32)))),
+            nullable=True))), flexible_from=0),
+    ApiKey.SHARE_FETCH: Message((
+        THROTTLE, ERROR, Field("error_message", NULLABLE_STRING),
+        Field("acquisition_lock_timeout_ms", INT32, since=1, default=0),
+        Field("responses", array(
+            Field("topic_id", UUID),
+            Field("partitions", array(
+                Field("partition_index", INT32), ERROR,
+                Field("error_message", NULLABLE_STRING),
+                Field("acknowledge_error_code", INT16, default=0),
+                Field("acknowledge_error_message", NULLABLE_STRING),
+                _LEADER,
+                Field("records", NULLABLE_BYTES, default=b""),
+                Field("acquired_records", array(
+                    Field("first_offset", INT64), Field("last_offset", INT64),
+                    Field("delivery_count", INT16)), default=())))), default=()),
+        _NODE_ENDPOINTS), flexible_from=0),
+    ApiKey.SHARE_ACKNOWLEDGE: Message((
+        THROTTLE, ERROR, Field("error_message", NULLABLE_STRING),
+        Field("responses", array(
+            Field("topic_id", UUID),
+            Field("partitions", array(
+                Field("partition_index", INT32), ERROR,
+                Field("error_message", NULLABLE_STRING), _LEADER))), default=()),
+        _NODE_ENDPOINTS), flexible_from=0),
+})
 assert set(REQUESTS) == set(RESPONSES) == set(SUPPORTED) == set(DECLARED)
 assert all(DECLARED[k][0] <= lo and hi <= DECLARED[k][1] for k, (lo, hi) in SUPPORTED.items())

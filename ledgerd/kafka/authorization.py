@@ -107,7 +107,8 @@ def needs(api: ApiKey, body: dict[str, Any]) -> list[Need]:
     if api is ApiKey.OFFSET_FOR_LEADER_EPOCH:
         return _topics(op.DESCRIBE, body["topics"], key="topic")
     if api in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT,
-               ApiKey.LEAVE_GROUP):
+               ApiKey.LEAVE_GROUP, ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH,
+               ApiKey.SHARE_ACKNOWLEDGE):
         return [Need(op.READ, _group(body["group_id"]))]
     if api is ApiKey.OFFSET_COMMIT:
         return [Need(op.READ, _group(body["group_id"])), *_topics(op.READ, body["topics"])]

@@ -121,6 +121,7 @@ from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
 from ledgerd.kafka.request_budget import RequestBudget
 from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.scram import Mechanism, ScramError, ScramServer
+from ledgerd.kafka.share_server import ShareServer
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import INTERNAL_TOPICS, TopicCache, valid_topic_name
@@ -338,6 +339,7 @@ class Gateway:
                              lambda: self.requests_held.waits)
         self.nursery: trio.Nursery | None = None
         self.txn = transactions.TxnCoordinator(self)
+        self.share = ShareServer(self)  # share groups (KIP-932): ``share_server.py``
         # dynamic broker configs (topic_admin.py, broker_configs.py)
         self.broker_configs = topic_admin.BrokerConfigCache(self.store, self.root)
         # ACLs (acl_admin.py): every request is judged after the roles' check
@@ -388,6 +390,9 @@ class Gateway:
             ApiKey.DELETE_ACLS: self.acls.delete_acls,
             ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: self.describe_scram,
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self.alter_scram,
+            ApiKey.SHARE_GROUP_HEARTBEAT: self.share.heartbeat,
+            ApiKey.SHARE_FETCH: self.share.share_fetch,
+            ApiKey.SHARE_ACKNOWLEDGE: self.share.share_acknowledge,
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -575,6 +580,7 @@ class Gateway:
                 nursery.start_soon(self._membership)
                 nursery.start_soon(self._tick_groups)
                 nursery.start_soon(self.txn.run)
+                nursery.start_soon(self.share.tick)
                 nursery.start_soon(retention.run, self)
                 nursery.start_soon(self.broker_configs.run)
                 nursery.start_soon(cleaner.run, self)
@@ -795,6 +801,11 @@ class Gateway:
                                              legacy=version < RECORD_BATCH_PRODUCE)
             nursery.start_soon(self._finish, slot, api, version, cid,
                                self._complete_produce, (body, work, started, deadline))
+            return True
+        if api is ApiKey.SHARE_FETCH:  # its session and acknowledgements in order, then
+            # its wait for records beside what follows, as a Fetch's
+            waiting = await self.share.begin_fetch(conn, version, body)
+            nursery.start_soon(self._finish, slot, api, version, cid, waiting, ())
             return True
         if api is ApiKey.FETCH:  # a parked fetch must not hold up what follows it
             handler = self.handlers[api]

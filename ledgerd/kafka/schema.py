@@ -14,6 +14,7 @@ Types (``docs/design/protocol.md`` of Kafka, KIP-482 for the flexible forms):
   length; ``NULLABLE_BYTES`` -1 = None (record sets are nullable bytes).
 - ``Array(fields...)`` int32 count (-1 = None when ``nullable``), of structs;
   ``Array(INT32)`` of a scalar.
+- ``Struct(fields...)`` one struct inline; a nullable one after an int8 (-1 = None).
 - In a *flexible* version (``flexible_from`` of the message) strings, bytes and arrays
   use unsigned-varint lengths + 1 (0 = null) and every struct ends with tagged fields
   (read and skipped; written empty).
@@ -34,7 +35,7 @@ from ledgerd.base.errors import LedgerdError
 __all__ = [
     "BOOL", "BYTES", "INT8", "INT16", "INT32", "INT64", "NULLABLE_BYTES", "NULLABLE_STRING",
     "STRING", "UINT32", "UUID", "ZERO_UUID", "Array", "Field", "KafkaDecodeError", "Message",
-    "Reader", "decode", "encode", "uvarint",
+    "Reader", "Struct", "decode", "encode", "struct_of", "uvarint",
 ]
 
 
@@ -87,9 +88,22 @@ def array(*fields: Field, nullable: bool = False) -> Array:
 
 
 @dataclass(frozen=True, slots=True)
+class Struct:
+    """One struct inline (Kafka's struct-typed field: its fields, then in a flexible
+    version its tags). A nullable one is preceded by an int8: -1 null, 1 present."""
+
+    fields: tuple[Field, ...]
+    nullable: bool = False
+
+
+def struct_of(*fields: Field, nullable: bool = False) -> Struct:
+    return Struct(tuple(fields), nullable)
+
+
+@dataclass(frozen=True, slots=True)
 class Field:
     name: str
-    kind: Scalar | Array
+    kind: Scalar | Array | Struct
     since: int = 0
     until: int = 1 << 30  # last version that carries the field
     default: Any = None  # value when decoding a version without it / encoding a missing key
@@ -168,7 +182,14 @@ class Reader:
             self.take(self.uvarint(what), what)
 
 
-def _read(kind: Scalar | Array, r: Reader, version: int, flexible: bool, what: str) -> Any:
+def _read(kind: Scalar | Array | Struct, r: Reader, version: int, flexible: bool,
+          what: str) -> Any:
+    if isinstance(kind, Struct):
+        if kind.nullable:
+            flag = r.scalar(INT8, what)
+            if flag < 0:
+                return None
+        return _read_struct(kind.fields, r, version, flexible, what)
     if isinstance(kind, Array):
         n = r.length(flexible, True, what)
         if n < 0:
@@ -214,8 +235,17 @@ def decode(message: Message, version: int, r: Reader, what: str = "body") -> dic
     return _read_struct(message.fields, r, version, message.is_flexible(version), what)
 
 
-def _write(kind: Scalar | Array, value: Any, out: list[bytes], version: int,
+def _write(kind: Scalar | Array | Struct, value: Any, out: list[bytes], version: int,
            flexible: bool) -> None:
+    if isinstance(kind, Struct):
+        if kind.nullable:
+            if value is None:
+                out.append(b"\xff")
+                return
+            out.append(b"\x01")
+        _write_struct(kind.fields, value if value is not None else {}, out, version,
+                      flexible)
+        return
     if isinstance(kind, Array):
         if value is None:
             out.append(b"\x00" if flexible else b"\xff\xff\xff\xff")

@@ -44,7 +44,7 @@ import trio
 
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError
-from ledgerd.kafka import retention
+from ledgerd.kafka import retention, share_configs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.broker_configs import (
     broker_altered,
@@ -356,10 +356,13 @@ async def describe_configs(gw: Gateway, conn: object, version: int, body: dict[s
             res.update(error_code=ErrorCode.INVALID_REQUEST,
                        error_message=f"broker {name!r}: this is gateway {gw.node_id}; ask "
                                      "that broker for its own configs")
+        elif rtype == ResourceType.GROUP and name:
+            res["configs"] = share_configs.entries(
+                await gw.share.configs(name, fresh=True), keys)
         else:
             res.update(error_code=ErrorCode.INVALID_REQUEST,
-                       error_message=f"resource type {rtype}: only topics (2) and brokers "
-                                     "(4) have configs here")
+                       error_message=f"resource type {rtype}: only topics (2), brokers "
+                                     "(4) and groups (32) have configs here")
     return {"results": results}
 
 
@@ -401,9 +404,11 @@ async def _alter_broker(gw: Gateway, name: str, validate_only: bool, change: Any
 
 
 async def _alter(gw: Gateway, r: dict[str, Any], validate_only: bool,
-                 change: Any, broker_change: Any) -> dict[str, Any]:
+                 change: Any, broker_change: Any, group_change: Any = None,
+                 ) -> dict[str, Any]:
     """Apply ``change(current configs) -> new configs`` to resource ``r`` by CAS
-    (``broker_change`` to a broker's dynamic configs)."""
+    (``broker_change`` to a broker's dynamic configs, ``group_change`` to a share
+    group's: IncrementalAlterConfigs only, as Kafka's)."""
     rtype, name = r["resource_type"], r["resource_name"]
     res: dict[str, Any] = {"resource_type": rtype, "resource_name": name,
                            "error_code": 0, "error_message": None}
@@ -411,9 +416,16 @@ async def _alter(gw: Gateway, r: dict[str, Any], validate_only: bool,
         if rtype == ResourceType.BROKER:
             await _alter_broker(gw, name, validate_only, broker_change)
             return res
+        if rtype == ResourceType.GROUP and group_change is not None and name:
+            try:
+                await gw.share.alter_configs(name, group_change, validate_only)
+            except share_configs.ShareConfigError as exc:
+                raise ConfigRefusedError(exc.code, exc.message) from None
+            return res
         if rtype != ResourceType.TOPIC:
             raise ConfigRefusedError(ErrorCode.INVALID_REQUEST,
-                                     f"resource type {rtype}: only topic configs change")
+                                     f"resource type {rtype}: only topic, broker and group "
+                                     "configs change")
         record = await gw.topic_store.get(name, fresh=True) if valid_topic_name(name) else None
         if record is None:
             raise ConfigRefusedError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -456,5 +468,6 @@ async def incremental_alter_configs(gw: Gateway, conn: object, version: int,
                                 lambda cur, ops=ops: incrementally_altered(
                                     cur, ops, max_batch_bytes=limit),
                                 lambda cur, ops=ops: broker_incrementally_altered(
-                                    cur, ops, broker_settings(gw), max_batch_bytes=limit)))
+                                    cur, ops, broker_settings(gw), max_batch_bytes=limit),
+                                lambda cur, ops=ops: share_configs.altered(cur, ops)))
     return {"responses": out}

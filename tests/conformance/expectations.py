@@ -100,6 +100,7 @@ class Expectation:
     note: str = ""
     listener: Listener = Listener.PLAINTEXT
     kafka_tools: bool = False
+    broker_version: str = ""  # TEST_KAFKA_VERSION for this test ("": the suite's)
 
     def __post_init__(self) -> None:
         if not TEST_NAME.match(self.name):
@@ -134,6 +135,12 @@ class Suite:
         """The test numbers whose tests run against ``listener``."""
         return {e.number for e in self.tests.values() if e.listener is listener}
 
+    def version_of(self, number: str) -> str:
+        """TEST_KAFKA_VERSION for the tests numbered ``number``: the suite's, or the
+        one those tests name (the share consumer's tests: 4.2.0, which they need)."""
+        return next((e.broker_version for e in self.tests.values()
+                     if e.number == number and e.broker_version), self.broker_version)
+
     def numbers_with_kafka_tools(self) -> set[str]:
         """The test numbers that run Kafka's shell tools (KAFKA_PATH is set for them)."""
         return {e.number for e in self.tests.values() if e.kafka_tools}
@@ -145,7 +152,8 @@ class Suite:
         return out
 
 
-_TEST_KEYS = {"checks", "quick", "full", "reason", "note", "listener", "kafka_tools"}
+_TEST_KEYS = {"checks", "quick", "full", "reason", "note", "listener", "kafka_tools",
+              "broker_version"}
 _REASON_KEYS = {"kind", "text", "item"}
 
 
@@ -227,8 +235,13 @@ def parse_suite(data: dict[str, Any], source: str = "<expectations>") -> Suite:
             reason = reasons[key]
         listener = _enum(Listener, _str(table, "listener", where,
                                         default=Listener.PLAINTEXT.value), f"{where} listener")
+        version = _str(table, "broker_version", where, default="")
+        if version and not VERSION.match(version):
+            raise ExpectationsError(f"{where}: `broker_version` {version!r} is not a "
+                                    "version such as 4.2.0")
         try:
             tests[name] = Expectation(name=name, checks=_str(table, "checks", where),
+                                      broker_version=version,
                                       quick=quick, full=full, reason=reason,
                                       note=_str(table, "note", where, default=""),
                                       listener=listener, kafka_tools=_bool(table, "kafka_tools",

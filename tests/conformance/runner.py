@@ -318,7 +318,7 @@ def run_number(number: str, tree: Path, mode: Mode, suite: Suite, logs: Path,
            "TESTS": number,
            # librdkafka's CI setting: longer client timeouts, at most 3 tests at once
            "CI": "true",
-           "TEST_KAFKA_VERSION": suite.broker_version,
+           "TEST_KAFKA_VERSION": suite.version_of(number),
            # the run's own copy (beside its logs), so that runs from several
            # checkouts sharing one librdkafka build do not point at each other's gateway
            "RDKAFKA_TEST_CONF": str(target.conf),

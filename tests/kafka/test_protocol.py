@@ -76,11 +76,13 @@ def test_every_message_round_trips_at_every_version(api: ApiKey) -> None:
 
 
 def _defaults(fields: tuple[object, ...]) -> dict[str, object]:
-    from ledgerd.kafka.schema import BYTES, STRING, Array, Field
+    from ledgerd.kafka.schema import BYTES, STRING, Array, Field, Struct
     out: dict[str, object] = {}
     for f in fields:
         assert isinstance(f, Field)
-        if isinstance(f.kind, Array):
+        if isinstance(f.kind, Struct):
+            out[f.name] = None if f.kind.nullable else _defaults(f.kind.fields)
+        elif isinstance(f.kind, Array):
             out[f.name] = [] if f.default is None else list(f.default)
         elif f.kind in (STRING,):
             out[f.name] = f.default if f.default is not None else "s"
@@ -313,6 +315,7 @@ def _sample(fields: tuple[object, ...], version: int, seed: list[int]) -> dict[s
         Array,
         Field,
         Scalar,
+        Struct,
     )
 
     def scalar(kind: Scalar) -> object:
@@ -333,7 +336,9 @@ def _sample(fields: tuple[object, ...], version: int, seed: list[int]) -> dict[s
         assert isinstance(f, Field)
         if not f.present(version):
             continue
-        if isinstance(f.kind, Array):
+        if isinstance(f.kind, Struct):
+            out[f.name] = _sample(f.kind.fields, version, seed)
+        elif isinstance(f.kind, Array):
             of = f.kind.of
             out[f.name] = [scalar(of) if of is not None
                            else _sample(f.kind.fields, version, seed) for _ in range(2)]
@@ -355,12 +360,14 @@ def test_every_declared_version_round_trips_with_every_field_set(api: ApiKey) ->
 
 def _present(value: dict[str, object], fields: tuple[object, ...], version: int,
              ) -> dict[str, object]:
-    from ledgerd.kafka.schema import Array, Field
+    from ledgerd.kafka.schema import Array, Field, Struct
     out: dict[str, object] = {}
     for f in fields:
         assert isinstance(f, Field)
         if f.present(version):
             v = value[f.name]
+            if isinstance(f.kind, Struct) and v is not None:
+                v = _present(v, f.kind.fields, version)  # type: ignore[arg-type]
             if isinstance(f.kind, Array) and f.kind.of is None:
                 v = [_present(x, f.kind.fields, version) for x in v]  # type: ignore[attr-defined]
             out[f.name] = v
