@@ -59,6 +59,7 @@ class ShareGroup:
     epoch: int = 0
     members: dict[str, ShareMember] = field(default_factory=dict)
     partitions: dict[str, int] = field(default_factory=dict)  # as last assigned
+    ids: dict[str, bytes] = field(default_factory=dict)  # their topic ids, as last assigned
 
     @property
     def subscribed(self) -> set[str]:
@@ -66,16 +67,20 @@ class ShareGroup:
 
     def heartbeat(self, member_id: str, member_epoch: int, rack: str | None,
                   topics: Sequence[str] | None, now: float, session_s: float,
-                  counts: Mapping[str, int]) -> Beat:
+                  counts: Mapping[str, int], ids: Mapping[str, bytes] | None = None,
+                  ) -> Beat:
         """One ShareGroupHeartbeat. ``counts``: partition counts of the topics the
-        group subscribes to (after this heartbeat's subscription), existing ones only."""
+        group subscribes to (after this heartbeat's subscription), existing ones only;
+        ``ids``: their topic ids (a topic deleted and made again under the same name
+        and partition count is assigned again, so its readers learn the new id)."""
+        ids = ids or {}
         if not member_id:
             return Beat(ErrorCode.INVALID_REQUEST, "a share member chooses its member id")
         member = self.members.get(member_id)
         if member_epoch == -1:  # leaving
             if member is not None:
                 del self.members[member_id]
-                self._assign(counts)
+                self._assign(counts, ids)
             return Beat(member_id=member_id, epoch=-1)
         if member_epoch == 0:
             if member is None:
@@ -87,7 +92,7 @@ class ShareGroup:
                                 "a joining share member names its topics")
                 member = self.members[member_id] = ShareMember(
                     member_id, 0, tuple(sorted(set(topics))), rack, now + session_s)
-                self._assign(counts)
+                self._assign(counts, ids)
             member.sent_epoch = -1  # a rejoin (lost answer): send the assignment again
         elif member is None:
             return Beat(ErrorCode.UNKNOWN_MEMBER_ID,
@@ -101,31 +106,36 @@ class ShareGroup:
             member.rack = rack
         if topics is not None and tuple(sorted(set(topics))) != member.topics:
             member.topics = tuple(sorted(set(topics)))
-            self._assign(counts)
-        elif self._readable(counts) != self.partitions:
-            self._assign(counts)  # a topic made, deleted or given partitions
+            self._assign(counts, ids)
+        elif self._readable(counts) != self.partitions or \
+                {t: i for t, i in ids.items() if t in self.partitions} != self.ids:
+            self._assign(counts, ids)  # a topic made, deleted, made again or enlarged
         if member.sent_epoch != member.epoch:
             member.sent_epoch = member.epoch
             return Beat(member_id=member_id, epoch=member.epoch,
                         assignment=dict(member.assignment))
         return Beat(member_id=member_id, epoch=member.epoch)
 
-    def expire(self, now: float, counts: Mapping[str, int]) -> list[str]:
+    def expire(self, now: float, counts: Mapping[str, int],
+               ids: Mapping[str, bytes] | None = None) -> list[str]:
         """Remove the members not heard from in time; their ids."""
         gone = [m for m, member in self.members.items() if member.deadline <= now]
         for m in gone:
             del self.members[m]
         if gone:
-            self._assign(counts)
+            self._assign(counts, ids or {})
         return gone
 
     def _readable(self, counts: Mapping[str, int]) -> dict[str, int]:
         subscribed = self.subscribed
         return {t: n for t, n in counts.items() if t in subscribed and n > 0}
 
-    def _assign(self, counts: Mapping[str, int]) -> None:
+    def _assign(self, counts: Mapping[str, int], ids: Mapping[str, bytes]) -> None:
         wanted: dict[str, dict[str, tuple[int, ...]]] = {m: {} for m in self.members}
         self.partitions = self._readable(counts)
+        new_ids = {t: i for t, i in ids.items() if t in self.partitions}
+        remade = {t for t, i in new_ids.items() if self.ids.get(t, i) != i}
+        self.ids = new_ids
         for topic, n in sorted(self.partitions.items()):
             readers = sorted(m for m, member in self.members.items() if topic in member.topics)
             if not readers:
@@ -140,7 +150,8 @@ class ShareGroup:
             for m, parts in got.items():
                 if parts:
                     wanted[m][topic] = tuple(parts)
-        changed = [m for m, member in self.members.items() if member.assignment != wanted[m]]
+        changed = [m for m, member in self.members.items()
+                   if member.assignment != wanted[m] or remade & set(wanted[m])]
         if changed or not self.epoch:
             self.epoch += 1
         for m in changed:

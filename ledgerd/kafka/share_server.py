@@ -82,6 +82,7 @@ class _Session:
     epoch: int  # the epoch the next request must carry
     parts: set[tuple[bytes, int]]  # (topic id, partition)
     last: float
+    turn: int = 0  # which partition a fetch starts from: each in turn goes first
 
 
 def _aborted_batches(data: bytes, aborted: list[dict[str, int]]) -> set[int]:
@@ -138,6 +139,7 @@ class ShareServer:
         self.sessions: dict[tuple[str, str], _Session] = {}
         self.changed = trio.Event()  # set (and replaced) when records are given back
         self._configs: dict[str, tuple[float, dict[str, str]]] = {}
+        self._loading = trio.Lock()
 
     # -- configs -------------------------------------------------------------------------
 
@@ -177,15 +179,11 @@ class ShareServer:
         group = self.groups.setdefault(gid, ShareGroup(gid))
         topics = body["subscribed_topic_names"]
         wanted = group.subscribed | set(topics or ())
-        counts = {}
-        for t in sorted(wanted):
-            n = await self.gw.partition_count(t)
-            if n:
-                counts[t] = n
+        counts, ids = await self._topics(wanted)
         beat = group.heartbeat(
             body["member_id"], body["member_epoch"], body["rack_id"], topics,
             trio.current_time(), int(share_configs.value(configs, "share.session.timeout.ms"))
-            / 1000, counts)
+            / 1000, counts, ids)
         if beat.error:
             return {"error_code": beat.error, "error_message": beat.message}
         reply: dict[str, Any] = {
@@ -207,6 +205,18 @@ class ShareServer:
         if not group.members:
             self.groups.pop(gid, None)
         return reply
+
+    async def _topics(self, names: Iterable[str]) -> tuple[dict[str, int], dict[str, bytes]]:
+        """The partition counts and topic ids of the topics of ``names`` that exist."""
+        counts: dict[str, int] = {}
+        ids: dict[str, bytes] = {}
+        for t in sorted(names):
+            n = await self.gw.partition_count(t)
+            tid = await self.gw.topic_id(t) if n else None
+            if n and tid is not None:
+                counts[t] = n
+                ids[t] = tid
+        return counts, ids
 
     # -- the leader: ShareFetch, ShareAcknowledge ---------------------------------------
 
@@ -358,21 +368,31 @@ class ShareServer:
     async def _hold(self, gid: str, topic: str, p: int, tid: bytes,
                     configs: dict[str, str]) -> _Held:
         key = (gid, topic, p)
-        held = self.held.get(key)
         settings = share_configs.settings(configs, MAX_LOCKS)
-        if held is not None and held.topic_id == tid:
-            held.part.settings = settings
-            return held
+        held = self.held.get(key)
+        if held is None or held.topic_id != tid:
+            # one load at a time: two fetches loading the same share partition would
+            # each hand out records from their own copy
+            async with self._loading:
+                held = self.held.get(key)
+                if held is None or held.topic_id != tid:
+                    held = await self._load(gid, topic, p, tid, configs)
+                    self.held[key] = held
+        held.part.settings = settings
+        return held
+
+    async def _load(self, gid: str, topic: str, p: int, tid: bytes,
+                    configs: dict[str, str]) -> _Held:
+        settings = share_configs.settings(configs, MAX_LOCKS)
         doc, version = await self.store.load(gid, topic, p, tid)
-        plog = self.gw.partition(topic, p)
         if doc is not None:
             part = SharePartition.from_state(ShareState.from_doc(doc), settings)
-            held = _Held(part, version, tid)
-        else:
-            start = await self._initial_start(plog, share_configs.reset_policy(configs))
-            held = _Held(SharePartition(start, settings), version, tid)
-            await self._store(gid, topic, p, held)
-        return self.held.setdefault(key, held)
+            return _Held(part, version, tid)
+        plog = self.gw.partition(topic, p)
+        start = await self._initial_start(plog, share_configs.reset_policy(configs))
+        held = _Held(SharePartition(start, settings), version, tid)
+        await self._store(gid, topic, p, held)
+        return held
 
     async def _initial_start(self, plog: PartitionLog, policy: str) -> int:
         if policy == "earliest":
@@ -388,7 +408,8 @@ class ShareServer:
             held.version = await self.store.save(gid, topic, p, held.topic_id,
                                                  held.part.state().to_doc(), held.version)
         except (BadVersionError, NodeExistsError):
-            self.held.pop((gid, topic, p), None)
+            if self.held.get((gid, topic, p)) is held:
+                del self.held[(gid, topic, p)]
             raise _Lost(f"share partition {topic}/{p} of {gid}: another gateway stored "
                         "its state") from None
 
@@ -438,18 +459,23 @@ class ShareServer:
                      configs: dict[str, str], results: dict[tuple[bytes, int], dict[str, Any]],
                      ) -> None:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
-        budget = min(body["max_bytes"] if body["max_bytes"] > 0 else FETCH_MAX_BYTES,
-                     FETCH_MAX_BYTES)
+        budget = min(max(body["max_bytes"], 0), FETCH_MAX_BYTES)  # 0: acknowledge only
         max_records = body["max_records"] if body["max_records"] > 0 else 500
         committed = share_configs.read_committed(configs)
         while True:
             taken = size = 0
             waits: list[trio.Event] = [self.changed]
             wake = deadline
-            for tp in sorted(session.parts):
+            order = sorted(session.parts)
+            if order:
+                first = session.turn % len(order)
+                order = order[first:] + order[:first]
+            for tp in order:
                 if taken >= max_records or size >= budget:
                     break
                 res = results.setdefault(tp, {})
+                res.pop("error_code", None)
+                res.pop("leader", None)
                 topic, leader = await self._locate(tp)
                 if topic is None:
                     res["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
@@ -485,6 +511,7 @@ class ShareServer:
                 del results[tp]
             now = trio.current_time()
             if taken or now >= deadline or (gid, mid) not in self.sessions:
+                session.turn += 1
                 return
             with trio.move_on_at(wake):
                 async with trio.open_nursery() as nursery:
@@ -530,9 +557,8 @@ class ShareServer:
             await trio.sleep(TICK_S)
             now = trio.current_time()
             for gid, group in list(self.groups.items()):
-                counts = {t: n for t in sorted(group.subscribed)
-                          if (n := await self.gw.partition_count(t))}
-                gone = group.expire(now, counts)
+                counts, ids = await self._topics(group.subscribed)
+                gone = group.expire(now, counts, ids)
                 if gone:
                     log.info("kafka_share_members_expired", extra=fields(
                         group=gid, members=",".join(gone)))

@@ -288,3 +288,12 @@ def test_a_share_fetch_with_acknowledgements_decodes() -> None:
     back = decode(msg, 1, Reader(b"".join(encode(msg, 1, body))))
     assert back["topics"][0]["partitions"][0]["acknowledgement_batches"][0][
         "acknowledge_types"] == [1, 2, 0]
+
+
+def test_a_topic_made_again_under_its_name_is_assigned_again_with_its_new_id() -> None:
+    g = ShareGroup("g")
+    a = g.heartbeat("a", 0, None, ["t"], 0, 45, {"t": 2}, {"t": b"\x01" * 16})
+    same = g.heartbeat("a", a.epoch, None, None, 1, 45, {"t": 2}, {"t": b"\x01" * 16})
+    assert same.assignment is None and same.epoch == a.epoch
+    again = g.heartbeat("a", a.epoch, None, None, 2, 45, {"t": 2}, {"t": b"\x02" * 16})
+    assert again.epoch > a.epoch and again.assignment == {"t": (0, 1)}
