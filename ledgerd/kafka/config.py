@@ -152,6 +152,13 @@ class GatewayConfig(ClientConfig):
             "connection must authenticate before any request but ApiVersions; a SCRAM "
             "user has the client role, and the admin role too when its User:<name> is in "
             "gateway_super_users; the ACLs are checked after.")
+    gateway_connections_max_reauth_ms: int = setting(
+        0, bk="(Kafka: connections.max.reauth.ms)",
+        doc="Above 0, an authenticated connection (SASL) must authenticate again within "
+            "this many milliseconds (KIP-368): SaslAuthenticate tells the client so "
+            "(session_lifetime_ms), and a connection that sends any other request after "
+            "that is closed. Re-authentication keeps the principal: another is refused. "
+            "0: authentication lasts as long as the connection.")
     gateway_allow_everyone_if_no_acl_found: bool = setting(
         True, bk="(Kafka: allow.everyone.if.no.acl.found)",
         doc="A resource no ACL binding covers is open to every principal (Kafka's "

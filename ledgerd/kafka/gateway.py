@@ -247,6 +247,7 @@ class _Conn:
     sasl_mechanism: str = ""
     scram: ScramServer | None = None  # a SCRAM exchange under way
     held: int = 0  # bytes of the gateway's request budget its requests hold
+    auth_until: float | None = None  # when its SASL authentication runs out (KIP-368)
 
     @property
     def authenticated(self) -> bool:
@@ -762,6 +763,13 @@ class Gateway:
             return True
         if self.authorizing:
             need = _NEEDS.get(api, _CLIENT)
+            if need and conn.auth_until is not None and trio.current_time() >= conn.auth_until:
+                # KIP-368: past connections.max.reauth.ms without authenticating again
+                log.warning("kafka_reauthentication_overdue", extra=fields(
+                    peer=conn.peer, principal=conn.principal.name, api=api.name))
+                slot.close = True
+                slot.done.set()
+                return False
             if need and not conn.authenticated:
                 log.warning("kafka_unauthenticated_request", extra=fields(
                     peer=conn.peer, api=api.name))
@@ -2082,13 +2090,33 @@ class Gateway:
         if principal is None:
             return self._auth_failed(conn, "Authentication failed: invalid user name or "
                                            "password")
+        return self._authenticated(conn, principal, {"error_code": 0, "error_message": None})
+
+    def _authenticated(self, conn: _Conn, principal: Principal, reply: dict[str, Any],
+                       ) -> dict[str, Any]:
+        """``conn`` proved to be ``principal``: the reply, with how long that lasts
+        (KIP-368's session_lifetime_ms). Authenticating again keeps the principal, as
+        Kafka's re-authentication does; another is refused."""
+        if conn.authenticated and conn.principal.name != principal.name:
+            return self._auth_failed(conn, f"Cannot change principals during "
+                                           f"re-authentication from {conn.principal.name} "
+                                           f"to {principal.name}")
+        again = conn.authenticated
         conn.principal = principal
-        log.info("kafka_authenticated", extra=fields(peer=conn.peer, principal=principal.name))
-        return {"error_code": 0, "error_message": None}
+        lifetime = self.config.gateway_connections_max_reauth_ms
+        conn.auth_until = trio.current_time() + lifetime / 1000 if lifetime > 0 else None
+        reply["session_lifetime_ms"] = lifetime
+        log.info("kafka_authenticated", extra=fields(peer=conn.peer, principal=principal.name,
+                                                     again=again))
+        return reply
 
     def _auth_failed(self, conn: _Conn, message: str) -> dict[str, Any]:
         self.metrics.auth_failures += 1
         log.warning("kafka_sasl_failed", extra=fields(peer=conn.peer))
+        # a failed re-authentication ends the earlier one too (Kafka closes the
+        # connection): the next request but a SASL one closes it
+        conn.principal = ANONYMOUS
+        conn.auth_until = None
         return {"error_code": ErrorCode.SASL_AUTHENTICATION_FAILED, "error_message": message}
 
     async def _scram_authenticate(self, conn: _Conn, auth: bytes) -> dict[str, Any]:
@@ -2112,9 +2140,9 @@ class Gateway:
             name = conn.scram.user
             conn.scram, conn.sasl_mechanism = None, ""
             roles = {"client"} | ({"admin"} if f"User:{name}" in self._super_users else set())
-            conn.principal = Principal(name, frozenset(roles), authenticated=True)
-            log.info("kafka_authenticated", extra=fields(peer=conn.peer, principal=name,
-                                                         mechanism=mech.sasl_name))
+            return self._authenticated(
+                conn, Principal(name, frozenset(roles), authenticated=True),
+                {"error_code": 0, "error_message": None, "auth_bytes": reply})
         return {"error_code": 0, "error_message": None, "auth_bytes": reply}
 
     async def _scram_credentials(self) -> Credentials:

@@ -282,6 +282,7 @@ def broker_settings(gw: Gateway) -> dict[str, str]:
         "group.min.session.timeout.ms": str(c.group_min_session_timeout_ms),
         "group.max.session.timeout.ms": str(c.group_max_session_timeout_ms),
         "max.connections": str(c.max_connections),
+        "connections.max.reauth.ms": str(c.gateway_connections_max_reauth_ms),
         **({"broker.rack": c.gateway_rack} if c.gateway_rack else {}),
         "replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector"
         if c.gateway_rack_aware_reads else "",

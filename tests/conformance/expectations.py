@@ -10,9 +10,13 @@ what it checks and its expected result in each mode (``quick``: the test-runner'
 - ``flaky``: it passes or fails from run to run, for the reason; neither is an error.
 
 A test may name the ``listener`` it runs against: ``plaintext`` (the default: the
-cluster every other test uses) or ``ssl`` (a second cluster whose gateway listens with
+cluster every other test uses), ``ssl`` (a second cluster whose gateway listens with
 TLS and requires client certificates; the test-runner gets an SSL test.conf and the
-SSL_* variables librdkafka's cluster tool trivup sets). Every test of one number runs
+SSL_* variables librdkafka's cluster tool trivup sets) or ``sasl`` (a cluster whose
+gateway requires SASL PLAIN; its test.conf has ``security.protocol=SASL_PLAINTEXT``
+and the user's name and password). A test may name the ``broker_version`` it runs at
+(``TEST_KAFKA_VERSION``; the share consumer's tests need 4.2.0); the others run at the
+suite's. Every test of one number runs
 in one test-runner process, so they all name the same listener.
 
 A test marked ``kafka_tools = true`` runs with ``KAFKA_PATH`` (and ``BROKERS``) set: its
@@ -65,6 +69,7 @@ class Mode(enum.Enum):
 class Listener(enum.Enum):
     PLAINTEXT = "plaintext"  # the gateway of the cluster every other test uses
     SSL = "ssl"  # a gateway listening with TLS, client certificates required
+    SASL = "sasl"  # a gateway requiring SASL PLAIN (SASL_PLAINTEXT)
 
 
 class ReasonKind(enum.Enum):

@@ -25,7 +25,12 @@ requires client certificates; the harness makes the client's certificate and key
 that cluster's CA in every form trivup (librdkafka's cluster tool) makes them
 (``sslfiles.py``, under ``.../ssl``), writes ``.../test-ssl.conf`` (``security.protocol=ssl``
 and the ``ssl.*`` keys) and gives those tests trivup's SSL_* variables. The second
-cluster starts only when such a test is to run.
+cluster starts only when such a test is to run. The tests listed with ``listener =
+"sasl"`` (0135, 0142) run against a third, under ``.../cluster-sasl``, whose gateway
+requires SASL PLAIN from one user with the admin role (a principals file the harness
+writes, with a fresh password) and authenticating again every 10 s
+(``gateway_connections_max_reauth_ms``, KIP-368); ``.../test-sasl.conf`` names that user
+and password (``security.protocol=SASL_PLAINTEXT``, ``sasl.mechanism=PLAIN``).
 
 The tests listed with ``kafka_tools = true`` run with ``KAFKA_PATH`` pointing at
 ``build/conformance/<mode>/kafka``, whose ``bin/kafka-topics.sh``, ``kafka-acls.sh`` and
@@ -177,7 +182,8 @@ class Target:
 
 @contextmanager
 def local_cluster(data: Path, out: Path, gateways: int = 1, *,
-                  kafka_tls: bool = False) -> Iterator[Gateway]:
+                  kafka_tls: bool = False, env: dict[str, str] | None = None,
+                  ) -> Iterator[Gateway]:
     """``ledgerd local --bookies 3 --kafka PORT --kafka-gateways N --data data`` until
     the block ends; its output goes to ``out``. Raises HarnessError when it does not
     start in time. With ``kafka_tls`` the gateways listen with TLS, requiring client
@@ -194,7 +200,7 @@ def local_cluster(data: Path, out: Path, gateways: int = 1, *,
     with open(out, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                                env={**os.environ, **GATEWAY_ENV}, cwd=ROOT)
+                                env={**os.environ, **GATEWAY_ENV, **(env or {})}, cwd=ROOT)
 
         def copy() -> None:
             assert proc.stdout is not None
@@ -285,6 +291,41 @@ def _ssl_target(work: Path, clusters: ExitStack) -> Target:
     conf = work / "test-ssl.conf"
     conf.write_text(SSL_TEST_CONF.format(bootstrap=gateway.bootstrap, **files))
     return Target(gateway=gateway, data=data, conf=conf, env=env)
+
+
+SASL_USER = "rdkafka"
+SASL_REAUTH_MS = 10_000
+SASL_TEST_CONF = TEST_CONF + """\
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=PLAIN
+sasl.username={user}
+sasl.password={password}
+"""
+
+
+def _sasl_target(work: Path, clusters: ExitStack) -> Target:
+    """A cluster whose gateway requires SASL PLAIN: its principals file names one
+    user with the admin role (the tests make topics and change configs), whose name
+    and password go into the test.conf (as trivup's SASL cluster has one user)."""
+    import hashlib
+    import secrets
+
+    data = work / "cluster-sasl"
+    data.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_hex(16)
+    principals = work / "sasl-principals.toml"
+    principals.write_text(f"[principals.{SASL_USER}]\n"
+                          f'token_sha256 = "{hashlib.sha256(password.encode()).hexdigest()}"\n'
+                          'roles = ["admin"]\n')
+    gateway = clusters.enter_context(local_cluster(
+        data, work / "ledgerd-local-sasl.out",
+        env={"LEDGERD_GATEWAY_PRINCIPALS_FILE": str(principals),
+             # KIP-368, as 0142 needs: every connection authenticates again in 10 s
+             "LEDGERD_GATEWAY_CONNECTIONS_MAX_REAUTH_MS": str(SASL_REAUTH_MS)}))
+    conf = work / "test-sasl.conf"
+    conf.write_text(SASL_TEST_CONF.format(bootstrap=gateway.bootstrap, user=SASL_USER,
+                                          password=password))
+    return Target(gateway=gateway, data=data, conf=conf, env={})
 
 
 KAFKA_TOOLS = ("kafka-topics", "kafka-acls", "kafka-configs")
@@ -496,31 +537,39 @@ def main(argv: list[str] | None = None) -> int:
                                    f"librdkafka {version}")
             numbers = sorted(set(wanted))
         work = BUILD / "conformance" / mode.value
-        for old in (work / "cluster", work / "cluster-ssl", work / "ssl"):
+        for old in (work / "cluster", work / "cluster-ssl", work / "ssl",
+                    work / "cluster-sasl"):
             if old.exists():
                 subprocess.run(["rm", "-rf", str(old)], check=True)
         work.mkdir(parents=True, exist_ok=True)
         on_ssl = sorted(set(numbers) & suite.numbers_on(Listener.SSL))
+        on_sasl = sorted(set(numbers) & suite.numbers_on(Listener.SASL))
         started = time.monotonic()
         gateways = args.gateways or suite.gateways
         with ExitStack() as clusters:
             targets: dict[str, Target] = {}
-            if set(numbers) - set(on_ssl):
+            if set(numbers) - set(on_ssl) - set(on_sasl):
                 data = work / "cluster"
                 gateway = clusters.enter_context(local_cluster(
                     data, work / "ledgerd-local.out", gateways))
                 (work / "test.conf").write_text(TEST_CONF.format(bootstrap=gateway.bootstrap))
                 plain = Target(gateway=gateway, data=data, conf=work / "test.conf", env={})
-                targets.update((n, plain) for n in numbers if n not in on_ssl)
+                targets.update((n, plain) for n in numbers
+                               if n not in on_ssl and n not in on_sasl)
             if on_ssl:
                 ssl = _ssl_target(work, clusters)
                 targets.update((n, ssl) for n in on_ssl)
+            if on_sasl:
+                sasl = _sasl_target(work, clusters)
+                targets.update((n, sasl) for n in on_sasl)
             clusters_used = list({id(t): t for t in targets.values()}.values())
             print(f"librdkafka {version} test-runner, {mode.value} mode "
                   f"({' '.join(MODE_ARGS[mode])}), {len(numbers)} test numbers, "
                   f"{args.jobs} at a time, against "
                   + " and ".join(f"the gateway at {t.gateway.bootstrap}"
                                  + (f" (SSL: {', '.join(on_ssl)})" if t.env else "")
+                                 + (f" (SASL: {', '.join(on_sasl)})"
+                                    if on_sasl and t.conf.name == "test-sasl.conf" else "")
                                  for t in clusters_used), flush=True)
             runs, not_started = run_all(targets, tree, mode, suite, work, args.jobs)
             dead_gateways = [t.gateway for t in clusters_used if not t.gateway.is_accepting()]
