@@ -109,6 +109,12 @@ class ShareStore:
             return None, stat.version
         return doc, stat.version
 
+    async def version(self, group_id: str, topic: str, partition: int) -> int:
+        """The stored state's node version (-1: none): a copy read at another version
+        is stale (another gateway stored since)."""
+        stat = await self.store.exists(self.path(group_id, topic, partition))
+        return -1 if stat is None else stat.version
+
     async def save(self, group_id: str, topic: str, partition: int, topic_id: bytes,
                    state: dict[str, Any], version: int) -> int:
         """Write the state over ``version`` (-1: make the node); the new version.

@@ -107,9 +107,15 @@ def needs(api: ApiKey, body: dict[str, Any]) -> list[Need]:
     if api is ApiKey.OFFSET_FOR_LEADER_EPOCH:
         return _topics(op.DESCRIBE, body["topics"], key="topic")
     if api in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT,
-               ApiKey.LEAVE_GROUP, ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH,
-               ApiKey.SHARE_ACKNOWLEDGE):
+               ApiKey.LEAVE_GROUP):
         return [Need(op.READ, _group(body["group_id"]))]
+    if api is ApiKey.SHARE_GROUP_HEARTBEAT:  # and DESCRIBE on the topics it subscribes
+        return [Need(op.READ, _group(body["group_id"])),
+                *(Need(op.DESCRIBE, _topic(t)) for t in body["subscribed_topic_names"] or ())]
+    if api in (ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE):
+        # READ on each topic is judged as it is served (share_server: topics by id,
+        # and a session's partitions outlive the request that named them)
+        return [Need(op.READ, _group(body["group_id"] or ""))]
     if api is ApiKey.OFFSET_COMMIT:
         return [Need(op.READ, _group(body["group_id"])), *_topics(op.READ, body["topics"])]
     if api is ApiKey.OFFSET_FETCH:

@@ -131,7 +131,7 @@ from ledgerd.metadata.errors import (
     NodeExistsError,
     NoNodeError,
 )
-from ledgerd.metadata.kafka_acls import ResourceType
+from ledgerd.metadata.kafka_acls import AclOperation, ResourceType
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
 from ledgerd.metadata.kafka_groups import GroupStore, group_znode
 from ledgerd.metadata.kafka_offsets import OffsetIndex
@@ -393,7 +393,7 @@ class Gateway:
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self.alter_scram,
             ApiKey.SHARE_GROUP_HEARTBEAT: self.share.heartbeat,
             ApiKey.SHARE_FETCH: self.share.share_fetch,
-            ApiKey.SHARE_ACKNOWLEDGE: self.share.share_acknowledge,
+            ApiKey.SHARE_ACKNOWLEDGE: self._share_acknowledge,
         }
 
     # -- membership and ownership -------------------------------------------------------
@@ -453,6 +453,10 @@ class Gateway:
                 nodes[self.node_id] = self.config.advertised(self.port)
             if self.config.gateway_rack:
                 racks[self.node_id] = self.config.gateway_rack
+            if set(nodes) != set(self.nodes):
+                # what this gateway leads or coordinates may have moved (and may come
+                # back after another gateway changed it): its share state is read again
+                self.share.forget()
             self.nodes, self.racks = nodes, racks
             for (topic, p), part in list(self.partitions.items()):
                 if part.writer is not None and not self.owns(f"{topic}/{p}"):
@@ -462,7 +466,9 @@ class Gateway:
 
     async def _session_lost(self, reason: str) -> None:
         """Drop every partition's writer and producer state (synchronously, before any
-        await, so no request is answered from them after this starts)."""
+        await, so no request is answered from them after this starts), and the share
+        groups' members and share partitions, read again when next led."""
+        self.share.forget()
         dropped = [(part, part.drop_leadership()) for part in self.partitions.values()]
         if dropped:
             log.warning("kafka_leadership_dropped", extra=fields(
@@ -812,7 +818,8 @@ class Gateway:
             return True
         if api is ApiKey.SHARE_FETCH:  # its session and acknowledgements in order, then
             # its wait for records beside what follows, as a Fetch's
-            waiting = await self.share.begin_fetch(conn, version, body)
+            waiting = await self.share.begin_fetch(conn, version, body,
+                                                   readable=await self._readable(conn))
             nursery.start_soon(self._finish, slot, api, version, cid, waiting, ())
             return True
         if api is ApiKey.FETCH:  # a parked fetch must not hold up what follows it
@@ -1580,6 +1587,19 @@ class Gateway:
         return await send_marker(host, port, marker, self.peer_auth)
 
     # -- groups -------------------------------------------------------------------------
+
+    async def _readable(self, conn: _Conn) -> Callable[[str], bool]:
+        """Whether ``conn``'s principal may READ a topic (the ACLs; share requests name
+        topics by id and keep them in sessions, so each is judged as it is served)."""
+        if (await self.acls.current()).is_open:
+            return lambda _topic: True
+        decide = self.acls.allows(conn)
+        return lambda topic: decide(AclOperation.READ, Resource(ResourceType.TOPIC, topic))
+
+    async def _share_acknowledge(self, conn: _Conn, version: int, body: dict[str, Any],
+                                 ) -> dict[str, Any]:
+        return await self.share.share_acknowledge(conn, version, body,
+                                                  readable=await self._readable(conn))
 
     async def find_coordinator(self, conn: _Conn, version: int, body: dict[str, Any],
                                ) -> dict[str, Any]:

@@ -59,8 +59,11 @@ __all__ = ["ShareServer"]
 log = logging.getLogger("ledgerd.kafka.share")
 
 MAX_SESSIONS = 2000  # group.share.max.share.sessions
+MAX_SESSION_PARTITIONS = 10_000  # partitions one share session may name
+IDLE_S = 60.0  # a share partition no one holds a record of is let go after this
 MAX_LOCKS = 2000  # group.share.partition.max.record.locks
 CONFIG_TTL_S = 1.0  # a group's configs are read again after this
+CHECK_S = 0.5  # a share partition's copy is checked against the stored version this often
 TICK_S = 0.5
 FETCH_MAX_BYTES = 50 << 20
 
@@ -75,6 +78,8 @@ class _Held:
     version: int  # of the stored state (-1: none stored)
     topic_id: bytes
     lock: trio.Lock = field(default_factory=trio.Lock)
+    used: float = 0.0  # when last served
+    checked: float = 0.0  # when its version was last compared with the stored one
 
 
 @dataclass(slots=True)
@@ -141,6 +146,14 @@ class ShareServer:
         self._configs: dict[str, tuple[float, dict[str, str]]] = {}
         self._loading = trio.Lock()
 
+    def forget(self) -> None:
+        """Drop the members and share partitions held here (the ZooKeeper session was
+        lost, or the live gateways changed: what this gateway leads or coordinates
+        may have moved and come back changed). Synchronous: no request is served from
+        them after this; a task holding one finds it gone after its lock (``_held``)."""
+        self.held.clear()
+        self.groups.clear()
+
     # -- configs -------------------------------------------------------------------------
 
     async def configs(self, group_id: str, *, fresh: bool = False) -> dict[str, str]:
@@ -176,10 +189,14 @@ class ShareServer:
             return {"error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
                     "error_message": f"{gid} is a consumer group with members"}
         configs = await self.configs(gid)
-        group = self.groups.setdefault(gid, ShareGroup(gid))
         topics = body["subscribed_topic_names"]
-        wanted = group.subscribed | set(topics or ())
-        counts, ids = await self._topics(wanted)
+        for _ in range(3):  # the topics read, then the group as it is after the reads
+            known = self.groups.get(gid)
+            wanted = (known.subscribed if known is not None else set()) | set(topics or ())
+            counts, ids = await self._topics(wanted)
+            group = self.groups.setdefault(gid, ShareGroup(gid))
+            if group.subscribed | set(topics or ()) <= wanted:
+                break
         beat = group.heartbeat(
             body["member_id"], body["member_epoch"], body["rack_id"], topics,
             trio.current_time(), int(share_configs.value(configs, "share.session.timeout.ms"))
@@ -244,7 +261,8 @@ class ShareServer:
                           ) -> dict[str, Any]:
         return await (await self.begin_fetch(conn, version, body))()
 
-    async def begin_fetch(self, conn: object, version: int, body: dict[str, Any],
+    async def begin_fetch(self, conn: object, version: int, body: dict[str, Any], *,
+                          readable: Callable[[str], bool] = lambda _t: True,
                           ) -> Callable[[], Awaitable[dict[str, Any]]]:
         """A ShareFetch's session check, acknowledgements and forgotten partitions, in
         the connection's order; then what waits for records, which the gateway runs
@@ -278,6 +296,13 @@ class ShareServer:
                 "error_message": "a share session's last fetch forgets nothing"})
         now = trio.current_time()
         code, session = self._session(gid, mid, epoch, named, now)
+        if session is not None and len(session.parts) > MAX_SESSION_PARTITIONS:
+            self.sessions.pop((gid, mid), None)
+            await self._release(gid, mid, session.parts)
+            return functools.partial(answer, {
+                "error_code": ErrorCode.INVALID_REQUEST,
+                "error_message": f"a share session names at most {MAX_SESSION_PARTITIONS} "
+                                 "partitions; this one was closed"})
         if session is None:
             return functools.partial(answer, {
                 "error_code": code,
@@ -286,8 +311,9 @@ class ShareServer:
         results: dict[tuple[bytes, int], dict[str, Any]] = {}
         for tp, batches in acks.items():
             if batches:
-                code = await self._acknowledge(gid, mid, tp, batches, configs)
-                results[tp] = {"acknowledge_error_code": code}
+                code, leader = await self._acknowledge(gid, mid, tp, batches, configs,
+                                                       readable)
+                results[tp] = {"acknowledge_error_code": code, **leader}
         if forgotten:
             session.parts -= forgotten
             await self._release(gid, mid, forgotten)
@@ -298,12 +324,13 @@ class ShareServer:
 
         async def fetched() -> dict[str, Any]:
             assert session is not None
-            await self._fetch(gid, mid, session, body, configs, results)
+            await self._fetch(gid, mid, session, body, configs, results, readable)
             return self._reply(results, configs, fetch=True)
 
         return fetched
 
-    async def share_acknowledge(self, conn: object, version: int, body: dict[str, Any],
+    async def share_acknowledge(self, conn: object, version: int, body: dict[str, Any], *,
+                                readable: Callable[[str], bool] = lambda _t: True,
                                 ) -> dict[str, Any]:
         gid, mid, epoch = body["group_id"], body["member_id"], body["share_session_epoch"]
         if not gid or not mid:
@@ -323,8 +350,10 @@ class ShareServer:
             for p in t["partitions"]:
                 acks.setdefault((t["topic_id"], p["partition_index"]), []).extend(
                     p["acknowledgement_batches"])
-        results = {tp: {"error_code": await self._acknowledge(gid, mid, tp, batches, configs)}
-                   for tp, batches in acks.items()}
+        results: dict[tuple[bytes, int], dict[str, Any]] = {}
+        for tp, batches in acks.items():
+            code, leader = await self._acknowledge(gid, mid, tp, batches, configs, readable)
+            results[tp] = {"error_code": code, **leader}
         if epoch == -1:
             self.sessions.pop((gid, mid), None)
             await self._release(gid, mid, session.parts)
@@ -338,7 +367,8 @@ class ShareServer:
             res["partition_index"] = p
             res.setdefault("error_code", 0)
             leader = res.pop("leader", -1)
-            res["current_leader"] = {"leader_id": leader, "leader_epoch": -1}
+            res["current_leader"] = {"leader_id": leader,
+                                     "leader_epoch": res.pop("leader_epoch", -1)}
             if leader >= 0:
                 leaders.add(leader)
             by_topic.setdefault(tid, []).append(res)
@@ -379,7 +409,15 @@ class ShareServer:
                     held = await self._load(gid, topic, p, tid, configs)
                     self.held[key] = held
         held.part.settings = settings
+        held.used = trio.current_time()
         return held
+
+    async def _leader(self, topic: str, p: int) -> dict[str, int]:
+        """Where a client told NOT_LEADER_OR_FOLLOWER should go: the leader and its
+        epoch (librdkafka takes the hint only with an epoch)."""
+        count = await self.gw.partition_count(topic) or 0
+        epoch = (await self.gw.leader_epochs(topic, count))[p] if p < count else -1
+        return {"leader": self.gw.owner(f"{topic}/{p}"), "leader_epoch": epoch}
 
     async def _load(self, gid: str, topic: str, p: int, tid: bytes,
                     configs: dict[str, str]) -> _Held:
@@ -414,31 +452,44 @@ class ShareServer:
                         "its state") from None
 
     async def _acknowledge(self, gid: str, mid: str, tp: tuple[bytes, int],
-                           batches: list[dict[str, Any]], configs: dict[str, str]) -> int:
+                           batches: list[dict[str, Any]], configs: dict[str, str],
+                           readable: Callable[[str], bool],
+                           ) -> tuple[int, dict[str, int]]:
+        """Apply a member's acknowledgement batches of one partition and store the
+        result; its error code, and where its leader is when it is not here."""
         topic, leader = await self._locate(tp)
         if topic is None:
-            return ErrorCode.UNKNOWN_TOPIC_ID
+            return ErrorCode.UNKNOWN_TOPIC_ID, {}
+        if not readable(topic):
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED, {}
         if leader >= 0:
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, await self._leader(topic, tp[1])
+        key = (gid, topic, tp[1])
         try:
-            held = await self._hold(gid, topic, tp[1], tp[0], configs)
-            async with held.lock:
-                code = 0
-                prev = -1
-                for b in batches:
-                    if b["first_offset"] <= prev:
-                        code = ErrorCode.INVALID_REQUEST
-                        continue
-                    prev = b["last_offset"]
-                    code = held.part.acknowledge(mid, b["first_offset"], b["last_offset"],
-                                                 b["acknowledge_types"]) or code
-                await self._store(gid, topic, tp[1], held)
+            for _ in range(3):
+                held = await self._hold(gid, topic, tp[1], tp[0], configs)
+                async with held.lock:
+                    if self.held.get(key) is not held:
+                        continue  # dropped while this waited: read again
+                    code = 0
+                    prev = -1
+                    for b in batches:
+                        if b["first_offset"] <= prev:
+                            code = ErrorCode.INVALID_REQUEST
+                            continue
+                        prev = b["last_offset"]
+                        code = held.part.acknowledge(mid, b["first_offset"], b["last_offset"],
+                                                     b["acknowledge_types"]) or code
+                    await self._store(gid, topic, tp[1], held)
+                    break
+            else:
+                return ErrorCode.NOT_LEADER_OR_FOLLOWER, await self._leader(topic, tp[1])
         except _Lost:
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, await self._leader(topic, tp[1])
         except (LedgerdError, FencedError, MetadataError) as exc:
-            return storage_error_code(exc)
+            return storage_error_code(exc), {}
         self._wake()
-        return code
+        return code, {}
 
     async def _release(self, gid: str, mid: str, parts: Iterable[tuple[bytes, int]]) -> None:
         released = False
@@ -457,13 +508,16 @@ class ShareServer:
 
     async def _fetch(self, gid: str, mid: str, session: _Session, body: dict[str, Any],
                      configs: dict[str, str], results: dict[tuple[bytes, int], dict[str, Any]],
-                     ) -> None:
+                     readable: Callable[[str], bool]) -> None:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         budget = min(max(body["max_bytes"], 0), FETCH_MAX_BYTES)  # 0: acknowledge only
         max_records = body["max_records"] if body["max_records"] > 0 else 500
         committed = share_configs.read_committed(configs)
         while True:
+            if self.sessions.get((gid, mid)) is not session:
+                return  # closed, or opened again, while this waited: hand out nothing
             taken = size = 0
+            failed = False
             waits: list[trio.Event] = [self.changed]
             wake = deadline
             order = sorted(session.parts)
@@ -474,24 +528,34 @@ class ShareServer:
                 if taken >= max_records or size >= budget:
                     break
                 res = results.setdefault(tp, {})
-                res.pop("error_code", None)
-                res.pop("leader", None)
+                for k in ("error_code", "leader", "leader_epoch"):
+                    res.pop(k, None)
                 topic, leader = await self._locate(tp)
-                if topic is None:
+                if topic is None:  # answered once, then no longer fetched
                     res["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
+                    session.parts.discard(tp)
+                elif not readable(topic):
+                    res["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    session.parts.discard(tp)
+                elif leader >= 0:
+                    res.update(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                               **await self._leader(topic, tp[1]))
+                if "error_code" in res:
+                    failed = True
                     continue
-                if leader >= 0:
-                    res.update(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, leader=leader)
-                    continue
+                assert topic is not None
                 try:
                     got, records, plog = await self._acquire(
                         gid, mid, topic, tp, configs, max_records - taken, budget - size,
                         committed)
                 except _Lost:
-                    res["error_code"] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+                    res.update(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                               **await self._leader(topic, tp[1]))
+                    failed = True
                     continue
                 except (LedgerdError, FencedError, MetadataError) as exc:
                     res["error_code"] = storage_error_code(exc)
+                    failed = True
                     continue
                 if got:
                     res.update(records=records, acquired_records=[
@@ -509,8 +573,8 @@ class ShareServer:
                         wake = min(wake, trio.current_time() + 0.1)
             for tp in [tp for tp, res in results.items() if not res]:
                 del results[tp]
-            now = trio.current_time()
-            if taken or now >= deadline or (gid, mid) not in self.sessions:
+            # an error goes back at once (the client finds the new leader), as Kafka's
+            if taken or failed or trio.current_time() >= deadline:
                 session.turn += 1
                 return
             with trio.move_on_at(wake):
@@ -523,36 +587,56 @@ class ShareServer:
                        committed: bool) -> tuple[list[Acquired], bytes, PartitionLog]:
         p = tp[1]
         plog = self.gw.partition(topic, p)
-        held = await self._hold(gid, topic, p, tp[0], configs)
-        async with held.lock:
-            now = trio.current_time()
-            log_start = await plog.start_offset()
-            if held.part.start < log_start:
-                held.part.move_start(log_start)
-            at = held.part.first_wanted(now)
-            if at is None:
-                return [], b"", plog
-            try:
-                data, hw = await plog.read(at, max(1, budget), min_one=True)
-            except OffsetOutOfRangeError as exc:
-                if at < exc.start:
-                    held.part.move_start(exc.start)
-                return [], b"", plog
-            aborted: list[dict[str, int]] = []
-            if committed:
-                data, _lso, aborted = await transactions.read_committed(plog, at, data, hw)
-            dropped = _aborted_batches(data, aborted)
-            views = [BatchView(h.base_offset, h.last_offset,
-                               not h.attributes & CONTROL and h.base_offset not in dropped)
-                     for h in _headers(data)]
-            got = held.part.acquire(mid, views, now, max_records)
-            return got, _batches_holding(data, got) if got else b"", plog
+        for _ in range(3):
+            held = await self._hold(gid, topic, p, tp[0], configs)
+            async with held.lock:
+                if self.held.get((gid, topic, p)) is not held:
+                    continue  # dropped while this waited (a lost write, a move): read again
+                if trio.current_time() - held.checked > CHECK_S:
+                    # another gateway may have led it meanwhile (a view of the live
+                    # gateways this one never saw change) and stored acknowledgements:
+                    # records it saw accepted must not be handed out from this copy
+                    if await self.store.version(gid, topic, p) != held.version:
+                        if self.held.get((gid, topic, p)) is held:
+                            del self.held[(gid, topic, p)]
+                        continue
+                    held.checked = trio.current_time()
+                return await self._acquire_held(held, plog, mid, max_records, budget,
+                                                committed)
+        raise _Lost(f"share partition {topic}/{p} of {gid} keeps changing hands")
+
+    async def _acquire_held(self, held: _Held, plog: PartitionLog, mid: str, max_records: int,
+                            budget: int, committed: bool,
+                            ) -> tuple[list[Acquired], bytes, PartitionLog]:
+        now = trio.current_time()
+        log_start = await plog.start_offset()
+        if held.part.start < log_start:
+            held.part.move_start(log_start)
+        at = held.part.first_wanted(now)
+        if at is None:
+            return [], b"", plog
+        try:
+            data, hw = await plog.read(at, max(1, budget), min_one=True)
+        except OffsetOutOfRangeError as exc:
+            if at < exc.start:
+                held.part.move_start(exc.start)
+            return [], b"", plog
+        aborted: list[dict[str, int]] = []
+        if committed:
+            data, _lso, aborted = await transactions.read_committed(plog, at, data, hw)
+        dropped = _aborted_batches(data, aborted)
+        views = [BatchView(h.base_offset, h.last_offset,
+                           not h.attributes & CONTROL and h.base_offset not in dropped)
+                 for h in _headers(data)]
+        got = held.part.acquire(mid, views, now, max_records)
+        return got, _batches_holding(data, got) if got else b"", plog
 
     # -- housekeeping -------------------------------------------------------------------
 
     async def tick(self) -> None:
         """Members not heard from, sessions left idle, share partitions this gateway no
-        longer leads."""
+        longer leads or that no one used lately (none of their records held), configs
+        read long ago."""
         while True:
             await trio.sleep(TICK_S)
             now = trio.current_time()
@@ -562,19 +646,29 @@ class ShareServer:
                 if gone:
                     log.info("kafka_share_members_expired", extra=fields(
                         group=gid, members=",".join(gone)))
-                if not group.members:
-                    self.groups.pop(gid, None)
+                if not group.members and self.groups.get(gid) is group:
+                    del self.groups[gid]
             for (gid, mid), session in list(self.sessions.items()):
                 configs = await self.configs(gid)
                 timeout = int(share_configs.value(configs, "share.session.timeout.ms")) / 1000
-                if now - session.last > timeout:
-                    self.sessions.pop((gid, mid), None)
+                if now - session.last > timeout and self.sessions.get((gid, mid)) is session:
+                    del self.sessions[(gid, mid)]
                     await self._release(gid, mid, session.parts)
-            for gid, topic, p in list(self.held):
-                if not self.gw.owns(f"{topic}/{p}"):
-                    self.held.pop((gid, topic, p), None)
-            if any(h.part.expire(now) for h in self.held.values()):
-                self._wake()
+            self.sweep(now)
+
+    def sweep(self, now: float) -> None:
+        """Let go of the share partitions this gateway no longer leads or that no one
+        used for IDLE_S (none of their records held), and configs read long ago; give
+        back the records whose locks ran out."""
+        for key, held in list(self.held.items()):
+            moved = not self.gw.owns(f"{key[1]}/{key[2]}")
+            idle = now - held.used > IDLE_S and held.part.next_deadline() is None
+            if (moved or idle) and not held.lock.locked():
+                del self.held[key]
+        for gid in [g for g, (at, _) in self._configs.items() if now - at > CONFIG_TTL_S]:
+            del self._configs[gid]
+        if any(h.part.expire(now) for h in self.held.values()):
+            self._wake()
 
 
 async def _set_then_cancel(ev: trio.Event, scope: trio.CancelScope) -> None:
