@@ -76,7 +76,13 @@ from ledgerd.kafka import epochs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
 from ledgerd.kafka.producer_state import ProducerState, last_sequence
-from ledgerd.kafka.records import BatchHeader, batches_below, empty_run_end, with_base_offset
+from ledgerd.kafka.records import (
+    CONTROL,
+    BatchHeader,
+    batches_below,
+    empty_run_end,
+    with_base_offset,
+)
 from ledgerd.kafka.timestamps import first_at_or_after, latest_record
 from ledgerd.ledgerlog import FENCE_TAIL, LogFencedError, LogWriter
 from ledgerd.metadata.errors import NoNodeError
@@ -329,6 +335,7 @@ class PartitionLog:
                     if self.txn_verified.get(mpid, -1) <= mepoch:
                         self.txn_verified.pop(mpid, None)
                     self.markers_placed += 1
+                    admission.end(mpid)  # its earlier batches are retried no more
                 elif item.txn is not None and self.txn_verified.get(item.txn[0]) != item.txn[1]:
                     item.code = ErrorCode.INVALID_TXN_STATE
                     continue
@@ -379,10 +386,12 @@ class PartitionLog:
             return
         for base, nxt, batch in placed:  # the bytes written, not rewritten again
             self._remember(base, nxt, batch)
-        for item in fresh:
+        for item in fresh:  # in the order placed
             if item.producer is not None:
                 self.producers.note(*item.producer, item.base_offset,
                                     timestamp=item.batches[-1][0].max_timestamp)
+            elif item.marker is not None:
+                self.producers.end(item.marker[0], item.base_offset)
         if placed:
             self.visible_end = self.acked_end
             self.acked_end = placed[-1][1]
@@ -431,7 +440,9 @@ class PartitionLog:
             return found
 
         for bh in reversed(await self._walk(walk)):
-            if bh.producer_id >= 0:
+            if bh.producer_id >= 0 and bh.attributes & CONTROL:
+                self.producers.end(bh.producer_id, bh.base_offset)  # a marker
+            elif bh.producer_id >= 0:
                 # lastOffsetDelta, not recordCount: compaction removes records from a
                 # batch and keeps its offsets, so its last sequence (as Kafka's)
                 self.producers.note(bh.producer_id, bh.producer_epoch, bh.base_sequence,

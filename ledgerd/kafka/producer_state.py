@@ -4,8 +4,18 @@ machine (no I/O) that the partition's appender asks and tells.
 Each producer id (pid) is remembered with its last PRODUCER_BATCHES batches: epoch,
 first and last sequence, and the offset the batch was written at. A batch is
 
-- a *duplicate* when its (epoch, first sequence) is among them: answered with the
-  offset it got the first time, not written again (a retry whose answer was lost);
+- a *duplicate* when its (epoch, first sequence, last sequence) is among them and the
+  batch it matches is not of a transaction that has ended since: answered with the
+  offset it got the first time, not written again (a retry whose answer was lost). A
+  transaction's marker ends its batches' retries: its producer waited for them before
+  ending it (or, aborting, dropped them unsent), so a batch with one's sequences after
+  the marker is a new batch reusing them (librdkafka aborts a transaction whose batch
+  a crashed gateway had stored unanswered without bumping its epoch, then sends the
+  next transaction's batch with the same sequences). Answering it with the aborted
+  batch's offset lost the committed records (an outside audit: 7 of 120 kill, abort,
+  commit rounds); it is refused instead (OUT_OF_ORDER_SEQUENCE_NUMBER, as Kafka
+  refuses a batch matching one's first sequence but not its last: the producer aborts
+  and goes on with a new epoch);
 - *in sequence* when its epoch is the producer's and its first sequence follows the
   last one (wrapping after 2**31 - 1), or its epoch is newer and it starts at 0, or the
   producer is not known here (Kafka accepts those since 2.5: its state may have
@@ -52,6 +62,7 @@ class ProducerState:
         # pid -> its last batches: (epoch, first sequence, last sequence, base offset)
         self._recent: OrderedDict[int, deque[tuple[int, int, int, int]]] = OrderedDict()
         self._times: dict[int, int] = {}  # pid -> max timestamp of its last batch
+        self._ended: dict[int, int] = {}  # pid -> offset of its last transaction marker
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -66,6 +77,7 @@ class ProducerState:
         """Forget every producer (the partition's writer was dropped)."""
         self._recent.clear()
         self._times.clear()
+        self._ended.clear()
 
     def latest(self, pid: int) -> tuple[int, int, int] | None:
         """The producer's last batch as remembered: (epoch, last sequence, base
@@ -81,12 +93,20 @@ class ProducerState:
         return self._times.get(pid, -1)
 
     def duplicate(self, producer: Producer) -> int | None:
-        """The offset the batch got when it was first written, if it was."""
-        pid, epoch, seq, _ = producer
-        for e, s, _, offset in self._recent.get(pid, ()):
-            if e == epoch and s == seq:
+        """The offset the batch got when it was first written, if it was (and its
+        transaction, if any, has not ended since)."""
+        pid, epoch, seq, last = producer
+        ended = self._ended.get(pid, -1)
+        for e, s, lst, offset in self._recent.get(pid, ()):
+            if e == epoch and s == seq and lst == last and offset > ended:
                 return offset
         return None
+
+    def end(self, pid: int, offset: int) -> None:
+        """The producer's transaction ended with a marker at ``offset``: its batches
+        before it are no longer retried (see the module docstring)."""
+        if pid in self._recent:
+            self._ended[pid] = offset
 
     def sequence_error(self, producer: Producer, placed: tuple[int, int] | None = None,
                        ) -> int:
@@ -119,6 +139,7 @@ class ProducerState:
             while len(self._recent) > self.max_producers:  # the least recently heard go
                 gone, _ = self._recent.popitem(last=False)
                 self._times.pop(gone, None)
+                self._ended.pop(gone, None)
         else:
             self._recent.move_to_end(pid)
         recent.append((epoch, first, last, offset))
@@ -137,15 +158,23 @@ class GroupAdmission:
     def __init__(self, state: ProducerState) -> None:
         self.state = state
         self._last: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last sequence) placed
-        self._placed: dict[tuple[int, int, int], int] = {}  # (pid, epoch, first) -> offset
+        # (pid, epoch, first, last) -> offset
+        self._placed: dict[tuple[int, int, int, int], int] = {}
+        self._ended: set[int] = set()  # producers whose marker is placed in this group
+
+    def end(self, pid: int) -> None:
+        """A marker of the producer is placed here: no batch before it is retried."""
+        self._ended.add(pid)
+        for key in [k for k in self._placed if k[0] == pid]:
+            del self._placed[key]
 
     def admit(self, producer: Producer, offset: int) -> tuple[int | None, int]:
         """``(duplicate's offset, 0)`` for a batch written before (in this group or
         earlier): answered, not written; ``(None, error)`` for one refused;
         ``(None, 0)`` for one to write at ``offset`` (it counts as placed)."""
         pid, epoch, first, last = producer
-        dup = self._placed.get((pid, epoch, first))
-        if dup is None:
+        dup = self._placed.get((pid, epoch, first, last))
+        if dup is None and pid not in self._ended:
             dup = self.state.duplicate(producer)
         if dup is not None:
             return dup, 0
@@ -153,5 +182,5 @@ class GroupAdmission:
         if code:
             return None, code
         self._last[pid] = (epoch, last)
-        self._placed[(pid, epoch, first)] = offset
+        self._placed[(pid, epoch, first, last)] = offset
         return None, 0

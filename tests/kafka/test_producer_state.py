@@ -57,5 +57,32 @@ def test_only_the_last_batches_of_a_producer_are_remembered(count: int) -> None:
     state = ProducerState()
     for i in range(count):
         state.note(3, 0, i * 10, i * 10 + 9, 1000 + i)
-    remembered = [i for i in range(count) if state.duplicate((3, 0, i * 10, 0)) is not None]
+    remembered = [i for i in range(count)
+                  if state.duplicate((3, 0, i * 10, i * 10 + 9)) is not None]
     assert remembered == list(range(max(0, count - PRODUCER_BATCHES), count))
+
+
+def test_a_batch_reusing_an_ended_transactions_sequences_is_refused_not_answered() -> None:
+    """The outside audit's loss: a transactional batch stored but unanswered (its
+    gateway killed), the transaction aborted (marker), then the next transaction's
+    batch with the same epoch and sequences. Answered as a duplicate, with the aborted
+    batch's offset, its records were lost though its commit succeeded; now it is
+    refused (the producer aborts and bumps its epoch). A retry within a transaction
+    still is a duplicate, and one matching only a batch's first sequence is not."""
+    state = ProducerState()
+    _written(state, (7, 2, 0, 3, 23))  # the aborted transaction's batch
+    assert state.group().admit((7, 2, 0, 2), 30) == (23, 0)  # its retry, before the end
+    state.end(7, 26)  # the abort marker
+    assert state.group().admit((7, 2, 0, 2), 30) == (None, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert state.group().admit((7, 2, 3, 5), 30) == (None, 0)  # the sequence goes on
+    _written(state, (7, 2, 3, 3, 27))
+    assert state.group().admit((7, 2, 3, 5), 40) == (27, 0)  # a retry in the new one
+    assert state.group().admit((7, 2, 3, 3), 40) == (None, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+
+
+def test_a_marker_in_the_same_append_group_ends_the_retries_before_it() -> None:
+    state = ProducerState()
+    _written(state, (7, 2, 0, 3, 23))
+    group = state.group()
+    group.end(7)
+    assert group.admit((7, 2, 0, 2), 30) == (None, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
