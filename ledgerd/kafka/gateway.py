@@ -84,6 +84,7 @@ from ledgerd.kafka import (
     log_dirs,
     retention,
     scram_admin,
+    share_server,
     topic_admin,
     transactions,
     txn_admin,
@@ -121,7 +122,6 @@ from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
 from ledgerd.kafka.request_budget import RequestBudget
 from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.scram import Mechanism, ScramError, ScramServer
-from ledgerd.kafka.share_server import ShareServer
 from ledgerd.kafka.storage_errors import storage_error_code
 from ledgerd.kafka.topic_configs import TopicPolicy
 from ledgerd.kafka.topics import INTERNAL_TOPICS, TopicCache, valid_topic_name
@@ -340,7 +340,7 @@ class Gateway:
                              lambda: self.requests_held.waits)
         self.nursery: trio.Nursery | None = None
         self.txn = transactions.TxnCoordinator(self)
-        self.share = ShareServer(self)  # share groups (KIP-932): ``share_server.py``
+        self.share = share_server.ShareServer(self)  # share groups (KIP-932)
         # dynamic broker configs (topic_admin.py, broker_configs.py)
         self.broker_configs = topic_admin.BrokerConfigCache(self.store, self.root)
         # ACLs (acl_admin.py): every request is judged after the roles' check
@@ -2113,7 +2113,7 @@ class Gateway:
         return self._authenticated(conn, principal, {"error_code": 0, "error_message": None})
 
     def _authenticated(self, conn: _Conn, principal: Principal, reply: dict[str, Any],
-                       ) -> dict[str, Any]:
+                       mechanism: str = "PLAIN") -> dict[str, Any]:
         """``conn`` proved to be ``principal``: the reply, with how long that lasts
         (KIP-368's session_lifetime_ms). Authenticating again keeps the principal, as
         Kafka's re-authentication does; another is refused."""
@@ -2126,8 +2126,8 @@ class Gateway:
         lifetime = self.config.gateway_connections_max_reauth_ms
         conn.auth_until = trio.current_time() + lifetime / 1000 if lifetime > 0 else None
         reply["session_lifetime_ms"] = lifetime
-        log.info("kafka_authenticated", extra=fields(peer=conn.peer, principal=principal.name,
-                                                     again=again))
+        log.info("kafka_authenticated", extra=fields(
+            peer=conn.peer, principal=principal.name, mechanism=mechanism, again=again))
         return reply
 
     def _auth_failed(self, conn: _Conn, message: str) -> dict[str, Any]:
@@ -2162,7 +2162,8 @@ class Gateway:
             roles = {"client"} | ({"admin"} if f"User:{name}" in self._super_users else set())
             return self._authenticated(
                 conn, Principal(name, frozenset(roles), authenticated=True),
-                {"error_code": 0, "error_message": None, "auth_bytes": reply})
+                {"error_code": 0, "error_message": None, "auth_bytes": reply},
+                mechanism=mech.sasl_name)
         return {"error_code": 0, "error_message": None, "auth_bytes": reply}
 
     async def _scram_credentials(self) -> Credentials:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.share_partition import ShareSettings
 
@@ -34,7 +35,10 @@ _RANGES = {
 SET, DELETE = 0, 1
 
 
-class ShareConfigError(ValueError):
+class ShareConfigError(LedgerdError, ValueError):
+    """A share group config name, value or operation refused (its Kafka error code
+    and a message naming it)."""
+
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
