@@ -531,12 +531,13 @@ class ShareServer:
                 for k in ("error_code", "leader", "leader_epoch"):
                     res.pop(k, None)
                 topic, leader = await self._locate(tp)
-                if topic is None:  # answered once, then no longer fetched
+                # an error stays in the session (the client forgets the partition when
+                # it learns so): an id this gateway has not seen yet is unknown for up
+                # to a second, and dropping it lost a new topic's partitions for good
+                if topic is None:
                     res["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
-                    session.parts.discard(tp)
                 elif not readable(topic):
                     res["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-                    session.parts.discard(tp)
                 elif leader >= 0:
                     res.update(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                **await self._leader(topic, tp[1]))

@@ -307,3 +307,19 @@ async def test_share_requests_need_read_on_the_topics_they_read() -> None:
         readable=lambda _t: False)
     assert acked["responses"][0]["partitions"][0]["error_code"] == \
         ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+async def test_a_topic_id_unknown_for_a_moment_stays_in_the_session() -> None:
+    """A gateway that has not yet seen a new topic's id answers UNKNOWN_TOPIC_ID for up
+    to a second; the partition stays in the session, and once the id is known its
+    records are handed out (dropping it stalled librdkafka's 0174: half its partitions
+    were never read again, the client naming each only once)."""
+    log, store = FakeLog(), FakeStore()
+    a, gw = _server(1, log, store)
+    log.append(3)
+    gw.topic_names = {}
+    reply = await a.share_fetch(None, 1, _fetch("m1", 0))
+    assert reply["responses"][0]["partitions"][0]["error_code"] == 100  # UNKNOWN_TOPIC_ID
+    gw.topic_names = {TID: "t"}
+    again = {**_fetch("m1", 1), "topics": []}  # the client names no partition again
+    assert _acquired(await a.share_fetch(None, 1, again)) == [(0, 2, 1)]
