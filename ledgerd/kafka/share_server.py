@@ -62,7 +62,8 @@ MAX_SESSIONS = 2000  # group.share.max.share.sessions
 MAX_SESSION_PARTITIONS = 10_000  # partitions one share session may name
 IDLE_S = 60.0  # a share partition no one holds a record of is let go after this
 MAX_LOCKS = 2000  # group.share.partition.max.record.locks
-CONFIG_TTL_S = 1.0  # a group's configs are read again after this
+CONFIG_TTL_S = 0.2  # a group's configs are read again after this (a change through
+# another gateway, share.isolation.level say, applies to the next records handed out)
 CHECK_S = 0.5  # a share partition's copy is checked against the stored version this often
 TICK_S = 0.5
 FETCH_MAX_BYTES = 50 << 20
@@ -512,10 +513,11 @@ class ShareServer:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         budget = min(max(body["max_bytes"], 0), FETCH_MAX_BYTES)  # 0: acknowledge only
         max_records = body["max_records"] if body["max_records"] > 0 else 500
-        committed = share_configs.read_committed(configs)
         while True:
             if self.sessions.get((gid, mid)) is not session:
                 return  # closed, or opened again, while this waited: hand out nothing
+            configs = await self.configs(gid)  # each pass: a change applies at once
+            committed = share_configs.read_committed(configs)
             taken = size = 0
             failed = False
             waits: list[trio.Event] = [self.changed]
