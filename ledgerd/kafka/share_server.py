@@ -62,8 +62,8 @@ MAX_SESSIONS = 2000  # group.share.max.share.sessions
 MAX_SESSION_PARTITIONS = 10_000  # partitions one share session may name
 IDLE_S = 60.0  # a share partition no one holds a record of is let go after this
 MAX_LOCKS = 2000  # group.share.partition.max.record.locks
-CONFIG_TTL_S = 0.2  # a group's configs are read again after this (a change through
-# another gateway, share.isolation.level say, applies to the next records handed out)
+CONFIG_TTL_S = 1.0  # a group's configs are read again after this (a fetch reads them
+# on each pass: share_fetch)
 CHECK_S = 0.5  # a share partition's copy is checked against the stored version this often
 TICK_S = 0.5
 FETCH_MAX_BYTES = 50 << 20
@@ -516,7 +516,9 @@ class ShareServer:
         while True:
             if self.sessions.get((gid, mid)) is not session:
                 return  # closed, or opened again, while this waited: hand out nothing
-            configs = await self.configs(gid)  # each pass: a change applies at once
+            # read on each pass, not from the cache: a change of share.isolation.level
+            # answered by another gateway applies to every record produced after it
+            configs = await self.configs(gid, fresh=True)
             committed = share_configs.read_committed(configs)
             taken = size = 0
             failed = False
