@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from ledgerd.kafka.records import with_base_offset
 from ledgerd.kafka.share_server import ShareServer
 from ledgerd.metadata.errors import BadVersionError, NodeExistsError
 
 TID = b"\x01" * 16
+
+# virtual time: the lock deadlines and the version check's interval pass without waiting
+pytestmark = pytest.mark.usefixtures("autojump_clock")
 
 
 def _batch(n: int) -> bytes:
@@ -181,7 +186,7 @@ async def test_a_gateway_that_leads_again_hands_out_what_another_leader_saw_acce
     # leadership comes back to A, whose view of the live gateways never changed (so
     # nothing made it forget its copy): the copy's stored version tells it is stale
     gw_a.leader = True
-    await trio.sleep(0.6)  # past CHECK_S since A last compared
+    await trio.sleep(0.6)  # past CHECK_S since A last compared (virtual time)
     got = _acquired(await a.share_fetch(None, 1, _fetch("m3", 0)))
     assert got == [], f"accepted records handed out again: {got}"
 
@@ -200,7 +205,7 @@ async def test_a_parked_fetch_hands_records_to_a_session_already_closed() -> Non
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(parked)
-        await trio.sleep(0.05)
+        await wait_all_tasks_blocked()  # the fetch is parked
         closed = await a.share_acknowledge(None, 1, {
             "group_id": "g", "member_id": "m1", "share_session_epoch": -1, "topics": []})
         assert not closed.get("error_code")
@@ -237,9 +242,9 @@ async def test_a_copy_dropped_by_a_lost_compare_and_set_still_hands_out(
         # m1 releases at A: its store will lose the compare-and-set
         nursery.start_soon(a.share_fetch, None, 1, _fetch("m1", 1, [
             {"first_offset": 0, "last_offset": 2, "acknowledge_types": [2]}]))
-        await trio.sleep(0.02)  # m1's acknowledgement queues on the lock first
+        await wait_all_tasks_blocked()  # m1's acknowledgement queues on the lock first
         nursery.start_soon(fetch_m3)
-        await trio.sleep(0.05)
+        await wait_all_tasks_blocked()
         held.lock.release()
     assert ("g", "t", 0) not in a.held or a.held[("g", "t", 0)] is not held
     assert _acquired(out[0]) == [], f"stale copy handed out {_acquired(out[0])}"
