@@ -184,7 +184,8 @@ OFFSET_FETCH_READS = 32  # cursor reads one OffsetFetch has in flight at once
 FEATURES = ("offset_index", "deferred_deletes")
 
 
-def _rank(node: int, key: str) -> int:
+def rank(node: int, key: str) -> int:
+    """A gateway's rendezvous score for ``key``: the highest-scoring live gateway owns it."""
     return zlib.crc32(f"{node}/{key}".encode())
 
 
@@ -412,7 +413,7 @@ class Gateway:
     def owner(self, key: str) -> int:
         if not self.nodes:
             return self.node_id
-        return max(self.nodes, key=lambda n: _rank(n, key))
+        return max(self.nodes, key=lambda n: rank(n, key))
 
     def owns(self, key: str) -> bool:
         return self.owner(key) == self.node_id

@@ -304,6 +304,20 @@ def test_a_commit_decided_before_a_gateway_is_killed_is_completed_by_the_next(
         assert "kafka_txn_completed" in (tmp_path / "gateway.log").read_text()
 
 
+def _split_topic(nodes: list[int], parts: int) -> str:
+    """A topic name whose partitions rendezvous hashing spreads over every one of
+    ``nodes`` (for some names it gives one gateway all of them)."""
+    from ledgerd.kafka import gateway
+
+    for i in range(1000):
+        name = f"txn-spread-{i}"
+        owners = {max(nodes, key=lambda n: gateway.rank(n, f"{name}/{p}"))
+                  for p in range(parts)}
+        if owners == set(nodes):
+            return name
+    raise AssertionError(f"no topic name spreads {parts} partitions over {nodes}")
+
+
 def _spread(a: GatewayProcess, b: GatewayProcess, tmp_path: Path, zk_chroot: str,
             **conf: Any) -> None:
     """Two gateways lead the partitions of one topic between them; one of them
@@ -317,27 +331,32 @@ def _spread(a: GatewayProcess, b: GatewayProcess, tmp_path: Path, zk_chroot: str
             wait_until(sees_only(a, a, b), "a sees both gateways")
             wait_until(sees_only(b, a, b), "b sees both gateways")
             parts = 6
-            _create(a.bootstrap, "txn-spread", parts, **conf)
+            topic = _split_topic([int(n) for n in status(a)["gateways"]], parts)
+            _create(a.bootstrap, topic, parts, **conf)
             both = f"{a.bootstrap},{b.bootstrap}"
             p = _producer(both, "txn-spread-app", **conf)
             p.begin_transaction()
             for i in range(parts * 2):
-                p.produce("txn-spread", value=b"c%d" % i, partition=i % parts)
+                p.produce(topic, value=b"c%d" % i, partition=i % parts)
             p.commit_transaction(BOUND_S)
             p.begin_transaction()
             for i in range(parts * 2):
-                p.produce("txn-spread", value=b"a%d" % i, partition=i % parts)
+                p.produce(topic, value=b"a%d" % i, partition=i % parts)
             p.flush(BOUND_S)
             p.abort_transaction(BOUND_S)
             p.begin_transaction()
             for i in range(parts):
-                p.produce("txn-spread", value=b"end%d" % i, partition=i)
+                p.produce(topic, value=b"end%d" % i, partition=i)
             p.commit_transaction(BOUND_S)
-            led = [{w for w in status(g)["partitions_written"] if w.startswith("txn-spread/")}
+            led = [{w for w in status(g)["partitions_written"] if w.startswith(f"{topic}/")}
                    for g in (a, b)]
-            assert led[0] and led[1], led  # each gateway wrote some of the partitions
+            # each gateway wrote some of the partitions (the name was chosen so that it
+            # would); if not, ownership moved during the test: the logs say why
+            assert led[0] and led[1], (led, [
+                line for g in (a, b) for line in g.log_path.read_text().splitlines()
+                if "moved" in line or "dropped" in line or "lease" in line])
             ends = {b"end%d" % i for i in range(parts)}
-            got = _read(both, "txn-spread", parts, "read_committed", ends, **conf)
+            got = _read(both, topic, parts, "read_committed", ends, **conf)
             assert _values(got) == sorted([b"c%d" % i for i in range(parts * 2)]
                                           + list(ends))
         finally:
