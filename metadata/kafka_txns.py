@@ -15,7 +15,17 @@ transaction, the partitions and consumer groups it touched and the offsets it co
 Every change is a compare-and-set (``TxnStore.update``). A transactional id that is not
 a plain name is stored under ``x-`` and its SHA-256; the record names the id.
 
-Beside them, ``<root>/kafka/txn_partitions/<topic>/<partition>`` holds the offset from
+Beside them, ``<root>/kafka/pending_offsets/<group>/<transactional id>`` indexes the
+transactions that hold offsets of a group they have not committed yet (KIP-447:
+OffsetFetch with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for those
+partitions). Every write of a record that gives it offsets of a group also touches the
+group's entry, in one multi-op transaction (``update_offsets``), so a record never
+holds a group's pending offsets without the entry. An entry outlives its transaction
+(the producer's next one reuses it without a write); whoever finds it stale removes it
+at the version it read before reading the record (``drop_pending``): a transaction
+that gave the group offsets since has moved that version, so the removal fails.
+
+And ``<root>/kafka/txn_partitions/<topic>/<partition>`` holds the offset from
 which a partition's log may hold transactional batches (written by the partition's
 leader before its first one), so readers that rebuild a partition's transaction index
 read the log from there, and not at all for a partition that never had one.
@@ -34,16 +44,18 @@ from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import (
     BadVersionError,
     CorruptMetadataError,
+    MetadataError,
     NodeExistsError,
     NoNodeError,
     UnknownFormatError,
 )
 from ledgerd.metadata.paths import (
     KAFKA_TRANSACTIONS,
+    kafka_pending_offsets_path,
     kafka_txn_flag_path,
     kafka_txn_path,
 )
-from ledgerd.metadata.store import MetadataStore
+from ledgerd.metadata.store import MetadataStore, SetData
 
 __all__ = ["MAX_EPOCH", "PendingOffset", "TxnRecord", "TxnState", "TxnStore", "znode_name"]
 
@@ -196,6 +208,67 @@ class TxnStore:
         return await cas_update(self.store, self.path(transactional_id), change,
                                 decode=TxnRecord.from_json, encode=TxnRecord.to_json,
                                 known=known)
+
+    async def update_offsets(self, transactional_id: str, group: str,
+                             change: Callable[[TxnRecord], TxnRecord],
+                             max_attempts: int = 100) -> TxnRecord:
+        """As :meth:`update`, for a change that gives the record offsets of ``group``
+        (its znode name): the write also touches the group's pending-offsets entry, in
+        one multi-op transaction, creating the entry first if it is missing."""
+        path = self.path(transactional_id)
+        entry = kafka_pending_offsets_path(self.kafka_root, group, znode_name(transactional_id))
+        for _ in range(max_attempts):
+            raw, stat = await self.store.get(path)
+            current = TxnRecord.from_json(raw, path)
+            wanted = change(current)
+            if wanted is current:
+                return current
+            try:
+                await self.store.multi([SetData(entry, b""),
+                                        SetData(path, wanted.to_json(), stat.version)])
+            except NoNodeError as exc:
+                if exc.path != entry:
+                    raise
+                try:
+                    await self.store.create(entry, b"", make_parents=True)
+                except NodeExistsError:
+                    pass
+                continue
+            except BadVersionError:
+                continue
+            return wanted
+        raise MetadataError(f"gave up on {path} after {max_attempts} version conflicts")
+
+    async def pending(self, group: str) -> list[str]:
+        """The znode names of the transactional ids with an entry in the group's
+        pending-offsets index."""
+        try:
+            return await self.store.children(kafka_pending_offsets_path(self.kafka_root,
+                                                                        group))
+        except NoNodeError:
+            return []
+
+    async def sync_pending(self, group: str) -> None:
+        """Bring this session's view of the group's index and of the records up to
+        ZooKeeper's leader (``MetadataStore.sync``)."""
+        await self.store.sync(kafka_pending_offsets_path(self.kafka_root, group))
+
+    async def pending_version(self, group: str, name: str) -> int | None:
+        """The version of the group's entry for transaction ``name`` (None: gone); read
+        it before the record, to drop the entry if the record shows it stale."""
+        stat = await self.store.exists(kafka_pending_offsets_path(self.kafka_root, group,
+                                                                  name))
+        return None if stat is None else stat.version
+
+    async def drop_pending(self, group: str, name: str, version: int) -> bool:
+        """Remove the group's entry for transaction ``name`` if still at ``version``
+        (read before the record that showed it stale). True if removed."""
+        try:
+            await self.store.delete(kafka_pending_offsets_path(self.kafka_root, group, name),
+                                    version)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
 
     async def names(self) -> list[str]:
         try:

@@ -114,6 +114,7 @@ KAFKA_SCRAM = "scram"
 KAFKA_OFFSET_INDEX = "offset_index"
 KAFKA_OFFSET_INDEX_COMPLETE = "offset_index_complete"
 KAFKA_SHARE_GROUPS = "share_groups"
+KAFKA_PENDING_OFFSETS = "pending_offsets"
 
 
 def kafka_root(root: str) -> str:
@@ -162,6 +163,14 @@ def kafka_gateway_path(kafka: str, node_id: int) -> str:
 def kafka_txn_path(kafka: str, znode: str) -> str:
     """A transactional id's record, under its znode name (``kafka_txns.znode_name``)."""
     return f"{kafka}/{KAFKA_TRANSACTIONS}/{znode}"
+
+
+def kafka_pending_offsets_path(kafka: str, group: str, txn: str | None = None) -> str:
+    """A group's index of the transactions holding offsets it has not yet committed
+    (``kafka_txns``): the group's node (under its znode name) or one transaction's
+    entry (under the transactional id's znode name)."""
+    path = f"{kafka}/{KAFKA_PENDING_OFFSETS}/{group}"
+    return path if txn is None else f"{path}/{txn}"
 
 
 def kafka_txn_flag_path(kafka: str, topic: str, partition: int | None = None) -> str:

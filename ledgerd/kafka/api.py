@@ -149,6 +149,7 @@ class ErrorCode(enum.IntEnum):
     FENCED_INSTANCE_ID = 82
     GROUP_SUBSCRIBED_TO_TOPIC = 86
     INVALID_RECORD = 87
+    UNSTABLE_OFFSET_COMMIT = 88
     PRODUCER_FENCED = 90
     RESOURCE_NOT_FOUND = 91
     DUPLICATE_RESOURCE = 92
@@ -177,7 +178,8 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.METADATA: (0, 13),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
     ApiKey.OFFSET_COMMIT: (2, 9),
-    ApiKey.OFFSET_FETCH: (1, 5),
+    # OffsetFetch 7: require_stable (KIP-447); 8+ batch several groups, not served
+    ApiKey.OFFSET_FETCH: (1, 7),
     ApiKey.FIND_COORDINATOR: (0, 2),
     # v3+ of Heartbeat and SyncGroup and v5 of JoinGroup carry group.instance.id
     # (static membership, KIP-345); LeaveGroup v3 leaves by member list
@@ -254,7 +256,7 @@ DECLARED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.FETCH: (0, 17),
     ApiKey.LIST_OFFSETS: (0, 10),
     ApiKey.OFFSET_COMMIT: (0, 9),
-    ApiKey.OFFSET_FETCH: (0, 5),
+    ApiKey.OFFSET_FETCH: (0, 7),
 }
 
 THROTTLE = Field("throttle_time_ms", INT32, default=0)
@@ -410,7 +412,8 @@ REQUESTS: dict[ApiKey, Message] = {
         Field("group_id", STRING),
         Field("topics", array(Field("name", STRING),
                               Field("partition_indexes", Array.of_scalar(INT32)),
-                              nullable=True)))),
+                              nullable=True)),
+        Field("require_stable", BOOL, since=7, default=False)), flexible_from=6),
     ApiKey.CREATE_TOPICS: Message((
         Field("topics", array(
             Field("name", STRING), Field("num_partitions", INT32),
@@ -644,7 +647,7 @@ RESPONSES: dict[ApiKey, Message] = {
                 Field("partition_index", INT32), Field("committed_offset", INT64),
                 Field("committed_leader_epoch", INT32, since=5, default=-1),
                 Field("metadata", NULLABLE_STRING), ERROR)))),
-        Field("error_code", INT16, since=2, default=0))),
+        Field("error_code", INT16, since=2, default=0)), flexible_from=6),
     ApiKey.CREATE_TOPICS: Message((
         Field("throttle_time_ms", INT32, since=2, default=0),
         Field("topics", array(Field("name", STRING), ERROR,

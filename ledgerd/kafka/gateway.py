@@ -128,6 +128,7 @@ from ledgerd.kafka.topics import INTERNAL_TOPICS, TopicCache, valid_topic_name
 from ledgerd.kafka.txn_coordinator import Marker
 from ledgerd.metadata.errors import (
     CorruptMetadataError,
+    MetadataError,
     NodeExistsError,
     NoNodeError,
 )
@@ -1799,12 +1800,22 @@ class Gateway:
 
         await each_at_most(OFFSET_FETCH_READS, read, [
             (t["name"], p) for t in wanted for p in t["partition_indexes"]])
+        if body.get("require_stable"):
+            # KIP-447: a partition a transaction holds offsets of (not committed yet)
+            # is answered UNSTABLE_OFFSET_COMMIT, which the client retries
+            try:
+                unstable = await self.txn.unstable_offsets(body["group_id"])
+            except MetadataError:
+                return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "topics": []}
+            for tp in unstable & found.keys():
+                found[tp].update(committed_offset=-1, metadata="", committed_leader_epoch=-1,
+                                 error_code=ErrorCode.UNSTABLE_OFFSET_COMMIT)
         topics = []
         for t in wanted:
             parts = [found[(t["name"], p)] for p in t["partition_indexes"]
                      if (t["name"], p) in found]
             if body["topics"] is None:
-                parts = [r for r in parts if r["committed_offset"] >= 0]
+                parts = [r for r in parts if r["committed_offset"] >= 0 or r["error_code"]]
             topics.append({"name": t["name"], "partitions": parts})
         return {"topics": topics, "error_code": 0}
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ledgerd.base.fanout import each_at_most
 from ledgerd.base.logs import fields
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka.api import ApiKey, ErrorCode
@@ -76,11 +77,13 @@ from ledgerd.kafka.txn_coordinator import (
     markers,
     needs_completion,
     new_record,
+    pending_offsets,
     settle,
     time_out,
     txn_offset_commit,
 )
 from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.kafka_groups import group_znode
 from ledgerd.metadata.kafka_txns import TxnStore
 from ledgerd.wire.status import FencedError
 
@@ -97,6 +100,7 @@ TICK_S = 1.0  # how often each gateway looks for transactions to complete or tim
 COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
 FOLD_WAIT_S = 0.25  # how long COMPLETE_* waits to ride on the next transaction's write
 MARKER_RETRY_S = 0.2
+PENDING_READS = 16  # records read at once for one OffsetFetch's require_stable
 
 # the first version of each API that knows PRODUCER_FENCED (older ones are told
 # INVALID_PRODUCER_EPOCH, which they treat as fenced too)
@@ -360,11 +364,12 @@ class TxnCoordinator:
         if not code:
             tid = body["transactional_id"]
             try:
-                await self.records.update(
-                    tid, lambda r: txn_offset_commit(r, producer_id=body["producer_id"],
-                                                     producer_epoch=body["producer_epoch"],
-                                                     group=gid, offsets=pending,
-                                                     now_ms=_now_ms()))
+                # with the group's pending-offsets entry (OffsetFetch's require_stable)
+                await self.records.update_offsets(
+                    tid, group_znode(gid), lambda r: txn_offset_commit(
+                        r, producer_id=body["producer_id"],
+                        producer_epoch=body["producer_epoch"], group=gid, offsets=pending,
+                        now_ms=_now_ms()))
             except NoNodeError:
                 code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
             except TxnRefused as exc:
@@ -374,6 +379,32 @@ class TxnCoordinator:
         return {"topics": [{"name": t["name"], "partitions": [
             {"partition_index": pr["partition_index"], "error_code": code}
             for pr in t["partitions"]]} for t in body["topics"]]}
+
+    async def unstable_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """On the group's coordinator: the partitions whose committed offsets in the
+        group a transaction may still change (OffsetFetch's ``require_stable``,
+        KIP-447), from the group's pending-offsets index: each entry's record read
+        (PENDING_READS at a time); an entry whose record holds none of the group's
+        offsets is dropped, at the version read before the record."""
+        group = group_znode(group_id)
+        out: set[tuple[str, int]] = set()
+
+        async def check(name: str) -> None:
+            version = await self.records.pending_version(group, name)
+            if version is None:
+                return
+            held = pending_offsets(await self.records.get_named(name), group_id)
+            if held:
+                out.update(held)
+            elif await self.records.drop_pending(group, name, version):
+                log.debug("kafka_txn_pending_offsets_dropped", extra=fields(
+                    group=group_id, transactional_id=name))
+
+        # another gateway (the group's coordinator before this one) may have written
+        # the entries and records: read them as ZooKeeper's leader has them
+        await self.records.sync_pending(group)
+        await each_at_most(PENDING_READS, check, await self.records.pending(group))
+        return out
 
     # -- completion ---------------------------------------------------------------------
 

@@ -48,7 +48,8 @@ from ledgerd.metadata.kafka_txns import MAX_EPOCH, PendingOffset, TxnRecord, Txn
 __all__ = [
     "MAX_EPOCH", "MAX_TXN_OFFSETS", "MAX_TXN_PARTITIONS", "Marker", "PendingOffset",
     "TxnRecord", "TxnRefused", "TxnState", "add_offsets", "add_partitions", "begin_end",
-    "complete", "init_producer", "markers", "needs_completion", "new_record", "settle",
+    "complete", "init_producer", "markers", "needs_completion", "new_record",
+    "pending_offsets", "settle",
     "time_out", "txn_offset_commit",
 ]
 
@@ -220,6 +221,16 @@ def txn_offset_commit(record: TxnRecord, *, producer_id: int, producer_epoch: in
         raise TxnRefused(ErrorCode.INVALID_REQUEST,
                          f"a transaction commits at most {MAX_TXN_OFFSETS} offsets")
     return replace(record, offsets=merged, updated_ms=now_ms)
+
+
+def pending_offsets(record: TxnRecord | None, group: str) -> frozenset[tuple[str, int]]:
+    """The partitions whose committed offset in ``group`` the transaction may still
+    change (KIP-447's unstable offsets): those it gave offsets of the group while
+    ONGOING or committing. An aborting transaction's offsets are dropped, so the
+    committed ones already stand."""
+    if record is None or record.state not in (TxnState.ONGOING, TxnState.PREPARE_COMMIT):
+        return frozenset()
+    return frozenset((o.topic, o.partition) for o in record.offsets if o.group == group)
 
 
 def begin_end(record: TxnRecord, *, producer_id: int, producer_epoch: int, commit: bool,

@@ -131,8 +131,10 @@ def test_offsets_sent_with_a_transaction_count_only_if_it_commits(
     for i in range(10):
         plain.produce("txn-in", value=b"in%d" % i, partition=0)
     assert plain.flush(BOUND_S) == 0
+    # read_uncommitted: its OffsetFetch does not ask for stable offsets (KIP-447), so it
+    # is answered while a transaction holds offsets of the group (the next test)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-eos",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+                         "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
     consumer.assign([TopicPartition("txn-in", 0, 0)])
     p = _producer(bootstrap, "txn-eos-app")
 
@@ -158,6 +160,68 @@ def test_offsets_sent_with_a_transaction_count_only_if_it_commits(
         consumer.close()
     out = _read(bootstrap, "txn-out", 1, "read_committed", {b"out-committed"})
     assert _values(out) == [b"out-committed"]
+
+
+def test_a_read_committed_consumer_waits_for_the_offsets_a_transaction_holds(
+        kafka_cluster: KafkaCluster) -> None:
+    """KIP-447: OffsetFetch with require_stable (librdkafka asks it when
+    isolation.level is read_committed) answers UNSTABLE_OFFSET_COMMIT for a partition
+    whose offsets an open transaction holds, and the consumer asks again until the
+    transaction ends: it starts from the transaction's offsets, not from the ones
+    before it (which a consume-transform-produce loop would process twice)."""
+    import threading
+
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    bootstrap = kafka_cluster.bootstrap
+    _create(bootstrap, "txn-st-in", 2)
+
+    def consumer(isolation: str) -> Any:
+        return Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-st",
+                         "enable.auto.commit": False, "isolation.level": isolation})
+
+    stable, plain = consumer("read_committed"), consumer("read_uncommitted")
+    p = _producer(bootstrap, "txn-st-app")
+    both = [TopicPartition("txn-st-in", 0), TopicPartition("txn-st-in", 1)]
+
+    def offsets(c: Any, timeout: float) -> list[int]:
+        return [int(tp.offset) for tp in c.committed(both, timeout)]
+
+    try:
+        p.begin_transaction()
+        p.send_offsets_to_transaction([TopicPartition("txn-st-in", 0, 5)],
+                                      stable.consumer_group_metadata(), BOUND_S)
+        assert offsets(plain, BOUND_S) == [-1001, -1001]  # answered, pending not shown
+        with pytest.raises(KafkaException) as held:
+            offsets(stable, 3)  # retried for as long as the transaction holds them
+        assert held.value.args[0].code() == KafkaError._TIMED_OUT, held.value
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(offsets(stable, BOUND_S)))
+        waiter.start()
+        time.sleep(1)
+        assert waiter.is_alive()  # still waiting
+        committing = time.monotonic()
+        p.commit_transaction(BOUND_S)
+        waiter.join(BOUND_S)
+        assert got == [[5, -1001]], got
+        assert time.monotonic() >= committing
+        # an aborted transaction's offsets never stand: the committed ones are stable
+        p.begin_transaction()
+        p.send_offsets_to_transaction([TopicPartition("txn-st-in", 1, 8)],
+                                      stable.consumer_group_metadata(), BOUND_S)
+        p.abort_transaction(BOUND_S)
+        assert offsets(stable, BOUND_S) == [5, -1001]
+        # and the next transaction of the same producer holds them again
+        p.begin_transaction()
+        p.send_offsets_to_transaction([TopicPartition("txn-st-in", 1, 9)],
+                                      stable.consumer_group_metadata(), BOUND_S)
+        with pytest.raises(KafkaException):
+            offsets(stable, 3)
+        p.commit_transaction(BOUND_S)
+        assert offsets(stable, BOUND_S) == [5, 9]
+    finally:
+        stable.close()
+        plain.close()
 
 
 def test_a_zombie_consumer_generation_cannot_commit_offsets_through_a_transaction(

@@ -29,6 +29,7 @@ from ledgerd.kafka.txn_coordinator import (
     init_producer,
     markers,
     new_record,
+    pending_offsets,
     settle,
     time_out,
     txn_offset_commit,
@@ -156,6 +157,21 @@ def test_offsets_wait_in_the_record_and_need_the_group_added() -> None:
     aborted = begin_end(r, producer_id=42, producer_epoch=0, commit=False, now_ms=4)
     assert aborted.offsets == r.offsets  # the gateway stores them only for a commit
     assert complete(aborted, prepared=aborted, now_ms=5).offsets == ()
+
+
+def test_offsets_are_unstable_while_the_transaction_may_still_commit_them() -> None:
+    r = add_offsets(_ongoing(), producer_id=42, producer_epoch=0, group="g", now_ms=1)
+    assert pending_offsets(r, "g") == frozenset() and pending_offsets(None, "g") == set()
+    r = txn_offset_commit(r, producer_id=42, producer_epoch=0, group="g", now_ms=2,
+                          offsets=[PendingOffset(group="g", topic="in", partition=p,
+                                                 offset=9, metadata=None) for p in (0, 3)])
+    assert pending_offsets(r, "g") == {("in", 0), ("in", 3)}
+    assert pending_offsets(r, "other") == frozenset()
+    committing = begin_end(r, producer_id=42, producer_epoch=0, commit=True, now_ms=3)
+    assert pending_offsets(committing, "g") == {("in", 0), ("in", 3)}
+    assert pending_offsets(complete(committing, prepared=committing, now_ms=4), "g") == set()
+    aborting = begin_end(r, producer_id=42, producer_epoch=0, commit=False, now_ms=3)
+    assert pending_offsets(aborting, "g") == frozenset()  # the committed ones stand
 
 
 def test_bad_timeout_is_refused() -> None:

@@ -15,7 +15,7 @@ from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, Unkno
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
 from ledgerd.metadata.kafka_groups import GroupRecord, GroupStore, group_znode
 from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore
-from ledgerd.metadata.kafka_txns import TxnRecord, TxnStore
+from ledgerd.metadata.kafka_txns import PendingOffset, TxnRecord, TxnStore
 from ledgerd.metadata.store import MetadataStore
 from tests.metadata.conftest import StoreFactory
 
@@ -219,3 +219,35 @@ async def test_txn_records_keep_their_paths(stores: StoreFactory) -> None:
     assert await store.exists(f"{ROOT}/txn_partitions/t/0") is not None
     await txns.forget_topic("t")
     assert await txns.partition_start("t", 0) is None
+
+
+async def test_a_record_never_holds_a_groups_offsets_without_its_pending_entry(
+        stores: StoreFactory) -> None:
+    """KIP-447's index: a write giving a record a group's offsets touches the group's
+    entry in the same multi (creating it if missing); an entry dropped at a version
+    read before such a write is not dropped."""
+    store = await stores.open()
+    txns = TxnStore(store, ROOT)
+    await txns.create(TxnRecord(transactional_id="tx", producer_id=3, producer_epoch=0,
+                                timeout_ms=1000))
+    await txns.sync_pending("g")  # no index yet: fine
+    assert await txns.pending("g") == []
+
+    def offsets(n: int) -> Callable[[TxnRecord], TxnRecord]:
+        return lambda r: replace(r, offsets=(PendingOffset(
+            group="g", topic="t", partition=0, offset=n, metadata=None),))
+
+    await txns.update_offsets("tx", "g", offsets(5))
+    assert await txns.pending("g") == ["tx"]
+    seen = await txns.pending_version("g", "tx")
+    assert seen is not None
+    await txns.update_offsets("tx", "g", offsets(6))  # after ``seen`` was read
+    assert not await txns.drop_pending("g", "tx", seen)
+    assert await txns.pending("g") == ["tx"]
+    now = await txns.pending_version("g", "tx")
+    assert now is not None and now > seen
+    assert await txns.drop_pending("g", "tx", now)
+    assert await txns.pending("g") == [] and await txns.pending_version("g", "tx") is None
+    record = await txns.update_offsets("tx", "g", offsets(7))  # the entry made again
+    assert await txns.pending("g") == ["tx"]
+    assert (await txns.get("tx")) == record and record.offsets[0].offset == 7
