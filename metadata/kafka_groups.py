@@ -28,7 +28,7 @@ from ledgerd.metadata.jsondoc import COUNT, STR, decode, encode, json_field
 from ledgerd.metadata.paths import KAFKA_GROUPS, kafka_group_path
 from ledgerd.metadata.store import MetadataStore
 
-__all__ = ["GroupRecord", "GroupStore", "group_znode"]
+__all__ = ["GroupRecord", "GroupStore", "group_id_of", "group_znode"]
 
 _ATTEMPTS = 100
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
@@ -38,6 +38,21 @@ def group_znode(group_id: str) -> str:
     """A group id as a ZooKeeper (and cursor) name: itself when plain, else ``x-`` and
     the first 180 digits of its hex."""
     return group_id if _SAFE.match(group_id) else "x-" + group_id.encode().hex()[:180]
+
+
+def group_id_of(znode: str) -> str | None:
+    """The group id a znode name stands for (:func:`group_znode` undone); None when
+    the name was cut short (an id over 90 bytes) or is not one it makes."""
+    if znode.startswith("x-") and len(znode) >= 180 + 2:
+        return None  # the hex of a long id, cut short (or of one exactly that long)
+    if znode.startswith("x-"):
+        try:
+            gid = bytes.fromhex(znode[2:]).decode()
+        except ValueError:
+            gid = None
+        if gid and group_znode(gid) == znode:
+            return gid
+    return znode if group_znode(znode) == znode else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,7 +18,9 @@ takes over makes them available again, with the delivery counts last written.
 Every write is compare-and-set against the version the writer last read or wrote: a
 gateway that lost a partition to another cannot overwrite what the newer leader wrote.
 A state naming another topic id is a deleted topic's: the new topic's partition starts
-afresh.
+afresh. DeleteGroups deletes a share group's node with everything below it
+(``delete_group``), DeleteTopics a deleted topic's partitions in every share group
+(``forget_topic``).
 """
 
 from __future__ import annotations
@@ -128,7 +130,37 @@ class ShareStore:
         return (await self.store.set(path, raw, version)).version
 
     async def groups(self) -> list[str]:
+        """The share groups' znode names (``group_znode``)."""
         try:
             return await self.store.children(f"{self.kafka_root}/{KAFKA_SHARE_GROUPS}")
         except NoNodeError:
             return []
+
+    async def delete_group(self, group_id: str) -> bool:
+        """Delete the group's configs and every share partition's state. True if it had
+        any."""
+        try:
+            await self.store.delete(self.path(group_id), recursive=True)
+        except NoNodeError:
+            return False
+        return True
+
+    async def forget_topic(self, topic: str) -> int:
+        """Delete the state of ``topic``'s share partitions in every share group (the
+        topic was deleted); how many were deleted. One read per share group."""
+        root = f"{self.kafka_root}/{KAFKA_SHARE_GROUPS}"
+        deleted = 0
+        for group in await self.groups():
+            try:
+                names = await self.store.children(f"{root}/{group}")
+            except NoNodeError:
+                continue
+            for name in names:
+                head, _, p = name.rpartition(".")
+                if head == topic and p.isdigit():
+                    try:
+                        await self.store.delete(f"{root}/{group}/{name}")
+                        deleted += 1
+                    except NoNodeError:
+                        pass
+        return deleted

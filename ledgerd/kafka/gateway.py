@@ -1900,6 +1900,15 @@ class Gateway:
             if listed(state, body["states_filter"], body["types_filter"]):
                 groups.append({"group_id": gid, "protocol_type": protocol_type,
                                "group_state": state.value, "group_type": "classic"})
+        # share groups (KIP-932), as Kafka 4.1 lists them: protocol type "share"
+        states = {s.lower() for s in body["states_filter"]}
+        types = {t.lower() for t in body["types_filter"]}
+        for gid, share_state in sorted((await self.share.listed()).items()):
+            if self.owns(f"group/{gid}") and gid not in known and \
+                    (not states or share_state.lower() in states) and \
+                    (not types or "share" in types):
+                groups.append({"group_id": gid, "protocol_type": "share",
+                               "group_state": share_state, "group_type": "share"})
         return {"error_code": 0, "groups": groups}
 
     async def describe_groups(self, conn: _Conn, version: int, body: dict[str, Any],
@@ -1967,9 +1976,12 @@ class Gateway:
         group = await self._existing_group(gid)
         if isinstance(group, int):
             return group
+        shared = await self.share.delete_group(gid)  # a share group of that id, if any
+        if shared == ErrorCode.NON_EMPTY_GROUP:
+            return shared
         if group is None:  # no record: offsets committed before groups had one, if any
             group = self.groups.setdefault(gid, Group(gid, self.group_settings))
-        existed = group.is_known
+        existed = group.is_known or shared == ErrorCode.NONE
         code = group.delete()
         if code:
             return int(code)
@@ -2086,6 +2098,7 @@ class Gateway:
             self._remember_deleted(name)
             self.topics.pop(name, None)
             await self.txn.forget_topic(name)
+            await self.share.forget_topic(name)
             for p in range(count):
                 part = self.partitions.pop((name, p), None)
                 if part is not None:

@@ -47,7 +47,8 @@ from ledgerd.kafka.records import CONTROL, HEADER_SIZE, BatchHeader
 from ledgerd.kafka.share_group import ShareGroup
 from ledgerd.kafka.share_partition import Acquired, BatchView, SharePartition, ShareState
 from ledgerd.kafka.storage_errors import storage_error_code
-from ledgerd.metadata.errors import BadVersionError, MetadataError, NodeExistsError
+from ledgerd.metadata.errors import BadVersionError, MetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.kafka_groups import group_id_of
 from ledgerd.metadata.kafka_share import ShareStore
 from ledgerd.wire.status import FencedError
 
@@ -154,6 +155,48 @@ class ShareServer:
         them after this; a task holding one finds it gone after its lock (``_held``)."""
         self.held.clear()
         self.groups.clear()
+
+    # -- the group's admin: ListGroups, DeleteGroups -------------------------------------
+
+    async def listed(self) -> dict[str, str]:
+        """The share groups known here, stored or with members, and their states
+        (Kafka's share group states: Empty, Stable); the caller keeps the ones it
+        coordinates. A stored group whose id its znode name cannot give back (a long
+        one, hashed) is left out."""
+        out = {}
+        for name in await self.store.groups():
+            gid = group_id_of(name)
+            if gid is not None:
+                out[gid] = "Empty"
+        for gid, group in self.groups.items():
+            if group.members:
+                out[gid] = "Stable"
+        return out
+
+    async def delete_group(self, gid: str) -> int:
+        """DeleteGroups of a share group, on its coordinator: refused while it has
+        members (NON_EMPTY_GROUP); else its configs and every share partition's state
+        are deleted (GROUP_ID_NOT_FOUND if there were none). A leader holding one of
+        its share partitions finds the stored version gone at its next check
+        (``CHECK_S``) and starts it afresh."""
+        group = self.groups.get(gid)
+        if group is not None and group.members:
+            return ErrorCode.NON_EMPTY_GROUP
+        removed = await self.store.delete_group(gid)
+        self.groups.pop(gid, None)
+        self._configs.pop(gid, None)
+        for key in [k for k in self.held if k[0] == gid]:
+            del self.held[key]
+        if removed:
+            log.info("kafka_share_group_deleted", extra=fields(group=gid))
+        return ErrorCode.NONE if removed or group is not None else ErrorCode.GROUP_ID_NOT_FOUND
+
+    async def forget_topic(self, topic: str) -> None:
+        """A deleted topic's share partitions: dropped here and in every share group's
+        stored state."""
+        for key in [k for k in self.held if k[1] == topic]:
+            del self.held[key]
+        await self.store.forget_topic(topic)
 
     # -- configs -------------------------------------------------------------------------
 
@@ -446,7 +489,7 @@ class ShareServer:
         try:
             held.version = await self.store.save(gid, topic, p, held.topic_id,
                                                  held.part.state().to_doc(), held.version)
-        except (BadVersionError, NodeExistsError):
+        except (BadVersionError, NodeExistsError, NoNodeError):  # (deleted: DeleteGroups)
             if self.held.get((gid, topic, p)) is held:
                 del self.held[(gid, topic, p)]
             raise _Lost(f"share partition {topic}/{p} of {gid}: another gateway stored "

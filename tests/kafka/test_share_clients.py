@@ -149,3 +149,72 @@ def test_what_a_member_accepted_is_not_delivered_again_after_a_gateway_is_killed
         assert killed
         assert delivered == set(values), sorted(set(values) - delivered)[:10]
         assert again == [], again[:10]
+
+
+def test_a_share_group_is_listed_deleted_once_empty_and_a_deleted_topic_leaves_no_state(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """ListGroups lists a share group (type "share"); DeleteGroups refuses it while it
+    has members and then deletes its configs and stored share partitions; DeleteTopics
+    deletes a topic's share partitions in every share group."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from kazoo.client import KazooClient
+
+    from ledgerd.kafka.api import ApiKey
+    from tests.kafka.test_faults import _connect, _reply, _request
+
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log")
+    hosts, chroot = zk_chroot.split("/", 1)
+    zk = KazooClient(hosts=hosts, timeout=10)
+    zk.start(timeout=30)
+    root = f"/{chroot}/ledgers/kafka/share_groups"
+
+    def listed() -> dict[str, tuple[str, str]]:
+        with _connect(gw) as sock:  # ListGroups v5: every type, every state
+            sock.sendall(_request(ApiKey.LIST_GROUPS, 5, {"states_filter": [],
+                                                          "types_filter": []}))
+            got = _reply(sock, ApiKey.LIST_GROUPS, 5)
+        assert got["error_code"] == 0, got
+        return {g["group_id"]: (g["group_type"], g["group_state"])
+                for g in got["groups"]}  # type: ignore[attr-defined]
+
+    try:
+        with running_cluster(tmp_path, zk_chroot, 3, gw):
+            admin = AdminClient({"bootstrap.servers": gw.bootstrap})
+            for group, topic in (("del-g", "del-s"), ("keep-g", "del-t")):
+                values = _setup(gw.bootstrap, topic, 2, group, 20)
+                c = _consumer(gw.bootstrap, group, topic)
+                got: set[bytes] = set()
+                deadline = time.monotonic() + BOUND_S
+                while got != set(values):
+                    assert time.monotonic() < deadline, sorted(set(values) - got)
+                    got.update(m.value() for m in c.poll(0.5) if m.error() is None)
+                c.commit_sync(BOUND_S)
+                if group == "del-g":
+                    # (librdkafka's list_consumer_groups keeps consumer groups only)
+                    assert listed() == {"del-g": ("share", "Stable")}
+                    with_members = admin.delete_consumer_groups(["del-g"])["del-g"]
+                    try:
+                        with_members.result(BOUND_S)
+                        raise AssertionError("a share group with members was deleted")
+                    except KafkaException as exc:
+                        assert exc.args[0].code() == KafkaError.NON_EMPTY_GROUP, exc
+                c.close()
+            assert sorted(zk.get_children(f"{root}/del-g")) == ["del-s.0", "del-s.1"]
+            deadline = time.monotonic() + BOUND_S
+            while True:  # the member left on close(); the group is empty
+                try:
+                    admin.delete_consumer_groups(["del-g"])["del-g"].result(BOUND_S)
+                    break
+                except KafkaException as exc:
+                    assert exc.args[0].code() == KafkaError.NON_EMPTY_GROUP, exc
+                    assert time.monotonic() < deadline, "the group never became empty"
+                    time.sleep(0.5)
+            assert zk.exists(f"{root}/del-g") is None
+            assert "del-g" not in listed()
+            assert sorted(zk.get_children(f"{root}/keep-g")) == ["del-t.0", "del-t.1"]
+            admin.delete_topics(["del-t"])["del-t"].result(BOUND_S)
+            assert zk.get_children(f"{root}/keep-g") == []  # its configs stay
+    finally:
+        zk.stop()
+        zk.close()

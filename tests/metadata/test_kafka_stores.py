@@ -13,7 +13,7 @@ import pytest
 
 from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, UnknownFormatError
 from ledgerd.metadata.kafka_gateways import GatewayRecord, GatewayStore, ProducerIdStore
-from ledgerd.metadata.kafka_groups import GroupRecord, GroupStore, group_znode
+from ledgerd.metadata.kafka_groups import GroupRecord, GroupStore, group_id_of, group_znode
 from ledgerd.metadata.kafka_topics import TopicRecord, TopicStore
 from ledgerd.metadata.kafka_txns import PendingOffset, TxnRecord, TxnStore
 from ledgerd.metadata.store import MetadataStore
@@ -251,3 +251,14 @@ async def test_a_record_never_holds_a_groups_offsets_without_its_pending_entry(
     record = await txns.update_offsets("tx", "g", offsets(7))  # the entry made again
     assert await txns.pending("g") == ["tx"]
     assert (await txns.get("tx")) == record and record.offsets[0].offset == 7
+
+
+@pytest.mark.parametrize("group", ["g", "x-abc", "x-6162", "a b", "ü" * 10, "é" * 44, "-x",
+                                   "x-", "a/b"])
+def test_a_groups_znode_name_gives_its_id_back(group: str) -> None:
+    assert group_id_of(group_znode(group)) == group
+
+
+def test_a_long_groups_cut_name_gives_no_id() -> None:
+    assert group_id_of(group_znode("é" * 60)) is None
+    assert group_id_of("x-zz") == "x-zz"  # a plain id that only looks like hex
