@@ -25,6 +25,7 @@ system-deps:
 	if ! command -v java >/dev/null 2>&1; then missing="$$missing default-jre-headless"; fi; \
 	if ! $(PYTHON) -c 'import venv, ensurepip' >/dev/null 2>&1; then missing="$$missing python3-venv"; fi; \
 	if ! command -v gcc >/dev/null 2>&1; then missing="$$missing gcc"; fi; \
+	if [ ! -f /usr/include/openssl/ssl.h ]; then missing="$$missing libssl-dev"; fi; \
 	if ! command -v kcat >/dev/null 2>&1; then missing="$$missing kcat"; fi; \
 	if ! command -v npm >/dev/null 2>&1; then missing="$$missing npm"; fi; \
 	if ! $(PYTHON) -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then \
@@ -39,7 +40,8 @@ system-deps:
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt setup.py native/_build.py
+$(STAMP): $(VENV)/bin/python pyproject.toml constraints.txt setup.py native/_build.py \
+		native/_tls_build.py
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev,spark]'
 	$(PY) -c 'import ledgerd.native._native' || { echo "native helper failed to build (needs gcc and python3-dev)" >&2; exit 1; }

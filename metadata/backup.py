@@ -31,6 +31,7 @@ from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError,
 from ledgerd.metadata.kafka_gateways import ProducerIdStore
 from ledgerd.metadata.paths import (
     KAFKA_OFFSET_INDEX_COMPLETE,
+    KAFKA_PENDING_OFFSETS,
     KAFKA_TRANSACTIONS,
     KAFKA_TXN_PARTITIONS,
     kafka_root,
@@ -311,14 +312,17 @@ async def raise_versions(store: MetadataStore, nodes: Sequence[tuple[str, bytes,
 _TXNS = f"kafka/{KAFKA_TRANSACTIONS}/"  # relative to the root, as snapshot paths are
 _TXN_FLAGS = f"kafka/{KAFKA_TXN_PARTITIONS}/"
 _OFFSET_INDEX_DONE = f"kafka/{KAFKA_OFFSET_INDEX_COMPLETE}"
+_PENDING = f"kafka/{KAFKA_PENDING_OFFSETS}/"
 
 
 def settled_nodes(nodes: Sequence[Node]) -> list[Node]:
     """``nodes`` without ``kafka/offset_index_complete`` (the gateways index again), and
     with the Kafka transaction records a restore writes instead of the snapshot's (``kafka_txns.settle_after_restore``: every transaction that may have
     begun since is aborted by the coordinator), each one version past the snapshot's so
-    a coordinator holding the old version cannot compare-and-set over it. Pure."""
-    from ledgerd.metadata.kafka_txns import TxnRecord, settle_after_restore
+    a coordinator holding the old version cannot compare-and-set over it, and with the
+    pending-offsets entries of the PREPARE_COMMIT records it keeps. Pure."""
+    from ledgerd.metadata.kafka_groups import group_znode
+    from ledgerd.metadata.kafka_txns import TxnRecord, TxnState, settle_after_restore
 
     flagged = [(parts[2], int(parts[3])) for n in nodes
                if n.path.startswith(_TXN_FLAGS)
@@ -336,8 +340,22 @@ def settled_nodes(nodes: Sequence[Node]) -> list[Node]:
     # Left out: the mark that every group offset is in its group's offset index. A
     # snapshot read while offsets were committed may hold a cursor without its entry;
     # gateways started on the restored root index what is there again.
-    return [Node(n.path, changed[n.path].to_json(), n.version + 1) if n.path in changed
-            else n for n in nodes if n.path != _OFFSET_INDEX_DONE]
+    out = [Node(n.path, changed[n.path].to_json(), n.version + 1) if n.path in changed
+           else n for n in nodes if n.path != _OFFSET_INDEX_DONE]
+    # A kept PREPARE_COMMIT record's offsets stay pending until its coordinator
+    # completes it: its groups' pending-offsets entries are made if the snapshot (read
+    # a depth at a time, records before entries) missed them (KIP-447's index)
+    have = {n.path for n in out}
+    for path, (_, record) in records.items():
+        if path in changed or record.state is not TxnState.PREPARE_COMMIT:
+            continue
+        for group in sorted({o.group for o in record.offsets}):
+            entry = f"{_PENDING}{group_znode(group)}/{path.rsplit('/', 1)[1]}"
+            for node in (_PENDING.rstrip("/"), entry.rsplit("/", 1)[0], entry):
+                if node not in have:
+                    have.add(node)
+                    out.append(Node(node, b"", 0))
+    return out
 
 
 PRODUCER_ID_GAP = 1_000_000  # Kafka producer ids skipped after a restore

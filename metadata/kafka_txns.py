@@ -18,12 +18,14 @@ a plain name is stored under ``x-`` and its SHA-256; the record names the id.
 Beside them, ``<root>/kafka/pending_offsets/<group>/<transactional id>`` indexes the
 transactions that hold offsets of a group they have not committed yet (KIP-447:
 OffsetFetch with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for those
-partitions). Every write of a record that gives it offsets of a group also touches the
-group's entry, in one multi-op transaction (``update_offsets``), so a record never
-holds a group's pending offsets without the entry. An entry outlives its transaction
-(the producer's next one reuses it without a write); whoever finds it stale removes it
-at the version it read before reading the record (``drop_pending``): a transaction
-that gave the group offsets since has moved that version, so the removal fails.
+partitions). Every write of a record that gives it offsets of a group also writes the
+group's entry, in one multi-op transaction (``update_offsets``; the entry is created
+first if missing), so a record never holds a group's pending offsets without the
+entry. An entry outlives its transaction (the producer's next one writes it again in
+the same multi); whoever finds it stale removes it only if neither it nor the record
+changed since it read them (``drop_pending``): a transaction that gave the group
+offsets since has moved the record's version, so the removal fails (the entry's own
+version is not enough: dropped and made again, it is back at the version read).
 
 And ``<root>/kafka/txn_partitions/<topic>/<partition>`` holds the offset from
 which a partition's log may hold transactional batches (written by the partition's
@@ -55,7 +57,7 @@ from ledgerd.metadata.paths import (
     kafka_txn_flag_path,
     kafka_txn_path,
 )
-from ledgerd.metadata.store import MetadataStore, SetData
+from ledgerd.metadata.store import Check, Create, MetadataStore, Remove, SetData
 
 __all__ = ["MAX_EPOCH", "PendingOffset", "TxnRecord", "TxnState", "TxnStore", "znode_name"]
 
@@ -260,13 +262,30 @@ class TxnStore:
                                                                   name))
         return None if stat is None else stat.version
 
-    async def drop_pending(self, group: str, name: str, version: int) -> bool:
-        """Remove the group's entry for transaction ``name`` if still at ``version``
-        (read before the record that showed it stale). True if removed."""
+    async def get_named_versioned(self, name: str) -> tuple[TxnRecord | None, int]:
+        """The record stored under znode ``name`` and its version (None, -1: none)."""
+        path = kafka_txn_path(self.kafka_root, name)
         try:
-            await self.store.delete(kafka_pending_offsets_path(self.kafka_root, group, name),
-                                    version)
-        except (NoNodeError, BadVersionError):
+            raw, stat = await self.store.get(path)
+        except NoNodeError:
+            return None, -1
+        return TxnRecord.from_json(raw, path), stat.version
+
+    async def drop_pending(self, group: str, name: str, version: int,
+                           record_version: int) -> bool:
+        """Remove the group's entry for transaction ``name`` if still at ``version``
+        AND the record is still at ``record_version`` (-1: still absent), as read
+        when it showed the entry stale: any write giving the record offsets since
+        moved the record's version, whatever became of the entry meanwhile (a
+        versioned delete of the entry alone is ABA-prone: dropped and re-created, it
+        is back at the version read). True if removed."""
+        record = kafka_txn_path(self.kafka_root, name)
+        guard: list[Check | Create | Remove] = [Check(record, record_version)] \
+            if record_version >= 0 else [Create(record), Remove(record)]  # still absent
+        try:
+            await self.store.multi([*guard, Remove(kafka_pending_offsets_path(
+                self.kafka_root, group, name), version)])
+        except (NoNodeError, BadVersionError, NodeExistsError):
             return False
         return True
 

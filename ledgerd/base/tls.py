@@ -7,7 +7,12 @@ the client and the tools, from PEM paths, so every endpoint has the same rules:
   cipher suites (OpenSSL names) for TLS 1.2 and below (Python's ``ssl`` offers no
   choice of TLS 1.3 suites);
 - a server verifies client certificates against its trust file when client
-  authentication is asked for (``required``: no certificate, no connection);
+  authentication is asked for (``required``: no certificate, no connection), and
+  refuses one it cannot trust with the ``bad_certificate`` alert, as Java's TLS (a
+  Kafka broker) does, where OpenSSL would pick an alert from the error
+  (``refuse_as_bad_certificate``, through ``ledgerd.base._tls``, built from
+  ``native/_tls_build.py``; the error itself
+  is kept for the server's log, ``take_refusal``);
 - a client verifies the bookie against its trust file, and its host name (or IP
   address, for ids like ``127.0.0.1:3181``) unless told not to.
 
@@ -20,6 +25,7 @@ without a restart; connections already open keep the context they started with.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import ssl
 import time
@@ -30,7 +36,8 @@ from typing import Any
 from ledgerd.base.errors import LedgerdError
 
 __all__ = ["ANONYMOUS", "Principal", "ReloadingContext", "TlsConfigError", "client_context",
-           "drain_decrypted", "pending_alert", "principal_of", "server_context"]
+           "drain_decrypted", "pending_alert", "principal_of", "refuse_as_bad_certificate",
+           "server_context", "take_refusal"]
 
 _PROTOCOLS = {
     "TLSv1": ssl.TLSVersion.TLSv1, "TLSv1.1": ssl.TLSVersion.TLSv1_1,
@@ -114,7 +121,69 @@ def server_context(certificate: str, key: str, *, trust: str = "", client_auth: 
                                  "certificates needs the CA that issued them")
         _load_trust(ctx, trust, f"{prefix}tls_trust_path")
         ctx.verify_mode = ssl.CERT_REQUIRED if client_auth == "required" else ssl.CERT_OPTIONAL
+        refuse_as_bad_certificate(ctx)
     return ctx
+
+
+# -- refusing a client certificate with bad_certificate ----------------------------------
+
+_refusal: str | None = None  # the last verification error the callback reported
+
+
+def _tls_helper() -> Any:
+    try:
+        from ledgerd.base import _tls  # type: ignore[attr-defined]
+    except ImportError:  # built without a C compiler or libssl-dev: OpenSSL's alerts
+        return None
+    return _tls
+
+
+_TLS = _tls_helper()
+if _TLS is not None:
+    @_TLS.ffi.def_extern()  # type: ignore[untyped-decorator]
+    def ldn_tls_refused(error: int, depth: int) -> None:
+        global _refusal
+        reason = _TLS.ffi.string(_TLS.lib.ldn_tls_error_string(error)).decode()
+        _refusal = f"{reason} (error {error}, certificate depth {depth})"
+
+
+def take_refusal() -> str | None:
+    """Why the last client certificate refused by a context of
+    :func:`refuse_as_bad_certificate` was (the verification error OpenSSL found), once;
+    read it right after the handshake failed, before any other handshake runs."""
+    global _refusal
+    reason, _refusal = _refusal, None
+    return reason
+
+
+def _ssl_ctx_pointer(ctx: ssl.SSLContext) -> int | None:
+    """The ``SSL_CTX *`` of ``ctx`` (CPython keeps it right after the object header),
+    or None unless the helper's libssl is the one ``ssl`` uses and the pointer reads
+    back ``ctx``'s own verify mode and options."""
+    if _TLS is None or _TLS.lib.ldn_tls_openssl_version() != ssl.OPENSSL_VERSION_NUMBER:
+        return None
+    pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
+    if not pointer:
+        return None
+    raw = _TLS.ffi.cast("void *", pointer)
+    mode = {ssl.CERT_NONE: 0, ssl.CERT_OPTIONAL: 1, ssl.CERT_REQUIRED: 3}[ctx.verify_mode]
+    if _TLS.lib.ldn_tls_ctx_verify_mode(raw) & 3 != mode or \
+            _TLS.lib.ldn_tls_ctx_options(raw) != int(ctx.options):
+        return None
+    return pointer
+
+
+def refuse_as_bad_certificate(ctx: ssl.SSLContext) -> bool:
+    """Make ``ctx`` (a server's, verifying client certificates) refuse a certificate it
+    cannot trust with the ``bad_certificate`` alert (42), as Java's TLS does; OpenSSL
+    would send ``unknown_ca`` (48) for an unknown issuer, which some clients' checks
+    (librdkafka's test 0097) do not take for a refused certificate. False, and ``ctx``
+    unchanged, where the native helper is missing or does not match ``ssl``."""
+    pointer = _ssl_ctx_pointer(ctx)
+    if pointer is None:
+        return False
+    _TLS.lib.ldn_tls_refuse_as_bad_certificate(_TLS.ffi.cast("void *", pointer))
+    return True
 
 
 def client_context(trust: str, *, certificate: str = "", key: str = "",

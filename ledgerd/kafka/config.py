@@ -152,6 +152,11 @@ class GatewayConfig(ClientConfig):
             "connection must authenticate before any request but ApiVersions; a SCRAM "
             "user has the client role, and the admin role too when its User:<name> is in "
             "gateway_super_users; the ACLs are checked after.")
+    gateway_connection_failed_authentication_delay_ms: int = setting(
+        100, bk="(Kafka: connection.failed.authentication.delay.ms)",
+        doc="A failed authentication is answered this many milliseconds late: the "
+            "SaslAuthenticate error, and the TLS alert refusing a client certificate "
+            "(as Kafka's brokers do; it slows a client that guesses). 0: at once.")
     gateway_connections_max_reauth_ms: int = setting(
         0, bk="(Kafka: connections.max.reauth.ms)",
         doc="Above 0, an authenticated connection (SASL) must authenticate again within "

@@ -76,7 +76,7 @@ import trio
 from ledgerd.base.fanout import each_at_most
 from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
-from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of
+from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of, take_refusal
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka import (
     cleaner,
@@ -647,9 +647,14 @@ class Gateway:
         except trio.BrokenResourceError as exc:
             cause = exc.__cause__
             if isinstance(cause, ssl.SSLError) and not isinstance(cause, ssl.SSLEOFError):
+                # a refused client certificate: the verification error behind the
+                # bad_certificate alert (ledgerd.base.tls.refuse_as_bad_certificate)
+                refusal = take_refusal()
                 log.info("kafka_tls_handshake_failed", extra=fields(
-                    peer=peer, reason=cause.reason or str(cause)))
+                    peer=peer, reason=cause.reason or str(cause),
+                    **({"certificate": refusal} if refusal else {})))
                 alert = pending_alert(stream)
+                await self._failed_authentication()
                 if alert:
                     with trio.move_on_after(1), contextlib.suppress(
                             trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -1798,15 +1803,19 @@ class Gateway:
                 res["committed_leader_epoch"] = got[0].kafka_leader_epoch
             found[(topic, p)] = res
 
-        await each_at_most(OFFSET_FETCH_READS, read, [
-            (t["name"], p) for t in wanted for p in t["partition_indexes"]])
+        unstable: set[tuple[str, int]] = set()
         if body.get("require_stable"):
             # KIP-447: a partition a transaction holds offsets of (not committed yet)
-            # is answered UNSTABLE_OFFSET_COMMIT, which the client retries
+            # is answered UNSTABLE_OFFSET_COMMIT, which the client retries. Asked
+            # BEFORE the cursors are read: a transaction not pending now has written
+            # its offsets already, so the reads below see them
             try:
                 unstable = await self.txn.unstable_offsets(body["group_id"])
             except MetadataError:
                 return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "topics": []}
+        await each_at_most(OFFSET_FETCH_READS, read, [
+            (t["name"], p) for t in wanted for p in t["partition_indexes"]])
+        if unstable:
             for tp in unstable & found.keys():
                 found[tp].update(committed_offset=-1, metadata="", committed_leader_epoch=-1,
                                  error_code=ErrorCode.UNSTABLE_OFFSET_COMMIT)
@@ -2124,8 +2133,19 @@ class Gateway:
         conn.scram = None
         return {"error_code": 0, "mechanisms": offered}
 
+    async def _failed_authentication(self) -> None:
+        """Wait ``gateway_connection_failed_authentication_delay_ms`` before a refusal
+        is told (Kafka's connection.failed.authentication.delay.ms)."""
+        await trio.sleep(self.config.gateway_connection_failed_authentication_delay_ms / 1000)
+
     async def sasl_authenticate(self, conn: _Conn, version: int, body: dict[str, Any],
                                 ) -> dict[str, Any]:
+        reply = await self._sasl_authenticate(conn, body)
+        if reply["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED:
+            await self._failed_authentication()
+        return reply
+
+    async def _sasl_authenticate(self, conn: _Conn, body: dict[str, Any]) -> dict[str, Any]:
         if conn.sasl_mechanism.startswith("SCRAM-"):
             return await self._scram_authenticate(conn, body["auth_bytes"])
         if self.tokens is None or conn.sasl_mechanism != "PLAIN":

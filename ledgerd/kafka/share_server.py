@@ -147,6 +147,7 @@ class ShareServer:
         self.changed = trio.Event()  # set (and replaced) when records are given back
         self._configs: dict[str, tuple[float, dict[str, str]]] = {}
         self._loading = trio.Lock()
+        self._deleting: set[str] = set()  # DeleteGroups under way: no member joins
 
     def forget(self) -> None:
         """Drop the members and share partitions held here (the ZooKeeper session was
@@ -182,7 +183,13 @@ class ShareServer:
         group = self.groups.get(gid)
         if group is not None and group.members:
             return ErrorCode.NON_EMPTY_GROUP
-        removed = await self.store.delete_group(gid)
+        if gid in self._deleting:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        self._deleting.add(gid)  # a heartbeat meanwhile is told to retry
+        try:
+            removed = await self.store.delete_group(gid)
+        finally:
+            self._deleting.discard(gid)
         self.groups.pop(gid, None)
         self._configs.pop(gid, None)
         for key in [k for k in self.held if k[0] == gid]:
@@ -228,6 +235,9 @@ class ShareServer:
             return {"error_code": ErrorCode.NOT_COORDINATOR,
                     "error_message": f"gateway {self.gw.node_id} does not coordinate "
                                      f"{gid}; ask FindCoordinator again"}
+        if gid in self._deleting:
+            return {"error_code": ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                    "error_message": f"{gid} is being deleted"}
         classic = self.gw.groups.get(gid)
         if classic is not None and not classic.is_idle:
             return {"error_code": ErrorCode.INCONSISTENT_GROUP_PROTOCOL,

@@ -385,18 +385,30 @@ class TxnCoordinator:
         group a transaction may still change (OffsetFetch's ``require_stable``,
         KIP-447), from the group's pending-offsets index: each entry's record read
         (PENDING_READS at a time); an entry whose record holds none of the group's
-        offsets is dropped, at the version read before the record."""
+        offsets is dropped if neither it nor the record changed since they were read.
+        Raises the first MetadataError met (not a group of them)."""
         group = group_znode(group_id)
         out: set[tuple[str, int]] = set()
+        failed: list[MetadataError] = []
 
         async def check(name: str) -> None:
-            version = await self.records.pending_version(group, name)
-            if version is None:
+            try:
+                version = await self.records.pending_version(group, name)
+                if version is None:
+                    return
+                record, record_version = await self.records.get_named_versioned(name)
+            except MetadataError as exc:
+                failed.append(exc)
                 return
-            held = pending_offsets(await self.records.get_named(name), group_id)
+            held = pending_offsets(record, group_id)
             if held:
                 out.update(held)
-            elif await self.records.drop_pending(group, name, version):
+                return
+            try:  # (best effort: a later OffsetFetch drops it if this one cannot)
+                dropped = await self.records.drop_pending(group, name, version, record_version)
+            except MetadataError:
+                return
+            if dropped:
                 log.debug("kafka_txn_pending_offsets_dropped", extra=fields(
                     group=group_id, transactional_id=name))
 
@@ -404,6 +416,8 @@ class TxnCoordinator:
         # the entries and records: read them as ZooKeeper's leader has them
         await self.records.sync_pending(group)
         await each_at_most(PENDING_READS, check, await self.records.pending(group))
+        if failed:
+            raise failed[0]
         return out
 
     # -- completion ---------------------------------------------------------------------
@@ -432,6 +446,9 @@ class TxnCoordinator:
                             nursery.start_soon(self._write_marker, m, current)
                     if current.state is TxnState.PREPARE_COMMIT:
                         for o in current.offsets:
+                            count = await self.gw.partition_count(o.topic)
+                            if count is None or o.partition >= count:
+                                continue  # its topic was deleted: no offset to keep
                             await self.gw._commit(o.group, o.topic, o.partition, o.offset,
                                                   o.metadata, o.leader_epoch)
                     self._finished[tid] = current

@@ -411,6 +411,11 @@ async def test_a_group_record_stays_deleted_when_a_save_races_delete_groups() ->
     gw.group_store = records  # type: ignore[assignment]
     gw.owns = lambda key: True  # type: ignore[method-assign]
 
+    async def no_share_group(gid: str) -> int:  # (9ac63c5: DeleteGroups asks it first)
+        return 69  # GROUP_ID_NOT_FOUND
+
+    gw.share.delete_group = no_share_group  # type: ignore[method-assign]
+
     async def no_topics() -> list[str]:
         return []
 
@@ -467,6 +472,11 @@ async def test_the_groups_of_one_delete_groups_are_deleted_side_by_side_answered
     gw = Gateway(Client(), GatewayConfig())  # type: ignore[arg-type]
     gw.group_store = Records()  # type: ignore[assignment]
     gw.owns = lambda key: True  # type: ignore[method-assign]
+
+    async def no_share_group(gid: str) -> int:  # (9ac63c5: DeleteGroups asks it first)
+        return 69  # GROUP_ID_NOT_FOUND
+
+    gw.share.delete_group = no_share_group  # type: ignore[method-assign]
     inside: set[str] = set()
     all_in = trio.Event()
 

@@ -306,3 +306,60 @@ def test_gentoken_writes_what_the_principals_file_reads(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('[principals.x]\ntoken_sha256 = "abc"\n')
     with pytest.raises(ConfigError, match=r"\[principals.x\] with token_sha256 = 64 hex"):
         load_principals(str(tmp_path / "bad.toml"))
+
+
+@pytest.mark.parametrize("protocol", ["TLSv1.2", "TLSv1.3"])
+def test_an_untrusted_client_certificate_is_refused_as_a_bad_certificate(
+        tmp_path: Path, protocol: str) -> None:
+    """A server verifying client certificates refuses one from a CA it does not trust
+    with the bad_certificate alert (42), as Java's TLS does, not OpenSSL's unknown_ca
+    (48); the verification error is kept for the server's log. A trusted one passes."""
+    import socket
+    import ssl
+    import threading
+
+    from ledgerd.base.tls import refuse_as_bad_certificate, take_refusal
+
+    ca, stranger = trustme.CA(), trustme.CA()
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(
+        str(tmp_path / "server.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server = server_context(str(tmp_path / "server.pem"), "", trust=str(tmp_path / "ca.pem"),
+                            client_auth="required", protocols=protocol)
+    assert refuse_as_bad_certificate(server)  # the helper is built here and matches ssl
+
+    def handshake(client_ca: trustme.CA) -> tuple[str | None, str | None, str | None]:
+        """(the client's error, the server's, the refusal's reason)."""
+        listener = socket.create_server(("127.0.0.1", 0))
+        got: dict[str, str | None] = {"server": None, "reason": None}
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            try:
+                with server.wrap_socket(conn, server_side=True) as tls:
+                    tls.sendall(b"ok")
+            except ssl.SSLError as exc:
+                got["server"], got["reason"] = str(exc), take_refusal()
+            finally:
+                conn.close()
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        client = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        client_ca.issue_cert("client").configure_cert(client)
+        error = None
+        try:
+            with client.wrap_socket(socket.create_connection(listener.getsockname()),
+                                    server_hostname="127.0.0.1") as tls:
+                assert tls.recv(2) == b"ok"
+        except ssl.SSLError as exc:
+            error = str(exc)
+        thread.join(30)
+        listener.close()
+        return error, got["server"], got["reason"]
+
+    error, refused, reason = handshake(stranger)
+    assert error is not None and "BAD_CERTIFICATE" in error, error
+    assert refused is not None and "certificate rejected" in refused, refused
+    assert reason is not None and "unable to get local issuer certificate" in reason, reason
+    assert handshake(ca) == (None, None, None)

@@ -214,3 +214,32 @@ def test_a_restore_leaves_out_the_offset_index_mark() -> None:
              Node("kafka/offset_index_complete", b"", 0),
              Node("kafka/offset_index", b"", 3)]
     assert [n.path for n in settled_nodes(nodes)] == ["LAYOUT", "kafka", "kafka/offset_index"]
+
+
+def test_a_restore_keeps_a_committing_transactions_offsets_pending() -> None:
+    """A snapshot may hold a PREPARE_COMMIT record whose offsets' pending entry it
+    missed (records are read a depth before the entries): the restore makes the entry,
+    so OffsetFetch with require_stable still waits for the commit to complete."""
+    from ledgerd.metadata.backup import settled_nodes
+    from ledgerd.metadata.kafka_txns import PendingOffset, TxnRecord, TxnState
+
+    committing = TxnRecord(
+        transactional_id="tx", producer_id=1, producer_epoch=0, timeout_ms=60000,
+        state=TxnState.PREPARE_COMMIT, groups=("a b",), offsets=(PendingOffset(
+            group="a b", topic="in", partition=0, offset=9, metadata=None),))
+    aborting = TxnRecord(
+        transactional_id="ty", producer_id=2, producer_epoch=0, timeout_ms=60000,
+        state=TxnState.PREPARE_ABORT, groups=("g",), offsets=(PendingOffset(
+            group="g", topic="in", partition=0, offset=3, metadata=None),))
+    nodes = [Node("LAYOUT", b"x", 0), Node("kafka", b"", 0),
+             Node("kafka/transactions", b"", 0),
+             Node("kafka/transactions/tx", committing.to_json(), 4),
+             Node("kafka/transactions/ty", aborting.to_json(), 4)]
+    paths = [n.path for n in settled_nodes(nodes)]
+    assert paths == ["LAYOUT", "kafka", "kafka/transactions", "kafka/transactions/tx",
+                     "kafka/transactions/ty", "kafka/pending_offsets",
+                     "kafka/pending_offsets/x-612062", "kafka/pending_offsets/x-612062/tx"]
+    again = settled_nodes([*nodes, Node("kafka/pending_offsets", b"", 0),
+                                   Node("kafka/pending_offsets/x-612062", b"", 0),
+                                   Node("kafka/pending_offsets/x-612062/tx", b"", 1)])
+    assert len(again) == len(paths)  # an entry the snapshot has is kept as it is

@@ -241,12 +241,14 @@ async def test_a_record_never_holds_a_groups_offsets_without_its_pending_entry(
     assert await txns.pending("g") == ["tx"]
     seen = await txns.pending_version("g", "tx")
     assert seen is not None
+    _, rv = await txns.get_named_versioned("tx")
     await txns.update_offsets("tx", "g", offsets(6))  # after ``seen`` was read
-    assert not await txns.drop_pending("g", "tx", seen)
+    assert not await txns.drop_pending("g", "tx", seen, rv)
     assert await txns.pending("g") == ["tx"]
     now = await txns.pending_version("g", "tx")
     assert now is not None and now > seen
-    assert await txns.drop_pending("g", "tx", now)
+    _, rv = await txns.get_named_versioned("tx")
+    assert await txns.drop_pending("g", "tx", now, rv)
     assert await txns.pending("g") == [] and await txns.pending_version("g", "tx") is None
     record = await txns.update_offsets("tx", "g", offsets(7))  # the entry made again
     assert await txns.pending("g") == ["tx"]
@@ -262,3 +264,56 @@ def test_a_groups_znode_name_gives_its_id_back(group: str) -> None:
 def test_a_long_groups_cut_name_gives_no_id() -> None:
     assert group_id_of(group_znode("é" * 60)) is None
     assert group_id_of("x-zz") == "x-zz"  # a plain id that only looks like hex
+
+
+async def test_a_stale_cleaner_cannot_drop_a_recreated_entry(
+        stores: StoreFactory) -> None:
+    """Two OffsetFetch cleaners of the same group (every member of a rebalanced group
+    fetches at once). Both read the entry's version and the record
+    (its transaction over: stale); one drops the entry; the producer's next
+    transaction gives the record offsets of the group, re-creating the entry, which
+    lands at the same version as the old one (create at 0, SetData to 1). The slow
+    cleaner's versioned delete then succeeds: the record holds the group's offsets
+    and its entry is gone (ABA on the entry's version)."""
+    store = await stores.open()
+    txns = TxnStore(store, ROOT)
+    await txns.create(TxnRecord(transactional_id="tx", producer_id=3, producer_epoch=0,
+                                timeout_ms=1000))
+
+    def offsets(n: int) -> Callable[[TxnRecord], TxnRecord]:
+        return lambda r: replace(r, offsets=(PendingOffset(
+            group="g", topic="t", partition=0, offset=n, metadata=None),))
+
+    await txns.update_offsets("tx", "g", offsets(5))
+    await txns.update("tx", lambda r: replace(r, offsets=()))  # committed: stale entry
+    # cleaners 1 and 2 both read the version, then the record (no offsets of g)
+    v1 = await txns.pending_version("g", "tx")
+    v2 = await txns.pending_version("g", "tx")
+    assert v1 is not None and v1 == v2
+    stale, rv = await txns.get_named_versioned("tx")
+    assert stale is not None and not stale.offsets
+    assert await txns.drop_pending("g", "tx", v2, rv)  # cleaner 2 drops it
+    await txns.update_offsets("tx", "g", offsets(6))  # the next transaction's offsets
+    assert await txns.pending("g") == ["tx"]
+    dropped = await txns.drop_pending("g", "tx", v1, rv)  # cleaner 1, late
+    record = await txns.get("tx")
+    assert record is not None and record.offsets  # the record holds g's offsets...
+    # ...so its entry must still be there
+    assert not dropped and await txns.pending("g") == ["tx"], \
+        "entry dropped while the record holds the group's offsets (ABA)"
+
+
+async def test_an_entry_of_a_gone_record_is_dropped_only_while_it_is_gone(
+        stores: StoreFactory) -> None:
+    store = await stores.open()
+    txns = TxnStore(store, ROOT)
+    await txns.create(TxnRecord(transactional_id="tx", producer_id=3, producer_epoch=0,
+                                timeout_ms=1000))
+    await txns.update_offsets("tx", "g", lambda r: replace(r, offsets=(PendingOffset(
+        group="g", topic="t", partition=0, offset=1, metadata=None),)))
+    await store.delete(txns.path("tx"))  # expired
+    v = await txns.pending_version("g", "tx")
+    assert v is not None
+    assert await txns.get_named_versioned("tx") == (None, -1)
+    assert await txns.drop_pending("g", "tx", v, -1)
+    assert await txns.pending("g") == [] and await txns.get("tx") is None
