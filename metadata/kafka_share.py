@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError, NotEmptyError
 from ledgerd.metadata.kafka_groups import group_znode
 from ledgerd.metadata.paths import KAFKA_SHARE_GROUPS, kafka_share_group_path
 from ledgerd.metadata.store import MetadataStore
@@ -37,6 +37,7 @@ __all__ = ["ShareStore", "ShareStoreError"]
 
 FORMAT = 1
 MAX_CONFIGS_BYTES = 16 * 1024
+DELETE_ATTEMPTS = 5
 
 
 class ShareStoreError(MetadataError):
@@ -138,12 +139,21 @@ class ShareStore:
 
     async def delete_group(self, group_id: str) -> bool:
         """Delete the group's configs and every share partition's state. True if it had
-        any."""
-        try:
-            await self.store.delete(self.path(group_id), recursive=True)
-        except NoNodeError:
-            return False
-        return True
+        any. A recursive delete is not atomic: a share partition deleted meanwhile (its
+        topic deleted) or stored meanwhile (a leader's write) makes it go again."""
+        path = self.path(group_id)
+        existed = False
+        for _ in range(DELETE_ATTEMPTS):
+            try:
+                await self.store.delete(path, recursive=True)
+                return True
+            except NoNodeError as exc:
+                if exc.path == path:
+                    return existed
+                existed = True
+            except NotEmptyError:
+                existed = True
+        raise ShareStoreError(f"{path}: still changing after {DELETE_ATTEMPTS} deletes")
 
     async def forget_topic(self, topic: str) -> int:
         """Delete the state of ``topic``'s share partitions in every share group (the

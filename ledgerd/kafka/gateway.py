@@ -1985,8 +1985,10 @@ class Gateway:
         group = await self._existing_group(gid)
         if isinstance(group, int):
             return group
+        if group is not None and group.members:
+            return ErrorCode.NON_EMPTY_GROUP  # (before a share group's state is touched)
         shared = await self.share.delete_group(gid)  # a share group of that id, if any
-        if shared == ErrorCode.NON_EMPTY_GROUP:
+        if shared in (ErrorCode.NON_EMPTY_GROUP, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS):
             return shared
         if group is None:  # no record: offsets committed before groups had one, if any
             group = self.groups.setdefault(gid, Group(gid, self.group_settings))

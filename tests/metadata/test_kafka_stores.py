@@ -317,3 +317,38 @@ async def test_an_entry_of_a_gone_record_is_dropped_only_while_it_is_gone(
     assert await txns.get_named_versioned("tx") == (None, -1)
     assert await txns.drop_pending("g", "tx", v, -1)
     assert await txns.pending("g") == [] and await txns.get("tx") is None
+
+
+async def test_a_share_group_delete_goes_again_when_its_state_changes_meanwhile(
+        stores: StoreFactory) -> None:
+    """A recursive delete is not atomic: a share partition deleted under it (its topic
+    deleted: NoNodeError naming the child) or stored under it (a leader's write:
+    NotEmptyError) makes ShareStore.delete_group go again, and it still reports that
+    the group had state; a group without any reports none."""
+    from ledgerd.metadata.errors import NoNodeError, NotEmptyError
+    from ledgerd.metadata.kafka_share import ShareStore
+
+    store = await stores.open()
+    shares = ShareStore(store, ROOT)
+    await shares.save("g", "t", 0, b"\x01" * 16, {"start": 0, "runs": []}, -1)
+    await shares.save("g", "t", 1, b"\x01" * 16, {"start": 0, "runs": []}, -1)
+    raised: list[type[Exception]] = [NoNodeError, NotEmptyError]
+
+    class Racing:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        async def delete(self, path: str, version: int = -1, *,
+                         recursive: bool = False) -> None:
+            if recursive and raised:
+                kind = raised.pop(0)
+                if kind is NoNodeError:  # DeleteTopics took t.1 after the listing
+                    await store.delete(shares.path("g", "t", 1))
+                    raise NoNodeError(shares.path("g", "t", 1))
+                raise NotEmptyError(path)  # a leader stored t.0 again meanwhile
+            await store.delete(path, version, recursive=recursive)
+
+    racing = ShareStore(Racing(), ROOT)  # type: ignore[arg-type]
+    assert await racing.delete_group("g") and raised == []
+    assert await store.exists(shares.path("g")) is None
+    assert not await racing.delete_group("g")  # nothing left: no state
