@@ -49,6 +49,7 @@ from ledgerd.metadata.errors import (
     MetadataError,
     NodeExistsError,
     NoNodeError,
+    NotEmptyError,
     UnknownFormatError,
 )
 from ledgerd.metadata.paths import (
@@ -286,6 +287,15 @@ class TxnStore:
             await self.store.multi([*guard, Remove(kafka_pending_offsets_path(
                 self.kafka_root, group, name), version)])
         except (NoNodeError, BadVersionError, NodeExistsError):
+            return False
+        return True
+
+    async def drop_pending_group(self, group: str) -> bool:
+        """Remove the group's node of the index if it holds no entry. True if
+        removed."""
+        try:
+            await self.store.delete(kafka_pending_offsets_path(self.kafka_root, group))
+        except (NoNodeError, NotEmptyError):
             return False
         return True
 

@@ -2013,6 +2013,7 @@ class Gateway:
                             nursery.start_soon(delete_one, topic, p)
             # the cursors the group's offset index lists, each with its entry
             removed = sum(found) + await self.offset_index.drop_group(group_znode(gid))
+            await self.txn.forget_group(gid)  # its stale pending-offsets entries
             async with self._group_record_lock:
                 await self.group_store.delete(gid)
         finally:

@@ -420,6 +420,14 @@ class TxnCoordinator:
             raise failed[0]
         return out
 
+    async def forget_group(self, group_id: str) -> None:
+        """DeleteGroups: the group's stale pending-offsets entries dropped (as
+        ``unstable_offsets`` drops them), then its index node if that left it empty,
+        so the index keeps nothing of a deleted group but transactions still holding
+        its offsets."""
+        await self.unstable_offsets(group_id)
+        await self.records.drop_pending_group(group_znode(group_id))
+
     # -- completion ---------------------------------------------------------------------
 
     async def complete(self, record: TxnRecord, *, defer: bool = False) -> bool:

@@ -65,3 +65,37 @@ def test_require_stable_never_answers_the_offset_before_a_committed_txn() -> Non
     # either UNSTABLE_OFFSET_COMMIT (the client asks again) or the transaction's 9;
     # never 5 as stable: a consume-transform-produce loop would process 5..8 twice
     assert part["error_code"] != 0 or part["committed_offset"] == 9, part
+
+
+def test_deleting_a_group_drops_its_stale_pending_entries_and_keeps_live_ones() -> None:
+    """DeleteGroups leaves nothing of the group in the pending-offsets index but the
+    entries of transactions that still hold its offsets."""
+
+    async def main() -> tuple[list[str], list[str], bool]:
+        store = InMemoryStore(InMemoryCluster())
+
+        class Client:
+            pass
+
+        client = Client()
+        client.store = store  # type: ignore[attr-defined]
+        gw = Gateway(client, GatewayConfig())  # type: ignore[arg-type]
+        for tid, group in (("done", "g"), ("open", "h"), ("done2", "h")):
+            await gw.txn.records.create(TxnRecord(
+                transactional_id=tid, producer_id=1, producer_epoch=0, timeout_ms=60000,
+                state=TxnState.ONGOING, groups=(group,)))
+            await gw.txn.records.update_offsets(tid, group_znode(group), lambda r, g=group:
+                                                replace(r, offsets=(PendingOffset(
+                                                    group=g, topic="in", partition=0,
+                                                    offset=9, metadata=None),)))
+        for tid in ("done", "done2"):  # committed: their entries are stale
+            await gw.txn.records.update(tid, lambda r: replace(
+                r, state=TxnState.COMPLETE_COMMIT, offsets=(), groups=()))
+        await gw.txn.forget_group("g")
+        await gw.txn.forget_group("h")
+        gone = await store.exists("/ledgers/kafka/pending_offsets/g") is None
+        return (await gw.txn.records.pending("g"), await gw.txn.records.pending("h"), gone)
+
+    g, h, gone = trio.run(main)
+    assert g == [] and gone  # g's only entry was stale: its node went with it
+    assert h == ["open"]  # a transaction still holding h's offsets keeps its entry
