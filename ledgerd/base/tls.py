@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -156,12 +157,22 @@ def take_refusal() -> str | None:
     return reason
 
 
+# CPython's ``PySSLContext`` starts ``PyObject_HEAD; SSL_CTX *ctx;`` in every version
+# checked (3.9 to 3.13); a debug build's traced references (``sys.getobjects``) widen
+# the header, and other interpreters lay objects out otherwise
+_KNOWN_LAYOUT = (sys.implementation.name == "cpython" and (3, 9) <= sys.version_info[:2]
+                 <= (3, 13) and not hasattr(sys, "getobjects")
+                 and object.__basicsize__ == 2 * ctypes.sizeof(ctypes.c_void_p))
+
+
 def _ssl_ctx_pointer(ctx: ssl.SSLContext) -> int | None:
     """The ``SSL_CTX *`` of ``ctx`` (CPython keeps it right after the object header),
     or None unless the helper's libssl is the one ``ssl`` uses and the pointer reads
     back ``ctx``'s own verify mode and options."""
     if _TLS is None or _TLS.lib.ldn_tls_openssl_version() != ssl.OPENSSL_VERSION_NUMBER:
         return None
+    if not _KNOWN_LAYOUT:
+        return None  # another interpreter, or a build whose object header differs
     pointer = ctypes.c_void_p.from_address(id(ctx) + object.__basicsize__).value
     if not pointer:
         return None
