@@ -137,6 +137,11 @@ class ShareStore:
         except NoNodeError:
             return []
 
+    async def has_state(self, group_id: str) -> bool:
+        """Whether the group has stored any share partition (not only configs)."""
+        stat = await self.store.exists(self.path(group_id))
+        return stat is not None and stat.num_children > 0
+
     async def delete_group(self, group_id: str) -> bool:
         """Delete the group's configs and every share partition's state. True if it had
         any. A recursive delete is not atomic: a share partition deleted meanwhile (its

@@ -160,14 +160,16 @@ class ShareServer:
     # -- the group's admin: ListGroups, DeleteGroups -------------------------------------
 
     async def listed(self) -> dict[str, str]:
-        """The share groups known here, stored or with members, and their states
-        (Kafka's share group states: Empty, Stable); the caller keeps the ones it
-        coordinates. A stored group whose id its znode name cannot give back (a long
-        one, hashed) is left out."""
+        """The share groups known here, with stored share partitions or with members,
+        and their states (Kafka's share group states: Empty, Stable); the caller keeps
+        the ones it coordinates. A group with configs only is not one yet; a stored
+        group whose id its znode name cannot give back (a long one, hashed) is left
+        out. One ZooKeeper read per stored group this gateway coordinates."""
         out = {}
         for name in await self.store.groups():
             gid = group_id_of(name)
-            if gid is not None:
+            if gid is not None and self.gw.owns(f"group/{gid}") and \
+                    await self.store.has_state(gid):
                 out[gid] = "Empty"
         for gid, group in self.groups.items():
             if group.members:
