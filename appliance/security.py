@@ -24,7 +24,14 @@ from ledgerd.appliance.config import BookieConfig
 from ledgerd.appliance.metrics import BookieMetrics
 from ledgerd.base.logs import fields
 from ledgerd.base.principals import load_principals
-from ledgerd.base.tls import ANONYMOUS, Principal, ReloadingContext, principal_of, server_context
+from ledgerd.base.tls import (
+    ANONYMOUS,
+    Principal,
+    ReloadingContext,
+    principal_of,
+    server_context,
+    take_refusal,
+)
 from ledgerd.wire.connection import NEED_DATA, RequestRejected, ServerConnection
 from ledgerd.wire.frames import DecodedRequest
 from ledgerd.wire.messages import ApiKey, AuthRequest, AuthResponse, Message, StartTlsResponse
@@ -139,7 +146,9 @@ async def negotiate(stream: trio.abc.Stream, conn: ServerConnection,
     except (trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError, OSError) as exc:
         cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
         metrics.tls_failures += 1
-        log.info("tls_handshake_failed", extra=fields(peer=peer, error=str(cause or exc)))
+        refusal = take_refusal()  # why a client certificate was refused, if it was
+        log.info("tls_handshake_failed", extra=fields(
+            peer=peer, error=str(cause or exc), **({"certificate": refusal} if refusal else {})))
         return Negotiated(tls, security.anonymous, closed=True)
     metrics.tls_handshakes += 1
     cert = tls.getpeercert()

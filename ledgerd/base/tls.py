@@ -29,6 +29,7 @@ import ctypes
 import os
 import ssl
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ def server_context(certificate: str, key: str, *, trust: str = "", client_auth: 
 
 # -- refusing a client certificate with bad_certificate ----------------------------------
 
-_refusal: str | None = None  # the last verification error the callback reported
+_refusal = threading.local()  # .reason: the last verification error reported in this thread
 
 
 def _tls_helper() -> Any:
@@ -143,17 +144,16 @@ _TLS = _tls_helper()
 if _TLS is not None:
     @_TLS.ffi.def_extern()  # type: ignore[untyped-decorator]
     def ldn_tls_refused(error: int, depth: int) -> None:
-        global _refusal
         reason = _TLS.ffi.string(_TLS.lib.ldn_tls_error_string(error)).decode()
-        _refusal = f"{reason} (error {error}, certificate depth {depth})"
+        _refusal.reason = f"{reason} (error {error}, certificate depth {depth})"
 
 
 def take_refusal() -> str | None:
     """Why the last client certificate refused by a context of
     :func:`refuse_as_bad_certificate` was (the verification error OpenSSL found), once;
     read it right after the handshake failed, before any other handshake runs."""
-    global _refusal
-    reason, _refusal = _refusal, None
+    reason: str | None = getattr(_refusal, "reason", None)
+    _refusal.reason = None
     return reason
 
 
@@ -190,6 +190,8 @@ def refuse_as_bad_certificate(ctx: ssl.SSLContext) -> bool:
     would send ``unknown_ca`` (48) for an unknown issuer, which some clients' checks
     (librdkafka's test 0097) do not take for a refused certificate. False, and ``ctx``
     unchanged, where the native helper is missing or does not match ``ssl``."""
+    if type(ctx) is not ssl.SSLContext or ctx.protocol is not ssl.PROTOCOL_TLS_SERVER:
+        return False  # only the standard library's own server contexts are read
     pointer = _ssl_ctx_pointer(ctx)
     if pointer is None:
         return False

@@ -153,7 +153,7 @@ class GatewayConfig(ClientConfig):
             "user has the client role, and the admin role too when its User:<name> is in "
             "gateway_super_users; the ACLs are checked after.")
     gateway_connection_failed_authentication_delay_ms: int = setting(
-        100, bk="(Kafka: connection.failed.authentication.delay.ms)",
+        100, bk="(Kafka: connection.failed.authentication.delay.ms)", minimum=0, maximum=5000,
         doc="A failed authentication is answered this many milliseconds late: the "
             "SaslAuthenticate error, and the TLS alert refusing a client certificate "
             "(as Kafka's brokers do; it slows a client that guesses). 0: at once.")
