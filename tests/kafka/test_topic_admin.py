@@ -61,13 +61,16 @@ def _configs(admin: Any, topic: str) -> dict[str, Any]:
     return admin.describe_configs([res])[res].result(BOUND_S)  # type: ignore[no-any-return]
 
 
-def _until(what: str, check: Any) -> None:
+def _until(what: str, check: Any, seen: Any = None) -> None:
+    """Wait for ``check()``; if it never holds, fail naming ``what`` (and ``seen()``,
+    what was seen meanwhile)."""
     deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.2)
-    raise AssertionError(f"not within {BOUND_S} s: {what}")
+    raise AssertionError(f"not within {BOUND_S} s: {what}"
+                         + (f" (seen: {seen()})" if seen is not None else ""))
 
 
 def _fill(cluster: KafkaCluster, topic: str, n: int, size: int = 10_000) -> None:
@@ -537,27 +540,33 @@ def test_topic_changes_through_one_gateway_hold_on_the_other(
     assert grown["results"][0]["error_code"] == 0
     _until("gateway b reports 5 partitions", lambda: _count_at(b, "two-a") == 5)
 
-    meta = _ask(a, ApiKey.METADATA, 1, {"topics": [{"name": "two-a"}]})
-    leader_id = meta["topics"][0]["partitions"][0]["leader_id"]
-    ports = {n["node_id"]: n["port"] for n in meta["brokers"]}
-    leader, other = (a, b) if ports[leader_id] == a.port else (b, a)
+    def leading() -> tuple[GatewayProcess, GatewayProcess]:
+        """(the leader of two-a/0, the other) as gateway a's Metadata says now: asked
+        again each time, as a client does, since leadership may move under load."""
+        meta = _ask(a, ApiKey.METADATA, 1, {"topics": [{"name": "two-a"}]})
+        leader_id = meta["topics"][0]["partitions"][0]["leader_id"]
+        ports = {n["node_id"]: n["port"] for n in meta["brokers"]}
+        return (a, b) if ports[leader_id] == a.port else (b, a)
+
+    codes: list[int] = []  # what each produce was answered (shown if one never comes)
 
     def produce(size: int) -> int:
-        reply = _ask(leader, ApiKey.PRODUCE, 7, {
+        reply = _ask(leading()[0], ApiKey.PRODUCE, 7, {
             "transactional_id": None, "acks": -1, "timeout_ms": 10000,
             "topic_data": [{"name": "two-a", "partition_data": [
                 {"index": 0, "records": _big_batch(size)}]}]})
-        return int(reply["responses"][0]["partition_responses"][0]["error_code"])
+        codes.append(int(reply["responses"][0]["partition_responses"][0]["error_code"]))
+        return codes[-1]
 
     for _ in range(4):  # the leader has the record cached, limit-free
-        assert produce(3000) == 0
-    altered = _ask(other, ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [{
+        assert produce(3000) == 0, codes
+    altered = _ask(leading()[1], ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [{
         "resource_type": 2, "resource_name": "two-a", "configs": [{
             "name": "max.message.bytes", "config_operation": 0, "value": "2000"}]}],
         "validate_only": False})
     assert altered["responses"][0]["error_code"] == 0
     _until("the leader refuses a batch over the altered limit",
-           lambda: produce(3000) == ErrorCode.MESSAGE_TOO_LARGE)
+           lambda: produce(3000) == ErrorCode.MESSAGE_TOO_LARGE, lambda: codes[-10:])
 
     def delete(at: GatewayProcess) -> dict[str, Any]:
         reply = _ask(at, ApiKey.DELETE_RECORDS, 2, {"topics": [{
@@ -565,6 +574,7 @@ def test_topic_changes_through_one_gateway_hold_on_the_other(
             "timeout_ms": 10000})
         return reply["topics"][0]["partitions"][0]  # type: ignore[no-any-return]
 
+    leader, other = leading()
     assert delete(other)["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert delete(leader) == {"partition_index": 0, "low_watermark": 2, "error_code": 0}
 
