@@ -52,7 +52,9 @@ SUPPORTED_OPERATIONS: dict[ResourceType, tuple[AclOperation, ...]] = {
     ResourceType.TOPIC: (AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE,
                          AclOperation.DESCRIBE, AclOperation.DELETE, AclOperation.ALTER,
                          AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS),
-    ResourceType.GROUP: (AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE),
+    # (DESCRIBE_CONFIGS and ALTER_CONFIGS since Kafka 4.0: group configs)
+    ResourceType.GROUP: (AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE,
+                         AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS),
     ResourceType.CLUSTER: (AclOperation.CREATE, AclOperation.CLUSTER_ACTION,
                            AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS,
                            AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER,

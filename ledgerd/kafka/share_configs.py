@@ -1,4 +1,9 @@
-"""A share group's configs (KIP-932's group configs; ConfigResource type GROUP).
+"""A group's configs (ConfigResource type GROUP): KIP-932's share group configs, and
+KIP-848's consumer group ones, which Kafka 4 takes for any group id.
+
+The ``consumer.*`` ones are kept and described as Kafka 4 keeps them; they apply to
+KIP-848 (consumer protocol) groups, which the gateway does not serve, and a classic
+group's members give their own timeouts, as on Kafka, so they change nothing here.
 
 Set with IncrementalAlterConfigs (SET / DELETE), read with DescribeConfigs, stored by
 ``metadata.kafka_share``. Pure: names, defaults, validation and what a share
@@ -24,6 +29,8 @@ DEFAULTS = {
     "share.delivery.count.limit": "5",
     "share.session.timeout.ms": "45000",
     "share.heartbeat.interval.ms": "5000",
+    "consumer.session.timeout.ms": "45000",
+    "consumer.heartbeat.interval.ms": "5000",
 }
 _DURATION = re.compile(r"^by_duration:P(?:\d+D)?(?:T(?:\d+H)?(?:\d+M)?(?:\d+(?:\.\d+)?S)?)?$")
 _RANGES = {
@@ -31,6 +38,10 @@ _RANGES = {
     "share.delivery.count.limit": (2, 10),
     "share.session.timeout.ms": (1000, 3_600_000),
     "share.heartbeat.interval.ms": (100, 3_600_000),
+    # Kafka's group.consumer.{min,max}.session.timeout.ms and
+    # group.consumer.{min,max}.heartbeat.interval.ms defaults
+    "consumer.session.timeout.ms": (45_000, 60_000),
+    "consumer.heartbeat.interval.ms": (5_000, 15_000),
 }
 SET, DELETE = 0, 1
 
@@ -48,7 +59,7 @@ class ShareConfigError(LedgerdError, ValueError):
 def _check(name: str, value: str) -> None:
     if name not in DEFAULTS:
         raise ShareConfigError(ErrorCode.INVALID_CONFIG,
-                               f"{name!r} is not a share group config; these are: "
+                               f"{name!r} is not a group config; these are: "
                                f"{', '.join(sorted(DEFAULTS))}")
     if name == "share.auto.offset.reset":
         if value not in ("earliest", "latest") and not _DURATION.match(value):
@@ -120,7 +131,8 @@ def duration_ms(policy: str) -> int:
 
 GROUP_CONFIG = 8  # DescribeConfigs' ConfigSource of a group's own config
 _INT = {"share.record.lock.duration.ms", "share.delivery.count.limit",
-        "share.session.timeout.ms", "share.heartbeat.interval.ms"}
+        "share.session.timeout.ms", "share.heartbeat.interval.ms",
+        "consumer.session.timeout.ms", "consumer.heartbeat.interval.ms"}
 
 
 def entries(configs: Mapping[str, str], keys: Iterable[str] | None) -> list[dict[str, object]]:

@@ -213,6 +213,8 @@ def local_cluster(data: Path, out: Path, gateways: int = 1, *,
         threading.Thread(target=copy, name="ledgerd-local-output", daemon=True).start()
         try:
             gateway = _wait_running(proc, lines, data, out)
+            if gateways > 1:
+                _wait_brokers(gateway, gateways, out)
             yield gateway
         finally:
             _stop(proc)
@@ -243,6 +245,21 @@ def _wait_running(proc: subprocess.Popen[str], lines: queue.Queue[str | None], d
     if address is None:
         raise HarnessError(f"`ledgerd local` printed no 'Kafka gateway:' line; see {out}")
     return Gateway(host=address[0], port=address[1], log=data / "gateway.log")
+
+
+def _wait_brokers(gateway: Gateway, count: int, out: Path) -> None:
+    """Until the gateway's Metadata lists ``count`` brokers: each gateway registers
+    once it is up, and a test that reads the broker list first (0081 sizes its replica
+    sets by it) must see them all."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": f"{gateway.host}:{gateway.port}"})
+    deadline = time.monotonic() + CLUSTER_START_S
+    while len(admin.list_topics(timeout=10).brokers) < count:
+        if time.monotonic() > deadline:
+            raise HarnessError(f"the gateways did not all register in {CLUSTER_START_S:.0f}s;"
+                               f" see {out}")
+        time.sleep(0.2)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

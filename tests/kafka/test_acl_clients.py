@@ -120,7 +120,9 @@ def test_describe_groups_reports_the_operations_the_acls_allow(
             [group], include_authorized_operations=True).values()
         return set(future.result(BOUND_S).authorized_operations)
 
-    assert operations() == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
+    # every one a group has (DESCRIBE_CONFIGS and ALTER_CONFIGS since Kafka 4.0)
+    assert operations() == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE,
+                            AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
     read = AclBinding(ResourceType.GROUP, group, ResourcePatternType.LITERAL,
                       "User:ANONYMOUS", "*", AclOperation.READ, AclPermissionType.ALLOW)
     admin.create_acls([read])[read].result(BOUND_S)

@@ -248,7 +248,7 @@ def test_group_configs_are_checked_and_named() -> None:
     assert share_configs.settings(cur, 2000).lock_s == 3.0
     assert share_configs.altered(cur, [("share.auto.offset.reset", 1, None)]) == {
         "share.record.lock.duration.ms": "3000"}
-    for ops, match in (([("share.nope", 0, "1")], "not a share group config"),
+    for ops, match in (([("share.nope", 0, "1")], "not a group config"),
                        ([("share.isolation.level", 0, "dirty")], "read_committed"),
                        ([("share.record.lock.duration.ms", 0, "10")], "from 1000"),
                        ([("share.auto.offset.reset", 2, "x")], "APPEND")):
@@ -258,6 +258,11 @@ def test_group_configs_are_checked_and_named() -> None:
     entries = {e["name"]: e for e in share_configs.entries(cur, None)}
     assert entries["share.record.lock.duration.ms"]["value"] == "3000"
     assert entries["share.isolation.level"]["is_default"] is True
+    # Kafka 4's consumer group configs are taken for any group, in Kafka's ranges
+    kip848 = share_configs.altered({}, [("consumer.session.timeout.ms", 0, "50000")])
+    assert kip848 == {"consumer.session.timeout.ms": "50000"}
+    with pytest.raises(share_configs.ShareConfigError, match="from 5000 to 15000"):
+        share_configs.altered({}, [("consumer.heartbeat.interval.ms", 0, "100")])
 
 
 # -- the wire -------------------------------------------------------------------------------
