@@ -198,7 +198,7 @@ def test_a_read_committed_consumer_waits_for_the_offsets_a_transaction_holds(
         got: list[Any] = []
         waiter = threading.Thread(target=lambda: got.append(offsets(stable, BOUND_S)))
         waiter.start()
-        time.sleep(1)
+        waiter.join(1)  # it must still be waiting: the transaction holds the offsets
         assert waiter.is_alive()  # still waiting
         committing = time.monotonic()
         p.commit_transaction(BOUND_S)
