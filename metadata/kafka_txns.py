@@ -212,6 +212,13 @@ class TxnStore:
                                 decode=TxnRecord.from_json, encode=TxnRecord.to_json,
                                 known=known)
 
+    async def set_versioned(self, record: TxnRecord, version: int) -> int:
+        """Write ``record`` over the stored one if that is still at ``version``; its new
+        version. Raises BadVersionError if it changed, NoNodeError if it is gone."""
+        stat = await self.store.set(self.path(record.transactional_id), record.to_json(),
+                                    version)
+        return stat.version
+
     async def update_offsets(self, transactional_id: str, group: str,
                              change: Callable[[TxnRecord], TxnRecord],
                              max_attempts: int = 100) -> TxnRecord:

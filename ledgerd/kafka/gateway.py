@@ -1584,12 +1584,15 @@ class Gateway:
         """A producer id never given before (a CAS counter in ZooKeeper)."""
         return await self.producer_ids.next()
 
-    async def write_marker(self, marker: Marker) -> int:
+    async def write_marker(self, marker: Marker, *, here_only: bool = False) -> int:
         """Write a transaction marker into its partition's log: here if this gateway
-        leads the partition, else sent to the gateway that does (``peer.py``)."""
+        leads the partition, else sent to the gateway that does (``peer.py``), or
+        with ``here_only`` not at all (NOT_LEADER_OR_FOLLOWER)."""
         owner = self.owner(f"{marker.topic}/{marker.partition}")
         if owner == self.node_id or owner not in self.nodes:
             return await self.txn.write_local_marker(marker)
+        if here_only:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
         host, port = self.nodes[owner]
         return await send_marker(host, port, marker, self.peer_auth)
 

@@ -332,10 +332,14 @@ class PartitionLog:
                     # the transaction ends here: a batch of it that comes later is
                     # refused (it would open a transaction nobody ends)
                     mpid, mepoch = item.marker
+                    if admission.stale_marker(mpid, mepoch):
+                        # its coordinator's record has moved on (``producer_state.py``)
+                        item.code = ErrorCode.INVALID_PRODUCER_EPOCH
+                        continue
                     if self.txn_verified.get(mpid, -1) <= mepoch:
                         self.txn_verified.pop(mpid, None)
                     self.markers_placed += 1
-                    admission.end(mpid)  # its earlier batches are retried no more
+                    admission.end(mpid, mepoch)  # its earlier batches are retried no more
                 elif item.txn is not None and self.txn_verified.get(item.txn[0]) != item.txn[1]:
                     item.code = ErrorCode.INVALID_TXN_STATE
                     continue
@@ -391,7 +395,7 @@ class PartitionLog:
                 self.producers.note(*item.producer, item.base_offset,
                                     timestamp=item.batches[-1][0].max_timestamp)
             elif item.marker is not None:
-                self.producers.end(item.marker[0], item.base_offset)
+                self.producers.end(item.marker[0], item.base_offset, item.marker[1])
         if placed:
             self.visible_end = self.acked_end
             self.acked_end = placed[-1][1]
@@ -441,7 +445,7 @@ class PartitionLog:
 
         for bh in reversed(await self._walk(walk)):
             if bh.producer_id >= 0 and bh.attributes & CONTROL:
-                self.producers.end(bh.producer_id, bh.base_offset)  # a marker
+                self.producers.end(bh.producer_id, bh.base_offset, bh.producer_epoch)
             elif bh.producer_id >= 0:
                 # lastOffsetDelta, not recordCount: compaction removes records from a
                 # batch and keeps its offsets, so its last sequence (as Kafka's)

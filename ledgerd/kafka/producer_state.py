@@ -23,6 +23,12 @@ first and last sequence, and the offset the batch was written at. A batch is
 - refused otherwise: INVALID_PRODUCER_EPOCH for an older epoch,
   OUT_OF_ORDER_SEQUENCE_NUMBER for a gap.
 
+A transaction marker of an epoch older than one this partition has seen of its
+producer (a batch's or a marker's) is *stale*: its coordinator's record has moved on
+(the producer was fenced), and the partition refuses it (``stale_marker``). Written, it
+would change nothing a reader sees, yet a coordinator that ends a transaction with its
+marker alone (``txn_coordinator.one_phase``) would take it for a commit.
+
 The batches of one append group are checked together (``group()``): a batch placed
 earlier in the group counts as the producer's last, and a retry of a batch still in
 the group rides on the first copy. At most MAX_PRODUCERS producers are remembered per
@@ -63,6 +69,7 @@ class ProducerState:
         self._recent: OrderedDict[int, deque[tuple[int, int, int, int]]] = OrderedDict()
         self._times: dict[int, int] = {}  # pid -> max timestamp of its last batch
         self._ended: dict[int, int] = {}  # pid -> offset of its last transaction marker
+        self._marker_epochs: OrderedDict[int, int] = OrderedDict()  # pid -> its last's epoch
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -78,6 +85,7 @@ class ProducerState:
         self._recent.clear()
         self._times.clear()
         self._ended.clear()
+        self._marker_epochs.clear()
 
     def latest(self, pid: int) -> tuple[int, int, int] | None:
         """The producer's last batch as remembered: (epoch, last sequence, base
@@ -102,11 +110,21 @@ class ProducerState:
                 return offset
         return None
 
-    def end(self, pid: int, offset: int) -> None:
-        """The producer's transaction ended with a marker at ``offset``: its batches
-        before it are no longer retried (see the module docstring)."""
+    def end(self, pid: int, offset: int, epoch: int = -1) -> None:
+        """The producer's transaction ended with a marker at ``offset`` (of ``epoch``):
+        its batches before it are no longer retried (see the module docstring)."""
         if pid in self._recent:
             self._ended[pid] = offset
+        if epoch >= 0:
+            self._marker_epochs[pid] = max(epoch, self._marker_epochs.pop(pid, -1))
+            while len(self._marker_epochs) > self.max_producers:
+                self._marker_epochs.popitem(last=False)
+
+    def epoch(self, pid: int) -> int:
+        """The newest epoch of the producer seen here, in a batch or a marker (-1: none
+        remembered)."""
+        recent = self._recent.get(pid)
+        return max(recent[-1][0] if recent else -1, self._marker_epochs.get(pid, -1))
 
     def sequence_error(self, producer: Producer, placed: tuple[int, int] | None = None,
                        ) -> int:
@@ -161,12 +179,21 @@ class GroupAdmission:
         # (pid, epoch, first, last) -> offset
         self._placed: dict[tuple[int, int, int, int], int] = {}
         self._ended: set[int] = set()  # producers whose marker is placed in this group
+        self._marker_epochs: dict[int, int] = {}  # pid -> epoch of its marker placed here
 
-    def end(self, pid: int) -> None:
-        """A marker of the producer is placed here: no batch before it is retried."""
+    def end(self, pid: int, epoch: int = -1) -> None:
+        """A marker of the producer (of ``epoch``) is placed here: no batch before it
+        is retried."""
         self._ended.add(pid)
+        self._marker_epochs[pid] = max(epoch, self._marker_epochs.get(pid, -1))
         for key in [k for k in self._placed if k[0] == pid]:
             del self._placed[key]
+
+    def stale_marker(self, pid: int, epoch: int) -> bool:
+        """True if a marker of ``epoch`` is older than the producer's newest epoch seen
+        here or earlier in this group (see the module docstring)."""
+        placed = self._last.get(pid, (-1, 0))[0]
+        return epoch < max(self.state.epoch(pid), placed, self._marker_epochs.get(pid, -1))
 
     def admit(self, producer: Producer, offset: int) -> tuple[int | None, int]:
         """``(duplicate's offset, 0)`` for a batch written before (in this group or

@@ -13,7 +13,7 @@ is a compare-and-set against it without reading it first (a version conflict rea
 it; ``metadata.cas``), and completing a transaction this gateway just prepared does
 not read back what it just wrote: a steady producer's transaction costs two writes
 (ONGOING together with the last one's COMPLETE_*, then PREPARE_*; see below) and no
-read.
+read, or none at all when it ends in one phase (below).
 
 Ending a transaction: EndTxn writes PREPARE_COMMIT / PREPARE_ABORT, then the markers
 (one control batch per partition the transaction touched) and, for a commit, the
@@ -29,6 +29,21 @@ meanwhile the record is PREPARE_*, which any other gateway treats as before (it
 writes the markers again and completes it). A marker for a partition this gateway leads goes into its
 log through the partition's appender; one for a partition another gateway leads is
 sent to it as WriteTxnMarkers (``peer.py``), and retried until it is written.
+
+One phase (``txn_coordinator.one_phase``): EndTxn of a transaction that touched one
+partition, led here, and no group writes that partition's marker and nothing else.
+Until the marker is written the cache holds the transaction PREPARE_* (in memory
+only: the other requests for the id are refused CONCURRENT_TRANSACTIONS), then
+COMPLETE_*; ``_stored`` keeps what ZooKeeper holds meanwhile (ONGOING with that
+partition), and every change of the id is decided on the cache: one the stored record
+covers (``txn_coordinator.covered``: the next transaction on the same partition) is
+not written, any other is written over the stored version. ``FOLD_WAIT_S`` after the
+transaction the true state is written unless the next one began under the stored
+record. A marker that is not written (refused as stale, not led here any more, or not
+answered in ``COMPLETE_WAIT_S``) sends EndTxn down the two-phase path. Losing the cache
+(the gateway dies, or its view changes) leaves the stored ONGOING record, from which
+any coordinator ends the transaction as its producer asks next (see
+``txn_coordinator``).
 
 Recovery: every ``TICK_S`` each gateway reads the records of the transactional ids it
 coordinates; it completes those found in a PREPARE state (a coordinator killed
@@ -72,17 +87,24 @@ from ledgerd.kafka.txn_coordinator import (
     add_partitions,
     begin_end,
     complete,
+    covered,
     fenced_abort,
     init_producer,
     markers,
     needs_completion,
     new_record,
+    one_phase,
     pending_offsets,
     settle,
     time_out,
     txn_offset_commit,
 )
-from ledgerd.metadata.errors import MetadataError, NodeExistsError, NoNodeError
+from ledgerd.metadata.errors import (
+    BadVersionError,
+    MetadataError,
+    NodeExistsError,
+    NoNodeError,
+)
 from ledgerd.metadata.kafka_groups import group_znode
 from ledgerd.metadata.kafka_txns import TxnStore
 from ledgerd.wire.status import FencedError
@@ -96,6 +118,7 @@ __all__ = ["TxnCoordinator", "admit_transactional", "read_committed"]
 log = logging.getLogger(__name__)
 
 _IDLE = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+PREPARED = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 TICK_S = 1.0  # how often each gateway looks for transactions to complete or time out
 COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
 FOLD_WAIT_S = 0.25  # how long COMPLETE_* waits to ride on the next transaction's write
@@ -130,6 +153,9 @@ class TxnCoordinator:
         # PREPARE_* records whose markers (and a commit's offsets) this gateway wrote,
         # not yet marked COMPLETE_* (see the module docstring)
         self._finished: dict[str, TxnRecord] = {}
+        # what ZooKeeper holds of the records whose true state (in ``cache``) this
+        # gateway keeps ahead of it: one-phase transactions (see the module docstring)
+        self._stored: dict[str, TxnRecord] = {}
 
     # -- records ------------------------------------------------------------------------
 
@@ -141,6 +167,7 @@ class TxnCoordinator:
         if view != self._cache_view:
             self.cache.clear()
             self._versions.clear()
+            self._stored.clear()
             self._cache_view = view
             return False
         return True
@@ -150,20 +177,36 @@ class TxnCoordinator:
         self._cache_valid()
         tid = record.transactional_id
         self.cache[tid] = record
+        self._stored.pop(tid, None)
         if version is None:
             self._versions.pop(tid, None)
         else:
             self._versions[tid] = version
         while len(self.cache) > 10000:
             oldest = next(iter(self.cache))
-            del self.cache[oldest]
-            self._versions.pop(oldest, None)
+            self._forget(oldest)
+
+    def _forget(self, transactional_id: str) -> None:
+        """Drop what this gateway holds of the record: the stored one decides again (a
+        one-phase transaction's true state goes with it; the stored record still stands
+        for it in recovery)."""
+        self.cache.pop(transactional_id, None)
+        self._versions.pop(transactional_id, None)
+        self._stored.pop(transactional_id, None)
 
     def _cached(self, transactional_id: str) -> TxnRecord | None:
         return self.cache.get(transactional_id) if self._cache_valid() else None
 
     async def get(self, transactional_id: str) -> TxnRecord | None:
+        """The record as stored."""
         return await self.records.get(transactional_id)
+
+    def current(self, record: TxnRecord) -> TxnRecord:
+        """``record`` as read from the store, or this gateway's true state of it if it
+        keeps that ahead of the store (the admin APIs answer with it)."""
+        tid = record.transactional_id
+        ahead = self.cache.get(tid) if tid in self._stored and self._cache_valid() else None
+        return ahead if ahead is not None and self.owns(tid) else record
 
     async def change(self, transactional_id: str,
                      fn: Callable[[TxnRecord], TxnRecord], *,
@@ -176,6 +219,28 @@ class TxnCoordinator:
         written."""
         cached = self._cached(transactional_id)
         version = self._versions.get(transactional_id)
+        stored = self._stored.get(transactional_id)
+        if cached is not None and stored is not None and version is not None:
+            # the true state is this gateway's, ahead of the store: decided on it
+            wanted = fn(cached)
+            if wanted is cached:
+                return cached
+            if covered(stored, wanted):
+                self.cache[transactional_id] = wanted
+                return wanted
+            try:
+                version = await self.records.set_versioned(wanted, version)
+            except BadVersionError:
+                # another gateway changed the record: the stored one decides
+                self._forget(transactional_id)
+                cached = None
+            except NoNodeError:
+                self._forget(transactional_id)
+                raise
+            else:
+                if self._cache_valid():
+                    self._remember(wanted, version)
+                return wanted
         known = (cached, version) if cached is not None and version is not None else None
         finished = self._finished.get(transactional_id) if settling else None
 
@@ -315,6 +380,8 @@ class TxnCoordinator:
 
     async def end_txn(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
         tid = body["transactional_id"]
+        if self.owns(tid) and await self._end_in_one_phase(body):
+            return {"error_code": 0}
         code, record = await self._txn_change(
             ApiKey.END_TXN, version, tid,
             lambda r: begin_end(r, producer_id=body["producer_id"],
@@ -334,7 +401,88 @@ class TxnCoordinator:
                 self.gw.nursery.start_soon(self._complete_bounded, prepared)
         return {"error_code": code}
 
+    async def _end_in_one_phase(self, body: dict[str, Any]) -> bool:
+        """EndTxn of a transaction that ``one_phase`` allows, with its partition led
+        here: its marker written, and nothing else (the true state kept in memory and
+        written ``FOLD_WAIT_S`` later unless the next transaction fits under the stored
+        record). True if so; False if the two-phase path must answer (not allowed, or
+        the marker was not written: that path writes the decision, then the marker
+        again, and a marker written twice is harmless)."""
+        tid = body["transactional_id"]
+        record = self._cached(tid)
+        version = self._versions.get(tid)
+        if record is None or version is None or tid in self._finished:
+            return False
+        stored = self._stored.get(tid, record)
+        try:
+            prepared = begin_end(record, producer_id=body["producer_id"],
+                                 producer_epoch=body["producer_epoch"],
+                                 commit=body["committed"], now_ms=_now_ms())
+        except TxnRefused:
+            return False  # decided (and answered) on the stored record
+        marker = one_phase(stored, prepared) if record.state is TxnState.ONGOING else None
+        if marker is None:
+            return False
+        # in memory only, until the marker is written: every other request for this
+        # id is told the transaction is completing (CONCURRENT_TRANSACTIONS)
+        self.cache[tid] = prepared
+        self._stored[tid] = stored
+        view = self._cache_view
+        code: int | None = -1
+        try:
+            with trio.move_on_after(COMPLETE_WAIT_S):
+                code = await self.gw.write_marker(marker, here_only=True)
+        except (LedgerdError, FencedError) as exc:
+            code = storage_error_code(exc) or -1
+        finally:
+            written = code == 0
+            if self._cache_view == view and self.cache.get(tid) is prepared:
+                if written:
+                    done = complete(prepared, prepared=prepared, now_ms=_now_ms())
+                    self.cache[tid] = done
+                    if self.gw.nursery is not None:
+                        self.gw.nursery.start_soon(self._store_later, done)
+                else:
+                    self.cache[tid] = record  # still ONGOING: the two phases decide
+        if not written:
+            log.info("kafka_txn_one_phase_refused", extra=fields(
+                transactional_id=tid, topic=marker.topic, partition=marker.partition,
+                error=code))
+            return False
+        log.debug("kafka_txn_completed", extra=fields(
+            transactional_id=tid, producer_id=prepared.producer_id,
+            epoch=prepared.producer_epoch, state=prepared.state.value, partitions=1,
+            one_phase=True))
+        return True
+
+    async def _store_later(self, record: TxnRecord) -> None:
+        """Write the true state ``record`` of a one-phase transaction over the stored
+        one, ``FOLD_WAIT_S`` after it ended, unless it moved on meanwhile (the next
+        transaction began under the stored record, or changed it)."""
+        await trio.sleep(FOLD_WAIT_S)
+        await self._store_ahead(record)
+
+    async def _store_ahead(self, record: TxnRecord) -> None:
+        tid = record.transactional_id
+        version = self._versions.get(tid)
+        if self._cached(tid) is not record or tid not in self._stored or version is None:
+            return
+        try:
+            version = await self.records.set_versioned(record, version)
+        except (BadVersionError, NoNodeError):
+            if self.cache.get(tid) is record:
+                self._forget(tid)  # changed elsewhere: the stored record decides
+            return
+        except MetadataError as exc:  # the sweep tries again
+            log.warning("kafka_txn_store_failed", extra=fields(transactional_id=tid,
+                                                               error=repr(exc)))
+            return
+        if self.cache.get(tid) is record and self._cache_valid():
+            self._remember(record, version)
+
     async def _prepared(self, tid: str) -> TxnRecord | None:
+        if tid in self._stored:
+            return None  # a one-phase transaction completing here, not a stored decision
         try:
             record = await self.get(tid)
         except MetadataError:
@@ -605,18 +753,33 @@ class TxnCoordinator:
             if not child.startswith("x-") and not self.owns(child):
                 continue
             known = self.cache.get(child) if cached else None
-            if known is not None and known.state in _IDLE:
+            if known is not None and known.state in _IDLE and child not in self._stored:
                 # idle, and only this gateway changes its state
                 if self._expired(known):
                     await self._expire(known.transactional_id)
                 continue
-            record = await self.records.get_named(child)
-            if record is None:
-                continue
+            if known is None or child not in self._stored:
+                stored = await self.records.get_named(child)
+                if stored is None:
+                    continue
+                known = self.cache.get(stored.transactional_id) \
+                    if stored.transactional_id in self._stored and self._cache_valid() else None
+                record = stored if known is None else known
+            else:
+                record = known
             tid = record.transactional_id
             if not self.owns(tid):
                 continue
-            self._remember(record)
+            if known is not None:
+                # a one-phase transaction's true state, ahead of the store
+                if record.state in PREPARED:
+                    continue  # its EndTxn is writing the marker
+                if record.state in _IDLE:
+                    if _now_ms() - record.updated_ms >= FOLD_WAIT_S * 1000:
+                        await self._store_ahead(record)  # its own write did not happen
+                    continue
+            else:
+                self._remember(record)
             if self._expired(record):
                 await self._expire(tid)
                 continue

@@ -173,7 +173,7 @@ async def _read_records(gw: Gateway) -> list[TxnRecord]:
     async def read(name: str) -> None:
         record = await store.get_named(name)
         if record is not None and gw.txn.owns(record.transactional_id):
-            found.append(record)
+            found.append(gw.txn.current(record))
 
     await each_at_most(TXN_ADMIN_READS, read, names)
     return sorted(found, key=lambda r: r.transactional_id)
@@ -216,6 +216,7 @@ async def describe_transactions(gw: Gateway, conn: Any, version: int, body: dict
         if coordinates and tid:
             try:
                 record = await gw.txn.get(tid)
+                record = None if record is None else gw.txn.current(record)
             except MetadataError as exc:
                 log.warning("kafka_describe_transaction_failed", extra=fields(
                     transactional_id=tid, error=repr(exc)))

@@ -29,6 +29,14 @@ Rules kept here:
   the coordinator that wrote those markers: its next change of the record may
   complete it first (``settle``), so COMPLETE_* rides on the producer's next request
   (AddPartitionsToTxn, usually) instead of costing a write of its own.
+- One phase (``one_phase``): a transaction that touched one partition and no group,
+  ended by the coordinator that leads that partition, needs no PREPARE_* record: the
+  marker in that partition's log is its only participant's decision. Its record stays
+  as stored, ONGOING with that partition, which is what recovery needs (a coordinator
+  that finds it so writes a marker there, and a marker with no transaction open
+  changes nothing a reader sees); the coordinator keeps the true state in memory and
+  writes it later, or never, if the producer's next transaction fits under the stored
+  record (``covered``). So a steady producer's transactions write no record at all.
 
 Every change is a function ``record -> record`` applied under compare-and-set by the
 gateway (``metadata.cas.cas_update``); a refusal raises :class:`TxnRefused` with the
@@ -48,8 +56,8 @@ from ledgerd.metadata.kafka_txns import MAX_EPOCH, PendingOffset, TxnRecord, Txn
 __all__ = [
     "MAX_EPOCH", "MAX_TXN_OFFSETS", "MAX_TXN_PARTITIONS", "Marker", "PendingOffset",
     "TxnRecord", "TxnRefused", "TxnState", "add_offsets", "add_partitions", "begin_end",
-    "complete", "init_producer", "markers", "needs_completion", "new_record",
-    "pending_offsets", "settle",
+    "complete", "covered", "init_producer", "markers", "needs_completion", "new_record",
+    "one_phase", "pending_offsets", "settle",
     "time_out", "txn_offset_commit",
 ]
 
@@ -297,3 +305,34 @@ def settle(record: TxnRecord, *, completed: TxnRecord | None, now_ms: int) -> Tx
     if completed is None or record.state not in PREPARED or record != completed:
         return record
     return complete(record, prepared=completed, now_ms=now_ms)
+
+
+def covered(stored: TxnRecord, record: TxnRecord) -> bool:
+    """True if ``stored`` (the record as ZooKeeper holds it) stands for ``record``, the
+    coordinator's ONGOING transaction, in recovery: ONGOING at the same producer id and
+    epoch, with every partition ``record`` may have written to, no groups (their
+    offsets would be held as unstable), and begun at most a quarter of the timeout
+    before it (a coordinator that takes over times the transaction out from the stored
+    start). Then the coordinator need not write ``record``."""
+    return (stored.state is TxnState.ONGOING and record.state is TxnState.ONGOING
+            and record.producer_id == stored.producer_id
+            and record.producer_epoch == stored.producer_epoch
+            and record.last_epoch == stored.last_epoch
+            and record.timeout_ms == stored.timeout_ms
+            and not record.groups and not stored.groups and not stored.offsets
+            and set(record.partitions) <= set(stored.partitions)
+            and 0 <= record.started_ms - stored.started_ms <= record.timeout_ms // 4)
+
+
+def one_phase(stored: TxnRecord, record: TxnRecord) -> Marker | None:
+    """The marker that alone ends ``record``'s ONGOING transaction once EndTxn has
+    moved it to PREPARE_* (``record``, in memory only): its one partition's, if the
+    transaction touched no group and ``stored`` covers it; else None (the decision is
+    written first, in two phases)."""
+    if record.state not in PREPARED or len(record.partitions) != 1 or record.groups \
+            or record.offsets:
+        return None
+    ongoing = replace(record, state=TxnState.ONGOING)
+    if not covered(stored, ongoing):
+        return None
+    return markers(record)[0]

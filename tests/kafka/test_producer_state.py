@@ -86,3 +86,25 @@ def test_a_marker_in_the_same_append_group_ends_the_retries_before_it() -> None:
     group = state.group()
     group.end(7)
     assert group.admit((7, 2, 0, 2), 30) == (None, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+
+
+def test_a_marker_older_than_the_producers_newest_epoch_is_stale() -> None:
+    """A coordinator that ends a transaction with its marker alone (one phase) must
+    learn when its record has moved on: a marker of an epoch older than one the
+    partition has seen of the producer (a batch's, a marker's, or one placed earlier
+    in the same append group) is stale; one of the same or a newer epoch is not, and
+    neither is any marker of a producer not known here."""
+    state = ProducerState()
+    assert not state.group().stale_marker(7, 0)
+    state.note(7, 3, 0, 9, 100)
+    group = state.group()
+    assert group.stale_marker(7, 2) and not group.stale_marker(7, 3)
+    assert not group.stale_marker(7, 4)
+    group.end(7, 5)  # a fencing abort placed in this group
+    assert group.stale_marker(7, 4) and not group.stale_marker(7, 5)
+    state.end(7, 110, 5)
+    assert state.epoch(7) == 5 and state.group().stale_marker(7, 4)
+    state.clear()
+    assert state.epoch(7) == -1 and not state.group().stale_marker(7, 0)
+    state.end(8, 5, 2)  # a marker of a producer whose batches are not remembered
+    assert state.epoch(8) == 2 and state.group().stale_marker(8, 1)

@@ -314,6 +314,46 @@ def test_a_transaction_left_by_a_killed_gateway_is_aborted_and_commits_survive(
             first.commit_transaction(BOUND_S)
 
 
+def test_one_phase_commits_survive_a_gateway_kill_and_an_open_one_is_aborted(
+        zk_chroot: str, tmp_path: Path) -> None:
+    """One-partition transactions end in one phase (their marker alone) and the ones
+    after the first begin under its stored record without writing it: five commit, a
+    sixth writes its records (acknowledged) and its producer goes silent, and the
+    gateway is killed with SIGKILL. The stored record still says ONGOING on that
+    partition (nothing of the sixth was written to ZooKeeper), and that is enough:
+    the next gateway aborts it past transaction.timeout.ms, a read_committed consumer
+    reads every committed record and none of the sixth's, and another producer's
+    commit after the crash is read too."""
+    gw = GatewayProcess(zk_chroot, tmp_path / "gateway.log")
+    with running_cluster(tmp_path, zk_chroot, 3, gw):
+        _create(gw.bootstrap, "txn-one", 1)
+        first = _producer(gw.bootstrap, "txn-one-a", **{"transaction.timeout.ms": 4000,
+                                                         "socket.timeout.ms": 4000})
+        for t in range(5):
+            first.begin_transaction()
+            for i in range(10):
+                first.produce("txn-one", value=b"kept-%d-%d" % (t, i))
+            first.commit_transaction(BOUND_S)
+        first.begin_transaction()
+        for i in range(10):
+            first.produce("txn-one", value=b"open-%d" % i)
+        assert first.flush(BOUND_S) == 0  # acknowledged, never committed
+        gw.restart(signal.SIGKILL)
+        second = _producer(gw.bootstrap, "txn-one-b")
+        second.begin_transaction()
+        for i in range(10):
+            second.produce("txn-one", value=b"after-%d" % i)
+        second.commit_transaction(BOUND_S)
+        got = _read(gw.bootstrap, "txn-one", 1, "read_committed",
+                    {b"after-%d" % i for i in range(10)})
+        assert _values(got) == sorted([b"kept-%d-%d" % (t, i) for t in range(5)
+                                       for i in range(10)]
+                                      + [b"after-%d" % i for i in range(10)])
+        everything = _read(gw.bootstrap, "txn-one", 1, "read_uncommitted",
+                           {b"after-%d" % i for i in range(10)})
+        assert {b"open-%d" % i for i in range(10)} <= set(_values(everything))
+
+
 def test_a_commit_decided_before_a_gateway_is_killed_is_completed_by_the_next(
         zk_chroot: str, tmp_path: Path) -> None:
     """The bookies are stopped (SIGSTOP) so the commit's markers cannot be written;

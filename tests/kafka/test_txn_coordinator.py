@@ -25,10 +25,12 @@ from ledgerd.kafka.txn_coordinator import (
     add_partitions,
     begin_end,
     complete,
+    covered,
     fenced_abort,
     init_producer,
     markers,
     new_record,
+    one_phase,
     pending_offsets,
     settle,
     time_out,
@@ -272,3 +274,38 @@ def test_the_coordinator_that_wrote_the_markers_settles_the_record_in_its_next_c
     later = begin_end(nxt, producer_id=42, producer_epoch=0, commit=False, now_ms=4000)
     for r, done in ((later, prepared), (prepared, later), (prepared, None), (nxt, nxt)):
         assert settle(r, completed=done, now_ms=5000) is r
+
+
+def test_one_phase_only_for_one_partition_no_group_under_the_stored_record() -> None:
+    """A transaction may end with its marker alone only when it touched one partition
+    and no group, and the stored record (what a coordinator taking over sees) stands
+    for it: ONGOING at its epoch with that partition, begun at most a quarter of the
+    timeout earlier (the next transactions begin under it while that holds)."""
+    stored = add_partitions(new_record("a", 42, 60000, 1000), producer_id=42,
+                            producer_epoch=0, partitions=[("t", 0)], now_ms=1000)
+    end = begin_end(stored, producer_id=42, producer_epoch=0, commit=True, now_ms=1001)
+    marker = one_phase(stored, end)
+    assert marker is not None and (marker.topic, marker.partition, marker.commit) == \
+        ("t", 0, True)
+    two = add_partitions(stored, producer_id=42, producer_epoch=0,
+                         partitions=[("t", 1)], now_ms=1002)
+    assert one_phase(two, begin_end(two, producer_id=42, producer_epoch=0, commit=True,
+                                    now_ms=1003)) is None
+    grouped = add_offsets(stored, producer_id=42, producer_epoch=0, group="g", now_ms=1002)
+    assert one_phase(grouped, begin_end(grouped, producer_id=42, producer_epoch=0,
+                                        commit=False, now_ms=1003)) is None
+    assert one_phase(stored, stored) is None  # not ended yet
+    done = complete(end, prepared=end, now_ms=1002)
+    later = add_partitions(done, producer_id=42, producer_epoch=0, partitions=[("t", 0)],
+                           now_ms=1000 + 15000)
+    assert covered(stored, later) and one_phase(stored, begin_end(
+        later, producer_id=42, producer_epoch=0, commit=True, now_ms=16001)) is not None
+    stale = add_partitions(done, producer_id=42, producer_epoch=0, partitions=[("t", 0)],
+                           now_ms=1000 + 15001)
+    assert not covered(stored, stale)
+    wider = add_partitions(later, producer_id=42, producer_epoch=0, partitions=[("t", 1)],
+                           now_ms=16002)
+    assert not covered(stored, wider)
+    fenced = init_producer(done, timeout_ms=60000, now_ms=1003)
+    assert not covered(stored, add_partitions(fenced, producer_id=42, producer_epoch=1,
+                                              partitions=[("t", 0)], now_ms=1004))

@@ -94,10 +94,15 @@ class _CountingStore:
         return await self.inner.get(path)
 
 
-def _coordinator(store: Any, root: str, written: list[Marker]) -> TxnCoordinator:
-    """A coordinator over ``store`` that owns every id and partition, for a gateway
-    whose marker writes succeed (into ``written``)."""
-    async def write_marker(marker: Marker) -> int:
+def _coordinator(store: Any, root: str, written: list[Marker], *,
+                 here: bool = False) -> TxnCoordinator:
+    """A coordinator over ``store`` that owns every id, for a gateway whose marker
+    writes succeed (into ``written``); ``here``: it leads the partitions too, so a
+    one-partition transaction ends in one phase (else another gateway does, and the
+    transactions take two)."""
+    async def write_marker(marker: Marker, *, here_only: bool = False) -> int:
+        if here_only and not here:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
         written.append(marker)
         return 0
 
@@ -212,3 +217,122 @@ async def test_the_next_transaction_writes_the_last_ones_completion(
     record = await records.get("t")
     assert record is not None and record.state is TxnState.COMPLETE_COMMIT
     assert [(m.partition, m.commit) for m in written] == [(0, True)] * 5
+
+
+async def _init(txns: TxnCoordinator) -> int:
+    init = await txns.init_producer_id(3, {"transactional_id": "t", "producer_id": -1,
+                                           "producer_epoch": -1,
+                                           "transaction_timeout_ms": 60000})
+    assert init["error_code"] == 0
+    return int(init["producer_epoch"])
+
+
+async def test_one_partition_transactions_led_here_write_no_record(
+        autojump_clock: Any) -> None:
+    """Issue #47's transactional bench, one phase: with the partition led by the
+    coordinator, EndTxn writes the marker and nothing else, and the next transaction
+    begins under the record stored by the first one (ONGOING with that partition), so
+    only the first transaction writes the record. The true state is kept in memory
+    (a batch after the commit is refused; DescribeTransactions says COMPLETE_COMMIT)
+    and stored ``FOLD_WAIT_S`` after the last transaction."""
+    from ledgerd.kafka.transactions import FOLD_WAIT_S
+
+    root = "/ledgers/kafka"
+    store = _CountingStore(InMemoryStore(InMemoryCluster()), TxnStore(None, root).path("t"))  # type: ignore[arg-type]
+    records = TxnStore(store, root)  # type: ignore[arg-type]
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written, here=True)
+    async with trio.open_nursery() as nursery:
+        txns.gw.nursery = nursery
+        epoch = await _init(txns)
+        store.reads = 0
+        with trio.fail_after(60):
+            for _ in range(5):
+                assert await _transaction(txns, epoch) == (0, 0)
+            reads = store.reads
+            _, stat = await store.inner.get(store.path)
+            assert stat.version == 1  # the first AddPartitionsToTxn's ONGOING only
+            record = await records.get("t")
+            assert record is not None and record.state is TxnState.ONGOING
+            assert await txns.verify("t", 7, epoch, "orders", 0) == \
+                ErrorCode.INVALID_TXN_STATE  # ended: its late batch is refused
+            assert txns.current(record).state is TxnState.COMPLETE_COMMIT
+            await trio.sleep(2 * FOLD_WAIT_S)
+        nursery.cancel_scope.cancel()
+    record = await records.get("t")
+    assert record is not None and record.state is TxnState.COMPLETE_COMMIT
+    assert (await store.inner.get(store.path))[1].version == 2
+    assert reads == 0
+    assert [(m.partition, m.commit, m.producer_epoch) for m in written] == \
+        [(0, True, epoch)] * 5
+
+
+async def test_a_one_phase_record_taken_over_ends_as_its_producer_says(
+        autojump_clock: Any) -> None:
+    """A coordinator that dies after a one-phase commit leaves its record ONGOING
+    with the partition. The next coordinator, from that record: a retried EndTxn is
+    answered success (its commit marker written again, which changes nothing), and
+    the next transaction commits; after that one, also in one phase, a new producer
+    instance at a third coordinator fences the old one with an abort marker at a newer
+    epoch (which ends nothing: the last one committed)."""
+    root = "/ledgers/kafka"
+    store = InMemoryStore(InMemoryCluster())
+    written: list[Marker] = []
+    first = _coordinator(store, root, written, here=True)
+    epoch = await _init(first)
+    with trio.fail_after(60):
+        assert await _transaction(first, epoch) == (0, 0)
+        ended = await first.end_txn(3, {"transactional_id": "t", "producer_id": 7,
+                                        "producer_epoch": epoch, "committed": True})
+        assert ended["error_code"] == 0  # a retry, answered from memory
+        stored = await TxnStore(store, root).get("t")
+        assert stored is not None and stored.state is TxnState.ONGOING
+        second = _coordinator(store, root, written, here=True)
+        ended = await second.end_txn(3, {"transactional_id": "t", "producer_id": 7,
+                                         "producer_epoch": epoch, "committed": True})
+        assert ended["error_code"] == 0
+        assert await _transaction(second, epoch) == (0, 0)
+        stored = await TxnStore(store, root).get("t")
+        assert stored is not None and stored.state is TxnState.ONGOING
+        third = _coordinator(store, root, written, here=True)
+        body = {"transactional_id": "t", "producer_id": -1, "producer_epoch": -1,
+                "transaction_timeout_ms": 60000}
+        assert (await third.init_producer_id(3, body))["error_code"] == \
+            ErrorCode.CONCURRENT_TRANSACTIONS  # the "ongoing" one aborted, epoch bumped
+        again = await third.init_producer_id(3, body)
+    assert again["error_code"] == 0 and again["producer_epoch"] == epoch + 2
+    assert [(m.commit, m.producer_epoch) for m in written] == \
+        [(True, epoch)] * 3 + [(False, epoch + 1)]
+
+
+async def test_a_marker_not_written_in_one_phase_is_decided_in_two(
+        autojump_clock: Any) -> None:
+    """EndTxn whose one-phase marker is refused (here: the partition says the epoch is
+    stale, as it does once another coordinator fenced the producer) writes the
+    decision first and the marker again: the record says PREPARE_COMMIT before any
+    marker counts, as in every two-phase transaction."""
+    root = "/ledgers/kafka"
+    store = InMemoryStore(InMemoryCluster())
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written, here=True)
+    refused: list[Marker] = []
+    stored_at_marker: list[TxnState] = []
+
+    async def write_marker(marker: Marker, *, here_only: bool = False) -> int:
+        if here_only and not refused:
+            refused.append(marker)
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        record = await TxnStore(store, root).get("t")
+        assert record is not None
+        stored_at_marker.append(record.state)
+        written.append(marker)
+        return 0
+
+    txns.gw.write_marker = write_marker
+    epoch = await _init(txns)
+    with trio.fail_after(60):
+        assert await _transaction(txns, epoch) == (0, 0)
+    assert len(refused) == 1 and len(written) == 1
+    assert stored_at_marker == [TxnState.PREPARE_COMMIT]
+    record = await TxnStore(store, root).get("t")
+    assert record is not None and record.state is TxnState.COMPLETE_COMMIT
