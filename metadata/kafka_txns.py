@@ -212,6 +212,12 @@ class TxnStore:
                                 decode=TxnRecord.from_json, encode=TxnRecord.to_json,
                                 known=known)
 
+    async def version(self, transactional_id: str) -> int | None:
+        """The record's version (a stat read from this session's server), None if
+        there is none."""
+        stat = await self.store.exists(self.path(transactional_id))
+        return None if stat is None else stat.version
+
     async def set_versioned(self, record: TxnRecord, version: int) -> int:
         """Write ``record`` over the stored one if that is still at ``version``; its new
         version. Raises BadVersionError if it changed, NoNodeError if it is gone."""

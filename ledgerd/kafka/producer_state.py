@@ -20,7 +20,9 @@ first and last sequence, and the offset the batch was written at. A batch is
   last one (wrapping after 2**31 - 1), or its epoch is newer and it starts at 0, or the
   producer is not known here (Kafka accepts those since 2.5: its state may have
   expired);
-- refused otherwise: INVALID_PRODUCER_EPOCH for an older epoch,
+- refused otherwise: INVALID_PRODUCER_EPOCH for an older epoch (older than its last
+  batch's, or than its last marker's: a coordinator that fenced the producer wrote that
+  marker at the bumped epoch, and Kafka's partitions take the epoch from markers too),
   OUT_OF_ORDER_SEQUENCE_NUMBER for a gap.
 
 A transaction marker of an epoch older than one this partition has seen of its
@@ -120,6 +122,10 @@ class ProducerState:
             while len(self._marker_epochs) > self.max_producers:
                 self._marker_epochs.popitem(last=False)
 
+    def marker_epoch(self, pid: int) -> int:
+        """The epoch of the producer's last marker remembered here (-1: none)."""
+        return self._marker_epochs.get(pid, -1)
+
     def epoch(self, pid: int) -> int:
         """The newest epoch of the producer seen here, in a batch or a marker (-1: none
         remembered)."""
@@ -205,6 +211,8 @@ class GroupAdmission:
             dup = self.state.duplicate(producer)
         if dup is not None:
             return dup, 0
+        if epoch < max(self.state.marker_epoch(pid), self._marker_epochs.get(pid, -1)):
+            return None, ErrorCode.INVALID_PRODUCER_EPOCH  # fenced by a marker
         code = self.state.sequence_error(producer, self._last.get(pid))
         if code:
             return None, code

@@ -37,7 +37,9 @@ only: the other requests for the id are refused CONCURRENT_TRANSACTIONS), then
 COMPLETE_*; ``_stored`` keeps what ZooKeeper holds meanwhile (ONGOING with that
 partition), and every change of the id is decided on the cache: one the stored record
 covers (``txn_coordinator.covered``: the next transaction on the same partition) is
-not written, any other is written over the stored version. ``FOLD_WAIT_S`` after the
+not written once a stat read shows the stored version unchanged (``_still_stored``),
+any other is written over the stored version; the one-phase marker is written after
+the same check. ``FOLD_WAIT_S`` after the
 transaction the true state is written unless the next one began under the stored
 record. A marker that is not written (refused as stale, not led here any more, or not
 answered in ``COMPLETE_WAIT_S``) sends EndTxn down the two-phase path. Losing the cache
@@ -222,25 +224,10 @@ class TxnCoordinator:
         stored = self._stored.get(transactional_id)
         if cached is not None and stored is not None and version is not None:
             # the true state is this gateway's, ahead of the store: decided on it
-            wanted = fn(cached)
-            if wanted is cached:
-                return cached
-            if covered(stored, wanted):
-                self.cache[transactional_id] = wanted
-                return wanted
-            try:
-                version = await self.records.set_versioned(wanted, version)
-            except BadVersionError:
-                # another gateway changed the record: the stored one decides
-                self._forget(transactional_id)
-                cached = None
-            except NoNodeError:
-                self._forget(transactional_id)
-                raise
-            else:
-                if self._cache_valid():
-                    self._remember(wanted, version)
-                return wanted
+            ahead = await self._change_ahead(cached, stored, version, fn)
+            if ahead is not None:
+                return ahead
+            cached = None  # changed elsewhere: the stored record decides
         known = (cached, version) if cached is not None and version is not None else None
         finished = self._finished.get(transactional_id) if settling else None
 
@@ -258,6 +245,51 @@ class TxnCoordinator:
                 epoch=finished.producer_epoch, state=finished.state.value,
                 partitions=len(finished.partitions), with_next_change=True))
         return record
+
+    async def _change_ahead(self, cached: TxnRecord, stored: TxnRecord, version: int,
+                            fn: Callable[[TxnRecord], TxnRecord]) -> TxnRecord | None:
+        """``change`` of a record whose true state, ``cached``, is ahead of ``stored``
+        (at ``version``): decided on ``cached``; not written if ``stored`` covers the
+        result and is still what ZooKeeper holds, else written over ``version``. None
+        if the record changed elsewhere (forgotten here: the caller reads it)."""
+        tid = cached.transactional_id
+        try:
+            wanted = fn(cached)
+        except TxnRefused:
+            if await self._still_stored(tid, version):
+                raise
+            return None  # refused what may be stale: the stored record decides
+        if wanted is cached:
+            # unchanged only if the stored record is still the one this gateway knows
+            return cached if await self._still_stored(tid, version) else None
+        if covered(stored, wanted):
+            if not await self._still_stored(tid, version):
+                return None
+            self.cache[tid] = wanted
+            return wanted
+        try:
+            version = await self.records.set_versioned(wanted, version)
+        except BadVersionError:
+            self._forget(tid)
+            return None
+        except NoNodeError:
+            self._forget(tid)
+            raise
+        if self._cache_valid():
+            self._remember(wanted, version)
+        return wanted
+
+    async def _still_stored(self, transactional_id: str, version: int) -> bool:
+        """True if ZooKeeper still holds the record at ``version`` (one stat read); else
+        the record is forgotten here. Another gateway may have changed it while both
+        took themselves for its coordinator (their views of the live gateways differing
+        for a moment), and what it wrote then decides: it may have ended the
+        transaction this gateway holds as ONGOING, and the producer's next one would
+        then begin unwritten, and its EndTxn be taken for a retry of the ended one."""
+        if await self.records.version(transactional_id) == version:
+            return True
+        self._forget(transactional_id)
+        return False
 
     # -- requests -----------------------------------------------------------------------
 
@@ -430,6 +462,8 @@ class TxnCoordinator:
         view = self._cache_view
         code: int | None = -1
         try:
+            if not await self._still_stored(tid, version):
+                return False  # forgotten: the two phases decide on the stored record
             with trio.move_on_after(COMPLETE_WAIT_S):
                 code = await self.gw.write_marker(marker, here_only=True)
         except (LedgerdError, FencedError) as exc:

@@ -108,3 +108,19 @@ def test_a_marker_older_than_the_producers_newest_epoch_is_stale() -> None:
     assert state.epoch(7) == -1 and not state.group().stale_marker(7, 0)
     state.end(8, 5, 2)  # a marker of a producer whose batches are not remembered
     assert state.epoch(8) == 2 and state.group().stale_marker(8, 1)
+
+
+def test_a_batch_older_than_the_producers_last_marker_is_fenced() -> None:
+    """As Kafka's partitions do: a marker written at a bumped epoch (the coordinator
+    fenced the producer) fences that producer's batches of older epochs, so a zombie's
+    batch cannot open a transaction after it; the new epoch's batches go on."""
+    state = ProducerState()
+    state.note(7, 3, 0, 9, 100)
+    state.end(7, 110, 4)
+    group = state.group()
+    assert group.admit((7, 3, 10, 19), 111) == (None, ErrorCode.INVALID_PRODUCER_EPOCH)
+    assert group.admit((7, 5, 0, 9), 111) == (None, 0)
+    other = state.group()
+    other.end(8, 2)
+    assert other.admit((8, 1, 0, 0), 112) == (None, ErrorCode.INVALID_PRODUCER_EPOCH)
+    assert other.admit((8, 2, 0, 0), 112) == (None, 0)

@@ -336,3 +336,36 @@ async def test_a_marker_not_written_in_one_phase_is_decided_in_two(
     assert stored_at_marker == [TxnState.PREPARE_COMMIT]
     record = await TxnStore(store, root).get("t")
     assert record is not None and record.state is TxnState.COMPLETE_COMMIT
+
+
+async def test_a_record_another_coordinator_wrote_ends_the_one_phase_lease(
+        autojump_clock: Any) -> None:
+    """Two gateways may both take themselves for the id's coordinator for a moment
+    (their views of the live gateways differ). After a one-phase commit at ``a`` the
+    producer's next transaction goes to ``b`` (two partitions: written, two phases,
+    completed). Its next one is back at ``a``, whose memory says the id is idle under
+    the ONGOING record it stored: ``a`` sees that the record moved on, writes the new
+    transaction's ONGOING and ends it with its marker, rather than beginning it
+    unwritten and then reading the stored COMPLETE_COMMIT as a retried commit of the
+    one ``b`` ended (its batches would be left open, its commit answered)."""
+    root = "/ledgers/kafka"
+    store = InMemoryStore(InMemoryCluster())
+    written: list[Marker] = []
+    a = _coordinator(store, root, written, here=True)
+    b = _coordinator(store, root, written, here=True)
+    epoch = await _init(a)
+    ids = {"transactional_id": "t", "producer_id": 7, "producer_epoch": epoch}
+    with trio.fail_after(60):
+        assert await _transaction(a, epoch) == (0, 0)
+        added = await b.add_partitions(3, {**ids, "topics": [
+            {"name": "orders", "partitions": [0]}, {"name": "refunds", "partitions": [0]}]})
+        assert {r["error_code"] for t in added["results"] for r in t["results"]} == {0}
+        assert (await b.end_txn(3, {**ids, "committed": True}))["error_code"] == 0
+        stored = await TxnStore(store, root).get("t")
+        assert stored is not None and stored.state is TxnState.COMPLETE_COMMIT
+        del written[:]
+        assert await _transaction(a, epoch) == (0, 0)
+    assert [(m.partition, m.commit) for m in written] == [(0, True)]
+    stored = await TxnStore(store, root).get("t")
+    assert stored is not None and stored.state is TxnState.ONGOING
+    assert stored.partitions == (("orders", 0),)
