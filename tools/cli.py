@@ -465,7 +465,8 @@ def local_ctl_cmd(action: str, index: int | None, data: Path | None) -> None:
 
 BENCHES = ("wire_codec", "journal", "metadata", "bookie", "bookie_cpu", "latency", "client",
            "recovery", "logs", "compaction", "pipeline", "rereplication", "soak", "tls",
-           "gateway", "gateway_crash", "txn_phases", "ledgers_scale", "index_store", "open_handles", "ab",
+           "gateway", "gateway_crash", "txn_crash", "txn_phases", "ledgers_scale", "index_store",
+           "open_handles", "ab",
            "ab_live", "metadata_rebuild", "metadata_versions")
 
 

@@ -65,7 +65,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -158,6 +159,9 @@ class TxnCoordinator:
         # what ZooKeeper holds of the records whose true state (in ``cache``) this
         # gateway keeps ahead of it: one-phase transactions (see the module docstring)
         self._stored: dict[str, TxnRecord] = {}
+        # one change of an id's record at a time (its reads, writes and cache): a
+        # change not written must not interleave with one that is
+        self._changing: dict[str, trio.Lock] = {}
 
     # -- records ------------------------------------------------------------------------
 
@@ -167,6 +171,15 @@ class TxnCoordinator:
     def _cache_valid(self) -> bool:
         view = (frozenset(self.gw.nodes), self.gw.lease.session_id)
         if view != self._cache_view:
+            # one-phase transactions that ended here and whose end is not stored yet:
+            # stored now (over the version known; a record changed meanwhile is left
+            # to whoever changed it), or the stored ONGOING would time out their idle
+            # producers
+            ended = [(self.cache[tid], self._versions[tid]) for tid in self._stored
+                     if tid in self.cache and tid in self._versions
+                     and self.cache[tid].state in _IDLE]
+            if ended and self.gw.nursery is not None:
+                self.gw.nursery.start_soon(self._store_dropped, ended)
             self.cache.clear()
             self._versions.clear()
             self._stored.clear()
@@ -210,9 +223,26 @@ class TxnCoordinator:
         ahead = self.cache.get(tid) if tid in self._stored and self._cache_valid() else None
         return ahead if ahead is not None and self.owns(tid) else record
 
+    @asynccontextmanager
+    async def _exclusive(self, transactional_id: str) -> AsyncIterator[None]:
+        lock = self._changing.setdefault(transactional_id, trio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._changing.pop(transactional_id, None)
+
     async def change(self, transactional_id: str,
                      fn: Callable[[TxnRecord], TxnRecord], *,
                      settling: bool = True) -> TxnRecord:
+        """As ``_change``, one change of the id at a time."""
+        async with self._exclusive(transactional_id):
+            return await self._change(transactional_id, fn, settling=settling)
+
+    async def _change(self, transactional_id: str,
+                      fn: Callable[[TxnRecord], TxnRecord], *,
+                      settling: bool = True) -> TxnRecord:
         """Apply ``fn`` to the stored record under compare-and-set (raises TxnRefused
         from ``fn``, NoNodeError if there is no record); tried first on the record this
         gateway last wrote, if its version is known. ``settling``: a PREPARE_* record
@@ -441,29 +471,14 @@ class TxnCoordinator:
         the marker was not written: that path writes the decision, then the marker
         again, and a marker written twice is harmless)."""
         tid = body["transactional_id"]
-        record = self._cached(tid)
-        version = self._versions.get(tid)
-        if record is None or version is None or tid in self._finished:
+        async with self._exclusive(tid):
+            begun = await self._begin_one_phase(body)
+        if begun is None:
             return False
-        stored = self._stored.get(tid, record)
-        try:
-            prepared = begin_end(record, producer_id=body["producer_id"],
-                                 producer_epoch=body["producer_epoch"],
-                                 commit=body["committed"], now_ms=_now_ms())
-        except TxnRefused:
-            return False  # decided (and answered) on the stored record
-        marker = one_phase(stored, prepared) if record.state is TxnState.ONGOING else None
-        if marker is None:
-            return False
-        # in memory only, until the marker is written: every other request for this
-        # id is told the transaction is completing (CONCURRENT_TRANSACTIONS)
-        self.cache[tid] = prepared
-        self._stored[tid] = stored
+        record, prepared, marker = begun
         view = self._cache_view
         code: int | None = -1
         try:
-            if not await self._still_stored(tid, version):
-                return False  # forgotten: the two phases decide on the stored record
             with trio.move_on_after(COMPLETE_WAIT_S):
                 code = await self.gw.write_marker(marker, here_only=True)
         except (LedgerdError, FencedError) as exc:
@@ -489,6 +504,33 @@ class TxnCoordinator:
             one_phase=True))
         return True
 
+    async def _begin_one_phase(self, body: dict[str, Any],
+                               ) -> tuple[TxnRecord, TxnRecord, Marker] | None:
+        """(the ONGOING record, its PREPARE_* in memory, the marker) of an EndTxn that
+        may end in one phase, the cache holding the PREPARE_* now; else None."""
+        tid = body["transactional_id"]
+        record = self._cached(tid)
+        version = self._versions.get(tid)
+        if record is None or version is None or tid in self._finished:
+            return None
+        stored = self._stored.get(tid, record)
+        try:
+            prepared = begin_end(record, producer_id=body["producer_id"],
+                                 producer_epoch=body["producer_epoch"],
+                                 commit=body["committed"], now_ms=_now_ms())
+        except TxnRefused:
+            return None  # decided (and answered) on the stored record
+        marker = one_phase(stored, prepared) if record.state is TxnState.ONGOING else None
+        if marker is None or not await self._still_stored(tid, version):
+            return None  # (forgotten if not: the two phases decide on the stored record)
+        if self._cached(tid) is not record:
+            return None  # the view changed meanwhile
+        # in memory only, until the marker is written: every other request for this
+        # id is told the transaction is completing (CONCURRENT_TRANSACTIONS)
+        self.cache[tid] = prepared
+        self._stored[tid] = stored
+        return record, prepared, marker
+
     async def _store_later(self, record: TxnRecord) -> None:
         """Write the true state ``record`` of a one-phase transaction over the stored
         one, ``FOLD_WAIT_S`` after it ended, unless it moved on meanwhile (the next
@@ -497,6 +539,20 @@ class TxnCoordinator:
         await self._store_ahead(record)
 
     async def _store_ahead(self, record: TxnRecord) -> None:
+        async with self._exclusive(record.transactional_id):
+            await self._store_ahead_now(record)
+
+    async def _store_dropped(self, ended: list[tuple[TxnRecord, int]]) -> None:
+        """Store the ends of one-phase transactions whose true state a view change
+        dropped from the cache, each over the version known of it (best effort)."""
+        for record, version in ended:
+            try:
+                await self.records.set_versioned(record, version)
+            except (MetadataError, LedgerdError) as exc:
+                log.info("kafka_txn_end_not_stored", extra=fields(
+                    transactional_id=record.transactional_id, error=repr(exc)))
+
+    async def _store_ahead_now(self, record: TxnRecord) -> None:
         tid = record.transactional_id
         version = self._versions.get(tid)
         if self._cached(tid) is not record or tid not in self._stored or version is None:
