@@ -123,6 +123,16 @@ class GatewayConfig(ClientConfig):
         doc="A transactional id whose producer has not begun or ended a transaction for "
             "this long, and has none open, is forgotten (its record deleted from "
             "ZooKeeper): a producer using it again starts with a new producer id.")
+    transaction_one_phase: bool = setting(
+        True, bk="(ledgerd)",
+        doc="End a transaction that touched one partition and no consumer group, at a "
+            "coordinator that also leads that partition, with its marker alone (no "
+            "PREPARE record), and begin the producer's next transactions under the "
+            "stored record (docs/kafka.md, Transactions). Each such request checks the "
+            "record's version with a read from the gateway's ZooKeeper server; off, "
+            "every transaction writes its record twice (two phases), which needs no "
+            "such read to be current (with a ZooKeeper ensemble, a follower lagging "
+            "its leader can answer one late).")
     gateway_tls_certificate_path: str = setting(
         "", bk="(Kafka: ssl.keystore.location, PEM)",
         doc="PEM certificate chain of the gateway's listener; set, the listener speaks "

@@ -442,7 +442,8 @@ class TxnCoordinator:
 
     async def end_txn(self, version: int, body: dict[str, Any]) -> dict[str, Any]:
         tid = body["transactional_id"]
-        if self.owns(tid) and await self._end_in_one_phase(body):
+        if self.gw.config.transaction_one_phase and self.owns(tid) and \
+                await self._end_in_one_phase(body):
             return {"error_code": 0}
         code, record = await self._txn_change(
             ApiKey.END_TXN, version, tid,

@@ -115,7 +115,9 @@ def _coordinator(store: Any, root: str, written: list[Marker], *,
     gw = SimpleNamespace(store=store, root=root, write_marker=write_marker, nodes={},
                          lease=SimpleNamespace(session_id=1), owns=lambda _key: True,
                          partition_count=partition_count, new_producer_id=new_producer_id,
-                         nursery=None)
+                         nursery=None, config=SimpleNamespace(
+                             transaction_one_phase=True,
+                             transactional_id_expiration_ms=7 * 86400000))
     return TxnCoordinator(gw)  # type: ignore[arg-type]
 
 
@@ -369,3 +371,20 @@ async def test_a_record_another_coordinator_wrote_ends_the_one_phase_lease(
     stored = await TxnStore(store, root).get("t")
     assert stored is not None and stored.state is TxnState.ONGOING
     assert stored.partitions == (("orders", 0),)
+
+
+async def test_one_phase_off_takes_two_phases_for_every_transaction(
+        autojump_clock: Any) -> None:
+    """``transaction_one_phase = false``: the partition led here changes nothing, each
+    transaction writes its record (ONGOING, then PREPARE_COMMIT, COMPLETE_COMMIT)."""
+    root = "/ledgers/kafka"
+    store = InMemoryStore(InMemoryCluster())
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written, here=True)
+    txns.gw.config.transaction_one_phase = False
+    epoch = await _init(txns)
+    with trio.fail_after(60):
+        for _ in range(3):
+            assert await _transaction(txns, epoch) == (0, 0)
+    assert (await store.get(TxnStore(store, root).path("t")))[1].version == 3 * 3
+    assert len(written) == 3

@@ -90,7 +90,8 @@ async def test_a_transaction_begun_while_the_last_end_is_stored_stays_covered(
             del written[:]
             b = _coordinator(inner, root, written, here=True)
             b.gw.nursery = nursery
-            b.gw.config = type("C", (), {"transactional_id_expiration_ms": 7 * 86400000})
+            b.gw.config = type("C", (), {"transactional_id_expiration_ms": 7 * 86400000,
+                                 "transaction_one_phase": True})
             await trio.sleep(120)  # twice the transaction timeout
             await b.sweep()
             await trio.sleep(1)
@@ -130,7 +131,8 @@ async def test_an_idle_producer_is_not_fenced_after_a_view_change(autojump_clock
     inner = InMemoryStore(InMemoryCluster())
     written: list[Marker] = []
     txns = _coordinator(inner, root, written, here=True)
-    txns.gw.config = type("C", (), {"transactional_id_expiration_ms": 7 * 86400000})
+    txns.gw.config = type("C", (), {"transactional_id_expiration_ms": 7 * 86400000,
+                                 "transaction_one_phase": True})
     async with trio.open_nursery() as nursery:
         txns.gw.nursery = nursery
         epoch = await _init(txns)
@@ -188,7 +190,8 @@ async def test_concurrent_add_partitions_leave_the_store_covering_the_cache(
             del written[:]
             b = _coordinator(inner, root, written, here=True)
             b.gw.nursery = nursery
-            b.gw.config = type("C", (), {"transactional_id_expiration_ms": 7 * 86400000})
+            b.gw.config = type("C", (), {"transactional_id_expiration_ms": 7 * 86400000,
+                                 "transaction_one_phase": True})
             await trio.sleep(61)
             await b.sweep()
             await trio.sleep(1)
