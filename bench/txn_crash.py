@@ -7,8 +7,11 @@ One ZooKeeper; per round a fresh chroot, three bookie processes and two ``ledger
 gateway`` processes (ZooKeeper session 3 s). A confluent-kafka transactional producer
 (librdkafka) runs transactions through both gateways on a topic of 1-3 partitions,
 each of 1-20 messages, to one partition (which ends in one phase when the coordinator
-leads it) or to several (two phases). Meanwhile a killer, drawn from the round's seed,
-kills one gateway or the other with SIGKILL at random moments and starts it again.
+leads it) or to several (two phases); one in five is aborted on purpose (so a
+transaction whose end was lost would be aborted with the next, not committed with it
+unseen). Meanwhile a killer, drawn from the round's seed,
+kills one gateway or the other with SIGKILL at random moments and starts it again
+0-5 s later (past its 3 s session the other takes its transactions and partitions).
 The producer follows librdkafka's rules: a retriable commit error is retried, an
 abortable one aborts the transaction, a fatal one (fenced) makes a new producer with
 the same transactional id. Each transaction's outcome is recorded as its producer
@@ -58,14 +61,23 @@ def _producer(bootstrap: str, tid: str) -> Any:
     return p
 
 
-def _one_transaction(p: Any, values: list[tuple[int, bytes]]) -> str:
-    """Begin, produce, commit: "committed", "aborted" or "unknown" (raises
-    ``_Fatal`` when the producer must be replaced)."""
+def _one_transaction(p: Any, values: list[tuple[int, bytes]], abort: bool = False) -> str:
+    """Begin, produce, commit (or ``abort``): "committed", "aborted" or "unknown"
+    (raises ``_Fatal`` when the producer must be replaced)."""
     from confluent_kafka import KafkaException
 
     p.begin_transaction()
     for partition, v in values:
         p.produce(TOPIC, value=v, partition=partition)
+    if abort:
+        try:
+            p.flush(BOUND_S)
+            p.abort_transaction(BOUND_S)
+            return "aborted"
+        except KafkaException as exc:
+            if exc.args[0].fatal():
+                raise _Fatal(str(exc)) from exc
+            return "unknown"
     for _ in range(5):
         try:
             p.commit_transaction(BOUND_S)
@@ -115,10 +127,11 @@ def one_round(zk_server: Any, base: Path, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     parts = rng.randint(1, 3)
     count = rng.randint(40, 120)  # at least; more while the killer is at work
-    kills = [(rng.uniform(0.2, 4.0), rng.choice("ab"), rng.uniform(0.0, 2.0))
+    kills = [(rng.uniform(0.2, 4.0), rng.choice("ab"), rng.uniform(0.0, 5.0))
              for _ in range(rng.randint(1, 3))]
     draw = random.Random(rng.randrange(1 << 30))
     plans: list[list[tuple[int, bytes]]] = []
+    aborts: list[bool] = []
 
     def plan(t: int) -> list[tuple[int, bytes]]:
         n = draw.randint(1, 20)
@@ -160,8 +173,9 @@ def one_round(zk_server: Any, base: Path, seed: int) -> dict[str, Any]:
                 t = 0
                 while t < count or thread.is_alive():
                     plans.append(plan(t))
+                    aborts.append(draw.random() < 0.2)
                     try:
-                        outcomes[t] = _one_transaction(p, plans[t])
+                        outcomes[t] = _one_transaction(p, plans[t], aborts[t])
                     except _Fatal:
                         outcomes[t] = "unknown"
                         fatal += 1
