@@ -293,8 +293,8 @@ class TxnCoordinator:
             # unchanged only if the stored record is still the one this gateway knows
             return cached if await self._still_stored(tid, version) else None
         if covered(stored, wanted):
-            if not await self._still_stored(tid, version):
-                return None
+            if not await self._still_stored(tid, version) or self._cached(tid) is not cached:
+                return None  # changed elsewhere, or the view changed: read it
             self.cache[tid] = wanted
             return wanted
         try:
@@ -899,7 +899,7 @@ class TxnCoordinator:
 
     async def _expire(self, transactional_id: str) -> None:
         if await self.records.expire(transactional_id, self._expired):
-            self.cache.pop(transactional_id, None)
+            self._forget(transactional_id)
             log.info("kafka_txn_id_expired", extra=fields(transactional_id=transactional_id))
 
     async def _complete_bounded(self, record: TxnRecord) -> None:
