@@ -11,7 +11,8 @@ leads it) or to several (two phases); one in five is aborted on purpose (so a
 transaction whose end was lost would be aborted with the next, not committed with it
 unseen). Meanwhile a killer, drawn from the round's seed,
 kills one gateway or the other with SIGKILL at random moments and starts it again
-0-5 s later (past its 3 s session the other takes its transactions and partitions).
+0-5 s later (past its 3 s session the other takes its transactions and partitions),
+or stops it (SIGSTOP) for 0-5 s and lets it resume with what it held.
 The producer follows librdkafka's rules: a retriable commit error is retried, an
 abortable one aborts the transaction, a fatal one (fenced) makes a new producer with
 the same transactional id. Each transaction's outcome is recorded as its producer
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import sys
@@ -127,8 +129,8 @@ def one_round(zk_server: Any, base: Path, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     parts = rng.randint(1, 3)
     count = rng.randint(40, 120)  # at least; more while the killer is at work
-    kills = [(rng.uniform(0.2, 4.0), rng.choice("ab"), rng.uniform(0.0, 5.0))
-             for _ in range(rng.randint(1, 3))]
+    kills = [(rng.uniform(0.2, 4.0), rng.choice("ab"), rng.uniform(0.0, 5.0),
+              rng.random() < 0.4) for _ in range(rng.randint(1, 3))]
     draw = random.Random(rng.randrange(1 << 30))
     plans: list[list[tuple[int, bytes]]] = []
     aborts: list[bool] = []
@@ -159,10 +161,17 @@ def one_round(zk_server: Any, base: Path, seed: int) -> dict[str, Any]:
                 bootstrap = f"{a.bootstrap},{b.bootstrap}"
 
                 def killer() -> None:
-                    for delay, which, down in kills:
+                    for delay, which, down, pause in kills:
                         if done.wait(delay):
                             return
                         gw = a if which == "a" else b
+                        if pause and gw.process is not None:
+                            # a zombie: its session expires while it is stopped, and it
+                            # resumes with what it held
+                            os.kill(gw.process.pid, signal.SIGSTOP)
+                            time.sleep(down)
+                            os.kill(gw.process.pid, signal.SIGCONT)
+                            continue
                         gw.stop(signal.SIGKILL)
                         time.sleep(down)
                         gw.start()
