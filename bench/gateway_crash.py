@@ -27,7 +27,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,13 +34,14 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ledgerd.testing.cluster import ProcessCluster, fresh_chroot
+from ledgerd.testing.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, running_cluster
 from tests.kafka.crash_kit import (
     AckJournal,
     idempotent_producer,
     produce,
     read_back,
+    seeded_rounds,
     sees_only,
     verify,
     wait_until,
@@ -136,26 +136,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}", flush=True)
-    rng = random.Random(seed)
-    rounds = []
-    with tempfile.TemporaryDirectory(prefix="gateway-crash-") as tmp:
-        zk = ProcessCluster(Path(tmp) / "zk", bookies=0)
-        try:
-            zk.start_zookeeper()
-            assert zk.server is not None
-            for i in range(args.rounds):
-                r = one_round(zk.server, Path(tmp), rng.randrange(1 << 30))
-                rounds.append(r)
-                print(f"round {i + 1}: seed {r['seed']} partitions {r['partitions']} "
-                      f"stopped {r['stopped']} early_resume {r['early_resume']} "
-                      f"acked {r['acked']} problems {len(r['problems'])} "
-                      f"({r['seconds']} s; {r['marks']})", flush=True)
-                for p in r["problems"][:10]:
-                    print(f"    {p}", flush=True)
-        finally:
-            zk.stop()
+    seed, rounds = seeded_rounds(
+        args.rounds, args.seed, "gateway-crash-", one_round,
+        lambda r: f"seed {r['seed']} partitions {r['partitions']} stopped {r['stopped']} "
+                  f"early_resume {r['early_resume']} acked {r['acked']} problems "
+                  f"{len(r['problems'])} ({r['seconds']} s; {r['marks']})")
     failed = sum(bool(r["problems"]) for r in rounds)
     print(f"{failed} of {len(rounds)} rounds lost, renumbered or hid acknowledged "
           f"messages; {sum(r['acked'] for r in rounds)} acknowledged in all")

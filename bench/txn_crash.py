@@ -33,7 +33,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -43,9 +42,9 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ledgerd.testing.cluster import ProcessCluster, fresh_chroot
+from ledgerd.testing.cluster import fresh_chroot
 from tests.kafka.conftest import GatewayProcess, running_cluster
-from tests.kafka.crash_kit import sees_only, wait_until
+from tests.kafka.crash_kit import seeded_rounds, sees_only, wait_until
 
 ENV = {"LEDGERD_ZK_TIMEOUT_MS": "3000"}
 TOPIC = "t"
@@ -72,14 +71,8 @@ def _one_transaction(p: Any, values: list[tuple[int, bytes]], abort: bool = Fals
     for partition, v in values:
         p.produce(TOPIC, value=v, partition=partition)
     if abort:
-        try:
-            p.flush(BOUND_S)
-            p.abort_transaction(BOUND_S)
-            return "aborted"
-        except KafkaException as exc:
-            if exc.args[0].fatal():
-                raise _Fatal(str(exc)) from exc
-            return "unknown"
+        p.flush(BOUND_S)
+        return _abort(p)
     for _ in range(5):
         try:
             p.commit_transaction(BOUND_S)
@@ -89,15 +82,21 @@ def _one_transaction(p: Any, values: list[tuple[int, bytes]], abort: bool = Fals
             if err.retriable():
                 continue
             if err.txn_requires_abort():
-                try:
-                    p.abort_transaction(BOUND_S)
-                    return "aborted"
-                except KafkaException as again:
-                    if again.args[0].fatal():
-                        raise _Fatal(str(again)) from again
-                    return "unknown"
+                return _abort(p)
             raise _Fatal(str(exc)) from exc
     return "unknown"
+
+
+def _abort(p: Any) -> str:
+    from confluent_kafka import KafkaException
+
+    try:
+        p.abort_transaction(BOUND_S)
+        return "aborted"
+    except KafkaException as exc:
+        if exc.args[0].fatal():
+            raise _Fatal(str(exc)) from exc
+        return "unknown"
 
 
 class _Fatal(Exception):
@@ -239,27 +238,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    print(f"seed {seed}", flush=True)
-    rng = random.Random(seed)
-    rounds = []
-    with tempfile.TemporaryDirectory(prefix="txn-crash-") as tmp:
-        zk = ProcessCluster(Path(tmp) / "zk", bookies=0)
-        try:
-            zk.start_zookeeper()
-            assert zk.server is not None
-            for i in range(args.rounds):
-                r = one_round(zk.server, Path(tmp), rng.randrange(1 << 30))
-                rounds.append(r)
-                print(f"round {i + 1}: seed {r['seed']} partitions {r['partitions']} "
-                      f"kills {r['kills']} transactions {r['transactions']}: committed "
-                      f"{r['committed']} aborted {r['aborted']} unknown {r['unknown']} "
-                      f"(fenced {r['fatal']}), {r['records_committed']} committed records; "
-                      f"problems {len(r['problems'])} ({r['seconds']} s)", flush=True)
-                for p in r["problems"][:10]:
-                    print(f"    {p}", flush=True)
-        finally:
-            zk.stop()
+    seed, rounds = seeded_rounds(
+        args.rounds, args.seed, "txn-crash-", one_round,
+        lambda r: f"seed {r['seed']} partitions {r['partitions']} kills {r['kills']} "
+                  f"transactions {r['transactions']}: committed {r['committed']} aborted "
+                  f"{r['aborted']} unknown {r['unknown']} (fenced {r['fatal']}), "
+                  f"{r['records_committed']} committed records; problems "
+                  f"{len(r['problems'])} ({r['seconds']} s)")
     failed = sum(bool(r["problems"]) for r in rounds)
     print(f"{failed} of {len(rounds)} rounds broke a transaction; "
           f"{sum(r['committed'] for r in rounds)} commits and "

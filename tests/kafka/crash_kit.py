@@ -7,15 +7,18 @@ beginning up to the high watermark the gateway reports and returns the problems:
 acknowledged message missing, or read back at another offset than the one acknowledged
 (renumbered), a value stored twice, a high watermark below an acknowledged offset
 (stale: it hides acknowledged messages). Values are unique per run, so a value names
-its message."""
+its message. ``seeded_rounds`` runs a bench's randomized rounds on one ZooKeeper."""
 
 from __future__ import annotations
 
 import json
+import random
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from tests.kafka.conftest import GatewayProcess
@@ -166,3 +169,32 @@ def sees_only(gateway: GatewayProcess, *live: GatewayProcess) -> Callable[[], bo
             return False
         return sorted(int(a.rsplit(":", 1)[1]) for a in seen) == ports
     return check
+
+
+def seeded_rounds(count: int, seed: int | None, prefix: str,
+                  one_round: Callable[[Any, Path, int], dict[str, Any]],
+                  describe: Callable[[dict[str, Any]], str],
+                  ) -> tuple[int, list[dict[str, Any]]]:
+    """``count`` rounds of ``one_round(zookeeper server, directory, round seed)`` on one
+    ZooKeeper, the round seeds drawn from ``seed`` (random if None); each round printed
+    as ``describe`` says, with its first problems. Returns (seed, rounds)."""
+    from ledgerd.testing.cluster import ProcessCluster
+
+    seed = seed if seed is not None else random.randrange(1 << 30)
+    print(f"seed {seed}", flush=True)
+    rng = random.Random(seed)
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        zk = ProcessCluster(Path(tmp) / "zk", bookies=0)
+        try:
+            zk.start_zookeeper()
+            assert zk.server is not None
+            for i in range(count):
+                r = one_round(zk.server, Path(tmp), rng.randrange(1 << 30))
+                rounds.append(r)
+                print(f"round {i + 1}: {describe(r)}", flush=True)
+                for p in r["problems"][:10]:
+                    print(f"    {p}", flush=True)
+        finally:
+            zk.stop()
+    return seed, rounds
