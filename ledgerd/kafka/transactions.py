@@ -472,8 +472,11 @@ class TxnCoordinator:
         the marker was not written: that path writes the decision, then the marker
         again, and a marker written twice is harmless)."""
         tid = body["transactional_id"]
-        async with self._exclusive(tid):
-            begun = await self._begin_one_phase(body)
+        try:
+            async with self._exclusive(tid):
+                begun = await self._begin_one_phase(body)
+        except MetadataError:
+            return False  # ZooKeeper away: the two-phase path answers (retriably)
         if begun is None:
             return False
         record, prepared, marker = begun

@@ -388,3 +388,30 @@ async def test_one_phase_off_takes_two_phases_for_every_transaction(
             assert await _transaction(txns, epoch) == (0, 0)
     assert (await store.get(TxnStore(store, root).path("t")))[1].version == 3 * 3
     assert len(written) == 3
+
+
+async def test_a_version_read_that_fails_is_answered_as_the_two_phases_answer(
+        autojump_clock: Any) -> None:
+    """ZooKeeper away during a one-phase EndTxn's version read: the client is told
+    COORDINATOR_NOT_AVAILABLE (it retries), not left with a closed connection, and no
+    marker is written."""
+    from ledgerd.metadata.errors import MetadataUnavailableError
+
+    root = "/ledgers/kafka"
+    store = InMemoryStore(InMemoryCluster())
+    written: list[Marker] = []
+    txns = _coordinator(store, root, written, here=True)
+    epoch = await _init(txns)
+    ids = {"transactional_id": "t", "producer_id": 7, "producer_epoch": epoch}
+    with trio.fail_after(60):
+        added = await txns.add_partitions(3, {**ids, "topics": [
+            {"name": "orders", "partitions": [0]}]})
+        assert added["results"][0]["results"][0]["error_code"] == 0
+
+        async def away(*_args: Any, **_kwargs: Any) -> Any:
+            raise MetadataUnavailableError("127.0.0.1:2181", "connection lost")
+
+        txns.records.store = SimpleNamespace(exists=away, get=away, set=away, sync=away)
+        ended = await txns.end_txn(3, {**ids, "committed": True})
+    assert ended["error_code"] == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert written == []
