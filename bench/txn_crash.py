@@ -1,5 +1,6 @@
-"""Gateway crashes under Kafka transactions, randomized: is every transaction all or
-nothing, and is every acknowledged commit read?
+"""Kafka transactions through gateways killed at random: all or nothing, commits kept?
+
+Is every transaction read all or nothing, and every acknowledged commit read?
 
     python bench/txn_crash.py [--rounds 6] [--seed N] [--json]
 
