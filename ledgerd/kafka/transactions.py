@@ -121,7 +121,6 @@ __all__ = ["TxnCoordinator", "admit_transactional", "read_committed"]
 log = logging.getLogger(__name__)
 
 _IDLE = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
-PREPARED = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 TICK_S = 1.0  # how often each gateway looks for transactions to complete or time out
 COMPLETE_WAIT_S = 10.0  # EndTxn waits this long for its markers before answering
 FOLD_WAIT_S = 0.25  # how long COMPLETE_* waits to ride on the next transaction's write
@@ -866,8 +865,8 @@ class TxnCoordinator:
                 continue
             if known is not None:
                 # a one-phase transaction's true state, ahead of the store
-                if record.state in PREPARED:
-                    continue  # its EndTxn is writing the marker
+                if needs_completion(record):
+                    continue  # in memory only: its EndTxn is writing the marker
                 if record.state in _IDLE:
                     if _now_ms() - record.updated_ms >= FOLD_WAIT_S * 1000:
                         await self._store_ahead(record)  # its own write did not happen
