@@ -49,7 +49,7 @@ from tests.appliance.harness import (
     running_bookie,
     small_journal,
 )
-from tests.disk.page_cache import evict
+from tests.disk.page_cache import evict, kernel_would_block
 
 pytestmark = pytest.mark.usefixtures("autojump_clock")
 
@@ -622,10 +622,12 @@ async def test_metrics_count_requests_by_api_and_status(tmp_path: Path) -> None:
         assert "ledgerd_bookie_add_latency_seconds_count 4.0" in text
 
 
-async def test_reads_that_miss_index_pages_read_them_off_the_event_loop(tmp_path: Path) -> None:
+async def test_reads_that_miss_index_pages_read_them_off_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Interleaved storage with a 4-page cache: 40 ledgers, so every page a read needs
-    was evicted, and evicted from the OS page cache too. ``read_now`` declines such
-    reads; the slow path reads the pages in a worker thread, caches them, answers."""
+    was evicted, and evicted from the OS page cache too (and the kernel's RWF_NOWAIT
+    answer for them made certain). ``read_now`` declines such reads; the slow path
+    reads the pages in a worker thread, caches them, answers."""
     async with running_bookie(tmp_path, page_limit=4, page_size=512) as b, \
             b.connect() as c:
         replies = await c.call_many([add(lid, 0, 70) for lid in range(1, 41)])
@@ -636,6 +638,7 @@ async def test_reads_that_miss_index_pages_read_them_off_the_event_loop(tmp_path
         # can be sure the page is cold (a RWF_NOWAIT read that finds it on disk starts
         # reading it, and a busy machine's writeback and readahead may too).
         assert not cache.ledgers[3].pages and not cache.ledgers[5].pages
+        kernel_would_block(monkeypatch, cache.ledgers[3].path, cache.ledgers[5].path)
         evict(cache.ledgers[3].path)
         assert b.handler.read_now(ReadRequest(ledger_id=3, entry_id=65)) is None
         status, resp = await c.call(ReadRequest(ledger_id=3, entry_id=65))

@@ -1,4 +1,5 @@
-"""Evicting files from the OS page cache, and knowing that it worked.
+"""Evicting files from the OS page cache, and knowing that it worked; or making the
+kernel's answer certain.
 
 ``posix_fadvise(DONTNEED)`` is advice: a page the kernel cannot drop at that moment
 (still referenced, locked, on another CPU's LRU batch on a busy host) stays cached, and
@@ -11,9 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import mmap
 import os
 from pathlib import Path
+
+import pytest
+
+from ledgerd.disk import index
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
@@ -55,3 +61,20 @@ def evict(*paths: Path) -> None:
         if not left:
             return
     raise AssertionError(f"the OS page cache kept {len(left)} file(s): {left[:5]}")
+
+
+def kernel_would_block(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
+    """A RWF_NOWAIT read of these files answers EAGAIN, as the kernel does for a page it
+    does not hold. Clean-clone CI runs twice saw evicted index pages back in the page
+    cache before the test looked (none of 40 reported missing once; a file evicted a
+    few milliseconds earlier another time), which no local run reproduced: a test whose
+    point is what happens next makes the answer certain with this."""
+    inodes = {os.stat(p).st_ino for p in paths}
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[bytearray], offset: int, flags: int = 0) -> int:
+        if flags & index._NOWAIT and os.fstat(fd).st_ino in inodes:
+            raise OSError(errno.EAGAIN, "would block")
+        return real(fd, buffers, offset, flags)
+
+    monkeypatch.setattr(os, "preadv", preadv)

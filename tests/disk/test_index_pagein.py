@@ -21,7 +21,7 @@ import trio
 from ledgerd.disk.index import LedgerCache
 from ledgerd.disk.storage import LedgerStorage, StorageOptions
 from ledgerd.wire.entry import Digester, DigestType, encode_entry
-from tests.disk.page_cache import evict
+from tests.disk.page_cache import evict, kernel_would_block
 
 KEY = b"k" * 20
 D = Digester(DigestType.CRC32C)
@@ -87,27 +87,6 @@ async def test_a_page_read_off_the_loop_is_dropped_if_its_file_was_written_meanw
     await s.close()
 
 
-def _kernel_would_block(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
-    """A RWF_NOWAIT read of these files answers EAGAIN, as the kernel does for a page
-    it does not hold. (Evicting them for real, ``page_cache.evict``, is what the test
-    above does; here the answer is made certain: a clean-clone CI run once saw none of
-    40 evicted index pages reported missing, which no local run reproduced.)"""
-    import errno
-    import os
-
-    from ledgerd.disk import index
-
-    inodes = {os.stat(p).st_ino for p in paths}
-    real = os.preadv
-
-    def preadv(fd: int, buffers: list[bytearray], offset: int, flags: int = 0) -> int:
-        if flags & index._NOWAIT and os.fstat(fd).st_ino in inodes:
-            raise OSError(errno.EAGAIN, "would block")
-        return real(fd, buffers, offset, flags)
-
-    monkeypatch.setattr(os, "preadv", preadv)
-
-
 async def test_adds_whose_page_is_not_in_memory_do_not_read_it_on_the_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     opts = _opts(tmp_path)
@@ -121,7 +100,7 @@ async def test_adds_whose_page_is_not_in_memory_do_not_read_it_on_the_loop(
         cache = s.cache
         assert isinstance(cache, LedgerCache)
         paths = [cache.ledgers[lid].path for lid in range(1, 41)]
-        _kernel_would_block(monkeypatch, *paths)
+        kernel_would_block(monkeypatch, *paths)
         assert cache.defer_misses, "the page-in task is not running"
         cold = _not_in_memory(cache)
         groups = [s.submit_entries(lid, 10, [_entry(lid, 10)]) for lid in range(1, 41)]
