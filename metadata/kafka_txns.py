@@ -162,12 +162,16 @@ class TxnStore:
     def path(self, transactional_id: str) -> str:
         return kafka_txn_path(self.kafka_root, znode_name(transactional_id))
 
-    async def get(self, transactional_id: str) -> TxnRecord | None:
-        return await self.get_named(znode_name(transactional_id))
+    async def get(self, transactional_id: str, *, fresh: bool = False) -> TxnRecord | None:
+        return await self.get_named(znode_name(transactional_id), fresh=fresh)
 
-    async def get_named(self, name: str) -> TxnRecord | None:
-        """The record stored under znode ``name`` (None: none)."""
+    async def get_named(self, name: str, *, fresh: bool = False) -> TxnRecord | None:
+        """The record stored under znode ``name`` (None: none). ``fresh`` syncs first:
+        the answer holds every change that completed before the call, even on a
+        ZooKeeper server behind the leader."""
         path = kafka_txn_path(self.kafka_root, name)
+        if fresh:
+            await self.store.sync(path)
         try:
             raw, _ = await self.store.get(path)
         except NoNodeError:

@@ -211,9 +211,9 @@ class TxnCoordinator:
     def _cached(self, transactional_id: str) -> TxnRecord | None:
         return self.cache.get(transactional_id) if self._cache_valid() else None
 
-    async def get(self, transactional_id: str) -> TxnRecord | None:
-        """The record as stored."""
-        return await self.records.get(transactional_id)
+    async def get(self, transactional_id: str, *, fresh: bool = False) -> TxnRecord | None:
+        """The record as stored (``fresh``: as the ZooKeeper leader holds it)."""
+        return await self.records.get(transactional_id, fresh=fresh)
 
     def current(self, record: TxnRecord) -> TxnRecord:
         """``record`` as read from the store, or this gateway's true state of it if it
@@ -816,7 +816,10 @@ class TxnCoordinator:
         record = self.cache.get(tid) if self.owns(tid) and self._cache_valid() else None
         if record is None:
             try:
-                record = await self.get(tid)
+                # Synced: the marker that ended the transaction here came after its
+                # coordinator stored the end, and this gateway's ZooKeeper server may
+                # be a follower still behind that write.
+                record = await self.get(tid, fresh=True)
             except MetadataError:
                 return ErrorCode.NOT_ENOUGH_REPLICAS  # retriable
         if record is None or record.producer_id != producer_id:

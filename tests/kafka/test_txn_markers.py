@@ -415,3 +415,53 @@ async def test_a_version_read_that_fails_is_answered_as_the_two_phases_answer(
         ended = await txns.end_txn(3, {**ids, "committed": True})
     assert ended["error_code"] == ErrorCode.COORDINATOR_NOT_AVAILABLE
     assert written == []
+
+
+class _Follower:
+    """The in-memory store as a gateway whose ZooKeeper server is a follower behind
+    its leader sees it: a path read once answers that copy until a ``sync``."""
+
+    def __init__(self, inner: InMemoryStore) -> None:
+        self.inner = inner
+        self.copies: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, path: str) -> Any:
+        if path not in self.copies:
+            self.copies[path] = await self.inner.get(path)
+        return self.copies[path]
+
+    async def sync(self, path: str) -> None:
+        await self.inner.sync(path)
+        self.copies.pop(path, None)
+
+
+async def test_a_partition_led_elsewhere_asks_the_leaders_copy_of_the_record(
+        autojump_clock: Any) -> None:
+    """A partition another gateway leads verifies a transactional batch against the
+    stored record. That gateway's ZooKeeper server may be a follower still behind the
+    coordinator's write of the end; the marker came after that write, so a late batch
+    read against the follower's copy would open a transaction nobody ends. The read
+    is synced first: the ended transaction's batch is refused."""
+    root = "/ledgers/kafka"
+    inner = InMemoryStore(InMemoryCluster())
+    written: list[Marker] = []
+    coordinator = _coordinator(inner, root, written)  # two phases: the partition is not here
+    leader = _coordinator(_Follower(inner), root, [])
+    leader.gw.owns = lambda _key: False  # it leads orders/0, not the transactional id
+    async with trio.open_nursery() as nursery:
+        coordinator.gw.nursery = leader.gw.nursery = nursery
+        epoch = await _init(coordinator)
+        ids = {"transactional_id": "t", "producer_id": 7, "producer_epoch": epoch}
+        with trio.fail_after(60):
+            added = await coordinator.add_partitions(3, {**ids, "topics": [
+                {"name": "orders", "partitions": [0]}]})
+            assert added["results"][0]["results"][0]["error_code"] == 0
+            assert await leader.verify("t", 7, epoch, "orders", 0) == 0
+            ended = await coordinator.end_txn(3, {**ids, "committed": False})
+            assert ended["error_code"] == 0 and len(written) == 1
+            assert await leader.verify("t", 7, epoch, "orders", 0) == \
+                ErrorCode.INVALID_TXN_STATE
+        nursery.cancel_scope.cancel()
