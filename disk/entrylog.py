@@ -501,20 +501,25 @@ class EntryLogger:
     def read_ahead(self, location: int, following: Sequence[tuple[int, int]],
                    max_bytes: int) -> Iterator[tuple[int, bytes]]:
         """Entries after the one at ``location`` with one read: ``following`` is
-        (entry id, location) in order; those in the same log, past ``location`` and
-        within ``max_bytes`` of the first are read as one span (what the writer thread
-        has not written yet is left out). Yields (entry id, bytes) while they check;
-        stops at the first that does not (a read-ahead is a guess, never an error)."""
+        (entry id, location) in order; those in the same log, each past the one before
+        (from ``location`` on), and within ``max_bytes`` of the first are read as one
+        span (what the writer thread has not written yet is left out). Yields (entry
+        id, bytes) while they check; stops at the first that does not (a read-ahead is
+        a guess, never an error)."""
         log_id, offset = location >> 32, location & 0xFFFFFFFF
         limit: int | None = None
         for log in (self._current, *self._unsynced):
             if log is not None and log.log_id == log_id:
                 limit = log.written
         wanted: list[tuple[int, int]] = []
+        last = offset
         for eid, loc in following:
             off = loc & 0xFFFFFFFF
-            if loc >> 32 != log_id or off <= offset:
+            # In the log's order only: an entry added again (a recovery's re-add, after
+            # its successors were written) lies further on, or in another log.
+            if loc >> 32 != log_id or off <= last:
                 break
+            last = off
             if wanted and off - wanted[0][1] > max_bytes:
                 break
             wanted.append((eid, off))

@@ -202,6 +202,30 @@ async def test_read_ahead_stays_within_its_bytes(tmp_path: Path) -> None:
     await s.close()
 
 
+async def test_read_ahead_over_an_entry_added_again_further_on(tmp_path: Path) -> None:
+    """A recovery adds an entry again after its successors were written: its new
+    location is further on in the log than theirs. A reader going forward reads ahead
+    from the entry before it; the span stops there instead of running backwards (a
+    negative offset into the read, which closed the reader's connection)."""
+    opts = _opts(tmp_path, read_ahead_batch=50)
+    s = await _open(opts)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(s.run)
+        await s.add_entries(1, 0, [_entry(1, e) for e in range(10)], bind_key=KEY)
+        await s.checkpoint()
+        await s.add_entries(2, 0, [_entry(2, e) for e in range(20)], bind_key=KEY)
+        for e in (2, 9):
+            await s.add_entries(1, e, [_entry(1, e)], bind_key=KEY)
+        await s.checkpoint()
+        nursery.cancel_scope.cancel()
+    await s.close()
+    s = await _open(opts)
+    for e in range(10):
+        assert s.read_entry(1, e) == _entry(1, e)
+    assert s.engine.read_cache.inserted >= 1  # the read-ahead ran
+    await s.close()
+
+
 def test_lookups_see_the_newer_generation_over_a_commit_in_flight(tmp_path: Path) -> None:
     c = DbLedgerCache([tmp_path])
     c.load_all()
