@@ -301,17 +301,32 @@ class RequestHandler:
 
     def read_now(self, req: Message) -> Reply | None:
         """Answer a plain read at once, or None if it needs ``handle`` (it waits)."""
-        if not self.core.is_immediate(req):
-            lid = getattr(req, "ledger_id", -1)
-            storage = self.storage
-            if not self.core.is_settled_recovery_read(req, storage.ledger(lid),
-                                                      storage.is_durably_fenced(lid)):
-                return None
-        if self._index_pages(req, self.storage.pages_missing):
-            return None  # an index page to read from a file: off the event loop
-        if type(req) is ReadRequest:
-            return self._read_entry(req.ledger_id, req.entry_id)
-        return self._read_range_now(req)  # type: ignore[arg-type]
+        try:
+            if not self.core.is_immediate(req):
+                lid = getattr(req, "ledger_id", -1)
+                storage = self.storage
+                if not self.core.is_settled_recovery_read(req, storage.ledger(lid),
+                                                          storage.is_durably_fenced(lid)):
+                    return None
+            if self._index_pages(req, self.storage.pages_missing):
+                return None  # an index page to read from a file: off the event loop
+            if type(req) is ReadRequest:
+                return self._read_entry(req.ledger_id, req.entry_id)
+            return self._read_range_now(req)  # type: ignore[arg-type]
+        except Exception:
+            return self._failed(req)
+
+    def _failed(self, req: Message) -> Reply:
+        """A request that raised what no rule here expects (a bug): IO_ERROR for it,
+        logged with its traceback. The bookie goes on: a read every replica fails the
+        same way must not take every replica down with it (the reader asks the next
+        one). Adds keep failing the bookie (``store``): an add half applied in memory
+        could be acknowledged later."""
+        log.exception("request_failed", extra=fields(
+            api=type(req).__name__, ledger=getattr(req, "ledger_id", None),
+            entry=getattr(req, "entry_id", getattr(req, "first_entry_id", None))))
+        self.metrics.requests_failed += 1
+        return Status.IO_ERROR, None
 
     def _index_pages(self, req: Message, fn: Callable[..., Any]) -> Any:
         """``fn(ledger, first entry, count, stride)`` for the entries a read needs, or
@@ -373,6 +388,8 @@ class RequestHandler:
             return await handler(req, trusted)
         except StorageError as exc:
             return status_for_storage_error(exc), None
+        except Exception:
+            return self._failed(req)
 
     async def _recovery_flags(self, req: ReadRequest | ReadRangeRequest | ReadStrideRequest
                               ) -> Status:

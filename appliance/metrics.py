@@ -65,6 +65,7 @@ class BookieMetrics:
         self.tls_handshakes = 0           # connections upgraded with START_TLS
         self.tls_failures = 0             # handshakes that failed, TLS_REQUIRED refusals
         self.requests_unauthorized = 0    # refused by authorization (the principal's roles)
+        self.requests_failed = 0          # raised what no rule expects: IO_ERROR, logged
         self.service_restarts: dict[str, int] = {}
         self.gauges: dict[str, tuple[str, Callable[[], float]]] = {}
         self.counters: dict[str, tuple[str, Callable[[], float]]] = {}
@@ -171,6 +172,10 @@ class _Collector:
         yield CounterMetricFamily("ledgerd_bookie_requests_unauthorized",
                                   "Requests refused because the principal lacks the role.",
                                   value=m.requests_unauthorized)
+        yield CounterMetricFamily("ledgerd_bookie_requests_failed",
+                                  "Requests that raised an unexpected error (a bug, logged "
+                                  "as request_failed with its traceback), answered "
+                                  "IO_ERROR.", value=m.requests_failed)
         restarts = CounterMetricFamily("ledgerd_bookie_service_restarts",
                                        "Supervised service restarts.", labels=["service"])
         for name, n in sorted(m.service_restarts.items()):

@@ -611,6 +611,35 @@ async def test_admin_needs_loopback_or_secret(tmp_path: Path) -> None:
         assert (await local.call(AdminStatusRequest()))[0] == Status.OK  # no token: loopback
 
 
+async def test_a_read_that_raises_is_answered_io_error_and_the_bookie_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that raises what no rule expects (an outside probe found one: a db
+    read-ahead running backwards) closed the connection and stopped the bookie; the
+    reader then asked the next replica, which failed the same way. It is answered
+    IO_ERROR now, logged and counted, on the event loop's path and on the slow one."""
+    async with running_bookie(tmp_path) as b, b.connect() as c:
+        assert (await c.call(add(1, 0, 3)))[0] == Status.OK
+        real = b.storage.read_entry
+
+        def broken(ledger_id: int, entry_id: int) -> bytes:
+            if entry_id == 1:
+                raise struct.error("offset -7308 out of range for 1556-byte buffer")
+            return real(ledger_id, entry_id)
+
+        monkeypatch.setattr(b.storage, "read_entry", broken)
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=1)))[0] == Status.IO_ERROR
+        assert (await c.call(ReadRangeRequest(ledger_id=1, first_entry_id=0, max_count=3,
+                                              max_bytes=1 << 20)))[0] == Status.IO_ERROR
+        monkeypatch.setattr(b.storage, "pages_missing", lambda *_a: True)  # the slow path
+        assert b.handler.read_now(ReadRequest(ledger_id=1, entry_id=1)) is None
+        assert (await c.call(ReadRequest(ledger_id=1, entry_id=1)))[0] == Status.IO_ERROR
+        status, resp = await c.call(ReadRequest(ledger_id=1, entry_id=2))
+        assert status == Status.OK and resp is not None
+        assert decode_entry(D, resp.entry).entry_id == 2
+        assert b.metrics.requests_failed == 3
+        assert "ledgerd_bookie_requests_failed_total 3.0" in b.metrics.exposition().decode()
+
+
 async def test_metrics_count_requests_by_api_and_status(tmp_path: Path) -> None:
     async with running_bookie(tmp_path) as b, b.connect() as c:
         await c.call_many([add(1, e) for e in range(4)])
