@@ -31,7 +31,7 @@ import google_crc32c
 import lz4.frame
 import zstandard
 
-from ledgerd.kafka.records import HEADER_SIZE, BatchError, BatchHeader
+from ledgerd.kafka.records import HEADER_SIZE, BatchError, BatchHeader, check_records
 from ledgerd.kafka.timestamps import RecordsError, records_of
 
 __all__ = ["Codec", "compress", "recompress", "recompressed"]
@@ -75,6 +75,21 @@ def compress(codec: Codec, data: bytes) -> bytes:
                                         block_linked=False, content_checksum=False,
                                         store_size=False))
     return bytes(zstandard.ZstdCompressor(level=3).compress(data))
+
+
+def check_compressed(batches: list[tuple[BatchHeader, bytes]]) -> None:
+    """The records of each compressed batch of a produced request decompressed (at
+    most ``MAX_RECORDS_BYTES``) and checked (``check_records``); run in a worker
+    thread. Raises BatchError: CORRUPT_MESSAGE for records that cannot be read."""
+    for i, (h, raw) in enumerate(batches):
+        if not h.attributes & 7:
+            continue
+        try:
+            records = records_of(h, memoryview(raw)[HEADER_SIZE:h.length])
+        except RecordsError as exc:
+            raise BatchError(2, f"batch {i}: its {h.codec} records cannot be read: "
+                                f"{exc}") from None
+        check_records(records, h.record_count, i)
 
 
 def recompress(batch: bytes, codec: Codec) -> bytes:

@@ -22,7 +22,9 @@ lands before the leave that follows it); responses are written in request order,
 Kafka requires. At most ``max_inflight_requests``
 are handled at once per connection; reading pauses beyond that, and while the
 requests held over every connection would pass ``max_queued_request_bytes``
-(``request_budget.py``). Produce admission
+(``request_budget.py``). The rest of a request must arrive within
+``request_read_timeout_ms`` of its size, or the connection is closed: the budget is
+taken on the size, and peers announcing large requests they never send held it all. Produce admission
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
 
@@ -103,7 +105,7 @@ from ledgerd.kafka.api import (
 )
 from ledgerd.kafka.authorization import verdict
 from ledgerd.kafka.compaction import keyless_records
-from ledgerd.kafka.compression import recompressed
+from ledgerd.kafka.compression import check_compressed, recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
 from ledgerd.kafka.legacy_records import legacy_batch
@@ -116,7 +118,14 @@ from ledgerd.kafka.partitions import (
     log_name,
 )
 from ledgerd.kafka.peer import peer_auth, send_marker
-from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
+from ledgerd.kafka.records import (
+    HEADER_SIZE,
+    BatchError,
+    BatchHeader,
+    check_records,
+    split_batches,
+    with_log_append_time,
+)
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
 from ledgerd.kafka.request_budget import RequestBudget
@@ -663,6 +672,7 @@ class Gateway:
 
     async def _connection(self, stream: trio.abc.Stream, conn: _Conn) -> None:
         send, receive = trio.open_memory_channel[_Slot](self.config.max_inflight_requests)
+        read_timeout = self.config.request_read_timeout_ms / 1000
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._responder, stream, receive, nursery.cancel_scope)
@@ -691,11 +701,18 @@ class Gateway:
                         await self.requests_held.take(4 + size)
                         conn.held += 4 + size
                         slot = _Slot(conn=conn, held=4 + size)
-                        while len(buf) < 4 + size:
-                            data = await stream.receive_some(65536)
-                            if not data:
-                                return
-                            buf += data
+                        with trio.move_on_after(read_timeout) as reading:
+                            while len(buf) < 4 + size:
+                                data = await stream.receive_some(65536)
+                                if not data:
+                                    return
+                                buf += data
+                        if reading.cancelled_caught:
+                            self.metrics.connections_closed_bad += 1
+                            log.warning("kafka_request_read_timeout", extra=fields(
+                                peer=conn.peer, size=size, received=len(buf) - 4,
+                                timeout_ms=self.config.request_read_timeout_ms))
+                            return
                         frame = bytes(buf[4:4 + size])
                         del buf[:4 + size]
                         await send.send(slot)  # waits while max_inflight_requests are open
@@ -1019,7 +1036,8 @@ class Gateway:
 
     @functools.cached_property
     def legacy_limiter(self) -> trio.CapacityLimiter:
-        """Produce v0-2 up-conversions at once (each may decompress up to
+        """Decompressions of produced records at once (Produce v0-2 up-conversions, and
+        the check of compressed batches; each may decompress up to
         ``MAX_RECORDS_BYTES``): two, one a core, so their memory stays bounded."""
         return trio.CapacityLimiter(2)
 
@@ -1264,6 +1282,12 @@ class Gateway:
                         limit_name="the topic's max.message.bytes"
                         if policy.max_message_bytes < self.config.max_batch_bytes
                         else "max_batch_bytes", transactional=tid is not None)
+                    for i, (h, raw) in enumerate(batches):  # records whole, counted right
+                        if not h.attributes & 7:
+                            check_records(memoryview(raw)[HEADER_SIZE:], h.record_count, i)
+                    if any(h.attributes & 7 for h, _ in batches):
+                        await trio.to_thread.run_sync(check_compressed, batches,
+                                                      limiter=self.legacy_limiter)
                     if policy.compression is not None:  # the topic's codec, as Kafka does
                         batches = await trio.to_thread.run_sync(
                             recompressed, batches, policy.compression,

@@ -23,7 +23,7 @@ each (``DefaultRecord.java``; varints zigzag-encoded)::
 
 ``record_spans`` reads that layout and ``batch_with_records`` writes a batch from
 records kept byte for byte (compaction, ``compaction.py``): both sides of the layout
-are here.
+are here. ``check_records`` walks a produced batch's records before it is stored.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import google_crc32c
 from ledgerd.base.errors import LedgerdError
 
 __all__ = ["HEADER_SIZE", "BatchError", "BatchHeader", "RecordSpan", "batch_with_records",
-           "batches_below", "empty_run_end", "read_varint", "record_spans", "split_batches", "with_base_offset",
+           "batches_below", "check_records", "empty_run_end", "read_varint", "record_spans", "split_batches", "with_base_offset",
            "with_log_append_time", "zigzag"]
 
 HEADER_SIZE = 61
@@ -258,6 +258,30 @@ def record_spans(body: bytes | memoryview, count: int) -> list[RecordSpan]:
     if at != len(body):
         raise BatchError(2, f"{len(body) - at} bytes after the batch's {count} records")
     return out
+
+
+def check_records(section: bytes | memoryview, count: int, batch_no: int = 0) -> None:
+    """A produced batch's records section (decompressed) holds exactly ``count``
+    records, each whole, with offset deltas 0, 1, ... as Kafka's log validator checks:
+    a batch whose count lies would take offsets its records do not have (more) or give
+    two records one offset (fewer), and consumers fail on records that do not parse.
+    Raises BatchError: CORRUPT_MESSAGE for records that do not parse, INVALID_RECORD
+    for a count or an offset delta that does not match."""
+    at, n = 0, len(section)
+    for i in range(count):
+        length, at = read_varint(section, at)
+        end = at + length
+        if length < 6 or end > n:
+            raise BatchError(2, f"batch {batch_no}: record {i} of {count} claims {length} "
+                                f"bytes; {n - at} remain")
+        _, p = read_varint(section, at + 1)  # past attributes: timestampDelta
+        delta, _ = read_varint(section, p)
+        if delta != i:
+            raise BatchError(87, f"batch {batch_no}: record {i} has offset delta {delta}")
+        at = end
+    if at != n:
+        raise BatchError(87, f"batch {batch_no}: {n - at} bytes after the {count} records "
+                             "its header counts")
 
 
 def batch_with_records(header: bytes | memoryview, records: bytes, count: int) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import socket
 import struct
+import time
 from pathlib import Path
 
 from ledgerd.kafka.api import REQUESTS, RESPONSES, ApiKey, ErrorCode
@@ -183,7 +184,42 @@ def test_requests_held_over_all_connections_are_bounded(
         wait_until(lambda: _metric(gw.metrics_url, "ledgerd_kafka_request_bytes_held") == 0,
                    "the request bytes given back")
     finally:
-        gw.stop(signal.SIGKILL)
+        gw.stop()  # a SIGKILL left its registration for the next test's cluster view
+
+
+def test_a_request_announced_and_not_sent_gives_its_budget_back_in_time(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """An outside probe locked a gateway up with 33 connections that each sent a 16 MiB
+    request's size and nothing more: the budget is taken on the size, and every other
+    client waited for as long as they stayed. The rest of a request must now come
+    within request_read_timeout_ms; past it the connection is closed and the bytes go
+    back to the client waiting first."""
+    gw = GatewayProcess(kafka_cluster.zk, tmp_path / "gw.log", env={
+        "LEDGERD_MAX_REQUEST_BYTES": "600000",
+        "LEDGERD_MAX_QUEUED_REQUEST_BYTES": str(1 << 20),
+        "LEDGERD_REQUEST_READ_TIMEOUT_MS": "1500"})
+    gw.start()
+    host, port = gw.bootstrap.split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as squat, \
+                socket.create_connection((host, int(port)), timeout=30) as big:
+            squat.sendall(struct.pack(">i", 600000) + b"\x00" * 10)  # and nothing more
+            wait_until(lambda: _metric(gw.metrics_url,
+                                       "ledgerd_kafka_request_bytes_held") == 600004,
+                       "the announced request's bytes taken")
+            big.sendall(_request(ApiKey.METADATA, 4, {  # fits beside the squatter's bytes
+                "topics": None, "allow_auto_topic_creation": False}))
+            # this one only once they are back
+            big.sendall(_request(ApiKey.PRODUCE, 7, _produce("t", b"\x00" * 500000)))
+            assert _reply(big, ApiKey.METADATA, 4)["brokers"]
+            began = time.monotonic()
+            assert _closed(squat) and time.monotonic() - began < 10  # the timeout's doing
+            reply = _reply(big, ApiKey.PRODUCE, 7)  # read once the budget came back
+            assert reply["responses"]
+        assert "kafka_request_read_timeout" in (tmp_path / "gw.log").read_text()
+        assert _metric(gw.metrics_url, "ledgerd_kafka_connections_closed_bad_total") >= 1
+    finally:
+        gw.stop()  # a SIGKILL left its registration for the next test's cluster view
 
 
 def test_topic_names_that_cannot_be_topics_are_refused_by_name(
