@@ -82,6 +82,7 @@ from ledgerd.base.tls import ANONYMOUS, Principal, pending_alert, principal_of, 
 from ledgerd.errors import LedgerdError
 from ledgerd.kafka import (
     cleaner,
+    decompressing,
     epochs,
     log_dirs,
     retention,
@@ -1034,12 +1035,10 @@ class Gateway:
             topic=topic, partitions=partitions, configs=",".join(
                 f"{k}={v}" for k, v in sorted((configs or {}).items())) or "-"))
 
-    @functools.cached_property
+    @property
     def legacy_limiter(self) -> trio.CapacityLimiter:
-        """Decompressions of produced records at once (Produce v0-2 up-conversions, and
-        the check of compressed batches; each may decompress up to
-        ``MAX_RECORDS_BYTES``): two, one a core, so their memory stays bounded."""
-        return trio.CapacityLimiter(2)
+        """Decompressions of client data at once (``decompressing.py``)."""
+        return decompressing.limiter()
 
     def topic_policy(self, topic: str) -> TopicPolicy:
         """What the topic's configs (as last read), over the dynamic broker configs'
@@ -1291,9 +1290,10 @@ class Gateway:
                     if policy.compression is not None:  # the topic's codec, as Kafka does
                         batches = await trio.to_thread.run_sync(
                             recompressed, batches, policy.compression,
-                            policy.max_message_bytes)
+                            policy.max_message_bytes, limiter=self.legacy_limiter)
                     if policy.compact:  # keyless records cannot be compacted
-                        keyless = await trio.to_thread.run_sync(keyless_records, batches)
+                        keyless = await trio.to_thread.run_sync(
+                            keyless_records, batches, limiter=self.legacy_limiter)
                         if keyless:
                             work[key] = _keyless_refusal(t["name"], pd["index"], keyless)
                             continue

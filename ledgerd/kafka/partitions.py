@@ -72,7 +72,7 @@ import trio
 from ledgerd.base.errors import UnavailableError
 from ledgerd.base.logs import fields
 from ledgerd.errors import EntryUnavailableError, LedgerdError, NoSuchLedgerError
-from ledgerd.kafka import epochs
+from ledgerd.kafka import decompressing, epochs
 from ledgerd.kafka.api import ErrorCode
 from ledgerd.kafka.control_records import TxnIndex, batch_kind
 from ledgerd.kafka.producer_state import ProducerState, last_sequence
@@ -1383,7 +1383,8 @@ class PartitionLog:
                 # in a worker thread: a compressed batch may expand to many records,
                 # and the event loop serves every other client meanwhile
                 found = await trio.to_thread.run_sync(
-                    first_at_or_after, entry.payload, timestamp, start)
+                    first_at_or_after, entry.payload, timestamp, start,
+                    limiter=decompressing.limiter())
                 if found is not None:
                     return found
         return None
@@ -1439,7 +1440,8 @@ class PartitionLog:
                 if bh.next_offset <= start or (best is not None
                                                and bh.max_timestamp <= best[1]):
                     continue
-                found = await trio.to_thread.run_sync(latest_record, entry.payload, start)
+                found = await trio.to_thread.run_sync(latest_record, entry.payload, start,
+                                                      limiter=decompressing.limiter())
                 if found is not None and (best is None or found[1] > best[1]):
                     best = found
         return best
