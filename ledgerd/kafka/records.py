@@ -266,19 +266,48 @@ def check_records(section: bytes | memoryview, count: int, batch_no: int = 0) ->
     a batch whose count lies would take offsets its records do not have (more) or give
     two records one offset (fewer), and consumers fail on records that do not parse.
     Raises BatchError: CORRUPT_MESSAGE for records that do not parse, INVALID_RECORD
-    for a count or an offset delta that does not match."""
-    at, n = 0, len(section)
-    for i in range(count):
-        length, at = read_varint(section, at)
-        end = at + length
-        if length < 6 or end > n:
-            raise BatchError(2, f"batch {batch_no}: record {i} of {count} claims {length} "
-                                f"bytes; {n - at} remain")
-        _, p = read_varint(section, at + 1)  # past attributes: timestampDelta
-        delta, _ = read_varint(section, p)
-        if delta != i:
-            raise BatchError(87, f"batch {batch_no}: record {i} has offset delta {delta}")
-        at = end
+    for a count or an offset delta that does not match. (On every produced batch:
+    one- and two-byte varints are read inline.)"""
+    data = bytes(section)
+    n = len(data)
+    at = 0
+    i = -1
+    try:
+        for i in range(count):
+            b = data[at]
+            if b < 0x80:
+                length, p = (b >> 1) ^ -(b & 1), at + 1
+            elif data[at + 1] < 0x80:
+                z = (b & 0x7F) | (data[at + 1] << 7)
+                length, p = (z >> 1) ^ -(z & 1), at + 2
+            else:
+                length, p = read_varint(data, at)
+            end = p + length
+            if length < 6 or end > n:
+                raise BatchError(2, f"batch {batch_no}: record {i} of {count} claims "
+                                    f"{length} bytes; {n - p} remain")
+            q = p + 1  # past attributes: timestampDelta, then offsetDelta
+            if data[q] < 0x80:
+                q += 1
+            elif data[q + 1] < 0x80:
+                q += 2
+            else:
+                _, q = read_varint(data, q)
+            b = data[q]
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+            elif data[q + 1] < 0x80:
+                z = (b & 0x7F) | (data[q + 1] << 7)
+                delta = (z >> 1) ^ -(z & 1)
+            else:
+                delta, _ = read_varint(data, q)
+            if delta != i:
+                raise BatchError(87, f"batch {batch_no}: record {i} has offset delta "
+                                     f"{delta}")
+            at = end
+    except IndexError:
+        raise BatchError(2, f"batch {batch_no}: record {i} of {count} runs past the "
+                            f"records' {n} bytes") from None
     if at != n:
         raise BatchError(87, f"batch {batch_no}: {n - at} bytes after the {count} records "
                              "its header counts")

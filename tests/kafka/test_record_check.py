@@ -47,6 +47,17 @@ def test_every_batch_a_client_builds_passes(
     _check(_batch(codec, records, transactional=False, pid=-1, epoch=-1, seq=-1))
 
 
+@pytest.mark.parametrize("codec", list(Codec))
+def test_varints_of_every_width_pass(codec: Codec) -> None:
+    """Record lengths of one to three varint bytes, offset deltas past 63 (two bytes)
+    and timestamp deltas of three: the inline one- and two-byte readings and the
+    general one agree."""
+    sizes = [0, 50, 60, 200, 8000, 9000, 20000]
+    records = [(None if i % 3 else b"k%d" % i, bytes(sizes[i % len(sizes)]), [],
+                (i * 7919) % 10_000_000) for i in range(300)]
+    _check(_batch(codec, records, transactional=False, pid=-1, epoch=-1, seq=-1))
+
+
 def _forged(section: bytes, count: int, codec: int = 0) -> bytes:
     """A batch whose header counts ``count`` records (lastOffsetDelta to match, CRC
     right) around the records section ``section`` (compressed with ``codec``)."""
