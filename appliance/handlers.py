@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ from ledgerd.wire.status import Status, status_for_error
 __all__ = ["AdminHooks", "RequestHandler", "ServingState", "status_for_storage_error"]
 
 log = logging.getLogger(__name__)
+FAILED_LOG_EVERY_S = 60.0  # request_failed tracebacks, per request kind and error
 
 Reply = tuple[int, Message | None]
 # An add's outcome: its status and, on OK, the journal group its reply waits for.
@@ -145,6 +147,8 @@ class RequestHandler:
         self.storage = storage
         self.state = state
         self.metrics = metrics
+        # (request kind, error) -> (when its traceback was last logged, failures since)
+        self._failures: dict[tuple[str, str], tuple[float, int]] = {}
         self.admin = admin
         self.max_frame_bytes = max_frame_bytes
         self.version = version
@@ -321,11 +325,24 @@ class RequestHandler:
         logged with its traceback. The bookie goes on: a read every replica fails the
         same way must not take every replica down with it (the reader asks the next
         one). Adds keep failing the bookie (``store``): an add half applied in memory
-        could be acknowledged later."""
+        could be acknowledged later. The traceback is logged once a minute per request
+        kind and error (with how many came since): a bug every read meets must not
+        flood the log."""
+        self.metrics.requests_failed += 1
+        exc = sys.exc_info()[1]
+        key = (type(req).__name__, type(exc).__name__)
+        now = time.monotonic()
+        last, since = self._failures.get(key, (-FAILED_LOG_EVERY_S, 0))
+        if now - last < FAILED_LOG_EVERY_S:
+            self._failures[key] = (last, since + 1)
+            return Status.IO_ERROR, None
+        if len(self._failures) >= 1000:
+            self._failures.clear()
+        self._failures[key] = (now, 0)
         log.exception("request_failed", extra=fields(
             api=type(req).__name__, ledger=getattr(req, "ledger_id", None),
-            entry=getattr(req, "entry_id", getattr(req, "first_entry_id", None))))
-        self.metrics.requests_failed += 1
+            entry=getattr(req, "entry_id", getattr(req, "first_entry_id", None)),
+            unlogged_since=since))
         return Status.IO_ERROR, None
 
     def _index_pages(self, req: Message, fn: Callable[..., Any]) -> Any:

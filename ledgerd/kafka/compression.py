@@ -32,7 +32,7 @@ import lz4.frame
 import zstandard
 
 from ledgerd.kafka.records import HEADER_SIZE, BatchError, BatchHeader, check_records
-from ledgerd.kafka.timestamps import RecordsError, records_of
+from ledgerd.kafka.timestamps import RecordsError, RecordsTooLargeError, records_of
 
 __all__ = ["Codec", "compress", "recompress", "recompressed"]
 
@@ -77,15 +77,25 @@ def compress(codec: Codec, data: bytes) -> bytes:
     return bytes(zstandard.ZstdCompressor(level=3).compress(data))
 
 
-def check_compressed(batches: list[tuple[BatchHeader, bytes]]) -> None:
-    """The records of each compressed batch of a produced request decompressed (at
-    most ``MAX_RECORDS_BYTES``) and checked (``check_records``); run in a worker
-    thread. Raises BatchError: CORRUPT_MESSAGE for records that cannot be read."""
+INLINE_CHECK_BYTES = 256 << 10  # uncompressed records walked on the event loop, at most
+
+
+def check_batches(batches: list[tuple[BatchHeader, bytes]]) -> None:
+    """The records of each batch of a produced request checked (``check_records``),
+    compressed ones decompressed for it (at most ``MAX_RECORDS_BYTES``). In a worker
+    thread when any is compressed or they pass ``INLINE_CHECK_BYTES`` (a 15 MiB request
+    of tiny records held the event loop 1.5 s). Raises BatchError: CORRUPT_MESSAGE for
+    records that cannot be read, INVALID_RECORD for a count or offset delta that does
+    not match, MESSAGE_TOO_LARGE for records that expand past ``MAX_RECORDS_BYTES``."""
     for i, (h, raw) in enumerate(batches):
         if not h.attributes & 7:
+            check_records(memoryview(raw)[HEADER_SIZE:h.length], h.record_count, i)
             continue
         try:
             records = records_of(h, memoryview(raw)[HEADER_SIZE:h.length])
+        except RecordsTooLargeError as exc:  # not retriable, unlike CORRUPT_MESSAGE
+            raise BatchError(10, f"batch {i}: its {h.codec} records are too large: "
+                                 f"{exc}") from None
         except RecordsError as exc:
             raise BatchError(2, f"batch {i}: its {h.codec} records cannot be read: "
                                 f"{exc}") from None

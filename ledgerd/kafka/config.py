@@ -109,9 +109,10 @@ class GatewayConfig(ClientConfig):
     request_read_timeout_ms: int = setting(
         30000, bk="(ledgerd)", minimum=100,
         doc="Time the rest of a request may take to arrive once its size is read (and "
-            "its bytes taken from max_queued_request_bytes); a connection past it is "
-            "closed and the bytes given back, so peers that announce large requests and "
-            "send nothing cannot hold the budget from everyone else.")
+            "its bytes taken from max_queued_request_bytes), plus a second per MiB of "
+            "it; a connection past it is closed and the bytes given back, so peers that "
+            "announce large requests and send nothing cannot hold the budget from "
+            "everyone else.")
     max_connections: int = setting(
         1000, bk="(Kafka: max.connections)", minimum=1,
         doc="Client connections served at once; more are closed on accept.")

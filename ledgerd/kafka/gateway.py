@@ -23,7 +23,8 @@ Kafka requires. At most ``max_inflight_requests``
 are handled at once per connection; reading pauses beyond that, and while the
 requests held over every connection would pass ``max_queued_request_bytes``
 (``request_budget.py``). The rest of a request must arrive within
-``request_read_timeout_ms`` of its size, or the connection is closed: the budget is
+``request_read_timeout_ms`` of its size (plus a second a MiB), or the connection is
+closed: the budget is
 taken on the size, and peers announcing large requests they never send held it all. Produce admission
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
@@ -106,7 +107,7 @@ from ledgerd.kafka.api import (
 )
 from ledgerd.kafka.authorization import verdict
 from ledgerd.kafka.compaction import keyless_records
-from ledgerd.kafka.compression import check_compressed, recompressed
+from ledgerd.kafka.compression import INLINE_CHECK_BYTES, check_batches, recompressed
 from ledgerd.kafka.groups import DEAD_SUMMARY, Group, GroupSettings, GroupState, Reply, listed
 from ledgerd.kafka.lease import LEASE_FRACTION, Lease
 from ledgerd.kafka.legacy_records import legacy_batch
@@ -119,14 +120,7 @@ from ledgerd.kafka.partitions import (
     log_name,
 )
 from ledgerd.kafka.peer import peer_auth, send_marker
-from ledgerd.kafka.records import (
-    HEADER_SIZE,
-    BatchError,
-    BatchHeader,
-    check_records,
-    split_batches,
-    with_log_append_time,
-)
+from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
 from ledgerd.kafka.request_budget import RequestBudget
@@ -702,7 +696,8 @@ class Gateway:
                         await self.requests_held.take(4 + size)
                         conn.held += 4 + size
                         slot = _Slot(conn=conn, held=4 + size)
-                        with trio.move_on_after(read_timeout) as reading:
+                        # a second a MiB beside it: a large request on a slow link
+                        with trio.move_on_after(read_timeout + size / (1 << 20)) as reading:
                             while len(buf) < 4 + size:
                                 data = await stream.receive_some(65536)
                                 if not data:
@@ -1281,12 +1276,13 @@ class Gateway:
                         limit_name="the topic's max.message.bytes"
                         if policy.max_message_bytes < self.config.max_batch_bytes
                         else "max_batch_bytes", transactional=tid is not None)
-                    for i, (h, raw) in enumerate(batches):  # records whole, counted right
-                        if not h.attributes & 7:
-                            check_records(memoryview(raw)[HEADER_SIZE:], h.record_count, i)
-                    if any(h.attributes & 7 for h, _ in batches):
-                        await trio.to_thread.run_sync(check_compressed, batches,
+                    # records whole, counted right (small uncompressed ones here)
+                    if any(h.attributes & 7 for h, _ in batches) or \
+                            sum(len(raw) for _, raw in batches) > INLINE_CHECK_BYTES:
+                        await trio.to_thread.run_sync(check_batches, batches,
                                                       limiter=self.legacy_limiter)
+                    else:
+                        check_batches(batches)
                     if policy.compression is not None:  # the topic's codec, as Kafka does
                         batches = await trio.to_thread.run_sync(
                             recompressed, batches, policy.compression,

@@ -260,20 +260,34 @@ def record_spans(body: bytes | memoryview, count: int) -> list[RecordSpan]:
     return out
 
 
+def _varint_at(data: bytes, at: int) -> tuple[int, int]:
+    """``read_varint`` with the one- and two-byte cases first (IndexError past the end)."""
+    b = data[at]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), at + 1
+    c = data[at + 1]
+    if c < 0x80:
+        z = (b & 0x7F) | (c << 7)
+        return (z >> 1) ^ -(z & 1), at + 2
+    return read_varint(data, at)
+
+
 def check_records(section: bytes | memoryview, count: int, batch_no: int = 0) -> None:
     """A produced batch's records section (decompressed) holds exactly ``count``
-    records, each whole, with offset deltas 0, 1, ... as Kafka's log validator checks:
-    a batch whose count lies would take offsets its records do not have (more) or give
-    two records one offset (fewer), and consumers fail on records that do not parse.
-    Raises BatchError: CORRUPT_MESSAGE for records that do not parse, INVALID_RECORD
-    for a count or an offset delta that does not match. (On every produced batch:
-    one- and two-byte varints are read inline.)"""
+    records, each parsed whole (``DefaultRecord.readFrom``: its key, value and headers
+    within its length, nothing over), with offset deltas 0, 1, ... as Kafka's log
+    validator checks: a batch whose count lies would take offsets its records do not
+    have (more) or give two records one offset (fewer), and consumers fail on records
+    that do not parse. Raises BatchError: CORRUPT_MESSAGE for records that do not
+    parse, INVALID_RECORD for a count or an offset delta that does not match."""
     data = bytes(section)
     n = len(data)
     at = 0
     i = -1
+    varint = _varint_at
     try:
         for i in range(count):
+            # one-byte varints (most fields) read inline; wider ones by ``varint``
             b = data[at]
             if b < 0x80:
                 length, p = (b >> 1) ^ -(b & 1), at + 1
@@ -281,29 +295,65 @@ def check_records(section: bytes | memoryview, count: int, batch_no: int = 0) ->
                 z = (b & 0x7F) | (data[at + 1] << 7)
                 length, p = (z >> 1) ^ -(z & 1), at + 2
             else:
-                length, p = read_varint(data, at)
+                length, p = varint(data, at)
             end = p + length
             if length < 6 or end > n:
                 raise BatchError(2, f"batch {batch_no}: record {i} of {count} claims "
                                     f"{length} bytes; {n - p} remain")
-            q = p + 1  # past attributes: timestampDelta, then offsetDelta
-            if data[q] < 0x80:
-                q += 1
-            elif data[q + 1] < 0x80:
-                q += 2
+            p += 1  # attributes
+            if data[p] < 0x80:  # timestampDelta
+                p += 1
+            elif data[p + 1] < 0x80:
+                p += 2
             else:
-                _, q = read_varint(data, q)
-            b = data[q]
+                _, p = varint(data, p)
+            b = data[p]
             if b < 0x80:
-                delta = (b >> 1) ^ -(b & 1)
-            elif data[q + 1] < 0x80:
-                z = (b & 0x7F) | (data[q + 1] << 7)
-                delta = (z >> 1) ^ -(z & 1)
+                delta, p = (b >> 1) ^ -(b & 1), p + 1
             else:
-                delta, _ = read_varint(data, q)
+                delta, p = varint(data, p)
             if delta != i:
                 raise BatchError(87, f"batch {batch_no}: record {i} has offset delta "
                                      f"{delta}")
+            b = data[p]
+            if b < 0x80:
+                klen, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                klen, p = varint(data, p)
+            if klen > 0:
+                p += klen
+            b = data[p]
+            if b < 0x80:
+                vlen, p = (b >> 1) ^ -(b & 1), p + 1
+            elif data[p + 1] < 0x80:
+                z = (b & 0x7F) | (data[p + 1] << 7)
+                vlen, p = (z >> 1) ^ -(z & 1), p + 2
+            else:
+                vlen, p = varint(data, p)
+            if vlen > 0:
+                p += vlen
+            b = data[p]
+            if b < 0x80:
+                headers, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                headers, p = varint(data, p)
+            if klen < -1 or vlen < -1 or headers < 0 or p > end:
+                raise BatchError(2, f"batch {batch_no}: record {i}'s key, value or header "
+                                    f"count runs past its {length} bytes")
+            for _ in range(headers) if headers else ():
+                hk, p = varint(data, p)
+                if hk < 0:
+                    raise BatchError(2, f"batch {batch_no}: record {i} has a header "
+                                        "without a key")
+                hv, p = varint(data, p + hk)
+                if hv > 0:
+                    p += hv
+                if hv < -1 or p > end:
+                    raise BatchError(2, f"batch {batch_no}: record {i}'s headers run "
+                                        f"past its {length} bytes")
+            if p != end:
+                raise BatchError(2, f"batch {batch_no}: record {i} has {end - p} bytes "
+                                    "after its fields")
             at = end
     except IndexError:
         raise BatchError(2, f"batch {batch_no}: record {i} of {count} runs past the "

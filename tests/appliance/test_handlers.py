@@ -612,7 +612,8 @@ async def test_admin_needs_loopback_or_secret(tmp_path: Path) -> None:
 
 
 async def test_a_read_that_raises_is_answered_io_error_and_the_bookie_goes_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A read that raises what no rule expects (an outside probe found one: a db
     read-ahead running backwards) closed the connection and stopped the bookie; the
     reader then asked the next replica, which failed the same way. It is answered
@@ -638,6 +639,9 @@ async def test_a_read_that_raises_is_answered_io_error_and_the_bookie_goes_on(
         assert decode_entry(D, resp.entry).entry_id == 2
         assert b.metrics.requests_failed == 3
         assert "ledgerd_bookie_requests_failed_total 3.0" in b.metrics.exposition().decode()
+        # one traceback per request kind and error a minute: Read twice, ReadRange once
+        logged = [r for r in caplog.records if r.getMessage() == "request_failed"]
+        assert len(logged) == 2 and all(r.exc_info for r in logged)
 
 
 async def test_metrics_count_requests_by_api_and_status(tmp_path: Path) -> None:
