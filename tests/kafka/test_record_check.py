@@ -144,9 +144,9 @@ def test_decompressions_of_client_data_share_one_limiter_per_run() -> None:
     connections each producing a batch that expands to 63 MiB took an unlimited
     gateway from 146 MB to 1.8 GB."""
     import threading
-    import time
 
     import trio
+    import trio.testing
 
     from ledgerd.kafka import decompressing
 
@@ -154,21 +154,31 @@ def test_decompressions_of_client_data_share_one_limiter_per_run() -> None:
     running, most = [0], [0]
     lock = threading.Lock()
 
-    def expand() -> None:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.02)
-        with lock:
-            running[0] -= 1
-
     async def main() -> None:
-        seen.append(decompressing.limiter())
-        assert decompressing.limiter() is seen[-1]
+        limiter = decompressing.limiter()
+        seen.append(limiter)
+        assert decompressing.limiter() is limiter
+        release = threading.Event()
+
+        def expand() -> None:  # holds its token until the test has looked
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            release.wait()
+            with lock:
+                running[0] -= 1
+
         async with trio.open_nursery() as nursery:
             for _ in range(12):
                 nursery.start_soon(lambda: trio.to_thread.run_sync(
                     expand, limiter=decompressing.limiter()))
+            try:
+                await trio.testing.wait_all_tasks_blocked()  # each in a thread or queued
+                while running[0] < limiter.borrowed_tokens:  # the threads begun
+                    await trio.lowlevel.checkpoint()
+                assert limiter.borrowed_tokens == running[0] == decompressing.AT_ONCE
+            finally:
+                release.set()
 
     trio.run(main)
     trio.run(main)
