@@ -18,6 +18,8 @@ compare-and-set so no id is given twice.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,7 +27,7 @@ from ledgerd.metadata.cas import cas_update
 from ledgerd.metadata.errors import CorruptMetadataError, NodeExistsError, NoNodeError
 from ledgerd.metadata.jsondoc import PORT, STR, STR_LIST, decode, encode, json_field
 from ledgerd.metadata.paths import KAFKA_GATEWAYS, kafka_gateway_path, kafka_producer_ids_path
-from ledgerd.metadata.store import MetadataStore
+from ledgerd.metadata.store import MetadataStore, WatchEvent, WatchKind
 
 __all__ = ["GatewayRecord", "GatewayStore", "ProducerIdStore"]
 
@@ -82,6 +84,14 @@ class GatewayStore:
         except NoNodeError:
             pass
         await self.store.create(path, data, ephemeral=True, make_parents=True)
+
+    @asynccontextmanager
+    async def changes(self) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        """Notifications that a gateway registered or went (one at once, then one per
+        change; they coalesce). NoNodeError if no gateway ever registered here."""
+        async with self.store.watch(f"{self.kafka_root}/{KAFKA_GATEWAYS}",
+                                    WatchKind.CHILDREN) as events:
+            yield events
 
     async def live(self) -> dict[int, GatewayRecord]:
         """Node id -> registration of every live gateway. Raises CorruptMetadataError

@@ -283,6 +283,7 @@ class Gateway:
         self.racks: dict[int, str] = {}  # the live gateways' racks (those that have one)
         self.lease = Lease(config.zk_timeout_ms / 1000 * LEASE_FRACTION)
         self._confirming = trio.Lock()  # one membership refresh at a time
+        self._members_changed = trio.Event()  # set by the registrations' watch
         self.topics: dict[str, int] = {}  # partition counts as last read
         self.topic_store = TopicCache(TopicStore(self.store, self.root))
         self.topic_names: dict[bytes, str] = {}  # topic id -> name, as last seen
@@ -513,12 +514,32 @@ class Gateway:
                     self.lease.on_lost()
                     await self._session_lost("ZooKeeper session expired")
 
+    async def _watch_members(self) -> None:
+        """Wake the membership loop when ZooKeeper says a gateway registered or went, so
+        that a gateway joining or leaving moves partitions within a round trip, not a
+        refresh interval later: until every gateway has seen a new one, two of them
+        may each answer Metadata as a partition's leader (safe, as the ledger fencing
+        of a takeover stops the old writer, but clients are sent back and forth). If
+        the watch cannot be set (ZooKeeper away, metadata wiped), the periodic refresh
+        still runs, and the watch is tried again a second later."""
+        while True:
+            try:
+                async with self.gateway_store.changes() as events:
+                    async for _ in events:
+                        self._members_changed.set()
+            except Exception as exc:
+                log.debug("kafka_membership_watch_failed", extra=fields(error=repr(exc)))
+            await trio.sleep(1.0)
+
     async def _membership(self) -> None:
-        """Refresh the view of the live gateways every second, or more often if the
-        lease is shorter, so that a running gateway's lease never lapses."""
+        """Refresh the view of the live gateways when the registrations change (the
+        watch), and at least every second, or more often if the lease is shorter, so
+        that a running gateway's lease never lapses."""
         missing = False
         while True:
-            await trio.sleep(min(1.0, self.lease.duration / 3))
+            with trio.move_on_after(min(1.0, self.lease.duration / 3)):
+                await self._members_changed.wait()
+            self._members_changed = trio.Event()
             try:
                 await self._refresh()
             except ClusterMetadataMissingError as exc:  # said once, not every second
@@ -591,6 +612,7 @@ class Gateway:
                 self.nursery = nursery
                 await nursery.start(self._watch_session)
                 nursery.start_soon(self._membership)
+                nursery.start_soon(self._watch_members)
                 nursery.start_soon(self._tick_groups)
                 nursery.start_soon(self.txn.run)
                 nursery.start_soon(self.share.tick)

@@ -26,7 +26,7 @@ from ledgerd.kafka.partitions import log_name
 from ledgerd.kafka.schema import Reader, decode
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
-from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.conftest import GatewayProcess, KafkaCluster, running_cluster, wait_gateways_agree
 from tests.kafka.crash_kit import wait_until
 from tests.kafka.test_faults import _closed, _connect, _recv, _request
 from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
@@ -255,6 +255,7 @@ def two_gateways(zookeeper: ZooKeeperServer, tmp_path: Path,
         with running_cluster(tmp_path, zk, 3, a):
             b = GatewayProcess(zk, tmp_path / "b.log")
             b.start()
+            wait_gateways_agree(a, b)  # or both may lead a partition for a moment
             try:
                 yield a, b
             finally:

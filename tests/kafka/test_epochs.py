@@ -29,7 +29,7 @@ from ledgerd.kafka.records import BatchHeader, split_batches
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot, start_bookies
-from tests.kafka.conftest import GatewayProcess, running_cluster
+from tests.kafka.conftest import GatewayProcess, running_cluster, wait_gateways_agree
 from tests.kafka.test_faults import _recv, _request
 from tests.kafka.test_protocol import _batch
 
@@ -235,6 +235,7 @@ def two_gateways(zookeeper: ZooKeeperServer, tmp_path: Path,
         with running_cluster(tmp_path, zk, 4, a):
             b = GatewayProcess(zk, tmp_path / "b.log", env=env)
             b.start()
+            wait_gateways_agree(a, b)  # or both may lead a partition for a moment
             try:
                 yield a, b
             finally:
@@ -267,10 +268,6 @@ def _leader(gateways: list[GatewayProcess], topic: str) -> tuple[int, int, bytes
     return p["leader_id"], p["leader_epoch"], t["topic_id"]
 
 
-def _node(g: GatewayProcess) -> int:
-    return int(g.start_line.split("(node ")[1].split(")")[0])
-
-
 def _wait(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -293,7 +290,7 @@ def test_consumer_position_is_validated_across_two_leader_changes(
     both = f"{a.bootstrap},{b.bootstrap}"
     admin = AdminClient({"bootstrap.servers": both})
     admin.create_topics([NewTopic("epochs", num_partitions=1)])["epochs"].result(60)
-    gateways = {_node(a): a, _node(b): b}
+    gateways = {a.node_id: a, b.node_id: b}
     producer = Producer({"bootstrap.servers": both, "acks": "all", "linger.ms": 5,
                          "enable.idempotence": True, "retry.backoff.ms": 100,
                          "message.timeout.ms": 90000})
@@ -333,7 +330,7 @@ def test_consumer_position_is_validated_across_two_leader_changes(
     first = gateways[leader]
     other = b if first is a else a
     first.stop(signal.SIGKILL)  # the leader dies; the other takes the partition
-    _wait("the other gateway to lead", lambda: _leader([other], "epochs")[0] == _node(other))
+    _wait("the other gateway to lead", lambda: _leader([other], "epochs")[0] == other.node_id)
     send(200, 400)
     _wait("the epoch to grow", lambda: _leader([other], "epochs")[1] > epoch1)
     epoch2 = _leader([other], "epochs")[1]
@@ -429,14 +426,14 @@ def test_consumer_position_is_validated_across_two_leader_changes(
     cluster = admin.describe_cluster(request_timeout=30).result(60)
     assert cluster.cluster_id == "ledgerd"
     assert sorted((n.id, n.port) for n in cluster.nodes) == sorted(
-        (_node(g), g.port) for g in (a, b))
+        (g.node_id, g.port) for g in (a, b))
     for version in (0, 1, 2):
         described = _ask(other, ApiKey.DESCRIBE_CLUSTER, version, {
             "include_cluster_authorized_operations": False, "endpoint_type": 1,
             "include_fenced_brokers": True})
         assert described["error_code"] == 0 and described["cluster_id"] == "ledgerd"
         assert sorted(br["broker_id"] for br in described["brokers"]) == sorted(  # type: ignore[union-attr]
-            (_node(a), _node(b)))
+            (a.node_id, b.node_id))
     controllers = _ask(other, ApiKey.DESCRIBE_CLUSTER, 1, {
         "include_cluster_authorized_operations": False, "endpoint_type": 2})
     assert controllers["error_code"] == ErrorCode.MISMATCHED_ENDPOINT_TYPE

@@ -488,7 +488,7 @@ def test_kafka_configs_sends_a_brokers_own_configs_to_that_broker(
     second = GatewayProcess(kafka_cluster.zk, tmp_path / "gateway2.log")
     second.start()
     try:
-        node = int(second.start_line.split("(node ")[1].split(")")[0])
+        node = second.node_id
         admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
         wait_until(lambda: node in {b.id for b in admin.list_topics(timeout=BOUND_S)
                                     .brokers.values()}, "the second gateway listed")
@@ -523,7 +523,7 @@ def test_a_partitions_leader_is_among_its_replicas_whatever_the_assignment(
     second = GatewayProcess(kafka_cluster.zk, tmp_path / "gateway2.log")
     second.start()
     try:
-        node = int(second.start_line.split("(node ")[1].split(")")[0])
+        node = second.node_id
         admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
         # (its id, not a count: a gateway another test killed may be listed until its
         # ZooKeeper session expires)

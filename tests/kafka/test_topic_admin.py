@@ -23,7 +23,13 @@ from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.partitions import log_name
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
-from tests.kafka.conftest import GATEWAY_ENV, GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.conftest import (
+    GATEWAY_ENV,
+    GatewayProcess,
+    KafkaCluster,
+    running_cluster,
+    wait_gateways_agree,
+)
 from tests.kafka.crash_kit import wait_until
 from tests.kafka.test_admin_clients import _reply, sasl_admin
 from tests.kafka.test_faults import _request
@@ -491,6 +497,7 @@ def two_gateways(zookeeper: ZooKeeperServer, tmp_path: Path,
         with running_cluster(tmp_path, zk, 4, a) as cluster:
             b = GatewayProcess(zk, tmp_path / "b.log")
             b.start()
+            wait_gateways_agree(a, b)  # or both may lead a partition for a moment
             try:
                 yield cluster, a, b
             finally:
