@@ -113,6 +113,18 @@ class GatewayConfig(ClientConfig):
             "it; a connection past it is closed and the bytes given back, so peers that "
             "announce large requests and send nothing cannot hold the budget from "
             "everyone else.")
+    max_held_response_bytes: int = setting(
+        512 << 20, bk="(ledgerd)", minimum=64 << 20,
+        doc="Bytes of fetched records (Fetch and ShareFetch responses) held at once over "
+            "every connection, from their read until the response is written; a fetch "
+            "reads no more than is free, and waits while not even 1 MiB is (at least "
+            "64 MiB and max_batch_bytes + 51 MiB: one largest response).")
+    response_write_timeout_ms: int = setting(
+        30000, bk="(ledgerd)", minimum=100,
+        doc="Time a response may take to be written to its client, plus a second per MiB "
+            "of it (a Kafka client's own request.timeout.ms is 30 s); a connection past "
+            "it is closed and what its responses held given back, so clients that do "
+            "not read cannot hold max_held_response_bytes from everyone else.")
     max_connections: int = setting(
         1000, bk="(Kafka: max.connections)", minimum=1,
         doc="Client connections served at once; more are closed on accept.")
@@ -233,6 +245,10 @@ class GatewayConfig(ClientConfig):
         if self.max_queued_request_bytes < self.max_request_bytes + 4:
             raise ConfigError("max_queued_request_bytes", self.max_queued_request_bytes,
                               f"at least max_request_bytes + 4 ({self.max_request_bytes + 4})")
+        if self.max_held_response_bytes < self.max_batch_bytes + (51 << 20):
+            raise ConfigError("max_held_response_bytes", self.max_held_response_bytes,
+                              "at least max_batch_bytes + 51 MiB "
+                              f"({self.max_batch_bytes + (51 << 20)}): one largest response")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError("group_min_session_timeout_ms", self.group_min_session_timeout_ms,
                               "at most group_max_session_timeout_ms")

@@ -25,7 +25,10 @@ requests held over every connection would pass ``max_queued_request_bytes``
 (``request_budget.py``). The rest of a request must arrive within
 ``request_read_timeout_ms`` of its size (plus a second a MiB), or the connection is
 closed: the budget is
-taken on the size, and peers announcing large requests they never send held it all. Produce admission
+taken on the size, and peers announcing large requests they never send held it all.
+Fetched records are held in a second budget, ``max_held_response_bytes``, from their
+read until their response is written (``response_room``); a response not written
+within ``response_write_timeout_ms`` (plus a second a MiB) closes the connection. Produce admission
 (validation, queueing on the partition) happens in the reading task, so batches of
 pipelined requests reach their partition in the order they were sent.
 
@@ -60,6 +63,7 @@ says (``storage_errors.py``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -123,7 +127,7 @@ from ledgerd.kafka.peer import peer_auth, send_marker
 from ledgerd.kafka.records import BatchError, BatchHeader, split_batches, with_log_append_time
 from ledgerd.kafka.refusals import refusal
 from ledgerd.kafka.replica_selector import NO_PREFERENCE, preferred_read_replica
-from ledgerd.kafka.request_budget import RequestBudget
+from ledgerd.kafka.request_budget import ByteBudget
 from ledgerd.kafka.schema import ZERO_UUID, KafkaDecodeError, Reader, decode, encode
 from ledgerd.kafka.scram import Mechanism, ScramError, ScramServer
 from ledgerd.kafka.storage_errors import storage_error_code
@@ -253,6 +257,7 @@ class _Conn:
     sasl_mechanism: str = ""
     scram: ScramServer | None = None  # a SCRAM exchange under way
     held: int = 0  # bytes of the gateway's request budget its requests hold
+    reply_held: int = 0  # bytes of the response budget its fetches' responses hold
     auth_until: float | None = None  # when its SASL authentication runs out (KIP-368)
 
     @property
@@ -269,6 +274,14 @@ class _Slot:
     close: bool = False
     conn: _Conn | None = None  # whose request budget bytes it holds
     held: int = 0  # those bytes (given back once the request is handled)
+    reply_held: int = 0  # response budget bytes (given back once the frame is written)
+
+
+# the request a handler runs for (set by ``_finish``): what a fetch reads is held in
+# the response budget on that request's slot (``Gateway.response_room``)
+_SLOT: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("kafka_slot",
+                                                                     default=None)
+RESPONSE_FLOOR = 1 << 20  # a fetch waits for this much room (or what it asks, if less)
 
 
 class Gateway:
@@ -337,7 +350,7 @@ class Gateway:
                            lambda: sum(len(g.members) for g in self.groups.values()))
         self.metrics.gauge("ledgerd_kafka_live_gateways", "Gateways registered in ZooKeeper.",
                            lambda: len(self.nodes))
-        self.requests_held = RequestBudget(config.max_queued_request_bytes)
+        self.requests_held = ByteBudget(config.max_queued_request_bytes)
         self.metrics.gauge("ledgerd_kafka_request_bytes_held",
                            "Bytes of requests being handled, over every connection (at "
                            "most max_queued_request_bytes).", lambda: self.requests_held.used)
@@ -345,6 +358,14 @@ class Gateway:
                              "Requests whose connection waited for room in "
                              "max_queued_request_bytes before reading them.",
                              lambda: self.requests_held.waits)
+        self.responses_held = ByteBudget(config.max_held_response_bytes)
+        self.metrics.gauge("ledgerd_kafka_response_bytes_held",
+                           "Bytes of Fetch and ShareFetch responses read or not yet written, "
+                           "over every connection (at most max_held_response_bytes, and "
+                           "one first batch past it).", lambda: self.responses_held.used)
+        self.metrics.counter("ledgerd_kafka_response_budget_waits",
+                             "Fetches that waited for room in max_held_response_bytes "
+                             "before reading.", lambda: self.responses_held.waits)
         self.nursery: trio.Nursery | None = None
         self.txn = transactions.TxnCoordinator(self)
         self.share = share_server.ShareServer(self)  # share groups (KIP-932)
@@ -740,9 +761,12 @@ class Gateway:
                         if not admitted:
                             return
         finally:
-            # what the requests not handled (the connection ended first) still hold
+            # what the requests not handled (the connection ended first) still hold,
+            # and the responses not written
             self.requests_held.give(conn.held)
             conn.held = 0
+            self.responses_held.release(conn.reply_held)
+            conn.reply_held = 0
 
     def _handled(self, slot: _Slot) -> None:
         """Give back the request budget ``slot``'s request held (once handled)."""
@@ -754,15 +778,62 @@ class Gateway:
     async def _responder(self, stream: trio.abc.Stream,
                          slots: trio.MemoryReceiveChannel[_Slot],
                          scope: trio.CancelScope) -> None:
+        write_timeout = self.config.response_write_timeout_ms / 1000
         async with slots:
             async for slot in slots:
                 await slot.done.wait()
                 self._handled(slot)
                 if slot.frame is not None:
-                    await stream.send_all(slot.frame)
+                    # a second a MiB beside it: a large response on a slow link
+                    with trio.move_on_after(
+                            write_timeout + len(slot.frame) / (1 << 20)) as writing:
+                        await stream.send_all(slot.frame)
+                    if writing.cancelled_caught:
+                        self.metrics.connections_closed_bad += 1
+                        log.warning("kafka_response_write_timeout", extra=fields(
+                            peer=slot.conn.peer if slot.conn else "-",
+                            size=len(slot.frame),
+                            timeout_ms=self.config.response_write_timeout_ms))
+                        break
+                    slot.frame = None
+                    self._settle_reply(slot, 0)  # written: its bytes go back
                 if slot.close:
                     break
         scope.cancel()
+
+    async def response_room(self, want: int) -> int:
+        """Bytes (at most ``want``) a fetch may read now for its response: taken from
+        ``max_held_response_bytes`` and held, on the request's slot, until the response
+        is written (what an earlier call of the same request held is given back
+        first). Waits only while not even 1 MiB is free. Outside a request (a test),
+        ``want``."""
+        slot = _SLOT.get()
+        if slot is None or slot.conn is None:
+            return want
+        self._settle_reply(slot, 0)
+        got = await self.responses_held.take_up_to(want, RESPONSE_FLOOR)
+        slot.reply_held += got  # no checkpoint between: a cancel cannot lose it
+        slot.conn.reply_held += got
+        return got
+
+    def response_room_back(self) -> None:
+        """A fetch that read nothing gives its room back before it waits for records."""
+        slot = _SLOT.get()
+        if slot is not None:
+            self._settle_reply(slot, 0)
+
+    def _settle_reply(self, slot: _Slot, size: int) -> None:
+        """Hold ``size`` bytes for ``slot``'s response (0: give them all back); only
+        for a request that took room with ``response_room``."""
+        if not slot.reply_held or slot.conn is None:
+            return
+        change = size - slot.reply_held
+        if change > 0:
+            self.responses_held.hold(change)
+        elif change < 0:
+            self.responses_held.release(-change)
+        slot.reply_held = size
+        slot.conn.reply_held += change
 
     async def _admit(self, conn: _Conn, frame: bytes, slot: _Slot,
                      nursery: trio.Nursery) -> bool:
@@ -878,6 +949,7 @@ class Gateway:
     async def _finish(self, slot: _Slot, api: ApiKey, version: int, cid: int,
                       handler: Callable[..., Awaitable[dict[str, Any] | None]],
                       args: tuple[Any, ...]) -> None:
+        token = _SLOT.set(slot)
         try:
             reply = await handler(*args)
         except Exception:
@@ -886,12 +958,16 @@ class Gateway:
             self._handled(slot)
             slot.done.set()
             return
+        finally:
+            _SLOT.reset(token)
         if reply is _CLOSE:
             slot.close = True
         elif reply is not None:
             if api not in (ApiKey.PRODUCE, ApiKey.FETCH):
                 self.metrics.error(api, reply.get("error_code", 0))
             slot.frame = self._frame(api, version, cid, reply)
+        # what the response came to is held until it is written (none: given back)
+        self._settle_reply(slot, len(slot.frame) if slot.frame is not None else 0)
         self._handled(slot)
         slot.done.set()
 
@@ -1448,9 +1524,11 @@ class Gateway:
     async def _fetch(self, body: dict[str, Any], unknown: set[bytes]) -> dict[str, Any]:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
         while True:
-            # the client's limit, within Kafka's broker-side fetch.max.bytes
-            budget = min(body["max_bytes"] if body["max_bytes"] > 0 else FETCH_MAX_BYTES,
-                         FETCH_MAX_BYTES)
+            # the client's limit, within Kafka's broker-side fetch.max.bytes, and within
+            # what the gateway's responses may hold (max_held_response_bytes)
+            budget = await self.response_room(
+                min(body["max_bytes"] if body["max_bytes"] > 0 else FETCH_MAX_BYTES,
+                    FETCH_MAX_BYTES))
             total = 0
             responses = []
             waits: list[trio.Event] = []
@@ -1532,6 +1610,7 @@ class Gateway:
             if total >= body["min_bytes"] or total > 0 or now >= deadline or not (
                     waits or poll):
                 return {"session_id": 0, "responses": responses}
+            self.response_room_back()  # a parked fetch holds none
             await _wait_any(waits, min(deadline, now + 0.1) if poll else deadline)
 
     async def list_offsets(self, conn: _Conn, version: int, body: dict[str, Any],

@@ -1,8 +1,8 @@
-"""The bytes of Kafka requests the gateway holds at once, over every connection.
+"""The bytes of Kafka requests, and of Fetch responses, the gateway holds at once.
 
-Kafka bounds them with ``queued.max.request.bytes`` (a memory pool its network threads
-take each request's buffer from; a connection whose next request does not fit is
-muted until memory comes back). The gateway does the same with
+Requests: Kafka bounds them with ``queued.max.request.bytes`` (a memory pool its
+network threads take each request's buffer from; a connection whose next request does
+not fit is muted until memory comes back). The gateway does the same with
 ``max_queued_request_bytes``: a connection takes a request's size from the budget once
 it knows it (the frame's 4-byte length) and before it reads the body, and gives it back
 once the request has been handled (its response built). While the budget is spent a
@@ -13,9 +13,17 @@ Per connection the gateway already holds at most ``max_inflight_requests`` reque
 at most ``max_request_bytes`` each; this bounds the sum over all connections, which
 ``max_connections`` alone would let reach thousands of times that.
 
+Responses: Kafka's broker sends fetched records from its files (sendfile), so a
+response waiting for its client to read costs it no memory; the gateway builds each
+response in memory, and a Fetch's may be 50 MB. So the records of Fetch and ShareFetch
+responses, from their read until their last byte went to the socket, are held in a
+second budget, ``max_held_response_bytes``: a fetch reads at most what it could take
+(:meth:`ByteBudget.take_up_to`; it waits, first come first served, only when not even
+a first MiB is free) and holds what its response came to until it is written. A client
+that does not read is closed after ``response_write_timeout_ms`` (``gateway.py``).
+
 Waiters are served in the order they asked (first come, first served), so a large
-request is not starved by a stream of small ones. Responses waiting to be written are
-not counted (as in Kafka): each is bounded by what its request may ask for.
+request is not starved by a stream of small ones.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections import deque
 import trio
 
 
-class RequestBudget:
+class ByteBudget:
     """A byte budget with FIFO waiters; see the module docstring."""
 
     def __init__(self, limit: int) -> None:
@@ -60,6 +68,35 @@ class RequestBudget:
                 self._waiters.remove(entry)
                 self._grant()  # the next one may fit now
             raise
+
+    async def take_up_to(self, want: int, floor: int) -> int:
+        """Hold as much of ``want`` as is free, and at least ``min(want, floor)``:
+        waits (first come, first served) only while not even that much is free.
+        Returns the bytes held (at most the whole budget); give them back with
+        :meth:`release`."""
+        want = min(want, self.limit)
+        floor = max(min(floor, want), 1)
+        if self._waiters or self.used + floor > self.limit:
+            await self.take(floor)  # in turn
+            extra = 0 if self._waiters else min(want - floor, self.limit - self.used)
+            self.used += max(extra, 0)
+            return floor + max(extra, 0)
+        n = min(want, self.limit - self.used)
+        self.used += n
+        await trio.lowlevel.checkpoint()
+        return n
+
+    def hold(self, n: int) -> None:
+        """Hold ``n`` more bytes at once, past the limit if need be (what a response
+        came to beyond what its read took: a first batch larger than the room left)."""
+        self.used += n
+
+    def release(self, n: int) -> None:
+        """Give back ``n`` bytes of :meth:`take_up_to` or :meth:`hold`."""
+        self.used -= n
+        if self.used < 0:
+            raise RuntimeError(f"a byte budget gave back more than it had: {self.used}")
+        self._grant()
 
     def give(self, n: int) -> None:
         """Give back ``n`` bytes taken with ``take``."""

@@ -566,11 +566,13 @@ class ShareServer:
                      configs: dict[str, str], results: dict[tuple[bytes, int], dict[str, Any]],
                      readable: Callable[[str], bool]) -> None:
         deadline = trio.current_time() + max(body["max_wait_ms"], 0) / 1000
-        budget = min(max(body["max_bytes"], 0), FETCH_MAX_BYTES)  # 0: acknowledge only
+        asked = min(max(body["max_bytes"], 0), FETCH_MAX_BYTES)  # 0: acknowledge only
         max_records = body["max_records"] if body["max_records"] > 0 else 500
         while True:
             if self.sessions.get((gid, mid)) is not session:
                 return  # closed, or opened again, while this waited: hand out nothing
+            # within what the gateway's responses may hold (max_held_response_bytes)
+            budget = await self.gw.response_room(asked) if asked else 0
             # read on each pass, not from the cache: a change of share.isolation.level
             # answered by another gateway applies to every record produced after it
             configs = await self.configs(gid, fresh=True)
@@ -637,6 +639,7 @@ class ShareServer:
             if taken or failed or trio.current_time() >= deadline:
                 session.turn += 1
                 return
+            self.gw.response_room_back()  # a parked fetch holds none
             with trio.move_on_at(wake):
                 async with trio.open_nursery() as nursery:
                     for ev in waits:

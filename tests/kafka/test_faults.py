@@ -222,6 +222,95 @@ def test_a_request_announced_and_not_sent_gives_its_budget_back_in_time(
         gw.stop()  # a SIGKILL left its registration for the next test's cluster view
 
 
+def _fetch(topic: str, max_bytes: int) -> dict[str, object]:
+    return {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": max_bytes,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+                 "log_start_offset": -1, "partition_max_bytes": max_bytes}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+def _hog(host: str, port: int, topic: str, fetches: int = 16) -> socket.socket:
+    """A connection that sends ``fetches`` Fetches at once and never reads a reply."""
+    hog = socket.socket()
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.connect((host, port))
+    hog.sendall(b"".join(_request(ApiKey.FETCH, 12, _fetch(topic, 50 << 20), cid)
+                         for cid in range(fetches)))
+    return hog
+
+
+def _fill(bootstrap: str, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for _ in range(80):
+        producer.produce(topic, b"\x00" * (64 << 10))
+    assert producer.flush(60) == 0  # 5 MiB in partition 0, in ledgers of 1 MiB
+
+
+def test_fetch_responses_held_over_all_connections_are_bounded(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """An outside probe's finding: a client that sends Fetches and never reads their
+    responses made the gateway hold up to max_inflight_requests responses of up to
+    50 MB each, on every connection. Now what fetched records hold is bounded over
+    every connection (max_held_response_bytes, 64 MiB here): 128 pipelined fetches on
+    8 connections that never read (each reads a ledger, 1 MiB, and the kernel takes
+    4 MiB a connection) hold at most that (a fetch reads no more than the room left,
+    and waits while not even 1 MiB is); a well-behaved client waits in turn, and is
+    answered once those connections are gone and their bytes came back."""
+    limit = 64 << 20
+    gw = GatewayProcess(kafka_cluster.zk, tmp_path / "gw.log", env={
+        "LEDGERD_MAX_HELD_RESPONSE_BYTES": str(limit)})
+    gw.start()
+    host, port = gw.bootstrap.split(":")
+    try:
+        _fill(gw.bootstrap, "fat")
+        hogs = [_hog(host, int(port), "fat") for _ in range(8)]
+        wait_until(lambda: _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held")
+                   > limit - (2 << 20), "the response budget spent")
+        assert _metric(gw.metrics_url, "ledgerd_kafka_response_budget_waits_total") >= 1
+        with socket.create_connection((host, int(port)), timeout=30) as good:
+            good.sendall(_request(ApiKey.FETCH, 12, _fetch("fat", 1 << 20)))
+            assert not _answers_within(good, 1.0)  # in turn, behind the hogs' fetches
+            held = _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held")
+            assert held <= limit + (1 << 20), held  # one first batch past it at most
+            for hog in hogs:
+                hog.close()
+            reply = _reply(good, ApiKey.FETCH, 12)
+            part = reply["responses"][0]["partitions"][0]  # type: ignore[index]
+            assert part["error_code"] == 0 and len(part["records"]) >= 64 << 10
+        wait_until(lambda: _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held") == 0,
+                   "the response bytes given back")
+    finally:
+        gw.stop()  # a SIGKILL left its registration for the next test's cluster view
+
+
+def test_a_client_that_does_not_read_its_responses_is_closed_in_time(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """A response not written within response_write_timeout_ms (plus a second a MiB)
+    closes its connection, and what its responses held goes back, while the client
+    still holds its end open and has read nothing."""
+    gw = GatewayProcess(kafka_cluster.zk, tmp_path / "gw.log", env={
+        "LEDGERD_RESPONSE_WRITE_TIMEOUT_MS": "500"})
+    gw.start()
+    host, port = gw.bootstrap.split(":")
+    try:
+        _fill(gw.bootstrap, "unread")
+        with _hog(host, int(port), "unread"):
+            wait_until(lambda: _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held")
+                       > 0, "responses held")
+            wait_until(lambda: "kafka_response_write_timeout" in
+                       (tmp_path / "gw.log").read_text(), "the write timeout")
+            wait_until(lambda: _metric(gw.metrics_url,
+                                       "ledgerd_kafka_response_bytes_held") == 0,
+                       "the response bytes given back")
+            assert _metric(gw.metrics_url, "ledgerd_kafka_connections_closed_bad_total") == 1
+    finally:
+        gw.stop()  # a SIGKILL left its registration for the next test's cluster view
+
+
 def test_topic_names_that_cannot_be_topics_are_refused_by_name(
         kafka_cluster: KafkaCluster) -> None:
     """"." and ".." (paths that name no node) and Kafka's internal topics are never

@@ -7,12 +7,12 @@ import pytest
 import trio
 import trio.testing
 
-from ledgerd.kafka.request_budget import RequestBudget
+from ledgerd.kafka.request_budget import ByteBudget
 
 
 def test_waiters_are_served_in_order_and_a_cancelled_one_gives_its_place_back() -> None:
     async def main() -> None:
-        b = RequestBudget(100)
+        b = ByteBudget(100)
         await b.take(60)
         got: list[str] = []
 
@@ -45,7 +45,7 @@ def test_waiters_are_served_in_order_and_a_cancelled_one_gives_its_place_back() 
 
 def test_a_waiter_cancelled_at_the_head_lets_the_next_one_in() -> None:
     async def main() -> None:
-        b = RequestBudget(100)
+        b = ByteBudget(100)
         await b.take(90)
         got: list[int] = []
         head = trio.CancelScope()
@@ -66,3 +66,48 @@ def test_a_waiter_cancelled_at_the_head_lets_the_next_one_in() -> None:
             assert got == [10] and b.waiting == 0 and b.used == 100
 
     trio.run(main)
+
+
+def test_take_up_to_takes_what_is_free_and_waits_in_turn_only_for_its_floor() -> None:
+    """The response budget's way: a fetch reads what is free (less than it asked, when
+    others hold the rest), waits only while not even its floor is free, and in turn;
+    what a response came to beyond its room is held past the limit, and all of it
+    comes back."""
+    async def main() -> None:
+        b = ByteBudget(100)
+        assert await b.take_up_to(70, 10) == 70
+        assert await b.take_up_to(50, 10) == 30  # only 30 free: it reads less
+        got: list[int] = []
+
+        async def take(want: int, floor: int) -> None:
+            got.append(await b.take_up_to(want, floor))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take, 50, 20)  # nothing free: waits for 20
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(take, 5, 20)  # its floor is what it asks: 5, behind
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [] and b.waits == 2
+            b.release(30)  # 30 free: both floors in turn, then the first the rest
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(got) == [5, 25] and b.used == 100 and b.waiting == 0
+        b.hold(40)  # a first batch larger than the room: past the limit for a while
+        assert b.used == 140
+        for n in (70, 5, 25, 40):
+            b.release(n)
+        assert b.used == 0  # every byte back
+        with pytest.raises(RuntimeError):
+            b.release(1)
+        assert await b.take_up_to(1000, 10) == 100  # at most the whole budget
+
+    trio.run(main)
+
+
+def test_a_response_budget_smaller_than_one_largest_response_is_refused() -> None:
+    from ledgerd.base.settings import ConfigError
+    from ledgerd.kafka.config import GatewayConfig
+
+    with pytest.raises(ConfigError, match=r"max_held_response_bytes.*one largest response"):
+        GatewayConfig(max_held_response_bytes=64 << 20, max_batch_bytes=(16 << 20) - 4096,
+                      max_frame_bytes=16 << 20)
+    assert GatewayConfig(max_held_response_bytes=64 << 20).max_held_response_bytes == 64 << 20

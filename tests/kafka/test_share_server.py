@@ -135,6 +135,12 @@ class FakeGateway:
     def partition(self, topic: str, p: int) -> FakeLog:
         return self.log
 
+    async def response_room(self, want: int) -> int:
+        return want
+
+    def response_room_back(self) -> None:
+        pass
+
 
 def _server(node_id: int, log: FakeLog, store: FakeStore) -> tuple[ShareServer, FakeGateway]:
     gw = FakeGateway(node_id, log)
