@@ -53,9 +53,13 @@ class ByteBudget:
         waits for it to be free of everything else, then takes it all alone)."""
         n = min(n, self.limit)
         if not self._waiters and self.used + n <= self.limit:
-            self.used += n
-            await trio.lowlevel.checkpoint()
-            return
+            # a cancel comes before the bytes are taken, never after (the caller would
+            # not know to give them back)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            if not self._waiters and self.used + n <= self.limit:
+                self.used += n
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return
         self.waits += 1
         entry = (n, trio.Event())
         self._waiters.append(entry)
@@ -81,9 +85,12 @@ class ByteBudget:
             extra = 0 if self._waiters else min(want - floor, self.limit - self.used)
             self.used += max(extra, 0)
             return floor + max(extra, 0)
+        await trio.lowlevel.checkpoint_if_cancelled()  # before taking, as in take
+        if self._waiters or self.used + floor > self.limit:
+            return await self.take_up_to(want, floor)  # taken meanwhile: in turn
         n = min(want, self.limit - self.used)
         self.used += n
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.cancel_shielded_checkpoint()
         return n
 
     def hold(self, n: int) -> None:

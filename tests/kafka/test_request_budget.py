@@ -111,3 +111,20 @@ def test_a_response_budget_smaller_than_one_largest_response_is_refused() -> Non
         GatewayConfig(max_held_response_bytes=64 << 20, max_batch_bytes=(16 << 20) - 4096,
                       max_frame_bytes=16 << 20)
     assert GatewayConfig(max_held_response_bytes=64 << 20).max_held_response_bytes == 64 << 20
+
+
+def test_a_take_cancelled_when_it_would_fit_takes_nothing() -> None:
+    """A cancel raised by the take itself comes before the bytes are taken: the
+    caller, which never learned of them, has nothing to give back."""
+    async def main() -> None:
+        b = ByteBudget(100)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(trio.Cancelled):
+                await b.take(10)
+            with pytest.raises(trio.Cancelled):
+                await b.take_up_to(50, 10)
+        assert b.used == 0
+        assert await b.take_up_to(50, 10) == 50 and b.used == 50
+
+    trio.run(main)
