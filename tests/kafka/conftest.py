@@ -4,19 +4,16 @@ suite's time). Every test uses its own topics and groups."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import pytest
 import trio
@@ -88,13 +85,6 @@ class GatewayProcess:
         """From the start line: "kafka gateway on H:P (node N), ..."."""
         return int(self.start_line.split("(node ")[1].split(")")[0])
 
-    def status(self) -> dict[str, Any]:
-        """Its ``/status``: the live gateways it sees, what it writes."""
-        url = self.metrics_url.rsplit("/", 1)[0] + "/status"
-        with urllib.request.urlopen(url, timeout=30) as reply:
-            status: dict[str, Any] = json.loads(reply.read())
-        return status
-
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
@@ -111,20 +101,6 @@ class GatewayProcess:
     def restart(self, sig: int = signal.SIGTERM) -> None:
         self.stop(sig)
         self.start()
-
-
-def wait_gateways_agree(*gateways: GatewayProcess, timeout: float = 60) -> None:
-    """Until each of ``gateways`` sees exactly these as the live gateways. A gateway
-    learns of another's arrival or death from ZooKeeper a moment after it happens;
-    until then the two may each answer Metadata as a partition's leader."""
-    want = {str(g.node_id) for g in gateways}
-    deadline = time.monotonic() + timeout
-    while True:
-        seen = {g.node_id: set(g.status()["gateways"]) for g in gateways}
-        if all(s == want for s in seen.values()):
-            return
-        assert time.monotonic() < deadline, f"gateways {sorted(want)} never agreed: {seen}"
-        time.sleep(0.05)
 
 
 @dataclass

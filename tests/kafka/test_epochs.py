@@ -29,7 +29,8 @@ from ledgerd.kafka.records import BatchHeader, split_batches
 from ledgerd.tools.bookieprocess import BookieProcess
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot, start_bookies
-from tests.kafka.conftest import GatewayProcess, running_cluster, wait_gateways_agree
+from tests.kafka.conftest import GatewayProcess, running_cluster
+from tests.kafka.crash_kit import sees_only, wait_until
 from tests.kafka.test_faults import _recv, _request
 from tests.kafka.test_protocol import _batch
 
@@ -235,7 +236,9 @@ def two_gateways(zookeeper: ZooKeeperServer, tmp_path: Path,
         with running_cluster(tmp_path, zk, 4, a):
             b = GatewayProcess(zk, tmp_path / "b.log", env=env)
             b.start()
-            wait_gateways_agree(a, b)  # or both may lead a partition for a moment
+            # until both see both, each may answer Metadata as a partition's leader
+            wait_until(sees_only(a, a, b), "a sees both gateways")
+            wait_until(sees_only(b, a, b), "b sees both gateways")
             try:
                 yield a, b
             finally:

@@ -23,14 +23,8 @@ from ledgerd.kafka.api import ApiKey, ErrorCode
 from ledgerd.kafka.partitions import log_name
 from ledgerd.tools.zkserver import ZooKeeperServer
 from tests.cluster import fresh_chroot
-from tests.kafka.conftest import (
-    GATEWAY_ENV,
-    GatewayProcess,
-    KafkaCluster,
-    running_cluster,
-    wait_gateways_agree,
-)
-from tests.kafka.crash_kit import wait_until
+from tests.kafka.conftest import GATEWAY_ENV, GatewayProcess, KafkaCluster, running_cluster
+from tests.kafka.crash_kit import sees_only, wait_until
 from tests.kafka.test_admin_clients import _reply, sasl_admin
 from tests.kafka.test_faults import _request
 from tests.kafka.test_security import secure_gateway  # noqa: F401 (the fixture)
@@ -497,7 +491,9 @@ def two_gateways(zookeeper: ZooKeeperServer, tmp_path: Path,
         with running_cluster(tmp_path, zk, 4, a) as cluster:
             b = GatewayProcess(zk, tmp_path / "b.log")
             b.start()
-            wait_gateways_agree(a, b)  # or both may lead a partition for a moment
+            # until both see both, each may answer Metadata as a partition's leader
+            wait_until(sees_only(a, a, b), "a sees both gateways")
+            wait_until(sees_only(b, a, b), "b sees both gateways")
             try:
                 yield cluster, a, b
             finally:
