@@ -117,14 +117,15 @@ class GatewayConfig(ClientConfig):
         512 << 20, bk="(ledgerd)", minimum=64 << 20,
         doc="Bytes of fetched records (Fetch and ShareFetch responses) held at once over "
             "every connection, from their read until the response is written; a fetch "
-            "reads no more than is free, and waits while not even 1 MiB is (at least "
+            "reads no more than is free, waits while not even 1 MiB (or max_batch_bytes) "
+            "is, and answers without records if none came by its max_wait (at least "
             "64 MiB and max_batch_bytes + 51 MiB: one largest response).")
     response_write_timeout_ms: int = setting(
         30000, bk="(ledgerd)", minimum=100,
         doc="Time a response may take to be written to its client, plus a second per MiB "
             "of it (a Kafka client's own request.timeout.ms is 30 s); a connection past "
-            "it is closed and what its responses held given back, so clients that do "
-            "not read cannot hold max_held_response_bytes from everyone else.")
+            "it is closed and what its responses held given back, so a client that "
+            "stops reading holds its room no longer than that.")
     max_connections: int = setting(
         1000, bk="(Kafka: max.connections)", minimum=1,
         doc="Client connections served at once; more are closed on accept.")

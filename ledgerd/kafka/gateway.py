@@ -258,6 +258,7 @@ class _Conn:
     scram: ScramServer | None = None  # a SCRAM exchange under way
     held: int = 0  # bytes of the gateway's request budget its requests hold
     reply_held: int = 0  # bytes of the response budget its fetches' responses hold
+    last_written: trio.Event | None = None  # set once its last request's reply is out
     auth_until: float | None = None  # when its SASL authentication runs out (KIP-368)
 
     @property
@@ -275,13 +276,24 @@ class _Slot:
     conn: _Conn | None = None  # whose request budget bytes it holds
     held: int = 0  # those bytes (given back once the request is handled)
     reply_held: int = 0  # response budget bytes (given back once the frame is written)
+    written: trio.Event = field(default_factory=trio.Event)  # its reply is out (or none)
+    ahead: trio.Event | None = None  # the previous request's ``written``
 
 
-# the request a handler runs for (set by ``_finish``): what a fetch reads is held in
-# the response budget on that request's slot (``Gateway.response_room``)
-_SLOT: contextvars.ContextVar[_Slot | None] = contextvars.ContextVar("kafka_slot",
-                                                                     default=None)
-RESPONSE_FLOOR = 1 << 20  # a fetch waits for this much room (or what it asks, if less)
+@dataclass(slots=True)
+class _Current:
+    """The request a handler runs for, while it runs (``slot`` None after): tasks a
+    handler starts inherit the context variable, and must not keep the slot (and its
+    reply) alive with it."""
+
+    slot: _Slot | None
+
+
+# set by ``_finish``: what a fetch reads is held in the response budget on that
+# request's slot (``Gateway.response_room``)
+_CURRENT: contextvars.ContextVar[_Current | None] = contextvars.ContextVar(
+    "kafka_request", default=None)
+RESPONSE_FLOOR = 1 << 20  # a fetch waits for this much room, or max_batch_bytes if more
 
 
 class Gateway:
@@ -362,7 +374,7 @@ class Gateway:
         self.metrics.gauge("ledgerd_kafka_response_bytes_held",
                            "Bytes of Fetch and ShareFetch responses read or not yet written, "
                            "over every connection (at most max_held_response_bytes, and "
-                           "one first batch past it).", lambda: self.responses_held.used)
+                           "the replies' headers).", lambda: self.responses_held.used)
         self.metrics.counter("ledgerd_kafka_response_budget_waits",
                              "Fetches that waited for room in max_held_response_bytes "
                              "before reading.", lambda: self.responses_held.waits)
@@ -738,7 +750,8 @@ class Gateway:
                         # nothing more is read from this peer until there is)
                         await self.requests_held.take(4 + size)
                         conn.held += 4 + size
-                        slot = _Slot(conn=conn, held=4 + size)
+                        slot = _Slot(conn=conn, held=4 + size, ahead=conn.last_written)
+                        conn.last_written = slot.written
                         # a second a MiB beside it: a large request on a slow link
                         with trio.move_on_after(read_timeout + size / (1 << 20)) as reading:
                             while len(buf) < 4 + size:
@@ -797,30 +810,42 @@ class Gateway:
                         break
                     slot.frame = None
                     self._settle_reply(slot, 0)  # written: its bytes go back
+                slot.written.set()
                 if slot.close:
                     break
         scope.cancel()
 
-    async def response_room(self, want: int) -> int:
+    async def response_room(self, want: int, until: float) -> int:
         """Bytes (at most ``want``) a fetch may read now for its response: taken from
         ``max_held_response_bytes`` and held, on the request's slot, until the response
         is written (what an earlier call of the same request held is given back
-        first). Waits only while not even 1 MiB is free. Outside a request (a test),
-        ``want``."""
-        slot = _SLOT.get()
+        first). Waits while not even 1 MiB is free, until ``until`` (the fetch's
+        max_wait) at most: then 0, and the fetch answers without records. It must not
+        wait longer: the room may be held by its own connection's later responses,
+        which are written only after this one (in request order). Outside a request
+        (a test), ``want``."""
+        current = _CURRENT.get()
+        slot = current.slot if current is not None else None
         if slot is None or slot.conn is None:
             return want
         self._settle_reply(slot, 0)
-        got = await self.responses_held.take_up_to(want, RESPONSE_FLOOR)
+        if slot.ahead is not None:
+            # room only once the replies before this one are out: room held by a
+            # later reply of its own connection, which waits for this one to be
+            # written first, would never come back
+            await slot.ahead.wait()
+        # room for a whole first batch, which a reply may carry past what it asked
+        floor = max(RESPONSE_FLOOR, self.config.max_batch_bytes)
+        got = await self.responses_held.take_up_to(max(want, floor), floor, until)
         slot.reply_held += got  # no checkpoint between: a cancel cannot lose it
         slot.conn.reply_held += got
-        return got
+        return min(got, want)
 
     def response_room_back(self) -> None:
         """A fetch that read nothing gives its room back before it waits for records."""
-        slot = _SLOT.get()
-        if slot is not None:
-            self._settle_reply(slot, 0)
+        current = _CURRENT.get()
+        if current is not None and current.slot is not None:
+            self._settle_reply(current.slot, 0)
 
     def _settle_reply(self, slot: _Slot, size: int) -> None:
         """Hold ``size`` bytes for ``slot``'s response (0: give them all back); only
@@ -949,17 +974,20 @@ class Gateway:
     async def _finish(self, slot: _Slot, api: ApiKey, version: int, cid: int,
                       handler: Callable[..., Awaitable[dict[str, Any] | None]],
                       args: tuple[Any, ...]) -> None:
-        token = _SLOT.set(slot)
+        current = _Current(slot)
+        token = _CURRENT.set(current)
         try:
             reply = await handler(*args)
         except Exception:
             log.exception("kafka_request_failed", extra=fields(api=api.name))
             slot.close = True
+            self._settle_reply(slot, 0)
             self._handled(slot)
             slot.done.set()
             return
         finally:
-            _SLOT.reset(token)
+            current.slot = None
+            _CURRENT.reset(token)
         if reply is _CLOSE:
             slot.close = True
         elif reply is not None:
@@ -1528,7 +1556,7 @@ class Gateway:
             # what the gateway's responses may hold (max_held_response_bytes)
             budget = await self.response_room(
                 min(body["max_bytes"] if body["max_bytes"] > 0 else FETCH_MAX_BYTES,
-                    FETCH_MAX_BYTES))
+                    FETCH_MAX_BYTES), deadline)
             total = 0
             responses = []
             waits: list[trio.Event] = []

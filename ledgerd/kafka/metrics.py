@@ -36,7 +36,8 @@ class GatewayMetrics:
         self.connections_opened = 0
         self.connections_refused = 0
         self.connections_closed_bad = 0  # bad frames, unknown APIs, unsupported versions,
-        # requests not sent whole within request_read_timeout_ms
+        # requests not sent whole within request_read_timeout_ms, responses not read
+        # within response_write_timeout_ms
         self.auth_failures = 0
         # compaction (``cleaner.py``)
         self.compaction_passes = 0
@@ -108,8 +109,9 @@ class _Collector:
                 ("ledgerd_kafka_connections_refused", "Connections closed at once: "
                  "max_connections were open.", m.connections_refused),
                 ("ledgerd_kafka_connections_closed_bad", "Connections closed for a bad frame, "
-                 "an unknown API, an unsupported version or a request not sent whole "
-                 "within request_read_timeout_ms.", m.connections_closed_bad),
+                 "an unknown API, an unsupported version, a request not sent whole "
+                 "within request_read_timeout_ms or a response not read within "
+                 "response_write_timeout_ms.", m.connections_closed_bad),
                 ("ledgerd_kafka_authentication_failures", "SASL authentications refused.",
                  m.auth_failures),
                 ("ledgerd_kafka_compaction_passes", "Compaction passes that completed.",

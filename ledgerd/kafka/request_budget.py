@@ -18,9 +18,10 @@ response waiting for its client to read costs it no memory; the gateway builds e
 response in memory, and a Fetch's may be 50 MB. So the records of Fetch and ShareFetch
 responses, from their read until their last byte went to the socket, are held in a
 second budget, ``max_held_response_bytes``: a fetch reads at most what it could take
-(:meth:`ByteBudget.take_up_to`; it waits, first come first served, only when not even
-a first MiB is free) and holds what its response came to until it is written. A client
-that does not read is closed after ``response_write_timeout_ms`` (``gateway.py``).
+(:meth:`ByteBudget.take_up_to`; it waits, first come first served and until its
+max_wait at most, only when not even room for a first batch is free) and holds what
+its response came to until it is written. A client that does not read is closed after
+``response_write_timeout_ms`` (``gateway.py``).
 
 Waiters are served in the order they asked (first come, first served), so a large
 request is not starved by a stream of small ones.
@@ -28,6 +29,7 @@ request is not starved by a stream of small ones.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import trio
@@ -73,25 +75,26 @@ class ByteBudget:
                 self._grant()  # the next one may fit now
             raise
 
-    async def take_up_to(self, want: int, floor: int) -> int:
+    async def take_up_to(self, want: int, floor: int, until: float = math.inf) -> int:
         """Hold as much of ``want`` as is free, and at least ``min(want, floor)``:
-        waits (first come, first served) only while not even that much is free.
-        Returns the bytes held (at most the whole budget); give them back with
-        :meth:`release`."""
+        waits (first come, first served) only while not even that much is free, and
+        only until ``until`` (trio's clock): 0 if no room came by then. Returns the
+        bytes held (at most the whole budget); give them back with :meth:`release`."""
         want = min(want, self.limit)
         floor = max(min(floor, want), 1)
-        if self._waiters or self.used + floor > self.limit:
-            await self.take(floor)  # in turn
-            extra = 0 if self._waiters else min(want - floor, self.limit - self.used)
-            self.used += max(extra, 0)
-            return floor + max(extra, 0)
         await trio.lowlevel.checkpoint_if_cancelled()  # before taking, as in take
-        if self._waiters or self.used + floor > self.limit:
-            return await self.take_up_to(want, floor)  # taken meanwhile: in turn
-        n = min(want, self.limit - self.used)
-        self.used += n
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return n
+        if not self._waiters and self.used + floor <= self.limit:
+            n = min(want, self.limit - self.used)
+            self.used += n
+            # no cancel from here on: the caller learns of every byte taken
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return n
+        with trio.move_on_at(until):
+            await self.take(floor)  # in turn
+            extra = 0 if self._waiters else max(min(want - floor, self.limit - self.used), 0)
+            self.used += extra
+            return floor + extra
+        return 0
 
     def hold(self, n: int) -> None:
         """Hold ``n`` more bytes at once, past the limit if need be (what a response

@@ -572,7 +572,7 @@ class ShareServer:
             if self.sessions.get((gid, mid)) is not session:
                 return  # closed, or opened again, while this waited: hand out nothing
             # within what the gateway's responses may hold (max_held_response_bytes)
-            budget = await self.gw.response_room(asked) if asked else 0
+            budget = await self.gw.response_room(asked, deadline) if asked else 0
             # read on each pass, not from the cache: a change of share.isolation.level
             # answered by another gateway applies to every record produced after it
             configs = await self.configs(gid, fresh=True)

@@ -222,8 +222,9 @@ def test_a_request_announced_and_not_sent_gives_its_budget_back_in_time(
         gw.stop()  # a SIGKILL left its registration for the next test's cluster view
 
 
-def _fetch(topic: str, max_bytes: int) -> dict[str, object]:
-    return {"replica_id": -1, "max_wait_ms": 0, "min_bytes": 0, "max_bytes": max_bytes,
+def _fetch(topic: str, max_bytes: int, max_wait_ms: int = 0) -> dict[str, object]:
+    return {"replica_id": -1, "max_wait_ms": max_wait_ms, "min_bytes": 1,
+            "max_bytes": max_bytes,
             "isolation_level": 0, "session_id": 0, "session_epoch": -1,
             "topics": [{"topic": topic, "partitions": [
                 {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
@@ -232,11 +233,12 @@ def _fetch(topic: str, max_bytes: int) -> dict[str, object]:
 
 
 def _hog(host: str, port: int, topic: str, fetches: int = 16) -> socket.socket:
-    """A connection that sends ``fetches`` Fetches at once and never reads a reply."""
+    """A connection that sends ``fetches`` Fetches at once and never reads a reply
+    (each ready to wait 30 s for room)."""
     hog = socket.socket()
     hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     hog.connect((host, port))
-    hog.sendall(b"".join(_request(ApiKey.FETCH, 12, _fetch(topic, 50 << 20), cid)
+    hog.sendall(b"".join(_request(ApiKey.FETCH, 12, _fetch(topic, 50 << 20, 30000), cid)
                          for cid in range(fetches)))
     return hog
 
@@ -255,11 +257,12 @@ def test_fetch_responses_held_over_all_connections_are_bounded(
     """An outside probe's finding: a client that sends Fetches and never reads their
     responses made the gateway hold up to max_inflight_requests responses of up to
     50 MB each, on every connection. Now what fetched records hold is bounded over
-    every connection (max_held_response_bytes, 64 MiB here): 128 pipelined fetches on
-    8 connections that never read (each reads a ledger, 1 MiB, and the kernel takes
-    4 MiB a connection) hold at most that (a fetch reads no more than the room left,
-    and waits while not even 1 MiB is); a well-behaved client waits in turn, and is
-    answered once those connections are gone and their bytes came back."""
+    every connection (max_held_response_bytes, 64 MiB here): 24 connections that
+    fetch and never read (each holding one reply; its next fetch takes room only once
+    that one is out) hold at most that (a fetch reads no more than the room left, and
+    waits while not even 1 MiB is); a well-behaved client's fetch is answered within
+    its max_wait all the same, and gets records once those connections are gone and
+    their bytes came back."""
     limit = 64 << 20
     gw = GatewayProcess(kafka_cluster.zk, tmp_path / "gw.log", env={
         "LEDGERD_MAX_HELD_RESPONSE_BYTES": str(limit)})
@@ -267,20 +270,74 @@ def test_fetch_responses_held_over_all_connections_are_bounded(
     host, port = gw.bootstrap.split(":")
     try:
         _fill(gw.bootstrap, "fat")
-        hogs = [_hog(host, int(port), "fat") for _ in range(8)]
+        hogs = [_hog(host, int(port), "fat", fetches=2) for _ in range(24)]
         wait_until(lambda: _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held")
                    > limit - (2 << 20), "the response budget spent")
         assert _metric(gw.metrics_url, "ledgerd_kafka_response_budget_waits_total") >= 1
         with socket.create_connection((host, int(port)), timeout=30) as good:
-            good.sendall(_request(ApiKey.FETCH, 12, _fetch("fat", 1 << 20)))
-            assert not _answers_within(good, 1.0)  # in turn, behind the hogs' fetches
-            held = _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held")
-            assert held <= limit + (1 << 20), held  # one first batch past it at most
+            good.sendall(_request(ApiKey.FETCH, 12, _fetch("fat", 1 << 20, 2000)))
+            for _ in range(20):  # while the hogs hold it: within the limit (and the
+                # replies' headers), each reply's first batch within its room
+                held = _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held")
+                assert held <= limit + (64 << 10), held
+                time.sleep(0.1)
+            # an answer within its max_wait (no records, if no room came by then)
+            part = _reply(good, ApiKey.FETCH, 12)["responses"][0]["partitions"][0]  # type: ignore[index]
+            assert (part["error_code"], part["high_watermark"]) == (0, 80)
             for hog in hogs:
                 hog.close()
-            reply = _reply(good, ApiKey.FETCH, 12)
-            part = reply["responses"][0]["partitions"][0]  # type: ignore[index]
+            good.sendall(_request(ApiKey.FETCH, 12, _fetch("fat", 1 << 20, 10000)))
+            part = _reply(good, ApiKey.FETCH, 12)["responses"][0]["partitions"][0]  # type: ignore[index]
             assert part["error_code"] == 0 and len(part["records"]) >= 64 << 10
+        wait_until(lambda: _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held") == 0,
+                   "the response bytes given back")
+    finally:
+        gw.stop()  # a SIGKILL left its registration for the next test's cluster view
+
+
+def test_a_connections_later_fetches_take_no_room_before_its_earlier_replies_are_out(
+        kafka_cluster: KafkaCluster, tmp_path: Path) -> None:
+    """A reviewer's finding: one connection could deadlock itself, and with it every
+    fetch of the gateway. A long-polling fetch first, then fetches that filled the
+    budget behind it with replies that are written only after the first one's (Kafka's
+    replies go in request order); the first, woken by a record, then waited for room
+    that could never come back. Now a fetch takes room only once the replies before
+    it on its connection are out: while the first is parked, the others hold none,
+    and every reply comes, in order."""
+    from confluent_kafka import Producer
+
+    gw = GatewayProcess(kafka_cluster.zk, tmp_path / "gw.log")
+    gw.start()
+    host, port = gw.bootstrap.split(":")
+    try:
+        _fill(gw.bootstrap, "room")
+        producer = Producer({"bootstrap.servers": gw.bootstrap})
+        producer.produce("room-wake", b"first")
+        assert producer.flush(30) == 0  # the topic exists, one record at offset 0
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+
+            def high_watermark() -> int:  # as this gateway sees it (it may follow)
+                sock.sendall(_request(ApiKey.FETCH, 12, _fetch("room-wake", 1 << 20)))
+                reply = _reply(sock, ApiKey.FETCH, 12)
+                return reply["responses"][0]["partitions"][0]["high_watermark"]  # type: ignore[index, no-any-return]
+
+            wait_until(lambda: high_watermark() == 1, "the record seen by this gateway")
+            parked = _fetch("room-wake", 1 << 20, 20000)
+            parked["topics"][0]["partitions"][0]["fetch_offset"] = 1  # type: ignore[index]
+            sock.sendall(_request(ApiKey.FETCH, 12, parked, 0)
+                         + b"".join(_request(ApiKey.FETCH, 12, _fetch("room", 50 << 20), cid)
+                                    for cid in range(1, 16)))
+            assert not _answers_within(sock, 1.5)  # the first is parked
+            # at most the floor the first takes while it looks again (as a follower,
+            # it polls); the fifteen behind it none
+            assert _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held") <= 1 << 20
+            producer.produce("room-wake", b"wake")  # it wakes
+            assert producer.flush(30) == 0
+            got = [_reply(sock, ApiKey.FETCH, 12) for _ in range(16)]
+        first = got[0]["responses"][0]["partitions"][0]  # type: ignore[index]
+        assert first["error_code"] == 0 and first["high_watermark"] == 2
+        assert all(r["responses"][0]["partitions"][0]["error_code"] == 0  # type: ignore[index]
+                   and r["responses"][0]["partitions"][0]["records"] for r in got)
         wait_until(lambda: _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held") == 0,
                    "the response bytes given back")
     finally:

@@ -128,3 +128,26 @@ def test_a_take_cancelled_when_it_would_fit_takes_nothing() -> None:
         assert await b.take_up_to(50, 10) == 50 and b.used == 50
 
     trio.run(main)
+
+
+def test_take_up_to_waits_no_longer_than_it_was_told() -> None:
+    """Past ``until`` with no room: 0 taken, its place in the queue given up, and the
+    one behind it served when room comes."""
+    async def main() -> None:
+        b = ByteBudget(100)
+        assert await b.take_up_to(100, 10) == 100
+        got: list[int] = []
+
+        async def take() -> None:
+            got.append(await b.take_up_to(50, 10))
+
+        with trio.fail_after(10):  # (a wait past ``until`` would go on for good)
+            assert await b.take_up_to(50, 10, until=trio.current_time() + 1) == 0
+        async with trio.open_nursery() as nursery:
+            assert b.waiting == 0 and b.used == 100
+            nursery.start_soon(take)
+            await trio.testing.wait_all_tasks_blocked()
+            b.release(30)
+        assert got == [30] and b.used == 100
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

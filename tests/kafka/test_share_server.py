@@ -135,7 +135,7 @@ class FakeGateway:
     def partition(self, topic: str, p: int) -> FakeLog:
         return self.log
 
-    async def response_room(self, want: int) -> int:
+    async def response_room(self, want: int, until: float) -> int:
         return want
 
     def response_room_back(self) -> None:
