@@ -114,12 +114,12 @@ class GatewayConfig(ClientConfig):
             "announce large requests and send nothing cannot hold the budget from "
             "everyone else.")
     max_held_response_bytes: int = setting(
-        512 << 20, bk="(ledgerd)", minimum=64 << 20,
+        512 << 20, bk="(ledgerd)", minimum=1 << 20,
         doc="Bytes of fetched records (Fetch and ShareFetch responses) held at once over "
             "every connection, from their read until the response is written; a fetch "
             "reads no more than is free, waits while not even 1 MiB (or max_batch_bytes) "
             "is, and answers without records if none came by its max_wait (at least "
-            "64 MiB and max_batch_bytes + 51 MiB: one largest response).")
+            "max_batch_bytes: room for one whole batch).")
     response_write_timeout_ms: int = setting(
         30000, bk="(ledgerd)", minimum=100,
         doc="Time a response may take to be written to its client, plus a second per MiB "
@@ -246,10 +246,10 @@ class GatewayConfig(ClientConfig):
         if self.max_queued_request_bytes < self.max_request_bytes + 4:
             raise ConfigError("max_queued_request_bytes", self.max_queued_request_bytes,
                               f"at least max_request_bytes + 4 ({self.max_request_bytes + 4})")
-        if self.max_held_response_bytes < self.max_batch_bytes + (51 << 20):
+        if self.max_held_response_bytes < self.max_batch_bytes:
             raise ConfigError("max_held_response_bytes", self.max_held_response_bytes,
-                              "at least max_batch_bytes + 51 MiB "
-                              f"({self.max_batch_bytes + (51 << 20)}): one largest response")
+                              f"at least max_batch_bytes ({self.max_batch_bytes}): room "
+                              "for one whole batch")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError("group_min_session_timeout_ms", self.group_min_session_timeout_ms,
                               "at most group_max_session_timeout_ms")

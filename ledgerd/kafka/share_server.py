@@ -569,10 +569,10 @@ class ShareServer:
         asked = min(max(body["max_bytes"], 0), FETCH_MAX_BYTES)  # 0: acknowledge only
         max_records = body["max_records"] if body["max_records"] > 0 else 500
         while True:
-            if self.sessions.get((gid, mid)) is not session:
-                return  # closed, or opened again, while this waited: hand out nothing
             # within what the gateway's responses may hold (max_held_response_bytes)
             budget = await self.gw.response_room(asked, deadline) if asked else 0
+            if self.sessions.get((gid, mid)) is not session:
+                return  # closed, or opened again, while this waited: hand out nothing
             # read on each pass, not from the cache: a change of share.isolation.level
             # answered by another gateway applies to every record produced after it
             configs = await self.configs(gid, fresh=True)
@@ -609,7 +609,7 @@ class ShareServer:
                 try:
                     got, records, plog = await self._acquire(
                         gid, mid, topic, tp, configs, max_records - taken, budget - size,
-                        committed)
+                        committed, first=size == 0)
                 except _Lost:
                     res.update(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                **await self._leader(topic, tp[1]))
@@ -647,7 +647,8 @@ class ShareServer:
 
     async def _acquire(self, gid: str, mid: str, topic: str, tp: tuple[bytes, int],
                        configs: dict[str, str], max_records: int, budget: int,
-                       committed: bool) -> tuple[list[Acquired], bytes, PartitionLog]:
+                       committed: bool, *, first: bool = True,
+                       ) -> tuple[list[Acquired], bytes, PartitionLog]:
         p = tp[1]
         plog = self.gw.partition(topic, p)
         for _ in range(3):
@@ -665,12 +666,16 @@ class ShareServer:
                         continue
                     held.checked = trio.current_time()
                 return await self._acquire_held(held, plog, mid, max_records, budget,
-                                                committed)
+                                                committed, first=first)
         raise _Lost(f"share partition {topic}/{p} of {gid} keeps changing hands")
 
     async def _acquire_held(self, held: _Held, plog: PartitionLog, mid: str, max_records: int,
-                            budget: int, committed: bool,
+                            budget: int, committed: bool, *, first: bool = True,
                             ) -> tuple[list[Acquired], bytes, PartitionLog]:
+        """``first``: nothing is in the response yet, so a batch larger than ``budget``
+        is read all the same (progress, as Fetch's KIP-74 rule); after that a batch
+        that does not fit waits for the next fetch, and the response stays within
+        its room."""
         now = trio.current_time()
         log_start = await plog.start_offset()
         if held.part.start < log_start:
@@ -679,7 +684,7 @@ class ShareServer:
         if at is None:
             return [], b"", plog
         try:
-            data, hw = await plog.read(at, max(1, budget), min_one=True)
+            data, hw = await plog.read(at, max(1, budget), min_one=first)
         except OffsetOutOfRangeError as exc:
             if at < exc.start:
                 held.part.move_start(exc.start)
