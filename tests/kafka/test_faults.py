@@ -279,11 +279,15 @@ def test_fetch_responses_held_over_all_connections_are_bounded(
                    "a fetch waiting for room")
         with socket.create_connection((host, int(port)), timeout=30) as good:
             good.sendall(_request(ApiKey.FETCH, 12, _fetch("fat", 1 << 20, 2000)))
-            for _ in range(20):  # while the hogs hold it: within the limit (and the
-                # replies' headers), each reply's first batch within its room
+            samples = 0
+            while not _answers_within(good, 0.1):  # until its answer, while the hogs
+                # hold the room: within the limit (and the replies' headers), each
+                # reply's first batch within its room
                 held = _metric(gw.metrics_url, "ledgerd_kafka_response_bytes_held")
                 assert held <= limit + (64 << 10), held
-                time.sleep(0.1)
+                samples += 1
+                assert samples < 300, "no answer within 30 s (its max_wait is 2 s)"
+            assert samples >= 1  # the room was looked at while the fetch waited for it
             part = _reply(good, ApiKey.FETCH, 12)["responses"][0]["partitions"][0]  # type: ignore[index]
             assert (part["error_code"], part["high_watermark"], part["records"]) == (
                 0, 80, b"")  # no room came within its max_wait: no records
